@@ -1,0 +1,506 @@
+"""Hashed lock files and the installed environment: the control for *environment drift*.
+
+Randomness source closed here: a run whose numerics depend on *which* torch/numpy/... build
+is installed. The lock (pip-compile, exact pins, sha256 per wheel) names the one set of
+distributions the promise holds for; this module answers three questions about it without
+touching the network:
+
+* is the lock itself sound? (every line pinned ``==`` and hashed, no index / find-links /
+  local path that only exists on the machine that compiled it, runtime and dev locks agree,
+  not edited after ``make lock``, not stale against its ``.in``);
+* does the running interpreter have exactly the locked distributions? (``env_drift``);
+* which lock and which container image did this run use? (``lock_sha256``,
+  ``container_image``), for ``run.json``.
+
+Staleness: pip-compile cannot write custom header lines, so ``make lock`` writes a sidecar
+``<lock>.sha256`` in ``sha256sum`` format listing the sha256 of the ``.in`` file, of every
+file it pulls in through ``-r``/``-c`` (the dev ``.in`` is constrained by the runtime lock,
+so both are recorded), and of the lock as pip-compile wrote it. ``sha256sum -c`` works on it
+too. Only the standard library is required (``packaging`` is used when importable), so the
+check runs with a bare ``python3`` before any venv exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RUNTIME_LOCK = "requirements.lock"
+DEV_LOCK = "requirements-dev.lock"
+#: (lock, .in) pairs of this repository, runtime first: the dev .in is constrained by it.
+DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
+    (RUNTIME_LOCK, "requirements.in"),
+    (DEV_LOCK, "requirements-dev.in"),
+)
+#: The project is installed editable (``--no-deps``) next to the locked set; never drift.
+PROJECT_NAME = "reprotrain"
+SIDECAR_SUFFIX = ".sha256"
+
+_NAME_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
+_PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;=]+)\s*(;.*)?$")
+_FILE_URL_RE = re.compile(r"\bfile:/", re.IGNORECASE)
+_HASH_RE = re.compile(r"^--hash=(sha256):([0-9a-f]{64})$")
+# Options that make a lock depend on where it was compiled (index, local wheel folder).
+_MACHINE_OPTIONS = (
+    "--index-url",
+    "--extra-index-url",
+    "--find-links",
+    "--trusted-host",
+    "--no-index",
+    "-i",
+    "-f",
+)
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 name, so ``PyYAML``, ``pyyaml`` and ``py_yaml`` compare equal everywhere."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes: the identity recorded for locks and ``.in`` files."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@dataclass
+class LockEntry:
+    """One pinned distribution of a lock (why: the unit both checks and drift compare)."""
+
+    name: str  # normalised
+    version: str
+    hashes: list[str] = field(default_factory=list)
+    marker: str | None = None
+    line: int = 0
+
+
+@dataclass
+class ParsedLock:
+    """A lock read line by line; ``problems`` holds what makes it unusable as a lock."""
+
+    path: Path
+    entries: dict[str, LockEntry] = field(default_factory=dict)
+    options: list[tuple[int, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Join backslash continuations and drop comments, keeping the first physical line number.
+
+    Why: pip-compile writes one requirement over many lines (one ``--hash`` each).
+    """
+    out: list[tuple[int, str]] = []
+    buf: list[str] = []
+    start = 0
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not buf:
+            start = lineno
+        if stripped.startswith("#") or (not stripped and not buf):
+            if buf and stripped.startswith("#"):
+                # a comment ends a dangling continuation (pip would do the same)
+                out.append((start, " ".join(buf)))
+                buf = []
+            continue
+        # inline comments: pip requires whitespace before '#'
+        stripped = re.split(r"\s+#", stripped, maxsplit=1)[0].strip()
+        if stripped.endswith("\\"):
+            buf.append(stripped[:-1].strip())
+            continue
+        buf.append(stripped)
+        joined = " ".join(p for p in buf if p)
+        buf = []
+        if joined:
+            out.append((start, joined))
+    if buf:
+        out.append((start, " ".join(p for p in buf if p)))
+    return out
+
+
+def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
+    """Parse a pip-compile lock and collect every line-level problem.
+
+    Why: a lock is only a lock if each line names one exact version with at least one sha256
+    and nothing that resolves differently on another machine (an index, a local folder, a
+    ``file:`` URL, an editable path).
+    """
+    path = Path(path)
+    if text is None:
+        text = path.read_text(encoding="utf-8")
+    lock = ParsedLock(path=path)
+    name = path.name
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if raw.lstrip().startswith("#") and _FILE_URL_RE.search(raw):
+            lock.problems.append(
+                f"{name}:{lineno}: names a file: URL ({raw.strip()[:80]}); "
+                "a lock must not carry machine paths"
+            )
+    for lineno, line in _logical_lines(text):
+        where = f"{name}:{lineno}"
+        tokens = line.split()
+        first = tokens[0]
+        if first.startswith("-"):
+            opt = first.split("=", 1)[0]
+            lock.options.append((lineno, line))
+            if opt in _MACHINE_OPTIONS:
+                lock.problems.append(
+                    f"{where}: '{line[:80]}' names an index or local path; locks are compiled "
+                    "with --no-emit-index-url --no-emit-find-links (run make lock)"
+                )
+            else:
+                lock.problems.append(
+                    f"{where}: option '{line[:80]}' does not belong in a lock "
+                    "(editables, includes and local paths are not reproducible elsewhere)"
+                )
+            continue
+        req_tokens = [t for t in tokens if not t.startswith("--hash")]
+        hash_tokens = [t for t in tokens if t.startswith("--hash")]
+        req = " ".join(req_tokens)
+        if _FILE_URL_RE.search(req) or " @ " in f" {req} " or req.startswith(("/", ".", "~")):
+            lock.problems.append(
+                f"{where}: '{req[:80]}' is a direct reference (URL or local path), "
+                "not a pinned release from an index"
+            )
+            continue
+        m = _PIN_RE.match(req)
+        if not m:
+            nm = _NAME_RE.match(req)
+            label = nm.group(1) if nm else req[:40]
+            lock.problems.append(f"{where}: {label} is not pinned with == ('{req[:80]}')")
+            continue
+        pkg = normalize_name(m.group(1))
+        entry = LockEntry(
+            name=pkg,
+            version=m.group(3),
+            marker=(m.group(4) or "")[1:].strip() or None,
+            line=lineno,
+        )
+        for tok in hash_tokens:
+            hm = _HASH_RE.match(tok)
+            if not hm:
+                lock.problems.append(f"{where}: {pkg}: malformed hash '{tok[:90]}'")
+            else:
+                entry.hashes.append(hm.group(2))
+        if not entry.hashes:
+            lock.problems.append(f"{where}: {pkg}=={entry.version} has no --hash=sha256:...")
+        if pkg in lock.entries and lock.entries[pkg].version != entry.version:
+            lock.problems.append(
+                f"{where}: {pkg} is pinned twice ({lock.entries[pkg].version} and {entry.version})"
+            )
+        lock.entries[pkg] = entry
+    return lock
+
+
+def in_includes(in_path: Path) -> list[Path]:
+    """Files an ``.in`` pulls in via ``-r``/``-c`` (recursively), relative to their parent.
+
+    Why: the dev lock is compiled against ``-c requirements.lock``, so it is stale when
+    either file changes; both hashes go into the sidecar.
+    """
+    seen: list[Path] = []
+
+    def walk(p: Path) -> None:
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError:
+            return
+        for _, line in _logical_lines(text):
+            m = re.match(r"^(-r|-c|--requirement|--constraint)(?:\s+|=)(\S+)$", line)
+            if m:
+                ref = (p.parent / m.group(2)).resolve()
+                if ref not in seen:
+                    seen.append(ref)
+                    walk(ref)
+
+    walk(Path(in_path).resolve())
+    return seen
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def sidecar_path(lock_path: Path) -> Path:
+    return Path(str(lock_path) + SIDECAR_SUFFIX)
+
+
+def expected_record(lock_path: Path, in_path: Path) -> dict[str, str]:
+    """What the sidecar should say now: {relative file name: sha256}, inputs then the lock."""
+    lock_path, in_path = Path(lock_path), Path(in_path)
+    root = lock_path.parent
+    files = [in_path, *[p for p in in_includes(in_path) if p.resolve() != lock_path.resolve()]]
+    files.append(lock_path)
+    return {_rel(p, root): (sha256_file(p) if p.exists() else "") for p in files}
+
+
+def write_record(lock_path: Path, in_path: Path) -> Path:
+    """Write ``<lock>.sha256`` (``sha256sum`` format). Called by ``make lock`` after compiling."""
+    record = expected_record(lock_path, in_path)
+    missing = [name for name, digest in record.items() if not digest]
+    if missing:
+        raise FileNotFoundError(f"cannot record: missing {', '.join(missing)}")
+    out = sidecar_path(lock_path)
+    out.write_text("".join(f"{d}  {n}\n" for n, d in record.items()), encoding="utf-8")
+    return out
+
+
+def read_record(lock_path: Path) -> dict[str, str] | None:
+    """Parse a sidecar; None when absent."""
+    side = sidecar_path(lock_path)
+    if not side.exists():
+        return None
+    out: dict[str, str] = {}
+    for line in side.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^([0-9a-f]{64})\s+\*?(.+)$", line.strip())
+        if m:
+            out[m.group(2).strip()] = m.group(1)
+    return out
+
+
+def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
+    """Compare the sidecar with the files now on disk.
+
+    Why: a lock compiled from an older ``.in`` installs something other than what the
+    ``.in`` asks for, silently; and a lock edited by hand after ``make lock`` (a hash dropped,
+    an index added) is no longer what pip-compile verified.
+    """
+    lock_path, in_path = Path(lock_path), Path(in_path)
+    recorded = read_record(lock_path)
+    side = sidecar_path(lock_path).name
+    if recorded is None:
+        return [
+            f"{lock_path.name}: no {side} record of the .in it was compiled from; run make lock"
+        ]
+    problems: list[str] = []
+    expected = expected_record(lock_path, in_path)
+    for fname, digest in expected.items():
+        if fname == lock_path.name:
+            if recorded.get(fname) != digest:
+                problems.append(
+                    f"{lock_path.name} was edited after make lock (sha256 differs from {side}); "
+                    "regenerate it with make lock"
+                )
+        elif fname not in recorded:
+            problems.append(
+                f"{lock_path.name} is stale: {fname} is not recorded in {side}; run make lock"
+            )
+        elif recorded[fname] != digest:
+            problems.append(
+                f"{lock_path.name} is stale: {fname} changed since the lock was compiled; "
+                "run make lock"
+            )
+    for fname in recorded:
+        if fname not in expected:
+            problems.append(
+                f"{lock_path.name} is stale: {side} records {fname}, which {in_path.name} "
+                "no longer uses; run make lock"
+            )
+    return problems
+
+
+def _in_requirements(in_path: Path) -> list[tuple[int, str]]:
+    return [
+        (n, line)
+        for n, line in _logical_lines(Path(in_path).read_text(encoding="utf-8"))
+        if not line.startswith("-")
+    ]
+
+
+def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
+    """Every direct requirement of the ``.in`` is in the lock at a version it allows.
+
+    Why: catches a stale lock even when the sidecar was refreshed by hand. Needs
+    ``packaging``; without it this check is skipped (the sidecar check still runs).
+    """
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # bare python3 before the venv exists
+        return []
+    problems = []
+    for lineno, line in _in_requirements(in_path):
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            problems.append(f"{Path(in_path).name}:{lineno}: cannot parse '{line[:80]}'")
+            continue
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        name = normalize_name(req.name)
+        entry = lock.entries.get(name)
+        if entry is None:
+            problems.append(
+                f"{lock.path.name} is stale: {name} (from {Path(in_path).name}) is not locked; "
+                "run make lock"
+            )
+        elif req.specifier and not req.specifier.contains(entry.version, prereleases=True):
+            problems.append(
+                f"{lock.path.name} is stale: {name}=={entry.version} does not satisfy "
+                f"'{req}' in {Path(in_path).name}; run make lock"
+            )
+    return problems
+
+
+def check_agreement(locks: list[ParsedLock]) -> list[str]:
+    """Shared packages carry the same version and hashes in every lock.
+
+    Why: ``pip install -r requirements.lock -r requirements-dev.lock`` must not depend on
+    which file pip reads first.
+    """
+    problems = []
+    for i, a in enumerate(locks):
+        for b in locks[i + 1 :]:
+            for name in sorted(set(a.entries) & set(b.entries)):
+                ea, eb = a.entries[name], b.entries[name]
+                if ea.version != eb.version:
+                    problems.append(
+                        f"{a.path.name} and {b.path.name} disagree on {name}: "
+                        f"{ea.version} vs {eb.version}"
+                    )
+                elif set(ea.hashes) != set(eb.hashes):
+                    problems.append(
+                        f"{a.path.name} and {b.path.name} disagree on {name}=={ea.version}: "
+                        "different hash sets"
+                    )
+    return problems
+
+
+def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
+    """All lock checks over (lock, .in) pairs; returns one message per problem, [] when sound."""
+    problems: list[str] = []
+    parsed: list[ParsedLock] = []
+    for lock_path, in_path in pairs:
+        lock_path, in_path = Path(lock_path), Path(in_path)
+        if not lock_path.exists():
+            problems.append(f"{lock_path.name}: missing; run make lock")
+            continue
+        if not in_path.exists():
+            problems.append(f"{in_path.name}: missing (the input of {lock_path.name})")
+            continue
+        lock = parse_lock(lock_path)
+        parsed.append(lock)
+        problems.extend(lock.problems)
+        if not lock.entries:
+            problems.append(f"{lock_path.name}: no pinned packages")
+        problems.extend(check_staleness(lock_path, in_path))
+        problems.extend(check_in_satisfied(lock, in_path))
+    problems.extend(check_agreement(parsed))
+    return problems
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def locked_versions(repo_root: Path) -> tuple[dict[str, set[str]], list[str]]:
+    """{name: allowed versions} from the runtime and dev locks that exist, and their names.
+
+    Entries whose environment marker is false here are left out (not expected installed).
+    """
+    locked: dict[str, set[str]] = {}
+    used: list[str] = []
+    for lock_name, _ in DEFAULT_PAIRS:
+        path = Path(repo_root) / lock_name
+        if not path.exists():
+            continue
+        used.append(lock_name)
+        for entry in parse_lock(path).entries.values():
+            if entry.marker and not _marker_true(entry.marker):
+                continue
+            locked.setdefault(entry.name, set()).add(entry.version)
+    return locked, used
+
+
+def _marker_true(marker: str) -> bool:
+    try:
+        from packaging.markers import Marker
+    except ImportError:
+        return True
+    try:
+        return bool(Marker(marker).evaluate())
+    except Exception:
+        return True
+
+
+def installed_versions() -> dict[str, str]:
+    """{normalised name: version} of the distributions the running interpreter would import.
+
+    First one wins on duplicates, as with imports (an earlier ``sys.path`` entry shadows).
+    """
+    from importlib import metadata
+
+    out: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"] if dist.metadata else None
+        if not name:
+            continue
+        out.setdefault(normalize_name(name), dist.version)
+    return out
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return a == b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def compare_env(locked: dict[str, set[str]], installed: dict[str, str]) -> dict:
+    """Pure comparison behind ``env_drift`` (testable with fake installed sets).
+
+    A local version label counts (``2.14.1+cpu`` is not ``2.14.1``: a different build).
+    """
+    project = normalize_name(PROJECT_NAME)
+    locked = {normalize_name(k): v for k, v in locked.items() if normalize_name(k) != project}
+    installed = {normalize_name(k): v for k, v in installed.items() if normalize_name(k) != project}
+    missing = sorted(set(locked) - set(installed))
+    extra = sorted(set(installed) - set(locked))
+    different = [
+        {"name": n, "locked": sorted(locked[n])[0], "installed": installed[n]}
+        for n in sorted(set(locked) & set(installed))
+        if not any(_same_version(v, installed[n]) for v in locked[n])
+    ]
+    status = "drift" if (missing or extra or different) else "ok"
+    return {"status": status, "missing": missing, "extra": extra, "different": different}
+
+
+def env_drift(repo_root: Path) -> dict:
+    """Installed distributions vs ``requirements.lock`` + ``requirements-dev.lock``.
+
+    Why: the lock is only a promise if the interpreter running the job matches it; the
+    trainer records this dict in ``run.json`` and ``make env-check`` fails on drift.
+    Returns ``{"status": "ok"|"drift"|"no-lock", "missing", "extra", "different", "locks"}``.
+    """
+    locked, used = locked_versions(Path(repo_root))
+    if not used:
+        return {"status": "no-lock", "missing": [], "extra": [], "different": [], "locks": []}
+    result = compare_env(locked, installed_versions())
+    result["locks"] = used
+    return result
+
+
+def lock_sha256(repo_root: Path) -> str | None:
+    """sha256 of ``requirements.lock`` bytes (the environment's identity in ``run.json``)."""
+    path = Path(repo_root) / RUNTIME_LOCK
+    return sha256_file(path) if path.is_file() else None
+
+
+def container_image() -> dict | None:
+    """``{"image", "digest"}`` from the Dockerfile's env; None outside the container.
+
+    Why: inside the image the environment is the image; its reference and base digest are
+    what another machine needs to rebuild it. The digest is None when the base was not
+    pinned (``make pin-base`` not run).
+    """
+    image = os.environ.get("REPROTRAIN_IMAGE", "").strip()
+    if not image:
+        return None
+    digest = os.environ.get("REPROTRAIN_IMAGE_DIGEST", "").strip() or None
+    return {"image": image, "digest": digest}

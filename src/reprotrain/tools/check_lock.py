@@ -1,0 +1,67 @@
+"""Validate the hashed locks offline: ``python -m reprotrain.tools.check_lock``.
+
+Prints one ``error: ...`` line per problem and exits 1, or one ``ok: ...`` line and exits 0.
+Checks (see ``reprotrain.repro.lockfile``): every line pinned ``==`` with a sha256; no index,
+find-links, ``file:`` URL or local path; not edited after ``make lock``; not stale against its
+``.in`` (and, for the dev lock, against the runtime lock it is constrained by); runtime and
+dev locks agree on shared packages. ``--record`` writes the ``<lock>.sha256`` sidecars
+(``make lock`` runs it right after pip-compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reprotrain.repro.lockfile import DEFAULT_PAIRS, check_locks, write_record
+
+
+def _default_root() -> Path:
+    """The repo root: the working directory when it holds the locks, else next to src/."""
+    cwd = Path.cwd()
+    if (cwd / DEFAULT_PAIRS[0][1]).exists():
+        return cwd
+    return Path(__file__).resolve().parents[3]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="check_lock", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=None, help="repo root (default: auto)")
+    parser.add_argument("--lock", action="append", default=[], help="lock file (repeatable)")
+    parser.add_argument(
+        "--in", dest="ins", action="append", default=[], help=".in file, one per --lock"
+    )
+    parser.add_argument("--record", action="store_true", help="write <lock>.sha256 sidecars")
+    args = parser.parse_args(argv)
+
+    root = args.root or _default_root()
+    if args.lock or args.ins:
+        if len(args.lock) != len(args.ins):
+            print("error: give one --in per --lock", file=sys.stderr)
+            return 2
+        pairs = [(root / lk, root / i) for lk, i in zip(args.lock, args.ins, strict=True)]
+    else:
+        pairs = [(root / lk, root / i) for lk, i in DEFAULT_PAIRS]
+
+    if args.record:
+        for lock_path, in_path in pairs:
+            try:
+                out = write_record(lock_path, in_path)
+            except FileNotFoundError as exc:
+                print(f"error: {exc}")
+                return 1
+            print(f"ok: recorded {out.name}")
+        return 0
+
+    problems = check_locks(pairs)
+    for problem in problems:
+        print(f"error: {problem}")
+    if problems:
+        return 1
+    print("ok: " + ", ".join(p[0].name for p in pairs) + " pinned, hashed, fresh and consistent")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

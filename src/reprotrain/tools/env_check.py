@@ -1,0 +1,48 @@
+"""Compare the running interpreter's distributions with the locks: ``... -m ...env_check``.
+
+Run it with the venv's python (``make env-check``). Prints one ``error: ...`` line per
+drifting package (missing, extra, different version) and exits 1, or ``ok: ...`` and exits 0.
+The project itself (installed editable, not locked) is never drift; pip, setuptools and wheel
+are locked (``--allow-unsafe``) and compared like everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reprotrain.repro.lockfile import env_drift, installed_versions
+from reprotrain.tools.check_lock import _default_root
+
+FIX = "fix: rm -rf .venv && make install"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="env_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=None, help="repo root (default: auto)")
+    args = parser.parse_args(argv)
+    root = args.root or _default_root()
+
+    drift = env_drift(root)
+    if drift["status"] == "no-lock":
+        print(f"error: no requirements.lock / requirements-dev.lock under {root}")
+        return 1
+    locks = " + ".join(drift["locks"])
+    if drift["status"] == "ok":
+        print(f"ok: {sys.prefix} matches {locks}")
+        return 0
+    installed = installed_versions()
+    for name in drift["missing"]:
+        print(f"error: missing: {name} is locked but not installed")
+    for name in drift["extra"]:
+        print(f"error: extra: {name} {installed.get(name, '?')} is installed but not locked")
+    for d in drift["different"]:
+        print(f"error: different: {d['name']} locked {d['locked']}, installed {d['installed']}")
+    n = len(drift["missing"]) + len(drift["extra"]) + len(drift["different"])
+    print(f"error: {sys.prefix} drifts from {locks} in {n} package(s); {FIX}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Dataset fingerprint: one sha256 that names the exact bytes a run trained on.
+
+Randomness source closed: *data drift*. Two runs with the same code, lock and config can
+still differ if the dataset files on disk differ (a re-download, a truncated copy, a local
+edit). ``run.json`` records this fingerprint so a later reproduce can tell "same data" from
+"different data" before it compares a single weight.
+
+Hashing ~180 MB on every run start is wasted time, so each file's content hash is cached in
+a small JSON file keyed by (absolute path, size, mtime_ns), the same trade-off ``git status``
+makes: a file rewritten with the same size inside one timestamp tick would look unchanged,
+so (like git's "racy" entries) a file modified in the last few seconds is hashed but not
+cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["file_sha256", "files_fingerprint"]
+
+_CHUNK = 1 << 20
+_CACHE_VERSION = 1
+# Files modified this recently are not cached: their mtime could still be shared with a
+# later same-size rewrite on filesystems with coarse timestamps.
+_RACY_WINDOW_NS = 2_000_000_000
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's content, streamed so large files never sit in memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_cache(cache_file: Path | None) -> dict[str, dict]:
+    """Load the per-file hash cache; a missing or unreadable cache is simply empty.
+
+    The cache is an optimisation only, so a corrupt one must never fail a run.
+    """
+    if cache_file is None:
+        return {}
+    try:
+        raw = json.loads(Path(cache_file).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict) or raw.get("version") != _CACHE_VERSION:
+        return {}
+    entries = raw.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write_cache(cache_file: Path, entries: dict[str, dict]) -> None:
+    """Write the cache via tmp + ``os.replace`` so a crash or a concurrent run never leaves
+    a half-written JSON file behind (readers see the old cache or the new one)."""
+    cache_file = Path(cache_file)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": _CACHE_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, cache_file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
+    """Return a hex sha256 over ``paths``: for each file, its name, size and content sha256.
+
+    Files are taken in sorted order (by name, then full path) so the fingerprint does not
+    depend on the order the caller listed them in. Only the base name enters the hash, not
+    the directory, so the same dataset fingerprints the same wherever it is stored.
+
+    With ``cache_file``, content hashes are reused for files whose (absolute path, size,
+    mtime_ns) are unchanged since they were hashed, and the cache is updated atomically.
+    A missing file raises ``FileNotFoundError``.
+    """
+    files = sorted((Path(p) for p in paths), key=lambda p: (p.name, str(p)))
+    cache = _read_cache(cache_file)
+    dirty = False
+    now_ns = time.time_ns()
+    overall = hashlib.sha256()
+    for path in files:
+        st = path.stat()
+        key = str(path.resolve())
+        entry = cache.get(key)
+        if (
+            isinstance(entry, dict)
+            and entry.get("size") == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns
+            and isinstance(entry.get("sha256"), str)
+        ):
+            content = entry["sha256"]
+        else:
+            content = file_sha256(path)
+            if cache_file is not None and now_ns - st.st_mtime_ns > _RACY_WINDOW_NS:
+                cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": content}
+                dirty = True
+            elif key in cache:
+                del cache[key]
+                dirty = True
+        overall.update(f"{path.name}\0{st.st_size}\0{content}\n".encode())
+    if cache_file is not None and dirty:
+        _write_cache(Path(cache_file), cache)
+    return overall.hexdigest()

@@ -73,3 +73,62 @@ bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 
 clean: ## remove outputs (keeps .venv and data/)
 	rm -rf outputs multirun archives .pytest_cache .ruff_cache
+
+# ============================================================================================
+# Environment: locks, drift, container (issue 5). Nothing below reaches the network except
+# lock / upgrade (pip-compile), pin-base (registry) and the docker-* targets.
+# ============================================================================================
+
+# check-lock needs only the standard library: it runs before any venv exists.
+PY_ANY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+PIP_COMPILE = $(VENV)/bin/pip-compile --generate-hashes --allow-unsafe --strip-extras \
+              --no-emit-index-url --no-emit-find-links
+RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock --record
+
+# The base image (tag, and digest once `make pin-base` ran) lives in one file.
+# (read with sed, not `include`: that would add the file to MAKEFILE_LIST, which `help` greps)
+BASE_IMAGE  := $(shell sed -n 's/^BASE_IMAGE=//p' docker/base-image.env 2>/dev/null)
+BASE_DIGEST := $(shell sed -n 's/^BASE_DIGEST=//p' docker/base-image.env 2>/dev/null)
+BASE_REF     = $(BASE_IMAGE)$(if $(BASE_DIGEST),@$(BASE_DIGEST))
+GIT_SHORT    = $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nogit)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+LOCK_SHORT   = $(shell $(PY_ANY) -c "import hashlib;print(hashlib.sha256(open('requirements.lock','rb').read()).hexdigest()[:12])")
+IMAGE       ?= reprotrain:$(GIT_SHORT)-$(LOCK_SHORT)
+DOCKER_GPUS  = $(shell docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
+DOCKER_BUILD = docker build --build-arg BASE_REF=$(BASE_REF) --build-arg BASE_DIGEST=$(BASE_DIGEST) \
+               --build-arg IMAGE_TAG=$(IMAGE) --build-arg GIT_COMMIT=$(GIT_SHORT)
+
+lock: $(STAMP) ## recompile both hashed locks from the .in files (network), record their sha256
+	$(PIP_COMPILE) -o requirements.lock requirements.in
+	$(PIP_COMPILE) -o requirements-dev.lock requirements-dev.in
+	$(RECORD_LOCKS)
+
+upgrade: $(STAMP) ## upgrade one package in the locks: make upgrade PKG=numpy
+	@test -n "$(PKG)" || { echo "error: name the package: make upgrade PKG=<name>"; exit 2; }
+	$(PIP_COMPILE) --upgrade-package $(PKG) -o requirements.lock requirements.in
+	$(PIP_COMPILE) --upgrade-package $(PKG) -o requirements-dev.lock requirements-dev.in
+	$(RECORD_LOCKS)
+
+check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, consistent
+	@PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock
+
+env-check: ## compare the installed .venv with both locks; non-zero on drift
+	@test -x $(PY) || { echo "error: no $(VENV); run make install"; exit 1; }
+	@PYTHONPATH=src $(PY) -m reprotrain.tools.env_check
+
+pin-base: ## resolve BASE_IMAGE to a digest into docker/base-image.env (needs a registry)
+	@$(PY_ANY) scripts/pin_base.py
+
+docker-build: check-lock ## build the image reprotrain:<commit>-<lock sha256[:12]>
+	@$(if $(BASE_DIGEST),,echo "warning: base image $(BASE_IMAGE) is not pinned by digest; run make pin-base")
+	$(DOCKER_BUILD) --target runtime -t $(IMAGE) .
+	@echo "built $(IMAGE)"
+
+docker-train: ## train in the image (GPU when the nvidia runtime is there): make docker-train ARGS=...
+	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-build
+	mkdir -p data outputs
+	docker run --rm $(DOCKER_GPUS) --user $$(id -u):$$(id -g) -e HOME=/tmp \
+		-v "$(CURDIR)/data:/app/data" -v "$(CURDIR)/outputs:/app/outputs" $(IMAGE) $(ARGS)
+
+docker-test: check-lock ## run the test suite inside the image (test stage, dev lock)
+	$(DOCKER_BUILD) --target test -t $(IMAGE)-test .
+	docker run --rm $(IMAGE)-test $(ARGS)

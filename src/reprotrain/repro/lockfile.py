@@ -493,14 +493,25 @@ def lock_sha256(repo_root: Path) -> str | None:
 
 
 def container_image() -> dict | None:
-    """``{"image", "digest"}`` from the Dockerfile's env; None outside the container.
+    """``{"image", "digest", "base", "git_commit"}`` from the Dockerfile's env; None outside.
 
-    Why: inside the image the environment is the image; its reference and base digest are
-    what another machine needs to rebuild it. The digest is None when the base was not
-    pinned (``make pin-base`` not run).
+    Why: inside the image the environment *is* the image; its tag (``reprotrain:<commit>-
+    <lock sha256[:12]>``) and the digest of the base it was built ``FROM`` are what another
+    machine needs to rebuild or pull it. ``digest`` is the base image digest (the only digest
+    known at build time) and is None when the base was not pinned (``make pin-base`` not run);
+    ``base`` is the base reference, ``git_commit`` the commit the image was built from
+    (``.git`` is not copied into the image).
     """
     image = os.environ.get("REPROTRAIN_IMAGE", "").strip()
     if not image:
         return None
-    digest = os.environ.get("REPROTRAIN_IMAGE_DIGEST", "").strip() or None
-    return {"image": image, "digest": digest}
+
+    def env(name: str) -> str | None:
+        return os.environ.get(name, "").strip() or None
+
+    return {
+        "image": image,
+        "digest": env("REPROTRAIN_IMAGE_DIGEST"),
+        "base": env("REPROTRAIN_BASE_IMAGE"),
+        "git_commit": env("REPROTRAIN_GIT_COMMIT"),
+    }

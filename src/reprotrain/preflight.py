@@ -1,0 +1,85 @@
+"""Check the command line before Hydra starts a run, so a bad override is one clear line.
+
+Hydra itself reports composition errors over several lines and ends with a hint about
+HYDRA_FULL_ERROR; a user who typed ``trainer.epoch=3`` deserves one line that names the
+problem and what to do. This composes the config exactly as the run would (every value of
+a ``--multirun`` sweep included), applies the schema's range checks, and raises
+``ReprotrainError`` on the first problem. Nothing is written: no run directory exists yet.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from reprotrain.config import validate
+from reprotrain.errors import ReprotrainError
+from reprotrain.paths import CONF_DIR
+
+_SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
+
+
+def register_resolvers() -> None:
+    """``${run_suffix:}``: random hex so two runs started in the same second get two dirs."""
+    if not OmegaConf.has_resolver("run_suffix"):
+        OmegaConf.register_new_resolver("run_suffix", lambda: _SUFFIX, use_cache=True)
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, MissingConfigException) and e.options is not None:
+        group = (e.missing_cfg_file or "").rsplit("/", 1)[0]
+        options = [o for o in e.options if not o.endswith("_schema")]
+        return f"unknown option '{e.missing_cfg_file}'; available in {group}/: {', '.join(options)}"
+    parts = [str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__]
+    cause = e.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        detail = str(cause).strip().splitlines()[0]
+        full_key = getattr(cause, "full_key", None)
+        parts.append(f"{detail}" + (f" (key: {full_key})" if full_key else ""))
+    hint = " (list valid keys with: python -m reprotrain.train --cfg job)"
+    return ": ".join(parts) + (hint if "not in" in parts[-1] else "")
+
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """One override list per sweep value (others at their first value), or just the input."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    base = [
+        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+        if o.is_sweep_override()
+        else o.input_line
+        for o in parsed
+    ]
+    variants = [base]
+    for i, o in enumerate(parsed):
+        if o.is_sweep_override():
+            for value in list(o.sweep_string_iterator())[1:]:
+                variant = list(base)
+                variant[i] = f"{o.get_key_element()}={value}"
+                variants.append(variant)
+    return variants
+
+
+def check(argv: list[str]) -> None:
+    args, _ = get_args_parser().parse_known_args(argv)
+    if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
+        return  # Hydra's own informational modes: nothing runs
+    config_dir = os.path.abspath(args.config_path) if args.config_path else str(CONF_DIR)
+    config_name = args.config_name or "train"
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            for overrides in expand(args.overrides):
+                cfg = compose(config_name=config_name, overrides=overrides)
+                validate(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ReprotrainError(_one_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()

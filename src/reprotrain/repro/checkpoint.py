@@ -1,0 +1,142 @@
+"""Checkpoints that hold everything an exact resume needs, written atomically.
+
+Closes: resume drift. Besides model/optimizer/scheduler/GradScaler state, a checkpoint
+holds every RNG state (python, numpy, torch CPU, each CUDA device), the position
+``(epoch, step, global_step)`` that the counter-based data pipeline restarts from, the
+partial-epoch accumulators, and the metrics and fingerprints so far.
+
+Safety: always loaded with ``torch.load(weights_only=True)``; python and numpy RNG states
+are stored as plain ints/lists so that restriction never needs relaxing, and a pickle that
+tries to run code is refused. Files are ``step-XXXXXXXX.pt``; the newest is the "last"
+checkpoint, ``best.pt`` the best evaluated one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import random
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reprotrain.errors import CheckpointError
+from reprotrain.repro.record import atomic_write_bytes
+
+FORMAT_VERSION = 1
+_STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
+# Test hook: SIGKILL this process halfway through writing the checkpoint of this global
+# step, to prove a kill during a write leaves the previous checkpoint usable.
+_KILL_IN_SAVE = "REPROTRAIN_TEST_KILL_IN_SAVE"
+
+
+def rng_state() -> dict[str, Any]:
+    py = random.getstate()
+    key, pos, has_gauss, cached = np.random.get_state()[1:]
+    return {
+        "python": {
+            "version": py[0],
+            "state": torch.tensor(py[1], dtype=torch.int64),
+            "gauss_next": py[2],
+        },  # fmt: skip
+        "numpy": {
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },  # fmt: skip
+        "torch_cpu": torch.get_rng_state(),
+        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
+    n = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            n["key"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch_cpu"])
+    if state["torch_cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+def step_path(ckpt_dir: Path, global_step: int) -> Path:
+    return Path(ckpt_dir) / f"step-{global_step:08d}.pt"
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    """Serialise, then write temp + fsync + rename: a kill leaves old or new, never half."""
+    buf = io.BytesIO()
+    torch.save({"format_version": FORMAT_VERSION, **state}, buf)
+    data = buf.getvalue()
+    if os.environ.get(_KILL_IN_SAVE) == str(state.get("global_step")):
+        tmp = Path(path).with_name(f".{Path(path).name}.partial.tmp")
+        tmp.write_bytes(data[: len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    atomic_write_bytes(path, data)
+
+
+def prune(ckpt_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` step checkpoints (best.pt is never pruned)."""
+    for path in list_step_checkpoints(ckpt_dir)[:-keep]:
+        path.unlink(missing_ok=True)
+
+
+def list_step_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Step checkpoints, oldest first (by global step in the name, not mtime)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load with ``weights_only=True``; every failure becomes a one-line CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise CheckpointError(
+                f"refused {path}: it asks to load code or objects outside the safe set "
+                f"(not a reprotrain checkpoint, or tampered with)"
+            ) from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({e})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason})") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} is not a reprotrain checkpoint (format {FORMAT_VERSION})")
+    return state
+
+
+def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
+    """Newest loadable step checkpoint; also the one-line reasons for each one skipped."""
+    skipped: list[str] = []
+    for path in reversed(list_step_checkpoints(ckpt_dir)):
+        try:
+            return path, load(path), skipped
+        except CheckpointError as e:
+            skipped.append(str(e))
+    return None, None, skipped
+
+
+def env_summary(device: torch.device) -> dict[str, Any]:
+    """What must match for a resumed run to stay bitwise equal to an uninterrupted one."""
+    return {"torch": torch.__version__, "device_type": device.type, "world_size": 1}

@@ -1,0 +1,84 @@
+"""Determinism levels: strict, warn, fast.
+
+Closes: cuDNN algorithm choice (benchmark off, deterministic on), nondeterministic CUDA
+kernels (``torch.use_deterministic_algorithms``), TF32 rounding, the cuBLAS workspace
+(``CUBLAS_WORKSPACE_CONFIG``, which must be set before the first CUDA call, so the entry
+point sets it before importing torch), and the CPU intra-op thread count, which changes
+reduction order (a tiny ResNet's weights differ after 3 steps between 1 and 2 threads).
+
+``fill_uninitialized_memory``: under deterministic algorithms torch fills memory returned
+by ``torch.empty`` & co. with NaN (floats) or the max integer. We keep it on at strict and
+warn: a kernel that reads memory it never wrote then yields a loud, repeatable NaN instead
+of whatever bytes were there before, which would differ between runs. It costs a fill per
+allocation; ``repro.fill_uninitialized_memory=false`` turns it off and run.json records it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+CUBLAS_WORKSPACE = ":4096:8"
+LEVELS = ("strict", "warn", "fast")
+
+
+def apply(level: str, num_threads: int, fill_uninitialized_memory: bool = True) -> dict:
+    """Apply a determinism level globally; returns the effective flags for run.json."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown repro level {level!r}")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.set_num_threads(num_threads)
+    deterministic = level in ("strict", "warn")
+    torch.use_deterministic_algorithms(deterministic, warn_only=(level == "warn"))
+    torch.utils.deterministic.fill_uninitialized_memory = (
+        deterministic and fill_uninitialized_memory
+    )
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cuda.matmul.allow_tf32 = not deterministic
+    torch.backends.cudnn.allow_tf32 = not deterministic
+    torch.set_float32_matmul_precision("highest" if deterministic else "high")
+    return effective_flags(level)
+
+
+def effective_flags(level: str) -> dict:
+    """What torch reports is in force now (read back, not what we meant to set)."""
+    return {
+        "level": level,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "num_threads": torch.get_num_threads(),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
+    }
+
+
+def is_nondeterminism_alert(message: str) -> bool:
+    """True for torch's 'does not have a deterministic implementation' alerts."""
+    return "deterministic" in message and "implementation" in message
+
+
+@contextmanager
+def collect_nondeterministic_ops(sink: list[str]) -> Iterator[None]:
+    """At level warn, torch warns instead of raising: keep each distinct alert for run.json."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for w in caught:
+                text = str(w.message).splitlines()[0]
+                if is_nondeterminism_alert(text) and text not in sink:
+                    sink.append(text)
+                elif not is_nondeterminism_alert(text):
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)

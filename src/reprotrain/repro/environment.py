@@ -1,0 +1,102 @@
+"""Environment and code identity for run.json.
+
+Closes (as records): environment drift (python/torch/CUDA/cuDNN/device/OS, the thread
+count) and code drift (git commit, branch, dirty flag; the diff is saved beside run.json).
+Environment variables are copied from an allowlist only, so tokens and keys in the
+environment (WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, HF_TOKEN...) never reach a run record.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ENV_ALLOWLIST = (
+    "PYTHONHASHSEED",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NVIDIA_VISIBLE_DEVICES",
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_RESTART_COUNT",
+    "REPROTRAIN_IMAGE",
+    "REPROTRAIN_IMAGE_DIGEST",
+)
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {
+            "type": "cuda",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "count": torch.cuda.device_count(),
+        }
+    return {"type": device.type, "name": platform.processor() or platform.machine()}
+
+
+def device_slug(device: torch.device) -> str:
+    """Short device tag for experiment ids: ``cpu``, ``cuda-nvidia-h200``."""
+    if device.type != "cuda":
+        return device.type
+    name = torch.cuda.get_device_name(device).lower()
+    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def capture(device: torch.device) -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": device_info(device),
+        "os": platform.platform(),
+        "machine": platform.machine(),
+        "num_threads": torch.get_num_threads(),
+        "env": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
+    }
+
+
+def _git(repo: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode in ok else None
+
+
+def git_info(repo: Path) -> tuple[dict, str]:
+    """({commit, short, branch, dirty}, diff text). Outside git: commit None, no diff.
+
+    The diff covers tracked changes against HEAD plus the contents of untracked files
+    (git's own ``--intent-to-add`` trick is avoided: it would modify the index).
+    """
+    commit = _git(repo, "rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "short": "nogit", "branch": None, "dirty": None}, ""
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all") or ""
+    diff = _git(repo, "diff", "--binary", "HEAD") or ""
+    untracked = [line[3:] for line in status.splitlines() if line.startswith("?? ")]
+    for rel in untracked:
+        patch = _git(repo, "diff", "--binary", "--no-index", "/dev/null", rel, ok=(0, 1))
+        diff += patch or ""
+    info = {
+        "commit": commit.strip(),
+        "short": commit.strip()[:8],
+        "branch": (_git(repo, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None,
+        "dirty": bool(status.strip()),
+        "untracked": untracked,
+    }
+    return info, diff

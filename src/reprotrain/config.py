@@ -147,14 +147,26 @@ def validate(cfg: DictConfig | Any) -> None:
     for key, allowed in CHOICES.items():
         if get(key) not in allowed:
             raise ReprotrainError(f"{key}={get(key)!r} is not one of {', '.join(allowed)}")
-    positive = ["trainer.epochs", "trainer.batch_size", "trainer.eval_batch_size",
-                "trainer.eval_every", "trainer.keep_checkpoints", "repro.num_threads",
-                "optimizer.lr", "model.num_classes"]  # fmt: skip
+    positive = [
+        "trainer.epochs",
+        "trainer.batch_size",
+        "trainer.eval_batch_size",
+        "trainer.eval_every",
+        "trainer.keep_checkpoints",
+        "repro.num_threads",
+        "optimizer.lr",
+        "model.num_classes",
+    ]
     for key in positive:
         if not get(key) > 0:
             raise ReprotrainError(f"{key}={get(key)} must be > 0")
-    non_negative = ["trainer.checkpoint_every_steps", "trainer.num_workers",
-                    "trainer.label_smoothing", "optimizer.weight_decay", "dataset.noise"]  # fmt: skip
+    non_negative = [
+        "trainer.checkpoint_every_steps",
+        "trainer.num_workers",
+        "trainer.label_smoothing",
+        "optimizer.weight_decay",
+        "dataset.noise",
+    ]
     for key in non_negative:
         if get(key) < 0:
             raise ReprotrainError(f"{key}={get(key)} must be >= 0")

@@ -19,37 +19,37 @@ if __name__ == "__main__":
     # if it is not fixed. Also sets CUBLAS_WORKSPACE_CONFIG before any CUDA call.
     hashseed.ensure()
 
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import signal  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import hashlib
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
 
-import hydra  # noqa: E402
-import torch  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from torch import nn  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from tqdm import tqdm
 
-from reprotrain import preflight  # noqa: E402
-from reprotrain.config import register_configs, validate  # noqa: E402
-from reprotrain.data.cifar10 import cifar10_files, load_cifar10  # noqa: E402
-from reprotrain.data.fingerprint import files_fingerprint  # noqa: E402
-from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline  # noqa: E402
-from reprotrain.data.synthetic import load_synthetic, synthetic_fingerprint  # noqa: E402
-from reprotrain.engine import EpochProgress, evaluate, train_epoch  # noqa: E402
-from reprotrain.errors import ReprotrainError  # noqa: E402
-from reprotrain.models.resnet import build_model  # noqa: E402
-from reprotrain.optim import build_optimizer, build_scheduler  # noqa: E402
-from reprotrain.paths import CONF_DIR, REPO_ROOT  # noqa: E402
-from reprotrain.repro import checkpoint, determinism, environment, lockfile  # noqa: E402
-from reprotrain.repro import record as rec  # noqa: E402
-from reprotrain.repro.fingerprint import losses_sha256, weights_sha256  # noqa: E402
-from reprotrain.repro.resume import find_resume_point, resume_entry  # noqa: E402
-from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals  # noqa: E402
+from reprotrain import preflight
+from reprotrain.config import register_configs, validate
+from reprotrain.data.cifar10 import cifar10_files, load_cifar10
+from reprotrain.data.fingerprint import files_fingerprint
+from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
+from reprotrain.data.synthetic import load_synthetic, synthetic_fingerprint
+from reprotrain.engine import EpochProgress, evaluate, train_epoch
+from reprotrain.errors import ReprotrainError
+from reprotrain.models.resnet import build_model
+from reprotrain.optim import build_optimizer, build_scheduler
+from reprotrain.paths import CONF_DIR, REPO_ROOT
+from reprotrain.repro import checkpoint, determinism, environment, lockfile
+from reprotrain.repro import record as rec
+from reprotrain.repro.fingerprint import losses_sha256, weights_sha256
+from reprotrain.repro.resume import find_resume_point, resume_entry
+from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
 
 log = logging.getLogger("reprotrain")
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later", what a requeue wrapper looks for
@@ -86,8 +86,10 @@ def load_data(cfg) -> tuple[tuple[torch.Tensor, ...], dict]:
     """The four uint8/int64 tensors plus the data fingerprint for run.json."""
     if cfg.name == "synthetic":
         params = (cfg.num_train, cfg.num_test, cfg.data_seed, cfg.noise)
-        return load_synthetic(*params), {"kind": "synthetic-params",
-                                         "sha256": synthetic_fingerprint(*params)}  # fmt: skip
+        return load_synthetic(*params), {
+            "kind": "synthetic-params",
+            "sha256": synthetic_fingerprint(*params),
+        }
     root = Path(cfg.root) if Path(cfg.root).is_absolute() else REPO_ROOT / cfg.root
     tensors = load_cifar10(root, url=cfg.url, md5=cfg.md5, download=cfg.download)
     files = cifar10_files(root)
@@ -253,10 +255,15 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
 
     def interrupted(at_epoch: int, next_step: int) -> float:
         save_checkpoint(at_epoch, next_step)
-        record.update(status="interrupted", interrupted_at=rec.now_iso(),
-                      interrupted_by=stop.signal_name)  # fmt: skip
-        log.warning("interrupted at epoch %d step %d; resume with `make resume RUN=%s`",
-                    at_epoch, next_step, run_dir)  # fmt: skip
+        record.update(
+            status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=stop.signal_name
+        )
+        log.warning(
+            "interrupted at epoch %d step %d; resume with `make resume RUN=%s`",
+            at_epoch,
+            next_step,
+            run_dir,
+        )
         sys.exit(EXIT_INTERRUPTED)
 
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
@@ -265,8 +272,13 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
     while epoch <= cfg.trainer.epochs:
         t0 = time.perf_counter()
         seen_before = progress.seen
-        bar = tqdm(total=steps_per_epoch, initial=start_step, desc=f"epoch {epoch}",
-                   disable=not show_bar, leave=False)  # fmt: skip
+        bar = tqdm(
+            total=steps_per_epoch,
+            initial=start_step,
+            desc=f"epoch {epoch}",
+            disable=not show_bar,
+            leave=False,
+        )
 
         position = {"next_step": start_step}
 
@@ -284,8 +296,17 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
 
         with determinism.collect_nondeterministic_ops(nondeterministic_ops):
             try:
-                finished = train_epoch(model, pipeline.epoch(epoch, start_step), optimizer,
-                                       scheduler, scaler, loss_fn, progress, amp, after_step)  # fmt: skip
+                finished = train_epoch(
+                    model,
+                    pipeline.epoch(epoch, start_step),
+                    optimizer,
+                    scheduler,
+                    scaler,
+                    loss_fn,
+                    progress,
+                    amp,
+                    after_step,
+                )
             except RuntimeError as e:
                 if "deterministic" not in str(e):
                     raise
@@ -309,17 +330,23 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
         if epoch % cfg.trainer.eval_every == 0 or epoch == cfg.trainer.epochs:
             row.update(evaluate(model, pipeline.eval_batches(), eval_loss_fn, amp))
         metrics.append(row)
-        fingerprints.append({
-            "epoch": epoch,
-            "global_step": global_step,
-            "weights_sha256": weights_sha256(model),
-            "step_losses_sha256": losses_sha256(progress.step_losses),
-            "step_losses": progress.step_losses,
-        })  # fmt: skip
+        fingerprints.append(
+            {
+                "epoch": epoch,
+                "global_step": global_step,
+                "weights_sha256": weights_sha256(model),
+                "step_losses_sha256": losses_sha256(progress.step_losses),
+                "step_losses": progress.step_losses,
+            }
+        )
         rec.write_jsonl(run_dir / rec.METRICS, metrics)
         rec.write_jsonl(run_dir / rec.FINGERPRINTS, fingerprints)
-        log.info("epoch %d/%d  " + "  ".join(f"{k}=%.4g" for k in row if k != "epoch"),
-                 epoch, cfg.trainer.epochs, *[v for k, v in row.items() if k != "epoch"])  # fmt: skip
+        log.info(
+            "epoch %d/%d  " + "  ".join(f"{k}=%.4g" for k in row if k != "epoch"),
+            epoch,
+            cfg.trainer.epochs,
+            *[v for k, v in row.items() if k != "epoch"],
+        )
         epoch, start_step, progress = epoch + 1, 0, EpochProgress()
         improved = row.get("test_acc", -1.0) > best_acc
         best_acc = max(best_acc, row.get("test_acc", -1.0))

@@ -43,13 +43,13 @@ def rng_state() -> dict[str, Any]:
             "version": py[0],
             "state": torch.tensor(py[1], dtype=torch.int64),
             "gauss_next": py[2],
-        },  # fmt: skip
+        },
         "numpy": {
             "key": torch.from_numpy(key.astype(np.int64)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
-        },  # fmt: skip
+        },
         "torch_cpu": torch.get_rng_state(),
         "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }

@@ -103,7 +103,10 @@ def resume_entry(point: ResumePoint, env: dict, device: torch.device) -> dict[st
     saved, now = point.state["env"], checkpoint.env_summary(device)
     mismatch = [f"{k}: {saved.get(k)} -> {now[k]}" for k in now if saved.get(k) != now[k]]
     if mismatch:
-        msg = f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality with an uninterrupted run is no longer guaranteed"
+        msg = (
+            f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality "
+            "with an uninterrupted run is no longer guaranteed"
+        )
         log.warning(msg)
     return {
         "at": now_iso(),

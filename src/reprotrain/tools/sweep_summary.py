@@ -23,9 +23,38 @@ from omegaconf import DictConfig
 from reprotrain.repro.record import RUN_JSON, atomic_write_text
 
 # Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values).
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+_T975 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def t975(df: int) -> float:
@@ -41,8 +70,14 @@ def describe(values: list[float]) -> dict[str, Any]:
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if n > 1 else 0.0
     half = t975(n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
-    return {"n": n, "mean": mean, "std": std, "min": min(values), "max": max(values),
-            "ci95": [mean - half, mean + half]}  # fmt: skip
+    return {
+        "n": n,
+        "mean": mean,
+        "std": std,
+        "min": min(values),
+        "max": max(values),
+        "ci95": [mean - half, mean + half],
+    }
 
 
 def summarize(sweep_dir: Path) -> dict[str, Any]:
@@ -61,11 +96,11 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
                 **{m: r["final_metrics"].get(m) for m in metrics},
             }
             for r in runs
-        ],  # fmt: skip
+        ],
         "metrics": {
             m: describe([r["final_metrics"][m] for r in runs if m in r["final_metrics"]])
             for m in metrics
-        },  # fmt: skip
+        },
     }
 
 

@@ -92,6 +92,9 @@ class TrainerConfig:
     amp_dtype: str = "bf16"  # bf16 | fp16
     label_smoothing: float = 0.0
     progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
+    # Stop (status completed, partial) after this epoch without changing the schedule, so
+    # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
+    stop_after_epoch: int = 0
 
 
 @dataclass

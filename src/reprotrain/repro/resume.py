@@ -31,6 +31,7 @@ MAY_DIFFER = (
     "trainer.num_workers",
     "trainer.checkpoint_every_steps",
     "trainer.keep_checkpoints",
+    "trainer.stop_after_epoch",
 )
 
 

@@ -1,0 +1,83 @@
+"""Compare two run directories bit for bit: per-epoch fingerprints, then final weights.
+
+Used by ``make verify`` and ``make reproduce``. The first divergence is named by epoch and,
+when the step losses tell, by the first step whose loss differs (the loss of step ``s`` is
+computed before update ``s``, so a differing loss pins the divergence to that step or the
+one before it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, read_jsonl
+
+TIMING_KEYS = ("seconds", "images_per_s")
+
+
+@dataclass
+class Comparison:
+    identical: bool
+    epochs_compared: int
+    divergent_epoch: int | None = None
+    divergent_step: int | None = None
+    reasons: list[str] = field(default_factory=list)
+    metric_diffs: dict[int, dict[str, tuple[float, float]]] = field(default_factory=dict)
+
+    def verdict(self) -> str:
+        if self.identical:
+            return f"IDENTICAL: {self.epochs_compared} epoch(s) and final weights match bit for bit"
+        where = f"epoch {self.divergent_epoch}" if self.divergent_epoch else "final weights"
+        if self.divergent_step is not None:
+            where += f" (step {self.divergent_step})"
+        return f"DIVERGED at {where}: " + "; ".join(self.reasons)
+
+
+def metric_differences(a: list[dict], b: list[dict]) -> dict[int, dict[str, tuple[float, float]]]:
+    """{epoch: {metric: (a, b)}} for every metric that differs, timings aside."""
+    out: dict[int, dict[str, tuple[float, float]]] = {}
+    for ra, rb in zip(a, b, strict=False):
+        diff = {
+            k: (ra.get(k), rb.get(k))
+            for k in sorted(set(ra) | set(rb))
+            if k not in TIMING_KEYS and ra.get(k) != rb.get(k)
+        }
+        if diff:
+            out[ra["epoch"]] = diff
+    return out
+
+
+def compare_runs(reference: Path, candidate: Path, epochs: int | None = None) -> Comparison:
+    """Compare ``candidate`` against ``reference`` over the first ``epochs`` (default all)."""
+    fa, fb = read_jsonl(Path(reference) / FINGERPRINTS), read_jsonl(Path(candidate) / FINGERPRINTS)
+    ma, mb = read_jsonl(Path(reference) / METRICS), read_jsonl(Path(candidate) / METRICS)
+    n = min(len(fa), len(fb)) if epochs is None else epochs
+    result = Comparison(identical=True, epochs_compared=n)
+    result.metric_diffs = metric_differences(ma[:n], mb[:n])
+    if len(fa) < n or len(fb) < n or (epochs is None and len(fa) != len(fb)):
+        result.identical = False
+        result.reasons.append(f"epoch counts differ ({len(fa)} vs {len(fb)})")
+    for ea, eb in zip(fa[:n], fb[:n], strict=False):
+        if ea["weights_sha256"] != eb["weights_sha256"] or ea["step_losses"] != eb["step_losses"]:
+            result.identical = False
+            result.divergent_epoch = ea["epoch"]
+            steps = [
+                i
+                for i, (x, y) in enumerate(zip(ea["step_losses"], eb["step_losses"], strict=False))
+                if x != y
+            ]
+            if steps:
+                result.divergent_step = steps[0]
+            result.reasons.append(
+                f"weights {ea['weights_sha256'][:12]} vs {eb['weights_sha256'][:12]}"
+            )
+            return result
+    if epochs is None and result.identical:
+        ra = json.loads((Path(reference) / RUN_JSON).read_text())
+        rb = json.loads((Path(candidate) / RUN_JSON).read_text())
+        if ra.get("final_weights_sha256") != rb.get("final_weights_sha256"):
+            result.identical = False
+            result.reasons.append("final_weights_sha256 differs")
+    return result

@@ -270,9 +270,10 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
             global_step += 1
             position["next_step"] = step + 1
             bar.update(1)
-            every = cfg.trainer.checkpoint_every_steps
+            checkpoint.test_hook("step", global_step)
             if stop.signal_name is not None:
                 return True
+            every = cfg.trainer.checkpoint_every_steps
             if every and global_step % every == 0 and step + 1 < steps_per_epoch:
                 save_checkpoint(epoch, step + 1)
             return False
@@ -336,6 +337,7 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
         state = save_checkpoint(epoch, 0)
         if improved:
             checkpoint.save(ckpt_dir / "best.pt", state)
+        checkpoint.test_hook("after-save", global_step)
         if nondeterministic_ops:
             record.update(nondeterministic_ops=nondeterministic_ops)
         if stop.signal_name is not None and epoch <= cfg.trainer.epochs:

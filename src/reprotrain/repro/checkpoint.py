@@ -30,9 +30,19 @@ from reprotrain.repro.record import atomic_write_bytes
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
-# Test hook: SIGKILL this process halfway through writing the checkpoint of this global
-# step, to prove a kill during a write leaves the previous checkpoint usable.
-_KILL_IN_SAVE = "REPROTRAIN_TEST_KILL_IN_SAVE"
+# Test hook, e.g. REPROTRAIN_TEST_KILL=in-save:6 | after-save:8 | step:5 | sigterm:5: send
+# SIGKILL (or SIGTERM) to this process at that event of that global step, so tests can
+# interrupt at exact points (mid-epoch, at an epoch boundary, halfway through a write).
+TEST_KILL = "REPROTRAIN_TEST_KILL"
+
+
+def test_hook(event: str, global_step: int) -> None:
+    """Fire the REPROTRAIN_TEST_KILL hook if it names this event and step (no-op otherwise)."""
+    spec = os.environ.get(TEST_KILL, "")
+    if event == "step" and spec == f"sigterm:{global_step}":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif spec == f"{event}:{global_step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rng_state() -> dict[str, Any]:
@@ -82,10 +92,10 @@ def save(path: Path, state: dict[str, Any]) -> None:
     buf = io.BytesIO()
     torch.save({"format_version": FORMAT_VERSION, **state}, buf)
     data = buf.getvalue()
-    if os.environ.get(_KILL_IN_SAVE) == str(state.get("global_step")):
+    if os.environ.get(TEST_KILL) == f"in-save:{state.get('global_step')}":
         tmp = Path(path).with_name(f".{Path(path).name}.partial.tmp")
-        tmp.write_bytes(data[: len(data) // 2])
-        os.kill(os.getpid(), signal.SIGKILL)
+        tmp.write_bytes(data[: len(data) // 2])  # what a kill mid-write leaves behind
+        test_hook("in-save", state["global_step"])
     atomic_write_bytes(path, data)
 
 

@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, overrides = Path(args[0]).resolve(), args[1:]
     recorded = run_dir / RESOLVED_CONFIG
     if not (run_dir / RUN_JSON).is_file() or not recorded.is_file():
-        print(f"error: {run_dir} is not a reprotrain run directory (no {RUN_JSON} or "
-              f"{RESOLVED_CONFIG})", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {run_dir} is not a reprotrain run directory (no {RUN_JSON} or "
+            f"{RESOLVED_CONFIG})",
+            file=sys.stderr,
+        )
         return 2
     config_dir = run_dir / ".hydra"
     atomic_write_text(
@@ -37,12 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         "defaults:\n  - train_schema\n  - _self_\n\n" + recorded.read_text(),
     )
     cmd = [
-        sys.executable, "-m", "reprotrain.train",
-        f"--config-path={config_dir}", f"--config-name={PRIMARY.removesuffix('.yaml')}",
+        sys.executable,
+        "-m",
+        "reprotrain.train",
+        f"--config-path={config_dir}",
+        f"--config-name={PRIMARY.removesuffix('.yaml')}",
         f"hydra.run.dir={run_dir}",
         "hydra.output_subdir=null",  # keep the original .hydra/ record untouched
-        "resume=auto", *overrides,
-    ]  # fmt: skip
+        "resume=auto",
+        *overrides,
+    ]
     os.environ.setdefault("PYTHONHASHSEED", "0")
     os.execv(sys.executable, cmd)
 

@@ -1,0 +1,282 @@
+"""``make archive RUN=<run dir>``: pack a finished run with everything needed to replay it.
+
+    python -m reprotrain.tools.archive outputs/smoke/<stamp> [--with-checkpoint]
+        [--out-dir archives] [--allow-incomplete] [--force] [--repo <checkout>]
+
+Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz`` (run name: the run dir's basename)::
+
+    <top>/run/...                 the run directory (checkpoints/ left out unless
+                                  --with-checkpoint, which adds only the final step-*.pt)
+    <top>/source/...              src/, conf/, pyproject.toml, Makefile, requirements* as
+                                  they ran: `git archive <recorded commit>` + the run's
+                                  git.diff applied (tools/snapshot.py)
+    <top>/env/requirements.lock   the lock as it ran (== run.json lock_sha256)
+    <top>/env/pip-freeze.txt      `python -m pip freeze` at archive time (URL credentials
+                                  redacted)
+    <top>/env/git.json            the repo's commit / dirty flag at archive time
+    <top>/env/git-archive-time.diff  uncommitted changes at archive time (when dirty)
+    <top>/archive.json            what was packed and how the source was rebuilt
+    <top>/MANIFEST.sha256         sha256 of every other member (`sha256sum -c` format)
+
+Why the source is rebuilt rather than copied: the working tree may have moved on since the
+run; the recorded commit plus the recorded diff is the code that produced the numbers.
+The tar is written to a temp file and renamed, so an archive that exists is complete.
+
+Exit codes: 0 written; 2 refused (not a run dir, run not completed without
+--allow-incomplete, archive exists without --force, source cannot be rebuilt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from reprotrain.paths import REPO_ROOT
+from reprotrain.repro import environment
+from reprotrain.repro.record import CHECKPOINTS, RUN_JSON, atomic_write_text, now_iso
+from reprotrain.tools import snapshot
+
+MANIFEST = "MANIFEST.sha256"
+ARCHIVE_JSON = "archive.json"
+FORMAT_VERSION = 1
+# `scheme://user:secret@host`: what pip freeze prints for a package installed from a URL
+# with credentials in it. The only place an archive could pick up a token from outside the
+# (allowlisted) run record.
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+class ArchiveError(Exception):
+    """A refusal: one line for the user, exit 2."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest_text(digests: dict[str, str]) -> str:
+    """``sha256sum`` format, sorted by path: ``<sha256>  <path relative to the top dir>``."""
+    return "".join(f"{digests[rel]}  {rel}\n" for rel in sorted(digests))
+
+
+def parse_manifest(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        m = re.fullmatch(r"([0-9a-f]{64}) [ *](.+)", line)
+        if not m or m.group(2) in out:
+            raise ValueError(f"{MANIFEST} line {n} is malformed or repeated: {line[:80]!r}")
+        out[m.group(2)] = m.group(1)
+    return out
+
+
+def scrub_credentials(text: str) -> str:
+    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+
+
+def pip_freeze() -> str:
+    """``sys.executable -m pip freeze``: the installed set, beside the lock that should match."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"# pip freeze failed: {type(e).__name__}\n"
+    if out.returncode != 0:
+        return f"# pip freeze failed (exit {out.returncode})\n"
+    return scrub_credentials(out.stdout)
+
+
+def final_checkpoint(run_dir: Path) -> Path | None:
+    steps = sorted((run_dir / CHECKPOINTS).glob("step-*.pt"))
+    return steps[-1] if steps else None
+
+
+def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
+    """(file, path under run/) for the run dir: no checkpoints unless asked, no temp files."""
+    keep = final_checkpoint(run_dir) if with_checkpoint else None
+    out = []
+    for path in sorted(run_dir.rglob("*")):
+        rel = path.relative_to(run_dir)
+        if path.is_symlink() or not path.is_file():
+            continue  # archives hold plain files only (reproduce refuses links)
+        if rel.parts[0] == CHECKPOINTS and path != keep:
+            continue
+        if path.name.endswith(".tmp") and path.name.startswith("."):
+            continue  # an atomic write in flight
+        out.append((path, rel.as_posix()))
+    return out
+
+
+def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """No owner names or ids in the archive; plain permissions."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = 0o755 if info.isdir() or info.mode & 0o100 else 0o644
+    return info
+
+
+def build(
+    run_dir: Path,
+    out_dir: Path,
+    repo: Path = REPO_ROOT,
+    with_checkpoint: bool = False,
+    allow_incomplete: bool = False,
+    force: bool = False,
+) -> tuple[Path, dict]:
+    """Write the archive; returns (path, archive.json contents). Raises ArchiveError."""
+    run_dir, out_dir, repo = Path(run_dir).resolve(), Path(out_dir).resolve(), Path(repo)
+    if not (run_dir / RUN_JSON).is_file():
+        raise ArchiveError(f"{run_dir} is not a reprotrain run directory (no {RUN_JSON})")
+    record = json.loads((run_dir / RUN_JSON).read_text())
+    status = record.get("status")
+    if status != "completed" and not allow_incomplete:
+        raise ArchiveError(
+            f"run {run_dir} is {status!r}, not completed; finish it (make resume) or pass "
+            "--allow-incomplete"
+        )
+    exp_id = record.get("experiment_id") or "unknown"
+    top = f"{exp_id}-{run_dir.name}"
+    target = out_dir / f"{top}.tar.gz"
+    if target.exists() and not force:
+        raise ArchiveError(f"{target} exists; pass --force to overwrite it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    git = record.get("git") or {}
+    diff_path = run_dir / "git.diff"
+    diff = diff_path.read_text() if diff_path.is_file() else ""
+    staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
+    try:
+        root = staging / top
+        for path, rel in run_members(run_dir, with_checkpoint):
+            dest = root / "run" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest)
+        try:
+            snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
+        except snapshot.SnapshotError as e:
+            raise ArchiveError(str(e)) from None
+        if git.get("dirty") and not diff:
+            snap.notes.append("run.json says the tree was dirty but the run has no git.diff")
+        lock = root / "source" / "requirements.lock"
+        lock_sha = sha256_file(lock) if lock.is_file() else None
+        if lock.is_file():
+            (root / "env").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lock, root / "env" / "requirements.lock")
+        if lock_sha != record.get("lock_sha256"):
+            snap.notes.append(
+                f"requirements.lock in the snapshot ({(lock_sha or 'none')[:12]}) is not the "
+                f"recorded lock ({(record.get('lock_sha256') or 'none')[:12]})"
+            )
+        now_git, now_diff = environment.git_info(repo)
+        atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
+        atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
+        if now_diff:
+            atomic_write_text(root / "env" / "git-archive-time.diff", now_diff)
+        meta = {
+            "format": FORMAT_VERSION,
+            "created_at": now_iso(),
+            "experiment_id": exp_id,
+            "run_name": run_dir.name,
+            "run_status": status,
+            "with_checkpoint": with_checkpoint,
+            "source": snap.as_dict(),
+            "lock_sha256": {"recorded": record.get("lock_sha256"), "snapshot": lock_sha},
+            "archived_with": {"python": sys.version.split()[0], "git": now_git.get("commit")},
+        }
+        atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        digests = {
+            p.relative_to(root).as_posix(): sha256_file(p)
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()
+        }
+        (root / MANIFEST).write_text(manifest_text(digests))
+        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=out_dir)
+        os.close(fd)
+        try:
+            with tarfile.open(tmp, "w:gz") as tar:
+                tar.add(root, arcname=top, filter=_normalise)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    meta["members"] = len(digests) + 1
+    return target, meta
+
+
+def summary(record: dict, meta: dict, path: Path) -> str:
+    seeds = record.get("seeds") or {}
+    streams = " ".join(
+        f"{k}={seeds[k]}" for k in ("init", "data", "augment", "train") if k in seeds
+    )
+    final = record.get("final_metrics") or {}
+    shown = " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in final.items()
+        if k not in ("epoch", "global_step", "lr")
+    )
+    src = meta["source"]
+    source = (
+        f"git {src['commit'][:12]}" + (" + the run's git.diff" if src["diff_applied"] else "")
+        if src["kind"] == "git"
+        else "WORKING TREE (not as ran)"
+    )
+    size = path.stat().st_size
+    lines = [
+        f"archived {meta['experiment_id']} (run {meta['run_name']}, {meta['run_status']})",
+        f"  seeds    base={seeds.get('base')} ({seeds.get('source')})  {streams}",
+        f"  repro    {(record.get('repro') or {}).get('level')}",
+        f"  metrics  epoch {final.get('epoch')}/{record.get('epochs_completed')}: {shown}",
+        f"  source   {source}",
+        *[f"  note     {n}" for n in src["notes"]],
+        f"  archive  {path} ({size / 1024:.1f} KiB, {meta['members']} members, "
+        f"checkpoint {'included' if meta['with_checkpoint'] else 'left out'})",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reprotrain.tools.archive", description=__doc__)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out-dir", type=Path, default=Path("archives"))
+    p.add_argument("--with-checkpoint", action="store_true", help="add the final checkpoint")
+    p.add_argument("--allow-incomplete", action="store_true", help="archive a run not completed")
+    p.add_argument("--force", action="store_true", help="overwrite an existing archive")
+    p.add_argument("--repo", type=Path, default=REPO_ROOT, help="checkout to rebuild source from")
+    args = p.parse_args(argv)
+    try:
+        path, meta = build(
+            args.run_dir,
+            args.out_dir,
+            repo=args.repo,
+            with_checkpoint=args.with_checkpoint,
+            allow_incomplete=args.allow_incomplete,
+            force=args.force,
+        )
+    except ArchiveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    record = json.loads((Path(args.run_dir) / RUN_JSON).read_text())
+    print(summary(record, meta, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The source snapshot of an archive: the package and configs *as the run ran them*.
+
+Closes: code drift between a run and its archive. The working tree may have changed since
+the run (an edit, a checkout, a ``git pull``), so the snapshot is rebuilt from what the run
+recorded: ``git archive <recorded commit>`` of the paths below, with the run's ``git.diff``
+(uncommitted changes and untracked files at training time) applied on top with
+``git apply``. Only when there is no git to ask (the repo is not a checkout, or the run
+recorded no commit) is the current working tree copied instead, and the returned note says
+so, so the archive never claims more than it knows.
+
+The snapshot keeps the repository layout (``src/``, ``conf/``, locks, ``pyproject.toml``,
+``Makefile``), which is what ``reprotrain.paths`` needs to find ``conf/`` from the package:
+``PYTHONPATH=<snapshot>/src python -m reprotrain.train`` runs the archived code as is.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: What a snapshot holds, as git pathspecs / glob patterns relative to the repo root.
+SNAPSHOT_PATHS: tuple[str, ...] = (
+    "src",
+    "conf",
+    "pyproject.toml",
+    "Makefile",
+    "requirements*.lock",
+    "requirements*.lock.sha256",
+    "requirements*.in",
+)
+_SKIP_PARTS = ("__pycache__", ".egg-info")
+
+
+class SnapshotError(Exception):
+    """The snapshot cannot be built as the run ran (commit gone, diff does not apply)."""
+
+
+@dataclass
+class Snapshot:
+    """Where the snapshot came from: ``kind`` is ``git`` or ``working-tree``."""
+
+    kind: str
+    commit: str | None = None
+    diff_applied: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "commit": self.commit,
+            "diff_applied": self.diff_applied,
+            "notes": self.notes,
+        }
+
+
+def _git(repo: Path, *args: str, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], input=input_bytes, capture_output=True, timeout=120
+    )
+
+
+def _in_snapshot(rel: str) -> bool:
+    first = rel.split("/", 1)[0]
+    if any(part in rel for part in _SKIP_PARTS):
+        return False
+    return any(fnmatch.fnmatchcase(first, pat) for pat in SNAPSHOT_PATHS)
+
+
+def is_git_repo(repo: Path) -> bool:
+    try:
+        out = _git(repo, "rev-parse", "--show-toplevel")
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and Path(out.stdout.decode().strip()).resolve() == repo.resolve()
+
+
+def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
+    """``git archive <commit>`` of the snapshot paths into ``dest``, then ``git apply`` diff.
+
+    Only the hunks that touch snapshot paths are applied (a diff of README.md or tests/
+    belongs to the record in ``run/git.diff``, not to the code that ran).
+    """
+    repo, dest = Path(repo), Path(dest)
+    if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise SnapshotError(
+            f"commit {commit[:12]} is not in {repo} (rebased or not fetched?); "
+            "fetch it, or archive from a clone that has it"
+        )
+    listed = _git(repo, "ls-tree", "-r", "--name-only", commit)
+    paths = sorted({p.split("/", 1)[0] for p in listed.stdout.decode().splitlines()})
+    wanted = [p for p in paths if _in_snapshot(p)]
+    dest.mkdir(parents=True, exist_ok=True)
+    snap = Snapshot(kind="git", commit=commit)
+    if wanted:
+        out = _git(repo, "archive", "--format=tar", commit, "--", *wanted)
+        if out.returncode != 0:
+            raise SnapshotError(f"git archive {commit[:12]} failed: {out.stderr.decode().strip()}")
+        with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
+            tar.extractall(dest, filter="data")
+    if diff.strip():
+        includes = [f"--include={p}" for p in SNAPSHOT_PATHS] + [
+            f"--include={p}/*" for p in SNAPSHOT_PATHS
+        ]
+        # dest must not be mistaken for a subfolder of some enclosing checkout (git apply
+        # would then patch relative to that repo's root): stop git's repo discovery at dest.
+        applied = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", "--binary", *includes, "-"],
+            input=diff.encode(),
+            cwd=dest,
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent)},
+        )
+        if applied.returncode != 0:
+            first = (applied.stderr.decode().strip().splitlines() or ["?"])[0]
+            raise SnapshotError(f"the run's git.diff does not apply to {commit[:12]}: {first}")
+        snap.diff_applied = True
+    return snap
+
+
+def from_working_tree(repo: Path, dest: Path, reason: str) -> Snapshot:
+    """Copy the snapshot paths from the working tree (no git to rebuild the as-ran state)."""
+    repo, dest = Path(repo), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(repo.iterdir()):
+        if not _in_snapshot(entry.name):
+            continue
+        if entry.is_dir():
+            shutil.copytree(
+                entry,
+                dest / entry.name,
+                symlinks=False,
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"),
+            )
+        elif entry.is_file():
+            shutil.copy2(entry, dest / entry.name)
+    return Snapshot(
+        kind="working-tree",
+        notes=[f"source copied from the working tree as it is now, not as it ran: {reason}"],
+    )
+
+
+def build(repo: Path, commit: str | None, diff: str, dest: Path) -> Snapshot:
+    """The as-ran source of a run into ``dest``: from git when possible, else the tree."""
+    repo = Path(repo)
+    if not is_git_repo(repo):
+        return from_working_tree(repo, dest, f"{repo} is not a git checkout")
+    if not commit:
+        return from_working_tree(repo, dest, "the run recorded no git commit")
+    return from_git(repo, commit, diff, dest)

@@ -1,0 +1,96 @@
+"""Bad input fails at compose time with one line, no traceback, and no completed run."""
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import REPO, assert_ok, base_env, run_json, train
+from reprotrain.config import register_configs, validate
+from reprotrain.errors import ReprotrainError
+from reprotrain.paths import CONF_DIR
+
+register_configs()
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.epoch=3", "trainer.epoch"),
+        ("trainer.epochs=abc", "trainer.epochs"),
+        ("model=resnet999", "resnet999"),
+        ("trainer.batch_size=0", "trainer.batch_size"),
+        ("optimizer.lr=-1", "optimizer.lr"),
+    ],
+)
+def test_bad_override_is_one_line_and_creates_no_run(tmp_path, override, expected):
+    run_dir = tmp_path / "run"
+    proc = train(run_dir, override, micro=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not run_dir.exists()
+
+
+def test_sweep_values_are_checked_before_any_job_runs(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reprotrain.train",
+            "--multirun",
+            "experiment=smoke",
+            "seed.base=0,x",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "seed.base" in proc.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_cifar10_without_data_or_network_says_where_to_put_it(tmp_path):
+    run_dir = tmp_path / "run"
+    # Port 9 on loopback refuses at once: the same code path as no network, without a wait.
+    proc = train(
+        run_dir,
+        "dataset=cifar10",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.url=http://127.0.0.1:9/cifar-10-python.tar.gz",
+        micro=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cifar-10-python.tar.gz" in lines[0]
+    assert "experiment=smoke" in lines[0] and "Traceback" not in proc.stderr
+    record = run_json(run_dir)
+    assert record["status"] == "failed" and "experiment=smoke" in record["error"]
+
+
+def test_defaults_compose_and_validate():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train")
+        smoke = compose("train", overrides=["experiment=smoke"])
+    validate(cfg)
+    assert (cfg.dataset.name, cfg.model.name, cfg.repro.level) == ("cifar10", "resnet18", "strict")
+    assert (smoke.dataset.name, smoke.model.name) == ("synthetic", "resnet_tiny")
+    smoke.trainer.num_workers = 2  # the device pipeline has no workers: refuse, don't ignore
+    with pytest.raises(ReprotrainError, match="pipeline=loader"):
+        validate(smoke)
+
+
+def test_help_still_works():
+    proc = subprocess.run(
+        [sys.executable, "-m", "reprotrain.train", "--cfg", "job", "experiment=smoke"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert_ok(proc)
+    assert "resnet_tiny" in proc.stdout

@@ -60,13 +60,13 @@ resume: $(STAMP) ## continue an interrupted run in place: make resume RUN=output
 	@test -n "$(RUN)" || { echo "error: give the run directory: make resume RUN=outputs/<run>"; exit 2; }
 	$(PY) -m reprotrain.tools.resume $(RUN) $(ARGS)
 
-archive: $(STAMP) ## pack a run: make archive RUN=outputs/...
+archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1]
 	@test -n "$(RUN)" || { echo "error: give the run directory: make archive RUN=outputs/<run>"; exit 2; }
-	$(PY) -m reprotrain.tools.archive $(RUN) $(ARGS)
+	$(PY) -m reprotrain.tools.archive $(RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(ARGS)
 
-reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1]
+reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1]
 	@test -n "$(ARCHIVE)" || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz"; exit 2; }
-	$(PY) -m reprotrain.tools.reproduce $(ARCHIVE) $(if $(EPOCHS),--epochs $(EPOCHS)) $(ARGS)
+	$(PY) -m reprotrain.tools.reproduce $(ARCHIVE) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TOL),--tolerance $(TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(ARGS)
 
 bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 	$(PY) scripts/bench.py $(ARGS)

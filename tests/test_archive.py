@@ -1,0 +1,511 @@
+"""Archive a run, replay it from the archive, and refuse archives that cannot be trusted.
+
+One micro run is trained (with secret-looking variables in its environment) and archived
+once per module; the replays re-run it from the archived source snapshot in fresh processes.
+Refusals (manifest, unsafe members, data drift) are checked in-process: nothing is re-run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import REPO, assert_ok, base_env, train
+from reprotrain.repro.environment import git_info
+from reprotrain.tools import archive as arch
+from reprotrain.tools import reproduce as repro
+from reprotrain.tools import snapshot
+
+# Random per session, so it is in no file (this test file shows up in a dirty run's git.diff).
+MARKER = f"leakmarker-{uuid.uuid4().hex}"
+SECRETS = {
+    "WANDB_API_KEY": f"{MARKER}-wandb",
+    "AWS_SECRET_ACCESS_KEY": f"{MARKER}-aws",
+    "HF_TOKEN": f"{MARKER}-hf",
+    "GITHUB_TOKEN": f"{MARKER}-gh",
+}
+
+
+def tool(name: str, *args: str, cwd: Path, env: dict | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", f"reprotrain.tools.{name}", *args],
+        cwd=cwd,
+        env=env or base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    (top,) = dest.iterdir()
+    return top
+
+
+def repack(top: Path, out: Path, manifest: bool = True) -> Path:
+    """Tar ``top`` again; with ``manifest``, recompute MANIFEST.sha256 as archive.py would."""
+    if manifest:
+        digests = {
+            p.relative_to(top).as_posix(): arch.sha256_file(p)
+            for p in sorted(top.rglob("*"))
+            if p.is_file() and p.name != arch.MANIFEST
+        }
+        (top / arch.MANIFEST).write_text(arch.manifest_text(digests))
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    return out
+
+
+def edited(archive: Path, tmp: Path, rel: str, edit, manifest: bool = True) -> Path:
+    top = unpack(archive, tmp / "unpacked")
+    path = top / rel
+    path.write_bytes(edit(path.read_bytes()))
+    return repack(top, tmp / "edited.tar.gz", manifest=manifest)
+
+
+def edit_run_json(**changes):
+    def edit(data: bytes) -> bytes:
+        record = json.loads(data)
+        for dotted, value in changes.items():
+            node, *path = dotted.split("__")
+            target = record[node]
+            for key in path[:-1]:
+                target = target[key]
+            if path:
+                target[path[-1]] = value
+            else:
+                record[node] = value
+        return json.dumps(record).encode()
+
+    return edit
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def files_under(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def archived(tmp_path_factory):
+    """(run dir, archive, archive stdout): a micro run trained and archived with secrets set."""
+    base = tmp_path_factory.mktemp("archived")
+    env = base_env(**SECRETS, SLURM_JOB_ID="job-4242")  # allowlisted: a control
+    run_dir = base / "run"
+    assert_ok(train(run_dir, env=env))
+    proc = tool("archive", str(run_dir), "--out-dir", str(base / "archives"), cwd=base, env=env)
+    assert_ok(proc)
+    (archive,) = (base / "archives").glob("*.tar.gz")
+    return run_dir, archive, proc.stdout
+
+
+# ------------------------------------------------------------------------------ archive
+
+
+def test_archive_holds_run_source_env_and_a_manifest(archived, tmp_path):
+    run_dir, archive, out = archived
+    record = json.loads((run_dir / "run.json").read_text())
+    assert archive.name == f"{record['experiment_id']}-{run_dir.name}.tar.gz"
+    top = unpack(archive, tmp_path)
+    for rel in (
+        "run/run.json",
+        "run/config.resolved.yaml",
+        "run/fingerprints.jsonl",
+        "run/.hydra/config.yaml",
+        "source/src/reprotrain/train.py",
+        "source/conf/train.yaml",
+        "source/pyproject.toml",
+        "source/requirements.lock",
+        "env/requirements.lock",
+        "env/pip-freeze.txt",
+        "env/git.json",
+        "archive.json",
+    ):
+        assert (top / rel).is_file(), rel
+    assert not (top / "run" / "checkpoints").exists(), "checkpoints are left out by default"
+    assert not (top / "source" / "tests").exists()
+    lock = top / "env" / "requirements.lock"
+    assert arch.sha256_file(lock) == record["lock_sha256"], "the lock as it ran"
+    assert "torch==" in (top / "env" / "pip-freeze.txt").read_text()
+    meta = json.loads((top / "archive.json").read_text())
+    assert meta["source"]["kind"] == "git"
+    assert meta["source"]["commit"] == record["git"]["commit"]
+    assert meta["source"]["diff_applied"] == bool(record["git"]["dirty"])
+    # The manifest covers every member and is sha256sum-compatible.
+    listed = arch.parse_manifest((top / arch.MANIFEST).read_text())
+    assert set(listed) == {p.relative_to(top).as_posix() for p in top.rglob("*") if p.is_file()} - {
+        arch.MANIFEST
+    }
+    if shutil.which("sha256sum"):
+        check = subprocess.run(["sha256sum", "--quiet", "-c", arch.MANIFEST], cwd=top)
+        assert check.returncode == 0
+    for needle in (record["experiment_id"], "base=42", "strict", "test_acc=", "KiB"):
+        assert needle in out, needle
+
+
+def test_with_checkpoint_adds_only_the_final_one(archived, tmp_path):
+    run_dir, _, _ = archived
+    path, _ = arch.build(run_dir, tmp_path / "out", with_checkpoint=True)
+    with tarfile.open(path) as tar:
+        ckpts = [m.name.rsplit("/", 1)[1] for m in tar.getmembers() if "/checkpoints/" in m.name]
+    assert ckpts == [arch.final_checkpoint(run_dir).name]
+    assert ckpts[0].startswith("step-") and len(list((run_dir / "checkpoints").iterdir())) > 1
+
+
+def test_incomplete_run_is_refused_unless_allowed(archived, tmp_path, capsys):
+    run_dir, _, _ = archived
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    record = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**record, "status": "interrupted"}))
+    assert arch.main([str(copy), "--out-dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not completed" in err and "--allow-incomplete" in err
+    assert not list((tmp_path).glob("a/*.tar.gz"))
+    assert arch.main([str(copy), "--out-dir", str(tmp_path / "a"), "--allow-incomplete"]) == 0
+    assert len(list(tmp_path.glob("a/*.tar.gz"))) == 1
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")], "no temp left"
+
+
+def test_pip_freeze_credentials_are_redacted():
+    line = "pkg @ git+https://user:ghp_abc123@github.com/o/r.git@v1\nother==1.0\n"
+    assert (
+        arch.scrub_credentials(line) == "pkg @ git+https://***@github.com/o/r.git@v1\nother==1.0\n"
+    )
+
+
+# ------------------------------------------------------------------------------ snapshot
+
+
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+@pytest.fixture
+def small_repo(tmp_path):
+    repo = tmp_path / "repo"
+    for rel, text in {
+        "src/pkg/a.py": "A = 1\n",
+        "conf/c.yaml": "c: 1\n",
+        "README.md": "readme\n",
+        "tests/t.py": "T = 1\n",
+        "requirements.lock": "x==1\n",
+    }.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    return repo
+
+
+def test_snapshot_is_the_recorded_commit_plus_the_recorded_diff(small_repo, tmp_path):
+    repo = small_repo
+    # The tree as the run saw it: a tracked edit, an untracked file, edits outside src/conf.
+    (repo / "src/pkg/a.py").write_text("A = 2  # as ran\n")
+    (repo / "src/pkg/new.py").write_text("NEW = True\n")
+    (repo / "README.md").write_text("edited readme\n")
+    info, diff = git_info(repo)
+    assert info["dirty"] and "new.py" in diff
+    # Afterwards the tree moves on: more edits and a new commit.
+    (repo / "src/pkg/a.py").write_text("A = 3  # later\n")
+    (repo / "conf/c.yaml").write_text("c: 2\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "two")
+    (repo / "src/pkg/a.py").write_text("A = 4  # uncommitted later\n")
+
+    snap = snapshot.build(repo, info["commit"], diff, tmp_path / "snap")
+    assert (snap.kind, snap.commit, snap.diff_applied) == ("git", info["commit"], True)
+    s = tmp_path / "snap"
+    assert (s / "src/pkg/a.py").read_text() == "A = 2  # as ran\n"
+    assert (s / "src/pkg/new.py").read_text() == "NEW = True\n"
+    assert (s / "conf/c.yaml").read_text() == "c: 1\n"
+    assert (s / "requirements.lock").read_text() == "x==1\n"
+    assert not (s / "README.md").exists() and not (s / "tests").exists()
+
+
+def test_snapshot_refuses_a_missing_commit_and_falls_back_without_git(small_repo, tmp_path):
+    with pytest.raises(snapshot.SnapshotError, match="not in"):
+        snapshot.build(small_repo, "0" * 40, "", tmp_path / "s1")
+    plain = tmp_path / "plain"
+    shutil.copytree(small_repo, plain, ignore=shutil.ignore_patterns(".git"))
+    snap = snapshot.build(plain, "0" * 40, "", tmp_path / "s2")
+    assert snap.kind == "working-tree" and "not as it ran" in snap.notes[0]
+    assert (tmp_path / "s2/src/pkg/a.py").read_text() == "A = 1\n"
+
+
+def test_archive_rebuilds_source_from_the_recorded_commit(archived, small_repo, tmp_path):
+    """End to end through archive.build with --repo: a later working tree is not packed."""
+    run_dir, _, _ = archived
+    repo = small_repo
+    (repo / "src/pkg/a.py").write_text("A = 2  # as ran\n")
+    info, diff = git_info(repo)
+    (repo / "src/pkg/a.py").write_text("A = 5  # edited after the run\n")
+    fake = tmp_path / "run"
+    shutil.copytree(run_dir, fake, ignore=shutil.ignore_patterns("checkpoints"))
+    record = json.loads((fake / "run.json").read_text())
+    (fake / "run.json").write_text(json.dumps({**record, "git": info}))
+    (fake / "git.diff").write_text(diff)
+    path, meta = arch.build(fake, tmp_path / "out", repo=repo)
+    top = unpack(path, tmp_path / "x")
+    assert (top / "source/src/pkg/a.py").read_text() == "A = 2  # as ran\n"
+    assert (top / "run/git.diff").read_text() == diff
+    assert meta["source"]["diff_applied"]
+
+
+# ------------------------------------------------------------------------------ replay
+
+
+def test_reproduce_from_another_directory_is_bitwise(archived, tmp_path):
+    _, archive, _ = archived
+    env = base_env(**SECRETS)
+    proc = tool(
+        "reproduce", str(archive), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, env=env
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert last_line(proc.stdout).startswith("REPRODUCED (bitwise)")
+    (new_run,) = (tmp_path / "runs").iterdir()
+    report = json.loads((new_run / "reproduction.json").read_text())
+    assert report["exit_code"] == 0 and report["verdict"].startswith("REPRODUCED")
+    for path in new_run.rglob("*"):
+        if path.is_file():
+            assert MARKER.encode() not in path.read_bytes(), path
+
+
+def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_path):
+    """A 'checkout' whose trainer cannot even be imported: the replay must not touch it."""
+    _, archive, _ = archived
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "src", checkout / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for lock in REPO.glob("requirements*.lock"):
+        shutil.copy2(lock, checkout / lock.name)
+    engine = checkout / "src/reprotrain/engine.py"
+    engine.write_text(engine.read_text() + "\nraise ImportError('working tree imported')\n")
+    env = base_env(PYTHONPATH=str(checkout / "src"))
+    control = subprocess.run(
+        [sys.executable, "-c", "import reprotrain.engine"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    assert control.returncode != 0 and b"working tree imported" in control.stderr
+    proc = tool(
+        "reproduce", str(archive), "--epochs", "1", "--runs-dir", str(tmp_path / "runs"),
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert last_line(proc.stdout).startswith("REPRODUCED (bitwise): epoch(s) 1-1")
+
+
+def test_a_code_change_inside_the_archive_diverges(archived, tmp_path):
+    """The converse: the replay's numbers come from the archived source."""
+    _, archive, _ = archived
+    rel = "source/src/reprotrain/repro/seeding.py"
+    needle = b'stable_hash("reprotrain", base, name)'
+
+    def edit(data: bytes) -> bytes:
+        assert needle in data, "update this test: seeding.py no longer derives streams this way"
+        return data.replace(needle, b'stable_hash("reprotrain-edited", base, name)')
+
+    changed = edited(archive, tmp_path, rel, edit)
+    proc = tool(
+        "reproduce", str(changed), "--epochs", "1", "--runs-dir", str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert last_line(proc.stdout).startswith("DIVERGED at epoch 1 (step 0)")
+    assert "train_loss" in proc.stdout and "tolerance" in proc.stdout
+
+
+def test_environment_difference_is_not_comparable(archived, tmp_path):
+    _, archive, _ = archived
+    changed = edited(archive, tmp_path, "run/run.json", edit_run_json(environment__torch="1.0.0"))
+    proc = tool(
+        "reproduce", str(changed), "--epochs", "1", "--runs-dir", str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = last_line(proc.stdout)
+    assert verdict.startswith("NOT COMPARABLE") and "torch: recorded '1.0.0'" in verdict
+    assert "tolerance 0.02" in proc.stdout
+
+
+# ------------------------------------------------------------------------------ refusals
+
+
+@pytest.mark.parametrize(
+    "rel, edit, expect",
+    [
+        ("run/metrics.jsonl", lambda b: bytes([b[0] ^ 1]) + b[1:], "sha256"),
+        ("source/src/reprotrain/train.py", lambda b: b[:-1] + bytes([b[-1] ^ 1]), "sha256"),
+        ("run/run.json", lambda b: b + b" ", "sha256"),
+    ],
+)
+def test_a_changed_member_fails_the_manifest_and_is_named(
+    archived, tmp_path, capsys, rel, edit, expect
+):
+    _, archive, _ = archived
+    changed = edited(archive, tmp_path, rel, edit, manifest=False)
+    target = tmp_path / "target"
+    rc = repro.main([str(changed), "--extract-dir", str(target), "--verify-only"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"/{rel} " in err and expect in err and err.count("\n") == 1
+    assert not target.exists(), "nothing extracted"
+
+
+def test_missing_and_extra_members_fail_the_manifest(archived, tmp_path, capsys):
+    _, archive, _ = archived
+    top = unpack(archive, tmp_path / "u1")
+    (top / "run/train.log").unlink()
+    rc = repro.main([str(repack(top, tmp_path / "a.tar.gz", manifest=False)), "--verify-only"])
+    assert rc == 2 and "run/train.log is in MANIFEST.sha256 but not in" in capsys.readouterr().err
+    top = unpack(archive, tmp_path / "u2")
+    (top / "run/extra.txt").write_text("x")
+    rc = repro.main([str(repack(top, tmp_path / "b.tar.gz", manifest=False)), "--verify-only"])
+    assert rc == 2 and "run/extra.txt is in the archive but not in" in capsys.readouterr().err
+    # control: the untouched archive verifies
+    assert repro.main([str(archive), "--verify-only"]) == 0
+
+
+def _crafted(path: Path, evil: tarfile.TarInfo | None, payload: bytes = b"pwned") -> Path:
+    manifest = b""  # no file members besides the manifest itself
+    with tarfile.open(path, "w:gz") as tar:
+        d = tarfile.TarInfo("top")
+        d.type = tarfile.DIRTYPE
+        tar.addfile(d)
+        m = tarfile.TarInfo(f"top/{arch.MANIFEST}")
+        m.size = len(manifest)
+        tar.addfile(m, io.BytesIO(manifest))
+        if evil is not None:
+            evil.size = len(payload) if evil.isreg() else 0
+            tar.addfile(evil, io.BytesIO(payload) if evil.isreg() else None)
+    return path
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        _member("../../evil"),
+        _member("top/../../evil"),
+        _member("/ABSOLUTE/evil"),
+        _member("top/link", tarfile.SYMTYPE, "../../.."),
+        _member("top/hard", tarfile.LNKTYPE, "/etc/passwd"),
+        _member("top/dev", tarfile.CHRTYPE),
+        _member("top/fifo", tarfile.FIFOTYPE),
+        _member("other/evil"),
+    ],
+    ids=["dotdot", "top-dotdot", "absolute", "symlink", "hardlink", "device", "fifo", "second-top"],
+)
+def test_unsafe_members_refuse_the_whole_archive(tmp_path, capsys, member):
+    root = tmp_path / "a" / "b"
+    root.mkdir(parents=True)
+    if member.name.startswith("/ABSOLUTE"):
+        member.name = str(tmp_path / "abs-evil")
+    crafted = _crafted(tmp_path / "crafted.tar.gz", member)
+    before = files_under(tmp_path)
+    target = root / "target"
+    rc = repro.main([str(crafted), "--extract-dir", str(target), "--verify-only"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unsafe member" in err and "nothing extracted" in err
+    assert files_under(tmp_path) == before, "nothing written anywhere"
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "a" / "evil").exists()
+    # control: the same archive without the bad member is accepted
+    clean = _crafted(tmp_path / "clean.tar.gz", None)
+    assert repro.main([str(clean), "--extract-dir", str(root / "t2"), "--verify-only"]) == 0
+
+
+# ------------------------------------------------------------------------------ data drift
+
+
+def test_data_check_refuses_a_different_fingerprint_unless_allowed():
+    cfg = OmegaConf.create(
+        {"name": "synthetic", "num_train": 64, "num_test": 32, "data_seed": 1, "noise": 1.0}
+    )
+    from reprotrain.data.datasets import data_fingerprint
+
+    here = data_fingerprint(cfg)
+    assert repro.check_data(cfg, here, allow_drift=False) is None
+    wrong = {**here, "sha256": "f" * 64}
+    with pytest.raises(repro.Refusal) as e:
+        repro.check_data(cfg, wrong, allow_drift=False)
+    assert "f" * 64 in str(e.value) and here["sha256"] in str(e.value)
+    assert "--allow-data-drift" in str(e.value)
+    assert here["sha256"] in repro.check_data(cfg, wrong, allow_drift=True)
+
+
+def test_changed_dataset_is_refused_then_replayed_as_not_comparable(archived, tmp_path, capsys):
+    _, archive, _ = archived
+    changed = edited(
+        archive, tmp_path, "run/run.json", edit_run_json(data_fingerprint__sha256="e" * 64)
+    )
+    runs = tmp_path / "runs"
+    rc = repro.main([str(changed), "--runs-dir", str(runs)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "e" * 64 in err and err.count("\n") == 1
+    assert not runs.exists(), "refused before any re-run"
+    proc = tool(
+        "reproduce", str(changed), "--allow-data-drift", "--epochs", "1", "--runs-dir", str(runs),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "data differs" in last_line(proc.stdout)
+
+
+def test_verdict_helpers():
+    assert repro.not_comparable_reasons({"repro": {"level": "fast"}})
+    assert not repro.not_comparable_reasons({"repro": {"level": "strict"}})
+    lines, ok = repro.tolerance_report({1: {"test_acc": (0.5, 0.51), "lr": (0.1, 0.1)}}, 0.02)
+    assert ok and "ok" in lines[0]
+    lines, ok = repro.tolerance_report({1: {"test_loss": (0.5, 0.6)}}, 0.02)
+    assert not ok and "OUT" in lines[0]
+
+
+# ------------------------------------------------------------------------------ secrets
+
+
+def test_no_secret_reaches_the_run_or_the_archive(archived, tmp_path):
+    run_dir, archive, _ = archived
+    assert all(MARKER in v for v in SECRETS.values())
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert MARKER.encode() not in path.read_bytes(), path
+    with tarfile.open(archive) as tar:
+        raw = b"".join(
+            tar.extractfile(m).read() + m.name.encode() for m in tar.getmembers() if m.isreg()
+        )
+    assert MARKER.encode() not in raw
+    top = unpack(archive, tmp_path)
+    checked = 0
+    for path in top.rglob("*"):
+        if path.is_file():
+            checked += 1
+            assert MARKER.encode() not in path.read_bytes(), path
+    assert checked > 20 and (top / "env/pip-freeze.txt").stat().st_size > 0
+    # control: the run's environment did reach the record, through the allowlist only
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["environment"]["env"]["SLURM_JOB_ID"] == "job-4242"

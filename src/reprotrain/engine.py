@@ -8,7 +8,6 @@ so that every step's loss is kept for the epoch fingerprint.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -22,6 +21,12 @@ class EpochProgress:
     correct: int = 0
     seen: int = 0
 
+    def add(self, loss: float, correct: int, n: int) -> None:
+        self.step_losses.append(loss)
+        self.loss_sum += loss * n
+        self.correct += correct
+        self.seen += n
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -32,39 +37,26 @@ def autocast(device: torch.device, enabled: bool, dtype: str):
     return torch.autocast(device.type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
 
 
-def train_epoch(
+def train_step(
     model: nn.Module,
-    batches: Iterator[tuple[int, torch.Tensor, torch.Tensor]],
+    x: torch.Tensor,
+    y: torch.Tensor,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
     loss_fn: nn.Module,
-    progress: EpochProgress,
     amp: tuple[bool, str],
-    after_step: Callable[[int], bool],
-) -> bool:
-    """Train over ``batches``; ``after_step(step)`` may checkpoint and returns True to stop.
-
-    Returns True when the epoch ran to its end, False when ``after_step`` asked to stop.
-    """
-    model.train()
-    for step, x, y in batches:
-        with autocast(x.device, *amp):
-            logits = model(x)
-            loss = loss_fn(logits.float(), y)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        loss_value = loss.item()
-        progress.step_losses.append(loss_value)
-        progress.loss_sum += loss_value * len(y)
-        progress.correct += int((logits.argmax(1) == y).sum())
-        progress.seen += len(y)
-        if after_step(step):
-            return False
-    return True
+) -> tuple[float, int]:
+    """One optimisation step; returns (loss, correct predictions) as python numbers."""
+    with autocast(x.device, *amp):
+        logits = model(x)
+        loss = loss_fn(logits.float(), y)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    return loss.item(), int((logits.argmax(1) == y).sum())
 
 
 @torch.no_grad()

@@ -16,5 +16,9 @@ class DataMissingError(ReprotrainError):
     """The dataset is not on disk and could not be downloaded."""
 
 
-class CheckpointError(ReprotrainError):
+class ResumeError(ReprotrainError):
+    """A resume was refused; the run directory is left exactly as it was."""
+
+
+class CheckpointError(ResumeError):
     """A checkpoint is corrupt, truncated, unsafe or does not match the run."""

@@ -24,8 +24,10 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 import torch
@@ -38,8 +40,8 @@ from reprotrain import preflight
 from reprotrain.config import register_configs, validate
 from reprotrain.data.datasets import data_fingerprint, load_data
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
-from reprotrain.engine import EpochProgress, evaluate, train_epoch
-from reprotrain.errors import ReprotrainError
+from reprotrain.engine import EpochProgress, evaluate, train_step
+from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.models.resnet import build_model
 from reprotrain.optim import build_optimizer, build_scheduler
 from reprotrain.paths import CONF_DIR, REPO_ROOT
@@ -78,6 +80,20 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
+
+
+@contextmanager
+def strict_alerts() -> Iterator[None]:
+    """Under repro=strict a nondeterministic op raises deep inside torch: make it one line."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "does not have a deterministic implementation" not in str(e):
+            raise
+        raise ReprotrainError(
+            f"nondeterministic op under repro=strict: {str(e).splitlines()[0]} "
+            "(use repro=warn to record it instead, or replace the op)"
+        ) from None
 
 
 class StopFlag:
@@ -236,7 +252,7 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
         checkpoint.prune(ckpt_dir, cfg.trainer.keep_checkpoints)
         return state
 
-    def interrupted(at_epoch: int, next_step: int) -> float:
+    def interrupted(at_epoch: int, next_step: int) -> NoReturn:
         save_checkpoint(at_epoch, next_step)
         record.update(
             status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=stop.signal_name
@@ -251,99 +267,76 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
 
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
     nondeterministic_ops: list[str] = list(record.data.get("nondeterministic_ops", []))
+    every = cfg.trainer.checkpoint_every_steps
     show_bar = cfg.trainer.progress and sys.stderr.isatty()
-    while epoch <= cfg.trainer.epochs:
-        t0 = time.perf_counter()
-        seen_before = progress.seen
-        bar = tqdm(
-            total=steps_per_epoch,
-            initial=start_step,
-            desc=f"epoch {epoch}",
-            disable=not show_bar,
-            leave=False,
-        )
+    with determinism.collect_nondeterministic_ops(nondeterministic_ops), strict_alerts():
+        while epoch <= cfg.trainer.epochs:
+            t0, seen_before = time.perf_counter(), progress.seen
+            model.train()
+            bar = tqdm(
+                total=steps_per_epoch,
+                initial=start_step,
+                desc=f"epoch {epoch}",
+                disable=not show_bar,
+                leave=False,
+            )
+            for step, x, y in pipeline.epoch(epoch, start_step):
+                loss, correct = train_step(model, x, y, optimizer, scheduler, scaler, loss_fn, amp)
+                progress.add(loss, correct, len(y))
+                global_step += 1
+                bar.update(1)
+                checkpoint.test_hook("step", global_step)
+                if stop.signal_name is not None:
+                    interrupted(epoch, step + 1)
+                if every and global_step % every == 0 and step + 1 < steps_per_epoch:
+                    save_checkpoint(epoch, step + 1)
+            bar.close()
 
-        position = {"next_step": start_step}
-
-        def after_step(step: int, epoch: int = epoch, bar: tqdm = bar, position=position) -> bool:
-            nonlocal global_step
-            global_step += 1
-            position["next_step"] = step + 1
-            bar.update(1)
-            checkpoint.test_hook("step", global_step)
-            if stop.signal_name is not None:
-                return True
-            every = cfg.trainer.checkpoint_every_steps
-            if every and global_step % every == 0 and step + 1 < steps_per_epoch:
-                save_checkpoint(epoch, step + 1)
-            return False
-
-        with determinism.collect_nondeterministic_ops(nondeterministic_ops):
-            try:
-                finished = train_epoch(
-                    model,
-                    pipeline.epoch(epoch, start_step),
-                    optimizer,
-                    scheduler,
-                    scaler,
-                    loss_fn,
-                    progress,
-                    amp,
-                    after_step,
-                )
-            except RuntimeError as e:
-                if "deterministic" not in str(e):
-                    raise
-                raise ReprotrainError(
-                    f"nondeterministic op under repro=strict: {str(e).splitlines()[0]} "
-                    "(use repro=warn to record it instead, or replace the op)"
-                ) from None
-        bar.close()
-        if not finished:
-            interrupted(epoch, position["next_step"])
-        seconds = time.perf_counter() - t0
-        row = {
-            "epoch": epoch,
-            "global_step": global_step,
-            "train_loss": progress.loss_sum / progress.seen,
-            "train_acc": progress.correct / progress.seen,
-            "lr": scheduler.get_last_lr()[0],
-            "seconds": seconds,
-            "images_per_s": (progress.seen - seen_before) / seconds,
-        }
-        if epoch % cfg.trainer.eval_every == 0 or epoch == cfg.trainer.epochs:
-            row.update(evaluate(model, pipeline.eval_batches(), eval_loss_fn, amp))
-        metrics.append(row)
-        fingerprints.append(
-            {
+            seconds = time.perf_counter() - t0
+            row = {
                 "epoch": epoch,
                 "global_step": global_step,
-                "weights_sha256": weights_sha256(model),
-                "step_losses_sha256": losses_sha256(progress.step_losses),
-                "step_losses": progress.step_losses,
+                "train_loss": progress.loss_sum / progress.seen,
+                "train_acc": progress.correct / progress.seen,
+                "lr": scheduler.get_last_lr()[0],
+                "seconds": seconds,
+                "images_per_s": (progress.seen - seen_before) / seconds,
             }
-        )
-        rec.write_jsonl(run_dir / rec.METRICS, metrics)
-        rec.write_jsonl(run_dir / rec.FINGERPRINTS, fingerprints)
-        log.info(
-            "epoch %d/%d  " + "  ".join(f"{k}=%.4g" for k in row if k != "epoch"),
-            epoch,
-            cfg.trainer.epochs,
-            *[v for k, v in row.items() if k != "epoch"],
-        )
-        epoch, start_step, progress = epoch + 1, 0, EpochProgress()
-        improved = row.get("test_acc", -1.0) > best_acc
-        best_acc = max(best_acc, row.get("test_acc", -1.0))
-        state = save_checkpoint(epoch, 0)
-        if improved:
-            checkpoint.save(ckpt_dir / "best.pt", state)
-        checkpoint.test_hook("after-save", global_step)
-        if nondeterministic_ops:
-            record.update(nondeterministic_ops=nondeterministic_ops)
-        if stop.signal_name is not None and epoch <= cfg.trainer.epochs:
-            interrupted(epoch, 0)
-        if cfg.trainer.stop_after_epoch and epoch > cfg.trainer.stop_after_epoch:
-            break  # spot check: the schedule still spans trainer.epochs
+            if epoch % cfg.trainer.eval_every == 0 or epoch == cfg.trainer.epochs:
+                row.update(evaluate(model, pipeline.eval_batches(), eval_loss_fn, amp))
+            metrics.append(row)
+            fingerprints.append(
+                {
+                    "epoch": epoch,
+                    "global_step": global_step,
+                    "weights_sha256": weights_sha256(model),
+                    "step_losses_sha256": losses_sha256(progress.step_losses),
+                    "step_losses": progress.step_losses,
+                }
+            )
+            rec.write_jsonl(run_dir / rec.METRICS, metrics)
+            rec.write_jsonl(run_dir / rec.FINGERPRINTS, fingerprints)
+            log.info(
+                "epoch %d/%d  %s",
+                epoch,
+                cfg.trainer.epochs,
+                "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch"),
+            )
+
+            # The epoch-end checkpoint resumes at the start of the next epoch.
+            epoch, start_step, progress = epoch + 1, 0, EpochProgress()
+            improved = row.get("test_acc", -1.0) > best_acc
+            best_acc = max(best_acc, row.get("test_acc", -1.0))
+            state = save_checkpoint(epoch, 0)
+            if improved:
+                checkpoint.save(ckpt_dir / "best.pt", state)
+            checkpoint.test_hook("after-save", global_step)
+            if nondeterministic_ops:
+                record.update(nondeterministic_ops=nondeterministic_ops)
+            if stop.signal_name is not None and epoch <= cfg.trainer.epochs:
+                interrupted(epoch, 0)
+            if cfg.trainer.stop_after_epoch and epoch > cfg.trainer.stop_after_epoch:
+                break  # spot check: the schedule still spans trainer.epochs
 
     # --- record: the final state that a later verify/reproduce compares against -----------
     final = metrics[-1]
@@ -365,6 +358,9 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         return train(cfg, run_dir)
+    except ResumeError as e:  # refused before touching anything: leave the record as it was
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except ReprotrainError as e:
         _mark(run_dir, "failed", error=str(e))
         print(f"error: {e}", file=sys.stderr)

@@ -136,6 +136,13 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     return state
 
 
+def remove_partial_writes(ckpt_dir: Path) -> None:
+    """Delete temp files a killed write left behind; they never carry a checkpoint name."""
+    if Path(ckpt_dir).is_dir():
+        for tmp in Path(ckpt_dir).glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
 def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
     """Newest loadable step checkpoint; also the one-line reasons for each one skipped."""
     skipped: list[str] = []
@@ -149,4 +156,4 @@ def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
 
 def env_summary(device: torch.device) -> dict[str, Any]:
     """What must match for a resumed run to stay bitwise equal to an uninterrupted one."""
-    return {"torch": torch.__version__, "device_type": device.type, "world_size": 1}
+    return {"torch": str(torch.__version__), "device_type": device.type, "world_size": 1}

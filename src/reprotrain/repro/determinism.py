@@ -70,15 +70,21 @@ def is_nondeterminism_alert(message: str) -> bool:
 
 @contextmanager
 def collect_nondeterministic_ops(sink: list[str]) -> Iterator[None]:
-    """At level warn, torch warns instead of raising: keep each distinct alert for run.json."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            for w in caught:
-                text = str(w.message).splitlines()[0]
-                if is_nondeterminism_alert(text) and text not in sink:
-                    sink.append(text)
-                elif not is_nondeterminism_alert(text):
-                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    """At level warn, torch warns instead of raising: keep each distinct alert in ``sink``.
+
+    Alerts are appended as they happen (so a checkpoint or run.json update mid-run sees
+    them); every other warning is shown as usual.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=".*does not have a deterministic implementation")
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            text = str(message).splitlines()[0]
+            if not is_nondeterminism_alert(text):
+                shown(message, category, filename, lineno, file, line)
+            elif text not in sink:
+                sink.append(text)
+
+        warnings.showwarning = show
+        yield

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from reprotrain.errors import CheckpointError, ReprotrainError
+from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro import checkpoint
 from reprotrain.repro.record import CHECKPOINTS, now_iso
 
@@ -65,6 +65,7 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
     """None for a fresh start; else the checkpoint to continue from, after the guards."""
     if resume is None:
         return None
+    checkpoint.remove_partial_writes(run_dir / CHECKPOINTS)
     if resume == "auto":
         path, state, skipped = checkpoint.latest_valid(run_dir / CHECKPOINTS)
         for reason in skipped:
@@ -87,13 +88,13 @@ def _check_config(point: ResumePoint, current: dict) -> None:
     if diffs:
         a, b = flatten(recorded), flatten(current)
         shown = ", ".join(f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in diffs)
-        raise ReprotrainError(
+        raise ResumeError(
             f"refusing to resume {point.path}: config differs from the recorded one in {shown}; "
             "start a new run instead (only trainer.epochs may be extended)"
         )
     done = point.state["epoch"] - 1
     if current["trainer"]["epochs"] < done:
-        raise ReprotrainError(
+        raise ResumeError(
             f"trainer.epochs={current['trainer']['epochs']} is below the {done} epochs "
             f"already completed in {point.path}"
         )

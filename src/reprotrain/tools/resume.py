@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         f"--config-name={PRIMARY.removesuffix('.yaml')}",
         f"hydra.run.dir={run_dir}",
         "hydra.output_subdir=null",  # keep the original .hydra/ record untouched
-        "resume=auto",
+        *([] if any(o.startswith("resume=") for o in overrides) else ["resume=auto"]),
         *overrides,
     ]
     os.environ.setdefault("PYTHONHASHSEED", "0")

@@ -1,0 +1,187 @@
+"""Exact resume: interrupted at any point, a resumed run ends bitwise equal to the
+uninterrupted reference (``reference_run``: the micro config, checkpoints every 3 steps;
+8 steps per epoch, 16 in all)."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import (
+    MICRO,
+    REPO,
+    assert_ok,
+    base_env,
+    jsonl,
+    metrics_without_timings,
+    run_json,
+    train,
+)
+from reprotrain.errors import CheckpointError
+from reprotrain.repro import checkpoint
+
+CKPT_EVERY = "trainer.checkpoint_every_steps=3"
+
+
+def resume(run_dir, *overrides, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir), *overrides],
+        cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+def assert_same_as_reference(run_dir, reference):
+    got, ref = run_json(run_dir), run_json(reference)
+    assert got["status"] == "completed"
+    assert got["final_weights_sha256"] == ref["final_weights_sha256"]
+    assert metrics_without_timings(run_dir) == metrics_without_timings(reference)
+    assert jsonl(run_dir / "fingerprints.jsonl") == jsonl(reference / "fingerprints.jsonl")
+
+
+def killed_run(tmp_path, spec, *overrides):
+    run_dir = tmp_path / "run"
+    proc = train(run_dir, CKPT_EVERY, *overrides, env=base_env(REPROTRAIN_TEST_KILL=spec))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert run_json(run_dir)["status"] == "running"  # a SIGKILL leaves no chance to record
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "step:5",  # mid-epoch: newest checkpoint is step 3, two steps are replayed
+        "after-save:8",  # exactly at the epoch boundary, right after its checkpoint
+        "in-save:12",  # halfway through writing a checkpoint: previous one (9) is used
+    ],
+)
+def test_sigkill_then_resume_is_bitwise_equal(tmp_path, reference_run, spec):
+    run_dir = killed_run(tmp_path, spec)
+    if spec.startswith("in-save"):
+        assert list((run_dir / "checkpoints").glob(".*partial.tmp"))  # the half-written file
+    proc = resume(run_dir)
+    assert_ok(proc)
+    assert_same_as_reference(run_dir, reference_run)
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+    resumes = run_json(run_dir)["resumes"]
+    assert len(resumes) == 1 and resumes[0]["bitwise_guarantee"] is True
+    expected_step = {"step:5": 3, "after-save:8": 8, "in-save:12": 9}[spec]
+    assert resumes[0]["global_step"] == expected_step
+
+
+def test_sigterm_checkpoints_marks_interrupted_and_resumes(tmp_path, reference_run):
+    run_dir = tmp_path / "run"
+    proc = train(run_dir, CKPT_EVERY, env=base_env(REPROTRAIN_TEST_KILL="sigterm:5"))
+    assert proc.returncode == 75, proc.stderr[-2000:]
+    record = run_json(run_dir)
+    assert record["status"] == "interrupted" and record["interrupted_by"] == "SIGTERM"
+    assert (run_dir / "checkpoints" / "step-00000005.pt").is_file()
+    assert_ok(resume(run_dir))
+    assert_same_as_reference(run_dir, reference_run)
+    assert run_json(run_dir)["resumes"][0]["global_step"] == 5
+
+
+def test_external_sigterm_with_two_loader_workers(tmp_path, reference_run):
+    """A real signal from outside, on the DataLoader path, like a cluster preemption."""
+    run_dir = tmp_path / "run"
+    overrides = [CKPT_EVERY, "trainer.pipeline=loader", "trainer.num_workers=2"]
+    cmd = [sys.executable, "-m", "reprotrain.train", *MICRO, *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 120
+    while not (run_dir / "checkpoints" / "step-00000003.pt").exists():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-2000:]
+    assert run_json(run_dir)["status"] == "interrupted"
+    assert_ok(resume(run_dir))
+    assert_same_as_reference(run_dir, reference_run)
+
+
+def test_truncated_newest_checkpoint_falls_back_in_one_line(tmp_path, reference_run):
+    run_dir = killed_run(tmp_path, "step:14")
+    newest = checkpoint.list_step_checkpoints(run_dir / "checkpoints")[-1]
+    assert newest.name == "step-00000012.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    proc = resume(run_dir)
+    assert_ok(proc)
+    notes = [line for line in proc.stdout.splitlines() if "falling back" in line]
+    assert len(notes) == 1 and "step-00000012.pt" in notes[0] and "truncated" in notes[0]
+    assert_same_as_reference(run_dir, reference_run)
+    assert run_json(run_dir)["resumes"][0]["global_step"] == 9
+
+
+def test_changed_config_is_refused_naming_the_key(tmp_path):
+    run_dir = killed_run(tmp_path, "step:5")
+    before = (run_dir / "run.json").read_bytes()
+    proc = resume(run_dir, "optimizer.lr=0.5")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "optimizer.lr" in lines[0] and "Traceback" not in proc.stderr
+    assert (run_dir / "run.json").read_bytes() == before  # the refused resume touched nothing
+
+
+def test_extending_epochs_is_allowed(tmp_path, reference_run):
+    run_dir = tmp_path / "run"
+    assert_ok(train(run_dir, CKPT_EVERY))
+    assert_ok(resume(run_dir, "trainer.epochs=3"))
+    record = run_json(run_dir)
+    assert record["status"] == "completed" and record["epochs_completed"] == 3
+    assert [r["epoch"] for r in jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    refused = resume(run_dir, "trainer.epochs=1")
+    assert refused.returncode == 2 and "trainer.epochs=1" in refused.stderr
+
+
+def test_other_torch_version_is_warned_and_recorded(tmp_path, reference_run):
+    run_dir = killed_run(tmp_path, "after-save:8")
+    ckpt = run_dir / "checkpoints" / "step-00000008.pt"
+    state = checkpoint.load(ckpt)
+    state["env"]["torch"] = "1.0.0"
+    checkpoint.save(run_dir / "checkpoints" / "other-torch.pt", state)
+    proc = resume(run_dir, f"resume={run_dir / 'checkpoints' / 'other-torch.pt'}")
+    assert_ok(proc)
+    entry = run_json(run_dir)["resumes"][-1]
+    assert entry["bitwise_guarantee"] is False and "torch" in entry["mismatch"][0]
+    assert "no longer guaranteed" in proc.stdout
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch EXPLOITED",))
+
+
+def test_pickle_that_runs_code_is_refused(tmp_path):
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"format_version": 1, "x": Exploit()}))
+    with pytest.raises(CheckpointError, match="refused"):
+        checkpoint.load(evil)
+    torch.save({"format_version": 1, "x": Exploit()}, evil)  # the torch zip format too
+    with pytest.raises(CheckpointError, match="refused"):
+        checkpoint.load(evil)
+    assert not (tmp_path / "EXPLOITED").exists() and not (REPO / "EXPLOITED").exists()
+
+
+def test_resume_of_a_non_run_directory_is_one_line(tmp_path):
+    proc = resume(tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "not a reprotrain run directory" in proc.stderr
+
+
+def test_rng_state_roundtrip_under_weights_only(tmp_path):
+    import random
+
+    import numpy as np
+
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    state = checkpoint.rng_state()
+    checkpoint.save(tmp_path / "r.pt", {"rng": state})
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    checkpoint.set_rng_state(checkpoint.load(tmp_path / "r.pt")["rng"])
+    got = (random.random(), np.random.rand(), torch.rand(1))
+    assert expected[:2] == got[:2] and torch.equal(expected[2], got[2])

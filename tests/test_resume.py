@@ -4,6 +4,7 @@ uninterrupted reference (``reference_run``: the micro config, checkpoints every 
 
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,8 +118,13 @@ def test_truncated_newest_checkpoint_falls_back_in_one_line(tmp_path, reference_
     assert run_json(run_dir)["resumes"][0]["global_step"] == 9
 
 
-def test_changed_config_is_refused_naming_the_key(tmp_path):
-    run_dir = killed_run(tmp_path, "step:5")
+def copy_of(run_dir, tmp_path):
+    """A copy of a finished run to resume from: cheaper than training a new one."""
+    return shutil.copytree(run_dir, tmp_path / "copy")
+
+
+def test_changed_config_is_refused_naming_the_key(tmp_path, reference_run):
+    run_dir = copy_of(reference_run, tmp_path)
     before = (run_dir / "run.json").read_bytes()
     proc = resume(run_dir, "optimizer.lr=0.5")
     assert proc.returncode == 2
@@ -128,8 +134,7 @@ def test_changed_config_is_refused_naming_the_key(tmp_path):
 
 
 def test_extending_epochs_is_allowed(tmp_path, reference_run):
-    run_dir = tmp_path / "run"
-    assert_ok(train(run_dir, CKPT_EVERY))
+    run_dir = copy_of(reference_run, tmp_path)
     assert_ok(resume(run_dir, "trainer.epochs=3"))
     record = run_json(run_dir)
     assert record["status"] == "completed" and record["epochs_completed"] == 3
@@ -139,8 +144,8 @@ def test_extending_epochs_is_allowed(tmp_path, reference_run):
 
 
 def test_other_torch_version_is_warned_and_recorded(tmp_path, reference_run):
-    run_dir = killed_run(tmp_path, "after-save:8")
-    ckpt = run_dir / "checkpoints" / "step-00000008.pt"
+    run_dir = copy_of(reference_run, tmp_path)
+    ckpt = run_dir / "checkpoints" / "step-00000015.pt"
     state = checkpoint.load(ckpt)
     state["env"]["torch"] = "1.0.0"
     checkpoint.save(run_dir / "checkpoints" / "other-torch.pt", state)
@@ -149,6 +154,7 @@ def test_other_torch_version_is_warned_and_recorded(tmp_path, reference_run):
     entry = run_json(run_dir)["resumes"][-1]
     assert entry["bitwise_guarantee"] is False and "torch" in entry["mismatch"][0]
     assert "no longer guaranteed" in proc.stdout
+    assert_same_as_reference(run_dir, reference_run)  # here it still is: same torch really
 
 
 class Exploit:
@@ -185,3 +191,17 @@ def test_rng_state_roundtrip_under_weights_only(tmp_path):
     checkpoint.set_rng_state(checkpoint.load(tmp_path / "r.pt")["rng"])
     got = (random.random(), np.random.rand(), torch.rand(1))
     assert expected[:2] == got[:2] and torch.equal(expected[2], got[2])
+
+
+def test_fp16_grad_scaler_state_survives_a_kill(tmp_path):
+    """fp16 autocast (CPU here) with loss scaling: the scale starts at 2**16 and halves on the
+    first overflowing steps, so a resume that forgot the GradScaler state would replay those
+    skipped steps and end with different weights."""
+    amp = ("trainer.amp=true", "trainer.amp_dtype=fp16")
+    reference = tmp_path / "ref"
+    assert_ok(train(reference, CKPT_EVERY, *amp))
+    state = checkpoint.load(checkpoint.list_step_checkpoints(reference / "checkpoints")[-1])
+    assert state["scaler"]["scale"] < 2.0**16  # scaling really happened
+    run_dir = killed_run(tmp_path, "step:5", *amp)
+    assert_ok(resume(run_dir))
+    assert_same_as_reference(run_dir, reference)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
@@ -20,7 +21,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reprotrain.config import validate
+from reprotrain.config import register_configs, validate
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 
@@ -83,3 +84,21 @@ def check(argv: list[str]) -> None:
         raise ReprotrainError(_one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+_checked = False
+
+
+def cli_check() -> None:
+    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line."""
+    global _checked
+    register_configs()
+    register_resolvers()
+    if _checked:
+        return
+    try:
+        check(sys.argv[1:])
+    except ReprotrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    _checked = True

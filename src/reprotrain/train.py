@@ -16,8 +16,12 @@ from reprotrain.repro import hashseed
 
 if __name__ == "__main__":
     # PYTHONHASHSEED is only read at interpreter start: re-exec now, before importing torch,
-    # if it is not fixed. Also sets CUBLAS_WORKSPACE_CONFIG before any CUDA call.
+    # if it is not fixed. Also sets CUBLAS_WORKSPACE_CONFIG before any CUDA call. Then check
+    # the overrides while it is still cheap: a typo fails in a second, in one line.
     hashseed.ensure()
+    from reprotrain import preflight
+
+    preflight.cli_check()
 
 import hashlib
 import json
@@ -37,7 +41,7 @@ from torch import nn
 from tqdm import tqdm
 
 from reprotrain import preflight
-from reprotrain.config import register_configs, validate
+from reprotrain.config import validate
 from reprotrain.data.datasets import data_fingerprint, load_data
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
 from reprotrain.engine import EpochProgress, evaluate, train_step
@@ -216,7 +220,9 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
         rec.write_jsonl(run_dir / rec.METRICS, metrics)
         rec.write_jsonl(run_dir / rec.FINGERPRINTS, fingerprints)
         entry = resume_entry(resume_point, env, device)
-        record.update(resumes=[*record.data.get("resumes", []), entry])
+        record.update(
+            resumes=[*record.data.get("resumes", []), entry], run_dir=str(run_dir.resolve())
+        )
         log.info("resumed from %s at epoch %d step %d", resume_point.path.name, epoch, start_step)
     else:
         record.update(initial_weights_sha256=initial_sha)
@@ -385,15 +391,9 @@ def _mark(run_dir: Path, status: str, **fields: Any) -> None:
 
 
 def cli() -> None:
-    """Console entry: check the overrides in one line, then hand over to Hydra."""
+    """Console entry: fix the hash seed, check the overrides in one line, run Hydra."""
     hashseed.ensure()
-    register_configs()
-    preflight.register_resolvers()
-    try:
-        preflight.check(sys.argv[1:])
-    except ReprotrainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    preflight.cli_check()
     main()
 
 

@@ -509,3 +509,13 @@ def test_no_secret_reaches_the_run_or_the_archive(archived, tmp_path):
     # control: the run's environment did reach the record, through the allowlist only
     record = json.loads((run_dir / "run.json").read_text())
     assert record["environment"]["env"]["SLURM_JOB_ID"] == "job-4242"
+
+
+def test_a_corrupt_compressed_stream_is_refused(archived, tmp_path, capsys):
+    _, archive, _ = archived
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 1
+    (tmp_path / "raw.tar.gz").write_bytes(bytes(data))
+    rc = repro.main([str(tmp_path / "raw.tar.gz"), "--extract-dir", str(tmp_path / "t")])
+    assert rc == 2 and "corrupt" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()

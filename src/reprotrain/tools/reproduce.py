@@ -40,6 +40,7 @@ Verdict (last line) and exit code:
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import math
@@ -51,6 +52,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from pathlib import Path, PurePosixPath
 
 from omegaconf import OmegaConf
@@ -146,11 +148,26 @@ def verify_manifest(tar: tarfile.TarFile, top: str, members: list[tarfile.TarInf
     return len(files)
 
 
+def check_compression(archive: Path) -> None:
+    """Read a gzip stream to its end so its CRC is checked (tarfile stops at the first bad
+    header and would report a corrupt archive as merely missing members)."""
+    with open(archive, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return
+    try:
+        with gzip.open(archive, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error) as e:
+        raise Refusal(f"{archive}: corrupt gzip stream ({e}); nothing extracted") from None
+
+
 def open_checked(archive: Path, dest: Path) -> Path:
     """Check ``archive`` fully, then extract it into ``dest`` (new or empty); returns top dir."""
     archive = Path(archive)
     if not archive.is_file():
         raise Refusal(f"{archive}: no such archive")
+    check_compression(archive)
     try:
         with tarfile.open(archive, "r:*") as tar:
             top, members = check_members(tar)
@@ -374,7 +391,7 @@ def _replay(args: argparse.Namespace, archive: Path, top: Path) -> int:
           f"({record['seeds']['source']})  repro={record['repro']['level']}  "
           f"epochs={completed}")  # fmt: skip
     print(f"data     {'DIFFERS: ' + data_problem if data_problem else 'fingerprint matches'}")
-    for line in code_differences(record.get("git") or {}):
+    for line in code_differences(record.get("git") or {}) or ["this checkout: same commit, clean"]:
         print(f"code     {line}")
     print(f"code     re-run uses the archived source ({source})")
     env = rerun_env(source, record)

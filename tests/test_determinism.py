@@ -77,9 +77,17 @@ def run_in_process(tmp_path, monkeypatch, level):
     real_build = trainer.build_model
     monkeypatch.setattr(trainer, "build_model", lambda cfg: WithNondeterministicOp(real_build(cfg)))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["experiment=smoke", f"repro={level}",
-                                          "dataset.num_train=128", "dataset.num_test=64",
-                                          "trainer.batch_size=64", "trainer.epochs=1"])
+        cfg = compose(
+            "train",
+            overrides=[
+                "experiment=smoke",
+                f"repro={level}",
+                "dataset.num_train=128",
+                "dataset.num_test=64",
+                "trainer.batch_size=64",
+                "trainer.epochs=1",
+            ],
+        )
     return trainer.train(cfg, tmp_path)
 
 

@@ -194,14 +194,14 @@ def test_rng_state_roundtrip_under_weights_only(tmp_path):
 
 
 def test_fp16_grad_scaler_state_survives_a_kill(tmp_path):
-    """fp16 autocast (CPU here) with loss scaling: the scale starts at 2**16 and halves on the
-    first overflowing steps, so a resume that forgot the GradScaler state would replay those
-    skipped steps and end with different weights."""
-    amp = ("trainer.amp=true", "trainer.amp_dtype=fp16")
+    """fp16 autocast (CPU here) with loss scaling. The scale starts too high (2**20) and
+    halves on each overflowing step, which is skipped; a resume that forgot the GradScaler
+    state would restart at 2**20, skip steps again and end with different weights."""
+    amp = ("trainer.amp=true", "trainer.amp_dtype=fp16", "trainer.amp_init_scale=1048576")
     reference = tmp_path / "ref"
     assert_ok(train(reference, CKPT_EVERY, *amp))
     state = checkpoint.load(checkpoint.list_step_checkpoints(reference / "checkpoints")[-1])
-    assert state["scaler"]["scale"] < 2.0**16  # scaling really happened
+    assert state["scaler"]["scale"] < 2.0**20  # overflow steps really were skipped
     run_dir = killed_run(tmp_path, "step:5", *amp)
     assert_ok(resume(run_dir))
     assert_same_as_reference(run_dir, reference)

@@ -90,6 +90,7 @@ class TrainerConfig:
     num_workers: int = 0  # loader pipeline only
     amp: bool = False  # bf16 autocast on CUDA (and CPU); fp16 uses the GradScaler
     amp_dtype: str = "bf16"  # bf16 | fp16
+    amp_init_scale: float = 65536.0  # fp16 only: GradScaler's starting loss scale
     label_smoothing: float = 0.0
     progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
     # Stop (status completed, partial) after this epoch without changing the schedule, so
@@ -159,6 +160,7 @@ def validate(cfg: DictConfig | Any) -> None:
         "repro.num_threads",
         "optimizer.lr",
         "model.num_classes",
+        "trainer.amp_init_scale",
     ]
     for key in positive:
         if not get(key) > 0:

@@ -196,7 +196,11 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
     optimizer = build_optimizer(cfg.optimizer, model)
     scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch * cfg.trainer.epochs)
     amp = (cfg.trainer.amp, cfg.trainer.amp_dtype)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.trainer.amp and amp[1] == "fp16")
+    scaler = torch.amp.GradScaler(
+        device.type,
+        init_scale=cfg.trainer.amp_init_scale,
+        enabled=cfg.trainer.amp and cfg.trainer.amp_dtype == "fp16",
+    )
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing)
     eval_loss_fn = nn.CrossEntropyLoss()
 

@@ -41,7 +41,22 @@ def device_info(device: torch.device) -> dict:
             "capability": f"{props.major}.{props.minor}",
             "count": torch.cuda.device_count(),
         }
-    return {"type": device.type, "name": platform.processor() or platform.machine()}
+    return {
+        "type": device.type,
+        "name": _cpu_model() or platform.machine(),
+        # Which SIMD kernels torch dispatches to (AVX2 vs AVX-512 can change the bits).
+        "capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def device_slug(device: torch.device) -> str:
@@ -77,11 +92,20 @@ def _git(repo: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
     return out.stdout if out.returncode in ok else None
 
 
+CODE_DIRS = ("src/", "conf/", "scripts/", "tests/")
+
+
+def _looks_secret(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1].lower()
+    return name.startswith(".env") or name.endswith((".pem", ".key")) or "secret" in name
+
+
 def git_info(repo: Path) -> tuple[dict, str]:
     """({commit, short, branch, dirty}, diff text). Outside git: commit None, no diff.
 
-    The diff covers tracked changes against HEAD plus the contents of untracked files
-    (git's own ``--intent-to-add`` trick is avoided: it would modify the index).
+    The diff covers tracked changes against HEAD plus the contents of untracked code files
+    under src/, conf/, scripts/ and tests/ (git's ``--intent-to-add`` trick is avoided: it
+    would modify the index).
     """
     commit = _git(repo, "rev-parse", "HEAD")
     if commit is None:
@@ -89,7 +113,9 @@ def git_info(repo: Path) -> tuple[dict, str]:
     status = _git(repo, "status", "--porcelain", "--untracked-files=all") or ""
     diff = _git(repo, "diff", "--binary", "HEAD") or ""
     untracked = [line[3:] for line in status.splitlines() if line.startswith("?? ")]
-    for rel in untracked:
+    # Contents only for untracked *code*: an untracked .env or key file elsewhere in the tree
+    # must never be copied into a run record (its name is still listed in run.json).
+    for rel in [u for u in untracked if u.startswith(CODE_DIRS) and not _looks_secret(u)]:
         patch = _git(repo, "diff", "--binary", "--no-index", "/dev/null", rel, ok=(0, 1))
         diff += patch or ""
     info = {

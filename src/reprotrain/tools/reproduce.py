@@ -207,17 +207,20 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
     return msg
 
 
+def _differences(recorded: dict, here: dict, keys, label: str = "{}") -> list[str]:
+    return [
+        f"{label.format(k)}: recorded {recorded.get(k)!r}, here {here.get(k)!r}"
+        for k in keys
+        if recorded.get(k) != here.get(k)
+    ]
+
+
 def environment_differences(recorded: dict, current: dict) -> tuple[list[str], list[str]]:
     """(differences that rule out identical bits, informational ones), both as text."""
-    blocking, info = [], []
     renv, cenv = recorded.get("environment") or {}, current.get("environment") or {}
-    for key in ENV_KEYS:
-        if renv.get(key) != cenv.get(key):
-            blocking.append(f"{key}: recorded {renv.get(key)!r}, here {cenv.get(key)!r}")
     rdev, cdev = renv.get("device") or {}, cenv.get("device") or {}
-    for key in sorted(set(rdev) | set(cdev)):
-        if rdev.get(key) != cdev.get(key):
-            blocking.append(f"device.{key}: recorded {rdev.get(key)!r}, here {cdev.get(key)!r}")
+    blocking = _differences(renv, cenv, ENV_KEYS)
+    blocking += _differences(rdev, cdev, sorted(set(rdev) | set(cdev)), "device.{}")
     if recorded.get("lock_sha256") != current.get("lock_sha256"):
         blocking.append(
             f"lock_sha256: recorded {str(recorded.get('lock_sha256'))[:12]}, this checkout's "
@@ -228,13 +231,9 @@ def environment_differences(recorded: dict, current: dict) -> tuple[list[str], l
         names = drift.get("missing", []) + drift.get("extra", [])
         names += [d["name"] for d in drift.get("different", [])]
         blocking.append(f"installed packages differ from the archived lock: {', '.join(names)}")
-    for key in INFO_KEYS:
-        if renv.get(key) != cenv.get(key):
-            info.append(f"{key}: recorded {renv.get(key)!r}, here {cenv.get(key)!r}")
-    renv_vars, cenv_vars = renv.get("env") or {}, cenv.get("env") or {}
-    for key in sorted(set(renv_vars) | set(cenv_vars)):
-        if renv_vars.get(key) != cenv_vars.get(key):
-            info.append(f"${key}: recorded {renv_vars.get(key)!r}, here {cenv_vars.get(key)!r}")
+    rvars, cvars = renv.get("env") or {}, cenv.get("env") or {}
+    info = _differences(renv, cenv, INFO_KEYS)
+    info += _differences(rvars, cvars, sorted(set(rvars) | set(cvars)), "${}")
     return blocking, info
 
 

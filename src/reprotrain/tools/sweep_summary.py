@@ -86,7 +86,9 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
         if data.get("status") == "completed":
             runs.append(data)
-    metrics = sorted({k for r in runs for k in r.get("final_metrics", {}) if k != "epoch"})
+    metrics = sorted(  # accuracies and losses; step counts and the final lr are not outcomes
+        {k for r in runs for k in r.get("final_metrics", {}) if k.endswith(("_acc", "_loss"))}
+    )
     return {
         "sweep_dir": str(sweep_dir),
         "runs": [

@@ -74,6 +74,28 @@ def test_sigkill_then_resume_is_bitwise_equal(tmp_path, reference_run, spec):
     assert resumes[0]["global_step"] == expected_step
 
 
+def test_sigkill_on_the_loader_path_with_two_workers(tmp_path, reference_run):
+    loader = ("trainer.pipeline=loader", "trainer.num_workers=2")
+    run_dir = killed_run(tmp_path, "step:11", *loader)
+    assert_ok(resume(run_dir))
+    assert_same_as_reference(run_dir, reference_run)  # the device path's reference: same bits
+    assert run_json(run_dir)["resumes"][0]["global_step"] == 9
+
+
+def test_second_sigint_aborts_at_once():
+    from reprotrain.train import StopFlag
+
+    flag = StopFlag()
+    flag._handle(signal.SIGTERM, None)
+    flag._handle(signal.SIGTERM, None)  # repeated SIGTERM: still a graceful stop
+    assert flag.signal_name == "SIGTERM"
+    interrupt = StopFlag()
+    interrupt._handle(signal.SIGINT, None)
+    assert interrupt.signal_name == "SIGINT"
+    with pytest.raises(KeyboardInterrupt):
+        interrupt._handle(signal.SIGINT, None)
+
+
 def test_sigterm_checkpoints_marks_interrupted_and_resumes(tmp_path, reference_run):
     run_dir = tmp_path / "run"
     proc = train(run_dir, CKPT_EVERY, env=base_env(REPROTRAIN_TEST_KILL="sigterm:5"))

@@ -109,17 +109,18 @@ def test_sigterm_checkpoints_marks_interrupted_and_resumes(tmp_path, reference_r
 
 
 def test_external_sigterm_with_two_loader_workers(tmp_path, reference_run):
-    """A real signal from outside, on the DataLoader path, like a cluster preemption."""
+    """A real signal from outside to the whole process group (workers included), on the
+    DataLoader path, the way a scheduler or Ctrl-C delivers it."""
     run_dir = tmp_path / "run"
     overrides = [CKPT_EVERY, "trainer.pipeline=loader", "trainer.num_workers=2"]
     cmd = [sys.executable, "-m", "reprotrain.train", *MICRO, *overrides, f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     deadline = time.time() + 120
     while not (run_dir / "checkpoints" / "step-00000003.pt").exists():
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err[-2000:]
     assert run_json(run_dir)["status"] == "interrupted"

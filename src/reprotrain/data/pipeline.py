@@ -15,6 +15,7 @@ at step ``s`` of an epoch (exact mid-epoch resume needs only ``(e, s)``).
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Iterator
 
 import numpy as np
@@ -110,12 +111,19 @@ class EpochBatchSampler(Sampler[list[int]]):
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seed python and numpy in a worker from torch's per-worker seed.
+    """Seed python and numpy in a worker from torch's per-worker seed; ignore stop signals.
 
     torch seeds each worker with ``base_seed + worker_id``, where ``base_seed`` comes from
     the loader's explicit generator; python and numpy would otherwise inherit the parent's
     state (the classic duplicated-augmentation bug with forked workers).
+
+    Ctrl-C and schedulers signal the whole process group. A worker that died of SIGINT or
+    SIGTERM would crash the main process's next fetch before it could finish the step and
+    checkpoint, so workers ignore both and leave stopping to the main process (which shuts
+    them down; if it is killed outright, torch's watchdog ends them).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     seed = torch.initial_seed() % (1 << 32)
     random.seed(seed)
     np.random.seed(seed)

@@ -101,3 +101,25 @@ def test_trainer_records_nondeterministic_ops_at_warn(tmp_path, monkeypatch):
 def test_trainer_refuses_nondeterministic_ops_at_strict(tmp_path, monkeypatch):
     with pytest.raises(ReprotrainError, match="repro=warn"):
         run_in_process(tmp_path, monkeypatch, "strict")
+
+
+def test_reference_models_use_only_modules_with_deterministic_cuda_kernels():
+    """No GPU in CI, so guard statically: torch documents which ops raise under
+    use_deterministic_algorithms on CUDA (AdaptiveAvgPool2d's backward, max-unpooling,
+    interpolation backward, ...); the reference models stick to modules that do not."""
+    from torchvision.models.resnet import BasicBlock
+
+    from reprotrain.models.resnet import CifarResNet
+
+    allowed = (
+        CifarResNet,
+        BasicBlock,
+        nn.Sequential,
+        nn.Conv2d,
+        nn.BatchNorm2d,
+        nn.ReLU,
+        nn.Linear,
+    )
+    for widths, blocks in (([64, 128, 256, 512], [2, 2, 2, 2]), ([16, 32, 64], [1, 1, 1])):
+        for name, module in CifarResNet(widths, blocks).named_modules():
+            assert isinstance(module, allowed), f"{name}: {type(module).__name__}"

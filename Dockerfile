@@ -63,7 +63,9 @@ ENV PYTHONHASHSEED=0 \
     REPROTRAIN_BASE_IMAGE=${BASE_REF} \
     REPROTRAIN_GIT_COMMIT=${GIT_COMMIT}
 COPY --from=builder /opt/venv /opt/venv
-COPY pyproject.toml requirements.in requirements-dev.in requirements.lock requirements-dev.lock ./
+# Only the runtime lock: it is what this venv was built from and what the trainer's drift
+# check compares against (the dev lock would report every dev tool as missing).
+COPY pyproject.toml requirements.in requirements.lock ./
 COPY src ./src
 COPY conf ./conf
 RUN mkdir -p /app/data /app/outputs && chown app:app /app /app/data /app/outputs

@@ -182,6 +182,9 @@ def test_runtime_stage_shape() -> None:
     assert volumes and {"/app/data", "/app/outputs"} <= set(volumes[-1])
     copies = " ".join(a for i, a in ins if i == "COPY")
     assert "src ./src" in copies and "conf ./conf" in copies and "/opt/venv" in copies
+    # The trainer's drift check compares the venv with every lock it finds next to src/: the
+    # runtime venv holds the runtime lock only, so the dev lock must stay out of this stage.
+    assert "requirements.lock" in copies and "requirements-dev.lock" not in copies
     env = env_of(runtime)
     assert env["REPROTRAIN_IMAGE_DIGEST"] == "${BASE_DIGEST}"
     assert env["REPROTRAIN_IMAGE"] == "${IMAGE_TAG}"

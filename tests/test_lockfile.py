@@ -256,6 +256,13 @@ def test_compare_env_reports_each_kind() -> None:
     ]
 
 
+def test_unlocked_pip_is_not_drift_but_a_locked_pip_is_compared() -> None:
+    locked = {"torch": {"2.14.1"}}
+    assert lf.compare_env(locked, {"torch": "2.14.1", "pip": "24.0"})["status"] == "ok"
+    pinned = lf.compare_env({**locked, "pip": {"26.3"}}, {"torch": "2.14.1", "pip": "24.0"})
+    assert pinned["status"] == "drift" and pinned["different"][0]["name"] == "pip"
+
+
 def test_compare_env_ok_with_normalised_names() -> None:
     locked = {"typing_extensions": {"4.16.0"}, "Jinja2": {"3.1.6"}, "reprotrain": {"9"}}
     installed = {"typing-extensions": "4.16.0", "jinja2": "3.1.6"}

@@ -37,6 +37,10 @@ DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
 )
 #: The project is installed editable (``--no-deps``) next to the locked set; never drift.
 PROJECT_NAME = "reprotrain"
+#: The installer itself: compared when a lock pins it (the dev lock does), but not drift when
+#: no lock does (the runtime image's venv keeps the pip that ``python -m venv`` bootstrapped,
+#: and pip takes no part in the computation).
+INSTALLER = "pip"
 SIDECAR_SUFFIX = ".sha256"
 
 _NAME_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -461,7 +465,7 @@ def compare_env(locked: dict[str, set[str]], installed: dict[str, str]) -> dict:
     locked = {normalize_name(k): v for k, v in locked.items() if normalize_name(k) != project}
     installed = {normalize_name(k): v for k, v in installed.items() if normalize_name(k) != project}
     missing = sorted(set(locked) - set(installed))
-    extra = sorted(set(installed) - set(locked))
+    extra = sorted(n for n in set(installed) - set(locked) if n != INSTALLER)
     different = [
         {"name": n, "locked": sorted(locked[n])[0], "installed": installed[n]}
         for n in sorted(set(locked) & set(installed))

@@ -109,6 +109,17 @@ def git_info(repo: Path) -> tuple[dict, str]:
     """
     commit = _git(repo, "rev-parse", "HEAD")
     if commit is None:
+        # The container has no .git; the image records the commit it was built from.
+        built = os.environ.get("REPROTRAIN_GIT_COMMIT", "").strip()
+        if built:
+            short = built.removesuffix("-dirty")[:8]
+            return {
+                "commit": built,
+                "short": short,
+                "branch": None,
+                "dirty": built.endswith("-dirty"),
+                "source": "container image",
+            }, ""
         return {"commit": None, "short": "nogit", "branch": None, "dirty": None}, ""
     status = _git(repo, "status", "--porcelain", "--untracked-files=all") or ""
     diff = _git(repo, "diff", "--binary", "HEAD") or ""

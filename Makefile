@@ -21,7 +21,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench clean
+        bench drill clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -70,6 +70,9 @@ reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=arc
 
 bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 	$(PY) scripts/bench.py $(ARGS)
+
+drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS random moments, resume, compare
+	$(PY) scripts/kill_resume_trials.py --trials $(or $(TRIALS),5) $(ARGS)
 
 clean: ## remove outputs (keeps .venv and data/)
 	rm -rf outputs multirun archives .pytest_cache .ruff_cache

@@ -228,3 +228,13 @@ def test_fp16_grad_scaler_state_survives_a_kill(tmp_path):
     run_dir = killed_run(tmp_path, "step:5", *amp)
     assert_ok(resume(run_dir))
     assert_same_as_reference(run_dir, reference)
+
+
+def test_requeue_with_the_same_command_and_resume_auto(tmp_path, reference_run):
+    """A scheduler requeue re-runs the exact same command line; resume=auto starts fresh the
+    first time (no checkpoint yet) and continues the second time."""
+    run_dir = killed_run(tmp_path, "step:5", "resume=auto")
+    assert run_json(run_dir)["resumes"] == []
+    assert_ok(train(run_dir, CKPT_EVERY, "resume=auto"))
+    assert_same_as_reference(run_dir, reference_run)
+    assert run_json(run_dir)["resumes"][0]["global_step"] == 3

@@ -27,18 +27,18 @@ import http.client
 import logging
 import os
 import pickle
-import posixpath
 import shutil
 import tarfile
 import tempfile
 import urllib.request
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import torch
 
 from reprotrain.errors import DataMissingError
+from reprotrain.safetar import unsafe_reason
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -204,18 +204,11 @@ def _checked_members(tf: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo
     members = []
     for m in tf.getmembers():
         name = m.name
-        norm = posixpath.normpath(name.replace("\\", "/"))
-        parts = norm.split("/")
-        bad = None
-        if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
-            bad = "absolute path"
-        elif ".." in parts:
-            bad = "path escapes the archive"
-        elif not (m.isreg() or m.isdir()):
-            bad = "link or special file"
-        elif norm == "." and m.isdir():
+        parts = PurePosixPath(name).parts
+        bad = unsafe_reason(m)
+        if bad is None and m.isdir() and parts in ((), (".",)):
             continue
-        elif parts[0] != BATCHES_DIR:
+        if bad is None and parts[0] != BATCHES_DIR:
             bad = f"outside {BATCHES_DIR}/"
         if bad:
             raise DataMissingError(

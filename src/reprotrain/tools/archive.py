@@ -29,7 +29,6 @@ Exit codes: 0 written; 2 refused (not a run dir, run not completed without
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -40,6 +39,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from reprotrain.data.fingerprint import file_sha256 as sha256_file
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import environment
 from reprotrain.repro.record import CHECKPOINTS, RUN_JSON, atomic_write_text, now_iso
@@ -56,14 +56,6 @@ _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@"
 
 class ArchiveError(Exception):
     """A refusal: one line for the user, exit 2."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def manifest_text(digests: dict[str, str]) -> str:

@@ -60,6 +60,7 @@ from omegaconf import OmegaConf
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import environment, lockfile
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
+from reprotrain.safetar import unsafe_reason
 from reprotrain.tools.archive import MANIFEST, parse_manifest
 from reprotrain.tools.compare import compare_runs
 
@@ -80,26 +81,6 @@ class Refusal(Exception):
 # ----------------------------------------------------------------------------- the archive
 
 
-def _describe(m: tarfile.TarInfo) -> str | None:
-    """Why a member may not be extracted, or None when it is a plain file or directory."""
-    p = PurePosixPath(m.name)
-    if m.name.startswith("/") or p.is_absolute() or re.match(r"^[A-Za-z]:", m.name):
-        return "absolute path"
-    if ".." in p.parts or "\\" in m.name:
-        return "path leaves the target"
-    if m.issym():
-        return f"symlink to {m.linkname!r}"
-    if m.islnk():
-        return f"hard link to {m.linkname!r}"
-    if m.ischr() or m.isblk():
-        return "device file"
-    if m.isfifo():
-        return "fifo"
-    if not (m.isreg() or m.isdir()):
-        return "not a plain file or directory"
-    return None
-
-
 def check_members(tar: tarfile.TarFile) -> tuple[str, list[tarfile.TarInfo]]:
     """(top folder, members) after refusing anything unsafe; nothing is written."""
     members = tar.getmembers()
@@ -108,7 +89,7 @@ def check_members(tar: tarfile.TarFile) -> tuple[str, list[tarfile.TarInfo]]:
     top = PurePosixPath(members[0].name).parts[0] if members[0].name else ""
     seen: set[str] = set()
     for m in members:
-        why = _describe(m)
+        why = unsafe_reason(m)
         if why is None and (PurePosixPath(m.name).parts or ("",))[0] != top:
             why = f"outside the top folder {top!r}"
         if why is None and top in (".", ""):

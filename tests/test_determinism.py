@@ -52,13 +52,13 @@ def test_strict_raises_warn_records_fast_ignores():
         nondeterministic_op()
     determinism.apply("warn", 1)
     sink: list[str] = []
-    with determinism.collect_nondeterministic_ops(sink):
+    with determinism.nondeterminism_alerts(sink):
         nondeterministic_op()
         nondeterministic_op()
     assert len(sink) == 1 and sink[0].startswith("put_")
     determinism.apply("fast", 1)
     sink.clear()
-    with determinism.collect_nondeterministic_ops(sink):
+    with determinism.nondeterminism_alerts(sink):
         nondeterministic_op()
     assert sink == []
 

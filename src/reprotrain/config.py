@@ -8,6 +8,8 @@ directory exists. ``validate`` adds the range checks a type cannot express.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,3 +192,25 @@ def validate(cfg: DictConfig | Any) -> None:
         raise ReprotrainError("seed.base is null; set seed.base=<int> or use seed=entropy")
     if cfg.trainer.pipeline == "device" and cfg.trainer.num_workers:
         raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader")
+
+
+# Keys that say where or how to look, not what to compute: left out of config_sha256 so a
+# resumed or relocated run keeps its identity (data identity is the data fingerprint).
+NON_IDENTITY_KEYS = ("resume", "dataset.root", "trainer.progress", "trainer.stop_after_epoch")
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"trainer.epochs": 30, ...}: dotted keys, as in overrides and error messages."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_sha256(container: dict) -> str:
+    """sha256 of the resolved config (sorted dotted keys), identity keys only."""
+    ident = {k: v for k, v in flatten(container).items() if k not in NON_IDENTITY_KEYS}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()

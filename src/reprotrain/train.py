@@ -23,13 +23,9 @@ if __name__ == "__main__":
 
     preflight.cli_check()
 
-import hashlib
-import json
 import logging
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,7 +37,7 @@ from torch import nn
 from tqdm import tqdm
 
 from reprotrain import preflight
-from reprotrain.config import validate
+from reprotrain.config import config_sha256, validate
 from reprotrain.data.datasets import data_fingerprint, load_data
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
 from reprotrain.engine import EpochProgress, evaluate, train_step
@@ -58,24 +54,10 @@ from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
 log = logging.getLogger("reprotrain")
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later", what a requeue wrapper looks for
 EXIT_ABORTED = 130
-# Keys that say where or how to look, not what to compute: left out of config_sha256 so a
-# resumed or relocated run keeps its identity (data identity is the data fingerprint).
-NON_IDENTITY_KEYS = ("resume", "dataset.root", "trainer.progress", "trainer.stop_after_epoch")
 
 
 def config_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-
-
-def config_sha256(container: dict) -> str:
-    ident = json.loads(json.dumps(container))
-    for key in NON_IDENTITY_KEYS:
-        *parents, leaf = key.split(".")
-        node = ident
-        for p in parents:
-            node = node.get(p, {})
-        node.pop(leaf, None)
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
 def pick_device(name: str) -> torch.device:
@@ -84,20 +66,6 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
-
-
-@contextmanager
-def strict_alerts() -> Iterator[None]:
-    """Under repro=strict a nondeterministic op raises deep inside torch: make it one line."""
-    try:
-        yield
-    except RuntimeError as e:
-        if "does not have a deterministic implementation" not in str(e):
-            raise
-        raise ReprotrainError(
-            f"nondeterministic op under repro=strict: {str(e).splitlines()[0]} "
-            "(use repro=warn to record it instead, or replace the op)"
-        ) from None
 
 
 class StopFlag:
@@ -279,7 +247,7 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
     nondeterministic_ops: list[str] = list(record.data.get("nondeterministic_ops", []))
     every = cfg.trainer.checkpoint_every_steps
     show_bar = cfg.trainer.progress and sys.stderr.isatty()
-    with determinism.collect_nondeterministic_ops(nondeterministic_ops), strict_alerts():
+    with determinism.nondeterminism_alerts(nondeterministic_ops):
         while epoch <= cfg.trainer.epochs:
             t0, seen_before = time.perf_counter(), progress.seen
             model.train()

@@ -33,15 +33,17 @@ _STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
 # Test hook, e.g. REPROTRAIN_TEST_KILL=in-save:6 | after-save:8 | step:5 | sigterm:5: send
 # SIGKILL (or SIGTERM) to this process at that event of that global step, so tests can
 # interrupt at exact points (mid-epoch, at an epoch boundary, halfway through a write).
-TEST_KILL = "REPROTRAIN_TEST_KILL"
+# Read once: the hook is called every training step and must cost nothing when unset.
+_kill_spec = os.environ.get("REPROTRAIN_TEST_KILL", "")
 
 
 def test_hook(event: str, global_step: int) -> None:
     """Fire the REPROTRAIN_TEST_KILL hook if it names this event and step (no-op otherwise)."""
-    spec = os.environ.get(TEST_KILL, "")
-    if event == "step" and spec == f"sigterm:{global_step}":
+    if not _kill_spec:
+        return
+    if event == "step" and _kill_spec == f"sigterm:{global_step}":
         os.kill(os.getpid(), signal.SIGTERM)
-    elif spec == f"{event}:{global_step}":
+    elif _kill_spec == f"{event}:{global_step}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -92,7 +94,7 @@ def save(path: Path, state: dict[str, Any]) -> None:
     buf = io.BytesIO()
     torch.save({"format_version": FORMAT_VERSION, **state}, buf)
     data = buf.getvalue()
-    if os.environ.get(TEST_KILL) == f"in-save:{state.get('global_step')}":
+    if _kill_spec == f"in-save:{state.get('global_step')}":
         tmp = Path(path).with_name(f".{Path(path).name}.partial.tmp")
         tmp.write_bytes(data[: len(data) // 2])  # what a kill mid-write leaves behind
         test_hook("in-save", state["global_step"])

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 
 import torch
 
+from reprotrain.errors import ReprotrainError
+
 CUBLAS_WORKSPACE = ":4096:8"
 LEVELS = ("strict", "warn", "fast")
 
@@ -63,20 +65,24 @@ def effective_flags(level: str) -> dict:
     }
 
 
+ALERT = "does not have a deterministic implementation"
+
+
 def is_nondeterminism_alert(message: str) -> bool:
-    """True for torch's 'does not have a deterministic implementation' alerts."""
-    return "deterministic" in message and "implementation" in message
+    """True for torch's alert, raised at strict and warned at warn."""
+    return ALERT in message
 
 
 @contextmanager
-def collect_nondeterministic_ops(sink: list[str]) -> Iterator[None]:
-    """At level warn, torch warns instead of raising: keep each distinct alert in ``sink``.
+def nondeterminism_alerts(sink: list[str]) -> Iterator[None]:
+    """Handle torch's nondeterminism alerts for the duration of a training loop.
 
-    Alerts are appended as they happen (so a checkpoint or run.json update mid-run sees
-    them); every other warning is shown as usual.
+    At warn torch only warns: each distinct alert is appended to ``sink`` as it happens (so a
+    run.json update mid-run sees it); every other warning is shown as usual. At strict torch
+    raises deep inside an op: that becomes a one-line ``ReprotrainError``.
     """
     with warnings.catch_warnings():
-        warnings.filterwarnings("always", message=".*does not have a deterministic implementation")
+        warnings.filterwarnings("always", message=f".*{ALERT}")
         shown = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
@@ -87,4 +93,12 @@ def collect_nondeterministic_ops(sink: list[str]) -> Iterator[None]:
                 sink.append(text)
 
         warnings.showwarning = show
-        yield
+        try:
+            yield
+        except RuntimeError as e:
+            if not is_nondeterminism_alert(str(e)):
+                raise
+            raise ReprotrainError(
+                f"nondeterministic op under repro=strict: {str(e).splitlines()[0]} "
+                "(use repro=warn to record it instead, or replace the op)"
+            ) from None

@@ -16,22 +16,20 @@ from typing import Any
 
 import torch
 
+from reprotrain.config import NON_IDENTITY_KEYS, flatten
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro import checkpoint
 from reprotrain.repro.record import CHECKPOINTS, now_iso
 
 log = logging.getLogger("reprotrain")
 
-# Allowed to differ on resume: they change how the run is executed or observed, not its
-# numbers (trainer.epochs is checked separately: it may only grow).
+# Allowed to differ on resume: besides the non-identity keys, options that change how the
+# run is executed, not its numbers (trainer.epochs is checked separately: it may only grow).
 MAY_DIFFER = (
-    "resume",
-    "dataset.root",
-    "trainer.progress",
+    *NON_IDENTITY_KEYS,
     "trainer.num_workers",
     "trainer.checkpoint_every_steps",
     "trainer.keep_checkpoints",
-    "trainer.stop_after_epoch",
 )
 
 
@@ -40,17 +38,6 @@ class ResumePoint:
     path: Path
     state: dict[str, Any]
     skipped: list[str] = field(default_factory=list)
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def config_differences(recorded: dict, current: dict) -> list[str]:

@@ -309,9 +309,15 @@ def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_p
     )
     assert control.returncode != 0 and b"working tree imported" in control.stderr
     proc = tool(
-        "reproduce", str(archive), "--epochs", "1", "--runs-dir", str(tmp_path / "runs"),
-        cwd=tmp_path, env=env,
-    )  # fmt: skip
+        "reproduce",
+        str(archive),
+        "--epochs",
+        "1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert last_line(proc.stdout).startswith("REPRODUCED (bitwise): epoch(s) 1-1")
 
@@ -328,9 +334,14 @@ def test_a_code_change_inside_the_archive_diverges(archived, tmp_path):
 
     changed = edited(archive, tmp_path, rel, edit)
     proc = tool(
-        "reproduce", str(changed), "--epochs", "1", "--runs-dir", str(tmp_path / "runs"),
+        "reproduce",
+        str(changed),
+        "--epochs",
+        "1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert last_line(proc.stdout).startswith("DIVERGED at epoch 1 (step 0)")
     assert "train_loss" in proc.stdout and "tolerance" in proc.stdout
@@ -340,9 +351,14 @@ def test_environment_difference_is_not_comparable(archived, tmp_path):
     _, archive, _ = archived
     changed = edited(archive, tmp_path, "run/run.json", edit_run_json(environment__torch="1.0.0"))
     proc = tool(
-        "reproduce", str(changed), "--epochs", "1", "--runs-dir", str(tmp_path / "runs"),
+        "reproduce",
+        str(changed),
+        "--epochs",
+        "1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdict = last_line(proc.stdout)
     assert verdict.startswith("NOT COMPARABLE") and "torch: recorded '1.0.0'" in verdict
@@ -469,9 +485,15 @@ def test_changed_dataset_is_refused_then_replayed_as_not_comparable(archived, tm
     assert rc == 2 and "e" * 64 in err and err.count("\n") == 1
     assert not runs.exists(), "refused before any re-run"
     proc = tool(
-        "reproduce", str(changed), "--allow-data-drift", "--epochs", "1", "--runs-dir", str(runs),
+        "reproduce",
+        str(changed),
+        "--allow-data-drift",
+        "--epochs",
+        "1",
+        "--runs-dir",
+        str(runs),
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "data differs" in last_line(proc.stdout)
 
@@ -483,6 +505,27 @@ def test_verdict_helpers():
     assert ok and "ok" in lines[0]
     lines, ok = repro.tolerance_report({1: {"test_loss": (0.5, 0.6)}}, 0.02)
     assert not ok and "OUT" in lines[0]
+
+
+def test_thread_count_and_cpu_capability_differences_rule_out_identical_bits():
+    """Reduction order depends on the intra-op thread count and on the SIMD kernels."""
+    env = {
+        "python": "3.11.7",
+        "torch": "2.14.1",
+        "num_threads": 2,
+        "device": {"type": "cpu", "capability": "AVX512"},
+    }
+    same = {"environment": env, "lock_sha256": "x"}
+    assert repro.environment_differences(same, same) == ([], [])
+    fewer = {"environment": {**env, "num_threads": 1}, "lock_sha256": "x"}
+    blocking, _ = repro.environment_differences(same, fewer)
+    assert blocking == ["num_threads: recorded 2, here 1"]
+    avx2 = {
+        "environment": {**env, "device": {"type": "cpu", "capability": "AVX2"}},
+        "lock_sha256": "x",
+    }
+    blocking, _ = repro.environment_differences(same, avx2)
+    assert blocking == ["device.capability: recorded 'AVX512', here 'AVX2'"]
 
 
 # ------------------------------------------------------------------------------ secrets

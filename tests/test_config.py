@@ -94,3 +94,22 @@ def test_help_still_works():
     )
     assert_ok(proc)
     assert "resnet_tiny" in proc.stdout
+
+
+def test_config_sha256_ignores_where_to_look_but_not_what_to_compute():
+    from omegaconf import OmegaConf
+
+    from reprotrain.config import config_sha256
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        base = OmegaConf.to_container(compose("train", overrides=["experiment=smoke"]))
+        moved = OmegaConf.to_container(
+            compose(
+                "train", overrides=["experiment=smoke", "dataset.root=/elsewhere", "resume=auto"]
+            )
+        )
+        other = OmegaConf.to_container(
+            compose("train", overrides=["experiment=smoke", "optimizer.lr=0.3"])
+        )
+    assert config_sha256(base) == config_sha256(moved)
+    assert config_sha256(base) != config_sha256(other)

@@ -82,7 +82,19 @@ def test_sigkill_on_the_loader_path_with_two_workers(tmp_path, reference_run):
     assert run_json(run_dir)["resumes"][0]["global_step"] == 9
 
 
-def test_second_sigint_aborts_at_once():
+def test_second_sigint_aborts_at_once_and_earlier_checkpoints_stay_valid(tmp_path, reference_run):
+    run_dir = tmp_path / "run"
+    proc = train(run_dir, CKPT_EVERY, env=base_env(REPROTRAIN_TEST_KILL="sigint2:5"))
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    record = run_json(run_dir)
+    assert record["status"] == "interrupted" and "second SIGINT" in record["error"]
+    assert not (run_dir / "checkpoints" / "step-00000005.pt").exists()  # no new checkpoint
+    assert_ok(resume(run_dir))
+    assert_same_as_reference(run_dir, reference_run)
+    assert run_json(run_dir)["resumes"][0]["global_step"] == 3
+
+
+def test_stop_flag_second_sigint_raises():
     from reprotrain.train import StopFlag
 
     flag = StopFlag()

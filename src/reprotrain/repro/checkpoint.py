@@ -30,9 +30,9 @@ from reprotrain.repro.record import atomic_write_bytes
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
-# Test hook, e.g. REPROTRAIN_TEST_KILL=in-save:6 | after-save:8 | step:5 | sigterm:5: send
-# SIGKILL (or SIGTERM) to this process at that event of that global step, so tests can
-# interrupt at exact points (mid-epoch, at an epoch boundary, halfway through a write).
+# Test hook, e.g. REPROTRAIN_TEST_KILL=in-save:6 | after-save:8 | step:5 | sigterm:5 |
+# sigint2:5: send SIGKILL (or SIGTERM, or two SIGINTs) to this process at that event of that
+# global step, so tests interrupt at exact points (mid-epoch, an epoch boundary, mid-write).
 # Read once: the hook is called every training step and must cost nothing when unset.
 _kill_spec = os.environ.get("REPROTRAIN_TEST_KILL", "")
 
@@ -43,6 +43,9 @@ def test_hook(event: str, global_step: int) -> None:
         return
     if event == "step" and _kill_spec == f"sigterm:{global_step}":
         os.kill(os.getpid(), signal.SIGTERM)
+    elif event == "step" and _kill_spec == f"sigint2:{global_step}":  # Ctrl-C pressed twice
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
     elif _kill_spec == f"{event}:{global_step}":
         os.kill(os.getpid(), signal.SIGKILL)
 

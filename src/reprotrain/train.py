@@ -160,7 +160,6 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
 
     seed_globals(seeds.init)
     model = build_model(cfg.model).to(device)
-    initial_sha = weights_sha256(model)
     optimizer = build_optimizer(cfg.optimizer, model)
     scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch * cfg.trainer.epochs)
     amp = (cfg.trainer.amp, cfg.trainer.amp_dtype)
@@ -197,7 +196,7 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
         )
         log.info("resumed from %s at epoch %d step %d", resume_point.path.name, epoch, start_step)
     else:
-        record.update(initial_weights_sha256=initial_sha)
+        record.update(initial_weights_sha256=weights_sha256(model))
         seed_globals(seeds.train)
 
     ckpt_dir = run_dir / rec.CHECKPOINTS

@@ -322,6 +322,19 @@ def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_p
     assert last_line(proc.stdout).startswith("REPRODUCED (bitwise): epoch(s) 1-1")
 
 
+def spot_check(archive, tmp_path):
+    """Reproduce only the first epoch of ``archive`` (EPOCHS=1), runs kept in tmp_path."""
+    return tool(
+        "reproduce",
+        str(archive),
+        "--epochs",
+        "1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
+
+
 def test_a_code_change_inside_the_archive_diverges(archived, tmp_path):
     """The converse: the replay's numbers come from the archived source."""
     _, archive, _ = archived
@@ -333,15 +346,7 @@ def test_a_code_change_inside_the_archive_diverges(archived, tmp_path):
         return data.replace(needle, b'stable_hash("reprotrain-edited", base, name)')
 
     changed = edited(archive, tmp_path, rel, edit)
-    proc = tool(
-        "reproduce",
-        str(changed),
-        "--epochs",
-        "1",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        cwd=tmp_path,
-    )
+    proc = spot_check(changed, tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert last_line(proc.stdout).startswith("DIVERGED at epoch 1 (step 0)")
     assert "train_loss" in proc.stdout and "tolerance" in proc.stdout
@@ -350,15 +355,7 @@ def test_a_code_change_inside_the_archive_diverges(archived, tmp_path):
 def test_environment_difference_is_not_comparable(archived, tmp_path):
     _, archive, _ = archived
     changed = edited(archive, tmp_path, "run/run.json", edit_run_json(environment__torch="1.0.0"))
-    proc = tool(
-        "reproduce",
-        str(changed),
-        "--epochs",
-        "1",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        cwd=tmp_path,
-    )
+    proc = spot_check(changed, tmp_path)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdict = last_line(proc.stdout)
     assert verdict.startswith("NOT COMPARABLE") and "torch: recorded '1.0.0'" in verdict

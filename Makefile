@@ -21,7 +21,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench drill clean
+        bench drill new-project clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,10 @@ bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 
 drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS random moments, resume, compare
 	$(PY) scripts/kill_resume_trials.py --trials $(or $(TRIALS),5) $(ARGS)
+
+new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
+	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }
+	@$(PYTHON) src/reprotrain/tools/new_project.py "$(NAME)" "$(DEST)"
 
 clean: ## remove outputs (keeps .venv and data/)
 	rm -rf outputs multirun archives .pytest_cache .ruff_cache

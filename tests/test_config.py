@@ -77,8 +77,10 @@ def test_defaults_compose_and_validate():
         cfg = compose("train")
         smoke = compose("train", overrides=["experiment=smoke"])
     validate(cfg)
-    assert (cfg.dataset.name, cfg.model.name, cfg.repro.level) == ("cifar10", "resnet18", "strict")
-    assert (smoke.dataset.name, smoke.model.name) == ("synthetic", "resnet_tiny")
+    assert cfg.dataset._target_.endswith("CIFAR10") and cfg.repro.level == "strict"
+    assert cfg.model._target_.endswith("CifarResNet") and list(cfg.model.blocks) == [2, 2, 2, 2]
+    assert smoke.dataset._target_.endswith("Synthetic") and list(smoke.model.blocks) == [1, 1, 1]
+    smoke.trainer.pipeline = "device"
     smoke.trainer.num_workers = 2  # the device pipeline has no workers: refuse, don't ignore
     with pytest.raises(ReprotrainError, match="pipeline=loader"):
         validate(smoke)
@@ -93,7 +95,7 @@ def test_help_still_works():
         text=True,
     )
     assert_ok(proc)
-    assert "resnet_tiny" in proc.stdout
+    assert "reprotrain.models.resnet.CifarResNet" in proc.stdout and "widths" in proc.stdout
 
 
 def test_config_sha256_ignores_where_to_look_but_not_what_to_compute():
@@ -102,14 +104,10 @@ def test_config_sha256_ignores_where_to_look_but_not_what_to_compute():
     from reprotrain.config import config_sha256
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        base = OmegaConf.to_container(compose("train", overrides=["experiment=smoke"]))
+        base = OmegaConf.to_container(compose("train", overrides=["dataset=cifar10"]))
         moved = OmegaConf.to_container(
-            compose(
-                "train", overrides=["experiment=smoke", "dataset.root=/elsewhere", "resume=auto"]
-            )
+            compose("train", overrides=["dataset.root=/elsewhere", "resume=auto"])
         )
-        other = OmegaConf.to_container(
-            compose("train", overrides=["experiment=smoke", "optimizer.lr=0.3"])
-        )
+        other = OmegaConf.to_container(compose("train", overrides=["optimizer.lr=0.3"]))
     assert config_sha256(base) == config_sha256(moved)
     assert config_sha256(base) != config_sha256(other)

@@ -10,6 +10,7 @@ from torch import nn
 import reprotrain.train as trainer
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
+from reprotrain.models.resnet import CifarResNet
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import determinism
 from reprotrain.repro.record import RUN_JSON
@@ -63,25 +64,22 @@ def test_strict_raises_warn_records_fast_ignores():
     assert sink == []
 
 
-class WithNondeterministicOp(nn.Module):
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
+class WithNondeterministicOp(CifarResNet):
+    """A user's model (brought by ``_target_``) with one op that has no deterministic kernel."""
 
     def forward(self, x):
         nondeterministic_op()
-        return self.inner(x)
+        return super().forward(x)
 
 
 def run_in_process(tmp_path, monkeypatch, level):
-    real_build = trainer.build_model
-    monkeypatch.setattr(trainer, "build_model", lambda cfg: WithNondeterministicOp(real_build(cfg)))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(
             "train",
             overrides=[
                 "experiment=smoke",
                 f"repro={level}",
+                f"model._target_={__name__}.WithNondeterministicOp",
                 "dataset.num_train=128",
                 "dataset.num_test=64",
                 "trainer.batch_size=64",

@@ -183,7 +183,7 @@ def test_other_torch_version_is_warned_and_recorded(tmp_path, reference_run):
     ckpt = run_dir / "checkpoints" / "step-00000015.pt"
     state = checkpoint.load(ckpt)
     state["env"]["torch"] = "1.0.0"
-    checkpoint.save(run_dir / "checkpoints" / "other-torch.pt", state)
+    checkpoint.save(run_dir / "checkpoints" / "other-torch.pt", checkpoint.serialise(state))
     proc = resume(run_dir, f"resume={run_dir / 'checkpoints' / 'other-torch.pt'}")
     assert_ok(proc)
     entry = run_json(run_dir)["resumes"][-1]
@@ -221,7 +221,8 @@ def test_rng_state_roundtrip_under_weights_only(tmp_path):
 
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     state = checkpoint.rng_state()
-    checkpoint.save(tmp_path / "r.pt", {"rng": state})
+    data = checkpoint.serialise({"format_version": checkpoint.FORMAT_VERSION, "rng": state})
+    checkpoint.save(tmp_path / "r.pt", data)
     expected = (random.random(), np.random.rand(), torch.rand(1))
     checkpoint.set_rng_state(checkpoint.load(tmp_path / "r.pt")["rng"])
     got = (random.random(), np.random.rand(), torch.rand(1))

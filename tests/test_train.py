@@ -84,7 +84,8 @@ def test_run_directory_is_a_complete_record(twin_runs):
     assert record["config_sha256"].startswith(sha) and record["git"]["short"] in commit
     rows = jsonl(a / "metrics.jsonl")
     assert [r["epoch"] for r in rows] == [1, 2]
-    assert {"train_loss", "train_acc", "test_acc", "lr", "seconds", "images_per_s"} <= set(rows[0])
+    assert {"train_loss", "train_acc", "val_acc", "lr", "seconds", "images_per_s"} <= set(rows[0])
+    assert {"test_acc", "test_loss"} <= set(record["final_metrics"])
     fps = jsonl(a / "fingerprints.jsonl")
     assert [len(f["step_losses"]) for f in fps] == [8, 8]
     assert fps[-1]["weights_sha256"] == record["final_weights_sha256"]

@@ -1,63 +1,28 @@
-"""Structured config schema, registered in Hydra's ConfigStore.
+"""Schemas of the project-owned config groups, registered in Hydra's ConfigStore.
 
-Each YAML under ``conf/<group>/`` names one of these dataclasses as its schema, so a
-misspelt key (``trainer.epoch``), a wrong type (``trainer.epochs=abc``) or an unknown group
-option (``model=resnet999``) fails while Hydra composes the config, before any run
-directory exists. ``validate`` adds the range checks a type cannot express.
+Two kinds of config, one rule each:
+
+- Project-owned groups (``trainer``, ``repro``, ``seed``) are typed dataclasses here, so a
+  misspelt key (``trainer.epoch``), a wrong type (``trainer.epochs=abc``) or an unknown option
+  fails while Hydra composes, before any run directory exists. ``validate`` adds the range
+  checks a type cannot express.
+- User-brought code (``model``, ``optimizer``, ``scheduler``, ``loss``, ``dataset``) is a
+  ``_target_`` plus keyword arguments, untyped here: ``components.check`` binds those keys
+  against the callable's own signature instead (see components.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from reprotrain.errors import ReprotrainError
-
-
-@dataclass
-class DatasetConfig:
-    name: str = MISSING  # cifar10 | synthetic
-    root: str = "data"  # relative paths resolve against the repo root, not the run dir
-    download: bool = True
-    url: str = ""
-    md5: str = ""
-    num_train: int = 0  # synthetic only
-    num_test: int = 0  # synthetic only
-    data_seed: int = 0  # synthetic only: fixed, independent of the run seed
-    noise: float = 0.0  # synthetic only: pixel noise (std, 0..255 scale)
-    mean: list[float] = field(default_factory=lambda: [0.4914, 0.4822, 0.4465])
-    std: list[float] = field(default_factory=lambda: [0.2470, 0.2435, 0.2616])
-    augment: bool = True  # random crop 32 (pad 4) + horizontal flip, counter-based
-
-
-@dataclass
-class ModelConfig:
-    name: str = MISSING  # resnet18 | resnet_tiny
-    widths: list[int] = field(default_factory=lambda: [64, 128, 256, 512])
-    blocks: list[int] = field(default_factory=lambda: [2, 2, 2, 2])
-    num_classes: int = 10
-
-
-@dataclass
-class OptimizerConfig:
-    name: str = MISSING  # sgd | adamw
-    lr: float = 0.1
-    weight_decay: float = 5e-4
-    momentum: float = 0.9  # sgd
-    nesterov: bool = True  # sgd
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adamw
-
-
-@dataclass
-class SchedulerConfig:
-    name: str = MISSING  # onecycle | cosine | constant
-    warmup_fraction: float = 0.0  # onecycle: pct_start; cosine: linear warmup share
-    final_lr_fraction: float = 0.0  # cosine: eta_min = lr * this
 
 
 @dataclass
@@ -81,19 +46,27 @@ class ReproConfig:
 
 @dataclass
 class TrainerConfig:
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (mps: no bitwise promise)
     epochs: int = 30
-    batch_size: int = 512
+    batch_size: int = 512  # global batch, images per optimizer step
     eval_batch_size: int = 1024
-    eval_every: int = 1  # epochs; the last epoch is always evaluated
+    eval_every: int = 1  # epochs between validation passes; the last epoch is always evaluated
+    monitor: str = "val_acc"  # metrics.jsonl key that picks best.pt and is the sweep objective
+    monitor_mode: str = "max"  # max | min
     checkpoint_every_steps: int = 0  # 0: only at epoch ends
     keep_checkpoints: int = 3
-    pipeline: str = "device"  # device: dataset resident on device | loader: DataLoader path
-    num_workers: int = 0  # loader pipeline only
-    amp: bool = False  # bf16 autocast on CUDA (and CPU); fp16 uses the GradScaler
+    pipeline: str = "auto"  # auto: device for in-memory tensors, loader for file datasets
+    num_workers: int = 0  # loader pipeline only; never changes the bits
+    amp: bool = False  # autocast (bf16 by default); fp16 uses the GradScaler
     amp_dtype: str = "bf16"  # bf16 | fp16
     amp_init_scale: float = 65536.0  # fp16 only: GradScaler's starting loss scale
-    label_smoothing: float = 0.0
+    no_decay_norm_bias: bool = False  # put biases and norm weights (ndim <= 1) in a wd=0 group
+    grad_clip_norm: float = 0.0  # 0: off; else clip the global L2 norm (and guard it)
+    on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf loss (or grad norm) does
+    nonfinite_check_every: int = 1  # steps between host reads of the on-device guard flag
+    channels_last: bool = False  # NHWC memory format for model and batches
+    compile: bool = False  # torch.compile the model (mode below); compile time is reported
+    compile_mode: str = "default"
     progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
     # Stop (status completed, partial) after this epoch without changing the schedule, so
     # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
@@ -102,10 +75,11 @@ class TrainerConfig:
 
 @dataclass
 class TrainConfig:
-    dataset: DatasetConfig = MISSING
-    model: ModelConfig = MISSING
-    optimizer: OptimizerConfig = MISSING
-    scheduler: SchedulerConfig = MISSING
+    dataset: Any = MISSING
+    model: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = MISSING
+    loss: Any = MISSING
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING
@@ -113,90 +87,109 @@ class TrainConfig:
     resume: str | None = None  # null | auto | path/to/checkpoint.pt
 
 
+PROJECT_GROUPS = {"seed": SeedConfig, "repro": ReproConfig, "trainer": TrainerConfig}
+USER_GROUPS = ("dataset", "model", "optimizer", "scheduler", "loss")
+
+
 def register_configs() -> None:
-    """Register the schema for train.yaml and for each config group."""
+    """Register the schema for train.yaml and for each project-owned group."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for group, node in [
-        ("dataset", DatasetConfig),
-        ("model", ModelConfig),
-        ("optimizer", OptimizerConfig),
-        ("scheduler", SchedulerConfig),
-        ("seed", SeedConfig),
-        ("repro", ReproConfig),
-        ("trainer", TrainerConfig),
-    ]:
+    for group, node in PROJECT_GROUPS.items():
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 
 CHOICES = {
-    "dataset.name": ("cifar10", "synthetic"),
-    "model.name": ("resnet18", "resnet_tiny"),
-    "optimizer.name": ("sgd", "adamw"),
-    "scheduler.name": ("onecycle", "cosine", "constant"),
     "repro.level": ("strict", "warn", "fast"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.pipeline": ("device", "loader"),
+    "trainer.pipeline": ("auto", "device", "loader"),
     "trainer.amp_dtype": ("bf16", "fp16"),
+    "trainer.monitor_mode": ("max", "min"),
+    "trainer.on_nonfinite": ("stop", "warn"),
 }
+POSITIVE = (
+    "trainer.epochs",
+    "trainer.batch_size",
+    "trainer.eval_batch_size",
+    "trainer.eval_every",
+    "trainer.keep_checkpoints",
+    "trainer.nonfinite_check_every",
+    "trainer.amp_init_scale",
+    "repro.num_threads",
+)
+NON_NEGATIVE = (
+    "trainer.checkpoint_every_steps",
+    "trainer.num_workers",
+    "trainer.grad_clip_norm",
+    "trainer.stop_after_epoch",
+)
+MAX_THREADS = 4096
+SEED_MAX = (1 << 64) - 1  # seeds are 64-bit: torch.manual_seed refuses anything larger
+
+
+def _get(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _non_finite_leaves(node: Any, prefix: str) -> list[str]:
+    if isinstance(node, dict | DictConfig):
+        return [k for key in node for k in _non_finite_leaves(node[key], f"{prefix}.{key}")]
+    if isinstance(node, list | tuple) or (hasattr(node, "__iter__") and hasattr(node, "_iter_ex")):
+        return [k for i, v in enumerate(node) for k in _non_finite_leaves(v, f"{prefix}[{i}]")]
+    if isinstance(node, float) and not math.isfinite(node):
+        return [prefix]
+    return []
 
 
 def validate(cfg: DictConfig | Any) -> None:
     """Range checks a dataclass type cannot express; raises one-line ``ReprotrainError``."""
-
-    def get(key: str) -> Any:
-        node: Any = cfg
-        for part in key.split("."):
-            node = node[part]
-        return node
-
     for key, allowed in CHOICES.items():
-        if get(key) not in allowed:
-            raise ReprotrainError(f"{key}={get(key)!r} is not one of {', '.join(allowed)}")
-    positive = [
-        "trainer.epochs",
-        "trainer.batch_size",
-        "trainer.eval_batch_size",
-        "trainer.eval_every",
-        "trainer.keep_checkpoints",
-        "repro.num_threads",
-        "optimizer.lr",
-        "model.num_classes",
-        "trainer.amp_init_scale",
-    ]
-    for key in positive:
-        if not get(key) > 0:
-            raise ReprotrainError(f"{key}={get(key)} must be > 0")
-    non_negative = [
-        "trainer.checkpoint_every_steps",
-        "trainer.num_workers",
-        "trainer.label_smoothing",
-        "optimizer.weight_decay",
-        "dataset.noise",
-    ]
-    for key in non_negative:
-        if get(key) < 0:
-            raise ReprotrainError(f"{key}={get(key)} must be >= 0")
-    if not 0 <= cfg.trainer.label_smoothing < 1:
-        raise ReprotrainError("trainer.label_smoothing must be in [0, 1)")
-    if len(cfg.model.widths) != len(cfg.model.blocks) or not cfg.model.widths:
-        raise ReprotrainError("model.widths and model.blocks must be non-empty and equally long")
-    if cfg.dataset.name == "synthetic" and min(cfg.dataset.num_train, cfg.dataset.num_test) <= 0:
-        raise ReprotrainError("dataset.num_train and dataset.num_test must be > 0 for synthetic")
-    if cfg.dataset.name == "synthetic" and cfg.dataset.num_train < cfg.trainer.batch_size:
+        if _get(cfg, key) not in allowed:
+            raise ReprotrainError(f"{key}={_get(cfg, key)!r} is not one of {', '.join(allowed)}")
+    device = cfg.trainer.device
+    if device not in ("auto", "cpu", "cuda", "mps") and not (
+        device.startswith("cuda:") and device[5:].isdigit()
+    ):
         raise ReprotrainError(
-            f"trainer.batch_size={cfg.trainer.batch_size} is larger than the training set "
-            f"({cfg.dataset.num_train}); lower it or raise dataset.num_train"
+            f"trainer.device={device!r} is not one of auto, cpu, cuda, cuda:N, mps"
         )
+    for key in POSITIVE:
+        value = _get(cfg, key)
+        if not (value > 0 and math.isfinite(value)):
+            raise ReprotrainError(f"{key}={value} must be a finite number > 0")
+    for key in NON_NEGATIVE:
+        value = _get(cfg, key)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ReprotrainError(f"{key}={value} must be a finite number >= 0")
+    if cfg.repro.num_threads > MAX_THREADS:
+        raise ReprotrainError(f"repro.num_threads={cfg.repro.num_threads} is above {MAX_THREADS}")
     if cfg.seed.base is None and not cfg.seed.from_entropy:
         raise ReprotrainError("seed.base is null; set seed.base=<int> or use seed=entropy")
+    for stream in ("base", "init", "data", "augment", "train"):
+        value = cfg.seed[stream]
+        if value is not None and not 0 <= value <= SEED_MAX:
+            raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
+    if cfg.trainer.monitor_mode not in ("max", "min"):
+        raise ReprotrainError("trainer.monitor_mode must be max or min")
     if cfg.trainer.pipeline == "device" and cfg.trainer.num_workers:
-        raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader")
+        raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader (or auto)")
+    for group in USER_GROUPS:
+        bad = _non_finite_leaves(cfg[group], group)
+        if bad:
+            raise ReprotrainError(f"{bad[0]} is not a finite number (nan/inf); give a real value")
 
 
 # Keys that say where or how to look, not what to compute: left out of config_sha256 so a
 # resumed or relocated run keeps its identity (data identity is the data fingerprint).
-NON_IDENTITY_KEYS = ("resume", "dataset.root", "trainer.progress", "trainer.stop_after_epoch")
+NON_IDENTITY_KEYS = (
+    "resume",
+    "dataset.root",
+    "trainer.progress",
+    "trainer.stop_after_epoch",
+    "trainer.num_workers",
+)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

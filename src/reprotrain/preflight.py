@@ -21,7 +21,8 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reprotrain.config import register_configs, validate
+from reprotrain import components
+from reprotrain.config import PROJECT_GROUPS, register_configs, validate
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 
@@ -39,12 +40,17 @@ def _one_line(e: BaseException) -> str:
         group = (e.missing_cfg_file or "").rsplit("/", 1)[0]
         options = [o for o in e.options if not o.endswith("_schema")]
         return f"unknown option '{e.missing_cfg_file}'; available in {group}/: {', '.join(options)}"
-    parts = [str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__]
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    # Hydra puts the reason after "...raised while composing config:" on the next line.
+    head = lines[0].rstrip(".:") if lines else type(e).__name__
+    parts = [head] + ([lines[1]] if len(lines) > 1 and lines[0].endswith(":") else [])
     cause = e.__cause__
     if isinstance(cause, OmegaConfBaseException):
         detail = str(cause).strip().splitlines()[0]
         full_key = getattr(cause, "full_key", None)
         parts.append(f"{detail}" + (f" (key: {full_key})" if full_key else ""))
+    elif isinstance(e, OmegaConfBaseException) and getattr(e, "full_key", None):
+        parts.append(f"key: {e.full_key}")
     hint = " (list valid keys with: python -m reprotrain.train --cfg job)"
     return ": ".join(parts) + (hint if "not in" in parts[-1] else "")
 
@@ -79,11 +85,26 @@ def check(argv: list[str]) -> None:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             for overrides in expand(args.overrides):
                 cfg = compose(config_name=config_name, overrides=overrides)
+                check_schema_keys(cfg)
                 validate(cfg)
+                components.check(cfg)
     except (HydraException, OmegaConfBaseException) as e:
         raise ReprotrainError(_one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def check_schema_keys(cfg) -> None:
+    """``+trainer.epoch=3`` slips past the struct schema (``+`` adds keys): refuse it here."""
+    from dataclasses import fields
+
+    for group, schema in PROJECT_GROUPS.items():
+        known = {f.name for f in fields(schema)}
+        extra = sorted(set(cfg[group]) - known)
+        if extra:
+            raise ReprotrainError(
+                f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
+            )
 
 
 _checked = False

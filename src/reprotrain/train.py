@@ -3,9 +3,10 @@
     python -m reprotrain.train experiment=smoke            # or: make train ARGS="..."
     python -m reprotrain.train --multirun seed.base=0,1,2  # or: make sweep SEEDS=0,1,2
 
-Exit codes: 0 completed; 2 user error (one line on stderr, run marked failed);
-75 interrupted by SIGTERM/SIGINT after writing a checkpoint (resume with ``resume=auto``
-or ``make resume``); 130 aborted by a second SIGINT (previous checkpoints still valid).
+Exit codes: 0 completed; 2 user error (one line on stderr, run marked failed; also a
+non-finite loss under trainer.on_nonfinite=stop); 75 interrupted by SIGTERM, SIGINT or
+SIGUSR2 after writing a checkpoint (resume with ``resume=auto`` or ``make resume``);
+130 aborted by a second SIGINT (previous checkpoints still valid).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from reprotrain.repro import hashseed
 
 if __name__ == "__main__":
     # PYTHONHASHSEED is only read at interpreter start: re-exec now, before importing torch,
-    # if it is not fixed. Also sets CUBLAS_WORKSPACE_CONFIG before any CUDA call. Then check
-    # the overrides while it is still cheap: a typo fails in a second, in one line.
+    # if it is not fixed. Then check the overrides while it is still cheap: a typo fails in
+    # a second, in one line.
     hashseed.ensure()
     from reprotrain import preflight
 
@@ -25,7 +26,6 @@ if __name__ == "__main__":
 
 import logging
 import signal
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -33,50 +33,152 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 from tqdm import tqdm
 
-from reprotrain import preflight
-from reprotrain.config import config_sha256, validate
-from reprotrain.data.datasets import data_fingerprint, load_data
-from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
-from reprotrain.engine import EpochProgress, evaluate, train_step
+from reprotrain import faults, preflight
+from reprotrain.components import build, build_naming_key, build_scheduler, qualname
+from reprotrain.config import config_sha256
+from reprotrain.data.datasets import build_dataset
+from reprotrain.data.pipeline import build_pipeline
+from reprotrain.engine import LoopState, StepParts, evaluate, run_epoch
 from reprotrain.errors import ReprotrainError, ResumeError
-from reprotrain.models.resnet import build_model
-from reprotrain.optim import build_optimizer, build_scheduler
-from reprotrain.paths import CONF_DIR, REPO_ROOT
+from reprotrain.optim import param_groups
+from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import checkpoint, determinism, environment, lockfile
 from reprotrain.repro import record as rec
-from reprotrain.repro.fingerprint import losses_sha256, weights_sha256
+from reprotrain.repro.fingerprint import losses_sha256, state_sha256
 from reprotrain.repro.resume import find_resume_point, resume_entry
 from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
 
 log = logging.getLogger("reprotrain")
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later", what a requeue wrapper looks for
 EXIT_ABORTED = 130
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit
 
 
-def config_container(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+def train(cfg: DictConfig, run_dir: Path) -> float | None:
+    # --- compose: the resolved config is the run's identity --------------------------------
+    log.info("run dir: %s", run_dir)
+    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    point = find_resume_point(cfg.resume, run_dir, container)  # None: fresh start
+    record = rec.RunRecord.load(run_dir) if point else rec.RunRecord(run_dir)
+    record.update(status="running", config_sha256=config_sha256(container))
+    rec.atomic_write_text(run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
+    stop = StopFlag()
+
+    # --- controls: determinism level, seeds, device, environment ---------------------------
+    flags = determinism.apply(
+        cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory
+    )
+    seeds = Seeds(**point.state["seeds"]) if point else resolve_seeds(cfg.seed)
+    device = pick_device(cfg.trainer.device)
+    env = environment.capture(device)
+    if point is None:
+        start_record(record, cfg, run_dir, seeds, flags, env, device)
+    log.info(
+        "experiment %s | repro=%s | seeds %s | device %s",
+        record["experiment_id"],
+        flags["level"],
+        seeds.as_dict(),
+        device,
+    )
+
+    # --- build: data, then model (from the `init` stream), optimizer, schedule, loss -------
+    dataset, pipeline = build_data(cfg, seeds, device)
+    record.update(data_fingerprint=dataset.fingerprint())
+    seed_globals(seeds.init)
+    parts, step_parts = build_training(cfg, pipeline, device)
+    state: LoopState = parts["loop"]
+    record.update(components=components_record(cfg, parts, step_parts.loss_fn, dataset))
+
+    # --- resume or start: restore every part, or seed the `train` stream -------------------
+    if point is not None:
+        resume_from(point, parts, record, env, device, run_dir)
+    else:
+        record.update(initial_weights_sha256=state_sha256(parts["model"].state_dict()))
+        seed_globals(seeds.train)
+    meta = {"config": container, "config_sha256": record["config_sha256"]}
+    meta |= {"seeds": seeds.as_dict(), "env": checkpoint.env_summary(device)}
+    saver = Saver(run_dir / rec.CHECKPOINTS, parts, meta, cfg.trainer.keep_checkpoints)
+    model, loss_fn, amp = parts["model"], step_parts.loss_fn, step_parts.amp
+
+    # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
+    alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
+    every, epochs = cfg.trainer.checkpoint_every_steps, cfg.trainer.epochs
+    bar = tqdm(disable=not (cfg.trainer.progress and sys.stderr.isatty()), leave=False)
+
+    def after_step(next_step: int) -> None:
+        bar.update(1)
+        faults.hook("step", state.global_step)
+        if stop.signal_name is not None:
+            interrupted(saver, record, state, stop, run_dir)
+        if every and state.global_step % every == 0 and next_step < pipeline.steps_per_epoch:
+            saver.save()
+
+    with determinism.nondeterminism_alerts(alerts):
+        while state.epoch <= epochs:
+            bar.reset(total=pipeline.steps_per_epoch)
+            bar.update(state.step)
+            bar.set_description(f"epoch {state.epoch}")
+            seen_before = state.progress.seen
+            seconds = run_epoch(
+                step_parts, state, pipeline.epoch(state.epoch, state.step),
+                check_every=cfg.trainer.nonfinite_check_every,
+                on_nonfinite=cfg.trainer.on_nonfinite, after_step=after_step,
+            )  # fmt: skip
+            end_epoch(cfg, state, model, pipeline, loss_fn, amp, saver, run_dir, seconds,
+                      state.progress.seen - seen_before)  # fmt: skip
+            record.update(nondeterministic_ops=alerts, nonfinite_events=state.nonfinite_events)
+            if stop.signal_name is not None and state.epoch <= epochs:
+                interrupted(saver, record, state, stop, run_dir)
+            if cfg.trainer.stop_after_epoch and state.epoch > cfg.trainer.stop_after_epoch:
+                break  # spot check: the schedule still spans trainer.epochs
+    bar.close()
+
+    # --- record: test once at the end; the final state a later verify/reproduce compares ---
+    final = final_metrics(state, model, pipeline, loss_fn, amp, run_dir)
+    record.update(
+        status="completed",
+        finished_at=rec.now_iso(),
+        final_weights_sha256=state.fingerprints[-1]["weights_sha256"],
+        final_metrics=final,
+        epochs_completed=len(state.metrics),
+        partial=len(state.metrics) < epochs,
+        nondeterministic_ops=alerts,
+        nonfinite_events=state.nonfinite_events,
+        peak_memory=environment.peak_memory(device)
+        if hasattr(environment, "peak_memory")
+        else None,
+    )
+    log.info("test_acc=%s  %s=%s (best epoch %s)", final.get("test_acc"), cfg.trainer.monitor,
+             state.best, state.best_epoch)  # fmt: skip
+    log.info("completed: checkpoints in %s; report: make report RUN=%s", saver.dir, run_dir)
+    return state.best
+
+
+# ------------------------------------------------------------------ the steps train() calls
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ReprotrainError("trainer.device=cuda but no CUDA device is visible; use cpu/auto")
+    """``auto`` is cuda when visible; asking for cuda or mps that is absent is one line."""
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ReprotrainError(f"trainer.device={name} but no CUDA device is visible; use cpu")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ReprotrainError(f"trainer.device={name}: only {torch.cuda.device_count()} GPUs")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ReprotrainError("trainer.device=mps but MPS is not available; use cpu")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
 
 
 class StopFlag:
-    """SIGTERM/SIGINT ask the loop to stop after the current step; a second SIGINT aborts."""
+    """SIGTERM/SIGINT/SIGUSR2 ask the loop to stop after this step; a second SIGINT aborts."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signal_name is not None and signum == signal.SIGINT:
@@ -85,26 +187,8 @@ class StopFlag:
         log.warning("%s received: finishing this step, then checkpointing", self.signal_name)
 
 
-def train(cfg: DictConfig, run_dir: Path) -> float:
-    # --- compose: the resolved config is the run's identity --------------------------------
-    validate(cfg)
-    container = config_container(cfg)
-    record = rec.RunRecord(run_dir)
-    resume_point = find_resume_point(cfg.resume, run_dir, container)  # None: fresh start
-    if resume_point is not None:
-        record = rec.RunRecord.load(run_dir)
-    record.update(status="running", config_sha256=config_sha256(container))
-    rec.atomic_write_text(run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
-    stop = StopFlag()
-    stop.install()
-
-    # --- controls: determinism level, seeds, device, environment ---------------------------
-    flags = determinism.apply(
-        cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory
-    )
-    seeds = Seeds(**resume_point.state["seeds"]) if resume_point else resolve_seeds(cfg.seed)
-    device = pick_device(cfg.trainer.device)
-    env = environment.capture(device)
+def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device) -> None:
+    """Identity of a fresh run: git, environment, lock; the run.json a reproduce replays."""
     drift = lockfile.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
         summary = ", ".join(
@@ -113,225 +197,190 @@ def train(cfg: DictConfig, run_dir: Path) -> float:
         if cfg.repro.require_locked_env:
             raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
         log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
-    if resume_point is None:
-        git, diff = environment.git_info(REPO_ROOT)
-        if diff:
-            rec.atomic_write_text(run_dir / "git.diff", diff)
-        record.update(
-            experiment_id=f"{record['config_sha256'][:8]}-{git['short']}"
-            f"{'+dirty' if git['dirty'] else ''}-{environment.device_slug(device)}",
-            run_dir=str(run_dir.resolve()),
-            name=cfg.name,
-            started_at=rec.now_iso(),
-            command=["python", "-m", "reprotrain.train", *sys.argv[1:]],
-            seeds=seeds.as_dict(),
-            repro=flags,
-            nondeterministic_ops=[],
-            git=git,
-            environment=env,
-            lock_sha256=lockfile.lock_sha256(REPO_ROOT),
-            env_drift=drift,
-            container=lockfile.container_image(),
-            resumes=[],
-        )
-        from torch.utils import collect_env
-
-        rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
-
-    # --- build: data, model (from the `init` stream), optimizer, schedule ------------------
-    train_x, train_y, test_x, test_y = load_data(cfg.dataset)
-    record.update(data_fingerprint=data_fingerprint(cfg.dataset))
-    common = dict(
-        batch_size=cfg.trainer.batch_size,
-        eval_batch_size=cfg.trainer.eval_batch_size,
-        mean=list(cfg.dataset.mean),
-        std=list(cfg.dataset.std),
-        device=device,
-        seeds=seeds,
-        augment=cfg.dataset.augment,
+    git, diff = environment.git_info(REPO_ROOT)
+    if diff:
+        rec.atomic_write_text(run_dir / "git.diff", diff)
+    dirty = "+dirty" if git["dirty"] else ""
+    record.update(
+        experiment_id=f"{record['config_sha256'][:8]}-{git['short']}{dirty}-"
+        f"{environment.device_slug(device)}",
+        run_dir=str(run_dir.resolve()),
+        name=cfg.name,
+        started_at=rec.now_iso(),
+        command=["python", "-m", "reprotrain.train", *sys.argv[1:]],
+        seeds=seeds.as_dict(),
+        repro=flags,
+        device=str(device),
+        bitwise_promise=device.type != "mps",  # mps kernels make no determinism promise
+        nondeterministic_ops=[],
+        git=git,
+        environment=env,
+        lock_sha256=lockfile.lock_sha256(REPO_ROOT),
+        env_drift=drift,
+        container=lockfile.container_image(),
+        resumes=[],
     )
-    if cfg.trainer.pipeline == "device":
-        pipeline = DevicePipeline(train_x, train_y, test_x, test_y, **common)
-    else:
-        pipeline = LoaderPipeline(
-            train_x, train_y, test_x, test_y, num_workers=cfg.trainer.num_workers, **common
-        )
-    steps_per_epoch = pipeline.steps_per_epoch
+    from torch.utils import collect_env
 
-    seed_globals(seeds.init)
-    model = build_model(cfg.model).to(device)
-    optimizer = build_optimizer(cfg.optimizer, model)
-    scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch * cfg.trainer.epochs)
+    rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
+
+
+def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device):
+    """The dataset ``_target_`` and the pipeline that serves it (device or DataLoader)."""
+    dataset = build_dataset(cfg.dataset)
+    splits = dataset.splits()
+    declared = cfg.model.get("num_classes")
+    if declared is not None and declared != splits.num_classes:
+        raise ReprotrainError(
+            f"model.num_classes={declared} but the dataset has {splits.num_classes} classes; "
+            f"set model.num_classes={splits.num_classes}"
+        )
+    pipeline = build_pipeline(
+        cfg.trainer.pipeline, splits, dataset, cfg.trainer.num_workers,
+        batch_size=cfg.trainer.batch_size, eval_batch_size=cfg.trainer.eval_batch_size,
+        device=device, seeds=seeds, augment=dataset.augment,
+        mean=getattr(dataset, "mean", None), std=getattr(dataset, "std", None),
+        channels_last=cfg.trainer.channels_last,
+    )  # fmt: skip
+    return dataset, pipeline
+
+
+def build_training(cfg: DictConfig, pipeline, device: torch.device) -> tuple[dict, StepParts]:
+    """Every Stateful part of the checkpoint (model first, rng last), and the step's view."""
+    model = build_naming_key("model", cfg.model, lambda node: build("model", node)).to(device)
+    if cfg.trainer.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    groups = param_groups(model, cfg.trainer.no_decay_norm_bias)
+    optimizer = build("optimizer", cfg.optimizer, params=groups)
+    total_steps = pipeline.steps_per_epoch * cfg.trainer.epochs
+    scheduler = build_scheduler(cfg.scheduler, optimizer, total_steps=total_steps)
     amp = (cfg.trainer.amp, cfg.trainer.amp_dtype)
     scaler = torch.amp.GradScaler(
-        device.type,
-        init_scale=cfg.trainer.amp_init_scale,
-        enabled=cfg.trainer.amp and cfg.trainer.amp_dtype == "fp16",
+        device.type, init_scale=cfg.trainer.amp_init_scale, enabled=amp == (True, "fp16")
     )
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing)
-    eval_loss_fn = nn.CrossEntropyLoss()
+    forward = torch.compile(model, mode=cfg.trainer.compile_mode) if cfg.trainer.compile else model
+    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    parts |= {"loop": LoopState(device), "rng": checkpoint.RNGState()}  # rng restored last
+    loss_fn = build("loss", cfg.loss)
+    step = StepParts(
+        forward, optimizer, scheduler, scaler, loss_fn, amp, cfg.trainer.grad_clip_norm
+    )
+    return parts, step
 
-    # --- resume or start: restore every state, or seed the `train` stream ------------------
-    epoch, start_step, global_step = 1, 0, 0
-    metrics: list[dict] = []
-    fingerprints: list[dict] = []
-    best_acc = -1.0
-    progress = EpochProgress()
-    if resume_point is not None:
-        s = resume_point.state
-        model.load_state_dict(s["model"])
-        optimizer.load_state_dict(s["optimizer"])
-        scheduler.load_state_dict(s["scheduler"])
-        scaler.load_state_dict(s["scaler"])
-        epoch, start_step, global_step = s["epoch"], s["step"], s["global_step"]
-        metrics, fingerprints, best_acc = s["metrics"], s["fingerprints"], s["best_acc"]
-        progress = EpochProgress(**s["progress"])
-        checkpoint.set_rng_state(s["rng"])
-        # The files may have run ahead of the checkpoint (killed after writing them).
-        rec.write_jsonl(run_dir / rec.METRICS, metrics)
-        rec.write_jsonl(run_dir / rec.FINGERPRINTS, fingerprints)
-        entry = resume_entry(resume_point, env, device)
-        record.update(
-            resumes=[*record.data.get("resumes", []), entry], run_dir=str(run_dir.resolve())
-        )
-        log.info("resumed from %s at epoch %d step %d", resume_point.path.name, epoch, start_step)
-    else:
-        record.update(initial_weights_sha256=weights_sha256(model))
-        seed_globals(seeds.train)
 
-    ckpt_dir = run_dir / rec.CHECKPOINTS
+def resume_from(point, parts: dict, record, env: dict, device: torch.device, run_dir: Path) -> None:
+    checkpoint.restore(parts, point.state)
+    state = parts["loop"]
+    # The files may have run ahead of the checkpoint (killed after writing them).
+    rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
+    rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.fingerprints)
+    entry = resume_entry(point, env, device)
+    record.update(resumes=[*record.data.get("resumes", []), entry])
+    log.info("resumed from %s at epoch %d step %d", point.path.name, state.epoch, state.step)
 
-    def snapshot(at_epoch: int, next_step: int) -> dict:
-        """Everything a resume at (at_epoch, next_step) needs, RNG states included."""
-        return {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
-            "epoch": at_epoch,
-            "step": next_step,
-            "global_step": global_step,
-            "rng": checkpoint.rng_state(),
-            "pipeline": {"kind": pipeline.kind, "epoch": at_epoch, "step": next_step},
-            "progress": progress.as_dict(),
-            "metrics": metrics,
-            "fingerprints": fingerprints,
-            "best_acc": best_acc,
-            "seeds": seeds.as_dict(),
-            "config": container,
-            "config_sha256": record["config_sha256"],
-            "env": checkpoint.env_summary(device),
-        }
 
-    def save_checkpoint(at_epoch: int, next_step: int) -> dict:
-        state = snapshot(at_epoch, next_step)
-        checkpoint.save(checkpoint.step_path(ckpt_dir, global_step), state)
-        checkpoint.prune(ckpt_dir, cfg.trainer.keep_checkpoints)
-        return state
+def components_record(cfg, parts, loss_fn, dataset) -> dict:
+    """The classes that actually ran, and the optimizer's parameter groups."""
+    names = {k: qualname(parts[k]) for k in ("model", "optimizer", "scheduler")}
+    return names | {
+        "loss": qualname(loss_fn),
+        "dataset": qualname(dataset),
+        "param_groups": [
+            {"params": sum(p.numel() for p in g["params"]), "weight_decay": g["weight_decay"]}
+            for g in parts["optimizer"].param_groups
+        ],
+        "compile": cfg.trainer.compile and cfg.trainer.compile_mode,
+        "channels_last": cfg.trainer.channels_last,
+    }
 
-    def interrupted(at_epoch: int, next_step: int) -> NoReturn:
-        save_checkpoint(at_epoch, next_step)
-        record.update(
-            status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=stop.signal_name
-        )
-        log.warning(
-            "interrupted at epoch %d step %d; resume with `make resume RUN=%s`",
-            at_epoch,
-            next_step,
-            run_dir,
-        )
-        sys.exit(EXIT_INTERRUPTED)
 
-    # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
-    nondeterministic_ops: list[str] = list(record.data.get("nondeterministic_ops", []))
-    every = cfg.trainer.checkpoint_every_steps
-    show_bar = cfg.trainer.progress and sys.stderr.isatty()
-    with determinism.nondeterminism_alerts(nondeterministic_ops):
-        while epoch <= cfg.trainer.epochs:
-            t0, seen_before = time.perf_counter(), progress.seen
-            model.train()
-            bar = tqdm(
-                total=steps_per_epoch,
-                initial=start_step,
-                desc=f"epoch {epoch}",
-                disable=not show_bar,
-                leave=False,
-            )
-            for step, x, y in pipeline.epoch(epoch, start_step):
-                loss, correct = train_step(model, x, y, optimizer, scheduler, scaler, loss_fn, amp)
-                progress.add(loss, correct, len(y))
-                global_step += 1
-                bar.update(1)
-                checkpoint.test_hook("step", global_step)
-                if stop.signal_name is not None:
-                    interrupted(epoch, step + 1)
-                if every and global_step % every == 0 and step + 1 < steps_per_epoch:
-                    save_checkpoint(epoch, step + 1)
-            bar.close()
+class Saver:
+    """Writes step checkpoints (newest K kept) and best.pt; serialises each state once."""
 
-            seconds = time.perf_counter() - t0
-            row = {
-                "epoch": epoch,
-                "global_step": global_step,
-                "train_loss": progress.loss_sum / progress.seen,
-                "train_acc": progress.correct / progress.seen,
-                "lr": scheduler.get_last_lr()[0],
-                "seconds": seconds,
-                "images_per_s": (progress.seen - seen_before) / seconds,
-            }
-            if epoch % cfg.trainer.eval_every == 0 or epoch == cfg.trainer.epochs:
-                row.update(evaluate(model, pipeline.eval_batches(), eval_loss_fn, amp))
-            metrics.append(row)
-            fingerprints.append(
-                {
-                    "epoch": epoch,
-                    "global_step": global_step,
-                    "weights_sha256": weights_sha256(model),
-                    "step_losses_sha256": losses_sha256(progress.step_losses),
-                    "step_losses": progress.step_losses,
-                }
-            )
-            rec.write_jsonl(run_dir / rec.METRICS, metrics)
-            rec.write_jsonl(run_dir / rec.FINGERPRINTS, fingerprints)
-            log.info(
-                "epoch %d/%d  %s",
-                epoch,
-                cfg.trainer.epochs,
-                "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch"),
-            )
+    def __init__(self, ckpt_dir: Path, parts: dict, meta: dict, keep: int) -> None:
+        self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
 
-            # The epoch-end checkpoint resumes at the start of the next epoch.
-            epoch, start_step, progress = epoch + 1, 0, EpochProgress()
-            improved = row.get("test_acc", -1.0) > best_acc
-            best_acc = max(best_acc, row.get("test_acc", -1.0))
-            state = save_checkpoint(epoch, 0)
-            if improved:
-                checkpoint.save(ckpt_dir / "best.pt", state)
-            checkpoint.test_hook("after-save", global_step)
-            if nondeterministic_ops:
-                record.update(nondeterministic_ops=nondeterministic_ops)
-            if stop.signal_name is not None and epoch <= cfg.trainer.epochs:
-                interrupted(epoch, 0)
-            if cfg.trainer.stop_after_epoch and epoch > cfg.trainer.stop_after_epoch:
-                break  # spot check: the schedule still spans trainer.epochs
+    def save(self, best: bool = False, model_state: dict | None = None) -> None:
+        state = checkpoint.snapshot(self.parts, self.meta)
+        if model_state is not None:
+            state["model"] = model_state  # the CPU copy already made for the fingerprint
+        step = self.parts["loop"].global_step
+        data = checkpoint.serialise(state)
+        checkpoint.save(checkpoint.step_path(self.dir, step), data, step)
+        checkpoint.prune(self.dir, self.keep)
+        if best:
+            checkpoint.save(self.dir / "best.pt", data)
 
-    # --- record: the final state that a later verify/reproduce compares against -----------
-    final = metrics[-1]
+
+def interrupted(saver: Saver, record, state: LoopState, stop: StopFlag, run_dir) -> NoReturn:
+    saver.save()
     record.update(
-        status="completed",
-        finished_at=rec.now_iso(),
-        final_weights_sha256=weights_sha256(model),
-        final_metrics={k: v for k, v in final.items() if k not in ("seconds", "images_per_s")},
-        epochs_completed=len(metrics),
-        partial=len(metrics) < cfg.trainer.epochs,
-        nondeterministic_ops=nondeterministic_ops,
+        status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=stop.signal_name
     )
-    log.info("completed: %s  test_acc=%s", run_dir, final.get("test_acc"))
-    return float(final.get("test_acc", 0.0))
+    log.warning(
+        "interrupted at epoch %d step %d; resume with `make resume RUN=%s`",
+        state.epoch, state.step, run_dir,
+    )  # fmt: skip
+    sys.exit(EXIT_INTERRUPTED)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> float:
+def end_epoch(cfg, state: LoopState, model, pipeline, loss_fn, amp, saver, run_dir, seconds, n):
+    """Metrics row, fingerprint, checkpoint (best.pt when the monitored value improved)."""
+    row = {
+        "epoch": state.epoch,
+        "global_step": state.global_step,
+        "train_loss": float(state.progress.loss_sum) / state.progress.seen,
+        "train_acc": int(state.progress.correct) / state.progress.seen,
+        "lr": state_lr(saver.parts["scheduler"]),
+        "seconds": seconds,
+        "images_per_s": n / seconds if seconds > 0 else None,
+    }
+    last = state.epoch == cfg.trainer.epochs or state.epoch == cfg.trainer.stop_after_epoch
+    if pipeline.has_split("val") and (state.epoch % cfg.trainer.eval_every == 0 or last):
+        row.update(evaluate(model, pipeline.eval_batches("val"), loss_fn, amp, "val"))
+    state.metrics.append(row)
+    cpu_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    losses = state.progress.losses()
+    state.fingerprints.append(
+        {
+            "epoch": state.epoch,
+            "global_step": state.global_step,
+            "weights_sha256": state_sha256(cpu_state),
+            "step_losses_sha256": losses_sha256(losses),
+            "step_losses": losses,
+        }
+    )
+    rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
+    rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.fingerprints)
+    shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
+    log.info("epoch %d/%d  %s", state.epoch, cfg.trainer.epochs, shown)
+    improved = state.improved(row.get(cfg.trainer.monitor), cfg.trainer.monitor_mode)
+    state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
+    saver.save(best=improved, model_state=cpu_state)
+    faults.hook("after-save", state.global_step)
+
+
+def state_lr(scheduler) -> float:
+    return scheduler.get_last_lr()[0]
+
+
+def final_metrics(state: LoopState, model, pipeline, loss_fn, amp, run_dir: Path) -> dict:
+    """Last epoch's row plus the test split, evaluated once: last weights, then best."""
+    final = {k: v for k, v in state.metrics[-1].items() if k not in ("seconds", "images_per_s")}
+    final.update(evaluate(model, pipeline.eval_batches("test"), loss_fn, amp, "test"))
+    best_path = run_dir / rec.CHECKPOINTS / "best.pt"
+    if state.best_epoch not in (None, state.metrics[-1]["epoch"]) and best_path.is_file():
+        model.load_state_dict(checkpoint.load(best_path)["model"])
+        best = evaluate(model, pipeline.eval_batches("test"), loss_fn, amp, "test")
+        final.update({f"best_{k}": v for k, v in best.items()}, best_epoch=state.best_epoch)
+    return final
+
+
+# ------------------------------------------------------------------------------- the entry
+
+
+@hydra.main(config_path=str(REPO_ROOT / "conf"), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         return train(cfg, run_dir)

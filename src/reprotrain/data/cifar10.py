@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reprotrain.data.base import InMemoryImages
 from reprotrain.errors import DataMissingError
 from reprotrain.safetar import unsafe_reason
 
@@ -366,3 +367,39 @@ def _parse_batches(root: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         torch.from_numpy(test_x),
         torch.from_numpy(test_y),
     )
+
+
+class CIFAR10(InMemoryImages):
+    """CIFAR-10 as a config ``_target_`` (see conf/dataset/cifar10.yaml).
+
+    ``root`` is relative to the repository unless absolute; the archive is downloaded and
+    md5-checked there when missing.
+    """
+
+    num_classes = _NUM_CLASSES
+
+    def __init__(
+        self,
+        root: str = "data",
+        download: bool = True,
+        url: str = DEFAULT_URL,
+        md5: str = DEFAULT_MD5,
+        **common: Any,
+    ) -> None:
+        super().__init__(**common)
+        from reprotrain.data.datasets import data_root
+
+        self.root, self.download, self.url, self.md5 = data_root(root), download, url, md5
+
+    def load_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return load_cifar10(self.root, url=self.url, md5=self.md5, download=self.download)
+
+    def fingerprint(self) -> dict:
+        from reprotrain.data.fingerprint import files_fingerprint
+
+        files = cifar10_files(self.root)
+        missing = [p.name for p in files if not p.is_file()]
+        if missing:
+            return {"kind": "files", "sha256": None, "missing": missing}
+        sha = files_fingerprint(files, cache_file=self.root / ".fingerprint-cache.json")
+        return {"kind": "files", "sha256": sha, "files": sorted(p.name for p in files)}

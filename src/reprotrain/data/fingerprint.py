@@ -14,17 +14,15 @@ cached.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
+from reprotrain.repro.record import atomic_write_text
+
 __all__ = ["file_sha256", "files_fingerprint"]
 
-_CHUNK = 1 << 20
 _CACHE_VERSION = 1
 # Files modified this recently are not cached: their mtime could still be shared with a
 # later same-size rewrite on filesystems with coarse timestamps.
@@ -33,11 +31,8 @@ _RACY_WINDOW_NS = 2_000_000_000
 
 def file_sha256(path: Path) -> str:
     """Hex sha256 of a file's content, streamed so large files never sit in memory."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_cache(cache_file: Path | None) -> dict[str, dict]:
@@ -58,20 +53,9 @@ def _read_cache(cache_file: Path | None) -> dict[str, dict]:
 
 
 def _write_cache(cache_file: Path, entries: dict[str, dict]) -> None:
-    """Write the cache via tmp + ``os.replace`` so a crash or a concurrent run never leaves
-    a half-written JSON file behind (readers see the old cache or the new one)."""
-    cache_file = Path(cache_file)
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"version": _CACHE_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, cache_file)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Atomically, so a crash or a concurrent run never leaves half a JSON file behind."""
+    text = json.dumps({"version": _CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True)
+    atomic_write_text(Path(cache_file), text + "\n")
 
 
 def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:

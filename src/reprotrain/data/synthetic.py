@@ -17,6 +17,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from reprotrain.data.base import InMemoryImages
 from reprotrain.repro.seeding import stable_hash
 
 GENERATOR_VERSION = 1  # bump when the generation code changes: it is part of the fingerprint
@@ -55,3 +56,36 @@ def synthetic_fingerprint(num_train: int, num_test: int, data_seed: int, noise: 
         "noise": noise,
     }
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+
+
+class Synthetic(InMemoryImages):
+    """The synthetic dataset as a config ``_target_`` (see conf/dataset/synthetic.yaml)."""
+
+    def __init__(
+        self,
+        num_train: int = 4096,
+        num_test: int = 1024,
+        data_seed: int = 1234,
+        noise: float = 48.0,
+        num_classes: int = 10,
+        **common,
+    ) -> None:
+        super().__init__(**common)
+        if min(num_train, num_test) <= 0 or num_classes < 2 or noise < 0:
+            from reprotrain.errors import ReprotrainError
+
+            raise ReprotrainError(
+                "dataset.num_train and dataset.num_test must be > 0, dataset.num_classes >= 2 "
+                "and dataset.noise >= 0"
+            )
+        self.params = (num_train, num_test, data_seed, noise)
+        self.num_classes = num_classes
+
+    def load_tensors(self):
+        return load_synthetic(*self.params, num_classes=self.num_classes)
+
+    def fingerprint(self) -> dict:
+        sha = synthetic_fingerprint(*self.params)
+        if self.num_classes != 10:
+            sha = hashlib.sha256(f"{sha}/classes={self.num_classes}".encode()).hexdigest()
+        return {"kind": "synthetic-params", "sha256": sha}

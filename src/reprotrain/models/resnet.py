@@ -42,8 +42,3 @@ class CifarResNet(nn.Module):
         # Global average pool as a plain mean: nn.AdaptiveAvgPool2d's CUDA backward has no
         # deterministic implementation and would raise under repro=strict on a GPU.
         return self.fc(self.stages(self.stem(x)).mean(dim=(2, 3)))
-
-
-def build_model(cfg) -> nn.Module:
-    """Model from ``cfg.model``; call after seeding the ``init`` stream."""
-    return CifarResNet(list(cfg.widths), list(cfg.blocks), cfg.num_classes)

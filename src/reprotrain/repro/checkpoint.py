@@ -1,9 +1,10 @@
 """Checkpoints that hold everything an exact resume needs, written atomically.
 
-Closes: resume drift. Besides model/optimizer/scheduler/GradScaler state, a checkpoint
-holds every RNG state (python, numpy, torch CPU, each CUDA device), the position
+Closes: resume drift. A checkpoint is the ``state_dict()`` of every Stateful part the
+trainer names (model, optimizer, scheduler, GradScaler, RNG, and the loop state: position
 ``(epoch, step, global_step)`` that the counter-based data pipeline restarts from, the
-partial-epoch accumulators, and the metrics and fingerprints so far.
+partial-epoch sums, metrics, fingerprints, best value), plus the config and seeds. Nothing
+is listed by hand, so a part added to the trainer is checkpointed by construction.
 
 Safety: always loaded with ``torch.load(weights_only=True)``; python and numpy RNG states
 are stored as plain ints/lists so that restriction never needs relaxing, and a pickle that
@@ -14,40 +15,51 @@ checkpoint, ``best.pt`` the best evaluated one.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import random
 import re
-import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from reprotrain import faults
 from reprotrain.errors import CheckpointError
 from reprotrain.repro.record import atomic_write_bytes
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one state_dict per Stateful part (model, optimizer, ..., rng, loop)
 _STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
-# Test hook, e.g. REPROTRAIN_TEST_KILL=in-save:6 | after-save:8 | step:5 | sigterm:5 |
-# sigint2:5: send SIGKILL (or SIGTERM, or two SIGINTs) to this process at that event of that
-# global step, so tests interrupt at exact points (mid-epoch, an epoch boundary, mid-write).
-# Read once: the hook is called every training step and must cost nothing when unset.
-_kill_spec = os.environ.get("REPROTRAIN_TEST_KILL", "")
 
 
-def test_hook(event: str, global_step: int) -> None:
-    """Fire the REPROTRAIN_TEST_KILL hook if it names this event and step (no-op otherwise)."""
-    if not _kill_spec:
-        return
-    if event == "step" and _kill_spec == f"sigterm:{global_step}":
-        os.kill(os.getpid(), signal.SIGTERM)
-    elif event == "step" and _kill_spec == f"sigint2:{global_step}":  # Ctrl-C pressed twice
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGINT)
-    elif _kill_spec == f"{event}:{global_step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
+def snapshot(parts: dict[str, Stateful], meta: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint: each part's ``state_dict()`` under its name, plus ``meta``."""
+    return {
+        "format_version": FORMAT_VERSION,
+        **meta,
+        **{k: p.state_dict() for k, p in parts.items()},
+    }
+
+
+def restore(parts: dict[str, Stateful], state: dict[str, Any]) -> None:
+    """Load every part from ``state``, in the order given (rng last keeps draws exact)."""
+    for name, part in parts.items():
+        part.load_state_dict(state[name])
+
+
+class RNGState:
+    """Every global generator as a Stateful part of the checkpoint."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_rng_state(state_dict)
 
 
 def rng_state() -> dict[str, Any]:
@@ -92,15 +104,15 @@ def step_path(ckpt_dir: Path, global_step: int) -> Path:
     return Path(ckpt_dir) / f"step-{global_step:08d}.pt"
 
 
-def save(path: Path, state: dict[str, Any]) -> None:
-    """Serialise, then write temp + fsync + rename: a kill leaves old or new, never half."""
+def serialise(state: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
-    torch.save({"format_version": FORMAT_VERSION, **state}, buf)
-    data = buf.getvalue()
-    if _kill_spec == f"in-save:{state.get('global_step')}":
-        tmp = Path(path).with_name(f".{Path(path).name}.partial.tmp")
-        tmp.write_bytes(data[: len(data) // 2])  # what a kill mid-write leaves behind
-        test_hook("in-save", state["global_step"])
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def save(path: Path, data: bytes, global_step: int | None = None) -> None:
+    """Write serialised bytes via temp + fsync + rename: a kill leaves old or new, never half."""
+    faults.partial_write(path, data, global_step)
     atomic_write_bytes(path, data)
 
 

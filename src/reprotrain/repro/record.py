@@ -18,8 +18,9 @@ the old or the new file, never a half-written one that parses.
 from __future__ import annotations
 
 import json
+import math
 import os
-import tempfile
+import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,6 @@ FINGERPRINTS = "fingerprints.jsonl"
 RESOLVED_CONFIG = "config.resolved.yaml"
 CHECKPOINTS = "checkpoints"
 STATUSES = ("running", "completed", "failed", "interrupted")
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def now_iso() -> str:
@@ -39,18 +38,23 @@ def now_iso() -> str:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """The project's one atomic writer: temp file, fsync, rename, fsync the directory.
+
+    The temp file is created with mode 0666 so the kernel applies the user's umask, as for
+    any ordinary file (mkstemp's 0600 would make records unreadable to a team).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make records unreadable to a team
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 
@@ -67,9 +71,35 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def finite_only(obj: Any, path: str = "", found: list[str] | None = None) -> tuple[Any, list[str]]:
+    """``obj`` with every NaN/inf float replaced by None, and the dotted paths replaced.
+
+    Strict JSON has no NaN: parsers that follow the RFC reject python's ``NaN`` literal.
+    """
+    found = [] if found is None else found
+    if isinstance(obj, float) and not math.isfinite(obj):
+        found.append(path or "<root>")
+        return None, found
+    if isinstance(obj, dict):
+        return {
+            k: finite_only(v, f"{path}.{k}" if path else str(k), found)[0] for k, v in obj.items()
+        }, found
+    if isinstance(obj, list | tuple):
+        return [finite_only(v, f"{path}[{i}]", found)[0] for i, v in enumerate(obj)], found
+    return obj, found
+
+
+def strict_json(obj: Any, flag: str | None = "nonfinite", **kw: Any) -> str:
+    """JSON without NaN/inf: they become null, listed under ``flag`` when obj is a dict."""
+    clean, found = finite_only(obj)
+    if found and flag and isinstance(clean, dict):
+        clean[flag] = found
+    return json.dumps(clean, allow_nan=False, **kw)
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     """Rewrite a whole jsonl file atomically (used per epoch and on resume)."""
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    atomic_write_text(path, "".join(strict_json(r, sort_keys=True) + "\n" for r in rows))
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -94,7 +124,8 @@ class RunRecord:
         if "status" in fields and fields["status"] not in STATUSES:
             raise ValueError(f"bad status {fields['status']!r}")
         self.data.update(fields)
-        atomic_write_text(self.run_dir / RUN_JSON, json.dumps(self.data, indent=2, sort_keys=True))
+        text = strict_json(self.data, flag="nonfinite_fields", indent=2, sort_keys=True)
+        atomic_write_text(self.run_dir / RUN_JSON, text)
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]

@@ -79,7 +79,7 @@ def _check_config(point: ResumePoint, current: dict) -> None:
             f"refusing to resume {point.path}: config differs from the recorded one in {shown}; "
             "start a new run instead (only trainer.epochs may be extended)"
         )
-    done = point.state["epoch"] - 1
+    done = point.state["loop"]["epoch"] - 1
     if current["trainer"]["epochs"] < done:
         raise ResumeError(
             f"trainer.epochs={current['trainer']['epochs']} is below the {done} epochs "
@@ -100,9 +100,9 @@ def resume_entry(point: ResumePoint, env: dict, device: torch.device) -> dict[st
     return {
         "at": now_iso(),
         "checkpoint": point.path.name,
-        "epoch": point.state["epoch"],
-        "step": point.state["step"],
-        "global_step": point.state["global_step"],
+        "epoch": point.state["loop"]["epoch"],
+        "step": point.state["loop"]["step"],
+        "global_step": point.state["loop"]["global_step"],
         "skipped_checkpoints": point.skipped,
         "environment": {
             k: env[k] for k in ("python", "torch", "cuda", "cudnn", "device", "num_threads")

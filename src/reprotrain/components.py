@@ -1,0 +1,176 @@
+"""User-brought code by config: resolve each ``_target_``, check its keys, build it.
+
+A model, optimizer, scheduler, loss or dataset is a YAML with ``_target_: dotted.path`` plus
+keyword arguments, the Hydra convention. Optimizers and schedulers are ``_partial_: true``:
+the trainer supplies what only it knows (the parameters; the optimizer and, when the
+callable takes it, ``total_steps``). Adding one is one module and one YAML; nothing here
+names a concrete class.
+
+``check`` runs at preflight, before any run directory exists: it imports every target
+(nested ones too, such as a dataset's transforms) and binds the YAML's keys against the
+callable's signature without calling it, so a typo, a missing required argument or an
+unimportable target is one line that names the group and key. Optimizers and schedulers
+are cheap and side-effect free, so preflight also builds them once against a dummy
+parameter: that turns value errors (``lr=-1``, ``betas=[0.9]``) into the same one line.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from reprotrain.errors import ReprotrainError
+
+# Arguments the trainer passes itself, per group (never expected in the YAML).
+SUPPLIED: dict[str, tuple[str, ...]] = {
+    "model": (),
+    "optimizer": ("params",),
+    "scheduler": ("optimizer", "total_steps"),
+    "loss": (),
+    "dataset": (),
+}
+_META = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+class ComponentError(ReprotrainError):
+    """A user-brought component that cannot be imported, bound or built."""
+
+
+def locate(path: str, where: str) -> Callable[..., Any]:
+    """Import ``a.b.C`` (or ``a.b.fn``); one line naming ``where`` when it cannot be found."""
+    from hydra._internal.utils import _locate
+
+    try:
+        target = _locate(path)
+    except Exception as e:  # ImportError, AttributeError, or an error inside the module
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ComponentError(f"{where}._target_={path!r} cannot be imported ({reason})") from None
+    if not callable(target):
+        raise ComponentError(f"{where}._target_={path!r} is not a class or function")
+    return target
+
+
+def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
+    """(parameter names, takes **kwargs, required names) of a callable."""
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a signature: accept anything
+        return [], True, []
+    names, var_kw, required = [], False, []
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            var_kw = True
+        elif p.kind is not p.VAR_POSITIONAL:
+            names.append(p.name)
+            if p.default is p.empty:
+                required.append(p.name)
+    return names, var_kw, required
+
+
+def check_node(node: Any, where: str, supplied: tuple[str, ...] = ()) -> None:
+    """Import and bind one ``_target_`` node and every nested one, without calling any."""
+    if isinstance(node, ListConfig | list):
+        for i, item in enumerate(node):
+            check_node(item, f"{where}[{i}]")
+        return
+    if not isinstance(node, DictConfig | dict):
+        return
+    if "_target_" not in node:
+        for key in node:
+            check_node(node[key], f"{where}.{key}")
+        return
+    path = str(node["_target_"])
+    target = locate(path, where)
+    names, var_kw, required = accepted(target)
+    keys = [k for k in node if k not in _META]
+    for key in keys:
+        if key not in names and not var_kw:
+            raise ComponentError(
+                f"{where}: unknown key '{key}' for {path}; accepted: "
+                f"{', '.join(n for n in names if n not in supplied) or '(none)'}"
+            )
+        check_node(node[key], f"{where}.{key}")
+    missing = [n for n in required if n not in keys and n not in supplied]
+    if missing:
+        raise ComponentError(
+            f"{where}: {path} needs {', '.join(missing)}; add "
+            f"{', '.join(f'{where}.{m}=<value>' for m in missing)}"
+        )
+
+
+def check(cfg: DictConfig) -> None:
+    """Preflight of every user-brought group; then dry-build the optimizer and scheduler."""
+    for group, supplied in SUPPLIED.items():
+        node = cfg[group]
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            raise ComponentError(f"{group} has no _target_; see conf/{group}/ for examples")
+        check_node(node, group, supplied)
+    import torch
+
+    def dry_optimizer(node: DictConfig) -> Any:
+        return build("optimizer", node, params=[torch.nn.Parameter(torch.zeros(2))])
+
+    optimizer = build_naming_key("optimizer", cfg.optimizer, dry_optimizer)
+    build_naming_key(
+        "scheduler", cfg.scheduler, lambda node: build_scheduler(node, optimizer, total_steps=10)
+    )
+
+
+def build_naming_key(group: str, node: DictConfig, make: Callable[[DictConfig], Any]) -> Any:
+    """Build; on failure, find the key whose removal makes it build, and name it.
+
+    Only on failure, so a working build costs one call; a model is rebuilt a few times.
+    """
+    try:
+        return make(node)
+    except ComponentError as e:
+        for key in [k for k in node if k not in _META]:
+            trial = OmegaConf.masked_copy(node, [k for k in node if k != key])
+            try:
+                make(trial)
+            except ComponentError:
+                continue
+            raise ComponentError(
+                f"{group}.{key}={OmegaConf.to_container(node, resolve=True)[key]!r} is refused "
+                f"by {node['_target_']}: {str(e).split(': ', 2)[-1]}"
+            ) from None
+        raise
+
+
+def build(group: str, node: DictConfig, *args: Any, **supplied: Any) -> Any:
+    """``instantiate`` with the trainer's arguments; failures become one line naming the group.
+
+    A ``_partial_`` node yields a partial that is then called with ``supplied``.
+    """
+    try:
+        obj = instantiate(node, _convert_="all")
+        if OmegaConf.select(node, "_partial_", default=False):
+            obj = obj(*args, **supplied)
+        return obj
+    except ReprotrainError:
+        raise
+    except Exception as e:
+        cause = e.__cause__ or e
+        reason = str(cause).strip().splitlines()
+        detail = reason[-1] if reason else type(cause).__name__
+        raise ComponentError(
+            f"{group} ({node.get('_target_')}) could not be built: {type(cause).__name__}: {detail}"
+        ) from None
+
+
+def build_scheduler(node: DictConfig, optimizer: Any, total_steps: int) -> Any:
+    """Schedulers get ``optimizer``, and ``total_steps`` when their callable takes it."""
+    target = locate(str(node["_target_"]), "scheduler")
+    names, var_kw, _ = accepted(target)
+    extra = {"total_steps": total_steps} if "total_steps" in names or var_kw else {}
+    return build("scheduler", node, optimizer, **extra)
+
+
+def qualname(obj: Any) -> str:
+    """``module.Class`` of what actually ran, for run.json (a partial names its function)."""
+    cls = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,137 @@
+"""Your own images: a directory in torchvision's ImageFolder layout, one per split.
+
+    ROOT/train/<class>/*.png|jpg    ROOT/test/<class>/*.png|jpg
+
+Classes are the sorted folder names of ``train`` (``test`` must have the same ones). Images
+may differ in size; the YAML's transforms bring them to one. Decoding uses torchvision's own
+``read_image`` (no hidden randomness); the per-sample train transforms are made
+counter-based by the loader pipeline (see ``pipeline.SeededSamples``).
+
+Closes (as a record): data drift. The fingerprint is the sha256 of every file (relative path,
+size, content), cached per file as for CIFAR-10.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import v2
+
+from reprotrain.data.base import SampleImages, Splits, Subset, val_indices
+from reprotrain.data.datasets import data_root
+from reprotrain.errors import DataMissingError, ReprotrainError
+
+EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+SPLITS = ("train", "test")
+
+
+class ImageFiles(Dataset):
+    """(uint8 image [3,H,W], label) for each file, in sorted (class, path) order."""
+
+    def __init__(self, files: list[tuple[Path, int]]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        path, label = self.files[i]
+        try:
+            return decode_image(str(path), mode=ImageReadMode.RGB), label
+        except (RuntimeError, OSError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ReprotrainError(f"unreadable image {path} ({reason}); fix or remove it") from None
+
+
+class ImageFolderData(SampleImages):
+    """Config ``_target_`` for conf/dataset/image_folder.yaml."""
+
+    def __init__(
+        self,
+        root: str,
+        val_fraction: float = 0.1,
+        size: int = 32,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        train_transforms: list | None = None,
+        eval_transforms: list | None = None,
+    ) -> None:
+        self.root = data_root(root)
+        self.val_fraction, self.size = val_fraction, size
+        mean, std = list(mean or [0.5] * 3), list(std or [0.25] * 3)
+        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+            raise ReprotrainError("dataset.mean and dataset.std need 3 values each, std > 0")
+        tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+        self.train_transform = v2.Compose([*(train_transforms or []), *tail])
+        self.eval_transform = v2.Compose([*(eval_transforms or []), *tail])
+        self.classes: list[str] = []
+
+    def _scan(self) -> dict[str, list[tuple[Path, int]]]:
+        if not self.root.is_dir():
+            raise DataMissingError(
+                f"dataset.root={self.root} does not exist; give a folder with train/<class>/ "
+                "and test/<class>/ image folders"
+            )
+        found: dict[str, list[tuple[Path, int]]] = {}
+        for split in SPLITS:
+            split_dir = self.root / split
+            if not split_dir.is_dir():
+                raise DataMissingError(f"{split_dir} is missing; expected {split}/<class>/*.png")
+            classes = sorted(d.name for d in split_dir.iterdir() if d.is_dir())
+            if not classes:
+                raise DataMissingError(f"{split_dir} has no class folders")
+            if split == "train":
+                self.classes = classes
+            elif classes != self.classes:
+                raise ReprotrainError(
+                    f"{split_dir} has classes {classes}, train has {self.classes}; make them match"
+                )
+            files = []
+            for label, name in enumerate(classes):
+                images = sorted(
+                    p for p in (split_dir / name).iterdir() if p.suffix.lower() in EXTENSIONS
+                )
+                if not images:
+                    raise DataMissingError(
+                        f"class folder {split_dir / name} has no images ({', '.join(EXTENSIONS)})"
+                    )
+                files += [(p, label) for p in images]
+            found[split] = files
+        return found
+
+    @property
+    def num_classes(self) -> int:
+        if not self.classes:
+            self._scan()
+        return len(self.classes)
+
+    def splits(self) -> Splits:
+        found = self._scan()
+        train = ImageFiles(found["train"])
+        tr, va = val_indices(len(train), self.val_fraction)
+        val = Subset(train, va) if len(va) else None
+        return Splits(Subset(train, tr), val, ImageFiles(found["test"]), len(self.classes))
+
+    def fingerprint(self) -> dict:
+        from reprotrain.data.fingerprint import files_fingerprint
+
+        if not self.root.is_dir():
+            return {"kind": "files", "sha256": None, "missing": [str(self.root)]}
+        files = sorted(p for p in self.root.rglob("*") if p.is_file() and p.name[0] != ".")
+        # Relative paths enter the hash, so moving a file to another class changes it.
+        cache = self.root / ".fingerprint-cache.json"
+        sha = files_fingerprint(files, cache_file=cache if _writable(self.root) else None)
+        rel = "\n".join(str(p.relative_to(self.root)) for p in files)
+        import hashlib
+
+        combined = hashlib.sha256(f"{sha}\n{rel}".encode()).hexdigest()
+        return {"kind": "files", "sha256": combined, "num_files": len(files)}
+
+
+def _writable(path: Path) -> bool:
+    import os
+
+    return os.access(path, os.W_OK)

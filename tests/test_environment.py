@@ -138,3 +138,16 @@ def test_a_users_own_cublas_workspace_is_kept_recorded_and_warned(monkeypatch, c
         assert determinism.cublas_workspace() == ":16:8"
     assert ":16:8 replaces the project's :4096:8" in caplog.text
     assert environment.capture(torch.device("cpu"))["gpu_env"]["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def test_the_record_fits_run_json_and_a_weights_only_checkpoint(monkeypatch):
+    """Checkpoints carry the environment for the resume check: plain types only."""
+    import io
+    import json
+
+    for env in (environment.capture(torch.device("cpu")), gpu_env(monkeypatch)):
+        assert json.loads(json.dumps(env)) == env
+        buf = io.BytesIO()
+        torch.save({"env": env}, buf)
+        buf.seek(0)
+        assert torch.load(buf, weights_only=True)["env"] == env

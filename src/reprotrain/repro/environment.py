@@ -242,7 +242,7 @@ def capture(device: torch.device) -> dict[str, Any]:
     device = torch.device(device)
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a TorchVersion would not load under weights_only
         "numpy": np.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,

@@ -145,3 +145,10 @@ def test_reproduce_replays_on_the_recorded_device_type(monkeypatch, no_cuda):
     assert dev.replay_spec("cpu") == ("cpu", None)  # a CPU archive stays on the CPU
     assert dev.replay_spec("cuda:1") == ("cuda", None)
     assert dev.replay_spec(None) == ("auto", None)
+
+
+def test_the_recorded_device_is_read_from_run_json():
+    new = {"environment": {"device": {"type": "cuda", "resolved": "cuda:1"}}}
+    assert dev.recorded_device(new) == "cuda:1"
+    assert dev.recorded_device({"environment": {"device": {"type": "cpu"}}}) == "cpu"  # older
+    assert dev.recorded_device({}) is None

@@ -178,3 +178,10 @@ def replay_spec(recorded: str | None) -> tuple[str, str | None]:
             return "cpu", f"recorded on {recorded}, replayed on cpu: {why}"
         return "cuda", None
     return kind, None
+
+
+def recorded_device(record: dict) -> str | None:
+    """The device a run recorded in run.json trained on (``environment.device.resolved``;
+    records older than this module: the device type; none: None)."""
+    dev = (record.get("environment") or {}).get("device") or {}
+    return dev.get("resolved") or dev.get("type")

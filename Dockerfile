@@ -50,13 +50,20 @@ ARG BASE_REF
 ARG BASE_DIGEST=
 ARG IMAGE_TAG=reprotrain:dev
 ARG GIT_COMMIT=
-# Hash seed and cuBLAS workspace must be fixed before the interpreter / first CUDA call.
+# Hash seed and cuBLAS workspace must be fixed before the interpreter / first CUDA call (the
+# workspace no longer guards determinism in torch 2.14; it sizes cuBLAS's workspace, which
+# bounds its kernel choice, and is recorded and compared like any part of the environment).
 # The NVIDIA variables tell the GPU container runtime to expose the devices and driver libs.
+# NVIDIA_REQUIRE_CUDA: the locked torch wheels bring the CUDA 13.0 runtime (nvidia-cuda-runtime
+# 13.0.x), which needs a driver that supports CUDA 13.0 (R580 or newer). The container toolkit
+# checks this at start and refuses an older driver in one line, where torch would otherwise
+# find no usable GPU and trainer.device=auto would train on the CPU.
 # REPROTRAIN_* are read by reprotrain.repro.lockfile.container_image() into run.json.
 ENV PYTHONHASHSEED=0 \
     CUBLAS_WORKSPACE_CONFIG=:4096:8 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA=cuda>=13.0 \
     PYTHONPATH=/app/src \
     REPROTRAIN_IMAGE=${IMAGE_TAG} \
     REPROTRAIN_IMAGE_DIGEST=${BASE_DIGEST} \

@@ -100,7 +100,21 @@ BASE_REF     = $(BASE_IMAGE)$(if $(BASE_DIGEST),@$(BASE_DIGEST))
 GIT_SHORT    = $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nogit)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
 LOCK_SHORT   = $(shell $(PY_ANY) -c "import hashlib;print(hashlib.sha256(open('requirements.lock','rb').read()).hexdigest()[:12])")
 IMAGE       ?= reprotrain:$(GIT_SHORT)-$(LOCK_SHORT)
-DOCKER_GPUS  = $(shell docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo --gpus all)
+# docker-train's GPUs. Unset: one GPU (--gpus device=0, what a single-process run uses) when
+# `docker info` lists the nvidia runtime, none otherwise. GPUS=all | GPUS=2 | GPUS=device=0,1
+# go to --gpus, in the inner quotes docker needs for a list; GPUS=none: no GPU; GPUS=cdi (all)
+# or GPUS=cdi:0 use the Container Device Interface (--device nvidia.com/gpu=...), for hosts
+# set up with CDI instead of the nvidia runtime. SHM sizes /dev/shm: DataLoader workers pass
+# batches through it (docker's default 64m ends in a bus error).
+GPUS        ?=
+SHM         ?= 2g
+DOCKER_NVIDIA = $(shell docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo yes)
+DOCKER_GPUS  = $(strip $(if $(GPUS),\
+                 $(if $(filter none,$(GPUS)),,\
+                 $(if $(filter cdi,$(GPUS)),--device nvidia.com/gpu=all,\
+                 $(if $(filter cdi:%,$(GPUS)),--device nvidia.com/gpu=$(patsubst cdi:%,%,$(GPUS)),\
+                 --gpus '"$(GPUS)"'))),\
+                 $(if $(DOCKER_NVIDIA),--gpus device=0)))
 DOCKER_BUILD = docker build --build-arg BASE_REF=$(BASE_REF) --build-arg BASE_DIGEST=$(BASE_DIGEST) \
                --build-arg IMAGE_TAG=$(IMAGE) --build-arg GIT_COMMIT=$(GIT_SHORT)
 
@@ -130,10 +144,10 @@ docker-build: check-lock ## build the image reprotrain:<commit>-<lock sha256[:12
 	$(DOCKER_BUILD) --target runtime -t $(IMAGE) .
 	@echo "built $(IMAGE)"
 
-docker-train: ## train in the image (GPU when the nvidia runtime is there): make docker-train ARGS=...
+docker-train: ## train in the image (one GPU when the nvidia runtime is there; GPUS=all|none|cdi, SHM=2g): make docker-train ARGS=...
 	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-build
 	mkdir -p data outputs
-	docker run --rm $(DOCKER_GPUS) --user $$(id -u):$$(id -g) -e HOME=/tmp \
+	docker run --rm $(DOCKER_GPUS) --shm-size $(SHM) --user $$(id -u):$$(id -g) -e HOME=/tmp \
 		-v "$(CURDIR)/data:/app/data" -v "$(CURDIR)/outputs:/app/outputs" $(IMAGE) $(ARGS)
 
 docker-test: check-lock ## run the test suite inside the image (test stage, dev lock)

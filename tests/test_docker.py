@@ -9,6 +9,7 @@ bad one (must be caught), so none of them is a tautology.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -29,6 +30,7 @@ REQUIRED_ENV = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     "NVIDIA_VISIBLE_DEVICES": None,
     "NVIDIA_DRIVER_CAPABILITIES": None,
+    "NVIDIA_REQUIRE_CUDA": "cuda>=13.0",
     "PYTHONPATH": "/app/src",
     "REPROTRAIN_IMAGE": None,
     "REPROTRAIN_IMAGE_DIGEST": None,
@@ -329,11 +331,12 @@ def test_pin_base_writes_resolved_digest(tmp_path: Path) -> None:
 MAKE = shutil.which("make")
 
 
-def make_dry(target: str, tmp_path: Path, docker_info: str) -> str:
+def make_dry(target: str, tmp_path: Path, docker_info: str, *variables: str) -> str:
     docker = fake_docker(tmp_path, f"if [ \"$1\" = info ]; then echo '{docker_info}'; fi\nexit 0\n")
     env = dict(os.environ, PATH=f"{docker.parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("GPUS", None), env.pop("SHM", None)
     proc = subprocess.run(
-        [MAKE, "-n", "--no-print-directory", target],
+        [MAKE, "-n", "--no-print-directory", target, *variables],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -353,13 +356,68 @@ def test_docker_build_tag_has_commit_and_lock_hash(tmp_path: Path) -> None:
     assert "--build-arg BASE_REF=" in out and "--target runtime" in out
 
 
+NVIDIA = '{"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}'
+RUNC = '{"runc":{"path":"runc"}}'
+
+
+def docker_run_args(tmp_path: Path, docker_info: str, *variables: str) -> list[str]:
+    out = make_dry("docker-train", tmp_path, docker_info, "IMAGE=reprotrain:t", *variables)
+    line = next(x for x in out.replace("\\\n", " ").splitlines() if "docker run" in x)
+    return shlex.split(line.replace("$(id -u):$(id -g)", "1000:1000"))
+
+
+def gpu_flags(args: list[str]) -> list[str]:
+    """The GPU options of a `docker run` command line (flag and value)."""
+    out = []
+    for flag, value in itertools.pairwise(args):
+        if flag == "--gpus" or (flag == "--device" and value.startswith("nvidia.com/gpu")):
+            out += [flag, value]
+    return out
+
+
 @pytest.mark.skipif(MAKE is None, reason="make not installed")
-def test_docker_train_gpus_only_with_nvidia_runtime(tmp_path: Path) -> None:
-    with_gpu = make_dry("docker-train", tmp_path, '{"nvidia":{"path":"nvidia-container-runtime"}}')
-    without = make_dry("docker-train", tmp_path, '{"runc":{"path":"runc"}}')
-    assert "--gpus all" in with_gpu and "--gpus" not in without
-    for out in (with_gpu, without):
+def test_docker_train_exposes_one_gpu_by_default_only_with_the_nvidia_runtime(tmp_path: Path):
+    assert gpu_flags(docker_run_args(tmp_path, NVIDIA)) == ["--gpus", "device=0"]
+    assert gpu_flags(docker_run_args(tmp_path, RUNC)) == []
+    for info in (NVIDIA, RUNC):
+        out = " ".join(docker_run_args(tmp_path, info))
         assert "/app/data" in out and "/app/outputs" in out
+
+
+@pytest.mark.skipif(MAKE is None, reason="make not installed")
+@pytest.mark.parametrize(
+    "gpus,expected",
+    [
+        ("all", ["--gpus", '"all"']),
+        ("none", []),
+        ("2", ["--gpus", '"2"']),
+        ("device=0,1", ["--gpus", '"device=0,1"']),  # docker needs the inner quotes for a list
+        ("cdi", ["--device", "nvidia.com/gpu=all"]),
+        ("cdi:1", ["--device", "nvidia.com/gpu=1"]),
+    ],
+)
+def test_docker_train_gpus_override(tmp_path: Path, gpus: str, expected: list[str]) -> None:
+    for info in (NVIDIA, RUNC):  # the override wins whatever the runtimes are
+        assert gpu_flags(docker_run_args(tmp_path, info, f"GPUS={gpus}")) == expected
+
+
+@pytest.mark.skipif(MAKE is None, reason="make not installed")
+def test_docker_train_sizes_shared_memory_for_dataloader_workers(tmp_path: Path) -> None:
+    args = docker_run_args(tmp_path, RUNC)
+    assert args[args.index("--shm-size") + 1] == "2g"
+    args = docker_run_args(tmp_path, RUNC, "SHM=16g")
+    assert args[args.index("--shm-size") + 1] == "16g"
+
+
+def test_required_cuda_matches_the_locked_cuda_runtime() -> None:
+    """NVIDIA_REQUIRE_CUDA states what the locked wheels need: their CUDA runtime's version."""
+    _, st = stages(DOCKERFILE.read_text())
+    required = re.fullmatch(r"cuda>=(\d+)\.(\d+)", env_of(st[-1])["NVIDIA_REQUIRE_CUDA"])
+    assert required, env_of(st[-1])["NVIDIA_REQUIRE_CUDA"]
+    lock = (ROOT / "requirements.lock").read_text()
+    runtime = re.search(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.(\d+)", lock, re.M)
+    assert runtime, "no nvidia-cuda-runtime in requirements.lock"
+    assert required.groups() == runtime.groups()
 
 
 def test_make_targets_declared_and_offline() -> None:

@@ -1,10 +1,16 @@
 """Determinism levels: strict, warn, fast.
 
 Closes: cuDNN algorithm choice (benchmark off, deterministic on), nondeterministic CUDA
-kernels (``torch.use_deterministic_algorithms``), TF32 rounding, the cuBLAS workspace
-(``CUBLAS_WORKSPACE_CONFIG``, which must be set before the first CUDA call, so the entry
-point sets it before importing torch), and the CPU intra-op thread count, which changes
-reduction order (a tiny ResNet's weights differ after 3 steps between 1 and 2 threads).
+kernels (``torch.use_deterministic_algorithms``), TF32 rounding, and the CPU intra-op thread
+count, which changes reduction order (a tiny ResNet's weights differ after 3 steps between
+1 and 2 threads).
+
+``CUBLAS_WORKSPACE_CONFIG`` no longer guards anything: torch 2.14 removed the check that made
+a cuBLAS call under deterministic algorithms raise when the variable was unset
+(pytorch#161749); it now only sizes cuBLAS's workspace. The workspace size still decides
+which kernels cuBLAS may pick, so the project keeps setting ``:4096:8`` (before the first
+CUDA call: ``hashseed.ensure`` at the entry point, Make and the image), records the value
+as part of the run's identity, and warns when a user's own value replaces it.
 
 ``fill_uninitialized_memory``: under deterministic algorithms torch fills memory returned
 by ``torch.empty`` & co. with NaN (floats) or the max integer. We keep it on at strict and
@@ -15,6 +21,7 @@ allocation; ``repro.fill_uninitialized_memory=false`` turns it off and run.json 
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Iterator
@@ -24,6 +31,8 @@ import torch
 
 from reprotrain.errors import ReprotrainError
 
+log = logging.getLogger("reprotrain")
+
 CUBLAS_WORKSPACE = ":4096:8"
 LEVELS = ("strict", "warn", "fast")
 
@@ -32,7 +41,7 @@ def apply(level: str, num_threads: int, fill_uninitialized_memory: bool = True) 
     """Apply a determinism level globally; returns the effective flags for run.json."""
     if level not in LEVELS:
         raise ValueError(f"unknown repro level {level!r}")
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    cublas_workspace()
     torch.set_num_threads(num_threads)
     deterministic = level in ("strict", "warn")
     torch.use_deterministic_algorithms(deterministic, warn_only=(level == "warn"))
@@ -45,6 +54,23 @@ def apply(level: str, num_threads: int, fill_uninitialized_memory: bool = True) 
     torch.backends.cudnn.allow_tf32 = not deterministic
     torch.set_float32_matmul_precision("highest" if deterministic else "high")
     return effective_flags(level)
+
+
+def cublas_workspace() -> str:
+    """Set the project's cuBLAS workspace unless the user chose one; warn if they did.
+
+    The value sizes cuBLAS's workspace, which decides the kernels it may pick: a run with
+    another value is a different environment (recorded, and compared on resume/reproduce).
+    """
+    value = os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    if value != CUBLAS_WORKSPACE:
+        log.warning(
+            "CUBLAS_WORKSPACE_CONFIG=%s replaces the project's %s: recorded, but runs with "
+            "the two values are not comparable bit for bit",
+            value,
+            CUBLAS_WORKSPACE,
+        )
+    return value
 
 
 def effective_flags(level: str) -> dict:

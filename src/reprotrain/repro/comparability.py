@@ -1,0 +1,168 @@
+"""The one rule for when two environments may promise identical bits.
+
+Closes: false bitwise promises and false alarms. Resume and reproduce both ask
+``differences(recorded, current)``; an empty list means the same code and config can give
+the same bits here. What must match, and why:
+
+- device type; the world size (all-reduce order, per-rank batch shards);
+- torch, python, numpy, the machine architecture (the kernels and the host code);
+- the CPU's SIMD capability and the intra-op thread count, on GPU runs too: data order and
+  augmentation are computed on the CPU, and reduction order follows the thread count;
+- on CUDA runs: the GPU model and its SM count (kernel choice and split-K / reduction
+  tiling follow the SM count, so a MIG slice differs from the full GPU), the driver,
+  CUDA and cuDNN versions, the variables that steer cuBLAS/cuBLASLt
+  (``CUBLAS_WORKSPACE_CONFIG``, ``CUBLASLT_WORKSPACE_SIZE``, ``TORCH_BLAS_PREFER_CUBLASLT``,
+  ``NVIDIA_TF32_OVERRIDE``, ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE``, and the two torch 2.14
+  also reads: ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``, ``TORCH_CUDNN_USE_HEURISTIC_MODE_B``), the
+  BLAS library and workspace sizes torch really uses, and torch's fp16/bf16
+  reduced-precision-reduction flags.
+
+Not part of the rule: how many GPUs are visible, which one (ordinal, UUID) is used, MIG mode
+on its own (the SM count carries it), memory, the OS/kernel string. Those come back from
+``notes`` for the record. A field missing from an older record is "not recorded" and counts
+as a difference (it cannot be shown equal); a field recorded as None means "absent" (e.g.
+no GPU) and matches another None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from reprotrain.repro.environment import GPU_ENV_VARS
+
+MISSING: Any = type("NotRecorded", (), {"__repr__": lambda self: "not recorded"})()
+
+Getter = Callable[[dict], Any]
+
+
+def _get(*path: str) -> Getter:
+    def get(env: dict) -> Any:
+        node: Any = env
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return MISSING
+            node = node[key]
+        return node
+
+    return get
+
+
+def _first(*getters: Getter) -> Getter:
+    """The first getter that finds the field (newer layout first, then older ones)."""
+
+    def get(env: dict) -> Any:
+        for g in getters:
+            value = g(env)
+            if value is not MISSING:
+                return value
+        return MISSING
+
+    return get
+
+
+def device_type(env: dict) -> Any:
+    # run.json environment: device.type; checkpoints before this rule: device_type.
+    return _first(_get("device", "type"), _get("device_type"))(env)
+
+
+def _cpu_capability(env: dict) -> Any:
+    # Older CPU records kept the SIMD capability in device.capability.
+    value = _get("cpu", "capability")(env)
+    if value is MISSING and device_type(env) == "cpu":
+        value = _get("device", "capability")(env)
+    return value
+
+
+def _world_size(env: dict) -> Any:
+    # Records from before the world size was recorded come from single-process runs.
+    value = _get("world_size")(env)
+    return 1 if value is MISSING else value
+
+
+def _gpu_var(name: str) -> Getter:
+    def get(env: dict) -> Any:
+        value = _get("gpu_env", name)(env)
+        if value is MISSING and name == "CUBLAS_WORKSPACE_CONFIG" and "env" in env:
+            value = (env.get("env") or {}).get(name)  # older records: the allowlist
+        return value
+
+    return get
+
+
+#: (label, getter): compared on every run.
+RULE: tuple[tuple[str, Getter], ...] = (
+    ("device type", device_type),
+    ("world size", _world_size),
+    ("torch", _get("torch")),
+    ("python", _get("python")),
+    ("numpy", _get("numpy")),
+    ("machine", _get("machine")),
+    ("cpu capability", _cpu_capability),
+    ("thread count", _get("num_threads")),
+)
+#: (label, getter): compared when both runs are on CUDA.
+CUDA_RULE: tuple[tuple[str, Getter], ...] = (
+    ("gpu model", _first(_get("gpu", "name"), _get("device", "name"))),
+    ("gpu SM count", _get("gpu", "sm_count")),
+    ("driver", _get("gpu", "driver_version")),
+    ("driver CUDA version", _get("gpu", "driver_cuda_version")),
+    ("CUDA", _get("cuda")),
+    ("cuDNN", _get("cudnn")),
+    ("BLAS library", _get("gpu", "blas_library")),
+    ("cuBLAS workspace bytes", _get("gpu", "cublas_workspace_bytes")),
+    ("cuBLASLt workspace bytes", _get("gpu", "cublaslt_workspace_bytes")),
+    *((f"${name}", _gpu_var(name)) for name in GPU_ENV_VARS),
+    ("fp16 reduced-precision reduction", _get("matmul", "fp16_reduced_precision_reduction")),
+    ("bf16 reduced-precision reduction", _get("matmul", "bf16_reduced_precision_reduction")),
+)
+#: (label, getter): shown, never a reason on its own.
+NOTES: tuple[tuple[str, Getter], ...] = (
+    ("os", _get("os")),
+    ("gpu", _get("gpu", "index")),
+    ("gpu uuid", _get("gpu", "uuid")),
+    ("visible gpus", _first(_get("gpu", "visible_devices"), _get("device", "count"))),
+    ("mig mode", _get("gpu", "mig_mode")),
+    ("gpu memory", _get("gpu", "total_memory_bytes")),
+)
+
+
+def _show(value: Any) -> str:
+    return "none" if value is None else repr(value) if value is MISSING else str(value)
+
+
+def _compare(rules, recorded: dict, current: dict, missing_differs: bool = True) -> list[str]:
+    out = []
+    for label, get in rules:
+        a, b = get(recorded), get(current)
+        if (a is MISSING or b is MISSING) and not (missing_differs and a is not b):
+            continue
+        if a is MISSING or b is MISSING or a != b:
+            out.append(f"{label}: {_show(a)} -> {_show(b)}")
+    return out
+
+
+def differences(recorded_env: dict, current_env: dict) -> list[str]:
+    """What rules out identical bits between the recorded environment and this one, as
+    one-liners ``"gpu model: NVIDIA H100 -> NVIDIA A100"``; empty: a bitwise promise holds.
+
+    Takes ``environment.capture()`` dicts (run.json ``environment``, a checkpoint's
+    ``env``), including records written before this rule.
+    """
+    recorded_env, current_env = recorded_env or {}, current_env or {}
+    out = _compare(RULE, recorded_env, current_env)
+    if device_type(recorded_env) == "cuda" and device_type(current_env) == "cuda":
+        out += _compare(CUDA_RULE, recorded_env, current_env)
+    return out
+
+
+def notes(recorded_env: dict, current_env: dict) -> list[str]:
+    """Differences worth showing that do not affect the bits (OS string, which and how many
+    GPUs, MIG mode, memory, allowlisted variables outside the rule)."""
+    recorded_env, current_env = recorded_env or {}, current_env or {}
+    out = _compare(NOTES, recorded_env, current_env, missing_differs=False)
+    rvars, cvars = recorded_env.get("env") or {}, current_env.get("env") or {}
+    for name in sorted((set(rvars) | set(cvars)) - set(GPU_ENV_VARS)):
+        if rvars.get(name) != cvars.get(name):
+            out.append(f"${name}: {_show(rvars.get(name))} -> {_show(cvars.get(name))}")
+    return out

@@ -1,0 +1,187 @@
+"""Which device a run trains on, decided once, recorded, and reused on resume and reproduce.
+
+Closes: silent device changes. ``trainer.device=auto`` used to fall back to the CPU without a
+word when the driver was too old, a container was started without ``--gpus`` or
+``CUDA_VISIBLE_DEVICES`` was empty; and resume/reproduce re-resolved ``auto`` on the new host,
+so a CPU archive replayed on a GPU machine ran on the GPU (NOT COMPARABLE instead of
+REPRODUCED) and a GPU run requeued on a CPU node carried on with only a warning.
+
+Rules:
+
+- ``cuda``/``cuda:N`` when CUDA is unusable is a one-line error that names why.
+- ``auto`` picks CUDA when usable, else the CPU with a WARNING naming why. It never picks MPS:
+  PyTorch makes no determinism promise there, so MPS is only used when asked for.
+- The resolved device (``cuda:0``, ``cpu``) is recorded; resume and reproduce reuse it. A
+  device-*type* change on resume is refused unless asked for explicitly (then the resume is
+  recorded as not bitwise). The GPU ordinal is not identity: which GPU of a host is used
+  does not change the bits, the GPU model does (see ``repro/comparability.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+from reprotrain.errors import ReprotrainError
+
+log = logging.getLogger("reprotrain")
+
+CHOICES = "auto | cpu | cuda | cuda:N | mps"
+#: The override that lets a resume continue on another device type (recorded as not bitwise).
+ALLOW_CHANGE_OVERRIDE = "trainer.allow_device_change=true"
+MPS_CAVEAT = "mps: PyTorch makes no determinism promise on MPS; no bitwise promise"
+_SPEC = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
+_NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when CUDA is usable here, else why not, in words a user can act on."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    if available:
+        return None
+    for w in caught:  # torch explains a failed init (e.g. a driver too old) in a warning
+        text = str(w.message).strip().splitlines()
+        if text and "CUDA" in text[0]:
+            return f"CUDA initialisation failed: {text[0]}"
+    if not _NVIDIA_DRIVER.exists():
+        return (
+            "no NVIDIA driver is loaded (no /proc/driver/nvidia/version; in a container, "
+            "start it with --gpus or the CDI device nvidia.com/gpu)"
+        )
+    return "the NVIDIA driver is loaded but torch sees no GPU (check CUDA_VISIBLE_DEVICES)"
+
+
+def _parse(spec: str) -> tuple[str, int | None]:
+    m = _SPEC.match(str(spec).strip())
+    if m is None or (m.group(2) is not None and m.group(1) != "cuda"):
+        raise ReprotrainError(f"trainer.device={spec!r} is not one of {CHOICES}")
+    return m.group(1), None if m.group(2) is None else int(m.group(2))
+
+
+def _cuda(index: int | None, asked: str) -> torch.device:
+    why = cuda_unavailable_reason()
+    if why is not None:
+        raise ReprotrainError(f"trainer.device={asked} but CUDA is not usable: {why}")
+    count = torch.cuda.device_count()
+    index = 0 if index is None else index
+    if index >= count:
+        raise ReprotrainError(
+            f"trainer.device={asked} but only {count} GPU(s) are visible (cuda:0..{count - 1})"
+        )
+    return torch.device("cuda", index)
+
+
+def resolve(requested: str, local_rank: int | None = None) -> torch.device:
+    """``trainer.device`` -> the device this process trains on, always with a GPU ordinal.
+
+    ``local_rank`` (DDP) picks the GPU when the spec names none: rank r trains on cuda:r.
+    """
+    kind, index = _parse(requested)
+    if index is None:
+        index = local_rank
+    if kind == "cpu":
+        return torch.device("cpu")
+    if kind == "mps":
+        if not torch.backends.mps.is_available():
+            raise ReprotrainError("trainer.device=mps but MPS is not available on this host")
+        log.warning(MPS_CAVEAT)
+        return torch.device("mps")
+    if kind == "cuda":
+        return _cuda(index, requested)
+    why = cuda_unavailable_reason()
+    if why is None:
+        return _cuda(index, requested)
+    log.warning("trainer.device=auto resolved to cpu: %s", why)
+    return torch.device("cpu")
+
+
+def bitwise_caveat(device: torch.device) -> str | None:
+    """Text for run.json when the device itself rules out a bitwise promise (MPS)."""
+    return MPS_CAVEAT if torch.device(device).type == "mps" else None
+
+
+def resolve_for_resume(
+    recorded: str | None,
+    requested: str,
+    allow_change: bool,
+    local_rank: int | None = None,
+) -> torch.device:
+    """The device a resume or replay trains on: the recorded one, not a fresh ``auto``.
+
+    ``recorded`` is the resolved device in the run's record (None for records older than
+    this rule: then ``requested`` is resolved as for a new run). ``requested`` is the
+    current ``trainer.device``; ``auto`` means "as recorded". A different device type is
+    refused in one line unless ``allow_change``; then the new device is returned and the
+    caller records the resume as not bitwise (``changed_type`` tells).
+    """
+    if recorded is None:
+        return resolve(requested, local_rank)
+    old_kind, old_index = _parse(recorded)
+    kind, index = _parse(requested)
+    if kind == "auto":
+        kind = old_kind
+    if kind == old_kind:
+        if kind == "cuda" and index is None and local_rank is None:
+            # Same ordinal when this host has it; else the first GPU (ordinal is not identity).
+            count = torch.cuda.device_count() if cuda_unavailable_reason() is None else 0
+            index = old_index if old_index is not None and old_index < count else 0
+        spec = kind if index is None else f"{kind}:{index}"
+        try:
+            return resolve(spec, local_rank)
+        except ReprotrainError as e:
+            if not allow_change:
+                raise ReprotrainError(
+                    f"the run was recorded on {recorded} and must continue there, but {e}; "
+                    f"to continue on another device anyway (not bitwise), add "
+                    f"{ALLOW_CHANGE_OVERRIDE}"
+                ) from None
+            device = resolve("auto", local_rank)
+            log.warning("device changes %s -> %s: bitwise equality is not kept", recorded, device)
+            return device
+    if not allow_change:
+        raise ReprotrainError(
+            f"the run was recorded on {recorded}; trainer.device={requested} would continue on "
+            f"{kind} (not bitwise): add {ALLOW_CHANGE_OVERRIDE} to do that anyway"
+        )
+    device = resolve(requested, local_rank)
+    log.warning("device changes %s -> %s: bitwise equality is not kept", recorded, device)
+    return device
+
+
+def changed_type(recorded: str | None, device: torch.device) -> bool:
+    """True when ``device`` is another device type than the recorded one (not bitwise)."""
+    return recorded is not None and _parse(recorded)[0] != torch.device(device).type
+
+
+def replay_spec(recorded: str | None) -> tuple[str, str | None]:
+    """For reproduce: the ``trainer.device`` override that replays on the recorded device
+    type, and a NOT COMPARABLE reason when this host cannot (a CUDA run replayed where
+    CUDA is unusable runs on the CPU instead of failing)."""
+    if recorded is None:
+        return "auto", None
+    kind, _ = _parse(recorded)
+    if kind == "cuda":
+        why = cuda_unavailable_reason()
+        if why is not None:
+            return "cpu", f"recorded on {recorded}, replayed on cpu: {why}"
+        return "cuda", None
+    return kind, None
+
+
+def recorded_device(record: dict) -> str | None:
+    """The device a run recorded in run.json trained on (``environment.device.resolved``;
+    records older than this module: the device type; none: None)."""
+    dev = (record.get("environment") or {}).get("device") or {}
+    return dev.get("resolved") or dev.get("type")

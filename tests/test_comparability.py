@@ -1,0 +1,126 @@
+"""The one comparability rule: each field it lists changes the verdict, the fields it leaves
+out (how many GPUs are visible, which one, memory) do not. Environments come from
+``environment.capture`` on a fake CUDA host (``torch.cuda`` monkeypatched)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fake_cuda import A100, H100, gpu_env
+from reprotrain.repro import comparability, environment
+from reprotrain.repro.comparability import differences, notes
+
+
+@pytest.fixture
+def h100(monkeypatch) -> dict:
+    return gpu_env(monkeypatch, index=0, n=8, model=H100)
+
+
+def changed(env: dict, path: str, value) -> dict:
+    out = copy.deepcopy(env)
+    *parents, last = path.split(".")
+    node = out
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return out
+
+
+def test_an_environment_matches_itself(h100):
+    assert differences(h100, h100) == [] and notes(h100, h100) == []
+    cpu = environment.capture(torch.device("cpu"))
+    assert differences(cpu, cpu) == []
+
+
+def test_another_gpu_model_changes_the_verdict(monkeypatch, h100):
+    a100 = gpu_env(monkeypatch, model=A100)
+    got = differences(h100, a100)
+    assert f"gpu model: {H100['name']} -> {A100['name']}" in got
+    assert f"gpu SM count: {H100['sms']} -> {A100['sms']}" in got
+
+
+RULE_FIELDS = [
+    ("gpu SM count", "gpu.sm_count", 114),  # e.g. an H100 PCIe, or a MIG slice
+    ("driver", "gpu.driver_version", "575.57.08"),
+    ("driver CUDA version", "gpu.driver_cuda_version", "12.9"),
+    ("CUDA", "cuda", "12.8"),
+    ("cuDNN", "cudnn", 91002),
+    ("torch", "torch", "2.13.0+cu128"),
+    ("python", "python", "3.12.3"),
+    ("numpy", "numpy", "1.26.4"),
+    ("machine", "machine", "aarch64"),
+    ("world size", "world_size", 2),
+    ("cpu capability", "cpu.capability", "AVX2"),
+    ("thread count", "num_threads", 7),
+    ("BLAS library", "gpu.blas_library", "Cublaslt"),
+    ("cuBLAS workspace bytes", "gpu.cublas_workspace_bytes", 16 * 8 * 1024),
+    ("cuBLASLt workspace bytes", "gpu.cublaslt_workspace_bytes", 1 << 20),
+    ("fp16 reduced-precision reduction", "matmul.fp16_reduced_precision_reduction", False),
+    ("bf16 reduced-precision reduction", "matmul.bf16_reduced_precision_reduction", False),
+    *((f"${v}", f"gpu_env.{v}", "1") for v in environment.GPU_ENV_VARS),
+]
+
+
+@pytest.mark.parametrize("label,path,value", RULE_FIELDS, ids=[f[0] for f in RULE_FIELDS])
+def test_each_field_of_the_rule_changes_the_verdict(h100, label, path, value):
+    got = differences(h100, changed(h100, path, value))
+    assert len(got) == 1 and got[0].startswith(f"{label}: ") and got[0].endswith(f"-> {value}")
+
+
+def test_the_cublas_variables_named_in_the_issue_are_all_compared():
+    compared = {label.lstrip("$") for label, _ in comparability.CUDA_RULE}
+    assert {
+        "CUBLAS_WORKSPACE_CONFIG",
+        "CUBLASLT_WORKSPACE_SIZE",
+        "TORCH_BLAS_PREFER_CUBLASLT",
+        "NVIDIA_TF32_OVERRIDE",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    } <= compared
+
+
+def test_the_device_type_changes_the_verdict(h100):
+    cpu = environment.capture(torch.device("cpu"))
+    assert differences(h100, cpu) == ["device type: cuda -> cpu"]  # one line, not a storm
+
+
+def test_the_visible_gpu_count_alone_does_not(monkeypatch, h100):
+    """An 8-GPU host vs CUDA_VISIBLE_DEVICES=0 (and another of its GPUs, less memory free)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    one = gpu_env(monkeypatch, index=0, n=1, model=H100, free=1_000_000_000)
+    assert differences(h100, one) == []
+    assert "visible gpus: 8 -> 1" in notes(h100, one)
+    other = gpu_env(monkeypatch, index=5, n=8, model=H100)
+    assert differences(h100, other) == []
+    assert any(line.startswith("gpu uuid:") for line in notes(h100, other))
+
+
+def test_gpu_only_fields_do_not_matter_on_cpu_runs(monkeypatch):
+    cpu = environment.capture(torch.device("cpu"))
+    for path, value in (("cudnn", 1), ("cuda", "12.8"), ("gpu_env.NVIDIA_TF32_OVERRIDE", "1")):
+        assert differences(cpu, changed(cpu, path, value)) == [], path
+
+
+# ------------------------------------------------------------------ older records
+
+
+def test_an_older_cpu_record_keeps_its_capability_in_the_device_block():
+    now = environment.capture(torch.device("cpu"))
+    old = {k: now[k] for k in ("python", "torch", "numpy", "cuda", "cudnn", "os", "machine", "env")}
+    old |= {"num_threads": now["num_threads"], "device": {"type": "cpu", "capability": "AVX2"}}
+    assert differences(old, now) == [f"cpu capability: AVX2 -> {now['cpu']['capability']}"]
+
+
+def test_an_older_gpu_record_cannot_promise_bits_it_did_not_record(h100):
+    """A checkpoint written before this rule held only torch, device type and world size."""
+    old = {"torch": h100["torch"], "device_type": "cuda", "world_size": 1}
+    got = differences(old, h100)
+    assert "gpu SM count: not recorded -> 132" in got and "driver: not recorded -> 580.82.07" in got
+    assert not any(line.startswith(("torch", "device type", "world size")) for line in got)
+
+
+def test_an_older_record_with_the_visible_count_in_the_device_block_is_not_a_difference(h100):
+    old = changed(h100, "device.count", 8)
+    assert differences(old, h100) == []

@@ -1,0 +1,181 @@
+"""RNG states in checkpoints: only the training device's CUDA generator, per rank, loadable
+with weights_only=True, and readable from the first format on hosts with fewer GPUs.
+
+CUDA is faked by monkeypatching ``torch.cuda`` (no GPU here): a fake host with N GPUs whose
+generator states are distinct byte tensors, recording every get/set call.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from reprotrain.repro import rng
+
+
+class FakeCuda:
+    """N visible GPUs; ``gets``/``sets`` record which generators were touched."""
+
+    def __init__(self, monkeypatch, n: int) -> None:
+        self.n, self.gets, self.sets = n, [], []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", self.get)
+        monkeypatch.setattr(torch.cuda, "set_rng_state", self.set)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", self.forbidden)
+        monkeypatch.setattr(torch.cuda, "set_rng_state_all", self.forbidden)
+
+    @staticmethod
+    def state(index: int) -> torch.Tensor:
+        return torch.full((16,), index, dtype=torch.uint8)
+
+    def get(self, device=0):
+        index = device if isinstance(device, int) else torch.device(device).index
+        if index >= self.n:
+            raise IndexError(f"no cuda:{index}")
+        self.gets.append(index)
+        return self.state(index)
+
+    def set(self, state, device=0):
+        index = device if isinstance(device, int) else torch.device(device).index
+        if index >= self.n:
+            raise IndexError(f"no cuda:{index}")
+        self.sets.append((index, int(state[0])))
+
+    @staticmethod
+    def forbidden(*args, **kwargs):
+        raise AssertionError("every visible GPU's generator was touched")
+
+
+def weights_only_roundtrip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def draws():
+    return random.random(), float(np.random.rand()), torch.rand(3)
+
+
+def test_python_numpy_and_torch_cpu_states_roundtrip_under_weights_only():
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    random.gauss(0, 1)  # leaves a cached gaussian in python's state
+    entry = weights_only_roundtrip(rng.RNGState(torch.device("cpu")).state_dict())
+    expected = draws()
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    rng.RNGState(torch.device("cpu")).load_state_dict(entry)
+    got = draws()
+    assert expected[:2] == got[:2] and torch.equal(expected[2], got[2])
+
+
+def test_a_cpu_run_holds_no_cuda_state_even_with_gpus_visible(monkeypatch):
+    cuda = FakeCuda(monkeypatch, 8)
+    entry = rng.RNGState(torch.device("cpu")).state_dict()
+    assert entry["world_size"] == 1 and len(entry["ranks"]) == 1
+    assert entry["ranks"][0]["cuda"] is None
+    assert cuda.gets == []  # no generator read, so CUDA was not even initialised
+
+
+def test_a_gpu_run_saves_only_its_own_device_generator(monkeypatch):
+    cuda = FakeCuda(monkeypatch, 8)
+    state = weights_only_roundtrip(rng.capture(torch.device("cuda", 3)))
+    assert cuda.gets == [3]
+    assert state["cuda"]["device_index"] == 3
+    assert torch.equal(state["cuda"]["state"], FakeCuda.state(3))
+    assert "torch_cuda" not in state
+
+
+def test_a_state_saved_on_cuda3_of_eight_resumes_where_one_gpu_is_visible(monkeypatch):
+    FakeCuda(monkeypatch, 8)
+    entry = weights_only_roundtrip(rng.RNGState(torch.device("cuda", 3)).state_dict())
+    cuda = FakeCuda(monkeypatch, 1)
+    rng.RNGState(torch.device("cuda", 0)).load_state_dict(entry)
+    assert cuda.sets == [(0, 3)]  # cuda:3's stream continues on this host's only GPU
+
+
+def first_format(n_gpus: int) -> dict:
+    """What checkpoint.rng_state() wrote before: one CUDA state per visible GPU."""
+    state = rng.capture(torch.device("cpu"))
+    del state["cuda"]
+    state["torch_cuda"] = [FakeCuda.state(i) for i in range(n_gpus)]
+    return weights_only_roundtrip(state)
+
+
+def test_first_format_with_eight_gpu_states_resumes_where_one_is_visible(monkeypatch):
+    old = first_format(8)
+    cuda = FakeCuda(monkeypatch, 1)
+    rng.restore(old, torch.device("cuda", 0))  # set_rng_state_all raised IndexError here
+    assert cuda.sets == [(0, 0)]
+
+
+def test_first_format_on_a_cpu_run_skips_the_gpu_states_with_a_warning(monkeypatch, caplog):
+    old = first_format(8)
+    cuda = FakeCuda(monkeypatch, 0)
+    torch.manual_seed(5)
+    expected = torch.get_rng_state()
+    torch.set_rng_state(old["torch_cpu"])
+    want = torch.rand(2)
+    torch.set_rng_state(expected)
+    with caplog.at_level(logging.WARNING, logger="reprotrain"):
+        rng.restore(old, torch.device("cpu"))
+    assert cuda.sets == [] and "8 GPU(s)" in caplog.text
+    assert torch.equal(torch.rand(2), want)  # the CPU generator was still restored
+
+
+def test_each_rank_restores_its_own_state(monkeypatch):
+    cuda = FakeCuda(monkeypatch, 2)
+    torch.manual_seed(0)
+    rank0 = rng.capture(torch.device("cuda", 0))
+    torch.manual_seed(1)
+    rank1 = rng.capture(torch.device("cuda", 1))
+    expected_rank1 = torch.rand(4)
+    entry = weights_only_roundtrip({"format": rng.FORMAT, "world_size": 2, "ranks": [rank0, rank1]})
+    torch.manual_seed(7)
+    rng.RNGState(torch.device("cuda", 1), rank=1).load_state_dict(entry)
+    assert torch.equal(torch.rand(4), expected_rank1)
+    assert cuda.sets == [(1, 1)]
+
+
+def test_a_missing_rank_falls_back_to_rank_zero_with_a_warning(caplog):
+    entry = {"format": rng.FORMAT, "world_size": 1, "ranks": [rng.capture(torch.device("cpu"))]}
+    with caplog.at_level(logging.WARNING, logger="reprotrain"):
+        assert rng.for_rank(entry, 3) is entry["ranks"][0]
+    assert "world size changed" in caplog.text
+
+
+def _gather_worker(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.manual_seed(100 + rank)
+    entry = rng.RNGState(torch.device("cpu")).state_dict()  # collective
+    if rank == 0:
+        torch.save(entry, out)
+    dist.destroy_process_group()
+
+
+def test_under_ddp_the_entry_holds_every_rank_in_rank_order(tmp_path):
+    """Two gloo processes: rank 0 writes one entry holding both ranks' states."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "rng.pt"
+    mp.spawn(_gather_worker, args=(str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    entry = torch.load(out, weights_only=True)
+    assert entry["world_size"] == 2 and len(entry["ranks"]) == 2
+    for rank in (0, 1):
+        torch.manual_seed(100 + rank)
+        assert torch.equal(entry["ranks"][rank]["torch_cpu"], torch.get_rng_state())
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_restore_without_cuda_state_never_touches_cuda(monkeypatch, device):
+    cuda = FakeCuda(monkeypatch, 1)
+    rng.restore(rng.capture(torch.device("cpu")), torch.device(device))
+    assert cuda.sets == [] and cuda.gets == []

@@ -47,6 +47,7 @@ class ReproConfig:
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (mps: no bitwise promise)
+    allow_device_change: bool = False  # resume on another device type (recorded: not bitwise)
     epochs: int = 30
     batch_size: int = 512  # global batch, images per optimizer step
     eval_batch_size: int = 1024
@@ -189,6 +190,9 @@ NON_IDENTITY_KEYS = (
     "trainer.progress",
     "trainer.stop_after_epoch",
     "trainer.num_workers",
+    # The device's identity lives in run.json's environment, compared by comparability.py.
+    "trainer.device",
+    "trainer.allow_device_change",
 )
 
 

@@ -44,7 +44,8 @@ from reprotrain.engine import LoopState, StepParts, evaluate, run_epoch
 from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.optim import param_groups
 from reprotrain.paths import REPO_ROOT
-from reprotrain.repro import checkpoint, determinism, environment, lockfile
+from reprotrain.repro import checkpoint, determinism, environment, lockfile, rng
+from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
 from reprotrain.repro.fingerprint import losses_sha256, state_sha256
 from reprotrain.repro.resume import find_resume_point, resume_entry
@@ -71,7 +72,11 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
         cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory
     )
     seeds = Seeds(**point.state["seeds"]) if point else resolve_seeds(cfg.seed)
-    device = pick_device(cfg.trainer.device)
+    # Resume reuses the device the run started on, not a fresh `auto` (None: a new run).
+    recorded = devices.recorded_device(record.data) if point else None
+    device = devices.resolve_for_resume(
+        recorded, cfg.trainer.device, cfg.trainer.allow_device_change
+    )
     env = environment.capture(device)
     if point is None:
         start_record(record, cfg, run_dir, seeds, flags, env, device)
@@ -98,7 +103,7 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
         record.update(initial_weights_sha256=state_sha256(parts["model"].state_dict()))
         seed_globals(seeds.train)
     meta = {"config": container, "config_sha256": record["config_sha256"]}
-    meta |= {"seeds": seeds.as_dict(), "env": checkpoint.env_summary(device)}
+    meta |= {"seeds": seeds.as_dict(), "env": env}
     saver = Saver(run_dir / rec.CHECKPOINTS, parts, meta, cfg.trainer.keep_checkpoints)
     model, loss_fn, amp = parts["model"], step_parts.loss_fn, step_parts.amp
 
@@ -159,19 +164,6 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
 # ------------------------------------------------------------------ the steps train() calls
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto`` is cuda when visible; asking for cuda or mps that is absent is one line."""
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ReprotrainError(f"trainer.device={name} but no CUDA device is visible; use cpu")
-    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
-        raise ReprotrainError(f"trainer.device={name}: only {torch.cuda.device_count()} GPUs")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ReprotrainError("trainer.device=mps but MPS is not available; use cpu")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
 class StopFlag:
     """SIGTERM/SIGINT/SIGUSR2 ask the loop to stop after this step; a second SIGINT aborts."""
 
@@ -211,7 +203,7 @@ def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device) -
         seeds=seeds.as_dict(),
         repro=flags,
         device=str(device),
-        bitwise_promise=device.type != "mps",  # mps kernels make no determinism promise
+        device_caveat=devices.bitwise_caveat(device),  # mps: kernels promise no determinism
         nondeterministic_ops=[],
         git=git,
         environment=env,
@@ -260,7 +252,7 @@ def build_training(cfg: DictConfig, pipeline, device: torch.device) -> tuple[dic
     )
     forward = torch.compile(model, mode=cfg.trainer.compile_mode) if cfg.trainer.compile else model
     parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-    parts |= {"loop": LoopState(device), "rng": checkpoint.RNGState()}  # rng restored last
+    parts |= {"loop": LoopState(device), "rng": rng.RNGState(device)}  # rng restored last
     loss_fn = build("loss", cfg.loss)
     step = StepParts(
         forward, optimizer, scheduler, scaler, loss_fn, amp, cfg.trainer.grad_clip_norm

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import io
 import pickle
-import random
 import re
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from reprotrain import faults
@@ -50,58 +48,6 @@ def restore(parts: dict[str, Stateful], state: dict[str, Any]) -> None:
     """Load every part from ``state``, in the order given (rng last keeps draws exact)."""
     for name, part in parts.items():
         part.load_state_dict(state[name])
-
-
-class RNGState:
-    """Every global generator as a Stateful part of the checkpoint."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return rng_state()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_rng_state(state_dict)
-
-
-def rng_state() -> dict[str, Any]:
-    py = random.getstate()
-    key, pos, has_gauss, cached = np.random.get_state()[1:]
-    return {
-        "python": {
-            "version": py[0],
-            "state": torch.tensor(py[1], dtype=torch.int64),
-            "gauss_next": py[2],
-        },
-        "numpy": {
-            "key": torch.from_numpy(key.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch_cpu": torch.get_rng_state(),
-        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
-    n = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            n["key"].numpy().astype(np.uint32),
-            n["pos"],
-            n["has_gauss"],
-            n["cached_gaussian"],
-        )
-    )
-    torch.set_rng_state(state["torch_cpu"])
-    if state["torch_cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
-
-
-def step_path(ckpt_dir: Path, global_step: int) -> Path:
-    return Path(ckpt_dir) / f"step-{global_step:08d}.pt"
 
 
 def serialise(state: dict[str, Any]) -> bytes:
@@ -169,8 +115,3 @@ def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
         except CheckpointError as e:
             skipped.append(str(e))
     return None, None, skipped
-
-
-def env_summary(device: torch.device) -> dict[str, Any]:
-    """What must match for a resumed run to stay bitwise equal to an uninterrupted one."""
-    return {"torch": str(torch.__version__), "device_type": device.type, "world_size": 1}

@@ -18,7 +18,7 @@ import torch
 
 from reprotrain.config import NON_IDENTITY_KEYS, flatten
 from reprotrain.errors import CheckpointError, ResumeError
-from reprotrain.repro import checkpoint
+from reprotrain.repro import checkpoint, comparability
 from reprotrain.repro.record import CHECKPOINTS, now_iso
 
 log = logging.getLogger("reprotrain")
@@ -89,8 +89,7 @@ def _check_config(point: ResumePoint, current: dict) -> None:
 
 def resume_entry(point: ResumePoint, env: dict, device: torch.device) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee."""
-    saved, now = point.state["env"], checkpoint.env_summary(device)
-    mismatch = [f"{k}: {saved.get(k)} -> {now[k]}" for k in now if saved.get(k) != now[k]]
+    mismatch = comparability.differences(point.state["env"], env)
     if mismatch:
         msg = (
             f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality "

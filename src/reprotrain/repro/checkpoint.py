@@ -50,6 +50,10 @@ def restore(parts: dict[str, Stateful], state: dict[str, Any]) -> None:
         part.load_state_dict(state[name])
 
 
+def step_path(ckpt_dir: Path, global_step: int) -> Path:
+    return Path(ckpt_dir) / f"step-{global_step:08d}.pt"
+
+
 def serialise(state: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     torch.save(state, buf)

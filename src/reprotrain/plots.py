@@ -191,46 +191,55 @@ class Band:
     runs: list[list[Any]] = field(default_factory=list)  # each seed's values, for thin lines
 
 
-def plot_sweep(title: str, panels: dict[str, list[Band]], band_note: str) -> bytes:
-    """One panel per metric; per group a mean line, a band, and faint per-seed lines."""
+def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> bytes:
+    """One panel per metric (``cols`` per row); per group a mean line, a band, and faint
+    per-seed lines (up to 10 seeds; more would hide the mean). One legend for the figure."""
     names = list(panels)
-    cols = 2 if len(names) > 1 else 1
+    cols = max(1, min(cols, len(names)))
     rows = math.ceil(len(names) / cols)
-    fig = Figure(figsize=(7.2 * cols, 4.2 * rows), layout="constrained")
+    fig = Figure(figsize=(max(6.0 * cols, 8.0), 4.0 * rows + 1.0), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     colours = [f"C{i}" for i in range(10)]
+    handles: dict[str, Any] = {}
     for ax, metric in zip(axes, names, strict=False):
         pct = metric.endswith("_acc")
         k = 100.0 if pct else 1.0
         seen: list[float] = []
         for i, band in enumerate(panels[metric]):
             colour = colours[i % len(colours)]
-            for run in band.runs:
-                ys = [k * _f(v) for v in run]
-                ax.plot(band.epochs[: len(ys)], ys, color=colour, alpha=0.25, lw=0.8)
-                seen += ys
+            if len(band.runs) <= 10:
+                for run in band.runs:
+                    ys = [k * _f(v) for v in run]
+                    ax.plot(band.epochs[: len(ys)], ys, color=colour, alpha=0.3, lw=0.8)
+                    seen += ys
             mean = [k * _f(v) for v in band.mean]
             n_max = max(band.n) if band.n else 0
-            ax.plot(band.epochs, mean, color=colour, lw=2, marker="o", ms=4,
-                    label=f"{band.label} (n={n_max})")  # fmt: skip
+            (line,) = ax.plot(band.epochs, mean, color=colour, lw=2.2, marker="o", ms=4)
+            handles.setdefault(f"{band.label}  (n={n_max})", line)
             lo = [k * _f(v) for v in band.lo]
             hi = [k * _f(v) for v in band.hi]
             ax.fill_between(band.epochs, lo, hi, color=colour, alpha=0.18, lw=0)
-            seen += mean
-        finite = [v for v in seen if math.isfinite(v)]
-        if finite:  # limits from the runs, not the band: an n=2 CI is wide and must not
-            lo_y, hi_y = min(finite), max(finite)  # flatten every line into the middle
-            pad = 0.15 * (hi_y - lo_y) or 0.05 * abs(hi_y) or 1.0
-            lo_y, hi_y = lo_y - pad, hi_y + pad
-            if pct:
-                lo_y, hi_y = max(lo_y, 0.0), min(hi_y, 100.0)
-            ax.set_ylim(lo_y, hi_y)
+            seen += mean + lo + hi
+        if not pct:
+            _maybe_log(ax, seen)
+        elif seen:
+            finite = [v for v in seen if math.isfinite(v)]
+            if finite:
+                pad = 0.1 * (max(finite) - min(finite)) or 1.0
+                ax.set_ylim(max(0.0, min(finite) - pad), min(100.0, max(finite) + pad))
         ax.xaxis.get_major_locator().set_params(integer=True)
-        _style(ax, "epoch", _ylabel(metric), metric)
-        ax.legend(fontsize=8, frameon=False)
+        _style(ax, "epoch", _ylabel(metric), metric.replace("_", " "))
     for ax in axes[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(f"{title}\n{band_note}", fontsize=10, x=0.01, ha="left")
+    fig.legend(
+        list(handles.values()),
+        list(handles),
+        loc="outside lower center",
+        ncols=min(len(handles), 4),
+        frameon=False,
+        fontsize=9,
+    )
     return _png(fig)
 
 

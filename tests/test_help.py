@@ -45,12 +45,15 @@ def test_help_lists_every_group_and_option_and_no_schema() -> None:
     assert "hydra/launcher" in listed  # how a sweep is launched is a user choice too
 
 
-def test_chosen_options_are_marked_and_multi_select_is_understood() -> None:
-    text = format_groups(
-        {"logger": ["mlflow", "none", "tensorboard"], "debug": ["fast"], "model": ["a", "b"]},
-        {"logger": ["tensorboard", "mlflow"], "debug": None, "model": "b"},
-    )
+def test_chosen_options_are_marked_and_an_unrecorded_choice_is_not_called_none() -> None:
+    groups = {"logger": ["mlflow", "none", "tensorboard"], "debug": ["fast"], "model": ["a", "b"]}
+    text = format_groups(groups, {"logger": ["tensorboard", "mlflow"], "debug": None, "model": "b"})
     lines = dict(line.split(None, 1) for line in text.splitlines())
     assert lines["logger"] == "mlflow*, none, tensorboard*"
     assert lines["debug"] == "fast   (none chosen)"
     assert lines["model"] == "a, b*"
+    # Hydra leaves a multi-option choice (logger=[a,b]) out of hydra.runtime.choices.
+    text = format_groups(groups, {"debug": None, "model": "b"})
+    assert dict(line.split(None, 1) for line in text.splitlines())["logger"] == (
+        "mlflow, none, tensorboard"
+    )

@@ -56,13 +56,18 @@ def _chosen(value: Any) -> set[str]:
 
 
 def format_groups(groups: dict[str, list[str]], choices: dict[str, Any]) -> str:
-    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose."""
+    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose.
+
+    A group absent from ``choices`` gets no mark at all: Hydra does not record a
+    multi-option choice (``logger=[tensorboard,mlflow]``) there, and "none chosen" would be
+    wrong. A group present with ``None`` (``debug: null``) is marked "(none chosen)".
+    """
     width = max((len(g) for g in groups), default=0)
     lines = []
     for group, options in groups.items():
         picked = _chosen(choices.get(group))
         shown = ", ".join(f"{o}*" if o in picked else o for o in options)
-        note = "" if picked else "   (none chosen)"
+        note = "   (none chosen)" if group in choices and not picked else ""
         lines.append(f"  {group.ljust(width)}  {shown}{note}")
     return "\n".join(lines)
 

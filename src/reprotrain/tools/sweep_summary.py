@@ -1,10 +1,22 @@
-"""Aggregate a seed sweep: mean, std, min, max and a 95% confidence interval per metric.
-
-Reads each job's ``run.json`` under the sweep directory (so it works with any Hydra
-launcher, or with runs gathered by hand) and writes ``summary.json`` and ``summary.md``.
-Runs as a Hydra callback at the end of ``--multirun`` and as a command:
+"""Summarise a sweep: per group of non-seed overrides, mean, std, min, max and a 95% CI.
 
     python -m reprotrain.tools.sweep_summary multirun/<name>/<stamp>
+
+Runs are grouped by their Hydra overrides with every ``seed`` / ``seed.*`` override removed,
+read from each job's ``.hydra/overrides.yaml``: ``optimizer.lr=0.1,0.2`` x 3 seeds gives two
+groups of three, and two means with their own intervals, never one number pooled over
+learning rates. Writes into the sweep directory:
+
+- ``summary.json``: strict JSON (a NaN metric is ``null`` and its path is listed in
+  ``nonfinite``); ``groups`` holds each group's runs, statistics and per-epoch curves.
+- ``summary.md``: one headline table (a row per group), then each group's runs.
+- ``summary.png``: per epoch, each group's mean across seeds with a ±1 std band and each
+  seed as a faint line. (The band is the spread, not the CI: with 2-3 seeds a t interval
+  is 4-13 std wide and would cover every panel; the CIs are in the tables.)
+
+Statistics use the finite values; how many runs were non-finite or did not complete is
+reported next to them. Also runs as a Hydra callback when a ``--multirun`` ends, where it
+never raises: a summary problem must not turn a finished sweep into a failure.
 """
 
 from __future__ import annotations
@@ -14,47 +26,26 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from reprotrain.repro.record import RUN_JSON, atomic_write_text
+from reprotrain.errors import ReprotrainError
+from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
+from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_bytes, atomic_write_text
+
+SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
+UNKNOWN_OVERRIDES = "(no .hydra/overrides.yaml)"
 
 # Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values).
 _T975 = [
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-]
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+]  # fmt: skip
 
 
 def t975(df: int) -> float:
@@ -65,64 +56,351 @@ def t975(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
-def describe(values: list[float]) -> dict[str, Any]:
-    n = len(values)
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if n > 1 else 0.0
-    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def describe(values: list[Any]) -> dict[str, Any]:
+    """Statistics of the finite values; ``n_nonfinite`` counts NaN/inf/null ones.
+
+    ``ci95`` is the t interval of the mean, ``None`` below two finite values (an interval
+    from one run would be a made-up number).
+    """
+    finite = [float(v) for v in values if _finite(v)]
+    n = len(finite)
+    out: dict[str, Any] = {"n": n, "n_nonfinite": len(values) - n}
+    if n == 0:
+        return {**out, "mean": None, "std": None, "min": None, "max": None, "ci95": None}
+    mean = statistics.fmean(finite)
+    std = statistics.stdev(finite) if n > 1 else 0.0
+    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
     return {
-        "n": n,
+        **out,
         "mean": mean,
         "std": std,
-        "min": min(values),
-        "max": max(values),
-        "ci95": [mean - half, mean + half],
+        "min": min(finite),
+        "max": max(finite),
+        "ci95": [mean - half, mean + half] if half is not None else None,
     }
 
 
-def summarize(sweep_dir: Path) -> dict[str, Any]:
-    runs = []
+# --------------------------------------------------------------------------------------------
+# Reading the jobs
+# --------------------------------------------------------------------------------------------
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def is_seed_override(override: str) -> bool:
+    key = override_key(override)
+    return key == "seed" or key.startswith("seed.")
+
+
+@dataclass
+class Job:
+    run_dir: Path
+    record: dict[str, Any]
+    overrides: list[str] | None  # None: no .hydra/overrides.yaml (runs gathered by hand)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def group(self) -> tuple[str, ...]:
+        if self.overrides is None:
+            return (UNKNOWN_OVERRIDES,)
+        return tuple(sorted(o for o in self.overrides if not is_seed_override(o)))
+
+    @property
+    def seed_overrides(self) -> list[str]:
+        return [o for o in self.overrides or [] if is_seed_override(o)]
+
+    @property
+    def status(self) -> str:
+        return str(self.record.get("status", "unknown"))
+
+    @property
+    def final(self) -> dict[str, Any]:
+        final = self.record.get("final_metrics")
+        return final if isinstance(final, dict) else {}
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())  # lenient: older records may hold NaN literals
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _load_overrides(run_dir: Path) -> list[str] | None:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    return [str(o) for o in data] if isinstance(data, list) else []
+
+
+def _load_epochs(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line of a killed run: the rows before it still count
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
+    """Every run under the sweep dir, plus a note per run.json that could not be read."""
+    jobs, problems = [], []
     for path in sorted(Path(sweep_dir).rglob(RUN_JSON)):
-        data = json.loads(path.read_text())
-        if data.get("status") == "completed":
-            runs.append(data)
-    metrics = sorted(  # accuracies and losses; step counts and the final lr are not outcomes
-        {k for r in runs for k in r.get("final_metrics", {}) if k.endswith(("_acc", "_loss"))}
+        run_dir = path.parent
+        try:
+            record = _load_json(path)
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: not a JSON object")
+            overrides = _load_overrides(run_dir)
+        except Exception as e:  # one broken job must not hide the others
+            problems.append(str(e).splitlines()[0])
+            continue
+        jobs.append(Job(run_dir, record, overrides, _load_epochs(run_dir / METRICS)))
+    return jobs, problems
+
+
+# --------------------------------------------------------------------------------------------
+# Summary
+# --------------------------------------------------------------------------------------------
+
+
+def _split_rank(metric: str) -> int:
+    split = metric.split("_")[0]
+    return ("train", "val", "test").index(split) if split in ("train", "val", "test") else 3
+
+
+def outcome_metrics(jobs: list[Job]) -> list[str]:
+    """Accuracies and losses; step counts and the final lr are not outcomes."""
+    keys = {k for j in jobs for k in j.final if k.endswith(("_acc", "_loss"))}
+    return sorted(keys, key=lambda k: (_split_rank(k), k.endswith("_acc"), k))
+
+
+def group_labels(keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    """Name each group by the overrides that differ between groups (all, if only one)."""
+    common = set.intersection(*(set(k) for k in keys)) if keys else set()
+    labels = {}
+    for key in keys:
+        varying = [o for o in key if o not in common]
+        labels[key] = " ".join(varying) or " ".join(key) or "all runs"
+    return labels
+
+
+def epoch_curves(jobs: list[Job], metrics: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per metric and epoch: describe() across the group's runs."""
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for m in metrics:
+        by_epoch: dict[int, list[Any]] = {}
+        for j in jobs:
+            for row in j.epochs:
+                if m in row and isinstance(row.get("epoch"), int):
+                    by_epoch.setdefault(row["epoch"], []).append(row[m])
+        if by_epoch:
+            curves[m] = [{"epoch": e, **describe(v)} for e, v in sorted(by_epoch.items())]
+    return curves
+
+
+def _seed_of(job: Job) -> Any:
+    seeds = job.record.get("seeds")
+    return seeds.get("base") if isinstance(seeds, dict) else None
+
+
+def summarize(
+    sweep_dir: Path, jobs: list[Job] | None = None, problems: list[str] | None = None
+) -> dict[str, Any]:
+    if jobs is None:
+        jobs, problems = find_jobs(sweep_dir)
+    metrics = outcome_metrics([j for j in jobs if j.status == "completed"])
+    keys = sorted({j.group for j in jobs})
+    labels = group_labels(keys)
+    curve_metrics = sorted(
+        {k for j in jobs for r in j.epochs for k in r if k.endswith(("_acc", "_loss"))},
+        key=lambda k: (k.endswith("_acc"), _split_rank(k), k),  # losses first, then accuracy
     )
-    return {
-        "sweep_dir": str(sweep_dir),
-        "runs": [
+    groups = []
+    for key in keys:
+        members = [j for j in jobs if j.group == key]
+        done = [j for j in members if j.status == "completed"]
+        groups.append(
             {
-                "run_dir": r["run_dir"],
-                "seed": r["seeds"]["base"],
-                **{m: r["final_metrics"].get(m) for m in metrics},
+                "label": labels[key],
+                "overrides": list(key),
+                "n_runs": len(members),
+                "n_completed": len(done),
+                "statuses": {s: sum(j.status == s for j in members) for s in _statuses(members)},
+                "runs": [_run_entry(j, metrics, labels[key]) for j in members],
+                "metrics": {m: describe([j.final.get(m) for j in done]) for m in metrics},
+                "curves": epoch_curves(done, curve_metrics),
             }
-            for r in runs
-        ],
-        "metrics": {
-            m: describe([r["final_metrics"][m] for r in runs if m in r["final_metrics"]])
-            for m in metrics
-        },
+        )
+    summary: dict[str, Any] = {
+        "sweep_dir": str(sweep_dir),
+        "grouped_by": "Hydra overrides without seed / seed.* (from .hydra/overrides.yaml)",
+        "ci95": "95% t confidence interval of the mean across seeds (null below 2 runs)",
+        "plot_band": "summary.png: per-epoch mean ± 1 std across seeds, per group",
+        "metric_names": metrics,
+        "groups": groups,
+        "runs": [r for g in groups for r in g["runs"]],
+        "unreadable": problems or [],
+    }
+    if len(groups) == 1:  # one group: its statistics are the sweep's (never pooled across)
+        summary["metrics"] = groups[0]["metrics"]
+    return summary
+
+
+def _statuses(jobs: list[Job]) -> list[str]:
+    return sorted({j.status for j in jobs})
+
+
+def _run_entry(job: Job, metrics: list[str], label: str) -> dict[str, Any]:
+    return {
+        "run_dir": str(job.record.get("run_dir") or job.run_dir),
+        "group": label,
+        "seed": _seed_of(job),
+        "seed_overrides": job.seed_overrides,
+        "status": job.status,
+        **{m: job.final.get(m) for m in metrics},
     }
 
 
-def to_markdown(summary: dict[str, Any]) -> str:
-    metrics = list(summary["metrics"])
-    lines = ["| seed | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
-    for r in summary["runs"]:
-        lines.append(f"| {r['seed']} | " + " | ".join(f"{r[m]:.4f}" for m in metrics) + " |")
-    for stat in ("mean", "std", "min", "max"):
-        vals = [summary["metrics"][m][stat] for m in metrics]
-        lines.append(f"| **{stat}** | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
-    cis = [summary["metrics"][m]["ci95"] for m in metrics]
-    lines.append("| **95% CI** | " + " | ".join(f"[{lo:.4f}, {hi:.4f}]" for lo, hi in cis) + " |")
-    return "\n".join(lines) + "\n"
+# --------------------------------------------------------------------------------------------
+# Markdown and PNG
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else str(v)
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def _ci(stats: dict[str, Any]) -> str:
+    ci = stats.get("ci95")
+    return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "—"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
+    metrics: list[str] = summary["metric_names"]
+    out = [f"# Sweep summary: {summary['sweep_dir']}", ""]
+    out += [
+        f"Grouped by {summary['grouped_by']}.",
+        "Mean ± std over the completed runs' finite values; 95% CI: t interval of the mean.",
+        "",
+    ]
+    if png_name:
+        out += [f"![per-epoch mean ± 1 std across seeds, per group]({png_name})", ""]
+    out.append(_row(["group", "runs", *(f"{m} mean ± std" for m in metrics)]))
+    out.append("|---" * (len(metrics) + 2) + "|")
+    for g in summary["groups"]:
+        cells = [g["label"], f"{g['n_completed']}/{g['n_runs']}"]
+        for m in metrics:
+            s = g["metrics"][m]
+            text = "—" if s["mean"] is None else f"{s['mean']:.4f} ± {s['std']:.4f}"
+            if s["n_nonfinite"]:
+                text += f" ({s['n_nonfinite']} non-finite)"
+            cells.append(text)
+        out.append(_row(cells))
+    for g in summary["groups"]:
+        out += ["", f"## {g['label']}", ""]
+        failed = {s: n for s, n in g["statuses"].items() if s != "completed"}
+        if failed:
+            out += [
+                "Not completed (left out of the statistics): "
+                + ", ".join(f"{n} {s}" for s, n in failed.items()),
+                "",
+            ]
+        out.append(_row(["seed", "status", *metrics]))
+        out.append("|---" * (len(metrics) + 2) + "|")
+        for r in g["runs"]:
+            seed = " ".join(r["seed_overrides"]) or _fmt(r["seed"])
+            out.append(_row([seed, r["status"], *(_fmt(r[m]) for m in metrics)]))
+        for stat in ("mean", "std", "min", "max"):
+            out.append(_row([f"**{stat}**", "", *(_fmt(g["metrics"][m][stat]) for m in metrics)]))
+        out.append(_row(["**95% CI**", "", *(_ci(g["metrics"][m]) for m in metrics)]))
+    if summary.get("unreadable"):
+        out += ["", "Unreadable run records: " + "; ".join(summary["unreadable"])]
+    return "\n".join(out) + "\n"
+
+
+def sweep_png(summary: dict[str, Any], jobs: list[Job]) -> bytes | None:
+    """Per metric, one band per group; each completed run of the group as a faint line."""
+    from reprotrain.plots import Band, plot_sweep
+
+    panels: dict[str, list[Band]] = {}
+    for g in summary["groups"]:
+        members = [j for j in jobs if j.status == "completed" and j.group == tuple(g["overrides"])]
+        for metric, points in g["curves"].items():
+            epochs = [p["epoch"] for p in points]
+            panels.setdefault(metric, []).append(
+                Band(
+                    label=g["label"],
+                    epochs=epochs,
+                    mean=[p["mean"] for p in points],
+                    lo=[_shift(p["mean"], p["std"], -1) for p in points],
+                    hi=[_shift(p["mean"], p["std"], +1) for p in points],
+                    n=[p["n"] for p in points],
+                    runs=[[_epoch_value(j.epochs, e, metric) for e in epochs] for j in members],
+                )
+            )
+    if not panels:
+        return None
+    n_loss = sum(m.endswith("_loss") for m in panels)
+    return plot_sweep(
+        f"Sweep: {summary['sweep_dir']}",
+        panels,
+        max(n_loss, len(panels) - n_loss),
+        "line: mean across seeds · band: ±1 std across seeds · faint: each seed"
+        " (95% CIs of the final metrics are in summary.md)",
+    )
+
+
+def _shift(mean: float | None, std: float | None, sign: int) -> float | None:
+    return None if mean is None or std is None else mean + sign * std
+
+
+def _epoch_value(rows: list[dict[str, Any]], epoch: int, metric: str) -> Any:
+    for r in rows:
+        if r.get("epoch") == epoch:
+            return r.get(metric)
+    return None
 
 
 def write_summary(sweep_dir: Path) -> dict[str, Any]:
-    summary = summarize(sweep_dir)
-    atomic_write_text(Path(sweep_dir) / "summary.json", json.dumps(summary, indent=2))
-    atomic_write_text(Path(sweep_dir) / "summary.md", to_markdown(summary))
+    """summary.json (strict), summary.png (when any epoch was recorded) and summary.md."""
+    sweep_dir = Path(sweep_dir)
+    jobs, problems = find_jobs(sweep_dir)
+    summary = summarize(sweep_dir, jobs, problems)
+    png = sweep_png(summary, jobs)
+    if png is not None:
+        atomic_write_bytes(sweep_dir / SUMMARY_PNG, png)
+    else:
+        (sweep_dir / SUMMARY_PNG).unlink(missing_ok=True)  # never leave a stale plot
+    clean, nonfinite = to_strict_json(summary)
+    clean["nonfinite"] = nonfinite
+    atomic_write_text(sweep_dir / SUMMARY_JSON, strict_dumps(clean, indent=2))
+    atomic_write_text(
+        sweep_dir / SUMMARY_MD, to_markdown(summary, SUMMARY_PNG if png is not None else None)
+    )
     return summary
 
 
@@ -131,20 +409,44 @@ class SweepSummaryCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        summary = write_summary(sweep_dir)
-        print(f"sweep summary ({len(summary['runs'])} runs): {sweep_dir / 'summary.md'}")
+        try:
+            summary = write_summary(sweep_dir)
+        except Exception as e:  # the sweep itself finished: report, do not fail it
+            print(
+                f"warning: no sweep summary ({type(e).__name__}: {e}); retry with "
+                f"`python -m reprotrain.tools.sweep_summary {sweep_dir}`",
+                file=sys.stderr,
+            )
+            return
+        print(f"sweep summary ({len(summary['runs'])} runs): {sweep_dir / SUMMARY_MD}")
         print(to_markdown(summary))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path)
+    parser = argparse.ArgumentParser(
+        prog="python -m reprotrain.tools.sweep_summary",
+        description="Summarise a sweep directory: per group of non-seed overrides, mean, std "
+        "and 95%% CI of each final metric, plus a per-epoch plot. Writes summary.json, "
+        "summary.md and summary.png into the sweep directory.",
+    )
+    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR")
     args = parser.parse_args(argv)
-    summary = write_summary(args.sweep_dir)
-    if not summary["runs"]:
-        print(f"error: no completed run.json under {args.sweep_dir}", file=sys.stderr)
-        return 1
+    try:
+        if not args.sweep_dir.is_dir():
+            raise ReprotrainError(f"{args.sweep_dir} is not a directory; give a sweep directory")
+        if not any(args.sweep_dir.rglob(RUN_JSON)):
+            raise ReprotrainError(f"no {RUN_JSON} under {args.sweep_dir}; is this a sweep dir?")
+        summary = write_summary(args.sweep_dir)
+    except ReprotrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:
+        print(f"error: cannot write the summary into {args.sweep_dir}: {e}", file=sys.stderr)
+        return 2
     print(to_markdown(summary))
+    if not any(g["n_completed"] for g in summary["groups"]):
+        print(f"error: no completed run under {args.sweep_dir}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,93 @@
+"""``--help`` that lists the config groups a user can choose from, and nothing internal.
+
+Hydra's ``$APP_CONFIG_GROUPS`` lists every ConfigStore entry of a group, including the
+``<group>_schema`` nodes that only type the group's YAML files; a user who picks one gets a
+config with no values. The help template (``conf/hydra/help/reprotrain.yaml``) calls the
+``${reprotrain_config_groups:}`` resolver instead, which asks Hydra's own config loader for
+the groups and options (so a new ``conf/<group>/<option>.yaml`` shows up without editing
+anything) and leaves out the schemas. Options chosen by the current command line are marked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESOLVER = "reprotrain_config_groups"
+# Hydra's own groups worth showing: how a sweep is launched. The rest are Hydra internals.
+SHOWN_HYDRA_GROUPS = ("hydra/launcher",)
+
+
+def _is_internal(option: str) -> bool:
+    return option.endswith("_schema")
+
+
+def config_groups(loader: Any) -> dict[str, list[str]]:
+    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too."""
+    from hydra.core.object_type import ObjectType
+
+    groups: dict[str, list[str]] = {}
+
+    def walk(parent: str) -> None:
+        for name in sorted(loader.list_groups(parent)):
+            group = f"{parent}/{name}" if parent else name
+            if group == "hydra" or (group.startswith("hydra/") and group not in SHOWN_HYDRA_GROUPS):
+                continue
+            options = loader.get_group_options(group, results_filter=ObjectType.CONFIG)
+            options = [o for o in options if not _is_internal(o)]
+            if options:
+                groups[group] = sorted(options)
+            walk(group)
+
+    walk("")
+    if "hydra" in loader.list_groups(""):
+        for group in SHOWN_HYDRA_GROUPS:
+            options = loader.get_group_options(group, results_filter=ObjectType.CONFIG)
+            if options:
+                groups[group] = sorted(options)
+    return groups
+
+
+def _chosen(value: Any) -> set[str]:
+    if value is None:
+        return set()
+    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        return {str(v) for v in value}
+    return {str(value)}
+
+
+def format_groups(groups: dict[str, list[str]], choices: dict[str, Any]) -> str:
+    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose.
+
+    A group absent from ``choices`` gets no mark at all: Hydra does not record a
+    multi-option choice (``logger=[tensorboard,mlflow]``) there, and "none chosen" would be
+    wrong. A group present with ``None`` (``debug: null``) is marked "(none chosen)".
+    """
+    width = max((len(g) for g in groups), default=0)
+    lines = []
+    for group, options in groups.items():
+        picked = _chosen(choices.get(group))
+        shown = ", ".join(f"{o}*" if o in picked else o for o in options)
+        note = "   (none chosen)" if group in choices and not picked else ""
+        lines.append(f"  {group.ljust(width)}  {shown}{note}")
+    return "\n".join(lines)
+
+
+def _resolve(*, _root_: Any) -> str:
+    from hydra.core.global_hydra import GlobalHydra
+
+    gh = GlobalHydra.instance()
+    if not gh.is_initialized():  # pragma: no cover - only reachable outside Hydra's --help
+        return "  (config groups are listed when run through Hydra's --help)"
+    try:
+        choices = dict(_root_.hydra.runtime.choices)
+    except Exception:  # pragma: no cover - older Hydra without runtime.choices
+        choices = {}
+    return format_groups(config_groups(gh.config_loader()), choices)
+
+
+def register_resolver() -> None:
+    """Make ``${reprotrain_config_groups:}`` available; idempotent."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=False)

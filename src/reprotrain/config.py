@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.loggers import LoggerConfig, check_logger_config
 
 
 @dataclass
@@ -69,6 +70,11 @@ class TrainerConfig:
     compile: bool = False  # torch.compile the model (mode below); compile time is reported
     compile_mode: str = "default"
     progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
+    # Debug presets (conf/debug/): shorten or repeat the loop; all 0 = off.
+    limit_train_steps: int = 0  # steps per epoch (the schedule spans the shortened run)
+    limit_eval_batches: int = 0  # batches per evaluation pass
+    overfit_batches: int = 0  # every epoch repeats the first N batches of epoch 1
+    profile_steps: int = 0  # torch.profiler trace of N steps (after 1 warm-up) in the run dir
     # Stop (status completed, partial) after this epoch without changing the schedule, so
     # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
     stop_after_epoch: int = 0
@@ -84,11 +90,17 @@ class TrainConfig:
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     name: str = "run"  # experiment name, part of the run directory name
     resume: str | None = None  # null | auto | path/to/checkpoint.pt
 
 
-PROJECT_GROUPS = {"seed": SeedConfig, "repro": ReproConfig, "trainer": TrainerConfig}
+PROJECT_GROUPS = {
+    "seed": SeedConfig,
+    "repro": ReproConfig,
+    "trainer": TrainerConfig,
+    "logger": LoggerConfig,
+}
 USER_GROUPS = ("dataset", "model", "optimizer", "scheduler", "loss")
 
 
@@ -97,7 +109,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for group, node in PROJECT_GROUPS.items():
-        cs.store(group=group, name=f"{group}_schema", node=node)
+        if group != "logger":  # typed through TrainConfig.logger: options are a mergeable list
+            cs.store(group=group, name=f"{group}_schema", node=node)
 
 
 CHOICES = {
@@ -122,6 +135,10 @@ NON_NEGATIVE = (
     "trainer.num_workers",
     "trainer.grad_clip_norm",
     "trainer.stop_after_epoch",
+    "trainer.limit_train_steps",
+    "trainer.limit_eval_batches",
+    "trainer.overfit_batches",
+    "trainer.profile_steps",
 )
 MAX_THREADS = 4096
 SEED_MAX = (1 << 64) - 1  # seeds are 64-bit: torch.manual_seed refuses anything larger
@@ -176,6 +193,7 @@ def validate(cfg: DictConfig | Any) -> None:
         raise ReprotrainError("trainer.monitor_mode must be max or min")
     if cfg.trainer.pipeline == "device" and cfg.trainer.num_workers:
         raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader (or auto)")
+    check_logger_config(cfg.logger)
     for group in USER_GROUPS:
         bad = _non_finite_leaves(cfg[group], group)
         if bad:
@@ -184,6 +202,7 @@ def validate(cfg: DictConfig | Any) -> None:
 
 # Keys that say where or how to look, not what to compute: left out of config_sha256 so a
 # resumed or relocated run keeps its identity (data identity is the data fingerprint).
+# Loggers are sinks: they never change the bits (tested), so they are not identity either.
 NON_IDENTITY_KEYS = (
     "resume",
     "dataset.root",
@@ -193,6 +212,7 @@ NON_IDENTITY_KEYS = (
     # The device's identity lives in run.json's environment, compared by comparability.py.
     "trainer.device",
     "trainer.allow_device_change",
+    "trainer.profile_steps",
 )
 
 
@@ -207,7 +227,15 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+NON_IDENTITY_PREFIXES = ("logger.",)
+
+
+def is_identity(key: str) -> bool:
+    """Whether a dotted key changes what is computed (and so the config's identity)."""
+    return key not in NON_IDENTITY_KEYS and not key.startswith(NON_IDENTITY_PREFIXES)
+
+
 def config_sha256(container: dict) -> str:
     """sha256 of the resolved config (sorted dotted keys), identity keys only."""
-    ident = {k: v for k, v in flatten(container).items() if k not in NON_IDENTITY_KEYS}
+    ident = {k: v for k, v in flatten(container).items() if is_identity(k)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()

@@ -39,10 +39,12 @@ class EpochProgress:
         self.loss_sum = torch.zeros((), dtype=self.dtype, device=device)
         self.correct = torch.zeros((), dtype=torch.int64, device=device)
         self.step_losses: list[torch.Tensor] = []
+        self.step_lrs: list[float] = []  # the lr each step used (python floats: no sync)
         self.seen = 0
 
-    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int, lr: float) -> None:
         self.step_losses.append(loss)
+        self.step_lrs.append(lr)
         self.loss_sum += loss.to(self.dtype) * n
         self.correct += correct
         self.seen += n
@@ -56,6 +58,7 @@ class EpochProgress:
     def state_dict(self) -> dict[str, Any]:
         return {
             "step_losses": self.losses(),
+            "step_lrs": self.step_lrs,
             "loss_sum": float(self.loss_sum),
             "correct": int(self.correct),
             "seen": self.seen,
@@ -65,6 +68,7 @@ class EpochProgress:
         self.step_losses = [
             torch.tensor(v, dtype=torch.float32, device=self.device) for v in sd["step_losses"]
         ]
+        self.step_lrs = list(sd["step_lrs"])
         self.loss_sum.fill_(sd["loss_sum"])
         self.correct.fill_(sd["correct"])
         self.seen = sd["seen"]
@@ -170,8 +174,9 @@ def run_epoch(
     bad = torch.zeros((), dtype=torch.bool, device=state.device)
     t0 = time.perf_counter()
     for step, x, y in batches:
+        lr = p.optimizer.param_groups[0]["lr"]
         loss, correct, norm = train_step(p, x, y)
-        state.progress.add(loss, correct, len(y))
+        state.progress.add(loss, correct, len(y), lr)
         bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
         state.global_step += 1
         state.step = step + 1
@@ -179,9 +184,10 @@ def run_epoch(
             _nonfinite(p, state, on_nonfinite)
             bad.zero_()
         after_step(step + 1)
+    seconds = time.perf_counter() - t0
     if bool(bad):
         _nonfinite(p, state, on_nonfinite)
-    return time.perf_counter() - t0
+    return seconds
 
 
 def _nonfinite(p: StepParts, state: LoopState, on_nonfinite: str) -> None:

@@ -33,6 +33,9 @@ def register_resolvers() -> None:
     """``${run_suffix:}``: random hex so two runs started in the same second get two dirs."""
     if not OmegaConf.has_resolver("run_suffix"):
         OmegaConf.register_new_resolver("run_suffix", lambda: _SUFFIX, use_cache=True)
+    from reprotrain import helptext
+
+    helptext.register_resolver()
 
 
 def _one_line(e: BaseException) -> str:

@@ -42,8 +42,10 @@ from reprotrain.data.datasets import build_dataset
 from reprotrain.data.pipeline import build_pipeline
 from reprotrain.engine import LoopState, StepParts, evaluate, run_epoch
 from reprotrain.errors import ReprotrainError, ResumeError
+from reprotrain.loggers import build_loggers
 from reprotrain.optim import param_groups
 from reprotrain.paths import REPO_ROOT
+from reprotrain.profiling import StepProfiler
 from reprotrain.repro import checkpoint, determinism, environment, lockfile, rng
 from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
@@ -111,11 +113,18 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
     alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
     every, epochs = cfg.trainer.checkpoint_every_steps, cfg.trainer.epochs
     bar = tqdm(disable=not (cfg.trainer.progress and sys.stderr.isatty()), leave=False)
+    feed = StepFeed(build_loggers(cfg.logger, run_dir, record.data, state.global_step), state)
+    profiler = StepProfiler(run_dir / "profile", cfg.trainer.profile_steps, device).start() \
+        if cfg.trainer.profile_steps else None  # fmt: skip
 
     def after_step(next_step: int) -> None:
         bar.update(1)
+        feed.every(cfg.logger.log_every_steps)
+        if profiler is not None:
+            profiler.step()
         faults.hook("step", state.global_step)
         if stop.signal_name is not None:
+            feed.close("interrupted")
             interrupted(saver, record, state, stop, run_dir)
         if every and state.global_step % every == 0 and next_step < pipeline.steps_per_epoch:
             saver.save()
@@ -131,14 +140,18 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
                 check_every=cfg.trainer.nonfinite_check_every,
                 on_nonfinite=cfg.trainer.on_nonfinite, after_step=after_step,
             )  # fmt: skip
-            end_epoch(cfg, state, model, pipeline, loss_fn, amp, saver, run_dir, seconds,
-                      state.progress.seen - seen_before)  # fmt: skip
+            feed.flush()
+            row = end_epoch(cfg, state, model, pipeline, loss_fn, amp, saver, run_dir, seconds,
+                            state.progress.seen - seen_before)  # fmt: skip
+            feed.epoch(row)
             record.update(nondeterministic_ops=alerts, nonfinite_events=state.nonfinite_events)
             if stop.signal_name is not None and state.epoch <= epochs:
                 interrupted(saver, record, state, stop, run_dir)
             if cfg.trainer.stop_after_epoch and state.epoch > cfg.trainer.stop_after_epoch:
                 break  # spot check: the schedule still spans trainer.epochs
     bar.close()
+    if profiler is not None:
+        log.info("top ops (%s):\n%s", profiler.table_path, profiler.stop())
 
     # --- record: test once at the end; the final state a later verify/reproduce compares ---
     final = final_metrics(state, model, pipeline, loss_fn, amp, run_dir)
@@ -233,6 +246,9 @@ def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device):
         device=device, seeds=seeds, augment=dataset.augment,
         mean=getattr(dataset, "mean", None), std=getattr(dataset, "std", None),
         channels_last=cfg.trainer.channels_last,
+        limit_train_steps=cfg.trainer.limit_train_steps,
+        limit_eval_batches=cfg.trainer.limit_eval_batches,
+        overfit_batches=cfg.trainer.overfit_batches,
     )  # fmt: skip
     return dataset, pipeline
 
@@ -340,6 +356,7 @@ def end_epoch(cfg, state: LoopState, model, pipeline, loss_fn, amp, saver, run_d
             "weights_sha256": state_sha256(cpu_state),
             "step_losses_sha256": losses_sha256(losses),
             "step_losses": losses,
+            "step_lrs": state.progress.step_lrs,
         }
     )
     rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
@@ -350,10 +367,41 @@ def end_epoch(cfg, state: LoopState, model, pipeline, loss_fn, amp, saver, run_d
     state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
     saver.save(best=improved, model_state=cpu_state)
     faults.hook("after-save", state.global_step)
+    return row
 
 
 def state_lr(scheduler) -> float:
     return scheduler.get_last_lr()[0]
+
+
+class StepFeed:
+    """Hands per-step losses and lrs to the loggers in batches: one host read per batch,
+    never one per step. Loggers are sinks of the same numbers metrics.jsonl holds."""
+
+    def __init__(self, loggers, state: LoopState) -> None:
+        self.loggers, self.state = loggers, state
+        self.sent = len(state.progress.step_losses)  # a resumed epoch's steps were sent
+
+    def flush(self) -> None:
+        progress = self.state.progress
+        if len(progress.step_losses) <= self.sent:
+            return
+        losses = torch.stack(progress.step_losses[self.sent :]).double().tolist()
+        first = self.state.global_step - len(losses) + 1
+        series = {"train_loss": losses, "lr": progress.step_lrs[self.sent :]}
+        self.loggers.log_steps(list(range(first, self.state.global_step + 1)), series)
+        self.sent = len(progress.step_losses)
+
+    def every(self, steps: int) -> None:
+        if steps and self.state.global_step % steps == 0:
+            self.flush()
+
+    def epoch(self, row: dict) -> None:
+        self.loggers.log_epoch(row["epoch"], row["global_step"], row)
+        self.sent = 0  # the loop state starts a fresh epoch
+
+    def close(self, status: str) -> None:
+        self.loggers.close(status)
 
 
 def final_metrics(state: LoopState, model, pipeline, loss_fn, amp, run_dir: Path) -> dict:

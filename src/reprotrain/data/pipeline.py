@@ -53,8 +53,13 @@ class _Base:
         mean: list[float] | None = None,
         std: list[float] | None = None,
         channels_last: bool = False,
+        limit_train_steps: int = 0,
+        limit_eval_batches: int = 0,
+        overfit_batches: int = 0,
     ) -> None:
         self.n = len(splits.train)
+        self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
+        self.overfit_batches = overfit_batches
         if self.n < batch_size:
             raise ReprotrainError(
                 f"trainer.batch_size={batch_size} is larger than the training set ({self.n}); "
@@ -71,7 +76,20 @@ class _Base:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.n // self.batch_size  # drop_last: every step sees a full batch
+        steps = self.n // self.batch_size  # drop_last: every step sees a full batch
+        for limit in (self.limit_train_steps, self.overfit_batches):
+            steps = min(steps, limit) if limit else steps
+        return steps
+
+    def data_epoch(self, epoch: int) -> int:
+        """The epoch whose order and augmentation a step uses: always 1 when overfitting."""
+        return 1 if self.overfit_batches else epoch
+
+    def _eval_limit(self, batches: Iterator) -> Iterator:
+        for i, batch in enumerate(batches):
+            if self.limit_eval_batches and i >= self.limit_eval_batches:
+                return
+            yield batch
 
     def has_split(self, split: str) -> bool:
         return self.eval_splits.get(split) is not None
@@ -104,6 +122,7 @@ class DevicePipeline(_Base):
     def epoch(
         self, epoch: int, start_step: int = 0
     ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        epoch = self.data_epoch(epoch)
         order = epoch_order(self.n, self.data_seed, epoch).to(self.device)
         for step in range(start_step, self.steps_per_epoch):
             idx = order[step * self.batch_size : (step + 1) * self.batch_size]
@@ -111,7 +130,8 @@ class DevicePipeline(_Base):
 
     def eval_batches(self, split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         x, y = self.resident[split]
-        for i in range(0, len(y), self.eval_batch_size):
+        starts = self._eval_limit(iter(range(0, len(y), self.eval_batch_size)))
+        for i in starts:
             yield self._finish_tensors(
                 x[i : i + self.eval_batch_size], y[i : i + self.eval_batch_size], None, 0
             )
@@ -165,16 +185,25 @@ class SeededSamples(Dataset):
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Key batches ``[(epoch, index), ...]`` of one epoch, from step ``start_step`` on."""
 
-    def __init__(self, n: int, batch_size: int, data_seed: int, epoch: int, start_step: int = 0):
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        data_seed: int,
+        epoch: int,
+        start_step: int = 0,
+        steps: int | None = None,
+    ):
         self.n, self.batch_size = n, batch_size
         self.data_seed, self.epoch, self.start_step = data_seed, epoch, start_step
+        self.steps = n // batch_size if steps is None else steps
 
     def __len__(self) -> int:
-        return self.n // self.batch_size - self.start_step
+        return self.steps - self.start_step
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order = epoch_order(self.n, self.data_seed, self.epoch).tolist()
-        for step in range(self.start_step, self.n // self.batch_size):
+        for step in range(self.start_step, self.steps):
             batch = order[step * self.batch_size : (step + 1) * self.batch_size]
             yield [(self.epoch, i) for i in batch]
 
@@ -255,7 +284,10 @@ class LoaderPipeline(_Base):
     def epoch(
         self, epoch: int, start_step: int = 0
     ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        sampler = EpochBatchSampler(self.n, self.batch_size, self.data_seed, epoch, start_step)
+        epoch = self.data_epoch(epoch)
+        sampler = EpochBatchSampler(
+            self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch
+        )
         batches = self._batches(self.train_set, sampler, epoch)
         for step, (xb, yb) in enumerate(batches, start_step):
             yield (step, *self._finish(xb, yb, epoch, step))
@@ -265,6 +297,8 @@ class LoaderPipeline(_Base):
         keys = [(None, i) for i in range(len(dataset))]
         size = self.eval_batch_size
         batches = [keys[i : i + size] for i in range(0, len(keys), size)]
+        if self.limit_eval_batches:
+            batches = batches[: self.limit_eval_batches]
         for xb, yb in self._batches(dataset, batches, epoch=0):
             yield self._finish(xb, yb, None, 0)
 

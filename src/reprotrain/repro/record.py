@@ -18,12 +18,13 @@ the old or the new file, never a half-written one that parses.
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 
 RUN_JSON = "run.json"
 METRICS = "metrics.jsonl"
@@ -71,30 +72,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def finite_only(obj: Any, path: str = "", found: list[str] | None = None) -> tuple[Any, list[str]]:
-    """``obj`` with every NaN/inf float replaced by None, and the dotted paths replaced.
-
-    Strict JSON has no NaN: parsers that follow the RFC reject python's ``NaN`` literal.
-    """
-    found = [] if found is None else found
-    if isinstance(obj, float) and not math.isfinite(obj):
-        found.append(path or "<root>")
-        return None, found
-    if isinstance(obj, dict):
-        return {
-            k: finite_only(v, f"{path}.{k}" if path else str(k), found)[0] for k, v in obj.items()
-        }, found
-    if isinstance(obj, list | tuple):
-        return [finite_only(v, f"{path}[{i}]", found)[0] for i, v in enumerate(obj)], found
-    return obj, found
-
-
 def strict_json(obj: Any, flag: str | None = "nonfinite", **kw: Any) -> str:
     """JSON without NaN/inf: they become null, listed under ``flag`` when obj is a dict."""
-    clean, found = finite_only(obj)
+    clean, found = to_strict_json(obj)
     if found and flag and isinstance(clean, dict):
         clean[flag] = found
-    return json.dumps(clean, allow_nan=False, **kw)
+    return strict_dumps(clean, **kw)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from reprotrain.config import NON_IDENTITY_KEYS, flatten
+from reprotrain.config import flatten, is_identity
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro import checkpoint, comparability
 from reprotrain.repro.record import CHECKPOINTS, now_iso
@@ -26,7 +26,6 @@ log = logging.getLogger("reprotrain")
 # Allowed to differ on resume: besides the non-identity keys, options that change how the
 # run is executed, not its numbers (trainer.epochs is checked separately: it may only grow).
 MAY_DIFFER = (
-    *NON_IDENTITY_KEYS,
     "trainer.num_workers",
     "trainer.checkpoint_every_steps",
     "trainer.keep_checkpoints",
@@ -44,7 +43,9 @@ def config_differences(recorded: dict, current: dict) -> list[str]:
     a, b = flatten(recorded), flatten(current)
     keys = sorted(set(a) | set(b))
     return [
-        k for k in keys if k not in MAY_DIFFER and k != "trainer.epochs" and a.get(k) != b.get(k)
+        k
+        for k in keys
+        if is_identity(k) and k not in MAY_DIFFER and k != "trainer.epochs" and a.get(k) != b.get(k)
     ]
 
 

@@ -1,0 +1,109 @@
+"""``make eval RUN=dir [CKPT=last|best|path] [ARGS=...]``: a checkpoint on the test split.
+
+Rebuilds the run's data pipeline and model from its recorded config, applies its recorded
+determinism level and thread count on its recorded device, loads the checkpoint
+(``weights_only=True``), and evaluates the test split exactly as the trainer's final
+evaluation does. The final checkpoint (``last``, the default) therefore reproduces
+``run.json["final_metrics"]``'s ``test_loss``/``test_acc`` bit for bit. Prints the metrics
+and writes ``eval.json`` into the run directory. ``ARGS`` are dotted overrides of the
+recorded config (e.g. ``trainer.eval_batch_size=256``; such a change may change the bits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from reprotrain.errors import ReprotrainError
+from reprotrain.repro import checkpoint
+from reprotrain.repro import record as rec
+
+
+class EvalError(ReprotrainError):
+    """The run directory or checkpoint cannot be evaluated."""
+
+
+def pick_checkpoint(run_dir: Path, which: str) -> Path:
+    if which == "last":
+        found = checkpoint.list_step_checkpoints(run_dir / rec.CHECKPOINTS)
+        if not found:
+            raise EvalError(f"{run_dir} has no step checkpoints; give CKPT=<path>")
+        return found[-1]
+    if which == "best":
+        path = run_dir / rec.CHECKPOINTS / "best.pt"
+        if not path.is_file():
+            raise EvalError(f"{path} does not exist (no validation split?); use CKPT=last")
+        return path
+    return Path(which).expanduser()
+
+
+def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None = None) -> dict:
+    import torch
+
+    from reprotrain import train as trainer
+    from reprotrain.engine import evaluate
+    from reprotrain.repro import determinism
+    from reprotrain.repro import device as devices
+    from reprotrain.repro.seeding import Seeds
+
+    config_file = run_dir / rec.RESOLVED_CONFIG
+    if not (run_dir / rec.RUN_JSON).is_file() or not config_file.is_file():
+        raise EvalError(f"{run_dir} is not a reprotrain run directory (no run.json)")
+    try:
+        record = json.loads((run_dir / rec.RUN_JSON).read_text())
+        cfg = OmegaConf.create(OmegaConf.to_container(OmegaConf.load(config_file)))
+    except (ValueError, OSError, Exception) as e:  # JSON or YAML errors
+        raise EvalError(f"cannot read {run_dir}'s record: {str(e).splitlines()[0]}") from None
+    if overrides:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    path = pick_checkpoint(run_dir, which)
+    state = checkpoint.load(path)
+    determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory)
+    device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
+    seeds = Seeds(**state["seeds"])
+    _, pipeline = trainer.build_data(cfg, seeds, device)
+    model = trainer.build("model", cfg.model).to(device)
+    if cfg.trainer.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.load_state_dict(state["model"])
+    loss_fn = trainer.build("loss", cfg.loss)
+    amp = (cfg.trainer.amp, cfg.trainer.amp_dtype)
+    metrics = evaluate(model, pipeline.eval_batches("test"), loss_fn, amp, "test")
+    result = {
+        "checkpoint": str(path),
+        "global_step": state["loop"]["global_step"],
+        "metrics": metrics,
+        "device": str(device),
+        "evaluated_at": rec.now_iso(),
+        "overrides": overrides or [],
+    }
+    rec.atomic_write_text(run_dir / "eval.json", rec.strict_json(result, indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m reprotrain.tools.eval",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("run_dir", type=Path, help="the run directory")
+    parser.add_argument("--checkpoint", default="last", help="last (default) | best | <path>")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the recorded config")
+    args = parser.parse_args(argv)
+    try:
+        result = evaluate_run(args.run_dir.expanduser(), args.checkpoint, args.overrides)
+    except ReprotrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    m = result["metrics"]
+    print(f"test_loss={m['test_loss']!r} test_acc={m['test_acc']!r} ({result['checkpoint']})")
+    print(f"wrote {args.run_dir / 'eval.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,17 +30,10 @@ import torch
 import torch.distributed as dist
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.launchers import available_cores, launched_by_submitit
 
 T = TypeVar("T")
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def available_cores() -> int:
-    """CPUs this process may run on (a SLURM/cgroup affinity mask, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
@@ -165,6 +158,8 @@ def init_from_env(device_pref: str = "auto") -> Dist:
     one GPU per local rank and ``nccl``; the CPU means ``gloo``. Without torchrun (no
     ``WORLD_SIZE``, or 1) no process group is created.
     """
+    if "WORLD_SIZE" not in os.environ:
+        export_submitit_tasks()
     world = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
@@ -193,6 +188,21 @@ def init_from_env(device_pref: str = "auto") -> Dist:
         backend=backend,
         device=device,
     )
+
+
+def export_submitit_tasks() -> bool:
+    """Map a submitit job's tasks (``tasks_per_node`` x ``nodes``, one process each) onto
+    torchrun's variables, so ``hydra/launcher=submitit_slurm`` with several tasks trains with
+    DDP without torchrun. GPUs stay all visible: local rank r uses ``cuda:r``."""
+    if not launched_by_submitit():
+        return False
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks <= 1:
+        return False
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True
 
 
 def shard_global_batch(indices: T, rank: int, world_size: int) -> T:

@@ -1,0 +1,130 @@
+"""What a run started by a Hydra launcher (joblib, submitit) needs from the trainer.
+
+Closes three gaps between "one process on my machine" and "a launcher fanned it out":
+
+- **Threads per parallel job.** The intra-op thread count changes reduction order (the
+  bits), and N jobs x T threads beyond the cores only slows everything down. The
+  ``${cores_per_job:}`` resolver gives each job ``cores // parallel jobs on this node``
+  (joblib's ``n_jobs``, or torchrun's ranks per node), decided in the config and therefore
+  recorded in ``config.resolved.yaml`` and ``run.json`` like any other thread count.
+- **Requeue = same command again.** A submitit job that is preempted or about to time out
+  gets SIGUSR2; submitit's own handler re-pickles the job and requeues it, and the requeued
+  job reruns the same overrides in the same job directory (the sweep dir's ``${now:}`` is
+  cached in the pickled config). ``launched_by_submitit`` lets the trainer default to
+  ``resume=auto`` there, and ``submitit_requeue_handler`` lets its own SIGUSR2 handling
+  (finish the step, checkpoint) hand over to submitit afterwards.
+- **Quiet presets.** ``conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml`` carry
+  the plugins' own names, so ``hydra/launcher=joblib`` selects the preset; Hydra then
+  validates each against the plugin's schema of the same name (typos fail) and warns that
+  this matching is deprecated. The warning is silenced for those three files only.
+
+Importing this module is cheap (no torch): ``preflight`` registers the resolver before it
+composes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import OmegaConf
+
+PRESETS = ("joblib", "submitit_local", "submitit_slurm")
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (a SLURM/cgroup affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _hydra_launcher() -> Any:
+    """The running job's ``hydra.launcher`` node, or None outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return OmegaConf.select(HydraConfig.get(), "launcher", default=None)
+
+
+def parallel_jobs_on_this_node(cores: int | None = None) -> int:
+    """How many training processes share this node's cores right now.
+
+    torchrun's ranks per node (``LOCAL_WORLD_SIZE``) first, since that is the process that
+    trains; else joblib's ``n_jobs`` (negative values count back from the cores, as in
+    joblib: -1 = all cores); else 1 (basic launcher, or one submitit/SLURM job per
+    allocation, whose CPU share the affinity mask already reflects).
+    """
+    cores = available_cores() if cores is None else cores
+    local_world = os.environ.get("LOCAL_WORLD_SIZE")
+    if local_world:
+        return max(1, int(local_world))
+    launcher = _hydra_launcher()
+    n_jobs = None if launcher is None else OmegaConf.select(launcher, "n_jobs", default=None)
+    if n_jobs is None:
+        return 1
+    n_jobs = int(n_jobs)
+    if n_jobs < 0:
+        n_jobs = cores + 1 + n_jobs
+    return max(1, n_jobs)
+
+
+def cores_per_job(cap: Any = None) -> int:
+    """``${cores_per_job:}`` = cores // parallel jobs (>= 1); ``${cores_per_job:2}`` caps it."""
+    cores = available_cores()
+    n = max(1, cores // parallel_jobs_on_this_node(cores))
+    return min(n, int(cap)) if cap not in (None, "") else n
+
+
+def register_resolvers() -> None:
+    """Register ``${cores_per_job:}`` (idempotent). Never cached: a resume reads the
+    recorded number from config.resolved.yaml, not this resolver."""
+    if not OmegaConf.has_resolver("cores_per_job"):
+        OmegaConf.register_new_resolver("cores_per_job", cores_per_job)
+
+
+def quiet_preset_schema_warning() -> None:
+    """Hide Hydra's deprecation warning for our presets matching the plugins' schemas."""
+    names = "|".join(PRESETS)
+    warnings.filterwarnings(
+        "ignore",
+        message=rf"\s*'hydra/launcher/({names})' is validated against ConfigStore schema",
+        category=UserWarning,
+    )
+
+
+def launched_by_submitit() -> bool:
+    """True inside a submitit job (SLURM or local), which a requeue reruns from scratch."""
+    return "SUBMITIT_FOLDER" in os.environ
+
+
+def default_resume(resume: str | None) -> str | None:
+    """``resume`` as configured, except null becomes ``auto`` inside a submitit job.
+
+    A requeued job reruns the very same command; with ``auto`` it continues from the newest
+    checkpoint in its (unchanged) job directory, and a first start finds none and starts
+    fresh. Outside submitit nothing changes.
+    """
+    return "auto" if resume is None and launched_by_submitit() else resume
+
+
+def submitit_requeue_handler() -> Callable[[int, Any], Any] | None:
+    """submitit's SIGUSR2 handler (checkpoint the job pickle, requeue, exit), if installed.
+
+    Read it *before* installing the trainer's own handler. After the trainer has finished
+    its step, written its checkpoint, marked the run interrupted and released the run lock,
+    calling ``handler(signal.SIGUSR2, None)`` requeues the job (``scontrol requeue`` on
+    SLURM, a restart on the local executor) and exits; it returns on ranks other than 0.
+    """
+    handler = signal.getsignal(signal.SIGUSR2)
+    if callable(handler) and getattr(handler, "__module__", "").startswith("submitit"):
+        return handler
+    return None
+
+
+quiet_preset_schema_warning()

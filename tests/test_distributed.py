@@ -138,3 +138,34 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
 def test_dist_record_is_plain_json():
     d = Dist(rank=1, world_size=4, local_rank=1, local_world_size=2, backend="gloo")
     assert json.loads(json.dumps(d.as_record()))["nnodes"] == 2
+
+
+def test_submitit_tasks_become_ddp_ranks_without_torchrun(tmp_path, monkeypatch):
+    """hydra/launcher=submitit_slurm with tasks_per_node=N: each task is one rank (the local
+    executor sets the same SUBMITIT_* variables the SLURM one derives from SLURM_*)."""
+    submitit = pytest.importorskip("submitit")
+    for key in distributed.ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+    def task() -> dict:
+        from reprotrain.distributed import init_from_env
+
+        d = init_from_env("cpu")
+        try:
+            return {
+                "rank": d.rank,
+                "world": d.world_size,
+                "backend": d.backend,
+                "run_dir": d.broadcast_object(f"dir-of-rank-{d.rank}"),
+                "stop": d.all_reduce_any(d.rank == 1),
+            }
+        finally:
+            d.destroy()
+
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="local")
+    executor.update_parameters(tasks_per_node=2, timeout_min=5, gpus_per_node=0)
+    results = executor.submit(task).results()
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    assert {(r["world"], r["backend"], r["run_dir"], r["stop"]) for r in results} == {
+        (2, "gloo", "dir-of-rank-0", True)
+    }

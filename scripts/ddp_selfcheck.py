@@ -26,9 +26,11 @@ from reprotrain.distributed import (
     shard_global_batch,
     threads_per_rank,
 )
+from reprotrain.launchers import run_stamp
 
 
 def collectives(d, out: dict) -> None:
+    out["run_stamp"] = run_stamp()  # agreed through the agent's store, before any collective
     # Each rank invents its own run dir, as Hydra's ${now:}/${run_suffix:} would; rank 0 wins.
     own = f"outputs/x/{time.time_ns()}-{secrets.token_hex(3)}"
     out["own_run_dir"] = own
@@ -96,6 +98,8 @@ def main() -> None:
     parser.add_argument("--stop-loop", action="store_true")
     parser.add_argument("--bench", type=int, default=0)
     args = parser.parse_args()
+    if not args.stop_loop and not args.bench:
+        run_stamp()  # before the process group, as Hydra would resolve hydra.run.dir
     d = init_from_env("cpu")
     try:
         out = {"rank": d.rank, "world_size": d.world_size, "backend": d.backend}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,37 @@ def torchrun(nproc: int, *args: str) -> list[str]:
         f"--nproc-per-node={nproc}",
         str(SCRIPT),
         *args,
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_node_agents(script_args: list[str], port: int) -> list[subprocess.Popen]:
+    """2 nodes x 1 process on this machine: two torchrun agents meeting at a c10d endpoint."""
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={node}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id=reprotrain-test-{port}",
+                *script_args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )
+        for node in (0, 1)
     ]
 
 
@@ -99,6 +131,8 @@ def test_two_ranks_share_rank0s_run_dir_gather_rng_and_shard_the_global_batch(tm
     # Each rank made up its own dir (as ${now:} would); both now use rank 0's.
     assert r0["own_run_dir"] != r1["own_run_dir"]
     assert r0["run_dir"] == r1["run_dir"] == r0["own_run_dir"]
+    # ${run_stamp:} agrees before any process group exists (Hydra makes the dir that early).
+    assert r0["run_stamp"] == r1["run_stamp"]
     # Rank 0 holds every rank's RNG state in rank order; scatter gives each its own back.
     assert r0["gathered_ranks"] == [0, 1] and r1["gathered_ranks"] is None
     assert r0["rng_sha"] != r1["rng_sha"]
@@ -169,3 +203,28 @@ def test_submitit_tasks_become_ddp_ranks_without_torchrun(tmp_path, monkeypatch)
     assert {(r["world"], r["backend"], r["run_dir"], r["stop"]) for r in results} == {
         (2, "gloo", "dir-of-rank-0", True)
     }
+
+
+def test_two_torchrun_agents_with_c10d_rendezvous_form_one_two_node_job(tmp_path):
+    agents = two_node_agents([str(SCRIPT), str(tmp_path)], free_port())
+    try:
+        errs = [a.communicate(timeout=240)[1] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+    assert [a.returncode for a in agents] == [0, 0], [e[-2000:] for e in errs]
+    r0, r1 = ranks(tmp_path, 2)
+    assert (
+        r0["record"]
+        == r1["record"]
+        == {
+            "world_size": 2,
+            "backend": "gloo",
+            "local_world_size": 1,
+            "nnodes": 2,
+        }
+    )
+    assert r0["run_dir"] == r1["run_dir"] == r0["own_run_dir"]
+    assert r0["run_stamp"] == r1["run_stamp"]
+    assert r0["union_of_parts"] == r0["global_batch"]

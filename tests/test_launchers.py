@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -226,3 +227,11 @@ def test_a_preempted_submitit_job_is_requeued_and_ends_bitwise_equal(tmp_path, r
     assert rec["status"] == "completed" and len(rec["resumes"]) == 1
     assert rec["final_weights_sha256"] == ref["final_weights_sha256"]
     assert os.path.exists(sweep_dir / "0" / "checkpoints")
+
+
+def test_run_stamp_outside_torchrun_is_time_and_random_hex_fixed_per_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(launchers, "_STAMP", None)
+    stamp = launchers.run_stamp()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d-[0-9a-f]{6}", stamp)
+    assert launchers.run_stamp() == stamp  # every read of the run dir agrees

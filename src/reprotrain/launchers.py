@@ -25,9 +25,11 @@ composes anything.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import warnings
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -81,11 +83,56 @@ def cores_per_job(cap: Any = None) -> int:
     return min(n, int(cap)) if cap not in (None, "") else n
 
 
+_STAMP: str | None = None
+
+
+def run_stamp() -> str:
+    """``${run_stamp:}``: ``<date>_<time>-<6 hex>``, the same string in every torchrun rank.
+
+    Hydra makes the run directory in every rank before the trainer runs; built from
+    ``${now:}`` and a per-process random suffix, each rank would make its own (and leave
+    stray directories). Rank 0's stamp is shared through the torchrun agent's key-value
+    store, so all ranks compute one directory. Without torchrun it is just now + random hex.
+    """
+    global _STAMP
+    if _STAMP is None:
+        mine = f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{secrets.token_hex(3)}"
+        _STAMP = agree_across_ranks("reprotrain/run_stamp", mine)
+    return _STAMP
+
+
+def agree_across_ranks(key: str, value: str) -> str:
+    """Rank 0's ``value`` in every rank of a torchrun job, before any process group exists.
+
+    Uses the agent's TCPStore (MASTER_ADDR:MASTER_PORT under torchrun); the first value set
+    for this job id wins, so workers restarted by torchrun get the same answer. Outside
+    torchrun: ``value`` itself.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return value
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return value  # not torchrun (e.g. submitit tasks: their config is already shared)
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(minutes=5),
+    )
+    key = f"{key}/{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
+    if os.environ.get("RANK") == "0":
+        return store.compare_set(key, "", value).decode()
+    return store.get(key).decode()
+
+
 def register_resolvers() -> None:
-    """Register ``${cores_per_job:}`` (idempotent). Never cached: a resume reads the
-    recorded number from config.resolved.yaml, not this resolver."""
+    """Register ``${cores_per_job:}`` and ``${run_stamp:}`` (idempotent). Not cached by
+    OmegaConf: a resume reads the recorded values from config.resolved.yaml."""
     if not OmegaConf.has_resolver("cores_per_job"):
         OmegaConf.register_new_resolver("cores_per_job", cores_per_job)
+    if not OmegaConf.has_resolver("run_stamp"):
+        OmegaConf.register_new_resolver("run_stamp", run_stamp)
 
 
 def quiet_preset_schema_warning() -> None:

@@ -81,15 +81,37 @@ def stop_loop(d, out: dict, out_dir: Path) -> None:
 
 
 def bench(d, n: int) -> None:
-    for _ in range(10):
-        d.all_reduce_any(False)
-    d.barrier()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        d.all_reduce_any(False)
-    us = (time.perf_counter() - t0) / n * 1e6
+    """The stop check against one DDP step of the smoke model (global batch 64)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from reprotrain.models.resnet import CifarResNet
+
+    torch.set_num_threads(1)
+    model = DDP(CifarResNet([16, 32, 64], [1, 1, 1]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64 // d.world_size, 3, 32, 32), torch.randint(0, 10, (64 // d.world_size,))
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def timed(fn, reps: int) -> float:
+        fn()
+        d.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps
+
+    check = timed(lambda: d.all_reduce_any(False), n)
+    train = timed(step, max(5, n // 50))
     if d.is_main:
-        print(f"all_reduce_any: {us:.1f} us per call ({d.backend}, world {d.world_size})")
+        print(
+            f"all_reduce_any {check * 1e6:.0f} us, DDP step {train * 1e3:.1f} ms "
+            f"({d.backend}, world {d.world_size}): stop check every step = "
+            f"{100 * check / train:.1f}% of a step"
+        )
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from reprotrain.distributed import (
     shard_global_batch,
     threads_per_rank,
 )
-from reprotrain.launchers import run_stamp
+from reprotrain.launchers import die_with_parent, run_stamp
 
 
 def collectives(d, out: dict) -> None:
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--stop-loop", action="store_true")
     parser.add_argument("--bench", type=int, default=0)
     args = parser.parse_args()
+    die_with_parent()  # as the trainer's entry point does, first thing
     if not args.stop_loop and not args.bench:
         run_stamp()  # before the process group, as Hydra would resolve hydra.run.dir
     d = init_from_env("cpu")

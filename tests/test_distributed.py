@@ -228,3 +228,40 @@ def test_two_torchrun_agents_with_c10d_rendezvous_form_one_two_node_job(tmp_path
     assert r0["run_dir"] == r1["run_dir"] == r0["own_run_dir"]
     assert r0["run_stamp"] == r1["run_stamp"]
     assert r0["union_of_parts"] == r0["global_batch"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_sigkill_of_torchruns_process_group_leaves_no_worker_running(tmp_path):
+    """torchrun puts workers in sessions of their own; die_with_parent takes them down with
+    the agent, so a killed job cannot go on writing its run directory as orphans."""
+    agent = subprocess.Popen(
+        torchrun(2, str(tmp_path), "--stop-loop"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=clean_env(),
+        start_new_session=True,  # its own process group, as a shell job or a batch step has
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 180
+        while len(workers) < 2 and time.time() < deadline:
+            workers = [int(p.read_text()) for p in sorted(tmp_path.glob("pid*"))]
+            time.sleep(0.1)
+        assert len(workers) == 2
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+        deadline = time.time() + 10
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(w) for w in workers)
+    finally:
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)

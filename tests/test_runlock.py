@@ -258,3 +258,22 @@ def test_two_contenders_that_both_saw_a_dead_holder_cannot_both_take_over(tmp_pa
         assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == a.me.token
     finally:
         a.release()
+
+
+def test_a_zombie_holder_counts_as_dead(tmp_path):
+    """A SIGKILLed holder whose parent has not reaped it yet still has a pid; it writes
+    nothing more, so its lock is taken over (torchrun workers killed with their agent)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 30
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.time() < deadline
+        time.sleep(0.05)
+    try:
+        ticks = runlock.proc_start_ticks(child.pid)
+        zombie = Holder(**{**Holder.me().__dict__, "pid": child.pid, "pid_start": ticks})
+        write_lock(tmp_path, zombie)
+        lock = RunLock(tmp_path).acquire()
+        assert lock.took_over == zombie
+        lock.release()
+    finally:
+        child.wait()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import sys
 import warnings
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -174,4 +175,27 @@ def submitit_requeue_handler() -> Callable[[int, Any], Any] | None:
     return None
 
 
+def die_with_parent() -> bool:
+    """Under torchrun, make this worker die the moment its agent dies (Linux only).
+
+    torchrun starts each worker in a session of its own, so SIGKILL to the torchrun process
+    group (a crashed node, a scheduler killing the job, ``kill -9 -PGID``) kills the agent but
+    not the workers: they train on as orphans, holding the run lock and writing the run
+    directory. ``PR_SET_PDEATHSIG`` has the kernel send them SIGKILL when the agent exits.
+    Call it first thing in the entry point; returns whether it was armed.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = _PARENT_AT_START
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+        return False
+    if os.getppid() != parent:  # the agent died before we armed it
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+_PARENT_AT_START = os.getppid()
 quiet_preset_schema_warning()

@@ -91,13 +91,15 @@ def _pid_namespace() -> str | None:
 
 
 def _pid_exists(pid: int) -> bool:
+    """True if ``pid`` runs; a zombie (killed, not yet reaped) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        pass
+    stat = _read(f"/proc/{pid}/stat")
+    return stat is None or stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,18 @@ with RunLock(sys.argv[1]):
     sys.stdin.read()  # hold until the test closes stdin (or kills us)
 """
 
+# The holder forks a child that outlives it, as DataLoader workers briefly do after a SIGKILL.
+HOLD_AND_FORK = """
+import os, sys, time
+from reprotrain.repro.runlock import RunLock
+lock = RunLock(sys.argv[1]).acquire()
+if os.fork() == 0:
+    time.sleep(60)
+    os._exit(0)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
 # Exit 0 and print "acquired": got it. Exit 2 and one "error: ..." line: refused (as the
 # trainer reports a ReprotrainError). Optional argv[2]: wall-clock time to start at.
 TRY = """
@@ -277,3 +289,23 @@ def test_a_zombie_holder_counts_as_dead(tmp_path):
         lock.release()
     finally:
         child.wait()
+
+
+def test_a_forked_child_that_outlives_the_holder_does_not_keep_the_lock(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_FORK, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGKILL)  # the parent only; the child sleeps on
+        holder.wait(timeout=30)
+        proc = try_lock(tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "taking over the lock" in proc.stderr
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)

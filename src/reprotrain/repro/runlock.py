@@ -57,6 +57,18 @@ LOCK_NAME = ".lock"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = float(os.environ.get("REPROTRAIN_LOCK_STALE_S", 600))
 _FLOCK_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+_HELD_FDS: set[int] = set()
+
+
+def _drop_held_fds_in_child() -> None:
+    """A forked child (a DataLoader worker) must not keep our flock alive after we die."""
+    for fd in _HELD_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_held_fds_in_child)
 
 
 class RunLockedError(ResumeError):
@@ -229,6 +241,8 @@ class RunLock:
 
     def release(self) -> None:
         """Remove the lock if it is still ours; always close our descriptor."""
+        if os.getpid() != self.me.pid:
+            return  # a forked child: the lock belongs to the parent
         self._stop.set()
         if self._beat is not None:
             self._beat.join()
@@ -238,6 +252,7 @@ class RunLock:
             if self._still_ours():
                 self.path.unlink(missing_ok=True)
         finally:
+            _HELD_FDS.discard(self._fd)
             os.close(self._fd)  # also drops the flock
             self._fd = None
 
@@ -307,6 +322,7 @@ class RunLock:
     def _hold(self) -> None:
         """Open our lock and flock it; a takeover candidate may hold the flock for a moment."""
         self._fd = os.open(self.path, os.O_RDWR)
+        _HELD_FDS.add(self._fd)
         for _ in range(100):
             got = _flock(self._fd)
             if got is None:
@@ -366,6 +382,7 @@ class RunLock:
             if not keep:
                 os.close(fd)
         self._fd = fd
+        _HELD_FDS.add(fd)
         self.took_over = dead
         log.warning(
             "taking over the lock of %s from a dead writer (%s): %s",

@@ -1,0 +1,440 @@
+"""One writer per run directory: a lock file that a run holds for its whole lifetime.
+
+Closes: two processes writing one run directory. A second ``resume=auto`` started while the
+first run is alive (the classic double requeue on a cluster) would otherwise train too, and
+both would write ``run.json``, metrics and checkpoints and both end ``completed``.
+
+How the lock is taken, and what each piece guards against:
+
+- ``RUN_DIR/.lock`` is a small JSON file naming the holder: host, pid, the pid's start time
+  from ``/proc`` (a reused pid has another start time), the boot id and pid namespace (a
+  reboot or another container on the same host), the SLURM job id and restart count, and the
+  wall-clock start. It appears atomically with its content: written to a unique temp file,
+  then ``link()``-ed to ``.lock``. ``link`` fails if ``.lock`` exists, and unlike
+  ``O_CREAT|O_EXCL`` it is atomic on every NFS version; the link count of the temp file
+  settles the case where an NFS reply was lost (the method of open(2)'s O_EXCL notes).
+- The holder keeps ``.lock`` open with ``flock(LOCK_EX)``. Liveness is never judged by flock
+  alone (Lustre mounted ``localflock`` or NFS without a lock daemon would say "free"); flock
+  serialises the *takeover* of a dead holder's lock, so two processes that both find a stale
+  lock cannot both take it.
+- A holder on this host (same boot id and pid namespace) is alive iff its pid exists with the
+  recorded start time. SIGKILL leaves the file behind; the next run takes it over with a
+  WARNING, so ``make resume`` after a crash just works.
+- A holder on another host cannot be asked. It is alive while it heartbeats: a thread
+  touches ``.lock`` every ``HEARTBEAT_S`` seconds, and a lock whose mtime is older than
+  ``stale_after_s`` (default 10 min, ``REPROTRAIN_LOCK_STALE_S``) is taken over. The age is
+  measured against this host's clock, so clocks must agree to well within that (NTP).
+- A requeued SLURM job (same ``SLURM_JOB_ID``, higher ``SLURM_RESTART_COUNT``) may land on
+  another node; SLURM runs one incarnation of a job at a time, so it takes over at once.
+
+Released (file removed, only if it is still ours) on normal exit and on exceptions. A
+refused writer raises ``RunLockedError`` (one line naming the holder) without creating,
+changing or removing anything in the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from reprotrain.errors import ResumeError
+
+log = logging.getLogger("reprotrain")
+
+LOCK_NAME = ".lock"
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = float(os.environ.get("REPROTRAIN_LOCK_STALE_S", 600))
+_FLOCK_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+_HELD_FDS: set[int] = set()
+
+
+def _drop_held_fds_in_child() -> None:
+    """A forked child (a DataLoader worker) must not keep our flock alive after we die."""
+    for fd in _HELD_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_held_fds_in_child)
+
+
+class RunLockedError(ResumeError):
+    """Another live process writes this run directory; nothing here was touched.
+
+    A ``ResumeError`` so the entry point reports it in one line without marking the other
+    run's ``run.json`` as failed.
+    """
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _pid_exists(pid: int) -> bool:
+    """True if ``pid`` runs; a zombie (killed, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        pass
+    stat = _read(f"/proc/{pid}/stat")
+    return stat is None or stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or held) a run directory's lock."""
+
+    host: str
+    pid: int
+    started_at: str
+    pid_start: int | None = None
+    boot_id: str | None = None
+    pid_ns: str | None = None
+    job_id: str | None = None
+    job_restart: int = 0
+    token: str = ""
+
+    @classmethod
+    def me(cls) -> Holder:
+        pid = os.getpid()
+        return cls(
+            host=socket.gethostname(),
+            pid=pid,
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            pid_start=proc_start_ticks(pid),
+            boot_id=_read("/proc/sys/kernel/random/boot_id"),
+            pid_ns=_pid_namespace(),
+            job_id=os.environ.get("SLURM_JOB_ID"),
+            job_restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+            token=secrets.token_hex(8),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Holder:
+        data = json.loads(text)
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True) + "\n"
+
+    def describe(self) -> str:
+        job = f", SLURM job {self.job_id}" if self.job_id else ""
+        return f"host {self.host}, pid {self.pid}, started {self.started_at}{job}"
+
+
+def judge(holder: Holder, lock_mtime: float, stale_after_s: float) -> str | None:
+    """Why ``holder`` is certainly gone, or None if it may still be writing."""
+    me = Holder.me()
+    same_host = (
+        holder.host == me.host
+        and (holder.boot_id is None or me.boot_id is None or holder.boot_id == me.boot_id)
+        and (holder.pid_ns is None or me.pid_ns is None or holder.pid_ns == me.pid_ns)
+    )
+    if holder.host == me.host and holder.boot_id and me.boot_id and holder.boot_id != me.boot_id:
+        return "this host has rebooted since"
+    if same_host:
+        if not _pid_exists(holder.pid):
+            return "that process is gone"
+        now_start = proc_start_ticks(holder.pid)
+        if holder.pid_start is not None and now_start is not None and now_start != holder.pid_start:
+            return "that pid now belongs to another process"
+        return None
+    if holder.job_id and holder.job_id == me.job_id and me.job_restart > holder.job_restart:
+        return f"this is a requeue of the same SLURM job (restart {me.job_restart})"
+    age = time.time() - lock_mtime
+    if age > stale_after_s:
+        return f"no heartbeat for {age:.0f} s (stale after {stale_after_s:.0f} s)"
+    return None
+
+
+def _flock(fd: int) -> bool | None:
+    """Try an exclusive flock: True taken, False held elsewhere, None unsupported here."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno in _FLOCK_UNSUPPORTED:
+            return None
+        raise
+    return True
+
+
+class RunLock:
+    """Hold ``RUN_DIR/.lock`` for a run's lifetime: ``with RunLock(run_dir): train()``."""
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        stale_after_s: float = STALE_AFTER_S,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.stale_after_s = stale_after_s
+        self.heartbeat_s = heartbeat_s
+        self.me = Holder.me()
+        self.took_over: Holder | None = None  # the dead holder we replaced, if any
+        self.lost = False  # set by the heartbeat if another process replaced our lock
+        self._fd: int | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    # -- public -----------------------------------------------------------------------------
+
+    def acquire(self) -> RunLock:
+        """Take the lock, or raise ``RunLockedError`` naming the live holder."""
+        if not self.run_dir.is_dir():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        holder: Holder | None = None
+        for _ in range(5):
+            # Look before writing anything, so a refused writer leaves the directory as it was.
+            holder, reason = self._inspect()
+            if holder is not None and reason is None:
+                raise self._refusal(holder)
+            if holder is None:
+                if self._create():
+                    break
+            elif self._take_over(holder, reason):
+                break
+            time.sleep(0.05)
+        else:
+            raise self._refusal(holder)
+        self._beat = threading.Thread(target=self._heartbeat, name="runlock", daemon=True)
+        self._beat.start()
+        return self
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours; always close our descriptor."""
+        if os.getpid() != self.me.pid:
+            return  # a forked child: the lock belongs to the parent
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if self._fd is None:
+            return
+        try:
+            if self._still_ours():
+                self.path.unlink(missing_ok=True)
+        finally:
+            _HELD_FDS.discard(self._fd)
+            os.close(self._fd)  # also drops the flock
+            self._fd = None
+
+    def check(self) -> None:
+        """Raise if another process has replaced our lock (we were judged dead)."""
+        if self.lost or not self._still_ours():
+            self.lost = True
+            raise RunLockedError(
+                f"the lock on {self.run_dir} was taken over by another process; "
+                "stop this run, it is no longer the only writer"
+            )
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _refusal(self, holder: Holder | None) -> RunLockedError:
+        who = holder.describe() if holder else "a process whose lock file cannot be read"
+        return RunLockedError(
+            f"{self.run_dir} is being written by another run ({who}); wait for it or stop it "
+            f"(if that process is certainly gone, delete {self.path})"
+        )
+
+    def _create(self) -> bool:
+        """Publish our lock file atomically with its content; False if one exists."""
+        tmp = self.run_dir / f"{LOCK_NAME}.{self.me.host}.{self.me.pid}.{self.me.token}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, self.me.to_json().encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, self.path)
+        except OSError as e:
+            if e.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS):  # no hard links here
+                tmp.unlink(missing_ok=True)
+                return self._create_excl()
+            # NFS may report failure (even EEXIST) for a link that was made when a reply was
+            # lost and the request retransmitted: the temp file's link count settles it.
+            if os.stat(tmp).st_nlink != 2:
+                tmp.unlink(missing_ok=True)
+                if isinstance(e, FileExistsError):
+                    return False
+                raise
+        tmp.unlink(missing_ok=True)
+        self._hold()
+        return True
+
+    def _create_excl(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, self.me.to_json().encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._hold()
+        return True
+
+    def _hold(self) -> None:
+        """Open our lock and flock it; a takeover candidate may hold the flock for a moment."""
+        self._fd = os.open(self.path, os.O_RDWR)
+        _HELD_FDS.add(self._fd)
+        for _ in range(100):
+            got = _flock(self._fd)
+            if got is None:
+                log.debug("flock is not supported on %s; takeovers are not serialised", self.path)
+                return
+            if got:
+                return
+            time.sleep(0.02)  # a candidate is checking us; it will find us alive and let go
+
+    def _inspect(self) -> tuple[Holder | None, str | None]:
+        """(holder, reason it is dead or None). (None, None): the lock vanished meanwhile."""
+        try:
+            text, mtime = self.path.read_text(), self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None, None
+        try:
+            holder = Holder.parse(text)
+        except (ValueError, TypeError):
+            age = time.time() - mtime
+            if age > self.stale_after_s:
+                return Holder(host="?", pid=0, started_at="?"), f"unreadable and {age:.0f} s old"
+            raise RunLockedError(
+                f"{self.path} exists but cannot be read (written {age:.0f} s ago); if no run "
+                "is writing this directory, delete it"
+            ) from None
+        return holder, judge(holder, mtime, self.stale_after_s)
+
+    def _take_over(self, dead: Holder, reason: str) -> bool:
+        """Replace a dead holder's lock in place, under flock so only one candidate wins."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        keep = False
+        try:
+            got = _flock(fd)
+            if got is False:
+                return False  # a live holder or another candidate has it: look again
+            same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            current = os.pread(fd, 65536, 0).decode(errors="replace")
+            try:
+                still_dead = same_file and Holder.parse(current).token == dead.token
+            except (ValueError, TypeError):
+                still_dead = same_file and dead.pid == 0
+            if not still_dead:
+                return False
+            data = self.me.to_json().encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+            if got is None:  # no flock here: a concurrent candidate may have written too
+                time.sleep(0.2)
+                if Holder.parse(os.pread(fd, 65536, 0).decode()).token != self.me.token:
+                    return False
+            keep = True
+        finally:
+            if not keep:
+                os.close(fd)
+        self._fd = fd
+        _HELD_FDS.add(fd)
+        self.took_over = dead
+        log.warning(
+            "taking over the lock of %s from a dead writer (%s): %s",
+            self.run_dir,
+            dead.describe(),
+            reason,
+        )
+        return True
+
+    def _still_ours(self) -> bool:
+        try:
+            same_file = os.fstat(self._fd).st_ino == os.stat(self.path).st_ino
+            text = os.pread(self._fd, 65536, 0).decode()
+            return same_file and Holder.parse(text).token == self.me.token
+        except (OSError, ValueError, TypeError):
+            return False
+
+    def _heartbeat(self) -> None:
+        """Touch the lock so other hosts can tell a live holder from a dead one."""
+        while not self._stop.wait(self.heartbeat_s):
+            with contextlib.suppress(OSError):
+                os.utime(self._fd)
+            if not self._still_ours() and not self.lost:
+                self.lost = True
+                log.error("the lock on %s was taken over by another process", self.run_dir)
+
+
+def held_by(run_dir: Path | str, stale_after_s: float = STALE_AFTER_S) -> Holder | None:
+    """The live holder of ``run_dir``'s lock, or None. Reads only; changes nothing."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        text, mtime = path.read_text(), path.stat().st_mtime
+        holder = Holder.parse(text)
+    except (OSError, ValueError, TypeError):
+        return None
+    return None if judge(holder, mtime, stale_after_s) else holder
+
+
+def refuse_if_held(run_dir: Path | str) -> None:
+    """Raise ``RunLockedError`` if a live run holds ``run_dir`` (cheap pre-check, no writes).
+
+    Call before anything writes into an explicit run directory (Hydra's ``.hydra/``, the
+    resume tool's ``.hydra/resume.yaml``); ``RunLock.acquire`` stays the real guard.
+    """
+    holder = held_by(run_dir)
+    if holder is not None:
+        raise RunLock(run_dir)._refusal(holder)
+
+
+def as_record(lock: RunLock) -> dict[str, Any]:
+    """What run.json may say about the lock (who held it, whom it replaced)."""
+    out: dict[str, Any] = {"host": lock.me.host, "pid": lock.me.pid}
+    if lock.took_over is not None:
+        out["took_over"] = lock.took_over.describe()
+    return out

@@ -38,6 +38,7 @@ rebuilt, --out-dir not a directory, signing failed).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -155,8 +156,10 @@ def build(
 ) -> tuple[Path, dict]:
     """Write the archive; returns (path, archive.json contents). Raises ArchiveError."""
     run_dir, out_dir, repo = Path(run_dir).resolve(), Path(out_dir).resolve(), Path(repo)
+    if not run_dir.exists():
+        raise ArchiveError(f"{run_dir}: no such run directory")
     if not run_dir.is_dir():
-        raise ArchiveError(f"{run_dir}: not a directory (give a run directory under outputs/)")
+        raise ArchiveError(f"{run_dir}: not a directory (give the run directory, not a file)")
     if not (run_dir / RUN_JSON).is_file():
         raise ArchiveError(f"{run_dir} is not a reprotrain run directory (no {RUN_JSON})")
     if not repo.is_dir():
@@ -176,9 +179,32 @@ def build(
     _check_out_dir(out_dir)
     if target.exists() and not force:
         raise ArchiveError(f"{target} exists; pass --force to overwrite it")
-    out_dir.mkdir(parents=True, exist_ok=True)
-
     git = _dict(record.get("git"))
+    if snapshot.is_git_repo(repo) and git.get("commit"):
+        snapshot.check_commit(repo, git["commit"])
+    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build(run_dir, out_dir, repo, record, git, top, target, with_checkpoint, sign_key)
+    except BaseException:
+        for p in created:  # innermost first: leave no empty folders from a refused archive
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
+def _build(
+    run_dir: Path,
+    out_dir: Path,
+    repo: Path,
+    record: dict,
+    git: dict,
+    top: str,
+    target: Path,
+    with_checkpoint: bool,
+    sign_key: Path | None,
+) -> tuple[Path, dict]:
+    status, exp_id = record.get("status"), top.removesuffix(f"-{run_dir.name}")
     diff_path = run_dir / "git.diff"
     diff = diff_path.read_text(errors="replace") if diff_path.is_file() else ""
     staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))

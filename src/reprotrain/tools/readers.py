@@ -61,6 +61,11 @@ def parse_jsonl(text: str, label: str) -> list[dict[str, Any]]:
 def parse_yaml_config(text: str, label: str) -> DictConfig:
     """A YAML mapping as a DictConfig, or RecordError naming the file, line and problem."""
     try:
+        # OmegaConf.create("text") would make {"text": None}: check the YAML's own type.
+        shape = yaml.safe_load(text)
+        if not isinstance(shape, dict):
+            found = "nothing" if shape is None else type(shape).__name__
+            raise RecordError(f"{label}: expected a YAML mapping at the top level, found {found}")
         cfg = OmegaConf.create(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)

@@ -67,6 +67,19 @@ def is_git_repo(repo: Path) -> bool:
     return out.returncode == 0 and Path(out.stdout.decode().strip()).resolve() == repo.resolve()
 
 
+def check_commit(repo: Path, commit: object) -> None:
+    """SnapshotError unless ``commit`` is a full object id that ``repo`` has (checked before
+    anything is written, so a refused archive leaves nothing behind)."""
+    if not gitinfo.is_commit_id(commit):
+        # Only a full hex id reaches git: a recorded "commit" is data, never an option.
+        raise SnapshotError(f"recorded commit {str(commit)[:80]!r} is not a git object id")
+    if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise SnapshotError(
+            f"commit {str(commit)[:12]} is not in {repo} (rebased or not fetched?); "
+            "fetch it, or archive from a clone that has it"
+        )
+
+
 def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
     """``git archive <commit>`` of the snapshot paths into ``dest``, then ``git apply`` diff.
 
@@ -74,14 +87,7 @@ def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
     belongs to the record in ``run/git.diff``, not to the code that ran).
     """
     repo, dest = Path(repo), Path(dest)
-    if not gitinfo.is_commit_id(commit):
-        # Only a full hex id reaches git: a recorded "commit" is data, never an option.
-        raise SnapshotError(f"recorded commit {str(commit)[:80]!r} is not a git object id")
-    if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        raise SnapshotError(
-            f"commit {commit[:12]} is not in {repo} (rebased or not fetched?); "
-            "fetch it, or archive from a clone that has it"
-        )
+    check_commit(repo, commit)
     listed = _git(repo, "ls-tree", "-r", "--name-only", commit)
     paths = sorted({p.split("/", 1)[0] for p in listed.stdout.decode().splitlines()})
     wanted = [p for p in paths if _in_snapshot(p)]

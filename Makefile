@@ -71,11 +71,11 @@ resume: $(STAMP) ## continue an interrupted run in place: make resume RUN=output
 
 archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(SIGN),--sign $(call q,SIGN)) $(ARGS)
+	$(PY) -m reprotrain.tools.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
 reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(EPOCHS),--epochs $(call q,EPOCHS)) $(if $(TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(TRUST)),--trust) $(ARGS)
+	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(ARGS)
 
 bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 	$(PY) scripts/bench.py $(ARGS)

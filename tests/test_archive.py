@@ -686,3 +686,42 @@ def test_plan_replay_undoes_changes_then_replays_them_at_their_steps():
 def test_plan_replay_names_what_it_cannot_replay(resumes, expect):
     with pytest.raises(repro.NotReplayable, match=expect):
         repro.plan_replay({"trainer": {"epochs": 4}}, resumes)
+
+
+# ------------------------------------------------------------------------------ quoting
+
+
+def _make_ready() -> bool:
+    if shutil.which("make") is None:
+        return False
+    # Never let a test install the venv: only run make when its stamp is up to date.
+    stamp = subprocess.run(["make", "-q", ".venv/.installed"], cwd=REPO, capture_output=True)
+    return stamp.returncode == 0
+
+
+@pytest.mark.skipif(not _make_ready(), reason="needs make and an installed .venv")
+def test_make_resume_continues_a_run_whose_dir_needs_quoting(archived, tmp_path):
+    """`make resume "RUN=<dir with a space, a comma, quotes, brackets and ü>"`, bitwise."""
+    run_dir, _, _ = archived
+    copy = tmp_path / AWKWARD
+    shutil.copytree(run_dir, copy)
+    steps = sorted((copy / "checkpoints").glob("step-*.pt"))
+    assert len(steps) >= 2, "the epoch-1 checkpoint is kept"
+    for later in steps[1:]:
+        later.unlink()
+    (copy / "checkpoints" / "best.pt").unlink(missing_ok=True)
+    record = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**record, "status": "interrupted"}))
+    proc = subprocess.run(
+        ["make", "-s", "resume", f"RUN={copy}"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    resumed = json.loads((copy / "run.json").read_text())
+    assert resumed["status"] == "completed"
+    assert resumed["final_weights_sha256"] == record["final_weights_sha256"]
+    assert not (copy / ".hydra" / "resume.yaml").exists(), "the run dir holds no tool files"

@@ -83,6 +83,7 @@ from reprotrain.tools.compare import compare_runs
 __all__ = ["MANIFEST", "Refusal", "main", "parse_manifest", "plan_replay", "reproduce"]
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
+EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
 DEFAULT_TOLERANCE = 0.02
 PRIMARY = "reproduce"
 REPORT = "reproduction.json"
@@ -547,7 +548,9 @@ def _rerun(
             # The archived trainer refused the config and said why on stderr, in one line.
             print("re-run   refused by the archived trainer (exit 2); see the line above")
             return EXIT_REFUSED
-        if rc != 0 or not (new_run / RUN_JSON).is_file():
+        # A leg that stops at a global step may report itself interrupted (75) or done (0).
+        ok = (0,) if last else (0, EXIT_STOPPED)
+        if rc not in ok or not (new_run / RUN_JSON).is_file():
             print(f"error: the re-run failed (exit {rc}); see {new_run}/train.log", file=sys.stderr)
             return EXIT_RERUN_FAILED
 

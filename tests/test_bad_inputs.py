@@ -308,6 +308,12 @@ REPRODUCE = [
         archive(members(**{"source/src/reprotrain/__init__.py": None}))),
     Row("reproduce/no-completed-epoch", tool("reproduce", at("a.tar.gz")), "completed no epoch",
         archive(members(**{"run/fingerprints.jsonl": ""}))),
+    Row("reproduce/env-value-missing-here", tool("reproduce", at("a.tar.gz")),
+        "name = ${oc.env:REPROTRAIN_TEST_UNSET_VAR} cannot be resolved here",
+        archive(members(**{
+            "run/run.json": json.dumps({**RECORD, "env_interpolations": {"name": {
+                "interpolation": "${oc.env:REPROTRAIN_TEST_UNSET_VAR}", "sha256": "0" * 64}}}),
+            "run/config.resolved.yaml": "name: ${oc.env:REPROTRAIN_TEST_UNSET_VAR}\n"}))),
     Row("reproduce/epochs-beyond-the-run", tool("reproduce", at("a.tar.gz"), "--epochs", "5"),
         "has 1 completed epoch", archive()),
     Row("reproduce/epochs-zero", tool("reproduce", at("a.tar.gz"), "--epochs", "0"),

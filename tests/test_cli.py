@@ -135,3 +135,36 @@ def test_resume_hint_is_make_resume_with_a_quoted_run():
     assert resume_hint("/tmp/plain") == "make resume RUN=/tmp/plain"
     assert resume_hint("/tmp/a b") == "make resume 'RUN=/tmp/a b'"
     assert hydra_value("/tmp/plain") == "'/tmp/plain'"
+
+
+CHILD = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+    "sys.exit(3)\n"
+)
+PARENT = (
+    "import os, sys\n"
+    "from reprotrain.tools.resume import run_forwarding_signals\n"
+    "sys.exit(run_forwarding_signals([sys.executable, '-c', sys.argv[1]], dict(os.environ)))\n"
+)
+
+
+@pytest.mark.parametrize("sig, expected", [("SIGTERM", 75), ("SIGUSR2", 128 + 12)])
+def test_resume_forwards_termination_signals_and_returns_the_trainers_code(sig, expected):
+    """make resume runs the trainer as a child: a scheduler's signal must still reach it."""
+    import signal as signals
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD],
+        env=base_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(getattr(signals, sig))
+        assert proc.wait(timeout=30) == expected
+    finally:
+        proc.kill()

@@ -462,14 +462,15 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
         print(verdict)
         return EXIT_NOT_COMPARABLE
 
-    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
-    if OmegaConf.select(cfg, "dataset.name") == "cifar10":
-        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
-    data_problem = check_data(data_cfg, record.get("data_fingerprint"), args.allow_data_drift)
+    # Values the run read from its environment must be resolvable here (named, not shown).
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
         raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
+    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
+    if OmegaConf.select(cfg, "dataset.name") == "cifar10":
+        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
+    data_problem = check_data(data_cfg, record.get("data_fingerprint"), args.allow_data_drift)
 
     verdict_trust = trust.decide(checked, Path(args.repo), args.trusted_signers, args.trust)
     print(f"trust    {verdict_trust.line()}")

@@ -11,6 +11,15 @@ RUN    ?=
 ARCHIVE ?=
 EPOCHS ?=
 PKG    ?=
+# Trust and signing for archives (see docs: "What is and is not guaranteed").
+SIGN            ?=
+TRUSTED_SIGNERS ?=
+TRUST           ?=
+
+# A variable's text, single-quoted for the shell and never expanded by Make or the shell:
+# `make resume "RUN=/tmp/x;touch /tmp/PWNED"` passes that string as one argument, inert.
+# (ARGS stays unquoted on purpose: it is a list of overrides, split on spaces.)
+q = '$(subst ','\'',$(value $(1)))'
 
 # Hash randomisation is fixed at interpreter start; the entry point also re-execs itself
 # when this is missing, so plain `python -m reprotrain.train` is covered too.
@@ -57,16 +66,16 @@ sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.pn
 	$(PY) -m reprotrain.train --multirun seed.base=$(SEEDS) $(ARGS)
 
 resume: $(STAMP) ## continue an interrupted run in place: make resume RUN=outputs/...
-	@test -n "$(RUN)" || { echo "error: give the run directory: make resume RUN=outputs/<run>"; exit 2; }
-	$(PY) -m reprotrain.tools.resume $(RUN) $(ARGS)
+	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.resume $(call q,RUN) $(ARGS)
 
-archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1]
-	@test -n "$(RUN)" || { echo "error: give the run directory: make archive RUN=outputs/<run>"; exit 2; }
-	$(PY) -m reprotrain.tools.archive $(RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(ARGS)
+archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
+	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
-reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1]
-	@test -n "$(ARCHIVE)" || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz"; exit 2; }
-	$(PY) -m reprotrain.tools.reproduce $(ARCHIVE) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TOL),--tolerance $(TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(ARGS)
+reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1]
+	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(ARGS)
 
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
 	@test -n "$(RUN)" || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
@@ -79,8 +88,8 @@ eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs
 bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 	$(PY) scripts/bench.py $(ARGS)
 
-drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS random moments, resume, compare
-	$(PY) scripts/kill_resume_trials.py --trials $(or $(TRIALS),5) $(ARGS)
+drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS (>=1) random moments, resume, compare
+	$(PY) scripts/kill_resume_trials.py --trials $(if $(value TRIALS),$(call q,TRIALS),5) $(ARGS)
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }

@@ -1,8 +1,12 @@
 """Archive a run, replay it from the archive, and refuse archives that cannot be trusted.
 
-One micro run is trained (with secret-looking variables in its environment) and archived
-once per module; the replays re-run it from the archived source snapshot in fresh processes.
-Refusals (manifest, unsafe members, data drift) are checked in-process: nothing is re-run.
+One micro run is trained (with secret-looking variables in its environment, into a run
+directory whose name has a space, a comma, quotes, brackets and a non-ASCII letter) and
+archived once per module; the replays re-run it from the archived source snapshot in fresh
+processes. Refusals (manifest, unsafe members, data drift) are checked in-process: nothing
+is re-run. The development tree is usually dirty, so trust rule (a) (same commit, no patch)
+does not hold for these archives: replays pass ``--trust`` (tests/test_trust.py covers the
+rules themselves).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import REPO, assert_ok, base_env, train
-from reprotrain.repro.environment import git_info
+from conftest import MICRO, REPO, assert_ok, base_env
+from reprotrain.quoting import hydra_override
+from reprotrain.repro.gitinfo import git_info
 from reprotrain.tools import archive as arch
 from reprotrain.tools import reproduce as repro
 from reprotrain.tools import snapshot
@@ -33,6 +38,19 @@ SECRETS = {
     "HF_TOKEN": f"{MARKER}-hf",
     "GITHUB_TOKEN": f"{MARKER}-gh",
 }
+
+
+#: A run directory name that needs quoting in Hydra, the shell and Make.
+AWKWARD = "run a, ü(x)'q'~#&=["
+
+
+def train_quoted(run_dir: Path, *overrides: str, env: dict | None = None):
+    """conftest.train, with the run directory passed as a quoted Hydra value."""
+    cmd = [sys.executable, "-m", "reprotrain.train", *MICRO, *overrides]
+    cmd.append(hydra_override("hydra.run.dir", run_dir))
+    return subprocess.run(
+        cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=600
+    )
 
 
 def tool(name: str, *args: str, cwd: Path, env: dict | None = None):
@@ -104,8 +122,8 @@ def archived(tmp_path_factory):
     """(run dir, archive, archive stdout): a micro run trained and archived with secrets set."""
     base = tmp_path_factory.mktemp("archived")
     env = base_env(**SECRETS, SLURM_JOB_ID="job-4242")  # allowlisted: a control
-    run_dir = base / "run"
-    assert_ok(train(run_dir, env=env))
+    run_dir = base / AWKWARD
+    assert_ok(train_quoted(run_dir, env=env))
     proc = tool("archive", str(run_dir), "--out-dir", str(base / "archives"), cwd=base, env=env)
     assert_ok(proc)
     (archive,) = (base / "archives").glob("*.tar.gz")
@@ -224,8 +242,9 @@ def test_snapshot_is_the_recorded_commit_plus_the_recorded_diff(small_repo, tmp_
     (repo / "src/pkg/a.py").write_text("A = 2  # as ran\n")
     (repo / "src/pkg/new.py").write_text("NEW = True\n")
     (repo / "README.md").write_text("edited readme\n")
-    info, diff = git_info(repo)
-    assert info["dirty"] and "new.py" in diff
+    assert "NEW = True" not in git_info(repo)[1], "untracked contents only when opted in"
+    info, diff = git_info(repo, include_untracked=["src/pkg/new.py"])
+    assert info["dirty"] and "new.py" in diff and info["fully_archivable"]
     # Afterwards the tree moves on: more edits and a new commit.
     (repo / "src/pkg/a.py").write_text("A = 3  # later\n")
     (repo / "conf/c.yaml").write_text("c: 2\n")
@@ -279,7 +298,13 @@ def test_reproduce_from_another_directory_is_bitwise(archived, tmp_path):
     _, archive, _ = archived
     env = base_env(**SECRETS)
     proc = tool(
-        "reproduce", str(archive), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, env=env
+        "reproduce",
+        str(archive),
+        "--trust",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert last_line(proc.stdout).startswith("REPRODUCED (bitwise)")
@@ -311,6 +336,7 @@ def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_p
     proc = tool(
         "reproduce",
         str(archive),
+        "--trust",
         "--epochs",
         "1",
         "--runs-dir",
@@ -322,11 +348,13 @@ def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_p
     assert last_line(proc.stdout).startswith("REPRODUCED (bitwise): epoch(s) 1-1")
 
 
-def spot_check(archive, tmp_path):
-    """Reproduce only the first epoch of ``archive`` (EPOCHS=1), runs kept in tmp_path."""
+def spot_check(archive, tmp_path, *extra: str):
+    """Reproduce only the first epoch of ``archive`` (EPOCHS=1, TRUST=1), runs in tmp_path."""
     return tool(
         "reproduce",
         str(archive),
+        "--trust",
+        *extra,
         "--epochs",
         "1",
         "--runs-dir",
@@ -484,6 +512,7 @@ def test_changed_dataset_is_refused_then_replayed_as_not_comparable(archived, tm
     proc = tool(
         "reproduce",
         str(changed),
+        "--trust",
         "--allow-data-drift",
         "--epochs",
         "1",
@@ -559,3 +588,140 @@ def test_a_corrupt_compressed_stream_is_refused(archived, tmp_path, capsys):
     rc = repro.main([str(tmp_path / "raw.tar.gz"), "--extract-dir", str(tmp_path / "t")])
     assert rc == 2 and "corrupt" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
+
+
+# ------------------------------------------------------------------------------ layouts
+
+
+def test_an_archive_repacked_with_dot_prefixes_is_accepted(archived, tmp_path):
+    """`cd <top> && tar -czf x.tar.gz .`: members are ./run/..., no top folder."""
+    _, archive, _ = archived
+    top = unpack(archive, tmp_path / "u")
+    repacked = tmp_path / "repacked.tar.gz"
+    if shutil.which("tar"):
+        subprocess.run(["tar", "-czf", str(repacked), "."], cwd=top, check=True)
+    else:  # pragma: no cover - tarfile writes the same ./ layout
+        with tarfile.open(repacked, "w:gz") as tar:
+            tar.add(top, arcname=".")
+    with tarfile.open(repacked) as tar:
+        assert any(m.name.startswith("./run/") for m in tar.getmembers())
+    target = tmp_path / "target"
+    assert repro.main([str(repacked), "--extract-dir", str(target), "--verify-only"]) == 0
+    (root,) = target.iterdir()
+    assert (root / "run/run.json").read_bytes() == (top / "run/run.json").read_bytes()
+    # a file added while repacking is still caught
+    (top / "run/extra.txt").write_text("x")
+    subprocess.run(["tar", "-czf", str(tmp_path / "extra.tar.gz"), "."], cwd=top, check=True)
+    assert repro.main([str(tmp_path / "extra.tar.gz"), "--verify-only"]) == 2
+
+
+# ------------------------------------------------------------------------------ history
+
+
+def test_an_interrupted_archive_compares_the_epochs_it_completed(archived, tmp_path, capsys):
+    run_dir, _, _ = archived
+    copy = tmp_path / "interrupted"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    record = json.loads((copy / "run.json").read_text())
+    for key in ("finished_at", "final_weights_sha256", "final_metrics", "epochs_completed"):
+        record.pop(key, None)
+    (copy / "run.json").write_text(json.dumps({**record, "status": "interrupted"}))
+    for name in ("fingerprints.jsonl", "metrics.jsonl"):
+        first = (copy / name).read_text().splitlines()[0]
+        (copy / name).write_text(first + "\n")
+    path, _ = arch.build(copy, tmp_path / "out", allow_incomplete=True)
+    assert repro.main([str(path), "--trust", "--epochs", "2"]) == 2
+    assert "has 1 completed epoch(s)" in capsys.readouterr().err
+    proc = tool(
+        "reproduce", str(path), "--trust", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path
+    )
+    out = proc.stdout
+    assert proc.returncode in (0, 3), out[-3000:] + proc.stderr[-3000:]
+    assert "epoch counts differ" not in out and "DIVERGED" not in out
+    assert "REPRODUCED (bitwise): epoch(s) 1-1" in out or "(bits match anyway)" in out
+    assert "(run interrupted: comparing those)" in out
+
+
+def test_a_replay_never_inherits_a_recorded_resume():
+    cfg = OmegaConf.create({"resume": "auto", "dataset": {"name": "synthetic"}})
+    cmd = repro.rerun_command(Path("/c"), Path("/r"), {"seeds": {}}, cfg, None)
+    assert "resume=null" in cmd and "resume=auto" not in cmd
+
+
+def test_plan_replay_undoes_changes_then_replays_them_at_their_steps():
+    final = {"trainer": {"epochs": 4, "lr": 0.1}}
+    resumes = [
+        {"global_step": 5, "overrides": {}},  # a plain resume: no leg of its own
+        {"global_step": 8, "overrides": {"trainer.epochs": {"from": 2, "to": 3}}},
+        {"global_step": 12, "overrides": {"trainer.epochs": {"from": 3, "to": 4}}},
+    ]
+    legs = repro.plan_replay(final, resumes)
+    assert [leg.config["trainer"]["epochs"] for leg in legs] == [2, 3, 4]
+    assert [leg.stop_at_global_step for leg in legs] == [8, 12, None]
+    assert [leg.resume for leg in legs] == [False, True, True]
+    assert legs[1].changes == {"trainer.epochs": 3}
+    assert final["trainer"]["epochs"] == 4, "the input is not modified"
+    # --epochs: legs starting at or after the last compared step are dropped
+    short = repro.plan_replay(final, resumes, until_global_step=8)
+    assert len(short) == 1 and short[0].stop_at_global_step is None
+    # nothing to replay: one fresh leg
+    assert len(repro.plan_replay(final, [{"global_step": 3}])) == 1
+
+
+@pytest.mark.parametrize(
+    "resumes, expect",
+    [
+        ([{"global_step": 4, "overrides": {"trainer.epochs": 3}}], "previous values"),
+        ([{"global_step": 4, "overrides": {"trainer.epochs": {"from": 2, "to": 9}}}], "has 4"),
+        ([{"global_step": 4, "overrides": {"nope.key": {"from": 1, "to": 2}}}], "not in"),
+        (
+            [
+                {"global_step": 9, "overrides": {"trainer.epochs": {"from": 2, "to": 3}}},
+                {"global_step": 4, "overrides": {"trainer.epochs": {"from": 3, "to": 4}}},
+            ],
+            "out of order",
+        ),
+    ],
+)
+def test_plan_replay_names_what_it_cannot_replay(resumes, expect):
+    with pytest.raises(repro.NotReplayable, match=expect):
+        repro.plan_replay({"trainer": {"epochs": 4}}, resumes)
+
+
+# ------------------------------------------------------------------------------ quoting
+
+
+def _make_ready() -> bool:
+    if shutil.which("make") is None:
+        return False
+    # Never let a test install the venv: only run make when its stamp is up to date.
+    stamp = subprocess.run(["make", "-q", ".venv/.installed"], cwd=REPO, capture_output=True)
+    return stamp.returncode == 0
+
+
+@pytest.mark.skipif(not _make_ready(), reason="needs make and an installed .venv")
+def test_make_resume_continues_a_run_whose_dir_needs_quoting(archived, tmp_path):
+    """`make resume "RUN=<dir with a space, a comma, quotes, brackets and ü>"`, bitwise."""
+    run_dir, _, _ = archived
+    copy = tmp_path / AWKWARD
+    shutil.copytree(run_dir, copy)
+    steps = sorted((copy / "checkpoints").glob("step-*.pt"))
+    assert len(steps) >= 2, "the epoch-1 checkpoint is kept"
+    for later in steps[1:]:
+        later.unlink()
+    (copy / "checkpoints" / "best.pt").unlink(missing_ok=True)
+    record = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**record, "status": "interrupted"}))
+    proc = subprocess.run(
+        ["make", "-s", "resume", f"RUN={copy}"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    resumed = json.loads((copy / "run.json").read_text())
+    assert resumed["status"] == "completed"
+    assert resumed["final_weights_sha256"] == record["final_weights_sha256"]
+    assert not (copy / ".hydra" / "resume.yaml").exists(), "the run dir holds no tool files"

@@ -22,3 +22,31 @@ class ResumeError(ReprotrainError):
 
 class CheckpointError(ResumeError):
     """A checkpoint is corrupt, truncated, unsafe or does not match the run."""
+
+
+class RecordError(ReprotrainError):
+    """A run record (run.json, config.resolved.yaml, a jsonl file) is missing or unreadable.
+
+    Raised by the tools before they act on a run, so a corrupt record is one line naming the
+    file (and the line, for YAML/JSON syntax) instead of a traceback from deep inside a tool.
+    """
+
+
+class ArchiveError(ReprotrainError):
+    """``make archive`` refused: nothing was written."""
+
+
+class SnapshotError(ArchiveError):
+    """The source snapshot cannot be built as the run ran (commit gone, diff does not apply)."""
+
+
+class ReproduceRefused(ReprotrainError):
+    """``make reproduce`` refused an archive (bad, tampered, unsafe, untrusted) or its data."""
+
+
+class UntrustedArchive(ReproduceRefused):
+    """No trust rule held for the archive's code; refused before any of it was extracted."""
+
+
+class SigningError(ReprotrainError):
+    """``ssh-keygen -Y sign/verify`` could not sign or check an archive."""

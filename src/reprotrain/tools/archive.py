@@ -2,6 +2,7 @@
 
     python -m reprotrain.tools.archive outputs/smoke/<stamp> [--with-checkpoint]
         [--out-dir archives] [--allow-incomplete] [--force] [--repo <checkout>]
+        [--sign <ssh key>]
 
 Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz`` (run name: the run dir's basename)::
 
@@ -17,18 +18,28 @@ Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz`` (run name: the run dir's 
     <top>/env/git-archive-time.diff  uncommitted changes at archive time (when dirty)
     <top>/archive.json            what was packed and how the source was rebuilt
     <top>/MANIFEST.sha256         sha256 of every other member (`sha256sum -c` format)
+    <top>/MANIFEST.sha256.sig     with --sign: `ssh-keygen -Y sign -n reprotrain-archive`
+                                  over the manifest, which `make reproduce
+                                  TRUSTED_SIGNERS=<allowed signers>` verifies
 
 Why the source is rebuilt rather than copied: the working tree may have moved on since the
 run; the recorded commit plus the recorded diff is the code that produced the numbers.
 The tar is written to a temp file and renamed, so an archive that exists is complete.
 
-Exit codes: 0 written; 2 refused (not a run dir, run not completed without
---allow-incomplete, archive exists without --force, source cannot be rebuilt).
+A run whose record says it is not fully archivable (untracked files under src/ or conf/ at
+training time, recorded by name and sha256 only) is still archived, and the summary,
+archive.json and a later reproduce say so: the archive cannot hold code that was never
+recorded.
+
+Exit codes: 0 written; 2 refused, in one line (not a run dir, corrupt run.json, run not
+completed without --allow-incomplete, archive exists without --force, source cannot be
+rebuilt, --out-dir not a directory, signing failed).
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import errno
 import json
 import os
 import re
@@ -40,39 +51,25 @@ import tempfile
 from pathlib import Path
 
 from reprotrain.data.fingerprint import file_sha256 as sha256_file
+from reprotrain.errors import ArchiveError
 from reprotrain.paths import REPO_ROOT
-from reprotrain.repro import environment
+from reprotrain.repro import gitinfo
 from reprotrain.repro.record import CHECKPOINTS, RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools import snapshot
+from reprotrain.tools import cli, signing, snapshot
+from reprotrain.tools.archive_check import (
+    ARCHIVE_JSON,
+    MANIFEST,
+    manifest_text,
+    parse_manifest,
+)
+from reprotrain.tools.readers import read_run_json
 
-MANIFEST = "MANIFEST.sha256"
-ARCHIVE_JSON = "archive.json"
+__all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
 FORMAT_VERSION = 1
 # `scheme://user:secret@host`: what pip freeze prints for a package installed from a URL
 # with credentials in it. The only place an archive could pick up a token from outside the
 # (allowlisted) run record.
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-
-
-class ArchiveError(Exception):
-    """A refusal: one line for the user, exit 2."""
-
-
-def manifest_text(digests: dict[str, str]) -> str:
-    """``sha256sum`` format, sorted by path: ``<sha256>  <path relative to the top dir>``."""
-    return "".join(f"{digests[rel]}  {rel}\n" for rel in sorted(digests))
-
-
-def parse_manifest(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        m = re.fullmatch(r"([0-9a-f]{64}) [ *](.+)", line)
-        if not m or m.group(2) in out:
-            raise ValueError(f"{MANIFEST} line {n} is malformed or repeated: {line[:80]!r}")
-        out[m.group(2)] = m.group(1)
-    return out
 
 
 def scrub_credentials(text: str) -> str:
@@ -121,6 +118,33 @@ def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
+def _dict(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def archivability(record: dict) -> list[str]:
+    """Why the archive cannot hold everything the run ran (empty when it can)."""
+    git = _dict(record.get("git"))
+    if git.get("fully_archivable", True) is not False:
+        return []
+    missing = [str(p) for p in git.get("not_archived") or []]
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return [
+        "NOT FULLY ARCHIVABLE: the run had untracked files under src/ or conf/ that were "
+        f"recorded by name and sha256 only ({shown or 'see run.json git.untracked'}); a "
+        "replay runs without them"
+    ]
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """A file where the output directory should be is named with its path and errno text."""
+    for parent in (out_dir, *out_dir.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ArchiveError(f"--out-dir {out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
+            return
+
+
 def build(
     run_dir: Path,
     out_dir: Path,
@@ -128,28 +152,61 @@ def build(
     with_checkpoint: bool = False,
     allow_incomplete: bool = False,
     force: bool = False,
+    sign_key: Path | None = None,
 ) -> tuple[Path, dict]:
     """Write the archive; returns (path, archive.json contents). Raises ArchiveError."""
     run_dir, out_dir, repo = Path(run_dir).resolve(), Path(out_dir).resolve(), Path(repo)
+    if not run_dir.exists():
+        raise ArchiveError(f"{run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise ArchiveError(f"{run_dir}: not a directory (give the run directory, not a file)")
     if not (run_dir / RUN_JSON).is_file():
         raise ArchiveError(f"{run_dir} is not a reprotrain run directory (no {RUN_JSON})")
-    record = json.loads((run_dir / RUN_JSON).read_text())
+    if not repo.is_dir():
+        raise ArchiveError(f"--repo {repo}: {os.strerror(errno.ENOENT)}")
+    if sign_key is not None and not Path(sign_key).expanduser().is_file():
+        raise ArchiveError(f"signing key {sign_key}: {os.strerror(errno.ENOENT)}")
+    record = read_run_json(run_dir)
     status = record.get("status")
     if status != "completed" and not allow_incomplete:
         raise ArchiveError(
             f"run {run_dir} is {status!r}, not completed; finish it (make resume) or pass "
             "--allow-incomplete"
         )
-    exp_id = record.get("experiment_id") or "unknown"
+    exp_id = re.sub(r"[^\w.+-]", "_", str(record.get("experiment_id") or "unknown"))
     top = f"{exp_id}-{run_dir.name}"
     target = out_dir / f"{top}.tar.gz"
+    _check_out_dir(out_dir)
     if target.exists() and not force:
         raise ArchiveError(f"{target} exists; pass --force to overwrite it")
+    git = _dict(record.get("git"))
+    if snapshot.is_git_repo(repo) and git.get("commit"):
+        snapshot.check_commit(repo, git["commit"])
+    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build(run_dir, out_dir, repo, record, git, top, target, with_checkpoint, sign_key)
+    except BaseException:
+        for p in created:  # innermost first: leave no empty folders from a refused archive
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
 
-    git = record.get("git") or {}
+
+def _build(
+    run_dir: Path,
+    out_dir: Path,
+    repo: Path,
+    record: dict,
+    git: dict,
+    top: str,
+    target: Path,
+    with_checkpoint: bool,
+    sign_key: Path | None,
+) -> tuple[Path, dict]:
+    status, exp_id = record.get("status"), top.removesuffix(f"-{run_dir.name}")
     diff_path = run_dir / "git.diff"
-    diff = diff_path.read_text() if diff_path.is_file() else ""
+    diff = diff_path.read_text(errors="replace") if diff_path.is_file() else ""
     staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
     try:
         root = staging / top
@@ -157,12 +214,11 @@ def build(
             dest = root / "run" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)
-        try:
-            snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
-        except snapshot.SnapshotError as e:
-            raise ArchiveError(str(e)) from None
+        snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
         if git.get("dirty") and not diff:
             snap.notes.append("run.json says the tree was dirty but the run has no git.diff")
+        not_archivable = archivability(record)
+        snap.notes.extend(not_archivable)
         lock = root / "source" / "requirements.lock"
         lock_sha = sha256_file(lock) if lock.is_file() else None
         if lock.is_file():
@@ -171,9 +227,9 @@ def build(
         if lock_sha != record.get("lock_sha256"):
             snap.notes.append(
                 f"requirements.lock in the snapshot ({(lock_sha or 'none')[:12]}) is not the "
-                f"recorded lock ({(record.get('lock_sha256') or 'none')[:12]})"
+                f"recorded lock ({str(record.get('lock_sha256') or 'none')[:12]})"
             )
-        now_git, now_diff = environment.git_info(repo)
+        now_git, now_diff = gitinfo.git_info(repo)
         atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
         atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
         if now_diff:
@@ -185,6 +241,7 @@ def build(
             "run_name": run_dir.name,
             "run_status": status,
             "with_checkpoint": with_checkpoint,
+            "fully_archivable": not not_archivable,
             "source": snap.as_dict(),
             "lock_sha256": {"recorded": record.get("lock_sha256"), "snapshot": lock_sha},
             "archived_with": {"python": sys.version.split()[0], "git": now_git.get("commit")},
@@ -196,6 +253,9 @@ def build(
             if p.is_file() and not p.is_symlink()
         }
         (root / MANIFEST).write_text(manifest_text(digests))
+        if sign_key is not None:
+            signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
+            meta["signed"] = True
         fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=out_dir)
         os.close(fd)
         try:
@@ -208,16 +268,16 @@ def build(
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    meta["members"] = len(digests) + 1
+    meta["members"] = len(digests) + 1 + (1 if sign_key is not None else 0)
     return target, meta
 
 
 def summary(record: dict, meta: dict, path: Path) -> str:
-    seeds = record.get("seeds") or {}
+    seeds = _dict(record.get("seeds"))
     streams = " ".join(
         f"{k}={seeds[k]}" for k in ("init", "data", "augment", "train") if k in seeds
     )
-    final = record.get("final_metrics") or {}
+    final = _dict(record.get("final_metrics"))
     shown = " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
         for k, v in final.items()
@@ -233,40 +293,41 @@ def summary(record: dict, meta: dict, path: Path) -> str:
     lines = [
         f"archived {meta['experiment_id']} (run {meta['run_name']}, {meta['run_status']})",
         f"  seeds    base={seeds.get('base')} ({seeds.get('source')})  {streams}",
-        f"  repro    {(record.get('repro') or {}).get('level')}",
+        f"  repro    {_dict(record.get('repro')).get('level')}",
         f"  metrics  epoch {final.get('epoch')}/{record.get('epochs_completed')}: {shown}",
         f"  source   {source}",
         *[f"  note     {n}" for n in src["notes"]],
         f"  archive  {path} ({size / 1024:.1f} KiB, {meta['members']} members, "
-        f"checkpoint {'included' if meta['with_checkpoint'] else 'left out'})",
+        f"checkpoint {'included' if meta['with_checkpoint'] else 'left out'}, "
+        f"{'signed' if meta.get('signed') else 'unsigned'})",
     ]
     return "\n".join(lines)
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reprotrain.tools.archive", description=__doc__)
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--out-dir", type=Path, default=Path("archives"))
+    p = cli.parser("reprotrain.tools.archive", __doc__)
+    p.add_argument("run_dir", type=cli.user_path)
+    p.add_argument("--out-dir", type=cli.user_path, default=Path("archives"))
     p.add_argument("--with-checkpoint", action="store_true", help="add the final checkpoint")
     p.add_argument("--allow-incomplete", action="store_true", help="archive a run not completed")
     p.add_argument("--force", action="store_true", help="overwrite an existing archive")
-    p.add_argument("--repo", type=Path, default=REPO_ROOT, help="checkout to rebuild source from")
+    p.add_argument(
+        "--repo", type=cli.user_path, default=REPO_ROOT, help="checkout to rebuild source from"
+    )
+    p.add_argument("--sign", type=cli.user_path, default=None, metavar="KEY",
+                   help="sign the manifest with this ssh key (ssh-keygen -Y sign)")  # fmt: skip
     args = p.parse_args(argv)
-    try:
-        path, meta = build(
-            args.run_dir,
-            args.out_dir,
-            repo=args.repo,
-            with_checkpoint=args.with_checkpoint,
-            allow_incomplete=args.allow_incomplete,
-            force=args.force,
-        )
-    except ArchiveError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    record = json.loads((Path(args.run_dir) / RUN_JSON).read_text())
-    print(summary(record, meta, path))
+    path, meta = build(
+        args.run_dir,
+        args.out_dir,
+        repo=args.repo,
+        with_checkpoint=args.with_checkpoint,
+        allow_incomplete=args.allow_incomplete,
+        force=args.force,
+        sign_key=args.sign,
+    )
+    print(summary(read_run_json(args.run_dir), meta, path))
     return 0
 
 

@@ -10,11 +10,11 @@ dev locks agree on shared packages. ``--record`` writes the ``<lock>.sha256`` si
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from reprotrain.repro.lockfile import DEFAULT_PAIRS, check_locks, write_record
+from reprotrain.tools import cli
 
 
 def _default_root() -> Path:
@@ -25,8 +25,9 @@ def _default_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="check_lock", description=__doc__.splitlines()[0])
+    parser = cli.parser("reprotrain.tools.check_lock", __doc__)
     parser.add_argument("--root", type=Path, default=None, help="repo root (default: auto)")
     parser.add_argument("--lock", action="append", default=[], help="lock file (repeatable)")
     parser.add_argument(

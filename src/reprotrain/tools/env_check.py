@@ -8,18 +8,19 @@ are locked (``--allow-unsafe``) and compared like everything else.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from reprotrain.repro.lockfile import env_drift, installed_versions
+from reprotrain.tools import cli
 from reprotrain.tools.check_lock import _default_root
 
 FIX = "fix: rm -rf .venv && make install"
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="env_check", description=__doc__.splitlines()[0])
+    parser = cli.parser("reprotrain.tools.env_check", __doc__)
     parser.add_argument("--root", type=Path, default=None, help="repo root (default: auto)")
     args = parser.parse_args(argv)
     root = args.root or _default_root()

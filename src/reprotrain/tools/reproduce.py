@@ -2,166 +2,100 @@
 
     python -m reprotrain.tools.reproduce archives/<id>-<run>.tar.gz [--epochs N]
         [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
-        [--extract-dir DIR] [--verify-only]
+        [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
+        [--repo CHECKOUT]
 
 Steps, each of which can stop the replay:
 
-1. **Check the archive before writing anything.** Every member must be a plain file or a
-   directory under one top folder (no absolute paths, no ``..``, no links, no devices), and
-   every file must match ``MANIFEST.sha256`` (no member changed, missing or extra). Only
-   then is it extracted (``tarfile`` ``filter="data"`` as a second guard) into a fresh
-   directory (a temp one unless ``--extract-dir``).
+1. **Check the archive before writing anything** (``tools/archive_check.py``). Every
+   member must be a plain file or a directory under one top folder (or under ``./``, as
+   ``tar -czf x.tar.gz .`` writes it), and every file must match ``MANIFEST.sha256``. The
+   record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
+   the verified bytes: a malformed one is refused here, exit 2.
 2. **Data.** ``data_fingerprint`` of the recorded dataset config, computed here and now,
    must equal the one in ``run.json`` (refused unless ``--allow-data-drift``).
-3. **Environment and code.** python/torch/numpy/CUDA/cuDNN/device/threads and the sha256 of
+3. **Trust** (``tools/trust.py``), still before extraction: the archived code runs only if
+   (a) ``source/`` is the recorded commit of this repository, rebuilt here, with no patch;
+   (b) the manifest's ssh signature verifies against ``--trusted-signers``; or (c)
+   ``--trust``. Otherwise refused in one line saying how to proceed.
+4. **Extract** into a fresh directory (a temp one unless ``--extract-dir``).
+5. **Environment and code.** python/torch/numpy/CUDA/cuDNN/device/threads and the sha256 of
    this checkout's ``requirements.lock`` against the recorded ones; the recorded commit and
    diff against this checkout's HEAD (informational: the replay uses the archived source).
-4. **Re-run** ``python -m reprotrain.train`` with the archived ``config.resolved.yaml`` under
-   the schema, the recorded seeds (``seed.base`` pinned when it came from entropy) and
-   ``PYTHONHASHSEED``, from the archived source snapshot: ``PYTHONPATH=<snapshot>/src``,
-   cwd = the snapshot root, so ``import reprotrain`` is the archived code, not this checkout
-   (checked before the run). The new run goes to ``<runs-dir>/<stamp>/`` with a
-   ``reproduction.json`` beside its ``run.json``. ``--epochs N`` re-runs only the first N
-   epochs (``trainer.stop_after_epoch=N``, same LR schedule) and compares those.
-5. **Compare** per-epoch fingerprints and final weights (``tools/compare.py``).
+6. **Re-run** ``python -m reprotrain.train`` with the archived ``config.resolved.yaml`` under
+   the schema, ``resume=null``, the recorded seeds (``seed.base`` pinned when it came from
+   entropy) and ``PYTHONHASHSEED``, from the archived source snapshot:
+   ``PYTHONPATH=<snapshot>/src``, cwd = the snapshot root, so ``import reprotrain`` is the
+   archived code, not this checkout (checked before the run). A run resumed with changed
+   overrides is replayed leg by leg (:func:`plan_replay`). The new run goes to
+   ``<runs-dir>/<stamp>/`` with a ``reproduction.json`` beside its ``run.json``.
+   ``--epochs N`` re-runs only the first N epochs (``trainer.stop_after_epoch=N``, same LR
+   schedule); an interrupted archive (``ALLOW_INCOMPLETE=1``) compares its completed epochs.
+7. **Compare** per-epoch fingerprints and final weights (``tools/compare.py``).
 
-Verdict (last line) and exit code:
+Verdict (last line, naming the trust rule that let the code run) and exit code:
 
     0  REPRODUCED (bitwise)         every compared epoch and the final weights match
     1  DIVERGED at epoch E (step S) first divergence, with the metric differences
-    2  refused (one line): bad/tampered/unsafe archive, data drift, bad arguments
+    2  refused (one line): bad/tampered/unsafe/untrusted archive, malformed record, data
+                                    drift, bad arguments, a config the archived trainer
+                                    refuses
     3  NOT COMPARABLE               environment differs, repro level fast, nondeterministic
-                                    ops recorded, or data drift allowed: bits are not
-                                    expected to match; metrics are judged against
-                                    --tolerance (absolute, on *_acc and *_loss) instead
+                                    ops recorded, data drift allowed, a resume history that
+                                    cannot be replayed, an environment-derived value that
+                                    differs: bits are not expected to match; metrics are
+                                    judged against --tolerance (absolute, on *_acc and
+                                    *_loss) instead
     4  the re-run itself failed     (its log is in the new run directory)
+
+``--verify-only`` checks the members and the manifest and extracts; it runs nothing, so it
+needs no trust.
 """
 
 from __future__ import annotations
 
-import argparse
-import gzip
-import hashlib
+import copy
+import errno
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import zlib
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
+from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
-from reprotrain.repro import environment, lockfile
-from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
-from reprotrain.safetar import unsafe_reason
-from reprotrain.tools.archive import MANIFEST, parse_manifest
+from reprotrain.quoting import hydra_override
+from reprotrain.repro import gitinfo, lockfile
+from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.repro.secrets import env_value_differences
+from reprotrain.tools import archive_check, cli, trust
+from reprotrain.tools.archive_check import MANIFEST, CheckedArchive, parse_manifest
 from reprotrain.tools.compare import compare_runs
 
+__all__ = ["MANIFEST", "Refusal", "main", "parse_manifest", "plan_replay", "reproduce"]
+
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
+EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
 DEFAULT_TOLERANCE = 0.02
 PRIMARY = "reproduce"
 REPORT = "reproduction.json"
+#: run.json key (written by the trainer) with {dotted key: {interpolation, sha256}} for
+#: config values that came from ``${oc.env:...}`` (repro/secrets.py).
+ENV_INTERPOLATIONS = "env_interpolations"
 #: Recorded environment keys whose difference means identical bits are not expected.
 ENV_KEYS = ("python", "torch", "numpy", "cuda", "cudnn", "machine", "num_threads")
 #: Shown when they differ, but not a reason on their own (kernel build, allowlisted vars).
 INFO_KEYS = ("os",)
 
-
-class Refusal(Exception):
-    """The archive or its data cannot be replayed as is: one line, exit 2."""
-
-
-# ----------------------------------------------------------------------------- the archive
-
-
-def check_members(tar: tarfile.TarFile) -> tuple[str, list[tarfile.TarInfo]]:
-    """(top folder, members) after refusing anything unsafe; nothing is written."""
-    members = tar.getmembers()
-    if not members:
-        raise Refusal("the archive is empty")
-    top = PurePosixPath(members[0].name).parts[0] if members[0].name else ""
-    seen: set[str] = set()
-    for m in members:
-        why = unsafe_reason(m)
-        if why is None and (PurePosixPath(m.name).parts or ("",))[0] != top:
-            why = f"outside the top folder {top!r}"
-        if why is None and top in (".", ""):
-            why = "no top folder"
-        if why is not None:
-            raise Refusal(f"unsafe member {m.name!r} ({why}); nothing extracted")
-        name = PurePosixPath(m.name).as_posix()
-        if name in seen:
-            raise Refusal(f"member {m.name!r} appears twice; nothing extracted")
-        seen.add(name)
-    return top, members
-
-
-def verify_manifest(tar: tarfile.TarFile, top: str, members: list[tarfile.TarInfo]) -> int:
-    """Every file member hashes to its MANIFEST.sha256 line; none missing, none extra."""
-    files = {PurePosixPath(m.name).relative_to(top).as_posix(): m for m in members if m.isreg()}
-    if MANIFEST not in files:
-        raise Refusal(f"no {top}/{MANIFEST} in the archive; not a reprotrain archive")
-    try:
-        expected = parse_manifest(tar.extractfile(files.pop(MANIFEST)).read().decode())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise Refusal(f"manifest check failed: {e}") from None
-    for rel in sorted(set(expected) - set(files)):
-        raise Refusal(f"manifest check failed: {top}/{rel} is in {MANIFEST} but not in the archive")
-    for rel in sorted(set(files) - set(expected)):
-        raise Refusal(f"manifest check failed: {top}/{rel} is in the archive but not in {MANIFEST}")
-    for rel in sorted(files):
-        h = hashlib.sha256()
-        f = tar.extractfile(files[rel])
-        for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-            h.update(chunk)
-        if h.hexdigest() != expected[rel]:
-            raise Refusal(
-                f"manifest check failed: {top}/{rel} sha256 {h.hexdigest()[:12]} != "
-                f"recorded {expected[rel][:12]} (member changed)"
-            )
-    return len(files)
-
-
-def check_compression(archive: Path) -> None:
-    """Read a gzip stream to its end so its CRC is checked (tarfile stops at the first bad
-    header and would report a corrupt archive as merely missing members)."""
-    with open(archive, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            return
-    try:
-        with gzip.open(archive, "rb") as f:
-            while f.read(1 << 20):
-                pass
-    except (OSError, EOFError, zlib.error) as e:
-        raise Refusal(f"{archive}: corrupt gzip stream ({e}); nothing extracted") from None
-
-
-def open_checked(archive: Path, dest: Path) -> Path:
-    """Check ``archive`` fully, then extract it into ``dest`` (new or empty); returns top dir."""
-    archive = Path(archive)
-    if not archive.is_file():
-        raise Refusal(f"{archive}: no such archive")
-    check_compression(archive)
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            top, members = check_members(tar)
-            verify_manifest(tar, top, members)
-    except (tarfile.TarError, OSError, EOFError) as e:
-        raise Refusal(f"{archive}: not a readable tar archive ({e})") from None
-    if dest.exists() and any(dest.iterdir()):
-        raise Refusal(f"extract dir {dest} is not empty")
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "r:*") as tar:
-        # Second guard: same member list, checked again by tarfile's "data" filter.
-        tar.extractall(dest, members=check_members(tar)[1], filter="data")
-    return dest / top
+Refusal = ReproduceRefused  # the name the tests and older callers use
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -177,7 +111,13 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
     ``allow_drift``, when it becomes a NOT COMPARABLE reason)."""
     from reprotrain.data.datasets import data_fingerprint
 
-    here = data_fingerprint(dataset_cfg)
+    try:
+        here = data_fingerprint(dataset_cfg)
+    except Exception as e:  # the archived config is data from elsewhere: say what failed
+        raise Refusal(
+            f"cannot fingerprint the archived dataset config here ({type(e).__name__}: "
+            f"{cli.one_line(str(e))[:200]})"
+        ) from None
     want = (recorded or {}).get("sha256")
     if want is not None and here.get("sha256") == want:
         return None
@@ -220,7 +160,7 @@ def environment_differences(recorded: dict, current: dict) -> tuple[list[str], l
 
 def code_differences(recorded_git: dict, repo: Path = REPO_ROOT) -> list[str]:
     """Recorded commit/dirty vs this checkout (the replay runs the archived source anyway)."""
-    now, diff = environment.git_info(repo)
+    now, diff = gitinfo.git_info(repo)
     out = []
     if now.get("commit") is None:
         out.append(f"{repo} is not a git checkout")
@@ -236,6 +176,14 @@ def code_differences(recorded_git: dict, repo: Path = REPO_ROOT) -> list[str]:
     return out
 
 
+def not_fully_archivable(record: dict) -> str | None:
+    git = record.get("git") or {}
+    if git.get("fully_archivable", True) is not False:
+        return None
+    missing = ", ".join(str(p) for p in (git.get("not_archived") or [])[:5]) or "see run.json"
+    return f"the run used untracked files that are not in the archive ({missing})"
+
+
 def not_comparable_reasons(record: dict) -> list[str]:
     reasons = []
     level = (record.get("repro") or {}).get("level")
@@ -244,6 +192,10 @@ def not_comparable_reasons(record: dict) -> list[str]:
     if record.get("nondeterministic_ops"):
         ops = ", ".join(record["nondeterministic_ops"][:3])
         reasons.append(f"the run recorded nondeterministic ops ({ops})")
+    for entry in record.get("resumes") or []:
+        if isinstance(entry, dict) and entry.get("bitwise_guarantee") is False:
+            why = "; ".join(entry.get("mismatch") or []) or "environment changed"
+            reasons.append(f"resumed at global step {entry.get('global_step')} with {why}")
     return reasons
 
 
@@ -265,30 +217,128 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
     return lines, within
 
 
+# ----------------------------------------------------------------------------- resume history
+
+
+class NotReplayable(Exception):
+    """The archived history cannot be replayed: a NOT COMPARABLE reason, never DIVERGED."""
+
+
+@dataclass
+class Leg:
+    """One trainer process of a replay: fresh (the first) or resumed (``resume=auto``)."""
+
+    config: dict  # unresolved container this leg runs under
+    resume: bool
+    stop_at_global_step: int | None  # None: to the end (or --epochs)
+    changes: dict[str, Any] = field(default_factory=dict)  # vs the previous leg
+
+
+def _get(node: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(dotted)
+        node = node[part]
+    return node
+
+
+def _set(node: dict, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def plan_replay(
+    final_config: dict, resumes: list[dict], until_global_step: int | None = None
+) -> list[Leg]:
+    """The trainer processes that replay a run's resume history.
+
+    ``resumes`` is run.json's list; an entry that changed the config carries
+    ``{"global_step": N, "overrides": {"<dotted key>": {"from": old, "to": new}}}``. Entries
+    without overrides (a plain interrupted-and-resumed run) are invisible to the numbers and
+    need no leg of their own. The first leg starts fresh from the config as it was before the
+    first change (``final_config`` with every change undone, newest first) and stops at the
+    first changing resume's step; each further leg resumes with that entry's overrides
+    applied. ``until_global_step`` drops legs that start at or after it (``--epochs``).
+    """
+    changing = []
+    last_step = -1
+    for entry in resumes or []:
+        if not isinstance(entry, dict) or not entry.get("overrides"):
+            continue
+        step, overrides = entry.get("global_step"), entry["overrides"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < last_step:
+            raise NotReplayable(f"resume entry with global_step {step!r} is out of order")
+        if not isinstance(overrides, dict) or not all(
+            isinstance(v, dict) and {"from", "to"} <= set(v) for v in overrides.values()
+        ):
+            raise NotReplayable(
+                f"the resume at global step {step} recorded overrides without their previous "
+                "values ({key: {from, to}})"
+            )
+        changing.append((step, overrides))
+        last_step = step
+    current = copy.deepcopy(final_config)
+    for step, overrides in reversed(changing):
+        for key, change in overrides.items():
+            try:
+                now = _get(current, key)
+            except KeyError:
+                raise NotReplayable(f"resume override {key} is not in the config") from None
+            if now != change["to"]:
+                raise NotReplayable(
+                    f"resume at global step {step} set {key}={change['to']!r}, but the config "
+                    f"has {now!r} there"
+                )
+            _set(current, key, change["from"])
+    legs = [Leg(config=copy.deepcopy(current), resume=False, stop_at_global_step=None)]
+    for step, overrides in changing:
+        if until_global_step is not None and step >= until_global_step:
+            break
+        legs[-1].stop_at_global_step = step
+        for key, change in overrides.items():
+            _set(current, key, change["to"])
+        legs.append(
+            Leg(
+                config=copy.deepcopy(current),
+                resume=True,
+                stop_at_global_step=None,
+                changes={k: c["to"] for k, c in overrides.items()},
+            )
+        )
+    return legs
+
+
 # ----------------------------------------------------------------------------- the re-run
 
 
-def _override_value(value: str) -> str:
-    if re.fullmatch(r"[\w./:+-]+", value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def rerun_command(
-    source: Path, config_dir: Path, run_dir: Path, record: dict, cfg, epochs: int | None
+    config_dir: Path,
+    run_dir: Path,
+    record: dict,
+    cfg,
+    stop_after_epoch: int | None,
+    config_name: str = PRIMARY,
+    leg: Leg | None = None,
 ) -> list[str]:
-    overrides = [f"hydra.run.dir={_override_value(str(run_dir))}"]
+    """The trainer command for one leg: every path quoted for Hydra; ``resume=null`` on a
+    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited."""
+    overrides = [hydra_override("hydra.run.dir", run_dir)]
+    overrides.append("resume=auto" if leg is not None and leg.resume else "resume=null")
     seeds = record.get("seeds") or {}
     if seeds.get("source") == "entropy":
         overrides.append(f"seed.base={int(seeds['base'])}")
-    if cfg.dataset.name == "cifar10":
-        root = current_data_dir(str(cfg.dataset.root))
-        overrides.append(f"dataset.root={_override_value(str(root))}")
-    if epochs is not None:
-        overrides.append(f"trainer.stop_after_epoch={epochs}")
+    if OmegaConf.select(cfg, "dataset.name") == "cifar10":
+        root = current_data_dir(str(OmegaConf.select(cfg, "dataset.root", default="data")))
+        overrides.append(hydra_override("dataset.root", root))
+    if leg is not None and leg.stop_at_global_step is not None:
+        overrides.append(f"trainer.stop_at_global_step={int(leg.stop_at_global_step)}")
+    elif stop_after_epoch is not None:
+        overrides.append(f"trainer.stop_after_epoch={int(stop_after_epoch)}")
     return [
         sys.executable, "-m", "reprotrain.train",
-        f"--config-path={config_dir}", f"--config-name={PRIMARY}", *overrides,
+        f"--config-path={config_dir}", f"--config-name={config_name}", *overrides,
     ]  # fmt: skip
 
 
@@ -305,7 +355,8 @@ def rerun_env(source: Path, record: dict) -> dict[str, str]:
 
 
 def imported_from(source: Path, env: dict[str, str]) -> Path:
-    """Where ``import reprotrain`` resolves for the re-run (must be inside the snapshot)."""
+    """Where ``import reprotrain`` resolves for the re-run (must be inside the snapshot).
+    The first thing from the archive that executes: only called after the trust verdict."""
     out = subprocess.run(
         [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
         cwd=source,
@@ -315,7 +366,7 @@ def imported_from(source: Path, env: dict[str, str]) -> Path:
         timeout=60,
     )
     if out.returncode != 0:
-        raise Refusal(f"the archived source does not import: {out.stderr.strip()[-200:]}")
+        raise Refusal(f"the archived source does not import: {cli.one_line(out.stderr)[-200:]}")
     return Path(out.stdout.strip()).resolve()
 
 
@@ -323,57 +374,147 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     """What this machine would record, before the re-run (the re-run's run.json decides)."""
     import torch
 
+    from reprotrain.repro import environment
+
     dev = ((record.get("environment") or {}).get("device") or {}).get("type", "cpu")
     device = torch.device("cuda" if dev == "cuda" and torch.cuda.is_available() else "cpu")
     env = environment.capture(device)
-    env["num_threads"] = int(cfg.repro.num_threads)  # the trainer sets it from the config
+    env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
     return {"environment": env, "lock_sha256": lockfile.lock_sha256(REPO_ROOT)}
+
+
+def _config_yaml(text: str) -> str:
+    return (
+        "# Written by `make reproduce`: the archived config under the reprotrain schema.\n"
+        "defaults:\n  - train_schema\n  - _self_\n\n" + text
+    )
 
 
 # ----------------------------------------------------------------------------- main
 
 
-def reproduce(args: argparse.Namespace) -> int:
+def _check_dirs(args) -> None:
+    """Paths the user gave are checked before the (slow) archive checks."""
+    if args.extract_dir is not None:
+        d = Path(args.extract_dir)
+        if d.exists() and not d.is_dir():
+            raise Refusal(f"--extract-dir {d}: {os.strerror(errno.ENOTDIR)}")
+        if d.is_dir() and any(d.iterdir()):
+            raise Refusal(f"--extract-dir {d} is not empty")
+    for parent in (Path(args.runs_dir), *Path(args.runs_dir).parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise Refusal(f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
+            break
+    if args.trusted_signers is not None and not Path(args.trusted_signers).is_file():
+        raise Refusal(f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}")
+
+
+def completed_epochs(checked: CheckedArchive) -> int:
+    """Epochs the archived run finished: its fingerprints, which an interrupted run has too
+    (``epochs_completed`` is only written at the end)."""
+    return len(checked.fingerprints)
+
+
+def reproduce(args) -> int:
     archive = Path(args.archive).resolve()
+    _check_dirs(args)
+    if args.verify_only:
+        checked = archive_check.verify(archive)
+        dest = Path(args.extract_dir or tempfile.mkdtemp(prefix="reprotrain-verify-"))
+        try:
+            archive_check.extract(checked, dest)
+            print(f"archive  {archive}: manifest verified, extracted to {dest}")
+        finally:
+            if args.extract_dir is None:
+                shutil.rmtree(dest, ignore_errors=True)
+        return EXIT_REPRODUCED
+    checked = archive_check.check_record(archive_check.verify(archive))
+    signed = ", signed" if checked.signature is not None else ""
+    print(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
+    return _replay(args, archive, checked)
+
+
+def _replay(args, archive: Path, checked: CheckedArchive) -> int:
+    record, cfg = checked.record, checked.config
+    done = completed_epochs(checked)
+    complete = record.get("status") == "completed"
+    if done == 0:
+        raise Refusal("the archived run completed no epoch; there is nothing to compare")
+    if args.epochs is not None and not 1 <= args.epochs <= done:
+        raise Refusal(f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)")
+    # An interrupted archive is compared over the epochs it completed, never as DIVERGED
+    # for the ones it did not get to.
+    epochs = args.epochs if args.epochs is not None else (None if complete else done)
+    until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
+    raw_cfg = OmegaConf.to_container(cfg, resolve=False)
+    try:
+        legs = plan_replay(raw_cfg, record.get("resumes") or [], until)
+        if len(legs) > 1 and "stop_at_global_step" not in (raw_cfg.get("trainer") or {}):
+            raise NotReplayable(
+                f"the run was resumed with changed overrides at global step(s) "
+                f"{', '.join(str(leg.stop_at_global_step) for leg in legs[:-1])}, and the "
+                "archived trainer has no trainer.stop_at_global_step to replay that history"
+            )
+    except NotReplayable as e:
+        verdict = f"NOT COMPARABLE: {e}"
+        print(verdict)
+        return EXIT_NOT_COMPARABLE
+
+    # Values the run read from its environment must be resolvable here (named, not shown).
+    env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
+    unresolved = [d for d in env_values if "cannot be resolved" in d]
+    if unresolved:
+        raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
+    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
+    if OmegaConf.select(cfg, "dataset.name") == "cifar10":
+        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
+    data_problem = check_data(data_cfg, record.get("data_fingerprint"), args.allow_data_drift)
+
+    verdict_trust = trust.decide(checked, Path(args.repo), args.trusted_signers, args.trust)
+    print(f"trust    {verdict_trust.line()}")
+    seeds, level = record["seeds"], record["repro"]["level"]
+    status = "" if complete else f" (run {record.get('status')}: comparing those)"
+    print(f"run      {record.get('experiment_id')}  seeds base={seeds['base']} "
+          f"({seeds.get('source')})  repro={level}  epochs={done}{status}")  # fmt: skip
+    print(f"data     {'DIFFERS: ' + data_problem if data_problem else 'fingerprint matches'}")
+    partial_archive = not_fully_archivable(record)
+    if partial_archive:
+        print(f"code     NOT FULLY ARCHIVABLE: {partial_archive}")
+    for line in code_differences(record.get("git") or {}, Path(args.repo)) or [
+        "this checkout: same commit, clean"
+    ]:
+        print(f"code     {line}")
+
     tmp_extract = args.extract_dir is None
-    extract = (
-        Path(tempfile.mkdtemp(prefix="reprotrain-reproduce-"))
-        if tmp_extract
-        else Path(args.extract_dir).resolve()
+    extract = Path(
+        tempfile.mkdtemp(prefix="reprotrain-reproduce-") if tmp_extract else args.extract_dir
     )
     try:
-        top = open_checked(archive, extract)
-        print(f"archive  {archive}: manifest verified, extracted to {extract}")
-        if args.verify_only:
-            return EXIT_REPRODUCED
-        return _replay(args, archive, top)
+        top = archive_check.extract(checked, extract.resolve())
+        print(f"code     re-run uses the archived source ({top / 'source'})")
+        return _rerun(args, archive, checked, top, legs, epochs, data_problem, env_values,
+                      partial_archive, verdict_trust)  # fmt: skip
     finally:
         if tmp_extract:
             shutil.rmtree(extract, ignore_errors=True)
 
 
-def _replay(args: argparse.Namespace, archive: Path, top: Path) -> int:
+def _rerun(
+    args,
+    archive: Path,
+    checked: CheckedArchive,
+    top: Path,
+    legs: list[Leg],
+    epochs: int | None,
+    data_problem: str | None,
+    env_values: list[str],
+    partial_archive: str | None,
+    verdict_trust: trust.Verdict,
+) -> int:
+    record, cfg = checked.record, checked.config
     run, source = top / "run", top / "source"
-    record = json.loads((run / RUN_JSON).read_text())
-    cfg = OmegaConf.load(run / RESOLVED_CONFIG)
-    completed = int(record.get("epochs_completed") or 0)
-    if args.epochs is not None and not 1 <= args.epochs <= completed:
-        raise Refusal(f"--epochs {args.epochs}: the archived run has {completed} epoch(s)")
-    if not (source / "src" / "reprotrain").is_dir():
-        raise Refusal("the archive has no source snapshot (source/src/reprotrain)")
-
-    data_cfg = OmegaConf.merge(cfg.dataset, {})
-    if cfg.dataset.name == "cifar10":
-        data_cfg.root = str(current_data_dir(str(cfg.dataset.root)))
-    data_problem = check_data(data_cfg, record.get("data_fingerprint"), args.allow_data_drift)
-    print(f"run      {record.get('experiment_id')}  seeds base={record['seeds']['base']} "
-          f"({record['seeds']['source']})  repro={record['repro']['level']}  "
-          f"epochs={completed}")  # fmt: skip
-    print(f"data     {'DIFFERS: ' + data_problem if data_problem else 'fingerprint matches'}")
-    for line in code_differences(record.get("git") or {}) or ["this checkout: same commit, clean"]:
-        print(f"code     {line}")
-    print(f"code     re-run uses the archived source ({source})")
     env = rerun_env(source, record)
     blocking, info = environment_differences(record, _current_preview(record, cfg, env))
     for line in blocking + info:
@@ -384,21 +525,35 @@ def _replay(args: argparse.Namespace, archive: Path, top: Path) -> int:
     stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
     new_run = (Path(args.runs_dir) / stamp).resolve()
     config_dir = top / "rerun-config"
-    atomic_write_text(
-        config_dir / f"{PRIMARY}.yaml",
-        "# Written by `make reproduce`: the archived config under the reprotrain schema.\n"
-        "defaults:\n  - train_schema\n  - _self_\n\n" + (run / RESOLVED_CONFIG).read_text(),
-    )
     where = imported_from(source, env)
     if not where.is_relative_to(source.resolve()):
         raise Refusal(f"the re-run would import reprotrain from {where}, not the archive")
-    cmd = rerun_command(source, config_dir, new_run, record, cfg, args.epochs)
     print(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
-    print(f"$ {' '.join(cmd[1:])}", flush=True)
-    rc = subprocess.call(cmd, cwd=source, env=env)
-    if rc != 0 or not (new_run / RUN_JSON).is_file():
-        print(f"error: the re-run failed (exit {rc}); see {new_run}/train.log", file=sys.stderr)
-        return EXIT_RERUN_FAILED
+    for i, leg in enumerate(legs):
+        name = PRIMARY if len(legs) == 1 else f"{PRIMARY}-leg{i}"
+        text = (
+            checked.text("run/config.resolved.yaml")
+            if len(legs) == 1
+            else OmegaConf.to_yaml(OmegaConf.create(leg.config))
+        )
+        atomic_write_text(config_dir / f"{name}.yaml", _config_yaml(text))
+        last = i == len(legs) - 1
+        cmd = rerun_command(config_dir, new_run, record, cfg, epochs if last else None, name, leg)
+        if leg.changes:
+            print(
+                f"leg {i}    resume with {', '.join(f'{k}={v!r}' for k, v in leg.changes.items())}"
+            )
+        print(f"$ {' '.join(cmd[1:])}", flush=True)
+        rc = subprocess.call(cmd, cwd=source, env=env)
+        if rc == 2:
+            # The archived trainer refused the config and said why on stderr, in one line.
+            print("re-run   refused by the archived trainer (exit 2); see the line above")
+            return EXIT_REFUSED
+        # A leg that stops at a global step may report itself interrupted (75) or done (0).
+        ok = (0,) if last else (0, EXIT_STOPPED)
+        if rc not in ok or not (new_run / RUN_JSON).is_file():
+            print(f"error: the re-run failed (exit {rc}); see {new_run}/train.log", file=sys.stderr)
+            return EXIT_RERUN_FAILED
 
     new_record = json.loads((new_run / RUN_JSON).read_text())
     # Authoritative: what the re-run itself recorded, with this checkout's lock.
@@ -407,13 +562,17 @@ def _replay(args: argparse.Namespace, archive: Path, top: Path) -> int:
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
     if data_problem:
         reasons.append(data_problem)
-    result = compare_runs(run, new_run, epochs=args.epochs)
+    reasons += [f"environment-derived value: {d}" for d in env_values]
+    result = compare_runs(run, new_run, epochs=epochs)
+    if partial_archive and not result.identical:
+        reasons.append(partial_archive)
     lines, within = tolerance_report(result.metric_diffs, args.tolerance)
-    scope = f"epoch(s) 1-{result.epochs_compared}" + ("" if args.epochs else " + final weights")
+    scope = f"epoch(s) 1-{result.epochs_compared}" + ("" if epochs else " + final weights")
+    trusted = f" [trust {verdict_trust.rule}]"
     if reasons:
         code = EXIT_NOT_COMPARABLE
         bits = "bits match anyway" if result.identical else result.verdict()
-        verdict = "NOT COMPARABLE: " + "; ".join(reasons)
+        verdict = "NOT COMPARABLE: " + "; ".join(reasons) + trusted
         detail = [
             f"  ({bits}); metrics "
             + ("identical" if not lines else ("within" if within else "OUTSIDE"))
@@ -422,14 +581,14 @@ def _replay(args: argparse.Namespace, archive: Path, top: Path) -> int:
         ]
     elif result.identical:
         code = EXIT_REPRODUCED
-        verdict = f"REPRODUCED (bitwise): {scope} match the archived run"
+        verdict = f"REPRODUCED (bitwise): {scope} match the archived run{trusted}"
         detail = []
     else:
         code = EXIT_DIVERGED
         where = f"epoch {result.divergent_epoch}" if result.divergent_epoch else "final weights"
         if result.divergent_step is not None:
             where += f" (step {result.divergent_step})"
-        verdict = f"DIVERGED at {where}: " + "; ".join(result.reasons)
+        verdict = f"DIVERGED at {where}: " + "; ".join(result.reasons) + trusted
         detail = [
             "  metric differences ("
             + ("within" if within else "OUTSIDE")
@@ -441,7 +600,10 @@ def _replay(args: argparse.Namespace, archive: Path, top: Path) -> int:
         "archive": str(archive),
         "archived_experiment_id": record.get("experiment_id"),
         "archived_run": record.get("run_dir"),
-        "epochs": args.epochs,
+        "epochs": epochs,
+        "legs": len(legs),
+        "trust": {"rule": verdict_trust.rule, "detail": verdict_trust.detail},
+        "fully_archivable": partial_archive is None,
         "verdict": verdict,
         "exit_code": code,
         "environment_differences": blocking,
@@ -452,28 +614,64 @@ def _replay(args: argparse.Namespace, archive: Path, top: Path) -> int:
     }
     atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
     print(f"new run  {new_run}")
+    if partial_archive and result.identical:
+        print(f"  note: {partial_archive}; the bits match without them")
     for line in detail:
         print(line)
     print(verdict)
     return code
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _tolerance(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+_positive_int.__name__ = "positive integer"
+_tolerance.__name__ = "finite non-negative number"
+
+
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reprotrain.tools.reproduce", description=__doc__)
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("archive", type=Path)
-    p.add_argument("--epochs", type=int, default=None, help="compare only the first N epochs")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
+    p = cli.parser("reprotrain.tools.reproduce", __doc__)
+    p.add_argument("archive", type=cli.user_path)
+    p.add_argument("--epochs", type=_positive_int, default=None, help="compare only the first N")
+    p.add_argument("--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE)
     p.add_argument("--allow-data-drift", action="store_true")
-    p.add_argument("--runs-dir", type=Path, default=Path("outputs") / "reproduce")
-    p.add_argument("--extract-dir", type=Path, default=None, help="keep the extracted archive")
+    p.add_argument("--runs-dir", type=cli.user_path, default=Path("outputs") / "reproduce")
+    p.add_argument(
+        "--extract-dir", type=cli.user_path, default=None, help="keep the extracted archive"
+    )
     p.add_argument("--verify-only", action="store_true", help="check and extract, no re-run")
+    p.add_argument(
+        "--trusted-signers",
+        type=cli.user_path,
+        default=None,
+        metavar="FILE",
+        help="OpenSSH allowed-signers file to verify a signed archive against",
+    )
+    p.add_argument(
+        "--trust",
+        action="store_true",
+        help="run the archive's code even if neither (a) nor (b) holds",
+    )
+    p.add_argument(
+        "--repo",
+        type=cli.user_path,
+        default=REPO_ROOT,
+        help="checkout for rule (a) (default: this one)",
+    )
     args = p.parse_args(argv)
-    try:
-        return reproduce(args)
-    except Refusal as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_REFUSED
+    return reproduce(args)
 
 
 if __name__ == "__main__":

@@ -1,57 +1,119 @@
 """``make resume RUN=<run dir>``: continue an interrupted run in place, with its own config.
 
+    python -m reprotrain.tools.resume <run dir> [overrides...]
+
 The recorded ``config.resolved.yaml`` becomes the primary config (under the same schema,
 so extra overrides are still type-checked), the run directory stays the same, and
 ``resume=auto`` picks the newest valid checkpoint. Extra overrides are allowed, but the
 trainer refuses any that change the numbers (only ``trainer.epochs`` may grow).
+
+Any run directory name works: the path is passed to Hydra as a quoted override value
+(spaces, commas, quotes, ``~ # & = [ ( ,``, non-ASCII). The primary config is written to a
+private temporary directory, never into the run: a refused resume leaves the run directory
+exactly as it was. The trainer runs as a child process; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2
+sent to this process are forwarded to it (Ctrl-C reaches both through the terminal), and its
+exit code is this tool's exit code.
+
+Exit codes: the trainer's (0 completed, 2 refused, 75 interrupted again, ...); 2 when the
+run directory is missing or its record is unreadable (one line naming the file).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text
+from reprotrain.errors import RecordError
+from reprotrain.quoting import hydra_override, resume_hint
+from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON
+from reprotrain.tools import cli
+from reprotrain.tools.readers import read_config, read_run_json, read_text
+
+__all__ = ["PRIMARY", "main", "resume_command", "resume_hint"]
 
 PRIMARY = "resume.yaml"
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        print(
-            "error: usage: python -m reprotrain.tools.resume <run dir> [overrides]", file=sys.stderr
+def check_run_dir(run_dir: Path) -> None:
+    """One line for every way a run directory can be unusable, before anything runs."""
+    if not run_dir.exists():
+        raise RecordError(f"{run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise RecordError(f"{run_dir}: not a directory (give the run directory, not a file)")
+    if not (run_dir / RUN_JSON).is_file() or not (run_dir / RESOLVED_CONFIG).is_file():
+        raise RecordError(
+            f"{run_dir} is not a reprotrain run directory (no {RUN_JSON} or {RESOLVED_CONFIG})"
         )
-        return 2
-    run_dir, overrides = Path(args[0]).resolve(), args[1:]
-    recorded = run_dir / RESOLVED_CONFIG
-    if not (run_dir / RUN_JSON).is_file() or not recorded.is_file():
-        print(
-            f"error: {run_dir} is not a reprotrain run directory (no {RUN_JSON} or "
-            f"{RESOLVED_CONFIG})",
-            file=sys.stderr,
-        )
-        return 2
-    config_dir = run_dir / ".hydra"
-    atomic_write_text(
-        config_dir / PRIMARY,
+    read_run_json(run_dir)
+    read_config(run_dir / RESOLVED_CONFIG)
+
+
+def primary_config_text(run_dir: Path) -> str:
+    return (
         "# Written by `make resume`: the recorded config under the reprotrain schema.\n"
-        "defaults:\n  - train_schema\n  - _self_\n\n" + recorded.read_text(),
+        "defaults:\n  - train_schema\n  - _self_\n\n" + read_text(run_dir / RESOLVED_CONFIG)
     )
-    cmd = [
+
+
+def resume_command(run_dir: Path, config_dir: Path, overrides: list[str]) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "reprotrain.train",
         f"--config-path={config_dir}",
         f"--config-name={PRIMARY.removesuffix('.yaml')}",
-        f"hydra.run.dir={run_dir}",
+        hydra_override("hydra.run.dir", run_dir),
         "hydra.output_subdir=null",  # keep the original .hydra/ record untouched
         *([] if any(o.startswith("resume=") for o in overrides) else ["resume=auto"]),
         *overrides,
     ]
-    os.environ.setdefault("PYTHONHASHSEED", "0")
-    os.execv(sys.executable, cmd)
+
+
+def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the trainer as a child; forward termination signals; return its exit code the
+    way a shell reports it (128 + signal number when it was killed by one)."""
+    proc = subprocess.Popen(cmd, env=env)
+    previous = {}
+
+    def forward(signum, frame) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    for sig in FORWARDED:
+        previous[sig] = signal.signal(sig, forward)
+    # Ctrl-C is delivered by the terminal to the whole process group: the trainer gets it
+    # directly (a second copy from here would count as the "second SIGINT" that aborts).
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda s, f: None)
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - rc if rc < 0 else rc
+
+
+@cli.entry_point
+def main(argv: list[str] | None = None) -> int:
+    p = cli.parser("reprotrain.tools.resume", __doc__)
+    p.add_argument("run_dir", type=cli.user_path, help="the run directory to continue")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. trainer.epochs=5)")
+    args = p.parse_args(argv)
+    run_dir = args.run_dir.expanduser().resolve()
+    check_run_dir(run_dir)
+    config_dir = Path(tempfile.mkdtemp(prefix="reprotrain-resume-"))
+    try:
+        (config_dir / PRIMARY).write_text(primary_config_text(run_dir))
+        env = {**os.environ}
+        env.setdefault("PYTHONHASHSEED", "0")
+        return run_forwarding_signals(resume_command(run_dir, config_dir, args.overrides), env)
+    finally:
+        shutil.rmtree(config_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 Closes: code drift between a run and its archive. The working tree may have changed since
 the run (an edit, a checkout, a ``git pull``), so the snapshot is rebuilt from what the run
 recorded: ``git archive <recorded commit>`` of the paths below, with the run's ``git.diff``
-(uncommitted changes and untracked files at training time) applied on top with
-``git apply``. Only when there is no git to ask (the repo is not a checkout, or the run
-recorded no commit) is the current working tree copied instead, and the returned note says
-so, so the archive never claims more than it knows.
+(uncommitted tracked changes, plus untracked files only where the run opted them in with
+``record.include_untracked``) applied on top with ``git apply``. Only when there is no git
+to ask (the repo is not a checkout, or the run recorded no commit) is the current working
+tree copied instead, and the returned note says so, so the archive never claims more than
+it knows.
 
 The snapshot keeps the repository layout (``src/``, ``conf/``, locks, ``pyproject.toml``,
 ``Makefile``), which is what ``reprotrain.paths`` needs to find ``conf/`` from the package:
@@ -15,7 +16,6 @@ The snapshot keeps the repository layout (``src/``, ``conf/``, locks, ``pyprojec
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
 import shutil
@@ -24,21 +24,15 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: What a snapshot holds, as git pathspecs / glob patterns relative to the repo root.
-SNAPSHOT_PATHS: tuple[str, ...] = (
-    "src",
-    "conf",
-    "pyproject.toml",
-    "Makefile",
-    "requirements*.lock",
-    "requirements*.lock.sha256",
-    "requirements*.in",
-)
-_SKIP_PARTS = ("__pycache__", ".egg-info")
+from reprotrain.errors import SnapshotError
+from reprotrain.repro import gitinfo
 
+__all__ = ["SNAPSHOT_PATHS", "Snapshot", "SnapshotError", "build", "from_git", "is_git_repo"]
 
-class SnapshotError(Exception):
-    """The snapshot cannot be built as the run ran (commit gone, diff does not apply)."""
+#: What a snapshot holds, as git pathspecs / glob patterns relative to the repo root (one
+#: list, shared with the trainer's record of which untracked files an archive would miss).
+SNAPSHOT_PATHS = gitinfo.SNAPSHOT_PATHS
+_in_snapshot = gitinfo.in_snapshot
 
 
 @dataclass
@@ -65,19 +59,25 @@ def _git(repo: Path, *args: str, input_bytes: bytes | None = None) -> subprocess
     )
 
 
-def _in_snapshot(rel: str) -> bool:
-    first = rel.split("/", 1)[0]
-    if any(part in rel for part in _SKIP_PARTS):
-        return False
-    return any(fnmatch.fnmatchcase(first, pat) for pat in SNAPSHOT_PATHS)
-
-
 def is_git_repo(repo: Path) -> bool:
     try:
         out = _git(repo, "rev-parse", "--show-toplevel")
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and Path(out.stdout.decode().strip()).resolve() == repo.resolve()
+
+
+def check_commit(repo: Path, commit: object) -> None:
+    """SnapshotError unless ``commit`` is a full object id that ``repo`` has (checked before
+    anything is written, so a refused archive leaves nothing behind)."""
+    if not gitinfo.is_commit_id(commit):
+        # Only a full hex id reaches git: a recorded "commit" is data, never an option.
+        raise SnapshotError(f"recorded commit {str(commit)[:80]!r} is not a git object id")
+    if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise SnapshotError(
+            f"commit {str(commit)[:12]} is not in {repo} (rebased or not fetched?); "
+            "fetch it, or archive from a clone that has it"
+        )
 
 
 def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
@@ -87,11 +87,7 @@ def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
     belongs to the record in ``run/git.diff``, not to the code that ran).
     """
     repo, dest = Path(repo), Path(dest)
-    if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        raise SnapshotError(
-            f"commit {commit[:12]} is not in {repo} (rebased or not fetched?); "
-            "fetch it, or archive from a clone that has it"
-        )
+    check_commit(repo, commit)
     listed = _git(repo, "ls-tree", "-r", "--name-only", commit)
     paths = sorted({p.split("/", 1)[0] for p in listed.stdout.decode().splitlines()})
     wanted = [p for p in paths if _in_snapshot(p)]

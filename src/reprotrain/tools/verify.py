@@ -1,39 +1,71 @@
 """``make verify``: run one config twice in fresh processes and demand identical bits.
 
-    python -m reprotrain.tools.verify experiment=smoke
+    python -m reprotrain.tools.verify [--out-dir outputs/verify] experiment=smoke ...
 
-Each run gets its own directory (outputs/verify/<stamp>/a and b). Exit 0 only when every
+Each run gets its own directory (<out-dir>/<stamp>/a and b). Exit 0 only when every
 epoch's fingerprint (weights sha256 and step losses) and the final weights match; else
-print the first divergent epoch (and step) and exit 1. Exit 2 when a run itself failed.
+print the first divergent epoch (and step) and exit 1. Exit 2 when a run was refused (the
+trainer's own one-line error is shown, not repeated) or failed.
+
+The run directories are chosen here, so ``hydra.run.dir`` and ``--multirun`` are refused.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from reprotrain.errors import ReprotrainError
+from reprotrain.quoting import hydra_override
+from reprotrain.tools import cli
 from reprotrain.tools.compare import compare_runs
 
+_OWN = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
 
-def run_once(overrides: list[str], run_dir: Path) -> int:
-    cmd = [sys.executable, "-m", "reprotrain.train", *overrides, f"hydra.run.dir={run_dir}"]
+
+def check_overrides(overrides: list[str]) -> None:
+    for o in overrides:
+        if o.lstrip("+~").startswith(_OWN):
+            raise ReprotrainError(
+                f"verify chooses the run directories itself; drop {o.split('=', 1)[0]} "
+                "(use --out-dir to choose where they go)"
+            )
+        if o in ("-m", "--multirun"):
+            raise ReprotrainError("verify runs one config twice; --multirun is not supported")
+
+
+def run_once(overrides: list[str], run_dir: Path) -> tuple[int, str | None]:
+    cmd = [sys.executable, "-m", "reprotrain.train", *overrides]
+    cmd.append(hydra_override("hydra.run.dir", run_dir))
     print(f"$ {' '.join(cmd[1:])}", flush=True)
-    return subprocess.call(cmd, env={**os.environ, "PYTHONHASHSEED": "0"})
+    return cli.run_forwarding_errors(cmd, env={**os.environ, "PYTHONHASHSEED": "0"})
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    overrides = list(sys.argv[1:] if argv is None else argv)
-    base = Path("outputs") / "verify" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
+    p = cli.parser("reprotrain.tools.verify", __doc__)
+    p.add_argument("--out-dir", type=cli.user_path, default=Path("outputs") / "verify")
+    args, overrides = p.parse_known_args(argv)
+    unknown = [o for o in overrides if o.startswith("--") and o != "--multirun"]
+    if unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    check_overrides(overrides)
+    for parent in (args.out_dir, *args.out_dir.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ReprotrainError(
+                f"--out-dir {args.out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
+            )
+    base = args.out_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
     dirs = [base / "a", base / "b"]
     for run_dir in dirs:
-        rc = run_once(overrides, run_dir)
+        rc, error_line = run_once(overrides, run_dir)
         if rc != 0:
-            print(
-                f"error: run in {run_dir} failed (exit {rc}); nothing to compare", file=sys.stderr
-            )
+            if error_line is None:  # the trainer did not say why: say what we know
+                print(f"error: run in {run_dir} failed (exit {rc}); nothing to compare",
+                      file=sys.stderr)  # fmt: skip
             return 2
     result = compare_runs(*dirs)
     print(result.verdict())

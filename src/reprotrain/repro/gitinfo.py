@@ -1,0 +1,192 @@
+"""Code identity for run.json without copying anything that was never committed.
+
+Closes (as records): code drift (commit, branch, dirty flag, the tracked diff saved beside
+run.json) while keeping secrets out of the record:
+
+- **Untracked files are never copied.** A ``conf/local_credentials.yaml`` or
+  ``src/<pkg>/_local_token.py`` is listed by name, size and sha256 only, so a later reader
+  can tell *that* something uncommitted was on disk, and whether a file they have is it.
+- **A run with untracked files under the code paths is not fully archivable**:
+  ``fully_archivable: false`` and a warning line for the trainer to log at start. The code
+  that ran may have imported them and the archive cannot contain them.
+- **Opt in explicitly.** Paths (or globs, or directory prefixes ending in ``/``) listed in
+  ``include_untracked`` are added to the diff like tracked changes; nothing else is.
+- **Remote URLs are recorded without credentials** (``https://user:token@host/...`` becomes
+  ``https://host/...``; query strings are dropped), so a token in a remote never reaches a
+  record.
+
+Inside the container there is no ``.git``: the commit the image was built from
+(``REPROTRAIN_GIT_COMMIT``) is recorded instead.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+#: What an archive's source snapshot holds (top-level names / globs). An untracked file
+#: under one of these is code the run may have used that an archive would not carry.
+SNAPSHOT_PATHS: tuple[str, ...] = (
+    "src",
+    "conf",
+    "pyproject.toml",
+    "Makefile",
+    "requirements*.lock",
+    "requirements*.lock.sha256",
+    "requirements*.in",
+)
+_SKIP_PARTS = ("__pycache__", ".egg-info")
+#: Untracked files larger than this are listed with their size but not hashed: an
+#: un-ignored dataset or checkpoint must not add minutes to every run start.
+HASH_LIMIT_BYTES = 64 << 20
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@]*@)")
+
+
+def _git(repo: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode in ok else None
+
+
+def is_commit_id(text: object) -> bool:
+    """A full hex object id: the only form passed on to git (never an option or a ref)."""
+    return isinstance(text, str) and _COMMIT.fullmatch(text) is not None
+
+
+def in_snapshot(rel: str) -> bool:
+    """Whether the repo-relative path ``rel`` belongs to an archive's source snapshot."""
+    if any(part in rel for part in _SKIP_PARTS):
+        return False
+    first = rel.split("/", 1)[0]
+    return any(fnmatch.fnmatchcase(first, pat) for pat in SNAPSHOT_PATHS)
+
+
+def scrub_url(url: str) -> str:
+    """A remote URL without user, password or token: scheme://host/path (scp-style
+    ``git@host:path`` is kept: the user there is an account name, not a secret)."""
+    url = url.strip()
+    m = _URL_USERINFO.match(url)
+    if m:
+        url = m.group("scheme") + url[m.end() :]
+    if "://" in url:
+        url = re.split(r"[?#]", url, maxsplit=1)[0]
+    return url
+
+
+def remotes(repo: Path) -> dict[str, str]:
+    names = (_git(repo, "remote") or "").split()
+    out = {}
+    for name in names:
+        url = _git(repo, "remote", "get-url", name)
+        if url:
+            out[name] = scrub_url(url)
+    return out
+
+
+def _sha256(path: Path) -> tuple[str | None, int]:
+    size = path.lstat().st_size
+    if path.is_symlink():
+        return hashlib.sha256(os.readlink(path).encode()).hexdigest(), size
+    if size > HASH_LIMIT_BYTES:
+        return None, size
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest(), size
+
+
+def _opted_in(rel: str, patterns: Sequence[str]) -> bool:
+    for pat in patterns:
+        pat = str(pat).strip().removeprefix("./")
+        if not pat:
+            continue
+        if rel == pat or (pat.endswith("/") and rel.startswith(pat)):
+            return True
+        if fnmatch.fnmatchcase(rel, pat):
+            return True
+    return False
+
+
+def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, str]:
+    """(record, diff text). The diff holds tracked changes against HEAD and, only for paths
+    matched by ``include_untracked``, the contents of those untracked files.
+
+    Record keys: commit, short, branch, dirty, remotes, untracked ([{path, size, sha256,
+    included}]), fully_archivable, not_archived (untracked snapshot paths left out).
+    """
+    repo = Path(repo)
+    commit = _git(repo, "rev-parse", "HEAD")
+    if commit is None:
+        built = os.environ.get("REPROTRAIN_GIT_COMMIT", "").strip()
+        if built:
+            return {
+                "commit": built,
+                "short": built.removesuffix("-dirty")[:8],
+                "branch": None,
+                "dirty": built.endswith("-dirty"),
+                "source": "container image",
+                "fully_archivable": True,
+            }, ""
+        return {
+            "commit": None,
+            "short": "nogit",
+            "branch": None,
+            "dirty": None,
+            "fully_archivable": False,
+            "not_archived": ["(not a git checkout: the code that ran is not recorded)"],
+        }, ""
+    commit = commit.strip()
+    status = _git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all") or ""
+    untracked_paths = [e[3:] for e in status.split("\0") if e.startswith("?? ")]
+    diff = _git(repo, "diff", "--binary", "HEAD") or ""
+    untracked, not_archived = [], []
+    for rel in sorted(untracked_paths):
+        path = repo / rel
+        try:
+            digest, size = _sha256(path)
+        except OSError:
+            digest, size = None, None
+        included = _opted_in(rel, include_untracked)
+        if included:
+            patch = _git(repo, "diff", "--binary", "--no-index", "/dev/null", rel, ok=(0, 1))
+            diff += patch or ""
+        elif in_snapshot(rel):
+            not_archived.append(rel)
+        untracked.append({"path": rel, "size": size, "sha256": digest, "included": included})
+    info = {
+        "commit": commit,
+        "short": commit[:8],
+        "branch": (_git(repo, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None,
+        "dirty": bool(status.strip()),
+        "remotes": remotes(repo),
+        "untracked": untracked,
+        "fully_archivable": not not_archived,
+        "not_archived": not_archived,
+    }
+    return info, diff
+
+
+def archivability_warning(info: dict) -> str | None:
+    """The line the trainer logs at start when the run cannot be archived as it ran."""
+    missing = info.get("not_archived") or []
+    if info.get("fully_archivable", True) or not missing:
+        return None
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    if info.get("commit") is None:
+        return f"this run is not fully archivable: {missing[0]}"
+    return (
+        f"this run is not fully archivable: {len(missing)} untracked file(s) under the code "
+        f"paths are recorded by name and sha256 only ({shown}); commit them, or opt them in "
+        "with record.include_untracked=[<path>,...]"
+    )

@@ -1,0 +1,145 @@
+"""Config values read from the environment are recorded as the interpolation, not the value.
+
+Closes: ``dataset.url='${oc.env:MIRROR_URL}'`` (or a token passed the same way) being
+resolved in clear into ``config.resolved.yaml``, the checkpoints, ``run.json`` and so into
+every archive. The run still *uses* the value; the record keeps
+
+- the interpolation text (``${oc.env:MIRROR_URL}``) where the value would have been, so a
+  resume or a replay resolves it again from its own environment, and
+- ``sha256`` of the value, so that replay can tell whether it got the same value
+  (:func:`env_value_differences`) without the record ever holding it.
+
+Which leaves came from the environment is found by resolving the config a second time with
+``oc.env`` answering a random canary: every leaf whose value then contains the canary
+depends on the environment, directly (``${oc.env:X}``), inside a string
+(``https://${oc.env:HOST}/data``) or through another key (``b: ${a}``).
+
+Limits: a sha256 of a short or guessable value (a 6-digit PIN, a dictionary word) can be
+found by trying candidates; the record hides a value, it cannot make a weak one strong.
+Values that reach the config without ``oc.env`` (typed on the command line, written in a
+YAML file) are not secrets by this rule and are recorded as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import secrets as _random
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+__all__ = ["env_value_differences", "env_value_digests", "redact", "redact_env_interpolations"]
+
+_PROBE_RESOLVER = "reprotrain_env_probe"
+_CANARY = f"reprotrain-env-canary-{_random.token_hex(8)}"
+_OC_ENV = re.compile(r"(?<![\w.])oc\.env:")
+
+
+def value_sha256(value: Any) -> str:
+    """sha256 of a value as text: strings as themselves, anything else as sorted JSON."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _register_probe() -> None:
+    if not OmegaConf.has_resolver(_PROBE_RESOLVER):
+        OmegaConf.register_new_resolver(
+            _PROBE_RESOLVER, lambda key, *default: f"{_CANARY}({key})", use_cache=False
+        )
+
+
+def _probe_copy(raw: Any) -> Any:
+    """The unresolved config with every ``oc.env:`` rewritten to the canary resolver."""
+    if isinstance(raw, dict):
+        return {k: _probe_copy(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_probe_copy(v) for v in raw]
+    if isinstance(raw, str) and "${" in raw:
+        return _OC_ENV.sub(f"{_PROBE_RESOLVER}:", raw)
+    return raw
+
+
+def _depends_on_env(probe: Any, key: Any) -> bool:
+    """Whether ``probe[key]`` resolves to something that carries the canary.
+
+    A leaf whose probe resolution fails (a resolver that rejects the canary) is counted as
+    environment-derived when its text mentions the probe: the safe side for a secret."""
+    try:
+        value = probe[key]
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+    except (OmegaConfBaseException, ValueError, TypeError):
+        return True
+    return _CANARY in json.dumps(value, default=str)
+
+
+def _walk(real: Any, raw: Any, probe: Any, path: str, digests: dict[str, dict]) -> Any:
+    """``real`` with every environment-derived leaf replaced by its interpolation text."""
+    if isinstance(probe, DictConfig):
+        return {
+            k: _visit(v, raw.get(k), probe, k, f"{path}.{k}" if path else str(k), digests)
+            for k, v in real.items()
+        }
+    if isinstance(probe, ListConfig):
+        return [
+            _visit(real[i], raw[i], probe, i, f"{path}[{i}]", digests) for i in range(len(real))
+        ]
+    return real
+
+
+def _visit(real: Any, raw: Any, parent: Any, key: Any, path: str, digests: dict) -> Any:
+    if isinstance(raw, str) and OmegaConf.is_interpolation(parent, key):
+        if _depends_on_env(parent, key):
+            digests[path] = {"interpolation": raw, "sha256": value_sha256(real)}
+            return raw
+        return real
+    if isinstance(real, (dict, list)):
+        return _walk(real, raw, parent[key], path, digests)
+    return real
+
+
+def redact(cfg: DictConfig) -> tuple[dict, dict[str, dict]]:
+    """(config as a plain dict with every ``oc.env``-derived leaf replaced by its
+    interpolation text, {dotted key: {interpolation, sha256}}). Raises like
+    ``OmegaConf.to_container(resolve=True, throw_on_missing=True)`` on a bad config."""
+    real = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    if "oc.env" not in json.dumps(raw, default=str):
+        return real, {}  # the common case: nothing to find
+    _register_probe()
+    probe = OmegaConf.create(_probe_copy(copy.deepcopy(raw)))
+    digests: dict[str, dict] = {}
+    return _walk(real, raw, probe, "", digests), digests
+
+
+def redact_env_interpolations(cfg: DictConfig) -> dict:
+    """The resolved config for records: ``oc.env`` values replaced by their interpolation."""
+    return redact(cfg)[0]
+
+
+def env_value_digests(cfg: DictConfig) -> dict[str, dict]:
+    """{dotted key: {interpolation, sha256 of the value}} for run.json."""
+    return redact(cfg)[1]
+
+
+def env_value_differences(recorded_cfg: DictConfig | dict, digests: dict[str, dict]) -> list[str]:
+    """For a replay: each recorded environment-derived value that is missing here or hashes
+    differently (one line each, naming the key and the interpolation, never a value)."""
+    cfg = recorded_cfg if isinstance(recorded_cfg, DictConfig) else OmegaConf.create(recorded_cfg)
+    out = []
+    for key, entry in sorted((digests or {}).items()):
+        interpolation = entry.get("interpolation", "?")
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = OmegaConf.to_container(value, resolve=True)
+        except (OmegaConfBaseException, ValueError, KeyError) as e:
+            out.append(f"{key} = {interpolation} cannot be resolved here ({type(e).__name__})")
+            continue
+        if value is None or value_sha256(value) != entry.get("sha256"):
+            out.append(f"{key} = {interpolation} has a different value here (sha256 differs)")
+    return out

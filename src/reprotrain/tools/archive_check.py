@@ -1,0 +1,315 @@
+"""Check an archive completely *before* anything is extracted, then extract it safely.
+
+Closes: an unsafe member (absolute, ``..``, link, device) writing outside the target; a
+changed, missing or extra member (``MANIFEST.sha256``); a malformed record whose manifest
+matches (no ``run/run.json``, invalid JSON, no seeds, a YAML syntax error) crashing the replay
+with exit 1, the code reserved for DIVERGED. Every one of these is one line and exit 2.
+
+Archives a user can make are read too: the layout ``<top>/MANIFEST.sha256`` that ``make
+archive`` writes, and the ``./MANIFEST.sha256`` layout of ``cd <top> && tar -czf x.tar.gz .``
+(``./`` prefixes are normalised away; the member set must still match the manifest).
+
+The record files are kept in memory from the one pass that hashes them, so the trust
+decision (``tools/trust.py``) and the record checks run on the verified bytes, with nothing
+on disk yet.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import hashlib
+import os
+import re
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from omegaconf import DictConfig
+
+from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.safetar import unsafe_reason
+from reprotrain.tools.readers import parse_json_object, parse_jsonl, parse_yaml_config
+
+MANIFEST = "MANIFEST.sha256"
+SIGNATURE = MANIFEST + ".sig"
+ARCHIVE_JSON = "archive.json"
+#: Members read into memory during the hashing pass (all small, all data, never code).
+RECORD_FILES = (
+    "run/run.json",
+    "run/config.resolved.yaml",
+    "run/fingerprints.jsonl",
+    "run/metrics.jsonl",
+    "run/git.diff",
+    ARCHIVE_JSON,
+)
+RECORD_LIMIT_BYTES = 64 << 20
+
+
+def manifest_text(digests: dict[str, str]) -> str:
+    """``sha256sum`` format, sorted by path: ``<sha256>  <path relative to the top dir>``."""
+    return "".join(f"{digests[rel]}  {rel}\n" for rel in sorted(digests))
+
+
+def parse_manifest(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        m = re.fullmatch(r"([0-9a-f]{64}) [ *](.+)", line)
+        if not m or m.group(2) in out:
+            raise ValueError(f"{MANIFEST} line {n} is malformed or repeated: {line[:80]!r}")
+        out[m.group(2)] = m.group(1)
+    return out
+
+
+@dataclass
+class CheckedArchive:
+    """A verified archive: its layout, manifest, signature and parsed record, in memory."""
+
+    path: Path
+    prefix: str  # "" for a ./-layout archive, else the top folder name
+    top_name: str  # the folder it is extracted into
+    members: dict[str, tarfile.TarInfo]  # rel path (under prefix) -> member; dirs included
+    manifest: dict[str, str]
+    manifest_bytes: bytes
+    signature: bytes | None
+    files: dict[str, bytes] = field(default_factory=dict)  # RECORD_FILES present
+    record: dict[str, Any] = field(default_factory=dict)
+    config: DictConfig | None = None
+    fingerprints: list[dict] = field(default_factory=list)
+    metrics: list[dict] = field(default_factory=list)
+
+    def label(self, rel: str) -> str:
+        return f"{self.path.name}:{self.prefix + '/' if self.prefix else ''}{rel}"
+
+    def text(self, rel: str) -> str:
+        data = self.files.get(rel)
+        if data is None:
+            return ""
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RecordError(f"{self.label(rel)}: not UTF-8 text (byte {e.start})") from None
+
+    @property
+    def diff(self) -> str:
+        return self.text("run/git.diff")
+
+    @property
+    def source_files(self) -> dict[str, str]:
+        """{path under source/: sha256} from the (verified) manifest."""
+        return {
+            rel.removeprefix("source/"): sha
+            for rel, sha in self.manifest.items()
+            if rel.startswith("source/")
+        }
+
+
+def check_compression(archive: Path) -> None:
+    """Read a gzip stream to its end so its CRC is checked (tarfile stops at the first bad
+    header and would report a corrupt archive as merely missing members)."""
+    with open(archive, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return
+    try:
+        with gzip.open(archive, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error) as e:
+        raise ReproduceRefused(f"{archive}: corrupt gzip stream ({e}); nothing extracted") from None
+
+
+def _parts(name: str) -> tuple[str, ...]:
+    return PurePosixPath(name).parts  # "./a//b/" -> ("a", "b"); "." -> ()
+
+
+def layout(members: list[tarfile.TarInfo]) -> tuple[str, dict[str, tarfile.TarInfo]]:
+    """(prefix, {rel: member}) after refusing anything unsafe, ambiguous or duplicated."""
+    if not members:
+        raise ReproduceRefused("the archive is empty")
+    for m in members:
+        why = unsafe_reason(m)
+        if why is not None:
+            raise ReproduceRefused(f"unsafe member {m.name!r} ({why}); nothing extracted")
+    manifests = [_parts(m.name) for m in members if _parts(m.name)[-1:] == (MANIFEST,)]
+    shallow = [p for p in manifests if len(p) <= 2]
+    if not shallow:
+        raise ReproduceRefused(f"no {MANIFEST} at the top of the archive; not a reprotrain archive")
+    if len(shallow) > 1:
+        raise ReproduceRefused(
+            f"{len(shallow)} {MANIFEST} files at the top of the archive "
+            f"({', '.join('/'.join(p) for p in shallow)}); repack one run per archive"
+        )
+    prefix = shallow[0][:-1]
+    out: dict[str, tarfile.TarInfo] = {}
+    for m in members:
+        parts = _parts(m.name)
+        if parts == prefix or not parts:
+            if not m.isdir():
+                why = "not a directory"
+                raise ReproduceRefused(f"unsafe member {m.name!r} ({why}); nothing extracted")
+            continue
+        if parts[: len(prefix)] != prefix:
+            top = prefix[0] if prefix else "."
+            raise ReproduceRefused(
+                f"unsafe member {m.name!r} (outside the top folder {top!r}); nothing extracted"
+            )
+        rel = "/".join(parts[len(prefix) :])
+        if rel in out:
+            raise ReproduceRefused(f"member {m.name!r} appears twice; nothing extracted")
+        out[rel] = m
+    return (prefix[0] if prefix else ""), out
+
+
+def _top_name(archive: Path, prefix: str) -> str:
+    if prefix:
+        return prefix
+    stem = re.sub(r"\.(tar\.gz|tgz|tar\.bz2|tar\.xz|tar)$", "", archive.name)
+    return re.sub(r"[^\w.-]", "_", stem) or "archive"
+
+
+def verify(archive: Path) -> CheckedArchive:
+    """Every file member hashes to its manifest line; none missing, none extra. Reads the
+    record files into memory on the way. Nothing is written anywhere."""
+    archive = Path(archive)
+    if not archive.exists():
+        raise ReproduceRefused(f"{archive}: no such archive")
+    if not archive.is_file():
+        raise ReproduceRefused(f"{archive}: not a file (give the .tar.gz that make archive wrote)")
+    check_compression(archive)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            return _verify_open(archive, tar)
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise ReproduceRefused(f"{archive}: not a readable tar archive ({e})") from None
+
+
+def _verify_open(archive: Path, tar: tarfile.TarFile) -> CheckedArchive:
+    prefix, members = layout(tar.getmembers())
+    files = {rel: m for rel, m in members.items() if m.isreg()}
+    if MANIFEST not in files:
+        raise ReproduceRefused(f"no {MANIFEST} in the archive; not a reprotrain archive")
+    manifest_bytes = tar.extractfile(files.pop(MANIFEST)).read()
+    try:
+        expected = parse_manifest(manifest_bytes.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ReproduceRefused(f"manifest check failed: {e}") from None
+    signature = tar.extractfile(files.pop(SIGNATURE)).read() if SIGNATURE in files else None
+    where = f"{prefix}/" if prefix else "./"
+    for rel in sorted(set(expected) - set(files)):
+        raise ReproduceRefused(
+            f"manifest check failed: {where}{rel} is in {MANIFEST} but not in the archive"
+        )
+    for rel in sorted(set(files) - set(expected)):
+        raise ReproduceRefused(
+            f"manifest check failed: {where}{rel} is in the archive but not in {MANIFEST}"
+        )
+    kept: dict[str, bytes] = {}
+    for rel in sorted(files):
+        h = hashlib.sha256()
+        keep = rel in RECORD_FILES and files[rel].size <= RECORD_LIMIT_BYTES
+        chunks = []
+        f = tar.extractfile(files[rel])
+        for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+            h.update(chunk)
+            if keep:
+                chunks.append(chunk)
+        if h.hexdigest() != expected[rel]:
+            raise ReproduceRefused(
+                f"manifest check failed: {where}{rel} sha256 {h.hexdigest()[:12]} != "
+                f"recorded {expected[rel][:12]} (member changed)"
+            )
+        if keep:
+            kept[rel] = b"".join(chunks)
+    return CheckedArchive(
+        path=archive,
+        prefix=prefix,
+        top_name=_top_name(archive, prefix),
+        members=members,
+        manifest=expected,
+        manifest_bytes=manifest_bytes,
+        signature=signature,
+        files=kept,
+    )
+
+
+def check_record(checked: CheckedArchive) -> CheckedArchive:
+    """Parse and sanity-check the run record in memory: exit 2 on anything malformed."""
+    for rel in ("run/run.json", "run/config.resolved.yaml", "run/fingerprints.jsonl"):
+        if rel not in checked.files:
+            raise ReproduceRefused(
+                f"{checked.label(rel)} is missing from the archive; not a complete run archive"
+            )
+    label = checked.label("run/run.json")
+    record = parse_json_object(checked.text("run/run.json"), label)
+    seeds = record.get("seeds")
+    if not isinstance(seeds, dict) or not _is_int(seeds.get("base")):
+        raise ReproduceRefused(f"{label}: no integer seeds.base; the record is incomplete")
+    repro = record.get("repro")
+    if not isinstance(repro, dict) or not isinstance(repro.get("level"), str):
+        raise ReproduceRefused(f"{label}: no repro.level; the record is incomplete")
+    for key in ("git", "environment", "data_fingerprint"):
+        if record.get(key) is not None and not isinstance(record[key], dict):
+            raise ReproduceRefused(f"{label}: {key} is not an object")
+    if not isinstance(record.get("resumes", []), list):
+        raise ReproduceRefused(f"{label}: resumes is not a list")
+    cfg = parse_yaml_config(
+        checked.text("run/config.resolved.yaml"), checked.label("run/config.resolved.yaml")
+    )
+    fp_label = checked.label("run/fingerprints.jsonl")
+    fingerprints = parse_jsonl(checked.text("run/fingerprints.jsonl"), fp_label)
+    for n, row in enumerate(fingerprints, start=1):
+        if not (
+            _is_int(row.get("epoch"))
+            and isinstance(row.get("weights_sha256"), str)
+            and isinstance(row.get("step_losses"), list)
+        ):
+            raise ReproduceRefused(
+                f"{fp_label} line {n}: expected epoch, weights_sha256 and step_losses"
+            )
+    metrics = parse_jsonl(checked.text("run/metrics.jsonl"), checked.label("run/metrics.jsonl"))
+    if any(not _is_int(row.get("epoch")) for row in metrics):
+        raise ReproduceRefused(f"{checked.label('run/metrics.jsonl')}: a row has no epoch")
+    if not any(rel.startswith("source/src/") and rel.endswith(".py") for rel in checked.members):
+        raise ReproduceRefused("the archive has no source snapshot (source/src/...)")
+    checked.record, checked.config = record, cfg
+    checked.fingerprints, checked.metrics = fingerprints, metrics
+    return checked
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def extract(checked: CheckedArchive, dest: Path) -> Path:
+    """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty); returns
+    that folder. tarfile's ``data`` filter checks each member again as a second guard."""
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise ReproduceRefused(f"--extract-dir {dest}: {os.strerror(errno.ENOTDIR)}")
+    if dest.exists() and any(dest.iterdir()):
+        raise ReproduceRefused(f"--extract-dir {dest} is not empty")
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest / checked.top_name
+    root.mkdir()
+    try:
+        with tarfile.open(checked.path, "r:*") as tar:
+            by_name = {m.name: m for m in tar.getmembers()}
+            for rel in sorted(checked.members):
+                member = by_name[checked.members[rel].name]
+                tarfile.data_filter(member, str(dest))
+                target = root / rel
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as src, open(target, "xb") as out:
+                    for chunk in iter(lambda src=src: src.read(1 << 20), b""):
+                        out.write(chunk)
+                os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
+    except tarfile.FilterError as e:
+        raise ReproduceRefused(f"unsafe member ({e}); extraction stopped") from None
+    return root

@@ -1,0 +1,126 @@
+"""One command-line wrapper for every tool: ``--help`` works, every user error is one line.
+
+Closes: tools that crash on ``--help`` (or take it for a run directory) and user errors that
+surface as tracebacks. A tool's ``main`` is decorated with :func:`entry_point`; it builds its
+parser with :func:`parser`. Then:
+
+- ``--help`` prints usage and exits 0 (argparse's own behaviour, kept);
+- a usage error (unknown option, bad value) is one ``error: ...`` line, exit 2;
+- a :class:`~reprotrain.errors.ReprotrainError` is one ``error: <message>`` line, exit 2;
+- an ``OSError`` (a user path that is missing, a file where a directory is expected, no
+  permission, disk full) is one line naming the path and the errno text, exit 2;
+- anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from reprotrain.errors import ReprotrainError
+
+EXIT_USAGE = 2
+
+
+class UsageError(ReprotrainError):
+    """Bad command-line arguments (argparse's error, as one line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse: must not return
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def parser(module: str, doc: str | None, **kwargs) -> argparse.ArgumentParser:
+    """An argparse parser for ``python -m <module>`` whose description is the module doc."""
+    return _Parser(
+        prog=f"python -m {module}" if "/" not in module else module,
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
+
+
+def user_path(text: str) -> Path:
+    """An argparse type: a path as typed, with ``~`` expanded (Make passes it quoted, so the
+    shell never did)."""
+    return Path(text).expanduser()
+
+
+user_path.__name__ = "path"
+
+
+def one_line(text: str) -> str:
+    """Messages are one line by contract; a stray newline must not break that."""
+    parts = [p.strip() for p in str(text).strip().splitlines() if p.strip()]
+    return "; ".join(parts)
+
+
+def describe_os_error(e: OSError) -> str:
+    """``<path>: <errno text>`` (both paths for a rename/copy), or the errno text alone."""
+    what = e.strerror or type(e).__name__
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {what}" if paths else one_line(str(e) or what)
+
+
+def report(e: BaseException) -> int:
+    """Print the one ``error:`` line for a user error; return its exit code."""
+    if isinstance(e, ReprotrainError):
+        print(f"error: {one_line(str(e)) or type(e).__name__}", file=sys.stderr, flush=True)
+        return int(getattr(e, "exit_code", EXIT_USAGE))
+    assert isinstance(e, OSError)
+    print(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def entry_point(main: Callable[..., int]) -> Callable[..., int]:
+    """Decorate a tool's ``main(argv=None) -> int`` with the rules in the module docstring.
+
+    ``SystemExit`` from argparse (``--help``) is returned as an exit code, so in-process
+    callers (tests) get an int back as they do for every other outcome.
+    """
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except SystemExit as e:
+            code = e.code
+            if code is None or isinstance(code, int):
+                return code or 0
+            print(f"error: {one_line(str(code))}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+        except BrokenPipeError:  # `... | head`: the reader left; nothing to report
+            return 141
+        except (ReprotrainError, OSError) as e:
+            return report(e)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr, flush=True)
+            return 130
+
+    return wrapped
+
+
+def run_forwarding_errors(
+    cmd: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[int, str | None]:
+    """Run a child with its output streamed through; (exit code, its last ``error:`` line).
+
+    A tool that starts the trainer lets the trainer's own one-line error speak for itself
+    and does not add a second ``error:`` line about the same failure.
+    """
+    proc = subprocess.Popen(
+        list(cmd), cwd=cwd, env=env, stderr=subprocess.PIPE, text=True, errors="replace"
+    )
+    last_error = None
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if line.startswith("error:"):
+            last_error = line.rstrip("\n")
+    return proc.wait(), last_error

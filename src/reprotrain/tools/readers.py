@@ -1,0 +1,88 @@
+"""Read a run's record files, or fail in one line that names the file (and line).
+
+Closes: a corrupt ``run.json``, a ``config.resolved.yaml`` with a syntax error or a truncated
+``fingerprints.jsonl`` turning ``make archive`` / ``make resume`` / ``make reproduce`` into a
+traceback, or worse into exit 1 (which ``reproduce`` reserves for DIVERGED). The parsers take
+text, so the same checks run on files in a run directory and on members of an archive that
+has not been extracted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from reprotrain.errors import RecordError
+
+_HINT = "the run record is damaged; restore it from a copy or start a new run"
+
+
+def read_text(path: Path, label: str | None = None) -> str:
+    """The file's text, or RecordError when it is missing, not a file, or not UTF-8."""
+    path = Path(path)
+    label = label or str(path)
+    if not path.exists():
+        raise RecordError(f"{label}: no such file")
+    if not path.is_file():
+        raise RecordError(f"{label}: not a regular file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(f"{label}: not UTF-8 text (byte {e.start}); {_HINT}") from None
+
+
+def parse_json_object(text: str, label: str) -> dict[str, Any]:
+    """A JSON object, or RecordError naming line and column. Lenient on NaN (records
+    written before strict JSON carry it); writers, not readers, enforce strictness."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(
+            f"{label}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); {_HINT}"
+        ) from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{label}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def parse_jsonl(text: str, label: str) -> list[dict[str, Any]]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            rows.append(parse_json_object(line, f"{label} line {n}"))
+    return rows
+
+
+def parse_yaml_config(text: str, label: str) -> DictConfig:
+    """A YAML mapping as a DictConfig, or RecordError naming the file, line and problem."""
+    try:
+        # OmegaConf.create("text") would make {"text": None}: check the YAML's own type.
+        shape = yaml.safe_load(text)
+        if not isinstance(shape, dict):
+            found = "nothing" if shape is None else type(shape).__name__
+            raise RecordError(f"{label}: expected a YAML mapping at the top level, found {found}")
+        cfg = OmegaConf.create(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecordError(f"{label}:{where}: YAML syntax error ({problem})") from None
+    except OmegaConfBaseException as e:
+        raise RecordError(f"{label}: {str(e).splitlines()[0]}") from None
+    if not isinstance(cfg, DictConfig):
+        raise RecordError(f"{label}: expected a YAML mapping at the top level")
+    return cfg
+
+
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "run.json"
+    return parse_json_object(read_text(path), str(path))
+
+
+def read_config(path: Path) -> DictConfig:
+    return parse_yaml_config(read_text(path), str(path))

@@ -1,0 +1,97 @@
+"""SSH signatures over an archive's manifest: ``ssh-keygen -Y sign/verify``, as git uses them.
+
+Closes: an archive whose code was edited and whose ``MANIFEST.sha256`` was regenerated to
+match. The manifest catches accidents; a signature by a key the user trusts catches intent.
+``make archive SIGN=<key>`` signs ``MANIFEST.sha256`` (which hashes every other member) under
+the namespace ``reprotrain-archive``; ``make reproduce TRUSTED_SIGNERS=<file>`` checks it
+against an OpenSSH allowed-signers file (the format of git's ``gpg.ssh.allowedSignersFile``,
+one ``<principal> [namespaces="reprotrain-archive"] <key type> <public key>`` per line).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprotrain.errors import SigningError
+
+NAMESPACE = "reprotrain-archive"
+SIGNATURE_SUFFIX = ".sig"
+
+
+def ssh_keygen() -> str:
+    found = shutil.which("ssh-keygen")
+    if found is None:
+        raise SigningError("ssh-keygen not found; install OpenSSH (8.2 or newer) to sign/verify")
+    return found
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def sign_file(path: Path, key: Path) -> Path:
+    """Sign ``path`` with the private key ``key`` (or a public key whose private half is in
+    ssh-agent); returns ``<path>.sig``. A passphrase prompt, if any, uses the terminal."""
+    key = Path(key).expanduser()
+    if not key.is_file():
+        raise SigningError(f"signing key {key}: no such file")
+    sig = Path(f"{path}{SIGNATURE_SUFFIX}")
+    sig.unlink(missing_ok=True)
+    out = subprocess.run(
+        [ssh_keygen(), "-Y", "sign", "-f", str(key), "-n", NAMESPACE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if out.returncode != 0 or not sig.is_file():
+        raise SigningError(f"signing with {key} failed: {_last_line(out.stderr)}")
+    return sig
+
+
+@dataclass
+class Verified:
+    principal: str
+    message: str  # ssh-keygen's "Good ... signature for <principal> with <key> SHA256:..."
+
+
+def verify_bytes(data: bytes, signature: bytes, allowed_signers: Path) -> Verified:
+    """Check ``signature`` over ``data`` against ``allowed_signers``; SigningError if not good.
+
+    The principal is looked up from the signature (``-Y find-principals``), so the user
+    names a trust file, not a person; the namespace must be ``reprotrain-archive``.
+    """
+    allowed = Path(allowed_signers).expanduser()
+    if not allowed.is_file():
+        raise SigningError(f"trusted signers file {allowed}: no such file")
+    keygen = ssh_keygen()
+    with tempfile.TemporaryDirectory(prefix="reprotrain-sig-") as tmp:
+        sig = Path(tmp) / "manifest.sig"
+        sig.write_bytes(signature)
+        found = subprocess.run(
+            [keygen, "-Y", "find-principals", "-s", str(sig), "-f", str(allowed)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        principals = [p for p in found.stdout.split() if p]
+        if found.returncode != 0 or not principals:
+            raise SigningError(f"the archive's signing key is not in {allowed}")
+        last = "no message"
+        for principal in principals:
+            out = subprocess.run(
+                [keygen, "-Y", "verify", "-f", str(allowed), "-I", principal, "-n", NAMESPACE,
+                 "-s", str(sig)],
+                input=data,
+                capture_output=True,
+                timeout=60,
+            )  # fmt: skip
+            text = (out.stdout + out.stderr).decode(errors="replace")
+            if out.returncode == 0:
+                return Verified(principal, _last_line(text))
+            last = _last_line(text)
+    raise SigningError(f"the archive's signature does not verify against {allowed}: {last}")

@@ -1,0 +1,179 @@
+"""Whether ``make reproduce`` may run an archive's code, decided before any of it is extracted.
+
+Closes: an archive with edited ``source/`` and a regenerated ``MANIFEST.sha256`` running
+arbitrary code. The manifest proves the archive is intact, not who wrote it. The archived
+code runs only when one of these holds, and the verdict line names which:
+
+(a) **same code here**: ``source/`` is exactly ``git archive <recorded commit>`` rebuilt from
+    *this* repository (the commit must be here), and the archive carries no uncommitted
+    patch for the code (a patch inside the archive is the archive's word, not this
+    repository's) and its config names no callable (``_target_``) outside the archived
+    package and the torch/torchvision building blocks, and sets no ``hydra``/``defaults``
+    keys (they could add callbacks);
+(b) **signed**: ``MANIFEST.sha256.sig`` verifies against an allowed-signers file the user
+    passes (``TRUSTED_SIGNERS=<file>``); the manifest hashes every other member;
+(c) **the user says so**: ``TRUST=1``, after reviewing the archive.
+
+Otherwise :class:`~reprotrain.errors.UntrustedArchive`: one line that says how to proceed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from reprotrain.errors import SigningError, SnapshotError, UntrustedArchive
+from reprotrain.repro import gitinfo
+from reprotrain.tools import signing, snapshot
+from reprotrain.tools.archive_check import CheckedArchive
+
+#: Callables a config may name under rule (a) besides the archived package's own modules:
+#: building blocks that take numbers and tensors, not commands, files or URLs.
+ALLOWED_TARGET_PREFIXES = (
+    "torch.optim.",
+    "torch.nn.",
+    "torchvision.transforms.",
+    "torchvision.models.",
+)
+HOW = (
+    "check a signed archive with TRUSTED_SIGNERS=<allowed signers file> (--trusted-signers), "
+    "or review the archive and pass TRUST=1 (--trust)"
+)
+
+
+@dataclass
+class Verdict:
+    rule: str  # "a", "b" or "c"
+    detail: str
+
+    def line(self) -> str:
+        return f"({self.rule}) {self.detail}"
+
+
+def _file_digests(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            out[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def diff_paths(diff: str) -> list[str]:
+    """Paths a git diff touches (both sides of a rename), from its ``diff --git`` headers."""
+    out = []
+    for line in diff.splitlines():
+        m = re.match(r"^diff --git a/(.+?) b/(.+)$", line)
+        if m:
+            out += [m.group(1)] if m.group(1) == m.group(2) else [m.group(1), m.group(2)]
+    return sorted(set(out))
+
+
+def _targets(node: Any, path: str = "") -> list[tuple[str, str]]:
+    found = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            here = f"{path}.{k}" if path else str(k)
+            if k == "_target_":
+                found.append((here, str(v)))
+            else:
+                found += _targets(v, here)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += _targets(v, f"{path}[{i}]")
+    return found
+
+
+def config_problems(checked: CheckedArchive) -> list[str]:
+    """What in the archived config could run code that source/ does not show."""
+    cfg = checked.config
+    if cfg is None:
+        return ["the archived config was not checked"]
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    problems = [f"it sets top-level {k!r}" for k in ("hydra", "defaults") if k in raw]
+    packages = {
+        rel.split("/")[2].removesuffix(".py")
+        for rel in checked.source_files
+        if rel.startswith("src/") and rel.count("/") >= 2
+    }
+    allowed = tuple(f"{p}." for p in sorted(packages)) + ALLOWED_TARGET_PREFIXES
+    for where, target in _targets(raw):
+        if not target.startswith(allowed) or "${" in target:
+            problems.append(f"{where} names {target!r}")
+    return problems
+
+
+def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
+    """Rule (a): (holds, why or why not)."""
+    git = checked.record.get("git") or {}
+    commit = git.get("commit")
+    if not gitinfo.is_commit_id(commit):
+        return False, "(a) no: the run recorded no git commit"
+    if not snapshot.is_git_repo(repo):
+        return False, f"(a) no: {repo} is not a git checkout"
+    patched = [p for p in diff_paths(checked.diff) if gitinfo.in_snapshot(p)]
+    if patched:
+        shown = ", ".join(patched[:3]) + (" ..." if len(patched) > 3 else "")
+        return False, (
+            f"(a) no: source/ is commit {commit[:12]} plus an uncommitted patch carried by the "
+            f"archive ({shown}; see run/git.diff)"
+        )
+    with tempfile.TemporaryDirectory(prefix="reprotrain-trust-") as tmp:
+        try:
+            snapshot.from_git(repo, commit, "", Path(tmp) / "source")
+        except SnapshotError as e:
+            return False, f"(a) no: {e}"
+        here = _file_digests(Path(tmp) / "source")
+    there = checked.source_files
+    if here != there:
+        changed = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
+        shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
+        return False, (
+            f"(a) no: source/ differs from commit {commit[:12]} of this repository in "
+            f"{len(changed)} file(s) ({shown})"
+        )
+    problems = config_problems(checked)
+    if problems:
+        return False, "(a) no: the archived config " + "; ".join(problems[:3])
+    return True, (
+        f"(a) source/ is commit {commit[:12]} of this repository, rebuilt here: "
+        f"{len(here)} files identical"
+    )
+
+
+def decide(
+    checked: CheckedArchive,
+    repo: Path,
+    trusted_signers: Path | None = None,
+    trust: bool = False,
+) -> Verdict:
+    """The first rule that holds, in the order a, b, c; else UntrustedArchive."""
+    ok, why = same_code_here(checked, repo)
+    if ok:
+        return Verdict("a", why.removeprefix("(a) "))
+    notes = [why]
+    if checked.signature is not None and trusted_signers is not None:
+        try:
+            good = signing.verify_bytes(checked.manifest_bytes, checked.signature, trusted_signers)
+            return Verdict("b", f"signed by {good.principal}, trusted in {trusted_signers}: "
+                           f"{good.message}")  # fmt: skip
+        except SigningError as e:
+            notes.append(f"(b) no: {e}")
+    elif trusted_signers is not None:
+        notes.append("(b) no: the archive is not signed")
+    elif checked.signature is not None:
+        notes.append("(b) not checked: the archive is signed but no TRUSTED_SIGNERS was given")
+    else:
+        notes.append("(b) no: not signed")
+    if trust:
+        return Verdict("c", "TRUST=1: the archive's code runs unchecked [" + "; ".join(notes) + "]")
+    raise UntrustedArchive(
+        "refusing to run the archive's code (nothing extracted): "
+        + "; ".join(notes)
+        + f". To proceed: {HOW}"
+    )

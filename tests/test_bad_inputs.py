@@ -1,0 +1,426 @@
+"""One line, exit 2, for every bad input: a table across the tool entry points.
+
+Each row is a command a user could type, with whatever it needs set up in a fresh temporary
+directory (also the working directory, so default output folders land there too). Every row
+must end with exit 2, exactly one stderr line starting ``error:`` that contains the row's
+expected text, no ``Traceback`` anywhere, and no file created or changed: nothing
+half-written that could look complete. Rows marked ``cheap`` do no training and import no
+torch; rows that reach the trainer's own checks carry ``[trainer]`` in their test id
+(``-k "not trainer"`` runs the cheap ones only).
+
+Adding a row: append a ``Row`` to ``ROWS`` (or to a new list added to it). ``setup`` gets
+the directory and returns nothing; ``argv`` gets the directory and returns the command.
+Train overrides (the lead's preflight checks) fit the same shape: ``train(...)`` below.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, base_env
+
+PY = sys.executable
+DRILL = str(REPO / "scripts" / "kill_resume_trials.py")
+RECORD = {
+    "status": "completed",
+    "experiment_id": "badinputs",
+    "seeds": {"base": 1, "source": "config"},
+    "repro": {"level": "strict"},
+    "git": {"commit": "0" * 40, "short": "00000000", "dirty": False},
+    "data_fingerprint": {"sha256": "0" * 64},
+}
+FINGERPRINT = {"epoch": 1, "global_step": 1, "weights_sha256": "0" * 64, "step_losses": [1.0]}
+
+
+@dataclass
+class Row:
+    id: str
+    argv: Callable[[Path], list[str]]
+    expect: str
+    setup: Callable[[Path], None] | None = None
+    cheap: bool = True  # no trainer process, no torch import
+    one_line: bool = True  # the whole of stderr is that one line
+
+
+def tool(name: str, *args) -> Callable[[Path], list[str]]:
+    """argv for ``python -m reprotrain.tools.<name> args...``; a callable arg gets the dir."""
+    return lambda d: [PY, "-m", f"reprotrain.tools.{name}", *[_arg(a, d) for a in args]]
+
+
+def drill(*args) -> Callable[[Path], list[str]]:
+    return lambda d: [PY, DRILL, *[_arg(a, d) for a in args]]
+
+
+def train(*overrides: str) -> Callable[[Path], list[str]]:
+    """For the trainer's own rows (train overrides that preflight must refuse)."""
+    return lambda d: [PY, "-m", "reprotrain.train", *overrides, f"hydra.run.dir={d / 'run'}"]
+
+
+def _arg(a, d: Path) -> str:
+    return str(a(d)) if callable(a) else str(a)
+
+
+def at(rel: str) -> Callable[[Path], Path]:
+    return lambda d: d / rel
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+def write(d: Path, rel: str, data: str | bytes) -> Path:
+    path = d / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def run_dir(
+    record: dict | str | bytes | None = None, config: str = "name: x\n", **extra
+) -> Callable:
+    """A run directory ``d/run`` with the given run.json (dict, raw text, or None: absent)."""
+
+    def setup(d: Path) -> None:
+        (d / "run").mkdir()
+        if record is not None:
+            raw = json.dumps(record) if isinstance(record, dict) else record
+            write(d, "run/run.json", raw)
+        if config is not None:
+            write(d, "run/config.resolved.yaml", config)
+        for rel, text in extra.items():
+            write(d, rel.replace("__", "/").replace("_dot_", "."), text)
+
+    return setup
+
+
+def members(**overrides) -> dict[str, bytes | None]:
+    """The files of a minimal archive (under its top folder); ``None`` drops a file."""
+    files: dict[str, bytes | None] = {
+        "run/run.json": json.dumps(RECORD).encode(),
+        "run/config.resolved.yaml": b"name: x\n",
+        "run/fingerprints.jsonl": (json.dumps(FINGERPRINT) + "\n").encode(),
+        "run/metrics.jsonl": b'{"epoch": 1}\n',
+        "source/src/reprotrain/__init__.py": b"",
+    }
+    for key, value in overrides.items():
+        files[key] = value.encode() if isinstance(value, str) else value
+    return {k: v for k, v in files.items() if v is not None}
+
+
+def archive(
+    files: dict[str, bytes] | None = None,
+    *,
+    manifest: bool | bytes = True,
+    extra: list[tarfile.TarInfo] = (),
+    name: str = "a.tar.gz",
+    top: str = "top",
+    after: Callable[[dict[str, bytes]], None] | None = None,
+) -> Callable[[Path], None]:
+    """Write ``d/<name>``: files under ``top/`` + a matching MANIFEST.sha256, then ``extra``
+    members; ``after`` may change files once the manifest is computed (a tampered member)."""
+
+    def setup(d: Path) -> None:
+        content = dict(members() if files is None else files)
+        digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in content.items()}
+        if after is not None:
+            after(content)
+        with tarfile.open(d / name, "w:gz") as tar:
+            if manifest is not False:
+                text = (
+                    manifest
+                    if isinstance(manifest, bytes)
+                    else "".join(f"{digests[r]}  {r}\n" for r in sorted(digests)).encode()
+                )
+                content = {"MANIFEST.sha256": text, **content}
+            for rel, data in content.items():
+                info = tarfile.TarInfo(f"{top}/{rel}" if top else rel)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            for info in extra:
+                tar.addfile(info, io.BytesIO(b"x" * info.size) if info.isreg() else None)
+
+    return setup
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", size: int = 1):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = size if kind == tarfile.REGTYPE else 0
+    return info
+
+
+def both(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        for s in setups:
+            s(d)
+
+    return setup
+
+
+def a_file(rel: str = "file") -> Callable[[Path], None]:
+    return lambda d: write(d, rel, "just a file\n") and None
+
+
+def job_config(d: Path) -> str:
+    """The real composed smoke config, for rows that reach the trainer."""
+    out = subprocess.run(
+        [PY, "-m", "reprotrain.train", "experiment=smoke", "--cfg", "job", "--resolve"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout
+
+
+def real_run(d: Path) -> None:
+    run_dir(RECORD, config=job_config(d))(d)
+
+
+def _corrupt_gzip(d: Path) -> None:
+    archive()(d)
+    data = bytearray((d / "a.tar.gz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (d / "a.tar.gz").write_bytes(bytes(data))
+
+
+def _tamper(content: dict[str, bytes]) -> None:
+    content["source/src/reprotrain/__init__.py"] = b"import os\n"
+
+
+# ------------------------------------------------------------------------------ the table
+
+RESUME = [
+    Row("resume/no-args", tool("resume"), "the following arguments are required: run_dir"),
+    Row("resume/missing-dir", tool("resume", at("nope")), "no such run directory"),
+    Row("resume/a-file", tool("resume", at("file")), "not a directory", a_file()),
+    Row("resume/no-run-json", tool("resume", at("run")), "not a reprotrain run", run_dir(None)),
+    Row("resume/corrupt-run-json", tool("resume", at("run")), "invalid JSON at line 1",
+        run_dir("{")),
+    Row("resume/run-json-not-object", tool("resume", at("run")), "expected a JSON object",
+        run_dir("[]")),
+    Row("resume/run-json-not-utf8", tool("resume", at("run")), "not UTF-8",
+        run_dir(b"\xff\xfe{")),
+    Row("resume/yaml-syntax-error", tool("resume", at("run")),
+        "config.resolved.yaml: line 3 column 1: YAML syntax error",
+        run_dir(RECORD, config="a: [1,\n b: 2\n")),
+    Row("resume/yaml-not-a-mapping", tool("resume", at("run")), "expected a YAML mapping",
+        run_dir(RECORD, config="- 1\n")),
+    Row("resume/unknown-option", tool("resume", "--bogus", at("run")), "unrecognized arguments",
+        run_dir(RECORD)),
+    Row("resume/bad-override", tool("resume", at("run"), "trainer.epoch=3"), "trainer.epoch",
+        real_run, cheap=False),
+]  # fmt: skip
+
+ARCHIVE = [
+    Row("archive/no-args", tool("archive"), "the following arguments are required: run_dir"),
+    Row("archive/missing-dir", tool("archive", at("nope")), "no such run directory"),
+    Row("archive/a-file", tool("archive", at("file")), "not a directory", a_file()),
+    Row("archive/no-run-json", tool("archive", at("run")), "not a reprotrain run directory",
+        run_dir(None)),
+    Row("archive/corrupt-run-json", tool("archive", at("run")), "invalid JSON at line 1",
+        run_dir('{"status": ')),
+    Row("archive/run-json-not-object", tool("archive", at("run")), "expected a JSON object",
+        run_dir("3")),
+    Row("archive/incomplete", tool("archive", at("run")), "not completed",
+        run_dir({**RECORD, "status": "running"})),
+    Row("archive/out-dir-is-a-file", tool("archive", at("run"), "--out-dir", at("file")),
+        "Not a directory", both(run_dir(RECORD), a_file())),
+    Row("archive/out-dir-under-a-file",
+        tool("archive", at("run"), "--out-dir", lambda d: d / "file" / "sub"),
+        "Not a directory", both(run_dir(RECORD), a_file())),
+    Row("archive/exists-without-force", tool("archive", at("run"), "--out-dir", at("out")),
+        "exists; pass --force",
+        both(run_dir(RECORD), a_file("out/badinputs-run.tar.gz"))),
+    Row("archive/sign-key-missing", tool("archive", at("run"), "--sign", at("nokey")),
+        "signing key", run_dir(RECORD)),
+    Row("archive/repo-missing", tool("archive", at("run"), "--repo", at("norepo")),
+        "No such file or directory", run_dir(RECORD)),
+    Row("archive/commit-not-here", tool("archive", at("run"), "--out-dir", at("out")),
+        "is not in", run_dir(RECORD)),
+    Row("archive/commit-is-an-option", tool("archive", at("run"), "--out-dir", at("out")),
+        "is not a git object id",
+        run_dir({**RECORD, "git": {"commit": "--output=/tmp/x"}})),
+    Row("archive/unknown-option", tool("archive", at("run"), "--bogus"),
+        "unrecognized arguments", run_dir(RECORD)),
+]  # fmt: skip
+
+REPRODUCE = [
+    Row("reproduce/no-args", tool("reproduce"), "the following arguments are required: archive"),
+    Row("reproduce/missing", tool("reproduce", at("nope.tar.gz")), "no such archive"),
+    Row("reproduce/a-directory", tool("reproduce", at("d")), "not a file",
+        lambda d: (d / "d").mkdir()),
+    Row("reproduce/not-a-tar", tool("reproduce", at("file")), "not a readable tar archive",
+        a_file()),
+    Row("reproduce/corrupt-gzip", tool("reproduce", at("a.tar.gz")), "corrupt gzip stream",
+        _corrupt_gzip),
+    Row("reproduce/empty-tar", tool("reproduce", at("a.tar.gz")), "the archive is empty",
+        lambda d: tarfile.open(d / "a.tar.gz", "w:gz").close()),
+    Row("reproduce/no-manifest", tool("reproduce", at("a.tar.gz")), "no MANIFEST.sha256",
+        archive(manifest=False)),
+    Row("reproduce/malformed-manifest", tool("reproduce", at("a.tar.gz")), "malformed",
+        archive(manifest=b"not a manifest line\n")),
+    Row("reproduce/member-changed", tool("reproduce", at("a.tar.gz")), "member changed",
+        archive(after=_tamper)),
+    Row("reproduce/extra-member", tool("reproduce", at("a.tar.gz")),
+        "is in the archive but not in", archive(extra=[member("top/run/extra.txt")])),
+    Row("reproduce/dotdot-member", tool("reproduce", at("a.tar.gz")), "unsafe member",
+        archive(extra=[member("top/../../evil")])),
+    Row("reproduce/absolute-member", tool("reproduce", at("a.tar.gz")), "absolute path",
+        archive(extra=[member("/tmp/reprotrain-evil")])),
+    Row("reproduce/symlink-member", tool("reproduce", at("a.tar.gz")), "symlink",
+        archive(extra=[member("top/link", tarfile.SYMTYPE, "/etc/passwd")])),
+    Row("reproduce/device-member", tool("reproduce", at("a.tar.gz")), "device file",
+        archive(extra=[member("top/dev", tarfile.CHRTYPE)])),
+    Row("reproduce/duplicate-member", tool("reproduce", at("a.tar.gz")), "appears twice",
+        archive(extra=[member("top/./run/metrics.jsonl")])),
+    Row("reproduce/two-runs-in-one", tool("reproduce", at("a.tar.gz")),
+        "MANIFEST.sha256 files at the top",
+        archive(extra=[member("other/MANIFEST.sha256")])),
+    Row("reproduce/no-run-json", tool("reproduce", at("a.tar.gz")), "run/run.json is missing",
+        archive(members(**{"run/run.json": None}))),
+    Row("reproduce/invalid-run-json", tool("reproduce", at("a.tar.gz")), "invalid JSON",
+        archive(members(**{"run/run.json": "{nope"}))),
+    Row("reproduce/no-seeds", tool("reproduce", at("a.tar.gz")), "no integer seeds.base",
+        archive(members(**{"run/run.json": json.dumps({**RECORD, "seeds": None})}))),
+    Row("reproduce/no-repro-level", tool("reproduce", at("a.tar.gz")), "no repro.level",
+        archive(members(**{"run/run.json": json.dumps({**RECORD, "repro": {}})}))),
+    Row("reproduce/yaml-syntax-error", tool("reproduce", at("a.tar.gz")),
+        "run/config.resolved.yaml: line 2 column 4: YAML syntax error",
+        archive(members(**{"run/config.resolved.yaml": "a: 1\n  b: 2\n"}))),
+    Row("reproduce/config-not-a-mapping", tool("reproduce", at("a.tar.gz")),
+        "expected a YAML mapping", archive(members(**{"run/config.resolved.yaml": "just text"}))),
+    Row("reproduce/bad-fingerprints", tool("reproduce", at("a.tar.gz")),
+        "fingerprints.jsonl line 1", archive(members(**{"run/fingerprints.jsonl": "{}\n"}))),
+    Row("reproduce/no-source", tool("reproduce", at("a.tar.gz")), "no source snapshot",
+        archive(members(**{"source/src/reprotrain/__init__.py": None}))),
+    Row("reproduce/no-completed-epoch", tool("reproduce", at("a.tar.gz")), "completed no epoch",
+        archive(members(**{"run/fingerprints.jsonl": ""}))),
+    Row("reproduce/env-value-missing-here", tool("reproduce", at("a.tar.gz")),
+        "name = ${oc.env:REPROTRAIN_TEST_UNSET_VAR} cannot be resolved here",
+        archive(members(**{
+            "run/run.json": json.dumps({**RECORD, "env_interpolations": {"name": {
+                "interpolation": "${oc.env:REPROTRAIN_TEST_UNSET_VAR}", "sha256": "0" * 64}}}),
+            "run/config.resolved.yaml": "name: ${oc.env:REPROTRAIN_TEST_UNSET_VAR}\n"}))),
+    Row("reproduce/epochs-beyond-the-run", tool("reproduce", at("a.tar.gz"), "--epochs", "5"),
+        "has 1 completed epoch", archive()),
+    Row("reproduce/epochs-zero", tool("reproduce", at("a.tar.gz"), "--epochs", "0"),
+        "invalid positive integer value", archive()),
+    Row("reproduce/tolerance-nan", tool("reproduce", at("a.tar.gz"), "--tolerance", "nan"),
+        "invalid finite non-negative number value", archive()),
+    Row("reproduce/extract-dir-is-a-file",
+        tool("reproduce", at("a.tar.gz"), "--extract-dir", at("file")), "Not a directory",
+        both(archive(), a_file())),
+    Row("reproduce/extract-dir-not-empty",
+        tool("reproduce", at("a.tar.gz"), "--extract-dir", at("full")), "is not empty",
+        both(archive(), a_file("full/x"))),
+    Row("reproduce/runs-dir-is-a-file",
+        tool("reproduce", at("a.tar.gz"), "--runs-dir", at("file")), "Not a directory",
+        both(archive(), a_file())),
+    Row("reproduce/trusted-signers-missing",
+        tool("reproduce", at("a.tar.gz"), "--trusted-signers", at("nofile")),
+        "No such file or directory", archive()),
+    Row("reproduce/untrusted-code",
+        tool("reproduce", at("a.tar.gz"), "--allow-data-drift", "--runs-dir", at("runs")),
+        "refusing to run the archive's code", lambda d: archive(members(**{
+            "run/config.resolved.yaml": job_config(d)}))(d), cheap=False),
+]  # fmt: skip
+
+VERIFY = [
+    Row("verify/run-dir-override", tool("verify", "hydra.run.dir=x"),
+        "verify chooses the run directories"),
+    Row("verify/multirun", tool("verify", "--multirun", "seed.base=1,2"),
+        "--multirun is not supported"),
+    Row("verify/unknown-option", tool("verify", "--bogus"), "unrecognized arguments"),
+    Row("verify/out-dir-is-a-file", tool("verify", "--out-dir", at("file"), "experiment=smoke"),
+        "Not a directory", a_file()),
+    Row("verify/bad-override", tool("verify", "--out-dir", at("v"), "experiment=smoke",
+                                    "trainer.epoch=3"),
+        "trainer.epoch", cheap=False),
+]  # fmt: skip
+
+DRILL_ROWS = [
+    Row("drill/zero-trials", drill("--trials", "0"), "invalid trial count (at least 1) value"),
+    Row("drill/negative-trials", drill("--trials", "-1"), "invalid trial count"),
+    Row("drill/trials-not-a-number", drill("--trials", "x"), "invalid trial count"),
+    Row("drill/out-is-a-file", drill("--trials", "1", "--out", at("file")), "Not a directory",
+        a_file()),
+    Row("drill/bad-override",
+        drill("--trials", "1", "--out", at("o"), "experiment=smoke", "trainer.epoch=3"),
+        "trainer.epoch", cheap=False),
+]  # fmt: skip
+
+OTHER = [
+    Row("check_lock/lock-without-in", tool("check_lock", "--lock", "x"), "one --in per --lock"),
+]
+
+ROWS = RESUME + ARCHIVE + REPRODUCE + VERIFY + DRILL_ROWS + OTHER
+
+
+def _state(d: Path) -> dict[str, tuple[int, int]]:
+    return {
+        p.relative_to(d).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in d.rglob("*")
+        if p.is_file() or p.is_dir()
+    }
+
+
+def _params(rows: list[Row]):
+    return [pytest.param(r, id=r.id if r.cheap else f"{r.id}[trainer]") for r in rows]
+
+
+def test_the_table_covers_every_entry_point_with_enough_rows():
+    kinds = {r.id.split("/")[0] for r in ROWS}
+    assert {"resume", "archive", "reproduce", "verify", "drill"} <= kinds
+    assert sum(r.cheap for r in ROWS) >= 35
+    assert len({r.id for r in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", _params(ROWS))
+def test_a_bad_input_is_one_line_and_exit_2(row: Row, tmp_path: Path):
+    if row.setup is not None:
+        row.setup(tmp_path)
+    before = _state(tmp_path)
+    proc = subprocess.run(
+        row.argv(tmp_path),
+        cwd=tmp_path,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    shown = f"exit {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
+    assert proc.returncode == 2, shown
+    assert "Traceback" not in proc.stdout + proc.stderr, shown
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, shown
+    assert row.expect in errors[0], shown
+    if row.one_line:
+        assert [x for x in proc.stderr.splitlines() if x.strip()] == errors, shown
+    assert _state(tmp_path) == before, "nothing was written or changed"
+    assert not list(tmp_path.rglob("*.tar.gz.tmp")) and not list(
+        tmp_path.rglob("reproduction.json")
+    )
+
+
+def test_fixtures_are_what_they_claim(tmp_path):
+    """Controls: the minimal archive is well formed, so each row's refusal is its own."""
+    archive()(tmp_path)
+    from reprotrain.tools import archive_check
+
+    checked = archive_check.check_record(archive_check.verify(tmp_path / "a.tar.gz"))
+    assert checked.record["seeds"]["base"] == 1 and len(checked.fingerprints) == 1
+    with gzip.open(tmp_path / "a.tar.gz") as f:
+        assert f.read(1)

@@ -1,0 +1,314 @@
+"""Trust before execution: ``make reproduce`` runs an archive's code only under rule a, b or c.
+
+No training here: a small git repository stands in for "this repository", a hand-made run
+record (with the real smoke config) is archived from it, and the archived package's
+``__init__.py`` is the code under test. Planted code writes a marker file when imported;
+a refusal must leave no marker (the code never ran) and nothing extracted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, base_env
+from reprotrain.tools import archive as arch
+from reprotrain.tools import reproduce as repro
+from reprotrain.tools.archive_check import MANIFEST, SIGNATURE
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+BENIGN = (
+    "import os\n"
+    "if os.environ.get('TRUST_TEST_MARKER'):\n"
+    "    open(os.environ['TRUST_TEST_MARKER'], 'w').write('ran')\n"
+)
+
+
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def job_config() -> str:
+    """The composed smoke config, resolved, as the trainer would record it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "reprotrain.train", "experiment=smoke", "--cfg", "job", "--resolve"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "src/reprotrain").mkdir(parents=True)
+    (repo / "src/reprotrain/__init__.py").write_text(BENIGN)
+    (repo / "conf").mkdir()
+    (repo / "conf/train.yaml").write_text("name: t\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    return repo
+
+
+def fake_run(tmp_path: Path, repo: Path, config: str, diff: str = "") -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    commit = _git(repo, "rev-parse", "HEAD")
+    record = {
+        "status": "completed",
+        "experiment_id": "trusttest",
+        "seeds": {"base": 1, "source": "config"},
+        "repro": {"level": "strict"},
+        "git": {"commit": commit, "short": commit[:8], "dirty": bool(diff)},
+        "data_fingerprint": {"sha256": "0" * 64},
+        "epochs_completed": 1,
+    }
+    (run / "run.json").write_text(json.dumps(record))
+    (run / "config.resolved.yaml").write_text(config)
+    row = {"epoch": 1, "global_step": 1, "weights_sha256": "0" * 64, "step_losses": [1.0]}
+    (run / "fingerprints.jsonl").write_text(json.dumps(row) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train_loss": 1.0}) + "\n")
+    if diff:
+        (run / "git.diff").write_text(diff)
+    return run
+
+
+@pytest.fixture
+def archived(tmp_path, repo, job_config, monkeypatch) -> Path:
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    path, _ = arch.build(fake_run(tmp_path, repo, job_config), tmp_path / "out", repo=repo)
+    return path
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    (top,) = dest.iterdir()
+    return top
+
+
+def repack(top: Path, out: Path) -> Path:
+    """Regenerate MANIFEST.sha256 the way archive.py does, as an attacker would."""
+    digests = {
+        p.relative_to(top).as_posix(): arch.sha256_file(p)
+        for p in sorted(top.rglob("*"))
+        if p.is_file() and p.name not in (MANIFEST, SIGNATURE)
+    }
+    (top / MANIFEST).write_text(arch.manifest_text(digests))
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    return out
+
+
+def planted(archive: Path, tmp_path: Path, marker: Path, rel: str = "src/reprotrain/__init__.py"):
+    top = unpack(archive, tmp_path / "unpacked")
+    target = top / "source" / rel
+    target.write_text(target.read_text() + f"\nopen({str(marker)!r}, 'w').write('pwned')\n")
+    return top
+
+
+def reproduce(archive: Path, tmp_path: Path, repo: Path, *extra: str, monkeypatch=None):
+    return repro.main(
+        [
+            str(archive),
+            "--repo",
+            str(repo),
+            "--allow-data-drift",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--extract-dir",
+            str(tmp_path / "x"),
+            *extra,
+        ]
+    )
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_an_untouched_archive_of_a_commit_here_runs_under_rule_a(
+    archived, tmp_path, repo, capsys, monkeypatch
+):
+    marker = tmp_path / "benign-ran"
+    monkeypatch.setenv("TRUST_TEST_MARKER", str(marker))
+    rc = reproduce(archived, tmp_path, repo)
+    out = capsys.readouterr().out
+    assert "trust    (a) source/ is commit" in out and "files identical" in out
+    assert marker.read_text() == "ran", "the archived code ran"
+    assert rc == repro.EXIT_RERUN_FAILED  # the stand-in package has no trainer
+
+
+def test_edited_source_with_a_regenerated_manifest_is_refused_before_any_code_runs(
+    archived, tmp_path, repo, capsys
+):
+    marker = tmp_path / "PWNED"
+    changed = repack(planted(archived, tmp_path, marker), tmp_path / "edited.tar.gz")
+    assert repro.main([str(changed), "--verify-only"]) == 0, "the manifest matches"
+    capsys.readouterr()
+    rc = reproduce(changed, tmp_path, repo)
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "refusing to run the archive's code (nothing extracted)" in line
+    assert "differs from commit" in line and "TRUST=1" in line and "TRUSTED_SIGNERS" in line
+    assert not marker.exists(), "no archived code ran"
+    assert not (tmp_path / "x").exists() and not (tmp_path / "runs").exists()
+
+
+def test_trust_1_runs_it_and_says_so(archived, tmp_path, repo, capsys):
+    marker = tmp_path / "PWNED"
+    changed = repack(planted(archived, tmp_path, marker), tmp_path / "edited.tar.gz")
+    reproduce(changed, tmp_path, repo, "--trust")
+    out = capsys.readouterr().out
+    assert "trust    (c) TRUST=1: the archive's code runs unchecked" in out
+    assert marker.read_text() == "pwned", "TRUST=1 means exactly that"
+
+
+@pytest.fixture
+def keys(tmp_path) -> dict[str, Path]:
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("needs ssh-keygen (OpenSSH)")
+    out = {}
+    for who in ("alice", "mallory"):
+        key = tmp_path / "keys" / who
+        key.parent.mkdir(exist_ok=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(key)], check=True
+        )
+        allowed = tmp_path / "keys" / f"{who}.allowed"
+        pub = (key.parent / f"{who}.pub").read_text().strip()
+        allowed.write_text(f'{who}@example namespaces="reprotrain-archive" {pub}\n')
+        out[who], out[f"{who}.allowed"] = key, allowed
+    return out
+
+
+def test_a_trusted_signature_runs_it_and_says_so(archived, tmp_path, repo, capsys, keys):
+    marker = tmp_path / "signed-ran"
+    top = planted(archived, tmp_path, marker)
+    # The signer repacks and signs: `make archive SIGN=key` does the same on the original.
+    repack(top, tmp_path / "unsigned.tar.gz")
+    subprocess.run(
+        ["ssh-keygen", "-Y", "sign", "-f", str(keys["alice"]), "-n", "reprotrain-archive",
+         str(top / MANIFEST)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    signed = tmp_path / "signed.tar.gz"
+    with tarfile.open(signed, "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    reproduce(signed, tmp_path, repo, "--trusted-signers", str(keys["alice.allowed"]))
+    out = capsys.readouterr().out
+    assert "trust    (b) signed by alice@example" in out and "Good" in out
+    assert marker.exists()
+
+
+def test_a_signature_by_a_key_not_trusted_or_over_another_manifest_is_refused(
+    archived, tmp_path, repo, capsys, keys
+):
+    marker = tmp_path / "PWNED"
+    top = planted(archived, tmp_path, marker)
+    repack(top, tmp_path / "a.tar.gz")
+    subprocess.run(
+        ["ssh-keygen", "-Y", "sign", "-f", str(keys["mallory"]), "-n", "reprotrain-archive",
+         str(top / MANIFEST)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    signed = tmp_path / "mallory.tar.gz"
+    with tarfile.open(signed, "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    rc = reproduce(signed, tmp_path, repo, "--trusted-signers", str(keys["alice.allowed"]))
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "(b) no: the archive's signing key is not in" in line
+    assert not marker.exists()
+    # Alice's signature over the original manifest does not cover an edited one.
+    (top / "source/src/reprotrain/__init__.py").write_text("# edited after signing\n")
+    (top / SIGNATURE).unlink()
+    subprocess.run(
+        ["ssh-keygen", "-Y", "sign", "-f", str(keys["alice"]), "-n", "reprotrain-archive",
+         str(top / MANIFEST)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    resigned_then_edited = repack(top, tmp_path / "b.tar.gz")  # new manifest, old signature
+    shutil.rmtree(tmp_path / "x", ignore_errors=True)
+    rc = reproduce(resigned_then_edited, tmp_path, repo, "--trusted-signers",
+                   str(keys["alice.allowed"]))  # fmt: skip
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "does not verify" in line
+
+
+def test_a_patch_carried_by_the_archive_is_not_rule_a(tmp_path, repo, job_config, capsys,
+                                                      monkeypatch):  # fmt: skip
+    """source/ == commit + run/git.diff, but the diff is the archive's word, not this repo's."""
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    marker = tmp_path / "PWNED"
+    (repo / "src/reprotrain/__init__.py").write_text(
+        BENIGN + f"open({str(marker)!r}, 'w').write('pwned')\n"
+    )
+    diff = subprocess.run(
+        ["git", "-C", str(repo), "diff", "--binary", "HEAD"], capture_output=True, text=True
+    ).stdout
+    _git(repo, "checkout", "--", ".")
+    path, meta = arch.build(fake_run(tmp_path, repo, job_config, diff), tmp_path / "o", repo=repo)
+    assert meta["source"]["diff_applied"]
+    rc = reproduce(path, tmp_path, repo)
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "uncommitted patch carried by the archive" in line
+    assert "src/reprotrain/__init__.py" in line and not marker.exists()
+
+
+def test_a_config_naming_an_outside_callable_is_not_rule_a(archived, tmp_path, repo, capsys):
+    top = unpack(archived, tmp_path / "u")
+    cfg = top / "run/config.resolved.yaml"
+    cfg.write_text(cfg.read_text() + "evil:\n  _target_: os.system\n  command: touch PWNED\n")
+    changed = repack(top, tmp_path / "cfg.tar.gz")
+    rc = reproduce(changed, tmp_path, repo)
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "evil._target_ names 'os.system'" in line
+
+
+def test_a_commit_this_repository_lacks_is_not_rule_a(archived, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    _git(other, "init", "-q")
+    _git(other, "commit", "-q", "--allow-empty", "-m", "x")
+    rc = reproduce(archived, tmp_path, other)
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "is not in" in line and "fetch it" in line
+
+
+def test_archive_sign_writes_a_signature_that_verifies(tmp_path, repo, job_config, keys,
+                                                      monkeypatch, capsys):  # fmt: skip
+    """`make archive SIGN=key` end to end: the signature member checks out under rule b."""
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    run = fake_run(tmp_path, repo, job_config)
+    path, meta = arch.build(run, tmp_path / "o", repo=repo, sign_key=keys["alice"])
+    assert meta["signed"]
+    with tarfile.open(path) as tar:
+        assert any(m.name.endswith("/" + SIGNATURE) for m in tar.getmembers())
+    other = tmp_path / "elsewhere"  # a checkout without the commit: only (b) can hold
+    other.mkdir()
+    _git(other, "init", "-q")
+    reproduce(path, tmp_path, other, "--trusted-signers", str(keys["alice.allowed"]))
+    assert "trust    (b) signed by alice@example" in capsys.readouterr().out

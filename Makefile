@@ -45,8 +45,20 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 
 install: $(STAMP) ## build .venv from the hashed locks (no-op when unchanged)
 
-train: $(STAMP) ## one run: make train ARGS="experiment=smoke"
+NPROC  ?= 1
+# `make train NPROC=N`: the same run under torchrun DDP (gloo on CPU, nccl on CUDA). The
+# overrides are checked once before torchrun starts, so a typo is one line, not N. SIGUSR2
+# (SLURM's warning) reaches the workers like SIGTERM/SIGINT, with time to checkpoint.
+TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc-per-node=$(NPROC) \
+           --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2 --shutdown-timeout=120
+
+train: $(STAMP) ## one run: make train ARGS="experiment=smoke" [NPROC=2: torchrun DDP]
+ifeq ($(NPROC),1)
 	$(PY) -m reprotrain.train $(ARGS)
+else
+	$(PY) -c "from reprotrain import preflight; preflight.cli_check()" $(ARGS)
+	$(TORCHRUN) -m reprotrain.train $(ARGS)
+endif
 
 test: $(STAMP) ## the test suite (CPU, offline)
 	$(PY) -m pytest -q
@@ -65,9 +77,9 @@ verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png
 	$(PY) -m reprotrain.train --multirun seed.base=$(SEEDS) $(ARGS)
 
-resume: $(STAMP) ## continue an interrupted run in place: make resume RUN=outputs/...
+resume: $(STAMP) ## continue an interrupted run in place (its world size): make resume RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.resume $(call q,RUN) $(ARGS)
+	$(PY) -m reprotrain.tools.resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
 
 archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
@@ -78,12 +90,12 @@ reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=arc
 	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(ARGS)
 
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
-	@test -n "$(RUN)" || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.report "$(RUN)" $(ARGS)
+	@test -n $(call q,RUN) || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.report $(call q,RUN) $(ARGS)
 
 eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs/... [CKPT=last|best|path]
-	@test -n "$(RUN)" || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.eval "$(RUN)" --checkpoint "$(or $(CKPT),last)" $(ARGS)
+	@test -n $(call q,RUN) || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
 
 bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
 	$(PY) scripts/bench.py $(ARGS)

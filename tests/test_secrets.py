@@ -40,7 +40,6 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 TOKENS = {route: f"planted-{route}-{uuid.uuid4().hex}" for route in ("yaml", "py", "env", "remote")}
 REMOTE = "https://x-access-token:{}@example.invalid/org/repo.git?private_token={}"
-NEEDS_WIRING = pytest.mark.xfail(strict=False, reason="needs trainer wiring (gitinfo, secrets)")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -119,21 +118,18 @@ def test_the_remote_url_credentials_appear_nowhere(planted):
     assert recorded["remotes"]["origin"] == "https://example.invalid/org/repo.git", "control"
 
 
-@NEEDS_WIRING
 @pytest.mark.parametrize("route", ["yaml", "py"])
 def test_untracked_files_contents_appear_nowhere(planted, route):
     run_dir, archive, _, _ = planted
     assert files_holding(TOKENS[route], run_dir, archive) == []
 
 
-@NEEDS_WIRING
 def test_an_oc_env_value_appears_nowhere(planted):
     run_dir, archive, _, _ = planted
     assert files_holding(TOKENS["env"], run_dir, archive) == []
     assert "${oc.env:PLANTED_TOKEN}" in (run_dir / "config.resolved.yaml").read_text()
 
 
-@NEEDS_WIRING
 def test_untracked_files_are_recorded_by_name_and_sha256_and_the_run_warns(planted):
     run_dir, _, train_output, archive_output = planted
     git = json.loads((run_dir / "run.json").read_text())["git"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import II, MISSING, DictConfig
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
@@ -40,7 +40,9 @@ class SeedConfig:
 @dataclass
 class ReproConfig:
     level: str = "strict"  # strict | warn | fast
-    num_threads: int = 2  # CPU intra-op threads: changes reduction order, so it is recorded
+    # CPU intra-op threads: cores // processes per node (DDP ranks, joblib jobs). They change
+    # the reduction order, so the resolved number is recorded and compared on reproduce.
+    num_threads: int = II("cores_per_job:")
     fill_uninitialized_memory: bool = True  # see README: deterministic NaN fill of torch.empty
     require_locked_env: bool = False  # drift between .venv and the lock becomes fatal
 
@@ -75,6 +77,11 @@ class TrainerConfig:
     limit_eval_batches: int = 0  # batches per evaluation pass
     overfit_batches: int = 0  # every epoch repeats the first N batches of epoch 1
     profile_steps: int = 0  # torch.profiler trace of N steps (after 1 warm-up) in the run dir
+    sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
+    allow_world_size_change: bool = False  # resume under another world size (not bitwise)
+    # Checkpoint and exit 75 (status interrupted) after this global step: how reproduce
+    # replays a resume history leg by leg. 0: off.
+    stop_at_global_step: int = 0
     # Stop (status completed, partial) after this epoch without changing the schedule, so
     # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
     stop_after_epoch: int = 0
@@ -90,6 +97,9 @@ class TrainConfig:
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING
+    # Untracked files (paths or folders, relative to the repo) whose contents may be copied
+    # into git.diff and archives. Every other untracked file is recorded by name and sha256.
+    include_untracked: list[str] = field(default_factory=list)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     name: str = "run"  # experiment name, part of the run directory name
     resume: str | None = None  # null | auto | path/to/checkpoint.pt
@@ -106,6 +116,9 @@ USER_GROUPS = ("dataset", "model", "optimizer", "scheduler", "loss")
 
 def register_configs() -> None:
     """Register the schema for train.yaml and for each project-owned group."""
+    from reprotrain import launchers
+
+    launchers.register_resolvers()  # ${cores_per_job:} is the default thread count
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for group, node in PROJECT_GROUPS.items():
@@ -139,6 +152,7 @@ NON_NEGATIVE = (
     "trainer.limit_eval_batches",
     "trainer.overfit_batches",
     "trainer.profile_steps",
+    "trainer.stop_at_global_step",
 )
 MAX_THREADS = 4096
 SEED_MAX = (1 << 64) - 1  # seeds are 64-bit: torch.manual_seed refuses anything larger
@@ -213,6 +227,9 @@ NON_IDENTITY_KEYS = (
     "trainer.device",
     "trainer.allow_device_change",
     "trainer.profile_steps",
+    "trainer.stop_at_global_step",
+    "trainer.allow_world_size_change",
+    "include_untracked",
 )
 
 

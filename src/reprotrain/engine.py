@@ -119,6 +119,24 @@ class LoopState:
         self.progress.load_state_dict(sd["progress"])
 
 
+def reduce_across_ranks(progress: EpochProgress) -> None:
+    """Under DDP: the epoch's sums and step losses over the global batch (one all-reduce
+    each, once per epoch). Each rank's loss is the mean over an equal share, so the global
+    step loss is the mean of the ranks' losses."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    world = dist.get_world_size()
+    if progress.step_losses:
+        losses = torch.stack(progress.step_losses)
+        dist.all_reduce(losses)
+        progress.step_losses = list((losses / world).unbind())
+    dist.all_reduce(progress.loss_sum)
+    dist.all_reduce(progress.correct)
+    progress.seen *= world
+
+
 def autocast(device: torch.device, enabled: bool, dtype: str):
     if not enabled:
         return contextlib.nullcontext()
@@ -163,12 +181,14 @@ def run_epoch(
     check_every: int,
     on_nonfinite: str,
     after_step: Callable[[int], None],
+    any_rank: Callable[[bool], bool] = bool,
 ) -> float:
     """Train over ``batches`` from ``state.step``; returns seconds spent in training steps.
 
     ``after_step(next_step)`` runs after every step (signals, cadence checkpoints, hooks);
     it may end the process. The non-finite guard is an on-device flag read every
     ``check_every`` steps: ``stop`` raises naming the first bad step, ``warn`` records it.
+    Under DDP ``any_rank`` all-reduces the flag, so every rank stops at the same step.
     """
     p.model.train()
     bad = torch.zeros((), dtype=torch.bool, device=state.device)
@@ -180,12 +200,12 @@ def run_epoch(
         bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
         state.global_step += 1
         state.step = step + 1
-        if state.global_step % check_every == 0 and bool(bad):
+        if state.global_step % check_every == 0 and any_rank(bool(bad)):
             _nonfinite(p, state, on_nonfinite)
             bad.zero_()
         after_step(step + 1)
     seconds = time.perf_counter() - t0
-    if bool(bad):
+    if any_rank(bool(bad)):
         _nonfinite(p, state, on_nonfinite)
     return seconds
 

@@ -30,7 +30,11 @@ _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir ag
 
 
 def register_resolvers() -> None:
-    """``${run_suffix:}``: random hex so two runs started in the same second get two dirs."""
+    """``${run_suffix:}``: random hex so two runs started in the same second get two dirs;
+    ``${run_stamp:}`` (the same in every torchrun rank) and ``${cores_per_job:}``."""
+    from reprotrain import launchers  # also silences the preset/schema deprecation warning
+
+    launchers.register_resolvers()
     if not OmegaConf.has_resolver("run_suffix"):
         OmegaConf.register_new_resolver("run_suffix", lambda: _SUFFIX, use_cache=True)
     from reprotrain import helptext
@@ -56,6 +60,21 @@ def _one_line(e: BaseException) -> str:
         parts.append(f"key: {e.full_key}")
     hint = " (list valid keys with: python -m reprotrain.train --cfg job)"
     return ": ".join(parts) + (hint if "not in" in parts[-1] else "")
+
+
+def _yaml_error(e: BaseException) -> str | None:
+    """A YAML syntax error in a conf/ file, as 'file:line:column: problem'."""
+    import yaml
+
+    cause = e
+    while cause is not None and not isinstance(cause, yaml.YAMLError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    mark = getattr(cause, "problem_mark", None)
+    where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}" if mark else "a config file"
+    problem = getattr(cause, "problem", None) or str(cause).splitlines()[0]
+    return f"YAML syntax error in {where}: {problem}"
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -92,9 +111,40 @@ def check(argv: list[str]) -> None:
                 validate(cfg)
                 components.check(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ReprotrainError(_one_line(e)) from None
+        raise ReprotrainError(_yaml_error(e) or _one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def explicit_run_dir_is_free(argv: list[str]) -> None:
+    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, or one that
+    cannot be a directory (a path through a file, a name over the filesystem's limit)."""
+    from reprotrain.repro.runlock import refuse_if_held
+
+    if "--multirun" in argv or "-m" in argv:
+        return
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            run_dir = arg.split("=", 1)[1].strip("'\"")
+            check_creatable(run_dir)
+            refuse_if_held(run_dir)
+
+
+def check_creatable(path: str) -> None:
+    p = os.path.abspath(os.path.expanduser(path))
+    for part in p.split(os.sep):
+        if len(part.encode()) > 255:
+            raise ReprotrainError(
+                f"hydra.run.dir: the name '{part[:40]}...' is {len(part.encode())} bytes; "
+                "the filesystem allows 255"
+            )
+    probe = p
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ReprotrainError(f"hydra.run.dir={path}: {probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ReprotrainError(f"hydra.run.dir={path}: {probe} is not writable")
 
 
 def check_schema_keys(cfg) -> None:
@@ -122,6 +172,7 @@ def cli_check() -> None:
         return
     try:
         check(sys.argv[1:])
+        explicit_run_dir_is_free(sys.argv[1:])
     except ReprotrainError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

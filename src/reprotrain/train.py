@@ -19,6 +19,9 @@ if __name__ == "__main__":
     # PYTHONHASHSEED is only read at interpreter start: re-exec now, before importing torch,
     # if it is not fixed. Then check the overrides while it is still cheap: a typo fails in
     # a second, in one line.
+    from reprotrain import launchers
+
+    launchers.die_with_parent()  # torchrun workers die with their agent, never orphaned
     hashseed.ensure()
     from reprotrain import preflight
 
@@ -26,6 +29,7 @@ if __name__ == "__main__":
 
 import logging
 import signal
+import socket
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,22 +39,26 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from reprotrain import faults, preflight
+from reprotrain import faults, launchers, preflight
 from reprotrain.components import build, build_naming_key, build_scheduler, qualname
 from reprotrain.config import config_sha256
 from reprotrain.data.datasets import build_dataset
+from reprotrain.data.fingerprint import file_sha256
 from reprotrain.data.pipeline import build_pipeline
-from reprotrain.engine import LoopState, StepParts, evaluate, run_epoch
+from reprotrain.distributed import Dist, init_from_env
+from reprotrain.engine import LoopState, StepParts, evaluate, reduce_across_ranks, run_epoch
 from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.loggers import build_loggers
 from reprotrain.optim import param_groups
 from reprotrain.paths import REPO_ROOT
 from reprotrain.profiling import StepProfiler
-from reprotrain.repro import checkpoint, determinism, environment, lockfile, rng
+from reprotrain.quoting import resume_hint
+from reprotrain.repro import checkpoint, determinism, environment, gitinfo, lockfile, rng, secrets
 from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
 from reprotrain.repro.fingerprint import losses_sha256, state_sha256
-from reprotrain.repro.resume import find_resume_point, resume_entry
+from reprotrain.repro.resume import AlreadyCompleted, find_resume_point, resume_entry
+from reprotrain.repro.runlock import RunLock
 from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
 
 log = logging.getLogger("reprotrain")
@@ -59,13 +67,15 @@ EXIT_ABORTED = 130
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit
 
 
-def train(cfg: DictConfig, run_dir: Path) -> float | None:
-    # --- compose: the resolved config is the run's identity --------------------------------
+def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
+    # --- compose: the resolved config is the run's identity (oc.env values as digests) ------
     log.info("run dir: %s", run_dir)
-    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    container, env_values = secrets.redact(cfg)
     point = find_resume_point(cfg.resume, run_dir, container)  # None: fresh start
-    record = rec.RunRecord.load(run_dir) if point else rec.RunRecord(run_dir)
+    fresh = point is None or point.forked
+    record = rec.RunRecord(run_dir) if fresh else rec.RunRecord.load(run_dir)
     record.update(status="running", config_sha256=config_sha256(container))
+    record.update(env_interpolations=env_values)
     rec.atomic_write_text(run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
     stop = StopFlag()
 
@@ -75,32 +85,32 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
     )
     seeds = Seeds(**point.state["seeds"]) if point else resolve_seeds(cfg.seed)
     # Resume reuses the device the run started on, not a fresh `auto` (None: a new run).
-    recorded = devices.recorded_device(record.data) if point else None
+    recorded = devices.recorded_device(record.data) if not fresh else None
     device = devices.resolve_for_resume(
-        recorded, cfg.trainer.device, cfg.trainer.allow_device_change
-    )
+        recorded, cfg.trainer.device, cfg.trainer.allow_device_change,
+        local_rank=dist.local_rank if dist.enabled else None,
+    )  # fmt: skip
     env = environment.capture(device)
-    if point is None:
-        start_record(record, cfg, run_dir, seeds, flags, env, device)
+    check_world_size(cfg, point, dist)
+    if fresh:
+        start_record(record, cfg, run_dir, seeds, flags, env, device, point)
+    record.update(**distributed_record(dist, device))
     log.info(
-        "experiment %s | repro=%s | seeds %s | device %s",
-        record["experiment_id"],
-        flags["level"],
-        seeds.as_dict(),
-        device,
-    )
+        "experiment %s | repro=%s | seeds %s | device %s | world size %d",
+        record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size,
+    )  # fmt: skip
 
     # --- build: data, then model (from the `init` stream), optimizer, schedule, loss -------
-    dataset, pipeline = build_data(cfg, seeds, device)
+    dataset, pipeline = build_data(cfg, seeds, device, dist)
     record.update(data_fingerprint=dataset.fingerprint())
     seed_globals(seeds.init)
-    parts, step_parts = build_training(cfg, pipeline, device)
+    parts, step_parts = build_training(cfg, pipeline, device, dist)
     state: LoopState = parts["loop"]
     record.update(components=components_record(cfg, parts, step_parts.loss_fn, dataset))
 
     # --- resume or start: restore every part, or seed the `train` stream -------------------
     if point is not None:
-        resume_from(point, parts, record, env, device, run_dir)
+        resume_from(point, parts, record, env, device, run_dir, container)
     else:
         record.update(initial_weights_sha256=state_sha256(parts["model"].state_dict()))
         seed_globals(seeds.train)
@@ -112,19 +122,24 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
     alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
     every, epochs = cfg.trainer.checkpoint_every_steps, cfg.trainer.epochs
+    stop_at = cfg.trainer.stop_at_global_step
     bar = tqdm(disable=not (cfg.trainer.progress and sys.stderr.isatty()), leave=False)
     feed = StepFeed(build_loggers(cfg.logger, run_dir, record.data, state.global_step), state)
     profiler = StepProfiler(run_dir / "profile", cfg.trainer.profile_steps, device).start() \
-        if cfg.trainer.profile_steps else None  # fmt: skip
+        if cfg.trainer.profile_steps and dist.is_main else None  # fmt: skip
 
     def after_step(next_step: int) -> None:
         bar.update(1)
-        feed.every(cfg.logger.log_every_steps)
+        if dist.world_size == 1:  # under DDP the step losses are global only at epoch end
+            feed.every(cfg.logger.log_every_steps)
         if profiler is not None:
             profiler.step()
         faults.hook("step", state.global_step)
-        if stop.signal_name is not None:
+        if dist.all_reduce_any(stop.signal_name is not None):  # every rank, same step
             feed.close("interrupted")
+            interrupted(saver, record, state, stop, run_dir)
+        if stop_at and state.global_step == stop_at and next_step < pipeline.steps_per_epoch:
+            stop.signal_name = f"trainer.stop_at_global_step={stop_at}"
             interrupted(saver, record, state, stop, run_dir)
         if every and state.global_step % every == 0 and next_step < pipeline.steps_per_epoch:
             saver.save()
@@ -139,13 +154,17 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
                 step_parts, state, pipeline.epoch(state.epoch, state.step),
                 check_every=cfg.trainer.nonfinite_check_every,
                 on_nonfinite=cfg.trainer.on_nonfinite, after_step=after_step,
+                any_rank=dist.all_reduce_any,
             )  # fmt: skip
+            reduce_across_ranks(state.progress)
             feed.flush()
             row = end_epoch(cfg, state, model, pipeline, loss_fn, amp, saver, run_dir, seconds,
-                            state.progress.seen - seen_before)  # fmt: skip
+                            state.progress.seen - seen_before * dist.world_size)  # fmt: skip
             feed.epoch(row)
             record.update(nondeterministic_ops=alerts, nonfinite_events=state.nonfinite_events)
-            if stop.signal_name is not None and state.epoch <= epochs:
+            asked = stop_at and state.global_step == stop_at
+            if dist.all_reduce_any(stop.signal_name is not None or asked) and state.epoch <= epochs:
+                stop.signal_name = stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
                 interrupted(saver, record, state, stop, run_dir)
             if cfg.trainer.stop_after_epoch and state.epoch > cfg.trainer.stop_after_epoch:
                 break  # spot check: the schedule still spans trainer.epochs
@@ -164,10 +183,10 @@ def train(cfg: DictConfig, run_dir: Path) -> float | None:
         partial=len(state.metrics) < epochs,
         nondeterministic_ops=alerts,
         nonfinite_events=state.nonfinite_events,
-        peak_memory=environment.peak_memory(device)
-        if hasattr(environment, "peak_memory")
-        else None,
+        gpu_memory=environment.peak_memory(device),
     )
+    feed.loggers.log_final(final)
+    feed.close("completed")
     log.info("test_acc=%s  %s=%s (best epoch %s)", final.get("test_acc"), cfg.trainer.monitor,
              state.best, state.best_epoch)  # fmt: skip
     log.info("completed: checkpoints in %s; report: make report RUN=%s", saver.dir, run_dir)
@@ -182,6 +201,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.requeue = launchers.submitit_requeue_handler()  # inside submitit, else None
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
@@ -192,7 +212,7 @@ class StopFlag:
         log.warning("%s received: finishing this step, then checkpointing", self.signal_name)
 
 
-def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device) -> None:
+def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device, point) -> None:
     """Identity of a fresh run: git, environment, lock; the run.json a reproduce replays."""
     drift = lockfile.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
@@ -202,13 +222,12 @@ def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device) -
         if cfg.repro.require_locked_env:
             raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
         log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
-    git, diff = environment.git_info(REPO_ROOT)
+    git, diff = gitinfo.git_info(REPO_ROOT, include_untracked=list(cfg.include_untracked))
+    if warning := gitinfo.archivability_warning(git):
+        log.warning(warning)
     if diff:
         rec.atomic_write_text(run_dir / "git.diff", diff)
-    dirty = "+dirty" if git["dirty"] else ""
     record.update(
-        experiment_id=f"{record['config_sha256'][:8]}-{git['short']}{dirty}-"
-        f"{environment.device_slug(device)}",
         run_dir=str(run_dir.resolve()),
         name=cfg.name,
         started_at=rec.now_iso(),
@@ -225,12 +244,50 @@ def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device) -
         container=lockfile.container_image(),
         resumes=[],
     )
+    record.update(experiment_id=experiment_id(record.data, device))
+    if point is not None:  # resume=<another run's checkpoint>: a fork, with its parent named
+        record.update(
+            forked_from={
+                "path": str(point.path),
+                "sha256": file_sha256(point.path),
+                "global_step": point.state["loop"]["global_step"],
+            }
+        )
     from torch.utils import collect_env
 
     rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
 
 
-def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device):
+def experiment_id(record: dict, device: torch.device) -> str:
+    """<config sha[:8]>-<commit>[+dirty]-<device>: follows the config that ran."""
+    git = record["git"]
+    dirty = "+dirty" if git.get("dirty") else ""
+    return (
+        f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{environment.device_slug(device)}"
+    )
+
+
+def check_world_size(cfg: DictConfig, point, dist: Dist) -> None:
+    if point is None or point.forked:
+        return
+    saved = (point.state.get("env") or {}).get("world_size", 1)
+    if saved != dist.world_size and not cfg.trainer.allow_world_size_change:
+        raise ResumeError(
+            f"the checkpoint was written with world size {saved}, this run has "
+            f"{dist.world_size}; resume with NPROC={saved}, or pass "
+            "trainer.allow_world_size_change=true (recorded as not bitwise)"
+        )
+
+
+def distributed_record(dist: Dist, device: torch.device) -> dict:
+    """world size, backend and every rank's device and threads (a collective under DDP)."""
+    me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads()}
+    me["host"] = socket.gethostname()
+    return {"world_size": dist.world_size, "backend": dist.backend,
+            "ranks": dist.all_gather_objects(me)}  # fmt: skip
+
+
+def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist | None = None):
     """The dataset ``_target_`` and the pipeline that serves it (device or DataLoader)."""
     dataset = build_dataset(cfg.dataset)
     splits = dataset.splits()
@@ -249,11 +306,14 @@ def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device):
         limit_train_steps=cfg.trainer.limit_train_steps,
         limit_eval_batches=cfg.trainer.limit_eval_batches,
         overfit_batches=cfg.trainer.overfit_batches,
+        rank=dist.rank if dist else 0, world_size=dist.world_size if dist else 1,
     )  # fmt: skip
     return dataset, pipeline
 
 
-def build_training(cfg: DictConfig, pipeline, device: torch.device) -> tuple[dict, StepParts]:
+def build_training(
+    cfg: DictConfig, pipeline, device: torch.device, dist: Dist
+) -> tuple[dict, StepParts]:
     """Every Stateful part of the checkpoint (model first, rng last), and the step's view."""
     model = build_naming_key("model", cfg.model, lambda node: build("model", node)).to(device)
     if cfg.trainer.channels_last:
@@ -266,7 +326,14 @@ def build_training(cfg: DictConfig, pipeline, device: torch.device) -> tuple[dic
     scaler = torch.amp.GradScaler(
         device.type, init_scale=cfg.trainer.amp_init_scale, enabled=amp == (True, "fp16")
     )
-    forward = torch.compile(model, mode=cfg.trainer.compile_mode) if cfg.trainer.compile else model
+    forward = model
+    if dist.enabled:  # gradients all-reduced in a fixed bucket order; BN synced on request
+        if cfg.trainer.sync_batchnorm:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        ids = [device.index] if device.type == "cuda" else None
+        forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if cfg.trainer.compile:
+        forward = torch.compile(forward, mode=cfg.trainer.compile_mode)
     parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
     parts |= {"loop": LoopState(device), "rng": rng.RNGState(device)}  # rng restored last
     loss_fn = build("loss", cfg.loss)
@@ -276,14 +343,18 @@ def build_training(cfg: DictConfig, pipeline, device: torch.device) -> tuple[dic
     return parts, step
 
 
-def resume_from(point, parts: dict, record, env: dict, device: torch.device, run_dir: Path) -> None:
+def resume_from(point, parts: dict, record, env, device, run_dir: Path, container: dict) -> None:
     checkpoint.restore(parts, point.state)
     state = parts["loop"]
     # The files may have run ahead of the checkpoint (killed after writing them).
     rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
     rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.fingerprints)
-    entry = resume_entry(point, env, device)
+    if point.forked:
+        log.info("forked from %s", point.path)
+        return
+    entry = resume_entry(point, env, device, container)
     record.update(resumes=[*record.data.get("resumes", []), entry])
+    record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
     log.info("resumed from %s at epoch %d step %d", point.path.name, state.epoch, state.step)
 
 
@@ -309,7 +380,9 @@ class Saver:
         self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
 
     def save(self, best: bool = False, model_state: dict | None = None) -> None:
-        state = checkpoint.snapshot(self.parts, self.meta)
+        state = checkpoint.snapshot(self.parts, self.meta)  # collective under DDP (rng, loop)
+        if not rec.is_writer():
+            return
         if model_state is not None:
             state["model"] = model_state  # the CPU copy already made for the fingerprint
         step = self.parts["loop"].global_step
@@ -321,14 +394,18 @@ class Saver:
 
 
 def interrupted(saver: Saver, record, state: LoopState, stop: StopFlag, run_dir) -> NoReturn:
+    """Checkpoint, mark the run interrupted, hand a SIGUSR2 over to submitit's requeue."""
     saver.save()
     record.update(
         status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=stop.signal_name
     )
     log.warning(
-        "interrupted at epoch %d step %d; resume with `make resume RUN=%s`",
-        state.epoch, state.step, run_dir,
+        "interrupted at epoch %d step %d; resume with `%s`",
+        state.epoch, state.step, resume_hint(run_dir),
     )  # fmt: skip
+    if stop.signal_name == "SIGUSR2" and stop.requeue is not None:
+        release_lock()
+        stop.requeue(signal.SIGUSR2, None)  # submitit requeues the job and exits
     sys.exit(EXIT_INTERRUPTED)
 
 
@@ -419,18 +496,54 @@ def final_metrics(state: LoopState, model, pipeline, loss_fn, amp, run_dir: Path
 # ------------------------------------------------------------------------------- the entry
 
 
+_lock: RunLock | None = None
+
+
+def release_lock() -> None:
+    global _lock
+    if _lock is not None:
+        _lock.release()
+        _lock = None
+
+
 @hydra.main(config_path=str(REPO_ROOT / "conf"), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    global _lock
+    preflight.register_resolvers()  # joblib/submitit workers never ran cli()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    dist = None
     try:
-        return train(cfg, run_dir)
+        dist = init_from_env(cfg.trainer.device)
+        run_dir = Path(dist.broadcast_object(str(run_dir)))  # one run dir, decided by rank 0
+        rec.set_writer(dist.is_main)
+        if not dist.is_main:
+            log.setLevel(logging.WARNING)  # one log: rank 0's
+        refused = None
+        if dist.is_main:
+            try:
+                _lock = RunLock(run_dir).acquire()  # one writer per run dir, for its lifetime
+            except ResumeError as e:
+                refused = str(e)
+        if (refused := dist.broadcast_object(refused)) is not None:
+            raise ResumeError(refused)
+        cfg.resume = launchers.default_resume(cfg.resume)  # auto inside a submitit job
+        return train(cfg, run_dir, dist)
+    except AlreadyCompleted as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(0)
     except ResumeError as e:  # refused before touching anything: leave the record as it was
-        print(f"error: {e}", file=sys.stderr)
+        _error(dist, str(e))
         sys.exit(e.exit_code)
     except ReprotrainError as e:
         _mark(run_dir, "failed", error=str(e))
-        print(f"error: {e}", file=sys.stderr)
+        _error(dist, str(e))
         sys.exit(e.exit_code)
+    except OSError as e:  # disk full, a path that is a file, a name too long: name it
+        where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+        message = f"{where}: {e.strerror or e}" if where else str(e)
+        _mark(run_dir, "failed", error=message)
+        _error(dist, message)
+        sys.exit(2)
     except KeyboardInterrupt:
         _mark(run_dir, "interrupted", error="aborted by a second SIGINT")
         print("aborted: previous checkpoints are intact", file=sys.stderr)
@@ -438,6 +551,15 @@ def main(cfg: DictConfig) -> float | None:
     except Exception as e:
         _mark(run_dir, "failed", error=f"{type(e).__name__}: {e}")
         raise
+    finally:
+        release_lock()
+        if dist is not None:
+            dist.destroy()
+
+
+def _error(dist: Dist | None, message: str) -> None:
+    if dist is None or dist.is_main:
+        print(f"error: {message}", file=sys.stderr)
 
 
 def _mark(run_dir: Path, status: str, **fields: Any) -> None:
@@ -452,6 +574,7 @@ def _mark(run_dir: Path, status: str, **fields: Any) -> None:
 
 def cli() -> None:
     """Console entry: fix the hash seed, check the overrides in one line, run Hydra."""
+    launchers.die_with_parent()
     hashseed.ensure()
     preflight.cli_check()
     main()

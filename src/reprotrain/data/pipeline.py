@@ -56,8 +56,16 @@ class _Base:
         limit_train_steps: int = 0,
         limit_eval_batches: int = 0,
         overfit_batches: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.n = len(splits.train)
+        if batch_size % world_size:
+            raise ReprotrainError(
+                f"trainer.batch_size={batch_size} (the global batch) is not divisible by the "
+                f"world size {world_size}; pick a multiple of {world_size}"
+            )
+        self.rank, self.world_size = rank, world_size
         self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
         self.overfit_batches = overfit_batches
         if self.n < batch_size:
@@ -94,6 +102,17 @@ class _Base:
     def has_split(self, split: str) -> bool:
         return self.eval_splits.get(split) is not None
 
+    def _shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank r's contiguous part of a global batch (the whole batch on one process).
+
+        The global batch is drawn and augmented first, keyed by (epoch, step) and sample
+        position, so what a global step sees does not depend on the world size."""
+        if self.world_size == 1:
+            return x, y
+        part = len(y) // self.world_size
+        rows = slice(self.rank * part, (self.rank + 1) * part)
+        return x[rows], y[rows]
+
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
@@ -126,7 +145,7 @@ class DevicePipeline(_Base):
         order = epoch_order(self.n, self.data_seed, epoch).to(self.device)
         for step in range(start_step, self.steps_per_epoch):
             idx = order[step * self.batch_size : (step + 1) * self.batch_size]
-            yield (step, *self._finish_tensors(self.x[idx], self.y[idx], epoch, step))
+            yield (step, *self._shard(*self._finish_tensors(self.x[idx], self.y[idx], epoch, step)))
 
     def eval_batches(self, split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         x, y = self.resident[split]
@@ -193,8 +212,9 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         epoch: int,
         start_step: int = 0,
         steps: int | None = None,
+        shard: tuple[int, int] = (0, 1),
     ):
-        self.n, self.batch_size = n, batch_size
+        self.n, self.batch_size, self.shard = n, batch_size, shard
         self.data_seed, self.epoch, self.start_step = data_seed, epoch, start_step
         self.steps = n // batch_size if steps is None else steps
 
@@ -205,7 +225,9 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         order = epoch_order(self.n, self.data_seed, self.epoch).tolist()
         for step in range(self.start_step, self.steps):
             batch = order[step * self.batch_size : (step + 1) * self.batch_size]
-            yield [(self.epoch, i) for i in batch]
+            rank, world = self.shard
+            part = len(batch) // world
+            yield [(self.epoch, i) for i in batch[rank * part : (rank + 1) * part]]
 
 
 def seed_worker(worker_id: int) -> None:
@@ -276,17 +298,20 @@ class LoaderPipeline(_Base):
             raise _one_line_from_worker(e) from None
 
     def _finish(self, xb, yb, epoch: int | None, step: int):
-        if self.per_sample:
+        if self.per_sample:  # already this rank's samples, transformed per sample
             xb = xb.to(self.device, non_blocking=True)
             return self._layout(xb), yb.to(self.device, non_blocking=True)
-        return self._finish_tensors(xb, yb, epoch, step)
+        if epoch is None:
+            return self._finish_tensors(xb, yb, epoch, step)
+        return self._shard(*self._finish_tensors(xb, yb, epoch, step))
 
     def epoch(
         self, epoch: int, start_step: int = 0
     ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         epoch = self.data_epoch(epoch)
+        shard = (self.rank, self.world_size) if self.per_sample else (0, 1)
         sampler = EpochBatchSampler(
-            self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch
+            self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch, shard
         )
         batches = self._batches(self.train_set, sampler, epoch)
         for step, (xb, yb) in enumerate(batches, start_step):

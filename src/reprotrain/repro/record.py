@@ -34,6 +34,19 @@ CHECKPOINTS = "checkpoints"
 STATUSES = ("running", "completed", "failed", "interrupted")
 
 
+_writer = True  # False on DDP ranks > 0: rank 0 is the one writer of the run directory
+
+
+def set_writer(is_writer: bool) -> None:
+    """Make every write below a no-op in processes that must not write (DDP ranks > 0)."""
+    global _writer
+    _writer = is_writer
+
+
+def is_writer() -> bool:
+    return _writer
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -44,6 +57,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     The temp file is created with mode 0666 so the kernel applies the user's umask, as for
     any ordinary file (mkstemp's 0600 would make records unreadable to a team).
     """
+    if not _writer:
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")

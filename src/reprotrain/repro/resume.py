@@ -9,6 +9,7 @@ warning, recorded in run.json, since bitwise equality is then no longer promised
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from reprotrain.config import flatten, is_identity
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro import checkpoint, comparability
-from reprotrain.repro.record import CHECKPOINTS, now_iso
+from reprotrain.repro.record import CHECKPOINTS, METRICS, RUN_JSON, now_iso, read_jsonl
 
 log = logging.getLogger("reprotrain")
 
@@ -37,6 +38,13 @@ class ResumePoint:
     path: Path
     state: dict[str, Any]
     skipped: list[str] = field(default_factory=list)
+    forked: bool = False  # a checkpoint of another run: this run dir starts a new record
+
+
+class AlreadyCompleted(ResumeError):
+    """Nothing to resume: the run finished its schedule. Not an error (exit 0)."""
+
+    exit_code = 0
 
 
 def config_differences(recorded: dict, current: dict) -> list[str]:
@@ -53,7 +61,7 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
     """None for a fresh start; else the checkpoint to continue from, after the guards."""
     if resume is None:
         return None
-    checkpoint.remove_partial_writes(run_dir / CHECKPOINTS)
+    record = _recorded(run_dir)
     if resume == "auto":
         path, state, skipped = checkpoint.latest_valid(run_dir / CHECKPOINTS)
         for reason in skipped:
@@ -61,13 +69,63 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         if path is None:
             if skipped:
                 raise CheckpointError(f"no valid checkpoint in {run_dir / CHECKPOINTS}")
+            _refuse_fresh_start_over(run_dir, record)
             return None
+        if record is None:
+            raise ResumeError(
+                f"{run_dir} has checkpoints but no run.json; fork one into a new run dir with "
+                f"resume=<path to a checkpoint>"
+            )
         point = ResumePoint(path, state, skipped)
     else:
-        path = Path(resume)
-        point = ResumePoint(path, checkpoint.load(path))
+        path = Path(resume).expanduser().resolve()
+        inside = path.parent == (run_dir / CHECKPOINTS).resolve()
+        if not inside and record is not None:
+            raise ResumeError(
+                f"resume={path} belongs to another run, and {run_dir} already holds a run; "
+                "fork into a new, empty run dir (hydra.run.dir=<new dir>)"
+            )
+        point = ResumePoint(path, checkpoint.load(path), forked=not inside)
     _check_config(point, current)
+    if (
+        not point.forked
+        and record is not None
+        and record.get("status") == "completed"
+        and point.state["loop"]["epoch"] > current["trainer"]["epochs"]
+    ):
+        raise AlreadyCompleted(f"{run_dir} is already completed; nothing to resume")
+    if checkpoint_writer():
+        checkpoint.remove_partial_writes(run_dir / CHECKPOINTS)
     return point
+
+
+def checkpoint_writer() -> bool:
+    from reprotrain.repro.record import is_writer
+
+    return is_writer()
+
+
+def _recorded(run_dir: Path) -> dict | None:
+    path = run_dir / RUN_JSON
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise ResumeError(f"{path} is unreadable ({e}); it cannot be resumed") from None
+
+
+def _refuse_fresh_start_over(run_dir: Path, record: dict | None) -> None:
+    """resume=auto without a checkpoint: fresh only if nothing was recorded yet (a requeued
+    job that died before its first checkpoint); never over a run that made progress."""
+    if record is None:
+        return
+    done = record.get("epochs_completed") or len(read_jsonl(run_dir / METRICS))
+    if record.get("status") == "completed" or done:
+        raise ResumeError(
+            f"no checkpoint in {run_dir / CHECKPOINTS} to resume from, and the run already "
+            f"recorded {done or 'its'} epoch(s); start a new run in a new directory"
+        )
 
 
 def _check_config(point: ResumePoint, current: dict) -> None:
@@ -88,7 +146,20 @@ def _check_config(point: ResumePoint, current: dict) -> None:
         )
 
 
-def resume_entry(point: ResumePoint, env: dict, device: torch.device) -> dict[str, Any]:
+def _changes(recorded: dict, current: dict) -> dict[str, tuple[Any, Any]]:
+    """Config keys whose values this resume changed (where-to-look keys left out)."""
+    a, b = flatten(recorded), flatten(current)
+    skip = ("resume", "dataset.root", "trainer.progress", "trainer.stop_at_global_step")
+    return {
+        k: (a.get(k), b.get(k))
+        for k in sorted(set(a) | set(b))
+        if k not in skip and not k.startswith("logger.") and a.get(k) != b.get(k)
+    }
+
+
+def resume_entry(
+    point: ResumePoint, env: dict, device: torch.device, current: dict
+) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee."""
     mismatch = comparability.differences(point.state["env"], env)
     if mismatch:
@@ -97,8 +168,13 @@ def resume_entry(point: ResumePoint, env: dict, device: torch.device) -> dict[st
             "with an uninterrupted run is no longer guaranteed"
         )
         log.warning(msg)
+    changed = {
+        key: {"from": before, "to": after}
+        for key, (before, after) in _changes(point.state["config"], current).items()
+    }
     return {
         "at": now_iso(),
+        "overrides": changed,
         "checkpoint": point.path.name,
         "epoch": point.state["loop"]["epoch"],
         "step": point.state["loop"]["step"],

@@ -73,7 +73,8 @@ from omegaconf import OmegaConf
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
 from reprotrain.quoting import hydra_override
-from reprotrain.repro import gitinfo, lockfile
+from reprotrain.repro import comparability, gitinfo, lockfile
+from reprotrain.repro import device as devices
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.repro.secrets import env_value_differences
 from reprotrain.tools import archive_check, cli, trust
@@ -91,9 +92,7 @@ REPORT = "reproduction.json"
 #: config values that came from ``${oc.env:...}`` (repro/secrets.py).
 ENV_INTERPOLATIONS = "env_interpolations"
 #: Recorded environment keys whose difference means identical bits are not expected.
-ENV_KEYS = ("python", "torch", "numpy", "cuda", "cudnn", "machine", "num_threads")
 #: Shown when they differ, but not a reason on their own (kernel build, allowlisted vars).
-INFO_KEYS = ("os",)
 
 Refusal = ReproduceRefused  # the name the tests and older callers use
 
@@ -128,20 +127,10 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
     return msg
 
 
-def _differences(recorded: dict, here: dict, keys, label: str = "{}") -> list[str]:
-    return [
-        f"{label.format(k)}: recorded {recorded.get(k)!r}, here {here.get(k)!r}"
-        for k in keys
-        if recorded.get(k) != here.get(k)
-    ]
-
-
 def environment_differences(recorded: dict, current: dict) -> tuple[list[str], list[str]]:
     """(differences that rule out identical bits, informational ones), both as text."""
     renv, cenv = recorded.get("environment") or {}, current.get("environment") or {}
-    rdev, cdev = renv.get("device") or {}, cenv.get("device") or {}
-    blocking = _differences(renv, cenv, ENV_KEYS)
-    blocking += _differences(rdev, cdev, sorted(set(rdev) | set(cdev)), "device.{}")
+    blocking = comparability.differences(renv, cenv)  # the one rule resume uses too
     if recorded.get("lock_sha256") != current.get("lock_sha256"):
         blocking.append(
             f"lock_sha256: recorded {str(recorded.get('lock_sha256'))[:12]}, this checkout's "
@@ -152,10 +141,7 @@ def environment_differences(recorded: dict, current: dict) -> tuple[list[str], l
         names = drift.get("missing", []) + drift.get("extra", [])
         names += [d["name"] for d in drift.get("different", [])]
         blocking.append(f"installed packages differ from the archived lock: {', '.join(names)}")
-    rvars, cvars = renv.get("env") or {}, cenv.get("env") or {}
-    info = _differences(renv, cenv, INFO_KEYS)
-    info += _differences(rvars, cvars, sorted(set(rvars) | set(cvars)), "${}")
-    return blocking, info
+    return blocking, comparability.notes(renv, cenv)
 
 
 def code_differences(recorded_git: dict, repo: Path = REPO_ROOT) -> list[str]:
@@ -329,9 +315,11 @@ def rerun_command(
     seeds = record.get("seeds") or {}
     if seeds.get("source") == "entropy":
         overrides.append(f"seed.base={int(seeds['base'])}")
-    if OmegaConf.select(cfg, "dataset.name") == "cifar10":
-        root = current_data_dir(str(OmegaConf.select(cfg, "dataset.root", default="data")))
-        overrides.append(hydra_override("dataset.root", root))
+    root = OmegaConf.select(cfg, "dataset.root", default=None)
+    if root is not None:  # a dataset read from disk: here, relative to this checkout
+        overrides.append(hydra_override("dataset.root", current_data_dir(str(root))))
+    # Replay on the recorded device type, not a fresh `auto` (a CPU archive stays on the CPU).
+    overrides.append(f"trainer.device={devices.replay_spec(devices.recorded_device(record))[0]}")
     if leg is not None and leg.stop_at_global_step is not None:
         overrides.append(f"trainer.stop_at_global_step={int(leg.stop_at_global_step)}")
     elif stop_after_epoch is not None:
@@ -349,6 +337,12 @@ def rerun_env(source: Path, record: dict) -> dict[str, str]:
     recorded_vars = (record.get("environment") or {}).get("env") or {}
     if "CUBLAS_WORKSPACE_CONFIG" in recorded_vars:
         env["CUBLAS_WORKSPACE_CONFIG"] = recorded_vars["CUBLAS_WORKSPACE_CONFIG"]
+    # The variables that steer cuBLAS/cuDNN, exactly as recorded (set, or unset).
+    for name, value in ((record.get("environment") or {}).get("gpu_env") or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     # The snapshot is not a checkout: keep git from finding an enclosing repo's HEAD.
     env["GIT_CEILING_DIRECTORIES"] = str(source.resolve().parent)
     return env
@@ -376,8 +370,8 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
 
     from reprotrain.repro import environment
 
-    dev = ((record.get("environment") or {}).get("device") or {}).get("type", "cpu")
-    device = torch.device("cuda" if dev == "cuda" and torch.cuda.is_available() else "cpu")
+    spec, _ = devices.replay_spec(devices.recorded_device(record))
+    device = torch.device("cuda", 0) if spec == "cuda" else torch.device(spec)
     env = environment.capture(device)
     env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
@@ -468,7 +462,7 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
     if unresolved:
         raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
     data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
-    if OmegaConf.select(cfg, "dataset.name") == "cifar10":
+    if OmegaConf.select(cfg, "dataset.root", default=None) is not None:
         data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
     data_problem = check_data(data_cfg, record.get("data_fingerprint"), args.allow_data_drift)
 

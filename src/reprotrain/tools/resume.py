@@ -31,6 +31,7 @@ from pathlib import Path
 from reprotrain.errors import RecordError
 from reprotrain.quoting import hydra_override, resume_hint
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON
+from reprotrain.repro.runlock import refuse_if_held
 from reprotrain.tools import cli
 from reprotrain.tools.readers import read_config, read_run_json, read_text
 
@@ -61,11 +62,20 @@ def primary_config_text(run_dir: Path) -> str:
     )
 
 
-def resume_command(run_dir: Path, config_dir: Path, overrides: list[str]) -> list[str]:
+def resume_command(
+    run_dir: Path, config_dir: Path, overrides: list[str], nproc: int = 1
+) -> list[str]:
+    """The trainer's command; under torchrun with ``nproc`` ranks when the run was DDP."""
+    launcher = ["-m", "reprotrain.train"]
+    if nproc > 1:
+        launcher = [
+            "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
+            "--shutdown-timeout=120", *launcher,
+        ]  # fmt: skip
     return [
         sys.executable,
-        "-m",
-        "reprotrain.train",
+        *launcher,
         f"--config-path={config_dir}",
         f"--config-name={PRIMARY.removesuffix('.yaml')}",
         hydra_override("hydra.run.dir", run_dir),
@@ -103,15 +113,22 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.resume", __doc__)
     p.add_argument("run_dir", type=cli.user_path, help="the run directory to continue")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. trainer.epochs=5)")
+    p.add_argument(
+        "--nproc", type=int, default=None, help="processes (default: the recorded world size)"
+    )
     args = p.parse_args(argv)
     run_dir = args.run_dir.expanduser().resolve()
     check_run_dir(run_dir)
+    refuse_if_held(run_dir)  # a live run owns it: touch nothing
+    recorded = int(read_run_json(run_dir).get("world_size") or 1)
+    nproc = recorded if args.nproc is None else args.nproc
     config_dir = Path(tempfile.mkdtemp(prefix="reprotrain-resume-"))
     try:
         (config_dir / PRIMARY).write_text(primary_config_text(run_dir))
         env = {**os.environ}
         env.setdefault("PYTHONHASHSEED", "0")
-        return run_forwarding_signals(resume_command(run_dir, config_dir, args.overrides), env)
+        cmd = resume_command(run_dir, config_dir, args.overrides, nproc)
+        return run_forwarding_signals(cmd, env)
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)
 

@@ -28,7 +28,7 @@ export PYTHONHASHSEED := 0
 export CUBLAS_WORKSPACE_CONFIG := :4096:8
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test lint format verify sweep resume archive reproduce \
+.PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
         bench drill new-project report eval clean
 
@@ -60,8 +60,11 @@ else
 	$(TORCHRUN) -m reprotrain.train $(ARGS)
 endif
 
-test: $(STAMP) ## the test suite (CPU, offline)
-	$(PY) -m pytest -q
+test: $(STAMP) ## the test suite (CPU, offline), without the slow marker
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP) ## the slow tests only: DDP layouts, launcher sweeps (CI runs both)
+	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP) ## ruff lint + format check
 	$(VENV)/bin/ruff check .

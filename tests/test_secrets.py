@@ -9,9 +9,8 @@ files, with a different random token planted in each route a secret can take:
 - the credentials in the git remote URL.
 
 Then it is archived, and every file of the run directory and every member of the archive is
-searched for each token. The trainer-side routes need the trainer to use
-``repro.gitinfo.git_info`` and ``repro.secrets.redact`` (see docs/notes/reliability.md): they
-are marked xfail until it does, and turn into passes (XPASS) when wired.
+searched for each token. The trainer records git state through ``repro.gitinfo.git_info``
+and the config through ``repro.secrets.redact``.
 
 The unit tests below check gitinfo and secrets directly.
 """

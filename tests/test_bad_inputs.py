@@ -366,7 +366,40 @@ OTHER = [
     Row("check_lock/lock-without-in", tool("check_lock", "--lock", "x"), "one --in per --lock"),
 ]
 
-ROWS = RESUME + ARCHIVE + REPRODUCE + VERIFY + DRILL_ROWS + OTHER
+# The trainer's own rows: preflight refuses them before a run directory exists (each pays
+# one torch import; none trains).
+TRAIN = [
+    Row("train/typo", train("experiment=smoke", "trainer.epoch=3"), "trainer.epoch"),
+    Row("train/plus-typo", train("experiment=smoke", "+trainer.epoch=3"), "trainer.epoch"),
+    Row("train/wrong-type", train("experiment=smoke", "trainer.epochs=abc"), "trainer.epochs"),
+    Row("train/unknown-option", train("model=resnet999"), "resnet999"),
+    Row("train/zero-batch", train("experiment=smoke", "trainer.batch_size=0"), "batch_size"),
+    Row("train/negative-lr", train("experiment=smoke", "optimizer.lr=-1"), "optimizer.lr"),
+    Row("train/inf-lr", train("experiment=smoke", "optimizer.lr=inf"), "optimizer.lr"),
+    Row("train/nan-warmup", train("experiment=smoke", "scheduler.warmup_fraction=nan"),
+        "scheduler.warmup_fraction"),
+    Row("train/short-betas", train("experiment=smoke", "optimizer=adamw", "optimizer.betas=[0.9]"),
+        "optimizer.betas"),
+    Row("train/nesterov-without-momentum", train("experiment=smoke", "optimizer.momentum=0"),
+        "optimizer.nesterov"),
+    Row("train/seed-over-64-bits", train("experiment=smoke", "seed.train=18446744073709551616"),
+        "seed.train"),
+    Row("train/threads", train("experiment=smoke", "repro.num_threads=1099511627776"),
+        "repro.num_threads"),
+    Row("train/unknown-model-key", train("experiment=smoke", "+model.depth=3"), "'depth'"),
+    Row("train/unimportable-target", train("experiment=smoke", "model._target_=no.such.Net"),
+        "no.such.Net"),
+    Row("train/bad-level", train("experiment=smoke", "repro.level=loose"), "repro.level"),
+    Row("train/bad-device", train("experiment=smoke", "trainer.device=tpu"), "trainer.device"),
+    Row("train/run-dir-through-a-file",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=smoke",
+                   f"hydra.run.dir={d / 'file' / 'run'}"], "is a file", a_file()),
+    Row("train/run-dir-name-too-long",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=smoke",
+                   f"hydra.run.dir={d / ('x' * 300)}"], "255"),
+]  # fmt: skip
+
+ROWS = RESUME + ARCHIVE + REPRODUCE + VERIFY + DRILL_ROWS + TRAIN + OTHER
 
 
 def _state(d: Path) -> dict[str, tuple[int, int]]:
@@ -383,7 +416,8 @@ def _params(rows: list[Row]):
 
 def test_the_table_covers_every_entry_point_with_enough_rows():
     kinds = {r.id.split("/")[0] for r in ROWS}
-    assert {"resume", "archive", "reproduce", "verify", "drill"} <= kinds
+    assert {"resume", "archive", "reproduce", "verify", "drill", "train"} <= kinds
+    assert len(ROWS) >= 60
     assert sum(r.cheap for r in ROWS) >= 35
     assert len({r.id for r in ROWS}) == len(ROWS)
 

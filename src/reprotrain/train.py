@@ -241,7 +241,7 @@ def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device, p
         environment=env,
         lock_sha256=lockfile.lock_sha256(REPO_ROOT),
         env_drift=drift,
-        container=lockfile.container_image(),
+        container=environment.container_image(),
         resumes=[],
     )
     record.update(experiment_id=experiment_id(record.data, device))

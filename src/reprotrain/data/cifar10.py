@@ -134,11 +134,8 @@ def _not_found(root: Path, md5: str, reason: str) -> DataMissingError:
 
 
 def _md5_of(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)  # integrity check, not security
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    with open(path, "rb") as f:  # md5: the published integrity check, not security
+        return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
 
 
 def _verify_md5(archive: Path, md5: str) -> None:
@@ -232,10 +229,7 @@ def _extract(archive: Path, root: Path) -> None:
         try:
             with tarfile.open(archive, "r:gz") as tf:
                 members = _checked_members(tf, archive)
-                if hasattr(tarfile, "data_filter"):  # Python 3.11.4+, 3.10.12+
-                    tf.extractall(tmp, members=members, filter="data")
-                else:  # pragma: no cover - older patch releases
-                    tf.extractall(tmp, members=members)
+                tf.extractall(tmp, members=members, filter="data")  # Python >= 3.11.4
         except (tarfile.TarError, EOFError, OSError) as exc:
             raise DataMissingError(
                 f"cannot extract {archive} ({_one_line(exc)}); delete it and re-download"

@@ -273,3 +273,28 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
         "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
         "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
     }
+
+
+def container_image() -> dict | None:
+    """``{"image", "digest", "base", "git_commit"}`` from the Dockerfile's env; None outside.
+
+    Why: inside the image the environment *is* the image; its tag (``reprotrain:<commit>-
+    <lock sha256[:12]>``) and the digest of the base it was built ``FROM`` are what another
+    machine needs to rebuild or pull it. ``digest`` is the base image digest (the only digest
+    known at build time) and is None when the base was not pinned (``make pin-base`` not run);
+    ``base`` is the base reference, ``git_commit`` the commit the image was built from
+    (``.git`` is not copied into the image).
+    """
+    image = os.environ.get("REPROTRAIN_IMAGE", "").strip()
+    if not image:
+        return None
+
+    def env(name: str) -> str | None:
+        return os.environ.get(name, "").strip() or None
+
+    return {
+        "image": image,
+        "digest": env("REPROTRAIN_IMAGE_DIGEST"),
+        "base": env("REPROTRAIN_BASE_IMAGE"),
+        "git_commit": env("REPROTRAIN_GIT_COMMIT"),
+    }

@@ -23,7 +23,6 @@ check runs with a bare ``python3`` before any venv exists.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -494,28 +493,3 @@ def lock_sha256(repo_root: Path) -> str | None:
     """sha256 of ``requirements.lock`` bytes (the environment's identity in ``run.json``)."""
     path = Path(repo_root) / RUNTIME_LOCK
     return sha256_file(path) if path.is_file() else None
-
-
-def container_image() -> dict | None:
-    """``{"image", "digest", "base", "git_commit"}`` from the Dockerfile's env; None outside.
-
-    Why: inside the image the environment *is* the image; its tag (``reprotrain:<commit>-
-    <lock sha256[:12]>``) and the digest of the base it was built ``FROM`` are what another
-    machine needs to rebuild or pull it. ``digest`` is the base image digest (the only digest
-    known at build time) and is None when the base was not pinned (``make pin-base`` not run);
-    ``base`` is the base reference, ``git_commit`` the commit the image was built from
-    (``.git`` is not copied into the image).
-    """
-    image = os.environ.get("REPROTRAIN_IMAGE", "").strip()
-    if not image:
-        return None
-
-    def env(name: str) -> str | None:
-        return os.environ.get(name, "").strip() or None
-
-    return {
-        "image": image,
-        "digest": env("REPROTRAIN_IMAGE_DIGEST"),
-        "base": env("REPROTRAIN_BASE_IMAGE"),
-        "git_commit": env("REPROTRAIN_GIT_COMMIT"),
-    }

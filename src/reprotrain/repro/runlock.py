@@ -45,7 +45,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,7 @@ class Holder:
         return cls(
             host=socket.gethostname(),
             pid=pid,
-            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            started_at=datetime.now(UTC).isoformat(timespec="seconds"),
             pid_start=proc_start_ticks(pid),
             boot_id=_read("/proc/sys/kernel/random/boot_id"),
             pid_ns=_pid_namespace(),

@@ -1,0 +1,106 @@
+"""Resume at its edges: history that reproduce replays, refusals that write nothing, forks,
+and a completed run that stays as it was."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, assert_ok, base_env, jsonl, run_json, train
+
+
+def tool(name: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"reprotrain.tools.{name}", *args],
+        cwd=cwd, env=base_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    copy = Path(shutil.copytree(run_dir, tmp_path / "copy"))
+    (copy / ".lock").unlink(missing_ok=True)
+    return copy
+
+
+def test_resume_that_extends_the_schedule_is_recorded_and_reproduces_bitwise(tmp_path):
+    run = tmp_path / "run"
+    assert_ok(train(run, "trainer.epochs=1"))
+    first_id = run_json(run)["experiment_id"]
+    assert_ok(tool("resume", str(run), "trainer.epochs=2"))
+    record = run_json(run)
+    entry = record["resumes"][-1]
+    assert entry["global_step"] == 8
+    assert entry["overrides"]["trainer.epochs"] == {"from": 1, "to": 2}
+    assert record["experiment_id"] != first_id  # follows the config that ran
+    assert record["experiment_id"].startswith(record["config_sha256"][:8])
+    out = tmp_path / "archives"
+    assert_ok(tool("archive", str(run), "--out-dir", str(out)))
+    archive = next(out.glob("*.tar.gz"))
+    proc = tool("reproduce", str(archive), "--trust", "--runs-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "REPRODUCED (bitwise)" in proc.stdout
+
+
+def test_completed_run_says_already_completed_and_rewrites_nothing(tmp_path, reference_run):
+    run = copy_of(reference_run, tmp_path)
+    before = snapshot(run)
+    proc = tool("resume", str(run))
+    assert proc.returncode == 0 and "already completed" in proc.stderr
+    assert snapshot(run) == before
+
+
+def test_resume_with_checkpoints_gone_refuses_and_touches_nothing(tmp_path, reference_run):
+    run = copy_of(reference_run, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    before = snapshot(run)
+    proc = tool("resume", str(run))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no checkpoint" in lines[0] and "Traceback" not in proc.stderr
+    assert snapshot(run) == before
+
+
+def test_checkpoints_without_a_record_are_refused_in_one_line(tmp_path, reference_run):
+    run = tmp_path / "orphan"
+    shutil.copytree(reference_run / "checkpoints", run / "checkpoints")
+    proc = train(run, "trainer.checkpoint_every_steps=3", "resume=auto")
+    assert proc.returncode == 2
+    assert "no run.json" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (run / "run.json").exists()
+
+
+def test_resume_from_another_runs_checkpoint_forks_a_new_run(tmp_path, reference_run):
+    ckpt = reference_run / "checkpoints" / "step-00000012.pt"
+    fork = tmp_path / "fork"
+    assert_ok(train(fork, "trainer.checkpoint_every_steps=3", f"resume={ckpt}"))
+    record = run_json(fork)
+    assert record["status"] == "completed" and record["forked_from"]["global_step"] == 12
+    assert len(record["forked_from"]["sha256"]) == 64 and record["resumes"] == []
+    assert record["final_weights_sha256"] == run_json(reference_run)["final_weights_sha256"]
+    assert jsonl(fork / "fingerprints.jsonl") == jsonl(reference_run / "fingerprints.jsonl")
+
+
+def test_a_yaml_syntax_error_in_conf_is_named_with_file_and_line(tmp_path):
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "broken.yaml").write_text("_target_: x.Y\nwidths: [1, 2\n")
+    proc = train(tmp_path / "run", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=broken")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "YAML" in lines[0] and "broken.yaml:" in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_stop_at_global_step_checkpoints_there_and_exits_75(tmp_path, reference_run):
+    run = tmp_path / "leg"
+    proc = train(run, "trainer.checkpoint_every_steps=3", "trainer.stop_at_global_step=5")
+    assert proc.returncode == 75
+    assert (run / "checkpoints" / "step-00000005.pt").is_file()
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    assert_ok(train(run, "trainer.checkpoint_every_steps=3", "resume=auto"))
+    assert run_json(run)["final_weights_sha256"] == run_json(reference_run)["final_weights_sha256"]

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=trials, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=cli.user_path, default=REPO / "outputs" / "kill-trials")
+    parser.add_argument("--nproc", type=trials, default=1, help="torchrun DDP ranks (default 1)")
     parser.add_argument("overrides", nargs="*", default=DEFAULT)
     args = parser.parse_args(argv)
     for parent in (args.out, *args.out.parents):
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ReprotrainError(f"--out {args.out}: {parent}: {os.strerror(errno.ENOTDIR)}")
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     train = [sys.executable, "-m", "reprotrain.train", *args.overrides]
+    if args.nproc > 1:  # the whole torchrun job is killed: agent and workers, as a node loss
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
+        train = [sys.executable, *launcher, *train[1:]]
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
 
     ref = args.out / stamp / "uninterrupted"
@@ -100,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)  # its process group (workers die with the agent)
         proc.wait()
+        time.sleep(0.5)  # let orphaned DDP workers notice their agent is gone
         ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*.pt"))
         resumed = subprocess.run(
             ["make", "-s", "resume", f"RUN={run_dir}"],

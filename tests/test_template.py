@@ -133,7 +133,7 @@ def test_no_decay_group_for_norms_and_biases_is_recorded(tmp_path):
 
 def write_folder(root: Path, classes: int = 10, train_per: int = 12, test_per: int = 3) -> Path:
     """PNGs of mixed sizes in the ImageFolder layout; each class has its own colour."""
-    from torchvision.io import write_png
+    from PIL import Image
 
     g = torch.Generator().manual_seed(0)
     for split, per in (("train", train_per), ("test", test_per)):
@@ -145,11 +145,17 @@ def write_folder(root: Path, classes: int = 10, train_per: int = 12, test_per: i
                 base = torch.tensor([(c * 25) % 256, (c * 70) % 256, (c * 140) % 256])
                 noise = torch.randint(-30, 31, (3, h, w), generator=g)
                 img = (base.view(3, 1, 1) + noise).clamp(0, 255).to(torch.uint8)
-                write_png(img, str(d / f"img_{i:03d}.png"))
+                Image.fromarray(img.permute(1, 2, 0).numpy()).save(d / f"img_{i:03d}.png")
     return root
 
 
-FOLDER = ["dataset=image_folder", "trainer.batch_size=32", "trainer.checkpoint_every_steps=2"]
+FOLDER = [
+    "experiment=smoke",
+    "trainer.epochs=2",
+    "dataset=image_folder",
+    "trainer.batch_size=32",
+    "trainer.checkpoint_every_steps=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -160,14 +166,15 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def folder_reference(tmp_path_factory, folder):
     run = tmp_path_factory.mktemp("folder") / "ref"
-    assert_ok(train(run, *FOLDER, f"dataset.root={folder}", "trainer.num_workers=0"))
+    assert_ok(train(run, *FOLDER, f"dataset.root={folder}", "trainer.num_workers=0", micro=False))
     return run
 
 
 def test_image_folder_trains_and_num_workers_do_not_change_the_bits(
     tmp_path, folder, folder_reference
 ):
-    assert_ok(train(tmp_path / "w2", *FOLDER, f"dataset.root={folder}", "trainer.num_workers=2"))
+    w2 = (*FOLDER, f"dataset.root={folder}", "trainer.num_workers=2")
+    assert_ok(train(tmp_path / "w2", *w2, micro=False))
     a, b = run_json(folder_reference), run_json(tmp_path / "w2")
     assert a["status"] == "completed" and a["components"]["dataset"].endswith("ImageFolderData")
     assert a["final_weights_sha256"] == b["final_weights_sha256"]
@@ -181,9 +188,9 @@ def test_image_folder_sigkill_mid_epoch_then_resume_is_bitwise(tmp_path, folder,
     run = tmp_path / "killed"
     overrides = (*FOLDER, f"dataset.root={folder}", "trainer.num_workers=2")
     env = base_env(REPROTRAIN_TEST_KILL="step:3")  # mid-epoch 2 (3 steps per epoch)
-    proc = train(run, *overrides, env=env)
+    proc = train(run, *overrides, env=env, micro=False)
     assert proc.returncode == -signal.SIGKILL
-    assert_ok(train(run, *overrides, "resume=auto"))
+    assert_ok(train(run, *overrides, "resume=auto", micro=False))
     assert (
         run_json(run)["final_weights_sha256"] == run_json(folder_reference)["final_weights_sha256"]
     )
@@ -211,8 +218,9 @@ def test_bad_image_folders_are_one_line(tmp_path, case):
     else:
         (root / "train" / "class_00" / "img_000.png").write_bytes(b"not a png")
         expected = "img_000.png"
-    overrides = ["dataset=image_folder", "trainer.batch_size=2", "model.num_classes=2"]
-    proc = train(tmp_path / "run", *overrides, f"dataset.root={root}")
+    overrides = ["experiment=smoke", "dataset=image_folder", "trainer.batch_size=2"]
+    overrides.append("model.num_classes=2")
+    proc = train(tmp_path / "run", *overrides, f"dataset.root={root}", micro=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in proc.stderr

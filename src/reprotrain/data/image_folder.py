@@ -3,8 +3,8 @@
     ROOT/train/<class>/*.png|jpg    ROOT/test/<class>/*.png|jpg
 
 Classes are the sorted folder names of ``train`` (``test`` must have the same ones). Images
-may differ in size; the YAML's transforms bring them to one. Decoding uses torchvision's own
-``read_image`` (no hidden randomness); the per-sample train transforms are made
+may differ in size; the YAML's transforms bring them to one. Decoding uses Pillow, as
+torchvision's ImageFolder does (no hidden randomness); the per-sample train transforms are made
 counter-based by the loader pipeline (see ``pipeline.SeededSamples``).
 
 Closes (as a record): data drift. The fingerprint is the sha256 of every file (relative path,
@@ -16,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from reprotrain.data.base import SampleImages, Splits, Subset, val_indices
 from reprotrain.data.datasets import data_root
@@ -40,8 +41,9 @@ class ImageFiles(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         path, label = self.files[i]
         try:
-            return decode_image(str(path), mode=ImageReadMode.RGB), label
-        except (RuntimeError, OSError) as e:
+            with Image.open(path) as image:
+                return pil_to_tensor(image.convert("RGB")), label
+        except (UnidentifiedImageError, OSError) as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ReprotrainError(f"unreadable image {path} ({reason}); fix or remove it") from None
 

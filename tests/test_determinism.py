@@ -86,7 +86,9 @@ def run_in_process(tmp_path, monkeypatch, level):
                 "trainer.epochs=1",
             ],
         )
-    return trainer.train(cfg, tmp_path)
+    from reprotrain.distributed import Dist
+
+    return trainer.train(cfg, tmp_path, Dist())
 
 
 def test_trainer_records_nondeterministic_ops_at_warn(tmp_path, monkeypatch):

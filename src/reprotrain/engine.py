@@ -28,6 +28,10 @@ from reprotrain.errors import ReprotrainError
 class NonFiniteError(ReprotrainError):
     """Training produced a NaN/inf loss or gradient norm (trainer.on_nonfinite=stop)."""
 
+    def __init__(self, event: dict, message: str) -> None:
+        super().__init__(message)
+        self.record = {"nonfinite_events": [event]}  # what run.json keeps of the failure
+
 
 class EpochProgress:
     """Per-epoch sums kept on the training device; ``summary`` is the one host read."""
@@ -224,9 +228,10 @@ def _nonfinite(p: StepParts, state: LoopState, on_nonfinite: str) -> None:
     state.nonfinite_events.append(event)
     if on_nonfinite == "stop":
         raise NonFiniteError(
+            event,
             f"non-finite {event['what']} at epoch {event['epoch']} step {event['step']} "
             f"(global step {event['global_step']}, lr {event['lr']:.4g}); try a lower "
-            "optimizer.lr, trainer.grad_clip_norm=1.0, or trainer.on_nonfinite=warn"
+            "optimizer.lr, trainer.grad_clip_norm=1.0, or trainer.on_nonfinite=warn",
         )
 
 

@@ -329,6 +329,11 @@ def build_training(
     forward = model
     if dist.enabled:  # gradients all-reduced in a fixed bucket order; BN synced on request
         if cfg.trainer.sync_batchnorm:
+            if device.type != "cuda":
+                raise ReprotrainError(
+                    "trainer.sync_batchnorm=true needs CUDA: torch's SyncBatchNorm has no CPU "
+                    "kernel; leave it false on gloo"
+                )
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         ids = [device.index] if device.type == "cuda" else None
         forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -535,7 +540,7 @@ def main(cfg: DictConfig) -> float | None:
         _error(dist, str(e))
         sys.exit(e.exit_code)
     except ReprotrainError as e:
-        _mark(run_dir, "failed", error=str(e))
+        _mark(run_dir, "failed", error=str(e), **getattr(e, "record", {}))
         _error(dist, str(e))
         sys.exit(e.exit_code)
     except OSError as e:  # disk full, a path that is a file, a name too long: name it

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import os
 import platform
+import resource
 import sys
 import time
 from pathlib import Path
@@ -170,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: a measured run failed: {e}", file=sys.stderr)
         return 1
     results["seconds"] = time.perf_counter() - started
+    # CPU seconds of this process and every measured run: on a busy machine the wall time
+    # says little about what the suite costs on idle cores, this does.
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    results["cpu_seconds"] = sum(u.ru_utime + u.ru_stime for u in usage)
 
     json_path, md_path = write_outputs(out_dir, results)
     print()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reprotrain.bench import stats
-from reprotrain.bench.report import markdown_table, table_rows, write_outputs
+from reprotrain.bench.report import COLUMNS, markdown_table, table_rows, write_outputs
 from reprotrain.bench.training import BenchRunError, steady_images_per_s
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +56,14 @@ def test_compare_takes_the_median_of_paired_ratios_not_the_ratio_of_medians():
     assert r["paired_ratios"] == [0.9, 0.9, 0.9]
     assert r["ratio"] == pytest.approx(0.9)
     assert r["a_median"] == 90.0 and r["b_median"] == 100.0
+    assert r["best_ratio"] == pytest.approx(0.9)
+
+
+def test_best_ratio_takes_the_fastest_repeat_of_each_side():
+    rates = stats.compare([50.0, 100.0], [80.0, 40.0])  # images/s: higher is better
+    assert rates["best_ratio"] == pytest.approx(100.0 / 80.0)
+    times = stats.compare([2.0, 1.0], [4.0, 3.0], higher_is_better=False)  # seconds
+    assert times["best_ratio"] == pytest.approx(1.0 / 3.0)
     with pytest.raises(ValueError):
         stats.paired_ratios([1.0], [1.0, 2.0])
 
@@ -122,7 +130,7 @@ def test_markdown_table_escapes_pipes_so_columns_stay_aligned():
     lines = md.strip().splitlines()
     assert lines[0].startswith("| figure | measure | ratio |")
     widths = {line.replace("\\|", "").count("|") for line in lines}
-    assert widths == {7}, md  # 6 columns on every line, the escaped '|' included
+    assert widths == {len(COLUMNS) + 1}, md  # same columns on every line, escaped '|' too
 
 
 def test_outputs_are_json_and_markdown(tmp_path):

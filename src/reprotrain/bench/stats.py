@@ -46,11 +46,19 @@ def interleave(sides: dict[str, Callable[[], float]], repeats: int) -> dict[str,
     return out
 
 
-def compare(a: Sequence[float], b: Sequence[float]) -> dict:
-    """A vs B: the headline (median of paired ratios) and everything it came from."""
+def compare(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True) -> dict:
+    """A vs B: the headline (median of paired ratios) and everything it came from.
+
+    ``best_ratio`` compares each side's best repeat (max of a rate, min of a time).
+    Interference from other work on a shared machine only ever slows a side down, so the
+    best repeat is the least disturbed one; where the median and the best disagree a lot,
+    the machine was too busy for either to be trusted.
+    """
     pairs = paired_ratios(a, b)
+    best = max if higher_is_better else min
     return {
         "ratio": median(pairs),
+        "best_ratio": ratio(best(a), best(b)),
         "paired_ratios": pairs,
         "ratio_of_medians": ratio(median(a), median(b)),
         "a": list(a),

@@ -55,14 +55,14 @@ def suite(name: str, device: str, threads: int) -> dict:
         return {
             "train": TrainSetup(device, threads, 3, 16384 if gpu else 1536, 256, repeats=2),
             "pipelines": PipelineSetup(device, 20_000, 512, 2, 3),
-            "augment": dict(batch_size=512, calls=50 if gpu else 10, repeats=5),
+            "augment": dict(batch_size=512, calls=50 if gpu else 20, repeats=5),
             "checkpoint": CheckpointSetup(device, steps_per_repeat=10 if gpu else 1, repeats=2),
             "logger_repeats": 2,
         }
     return {  # full
         "train": TrainSetup(device, threads, 5, 50_000 if gpu else 4096, 1024, repeats=5),
         "pipelines": PipelineSetup(device, 20_000, 512, 2, 5),
-        "augment": dict(batch_size=512, calls=100 if gpu else 20, repeats=9),
+        "augment": dict(batch_size=512, calls=100 if gpu else 40, repeats=9),
         "checkpoint": CheckpointSetup(device, steps_per_repeat=20 if gpu else 2, repeats=5),
         "logger_repeats": 5,
     }

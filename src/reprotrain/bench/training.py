@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from reprotrain.bench.stats import compare, interleave, median
@@ -37,7 +37,6 @@ class TrainSetup:
     batch_size: int = 128
     levels: tuple[str, ...] = ("strict", "warn", "fast")
     repeats: int = 2
-    extra: list[str] = field(default_factory=list)  # more template overrides (GPU checks)
 
 
 def child_env() -> dict[str, str]:
@@ -48,7 +47,10 @@ def child_env() -> dict[str, str]:
 
 
 def run_checked(cmd: list[str], timeout: float = 1800) -> None:
-    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BenchRunError(f"over {timeout:.0f} s: {' '.join(cmd[2:])}") from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise BenchRunError(f"exit {proc.returncode}: {' '.join(cmd[2:])}\n" + "\n".join(tail))
@@ -76,7 +78,6 @@ def template_overrides(setup: TrainSetup, level: str, *more: str) -> list[str]:
         f"trainer.batch_size={setup.batch_size}",
         f"dataset.num_train={setup.num_train}",
         f"dataset.num_test={setup.num_test}",
-        *setup.extra,
         *more,
     ]
 

@@ -1,90 +1,187 @@
-"""Benchmarks, measured side by side in one process: ResNet-18 step time and checkpoint
-overhead (save + load of a full resume checkpoint) on this machine's CPU (or GPU).
+"""Side-by-side ratios: template vs bare loop, pipelines vs torchvision, strict vs fast,
+augmentation fast path, checkpoint cost, logger cost.
 
-    make bench                       # batch 128, 3 timed steps after 1 warm-up
-    make bench ARGS="--batch-size 512 --steps 2 --device cuda"
+    make bench                          # quick suite (~3 min on 2 idle cores)
+    make bench ARGS="--full"            # more data, epochs and repeats
+    make bench ARGS="--device cuda"     # on a GPU (bigger P1 dataset: a GPU epoch is short)
+    make bench ARGS="--only P1,P3 --repeats 5"
 
-Prints each timing and the ratio checkpoint-time / step-time, which is what decides how
-often `trainer.checkpoint_every_steps` can afford to checkpoint.
+Every figure is a ratio of two sides measured in this run, interleaved (A, B, A, B, ...),
+the median over repeats. Writes outputs/bench/<stamp>/bench.json and bench.md and prints
+both paths. Figures (see docs/notes/bench.md):
+  P1  template / bare PyTorch loop, train images/s, at strict, warn and fast
+  P2  DevicePipeline, LoaderPipeline / torchvision PIL transforms in a DataLoader, images/s
+  P3  strict / fast step time; fill_uninitialized_memory on / off step time
+  P4  reference augmentation gather / fast path, seconds per batch (bit-identical)
+  P5  checkpoint save+load / one epoch at ResNet-18 (epoch estimated from step time)
+  logger  default logger / logger=none (skipped while the config has no logger group)
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import tempfile
+import dataclasses
+import os
+import platform
+import resource
+import sys
 import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from reprotrain.models.resnet import CifarResNet
-from reprotrain.repro import checkpoint, determinism
+from reprotrain.bench.checkpoint_cost import CheckpointSetup, measure_p5
+from reprotrain.bench.pipelines import PipelineSetup, measure_p2, measure_p4
+from reprotrain.bench.report import markdown_table, table_rows, write_outputs
+from reprotrain.bench.training import BenchRunError, TrainSetup, measure_logger, measure_p1_p3
 
-
-def timed(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return out
+FIGURES = ("P1", "P2", "P3", "P4", "P5", "logger")
+TINY = dict(widths=(16, 32, 64), blocks=(1, 1, 1))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-
-    determinism.apply("strict", args.threads)
-    device = torch.device(args.device)
-    model = CifarResNet([64, 128, 256, 512], [2, 2, 2, 2]).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(args.batch_size, 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (args.batch_size,), device=device)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-        sched.step()
-
-    step()  # warm-up; also creates the momentum buffers a real checkpoint carries
-    steps = timed(step, args.steps)
-    state = {
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "scheduler": sched.state_dict(),
-        "rng": checkpoint.rng_state(),
-        "epoch": 1,
-        "step": 0,
-        "global_step": 1,
+def suite(name: str, device: str, threads: int) -> dict:
+    """Sizes per suite. The smoke suite only proves the plumbing (tests); its numbers are
+    not meaningful. On a GPU, P1 gets more images so an epoch outlasts launch latency."""
+    gpu = device == "cuda"
+    if name == "smoke":
+        return {
+            "train": TrainSetup(device, threads, 2, 512, 128, 128, ("strict", "fast"), 1),
+            "pipelines": PipelineSetup(device, 1024, 256, 2, 1),
+            "augment": dict(batch_size=128, calls=2, repeats=1),
+            "checkpoint": CheckpointSetup(device, 64, **TINY, repeats=1),
+            "logger_repeats": 1,
+        }
+    if name == "quick":
+        return {
+            "train": TrainSetup(device, threads, 3, 16384 if gpu else 1536, 256, repeats=2),
+            "pipelines": PipelineSetup(device, 20_000, 512, 2, 3),
+            "augment": dict(batch_size=512, calls=50 if gpu else 20, repeats=5),
+            "checkpoint": CheckpointSetup(device, steps_per_repeat=10 if gpu else 1, repeats=2),
+            "logger_repeats": 2,
+        }
+    return {  # full
+        "train": TrainSetup(device, threads, 5, 50_000 if gpu else 4096, 1024, repeats=5),
+        "pipelines": PipelineSetup(device, 20_000, 512, 2, 5),
+        "augment": dict(batch_size=512, calls=100 if gpu else 40, repeats=9),
+        "checkpoint": CheckpointSetup(device, steps_per_repeat=20 if gpu else 2, repeats=5),
+        "logger_repeats": 5,
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "step-00000001.pt"
-        saves = timed(lambda: checkpoint.save(path, state), 3)
-        loads = timed(lambda: checkpoint.load(path), 3)
-        size_mb = path.stat().st_size / 2**20
 
-    step_s, save_s, load_s = (statistics.median(v) for v in (steps, saves, loads))
-    print(
-        f"device={device} threads={torch.get_num_threads()} batch={args.batch_size} "
-        f"params={sum(p.numel() for p in model.parameters()):,}"
-    )
-    print(f"train step        {step_s * 1000:9.1f} ms  (median of {args.steps})")
-    print(f"checkpoint save   {save_s * 1000:9.1f} ms  ({size_mb:.1f} MiB, fsync + rename)")
-    print(f"checkpoint load   {load_s * 1000:9.1f} ms  (weights_only=True)")
-    print(f"ratio save/step   {save_s / step_s:9.3f}")
-    print(f"ratio (save+load)/step {(save_s + load_s) / step_s:6.3f}")
+
+def host_info(device: str, threads: int) -> dict:
+    if device == "cuda":
+        name = torch.cuda.get_device_name(0)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+    return {
+        "device_name": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "threads": threads,
+        "python": platform.python_version(),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--full", action="store_true", help="the full suite (longer, steadier)")
+    mode.add_argument("--smoke", action="store_true", help="seconds-long plumbing check (tests)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
+    p.add_argument("--repeats", type=int, help="override every figure's repeat count")
+    p.add_argument("--only", help=f"comma-separated subset of {','.join(FIGURES)}")
+    p.add_argument("--levels", help="P1 levels, comma-separated (default strict,warn,fast)")
+    p.add_argument("--out", type=Path, help="output dir (default outputs/bench/<stamp>)")
+    args = p.parse_args(argv)
+    args.only = set(FIGURES) if not args.only else set(args.only.split(","))
+    unknown = args.only - set(FIGURES)
+    if unknown:
+        p.error(f"unknown figure(s) {', '.join(sorted(unknown))}; choose from {FIGURES}")
+    if args.levels:
+        args.levels = tuple(args.levels.split(","))
+        if not set(args.levels) <= {"strict", "warn", "fast"}:
+            p.error(f"--levels {','.join(args.levels)}: choose from strict,warn,fast")
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "error: --device cuda but no CUDA device is visible; use --device cpu",
+            file=sys.stderr,
+        )
+        return 2
+    name = "smoke" if args.smoke else "full" if args.full else "quick"
+    sizes = suite(name, args.device, args.threads)
+    if args.repeats is not None:
+        sizes["train"].repeats = sizes["pipelines"].repeats = args.repeats
+        sizes["checkpoint"].repeats = sizes["augment"]["repeats"] = args.repeats
+        sizes["logger_repeats"] = args.repeats
+    if args.levels:
+        sizes["train"].levels = args.levels
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    out_dir = args.out or Path("outputs") / "bench" / stamp
+    torch.set_num_threads(args.threads)
+
+    results: dict = {
+        "schema": 1,
+        "suite": name,
+        "device": args.device,
+        "stamp": stamp,
+        "host": host_info(args.device, args.threads),
+        "setup": {
+            k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in sizes.items()
+        },
+    }
+    started = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - started:6.0f}s] {msg}", flush=True)
+
+    try:
+        if args.only & {"P1", "P3"}:
+            log("P1/P3: template vs bare loop (subprocesses, interleaved)")
+            results.update(measure_p1_p3(sizes["train"], out_dir / "runs", log))
+        if "P2" in args.only:
+            log("P2: pipelines vs torchvision PIL DataLoader")
+            results["P2"] = measure_p2(sizes["pipelines"], log)
+        if "P4" in args.only:
+            log("P4: augmentation, reference gather vs fast path")
+            results["P4"] = measure_p4(args.device, **sizes["augment"], log=log)
+        if "P5" in args.only:
+            log("P5: checkpoint save+load vs epoch")
+            results["P5"] = measure_p5(sizes["checkpoint"], log)
+        if "logger" in args.only:
+            log("logger: default vs logger=none")
+            logger_setup = dataclasses.replace(sizes["train"], repeats=sizes["logger_repeats"])
+            results["logger"] = measure_logger(logger_setup, out_dir / "runs-logger", log)
+    except BenchRunError as e:
+        print(f"error: a measured run failed: {e}", file=sys.stderr)
+        return 1
+    results["seconds"] = time.perf_counter() - started
+    # CPU seconds of this process and every measured run: on a busy machine the wall time
+    # says little about what the suite costs on idle cores, this does.
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    results["cpu_seconds"] = sum(u.ru_utime + u.ru_stime for u in usage)
+
+    json_path, md_path = write_outputs(out_dir, results)
+    print()
+    print(markdown_table(table_rows(results)), end="")
+    print(f"\nbench.json: {json_path}\nbench.md:   {md_path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

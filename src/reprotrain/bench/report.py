@@ -1,0 +1,170 @@
+"""bench.json (everything measured) and bench.md (one table row per ratio)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reprotrain.repro.record import atomic_write_text
+
+TARGETS = {  # issue 11's targets, shown next to the measurement
+    "P1 strict": ">= 0.97",
+    "P2 device": ">= 5 (CPU), >= 10 (GPU)",
+    "P3 strict/fast": "<= 1.05 on a GPU",
+    "P5": "<= 0.02 on a GPU",
+}
+
+
+def fmt(value: float) -> str:
+    """Ratios near 1 need three decimals; large speed-ups do not."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}"
+
+
+def _row(figure: str, measure: str, result: dict, a: str, b: str, unit: str, **kw) -> dict:
+    return {
+        "figure": figure,
+        "measure": measure,
+        "ratio": fmt(result["ratio"]),
+        "best": fmt(result["best_ratio"]),
+        "sides": f"{a} {result['a_median']:{unit}} / {b} {result['b_median']:{unit}}",
+        "repeats": str(len(result["paired_ratios"])),
+        "target": kw.get("target", ""),
+    }
+
+
+def table_rows(results: dict) -> list[dict]:
+    """The bench.md rows, from the bench.json content (missing figures are skipped)."""
+    rows: list[dict] = []
+    for level, r in results.get("P1", {}).items():
+        rows.append(
+            _row(
+                f"P1 {level}",
+                "template / bare loop, train images/s",
+                r,
+                "template",
+                "bare",
+                ".0f",
+                target=TARGETS.get(f"P1 {level}", ""),
+            )
+        )
+    p2 = results.get("P2", {})
+    for key, r in p2.items():
+        if key.endswith("_vs_torchvision"):
+            name = key.removesuffix("_vs_torchvision")
+            rows.append(
+                _row(
+                    f"P2 {name.split('_')[0]}",
+                    f"{name.replace('_', ' ')} / torchvision PIL DataLoader, images/s",
+                    r,
+                    name.split("_")[0],
+                    "torchvision",
+                    ".0f",
+                    target=TARGETS["P2 device"] if name == "device" else "",
+                )
+            )
+    p3 = results.get("P3", {})
+    labels = {
+        "template_strict_over_fast_step_time": (
+            "P3 strict/fast",
+            "template step time, strict / fast",
+        ),
+        "bare_strict_over_fast_step_time": ("P3 bare", "bare loop step time, strict / fast"),
+        "fill_uninitialized_memory_step_time": (
+            "P3 fill",
+            "step time, fill_uninitialized_memory on / off (strict)",
+        ),
+    }
+    for key, (figure, measure) in labels.items():
+        if key in p3:
+            a, b = ("fast", "strict") if "over_fast" in key else ("off", "on")
+            row = _row(figure, measure, p3[key], a, b, ".0f", target=TARGETS.get(figure, ""))
+            row["sides"] += " images/s"
+            rows.append(row)
+    if "P4" in results:
+        r = results["P4"]
+        row = _row(
+            "P4",
+            f"augment time per batch of {r['batch_size']}, reference gather / fast path",
+            r,
+            "reference",
+            "fast",
+            ".4f",
+        )
+        row["sides"] += " s" + ("" if r.get("bit_identical") else " (NOT bit-identical!)")
+        rows.append(row)
+    if "P5" in results:
+        r = results["P5"]
+        model = "ResNet-18" if r["widths"] == [64, 128, 256, 512] else f"widths {r['widths']}"
+        row = _row(
+            "P5",
+            f"checkpoint save+load / one epoch ({model}; epoch ESTIMATED as "
+            f"{r['steps_per_epoch']} x step time)",
+            r,
+            "ckpt",
+            "epoch",
+            ".2f",
+            target=TARGETS["P5"],
+        )
+        row["ratio"], row["best"] = f"{r['ratio']:.4f}", f"{r['best_ratio']:.4f}"
+        row["sides"] += " s"
+        rows.append(row)
+    logger = results.get("logger", {})
+    if "skipped" in logger:
+        rows.append(
+            {
+                "figure": "logger",
+                "measure": "template step time, default logger / logger=none",
+                "ratio": "skipped",
+                "best": "",
+                "sides": logger["skipped"],
+                "repeats": "0",
+                "target": "",
+            }
+        )
+    elif logger:
+        rows.append(
+            _row(
+                "logger",
+                "template step time, default logger / logger=none",
+                logger,
+                "none",
+                "default",
+                ".0f",
+            )
+        )
+    return rows
+
+
+COLUMNS = ("figure", "measure", "ratio", "best", "sides", "repeats", "target")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """A GitHub-markdown table; a '|' inside a cell is escaped so columns stay aligned."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        cells = [str(row.get(c, "")).replace("|", "\\|") for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out_dir: Path, results: dict) -> tuple[Path, Path]:
+    """bench.json, then bench.md; both written atomically (no half file looks complete)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "bench.json", out_dir / "bench.md"
+    atomic_write_text(json_path, json.dumps(results, indent=2, sort_keys=True) + "\n")
+    host = results.get("host", {})
+    header = (
+        f"# make bench ({results.get('suite', '?')}, device {results.get('device', '?')})\n\n"
+        f"{host.get('device_name', '')}, torch {host.get('torch', '')}, "
+        f"{host.get('threads', '')} threads, {results.get('stamp', '')}; "
+        f"{results.get('seconds', 0):.0f} s wall, {results.get('cpu_seconds', 0):.0f} CPU-s\n\n"
+        "`ratio`: the median of per-repeat ratios, the two sides measured back to back "
+        "(A, B, A, B, ...). `best`: best repeat of A / best repeat of B (other work on the "
+        "machine only slows a side down). `sides`: each side's median.\n\n"
+    )
+    atomic_write_text(md_path, header + markdown_table(table_rows(results)))
+    return json_path, md_path

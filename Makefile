@@ -30,7 +30,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench drill new-project report eval clean
+        bench gpu-check drill new-project report eval clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=arc
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(ARGS)
 
+gpu-check: ## one-shot GPU check (one JSON); fails in one line without CUDA
+	bash scripts/gpu_check.sh $(ARGS)
+
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.report $(call q,RUN) $(ARGS)
@@ -100,7 +103,7 @@ eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
 
-bench: $(STAMP) ## benchmarks: step time, checkpoint save/load ratio
+bench: $(STAMP) ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(PY) scripts/bench.py $(ARGS)
 
 drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS (>=1) random moments, resume, compare [NPROC=2]

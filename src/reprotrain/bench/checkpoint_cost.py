@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from reprotrain.bench.stats import compare, interleave
+from reprotrain.engine import LoopState
 from reprotrain.models.resnet import CifarResNet
-from reprotrain.repro import checkpoint
+from reprotrain.repro import checkpoint, rng
 
 CIFAR10_TRAIN = 50_000
 
@@ -34,20 +35,11 @@ class CheckpointSetup:
     repeats: int = 2
 
 
-def resume_state(model, opt, sched, scaler) -> dict:
-    """The shape of a real resume checkpoint (see train.py's snapshot)."""
-    return {
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "scheduler": sched.state_dict(),
-        "scaler": scaler.state_dict(),
-        "rng": checkpoint.rng_state(),
-        "epoch": 1,
-        "step": 1,
-        "global_step": 1,
-        "metrics": [],
-        "fingerprints": [],
-    }
+def resume_state(model, opt, sched, scaler, device) -> dict:
+    """A real resume checkpoint: the trainer's Stateful parts (see train.build_training)."""
+    parts = {"model": model, "optimizer": opt, "scheduler": sched, "scaler": scaler}
+    parts |= {"loop": LoopState(device), "rng": rng.RNGState(device)}
+    return checkpoint.snapshot(parts, {"seeds": {}, "config": {}})
 
 
 def measure_p5(setup: CheckpointSetup, log=print) -> dict:
@@ -86,7 +78,8 @@ def measure_p5(setup: CheckpointSetup, log=print) -> dict:
         def save_load_seconds() -> float:
             sync()
             t0 = time.perf_counter()
-            checkpoint.save(path, resume_state(model, opt, sched, scaler))
+            data = checkpoint.serialise(resume_state(model, opt, sched, scaler, device))
+            checkpoint.save(path, data)
             state = checkpoint.load(path, map_location=device)
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])

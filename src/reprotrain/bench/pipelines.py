@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from reprotrain.bench.stats import compare, interleave
 from reprotrain.data.augment import augment_batch, reference_augment_batch
+from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
 from reprotrain.data.synthetic import load_synthetic
 from reprotrain.repro.seeding import Seeds
@@ -47,10 +48,11 @@ def build_template_pipeline(kind: str, x, y, batch_size: int, device, num_worker
         seeds=seeds,
         augment=True,
     )
-    test_x, test_y = x[:batch_size], y[:batch_size]
+    test = TensorSplit(x[:batch_size], y[:batch_size])
+    splits = Splits(train=TensorSplit(x, y), val=None, test=test, num_classes=10)
     if kind == "device":
-        return DevicePipeline(x, y, test_x, test_y, **common)
-    return LoaderPipeline(x, y, test_x, test_y, num_workers=num_workers, **common)
+        return DevicePipeline(splits, **common)
+    return LoaderPipeline(splits, num_workers=num_workers, **common)
 
 
 class PILImages(Dataset):

@@ -28,7 +28,7 @@ from reprotrain.data.cifar10 import (
     cifar10_files,
     load_cifar10,
 )
-from reprotrain.data.fingerprint import files_fingerprint
+from reprotrain.data.file_hashes import files_fingerprint
 from reprotrain.errors import DataMissingError
 
 N_TRAIN_PER_BATCH = 7

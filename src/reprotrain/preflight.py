@@ -13,6 +13,7 @@ import os
 import secrets
 import sys
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
@@ -64,8 +65,6 @@ def _one_line(e: BaseException) -> str:
 
 def _yaml_error(e: BaseException) -> str | None:
     """A YAML syntax error in a conf/ file, as 'file:line:column: problem'."""
-    import yaml
-
     cause = e
     while cause is not None and not isinstance(cause, yaml.YAMLError):
         cause = cause.__cause__ or cause.__context__
@@ -110,7 +109,7 @@ def check(argv: list[str]) -> None:
                 check_schema_keys(cfg)
                 validate(cfg)
                 components.check(cfg)
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
         raise ReprotrainError(_yaml_error(e) or _one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()

@@ -43,7 +43,7 @@ from reprotrain import faults, launchers, preflight
 from reprotrain.components import build, build_naming_key, build_scheduler, qualname
 from reprotrain.config import config_sha256
 from reprotrain.data.datasets import build_dataset
-from reprotrain.data.fingerprint import file_sha256
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.data.pipeline import build_pipeline
 from reprotrain.distributed import Dist, init_from_env
 from reprotrain.engine import LoopState, StepParts, evaluate, reduce_across_ranks, run_epoch
@@ -57,7 +57,7 @@ from reprotrain.repro import checkpoint, determinism, environment, gitinfo, lock
 from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
 from reprotrain.repro.fingerprint import losses_sha256, state_sha256
-from reprotrain.repro.resume import AlreadyCompleted, find_resume_point, resume_entry
+from reprotrain.repro.resume_guard import AlreadyCompleted, find_resume_point, resume_entry
 from reprotrain.repro.runlock import RunLock
 from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
 
@@ -69,9 +69,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM
 
 def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     # --- compose: the resolved config is the run's identity (oc.env values as digests) ------
-    log.info("run dir: %s", run_dir)
     container, env_values = secrets.redact(cfg)
     point = find_resume_point(cfg.resume, run_dir, container)  # None: fresh start
+    log.info("run dir: %s", run_dir)  # after the refusals: a refused resume writes nothing
     fresh = point is None or point.forked
     record = rec.RunRecord(run_dir) if fresh else rec.RunRecord.load(run_dir)
     record.update(status="running", config_sha256=config_sha256(container))

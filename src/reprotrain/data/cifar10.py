@@ -16,7 +16,7 @@ Flow of :func:`load_cifar10`:
 
 Every failure a user can fix raises :class:`~reprotrain.errors.DataMissingError` with one line
 that says what to do. The data drift control is :func:`cifar10_files` +
-:func:`reprotrain.data.fingerprint.files_fingerprint`.
+:func:`reprotrain.data.file_hashes.files_fingerprint`.
 """
 
 from __future__ import annotations
@@ -389,7 +389,7 @@ class CIFAR10(InMemoryImages):
         return load_cifar10(self.root, url=self.url, md5=self.md5, download=self.download)
 
     def fingerprint(self) -> dict:
-        from reprotrain.data.fingerprint import files_fingerprint
+        from reprotrain.data.file_hashes import files_fingerprint
 
         files = cifar10_files(self.root)
         missing = [p.name for p in files if not p.is_file()]

@@ -118,7 +118,7 @@ class ImageFolderData(SampleImages):
         return Splits(Subset(train, tr), val, ImageFiles(found["test"]), len(self.classes))
 
     def fingerprint(self) -> dict:
-        from reprotrain.data.fingerprint import files_fingerprint
+        from reprotrain.data.file_hashes import files_fingerprint
 
         if not self.root.is_dir():
             return {"kind": "files", "sha256": None, "missing": [str(self.root)]}

@@ -50,7 +50,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from reprotrain.data.fingerprint import file_sha256 as sha256_file
+from reprotrain.data.file_hashes import file_sha256 as sha256_file
 from reprotrain.errors import ArchiveError
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import gitinfo

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from reprotrain.data import cifar10, fingerprint
+from reprotrain.data import cifar10
+from reprotrain.data import file_hashes as fingerprint
 from reprotrain.data.cifar10 import (
     ARCHIVE_NAME,
     BATCHES_DIR,

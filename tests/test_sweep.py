@@ -214,6 +214,6 @@ def test_a_real_seed_sweep_leaves_a_summary_and_a_plot(tmp_path: Path) -> None:
     (group,) = summary["groups"]
     assert group["n_completed"] == 2 and "experiment=smoke" in group["overrides"]
     assert not any(o.startswith("seed") for o in group["overrides"])
-    assert [p["epoch"] for p in group["curves"]["test_acc"]] == [1, 2]
+    assert [p["epoch"] for p in group["curves"]["val_acc"]] == [1, 2]
     png = (sweep / "summary.png").read_bytes()
     assert png[:4] == b"\x89PNG" and len(png) > 10_000

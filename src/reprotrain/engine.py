@@ -60,15 +60,29 @@ class EpochProgress:
         return torch.stack(self.step_losses).double().tolist()
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        """This rank's partial sums; under DDP every rank's (a collective), since a
+        mid-epoch resume must give each rank back its own share."""
+        import torch.distributed as dist
+
+        mine = {
             "step_losses": self.losses(),
             "step_lrs": self.step_lrs,
             "loss_sum": float(self.loss_sum),
             "correct": int(self.correct),
             "seen": self.seen,
         }
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return mine
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+        return {"ranks": ranks}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if "ranks" in sd:
+            import torch.distributed as dist
+
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            sd = sd["ranks"][min(rank, len(sd["ranks"]) - 1)]
         self.step_losses = [
             torch.tensor(v, dtype=torch.float32, device=self.device) for v in sd["step_losses"]
         ]

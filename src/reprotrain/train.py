@@ -229,7 +229,7 @@ def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device, p
         rec.atomic_write_text(run_dir / "git.diff", diff)
     record.update(
         run_dir=str(run_dir.resolve()),
-        name=cfg.name,
+        name=OmegaConf.to_container(cfg, resolve=False)["name"],  # an oc.env stays text
         started_at=rec.now_iso(),
         command=["python", "-m", "reprotrain.train", *sys.argv[1:]],
         seeds=seeds.as_dict(),

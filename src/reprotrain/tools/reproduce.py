@@ -371,7 +371,7 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     from reprotrain.repro import environment
 
     spec, _ = devices.replay_spec(devices.recorded_device(record))
-    device = torch.device("cuda", 0) if spec == "cuda" else torch.device(spec)
+    device = devices.resolve(spec) if spec in ("auto", "cuda") else torch.device(spec)
     env = environment.capture(device)
     env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nproc", type=int, default=None, help="processes (default: the recorded world size)"
     )
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # --nproc may come after the overrides
     run_dir = args.run_dir.expanduser().resolve()
     check_run_dir(run_dir)
     refuse_if_held(run_dir)  # a live run owns it: touch nothing

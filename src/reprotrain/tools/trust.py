@@ -97,7 +97,7 @@ def config_problems(checked: CheckedArchive) -> list[str]:
     raw = OmegaConf.to_container(cfg, resolve=False)
     problems = [f"it sets top-level {k!r}" for k in ("hydra", "defaults") if k in raw]
     packages = {
-        rel.split("/")[2].removesuffix(".py")
+        rel.split("/")[1].removesuffix(".py")
         for rel in checked.source_files
         if rel.startswith("src/") and rel.count("/") >= 2
     }

@@ -77,3 +77,63 @@ def reference_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("ref") / "run"
     assert_ok(train(run_dir, "trainer.checkpoint_every_steps=3"))
     return run_dir
+
+
+# The slow tier (`make test-slow`; CI runs it after `make test`): every test here trains
+# several runs, a DDP job or a real replay. `make test` keeps one test per promise (bitwise
+# twins, a SIGKILL resume, a new model by YAML, eval, the non-finite guard, the refusals)
+# so it stays within about 5 minutes on 2 cores.
+SLOW = {
+    "test_archive.py::test_a_code_change_inside_the_archive_diverges",
+    "test_archive.py::test_an_interrupted_archive_compares_the_epochs_it_completed",
+    "test_archive.py::test_changed_dataset_is_refused_then_replayed_as_not_comparable",
+    "test_archive.py::test_environment_difference_is_not_comparable",
+    "test_archive.py::test_reproduce_from_another_directory_is_bitwise",
+    "test_archive.py::test_reproduce_runs_the_archived_source_not_the_working_tree",
+    "test_ddp.py::*",
+    "test_debug_presets.py::*",
+    "test_distributed.py::test_a_signal_to_one_rank_stops_every_rank_after_the_same_step",
+    "test_distributed.py::test_sigkill_of_torchruns_process_group_leaves_no_worker_running",
+    "test_distributed.py::test_submitit_tasks_become_ddp_ranks_without_torchrun",
+    "test_distributed.py::test_two_ranks_share_rank0s_run_dir_gather_rng_and_shard_the_global_batch",
+    "test_distributed.py::test_two_torchrun_agents_with_c10d_rendezvous_form_one_two_node_job",
+    "test_new_project.py::test_new_project_is_a_renamed_repository_that_trains",
+    "test_report.py::test_report_of_a_real_training_run",
+    "test_resume.py::test_external_sigterm_with_two_loader_workers",
+    "test_resume.py::test_extending_epochs_is_allowed",
+    "test_resume.py::test_fp16_grad_scaler_state_survives_a_kill",
+    "test_resume.py::test_requeue_with_the_same_command_and_resume_auto",
+    "test_resume.py::test_second_sigint_aborts_at_once_and_earlier_checkpoints_stay_valid",
+    "test_resume.py::test_sigkill_on_the_loader_path_with_two_workers",
+    "test_resume.py::test_sigkill_then_resume_is_bitwise_equal[after-save:8]",
+    "test_resume.py::test_sigkill_then_resume_is_bitwise_equal[in-save:12]",
+    "test_resume.py::test_sigterm_checkpoints_marks_interrupted_and_resumes",
+    "test_resume.py::test_truncated_newest_checkpoint_falls_back_in_one_line",
+    "test_resume_edges.py::test_resume_that_extends_the_schedule_is_recorded_and_reproduces_bitwise",
+    "test_resume_edges.py::test_stop_at_global_step_checkpoints_there_and_exits_75",
+    "test_rng.py::test_under_ddp_the_entry_holds_every_rank_in_rank_order",
+    "test_seeing.py::test_debug_fast_runs_at_most_ten_steps",
+    "test_seeing.py::test_nonfinite_warn_records_and_goes_on_with_strict_json",
+    "test_seeing.py::test_tensorboard_has_one_point_per_step_and_logger_none_keeps_the_bits",
+    "test_sweep.py::test_a_real_seed_sweep_leaves_a_summary_and_a_plot",
+    "test_template.py::test_an_optimizer_by_yaml_alone_trains_and_is_named",
+    "test_template.py::test_bad_image_folders_are_one_line",
+    "test_template.py::test_image_folder_sigkill_mid_epoch_then_resume_is_bitwise",
+    "test_template.py::test_image_folder_trains_and_num_workers_do_not_change_the_bits",
+    "test_template.py::test_no_decay_group_for_norms_and_biases_is_recorded",
+    "test_throughput_options.py::*",
+    "test_train.py::test_changing_only_the_data_stream_keeps_init_and_changes_the_result",
+    "test_train.py::test_different_base_seed_gives_different_weights",
+    "test_train.py::test_loader_path_is_independent_of_num_workers",
+    "test_train.py::test_smoke_experiment_learns",
+    "test_train.py::test_sweep_writes_a_summary_over_seeds",
+    "test_train.py::test_verify_passes_for_a_seeded_config_and_names_epoch_1_for_entropy",
+}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        file, _, name = item.nodeid.rpartition("/")[2].partition("::")
+        base = name.split("[")[0]
+        if {f"{file}::*", f"{file}::{name}", f"{file}::{base}"} & SLOW:
+            item.add_marker(pytest.mark.slow)

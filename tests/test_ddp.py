@@ -22,7 +22,9 @@ import pytest
 
 from conftest import MICRO, REPO, assert_ok, base_env, jsonl, metrics_without_timings, run_json
 
-DDP = [*MICRO, "trainer.checkpoint_every_steps=5"]
+# One thread per rank in every layout: the thread count changes the bits (2 nodes x 1 process
+# would otherwise give each process all the cores of its "node").
+DDP = [*MICRO, "trainer.checkpoint_every_steps=5", "repro.num_threads=1"]
 slow = pytest.mark.slow
 
 

@@ -120,6 +120,38 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     model, loss_fn, amp = parts["model"], step_parts.loss_fn, step_parts.amp
 
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
+    alerts, feed = run_loop(cfg, parts, step_parts, pipeline, saver, record, stop, run_dir, dist)
+
+    # --- record: test once at the end; the final state a later verify/reproduce compares ---
+    final = final_metrics(state, model, pipeline, loss_fn, amp, run_dir)
+    record.update(
+        status="completed",
+        finished_at=rec.now_iso(),
+        final_weights_sha256=state.fingerprints[-1]["weights_sha256"],
+        final_metrics=final,
+        epochs_completed=len(state.metrics),
+        partial=len(state.metrics) < cfg.trainer.epochs,
+        nondeterministic_ops=alerts,
+        nonfinite_events=state.nonfinite_events,
+        gpu_memory=environment.peak_memory(device),
+    )
+    feed.loggers.log_final(final)
+    feed.close("completed")
+    log.info("test_acc=%s  %s=%s (best epoch %s)", final.get("test_acc"), cfg.trainer.monitor,
+             state.best, state.best_epoch)  # fmt: skip
+    log.info("completed: checkpoints in %s; report: make report RUN=%s", saver.dir, run_dir)
+    return state.best
+
+
+# ------------------------------------------------------------------ the steps train() calls
+
+
+def run_loop(cfg, parts, step_parts, pipeline, saver, record, stop, run_dir, dist):
+    """Epochs of counter-based batches from the loop state's position; checkpoints on
+    cadence, at epoch ends and on signals. Returns the alerts seen and the logger feed."""
+    state: LoopState = parts["loop"]
+    model, loss_fn, amp = parts["model"], step_parts.loss_fn, step_parts.amp
+    device = state.device
     alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
     every, epochs = cfg.trainer.checkpoint_every_steps, cfg.trainer.epochs
     stop_at = cfg.trainer.stop_at_global_step
@@ -171,29 +203,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     bar.close()
     if profiler is not None:
         log.info("top ops (%s):\n%s", profiler.table_path, profiler.stop())
-
-    # --- record: test once at the end; the final state a later verify/reproduce compares ---
-    final = final_metrics(state, model, pipeline, loss_fn, amp, run_dir)
-    record.update(
-        status="completed",
-        finished_at=rec.now_iso(),
-        final_weights_sha256=state.fingerprints[-1]["weights_sha256"],
-        final_metrics=final,
-        epochs_completed=len(state.metrics),
-        partial=len(state.metrics) < epochs,
-        nondeterministic_ops=alerts,
-        nonfinite_events=state.nonfinite_events,
-        gpu_memory=environment.peak_memory(device),
-    )
-    feed.loggers.log_final(final)
-    feed.close("completed")
-    log.info("test_acc=%s  %s=%s (best epoch %s)", final.get("test_acc"), cfg.trainer.monitor,
-             state.best, state.best_epoch)  # fmt: skip
-    log.info("completed: checkpoints in %s; report: make report RUN=%s", saver.dir, run_dir)
-    return state.best
-
-
-# ------------------------------------------------------------------ the steps train() calls
+    return alerts, feed
 
 
 class StopFlag:

@@ -495,6 +495,68 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
             shutil.rmtree(extract, ignore_errors=True)
 
 
+def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | None:
+    """Run each leg of the replay into ``new_run``; an exit code when one fails, else None."""
+    record, cfg = checked.record, checked.config
+    for i, leg in enumerate(legs):
+        name = PRIMARY if len(legs) == 1 else f"{PRIMARY}-leg{i}"
+        text = (
+            checked.text("run/config.resolved.yaml")
+            if len(legs) == 1
+            else OmegaConf.to_yaml(OmegaConf.create(leg.config))
+        )
+        atomic_write_text(config_dir / f"{name}.yaml", _config_yaml(text))
+        last = i == len(legs) - 1
+        cmd = rerun_command(config_dir, new_run, record, cfg, epochs if last else None, name, leg)
+        if leg.changes:
+            print(
+                f"leg {i}    resume with {', '.join(f'{k}={v!r}' for k, v in leg.changes.items())}"
+            )
+        print(f"$ {' '.join(cmd[1:])}", flush=True)
+        rc = subprocess.call(cmd, cwd=source, env=env)
+        if rc == 2:
+            # The archived trainer refused the config and said why on stderr, in one line.
+            print("re-run   refused by the archived trainer (exit 2); see the line above")
+            return EXIT_REFUSED
+        # A leg that stops at a global step may report itself interrupted (75) or done (0).
+        ok = (0,) if last else (0, EXIT_STOPPED)
+        if rc not in ok or not (new_run / RUN_JSON).is_file():
+            print(f"error: the re-run failed (exit {rc}); see {new_run}/train.log", file=sys.stderr)
+            return EXIT_RERUN_FAILED
+    return None
+
+
+def _verdict(result, reasons, lines, within, tolerance, scope, trusted):
+    """(exit code, verdict line, detail lines) from the comparison and the reasons."""
+    if reasons:
+        code = EXIT_NOT_COMPARABLE
+        bits = "bits match anyway" if result.identical else result.verdict()
+        verdict = "NOT COMPARABLE: " + "; ".join(reasons) + trusted
+        detail = [
+            f"  ({bits}); metrics "
+            + ("identical" if not lines else ("within" if within else "OUTSIDE"))
+            + f" tolerance {tolerance} on *_acc/*_loss",
+            *lines,
+        ]
+    elif result.identical:
+        code = EXIT_REPRODUCED
+        verdict = f"REPRODUCED (bitwise): {scope} match the archived run{trusted}"
+        detail = []
+    else:
+        code = EXIT_DIVERGED
+        where = f"epoch {result.divergent_epoch}" if result.divergent_epoch else "final weights"
+        if result.divergent_step is not None:
+            where += f" (step {result.divergent_step})"
+        verdict = f"DIVERGED at {where}: " + "; ".join(result.reasons) + trusted
+        detail = [
+            "  metric differences ("
+            + ("within" if within else "OUTSIDE")
+            + f" tolerance {tolerance}):",
+            *(lines or ["  (none)"]),
+        ]
+    return code, verdict, detail
+
+
 def _rerun(
     args,
     archive: Path,
@@ -523,31 +585,9 @@ def _rerun(
     if not where.is_relative_to(source.resolve()):
         raise Refusal(f"the re-run would import reprotrain from {where}, not the archive")
     print(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
-    for i, leg in enumerate(legs):
-        name = PRIMARY if len(legs) == 1 else f"{PRIMARY}-leg{i}"
-        text = (
-            checked.text("run/config.resolved.yaml")
-            if len(legs) == 1
-            else OmegaConf.to_yaml(OmegaConf.create(leg.config))
-        )
-        atomic_write_text(config_dir / f"{name}.yaml", _config_yaml(text))
-        last = i == len(legs) - 1
-        cmd = rerun_command(config_dir, new_run, record, cfg, epochs if last else None, name, leg)
-        if leg.changes:
-            print(
-                f"leg {i}    resume with {', '.join(f'{k}={v!r}' for k, v in leg.changes.items())}"
-            )
-        print(f"$ {' '.join(cmd[1:])}", flush=True)
-        rc = subprocess.call(cmd, cwd=source, env=env)
-        if rc == 2:
-            # The archived trainer refused the config and said why on stderr, in one line.
-            print("re-run   refused by the archived trainer (exit 2); see the line above")
-            return EXIT_REFUSED
-        # A leg that stops at a global step may report itself interrupted (75) or done (0).
-        ok = (0,) if last else (0, EXIT_STOPPED)
-        if rc not in ok or not (new_run / RUN_JSON).is_file():
-            print(f"error: the re-run failed (exit {rc}); see {new_run}/train.log", file=sys.stderr)
-            return EXIT_RERUN_FAILED
+    failed = _run_legs(checked, legs, epochs, config_dir, new_run, source, env)
+    if failed is not None:
+        return failed
 
     new_record = json.loads((new_run / RUN_JSON).read_text())
     # Authoritative: what the re-run itself recorded, with this checkout's lock.
@@ -563,32 +603,7 @@ def _rerun(
     lines, within = tolerance_report(result.metric_diffs, args.tolerance)
     scope = f"epoch(s) 1-{result.epochs_compared}" + ("" if epochs else " + final weights")
     trusted = f" [trust {verdict_trust.rule}]"
-    if reasons:
-        code = EXIT_NOT_COMPARABLE
-        bits = "bits match anyway" if result.identical else result.verdict()
-        verdict = "NOT COMPARABLE: " + "; ".join(reasons) + trusted
-        detail = [
-            f"  ({bits}); metrics "
-            + ("identical" if not lines else ("within" if within else "OUTSIDE"))
-            + f" tolerance {args.tolerance} on *_acc/*_loss",
-            *lines,
-        ]
-    elif result.identical:
-        code = EXIT_REPRODUCED
-        verdict = f"REPRODUCED (bitwise): {scope} match the archived run{trusted}"
-        detail = []
-    else:
-        code = EXIT_DIVERGED
-        where = f"epoch {result.divergent_epoch}" if result.divergent_epoch else "final weights"
-        if result.divergent_step is not None:
-            where += f" (step {result.divergent_step})"
-        verdict = f"DIVERGED at {where}: " + "; ".join(result.reasons) + trusted
-        detail = [
-            "  metric differences ("
-            + ("within" if within else "OUTSIDE")
-            + f" tolerance {args.tolerance}):",
-            *(lines or ["  (none)"]),
-        ]
+    code, verdict, detail = _verdict(result, reasons, lines, within, args.tolerance, scope, trusted)
     report = {
         "created_at": now_iso(),
         "archive": str(archive),

@@ -67,7 +67,9 @@ class TrainerConfig:
     no_decay_norm_bias: bool = False  # put biases and norm weights (ndim <= 1) in a wd=0 group
     grad_clip_norm: float = 0.0  # 0: off; else clip the global L2 norm (and guard it)
     on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf loss (or grad norm) does
-    nonfinite_check_every: int = 1  # steps between host reads of the on-device guard flag
+    # Steps between host reads of the on-device guard flag (also read before every
+    # checkpoint): one read per k steps instead of a sync per step on a GPU.
+    nonfinite_check_every: int = 10
     channels_last: bool = False  # NHWC memory format for model and batches
     compile: bool = False  # torch.compile the model (mode below); compile time is reported
     compile_mode: str = "default"

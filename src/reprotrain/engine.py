@@ -200,6 +200,7 @@ def run_epoch(
     on_nonfinite: str,
     after_step: Callable[[int], None],
     any_rank: Callable[[bool], bool] = bool,
+    saving: Callable[[int], bool] = lambda global_step: False,
 ) -> float:
     """Train over ``batches`` from ``state.step``; returns seconds spent in training steps.
 
@@ -218,7 +219,10 @@ def run_epoch(
         bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
         state.global_step += 1
         state.step = step + 1
-        if state.global_step % check_every == 0 and any_rank(bool(bad)):
+        # Read the flag every k steps, and always before a checkpoint could be written, so
+        # no checkpoint ever holds weights that a non-finite step produced.
+        due = state.global_step % check_every == 0 or saving(state.global_step)
+        if due and any_rank(bool(bad)):
             _nonfinite(p, state, on_nonfinite)
             bad.zero_()
         after_step(step + 1)

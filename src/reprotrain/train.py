@@ -187,6 +187,7 @@ def run_loop(cfg, parts, step_parts, pipeline, saver, record, stop, run_dir, dis
                 check_every=cfg.trainer.nonfinite_check_every,
                 on_nonfinite=cfg.trainer.on_nonfinite, after_step=after_step,
                 any_rank=dist.all_reduce_any,
+                saving=lambda gs: bool(every and gs % every == 0) or gs == stop_at,  # all ranks
             )  # fmt: skip
             reduce_across_ranks(state.progress)
             feed.flush()

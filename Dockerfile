@@ -58,7 +58,7 @@ ARG GIT_COMMIT=
 # 13.0.x), which needs a driver that supports CUDA 13.0 (R580 or newer). The container toolkit
 # checks this at start and refuses an older driver in one line, where torch would otherwise
 # find no usable GPU and trainer.device=auto would train on the CPU.
-# REPROTRAIN_* are read by reprotrain.repro.lockfile.container_image() into run.json.
+# REPROTRAIN_* are read by reprotrain.repro.requirements_lock.container_image() into run.json.
 ENV PYTHONHASHSEED=0 \
     CUBLAS_WORKSPACE_CONFIG=:4096:8 \
     NVIDIA_VISIBLE_DEVICES=all \

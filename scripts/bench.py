@@ -32,7 +32,7 @@ import torch
 
 from reprotrain.bench.checkpoint_cost import CheckpointSetup, measure_p5
 from reprotrain.bench.pipelines import PipelineSetup, measure_p2, measure_p4
-from reprotrain.bench.report import markdown_table, table_rows, write_outputs
+from reprotrain.bench.results import markdown_table, table_rows, write_outputs
 from reprotrain.bench.training import BenchRunError, TrainSetup, measure_logger, measure_p1_p3
 
 FIGURES = ("P1", "P2", "P3", "P4", "P5", "logger")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reprotrain.bench import stats
-from reprotrain.bench.report import COLUMNS, markdown_table, table_rows, write_outputs
+from reprotrain.bench.results import COLUMNS, markdown_table, table_rows, write_outputs
 from reprotrain.bench.training import BenchRunError, steady_images_per_s
 
 REPO = Path(__file__).resolve().parents[1]

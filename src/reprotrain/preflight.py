@@ -118,7 +118,7 @@ def check(argv: list[str]) -> None:
 def explicit_run_dir_is_free(argv: list[str]) -> None:
     """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, or one that
     cannot be a directory (a path through a file, a name over the filesystem's limit)."""
-    from reprotrain.repro.runlock import refuse_if_held
+    from reprotrain.repro.run_mutex import refuse_if_held
 
     if "--multirun" in argv or "-m" in argv:
         return

@@ -39,7 +39,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from reprotrain import faults, launchers, preflight
+from reprotrain import fault_injection, launchers, preflight
 from reprotrain.components import build, build_naming_key, build_scheduler, qualname
 from reprotrain.config import config_sha256
 from reprotrain.data.datasets import build_dataset
@@ -53,12 +53,20 @@ from reprotrain.optim import param_groups
 from reprotrain.paths import REPO_ROOT
 from reprotrain.profiling import StepProfiler
 from reprotrain.quoting import resume_hint
-from reprotrain.repro import checkpoint, determinism, environment, gitinfo, lockfile, rng, secrets
+from reprotrain.repro import (
+    checkpoint,
+    determinism,
+    environment,
+    gitinfo,
+    requirements_lock,
+    rng,
+    secrets,
+)
 from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
 from reprotrain.repro.fingerprint import losses_sha256, state_sha256
 from reprotrain.repro.resume_guard import AlreadyCompleted, find_resume_point, resume_entry
-from reprotrain.repro.runlock import RunLock
+from reprotrain.repro.run_mutex import RunMutex
 from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
 
 log = logging.getLogger("reprotrain")
@@ -116,7 +124,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         seed_globals(seeds.train)
     meta = {"config": container, "config_sha256": record["config_sha256"]}
     meta |= {"seeds": seeds.as_dict(), "env": env}
-    saver = Saver(run_dir / rec.CHECKPOINTS, parts, meta, cfg.trainer.keep_checkpoints)
+    saver = checkpoint.Saver(run_dir / rec.CHECKPOINTS, parts, meta, cfg.trainer.keep_checkpoints)
     model, loss_fn, amp = parts["model"], step_parts.loss_fn, step_parts.amp
 
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
@@ -166,7 +174,7 @@ def run_loop(cfg, parts, step_parts, pipeline, saver, record, stop, run_dir, dis
             feed.every(cfg.logger.log_every_steps)
         if profiler is not None:
             profiler.step()
-        faults.hook("step", state.global_step)
+        fault_injection.hook("step", state.global_step)
         if dist.all_reduce_any(stop.signal_name is not None):  # every rank, same step
             feed.close("interrupted")
             interrupted(saver, record, state, stop, run_dir)
@@ -225,7 +233,7 @@ class StopFlag:
 
 def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device, point) -> None:
     """Identity of a fresh run: git, environment, lock; the run.json a reproduce replays."""
-    drift = lockfile.env_drift(REPO_ROOT)
+    drift = requirements_lock.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
         summary = ", ".join(
             drift["missing"] + drift["extra"] + [d["name"] for d in drift["different"]]
@@ -250,7 +258,7 @@ def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device, p
         nondeterministic_ops=[],
         git=git,
         environment=env,
-        lock_sha256=lockfile.lock_sha256(REPO_ROOT),
+        lock_sha256=requirements_lock.lock_sha256(REPO_ROOT),
         env_drift=drift,
         container=environment.container_image(),
         resumes=[],
@@ -389,27 +397,9 @@ def components_record(cfg, parts, loss_fn, dataset) -> dict:
     }
 
 
-class Saver:
-    """Writes step checkpoints (newest K kept) and best.pt; serialises each state once."""
-
-    def __init__(self, ckpt_dir: Path, parts: dict, meta: dict, keep: int) -> None:
-        self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
-
-    def save(self, best: bool = False, model_state: dict | None = None) -> None:
-        state = checkpoint.snapshot(self.parts, self.meta)  # collective under DDP (rng, loop)
-        if not rec.is_writer():
-            return
-        if model_state is not None:
-            state["model"] = model_state  # the CPU copy already made for the fingerprint
-        step = self.parts["loop"].global_step
-        data = checkpoint.serialise(state)
-        checkpoint.save(checkpoint.step_path(self.dir, step), data, step)
-        checkpoint.prune(self.dir, self.keep)
-        if best:
-            checkpoint.save(self.dir / "best.pt", data)
-
-
-def interrupted(saver: Saver, record, state: LoopState, stop: StopFlag, run_dir) -> NoReturn:
+def interrupted(
+    saver: checkpoint.Saver, record, state: LoopState, stop: StopFlag, run_dir
+) -> NoReturn:
     """Checkpoint, mark the run interrupted, hand a SIGUSR2 over to submitit's requeue."""
     saver.save()
     record.update(
@@ -459,7 +449,7 @@ def end_epoch(cfg, state: LoopState, model, pipeline, loss_fn, amp, saver, run_d
     improved = state.improved(row.get(cfg.trainer.monitor), cfg.trainer.monitor_mode)
     state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
     saver.save(best=improved, model_state=cpu_state)
-    faults.hook("after-save", state.global_step)
+    fault_injection.hook("after-save", state.global_step)
     return row
 
 
@@ -512,7 +502,7 @@ def final_metrics(state: LoopState, model, pipeline, loss_fn, amp, run_dir: Path
 # ------------------------------------------------------------------------------- the entry
 
 
-_lock: RunLock | None = None
+_lock: RunMutex | None = None
 
 
 def release_lock() -> None:
@@ -537,7 +527,7 @@ def main(cfg: DictConfig) -> float | None:
         refused = None
         if dist.is_main:
             try:
-                _lock = RunLock(run_dir).acquire()  # one writer per run dir, for its lifetime
+                _lock = RunMutex(run_dir).acquire()  # one writer per run dir, for its lifetime
             except ResumeError as e:
                 refused = str(e)
         if (refused := dist.broadcast_object(refused)) is not None:

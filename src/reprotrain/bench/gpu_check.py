@@ -32,9 +32,10 @@ from pathlib import Path
 
 import torch
 
-from reprotrain.bench.training import child_env, read_jsonl, steady_images_per_s
+from reprotrain.bench.training import child_env, steady_images_per_s
 from reprotrain.paths import REPO_ROOT
-from reprotrain.tools.compare import compare_runs
+from reprotrain.repro.record import read_jsonl
+from reprotrain.tools.run_diff import compare_runs
 
 NUM_TRAIN = 50_000  # CIFAR-10's size
 CIFAR10 = [f"dataset.num_train={NUM_TRAIN}", "dataset.num_test=10000"]

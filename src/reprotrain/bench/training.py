@@ -8,7 +8,6 @@ first epoch of every run is warm-up (allocator, lazy init) and left out.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprotrain.bench.stats import compare, interleave, median
+from reprotrain.repro.record import read_jsonl
 
 WARMUP_EPOCHS = 1
 
@@ -62,10 +62,6 @@ def steady_images_per_s(rows: list[dict], warmup: int = WARMUP_EPOCHS) -> float:
     if not steady:
         raise BenchRunError(f"no epoch after the {warmup} warm-up epoch(s) was recorded")
     return median(steady)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def template_overrides(setup: TrainSetup, level: str, *more: str) -> list[str]:

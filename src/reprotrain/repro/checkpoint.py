@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import torch
 
-from reprotrain import faults
+from reprotrain import fault_injection
 from reprotrain.errors import CheckpointError
-from reprotrain.repro.record import atomic_write_bytes
+from reprotrain.repro.record import atomic_write_bytes, is_writer
 
 FORMAT_VERSION = 2  # 2: one state_dict per Stateful part (model, optimizer, ..., rng, loop)
 _STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
@@ -62,7 +62,7 @@ def serialise(state: dict[str, Any]) -> bytes:
 
 def save(path: Path, data: bytes, global_step: int | None = None) -> None:
     """Write serialised bytes via temp + fsync + rename: a kill leaves old or new, never half."""
-    faults.partial_write(path, data, global_step)
+    fault_injection.partial_write(path, data, global_step)
     atomic_write_bytes(path, data)
 
 
@@ -119,3 +119,23 @@ def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
         except CheckpointError as e:
             skipped.append(str(e))
     return None, None, skipped
+
+
+class Saver:
+    """Writes step checkpoints (newest K kept) and best.pt; serialises each state once."""
+
+    def __init__(self, ckpt_dir: Path, parts: dict, meta: dict, keep: int) -> None:
+        self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
+
+    def save(self, best: bool = False, model_state: dict | None = None) -> None:
+        state = snapshot(self.parts, self.meta)  # collective under DDP (rng, loop)
+        if not is_writer():
+            return
+        if model_state is not None:
+            state["model"] = model_state  # the CPU copy already made for the fingerprint
+        step = self.parts["loop"].global_step
+        data = serialise(state)
+        save(step_path(self.dir, step), data, step)
+        prune(self.dir, self.keep)
+        if best:
+            save(self.dir / "best.pt", data)

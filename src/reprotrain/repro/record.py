@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from reprotrain.errors import RecordError
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 
 RUN_JSON = "run.json"
@@ -100,11 +101,51 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(strict_json(r, sort_keys=True) + "\n" for r in rows))
 
 
-def read_jsonl(path: Path) -> list[dict]:
+_HINT = "the run record is damaged; restore it from a copy or start a new run"
+
+
+def parse_json_object(text: str, label: str) -> dict[str, Any]:
+    """A JSON object, or RecordError naming line and column. Lenient on NaN (records
+    written before strict JSON carry it); writers, not readers, enforce strictness."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(
+            f"{label}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); {_HINT}"
+        ) from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{label}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def parse_jsonl(text: str, label: str, *, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
+    """One JSON object per line, or RecordError naming the line. ``torn_tail_ok``: a last
+    line that does not parse (a run killed mid-write) is dropped instead."""
+    lines = text.splitlines()
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(parse_json_object(line, f"{label} line {n}"))
+        except RecordError:
+            if torn_tail_ok and n == len(lines):
+                break
+            raise
+    return rows
+
+
+def read_jsonl(path: Path, *, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
+    """The one reader of metrics.jsonl / fingerprints.jsonl: [] when the file is absent,
+    RecordError (one line, naming file and line) when it cannot be read."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"cannot read {path}: {e}") from None
+    return parse_jsonl(text, str(path), torn_tail_ok=torn_tail_ok)
 
 
 class RunRecord:

@@ -19,6 +19,9 @@ import numpy as np
 import torch
 
 STREAMS = ("init", "data", "augment", "train")
+# The derivation's salt: a fixed string, never the package's or project's name, so the same
+# config gives the same seeds (and bits) in the template and in every project made from it.
+SEED_SALT = "reprotrain"
 _MASK63 = (1 << 63) - 1
 
 
@@ -50,7 +53,7 @@ def resolve_seeds(seed_cfg) -> Seeds:
     streams = {
         name: int(getattr(seed_cfg, name))
         if getattr(seed_cfg, name) is not None
-        else stable_hash("reprotrain", base, name)
+        else stable_hash(SEED_SALT, base, name)
         for name in STREAMS
     }
     return Seeds(base=base, source=source, **streams)

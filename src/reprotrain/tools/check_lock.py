@@ -1,10 +1,10 @@
 """Validate the hashed locks offline: ``python -m reprotrain.tools.check_lock``.
 
 Prints one ``error: ...`` line per problem and exits 1, or one ``ok: ...`` line and exits 0.
-Checks (see ``reprotrain.repro.lockfile``): every line pinned ``==`` with a sha256; no index,
-find-links, ``file:`` URL or local path; not edited after ``make lock``; not stale against its
-``.in`` (and, for the dev lock, against the runtime lock it is constrained by); runtime and
-dev locks agree on shared packages. ``--record`` writes the ``<lock>.sha256`` sidecars
+Checks (see ``reprotrain.repro.requirements_lock``): every line pinned ``==`` with a sha256;
+no index, find-links, ``file:`` URL or local path; not edited after ``make lock``; not stale
+against its ``.in`` (and, for the dev lock, against the runtime lock it is constrained by);
+runtime and dev locks agree on shared packages. ``--record`` writes the ``<lock>.sha256`` sidecars
 (``make lock`` runs it right after pip-compile).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from reprotrain.repro.lockfile import DEFAULT_PAIRS, check_locks, write_record
+from reprotrain.repro.requirements_lock import DEFAULT_PAIRS, check_locks, write_record
 from reprotrain.tools import cli
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from reprotrain.repro.lockfile import env_drift, installed_versions
+from reprotrain.repro.requirements_lock import env_drift, installed_versions
 from reprotrain.tools import cli
 from reprotrain.tools.check_lock import _default_root
 

@@ -9,7 +9,6 @@ has not been extracted.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import RecordError
+from reprotrain.repro.record import _HINT, parse_json_object, parse_jsonl
 
-_HINT = "the run record is damaged; restore it from a copy or start a new run"
+__all__ = ["parse_json_object", "parse_jsonl", "parse_yaml_config", "read_text"]
 
 
 def read_text(path: Path, label: str | None = None) -> str:
@@ -34,28 +34,6 @@ def read_text(path: Path, label: str | None = None) -> str:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise RecordError(f"{label}: not UTF-8 text (byte {e.start}); {_HINT}") from None
-
-
-def parse_json_object(text: str, label: str) -> dict[str, Any]:
-    """A JSON object, or RecordError naming line and column. Lenient on NaN (records
-    written before strict JSON carry it); writers, not readers, enforce strictness."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RecordError(
-            f"{label}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); {_HINT}"
-        ) from None
-    if not isinstance(data, dict):
-        raise RecordError(f"{label}: expected a JSON object, found {type(data).__name__}")
-    return data
-
-
-def parse_jsonl(text: str, label: str) -> list[dict[str, Any]]:
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            rows.append(parse_json_object(line, f"{label} line {n}"))
-    return rows
 
 
 def parse_yaml_config(text: str, label: str) -> DictConfig:

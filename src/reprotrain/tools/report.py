@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes
+from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
 
 REPORT_MD = "report.md"
 CURVES_PNG = "curves.png"
@@ -62,27 +62,6 @@ def _read_json(path: Path) -> Any:
         raise ReprotrainError(f"cannot read {path}: {e}") from None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReprotrainError(f"cannot read {path}: {e}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ReprotrainError(f"{path} line {n} is not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ReprotrainError(f"{path} line {n} is not a JSON object")
-        rows.append(row)
-    return rows
-
-
 def load_run(run_dir: Path) -> RunView:
     """The run's record, or a one-line ``ReprotrainError`` naming what is missing."""
     run_dir = Path(run_dir)
@@ -94,7 +73,7 @@ def load_run(run_dir: Path) -> RunView:
     if not isinstance(record, dict):
         raise ReprotrainError(f"{run_dir / RUN_JSON} is not a JSON object")
     return RunView(
-        run_dir, record, _read_jsonl(run_dir / METRICS), _read_jsonl(run_dir / FINGERPRINTS)
+        run_dir, record, read_jsonl(run_dir / METRICS), read_jsonl(run_dir / FINGERPRINTS)
     )
 
 

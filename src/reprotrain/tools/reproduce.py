@@ -31,7 +31,7 @@ Steps, each of which can stop the replay:
    ``<runs-dir>/<stamp>/`` with a ``reproduction.json`` beside its ``run.json``.
    ``--epochs N`` re-runs only the first N epochs (``trainer.stop_after_epoch=N``, same LR
    schedule); an interrupted archive (``ALLOW_INCOMPLETE=1``) compares its completed epochs.
-7. **Compare** per-epoch fingerprints and final weights (``tools/compare.py``).
+7. **Compare** per-epoch fingerprints and final weights (``tools/run_diff.py``).
 
 Verdict (last line, naming the trust rule that let the code run) and exit code:
 
@@ -73,13 +73,13 @@ from omegaconf import OmegaConf
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
 from reprotrain.quoting import hydra_override
-from reprotrain.repro import comparability, gitinfo, lockfile
+from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.repro.secrets import env_value_differences
 from reprotrain.tools import archive_check, cli, trust
 from reprotrain.tools.archive_check import MANIFEST, CheckedArchive, parse_manifest
-from reprotrain.tools.compare import compare_runs
+from reprotrain.tools.run_diff import compare_runs
 
 __all__ = ["MANIFEST", "Refusal", "main", "parse_manifest", "plan_replay", "reproduce"]
 
@@ -375,7 +375,7 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     env = environment.capture(device)
     env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
-    return {"environment": env, "lock_sha256": lockfile.lock_sha256(REPO_ROOT)}
+    return {"environment": env, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
 
 
 def _config_yaml(text: str) -> str:
@@ -591,7 +591,7 @@ def _rerun(
 
     new_record = json.loads((new_run / RUN_JSON).read_text())
     # Authoritative: what the re-run itself recorded, with this checkout's lock.
-    current = {**new_record, "lock_sha256": lockfile.lock_sha256(REPO_ROOT)}
+    current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
     blocking, info = environment_differences(record, current)
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
     if data_problem:

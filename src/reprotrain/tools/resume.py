@@ -31,7 +31,7 @@ from pathlib import Path
 from reprotrain.errors import RecordError
 from reprotrain.quoting import hydra_override, resume_hint
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON
-from reprotrain.repro.runlock import refuse_if_held
+from reprotrain.repro.run_mutex import refuse_if_held
 from reprotrain.tools import cli
 from reprotrain.tools.readers import read_config, read_run_json, read_text
 

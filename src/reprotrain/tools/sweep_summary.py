@@ -35,7 +35,13 @@ from omegaconf import DictConfig
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
-from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_bytes, atomic_write_text
+from reprotrain.repro.record import (
+    METRICS,
+    RUN_JSON,
+    atomic_write_bytes,
+    atomic_write_text,
+    read_jsonl,
+)
 
 SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
 UNKNOWN_OVERRIDES = "(no .hydra/overrides.yaml)"
@@ -142,19 +148,6 @@ def _load_overrides(run_dir: Path) -> list[str] | None:
     return [str(o) for o in data] if isinstance(data, list) else []
 
 
-def _load_epochs(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line of a killed run: the rows before it still count
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
-
-
 def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
     """Every run under the sweep dir, plus a note per run.json that could not be read."""
     jobs, problems = [], []
@@ -168,7 +161,9 @@ def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
         except Exception as e:  # one broken job must not hide the others
             problems.append(str(e).splitlines()[0])
             continue
-        jobs.append(Job(run_dir, record, overrides, _load_epochs(run_dir / METRICS)))
+        jobs.append(
+            Job(run_dir, record, overrides, read_jsonl(run_dir / METRICS, torn_tail_ok=True))
+        )
     return jobs, problems
 
 

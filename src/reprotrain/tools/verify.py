@@ -21,7 +21,7 @@ from pathlib import Path
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override
 from reprotrain.tools import cli
-from reprotrain.tools.compare import compare_runs
+from reprotrain.tools.run_diff import compare_runs
 
 _OWN = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
 

@@ -28,7 +28,7 @@ How the lock is taken, and what each piece guards against:
   another node; SLURM runs one incarnation of a job at a time, so it takes over at once.
 
 Released (file removed, only if it is still ours) on normal exit and on exceptions. A
-refused writer raises ``RunLockedError`` (one line naming the holder) without creating,
+refused writer raises ``RunBusyError`` (one line naming the holder) without creating,
 changing or removing anything in the run directory.
 """
 
@@ -71,7 +71,7 @@ def _drop_held_fds_in_child() -> None:
 os.register_at_fork(after_in_child=_drop_held_fds_in_child)
 
 
-class RunLockedError(ResumeError):
+class RunBusyError(ResumeError):
     """Another live process writes this run directory; nothing here was touched.
 
     A ``ResumeError`` so the entry point reports it in one line without marking the other
@@ -195,8 +195,8 @@ def _flock(fd: int) -> bool | None:
     return True
 
 
-class RunLock:
-    """Hold ``RUN_DIR/.lock`` for a run's lifetime: ``with RunLock(run_dir): train()``."""
+class RunMutex:
+    """Hold ``RUN_DIR/.lock`` for a run's lifetime: ``with RunMutex(run_dir): train()``."""
 
     def __init__(
         self,
@@ -217,8 +217,8 @@ class RunLock:
 
     # -- public -----------------------------------------------------------------------------
 
-    def acquire(self) -> RunLock:
-        """Take the lock, or raise ``RunLockedError`` naming the live holder."""
+    def acquire(self) -> RunMutex:
+        """Take the lock, or raise ``RunBusyError`` naming the live holder."""
         if not self.run_dir.is_dir():
             self.run_dir.mkdir(parents=True, exist_ok=True)
         holder: Holder | None = None
@@ -260,12 +260,12 @@ class RunLock:
         """Raise if another process has replaced our lock (we were judged dead)."""
         if self.lost or not self._still_ours():
             self.lost = True
-            raise RunLockedError(
+            raise RunBusyError(
                 f"the lock on {self.run_dir} was taken over by another process; "
                 "stop this run, it is no longer the only writer"
             )
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> RunMutex:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
@@ -273,9 +273,9 @@ class RunLock:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _refusal(self, holder: Holder | None) -> RunLockedError:
+    def _refusal(self, holder: Holder | None) -> RunBusyError:
         who = holder.describe() if holder else "a process whose lock file cannot be read"
-        return RunLockedError(
+        return RunBusyError(
             f"{self.run_dir} is being written by another run ({who}); wait for it or stop it "
             f"(if that process is certainly gone, delete {self.path})"
         )
@@ -344,7 +344,7 @@ class RunLock:
             age = time.time() - mtime
             if age > self.stale_after_s:
                 return Holder(host="?", pid=0, started_at="?"), f"unreadable and {age:.0f} s old"
-            raise RunLockedError(
+            raise RunBusyError(
                 f"{self.path} exists but cannot be read (written {age:.0f} s ago); if no run "
                 "is writing this directory, delete it"
             ) from None
@@ -422,17 +422,17 @@ def held_by(run_dir: Path | str, stale_after_s: float = STALE_AFTER_S) -> Holder
 
 
 def refuse_if_held(run_dir: Path | str) -> None:
-    """Raise ``RunLockedError`` if a live run holds ``run_dir`` (cheap pre-check, no writes).
+    """Raise ``RunBusyError`` if a live run holds ``run_dir`` (cheap pre-check, no writes).
 
     Call before anything writes into an explicit run directory (Hydra's ``.hydra/``, the
-    resume tool's ``.hydra/resume.yaml``); ``RunLock.acquire`` stays the real guard.
+    resume tool's ``.hydra/resume.yaml``); ``RunMutex.acquire`` stays the real guard.
     """
     holder = held_by(run_dir)
     if holder is not None:
-        raise RunLock(run_dir)._refusal(holder)
+        raise RunMutex(run_dir)._refusal(holder)
 
 
-def as_record(lock: RunLock) -> dict[str, Any]:
+def as_record(lock: RunMutex) -> dict[str, Any]:
     """What run.json may say about the lock (who held it, whom it replaced)."""
     out: dict[str, Any] = {"host": lock.me.host, "pid": lock.me.pid}
     if lock.took_over is not None:

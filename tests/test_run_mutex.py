@@ -1,4 +1,4 @@
-"""One writer per run directory (repro/runlock.py), checked with real processes.
+"""One writer per run directory (repro/run_mutex.py), checked with real processes.
 
 Holders and contenders are separate Python processes (stdlib + the lock module only, so each
 starts in a fraction of a second): the refusal, the SIGKILL takeover and the pid-reuse guard
@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro import runlock
-from reprotrain.repro.runlock import LOCK_NAME, Holder, RunLock, RunLockedError
+from reprotrain.repro import run_mutex
+from reprotrain.repro.run_mutex import LOCK_NAME, Holder, RunBusyError, RunMutex
 
 HOLD = """
 import sys, time
-from reprotrain.repro.runlock import RunLock
-with RunLock(sys.argv[1]):
+from reprotrain.repro.run_mutex import RunMutex
+with RunMutex(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()  # hold until the test closes stdin (or kills us)
 """
@@ -33,8 +33,8 @@ with RunLock(sys.argv[1]):
 # The holder forks a child that outlives it, as DataLoader workers briefly do after a SIGKILL.
 HOLD_AND_FORK = """
 import os, sys, time
-from reprotrain.repro.runlock import RunLock
-lock = RunLock(sys.argv[1]).acquire()
+from reprotrain.repro.run_mutex import RunMutex
+lock = RunMutex(sys.argv[1]).acquire()
 if os.fork() == 0:
     time.sleep(60)
     os._exit(0)
@@ -47,11 +47,11 @@ sys.stdin.read()
 TRY = """
 import sys, time
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.runlock import RunLock
+from reprotrain.repro.run_mutex import RunMutex
 if len(sys.argv) > 2:
     time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 try:
-    lock = RunLock(sys.argv[1]).acquire()
+    lock = RunMutex(sys.argv[1]).acquire()
 except ReprotrainError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -148,7 +148,7 @@ def test_a_reused_pid_is_not_mistaken_for_the_dead_holder(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         real = Holder.me()
-        ticks = runlock.proc_start_ticks(other.pid)
+        ticks = run_mutex.proc_start_ticks(other.pid)
         assert ticks is not None
         same = Holder(**{**real.__dict__, "pid": other.pid, "pid_start": ticks, "token": "a"})
         reused = Holder(**{**same.__dict__, "pid_start": ticks - 1, "token": "b"})
@@ -187,12 +187,12 @@ def test_only_one_of_several_simultaneous_contenders_takes_over_a_dead_lock(tmp_
 
 
 def test_released_on_normal_exit_and_on_exceptions(tmp_path):
-    with RunLock(tmp_path / "a") as lock:
+    with RunMutex(tmp_path / "a") as lock:
         assert (tmp_path / "a" / LOCK_NAME).exists()
         lock.check()
     assert not (tmp_path / "a" / LOCK_NAME).exists()
 
-    with pytest.raises(ZeroDivisionError), RunLock(tmp_path / "b"):
+    with pytest.raises(ZeroDivisionError), RunMutex(tmp_path / "b"):
         raise ZeroDivisionError
     assert not (tmp_path / "b" / LOCK_NAME).exists()
 
@@ -200,17 +200,17 @@ def test_released_on_normal_exit_and_on_exceptions(tmp_path):
 def test_another_hosts_lock_is_refused_until_its_heartbeat_is_stale(tmp_path):
     far = Holder(host="node-that-is-not-here", pid=4242, started_at="2026-01-01T00:00:00+00:00")
     write_lock(tmp_path / "fresh", far, age_s=5)
-    with pytest.raises(RunLockedError, match="host node-that-is-not-here, pid 4242"):
-        RunLock(tmp_path / "fresh", stale_after_s=60).acquire()
+    with pytest.raises(RunBusyError, match="host node-that-is-not-here, pid 4242"):
+        RunMutex(tmp_path / "fresh", stale_after_s=60).acquire()
 
     write_lock(tmp_path / "stale", far, age_s=120)
-    lock = RunLock(tmp_path / "stale", stale_after_s=60).acquire()
+    lock = RunMutex(tmp_path / "stale", stale_after_s=60).acquire()
     assert lock.took_over == far
     lock.release()
 
 
 def test_the_heartbeat_keeps_a_long_run_from_looking_stale(tmp_path):
-    lock = RunLock(tmp_path, heartbeat_s=0.05).acquire()
+    lock = RunMutex(tmp_path, heartbeat_s=0.05).acquire()
     try:
         path = tmp_path / LOCK_NAME
         os.utime(path, (time.time() - 1000, time.time() - 1000))
@@ -225,22 +225,22 @@ def test_a_requeued_slurm_job_takes_over_its_previous_incarnation(tmp_path, monk
     monkeypatch.setenv("SLURM_JOB_ID", "1234")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # same incarnation elsewhere: still alive
     write_lock(tmp_path / "same", old)
-    with pytest.raises(RunLockedError):
-        RunLock(tmp_path / "same").acquire()
+    with pytest.raises(RunBusyError):
+        RunMutex(tmp_path / "same").acquire()
 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     write_lock(tmp_path / "requeued", old)
-    lock = RunLock(tmp_path / "requeued").acquire()
+    lock = RunMutex(tmp_path / "requeued").acquire()
     assert lock.took_over == old
     lock.release()
 
 
 def test_check_reports_a_lock_that_another_process_replaced(tmp_path):
-    lock = RunLock(tmp_path).acquire()
+    lock = RunMutex(tmp_path).acquire()
     try:
         (tmp_path / LOCK_NAME).unlink()
         write_lock(tmp_path, Holder(host="h", pid=1, started_at="t", token="other"))
-        with pytest.raises(RunLockedError, match="taken over"):
+        with pytest.raises(RunBusyError, match="taken over"):
             lock.check()
     finally:
         lock.release()
@@ -248,12 +248,12 @@ def test_check_reports_a_lock_that_another_process_replaced(tmp_path):
 
 
 def test_refuse_if_held_only_reads(tmp_path):
-    runlock.refuse_if_held(tmp_path / "nothing-here")  # no lock: fine
+    run_mutex.refuse_if_held(tmp_path / "nothing-here")  # no lock: fine
     assert not (tmp_path / "nothing-here").exists()
-    with RunLock(tmp_path / "run"):
+    with RunMutex(tmp_path / "run"):
         before = snapshot(tmp_path / "run")
         with pytest.raises(ReprotrainError, match=f"pid {os.getpid()}"):
-            runlock.refuse_if_held(tmp_path / "run")
+            run_mutex.refuse_if_held(tmp_path / "run")
         assert snapshot(tmp_path / "run") == before
 
 
@@ -261,7 +261,7 @@ def test_two_contenders_that_both_saw_a_dead_holder_cannot_both_take_over(tmp_pa
     """The interleaving the simultaneous test may not hit: both judged it dead, then A wins."""
     dead = Holder(host="gone", pid=7, started_at="t", token="dead")
     write_lock(tmp_path, dead, age_s=10_000)
-    a, b = RunLock(tmp_path), RunLock(tmp_path)
+    a, b = RunMutex(tmp_path), RunMutex(tmp_path)
     (seen_a, why_a), (seen_b, why_b) = a._inspect(), b._inspect()
     assert seen_a == seen_b == dead and why_a and why_b
     assert a._take_over(seen_a, why_a)
@@ -281,10 +281,10 @@ def test_a_zombie_holder_counts_as_dead(tmp_path):
         assert time.time() < deadline
         time.sleep(0.05)
     try:
-        ticks = runlock.proc_start_ticks(child.pid)
+        ticks = run_mutex.proc_start_ticks(child.pid)
         zombie = Holder(**{**Holder.me().__dict__, "pid": child.pid, "pid_start": ticks})
         write_lock(tmp_path, zombie)
-        lock = RunLock(tmp_path).acquire()
+        lock = RunMutex(tmp_path).acquire()
         assert lock.took_over == zombie
         lock.release()
     finally:

@@ -1,4 +1,4 @@
-"""Lock validation and environment drift (reprotrain.repro.lockfile + the two CLIs).
+"""Lock validation and environment drift (reprotrain.repro.requirements_lock + the two CLIs).
 
 Every check is exercised against the committed locks (must pass) and against a crafted
 bad copy (must fail with a line that names the problem).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reprotrain.repro import lockfile as lf
+from reprotrain.repro import requirements_lock as lf
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK_FILES = [

@@ -84,7 +84,7 @@ def bench(d, n: int) -> None:
     """The stop check against one DDP step of the smoke model (global batch 64)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from reprotrain.models.resnet import CifarResNet
+    from starter.resnet import CifarResNet
 
     torch.set_num_threads(1)
     model = DDP(CifarResNet([16, 32, 64], [1, 1, 1]))

@@ -21,16 +21,16 @@ import numpy as np
 import pytest
 import torch
 
-from reprotrain.data import cifar10
 from reprotrain.data import file_hashes as fingerprint
-from reprotrain.data.cifar10 import (
+from reprotrain.data.file_hashes import files_fingerprint
+from reprotrain.errors import DataMissingError
+from starter import cifar10
+from starter.cifar10 import (
     ARCHIVE_NAME,
     BATCHES_DIR,
     cifar10_files,
     load_cifar10,
 )
-from reprotrain.data.file_hashes import files_fingerprint
-from reprotrain.errors import DataMissingError
 
 N_TRAIN_PER_BATCH = 7
 N_TEST = 5

@@ -95,7 +95,7 @@ def test_help_still_works():
         text=True,
     )
     assert_ok(proc)
-    assert "reprotrain.models.resnet.CifarResNet" in proc.stdout and "widths" in proc.stdout
+    assert "starter.resnet.CifarResNet" in proc.stdout and "widths" in proc.stdout
 
 
 def test_config_sha256_ignores_where_to_look_but_not_what_to_compute():

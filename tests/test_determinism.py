@@ -10,10 +10,10 @@ from torch import nn
 import reprotrain.train as trainer
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
-from reprotrain.models.resnet import CifarResNet
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import determinism
 from reprotrain.repro.record import RUN_JSON
+from starter.resnet import CifarResNet
 
 register_configs()
 
@@ -109,7 +109,7 @@ def test_reference_models_use_only_modules_with_deterministic_cuda_kernels():
     interpolation backward, ...); the reference models stick to modules that do not."""
     from torchvision.models.resnet import BasicBlock
 
-    from reprotrain.models.resnet import CifarResNet
+    from starter.resnet import CifarResNet
 
     allowed = (
         CifarResNet,

@@ -147,8 +147,8 @@ def test_help_exits_zero() -> None:
         ("missing", "is not a directory"),
         ("no_run_json", "no run.json in"),
         ("bad_run_json", "run.json is not valid JSON (line 1"),
-        ("bad_metrics_line", "metrics.jsonl line 2 is not valid JSON"),
-        ("metrics_not_objects", "metrics.jsonl line 1 is not a JSON object"),
+        ("bad_metrics_line", "metrics.jsonl line 2: invalid JSON"),
+        ("metrics_not_objects", "metrics.jsonl line 1: expected a JSON object"),
     ],
 )
 def test_a_missing_or_corrupt_run_dir_is_one_line_exit_2(

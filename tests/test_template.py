@@ -76,7 +76,7 @@ def test_an_optimizer_by_yaml_alone_trains_and_is_named(tmp_path, user_project):
         # table in test_bad_inputs.py.
         pytest.param(
             "model.widths=[8]",
-            "error: model (reprotrain.models.resnet.CifarResNet)",
+            "error: model (starter.resnet.CifarResNet)",
             marks=pytest.mark.slow,
         ),
         pytest.param("model.num_classes=5", "model.num_classes", marks=pytest.mark.slow),

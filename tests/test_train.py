@@ -16,7 +16,7 @@ from conftest import (
     run_json,
     train,
 )
-from reprotrain.models.resnet import CifarResNet
+from starter.resnet import CifarResNet
 
 RUN_FILES = [
     "run.json",

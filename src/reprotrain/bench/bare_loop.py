@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from reprotrain.data.augment import augment_batch, normalize
-from reprotrain.data.synthetic import load_synthetic
-from reprotrain.models.resnet import CifarResNet
+from starter.resnet import CifarResNet
+from starter.synthetic import load_synthetic
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # conf/dataset/synthetic.yaml
 

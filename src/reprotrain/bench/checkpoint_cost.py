@@ -19,8 +19,8 @@ from torch import nn
 
 from reprotrain.bench.stats import compare, interleave
 from reprotrain.engine import LoopState
-from reprotrain.models.resnet import CifarResNet
 from reprotrain.repro import checkpoint, rng
+from starter.resnet import CifarResNet
 
 CIFAR10_TRAIN = 50_000
 

@@ -20,8 +20,8 @@ from reprotrain.bench.stats import compare, interleave
 from reprotrain.data.augment import augment_batch, reference_augment_batch
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
-from reprotrain.data.synthetic import load_synthetic
 from reprotrain.repro.seeding import Seeds
+from starter.synthetic import load_synthetic
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 

@@ -37,8 +37,8 @@ def batch_size(batch: Batch) -> int:
     sizes = {t.shape[0] if t.dim() else None for t in leaves(batch)}
     if len(sizes) != 1 or None in sizes:
         raise ReprotrainError(
-            f"a batch's tensors disagree on the sample dimension (sizes {sorted(map(str, sizes))}); "
-            "every tensor in a batch must have the samples first"
+            "a batch's tensors disagree on the sample dimension "
+            f"(sizes {sorted(map(str, sizes))}); every tensor in a batch must have the samples first"
         )
     return sizes.pop()
 

@@ -38,7 +38,7 @@ def batch_size(batch: Batch) -> int:
     if len(sizes) != 1 or None in sizes:
         raise ReprotrainError(
             "a batch's tensors disagree on the sample dimension "
-            f"(sizes {sorted(map(str, sizes))}); every tensor in a batch must have the samples first"
+            f"(sizes {sorted(map(str, sizes))}); put the samples first in every tensor"
         )
     return sizes.pop()
 

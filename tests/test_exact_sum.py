@@ -1,0 +1,145 @@
+"""The order-independent sum behind world-size invariance (reprotrain.invariant.exact_sum).
+
+Ranks are simulated by threads that meet at each collective, so the same code path as under
+torchrun runs with 1, 2 and 4 "ranks" in one process.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+from reprotrain.invariant.exact_sum import exact_sum
+
+
+class ThreadGroup:
+    """W threads as ranks: each collective waits for all, then combines their tensors."""
+
+    def __init__(self, world: int) -> None:
+        self.world, self.barrier = world, threading.Barrier(world)
+        self.slots: list[torch.Tensor | None] = [None] * world
+
+    def reducer(self, rank: int):
+        def reduce(tensor: torch.Tensor, op: str) -> None:
+            self.slots[rank] = tensor.clone()
+            self.barrier.wait()
+            stack = torch.stack(self.slots)  # type: ignore[arg-type]
+            combined = stack.amax(0) if op == "max" else stack.sum(0)
+            self.barrier.wait()
+            tensor.copy_(combined)
+
+        return reduce
+
+
+def run_ranks(parts, world: int):
+    """exact_sum over ``parts`` split into ``world`` contiguous shares, one thread each."""
+    group, results = ThreadGroup(world), [None] * world
+    share = len(parts) // world
+
+    def rank(r: int) -> None:
+        mine = parts[r * share : (r + 1) * share]
+        results[r] = exact_sum(mine, len(parts), group.reducer(r))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def gradient_like_parts(k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(16, 3, 3, 3), (16,), (10, 64)]
+    return [
+        [torch.randn(s, generator=g) * 10.0 ** torch.randint(-6, 3, (), generator=g).item()
+         for s in shapes]
+        for _ in range(k)
+    ]  # fmt: skip
+
+
+def bits(tensors) -> list[bytes]:
+    return [t.detach().numpy().tobytes() for t in tensors]
+
+
+def test_the_sum_has_the_same_bits_on_1_2_and_4_ranks():
+    parts = gradient_like_parts(8)
+    one = run_ranks(parts, 1)[0]
+    for world in (2, 4):
+        for result in run_ranks(parts, world):
+            assert bits(result) == bits(one)
+
+
+def test_float_summation_is_not_order_independent_here_but_the_exact_sum_is():
+    """The problem being solved is real for these parts: float32 sums in two groupings
+    differ, and the exact sum of a reordering is bitwise the same."""
+    parts = gradient_like_parts(8, seed=3)
+    sequential = [sum(p[j] for p in parts) for j in range(3)]
+    pairs = [
+        (parts[0][j] + parts[1][j] + parts[2][j] + parts[3][j])
+        + (parts[4][j] + parts[5][j] + parts[6][j] + parts[7][j])
+        for j in range(3)
+    ]
+    assert bits(sequential) != bits(pairs)
+    assert bits(exact_sum(parts, 8)) == bits(exact_sum(parts[::-1], 8))
+
+
+def test_the_exact_sum_is_at_least_as_accurate_as_float32_summation():
+    parts = gradient_like_parts(8, seed=5)
+    exact = exact_sum(parts, 8)
+    for j in range(3):
+        truth = sum(p[j].double() for p in parts)
+        float32 = sum(p[j] for p in parts).double()
+        err_exact = (exact[j].double() - truth).abs().max().item()
+        err_f32 = (float32 - truth).abs().max().item()
+        assert err_exact <= err_f32
+
+
+def test_a_non_finite_part_makes_the_sum_nan_and_float64_keeps_its_precision():
+    parts = [[torch.tensor([1.0, 2.0])], [torch.tensor([math.inf, 0.5])]]
+    assert torch.isnan(exact_sum(parts, 2)[0]).all()
+    x = [[torch.tensor(0.1, dtype=torch.float64)] for _ in range(3)]
+    assert exact_sum(x, 3)[0].item() == pytest.approx(0.3, rel=1e-15)
+    assert exact_sum(x, 3)[0].dtype == torch.float64
+
+
+def test_batchnorm_running_statistics_move_once_per_step_with_the_same_bits_on_any_layout():
+    from reprotrain.invariant.batchnorm import MicroBatchNorm
+
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randn(8, 3, 5, 5, generator=g) * 3 + 1
+    micro = batch.split(2)  # k = 4 micro-batches of 2
+
+    def layout(world: int):
+        group, out = ThreadGroup(world), [None] * world
+        share = len(micro) // world
+
+        def rank(r: int) -> None:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+            bn = MicroBatchNorm(model)
+            outputs = []
+            for mb in micro[r * share : (r + 1) * share]:
+                with bn.micro_batch():
+                    outputs.append(model(mb))
+            assert int(model[1].num_batches_tracked) == 0  # forwards left the buffers alone
+            bn.end_step(len(micro), group.reducer(r))
+            out[r] = (model[1].running_mean.clone(), model[1].running_var.clone(), outputs)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    (mean1, var1, outs1) = layout(1)[0]
+    assert not torch.equal(mean1, torch.zeros(4))  # the statistics did move
+    for world in (2, 4):
+        for r, (mean, var, outs) in enumerate(layout(world)):
+            assert bits([mean, var]) == bits([mean1, var1])
+            share = 4 // world
+            assert bits(outs) == bits(outs1[r * share : (r + 1) * share])  # ghost-batch forward

@@ -58,7 +58,7 @@ class MicroBatchNorm:
             x = args[0].detach()
             dims = [d for d in range(x.dim()) if d != 1]
             x64 = x.to(torch.float64)
-            record += [x64.mean(dims), x64.var(dims, unbiased=True)]
+            record.extend([x64.mean(dims), x64.var(dims, unbiased=True)])
 
         return hook
 

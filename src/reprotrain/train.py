@@ -429,6 +429,7 @@ def components_record(settings: TrainerConfig, stepper: Stepper, dataset) -> dic
     names = {k: qualname(getattr(trainer, k)) for k in ("model", "optimizer", "scheduler")}
     return names | {
         "task": qualname(stepper.task),
+        "lr": trainer.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
         "loss": qualname(getattr(stepper.task, "loss_fn", None)),
         "dataset": qualname(dataset),
         "param_groups": [

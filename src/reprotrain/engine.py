@@ -112,10 +112,8 @@ class Stepper:
                 # give the gradient of the whole batch's mean (no op when k == 1).
                 loss = out.loss if k == 1 else out.loss * (size / n)
                 state.scaler.scale(loss).backward()
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-            if k == 1:
-                sums = out.sums
-            else:
+            if k > 1:
+                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
                 sums.add(out.sums, size)
                 if i < k - 1:
                     fault_injection.hook("microbatch", global_step + 1)
@@ -126,7 +124,9 @@ class Stepper:
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()
-        return step_loss, sums if k == 1 else sums.sums, norm
+        if k == 1:
+            return loss.detach(), out.sums, norm
+        return step_loss, sums.sums, norm
 
 
 def run_epoch(

@@ -23,13 +23,18 @@ class ThreadGroup:
         self.slots: list[torch.Tensor | None] = [None] * world
 
     def reducer(self, rank: int):
-        def reduce(tensor: torch.Tensor, op: str) -> None:
+        def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor | None:
             self.slots[rank] = tensor.clone()
             self.barrier.wait()
+            if op == "gather":
+                out = torch.cat(self.slots)  # type: ignore[arg-type]
+                self.barrier.wait()
+                return out
             stack = torch.stack(self.slots)  # type: ignore[arg-type]
             combined = stack.amax(0) if op == "max" else stack.sum(0)
             self.barrier.wait()
             tensor.copy_(combined)
+            return None
 
         return reduce
 
@@ -126,7 +131,7 @@ def test_batchnorm_running_statistics_move_once_per_step_with_the_same_bits_on_a
                 with bn.micro_batch():
                     outputs.append(model(mb))
             assert int(model[1].num_batches_tracked) == 0  # forwards left the buffers alone
-            bn.end_step(len(micro), group.reducer(r))
+            bn.end_step(group.reducer(r))
             out[r] = (model[1].running_mean.clone(), model[1].running_var.clone(), outputs)
 
         threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]

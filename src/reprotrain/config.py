@@ -83,6 +83,10 @@ class TrainerConfig:
     overfit_batches: int = 0  # every epoch repeats the first N batches of epoch 1
     profile_steps: int = 0  # torch.profiler trace of N steps (after 1 warm-up) in the run dir
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
+    # The same bits on any world size dividing the micro-batches per step (batch_size /
+    # microbatch_size): fixed micro-batches, per-micro-batch RNG and BatchNorm statistics,
+    # exact (int64 fixed-point) sums in place of DDP's all-reduce. See README.
+    world_size_invariant: bool = False
     allow_world_size_change: bool = False  # resume under another world size (not bitwise)
     # Checkpoint and exit 75 (status interrupted) after this global step: how reproduce
     # replays a resume history leg by leg. 0: off.

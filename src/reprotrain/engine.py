@@ -77,6 +77,12 @@ class Stepper:
     microbatch_size: int | None = None  # None: the whole (per-rank) batch in one piece
     train_seed: int = 0
 
+    global_sums = False  # True: step() returns sums over the whole global batch
+
+    def samples(self, batch: Any) -> int:
+        """The samples the step's metric sums cover (this rank's share)."""
+        return batches.batch_size(batch)
+
     def pieces(self, n: int) -> int:
         """Micro-batches in a step of ``n`` samples (on this rank)."""
         size = self.microbatch_size or n
@@ -155,7 +161,7 @@ def run_epoch(
     for step, batch in batches_:
         lr = optimizer.param_groups[0]["lr"]
         loss, sums, norm = stepper.step(batch, state.global_step)
-        state.progress.add(loss, sums, batches.batch_size(batch), lr)
+        state.progress.add(loss, sums, stepper.samples(batch), lr)
         bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
         state.global_step += 1
         state.step = step + 1

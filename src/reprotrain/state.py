@@ -64,8 +64,8 @@ class MetricSums:
 class EpochProgress:
     """The current epoch so far: metric sums, per-step losses and lrs, all on the device."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, per_rank: bool = True) -> None:
+        self.device, self.per_rank = device, per_rank
         self.metrics = MetricSums(device)
         self.step_losses: list[torch.Tensor] = []
         self.step_lrs: list[float] = []  # the lr each step used (python floats: no sync)
@@ -93,7 +93,7 @@ class EpochProgress:
             "step_lrs": self.step_lrs,
             "metrics": self.metrics.state_dict(),
         }
-        if _dist_world() == 1:
+        if _dist_world() == 1 or not self.per_rank:  # invariant runs: the same on every rank
             return mine
         import torch.distributed as dist
 
@@ -127,13 +127,15 @@ class LoopState:
     metrics: list[dict] = field(default_factory=list)
     fingerprints: list[dict] = field(default_factory=list)
     nonfinite_events: list[dict] = field(default_factory=list)
+    per_rank: bool = True  # False: partial sums are global, nothing in them is per rank
     progress: EpochProgress = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.progress = EpochProgress(self.device)
+        self.progress = EpochProgress(self.device, self.per_rank)
 
     def next_epoch(self) -> None:
-        self.epoch, self.step, self.progress = self.epoch + 1, 0, EpochProgress(self.device)
+        self.epoch, self.step = self.epoch + 1, 0
+        self.progress = EpochProgress(self.device, self.per_rank)
 
     def improved(self, value: float | None, mode: str) -> bool:
         if value is None or not math.isfinite(value):
@@ -174,6 +176,7 @@ class TrainerState:
         scaler: torch.amp.GradScaler,
         device: torch.device,
         task: Any = None,
+        per_rank: bool = True,
     ) -> None:
         self.model, self.optimizer, self.scheduler, self.scaler = (
             model,
@@ -181,8 +184,9 @@ class TrainerState:
             scheduler,
             scaler,
         )
-        self.loop = LoopState(device)
-        self.rng = rng.RNGState(device)
+        self.loop = LoopState(device, per_rank=per_rank)
+        # An invariant run seeds every micro-batch's RNG from counters: no state to keep.
+        self.rng = rng.RNGState(device) if per_rank else None
         self.task = task
 
     def parts(self) -> dict[str, Any]:
@@ -191,7 +195,7 @@ class TrainerState:
         named |= {"scaler": self.scaler, "loop": self.loop}
         if hasattr(self.task, "state_dict") and hasattr(self.task, "load_state_dict"):
             named["task"] = self.task
-        return named | {"rng": self.rng}
+        return named | ({"rng": self.rng} if self.rng is not None else {})
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.parts().items()}

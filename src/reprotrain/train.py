@@ -57,6 +57,8 @@ from reprotrain.engine import (
     run_epoch,
 )
 from reprotrain.errors import ReprotrainError, ResumeError
+from reprotrain.invariant import exact_sum
+from reprotrain.invariant.step import InvariantStepper
 from reprotrain.loggers import build_loggers
 from reprotrain.optim import param_groups
 from reprotrain.paths import REPO_ROOT
@@ -114,7 +116,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
             name=OmegaConf.to_container(cfg, resolve=False)["name"],  # an oc.env stays text
             include_untracked=list(cfg.include_untracked),
         )  # fmt: skip
-    record.update(**distributed_record(dist, device))
+    record.update(**distributed_record(dist, device), **invariance_record(cfg.trainer))
     log.info(
         "experiment %s | repro=%s | seeds %s | device %s | world size %d",
         record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size,
@@ -182,7 +184,7 @@ def run_loop(
 
     def after_step(next_step: int) -> None:
         bar.update(1)
-        if dist.world_size == 1:  # under DDP the step losses are global only at epoch end
+        if dist.world_size == 1 or stepper.global_sums:  # else global only at epoch end
             feed.every(logger_cfg.log_every_steps)
         if profiler is not None:
             profiler.step()
@@ -209,9 +211,12 @@ def run_loop(
                 any_rank=dist.all_reduce_any,
                 saving=lambda gs: bool(every and gs % every == 0) or gs == stop_at,  # all ranks
             )  # fmt: skip
-            reduce_across_ranks(state.progress)
+            if not stepper.global_sums:  # invariant steps already hold global sums
+                reduce_across_ranks(state.progress)
             feed.flush()
-            trained = state.progress.seen - seen_before * dist.world_size
+            trained = state.progress.seen - seen_before * (
+                1 if stepper.global_sums else dist.world_size
+            )
             row = end_epoch(stepper, pipeline, out, settings, seconds, trained)
             feed.epoch(row)
             out.record.update(nondeterministic_ops=alerts, nonfinite_events=state.nonfinite_events)
@@ -347,6 +352,9 @@ def check_world_size(settings: TrainerConfig, point, dist: Dist) -> None:
     if point is None or point.forked:
         return
     saved = (point.state.get("env") or {}).get("world_size", 1)
+    if settings.world_size_invariant and saved != dist.world_size:
+        log.info("world size %d -> %d: an invariant run keeps its bits", saved, dist.world_size)
+        return  # nothing in its checkpoint is per rank; check_microbatch checks k % W
     if saved != dist.world_size and not settings.allow_world_size_change:
         raise ResumeError(
             f"the checkpoint was written with world size {saved}, this run has "
@@ -361,6 +369,14 @@ def distributed_record(dist: Dist, device: torch.device) -> dict:
     me["host"] = socket.gethostname()
     return {"world_size": dist.world_size, "backend": dist.backend,
             "ranks": dist.all_gather_objects(me)}  # fmt: skip
+
+
+def invariance_record(settings: TrainerConfig) -> dict:
+    """Whether this run promises the same bits on any world size dividing k, and k."""
+    return {
+        "world_size_invariant": settings.world_size_invariant,
+        "microbatches_per_step": microbatches_per_step(settings),
+    }
 
 
 def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist | None = None):
@@ -405,7 +421,8 @@ def build_training(
         device.type, init_scale=settings.amp_init_scale, enabled=amp == (True, "fp16")
     )
     forward = model
-    if dist.enabled:  # gradients all-reduced in a fixed bucket order; BN synced on request
+    invariant = settings.world_size_invariant
+    if dist.enabled and not invariant:  # gradients all-reduced in bucket order; BN synced
         if settings.sync_batchnorm:
             if device.type != "cuda":
                 raise ReprotrainError(
@@ -418,19 +435,44 @@ def build_training(
     if settings.compile:
         forward = torch.compile(forward, mode=settings.compile_mode)
     task = build_task(cfg.task, cfg.loss)
-    check_microbatch(settings.batch_size // dist.world_size, settings.microbatch_size)
-    state = TrainerState(model, optimizer, scheduler, scaler, device, task=task)
-    return Stepper(
-        state, forward, task, amp=amp, grad_clip_norm=settings.grad_clip_norm,
-        microbatch_size=settings.microbatch_size, train_seed=train_seed,
-    )  # fmt: skip
+    check_microbatch(settings, dist.world_size)
+    state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
+                         per_rank=not invariant)  # fmt: skip
+    common = dict(amp=amp, grad_clip_norm=settings.grad_clip_norm, train_seed=train_seed)
+    common |= {"microbatch_size": settings.microbatch_size}
+    if invariant:
+        reduce = exact_sum.torch_reducer() if dist.enabled else exact_sum.no_reduce
+        return InvariantStepper(
+            state, forward, task, **common, rank=dist.rank, world_size=dist.world_size,
+            reduce=reduce,
+        )  # fmt: skip
+    return Stepper(state, forward, task, **common)
 
 
-def check_microbatch(per_rank_batch: int, microbatch_size: int | None) -> None:
-    if microbatch_size and per_rank_batch % microbatch_size:
+def microbatches_per_step(settings: TrainerConfig) -> int:
+    """k: the step's global batch in micro-batches (1 when microbatch_size is null)."""
+    return settings.batch_size // (settings.microbatch_size or settings.batch_size)
+
+
+def check_microbatch(settings: TrainerConfig, world_size: int) -> None:
+    per_rank, size = settings.batch_size // world_size, settings.microbatch_size
+    if settings.world_size_invariant and world_size > 1:
+        k = microbatches_per_step(settings)
+        if k % world_size:
+            raise ReprotrainError(
+                f"trainer.world_size_invariant needs the world size ({world_size}) to divide "
+                f"the {k} micro-batch(es) per step; set trainer.microbatch_size to a divisor "
+                f"of {per_rank}"
+            )
+    if settings.sync_batchnorm and settings.world_size_invariant:
         raise ReprotrainError(
-            f"trainer.microbatch_size={microbatch_size} does not divide the per-rank batch "
-            f"({per_rank_batch} = trainer.batch_size / world size); pick a divisor of it"
+            "trainer.sync_batchnorm and trainer.world_size_invariant exclude each other: "
+            "invariant runs normalise over each micro-batch; drop one of them"
+        )
+    if size and per_rank % size:
+        raise ReprotrainError(
+            f"trainer.microbatch_size={size} does not divide the per-rank batch "
+            f"({per_rank} = trainer.batch_size / world size); pick a divisor of it"
         )
 
 

@@ -4,9 +4,10 @@ Closes: BatchNorm's two rank-dependent effects. (1) Normalisation: each micro-ba
 forwarded on its own, so it is normalised over its own samples (ghost batches) on every
 layout. (2) Running statistics: a plain BatchNorm updates ``running_mean``/``running_var``
 once per forward, in the order the micro-batches ran on that rank. Here the forward does not
-touch them; each micro-batch's per-channel mean and unbiased variance are recorded, summed
-over all k micro-batches with ``exact_sum`` (order-independent), and the running statistics
-move once per step, by the momentum rule, towards the mean over micro-batches.
+touch them; each micro-batch's per-channel mean and unbiased variance are recorded, every
+rank gathers all k micro-batches' statistics once per step (exact copies, in micro-batch
+order), and each applies the k momentum updates in that order: the running statistics a
+single process would have after the k micro-batches, on every layout.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from reprotrain.invariant.exact_sum import Reducer, exact_sum, no_reduce
+from reprotrain.invariant.exact_sum import Reducer, no_reduce
 
 
 class MicroBatchNorm:
@@ -63,18 +64,26 @@ class MicroBatchNorm:
         return hook
 
     @torch.no_grad()
-    def end_step(self, total_micro_batches: int, reduce: Reducer = no_reduce) -> None:
-        """Move every layer's running statistics once, from all k micro-batches."""
+    def end_step(self, reduce: Reducer = no_reduce) -> None:
+        """Move every layer's running statistics by the k micro-batches' statistics, in
+        micro-batch order, as k plain forwards on one process would: every rank gathers all
+        k (exact copies, rank order = micro-batch order) and applies the same updates."""
         if not self.layers or not self.stats:
             self.stats = []
             return
-        sums = exact_sum(self.stats, total_micro_batches, reduce)
+        local = torch.stack([torch.cat(per_layer) for per_layer in self.stats])  # [k/W, 2C..]
+        every = reduce(local, "gather")  # [k, sum over layers of 2C]
         self.stats = []
-        for i, m in enumerate(self.layers):
-            mean = sums[2 * i] / total_micro_batches
-            var = sums[2 * i + 1] / total_micro_batches
-            m.num_batches_tracked += 1
-            # momentum None: a cumulative moving average, as in torch's BatchNorm
-            factor = m.momentum if m.momentum is not None else 1.0 / float(m.num_batches_tracked)
-            m.running_mean.mul_(1 - factor).add_(mean.to(m.running_mean.dtype), alpha=factor)
-            m.running_var.mul_(1 - factor).add_(var.to(m.running_var.dtype), alpha=factor)
+        for row in every.unbind(0):
+            start = 0
+            for m in self.layers:
+                c = m.running_mean.numel()
+                mean, var = row[start : start + c], row[start + c : start + 2 * c]
+                start += 2 * c
+                m.num_batches_tracked += 1
+                # momentum None: a cumulative moving average, as in torch's BatchNorm
+                factor = (
+                    m.momentum if m.momentum is not None else 1.0 / float(m.num_batches_tracked)
+                )
+                m.running_mean.mul_(1 - factor).add_(mean.to(m.running_mean.dtype), alpha=factor)
+                m.running_var.mul_(1 - factor).add_(var.to(m.running_var.dtype), alpha=factor)

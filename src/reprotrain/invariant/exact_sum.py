@@ -28,22 +28,29 @@ import torch
 
 HEADROOM_BITS = 62  # |sum| < 2^62 < 2^63: int64 never overflows
 
-# all_reduce(tensor, op) in place, op in {"max", "sum"}; the identity on one process.
-Reducer = Callable[[torch.Tensor, str], None]
+# reduce(tensor, op): "max" and "sum" all-reduce in place (int64: exact); "gather" returns
+# every rank's tensor concatenated along dim 0 in rank order. The identity on one process.
+Reducer = Callable[[torch.Tensor, str], torch.Tensor | None]
 
 
-def no_reduce(tensor: torch.Tensor, op: str) -> None:
+def no_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor | None:
     """The reducer of a single process: its parts are all the parts."""
+    return tensor if op == "gather" else None
 
 
 def torch_reducer() -> Reducer:
-    """``torch.distributed.all_reduce`` on int64 tensors (exact on gloo and NCCL)."""
+    """``torch.distributed`` collectives (int64 sums and maxima are exact on gloo and NCCL)."""
     import torch.distributed as dist
 
     ops = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
 
-    def reduce(tensor: torch.Tensor, op: str) -> None:
+    def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor | None:
+        if op == "gather":
+            out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+            dist.all_gather(out, tensor.contiguous())
+            return torch.cat(out)
         dist.all_reduce(tensor, op=ops[op])
+        return None
 
     return reduce
 

@@ -4,7 +4,8 @@ Closes: false bitwise promises and false alarms. Resume and reproduce both ask
 ``differences(recorded, current)``; an empty list means the same code and config can give
 the same bits here. What must match, and why:
 
-- device type; the world size (all-reduce order, per-rank batch shards);
+- device type; the world size (all-reduce order, per-rank batch shards), except for a
+  ``trainer.world_size_invariant`` run;
 - torch, python, numpy, the machine architecture (the kernels and the host code);
 - the CPU's SIMD capability and the intra-op thread count, on GPU runs too: data order and
   augmentation are computed on the CPU, and reduction order follows the thread count;
@@ -142,15 +143,20 @@ def _compare(rules, recorded: dict, current: dict, missing_differs: bool = True)
     return out
 
 
-def differences(recorded_env: dict, current_env: dict) -> list[str]:
+def differences(
+    recorded_env: dict, current_env: dict, world_size_invariant: bool = False
+) -> list[str]:
     """What rules out identical bits between the recorded environment and this one, as
     one-liners ``"gpu model: NVIDIA H100 -> NVIDIA A100"``; empty: a bitwise promise holds.
+    A ``trainer.world_size_invariant`` run promises its bits on any world size dividing its
+    micro-batches, so the world size is not compared for it.
 
     Takes ``environment.capture()`` dicts (run.json ``environment``, a checkpoint's
     ``env``), including records written before this rule.
     """
     recorded_env, current_env = recorded_env or {}, current_env or {}
-    out = _compare(RULE, recorded_env, current_env)
+    rule = [r for r in RULE if not (world_size_invariant and r[0] == "world size")]
+    out = _compare(rule, recorded_env, current_env)
     if device_type(recorded_env) == "cuda" and device_type(current_env) == "cuda":
         out += _compare(CUDA_RULE, recorded_env, current_env)
     return out

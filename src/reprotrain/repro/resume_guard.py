@@ -161,7 +161,8 @@ def resume_entry(
     point: ResumePoint, env: dict, device: torch.device, current: dict
 ) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee."""
-    mismatch = comparability.differences(point.state["env"], env)
+    invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
+    mismatch = comparability.differences(point.state["env"], env, invariant)
     if mismatch:
         msg = (
             f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality "

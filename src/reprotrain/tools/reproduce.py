@@ -130,7 +130,8 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
 def environment_differences(recorded: dict, current: dict) -> tuple[list[str], list[str]]:
     """(differences that rule out identical bits, informational ones), both as text."""
     renv, cenv = recorded.get("environment") or {}, current.get("environment") or {}
-    blocking = comparability.differences(renv, cenv)  # the one rule resume uses too
+    invariant = recorded.get("world_size_invariant") is True  # bits on any world size
+    blocking = comparability.differences(renv, cenv, invariant)  # the one rule resume uses
     if recorded.get("lock_sha256") != current.get("lock_sha256"):
         blocking.append(
             f"lock_sha256: recorded {str(recorded.get('lock_sha256'))[:12]}, this checkout's "

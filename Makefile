@@ -118,14 +118,18 @@ clean: ## remove outputs (keeps .venv and data/)
 
 # ============================================================================================
 # Environment: locks, drift, container (issue 5). Nothing below reaches the network except
-# lock / upgrade (pip-compile), pin-base (registry) and the docker-* targets.
+# lock / upgrade (uv pip compile + the index's file lists), pin-base (registry) and docker-*.
 # ============================================================================================
 
 # check-lock needs only the standard library: it runs before any venv exists.
 PY_ANY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
-PIP_COMPILE = $(VENV)/bin/pip-compile --generate-hashes --allow-unsafe --strip-extras \
-              --no-emit-index-url --no-emit-find-links
-RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock --record
+# One universal lock for every platform (markers keep the CUDA wheels on Linux), every file of
+# each release hashed, for CPython 3.11 and newer. uv (dev lock) compiles; plain pip installs.
+# It writes no index URL or find-links unless asked, and prefers the pins already in -o.
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --generate-hashes \
+             --python-version 3.11 --custom-compile-command "make lock"
+# .sha256: what each lock was compiled from; .files: which file each hash is (from the index).
+RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock --record --record-files
 
 # The base image (tag, and digest once `make pin-base` ran) lives in one file.
 # (read with sed, not `include`: that would add the file to MAKEFILE_LIST, which `help` greps)
@@ -153,21 +157,21 @@ DOCKER_GPUS  = $(strip $(if $(GPUS),\
 DOCKER_BUILD = docker build --build-arg BASE_REF=$(BASE_REF) --build-arg BASE_DIGEST=$(BASE_DIGEST) \
                --build-arg IMAGE_TAG=$(IMAGE) --build-arg GIT_COMMIT=$(GIT_SHORT)
 
-lock: $(STAMP) ## recompile both hashed locks from the .in files (network), record their sha256
-	$(PIP_COMPILE) -o requirements.lock requirements.in
-	$(PIP_COMPILE) -o requirements-dev.lock requirements-dev.in
+lock: $(STAMP) ## recompile both universal hashed locks from the .in files (network), record sidecars
+	$(UV_COMPILE) -o requirements.lock requirements.in
+	$(UV_COMPILE) -o requirements-dev.lock requirements-dev.in
 	$(RECORD_LOCKS)
 
 upgrade: $(STAMP) ## upgrade one package in the locks: make upgrade PKG=numpy
 	@test -n "$(PKG)" || { echo "error: name the package: make upgrade PKG=<name>"; exit 2; }
-	$(PIP_COMPILE) --upgrade-package $(PKG) -o requirements.lock requirements.in
-	$(PIP_COMPILE) --upgrade-package $(PKG) -o requirements-dev.lock requirements-dev.in
+	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements.lock requirements.in
+	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements-dev.lock requirements-dev.in
 	$(RECORD_LOCKS)
 
-check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, consistent
+check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, every platform complete
 	@PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock
 
-env-check: ## compare the installed .venv with both locks; non-zero on drift
+env-check: ## compare the installed .venv with both locks (markers for this host); non-zero on drift
 	@test -x $(PY) || { echo "error: no $(VENV); run make install"; exit 1; }
 	@PYTHONPATH=src $(PY) -m reprotrain.tools.env_check
 

@@ -208,6 +208,10 @@ def test_sdist_exceptions_are_locked_sdists() -> None:
     lock = (ROOT / "requirements.lock").read_text()
     for name in sdist[0].split(","):
         assert re.search(rf"^{re.escape(name)}==", lock, re.M), name
+    # the same allowlist the offline platform check accepts (and no other)
+    from reprotrain.repro.lock_platforms import SDIST_ONLY
+
+    assert set(sdist[0].split(",")) == set(SDIST_ONLY)
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -146,9 +146,7 @@ def _release_of(filename: str) -> tuple[str, str] | None:
 def _wheel_tags(filename: str) -> set[str]:
     """The expanded ``python-abi-platform`` tags of a wheel name (compressed sets split)."""
     py, abi, plat = filename[:-4].split("-")[-3:]
-    return {
-        f"{p}-{a}-{q}" for p in py.split(".") for a in abi.split(".") for q in plat.split(".")
-    }
+    return {f"{p}-{a}-{q}" for p in py.split(".") for a in abi.split(".") for q in plat.split(".")}
 
 
 def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
@@ -242,7 +240,7 @@ def _index_page(url: str, timeout: float) -> dict[str, str]:
     request = urllib.request.Request(
         url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (https index)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read().decode("utf-8")
         kind = response.headers.get("Content-Type", "")
     if "json" in kind:

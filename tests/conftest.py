@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Host facts faked per test (tests/host_facts.py); skips only for a missing device/extra/binary.
+pytest_plugins = ("host_facts", "skip_policy")
+
 REPO = Path(__file__).resolve().parents[1]
 # Smoke family, shrunk: 8 steps per epoch (518 train after the 0.1 val split, 58 val),
 # 2 epochs; about 4 s per run on 2 cores.

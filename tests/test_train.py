@@ -16,6 +16,7 @@ from conftest import (
     run_json,
     train,
 )
+from reprotrain import launchers
 from starter.resnet import CifarResNet
 
 RUN_FILES = [
@@ -78,7 +79,8 @@ def test_run_directory_is_a_complete_record(twin_runs):
     assert set(record["seeds"]) >= {"base", "init", "data", "augment", "train"}
     assert record["repro"]["level"] == "strict" and record["repro"]["deterministic_algorithms"]
     assert record["repro"]["pythonhashseed"] == "0"  # set by the entry point's re-exec
-    assert record["repro"]["num_threads"] == 2
+    # ${cores_per_job:}: this host's cores (derived, not the development machine's 2)
+    assert record["repro"]["num_threads"] == launchers.cores_per_job()
     assert len(record["lock_sha256"]) == 64 and record["data_fingerprint"]["sha256"]
     sha, commit = record["experiment_id"].split("-")[:2]
     assert record["config_sha256"].startswith(sha) and record["git"]["short"] in commit

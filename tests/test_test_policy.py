@@ -168,3 +168,18 @@ def test_the_suites_skip_reasons_are_allowed(reason, kind):
 @pytest.mark.parametrize("reason", REFUSED)
 def test_other_reasons_are_refused(reason):
     assert skip_policy.allowed(reason) is None
+
+
+def test_the_modules_that_read_host_facts_opt_in_and_the_readme_names_the_rules():
+    import test_comparability
+    import test_environment
+
+    for module in (test_comparability, test_environment):
+        assert module.pytestmark.name == host_facts.MARKER, module.__name__
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### The test suite on another machine") :]
+    section = section[: section.index("\n### ")]
+    for binary in skip_policy.BINARIES:
+        assert binary in section, binary
+    for fake in host_facts.FAKE_HOSTS:
+        assert f"`{fake.capability}`" in section, fake.capability

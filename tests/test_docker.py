@@ -442,5 +442,7 @@ def test_make_targets_declared_and_offline() -> None:
     for target in ("docker-build", "docker-train", "docker-test"):
         assert target in recipes, target
     for offline in ("check-lock", "env-check"):
-        assert not re.search(r"pip-compile|pip install|docker|curl|wget", recipes[offline])
+        assert not re.search(
+            r"pip-compile|uv pip|--record-files|pip install|docker|curl|wget", recipes[offline]
+        )
     assert "--upgrade-package $(PKG)" in recipes["upgrade"]

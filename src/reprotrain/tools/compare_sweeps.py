@@ -223,14 +223,14 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
     return verdict, lines, report
 
 
-def _margin(text: str) -> float:
+def margin_value(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(text)
     return value
 
 
-_margin.__name__ = "positive number"
+margin_value.__name__ = "positive number"
 
 
 def verdict_line(verdict: str) -> str:
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.compare_sweeps", __doc__)
     p.add_argument("a", type=cli.user_path, help="reference sweep directory")
     p.add_argument("b", type=cli.user_path, help="candidate sweep directory")
-    p.add_argument("--margin", type=_margin, default=None, help="equivalence margin (absolute)")
+    p.add_argument("--margin", type=margin_value, default=None, help="equivalence margin")
     p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
     args = p.parse_args(argv)
     a = read_sweep(args.a, args.metric)

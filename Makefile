@@ -89,13 +89,13 @@ resume: $(STAMP) ## continue an interrupted run in place (its world size): make 
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
 
-archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
+archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
-reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1]
+reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1] [MODE=statistical MARGIN=x]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(ARGS)
+	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }

@@ -5,6 +5,9 @@
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
         [--repo CHECKOUT]
 
+A sweep archive (``make archive RUN=<sweep dir>``) is replayed run by run with one verdict,
+bitwise or statistical (``--mode``, ``--margin``, ``--metric``): ``tools/reproduce_sweep.py``.
+
 Steps, each of which can stop the replay:
 
 1. **Check the archive before writing anything** (``tools/archive_check.py``). Every

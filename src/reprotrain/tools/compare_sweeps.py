@@ -150,8 +150,7 @@ def conclusions(a: Sweep, b: Sweep, pairs: list[tuple[Group, Group]]) -> list[di
         gap = sign * archived.diff
         supported = archived.ci is not None and (archived.ci[0] > 0 or archived.ci[1] < 0)
         holds = sign * here > 0
-        word = "better" if a.mode == "max" else "lower"
-        text = f"{a1.label} {word} than {a2.label} by {_fmt(gap, a.metric)} (archived) -> "
+        text = f"{a1.label} better than {a2.label} by {_fmt(gap, a.metric)} (archived) -> "
         if not supported:
             status = "not a conclusion"
             text += (

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.repro import op_trace
 
 
 class NonFiniteError(ReprotrainError):
@@ -214,7 +215,8 @@ def run_epoch(
     t0 = time.perf_counter()
     for step, x, y in batches:
         lr = p.optimizer.param_groups[0]["lr"]
-        loss, correct, norm = train_step(p, x, y)
+        with op_trace.step(state.global_step, (x, y)):  # make bisect: per-op hashes, if asked
+            loss, correct, norm = train_step(p, x, y)
         state.progress.add(loss, correct, len(y), lr)
         bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
         state.global_step += 1

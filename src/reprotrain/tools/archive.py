@@ -31,6 +31,8 @@ training time, recorded by name and sha256 only) is still archived, and the summ
 archive.json and a later reproduce say so: the archive cannot hold code that was never
 recorded.
 
+``RUN=<sweep dir>`` packs the whole sweep instead (``tools/sweep_archive.py``).
+
 Exit codes: 0 written; 2 refused, in one line (not a run dir, corrupt run.json, run not
 completed without --allow-incomplete, archive exists without --force, source cannot be
 rebuilt, --out-dir not a directory, signing failed).
@@ -307,7 +309,7 @@ def summary(record: dict, meta: dict, path: Path) -> str:
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.archive", __doc__)
-    p.add_argument("run_dir", type=cli.user_path)
+    p.add_argument("run_dir", type=cli.user_path, help="a run directory, or a sweep directory")
     p.add_argument("--out-dir", type=cli.user_path, default=Path("archives"))
     p.add_argument("--with-checkpoint", action="store_true", help="add the final checkpoint")
     p.add_argument("--allow-incomplete", action="store_true", help="archive a run not completed")
@@ -318,6 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sign", type=cli.user_path, default=None, metavar="KEY",
                    help="sign the manifest with this ssh key (ssh-keygen -Y sign)")  # fmt: skip
     args = p.parse_args(argv)
+    from reprotrain.tools import sweep_archive  # it builds on this module
+
+    if sweep_archive.is_sweep_dir(args.run_dir):  # a sweep: every run and its summary
+        path, meta = sweep_archive.build(
+            args.run_dir, args.out_dir, args.repo, args.allow_incomplete, args.force, args.sign
+        )
+        print(sweep_archive.summary(meta, path))
+        return 0
     path, meta = build(
         args.run_dir,
         args.out_dir,

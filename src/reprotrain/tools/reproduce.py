@@ -5,6 +5,9 @@
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
         [--repo CHECKOUT]
 
+A sweep archive (``make archive RUN=<sweep dir>``) is replayed run by run with one verdict,
+bitwise or statistical (``--mode``, ``--margin``, ``--metric``): ``tools/reproduce_sweep.py``.
+
 Steps, each of which can stop the replay:
 
 1. **Check the archive before writing anything** (``tools/archive_check.py``). Every
@@ -77,7 +80,14 @@ from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.repro.secrets import env_value_differences
-from reprotrain.tools import archive_check, cli, trust
+from reprotrain.tools import (
+    archive_check,
+    cli,
+    compare_sweeps,
+    reproduce_sweep,
+    sweep_archive,
+    trust,
+)
 from reprotrain.tools.archive_check import MANIFEST, CheckedArchive, parse_manifest
 from reprotrain.tools.run_diff import compare_runs
 
@@ -424,7 +434,15 @@ def reproduce(args) -> int:
             if args.extract_dir is None:
                 shutil.rmtree(dest, ignore_errors=True)
         return EXIT_REPRODUCED
-    checked = archive_check.check_record(archive_check.verify(archive))
+    checked = archive_check.verify(archive)
+    if sweep_archive.is_sweep_archive(checked):  # a sweep: every run, one verdict
+        return reproduce_sweep.replay(args, archive, checked)
+    if args.mode == "statistical":
+        raise Refusal(
+            "MODE=statistical needs a sweep archive (make archive RUN=<sweep dir>): one run is "
+            "one seed, too few to judge"
+        )
+    checked = archive_check.check_record(checked)
     signed = ", signed" if checked.signature is not None else ""
     print(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
     return _replay(args, archive, checked)
@@ -679,8 +697,19 @@ def main(argv: list[str] | None = None) -> int:
         default=REPO_ROOT,
         help="checkout for rule (a) (default: this one)",
     )
+    add_sweep_arguments(p)
     args = p.parse_args(argv)
     return reproduce(args)
+
+
+def add_sweep_arguments(p) -> None:
+    """A sweep archive's verdict (tools/reproduce_sweep.py): MODE=, MARGIN=, METRIC=."""
+    p.add_argument("--mode", choices=("auto", "bitwise", "statistical"), default="auto",
+                   help="sweep archives: statistical verdict (auto: where bits are not "
+                   "promised)")  # fmt: skip
+    p.add_argument("--margin", type=compare_sweeps.margin_value, default=None,
+                   help="equivalence margin (default: archived 95%% CI half-width)")  # fmt: skip
+    p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Smoke family, shrunk: 8 steps per epoch (518 train after the 0.1 val split, 58 val),
-# 2 epochs; about 4 s per run on 2 cores.
+# The framework's own job (src/reprotrain/selfcheck: tiny conv net, synthetic images), shrunk:
+# 8 steps per epoch (518 train after the 0.1 val split, 58 val), 2 epochs; a few seconds per
+# run on 2 cores. Framework tests never train the user's models or data (tests/starter does).
 MICRO = [
-    "experiment=smoke",
+    "experiment=selfcheck",
     "dataset.num_train=576",
     "dataset.num_test=256",
     "trainer.batch_size=64",

@@ -1,0 +1,44 @@
+"""A small conv net with BatchNorm and an optional dropout: the framework's own test model.
+
+Each stage is one 3x3 conv, BatchNorm and ReLU, stride 2 after the first stage, then a global
+mean and a linear head. BatchNorm gives the run buffers that change in train mode (running
+statistics) and dropout, when ``dropout > 0``, draws from the global RNG (the ``train``
+stream), so a self-check exercises both. Every op has a deterministic CUDA kernel: the global
+pool is a plain mean (``AdaptiveAvgPool2d``'s CUDA backward is nondeterministic).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+class TinyConvNet(nn.Module):
+    def __init__(
+        self,
+        widths: list[int] | tuple[int, ...] = (16, 32, 64),
+        num_classes: int = 10,
+        dropout: float = 0.0,
+        in_channels: int = 3,
+    ) -> None:
+        super().__init__()
+        if not widths or min(widths) < 1 or not 0 <= dropout < 1:
+            raise ValueError("widths must be a non-empty list of positive ints, 0 <= dropout < 1")
+        layers: list[nn.Module] = []
+        in_ch = in_channels
+        for i, width in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            layers += [
+                nn.Conv2d(in_ch, width, 3, stride=stride, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+            ]
+            in_ch = width
+        self.features = nn.Sequential(*layers)
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(in_ch, num_classes)
+        for m in self.modules():  # draws from the `init` stream (the trainer seeds it)
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.dropout(self.features(x).mean(dim=(2, 3))))

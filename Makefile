@@ -106,7 +106,7 @@ eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs
 bench: $(STAMP) ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(PY) scripts/bench.py $(ARGS)
 
-drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
+drill: $(STAMP) ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
 	$(PY) scripts/kill_resume_trials.py --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(NPROC) $(ARGS)
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab

@@ -2,14 +2,14 @@
 
     python -m reprotrain.bench.bare_loop --level strict --epochs 3 --out bare.jsonl
 
-Same model, synthetic data, batch, counter-based crop+flip, normalisation, optimizer
-(SGD lr 0.2, momentum 0.9, nesterov, weight decay 5e-4, a one-cycle lr) and thread count
-as ``experiment=selfcheck`` (the framework's own net and images), and the determinism flags of the same ``repro`` level written out
-by hand, as a careful user of plain PyTorch would. What it leaves out is the template:
-Hydra, the run record, checkpoints, fingerprints, progress and eval. Loss and correct
-counts stay on the device and are read once per epoch. Each epoch appends
-``{"epoch", "images_per_s", ...}`` to ``--out``, timed like the template: training steps
-only, the clock stopped after the device has finished.
+Same model, synthetic data, batch, counter-based crop+flip, normalisation, optimizer (SGD lr
+0.2, momentum 0.9, nesterov, weight decay 5e-4, a one-cycle lr) and thread count as
+``experiment=selfcheck`` (the framework's own net and images), and the determinism flags of
+the same ``repro`` level written out by hand, as a careful user of plain PyTorch would. What
+it leaves out is the template: Hydra, the run record, checkpoints, fingerprints, progress
+and eval. Loss and correct counts stay on the device and are read once per epoch. Each epoch
+appends ``{"epoch", "images_per_s", ...}`` to ``--out``, timed like the template: training
+steps only, the clock stopped after the device has finished.
 """
 
 from __future__ import annotations

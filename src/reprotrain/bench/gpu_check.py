@@ -7,7 +7,8 @@ On one CUDA GPU, in this order (each section has a timeout, and the whole run a 
 
 1. ``verify``: the framework's own job at reference size (``experiment=selfcheck`` with the
    wide 11.0M-parameter net, batch 512, SGD, one-cycle, strict) on its synthetic 3x32x32
-   images at 50000/10000, 2 epochs, twice in fresh processes through ``python -m reprotrain.tools.verify``: identical bits or not.
+   images at 50000/10000, 2 epochs, twice in fresh processes through
+   ``python -m reprotrain.tools.verify``: identical bits or not.
 2. ``resume_after_kill``: the same config SIGKILLed mid-epoch 2
    (``REPROTRAIN_TEST_KILL=step:N``), resumed with ``resume=auto``, compared with a run
    of the verify pair: identical bits or not.

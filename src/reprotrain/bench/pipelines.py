@@ -1,11 +1,11 @@
 """P2 (data pipelines vs torchvision's PIL transforms) and P4 (fast vs reference augment).
 
-P2 feeds the same 3x32x32 uint8 images (the framework's own synthetic set), batch size, crop 32 with padding 4, flip and
-normalisation through three paths: ``DevicePipeline`` (whole batches on the training
-device), ``LoaderPipeline`` (DataLoader of uint8 tensors, batched augmentation after), and
-the common torchvision recipe (a PIL image per sample, ``transforms.v2`` per sample, a
-DataLoader with workers). Each side runs one epoch per repeat; images/s counts batches
-delivered on the training device, ready for the model.
+P2 feeds the same 3x32x32 uint8 images (the framework's own synthetic set), batch size, crop
+32 with padding 4, flip and normalisation through three paths: ``DevicePipeline`` (whole
+batches on the training device), ``LoaderPipeline`` (DataLoader of uint8 tensors, batched
+augmentation after), and the common torchvision recipe (a PIL image per sample,
+``transforms.v2`` per sample, a DataLoader with workers). Each side runs one epoch per
+repeat; images/s counts batches delivered on the training device, ready for the model.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class PILImages(Dataset):
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         from torchvision.transforms import v2
 
-        self.images = x.permute(0, 2, 3, 1).contiguous().numpy()  # HWC uint8, as a PIL-based loader holds images
+        self.images = x.permute(0, 2, 3, 1).contiguous().numpy()  # HWC uint8 for PIL
         self.labels = y.numpy()
         self.transform = v2.Compose(
             [

@@ -1,0 +1,55 @@
+"""The user's room (src/starter): the reference job's models, configs and smoke run.
+
+These are the only tests that import the user's package or train its job; the framework's
+tests run its own self-check job (src/reprotrain/selfcheck). A project that replaces the
+reference job replaces these tests with its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from hydra import compose, initialize_config_dir
+from torch import nn
+
+from conftest import REPO, assert_ok, run_json, train
+from reprotrain.config import register_configs
+from starter.resnet import CifarResNet
+
+
+def test_resnet18_has_the_cifar_parameter_count():
+    model = CifarResNet([64, 128, 256, 512], [2, 2, 2, 2], 10)
+    assert sum(p.numel() for p in model.parameters()) == 11_173_962
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_reference_models_use_only_modules_with_deterministic_cuda_kernels():
+    """As the framework's own net (test_determinism.py): no module whose CUDA kernel raises
+    under use_deterministic_algorithms (AdaptiveAvgPool2d's backward and the like)."""
+    from torchvision.models.resnet import BasicBlock
+
+    allowed = (CifarResNet, BasicBlock, nn.Sequential, nn.Conv2d, nn.BatchNorm2d, nn.ReLU)
+    allowed += (nn.Linear,)
+    for widths, blocks in (([64, 128, 256, 512], [2, 2, 2, 2]), ([16, 32, 64], [1, 1, 1])):
+        for name, module in CifarResNet(widths, blocks).named_modules():
+            assert isinstance(module, allowed), f"{name}: {type(module).__name__}"
+
+
+def test_the_user_configs_point_into_the_users_package():
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train")
+        smoke = compose("train", overrides=["experiment=smoke"])
+    assert cfg.dataset._target_ == "starter.cifar10.CIFAR10"
+    assert cfg.model._target_ == "starter.resnet.CifarResNet"
+    assert list(cfg.model.blocks) == [2, 2, 2, 2]
+    assert smoke.dataset._target_ == "starter.synthetic.Synthetic"
+    assert list(smoke.model.blocks) == [1, 1, 1]
+
+
+def test_smoke_experiment_learns(tmp_path):
+    """The acceptance run itself: full smoke config, at least 50% against 10% chance."""
+    proc = train(tmp_path / "smoke", "experiment=smoke", micro=False)
+    assert_ok(proc)
+    record = run_json(tmp_path / "smoke")
+    assert record["final_metrics"]["test_acc"] >= 0.5
+    assert record["environment"]["torch"] == torch.__version__

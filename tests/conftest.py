@@ -131,7 +131,7 @@ SLOW = {
     "test_train.py::test_changing_only_the_data_stream_keeps_init_and_changes_the_result",
     "test_train.py::test_different_base_seed_gives_different_weights",
     "test_train.py::test_loader_path_is_independent_of_num_workers",
-    "test_starter_job.py::test_smoke_experiment_learns",
+    "test_reference_job.py::test_smoke_experiment_learns",
     "test_train.py::test_sweep_writes_a_summary_over_seeds",
     "test_train.py::test_verify_passes_for_a_seeded_config_and_names_epoch_1_for_entropy",
 }

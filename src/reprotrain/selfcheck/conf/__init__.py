@@ -1,1 +1,4 @@
-"""The framework's own Hydra configs (``pkg://reprotrain.selfcheck.conf``): a package, so importlib finds it."""
+"""The framework's own Hydra configs (``pkg://reprotrain.selfcheck.conf``).
+
+A regular package (not a namespace one), so Hydra's importlib source can read it.
+"""

@@ -178,3 +178,41 @@ def test_update_template_outside_a_project_is_one_line(tmp_path):
         cwd=tmp_path, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 2 and tf.RECORD in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_deleting_the_users_models_and_data_leaves_bench_tests_and_tools_working(
+    tmp_path, template
+):
+    """The framework never needs the user's room: delete its models and datasets, then the
+    quickest bench, two framework test files and a tool still run (on the framework's own
+    self-check job)."""
+    import sys
+
+    from conftest import base_env
+
+    proj = new_project(template, tmp_path / "mylab")
+    for module in ("resnet.py", "cifar10.py", "synthetic.py"):
+        (proj / "src" / "mylab" / module).unlink()
+    shutil.rmtree(proj / "tests" / "mylab")  # its tests go with it
+    env = base_env(PYTHONPATH=str(proj / "src"))
+
+    def run(*cmd: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *cmd], cwd=proj, env=env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+    bench = run("scripts/bench.py", "--smoke", "--only", "P1,P5", "--levels", "strict",
+                "--out", str(tmp_path / "bench"))  # fmt: skip
+    assert_ok(bench)
+    assert (tmp_path / "bench" / "bench.md").is_file()
+    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_download.py",
+                "tests/test_determinism.py",
+                "-k", "restricted or selfcheck_net or warn")  # fmt: skip
+    assert_ok(tests)
+    assert " passed" in tests.stdout and "failed" not in tests.stdout
+    verify = run("-m", "reprotrain.tools.verify", "--out-dir", str(tmp_path / "verify"),
+                 "experiment=selfcheck", "dataset.num_train=256", "dataset.num_test=128",
+                 "trainer.batch_size=64", "trainer.epochs=1")  # fmt: skip
+    assert_ok(verify)
+    assert "IDENTICAL" in verify.stdout

@@ -53,3 +53,35 @@ def test_smoke_experiment_learns(tmp_path):
     record = run_json(tmp_path / "smoke")
     assert record["final_metrics"]["test_acc"] >= 0.5
     assert record["environment"]["torch"] == torch.__version__
+
+
+def test_smoke_bits_are_the_same_in_the_template_and_a_new_project(tmp_path):
+    """Same config, same bits in any project: no seed or hash depends on a package name.
+    A short smoke run here and in a fresh `make new-project` copy (package renamed)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import base_env
+
+    dest = tmp_path / "mylab"
+    made = subprocess.run(
+        [sys.executable, str(REPO / "src/reprotrain/tools/new_project.py"), "mylab", str(dest)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert_ok(made)
+    tiny = ["experiment=smoke", "dataset.num_train=256", "dataset.num_test=128",
+            "trainer.batch_size=64", "trainer.epochs=1", "logger=none"]  # fmt: skip
+    hashes = []
+    for name, root in (("template", REPO), ("project", dest)):
+        run_dir = tmp_path / name
+        proc = subprocess.run(
+            [sys.executable, "-m", "reprotrain.train", *tiny, f"hydra.run.dir={run_dir}"],
+            cwd=root, env=base_env(PYTHONPATH=str(root / "src")), capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
+        assert_ok(proc)
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["components"]["model"].startswith("mylab." if root == dest else "starter.")
+        hashes.append(record["final_weights_sha256"])
+    assert hashes[0] == hashes[1]

@@ -76,6 +76,7 @@ def test_new_project_renames_only_the_users_package_and_records_its_template(tmp
             assert not re.search(rf"\b{old}\b", (dest / rel).read_text()), rel
     targets = "".join(p.read_text() for p in (dest / "conf").rglob("*.yaml"))
     assert "_target_: mylab." in targets
+    assert 'name = "mylab"' in (dest / "pyproject.toml").read_text()
     record = json.loads((dest / tf.RECORD).read_text())
     assert record["commit"] == git(template, "rev-parse", "HEAD").strip()
     assert record["template"] == str(template) and record["package"] == "mylab"
@@ -126,6 +127,7 @@ def test_update_template_merges_framework_fixes_and_keeps_the_users_edits(tmp_pa
     assert resnet.read_text().endswith("# my own change\n")  # the user's edit survives
     assert "template example change" not in resnet.read_text()  # the user's room: untouched
     assert json.loads((proj / tf.RECORD).read_text())["commit"] == new
+    assert git(proj, "remote") == "" and len(git(proj, "branch").splitlines()) == 1
     staged = git(proj, "diff", "--cached", "--name-only").split()
     assert sorted(staged) == sorted(
         [tf.RECORD, "scripts/new_helper.py", "src/reprotrain/errors.py"]

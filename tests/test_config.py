@@ -6,7 +6,7 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO, assert_ok, base_env, run_json, train
+from conftest import REPO, assert_ok, base_env, train
 from reprotrain.config import register_configs, validate
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
@@ -52,24 +52,6 @@ def test_sweep_values_are_checked_before_any_job_runs(tmp_path):
     )
     assert proc.returncode == 2 and "seed.base" in proc.stderr
     assert not (tmp_path / "sweep").exists()
-
-
-def test_cifar10_without_data_or_network_says_where_to_put_it(tmp_path):
-    run_dir = tmp_path / "run"
-    # Port 9 on loopback refuses at once: the same code path as no network, without a wait.
-    proc = train(
-        run_dir,
-        "dataset=cifar10",
-        f"dataset.root={tmp_path / 'data'}",
-        "dataset.url=http://127.0.0.1:9/cifar-10-python.tar.gz",
-        micro=False,
-    )
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cifar-10-python.tar.gz" in lines[0]
-    assert "experiment=selfcheck" in lines[0] and "Traceback" not in proc.stderr
-    record = run_json(run_dir)
-    assert record["status"] == "failed" and "experiment=selfcheck" in record["error"]
 
 
 def test_defaults_compose_and_validate():

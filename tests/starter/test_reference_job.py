@@ -46,6 +46,24 @@ def test_the_user_configs_point_into_the_users_package():
     assert list(smoke.model.blocks) == [1, 1, 1]
 
 
+def test_cifar10_without_data_or_network_says_where_to_put_it(tmp_path):
+    run_dir = tmp_path / "run"
+    # Port 9 on loopback refuses at once: the same code path as no network, without a wait.
+    proc = train(
+        run_dir,
+        "dataset=cifar10",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.url=http://127.0.0.1:9/cifar-10-python.tar.gz",
+        micro=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cifar-10-python.tar.gz" in lines[0]
+    assert "experiment=smoke" in lines[0] and "Traceback" not in proc.stderr
+    record = run_json(run_dir)
+    assert record["status"] == "failed" and "experiment=smoke" in record["error"]
+
+
 def test_smoke_experiment_learns(tmp_path):
     """The acceptance run itself: full smoke config, at least 50% against 10% chance."""
     proc = train(tmp_path / "smoke", "experiment=smoke", micro=False)

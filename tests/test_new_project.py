@@ -133,7 +133,7 @@ def test_update_template_merges_framework_fixes_and_keeps_the_users_edits(tmp_pa
         [tf.RECORD, "scripts/new_helper.py", "src/reprotrain/errors.py"]
     )
     commit_all(proj, "take template fixes")
-    proc = make(proj, "update-template")
+    proc = make(proj, "update-template", f"TEMPLATE={template}")  # the location, given
     assert_ok(proc)
     assert "already up to date" in proc.stdout
 

@@ -35,10 +35,10 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench gpu-check drill new-project report eval clean bisect compare
+        bench gpu-check drill new-project update-template report eval clean bisect compare
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 # The stamp is newer than both locks and pyproject.toml once the venv matches them, so an
 # unchanged lock installs nothing. A failed install leaves no stamp (and is retried).
@@ -119,12 +119,16 @@ eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs
 bench: $(STAMP) ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(PY) scripts/bench.py $(ARGS)
 
-drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
+drill: $(STAMP) ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
 	$(PY) scripts/kill_resume_trials.py --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(NPROC) $(ARGS)
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }
 	@$(PYTHON) src/reprotrain/tools/new_project.py "$(NAME)" "$(DEST)"
+
+TEMPLATE ?=
+update-template: ## in a project: merge the template's framework fixes since .template.json's commit [TEMPLATE=path|url]
+	@$(PYTHON) src/reprotrain/tools/update_template.py $(if $(value TEMPLATE),--template $(call q,TEMPLATE))
 
 clean: ## remove outputs (keeps .venv and data/)
 	rm -rf outputs multirun archives .pytest_cache .ruff_cache

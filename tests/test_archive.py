@@ -486,7 +486,7 @@ def test_unsafe_members_refuse_the_whole_archive(tmp_path, capsys, member):
 def test_data_check_refuses_a_different_fingerprint_unless_allowed():
     cfg = OmegaConf.create(
         {
-            "_target_": "starter.synthetic.Synthetic",
+            "_target_": "reprotrain.selfcheck.images.SyntheticImages",
             "num_train": 64,
             "num_test": 32,
             "data_seed": 1,

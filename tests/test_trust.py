@@ -43,9 +43,17 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def job_config() -> str:
-    """The composed smoke config, resolved, as the trainer would record it."""
+    """The composed self-check config, resolved, as the trainer would record it."""
     out = subprocess.run(
-        [sys.executable, "-m", "reprotrain.train", "experiment=smoke", "--cfg", "job", "--resolve"],
+        [
+            sys.executable,
+            "-m",
+            "reprotrain.train",
+            "experiment=selfcheck",
+            "--cfg",
+            "job",
+            "--resolve",
+        ],
         cwd=REPO,
         env=base_env(),
         capture_output=True,

@@ -1,5 +1,5 @@
 """The one rule for which tar members may be extracted, shared by every reader of archives
-(the CIFAR-10 download and ``make reproduce``): a relative path that stays inside the
+(dataset downloads, ``data.download``, and ``make reproduce``): a relative path inside the
 target, naming a regular file or a directory. Absolute paths, ``..``, links, devices and
 fifos are refused before a single byte is written.
 """

@@ -1,11 +1,11 @@
 """P2 (data pipelines vs torchvision's PIL transforms) and P4 (fast vs reference augment).
 
-P2 feeds the same CIFAR-shaped uint8 images, batch size, crop 32 with padding 4, flip and
-normalisation through three paths: ``DevicePipeline`` (whole batches on the training
-device), ``LoaderPipeline`` (DataLoader of uint8 tensors, batched augmentation after), and
-the common torchvision recipe (a PIL image per sample, ``transforms.v2`` per sample, a
-DataLoader with workers). Each side runs one epoch per repeat; images/s counts batches
-delivered on the training device, ready for the model.
+P2 feeds the same 3x32x32 uint8 images (the framework's own synthetic set), batch size, crop
+32 with padding 4, flip and normalisation through three paths: ``DevicePipeline`` (whole
+batches on the training device), ``LoaderPipeline`` (DataLoader of uint8 tensors, batched
+augmentation after), and the common torchvision recipe (a PIL image per sample,
+``transforms.v2`` per sample, a DataLoader with workers). Each side runs one epoch per
+repeat; images/s counts batches delivered on the training device, ready for the model.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from reprotrain.data.augment import augment_batch, reference_augment_batch
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
 from reprotrain.repro.seeding import Seeds
-from starter.synthetic import load_synthetic
+from reprotrain.selfcheck.images import make_images
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 
@@ -61,7 +61,7 @@ class PILImages(Dataset):
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         from torchvision.transforms import v2
 
-        self.images = x.permute(0, 2, 3, 1).contiguous().numpy()  # HWC uint8, like CIFAR
+        self.images = x.permute(0, 2, 3, 1).contiguous().numpy()  # HWC uint8 for PIL
         self.labels = y.numpy()
         self.transform = v2.Compose(
             [
@@ -112,7 +112,7 @@ def _torchvision_epoch(loader, device: torch.device, limit: int | None = None) -
 def measure_p2(setup: PipelineSetup, log=print) -> dict:
     """images/s of each pipeline and its ratio to torchvision's PIL DataLoader."""
     device = torch.device(setup.device)
-    x, y, _, _ = load_synthetic(setup.num_images, 16, 4321, 48.0)
+    x, y, _, _ = make_images(setup.num_images, 16, 4321, 48.0)
     pipes = {
         "device": build_template_pipeline("device", x, y, setup.batch_size, device),
         "loader_0_workers": build_template_pipeline("loader", x, y, setup.batch_size, device, 0),

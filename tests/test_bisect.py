@@ -13,8 +13,9 @@ from conftest import REPO, assert_ok, base_env, jsonl, train
 from reprotrain.tools.bisect import bisect_command, nearest_checkpoint
 from reprotrain.tools.trace_diff import first_difference
 
-# One short epoch: 4 steps of 64, a step checkpoint every 2 steps.
-TINY = ["trainer.epochs=1", "trainer.limit_train_steps=4", "trainer.checkpoint_every_steps=2"]
+# One short epoch: 8 steps of 64 (1 and 2 threads first differ at step 4 here), a step
+# checkpoint every 2 steps.
+TINY = ["trainer.epochs=1", "trainer.limit_train_steps=8", "trainer.checkpoint_every_steps=2"]
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,16 @@ Steps, each of which can stop the replay:
    ``tar -czf x.tar.gz .`` writes it), and every file must match ``MANIFEST.sha256``. The
    record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
    the verified bytes: a malformed one is refused here, exit 2.
-2. **Data.** ``data_fingerprint`` of the recorded dataset config, computed here and now,
-   must equal the one in ``run.json`` (refused unless ``--allow-data-drift``).
-3. **Trust** (``tools/trust.py``), still before extraction: the archived code runs only if
-   (a) ``source/`` is the recorded commit of this repository, rebuilt here, with no patch;
-   (b) the manifest's ssh signature verifies against ``--trusted-signers``; or (c)
-   ``--trust``. Otherwise refused in one line saying how to proceed.
+2. **Trust** (``tools/trust.py``), before extraction and before anything in the archived
+   config is built: the archived code and config run only if (a) ``source/`` is the
+   recorded commit of this repository, rebuilt here, with no patch, and the config names
+   only callables that commit's ``conf/`` names for the same group
+   (``tools/config_trust.py``); (b) the manifest's ssh signature verifies against
+   ``--trusted-signers``; or (c) ``--trust``. Otherwise refused in one line saying how to
+   proceed.
+3. **Data.** ``data_fingerprint`` of the recorded dataset config (this builds the dataset
+   ``_target_``, hence after trust), computed here and now, must equal the one in
+   ``run.json`` (refused unless ``--allow-data-drift``).
 4. **Extract** into a fresh directory (a temp one unless ``--extract-dir``).
 5. **Environment and code.** python/torch/numpy/CUDA/cuDNN/device/threads and the sha256 of
    this checkout's ``requirements.lock`` against the recorded ones; the recorded commit and
@@ -125,6 +129,15 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
     if not allow_drift:
         raise Refusal(msg + " (pass --allow-data-drift to re-run anyway)")
     return msg
+
+
+def check_archived_data(cfg, record: dict, allow_drift: bool) -> str | None:
+    """:func:`check_data` on the archived dataset config, its root found here. Builds the
+    dataset's ``_target_``: only ever called after the trust verdict."""
+    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
+    if OmegaConf.select(cfg, "dataset.root", default=None) is not None:
+        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
+    return check_data(data_cfg, record.get("data_fingerprint"), allow_drift)
 
 
 def environment_differences(recorded: dict, current: dict) -> tuple[list[str], list[str]]:
@@ -461,13 +474,10 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
         raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
-    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
-    if OmegaConf.select(cfg, "dataset.root", default=None) is not None:
-        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
-    data_problem = check_data(data_cfg, record.get("data_fingerprint"), args.allow_data_drift)
-
+    # Trust first: fingerprinting the data builds the archived dataset config (code).
     verdict_trust = trust.decide(checked, Path(args.repo), args.trusted_signers, args.trust)
     print(f"trust    {verdict_trust.line()}")
+    data_problem = check_archived_data(cfg, record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
     status = "" if complete else f" (run {record.get('status')}: comparing those)"
     print(f"run      {record.get('experiment_id')}  seeds base={seeds['base']} "

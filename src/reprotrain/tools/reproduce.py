@@ -3,13 +3,16 @@
     python -m reprotrain.tools.reproduce archives/<id>-<run>.tar.gz [--epochs N]
         [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
-        [--repo CHECKOUT]
+        [--repo CHECKOUT] [--max-members N] [--max-member-bytes 4G]
+        [--max-unpacked-bytes 16G] [--max-ratio 100]
 
 Steps, each of which can stop the replay:
 
 1. **Check the archive before writing anything** (``tools/archive_check.py``). Every
    member must be a plain file or a directory under one top folder (or under ``./``, as
-   ``tar -czf x.tar.gz .`` writes it), and every file must match ``MANIFEST.sha256``. The
+   ``tar -czf x.tar.gz .`` writes it), no path both a file and a directory, within the
+   limits of ``safetar.Limits`` (member count, per-member and total size, compression
+   ratio; ``--max-*``), and every file must match ``MANIFEST.sha256``. The
    record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
    the verified bytes: a malformed one is refused here, exit 2.
 2. **Trust** (``tools/trust.py``), before extraction and before anything in the archived
@@ -74,6 +77,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
 from reprotrain.quoting import hydra_override
@@ -418,6 +422,17 @@ def _check_dirs(args) -> None:
         raise Refusal(f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}")
 
 
+def archive_limits(args) -> safetar.Limits:
+    """What the archive may unpack (``--max-*``; defaults in :class:`safetar.Limits`)."""
+    d = safetar.Limits()
+    return safetar.Limits(
+        max_members=args.max_members or d.max_members,
+        max_member_bytes=args.max_member_bytes or d.max_member_bytes,
+        max_total_bytes=args.max_unpacked_bytes or d.max_total_bytes,
+        max_ratio=args.max_ratio or d.max_ratio,
+    )
+
+
 def completed_epochs(checked: CheckedArchive) -> int:
     """Epochs the archived run finished: its fingerprints, which an interrupted run has too
     (``epochs_completed`` is only written at the end)."""
@@ -427,8 +442,9 @@ def completed_epochs(checked: CheckedArchive) -> int:
 def reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
+    limits = archive_limits(args)
     if args.verify_only:
-        checked = archive_check.verify(archive)
+        checked = archive_check.verify(archive, limits)
         dest = Path(args.extract_dir or tempfile.mkdtemp(prefix="reprotrain-verify-"))
         try:
             archive_check.extract(checked, dest)
@@ -437,7 +453,7 @@ def reproduce(args) -> int:
             if args.extract_dir is None:
                 shutil.rmtree(dest, ignore_errors=True)
         return EXIT_REPRODUCED
-    checked = archive_check.check_record(archive_check.verify(archive))
+    checked = archive_check.check_record(archive_check.verify(archive, limits))
     signed = ", signed" if checked.signature is not None else ""
     print(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
     return _replay(args, archive, checked)
@@ -655,6 +671,22 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _byte_size(text: str) -> int:
+    value = safetar.parse_bytes(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
+
+
+_byte_size.__name__ = "size (bytes, or with K/M/G/T)"
+_positive_float.__name__ = "finite positive number"
 _positive_int.__name__ = "positive integer"
 _tolerance.__name__ = "finite non-negative number"
 
@@ -688,6 +720,31 @@ def main(argv: list[str] | None = None) -> int:
         type=cli.user_path,
         default=REPO_ROOT,
         help="checkout for rule (a) (default: this one)",
+    )
+    d = safetar.Limits()
+    p.add_argument(
+        "--max-members",
+        type=_positive_int,
+        default=None,
+        help=f"refuse an archive with more members (default {d.max_members})",
+    )
+    p.add_argument(
+        "--max-member-bytes",
+        type=_byte_size,
+        default=None,
+        help=f"refuse a larger member (default {safetar.human(d.max_member_bytes)})",
+    )
+    p.add_argument(
+        "--max-unpacked-bytes",
+        type=_byte_size,
+        default=None,
+        help=f"refuse a larger total (default {safetar.human(d.max_total_bytes)})",
+    )
+    p.add_argument(
+        "--max-ratio",
+        type=_positive_float,
+        default=None,
+        help=f"refuse a higher unpacked/packed ratio (default {d.max_ratio:g})",
     )
     args = p.parse_args(argv)
     return reproduce(args)

@@ -64,6 +64,7 @@ from reprotrain.repro import (
 )
 from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
+from reprotrain.repro import run_dir as run_dirs
 from reprotrain.repro.fingerprint import losses_sha256, state_sha256
 from reprotrain.repro.resume_guard import AlreadyCompleted, find_resume_point, resume_entry
 from reprotrain.repro.run_mutex import RunMutex
@@ -525,14 +526,15 @@ def main(cfg: DictConfig) -> float | None:
         if not dist.is_main:
             log.setLevel(logging.WARNING)  # one log: rank 0's
         refused = None
+        cfg.resume = launchers.default_resume(cfg.resume)  # auto inside a submitit job
         if dist.is_main:
             try:
                 _lock = RunMutex(run_dir).acquire()  # one writer per run dir, for its lifetime
+                run_dirs.refuse_reuse(run_dir, cfg.resume)  # written once (rank 0 decides)
             except ResumeError as e:
                 refused = str(e)
         if (refused := dist.broadcast_object(refused)) is not None:
             raise ResumeError(refused)
-        cfg.resume = launchers.default_resume(cfg.resume)  # auto inside a submitit job
         return train(cfg, run_dir, dist)
     except AlreadyCompleted as e:
         print(str(e), file=sys.stderr)

@@ -1,6 +1,7 @@
 """Test-only fault injection: kill or signal this process at an exact training event.
 
-``REPROTRAIN_TEST_KILL=in-save:6 | after-save:8 | step:5 | sigterm:5 | sigusr2:5 | sigint2:5``
+``REPROTRAIN_TEST_KILL=in-save:6 | after-save:8 | before-best:16 | step:5 | sigterm:5 |
+sigusr2:5 | sigint2:5`` (``before-best``: after ``step-N.pt``, before ``best.pt``)
 sends SIGKILL (or SIGTERM, SIGUSR2, or two SIGINTs) at that event of that global step, so
 tests interrupt at exact points (mid-epoch, an epoch boundary, mid-write). Read once at
 import: ``hook`` is called every training step and costs one string test when unset.

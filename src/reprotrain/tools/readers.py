@@ -57,9 +57,23 @@ def parse_yaml_config(text: str, label: str) -> DictConfig:
     return cfg
 
 
+#: run.json keys that are JSON objects when present (a hand edit to ``"cpu"`` is refused).
+OBJECT_KEYS = ("environment", "git", "seeds", "repro", "data_fingerprint", "final_metrics",
+               "components", "env_drift")  # fmt: skip
+
+
+def check_shapes(record: dict[str, Any], label: str) -> dict[str, Any]:
+    """``record`` if every key of :data:`OBJECT_KEYS` it has is an object; else RecordError."""
+    for key in OBJECT_KEYS:
+        if record.get(key) is not None and not isinstance(record[key], dict):
+            found = type(record[key]).__name__
+            raise RecordError(f"{label}: {key} is a {found}, not an object; {_HINT}")
+    return record
+
+
 def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "run.json"
-    return parse_json_object(read_text(path), str(path))
+    return check_shapes(parse_json_object(read_text(path), str(path)), str(path))
 
 
 def read_config(path: Path) -> DictConfig:

@@ -39,9 +39,12 @@ class Loop(Part):
 
 
 def fake_checkpoint(path: Path, global_step: int, seeds: dict = SEEDS, **loop) -> bytes:
-    state = {"format_version": checkpoint.FORMAT_VERSION, "seeds": seeds,
-             "model": {"w": torch.tensor([float(global_step)])},
-             "loop": {"global_step": global_step, "epoch": 1, "step": global_step, **loop}}  # fmt: skip
+    state = {
+        "format_version": checkpoint.FORMAT_VERSION,
+        "seeds": seeds,
+        "model": {"w": torch.tensor([float(global_step)])},
+        "loop": {"global_step": global_step, "epoch": 1, "step": global_step, **loop},
+    }
     data = checkpoint.serialise(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -111,9 +114,10 @@ def test_kill_between_step_and_best_then_resume_gives_the_uninterrupted_best(
     assert "rewritten from step-00000016.pt" in resumed.stderr + resumed.stdout
     assert best.read_bytes() != b"" and _model_sha(best) == _model_sha(ref_best)
     assert _untimed(checkpoint.load(best)["loop"]) == _untimed(checkpoint.load(ref_best)["loop"])
-    assert evaluation.evaluate_run(run, "best")["metrics"] == evaluation.evaluate_run(
-        _copy(reference_run, tmp_path), "best"
-    )["metrics"]
+    assert (
+        evaluation.evaluate_run(run, "best")["metrics"]
+        == evaluation.evaluate_run(_copy(reference_run, tmp_path), "best")["metrics"]
+    )
 
 
 def _untimed(loop: dict) -> dict:

@@ -54,6 +54,9 @@ Verdict (last line, naming the trust rule that let the code run) and exit code:
                                     judged against --tolerance (absolute, on *_acc and
                                     *_loss) instead
     4  the re-run itself failed     (its log is in the new run directory)
+    75 INTERRUPTED                  SIGTERM/SIGINT/SIGHUP/SIGUSR2 reached this process: it
+                                    was passed to the re-run (which checkpoints and stops),
+                                    reproduction.json says so, the temp dir is removed
 
 ``--verify-only`` checks the members and the manifest and extracts; it runs nothing, so it
 needs no trust.
@@ -67,6 +70,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -512,19 +516,91 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
         tempfile.mkdtemp(prefix="reprotrain-reproduce-") if tmp_extract else args.extract_dir
     )
     try:
-        top = archive_check.extract(checked, extract.resolve())
-        print(f"code     re-run uses the archived source ({top / 'source'})")
-        return _rerun(args, archive, checked, top, legs, epochs, data_problem, env_values,
-                      partial_archive, verdict_trust)  # fmt: skip
+        with FORWARD:  # from here on a stop signal is passed on, and this cleanup still runs
+            top = archive_check.extract(checked, extract.resolve())
+            print(f"code     re-run uses the archived source ({top / 'source'})")
+            return _rerun(args, archive, checked, top, legs, epochs, data_problem, env_values,
+                          partial_archive, verdict_trust)  # fmt: skip
     finally:
         if tmp_extract:
             shutil.rmtree(extract, ignore_errors=True)
+
+
+class SignalForwarder:
+    """Stop signals sent to ``make reproduce`` are remembered and passed to the re-run.
+
+    The re-run gets a session of its own, so a terminal's Ctrl-C reaches it once, through
+    here, like a ``kill`` does; on Linux it is also told to get SIGTERM (checkpoint and
+    stop) if this process dies without forwarding anything (SIGKILL)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.received: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> SignalForwarder:
+        self.received = None
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = self.received or signal.Signals(signum).name
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def call(self, cmd: list[str], cwd: Path, env: dict[str, str]) -> int:
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, start_new_session=True, preexec_fn=_term_with_parent
+        )
+        try:
+            return self.proc.wait()
+        finally:
+            self.proc = None
+
+
+def _term_with_parent() -> None:
+    """In the re-run, before exec: SIGTERM when the parent dies (Linux; else nothing)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
+FORWARD = SignalForwarder()
+
+
+def _interrupted(new_run: Path, record: dict, leg: int, rc: int | None) -> int:
+    """The reproduction stopped by a signal: say so in reproduction.json and the verdict."""
+    ran = "before the re-run started" if rc is None else f"re-run leg {leg} exited {rc}"
+    verdict = f"INTERRUPTED by {FORWARD.received}: {ran}; nothing was compared"
+    if (new_run / RUN_JSON).is_file():
+        report = {
+            "created_at": now_iso(),
+            "archived_experiment_id": record.get("experiment_id"),
+            "status": "interrupted",
+            "interrupted_by": FORWARD.received,
+            "verdict": verdict,
+            "exit_code": EXIT_STOPPED,
+        }
+        atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        verdict += f" (the re-run's checkpoint is in {new_run})"
+    print(verdict, flush=True)
+    return EXIT_STOPPED
 
 
 def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | None:
     """Run each leg of the replay into ``new_run``; an exit code when one fails, else None."""
     record, cfg = checked.record, checked.config
     for i, leg in enumerate(legs):
+        if FORWARD.received:
+            return _interrupted(new_run, record, i, None)
         name = PRIMARY if len(legs) == 1 else f"{PRIMARY}-leg{i}"
         text = (
             checked.text("run/config.resolved.yaml")
@@ -539,7 +615,9 @@ def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | 
                 f"leg {i}    resume with {', '.join(f'{k}={v!r}' for k, v in leg.changes.items())}"
             )
         print(f"$ {' '.join(cmd[1:])}", flush=True)
-        rc = subprocess.call(cmd, cwd=source, env=env)
+        rc = FORWARD.call(cmd, source, env)
+        if FORWARD.received:
+            return _interrupted(new_run, record, i, rc)
         if rc == 2:
             # The archived trainer refused the config and said why on stderr, in one line.
             print("re-run   refused by the archived trainer (exit 2); see the line above")

@@ -98,7 +98,7 @@ def test_a_killed_loader_worker_ends_the_run_in_one_line_and_resumes_bitwise(
     assert workers, "the loader path has worker processes"
     os.kill(workers[0], signal.SIGKILL)  # what the OOM killer does
     try:
-        out, err = proc.communicate(timeout=180)
+        _, err = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise AssertionError("the trainer did not exit after its worker was killed") from None

@@ -187,6 +187,21 @@ def check_creatable(path: str, key: str = "hydra.run.dir") -> None:
         raise ReprotrainError(f"{key}={path}: {probe} is not writable")
 
 
+def check_argv_text(argv: list[str]) -> None:
+    """An argument this locale could not decode (non-ASCII bytes under ``LC_ALL=C``) is
+    refused by name, before Hydra's lexer reports it as a syntax error."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            key = arg.split("=", 1)[0] if "=" in arg else "an argument"
+            raise ReprotrainError(
+                f"{key}: the value is not valid text in this locale "
+                f"({sys.getfilesystemencoding()}); use a UTF-8 locale (e.g. LC_ALL=C.UTF-8) "
+                "or ASCII characters only"
+            ) from None
+
+
 def _path_max(existing: str) -> int:
     try:
         return int(os.pathconf(existing, "PC_PATH_MAX"))
@@ -218,6 +233,7 @@ def cli_check() -> None:
     if _checked:
         return
     try:
+        check_argv_text(sys.argv[1:])
         resume = check(sys.argv[1:])
         if resume is not False:
             explicit_run_dir_is_free(sys.argv[1:], resume)

@@ -42,7 +42,12 @@ from reprotrain.safetar import (
     read_members,
     unsafe_reason,
 )
-from reprotrain.tools.readers import parse_json_object, parse_jsonl, parse_yaml_config
+from reprotrain.tools.readers import (
+    completion_problem,
+    parse_json_object,
+    parse_jsonl,
+    parse_yaml_config,
+)
 
 MANIFEST = "MANIFEST.sha256"
 SIGNATURE = MANIFEST + ".sig"
@@ -310,6 +315,9 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
             raise ReproduceRefused(
                 f"{fp_label} line {n}: expected epoch, weights_sha256 and step_losses"
             )
+    why = completion_problem(record, len(fingerprints))
+    if why is not None:
+        raise ReproduceRefused(f"{label} {why}: an inconsistent record is not replayed")
     metrics = parse_jsonl(checked.text("run/metrics.jsonl"), checked.label("run/metrics.jsonl"))
     if any(not _is_int(row.get("epoch")) for row in metrics):
         raise ReproduceRefused(f"{checked.label('run/metrics.jsonl')}: a row has no epoch")

@@ -78,3 +78,19 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
 
 def read_config(path: Path) -> DictConfig:
     return parse_yaml_config(read_text(path), str(path))
+
+
+def completion_problem(record: dict[str, Any], fingerprint_rows: int | None) -> str | None:
+    """Why a record that says ``completed`` cannot be (its status hand-edited from
+    ``interrupted``, say), or None. ``fingerprint_rows``: None when not known."""
+    if record.get("status") != "completed":
+        return None
+    done = record.get("epochs_completed")
+    if not isinstance(done, int) or isinstance(done, bool):
+        return (
+            "says completed but records no epochs_completed (the trainer writes both at the "
+            "end; was the status edited?)"
+        )
+    if fingerprint_rows is not None and done != fingerprint_rows:
+        return f"says completed with {done} epoch(s) but fingerprints.jsonl has {fingerprint_rows}"
+    return None

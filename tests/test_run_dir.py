@@ -112,3 +112,14 @@ def test_a_sweep_dir_is_used_once_it_holds_a_sweep_or_a_run(tmp_path):
     (sweep / "1" / "run.json").write_text("{}")
     with pytest.raises(run_dirs.RunDirUsed, match=r"1 run\(s\)"):
         run_dirs.refuse_used_sweep_dir(sweep)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
+                    reason="needs a git checkout")  # fmt: skip
+def test_runs_started_from_conf_or_any_subfolder_are_ignored_not_dirty_code():
+    """Hydra's run dir is relative to the working directory: `cd conf && python -m
+    reprotrain.train` writes conf/outputs/. It must not make the next run +dirty."""
+    for rel in ("conf/outputs/default/2026-01-01/run.json", "conf/multirun/x/0/run.json",
+                "outputs/a/run.json", "src/outputs/b/train.log"):  # fmt: skip
+        proc = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", rel])
+        assert proc.returncode == 0, f"{rel} is not ignored"

@@ -119,3 +119,14 @@ def test_parse_bytes():
     assert safetar.parse_bytes("100") == 100
     with pytest.raises(ValueError):
         safetar.parse_bytes("lots")
+
+
+def test_extraction_is_refused_up_front_when_the_disk_has_no_room(tmp_path, monkeypatch):
+    archive()(tmp_path)
+    checked = archive_check.check_record(archive_check.verify(tmp_path / "a.tar.gz"))
+    real = archive_check.shutil.disk_usage
+    monkeypatch.setattr(archive_check.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=10))  # fmt: skip
+    with pytest.raises(repro.Refusal, match="has 10 B free; nothing extracted"):
+        archive_check.extract(checked, tmp_path / "new")
+    assert not (tmp_path / "new").exists()

@@ -354,7 +354,8 @@ REPRODUCE = [
     Row("reproduce/no-source", tool("reproduce", at("a.tar.gz")), "no source snapshot",
         archive(members(**{"source/src/reprotrain/__init__.py": None}))),
     Row("reproduce/no-completed-epoch", tool("reproduce", at("a.tar.gz")), "completed no epoch",
-        archive(members(**{"run/fingerprints.jsonl": ""}))),
+        archive(members(**{"run/fingerprints.jsonl": "",
+                            "run/run.json": json.dumps({**RECORD, "epochs_completed": 0})}))),
     Row("reproduce/env-value-missing-here", tool("reproduce", at("a.tar.gz")),
         "name = ${oc.env:REPROTRAIN_TEST_UNSET_VAR} cannot be resolved here",
         archive(members(**{

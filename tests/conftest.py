@@ -103,6 +103,7 @@ SLOW = {
     "test_distributed.py::test_two_torchrun_agents_with_c10d_rendezvous_form_one_two_node_job",
     "test_new_project.py::test_deleting_the_users_models_and_data_leaves_bench_tests_and_tools_working",
     "test_reference_job.py::test_smoke_bits_are_the_same_in_the_template_and_a_new_project",
+    "test_interruptions.py::test_a_full_disk_names_the_path_and_leaves_the_run_failed[metrics.jsonl]",
     "test_report.py::test_report_of_a_real_training_run",
     "test_resume.py::test_external_sigterm_with_two_loader_workers",
     "test_resume.py::test_extending_epochs_is_allowed",

@@ -56,7 +56,14 @@ from reprotrain.data.file_hashes import file_sha256 as sha256_file
 from reprotrain.errors import ArchiveError
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import gitinfo
-from reprotrain.repro.record import CHECKPOINTS, RUN_JSON, atomic_write_text, now_iso
+from reprotrain.repro.record import (
+    CHECKPOINTS,
+    FINGERPRINTS,
+    RUN_JSON,
+    atomic_write_text,
+    now_iso,
+    read_jsonl,
+)
 from reprotrain.tools import cli, signing, snapshot
 from reprotrain.tools.archive_check import (
     ARCHIVE_JSON,
@@ -64,7 +71,7 @@ from reprotrain.tools.archive_check import (
     manifest_text,
     parse_manifest,
 )
-from reprotrain.tools.readers import read_run_json
+from reprotrain.tools.readers import completion_problem, read_run_json
 
 __all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
 FORMAT_VERSION = 1
@@ -138,6 +145,17 @@ def archivability(record: dict) -> list[str]:
     ]
 
 
+def check_consistent(run_dir: Path, record: dict) -> None:
+    """A record whose status contradicts its own files is refused, not archived."""
+    rows = run_dir / FINGERPRINTS
+    why = completion_problem(record, len(read_jsonl(rows)) if rows.is_file() else None)
+    if why is not None:
+        raise ArchiveError(
+            f"{run_dir / RUN_JSON} {why}: the record is inconsistent; resume the run "
+            "(make resume) instead of archiving it"
+        )
+
+
 def _check_out_dir(out_dir: Path) -> None:
     """A file where the output directory should be is named with its path and errno text."""
     for parent in (out_dir, *out_dir.parents):
@@ -175,6 +193,7 @@ def build(
             f"run {run_dir} is {status!r}, not completed; finish it (make resume) or pass "
             "--allow-incomplete"
         )
+    check_consistent(run_dir, record)
     exp_id = re.sub(r"[^\w.+-]", "_", str(record.get("experiment_id") or "unknown"))
     top = f"{exp_id}-{run_dir.name}"
     target = out_dir / f"{top}.tar.gz"

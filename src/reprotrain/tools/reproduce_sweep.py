@@ -35,11 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from reprotrain.errors import ReproduceRefused, UntrustedArchive
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools import archive_check, compare_sweeps, trust
+from reprotrain.tools import archive_check, compare_sweeps, snapshot, trust
 from reprotrain.tools import reproduce as rp
 from reprotrain.tools.bisect import bisect_command
 from reprotrain.tools.readers import parse_json_object, parse_yaml_config
@@ -94,8 +92,11 @@ def decide_trust(args, jobs: list[ArchivedJob]) -> trust.Verdict:
     """One decision for the shared source; under rule (a) every job's config is checked."""
     verdict = trust.decide(jobs[0].view, Path(args.repo), args.trusted_signers, args.trust)
     if verdict.rule == "a":
-        for job in jobs[1:]:
-            problems = trust.config_problems(job.view)
+        commit = (jobs[0].view.record.get("git") or {}).get("commit")
+        with tempfile.TemporaryDirectory(prefix="reprotrain-trust-") as tmp:
+            snapshot.from_git(Path(args.repo), commit, "", Path(tmp) / "source")
+            found = [(j, trust.config_problems(j.view, Path(tmp) / "source", commit)) for j in jobs]
+        for job, problems in found:
             if problems:
                 raise UntrustedArchive(
                     f"refusing to run the archive's code: job {job.rel}'s config "
@@ -106,12 +107,8 @@ def decide_trust(args, jobs: list[ArchivedJob]) -> trust.Verdict:
 
 
 def _data_problem(args, job: ArchivedJob) -> str | None:
-    cfg = job.view.config
-    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
-    root = OmegaConf.select(cfg, "dataset.root", default=None)
-    if root is not None:
-        data_cfg.root = str(rp.current_data_dir(str(root)))
-    return rp.check_data(data_cfg, job.view.record.get("data_fingerprint"), args.allow_data_drift)
+    """The job's data fingerprint check; builds the dataset: only after the trust verdict."""
+    return rp.check_archived_data(job.view.config, job.view.record, args.allow_data_drift)
 
 
 def replay(args, archive: Path, checked: archive_check.CheckedArchive) -> int:
@@ -119,8 +116,8 @@ def replay(args, archive: Path, checked: archive_check.CheckedArchive) -> int:
     if args.epochs is not None:
         raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
     jobs = archived_jobs(checked)
+    verdict_trust = decide_trust(args, jobs)  # before anything of the archive is built
     problems = [p for p in (_data_problem(args, j) for j in jobs) if p]
-    verdict_trust = decide_trust(args, jobs)
     print(f"trust    {verdict_trust.line()}")
     print(f"sweep    {len(jobs)} archived run(s)")
     if problems:

@@ -23,6 +23,7 @@ from reprotrain.tools import reproduce as repro
 from reprotrain.tools.archive_check import MANIFEST, SIGNATURE
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+SELFCHECK_CONF = "src/reprotrain/selfcheck/conf"  # the framework's own configs
 
 BENIGN = (
     "import os\n"
@@ -69,8 +70,10 @@ def repo(tmp_path) -> Path:
     repo = tmp_path / "repo"
     (repo / "src/reprotrain").mkdir(parents=True)
     (repo / "src/reprotrain/__init__.py").write_text(BENIGN)
-    # The real conf/ tree: rule (a) allows the `_target_`s it names, per group.
+    # The real config trees (conf/ and the framework's own, on hydra.searchpath): rule (a)
+    # allows the `_target_`s they name, per group.
     shutil.copytree(REPO / "conf", repo / "conf")
+    shutil.copytree(REPO / SELFCHECK_CONF, repo / SELFCHECK_CONF)
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "one")
@@ -382,8 +385,10 @@ def test_a_builtins_dataset_target_is_refused_before_the_data_is_fingerprinted(
 def test_rule_a_config_check_per_group_nested_partial_and_interpolations():
     from reprotrain.tools import config_trust
 
-    allowed = config_trust.conf_targets(REPO / "conf")
-    assert "reprotrain.models.resnet.CifarResNet" in allowed["model"]
+    dirs = config_trust.trusted_conf_dirs(REPO)
+    assert dirs == [REPO / "conf", REPO / SELFCHECK_CONF]  # conf/ + hydra.searchpath's pkg://
+    allowed = config_trust.conf_targets(*dirs)
+    assert "reprotrain.selfcheck.net.TinyConvNet" in allowed["model"]
     assert "torchvision.transforms.v2.RandomResizedCrop" in allowed["dataset"]  # a nested list
     assert "torch.optim.SGD" in allowed["optimizer"] and "torch.optim.SGD" not in allowed["model"]
     good = {

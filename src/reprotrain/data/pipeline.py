@@ -138,14 +138,12 @@ class DevicePipeline(_Base):
             if s is not None
         }
 
-    def epoch(
-        self, epoch: int, start_step: int = 0
-    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Any]]:
         epoch = self.data_epoch(epoch)
         order = epoch_order(self.n, self.data_seed, epoch).to(self.device)
         for step in range(start_step, self.steps_per_epoch):
             idx = order[step * self.batch_size : (step + 1) * self.batch_size]
-            yield (step, *self._shard(*self._finish_tensors(self.x[idx], self.y[idx], epoch, step)))
+            yield step, self._shard(*self._finish_tensors(self.x[idx], self.y[idx], epoch, step))
 
     def eval_batches(self, split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         x, y = self.resident[split]
@@ -305,9 +303,7 @@ class LoaderPipeline(_Base):
             return self._finish_tensors(xb, yb, epoch, step)
         return self._shard(*self._finish_tensors(xb, yb, epoch, step))
 
-    def epoch(
-        self, epoch: int, start_step: int = 0
-    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Any]]:
         epoch = self.data_epoch(epoch)
         shard = (self.rank, self.world_size) if self.per_sample else (0, 1)
         sampler = EpochBatchSampler(
@@ -315,7 +311,7 @@ class LoaderPipeline(_Base):
         )
         batches = self._batches(self.train_set, sampler, epoch)
         for step, (xb, yb) in enumerate(batches, start_step):
-            yield (step, *self._finish(xb, yb, epoch, step))
+            yield step, self._finish(xb, yb, epoch, step)
 
     def eval_batches(self, split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         dataset = self.eval_sets[split]

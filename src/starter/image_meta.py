@@ -43,7 +43,7 @@ class ImageMeta(InMemoryTensors):
         g = torch.Generator().manual_seed(p["data_seed"])
         patterns = torch.randn(k, 1, p["size"], p["size"], generator=g)
         n = p["num_train"] + p["num_test"]
-        shape, offset = torch.randint(0, k, (n,), generator=g), torch.randint(0, k, (n,), generator=g)
+        shape, offset = torch.randint(0, k, (2, n), generator=g)
         image = patterns[shape] + p["noise"] * torch.randn(n, 1, p["size"], p["size"], generator=g)
         samples = {
             "image": image,

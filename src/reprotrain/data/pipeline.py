@@ -249,6 +249,20 @@ def _one_line_from_worker(e: Exception) -> Exception:
     return ReprotrainError(found[-1][1]) if found else e
 
 
+def stack_samples(samples: list) -> Batch:
+    """The default collate (torch's: stack each tensor, numbers become tensors); samples it
+    cannot stack (variable lengths) are one line that says to bring a collate."""
+    try:
+        return default_collate(samples)
+    except (RuntimeError, TypeError) as e:
+        shapes = sorted({str(list(t.shape)) for t in pytree.tree_leaves(samples) if t.dim()})
+        reason = f"tensor shapes {', '.join(shapes[:3])}" if len(shapes) > 1 else str(e)
+        raise ReprotrainError(
+            f"the default collate cannot stack these samples ({reason.splitlines()[0]}); give "
+            "the dataset a collate (see conf/dataset/sequences.yaml) that pads or packs them"
+        ) from None
+
+
 class LoaderPipeline(_Base):
     """DataLoader path: map-style datasets (per-sample transform, collate) or in-memory tensors."""
 
@@ -258,7 +272,7 @@ class LoaderPipeline(_Base):
         super().__init__(splits, dataset, **kw)
         self.num_workers = num_workers
         self.per_sample = not isinstance(splits.train, TensorSplit)
-        self.collate = getattr(dataset, "collate", None) or default_collate
+        self.collate = getattr(dataset, "collate", None) or stack_samples
         if self.per_sample:
             self.train_set = SeededSamples(
                 splits.train, dataset.transform, self.augment_seed, train=True
@@ -289,9 +303,7 @@ class LoaderPipeline(_Base):
             for batch in loader:
                 batch_size(batch)  # a pytree of tensors, samples first, or one line
                 yield batch
-        except ReprotrainError:
-            raise
-        except Exception as e:
+        except Exception as e:  # a worker's error comes back with its traceback as text
             raise _one_line_from_worker(e) from None
 
     def _finish(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:

@@ -1,9 +1,10 @@
 """User-brought code by config: resolve each ``_target_``, check its keys, build it.
 
-A model, optimizer, scheduler, loss or dataset is a YAML with ``_target_: dotted.path`` plus
+A model, task, optimizer, scheduler, loss or dataset is a YAML with ``_target_: dotted.path`` plus
 keyword arguments, the Hydra convention. Optimizers and schedulers are ``_partial_: true``:
 the trainer supplies what only it knows (the parameters; the optimizer and, when the
-callable takes it, ``total_steps``). Adding one is one module and one YAML; nothing here
+callable takes it, ``total_steps``); a task gets the built ``loss`` as ``loss_fn`` when its
+callable takes it. Adding one is one module and one YAML; nothing here
 names a concrete class.
 
 ``check`` runs at preflight, before any run directory exists: it imports every target
@@ -31,6 +32,7 @@ SUPPLIED: dict[str, tuple[str, ...]] = {
     "optimizer": ("params",),
     "scheduler": ("optimizer", "total_steps"),
     "loss": (),
+    "task": ("loss_fn",),
     "dataset": (),
 }
 _META = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -174,3 +176,38 @@ def qualname(obj: Any) -> str:
     """``module.Class`` of what actually ran, for run.json (a partial names its function)."""
     cls = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def build_task(node: DictConfig, loss_node: DictConfig | None) -> Any:
+    """The task ``_target_``, given the ``loss`` group's module as ``loss_fn`` when its
+    callable takes that argument."""
+    target = locate(str(node["_target_"]), "task")
+    names, var_kw, _ = accepted(target)
+    supplied = {}
+    if loss_node is not None and ("loss_fn" in names or var_kw):
+        supplied["loss_fn"] = build("loss", loss_node)
+    if not supplied:
+        return build("task", node)
+    partial = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    partial["_partial_"] = True
+    return build("task", partial, **supplied)
+
+
+def declared_metrics(node: DictConfig, loss_node: DictConfig | None) -> dict[str, str]:
+    """``{name: "min" | "max"}`` the task logs: its class's ``metrics``, read without
+    building it when the class declares them (else from a built instance)."""
+    target = locate(str(node["_target_"]), "task")
+    metrics = getattr(target, "metrics", None)
+    if not isinstance(metrics, dict):
+        metrics = getattr(build_task(node, loss_node), "metrics", None)
+    if not isinstance(metrics, dict) or not metrics:
+        raise ComponentError(
+            f"task {node['_target_']} declares no metrics; give it a class attribute "
+            'metrics = {"loss": "min", ...} naming what compute() returns'
+        )
+    for name, mode in metrics.items():
+        if mode not in ("min", "max"):
+            raise ComponentError(
+                f"task {node['_target_']}: metrics[{name!r}]={mode!r}; use 'min' or 'max'"
+            )
+    return dict(metrics)

@@ -6,7 +6,7 @@ Two kinds of config, one rule each:
   misspelt key (``trainer.epoch``), a wrong type (``trainer.epochs=abc``) or an unknown option
   fails while Hydra composes, before any run directory exists. ``validate`` adds the range
   checks a type cannot express.
-- User-brought code (``model``, ``optimizer``, ``scheduler``, ``loss``, ``dataset``) is a
+- User-brought code (``model``, ``task``, ``optimizer``, ``scheduler``, ``loss``, ``dataset``) is a
   ``_target_`` plus keyword arguments, untyped here: ``components.check`` binds those keys
   against the callable's own signature instead (see components.py).
 """
@@ -52,7 +52,10 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (mps: no bitwise promise)
     allow_device_change: bool = False  # resume on another device type (recorded: not bitwise)
     epochs: int = 30
-    batch_size: int = 512  # global batch, images per optimizer step
+    batch_size: int = 512  # global batch, samples per optimizer step
+    # Samples per micro-batch: the step's (per-rank) batch is split into pieces of this
+    # size whose gradients accumulate before one optimizer step. null: one piece.
+    microbatch_size: int | None = None
     eval_batch_size: int = 1024
     eval_every: int = 1  # epochs between validation passes; the last epoch is always evaluated
     monitor: str = "val_acc"  # metrics.jsonl key that picks best.pt and is the sweep objective
@@ -93,6 +96,7 @@ class TrainerConfig:
 class TrainConfig:
     dataset: Any = MISSING
     model: Any = MISSING
+    task: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     loss: Any = MISSING
@@ -113,7 +117,7 @@ PROJECT_GROUPS = {
     "trainer": TrainerConfig,
     "logger": LoggerConfig,
 }
-USER_GROUPS = ("dataset", "model", "optimizer", "scheduler", "loss")
+USER_GROUPS = ("dataset", "model", "task", "optimizer", "scheduler", "loss")
 
 
 def register_configs() -> None:
@@ -205,6 +209,17 @@ def validate(cfg: DictConfig | Any) -> None:
         value = cfg.seed[stream]
         if value is not None and not 0 <= value <= SEED_MAX:
             raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
+    micro = cfg.trainer.microbatch_size
+    if micro is not None and not 0 < micro <= cfg.trainer.batch_size:
+        raise ReprotrainError(
+            f"trainer.microbatch_size={micro} must be in 1..trainer.batch_size "
+            f"({cfg.trainer.batch_size}), or null for one piece per step"
+        )
+    if micro is not None and cfg.trainer.batch_size % micro:
+        raise ReprotrainError(
+            f"trainer.microbatch_size={micro} does not divide trainer.batch_size="
+            f"{cfg.trainer.batch_size}; pick a divisor"
+        )
     if cfg.trainer.monitor_mode not in ("max", "min"):
         raise ReprotrainError("trainer.monitor_mode must be max or min")
     if cfg.trainer.pipeline == "device" and cfg.trainer.num_workers:

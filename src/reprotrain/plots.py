@@ -108,10 +108,27 @@ def _epoch_axis(ax: Any, epochs: list[int], epoch_steps: list[int]) -> None:
         top.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def metric_names(series: dict[str, Any]) -> list[str]:
+    """The task's metric names in ``train_<name>``/``val_<name>``/``test_<name>`` keys,
+    loss first, then as they first appear."""
+    names: list[str] = []
+    for key in series:
+        split, _, name = key.partition("_")
+        if split in SPLIT_COLOURS and name and name not in names:
+            names.append(name)
+    return sorted(names, key=lambda n: n != "loss")
+
+
+def metric_label(name: str) -> str:
+    return "accuracy" if name == "acc" else name
+
+
 def plot_run(c: RunCurves) -> bytes:
-    """Loss, accuracy and learning rate against the global step (epoch on the top axis)."""
-    fig = Figure(figsize=(15, 4.8), layout="constrained")
-    ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
+    """Loss, each other metric the task logs, and learning rate against the global step
+    (epoch on the top axis)."""
+    others = [n for n in metric_names(c.epoch_series) if n != "loss"]
+    fig = Figure(figsize=(5 * (2 + len(others)), 4.8), layout="constrained")
+    ax_loss, *ax_metrics, ax_lr = fig.subplots(1, 2 + len(others), squeeze=False).ravel()
     xlabel = "global step (optimizer updates)"
     ex = c.epoch_steps
 
@@ -143,15 +160,20 @@ def plot_run(c: RunCurves) -> bytes:
             ax_loss.plot(ex, ys, color=colour, label=label, **style)
             loss_values += ys
     _maybe_log(ax_loss, loss_values)
-    _style(ax_loss, xlabel, "cross-entropy loss", "Loss")
+    _style(ax_loss, xlabel, "loss", "Loss")
 
-    # Accuracy: per epoch only (per-step accuracy is not recorded).
-    for split, colour in SPLIT_COLOURS.items():
-        ys = [100 * _f(v) for v in c.epoch_series.get(f"{split}_acc", [])]
-        if any(math.isfinite(v) for v in ys):
-            ax_acc.plot(ex, ys, color=colour, marker="o", ms=5, lw=1.4, label=split)
-    ax_acc.set_ylim(0, 100)
-    _style(ax_acc, xlabel, "accuracy (%)", "Accuracy (per epoch)")
+    # Every other metric: per epoch only (per-step metrics are not recorded).
+    for ax, name in zip(ax_metrics, others, strict=True):
+        k = 100.0 if name == "acc" else 1.0
+        for split, colour in SPLIT_COLOURS.items():
+            ys = [k * _f(v) for v in c.epoch_series.get(f"{split}_{name}", [])]
+            if any(math.isfinite(v) for v in ys):
+                ax.plot(ex, ys, color=colour, marker="o", ms=5, lw=1.4, label=split)
+        if name == "acc":
+            ax.set_ylim(0, 100)
+        unit = " (%)" if name == "acc" else ""
+        label = metric_label(name)
+        _style(ax, xlabel, f"{label}{unit}", f"{label[:1].upper()}{label[1:]} (per epoch)")
 
     # Learning rate: per step when recorded, else the value at each epoch's end.
     if c.steps and c.step_lr and any(math.isfinite(_f(v)) for v in c.step_lr):
@@ -167,7 +189,7 @@ def plot_run(c: RunCurves) -> bytes:
     _style(ax_lr, xlabel, "learning rate", "Learning rate")
 
     last = max([*c.steps, *c.epoch_steps, 1])
-    for ax in (ax_loss, ax_acc, ax_lr):
+    for ax in (ax_loss, *ax_metrics, ax_lr):
         ax.set_xlim(0, last * 1.02)  # one x range for all three panels
         _epoch_axis(ax, c.epochs, c.epoch_steps)
         if ax.get_legend_handles_labels()[0]:
@@ -247,5 +269,5 @@ def _ylabel(metric: str) -> str:
     if metric.endswith("_acc"):
         return "accuracy (%)"
     if metric.endswith("_loss"):
-        return "cross-entropy loss"
+        return "loss"
     return metric

@@ -109,6 +109,7 @@ def check(argv: list[str]) -> None:
                 check_schema_keys(cfg)
                 validate(cfg)
                 components.check(cfg)
+                check_monitor(cfg)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
         raise ReprotrainError(_yaml_error(e) or _one_line(e)) from None
     finally:
@@ -157,6 +158,27 @@ def check_schema_keys(cfg) -> None:
             raise ReprotrainError(
                 f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
             )
+
+
+def check_monitor(cfg) -> None:
+    """``trainer.monitor`` must name a metric the task logs (``train_``/``val_`` + a name in
+    its ``metrics``), and ``trainer.monitor_mode`` the direction the task declares for it."""
+    declared = components.declared_metrics(cfg.task, cfg.get("loss"))
+    monitor, mode = cfg.trainer.monitor, cfg.trainer.monitor_mode
+    known = {
+        f"{split}_{name}": better for split in ("val", "train") for name, better in declared.items()
+    }
+    if monitor not in known:
+        raise ReprotrainError(
+            f"trainer.monitor={monitor} is not a metric of task {cfg.task._target_}; "
+            f"it logs: {', '.join(known)}"
+        )
+    if known[monitor] != mode:
+        raise ReprotrainError(
+            f"trainer.monitor={monitor} is better when "
+            f"{'lower' if known[monitor] == 'min' else 'higher'}; "
+            f"set trainer.monitor_mode={known[monitor]}"
+        )
 
 
 _checked = False

@@ -30,6 +30,7 @@ if __name__ == "__main__":
 import logging
 import signal
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,13 +41,21 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from reprotrain import fault_injection, launchers, preflight
-from reprotrain.components import build, build_naming_key, build_scheduler, qualname
-from reprotrain.config import config_sha256
+from reprotrain.components import build, build_naming_key, build_scheduler, build_task, qualname
+from reprotrain.config import TrainerConfig, config_sha256
 from reprotrain.data.datasets import build_dataset
 from reprotrain.data.file_hashes import file_sha256
 from reprotrain.data.pipeline import build_pipeline
 from reprotrain.distributed import Dist, init_from_env
-from reprotrain.engine import LoopState, StepParts, evaluate, reduce_across_ranks, run_epoch
+from reprotrain.engine import (
+    LoopState,
+    Stepper,
+    TrainerState,
+    epoch_metrics,
+    evaluate,
+    reduce_across_ranks,
+    run_epoch,
+)
 from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.loggers import build_loggers
 from reprotrain.optim import param_groups
@@ -59,7 +68,6 @@ from reprotrain.repro import (
     environment,
     gitinfo,
     requirements_lock,
-    rng,
     secrets,
 )
 from reprotrain.repro import device as devices
@@ -99,7 +107,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         local_rank=dist.local_rank if dist.enabled else None,
     )  # fmt: skip
     env = environment.capture(device)
-    check_world_size(cfg, point, dist)
+    check_world_size(cfg.trainer, point, dist)
     if fresh:
         start_record(record, cfg, run_dir, seeds, flags, env, device, point)
     record.update(**distributed_record(dist, device))
@@ -108,30 +116,31 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size,
     )  # fmt: skip
 
-    # --- build: data, then model (from the `init` stream), optimizer, schedule, loss -------
+    # --- build: data, then model (from the `init` stream), optimizer, schedule, task -------
     dataset, pipeline = build_data(cfg, seeds, device, dist)
     record.update(data_fingerprint=dataset.fingerprint())
     seed_globals(seeds.init)
-    parts, step_parts = build_training(cfg, pipeline, device, dist)
-    state: LoopState = parts["loop"]
-    record.update(components=components_record(cfg, parts, step_parts.loss_fn, dataset))
+    stepper = build_training(cfg, pipeline.steps_per_epoch, device, dist, seeds.train)
+    trainer = stepper.state
+    record.update(components=components_record(cfg.trainer, stepper, dataset))
 
-    # --- resume or start: restore every part, or seed the `train` stream -------------------
+    # --- resume or start: restore the trainer's state, or seed the `train` stream ----------
     if point is not None:
-        resume_from(point, parts, record, env, device, run_dir, container)
+        resume_from(point, trainer, record, env, device, run_dir, container)
     else:
-        record.update(initial_weights_sha256=state_sha256(parts["model"].state_dict()))
+        record.update(initial_weights_sha256=state_sha256(trainer.model.state_dict()))
         seed_globals(seeds.train)
     meta = {"config": container, "config_sha256": record["config_sha256"]}
     meta |= {"seeds": seeds.as_dict(), "env": env}
-    saver = checkpoint.Saver(run_dir / rec.CHECKPOINTS, parts, meta, cfg.trainer.keep_checkpoints)
-    model, loss_fn, amp = parts["model"], step_parts.loss_fn, step_parts.amp
+    saver = checkpoint.Saver(run_dir / rec.CHECKPOINTS, trainer, meta, cfg.trainer.keep_checkpoints)
+    out = RunOutputs(saver, record, stop, run_dir)
 
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
-    alerts, feed = run_loop(cfg, parts, step_parts, pipeline, saver, record, stop, run_dir, dist)
+    alerts, feed = run_loop(stepper, pipeline, out, dist, cfg.trainer, cfg.logger)
 
     # --- record: test once at the end; the final state a later verify/reproduce compares ---
-    final = final_metrics(state, model, pipeline, loss_fn, amp, run_dir)
+    state = trainer.loop
+    final = final_metrics(stepper, pipeline, run_dir)
     record.update(
         status="completed",
         finished_at=rec.now_iso(),
@@ -145,8 +154,8 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     )
     feed.loggers.log_final(final)
     feed.close("completed")
-    log.info("test_acc=%s  %s=%s (best epoch %s)", final.get("test_acc"), cfg.trainer.monitor,
-             state.best, state.best_epoch)  # fmt: skip
+    shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
+    log.info("%s  %s=%s (best epoch %s)", shown, cfg.trainer.monitor, state.best, state.best_epoch)
     log.info("completed: checkpoints in %s; report: make report RUN=%s", saver.dir, run_dir)
     return state.best
 
@@ -154,35 +163,52 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
 # ------------------------------------------------------------------ the steps train() calls
 
 
-def run_loop(cfg, parts, step_parts, pipeline, saver, record, stop, run_dir, dist):
+@dataclass
+class RunOutputs:
+    """Where a run writes: its checkpoints, its record, its directory; and its stop flag."""
+
+    saver: checkpoint.Saver
+    record: rec.RunRecord
+    stop: StopFlag
+    run_dir: Path
+
+
+def run_loop(
+    stepper: Stepper,
+    pipeline,
+    out: RunOutputs,
+    dist: Dist,
+    settings: TrainerConfig,
+    logger_cfg: DictConfig,
+) -> tuple[list[str], StepFeed]:
     """Epochs of counter-based batches from the loop state's position; checkpoints on
     cadence, at epoch ends and on signals. Returns the alerts seen and the logger feed."""
-    state: LoopState = parts["loop"]
-    model, loss_fn, amp = parts["model"], step_parts.loss_fn, step_parts.amp
-    device = state.device
-    alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
-    every, epochs = cfg.trainer.checkpoint_every_steps, cfg.trainer.epochs
-    stop_at = cfg.trainer.stop_at_global_step
-    bar = tqdm(disable=not (cfg.trainer.progress and sys.stderr.isatty()), leave=False)
-    feed = StepFeed(build_loggers(cfg.logger, run_dir, record.data, state.global_step), state)
-    profiler = StepProfiler(run_dir / "profile", cfg.trainer.profile_steps, device).start() \
-        if cfg.trainer.profile_steps and dist.is_main else None  # fmt: skip
+    state = stepper.state.loop
+    alerts: list[str] = list(out.record.data.get("nondeterministic_ops", []))
+    every, epochs = settings.checkpoint_every_steps, settings.epochs
+    stop_at = settings.stop_at_global_step
+    bar = tqdm(disable=not (settings.progress and sys.stderr.isatty()), leave=False)
+    feed = StepFeed(
+        build_loggers(logger_cfg, out.run_dir, out.record.data, state.global_step), state
+    )
+    profiler = StepProfiler(out.run_dir / "profile", settings.profile_steps, state.device).start() \
+        if settings.profile_steps and dist.is_main else None  # fmt: skip
 
     def after_step(next_step: int) -> None:
         bar.update(1)
         if dist.world_size == 1:  # under DDP the step losses are global only at epoch end
-            feed.every(cfg.logger.log_every_steps)
+            feed.every(logger_cfg.log_every_steps)
         if profiler is not None:
             profiler.step()
         fault_injection.hook("step", state.global_step)
-        if dist.all_reduce_any(stop.signal_name is not None):  # every rank, same step
+        if dist.all_reduce_any(out.stop.signal_name is not None):  # every rank, same step
             feed.close("interrupted")
-            interrupted(saver, record, state, stop, run_dir)
+            interrupted(out, state)
         if stop_at and state.global_step == stop_at and next_step < pipeline.steps_per_epoch:
-            stop.signal_name = f"trainer.stop_at_global_step={stop_at}"
-            interrupted(saver, record, state, stop, run_dir)
+            out.stop.signal_name = f"trainer.stop_at_global_step={stop_at}"
+            interrupted(out, state)
         if every and state.global_step % every == 0 and next_step < pipeline.steps_per_epoch:
-            saver.save()
+            out.saver.save()
 
     with determinism.nondeterminism_alerts(alerts):
         while state.epoch <= epochs:
@@ -191,23 +217,26 @@ def run_loop(cfg, parts, step_parts, pipeline, saver, record, stop, run_dir, dis
             bar.set_description(f"epoch {state.epoch}")
             seen_before = state.progress.seen
             seconds = run_epoch(
-                step_parts, state, pipeline.epoch(state.epoch, state.step),
-                check_every=cfg.trainer.nonfinite_check_every,
-                on_nonfinite=cfg.trainer.on_nonfinite, after_step=after_step,
+                stepper, pipeline.epoch(state.epoch, state.step),
+                check_every=settings.nonfinite_check_every,
+                on_nonfinite=settings.on_nonfinite, after_step=after_step,
                 any_rank=dist.all_reduce_any,
                 saving=lambda gs: bool(every and gs % every == 0) or gs == stop_at,  # all ranks
             )  # fmt: skip
             reduce_across_ranks(state.progress)
             feed.flush()
-            row = end_epoch(cfg, state, model, pipeline, loss_fn, amp, saver, run_dir, seconds,
-                            state.progress.seen - seen_before * dist.world_size)  # fmt: skip
+            trained = state.progress.seen - seen_before * dist.world_size
+            row = end_epoch(stepper, pipeline, out, settings, seconds, trained)
             feed.epoch(row)
-            record.update(nondeterministic_ops=alerts, nonfinite_events=state.nonfinite_events)
+            out.record.update(nondeterministic_ops=alerts, nonfinite_events=state.nonfinite_events)
             asked = stop_at and state.global_step == stop_at
-            if dist.all_reduce_any(stop.signal_name is not None or asked) and state.epoch <= epochs:
-                stop.signal_name = stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
-                interrupted(saver, record, state, stop, run_dir)
-            if cfg.trainer.stop_after_epoch and state.epoch > cfg.trainer.stop_after_epoch:
+            stopping = out.stop.signal_name is not None or asked
+            if dist.all_reduce_any(stopping) and state.epoch <= epochs:
+                out.stop.signal_name = (
+                    out.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
+                )
+                interrupted(out, state)
+            if settings.stop_after_epoch and state.epoch > settings.stop_after_epoch:
                 break  # spot check: the schedule still spans trainer.epochs
     bar.close()
     if profiler is not None:
@@ -286,11 +315,11 @@ def experiment_id(record: dict, device: torch.device) -> str:
     )
 
 
-def check_world_size(cfg: DictConfig, point, dist: Dist) -> None:
+def check_world_size(settings: TrainerConfig, point, dist: Dist) -> None:
     if point is None or point.forked:
         return
     saved = (point.state.get("env") or {}).get("world_size", 1)
-    if saved != dist.world_size and not cfg.trainer.allow_world_size_change:
+    if saved != dist.world_size and not settings.allow_world_size_change:
         raise ResumeError(
             f"the checkpoint was written with world size {saved}, this run has "
             f"{dist.world_size}; resume with NPROC={saved}, or pass "
@@ -329,23 +358,25 @@ def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist |
 
 
 def build_training(
-    cfg: DictConfig, pipeline, device: torch.device, dist: Dist
-) -> tuple[dict, StepParts]:
-    """Every Stateful part of the checkpoint (model first, rng last), and the step's view."""
+    cfg: DictConfig, steps_per_epoch: int, device: torch.device, dist: Dist, train_seed: int
+) -> Stepper:
+    """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task) and the
+    step that drives it: the model's DDP/compiled wrapper, the task, the step settings."""
+    settings: TrainerConfig = cfg.trainer
     model = build_naming_key("model", cfg.model, lambda node: build("model", node)).to(device)
-    if cfg.trainer.channels_last:
+    if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    groups = param_groups(model, cfg.trainer.no_decay_norm_bias)
+    groups = param_groups(model, settings.no_decay_norm_bias)
     optimizer = build("optimizer", cfg.optimizer, params=groups)
-    total_steps = pipeline.steps_per_epoch * cfg.trainer.epochs
+    total_steps = steps_per_epoch * settings.epochs
     scheduler = build_scheduler(cfg.scheduler, optimizer, total_steps=total_steps)
-    amp = (cfg.trainer.amp, cfg.trainer.amp_dtype)
+    amp = (settings.amp, settings.amp_dtype)
     scaler = torch.amp.GradScaler(
-        device.type, init_scale=cfg.trainer.amp_init_scale, enabled=amp == (True, "fp16")
+        device.type, init_scale=settings.amp_init_scale, enabled=amp == (True, "fp16")
     )
     forward = model
     if dist.enabled:  # gradients all-reduced in a fixed bucket order; BN synced on request
-        if cfg.trainer.sync_batchnorm:
+        if settings.sync_batchnorm:
             if device.type != "cuda":
                 raise ReprotrainError(
                     "trainer.sync_batchnorm=true needs CUDA: torch's SyncBatchNorm has no CPU "
@@ -354,20 +385,30 @@ def build_training(
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         ids = [device.index] if device.type == "cuda" else None
         forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    if cfg.trainer.compile:
-        forward = torch.compile(forward, mode=cfg.trainer.compile_mode)
-    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-    parts |= {"loop": LoopState(device), "rng": rng.RNGState(device)}  # rng restored last
-    loss_fn = build("loss", cfg.loss)
-    step = StepParts(
-        forward, optimizer, scheduler, scaler, loss_fn, amp, cfg.trainer.grad_clip_norm
-    )
-    return parts, step
+    if settings.compile:
+        forward = torch.compile(forward, mode=settings.compile_mode)
+    task = build_task(cfg.task, cfg.loss)
+    check_microbatch(settings.batch_size // dist.world_size, settings.microbatch_size)
+    state = TrainerState(model, optimizer, scheduler, scaler, device, task=task)
+    return Stepper(
+        state, forward, task, amp=amp, grad_clip_norm=settings.grad_clip_norm,
+        microbatch_size=settings.microbatch_size, train_seed=train_seed,
+    )  # fmt: skip
 
 
-def resume_from(point, parts: dict, record, env, device, run_dir: Path, container: dict) -> None:
-    checkpoint.restore(parts, point.state)
-    state = parts["loop"]
+def check_microbatch(per_rank_batch: int, microbatch_size: int | None) -> None:
+    if microbatch_size and per_rank_batch % microbatch_size:
+        raise ReprotrainError(
+            f"trainer.microbatch_size={microbatch_size} does not divide the per-rank batch "
+            f"({per_rank_batch} = trainer.batch_size / world size); pick a divisor of it"
+        )
+
+
+def resume_from(
+    point, trainer: TrainerState, record, env, device, run_dir: Path, container: dict
+) -> None:
+    trainer.load_state_dict(point.state)
+    state = trainer.loop
     # The files may have run ahead of the checkpoint (killed after writing them).
     rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
     rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.fingerprints)
@@ -380,55 +421,59 @@ def resume_from(point, parts: dict, record, env, device, run_dir: Path, containe
     log.info("resumed from %s at epoch %d step %d", point.path.name, state.epoch, state.step)
 
 
-def components_record(cfg, parts, loss_fn, dataset) -> dict:
+def components_record(settings: TrainerConfig, stepper: Stepper, dataset) -> dict:
     """The classes that actually ran, and the optimizer's parameter groups."""
-    names = {k: qualname(parts[k]) for k in ("model", "optimizer", "scheduler")}
+    trainer = stepper.state
+    names = {k: qualname(getattr(trainer, k)) for k in ("model", "optimizer", "scheduler")}
     return names | {
-        "loss": qualname(loss_fn),
+        "task": qualname(stepper.task),
+        "lr": trainer.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
+        "loss": qualname(getattr(stepper.task, "loss_fn", None)),
         "dataset": qualname(dataset),
         "param_groups": [
             {"params": sum(p.numel() for p in g["params"]), "weight_decay": g["weight_decay"]}
-            for g in parts["optimizer"].param_groups
+            for g in trainer.optimizer.param_groups
         ],
-        "compile": cfg.trainer.compile and cfg.trainer.compile_mode,
-        "channels_last": cfg.trainer.channels_last,
+        "compile": settings.compile and settings.compile_mode,
+        "channels_last": settings.channels_last,
+        "microbatch_size": settings.microbatch_size,
     }
 
 
-def interrupted(
-    saver: checkpoint.Saver, record, state: LoopState, stop: StopFlag, run_dir
-) -> NoReturn:
+def interrupted(out: RunOutputs, state: LoopState) -> NoReturn:
     """Checkpoint, mark the run interrupted, hand a SIGUSR2 over to submitit's requeue."""
-    saver.save()
-    record.update(
-        status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=stop.signal_name
+    out.saver.save()
+    out.record.update(
+        status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=out.stop.signal_name
     )
     log.warning(
         "interrupted at epoch %d step %d; resume with `%s`",
-        state.epoch, state.step, resume_hint(run_dir),
+        state.epoch, state.step, resume_hint(out.run_dir),
     )  # fmt: skip
-    if stop.signal_name == "SIGUSR2" and stop.requeue is not None:
+    if out.stop.signal_name == "SIGUSR2" and out.stop.requeue is not None:
         release_lock()
-        stop.requeue(signal.SIGUSR2, None)  # submitit requeues the job and exits
+        out.stop.requeue(signal.SIGUSR2, None)  # submitit requeues the job and exits
     sys.exit(EXIT_INTERRUPTED)
 
 
-def end_epoch(cfg, state: LoopState, model, pipeline, loss_fn, amp, saver, run_dir, seconds, n):
+def end_epoch(
+    stepper: Stepper, pipeline, out: RunOutputs, settings: TrainerConfig, seconds: float, n: int
+) -> dict:
     """Metrics row, fingerprint, checkpoint (best.pt when the monitored value improved)."""
+    trainer, state = stepper.state, stepper.state.loop
     row = {
         "epoch": state.epoch,
         "global_step": state.global_step,
-        "train_loss": float(state.progress.loss_sum) / state.progress.seen,
-        "train_acc": int(state.progress.correct) / state.progress.seen,
-        "lr": state_lr(saver.parts["scheduler"]),
+        **epoch_metrics(stepper.task, state.progress),
+        "lr": state_lr(trainer.scheduler),
         "seconds": seconds,
         "images_per_s": n / seconds if seconds > 0 else None,
     }
-    last = state.epoch == cfg.trainer.epochs or state.epoch == cfg.trainer.stop_after_epoch
-    if pipeline.has_split("val") and (state.epoch % cfg.trainer.eval_every == 0 or last):
-        row.update(evaluate(model, pipeline.eval_batches("val"), loss_fn, amp, "val"))
+    last = state.epoch == settings.epochs or state.epoch == settings.stop_after_epoch
+    if pipeline.has_split("val") and (state.epoch % settings.eval_every == 0 or last):
+        row.update(evaluate_split(stepper, pipeline, "val"))
     state.metrics.append(row)
-    cpu_state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    cpu_state = {k: v.detach().to("cpu") for k, v in trainer.model.state_dict().items()}
     losses = state.progress.losses()
     state.fingerprints.append(
         {
@@ -440,15 +485,25 @@ def end_epoch(cfg, state: LoopState, model, pipeline, loss_fn, amp, saver, run_d
             "step_lrs": state.progress.step_lrs,
         }
     )
-    rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
-    rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.fingerprints)
+    rec.write_jsonl(out.run_dir / rec.METRICS, state.metrics)
+    rec.write_jsonl(out.run_dir / rec.FINGERPRINTS, state.fingerprints)
     shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
-    log.info("epoch %d/%d  %s", state.epoch, cfg.trainer.epochs, shown)
-    improved = state.improved(row.get(cfg.trainer.monitor), cfg.trainer.monitor_mode)
+    log.info("epoch %d/%d  %s", state.epoch, settings.epochs, shown)
+    improved = state.improved(row.get(settings.monitor), settings.monitor_mode)
     state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
-    saver.save(best=improved, model_state=cpu_state)
+    out.saver.save(best=improved, model_state=cpu_state)
     fault_injection.hook("after-save", state.global_step)
     return row
+
+
+def evaluate_split(stepper: Stepper, pipeline, split: str) -> dict:
+    """``<split>_<name>`` of the task's metrics with the current weights of the bare model."""
+    trainer = stepper.state
+    return evaluate(
+        stepper.task, trainer.model, pipeline.eval_batches(split), prefix=split,
+        device=trainer.loop.device, amp=stepper.amp, global_step=trainer.loop.global_step,
+        train_seed=stepper.train_seed,
+    )  # fmt: skip
 
 
 def state_lr(scheduler) -> float:
@@ -485,14 +540,15 @@ class StepFeed:
         self.loggers.close(status)
 
 
-def final_metrics(state: LoopState, model, pipeline, loss_fn, amp, run_dir: Path) -> dict:
+def final_metrics(stepper: Stepper, pipeline, run_dir: Path) -> dict:
     """Last epoch's row plus the test split, evaluated once: last weights, then best."""
+    trainer, state = stepper.state, stepper.state.loop
     final = {k: v for k, v in state.metrics[-1].items() if k not in ("seconds", "images_per_s")}
-    final.update(evaluate(model, pipeline.eval_batches("test"), loss_fn, amp, "test"))
+    final.update(evaluate_split(stepper, pipeline, "test"))
     best_path = run_dir / rec.CHECKPOINTS / "best.pt"
     if state.best_epoch not in (None, state.metrics[-1]["epoch"]) and best_path.is_file():
-        model.load_state_dict(checkpoint.load(best_path)["model"])
-        best = evaluate(model, pipeline.eval_batches("test"), loss_fn, amp, "test")
+        trainer.model.load_state_dict(checkpoint.load(best_path)["model"])
+        best = evaluate_split(stepper, pipeline, "test")
         final.update({f"best_{k}": v for k, v in best.items()}, best_epoch=state.best_epoch)
     return final
 

@@ -35,17 +35,21 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
 
 
-def snapshot(parts: dict[str, Stateful], meta: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint: each part's ``state_dict()`` under its name, plus ``meta``."""
-    return {
-        "format_version": FORMAT_VERSION,
-        **meta,
-        **{k: p.state_dict() for k, p in parts.items()},
-    }
+def snapshot(parts: Stateful | dict[str, Stateful], meta: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint: the trainer state's ``state_dict()`` (one key per part) or each
+    named part's ``state_dict()`` under its name, plus ``meta``."""
+    if isinstance(parts, dict):
+        state = {k: p.state_dict() for k, p in parts.items()}
+    else:
+        state = parts.state_dict()
+    return {"format_version": FORMAT_VERSION, **meta, **state}
 
 
-def restore(parts: dict[str, Stateful], state: dict[str, Any]) -> None:
+def restore(parts: Stateful | dict[str, Stateful], state: dict[str, Any]) -> None:
     """Load every part from ``state``, in the order given (rng last keeps draws exact)."""
+    if not isinstance(parts, dict):
+        parts.load_state_dict(state)
+        return
     for name, part in parts.items():
         part.load_state_dict(state[name])
 
@@ -124,7 +128,7 @@ def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
 class Saver:
     """Writes step checkpoints (newest K kept) and best.pt; serialises each state once."""
 
-    def __init__(self, ckpt_dir: Path, parts: dict, meta: dict, keep: int) -> None:
+    def __init__(self, ckpt_dir: Path, parts: Stateful | dict, meta: dict, keep: int) -> None:
         self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
 
     def save(self, best: bool = False, model_state: dict | None = None) -> None:
@@ -133,7 +137,7 @@ class Saver:
             return
         if model_state is not None:
             state["model"] = model_state  # the CPU copy already made for the fingerprint
-        step = self.parts["loop"].global_step
+        step = state["loop"]["global_step"]
         data = serialise(state)
         save(step_path(self.dir, step), data, step)
         prune(self.dir, self.keep)

@@ -45,6 +45,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     import torch
 
     from reprotrain import train as trainer
+    from reprotrain.components import build_task
     from reprotrain.engine import evaluate
     from reprotrain.repro import determinism
     from reprotrain.repro import device as devices
@@ -70,9 +71,12 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.load_state_dict(state["model"])
-    loss_fn = trainer.build("loss", cfg.loss)
-    amp = (cfg.trainer.amp, cfg.trainer.amp_dtype)
-    metrics = evaluate(model, pipeline.eval_batches("test"), loss_fn, amp, "test")
+    task = build_task(cfg.task, cfg.get("loss"))
+    metrics = evaluate(
+        task, model, pipeline.eval_batches("test"), prefix="test", device=device,
+        amp=(cfg.trainer.amp, cfg.trainer.amp_dtype), global_step=state["loop"]["global_step"],
+        train_seed=seeds.train,
+    )  # fmt: skip
     result = {
         "checkpoint": str(path),
         "global_step": state["loop"]["global_step"],
@@ -99,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except ReprotrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    m = result["metrics"]
-    print(f"test_loss={m['test_loss']!r} test_acc={m['test_acc']!r} ({result['checkpoint']})")
+    shown = " ".join(f"{k}={v!r}" for k, v in result["metrics"].items())
+    print(f"{shown} ({result['checkpoint']})")
     print(f"wrote {args.run_dir / 'eval.json'}")
     return 0
 

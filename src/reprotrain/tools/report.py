@@ -24,20 +24,11 @@ from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_writ
 
 REPORT_MD = "report.md"
 CURVES_PNG = "curves.png"
-# Column order of the epoch table; any other numeric key follows, sorted.
-KNOWN_COLUMNS = [
-    "epoch",
-    "global_step",
-    "train_loss",
-    "train_acc",
-    "val_loss",
-    "val_acc",
-    "test_loss",
-    "test_acc",
-    "lr",
-    "seconds",
-    "images_per_s",
-]
+# Column order of the epoch table: position, then each split's metrics (whatever the task
+# logs, loss first, then by name), then the schedule and timings; any other key follows.
+HEAD_COLUMNS = ["epoch", "global_step"]
+SPLITS = ("train", "val", "test")
+TAIL_COLUMNS = ["lr", "seconds", "images_per_s"]
 HEADERS = {
     "global_step": "step",
     "images_per_s": "img/s",
@@ -230,10 +221,17 @@ def identity_rows(rec: dict[str, Any], n_epochs: int) -> list[list[str]]:
 
 def epoch_columns(rows: list[dict[str, Any]]) -> list[str]:
     present = {k for r in rows for k, v in r.items() if v is None or _num(v) is not None}
-    return [k for k in KNOWN_COLUMNS if k in present] + sorted(present - set(KNOWN_COLUMNS))
+    cols = [k for k in HEAD_COLUMNS if k in present]
+    for split in SPLITS:
+        mine = [k for k in present if k.startswith(f"{split}_")]
+        cols += sorted(mine, key=lambda k: (k != f"{split}_loss", k))
+    cols += [k for k in TAIL_COLUMNS if k in present]
+    return cols + sorted(present - set(cols))
 
 
 def render_markdown(view: RunView, png_name: str | None) -> str:
+    from reprotrain.plots import metric_label, metric_names
+
     rec = view.record
     title = rec.get("experiment_id") or view.run_dir.name
     out = [
@@ -244,7 +242,9 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
         "",
     ]
     if png_name:
-        out += [f"![loss, accuracy and learning rate]({png_name})", ""]
+        names = [metric_label(n) for n in metric_names({k: 0 for r in view.metrics for k in r})]
+        shown = ", ".join(["loss", *(n for n in names if n != "loss")])
+        out += [f"![{shown} and learning rate]({png_name})", ""]
     else:
         out += ["_No epoch finished yet: nothing to plot._", ""]
     out += ["## Identity", "", *_table(["field", "value"], identity_rows(rec, len(view.metrics)))]
@@ -286,7 +286,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m reprotrain.tools.report",
-        description="Write report.md and curves.png (loss, accuracy, lr) for a run directory, "
+        description="Write report.md and curves.png (loss, metrics, lr) for a run directory, "
         "from its records alone.",
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory")

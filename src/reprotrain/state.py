@@ -1,0 +1,201 @@
+"""The trainer's state: one Stateful whose ``state_dict`` is the checkpoint.
+
+``TrainerState`` holds the model, optimizer, scheduler, GradScaler, the loop state, the
+global RNGs and the task's state if it has any; its ``state_dict()`` has one key per part
+and ``load_state_dict`` restores them in that order (rng last, so no draw happens between
+restoring the generators and the next step). ``LoopState`` is the loop's position
+``(epoch, step, global_step)`` and history; ``EpochProgress`` the epoch's partial sums.
+
+Closes: resume drift of the partial epoch. The metric sums, per-step losses and lrs of the
+epoch so far are in the checkpoint as exact values (tensors, python floats), so a run
+resumed mid-epoch ends with the same epoch means as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from reprotrain.repro import rng
+from reprotrain.tasks.metrics import SAMPLES, as_sum
+
+
+def _dist_world() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+class MetricSums:
+    """Named running sums on one device, added without a host sync; read once per split."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.sums: dict[str, torch.Tensor] = {}
+        self.samples = 0  # a python int: batch sizes are known on the host
+
+    def add(self, sums: dict[str, torch.Tensor], samples: int) -> None:
+        for name, value in sums.items():
+            total = self.sums.get(name)
+            if total is None:
+                self.sums[name] = as_sum(value).clone()
+            else:
+                total += value.to(total.dtype)
+        self.samples += samples
+
+    def host(self) -> dict[str, Any]:
+        """The totals on the CPU (one host read), with ``samples`` as an int."""
+        return {**{k: v.detach().cpu() for k, v in self.sums.items()}, SAMPLES: self.samples}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": {k: v.detach().cpu() for k, v in self.sums.items()}, SAMPLES: self.samples}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.sums = {k: v.to(self.device) for k, v in sd["sums"].items()}
+        self.samples = sd[SAMPLES]
+
+
+class EpochProgress:
+    """The current epoch so far: metric sums, per-step losses and lrs, all on the device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.metrics = MetricSums(device)
+        self.step_losses: list[torch.Tensor] = []
+        self.step_lrs: list[float] = []  # the lr each step used (python floats: no sync)
+
+    @property
+    def seen(self) -> int:
+        return self.metrics.samples
+
+    def add(self, loss: torch.Tensor, sums: dict, n: int, lr: float) -> None:
+        self.step_losses.append(loss)
+        self.step_lrs.append(lr)
+        self.metrics.add(sums, n)
+
+    def losses(self) -> list[float]:
+        """Every step loss of the epoch so far, as python floats (one host sync)."""
+        if not self.step_losses:
+            return []
+        return torch.stack(self.step_losses).double().tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's partial sums; under DDP every rank's (a collective), since a
+        mid-epoch resume must give each rank back its own share."""
+        mine = {
+            "step_losses": self.losses(),
+            "step_lrs": self.step_lrs,
+            "metrics": self.metrics.state_dict(),
+        }
+        if _dist_world() == 1:
+            return mine
+        import torch.distributed as dist
+
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+        return {"ranks": ranks}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if "ranks" in sd:
+            import torch.distributed as dist
+
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            sd = sd["ranks"][min(rank, len(sd["ranks"]) - 1)]
+        self.step_losses = [
+            torch.tensor(v, dtype=torch.float32, device=self.device) for v in sd["step_losses"]
+        ]
+        self.step_lrs = list(sd["step_lrs"])
+        self.metrics.load_state_dict(sd["metrics"])
+
+
+@dataclass
+class LoopState:
+    """Position ``(epoch, step)`` of the next step, history, and the best monitored value."""
+
+    device: torch.device
+    epoch: int = 1
+    step: int = 0
+    global_step: int = 0
+    best: float | None = None
+    best_epoch: int | None = None
+    metrics: list[dict] = field(default_factory=list)
+    fingerprints: list[dict] = field(default_factory=list)
+    nonfinite_events: list[dict] = field(default_factory=list)
+    progress: EpochProgress = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.progress = EpochProgress(self.device)
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step, self.progress = self.epoch + 1, 0, EpochProgress(self.device)
+
+    def improved(self, value: float | None, mode: str) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best is not None and (value <= self.best if mode == "max" else value >= self.best):
+            return False
+        self.best, self.best_epoch = value, self.epoch
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = ("epoch", "step", "global_step", "best", "best_epoch", "metrics", "fingerprints")
+        return {
+            **{k: getattr(self, k) for k in keys},
+            "nonfinite_events": self.nonfinite_events,
+            "progress": self.progress.state_dict(),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        for key in ("epoch", "step", "global_step", "best", "best_epoch", "metrics"):
+            setattr(self, key, sd[key])
+        self.fingerprints = sd["fingerprints"]
+        self.nonfinite_events = sd.get("nonfinite_events", [])
+        self.progress.load_state_dict(sd["progress"])
+
+
+class TrainerState:
+    """Everything a resume restores, as one Stateful (the checkpoint is its state_dict).
+
+    ``model`` is the bare module (its state_dict keys carry no DDP/compile prefix);
+    ``task`` is checkpointed only if it has a ``state_dict``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        scaler: torch.amp.GradScaler,
+        device: torch.device,
+        task: Any = None,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler, self.scaler = (
+            model,
+            optimizer,
+            scheduler,
+            scaler,
+        )
+        self.loop = LoopState(device)
+        self.rng = rng.RNGState(device)
+        self.task = task
+
+    def parts(self) -> dict[str, Any]:
+        """The checkpointed parts by name, in restore order (rng last)."""
+        named = {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
+        named |= {"scaler": self.scaler, "loop": self.loop}
+        if hasattr(self.task, "state_dict") and hasattr(self.task, "load_state_dict"):
+            named["task"] = self.task
+        return named | {"rng": self.rng}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: part.state_dict() for name, part in self.parts().items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name, part in self.parts().items():
+            part.load_state_dict(state_dict[name])

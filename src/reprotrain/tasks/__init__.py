@@ -1,0 +1,24 @@
+"""Tasks: what one (micro-)batch computes. The seam between the framework and the user.
+
+A task is a small object, built from ``conf/task/<name>.yaml``, with a training step and an
+evaluation step over one batch. It returns the loss to back-propagate and named metric
+*sums* (device tensors); the framework adds the sums up, reduces them across ranks and calls
+``task.compute`` once per epoch or split to turn them into the logged values. See
+``base.py`` for the protocol, ``classification.py`` and ``regression.py`` for the two
+shipped tasks, and the README's "Bring your own task".
+"""
+
+from reprotrain.tasks.base import StepContext, StepOutput, Task
+from reprotrain.tasks.classification import Classification
+from reprotrain.tasks.metrics import SAMPLES, mean_sum
+from reprotrain.tasks.regression import Regression
+
+__all__ = [
+    "SAMPLES",
+    "Classification",
+    "Regression",
+    "StepContext",
+    "StepOutput",
+    "Task",
+    "mean_sum",
+]

@@ -1,0 +1,33 @@
+"""Metric sums: the on-device form every task metric takes between steps.
+
+A task returns *sums* over its (micro-)batch, never means: the framework adds them on the
+device (no host sync per step), all-reduces them across ranks once per epoch, checkpoints
+the partial sums for a mid-epoch resume, and hands the totals to ``task.compute`` at the
+end of an epoch or split. Means are ``sum / samples``; metrics that are not per-sample
+means (R², F1, ...) are exact functions of the right sums (see regression.py). Floating
+sums are float64 (float32 on mps, which has no float64), integer sums int64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SAMPLES = "samples"  # reserved: the framework counts the samples of a split itself
+
+
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 where the device has it: a float64 sum of float32 values is exact enough
+    to be the same number as a python float accumulation."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def mean_sum(mean: torch.Tensor, n: int) -> torch.Tensor:
+    """A batch mean turned back into the batch's sum, in the sum dtype: ``mean * n``."""
+    return mean.detach().to(sum_dtype(mean.device)) * n
+
+
+def as_sum(value: torch.Tensor) -> torch.Tensor:
+    """``value`` in the dtype its running sum keeps (int64 counts, float64 values)."""
+    if value.dtype.is_floating_point or value.dtype.is_complex:
+        return value.detach().to(sum_dtype(value.device))
+    return value.detach().to(torch.int64)

@@ -255,7 +255,8 @@ def stack_samples(samples: list) -> Batch:
     try:
         return default_collate(samples)
     except (RuntimeError, TypeError) as e:
-        shapes = sorted({str(list(t.shape)) for t in pytree.tree_leaves(samples) if t.dim()})
+        tensors = [t for t in pytree.tree_leaves(samples) if isinstance(t, torch.Tensor)]
+        shapes = sorted({str(list(t.shape)) for t in tensors if t.dim()})
         reason = f"tensor shapes {', '.join(shapes[:3])}" if len(shapes) > 1 else str(e)
         raise ReprotrainError(
             f"the default collate cannot stack these samples ({reason.splitlines()[0]}); give "

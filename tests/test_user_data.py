@@ -161,3 +161,13 @@ def test_rank_shares_of_sample_datasets_cover_the_global_batch():
         for r, share in enumerate(shares):
             mine, width = tokens[8 * r : 8 * (r + 1)], share[step][0].shape[1]
             assert torch.equal(mine[:, :width], share[step][0]) and not mine[:, width:].any()
+
+
+def test_in_memory_tensors_that_disagree_on_the_sample_count_are_one_line():
+    class Ragged(InMemoryTensors):
+        def load_samples(self):
+            return (torch.zeros(10, 3), torch.zeros(9)), (torch.zeros(4, 3), torch.zeros(4))
+
+    with pytest.raises(ReprotrainError) as e:
+        Ragged().splits()
+    assert "\n" not in str(e.value) and "train split" in str(e.value)

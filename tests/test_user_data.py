@@ -171,3 +171,22 @@ def test_in_memory_tensors_that_disagree_on_the_sample_count_are_one_line():
     with pytest.raises(ReprotrainError) as e:
         Ragged().splits()
     assert "\n" not in str(e.value) and "train split" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("+dataset.collate.pad_idd=0", "unknown key 'pad_idd' for starter.sequences.PadTokens"),
+        ("dataset.collate._target_=starter.sequences.Pad", "'starter.sequences.Pad' cannot be"),
+    ],
+)
+def test_preflight_checks_the_collate_like_any_target(override, names):
+    from reprotrain import preflight
+    from reprotrain.config import register_configs
+
+    register_configs()
+    preflight.register_resolvers()
+    preflight.check(["experiment=smoke_sequence"])  # the example itself passes
+    with pytest.raises(ReprotrainError) as e:
+        preflight.check(["experiment=smoke_sequence", override])
+    assert "\n" not in str(e.value) and names in str(e.value)

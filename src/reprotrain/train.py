@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from reprotrain import fault_injection, launchers, preflight
 from reprotrain.components import build, build_naming_key, build_scheduler, build_task, qualname
-from reprotrain.config import TrainerConfig, config_sha256
+from reprotrain.config import ReproConfig, TrainerConfig, config_sha256
 from reprotrain.data.datasets import build_dataset
 from reprotrain.data.file_hashes import file_sha256
 from reprotrain.data.pipeline import build_pipeline
@@ -109,7 +109,11 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     env = environment.capture(device)
     check_world_size(cfg.trainer, point, dist)
     if fresh:
-        start_record(record, cfg, run_dir, seeds, flags, env, device, point)
+        start_record(
+            record, run_dir, point, device, seeds=seeds, flags=flags, env=env, repro=cfg.repro,
+            name=OmegaConf.to_container(cfg, resolve=False)["name"],  # an oc.env stays text
+            include_untracked=list(cfg.include_untracked),
+        )  # fmt: skip
     record.update(**distributed_record(dist, device))
     log.info(
         "experiment %s | repro=%s | seeds %s | device %s | world size %d",
@@ -139,25 +143,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     alerts, feed = run_loop(stepper, pipeline, out, dist, cfg.trainer, cfg.logger)
 
     # --- record: test once at the end; the final state a later verify/reproduce compares ---
-    state = trainer.loop
-    final = final_metrics(stepper, pipeline, run_dir)
-    record.update(
-        status="completed",
-        finished_at=rec.now_iso(),
-        final_weights_sha256=state.fingerprints[-1]["weights_sha256"],
-        final_metrics=final,
-        epochs_completed=len(state.metrics),
-        partial=len(state.metrics) < cfg.trainer.epochs,
-        nondeterministic_ops=alerts,
-        nonfinite_events=state.nonfinite_events,
-        gpu_memory=environment.peak_memory(device),
-    )
-    feed.loggers.log_final(final)
-    feed.close("completed")
-    shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
-    log.info("%s  %s=%s (best epoch %s)", shown, cfg.trainer.monitor, state.best, state.best_epoch)
-    log.info("completed: checkpoints in %s; report: make report RUN=%s", saver.dir, run_dir)
-    return state.best
+    return finish(stepper, pipeline, out, alerts, feed, cfg.trainer)
 
 
 # ------------------------------------------------------------------ the steps train() calls
@@ -260,24 +246,66 @@ class StopFlag:
         log.warning("%s received: finishing this step, then checkpointing", self.signal_name)
 
 
-def start_record(record, cfg, run_dir: Path, seeds: Seeds, flags, env, device, point) -> None:
+def finish(
+    stepper: Stepper,
+    pipeline,
+    out: RunOutputs,
+    alerts: list[str],
+    feed: StepFeed,
+    settings: TrainerConfig,
+) -> float | None:
+    """Test once (last weights, then best), mark the run completed; the monitored best."""
+    state = stepper.state.loop
+    final = final_metrics(stepper, pipeline, out.run_dir)
+    out.record.update(
+        status="completed",
+        finished_at=rec.now_iso(),
+        final_weights_sha256=state.fingerprints[-1]["weights_sha256"],
+        final_metrics=final,
+        epochs_completed=len(state.metrics),
+        partial=len(state.metrics) < settings.epochs,
+        nondeterministic_ops=alerts,
+        nonfinite_events=state.nonfinite_events,
+        gpu_memory=environment.peak_memory(state.device),
+    )
+    feed.loggers.log_final(final)
+    feed.close("completed")
+    shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
+    log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)
+    log.info("completed: checkpoints in %s; report: make report RUN=%s", out.saver.dir, out.run_dir)
+    return state.best
+
+
+def start_record(
+    record: rec.RunRecord,
+    run_dir: Path,
+    point,
+    device: torch.device,
+    *,
+    name: str,
+    seeds: Seeds,
+    flags: dict,
+    env: dict,
+    repro: ReproConfig,
+    include_untracked: list[str],
+) -> None:
     """Identity of a fresh run: git, environment, lock; the run.json a reproduce replays."""
     drift = requirements_lock.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
         summary = ", ".join(
             drift["missing"] + drift["extra"] + [d["name"] for d in drift["different"]]
         )
-        if cfg.repro.require_locked_env:
+        if repro.require_locked_env:
             raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
         log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
-    git, diff = gitinfo.git_info(REPO_ROOT, include_untracked=list(cfg.include_untracked))
+    git, diff = gitinfo.git_info(REPO_ROOT, include_untracked=include_untracked)
     if warning := gitinfo.archivability_warning(git):
         log.warning(warning)
     if diff:
         rec.atomic_write_text(run_dir / "git.diff", diff)
     record.update(
         run_dir=str(run_dir.resolve()),
-        name=OmegaConf.to_container(cfg, resolve=False)["name"],  # an oc.env stays text
+        name=name,
         started_at=rec.now_iso(),
         command=["python", "-m", "reprotrain.train", *sys.argv[1:]],
         seeds=seeds.as_dict(),

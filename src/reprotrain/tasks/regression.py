@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from reprotrain.errors import ReprotrainError
 from reprotrain.tasks.base import StepContext, StepOutput, Task
 from reprotrain.tasks.metrics import SAMPLES, as_sum, mean_sum
 
@@ -35,6 +36,11 @@ class Regression(Task):
         pred = model(batch[self.inputs]).float()
         if pred.shape != y.shape and pred.numel() == y.numel():
             pred = pred.reshape(y.shape)  # [B, 1] predictions of [B] targets
+        if pred.shape != y.shape:
+            raise ReprotrainError(
+                f"task=regression: the model predicts {list(pred.shape)} for targets "
+                f"{list(y.shape)}; give the model one output per target value"
+            )
         return pred, y
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> StepOutput:

@@ -381,9 +381,7 @@ def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist |
     pipeline = build_pipeline(
         cfg.trainer.pipeline, splits, dataset, cfg.trainer.num_workers,
         batch_size=cfg.trainer.batch_size, eval_batch_size=cfg.trainer.eval_batch_size,
-        device=device, seeds=seeds, augment=dataset.augment,
-        mean=getattr(dataset, "mean", None), std=getattr(dataset, "std", None),
-        channels_last=cfg.trainer.channels_last,
+        device=device, seeds=seeds, channels_last=cfg.trainer.channels_last,
         limit_train_steps=cfg.trainer.limit_train_steps,
         limit_eval_batches=cfg.trainer.limit_eval_batches,
         overfit_batches=cfg.trainer.overfit_batches,

@@ -21,7 +21,8 @@ WORKDIR /app
 # ---- builder: every distribution comes from the lock, hash-checked, no resolver.
 FROM base AS builder
 # antlr4-python3-runtime 4.9.3 (pinned by hydra-core) is published only as an sdist; it is
-# pure Python and still hash-checked. Everything else must be a wheel.
+# pure Python and still hash-checked. Everything else must be a wheel (the same allowlist as
+# SDIST_ONLY in src/reprotrain/repro/lock_platforms.py, which `make check-lock` applies).
 ARG SDIST_ONLY=antlr4-python3-runtime
 COPY requirements.lock ./
 RUN python -m venv /opt/venv \

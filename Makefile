@@ -9,6 +9,11 @@ ARGS   ?=
 SEEDS  ?= 0,1,2
 RUN    ?=
 ARCHIVE ?=
+# make bisect / make compare: two run (or sweep) directories; MARGIN and MODE: see "When bits differ".
+A      ?=
+B      ?=
+MARGIN ?=
+MODE   ?=
 EPOCHS ?=
 PKG    ?=
 # Trust and signing for archives (see docs: "What is and is not guaranteed").
@@ -30,10 +35,10 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench gpu-check drill new-project report eval clean
+        bench gpu-check drill new-project update-template report eval clean bisect compare
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 # The stamp is newer than both locks and pyproject.toml once the venv matches them, so an
 # unchanged lock installs nothing. A failed install leaves no stamp (and is retried).
@@ -84,13 +89,21 @@ resume: $(STAMP) ## continue an interrupted run in place (its world size): make 
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
 
-archive: $(STAMP) ## pack a run: make archive RUN=outputs/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
+archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
-reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1]
+reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1] [MODE=statistical MARGIN=x]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(ARGS)
+	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+
+bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
+	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.bisect $(call q,A) $(call q,B) $(ARGS)
+
+compare: $(STAMP) ## statistical verdict between two sweeps: make compare A=<sweep> B=<sweep> [MARGIN=x] [METRIC=val_acc]
+	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two sweep directories: make compare A=<sweep> B=<sweep>" >&2; exit 2; }
+	$(PY) -m reprotrain.tools.compare_sweeps $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 gpu-check: ## one-shot GPU check (one JSON); fails in one line without CUDA
 	bash scripts/gpu_check.sh $(ARGS)
@@ -106,26 +119,34 @@ eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs
 bench: $(STAMP) ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(PY) scripts/bench.py $(ARGS)
 
-drill: $(STAMP) ## preemption drill: SIGKILL a smoke run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
+drill: $(STAMP) ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
 	$(PY) scripts/kill_resume_trials.py --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(NPROC) $(ARGS)
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }
 	@$(PYTHON) src/reprotrain/tools/new_project.py "$(NAME)" "$(DEST)"
 
+TEMPLATE ?=
+update-template: ## in a project: merge the template's framework fixes since .template.json's commit [TEMPLATE=path|url]
+	@$(PYTHON) src/reprotrain/tools/update_template.py $(if $(value TEMPLATE),--template $(call q,TEMPLATE))
+
 clean: ## remove outputs (keeps .venv and data/)
 	rm -rf outputs multirun archives .pytest_cache .ruff_cache
 
 # ============================================================================================
 # Environment: locks, drift, container (issue 5). Nothing below reaches the network except
-# lock / upgrade (pip-compile), pin-base (registry) and the docker-* targets.
+# lock / upgrade (uv pip compile + the index's file lists), pin-base (registry) and docker-*.
 # ============================================================================================
 
 # check-lock needs only the standard library: it runs before any venv exists.
 PY_ANY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
-PIP_COMPILE = $(VENV)/bin/pip-compile --generate-hashes --allow-unsafe --strip-extras \
-              --no-emit-index-url --no-emit-find-links
-RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock --record
+# One universal lock for every platform (markers keep the CUDA wheels on Linux), every file of
+# each release hashed, for CPython 3.11 and newer. uv (dev lock) compiles; plain pip installs.
+# It writes no index URL or find-links unless asked, and prefers the pins already in -o.
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --generate-hashes \
+             --python-version 3.11 --custom-compile-command "make lock"
+# .sha256: what each lock was compiled from; .files: which file each hash is (from the index).
+RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock --record --record-files
 
 # The base image (tag, and digest once `make pin-base` ran) lives in one file.
 # (read with sed, not `include`: that would add the file to MAKEFILE_LIST, which `help` greps)
@@ -153,21 +174,21 @@ DOCKER_GPUS  = $(strip $(if $(GPUS),\
 DOCKER_BUILD = docker build --build-arg BASE_REF=$(BASE_REF) --build-arg BASE_DIGEST=$(BASE_DIGEST) \
                --build-arg IMAGE_TAG=$(IMAGE) --build-arg GIT_COMMIT=$(GIT_SHORT)
 
-lock: $(STAMP) ## recompile both hashed locks from the .in files (network), record their sha256
-	$(PIP_COMPILE) -o requirements.lock requirements.in
-	$(PIP_COMPILE) -o requirements-dev.lock requirements-dev.in
+lock: $(STAMP) ## recompile both universal hashed locks from the .in files (network), record sidecars
+	$(UV_COMPILE) -o requirements.lock requirements.in
+	$(UV_COMPILE) -o requirements-dev.lock requirements-dev.in
 	$(RECORD_LOCKS)
 
 upgrade: $(STAMP) ## upgrade one package in the locks: make upgrade PKG=numpy
 	@test -n "$(PKG)" || { echo "error: name the package: make upgrade PKG=<name>"; exit 2; }
-	$(PIP_COMPILE) --upgrade-package $(PKG) -o requirements.lock requirements.in
-	$(PIP_COMPILE) --upgrade-package $(PKG) -o requirements-dev.lock requirements-dev.in
+	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements.lock requirements.in
+	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements-dev.lock requirements-dev.in
 	$(RECORD_LOCKS)
 
-check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, consistent
+check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, every platform complete
 	@PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock
 
-env-check: ## compare the installed .venv with both locks; non-zero on drift
+env-check: ## compare the installed .venv with both locks (markers for this host); non-zero on drift
 	@test -x $(PY) || { echo "error: no $(VENV); run make install"; exit 1; }
 	@PYTHONPATH=src $(PY) -m reprotrain.tools.env_check
 

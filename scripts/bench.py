@@ -13,7 +13,7 @@ both paths. Figures (see docs/notes/bench.md):
   P2  DevicePipeline, LoaderPipeline / torchvision PIL transforms in a DataLoader, images/s
   P3  strict / fast step time; fill_uninitialized_memory on / off step time
   P4  reference augmentation gather / fast path, seconds per batch (bit-identical)
-  P5  checkpoint save+load / one epoch at ResNet-18 (epoch estimated from step time)
+  P5  checkpoint save+load / one epoch at 11.0M params (epoch estimated from step time)
   logger  default logger / logger=none (skipped while the config has no logger group)
 """
 
@@ -36,7 +36,7 @@ from reprotrain.bench.results import markdown_table, table_rows, write_outputs
 from reprotrain.bench.training import BenchRunError, TrainSetup, measure_logger, measure_p1_p3
 
 FIGURES = ("P1", "P2", "P3", "P4", "P5", "logger")
-TINY = dict(widths=(16, 32, 64), blocks=(1, 1, 1))
+TINY = dict(widths=(16, 32, 64), convs_per_stage=1)  # the smoke suite's P5 model
 
 
 def suite(name: str, device: str, threads: int) -> dict:

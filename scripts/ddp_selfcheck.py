@@ -81,13 +81,13 @@ def stop_loop(d, out: dict, out_dir: Path) -> None:
 
 
 def bench(d, n: int) -> None:
-    """The stop check against one DDP step of the smoke model (global batch 64)."""
+    """The stop check against one DDP step of the framework's self-check net (global batch 64)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from starter.resnet import CifarResNet
+    from reprotrain.selfcheck.net import TinyConvNet
 
     torch.set_num_threads(1)
-    model = DDP(CifarResNet([16, 32, 64], [1, 1, 1]))
+    model = DDP(TinyConvNet())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(64 // d.world_size, 3, 32, 32), torch.randint(0, 10, (64 // d.world_size,))
 

@@ -2,9 +2,10 @@
 # One-shot GPU check: bash scripts/gpu_check.sh [--wheels DIR] [--out DIR] [--budget SECONDS]
 #
 # For any machine with one CUDA GPU and no network. Prints ONE JSON on stdout (progress on
-# stderr): verify at strict (ResNet-18, CIFAR-10-sized synthetic data, 2 epochs, twice),
+# stderr): verify at strict (the framework's 11.0M-param self-check net, 50k synthetic
+# images, 2 epochs, twice),
 # a resume after SIGKILL compared bit for bit, images/s at strict/fast/bf16/channels_last
-# and the projected 30-epoch reference time, bench.py --device cuda P1/P2/P3, pytest -m gpu.
+# and the projected 30-epoch time, bench.py --device cuda P1/P2/P3, pytest -m gpu.
 # See src/reprotrain/bench/gpu_check.py. About 6-8 minutes on an H200 (budget: 480 s).
 #
 # Missing hydra-core / omegaconf / antlr4 are installed offline from a wheels folder

@@ -28,7 +28,7 @@ from reprotrain.tools import cli
 from reprotrain.tools.readers import read_run_json
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT = ["experiment=smoke", "trainer.epochs=4", "trainer.checkpoint_every_steps=5"]
+DEFAULT = ["experiment=selfcheck", "trainer.epochs=4", "trainer.checkpoint_every_steps=5"]
 
 
 def run_json(run_dir: Path) -> dict:

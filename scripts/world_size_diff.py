@@ -1,8 +1,8 @@
 """What differs between world size 1 and 2 at the same global batch (README, Scaling out).
 
-Runs the smoke config for 3 epochs as one process and as two torchrun ranks (gloo), twice
-each, and (with 2 GPUs) with synchronised BatchNorm, and prints a table:
-first differing step loss, final test accuracy, largest absolute weight difference.
+Runs the self-check config (the framework's own job) for 3 epochs as one process and as two
+torchrun ranks (gloo), twice each, and (with 2 GPUs) with synchronised BatchNorm, and prints a
+table: first differing step loss, final test accuracy, largest absolute weight difference.
 
     .venv/bin/python scripts/world_size_diff.py [--out DIR]
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = ["experiment=smoke", "trainer.epochs=3", "repro.num_threads=1", "logger=none"]
+BASE = ["experiment=selfcheck", "trainer.epochs=3", "repro.num_threads=1", "logger=none"]
 
 
 def run(run_dir: Path, nproc: int, *extra: str) -> Path:

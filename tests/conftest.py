@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 
+# Host facts faked per test (tests/host_facts.py); skips only for a missing device/extra/binary.
+pytest_plugins = ("host_facts", "skip_policy")
+
 REPO = Path(__file__).resolve().parents[1]
-# Smoke family, shrunk: 8 steps per epoch (518 train after the 0.1 val split, 58 val),
-# 2 epochs; about 4 s per run on 2 cores.
+# The framework's own job (src/reprotrain/selfcheck: tiny conv net, synthetic images), shrunk:
+# 8 steps per epoch (518 train after the 0.1 val split, 58 val), 2 epochs; a few seconds per
+# run on 2 cores. Framework tests never train the user's models or data (tests/starter does).
 MICRO = [
-    "experiment=smoke",
+    "experiment=selfcheck",
     "dataset.num_train=576",
     "dataset.num_test=256",
     "trainer.batch_size=64",
@@ -97,7 +101,9 @@ SLOW = {
     "test_distributed.py::test_submitit_tasks_become_ddp_ranks_without_torchrun",
     "test_distributed.py::test_two_ranks_share_rank0s_run_dir_gather_rng_and_shard_the_global_batch",
     "test_distributed.py::test_two_torchrun_agents_with_c10d_rendezvous_form_one_two_node_job",
-    "test_new_project.py::test_new_project_is_a_renamed_repository_that_trains",
+    "test_new_project.py::test_deleting_the_users_models_and_data_leaves_bench_tests_and_tools_working",
+    "test_reference_job.py::test_smoke_bits_are_the_same_in_the_template_and_a_new_project",
+    "test_interruptions.py::test_a_full_disk_names_the_path_and_leaves_the_run_failed[metrics.jsonl]",
     "test_report.py::test_report_of_a_real_training_run",
     "test_resume.py::test_external_sigterm_with_two_loader_workers",
     "test_resume.py::test_extending_epochs_is_allowed",
@@ -130,7 +136,7 @@ SLOW = {
     "test_train.py::test_changing_only_the_data_stream_keeps_init_and_changes_the_result",
     "test_train.py::test_different_base_seed_gives_different_weights",
     "test_train.py::test_loader_path_is_independent_of_num_workers",
-    "test_train.py::test_smoke_experiment_learns",
+    "test_reference_job.py::test_smoke_experiment_learns",
     "test_train.py::test_sweep_writes_a_summary_over_seeds",
     "test_train.py::test_verify_passes_for_a_seeded_config_and_names_epoch_1_for_entropy",
 }

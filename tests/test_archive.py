@@ -486,7 +486,7 @@ def test_unsafe_members_refuse_the_whole_archive(tmp_path, capsys, member):
 def test_data_check_refuses_a_different_fingerprint_unless_allowed():
     cfg = OmegaConf.create(
         {
-            "_target_": "starter.synthetic.Synthetic",
+            "_target_": "reprotrain.selfcheck.images.SyntheticImages",
             "num_train": 64,
             "num_test": 32,
             "data_seed": 1,
@@ -734,3 +734,40 @@ def test_make_resume_continues_a_run_whose_dir_needs_quoting(archived, tmp_path)
     assert resumed["status"] == "completed"
     assert resumed["final_weights_sha256"] == record["final_weights_sha256"]
     assert not (copy / ".hydra" / "resume.yaml").exists(), "the run dir holds no tool files"
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+def test_sigterm_to_reproduce_reaches_the_rerun_and_leaves_no_temp_dir(archived, tmp_path):
+    import signal
+    import time
+
+    _, archive, _ = archived
+    tmp, runs = tmp_path / "tmp", tmp_path / "runs"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reprotrain.tools.reproduce", str(archive), "--trust",
+         "--runs-dir", str(runs)],
+        cwd=tmp_path, env=base_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while True:  # the re-run is training (its stop handler is installed once data is built)
+        found = [p for p in runs.glob("*/run.json") if "data_fingerprint" in p.read_text()]
+        if found:
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    new_run = found[0].parent
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == repro.EXIT_STOPPED, out[-2000:] + err[-2000:]
+    assert last_line(out).startswith("INTERRUPTED by SIGTERM: re-run leg 0 exited 75")
+    report = json.loads((new_run / repro.REPORT).read_text())
+    assert report["status"] == "interrupted" and report["exit_code"] == 75
+    assert json.loads((new_run / "run.json").read_text())["status"] == "interrupted"
+    assert not list(tmp.glob("reprotrain-*")), "the extracted archive is gone"
+    from reprotrain.repro.run_mutex import held_by
+
+    assert held_by(new_run) is None, "the re-run is not left running"

@@ -39,6 +39,11 @@ RECORD = {
     "repro": {"level": "strict"},
     "git": {"commit": "0" * 40, "short": "00000000", "dirty": False},
     "data_fingerprint": {"sha256": "0" * 64},
+    "epochs_completed": 1,
+}
+#: A record hand-edited from interrupted to completed: what the trainer never writes.
+EDITED = {k: v for k, v in RECORD.items() if k != "epochs_completed"} | {
+    "interrupted_at": "2026-01-01T00:00:00+00:00"
 }
 FINGERPRINT = {"epoch": 1, "global_step": 1, "weights_sha256": "0" * 64, "step_losses": [1.0]}
 
@@ -51,6 +56,7 @@ class Row:
     setup: Callable[[Path], None] | None = None
     cheap: bool = True  # no trainer process, no torch import
     one_line: bool = True  # the whole of stderr is that one line
+    env: dict[str, str] | None = None  # extra environment for the command
 
 
 def tool(name: str, *args) -> Callable[[Path], list[str]]:
@@ -174,7 +180,7 @@ def a_file(rel: str = "file") -> Callable[[Path], None]:
 def job_config(d: Path) -> str:
     """The real composed smoke config, for rows that reach the trainer."""
     out = subprocess.run(
-        [PY, "-m", "reprotrain.train", "experiment=smoke", "--cfg", "job", "--resolve"],
+        [PY, "-m", "reprotrain.train", "experiment=selfcheck", "--cfg", "job", "--resolve"],
         cwd=REPO,
         env=base_env(),
         capture_output=True,
@@ -194,6 +200,27 @@ def _corrupt_gzip(d: Path) -> None:
     data = bytearray((d / "a.tar.gz").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (d / "a.tar.gz").write_bytes(bytes(data))
+
+
+def another_models_checkpoint(d: Path) -> None:
+    """The smoke run's record, with a checkpoint whose weights fit no ResNet of it."""
+    import torch
+
+    real_run(d)
+    state = {
+        "format_version": 2,
+        "seeds": {"base": 1, "init": 1, "data": 1, "augment": 1, "train": 1, "source": "config"},
+        "loop": {"global_step": 1, "epoch": 2, "step": 0},
+        "model": {"fc.weight": torch.zeros(3, 3)},
+    }
+    (d / "run" / "checkpoints").mkdir()
+    torch.save(state, d / "run" / "checkpoints" / "step-00000001.pt")
+
+
+def used_sweep_dir(d: Path) -> None:
+    write(d, "sweep/multirun.yaml", "hydra: {}\n")
+    write(d, "sweep/0/run.json", json.dumps(RECORD))
+    write(d, "sweep/0/.hydra/config.yaml", "name: x\n")
 
 
 def _tamper(content: dict[str, bytes]) -> None:
@@ -222,6 +249,24 @@ RESUME = [
         run_dir(RECORD)),
     Row("resume/bad-override", tool("resume", at("run"), "trainer.epoch=3"), "trainer.epoch",
         real_run, cheap=False),
+    Row("resume/world-size-not-a-number", tool("resume", at("run")),
+        "world_size 'two' is not a positive integer", run_dir({**RECORD, "world_size": "two"})),
+    Row("resume/world-size-edited", tool("resume", at("run")),
+        "world_size 2 but 1 rank(s) recorded",
+        run_dir({**RECORD, "world_size": 2, "ranks": [{"rank": 0}]})),
+    Row("resume/nproc-differs", tool("resume", at("run"), "--nproc", "2"),
+        "recorded with world size 1, this resume has 2", run_dir(RECORD)),
+]  # fmt: skip
+
+EVAL = [
+    Row("eval/run-json-not-object", tool("eval", at("run")), "expected a JSON object",
+        run_dir("[]")),
+    Row("eval/environment-not-object", tool("eval", at("run")),
+        "environment is a str, not an object", run_dir({**RECORD, "environment": "cpu"})),
+    Row("eval/another-models-checkpoint", tool("eval", at("run")),
+        "does not fit the run's model", another_models_checkpoint, cheap=False),
+    Row("report/environment-not-object", tool("report", at("run")),
+        "environment is a str, not an object", run_dir({**RECORD, "environment": "cpu"})),
 ]  # fmt: skip
 
 ARCHIVE = [
@@ -255,6 +300,8 @@ ARCHIVE = [
         run_dir({**RECORD, "git": {"commit": "--output=/tmp/x"}})),
     Row("archive/unknown-option", tool("archive", at("run"), "--bogus"),
         "unrecognized arguments", run_dir(RECORD)),
+    Row("archive/completed-by-hand", tool("archive", at("run"), "--out-dir", at("out")),
+        "says completed but records no epochs_completed", run_dir(EDITED)),
 ]  # fmt: skip
 
 REPRODUCE = [
@@ -307,7 +354,8 @@ REPRODUCE = [
     Row("reproduce/no-source", tool("reproduce", at("a.tar.gz")), "no source snapshot",
         archive(members(**{"source/src/reprotrain/__init__.py": None}))),
     Row("reproduce/no-completed-epoch", tool("reproduce", at("a.tar.gz")), "completed no epoch",
-        archive(members(**{"run/fingerprints.jsonl": ""}))),
+        archive(members(**{"run/fingerprints.jsonl": "",
+                            "run/run.json": json.dumps({**RECORD, "epochs_completed": 0})}))),
     Row("reproduce/env-value-missing-here", tool("reproduce", at("a.tar.gz")),
         "name = ${oc.env:REPROTRAIN_TEST_UNSET_VAR} cannot be resolved here",
         archive(members(**{
@@ -332,6 +380,19 @@ REPRODUCE = [
     Row("reproduce/trusted-signers-missing",
         tool("reproduce", at("a.tar.gz"), "--trusted-signers", at("nofile")),
         "No such file or directory", archive()),
+    Row("reproduce/completed-by-hand", tool("reproduce", at("a.tar.gz")),
+        "an inconsistent record is not replayed",
+        archive(members(**{"run/run.json": json.dumps(EDITED)}))),
+    Row("reproduce/file-dir-clash", tool("reproduce", at("a.tar.gz"), "--verify-only"),
+        "is a file and also a directory",
+        archive(members(**{"run/git.diff": "a file", "run/git.diff/x": "a dir"}))),
+    Row("reproduce/too-many-members", tool("reproduce", at("a.tar.gz"), "--max-members", "3"),
+        "more than 3 members", archive()),
+    Row("reproduce/member-over-limit",
+        tool("reproduce", at("a.tar.gz"), "--max-member-bytes", "4"),
+        "over the per-member limit", archive()),
+    Row("reproduce/ratio-zero", tool("reproduce", at("a.tar.gz"), "--max-ratio", "0"),
+        "invalid finite positive number value", archive()),
     Row("reproduce/untrusted-code",
         tool("reproduce", at("a.tar.gz"), "--allow-data-drift", "--runs-dir", at("runs")),
         "refusing to run the archive's code", lambda d: archive(members(**{
@@ -344,9 +405,9 @@ VERIFY = [
     Row("verify/multirun", tool("verify", "--multirun", "seed.base=1,2"),
         "--multirun is not supported"),
     Row("verify/unknown-option", tool("verify", "--bogus"), "unrecognized arguments"),
-    Row("verify/out-dir-is-a-file", tool("verify", "--out-dir", at("file"), "experiment=smoke"),
+    Row("verify/out-dir-is-a-file", tool("verify", "--out-dir", at("file"), "experiment=selfcheck"),
         "Not a directory", a_file()),
-    Row("verify/bad-override", tool("verify", "--out-dir", at("v"), "experiment=smoke",
+    Row("verify/bad-override", tool("verify", "--out-dir", at("v"), "experiment=selfcheck",
                                     "trainer.epoch=3"),
         "trainer.epoch", cheap=False),
 ]  # fmt: skip
@@ -358,7 +419,7 @@ DRILL_ROWS = [
     Row("drill/out-is-a-file", drill("--trials", "1", "--out", at("file")), "Not a directory",
         a_file()),
     Row("drill/bad-override",
-        drill("--trials", "1", "--out", at("o"), "experiment=smoke", "trainer.epoch=3"),
+        drill("--trials", "1", "--out", at("o"), "experiment=selfcheck", "trainer.epoch=3"),
         "trainer.epoch", cheap=False),
 ]  # fmt: skip
 
@@ -369,37 +430,56 @@ OTHER = [
 # The trainer's own rows: preflight refuses them before a run directory exists (each pays
 # one torch import; none trains).
 TRAIN = [
-    Row("train/typo", train("experiment=smoke", "trainer.epoch=3"), "trainer.epoch"),
-    Row("train/plus-typo", train("experiment=smoke", "+trainer.epoch=3"), "trainer.epoch"),
-    Row("train/wrong-type", train("experiment=smoke", "trainer.epochs=abc"), "trainer.epochs"),
+    Row("train/typo", train("experiment=selfcheck", "trainer.epoch=3"), "trainer.epoch"),
+    Row("train/plus-typo", train("experiment=selfcheck", "+trainer.epoch=3"), "trainer.epoch"),
+    Row("train/wrong-type", train("experiment=selfcheck", "trainer.epochs=abc"), "trainer.epochs"),
     Row("train/unknown-option", train("model=resnet999"), "resnet999"),
-    Row("train/zero-batch", train("experiment=smoke", "trainer.batch_size=0"), "batch_size"),
-    Row("train/negative-lr", train("experiment=smoke", "optimizer.lr=-1"), "optimizer.lr"),
-    Row("train/inf-lr", train("experiment=smoke", "optimizer.lr=inf"), "optimizer.lr"),
-    Row("train/nan-warmup", train("experiment=smoke", "scheduler.warmup_fraction=nan"),
+    Row("train/zero-batch", train("experiment=selfcheck", "trainer.batch_size=0"), "batch_size"),
+    Row("train/negative-lr", train("experiment=selfcheck", "optimizer.lr=-1"), "optimizer.lr"),
+    Row("train/inf-lr", train("experiment=selfcheck", "optimizer.lr=inf"), "optimizer.lr"),
+    Row("train/nan-warmup", train("experiment=selfcheck", "scheduler.warmup_fraction=nan"),
         "scheduler.warmup_fraction"),
-    Row("train/short-betas", train("experiment=smoke", "optimizer=adamw", "optimizer.betas=[0.9]"),
+    Row("train/short-betas",
+        train("experiment=selfcheck", "optimizer=adamw", "optimizer.betas=[0.9]"),
         "optimizer.betas"),
-    Row("train/nesterov-without-momentum", train("experiment=smoke", "optimizer.momentum=0"),
+    Row("train/nesterov-without-momentum", train("experiment=selfcheck", "optimizer.momentum=0"),
         "optimizer.nesterov"),
-    Row("train/seed-over-64-bits", train("experiment=smoke", "seed.train=18446744073709551616"),
+    Row("train/seed-over-64-bits", train("experiment=selfcheck", "seed.train=18446744073709551616"),
         "seed.train"),
-    Row("train/threads", train("experiment=smoke", "repro.num_threads=1099511627776"),
+    Row("train/threads", train("experiment=selfcheck", "repro.num_threads=1099511627776"),
         "repro.num_threads"),
-    Row("train/unknown-model-key", train("experiment=smoke", "+model.depth=3"), "'depth'"),
-    Row("train/unimportable-target", train("experiment=smoke", "model._target_=no.such.Net"),
+    Row("train/unknown-model-key", train("experiment=selfcheck", "+model.depth=3"), "'depth'"),
+    Row("train/unimportable-target", train("experiment=selfcheck", "model._target_=no.such.Net"),
         "no.such.Net"),
-    Row("train/bad-level", train("experiment=smoke", "repro.level=loose"), "repro.level"),
-    Row("train/bad-device", train("experiment=smoke", "trainer.device=tpu"), "trainer.device"),
+    Row("train/bad-level", train("experiment=selfcheck", "repro.level=loose"), "repro.level"),
+    Row("train/bad-device", train("experiment=selfcheck", "trainer.device=tpu"), "trainer.device"),
     Row("train/run-dir-through-a-file",
-        lambda d: [PY, "-m", "reprotrain.train", "experiment=smoke",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=selfcheck",
                    f"hydra.run.dir={d / 'file' / 'run'}"], "is a file", a_file()),
     Row("train/run-dir-name-too-long",
-        lambda d: [PY, "-m", "reprotrain.train", "experiment=smoke",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=selfcheck",
                    f"hydra.run.dir={d / ('x' * 300)}"], "255"),
+    Row("train/run-dir-over-path-max",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=smoke",
+                   f"hydra.run.dir={d / '/'.join(['x' * 200] * 25)}"], "for a whole path"),
+    Row("train/non-ascii-run-dir-in-an-ascii-locale",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=smoke",
+                   f"hydra.run.dir={d / 'läuft'}"], "not valid text in this locale",
+        env={"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}),
+    Row("train/fresh-run-into-a-used-run-dir", train("experiment=smoke", "seed.base=7"),
+        "already holds a run (run.json, status completed)",
+        run_dir(RECORD, **{"run__.hydra__config_dot_yaml": "name: old\n"})),
+    Row("train/fork-into-a-used-run-dir",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=smoke",
+                   f"resume={d / 'other' / 'step-00000001.pt'}", f"hydra.run.dir={d / 'run'}"],
+        "a fork from resume=", run_dir(RECORD)),
+    Row("train/sweep-into-a-used-sweep-dir",
+        lambda d: [PY, "-m", "reprotrain.train", "--multirun", "experiment=smoke",
+                   "seed.base=0,1", f"hydra.sweep.dir={d / 'sweep'}"],
+        "already holds a sweep (1 run(s))", used_sweep_dir),
 ]  # fmt: skip
 
-ROWS = RESUME + ARCHIVE + REPRODUCE + VERIFY + DRILL_ROWS + TRAIN + OTHER
+ROWS = RESUME + EVAL + ARCHIVE + REPRODUCE + VERIFY + DRILL_ROWS + TRAIN + OTHER
 
 
 def _state(d: Path) -> dict[str, tuple[int, int]]:
@@ -430,7 +510,7 @@ def test_a_bad_input_is_one_line_and_exit_2(row: Row, tmp_path: Path):
     proc = subprocess.run(
         row.argv(tmp_path),
         cwd=tmp_path,
-        env=base_env(),
+        env=base_env(**(row.env or {})),
         capture_output=True,
         text=True,
         timeout=300,

@@ -98,6 +98,7 @@ def fake_results() -> dict:
             **cmp(0.5, 400.0),
             "steps_per_epoch": 97,
             "widths": [64, 128, 256, 512],
+            "params": 11_173_962,
             "epoch_is_estimate": True,
         },
         "logger": {"skipped": "logger=none | rejected"},
@@ -120,7 +121,8 @@ def test_table_has_one_row_per_ratio_with_the_paired_median():
     assert by_figure["P1 strict"]["ratio"] == "0.950"
     assert by_figure["P2 device"]["ratio"] == "5.000"
     assert by_figure["P4"]["ratio"] == "2.500"
-    assert "ESTIMATED" in by_figure["P5"]["measure"] and "ResNet-18" in by_figure["P5"]["measure"]
+    p5 = by_figure["P5"]["measure"]
+    assert "ESTIMATED" in p5 and "11.2M params" in p5
     assert by_figure["P5"]["ratio"] == "0.0013"
     assert by_figure["logger"]["ratio"] == "skipped"
 

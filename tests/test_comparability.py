@@ -13,6 +13,8 @@ from fake_cuda import A100, H100, gpu_env
 from reprotrain.repro import comparability, environment
 from reprotrain.repro.comparability import differences, notes
 
+pytestmark = pytest.mark.host_facts  # tests/host_facts.py: also run as on other hosts
+
 
 @pytest.fixture
 def h100(monkeypatch) -> dict:
@@ -29,6 +31,12 @@ def changed(env: dict, path: str, value) -> dict:
     return out
 
 
+def another(current, *candidates):
+    """The first candidate that differs from the host's value: "another" is never a constant
+    (on an AVX2 host, "AVX2" is no change)."""
+    return next(c for c in candidates if c != current)
+
+
 def test_an_environment_matches_itself(h100):
     assert differences(h100, h100) == [] and notes(h100, h100) == []
     cpu = environment.capture(torch.device("cpu"))
@@ -42,30 +50,39 @@ def test_another_gpu_model_changes_the_verdict(monkeypatch, h100):
     assert f"gpu SM count: {H100['sms']} -> {A100['sms']}" in got
 
 
+# (label, field, candidates for "another value": the first that differs from h100's is used)
 RULE_FIELDS = [
-    ("gpu SM count", "gpu.sm_count", 114),  # e.g. an H100 PCIe, or a MIG slice
-    ("driver", "gpu.driver_version", "575.57.08"),
-    ("driver CUDA version", "gpu.driver_cuda_version", "12.9"),
-    ("CUDA", "cuda", "12.8"),
-    ("cuDNN", "cudnn", 91002),
-    ("torch", "torch", "2.13.0+cu128"),
-    ("python", "python", "3.12.3"),
-    ("numpy", "numpy", "1.26.4"),
-    ("machine", "machine", "aarch64"),
-    ("world size", "world_size", 2),
-    ("cpu capability", "cpu.capability", "AVX2"),
-    ("thread count", "num_threads", 7),
-    ("BLAS library", "gpu.blas_library", "Cublaslt"),
-    ("cuBLAS workspace bytes", "gpu.cublas_workspace_bytes", 16 * 8 * 1024),
-    ("cuBLASLt workspace bytes", "gpu.cublaslt_workspace_bytes", 1 << 20),
-    ("fp16 reduced-precision reduction", "matmul.fp16_reduced_precision_reduction", False),
-    ("bf16 reduced-precision reduction", "matmul.bf16_reduced_precision_reduction", False),
-    *((f"${v}", f"gpu_env.{v}", "1") for v in environment.GPU_ENV_VARS),
+    ("gpu SM count", "gpu.sm_count", (114, 132)),  # e.g. an H100 PCIe, or a MIG slice
+    ("driver", "gpu.driver_version", ("575.57.08", "580.82.07")),
+    ("driver CUDA version", "gpu.driver_cuda_version", ("12.9", "13.0")),
+    ("CUDA", "cuda", ("12.8", "13.0")),
+    ("cuDNN", "cudnn", (91002, 91300)),
+    ("torch", "torch", ("2.13.0+cu128", "2.14.1")),
+    ("python", "python", ("3.12.3", "3.13.1")),
+    ("numpy", "numpy", ("1.26.4", "2.4.6")),
+    ("machine", "machine", ("aarch64", "x86_64")),
+    ("world size", "world_size", (2, 3)),
+    ("cpu capability", "cpu.capability", ("AVX2", "AVX512", "DEFAULT")),
+    ("thread count", "num_threads", (7, 8)),
+    ("BLAS library", "gpu.blas_library", ("Cublaslt", "Cublas")),
+    ("cuBLAS workspace bytes", "gpu.cublas_workspace_bytes", (16 * 8 * 1024, 4096 * 8 * 1024)),
+    ("cuBLASLt workspace bytes", "gpu.cublaslt_workspace_bytes", (1 << 20, 1 << 21)),
+    ("fp16 reduced-precision reduction", "matmul.fp16_reduced_precision_reduction", (False, True)),
+    ("bf16 reduced-precision reduction", "matmul.bf16_reduced_precision_reduction", (False, True)),
+    *((f"${v}", f"gpu_env.{v}", ("1", "0")) for v in environment.GPU_ENV_VARS),
 ]
 
 
-@pytest.mark.parametrize("label,path,value", RULE_FIELDS, ids=[f[0] for f in RULE_FIELDS])
-def test_each_field_of_the_rule_changes_the_verdict(h100, label, path, value):
+def value_at(env: dict, path: str):
+    node = env
+    for key in path.split("."):
+        node = node[key]
+    return node
+
+
+@pytest.mark.parametrize("label,path,candidates", RULE_FIELDS, ids=[f[0] for f in RULE_FIELDS])
+def test_each_field_of_the_rule_changes_the_verdict(h100, label, path, candidates):
+    value = another(value_at(h100, path), *candidates)
     got = differences(h100, changed(h100, path, value))
     assert len(got) == 1 and got[0].startswith(f"{label}: ") and got[0].endswith(f"-> {value}")
 
@@ -109,8 +126,9 @@ def test_gpu_only_fields_do_not_matter_on_cpu_runs(monkeypatch):
 def test_an_older_cpu_record_keeps_its_capability_in_the_device_block():
     now = environment.capture(torch.device("cpu"))
     old = {k: now[k] for k in ("python", "torch", "numpy", "cuda", "cudnn", "os", "machine", "env")}
-    old |= {"num_threads": now["num_threads"], "device": {"type": "cpu", "capability": "AVX2"}}
-    assert differences(old, now) == [f"cpu capability: AVX2 -> {now['cpu']['capability']}"]
+    then = another(now["cpu"]["capability"], "AVX2", "AVX512")
+    old |= {"num_threads": now["num_threads"], "device": {"type": "cpu", "capability": then}}
+    assert differences(old, now) == [f"cpu capability: {then} -> {now['cpu']['capability']}"]
 
 
 def test_an_older_gpu_record_cannot_promise_bits_it_did_not_record(h100):

@@ -36,7 +36,7 @@ def test_debug_fast_composes_over_an_experiment() -> None:
             "reprotrain.train",
             "--cfg",
             "job",
-            "experiment=smoke",
+            "experiment=selfcheck",
             "debug=fast",
         ],
         cwd=REPO,
@@ -52,7 +52,7 @@ def test_debug_fast_composes_over_an_experiment() -> None:
 
 def test_debug_fast_runs_at_most_ten_steps_and_one_eval(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert_ok(train(run, "experiment=smoke", "debug=fast", micro=False))
+    assert_ok(train(run, "experiment=selfcheck", "debug=fast", micro=False))
     (row,) = jsonl(run / "metrics.jsonl")
     assert row["global_step"] <= 10
     assert any(k.endswith("_acc") and k != "train_acc" for k in row)  # the one evaluation
@@ -60,7 +60,7 @@ def test_debug_fast_runs_at_most_ten_steps_and_one_eval(tmp_path: Path) -> None:
 
 def test_debug_overfit_drives_the_loss_down_on_one_batch(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert_ok(train(run, "experiment=smoke", "debug=overfit", micro=False))
+    assert_ok(train(run, "experiment=selfcheck", "debug=overfit", micro=False))
     losses = [x for fp in jsonl(run / "fingerprints.jsonl") for x in fp["step_losses"]]
     assert len(losses) == 50
     # Measured on the smoke data: about 0.24x with augmentation on, 0.015x without.
@@ -69,7 +69,7 @@ def test_debug_overfit_drives_the_loss_down_on_one_batch(tmp_path: Path) -> None
 
 def test_debug_profile_leaves_a_trace_and_a_top_ops_table(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = train(run, "experiment=smoke", "debug=profile", micro=False)
+    proc = train(run, "experiment=selfcheck", "debug=profile", micro=False)
     assert_ok(proc)
     assert (run / "profile" / "steps.pt.trace.json.gz").stat().st_size > 1000
     table = (run / "profile" / "top_ops.txt").read_text()

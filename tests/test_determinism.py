@@ -13,7 +13,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import determinism
 from reprotrain.repro.record import RUN_JSON
-from starter.resnet import CifarResNet
+from reprotrain.selfcheck.net import TinyConvNet
 
 register_configs()
 
@@ -64,7 +64,7 @@ def test_strict_raises_warn_records_fast_ignores():
     assert sink == []
 
 
-class WithNondeterministicOp(CifarResNet):
+class WithNondeterministicOp(TinyConvNet):
     """A user's model (brought by ``_target_``) with one op that has no deterministic kernel."""
 
     def forward(self, x):
@@ -77,7 +77,7 @@ def run_in_process(tmp_path, monkeypatch, level):
         cfg = compose(
             "train",
             overrides=[
-                "experiment=smoke",
+                "experiment=selfcheck",
                 f"repro={level}",
                 f"model._target_={__name__}.WithNondeterministicOp",
                 "dataset.num_train=128",
@@ -103,23 +103,22 @@ def test_trainer_refuses_nondeterministic_ops_at_strict(tmp_path, monkeypatch):
         run_in_process(tmp_path, monkeypatch, "strict")
 
 
-def test_reference_models_use_only_modules_with_deterministic_cuda_kernels():
+def test_the_selfcheck_net_uses_only_modules_with_deterministic_cuda_kernels():
     """No GPU in CI, so guard statically: torch documents which ops raise under
     use_deterministic_algorithms on CUDA (AdaptiveAvgPool2d's backward, max-unpooling,
-    interpolation backward, ...); the reference models stick to modules that do not."""
-    from torchvision.models.resnet import BasicBlock
-
-    from starter.resnet import CifarResNet
+    interpolation backward, ...); the framework's own net sticks to modules that do not.
+    (tests/starter checks the user's reference models the same way.)"""
+    from reprotrain.selfcheck.net import WIDE
 
     allowed = (
-        CifarResNet,
-        BasicBlock,
+        TinyConvNet,
         nn.Sequential,
         nn.Conv2d,
         nn.BatchNorm2d,
         nn.ReLU,
+        nn.Dropout,
         nn.Linear,
     )
-    for widths, blocks in (([64, 128, 256, 512], [2, 2, 2, 2]), ([16, 32, 64], [1, 1, 1])):
-        for name, module in CifarResNet(widths, blocks).named_modules():
+    for kwargs in ({}, WIDE, {"dropout": 0.5}):
+        for name, module in TinyConvNet(**kwargs).named_modules():
             assert isinstance(module, allowed), f"{name}: {type(module).__name__}"

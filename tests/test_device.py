@@ -95,6 +95,21 @@ def test_mps_is_only_used_when_asked_and_carries_no_bitwise_promise(monkeypatch,
     assert dev.bitwise_caveat(torch.device("cpu")) is None
 
 
+def test_on_a_mac_auto_trains_on_the_cpu_and_names_mps(monkeypatch, caplog):
+    """macOS arm64: torch has no CUDA; auto keeps the bitwise CPU and says how to use MPS."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="reprotrain"):
+        assert dev.resolve("auto") == torch.device("cpu")
+    assert "CPU-only build" in caplog.text and "trainer.device=mps" in caplog.text
+    assert dev.MPS_CAVEAT in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="reprotrain"):
+        assert dev.resolve("auto") == torch.device("cpu")
+    assert "mps" not in caplog.text
+
+
 # ---------------------------------------------------------------- resume and reproduce
 
 

@@ -208,6 +208,10 @@ def test_sdist_exceptions_are_locked_sdists() -> None:
     lock = (ROOT / "requirements.lock").read_text()
     for name in sdist[0].split(","):
         assert re.search(rf"^{re.escape(name)}==", lock, re.M), name
+    # the same allowlist the offline platform check accepts (and no other)
+    from reprotrain.repro.lock_platforms import SDIST_ONLY
+
+    assert set(sdist[0].split(",")) == set(SDIST_ONLY)
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -438,5 +442,7 @@ def test_make_targets_declared_and_offline() -> None:
     for target in ("docker-build", "docker-train", "docker-test"):
         assert target in recipes, target
     for offline in ("check-lock", "env-check"):
-        assert not re.search(r"pip-compile|pip install|docker|curl|wget", recipes[offline])
+        assert not re.search(
+            r"pip-compile|uv pip|--record-files|pip install|docker|curl|wget", recipes[offline]
+        )
     assert "--upgrade-package $(PKG)" in recipes["upgrade"]

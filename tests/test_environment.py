@@ -2,10 +2,13 @@
 
 import logging
 
+import pytest
 import torch
 
 from fake_cuda import DRIVER, H100, fake_gpu_host, gpu_env, uuid_of
 from reprotrain.repro import determinism, environment
+
+pytestmark = pytest.mark.host_facts  # tests/host_facts.py: also run as on other hosts
 
 
 def test_only_allowlisted_variables_are_recorded(monkeypatch):

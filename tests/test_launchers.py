@@ -186,18 +186,14 @@ def test_joblib_sweep_gives_two_completed_runs_and_a_summary(tmp_path):
     assert_two_completed_runs_and_a_summary(sweep_dir)
 
 
-def _resolver_wired() -> bool:
+def test_the_cores_per_job_resolver_is_registered_by_preflight():
     from reprotrain import preflight
 
     preflight.register_resolvers()
-    return OmegaConf.has_resolver("cores_per_job")
+    assert OmegaConf.has_resolver("cores_per_job")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not _resolver_wired(),
-    reason="needs ${cores_per_job:} registered by preflight.register_resolvers (issue 9)",
-)
 def test_joblib_jobs_times_threads_fit_the_cores_and_are_recorded(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = sweep(sweep_dir, "joblib", "repro.num_threads=${cores_per_job:}")
@@ -209,7 +205,7 @@ def test_joblib_jobs_times_threads_fit_the_cores_and_are_recorded(tmp_path):
     assert f"num_threads: {expected}" in resolved
 
 
-@pytest.mark.skip(reason="needs SIGUSR2 handling + submitit hand-over in the trainer (issue 9)")
+@pytest.mark.slow  # about 30 s: a sweep process, a submitit job, its requeue and a reference
 def test_a_preempted_submitit_job_is_requeued_and_ends_bitwise_equal(tmp_path, reference_run):
     """SIGUSR2 at step 5 -> checkpoint, interrupted, requeue -> resume=auto -> completed,
     with the uninterrupted run's final weights (reference_run: seed 42, MICRO)."""

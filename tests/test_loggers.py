@@ -66,17 +66,27 @@ def test_a_diverged_loss_reaches_the_dashboard_as_nan(tmp_path: Path) -> None:
     assert math.isnan(points[1][1])
 
 
-def test_resumed_tensorboard_hides_what_an_earlier_attempt_logged_after_the_checkpoint(
+def test_resumed_tensorboard_is_rebuilt_from_the_record_up_to_the_checkpoint(
     tmp_path: Path,
 ) -> None:
     with build_loggers(LoggerConfig(tensorboard=True), tmp_path, RECORD) as lg:
         lg.log_steps(list(range(1, 9)), {"train_loss": [1.0] * 8})  # killed after step 8
-    # The checkpoint was at global step 5: steps 6.. are trained (and logged) again.
-    with build_loggers(LoggerConfig(tensorboard=True), tmp_path, RECORD, start_step=5) as lg:
+        lg.log_steps([3, 3], {"train_loss": [9.0, 9.0]})  # and whatever else it left
+    # The checkpoint was at global step 5 (epoch 1 = steps 1-4, epoch 2 resumed at step 5).
+    fingerprints = [{"epoch": 1, "global_step": 4, "step_losses": [1.0] * 4,
+                     "step_lrs": [0.1] * 4}]  # fmt: skip
+    metrics = [{"epoch": 1, "global_step": 4, "val_acc": 0.5}]
+    history = loggers.resumed_history(fingerprints, metrics, [1.5], [0.2], global_step=5)
+    cfg = LoggerConfig(tensorboard=True)
+    with build_loggers(cfg, tmp_path, RECORD, start_step=5, history=history) as lg:
         lg.log_steps([6, 7, 8, 9], {"train_loss": [2.0] * 4})
     points = scalars(tmp_path / "tensorboard", "step/train_loss")
     assert [s for s, _ in points] == list(range(1, 10))
-    assert [v for _, v in points] == [1.0] * 5 + [2.0] * 4
+    assert [v for _, v in points] == [1.0] * 4 + [1.5] + [2.0] * 4
+    assert [v for _, v in scalars(tmp_path / "tensorboard", "step/lr")] == pytest.approx(
+        [0.1] * 4 + [0.2]
+    )
+    assert scalars(tmp_path / "tensorboard", "epoch/val_acc") == [(4, 0.5)]
 
 
 class _Greedy(loggers._Backend):

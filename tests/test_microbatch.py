@@ -172,3 +172,37 @@ def test_sigkill_between_microbatches_resumes_bitwise(tmp_path):
     assert a["final_metrics"] == b["final_metrics"]
     assert len(b["resumes"]) == 1
     assert copy.deepcopy(a["components"])["microbatch_size"] == 32
+
+
+def test_ddp_gradient_sync_waits_for_the_last_microbatch():
+    """A DDP-like forward: every micro-batch but the last runs inside ``no_sync()``."""
+    import contextlib
+
+    events: list[str] = []
+
+    class FakeDDP(nn.Module):
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module, self.syncing = module, True
+
+        def forward(self, x):
+            events.append("forward, sync" if self.syncing else "forward, no sync")
+            return self.module(x)
+
+        @contextlib.contextmanager
+        def no_sync(self):
+            self.syncing = False
+            try:
+                yield
+            finally:
+                self.syncing = True
+
+    s = stepper(2)
+    s.forward = FakeDDP(s.state.model)
+    s.step(batch(8), global_step=0)
+    assert events == ["forward, no sync"] * 3 + ["forward, sync"]
+    events.clear()
+    one = stepper(None)
+    one.forward = FakeDDP(one.state.model)
+    one.step(batch(8), global_step=0)
+    assert events == ["forward, sync"]

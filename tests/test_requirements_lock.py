@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,8 @@ LOCK_FILES = [
     "requirements-dev.lock",
     "requirements.lock.sha256",
     "requirements-dev.lock.sha256",
+    "requirements.lock.files",
+    "requirements-dev.lock.files",
 ]
 
 
@@ -334,3 +337,200 @@ def test_container_image(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     monkeypatch.setenv("REPROTRAIN_IMAGE_DIGEST", "sha256:" + "f" * 64)
     assert environment.container_image()["digest"] == "sha256:" + "f" * 64
+
+
+# ------------------------------------------------------------------ one lock, every platform
+
+from reprotrain.repro import lock_platforms as lp  # noqa: E402
+
+LOCKS = ("requirements.lock", "requirements-dev.lock")
+
+
+def _entries(lock_name: str, root: Path = ROOT) -> list[lf.LockEntry]:
+    return list(lf.parse_lock(root / lock_name).entries.values())
+
+
+def test_the_promised_platforms() -> None:
+    assert [p.name for p in lp.PLATFORMS] == ["linux-x86_64", "linux-aarch64", "macos-arm64"]
+    assert lp.PYTHON == (3, 11)
+
+
+@pytest.mark.parametrize("platform", lp.PLATFORMS, ids=lambda p: p.name)
+@pytest.mark.parametrize("lock_name", LOCKS)
+def test_every_platform_gets_a_complete_hashed_set(platform: lp.Platform, lock_name: str) -> None:
+    """Each requirement whose marker applies there has a wheel for that platform's tags among
+    its hashes (antlr4-python3-runtime, sdist-only and pure Python, is the named exception)."""
+    files = lp.read_files(ROOT / lock_name)
+    assert files is not None, f"{lock_name}.files missing; run make lock"
+    assert lp.check_files(lf.parse_lock(ROOT / lock_name), files) == []
+    assert lp.check_coverage(_entries(lock_name), files, platform, lock_name) == []
+
+
+def test_coverage_sees_what_applies_per_platform() -> None:
+    """Markers are evaluated for the platform, not the host: CUDA wheels on Linux only."""
+    entries = {e.name: e for e in _entries("requirements.lock")}
+    cuda = [n for n in entries if n.startswith(("nvidia-", "cuda-")) or n == "triton"]
+    assert len(cuda) >= 10 and "torch" in entries and "scipy" in entries
+    by_platform = {p.name: p.marker_environment() for p in lp.PLATFORMS}
+    for name in cuda:
+        assert not lp._applies(entries[name], by_platform["macos-arm64"]), name
+        assert lp._applies(entries[name], by_platform["linux-x86_64"]), name
+    assert lp._applies(entries["torch"], by_platform["macos-arm64"])
+    # a Windows-only dependency is in the universal lock but applies on none of the three
+    assert all(not lp._applies(entries["colorama"], env) for env in by_platform.values())
+
+
+def test_torch_pair_is_pinned_exactly_and_scipy_is_locked() -> None:
+    text = (ROOT / "requirements.in").read_text()
+    for pin in ("torch==2.14.1", "torchvision==0.29.1", "scipy==1.17.1"):
+        assert re.search(rf"^{re.escape(pin)}$", text, re.M), pin
+    entries = {e.name: e.version for e in _entries("requirements.lock")}
+    assert (entries["torch"], entries["torchvision"], entries["scipy"]) == (
+        "2.14.1",
+        "0.29.1",
+        "1.17.1",
+    )
+    # the compiler make lock runs is itself locked, exactly
+    assert {e.name: e.version for e in _entries("requirements-dev.lock")}["uv"] == "0.13.9"
+
+
+def _files_without(files: dict[str, str], pattern: str) -> dict[str, str]:
+    kept = {h: n for h, n in files.items() if not re.search(pattern, n)}
+    assert len(kept) < len(files), pattern
+    return kept
+
+
+def test_a_platform_without_its_wheel_is_reported() -> None:
+    files = lp.read_files(ROOT / "requirements.lock")
+    assert files is not None
+    entries = _entries("requirements.lock")
+    mac, linux = lp.PLATFORMS[2], lp.PLATFORMS[0]
+    # pretend torch's cp311 macOS arm64 wheel was never hashed (as a Linux-only compile does)
+    no_mac = {
+        h: n for h, n in files.items() if not (n.startswith("torch-2.14.1-cp311") and "macosx" in n)
+    }
+    assert len(no_mac) == len(files) - 1
+    problems = lp.check_coverage(entries, no_mac, mac, "requirements.lock")
+    assert len(problems) == 1 and "torch==2.14.1 applies on macos-arm64 (cp311)" in problems[0]
+    assert lp.check_coverage(entries, no_mac, linux) == []
+    # a binary package that offers only its sdist is not allowed; antlr (named) is
+    numpy_sdist = {h: n for h, n in files.items() if not n.startswith("numpy-")}
+    numpy = next(e for e in entries if e.name == "numpy")
+    numpy_sdist[numpy.hashes[0]] = "numpy-2.4.6.tar.gz"
+    problems = lp.check_coverage(entries, numpy_sdist, linux, "requirements.lock")
+    assert len(problems) == 1 and "numpy==2.4.6" in problems[0]
+    assert "not an allowed sdist-only package" in problems[0]
+    antlr = next(e for e in entries if e.name == "antlr4-python3-runtime")
+    assert all(files[h].endswith(".tar.gz") for h in antlr.hashes)
+
+
+def test_wheel_tags_expand_compressed_tag_sets() -> None:
+    name = "scipy-1.17.1-cp311-cp311-manylinux_2_27_aarch64.manylinux_2_28_aarch64.whl"
+    assert lp._wheel_tags(name) == {
+        "cp311-cp311-manylinux_2_27_aarch64",
+        "cp311-cp311-manylinux_2_28_aarch64",
+    }
+    assert "cp311-cp311-manylinux_2_28_aarch64" in lp.PLATFORMS[1].tags()
+    assert "cp311-cp311-manylinux_2_34_aarch64" not in lp.PLATFORMS[1].tags()  # glibc floor
+    assert "py3-none-any" in lp.PLATFORMS[2].tags()
+    assert "cp311-cp311-macosx_14_0_arm64" in lp.PLATFORMS[2].tags()
+    assert "cp311-cp311-macosx_15_0_arm64" not in lp.PLATFORMS[2].tags()  # macOS 14 floor
+
+
+def test_files_sidecar_drift_is_detected(repo: Path) -> None:
+    lock = repo / "requirements.lock"
+    files = lp.read_files(lock)
+    assert files is not None and lf.check_locks(pairs(repo)) == []
+    # a hash the sidecar does not name
+    lp.write_files(lock, _files_without(files, r"^torchvision-0\.29\.1-cp311"))
+    assert any("torchvision==0.29.1 has a hash that" in p for p in lf.check_locks(pairs(repo)))
+    # a file of another release behind a hash
+    digest = next(h for h, n in files.items() if n.startswith("tqdm-"))
+    lp.write_files(lock, {**files, digest: "tqdm-4.0.0-py3-none-any.whl"})
+    assert any(
+        "tqdm-4.0.0-py3-none-any.whl is not a file of tqdm==4.70.1" in p
+        for p in lf.check_locks(pairs(repo))
+    )
+    # a file whose hash the lock no longer holds (the lock moved on, the sidecar did not)
+    lp.write_files(lock, {**files, "e" * 64: "six-1.16.0-py2.py3-none-any.whl"})
+    assert any(
+        "requirements.lock.files is stale: 1 file(s)" in p for p in lf.check_locks(pairs(repo))
+    )
+    (repo / "requirements.lock.files").unlink()
+    assert any("no requirements.lock.files" in p for p in lf.check_locks(pairs(repo)))
+
+
+def test_invalid_marker_is_detected() -> None:
+    text = "six==1.16.0 ; sys_platform == 'linux' and --hash=sha256:" + "b" * 64 + "\n"
+    assert any("invalid environment marker" in p for p in lf.parse_lock(Path("x"), text).problems)
+
+
+def test_env_check_expects_only_what_applies_on_the_host() -> None:
+    """env-check evaluates markers: a macOS venv is not missing the CUDA wheels."""
+    mac = lp.PLATFORMS[2].marker_environment()
+    linux = lp.PLATFORMS[0].marker_environment()
+    on_mac, _ = lf.locked_versions(ROOT, mac)
+    on_linux, _ = lf.locked_versions(ROOT, linux)
+    assert "torch" in on_mac and "nvidia-cublas" not in on_mac and "triton" not in on_mac
+    assert "nvidia-cublas" in on_linux and "triton" in on_linux
+    assert "colorama" not in on_mac and "colorama" not in on_linux
+
+
+def test_fetch_files_reads_the_index_offline(tmp_path: Path) -> None:
+    """make lock's file listing, against index pages on disk (PEP 691 JSON and PEP 503 HTML)."""
+    import json
+
+    h1, h2, h3 = "1" * 64, "2" * 64, "3" * 64
+    (tmp_path / "six").mkdir()
+    (tmp_path / "six" / "index.json").write_text(
+        json.dumps(
+            {
+                "files": [
+                    {"filename": "six-1.16.0-py2.py3-none-any.whl", "hashes": {"sha256": h1}},
+                    {"filename": "six-1.16.0.tar.gz", "hashes": {"sha256": h2}},
+                ]
+            }
+        )
+    )
+    (tmp_path / "six" / "index.html").write_text(
+        f'<a href="../six-1.16.0.tar.gz#sha256={h2}">six-1.16.0.tar.gz</a>\n'
+    )
+    assert lp._index_page((tmp_path / "six" / "index.json").as_uri(), 5) == {
+        h1: "six-1.16.0-py2.py3-none-any.whl",
+        h2: "six-1.16.0.tar.gz",
+    }
+    assert lp._index_page((tmp_path / "six" / "index.html").as_uri(), 5) == {
+        h2: "six-1.16.0.tar.gz"
+    }
+    lock = lf.parse_lock(Path("x.lock"), f"six==1.16.0 --hash=sha256:{h1} --hash=sha256:{h2}\n")
+
+    def page(url: str, timeout: float) -> dict[str, str]:
+        assert url == "https://example.invalid/simple/six/"
+        return lp._index_page((tmp_path / "six" / "index.json").as_uri(), timeout)
+
+    files = lp.fetch_files(lock, "https://example.invalid/simple/", page)
+    assert files == {h1: "six-1.16.0-py2.py3-none-any.whl", h2: "six-1.16.0.tar.gz"}
+    assert lp.check_files(lock, files) == []
+    missing = lf.parse_lock(Path("x.lock"), f"six==1.16.0 --hash=sha256:{h3}\n")
+    with pytest.raises(LookupError, match=r"six==1\.16\.0: hash 333333333333"):
+        lp.fetch_files(missing, "https://example.invalid/simple", page)
+
+
+def test_make_lock_compiles_one_universal_lock() -> None:
+    """make lock/upgrade run uv with --universal --generate-hashes, no index URL, from the venv."""
+    text = (ROOT / "Makefile").read_text()
+    compile_line = re.search(r"^UV_COMPILE = (.*(?:\\\n.*)*)", text, re.M)
+    assert compile_line, "UV_COMPILE missing"
+    flags = compile_line.group(1)
+    for flag in ("$(VENV)/bin/uv pip compile", "--universal", "--generate-hashes"):
+        assert flag in flags, flag
+    assert "--emit-index-url" not in flags and "--emit-find-links" not in flags
+    assert "--record-files" in text
+    for lock_name in LOCKS:
+        assert (
+            (ROOT / lock_name)
+            .read_text()
+            .startswith(
+                "# This file was autogenerated by uv via the following command:\n#    make lock\n"
+            )
+        )

@@ -70,6 +70,6 @@ def test_make_eval_prints_the_recorded_final_test_metrics_exactly(reference_run)
 
 
 def test_debug_fast_runs_at_most_ten_steps(tmp_path):
-    assert_ok(train(tmp_path / "fast", "experiment=smoke", "debug=fast", micro=False))
+    assert_ok(train(tmp_path / "fast", "experiment=selfcheck", "debug=fast", micro=False))
     record = run_json(tmp_path / "fast")
     assert record["status"] == "completed" and record["final_metrics"]["global_step"] <= 10

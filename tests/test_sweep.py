@@ -58,7 +58,7 @@ def lr_sweep(sweep: Path) -> None:
     num = 0
     for lr, level in (("0.1", 0.6), ("0.2", 0.9)):
         for seed in range(3):
-            overrides = ["experiment=smoke", f"optimizer.lr={lr}", f"seed.base={seed}"]
+            overrides = ["experiment=selfcheck", f"optimizer.lr={lr}", f"seed.base={seed}"]
             fake_job(sweep, num, overrides, seed, {"test_acc": level + 0.01 * seed})
             num += 1
 
@@ -196,7 +196,7 @@ def test_a_real_seed_sweep_leaves_a_summary_and_a_plot(tmp_path: Path) -> None:
             "reprotrain.train",
             "--multirun",
             "seed.base=0,1",
-            "experiment=smoke",
+            "experiment=selfcheck",
             "dataset.num_train=256",
             "dataset.num_test=128",
             "trainer.batch_size=64",
@@ -212,7 +212,7 @@ def test_a_real_seed_sweep_leaves_a_summary_and_a_plot(tmp_path: Path) -> None:
     assert_ok(proc)
     summary = strict_loads((sweep / "summary.json").read_text())
     (group,) = summary["groups"]
-    assert group["n_completed"] == 2 and "experiment=smoke" in group["overrides"]
+    assert group["n_completed"] == 2 and "experiment=selfcheck" in group["overrides"]
     assert not any(o.startswith("seed") for o in group["overrides"])
     assert [p["epoch"] for p in group["curves"]["val_acc"]] == [1, 2]
     png = (sweep / "summary.png").read_bytes()

@@ -45,7 +45,8 @@ def user_project(tmp_path_factory):
         "_target_: torch.optim.RMSprop\n_partial_: true\nlr: 0.001\n"
     )
     env = base_env(PYTHONPATH=str(root / "pkg"))
-    return [f"hydra.searchpath=[file://{conf}]"], env
+    # A searchpath on the command line replaces conf/train.yaml's: keep the framework's own.
+    return [f"hydra.searchpath=[file://{conf},pkg://reprotrain.selfcheck.conf]"], env
 
 
 def test_a_new_model_module_and_yaml_train_bitwise_repeatably(tmp_path, user_project):
@@ -75,8 +76,8 @@ def test_an_optimizer_by_yaml_alone_trains_and_is_named(tmp_path, user_project):
         # Preflight-level values (lr=inf, betas=[0.9], 64-bit seeds...) are rows of the
         # table in test_bad_inputs.py.
         pytest.param(
-            "model.widths=[8]",
-            "error: model (starter.resnet.CifarResNet)",
+            "model.widths=[0]",
+            "error: model (reprotrain.selfcheck.net.TinyConvNet)",
             marks=pytest.mark.slow,
         ),
         pytest.param("model.num_classes=5", "model.num_classes", marks=pytest.mark.slow),
@@ -148,7 +149,7 @@ def write_folder(root: Path, classes: int = 10, train_per: int = 12, test_per: i
 
 
 FOLDER = [
-    "experiment=smoke",
+    "experiment=selfcheck",
     "trainer.epochs=2",
     "dataset=image_folder",
     "trainer.batch_size=32",
@@ -216,7 +217,7 @@ def test_bad_image_folders_are_one_line(tmp_path, case):
     else:
         (root / "train" / "class_00" / "img_000.png").write_bytes(b"not a png")
         expected = "img_000.png"
-    overrides = ["experiment=smoke", "dataset=image_folder", "trainer.batch_size=2"]
+    overrides = ["experiment=selfcheck", "dataset=image_folder", "trainer.batch_size=2"]
     overrides.append("model.num_classes=2")
     proc = train(tmp_path / "run", *overrides, f"dataset.root={root}", micro=False)
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -23,6 +23,7 @@ from reprotrain.tools import reproduce as repro
 from reprotrain.tools.archive_check import MANIFEST, SIGNATURE
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+SELFCHECK_CONF = "src/reprotrain/selfcheck/conf"  # the framework's own configs
 
 BENIGN = (
     "import os\n"
@@ -43,9 +44,17 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def job_config() -> str:
-    """The composed smoke config, resolved, as the trainer would record it."""
+    """The composed self-check config, resolved, as the trainer would record it."""
     out = subprocess.run(
-        [sys.executable, "-m", "reprotrain.train", "experiment=smoke", "--cfg", "job", "--resolve"],
+        [
+            sys.executable,
+            "-m",
+            "reprotrain.train",
+            "experiment=selfcheck",
+            "--cfg",
+            "job",
+            "--resolve",
+        ],
         cwd=REPO,
         env=base_env(),
         capture_output=True,
@@ -61,8 +70,10 @@ def repo(tmp_path) -> Path:
     repo = tmp_path / "repo"
     (repo / "src/reprotrain").mkdir(parents=True)
     (repo / "src/reprotrain/__init__.py").write_text(BENIGN)
-    (repo / "conf").mkdir()
-    (repo / "conf/train.yaml").write_text("name: t\n")
+    # The real config trees (conf/ and the framework's own, on hydra.searchpath): rule (a)
+    # allows the `_target_`s they name, per group.
+    shutil.copytree(REPO / "conf", repo / "conf")
+    shutil.copytree(REPO / SELFCHECK_CONF, repo / SELFCHECK_CONF)
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "one")
@@ -312,3 +323,104 @@ def test_archive_sign_writes_a_signature_that_verifies(tmp_path, repo, job_confi
     _git(other, "init", "-q")
     reproduce(path, tmp_path, other, "--trusted-signers", str(keys["alice.allowed"]))
     assert "trust    (b) signed by alice@example" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the config is code too
+
+
+def archived_config(tmp_path: Path, repo: Path, job_config: str, monkeypatch, **groups) -> Path:
+    """An untouched archive of a commit here whose config replaces the given groups."""
+    import yaml
+
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    cfg = yaml.safe_load(job_config)
+    cfg.update(groups)
+    run = fake_run(tmp_path, repo, yaml.safe_dump(cfg))
+    path, _ = arch.build(run, tmp_path / "out", repo=repo)
+    return path
+
+
+def test_a_command_runner_target_under_rule_a_runs_nothing(
+    tmp_path, repo, job_config, capsys, monkeypatch
+):
+    """source/ is an untouched commit (rule (a) holds for the code), but the config names a
+    callable the package ships for running commands: refused before anything is built."""
+    marker = tmp_path / "PWNED"
+    runner = {
+        "_target_": "reprotrain.tools.resume.run_forwarding_signals",
+        "cmd": ["sh", "-c", f"id > {marker}"],
+        "env": {},
+    }
+    path = archived_config(tmp_path, repo, job_config, monkeypatch, model=runner)
+    rc = reproduce(path, tmp_path, repo)
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "refusing to run the archive's code (nothing extracted)" in line
+    assert "(a) no: the archived config model._target_ names " in line
+    assert "'reprotrain.tools.resume.run_forwarding_signals'" in line and "never names" in line
+    assert not marker.exists(), "no command ran"
+    assert not (tmp_path / "x").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_builtins_dataset_target_is_refused_before_the_data_is_fingerprinted(
+    tmp_path, repo, job_config, capsys, monkeypatch
+):
+    victim = tmp_path / "victim.rc"
+    victim.write_text("# the victim's file\n")
+    before = (victim.read_bytes(), victim.stat().st_mtime_ns)
+    dataset = {
+        "_target_": "builtins.print",
+        "pwned": True,
+        "file": {"_target_": "builtins.open", "file": str(victim), "mode": "a"},
+    }
+    path = archived_config(tmp_path, repo, job_config, monkeypatch, dataset=dataset)
+    built = []
+    monkeypatch.setattr(repro, "check_data", lambda *a, **k: built.append(a))
+    rc = reproduce(path, tmp_path, repo)
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "dataset._target_ names 'builtins.print'" in line
+    assert (victim.read_bytes(), victim.stat().st_mtime_ns) == before, "nothing was opened"
+    assert built == [], "the archived dataset config was not built before the trust verdict"
+
+
+def test_rule_a_config_check_per_group_nested_partial_and_interpolations():
+    from reprotrain.tools import config_trust
+
+    dirs = config_trust.trusted_conf_dirs(REPO)
+    assert dirs == [REPO / "conf", REPO / SELFCHECK_CONF]  # conf/ + hydra.searchpath's pkg://
+    allowed = config_trust.conf_targets(*dirs)
+    assert "reprotrain.selfcheck.net.TinyConvNet" in allowed["model"]
+    assert "torchvision.transforms.v2.RandomResizedCrop" in allowed["dataset"]  # a nested list
+    assert "torch.optim.SGD" in allowed["optimizer"] and "torch.optim.SGD" not in allowed["model"]
+    good = {
+        "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1},
+        "dataset": {
+            "_target_": "reprotrain.data.image_folder.ImageFolderData",
+            "train_transforms": [{"_target_": "torchvision.transforms.v2.Resize", "size": 8}],
+        },
+    }
+    assert config_trust.problems(good, allowed, "c" * 40) == []
+    bad = {
+        "model": {"_target_": "torch.optim.SGD"},  # allowed elsewhere, not as a model
+        "loss": {
+            "_target_": "torch.nn.CrossEntropyLoss",
+            "_args_": [{"_target_": "os.system", "_args_": ["id"]}],
+        },
+        "trainer": {"epochs": "${oc.decode:'{_target_: os.system}'}"},
+        "name": "${oc.env:AWS_SECRET_ACCESS_KEY}",
+        "scheduler": {"_target_": ["reprotrain.optim.cosine"]},
+        "hydra": {"callbacks": {"x": {"_target_": "os.system"}}},
+    }
+    found = config_trust.problems(bad, allowed, "c" * 40)
+    assert found[0] == "it sets top-level 'hydra'"
+    text = "; ".join(found)
+    expected_parts = (
+        "model._target_ names 'torch.optim.SGD'",
+        "loss._args_[0]._target_ names 'os.system'",
+        "trainer.epochs is an interpolation",
+        "name is an interpolation",
+        "scheduler._target_ names",
+        "not a plain dotted name",
+    )
+    for expected in expected_parts:
+        assert expected in text, (expected, found)
+    assert len(found) == 6, found  # the hydra subtree is refused once, as a whole

@@ -51,3 +51,8 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool = True) -> 
 def narrow(batch: Batch, start: int, length: int) -> Batch:
     """Samples ``start .. start+length`` of every tensor (views, no copy)."""
     return pytree.tree_map(lambda t: t.narrow(0, start, length), batch)
+
+
+def take(batch: Batch, index: torch.Tensor | int) -> Batch:
+    """Samples ``index`` (a tensor of positions, or one position) of every tensor."""
+    return pytree.tree_map(lambda t: t[index], batch)

@@ -205,16 +205,20 @@ def export_submitit_tasks() -> bool:
     return True
 
 
-def shard_global_batch(indices: T, rank: int, world_size: int) -> T:
-    """Rank ``rank``'s contiguous part of one step's global batch (a tensor or a sequence).
+def shard_global_batch(positions: T, rank: int, world_size: int) -> T:
+    """Rank ``rank``'s share of one step's global batch: the one place that decides it.
 
-    The global batch is the slice a single process would train on at this step, so the
-    union over ranks, in rank order, is exactly that batch whatever the world size.
+    ``positions`` lists the global batch's samples (their dataset indices, or ``range(B)``
+    over a batch already drawn and transformed whole); the result is the same kind (a
+    tensor, list or range) holding this rank's entries. Today that is a contiguous part, so
+    the union over ranks, in rank order, is exactly the batch a single process trains on.
+    Both pipelines call this and nothing else, so a different rule (whole micro-batches per
+    rank) is a change here alone.
     """
-    n = len(indices)  # type: ignore[arg-type]
+    n = len(positions)  # type: ignore[arg-type]
     check_divisible(n, world_size)
     per = n // world_size
-    return indices[rank * per : (rank + 1) * per]  # type: ignore[index]
+    return positions[rank * per : (rank + 1) * per]  # type: ignore[index]
 
 
 def check_divisible(global_batch: int, world_size: int) -> None:

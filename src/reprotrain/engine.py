@@ -26,6 +26,7 @@ from torch import nn
 
 from reprotrain import batches, fault_injection
 from reprotrain.errors import ReprotrainError
+from reprotrain.repro import op_trace
 from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
 from reprotrain.tasks.base import StepContext, StepOutput
 
@@ -160,7 +161,8 @@ def run_epoch(
     t0 = time.perf_counter()
     for step, batch in batches_:
         lr = optimizer.param_groups[0]["lr"]
-        loss, sums, norm = stepper.step(batch, state.global_step)
+        with op_trace.step(state.global_step, batch):  # make bisect: per-op hashes, if asked
+            loss, sums, norm = stepper.step(batch, state.global_step)
         state.progress.add(loss, sums, stepper.samples(batch), lr)
         bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
         state.global_step += 1

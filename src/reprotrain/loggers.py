@@ -10,7 +10,11 @@ same numbers so a run can be watched live, and nothing it does may change the bi
   and the `train` stream would then diverge from a run without that logger;
 - a backend that fails mid-run (network, full disk) is reported once and switched off:
   losing a dashboard must not lose a training run;
-- only rank 0 logs; every other rank gets a no-op, so N processes do not write N copies.
+- only rank 0 logs; every other rank gets a no-op, so N processes do not write N copies;
+- after a resume, TensorBoard's event stream is rebuilt from the record up to the
+  checkpoint's step (:class:`History`: the fingerprints' per-step losses and lrs, the
+  metrics rows, the resumed epoch's steps) and continues from there, so every step appears
+  exactly once, whatever an earlier attempt had or had not flushed before it was killed.
 
 The config group is ``conf/logger/``: each option switches one backend on, and a list
 combines them (``logger=[tensorboard,mlflow]``); ``logger=none`` switches all off. MLflow
@@ -152,13 +156,52 @@ class Loggers:
                     backend.close("failed")
 
 
-def build_loggers(cfg: Any, run_dir: Path, record: dict[str, Any], start_step: int = 0) -> Loggers:
+@dataclass
+class History:
+    """What the record says was logged up to a resumed checkpoint's step."""
+
+    steps: list[int]
+    series: dict[str, list[float | None]]
+    epochs: list[tuple[int, int, dict[str, Any]]]  # (epoch, global step, metrics row)
+
+
+def resumed_history(
+    fingerprints: list[dict],
+    metrics: list[dict],
+    partial_losses: list[float],
+    partial_lrs: list[float],
+    global_step: int,
+) -> History:
+    """The per-step series of every completed epoch (from its fingerprint row) and of the
+    resumed epoch so far, and every epoch row: the numbers the loop had logged."""
+    steps: list[int] = []
+    losses: list[float | None] = []
+    lrs: list[float | None] = []
+    for row in fingerprints:
+        n = len(row.get("step_losses") or [])
+        steps += range(row["global_step"] - n + 1, row["global_step"] + 1)
+        losses += list(row.get("step_losses") or [])
+        lrs += list(row.get("step_lrs") or [None] * n)[:n]
+    steps += range(global_step - len(partial_losses) + 1, global_step + 1)
+    losses += list(partial_losses)
+    lrs += list(partial_lrs)
+    rows = [(r["epoch"], r["global_step"], r) for r in metrics]
+    return History(steps, {"train_loss": losses, "lr": lrs}, rows)
+
+
+def build_loggers(
+    cfg: Any,
+    run_dir: Path,
+    record: dict[str, Any],
+    start_step: int = 0,
+    history: History | None = None,
+) -> Loggers:
     """The loggers chosen in ``cfg`` (a ``LoggerConfig`` or the ``logger`` DictConfig).
 
     ``record`` is run.json's data (identity fields are sent as parameters; the environment
     is not). ``start_step``: the global step a resumed run continues from; TensorBoard
-    hides anything an earlier attempt logged at or after it, so curves are not doubled.
-    Non-zero ranks get an empty ``Loggers``.
+    rewrites its event files from ``history`` (the record up to that step), so curves have
+    neither gaps nor doubles. Non-zero ranks get an empty ``Loggers``.
     """
     check_logger_config(cfg)
     if _rank() != 0:
@@ -166,7 +209,9 @@ def build_loggers(cfg: Any, run_dir: Path, record: dict[str, Any], start_step: i
     run_dir = Path(run_dir)
     params = run_params(run_dir, record)
     factories: dict[str, Callable[[], _Backend]] = {
-        "tensorboard": lambda: _TensorBoard(run_dir / cfg.tensorboard_dir, start_step, params),
+        "tensorboard": lambda: _TensorBoard(
+            run_dir / cfg.tensorboard_dir, start_step, params, history
+        ),
         "mlflow": lambda: _MLflow(cfg, run_dir, record, params),
         "wandb": lambda: _WandB(cfg, run_dir, record, params),
     }
@@ -320,20 +365,31 @@ class _TensorBoard(_Backend):
 
     name = "tensorboard"
 
-    def __init__(self, log_dir: Path, start_step: int, params: dict[str, str]) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        start_step: int,
+        params: dict[str, str],
+        history: History | None = None,
+    ) -> None:
         _require("tensorboard", "tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = log_dir
-        # purge_step: a resumed run hides what an earlier attempt logged after the checkpoint
-        # (steps > start_step); the checkpoint's own epoch row at start_step stays.
-        self.writer = SummaryWriter(
-            log_dir=str(log_dir), purge_step=start_step + 1 if start_step else None
-        )
-        if not start_step:
-            ident = {k: v for k, v in params.items() if k.startswith("run.")}
-            table = "\n".join(f"| {k[4:]} | `{v}` |" for k, v in sorted(ident.items()))
-            self.writer.add_text("run", "| field | value |\n|---|---|\n" + table, 0)
+        if start_step:
+            # A resume: what an earlier attempt wrote may stop short of the checkpoint
+            # (unflushed when killed) or run past it. Start the stream again from the record.
+            for old in Path(log_dir).glob("events.out.tfevents.*"):
+                old.unlink()
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        ident = {k: v for k, v in params.items() if k.startswith("run.")}
+        table = "\n".join(f"| {k[4:]} | `{v}` |" for k, v in sorted(ident.items()))
+        self.writer.add_text("run", "| field | value |\n|---|---|\n" + table, 0)
+        if start_step and history is not None:
+            self.log_steps(history.steps, history.series)
+            for epoch, global_step, row in history.epochs:
+                numeric = _numeric(row, skip=("epoch", "global_step"))
+                self.log_epoch(epoch, global_step, numeric)
 
     def describe(self) -> str:
         return f"tensorboard ({self.log_dir})"

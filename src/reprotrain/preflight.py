@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from pathlib import Path
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -95,13 +96,16 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return variants
 
 
-def check(argv: list[str]) -> None:
+def check(argv: list[str]) -> str | bool | None:
+    """Compose and check every variant; returns the first one's ``resume`` (False when
+    Hydra only prints something and nothing runs)."""
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
-        return  # Hydra's own informational modes: nothing runs
+        return False  # Hydra's own informational modes: nothing runs
     config_dir = os.path.abspath(args.config_path) if args.config_path else str(CONF_DIR)
     config_name = args.config_name or "train"
     GlobalHydra.instance().clear()
+    resume: list[str | None] = []
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             for overrides in expand(args.overrides):
@@ -109,42 +113,101 @@ def check(argv: list[str]) -> None:
                 check_schema_keys(cfg)
                 validate(cfg)
                 components.check(cfg)
+                resume.append(OmegaConf.select(cfg, "resume", default=None))
                 check_monitor(cfg)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
         raise ReprotrainError(_yaml_error(e) or _one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
+    return resume[0] if resume else None
 
 
-def explicit_run_dir_is_free(argv: list[str]) -> None:
-    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, or one that
-    cannot be a directory (a path through a file, a name over the filesystem's limit)."""
+def _override_values(argv: list[str]) -> dict[str, str]:
+    """{key: value} of the plain ``key=value`` overrides (quoted values unquoted)."""
+    args, _ = get_args_parser().parse_known_args(argv)
+    out = {}
+    for o in OverridesParser.create().parse_overrides(args.overrides):
+        if not o.is_sweep_override() and not o.is_delete():
+            value = o.value()
+            out[o.get_key_element()] = None if value is None else str(value)
+    return out
+
+
+def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None:
+    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, that already
+    holds a run this command would restart (``repro/run_dir.py``), or that cannot be a
+    directory (a path through a file, a name over the filesystem's limit); the same for a
+    sweep into a used ``hydra.sweep.dir``. ``resume``: the composed config's value."""
+    from reprotrain.repro import run_dir as run_dirs
     from reprotrain.repro.run_mutex import refuse_if_held
 
+    values = _override_values(argv)
+    resume = values.get("resume", resume)
     if "--multirun" in argv or "-m" in argv:
+        sweep_dir = values.get("hydra.sweep.dir")
+        if sweep_dir is not None and "${" not in sweep_dir:
+            check_creatable(sweep_dir, "hydra.sweep.dir")
+            run_dirs.refuse_used_sweep_dir(Path(os.path.expanduser(sweep_dir)))
         return
-    for arg in argv:
-        if arg.startswith("hydra.run.dir="):
-            run_dir = arg.split("=", 1)[1].strip("'\"")
-            check_creatable(run_dir)
-            refuse_if_held(run_dir)
+    run_dir = values.get("hydra.run.dir")
+    if run_dir is None or "${" in run_dir:
+        return  # the default: a fresh, stamped directory
+    check_creatable(run_dir)
+    refuse_if_held(run_dir)
+    run_dirs.refuse_reuse(Path(os.path.expanduser(run_dir)), resume)
 
 
-def check_creatable(path: str) -> None:
+def check_creatable(path: str, key: str = "hydra.run.dir") -> None:
     p = os.path.abspath(os.path.expanduser(path))
+    try:
+        raw = p.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes this locale could not decode (surrogates)
+        raise ReprotrainError(
+            f"{key}: the path is not valid text in this locale "
+            f"({sys.getfilesystemencoding()}); use a UTF-8 locale (e.g. LC_ALL=C.UTF-8) or "
+            "an ASCII name"
+        ) from None
     for part in p.split(os.sep):
         if len(part.encode()) > 255:
             raise ReprotrainError(
-                f"hydra.run.dir: the name '{part[:40]}...' is {len(part.encode())} bytes; "
+                f"{key}: the name '{part[:40]}...' is {len(part.encode())} bytes; "
                 "the filesystem allows 255"
             )
     probe = p
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
+    limit = _path_max(probe)
+    if len(raw) + 64 >= limit:  # room for the files the run writes inside it
+        raise ReprotrainError(
+            f"{key}: the path is {len(raw)} bytes; this system allows {limit} for a whole "
+            "path, and the run's own files need room under it: choose a shorter one"
+        )
     if not os.path.isdir(probe):
-        raise ReprotrainError(f"hydra.run.dir={path}: {probe} is a file, not a directory")
+        raise ReprotrainError(f"{key}={path}: {probe} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ReprotrainError(f"hydra.run.dir={path}: {probe} is not writable")
+        raise ReprotrainError(f"{key}={path}: {probe} is not writable")
+
+
+def check_argv_text(argv: list[str]) -> None:
+    """An argument this locale could not decode (non-ASCII bytes under ``LC_ALL=C``) is
+    refused by name, before Hydra's lexer reports it as a syntax error."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            key = arg.split("=", 1)[0] if "=" in arg else "an argument"
+            raise ReprotrainError(
+                f"{key}: the value is not valid text in this locale "
+                f"({sys.getfilesystemencoding()}); use a UTF-8 locale (e.g. LC_ALL=C.UTF-8) "
+                "or ASCII characters only"
+            ) from None
+
+
+def _path_max(existing: str) -> int:
+    try:
+        return int(os.pathconf(existing, "PC_PATH_MAX"))
+    except (OSError, ValueError):
+        return 4096
 
 
 def check_schema_keys(cfg) -> None:
@@ -192,8 +255,10 @@ def cli_check() -> None:
     if _checked:
         return
     try:
-        check(sys.argv[1:])
-        explicit_run_dir_is_free(sys.argv[1:])
+        check_argv_text(sys.argv[1:])
+        resume = check(sys.argv[1:])
+        if resume is not False:
+            explicit_run_dir_is_free(sys.argv[1:], resume)
     except ReprotrainError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -12,7 +12,7 @@ Writes into ``out_dir``:
 - ``steps.pt.trace.json.gz``: a Chrome trace of the profiled steps. Open it in Perfetto
   (https://ui.perfetto.dev, works offline once loaded) or ``chrome://tracing``; the
   ``.pt.trace.json`` suffix is also what TensorBoard's PyTorch profiler plugin looks for.
-  Gzipped: a few steps of a ResNet are tens of MB of JSON, and run dirs get archived.
+  Gzipped: a few steps of a mid-sized conv net are tens of MB of JSON; run dirs get archived.
 - ``top_ops.txt``: the same table that ``stop()`` returns.
 
 The first ``warmup`` steps run under the profiler without being recorded, so one-off costs

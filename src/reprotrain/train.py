@@ -43,6 +43,7 @@ from tqdm import tqdm
 from reprotrain import fault_injection, launchers, preflight
 from reprotrain.components import build, build_naming_key, build_scheduler, build_task, qualname
 from reprotrain.config import ReproConfig, TrainerConfig, config_sha256
+from reprotrain.data import worker_death
 from reprotrain.data.datasets import build_dataset
 from reprotrain.data.file_hashes import file_sha256
 from reprotrain.data.pipeline import build_pipeline
@@ -59,7 +60,7 @@ from reprotrain.engine import (
 from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.invariant import exact_sum
 from reprotrain.invariant.step import InvariantStepper
-from reprotrain.loggers import build_loggers
+from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.optim import param_groups
 from reprotrain.paths import REPO_ROOT
 from reprotrain.profiling import StepProfiler
@@ -74,6 +75,7 @@ from reprotrain.repro import (
 )
 from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
+from reprotrain.repro import run_dir as run_dirs
 from reprotrain.repro.fingerprint import losses_sha256, state_sha256
 from reprotrain.repro.resume_guard import AlreadyCompleted, find_resume_point, resume_entry
 from reprotrain.repro.run_mutex import RunMutex
@@ -176,8 +178,11 @@ def run_loop(
     every, epochs = settings.checkpoint_every_steps, settings.epochs
     stop_at = settings.stop_at_global_step
     bar = tqdm(disable=not (settings.progress and sys.stderr.isatty()), leave=False)
+    history = resumed_history(state.fingerprints, state.metrics, state.progress.losses(),
+                              state.progress.step_lrs, state.global_step)  # fmt: skip
     feed = StepFeed(
-        build_loggers(logger_cfg, out.run_dir, out.record.data, state.global_step), state
+        build_loggers(logger_cfg, out.run_dir, out.record.data, state.global_step, history),
+        state,
     )
     profiler = StepProfiler(out.run_dir / "profile", settings.profile_steps, state.device).start() \
         if settings.profile_steps and dist.is_main else None  # fmt: skip
@@ -392,9 +397,7 @@ def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist |
     pipeline = build_pipeline(
         cfg.trainer.pipeline, splits, dataset, cfg.trainer.num_workers,
         batch_size=cfg.trainer.batch_size, eval_batch_size=cfg.trainer.eval_batch_size,
-        device=device, seeds=seeds, augment=dataset.augment,
-        mean=getattr(dataset, "mean", None), std=getattr(dataset, "std", None),
-        channels_last=cfg.trainer.channels_last,
+        device=device, seeds=seeds, channels_last=cfg.trainer.channels_last,
         limit_train_steps=cfg.trainer.limit_train_steps,
         limit_eval_batches=cfg.trainer.limit_eval_batches,
         overfit_batches=cfg.trainer.overfit_batches,
@@ -651,14 +654,15 @@ def main(cfg: DictConfig) -> float | None:
         if not dist.is_main:
             log.setLevel(logging.WARNING)  # one log: rank 0's
         refused = None
+        cfg.resume = launchers.default_resume(cfg.resume)  # auto inside a submitit job
         if dist.is_main:
             try:
                 _lock = RunMutex(run_dir).acquire()  # one writer per run dir, for its lifetime
+                run_dirs.refuse_reuse(run_dir, cfg.resume)  # written once (rank 0 decides)
             except ResumeError as e:
                 refused = str(e)
         if (refused := dist.broadcast_object(refused)) is not None:
             raise ResumeError(refused)
-        cfg.resume = launchers.default_resume(cfg.resume)  # auto inside a submitit job
         return train(cfg, run_dir, dist)
     except AlreadyCompleted as e:
         print(str(e), file=sys.stderr)
@@ -668,25 +672,47 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(e.exit_code)
     except ReprotrainError as e:
         _mark(run_dir, "failed", error=str(e), **getattr(e, "record", {}))
+        _log_error(str(e))
         _error(dist, str(e))
         sys.exit(e.exit_code)
     except OSError as e:  # disk full, a path that is a file, a name too long: name it
         where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
         message = f"{where}: {e.strerror or e}" if where else str(e)
         _mark(run_dir, "failed", error=message)
+        _log_error(message)
         _error(dist, message)
         sys.exit(2)
     except KeyboardInterrupt:
         _mark(run_dir, "interrupted", error="aborted by a second SIGINT")
         print("aborted: previous checkpoints are intact", file=sys.stderr)
         sys.exit(EXIT_ABORTED)
+    except RuntimeError as e:
+        if not worker_death.is_worker_death(e):
+            _mark(run_dir, "failed", error=f"{type(e).__name__}: {e}")
+            raise
+        _worker_died(run_dir, dist, e)
     except Exception as e:
         _mark(run_dir, "failed", error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        worker_death.stop_workers()  # loader workers ignore SIGTERM: never wait on them
         release_lock()
         if dist is not None:
             dist.destroy()
+
+
+def _worker_died(run_dir: Path, dist: Dist | None, e: RuntimeError) -> NoReturn:
+    """A DataLoader worker was killed (data/worker_death.py): interrupted, resumable."""
+    died = worker_death.describe(e)
+    _mark(run_dir, "interrupted", interrupted_by="DataLoader worker died", error=died)
+    message = (
+        f"{died} (killed from outside, e.g. by the OOM killer); the run stopped at its last "
+        f"checkpoint: resume with `{resume_hint(run_dir)}`"
+    )
+    _log_error(message)
+    _error(dist, message)
+    worker_death.stop_workers()
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def _error(dist: Dist | None, message: str) -> None:
@@ -699,9 +725,22 @@ def _mark(run_dir: Path, status: str, **fields: Any) -> None:
     try:
         path = run_dir / rec.RUN_JSON
         record = rec.RunRecord.load(run_dir) if path.exists() else rec.RunRecord(run_dir)
-        record.update(status=status, finished_at=rec.now_iso(), **fields)
+        try:
+            record.update(status=status, finished_at=rec.now_iso(), **fields)
+        except OSError:  # no room for a new file (disk full): reuse run.json's own blocks
+            rec.write_in_place(path, rec.strict_json(record.data, indent=2).encode())
     except Exception as e:  # pragma: no cover - best effort
         print(f"warning: could not update run.json: {e}", file=sys.stderr)
+
+
+def _log_error(message: str) -> None:
+    """The error into train.log too; a log that cannot be written (a full disk) stays quiet
+    rather than printing logging's own traceback."""
+    raising, logging.raiseExceptions = logging.raiseExceptions, False
+    try:
+        log.error(message)
+    finally:
+        logging.raiseExceptions = raising
 
 
 def cli() -> None:

@@ -2,14 +2,14 @@
 
     python -m reprotrain.bench.bare_loop --level strict --epochs 3 --out bare.jsonl
 
-Same model, synthetic data, batch, counter-based crop+flip, normalisation, optimizer
-(SGD lr 0.2, momentum 0.9, nesterov, weight decay 5e-4, a one-cycle lr) and thread count
-as ``experiment=smoke``, and the determinism flags of the same ``repro`` level written out
-by hand, as a careful user of plain PyTorch would. What it leaves out is the template:
-Hydra, the run record, checkpoints, fingerprints, progress and eval. Loss and correct
-counts stay on the device and are read once per epoch. Each epoch appends
-``{"epoch", "images_per_s", ...}`` to ``--out``, timed like the template: training steps
-only, the clock stopped after the device has finished.
+Same model, synthetic data, batch, counter-based crop+flip, normalisation, optimizer (SGD lr
+0.2, momentum 0.9, nesterov, weight decay 5e-4, a one-cycle lr) and thread count as
+``experiment=selfcheck`` (the framework's own net and images), and the determinism flags of
+the same ``repro`` level written out by hand, as a careful user of plain PyTorch would. What
+it leaves out is the template: Hydra, the run record, checkpoints, fingerprints, progress
+and eval. Loss and correct counts stay on the device and are read once per epoch. Each epoch
+appends ``{"epoch", "images_per_s", ...}`` to ``--out``, timed like the template: training
+steps only, the clock stopped after the device has finished.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from reprotrain.data.augment import augment_batch, normalize
-from starter.resnet import CifarResNet
-from starter.synthetic import load_synthetic
+from reprotrain.selfcheck.images import make_images
+from reprotrain.selfcheck.net import TinyConvNet
 
-MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # conf/dataset/synthetic.yaml
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # selfcheck/conf/dataset/selfcheck_images.yaml
 
 
 def set_level(level: str, threads: int, fill_uninitialized_memory: bool) -> None:
@@ -56,21 +56,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-test", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--widths", default="16,32,64")
-    p.add_argument("--blocks", default="1,1,1")
+    p.add_argument("--convs-per-stage", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
 
     set_level(args.level, args.threads, not args.no_fill)
     device = torch.device(args.device)
-    x, y, _, _ = load_synthetic(args.num_train, args.num_test, 1234, 48.0)
+    x, y, _, _ = make_images(args.num_train, args.num_test, 1234, 48.0)
     x, y = x.to(device), y.to(device)
     mean = torch.tensor(MEAN, device=device).view(1, -1, 1, 1)
     std = torch.tensor(STD, device=device).view(1, -1, 1, 1)
 
     torch.manual_seed(0)
     widths = [int(v) for v in args.widths.split(",")]
-    blocks = [int(v) for v in args.blocks.split(",")]
-    model = CifarResNet(widths, blocks).to(device)
+    model = TinyConvNet(widths, convs_per_stage=args.convs_per_stage).to(device)
     steps = len(y) // args.batch_size
     opt = torch.optim.SGD(
         model.parameters(), lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4

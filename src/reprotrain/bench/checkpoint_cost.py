@@ -1,10 +1,11 @@
-"""P5: checkpoint save + load against one epoch, at the reference model size (ResNet-18).
+"""P5: checkpoint save + load against one epoch, at a reference model size (11.0M parameters).
 
 The checkpoint holds what a resume needs (model, optimizer with momentum buffers,
 scheduler, scaler, RNG states and loop position), written and read through the template's
 own ``checkpoint.save``/``checkpoint.load`` (atomic write with fsync; ``weights_only``
-load). An epoch is estimated as the measured step time times the steps of one CIFAR-10
-epoch at the reference batch (50000 // 512 = 97): a real CPU epoch takes a quarter hour.
+load). The model is the framework's own conv net at its wide size (``selfcheck.net.WIDE``).
+An epoch is estimated as the measured step time times the steps of a 50,000-image epoch at
+the reference batch (50000 // 512 = 97): a real CPU epoch takes a quarter hour.
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ from torch import nn
 from reprotrain.bench.stats import compare, interleave
 from reprotrain.engine import LoopState
 from reprotrain.repro import checkpoint, rng
-from starter.resnet import CifarResNet
+from reprotrain.selfcheck.net import WIDE, TinyConvNet
 
-CIFAR10_TRAIN = 50_000
+EPOCH_IMAGES = 50_000
 
 
 @dataclass
 class CheckpointSetup:
     device: str = "cpu"
     batch_size: int = 512
-    widths: tuple[int, ...] = (64, 128, 256, 512)  # ResNet-18, the reference recipe
-    blocks: tuple[int, ...] = (2, 2, 2, 2)
+    widths: tuple[int, ...] = WIDE["widths"]
+    convs_per_stage: int = WIDE["convs_per_stage"]
     steps_per_repeat: int = 1
     repeats: int = 2
 
@@ -44,7 +45,7 @@ def resume_state(model, opt, sched, scaler, device) -> dict:
 
 def measure_p5(setup: CheckpointSetup, log=print) -> dict:
     device = torch.device(setup.device)
-    model = CifarResNet(list(setup.widths), list(setup.blocks)).to(device)
+    model = TinyConvNet(list(setup.widths), convs_per_stage=setup.convs_per_stage).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
@@ -87,7 +88,7 @@ def measure_p5(setup: CheckpointSetup, log=print) -> dict:
             return time.perf_counter() - t0
 
         save_load_seconds()  # warm-up: first file creation, page cache
-        steps_per_epoch = CIFAR10_TRAIN // setup.batch_size
+        steps_per_epoch = EPOCH_IMAGES // setup.batch_size
         values = interleave(
             {
                 "checkpoint_s": save_load_seconds,
@@ -104,7 +105,7 @@ def measure_p5(setup: CheckpointSetup, log=print) -> dict:
         checkpoint_mib=size_mib,
         params=sum(p.numel() for p in model.parameters()),
         widths=list(setup.widths),
-        blocks=list(setup.blocks),
+        convs_per_stage=setup.convs_per_stage,
         batch_size=setup.batch_size,
     )
     log(

@@ -5,14 +5,15 @@
 On one CUDA GPU, in this order (each section has a timeout, and the whole run a budget,
 480 s by default, so a slow section is recorded as skipped instead of running over):
 
-1. ``verify``: the reference recipe (ResNet-18, batch 512, SGD, one-cycle, strict) on
-   CIFAR-shaped synthetic data at CIFAR-10 size (50000/10000), 2 epochs, twice in fresh
-   processes through ``python -m reprotrain.tools.verify``: identical bits or not.
+1. ``verify``: the framework's own job at reference size (``experiment=selfcheck`` with the
+   wide 11.0M-parameter net, batch 512, SGD, one-cycle, strict) on its synthetic 3x32x32
+   images at 50000/10000, 2 epochs, twice in fresh processes through
+   ``python -m reprotrain.tools.verify``: identical bits or not.
 2. ``resume_after_kill``: the same config SIGKILLed mid-epoch 2
    (``REPROTRAIN_TEST_KILL=step:N``), resumed with ``resume=auto``, compared with a run
    of the verify pair: identical bits or not.
-3. ``throughput``: train images/s (epoch 2 of 2) of ResNet-18 at strict, fast, bf16
-   autocast, channels_last and both; the projected time of the 30-epoch reference recipe.
+3. ``throughput``: train images/s (epoch 2 of 2) of that net at strict, fast, bf16
+   autocast, channels_last and both; the projected time of 30 epochs at that size.
 4. ``bench``: ``scripts/bench.py --device cuda`` P1/P2/P3 (levels strict and fast).
 5. ``pytest_gpu``: ``pytest -m gpu``.
 
@@ -35,16 +36,20 @@ import torch
 from reprotrain.bench.training import child_env, steady_images_per_s
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro.record import read_jsonl
+from reprotrain.selfcheck.net import WIDE
 from reprotrain.tools.run_diff import compare_runs
 
-NUM_TRAIN = 50_000  # CIFAR-10's size
-CIFAR10 = [f"dataset.num_train={NUM_TRAIN}", "dataset.num_test=10000"]
+NUM_TRAIN = 50_000  # a typical small image benchmark's training set
+FULL_SIZE = [f"dataset.num_train={NUM_TRAIN}", "dataset.num_test=10000"]
 THROUGHPUT_DATA = ["dataset.num_train=25000", "dataset.num_test=2000", "trainer.epochs=2"]
-# The reference recipe (conf/experiment/cifar10_resnet18.yaml) on synthetic data, on the GPU.
+# The framework's own job (src/reprotrain/selfcheck) at reference size, on the GPU: never the
+# user's model or data, so a project that replaced them still has a working GPU check.
 REFERENCE = [
-    "experiment=cifar10_resnet18",
-    "dataset=synthetic",
+    "experiment=selfcheck",
+    f"model.widths=[{','.join(map(str, WIDE['widths']))}]",
+    f"model.convs_per_stage={WIDE['convs_per_stage']}",
     "trainer.device=cuda",
+    "trainer.batch_size=512",
     "repro.level=strict",
 ]
 BATCH = 512
@@ -109,7 +114,7 @@ def last_line(text: str) -> str:
 
 
 def check_verify(work: Path, budget: Budget) -> dict:
-    overrides = [*REFERENCE, *CIFAR10, *TWO_EPOCHS]
+    overrides = [*REFERENCE, *FULL_SIZE, *TWO_EPOCHS]
     cmd = [sys.executable, "-m", "reprotrain.tools.verify", *overrides]
     t0 = time.monotonic()
     rc, out = run(cmd, budget.timeout(240), log=work / "verify.log")
@@ -134,7 +139,7 @@ def check_resume(work: Path, budget: Budget, reference_run: str | None) -> dict:
         return {"skipped": "no completed verify run to compare with"}
     steps_per_epoch = NUM_TRAIN // BATCH
     kill_at = steps_per_epoch + steps_per_epoch // 3  # epoch 2, after a mid-epoch checkpoint
-    overrides = [*REFERENCE, *CIFAR10, *TWO_EPOCHS]
+    overrides = [*REFERENCE, *FULL_SIZE, *TWO_EPOCHS]
     run_dir = work / "resume"
     t0 = time.monotonic()
     killed, _ = run(
@@ -270,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     report: dict = {"gpu": gpu_info(), "work_dir": str(work)}
 
-    say("verify (ResNet-18, 50k synthetic, 2 epochs, strict, twice)")
+    say("verify (11.0M-param self-check net, 50k synthetic, 2 epochs, strict, twice)")
     report["verify"] = check_verify(work, budget)
     first_run = report["verify"].get("runs", [None])[0]
     say("resume after a kill")

@@ -1,11 +1,11 @@
 """P2 (data pipelines vs torchvision's PIL transforms) and P4 (fast vs reference augment).
 
-P2 feeds the same CIFAR-shaped uint8 images, batch size, crop 32 with padding 4, flip and
-normalisation through three paths: ``DevicePipeline`` (whole batches on the training
-device), ``LoaderPipeline`` (DataLoader of uint8 tensors, batched augmentation after), and
-the common torchvision recipe (a PIL image per sample, ``transforms.v2`` per sample, a
-DataLoader with workers). Each side runs one epoch per repeat; images/s counts batches
-delivered on the training device, ready for the model.
+P2 feeds the same 3x32x32 uint8 images (the framework's own synthetic set), batch size, crop
+32 with padding 4, flip and normalisation through three paths: ``DevicePipeline`` (whole
+batches on the training device), ``LoaderPipeline`` (DataLoader of uint8 tensors, batched
+augmentation after), and the common torchvision recipe (a PIL image per sample,
+``transforms.v2`` per sample, a DataLoader with workers). Each side runs one epoch per
+repeat; images/s counts batches delivered on the training device, ready for the model.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from reprotrain.bench.stats import compare, interleave
 from reprotrain.data.augment import augment_batch, reference_augment_batch
-from reprotrain.data.base import Splits, TensorSplit
+from reprotrain.data.base import InMemoryImages, Splits, TensorSplit
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
 from reprotrain.repro.seeding import Seeds
-from starter.synthetic import load_synthetic
+from reprotrain.selfcheck.images import make_images
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 
@@ -39,20 +39,13 @@ def build_template_pipeline(kind: str, x, y, batch_size: int, device, num_worker
     """The pipelines as train.py builds them (kept in one place: if their constructor
     changes, only this function follows)."""
     seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
-    common = dict(
-        batch_size=batch_size,
-        eval_batch_size=batch_size,
-        mean=MEAN,
-        std=STD,
-        device=torch.device(device),
-        seeds=seeds,
-        augment=True,
-    )
-    test = TensorSplit(x[:batch_size], y[:batch_size])
-    splits = Splits(train=TensorSplit(x, y), val=None, test=test, num_classes=10)
+    common = dict(batch_size=batch_size, eval_batch_size=batch_size, device=torch.device(device))
+    dataset = InMemoryImages(mean=MEAN, std=STD, augment=True)
+    test = TensorSplit((x[:batch_size], y[:batch_size]))
+    splits = Splits(train=TensorSplit((x, y)), val=None, test=test, num_classes=10)
     if kind == "device":
-        return DevicePipeline(splits, **common)
-    return LoaderPipeline(splits, num_workers=num_workers, **common)
+        return DevicePipeline(splits, dataset, seeds=seeds, **common)
+    return LoaderPipeline(splits, dataset, num_workers=num_workers, seeds=seeds, **common)
 
 
 class PILImages(Dataset):
@@ -61,7 +54,7 @@ class PILImages(Dataset):
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         from torchvision.transforms import v2
 
-        self.images = x.permute(0, 2, 3, 1).contiguous().numpy()  # HWC uint8, like CIFAR
+        self.images = x.permute(0, 2, 3, 1).contiguous().numpy()  # HWC uint8 for PIL
         self.labels = y.numpy()
         self.transform = v2.Compose(
             [
@@ -89,7 +82,7 @@ def _sync(device: torch.device) -> None:
 
 def _pipeline_epoch(pipe, device: torch.device, epoch: int, limit: int | None = None) -> float:
     t0, seen = time.perf_counter(), 0
-    for step, xb, _ in pipe.epoch(epoch):
+    for step, (xb, _) in pipe.epoch(epoch):
         seen += len(xb)
         if limit is not None and step + 1 >= limit:
             break
@@ -112,7 +105,7 @@ def _torchvision_epoch(loader, device: torch.device, limit: int | None = None) -
 def measure_p2(setup: PipelineSetup, log=print) -> dict:
     """images/s of each pipeline and its ratio to torchvision's PIL DataLoader."""
     device = torch.device(setup.device)
-    x, y, _, _ = load_synthetic(setup.num_images, 16, 4321, 48.0)
+    x, y, _, _ = make_images(setup.num_images, 16, 4321, 48.0)
     pipes = {
         "device": build_template_pipeline("device", x, y, setup.batch_size, device),
         "loader_0_workers": build_template_pipeline("loader", x, y, setup.batch_size, device, 0),

@@ -98,7 +98,7 @@ def table_rows(results: dict) -> list[dict]:
         rows.append(row)
     if "P5" in results:
         r = results["P5"]
-        model = "ResNet-18" if r["widths"] == [64, 128, 256, 512] else f"widths {r['widths']}"
+        model = f"{r['params'] / 1e6:.1f}M params"
         row = _row(
             "P5",
             f"checkpoint save+load / one epoch ({model}; epoch ESTIMATED as "

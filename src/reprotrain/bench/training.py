@@ -66,7 +66,7 @@ def steady_images_per_s(rows: list[dict], warmup: int = WARMUP_EPOCHS) -> float:
 
 def template_overrides(setup: TrainSetup, level: str, *more: str) -> list[str]:
     return [
-        "experiment=smoke",
+        "experiment=selfcheck",
         f"repro.level={level}",
         f"repro.num_threads={setup.threads}",
         f"trainer.device={setup.device}",

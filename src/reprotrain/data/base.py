@@ -1,28 +1,34 @@
 """What a dataset ``_target_`` returns, and the validation split every dataset shares.
 
-Two kinds, chosen by what the data is, not by a flag:
+A sample, and so a batch, is a pytree of tensors: ``(x, y)``, ``{"image": x, "label": y}``,
+``((tokens, lengths), y)``... (see ``reprotrain.batches``). Two kinds of dataset, chosen by
+where the data lives, not by a flag:
 
-- ``InMemoryImages``: uint8 ``[N, C, H, W]`` tensors (CIFAR-10, synthetic). They run on the
-  device-resident pipeline, with the batched counter-based crop+flip.
-- ``SampleImages``: map-style datasets of files (``ImageFolderData``), decoded and
-  transformed per sample by any torchvision transform under a counter-based seed; they run
-  on the DataLoader pipeline.
+- ``InMemoryTensors``: every split is one pytree of tensors with the samples first. Batches
+  are gathers of it (on the training device when the pipeline is ``device``), served as they
+  are: no scaling, no reshape, no augmentation unless the dataset's ``batch_transform`` asks.
+  ``InMemoryImages`` is the uint8-image case: counter-based crop+flip and normalisation.
+- ``SampleData``: map-style datasets that return one sample per index (files, variable-length
+  sequences); ``transform`` runs per sample under a counter-based seed and a ``collate`` (from
+  the YAML) builds the batch. ``SampleImages`` is the torchvision-transform case.
 
 Bring your own by subclassing one of them in one module and pointing a YAML at it.
 
 Closes: validation-split drift. ``val_indices`` depends only on the number of training
 samples and the fraction, never on ``seed.base``, so every run of a seed sweep validates on
-the same images and its val metric measures training variance alone.
+the same samples and its val metric measures training variance alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
+from reprotrain.batches import Batch, batch_size, take
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import stable_hash
 
@@ -43,11 +49,12 @@ def val_indices(n: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class TensorSplit:
-    x: torch.Tensor  # uint8 [N, C, H, W]
-    y: torch.Tensor  # int64 [N]
+    """One in-memory split: a pytree of tensors whose first dimension is the sample."""
+
+    samples: Batch
 
     def __len__(self) -> int:
-        return len(self.y)
+        return batch_size(self.samples)
 
 
 @dataclass
@@ -55,17 +62,61 @@ class Splits:
     train: Any  # TensorSplit for in-memory data, a map-style Dataset otherwise
     val: Any | None
     test: Any
-    num_classes: int
+    num_classes: int | None = None  # None: the data has no classes (regression, ...)
 
 
-class InMemoryImages:
-    """Base for datasets held as uint8 tensors; subclasses implement ``load_tensors``.
+class InMemoryTensors:
+    """Base for datasets held as tensors; subclasses implement ``load_samples``.
 
-    ``mean``/``std`` (per channel, on the 0..1 scale) normalise batches on the device;
-    ``augment`` turns on the counter-based random crop (pad 4) + horizontal flip.
+    Served exactly as loaded. ``batch_transform`` is the one place a subclass changes a
+    batch (on the training device, on the whole global batch of a step, before it is split
+    between ranks); the default changes nothing.
     """
 
     in_memory = True
+    augment = False
+    num_classes: int | None = None
+    collate: Callable | None = None  # only the loader pipeline uses it; default: stack
+
+    def __init__(self, val_fraction: float = 0.0) -> None:
+        self.val_fraction = val_fraction
+
+    def load_samples(self) -> tuple[Batch, Batch]:
+        """(train samples, test samples): pytrees of tensors, samples first."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict:
+        """What run.json records as the data's identity (sha256 of files or of parameters)."""
+        raise NotImplementedError
+
+    def batch_transform(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
+        """A batch on the device -> what the task sees; ``key`` is (augment seed, epoch, step)
+        when training (draw any randomness from ``counter_generator(*key)``), None in eval."""
+        return batch
+
+    def splits(self) -> Splits:
+        train, test = self.load_samples()
+        n = _check_samples(train, "train")
+        _check_samples(test, "test")
+        tr, va = val_indices(n, self.val_fraction)
+        val = TensorSplit(take(train, va)) if len(va) else None
+        return Splits(TensorSplit(take(train, tr)), val, TensorSplit(test), self.num_classes)
+
+
+def _check_samples(samples: Batch, split: str) -> int:
+    try:
+        return batch_size(samples)
+    except ReprotrainError as e:
+        raise ReprotrainError(f"the dataset's {split} split: {e}") from None
+
+
+class InMemoryImages(InMemoryTensors):
+    """uint8 images ``[N, C, H, W]`` and int labels; subclasses implement ``load_tensors``.
+
+    ``mean``/``std`` (per channel, on the 0..1 scale) normalise batches on the device;
+    ``augment`` turns on the counter-based random crop (pad 4) + horizontal flip. Anything
+    but uint8 images is refused (use ``InMemoryTensors`` for features, tokens, ...).
+    """
 
     def __init__(
         self,
@@ -74,19 +125,23 @@ class InMemoryImages:
         std: list[float] | None = None,
         augment: bool = True,
     ) -> None:
-        self.val_fraction = val_fraction
+        super().__init__(val_fraction)
         self.mean, self.std, self.augment = mean, std, augment
+        self._stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def load_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(train_x, train_y, test_x, test_y)."""
         raise NotImplementedError
 
-    def fingerprint(self) -> dict:
-        """What run.json records as the data's identity (sha256 of files or of parameters)."""
-        raise NotImplementedError
-
-    def splits(self) -> Splits:
+    def load_samples(self) -> tuple[Batch, Batch]:
         train_x, train_y, test_x, test_y = self.load_tensors()
+        for name, x in (("train", train_x), ("test", test_x)):
+            if x.dtype != torch.uint8 or x.dim() != 4:
+                raise ReprotrainError(
+                    f"{type(self).__name__} gave {name} images of {x.dtype} {list(x.shape)}; "
+                    "InMemoryImages takes uint8 [N, C, H, W] (subclass InMemoryTensors for "
+                    "other tensors: they are served as they are)"
+                )
         channels = train_x.shape[1]
         for name, stats in (("mean", self.mean), ("std", self.std)):
             if stats is None or len(stats) != channels:
@@ -96,26 +151,43 @@ class InMemoryImages:
                 )
         if min(self.std) <= 0:
             raise ReprotrainError(f"dataset.std={list(self.std)} must be > 0 in every channel")
-        num_classes = int(max(train_y.max(), test_y.max())) + 1
-        tr, va = val_indices(len(train_y), self.val_fraction)
-        val = TensorSplit(train_x[va], train_y[va]) if len(va) else None
-        return Splits(
-            TensorSplit(train_x[tr], train_y[tr]), val, TensorSplit(test_x, test_y), num_classes
-        )
+        if self.num_classes is None:
+            self.num_classes = int(max(train_y.max(), test_y.max())) + 1
+        return (train_x, train_y), (test_x, test_y)
+
+    def batch_transform(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
+        """uint8 batch -> augmented (train only), normalised float batch."""
+        from reprotrain.data.augment import augment_batch, normalize
+
+        x, y = batch
+        if self.augment and key is not None:
+            x = augment_batch(x, *key)
+        return normalize(x, *self._device_stats(x.device)), y
+
+    def _device_stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._stats:
+            self._stats[device] = tuple(
+                torch.tensor(v, device=device).view(1, -1, 1, 1) for v in (self.mean, self.std)
+            )
+        return self._stats[device]
 
 
-class SampleImages:
-    """Base for file datasets: ``splits`` returns map-style datasets of (image, label).
+class SampleData:
+    """Base for map-style data: ``splits`` returns datasets whose item ``i`` is one sample.
 
-    ``train_transform`` runs under a generator seeded from (augment seed, epoch, index), so
-    any stock torchvision transform is independent of workers and resumable; it must end in
-    a float tensor. ``eval_transform`` must be deterministic.
+    ``transform(sample, train)`` runs in the loader's workers under torch and python
+    generators seeded from (augment seed, epoch, index) (``pipeline.SeededSamples``), so any
+    randomness drawn there is independent of workers and resumable. ``collate`` (a callable
+    from the YAML: list of samples -> batch) builds each batch; the default stacks. It must be
+    deterministic: randomness belongs in ``transform``.
     """
 
     in_memory = False
     augment = True
-    train_transform: Any = None
-    eval_transform: Any = None
+    collate: Callable | None = None
+
+    def transform(self, sample: Any, train: bool) -> Any:
+        return sample
 
     def splits(self) -> Splits:
         raise NotImplementedError
@@ -124,8 +196,22 @@ class SampleImages:
         raise NotImplementedError
 
 
+class SampleImages(SampleData):
+    """File images: (image, label) samples through torchvision transforms.
+
+    ``train_transform`` must end in a float tensor; ``eval_transform`` must be deterministic.
+    """
+
+    train_transform: Any = None
+    eval_transform: Any = None
+
+    def transform(self, sample: Any, train: bool) -> Any:
+        image, label = sample
+        return (self.train_transform if train else self.eval_transform)(image), label
+
+
 class Subset(Dataset):
-    """Items ``indices`` of ``base`` (the validation carve-out of a file dataset)."""
+    """Items ``indices`` of ``base`` (the validation carve-out of a map-style dataset)."""
 
     def __init__(self, base: Dataset, indices: torch.Tensor) -> None:
         self.base, self.indices = base, indices.tolist()

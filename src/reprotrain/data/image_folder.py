@@ -8,7 +8,7 @@ torchvision's ImageFolder does (no hidden randomness); the per-sample train tran
 counter-based by the loader pipeline (see ``pipeline.SeededSamples``).
 
 Closes (as a record): data drift. The fingerprint is the sha256 of every file (relative path,
-size, content), cached per file as for CIFAR-10.
+size, content), cached per file (``file_hashes.files_fingerprint``).
 """
 
 from __future__ import annotations

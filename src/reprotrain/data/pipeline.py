@@ -1,18 +1,25 @@
 """Batches for training and evaluation: the device-resident and the DataLoader paths.
 
+A batch is a pytree of tensors (``reprotrain.batches``); both paths move, split and count
+it without knowing its shape. ``epoch(e, s)`` yields ``(step, batch)`` and ``eval_batches``
+yields ``batch``, always on the training device and always this rank's share.
+
 Closes: sample order. The order of epoch ``e`` is ``randperm`` from a generator seeded with
 ``(data seed, e)``; step ``s`` takes slice ``s`` of it, so either path can start at step ``s``
-of an epoch (exact mid-epoch resume needs only ``(e, s)``).
+of an epoch (exact mid-epoch resume needs only ``(e, s)``). Under DDP each rank takes its
+share of that global batch (``distributed.shard_global_batch``, the one place that decides).
 
 Closes: augmentation randomness, two ways.
-- In-memory uint8 tensors get the batched crop+flip of ``augment.py``, keyed by
-  ``(augment seed, e, s)``, on the training device.
-- File datasets get their own per-sample torchvision transforms, each run under torch and
-  python generators seeded from ``(augment seed, e, sample index)`` (``SeededSamples``), so
-  the result never depends on which worker ran it, how many there are, or what ran before.
+- In-memory tensors go through the dataset's ``batch_transform`` keyed by
+  ``(augment seed, e, s)``, on the training device, on the whole global batch (the uint8
+  images' crop+flip of ``augment.py``).
+- Map-style datasets run their per-sample ``transform`` (and ``__getitem__``) under torch
+  and python generators seeded from ``(augment seed, e, sample index)`` (``SeededSamples``),
+  so the result never depends on which worker ran it, how many there are, or what ran
+  before; the dataset's ``collate`` then builds the batch.
 
-- ``DevicePipeline`` keeps a whole in-memory dataset on the training device (CIFAR-10 is
-  150 MB): indexing, augmentation and normalisation run there, with no worker processes.
+- ``DevicePipeline`` keeps a whole in-memory dataset on the training device: indexing and
+  the batch transform run there, with no worker processes.
 - ``LoaderPipeline`` is a ``DataLoader`` over keys ``(epoch, index)`` with an explicit
   generator and a ``worker_init_fn``, so ``num_workers=0`` and ``2`` give the same batches.
 """
@@ -27,10 +34,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils import _pytree as pytree
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from reprotrain.data.augment import augment_batch, normalize
+from reprotrain.batches import Batch, batch_size, narrow, take, to_device
 from reprotrain.data.base import Splits, TensorSplit
+from reprotrain.distributed import check_divisible, shard_global_batch
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import Seeds, counter_generator, stable_hash
 
@@ -40,18 +49,23 @@ def epoch_order(n: int, data_seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=counter_generator(data_seed, epoch))
 
 
+def channels_last(batch: Batch) -> Batch:
+    """Every 4-D tensor of the batch in channels-last memory layout (values unchanged)."""
+    return pytree.tree_map(
+        lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t, batch
+    )
+
+
 class _Base:
     def __init__(
         self,
         splits: Splits,
+        dataset: Any,
         *,
         batch_size: int,
         eval_batch_size: int,
         device: torch.device,
         seeds: Seeds,
-        augment: bool,
-        mean: list[float] | None = None,
-        std: list[float] | None = None,
         channels_last: bool = False,
         limit_train_steps: int = 0,
         limit_eval_batches: int = 0,
@@ -60,11 +74,7 @@ class _Base:
         world_size: int = 1,
     ) -> None:
         self.n = len(splits.train)
-        if batch_size % world_size:
-            raise ReprotrainError(
-                f"trainer.batch_size={batch_size} (the global batch) is not divisible by the "
-                f"world size {world_size}; pick a multiple of {world_size}"
-            )
+        check_divisible(batch_size, world_size)
         self.rank, self.world_size = rank, world_size
         self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
         self.overfit_batches = overfit_batches
@@ -76,11 +86,8 @@ class _Base:
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.device, self.channels_last = device, channels_last
         self.data_seed, self.augment_seed = seeds.data, seeds.augment
-        self.augment = augment
+        self.dataset = dataset
         self.eval_splits = {"val": splits.val, "test": splits.test}
-        if mean is not None:
-            self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
-            self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -93,35 +100,22 @@ class _Base:
         """The epoch whose order and augmentation a step uses: always 1 when overfitting."""
         return 1 if self.overfit_batches else epoch
 
-    def _eval_limit(self, batches: Iterator) -> Iterator:
-        for i, batch in enumerate(batches):
-            if self.limit_eval_batches and i >= self.limit_eval_batches:
-                return
-            yield batch
-
     def has_split(self, split: str) -> bool:
         return self.eval_splits.get(split) is not None
 
-    def _shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rank r's contiguous part of a global batch (the whole batch on one process).
-
-        The global batch is drawn and augmented first, keyed by (epoch, step) and sample
-        position, so what a global step sees does not depend on the world size."""
+    def _rank_share(self, batch: Batch) -> Batch:
+        """This rank's samples of a global batch that was drawn and transformed whole."""
         if self.world_size == 1:
-            return x, y
-        part = len(y) // self.world_size
-        rows = slice(self.rank * part, (self.rank + 1) * part)
-        return x[rows], y[rows]
+            return batch
+        rows = shard_global_batch(range(batch_size(batch)), self.rank, self.world_size)
+        if rows.step == 1:
+            return narrow(batch, rows.start, len(rows))
+        return take(batch, torch.tensor(rows, device=self.device))
 
-    def _layout(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
-
-    def _finish_tensors(self, xb, yb, epoch: int | None, step: int):
-        """uint8 batch -> augmented (train only), normalised float batch on the device."""
-        xb, yb = xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
-        if self.augment and epoch is not None:
-            xb = augment_batch(xb, self.augment_seed, epoch, step)
-        return self._layout(normalize(xb, self.mean, self.std)), yb
+    def _on_device(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
+        """A batch of in-memory tensors, moved, through the dataset's batch transform."""
+        batch = self.dataset.batch_transform(to_device(batch, self.device), key)
+        return channels_last(batch) if self.channels_last else batch
 
 
 class DevicePipeline(_Base):
@@ -129,33 +123,34 @@ class DevicePipeline(_Base):
 
     kind = "device"
 
-    def __init__(self, splits: Splits, **kw: Any) -> None:
-        super().__init__(splits, **kw)
-        self.x, self.y = splits.train.x.to(self.device), splits.train.y.to(self.device)
+    def __init__(self, splits: Splits, dataset: Any, **kw: Any) -> None:
+        super().__init__(splits, dataset, **kw)
+        self.train = to_device(splits.train.samples, self.device)
         self.resident = {
-            name: (s.x.to(self.device), s.y.to(self.device))
+            name: to_device(s.samples, self.device)
             for name, s in self.eval_splits.items()
             if s is not None
         }
 
-    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Any]]:
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
         epoch = self.data_epoch(epoch)
         order = epoch_order(self.n, self.data_seed, epoch).to(self.device)
         for step in range(start_step, self.steps_per_epoch):
             idx = order[step * self.batch_size : (step + 1) * self.batch_size]
-            yield step, self._shard(*self._finish_tensors(self.x[idx], self.y[idx], epoch, step))
+            batch = self._on_device(take(self.train, idx), (self.augment_seed, epoch, step))
+            yield step, self._rank_share(batch)
 
-    def eval_batches(self, split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        x, y = self.resident[split]
-        starts = self._eval_limit(iter(range(0, len(y), self.eval_batch_size)))
-        for i in starts:
-            yield self._finish_tensors(
-                x[i : i + self.eval_batch_size], y[i : i + self.eval_batch_size], None, 0
-            )
+    def eval_batches(self, split: str) -> Iterator[Batch]:
+        samples = self.resident[split]
+        n, size = batch_size(samples), self.eval_batch_size
+        for k, i in enumerate(range(0, n, size)):
+            if self.limit_eval_batches and k >= self.limit_eval_batches:
+                return
+            yield self._on_device(narrow(samples, i, min(size, n - i)), None)
 
 
 class TensorItems(Dataset):
-    """Item ``(epoch, i)`` of an in-memory split: (uint8 image, label); augmented per batch."""
+    """Item ``(epoch, i)`` of an in-memory split: sample ``i`` (transformed per batch)."""
 
     def __init__(self, split: TensorSplit) -> None:
         self.split = split
@@ -163,44 +158,44 @@ class TensorItems(Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, key: tuple[int, int]):
-        _, i = key
-        return self.split.x[i], self.split.y[i]
+    def __getitem__(self, key: tuple[int | None, int]):
+        return take(self.split.samples, key[1])
 
 
 class SeededSamples(Dataset):
     """Item ``(epoch, i)``: sample ``i`` through ``transform`` under a counter-based seed.
 
     torch's and python's global generators are seeded from ``(augment seed, epoch, i)`` for
-    the call and restored afterwards, so a stock torchvision transform draws the same crop
-    for sample ``i`` of epoch ``e`` in any worker, in any order, after any resume.
-    ``epoch=None`` (evaluation) seeds nothing: eval transforms must be deterministic.
+    the call (``__getitem__`` of the base dataset and the transform) and restored afterwards,
+    so a stock torchvision transform, or a user's ``torch.rand`` in ``__getitem__``, draws
+    the same value for sample ``i`` of epoch ``e`` in any worker, in any order, after any
+    resume. ``epoch=None`` (evaluation) seeds from ``(augment seed, "eval", i)``.
     """
 
-    def __init__(self, base: Dataset, transform: Any, augment_seed: int) -> None:
+    def __init__(self, base: Dataset, transform: Any, augment_seed: int, train: bool) -> None:
         self.base, self.transform, self.augment_seed = base, transform, augment_seed
+        self.train = train
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, key: tuple[int | None, int]):
         epoch, i = key
-        image, label = self.base[i]
-        if epoch is None:
-            return self.transform(image), label
-        seed = stable_hash(self.augment_seed, epoch, i)
+        seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i)
         py_state = random.getstate()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             random.seed(seed)
             try:
-                return self.transform(image), label
+                return self.transform(self.base[i], self.train)
             finally:
                 random.setstate(py_state)
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Key batches ``[(epoch, index), ...]`` of one epoch, from step ``start_step`` on."""
+    """Key batches ``[(epoch, index), ...]`` of one epoch, from step ``start_step`` on.
+
+    ``shard=(rank, world_size)`` yields that rank's share of each global batch."""
 
     def __init__(
         self,
@@ -223,9 +218,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         order = epoch_order(self.n, self.data_seed, self.epoch).tolist()
         for step in range(self.start_step, self.steps):
             batch = order[step * self.batch_size : (step + 1) * self.batch_size]
-            rank, world = self.shard
-            part = len(batch) // world
-            yield [(self.epoch, i) for i in batch[rank * part : (rank + 1) * part]]
+            yield [(self.epoch, i) for i in shard_global_batch(batch, *self.shard)]
 
 
 def seed_worker(worker_id: int) -> None:
@@ -256,19 +249,37 @@ def _one_line_from_worker(e: Exception) -> Exception:
     return ReprotrainError(found[-1][1]) if found else e
 
 
+def stack_samples(samples: list) -> Batch:
+    """The default collate (torch's: stack each tensor, numbers become tensors); samples it
+    cannot stack (variable lengths) are one line that says to bring a collate."""
+    try:
+        return default_collate(samples)
+    except (RuntimeError, TypeError) as e:
+        tensors = [t for t in pytree.tree_leaves(samples) if isinstance(t, torch.Tensor)]
+        shapes = sorted({str(list(t.shape)) for t in tensors if t.dim()})
+        reason = f"tensor shapes {', '.join(shapes[:3])}" if len(shapes) > 1 else str(e)
+        raise ReprotrainError(
+            f"the default collate cannot stack these samples ({reason.splitlines()[0]}); give "
+            "the dataset a collate (see conf/dataset/sequences.yaml) that pads or packs them"
+        ) from None
+
+
 class LoaderPipeline(_Base):
-    """DataLoader path: file datasets (per-sample transforms) or in-memory tensors."""
+    """DataLoader path: map-style datasets (per-sample transform, collate) or in-memory tensors."""
 
     kind = "loader"
 
-    def __init__(self, splits: Splits, num_workers: int = 0, dataset: Any = None, **kw: Any):
-        super().__init__(splits, **kw)
+    def __init__(self, splits: Splits, dataset: Any, num_workers: int = 0, **kw: Any) -> None:
+        super().__init__(splits, dataset, **kw)
         self.num_workers = num_workers
         self.per_sample = not isinstance(splits.train, TensorSplit)
+        self.collate = getattr(dataset, "collate", None) or stack_samples
         if self.per_sample:
-            self.train_set = SeededSamples(splits.train, dataset.train_transform, self.augment_seed)
+            self.train_set = SeededSamples(
+                splits.train, dataset.transform, self.augment_seed, train=True
+            )
             self.eval_sets = {
-                k: SeededSamples(s, dataset.eval_transform, self.augment_seed)
+                k: SeededSamples(s, dataset.transform, self.augment_seed, train=False)
                 for k, s in self.eval_splits.items()
                 if s is not None
             }
@@ -278,54 +289,54 @@ class LoaderPipeline(_Base):
                 k: TensorItems(s) for k, s in self.eval_splits.items() if s is not None
             }
 
-    def _batches(self, dataset, batch_sampler, epoch: int) -> Iterator:
+    def _batches(self, dataset, batch_sampler, epoch: int) -> Iterator[Batch]:
         g = torch.Generator().manual_seed(stable_hash(self.data_seed, "workers", epoch))
         loader = DataLoader(
             dataset,
             batch_sampler=batch_sampler,
             num_workers=self.num_workers,
+            collate_fn=self.collate,
             generator=g,
             worker_init_fn=seed_worker,
             pin_memory=self.device.type == "cuda",
         )
         try:
-            yield from loader
-        except ReprotrainError:
-            raise
-        except Exception as e:
+            for batch in loader:
+                batch_size(batch)  # a pytree of tensors, samples first, or one line
+                yield batch
+        except Exception as e:  # a worker's error comes back with its traceback as text
             raise _one_line_from_worker(e) from None
 
-    def _finish(self, xb, yb, epoch: int | None, step: int):
+    def _finish(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
         if self.per_sample:  # already this rank's samples, transformed per sample
-            xb = xb.to(self.device, non_blocking=True)
-            return self._layout(xb), yb.to(self.device, non_blocking=True)
-        if epoch is None:
-            return self._finish_tensors(xb, yb, epoch, step)
-        return self._shard(*self._finish_tensors(xb, yb, epoch, step))
+            batch = to_device(batch, self.device)
+            return channels_last(batch) if self.channels_last else batch
+        batch = self._on_device(batch, key)
+        return batch if key is None else self._rank_share(batch)
 
-    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Any]]:
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
         epoch = self.data_epoch(epoch)
         shard = (self.rank, self.world_size) if self.per_sample else (0, 1)
         sampler = EpochBatchSampler(
             self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch, shard
         )
         batches = self._batches(self.train_set, sampler, epoch)
-        for step, (xb, yb) in enumerate(batches, start_step):
-            yield step, self._finish(xb, yb, epoch, step)
+        for step, batch in enumerate(batches, start_step):
+            yield step, self._finish(batch, (self.augment_seed, epoch, step))
 
-    def eval_batches(self, split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(self, split: str) -> Iterator[Batch]:
         dataset = self.eval_sets[split]
         keys = [(None, i) for i in range(len(dataset))]
         size = self.eval_batch_size
         batches = [keys[i : i + size] for i in range(0, len(keys), size)]
         if self.limit_eval_batches:
             batches = batches[: self.limit_eval_batches]
-        for xb, yb in self._batches(dataset, batches, epoch=0):
-            yield self._finish(xb, yb, None, 0)
+        for batch in self._batches(dataset, batches, epoch=0):
+            yield self._finish(batch, None)
 
 
 def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **kw: Any):
-    """``auto``: the device path for in-memory tensors, the DataLoader path for files."""
+    """``auto``: the device path for in-memory tensors, the DataLoader path otherwise."""
     if kind == "auto":
         kind = "device" if dataset.in_memory else "loader"
     if kind == "device":
@@ -335,5 +346,5 @@ def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **
             )
         if num_workers:
             raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader (or auto)")
-        return DevicePipeline(splits, **kw)
-    return LoaderPipeline(splits, num_workers=num_workers, dataset=dataset, **kw)
+        return DevicePipeline(splits, dataset, **kw)
+    return LoaderPipeline(splits, dataset, num_workers=num_workers, **kw)

@@ -10,11 +10,19 @@ Safety: always loaded with ``torch.load(weights_only=True)``; python and numpy R
 are stored as plain ints/lists so that restriction never needs relaxing, and a pickle that
 tries to run code is refused. Files are ``step-XXXXXXXX.pt``; the newest is the "last"
 checkpoint, ``best.pt`` the best evaluated one.
+
+``best.pt`` never disagrees with the loop state it is restored with: it is the same bytes
+as the epoch-end checkpoint of the recorded best epoch, and a resume re-derives it from that
+checkpoint when a kill landed between the two writes (:func:`reconcile_best`). Pruning only
+ever counts, and deletes, step checkpoints that load and belong to the run (same seeds, the
+global step in the name matches the one inside): a stray ``step-99999999.pt`` is neither
+"the newest" nor deleted.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 import re
 from pathlib import Path
@@ -26,6 +34,8 @@ from reprotrain import fault_injection
 from reprotrain.errors import CheckpointError
 from reprotrain.repro.record import atomic_write_bytes, is_writer
 
+log = logging.getLogger("reprotrain")
+BEST = "best.pt"
 FORMAT_VERSION = 2  # 2: one state_dict per Stateful part (model, optimizer, ..., rng, loop)
 _STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
 
@@ -70,10 +80,90 @@ def save(path: Path, data: bytes, global_step: int | None = None) -> None:
     atomic_write_bytes(path, data)
 
 
-def prune(ckpt_dir: Path, keep: int) -> None:
-    """Keep the newest ``keep`` step checkpoints (best.pt is never pruned)."""
-    for path in list_step_checkpoints(ckpt_dir)[:-keep]:
+def prune(paths: list[Path], keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` of ``paths`` (oldest first); returns the kept ones.
+    best.pt is never among them."""
+    for path in paths[:-keep]:
         path.unlink(missing_ok=True)
+    return paths[-keep:]
+
+
+def step_of(path: Path) -> int | None:
+    m = _STEP_FILE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def belongs(path: Path, seeds: dict | None) -> bool:
+    """Whether ``path`` is a step checkpoint of the run with ``seeds``: it loads, holds
+    those seeds, and the global step inside is the one in its name."""
+    try:
+        state = load(path)
+    except CheckpointError:
+        return False
+    loop = state.get("loop") or {}
+    return (seeds is None or state.get("seeds") == seeds) and loop.get("global_step") == step_of(
+        path
+    )
+
+
+def is_best_of(state: dict[str, Any], best_epoch: int) -> bool:
+    """Whether ``state`` is the epoch-end checkpoint of ``best_epoch`` (what best.pt holds)."""
+    loop = state.get("loop") or {}
+    return loop.get("epoch") == best_epoch + 1 and loop.get("step") == 0
+
+
+def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None:
+    """The best epoch by the loop's own rule (first strict improvement of a finite value)."""
+    best, epoch = None, None
+    for row in rows:
+        value = row.get(monitor)
+        if (
+            not isinstance(value, int | float)
+            or value != value
+            or value in (float("inf"), float("-inf"))
+        ):
+            continue
+        if best is None or (value > best if mode == "max" else value < best):
+            best, epoch = value, row.get("epoch")
+    return epoch
+
+
+def reconcile_best(ckpt_dir: Path, loop: dict[str, Any]) -> str | None:
+    """Make best.pt agree with the resumed loop state; a one-line note when it had to.
+
+    A kill between writing ``step-N.pt`` and ``best.pt`` leaves best.pt one improvement
+    behind the record; the epoch-end checkpoint of the recorded best epoch holds exactly the
+    bytes best.pt should, so it is copied (atomically). With no such checkpoint left, the
+    stale best.pt is removed rather than kept disagreeing.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    best, want = ckpt_dir / BEST, loop.get("best_epoch")
+    if want is None:
+        if best.is_file():
+            best.unlink()
+            return f"{best} was written after the checkpoint resumed from; removed"
+        return None
+    if best.is_file():
+        try:
+            if is_best_of(load(best), want):
+                return None
+        except CheckpointError:
+            pass
+    for path in reversed(list_step_checkpoints(ckpt_dir)):
+        try:
+            if is_best_of(load(path), want):
+                atomic_write_bytes(best, path.read_bytes())
+                return (
+                    f"{best} did not hold the recorded best epoch {want}; rewritten from "
+                    f"{path.name}"
+                )
+        except CheckpointError:
+            continue
+    best.unlink(missing_ok=True)
+    return (
+        f"{best} did not hold the recorded best epoch {want} and no checkpoint of it is left; "
+        "removed"
+    )
 
 
 def list_step_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -130,6 +220,10 @@ class Saver:
 
     def __init__(self, ckpt_dir: Path, parts: Stateful | dict, meta: dict, keep: int) -> None:
         self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
+        seeds = meta.get("seeds")
+        # The run's own checkpoints so far (a resume's): the only ones pruning may count.
+        self.own = [p for p in list_step_checkpoints(ckpt_dir) if belongs(p, seeds)] \
+            if is_writer() else []  # fmt: skip
 
     def save(self, best: bool = False, model_state: dict | None = None) -> None:
         state = snapshot(self.parts, self.meta)  # collective under DDP (rng, loop)
@@ -139,7 +233,10 @@ class Saver:
             state["model"] = model_state  # the CPU copy already made for the fingerprint
         step = state["loop"]["global_step"]
         data = serialise(state)
-        save(step_path(self.dir, step), data, step)
-        prune(self.dir, self.keep)
+        path = step_path(self.dir, step)
+        save(path, data, step)
         if best:
-            save(self.dir / "best.pt", data)
+            fault_injection.hook("before-best", step)  # test-only: killed between the two
+            save(self.dir / BEST, data)
+        self.own = prune([p for p in self.own if p != path and step_of(p) < step] + [path],
+                         self.keep)  # fmt: skip

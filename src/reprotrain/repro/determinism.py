@@ -2,7 +2,7 @@
 
 Closes: cuDNN algorithm choice (benchmark off, deterministic on), nondeterministic CUDA
 kernels (``torch.use_deterministic_algorithms``), TF32 rounding, and the CPU intra-op thread
-count, which changes reduction order (a tiny ResNet's weights differ after 3 steps between
+count, which changes reduction order (a tiny conv net's weights differ after 3 steps between
 1 and 2 threads).
 
 ``CUBLAS_WORKSPACE_CONFIG`` no longer guards anything: torch 2.14 removed the check that made

@@ -10,7 +10,8 @@ Rules:
 
 - ``cuda``/``cuda:N`` when CUDA is unusable is a one-line error that names why.
 - ``auto`` picks CUDA when usable, else the CPU with a WARNING naming why. It never picks MPS:
-  PyTorch makes no determinism promise there, so MPS is only used when asked for.
+  PyTorch makes no determinism promise there, so MPS is only used when asked for (on a Mac,
+  ``make train`` trains on the CPU, bitwise, and the warning names ``trainer.device=mps``).
 - The resolved device (``cuda:0``, ``cpu``) is recorded; resume and reproduce reuse it. A
   device-*type* change on resume is refused unless asked for explicitly (then the resume is
   recorded as not bitwise). The GPU ordinal is not identity: which GPU of a host is used
@@ -103,7 +104,10 @@ def resolve(requested: str, local_rank: int | None = None) -> torch.device:
     why = cuda_unavailable_reason()
     if why is None:
         return _cuda(index, requested)
-    log.warning("trainer.device=auto resolved to cpu: %s", why)
+    hint = ""
+    if torch.backends.mps.is_available():
+        hint = f"; MPS is available: trainer.device=mps trains on it ({MPS_CAVEAT})"
+    log.warning("trainer.device=auto resolved to cpu: %s%s", why, hint)
     return torch.device("cpu")
 
 

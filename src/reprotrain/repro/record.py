@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from reprotrain import fault_injection
 from reprotrain.errors import RecordError
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 
@@ -66,14 +67,32 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
+            fault_injection.disk_full(path)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:  # a failed write names no file: name the one being written
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    """Last resort when the disk is full: overwrite ``path`` in its own blocks (not atomic;
+    used only to record a failure, so run.json does not keep saying ``running``)."""
+    if not _writer:
+        return
+    with open(path, "r+b" if Path(path).exists() else "wb") as f:
+        f.write(data)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def fsync_dir(path: Path) -> None:

@@ -1,21 +1,23 @@
 """Hashed lock files and the installed environment: the control for *environment drift*.
 
 Randomness source closed here: a run whose numerics depend on *which* torch/numpy/... build
-is installed. The lock (pip-compile, exact pins, sha256 per wheel) names the one set of
-distributions the promise holds for; this module answers three questions about it without
+is installed. The lock (``uv pip compile --universal``: exact pins, environment markers, a
+sha256 for every file of each pinned release) names the one set of distributions the promise
+holds for, on every supported platform; this module answers three questions about it without
 touching the network:
 
 * is the lock itself sound? (every line pinned ``==`` and hashed, no index / find-links /
   local path that only exists on the machine that compiled it, runtime and dev locks agree,
-  not edited after ``make lock``, not stale against its ``.in``);
+  not edited after ``make lock``, not stale against its ``.in``; every marker parses, and
+  every supported platform gets a complete, hashed set: ``repro/lock_platforms.py``);
 * does the running interpreter have exactly the locked distributions? (``env_drift``);
 * which lock and which container image did this run use? (``lock_sha256``,
   ``container_image``), for ``run.json``.
 
-Staleness: pip-compile cannot write custom header lines, so ``make lock`` writes a sidecar
+Staleness: the compiler cannot write custom header lines, so ``make lock`` writes a sidecar
 ``<lock>.sha256`` in ``sha256sum`` format listing the sha256 of the ``.in`` file, of every
 file it pulls in through ``-r``/``-c`` (the dev ``.in`` is constrained by the runtime lock,
-so both are recorded), and of the lock as pip-compile wrote it. ``sha256sum -c`` works on it
+so both are recorded), and of the lock as the compiler wrote it. ``sha256sum -c`` works on it
 too. Only the standard library is required (``packaging`` is used when importable), so the
 check runs with a bare ``python3`` before any venv exists.
 """
@@ -92,7 +94,7 @@ class ParsedLock:
 def _logical_lines(text: str) -> list[tuple[int, str]]:
     """Join backslash continuations and drop comments, keeping the first physical line number.
 
-    Why: pip-compile writes one requirement over many lines (one ``--hash`` each).
+    Why: the compiler writes one requirement over many lines (one ``--hash`` each).
     """
     out: list[tuple[int, str]] = []
     buf: list[str] = []
@@ -123,7 +125,7 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
-    """Parse a pip-compile lock and collect every line-level problem.
+    """Parse a hashed requirements lock and collect every line-level problem.
 
     Why: a lock is only a lock if each line names one exact version with at least one sha256
     and nothing that resolves differently on another machine (an index, a local folder, a
@@ -188,12 +190,26 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
                 entry.hashes.append(hm.group(2))
         if not entry.hashes:
             lock.problems.append(f"{where}: {pkg}=={entry.version} has no --hash=sha256:...")
+        if entry.marker is not None and not _marker_parses(entry.marker):
+            lock.problems.append(f"{where}: {pkg}: invalid environment marker '{entry.marker}'")
         if pkg in lock.entries and lock.entries[pkg].version != entry.version:
             lock.problems.append(
                 f"{where}: {pkg} is pinned twice ({lock.entries[pkg].version} and {entry.version})"
             )
         lock.entries[pkg] = entry
     return lock
+
+
+def _marker_parses(marker: str) -> bool:
+    try:
+        from packaging.markers import InvalidMarker, Marker
+    except ImportError:  # bare python3: pip will judge the marker at install time
+        return True
+    try:
+        Marker(marker)
+    except InvalidMarker:
+        return False
+    return True
 
 
 def in_includes(in_path: Path) -> list[Path]:
@@ -270,7 +286,7 @@ def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
 
     Why: a lock compiled from an older ``.in`` installs something other than what the
     ``.in`` asks for, silently; and a lock edited by hand after ``make lock`` (a hash dropped,
-    an index added) is no longer what pip-compile verified.
+    an index added) is no longer what the compiler verified.
     """
     lock_path, in_path = Path(lock_path), Path(in_path)
     recorded = read_record(lock_path)
@@ -374,6 +390,8 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
 
 def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
     """All lock checks over (lock, .in) pairs; returns one message per problem, [] when sound."""
+    from reprotrain.repro.lock_platforms import check_lock_platforms
+
     problems: list[str] = []
     parsed: list[ParsedLock] = []
     for lock_path, in_path in pairs:
@@ -391,6 +409,7 @@ def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
             problems.append(f"{lock_path.name}: no pinned packages")
         problems.extend(check_staleness(lock_path, in_path))
         problems.extend(check_in_satisfied(lock, in_path))
+        problems.extend(check_lock_platforms(lock))
     problems.extend(check_agreement(parsed))
     return problems
 
@@ -398,10 +417,14 @@ def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
 # --------------------------------------------------------------------------- environment
 
 
-def locked_versions(repo_root: Path) -> tuple[dict[str, set[str]], list[str]]:
+def locked_versions(
+    repo_root: Path, environment: dict[str, str] | None = None
+) -> tuple[dict[str, set[str]], list[str]]:
     """{name: allowed versions} from the runtime and dev locks that exist, and their names.
 
-    Entries whose environment marker is false here are left out (not expected installed).
+    Entries whose environment marker is false here (or in ``environment``, a PEP 508 marker
+    environment standing in for another host) are left out: not expected installed, as the
+    CUDA wheels on macOS.
     """
     locked: dict[str, set[str]] = {}
     used: list[str] = []
@@ -411,19 +434,19 @@ def locked_versions(repo_root: Path) -> tuple[dict[str, set[str]], list[str]]:
             continue
         used.append(lock_name)
         for entry in parse_lock(path).entries.values():
-            if entry.marker and not _marker_true(entry.marker):
+            if entry.marker and not _marker_true(entry.marker, environment):
                 continue
             locked.setdefault(entry.name, set()).add(entry.version)
     return locked, used
 
 
-def _marker_true(marker: str) -> bool:
+def _marker_true(marker: str, environment: dict[str, str] | None = None) -> bool:
     try:
         from packaging.markers import Marker
     except ImportError:
         return True
     try:
-        return bool(Marker(marker).evaluate())
+        return bool(Marker(marker).evaluate(environment))
     except Exception:
         return True
 

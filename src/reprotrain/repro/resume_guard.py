@@ -96,6 +96,10 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         raise AlreadyCompleted(f"{run_dir} is already completed; nothing to resume")
     if checkpoint_writer():
         checkpoint.remove_partial_writes(run_dir / CHECKPOINTS)
+        if not point.forked and (
+            note := checkpoint.reconcile_best(run_dir / CHECKPOINTS, point.state["loop"])
+        ):
+            log.warning(note)  # a kill between step-N.pt and best.pt  # fmt: skip
     return point
 
 

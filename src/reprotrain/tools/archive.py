@@ -31,6 +31,8 @@ training time, recorded by name and sha256 only) is still archived, and the summ
 archive.json and a later reproduce say so: the archive cannot hold code that was never
 recorded.
 
+``RUN=<sweep dir>`` packs the whole sweep instead (``tools/sweep_archive.py``).
+
 Exit codes: 0 written; 2 refused, in one line (not a run dir, corrupt run.json, run not
 completed without --allow-incomplete, archive exists without --force, source cannot be
 rebuilt, --out-dir not a directory, signing failed).
@@ -54,7 +56,14 @@ from reprotrain.data.file_hashes import file_sha256 as sha256_file
 from reprotrain.errors import ArchiveError
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import gitinfo
-from reprotrain.repro.record import CHECKPOINTS, RUN_JSON, atomic_write_text, now_iso
+from reprotrain.repro.record import (
+    CHECKPOINTS,
+    FINGERPRINTS,
+    RUN_JSON,
+    atomic_write_text,
+    now_iso,
+    read_jsonl,
+)
 from reprotrain.tools import cli, signing, snapshot
 from reprotrain.tools.archive_check import (
     ARCHIVE_JSON,
@@ -62,7 +71,7 @@ from reprotrain.tools.archive_check import (
     manifest_text,
     parse_manifest,
 )
-from reprotrain.tools.readers import read_run_json
+from reprotrain.tools.readers import completion_problem, read_run_json
 
 __all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
 FORMAT_VERSION = 1
@@ -136,6 +145,17 @@ def archivability(record: dict) -> list[str]:
     ]
 
 
+def check_consistent(run_dir: Path, record: dict) -> None:
+    """A record whose status contradicts its own files is refused, not archived."""
+    rows = run_dir / FINGERPRINTS
+    why = completion_problem(record, len(read_jsonl(rows)) if rows.is_file() else None)
+    if why is not None:
+        raise ArchiveError(
+            f"{run_dir / RUN_JSON} {why}: the record is inconsistent; resume the run "
+            "(make resume) instead of archiving it"
+        )
+
+
 def _check_out_dir(out_dir: Path) -> None:
     """A file where the output directory should be is named with its path and errno text."""
     for parent in (out_dir, *out_dir.parents):
@@ -173,6 +193,7 @@ def build(
             f"run {run_dir} is {status!r}, not completed; finish it (make resume) or pass "
             "--allow-incomplete"
         )
+    check_consistent(run_dir, record)
     exp_id = re.sub(r"[^\w.+-]", "_", str(record.get("experiment_id") or "unknown"))
     top = f"{exp_id}-{run_dir.name}"
     target = out_dir / f"{top}.tar.gz"
@@ -307,7 +328,7 @@ def summary(record: dict, meta: dict, path: Path) -> str:
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.archive", __doc__)
-    p.add_argument("run_dir", type=cli.user_path)
+    p.add_argument("run_dir", type=cli.user_path, help="a run directory, or a sweep directory")
     p.add_argument("--out-dir", type=cli.user_path, default=Path("archives"))
     p.add_argument("--with-checkpoint", action="store_true", help="add the final checkpoint")
     p.add_argument("--allow-incomplete", action="store_true", help="archive a run not completed")
@@ -318,6 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sign", type=cli.user_path, default=None, metavar="KEY",
                    help="sign the manifest with this ssh key (ssh-keygen -Y sign)")  # fmt: skip
     args = p.parse_args(argv)
+    from reprotrain.tools import sweep_archive  # it builds on this module
+
+    if sweep_archive.is_sweep_dir(args.run_dir):  # a sweep: every run and its summary
+        path, meta = sweep_archive.build(
+            args.run_dir, args.out_dir, args.repo, args.allow_incomplete, args.force, args.sign
+        )
+        print(sweep_archive.summary(meta, path))
+        return 0
     path, meta = build(
         args.run_dir,
         args.out_dir,

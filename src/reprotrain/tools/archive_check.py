@@ -16,11 +16,13 @@ on disk yet.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import hashlib
 import os
 import re
+import shutil
 import tarfile
 import zlib
 from dataclasses import dataclass, field
@@ -30,8 +32,22 @@ from typing import Any
 from omegaconf import DictConfig
 
 from reprotrain.errors import RecordError, ReproduceRefused
-from reprotrain.safetar import unsafe_reason
-from reprotrain.tools.readers import parse_json_object, parse_jsonl, parse_yaml_config
+from reprotrain.safetar import (
+    ArchiveLimitError,
+    Budget,
+    Limits,
+    check_sizes,
+    clash,
+    human,
+    read_members,
+    unsafe_reason,
+)
+from reprotrain.tools.readers import (
+    completion_problem,
+    parse_json_object,
+    parse_jsonl,
+    parse_yaml_config,
+)
 
 MANIFEST = "MANIFEST.sha256"
 SIGNATURE = MANIFEST + ".sig"
@@ -46,6 +62,7 @@ RECORD_FILES = (
     ARCHIVE_JSON,
 )
 RECORD_LIMIT_BYTES = 64 << 20
+DEFAULT_LIMITS = Limits()
 
 
 def manifest_text(digests: dict[str, str]) -> str:
@@ -81,6 +98,7 @@ class CheckedArchive:
     config: DictConfig | None = None
     fingerprints: list[dict] = field(default_factory=list)
     metrics: list[dict] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
 
     def label(self, rel: str) -> str:
         return f"{self.path.name}:{self.prefix + '/' if self.prefix else ''}{rel}"
@@ -108,16 +126,27 @@ class CheckedArchive:
         }
 
 
-def check_compression(archive: Path) -> None:
+def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
     """Read a gzip stream to its end so its CRC is checked (tarfile stops at the first bad
-    header and would report a corrupt archive as merely missing members)."""
+    header and would report a corrupt archive as merely missing members). A stream that
+    inflates past the size or ratio limits is refused as soon as it does."""
     with open(archive, "rb") as f:
         if f.read(2) != b"\x1f\x8b":
             return
+    packed = archive.stat().st_size
+    # tar adds 512-byte headers and padding; allow them on top of the members' limit
+    cap = min(limits.max_total_bytes, max(limits.ratio_floor_bytes, limits.max_ratio * packed))
+    cap += 1024 * (limits.max_members + 2)
+    seen = 0
     try:
         with gzip.open(archive, "rb") as f:
-            while f.read(1 << 20):
-                pass
+            while chunk := f.read(1 << 20):
+                seen += len(chunk)
+                if seen > cap:
+                    raise ArchiveLimitError(
+                        f"{archive} inflates past {human(cap)} from {human(packed)} "
+                        "(limits --max-unpacked-bytes / --max-ratio); nothing extracted"
+                    )
     except (OSError, EOFError, zlib.error) as e:
         raise ReproduceRefused(f"{archive}: corrupt gzip stream ({e}); nothing extracted") from None
 
@@ -144,6 +173,12 @@ def layout(members: list[tarfile.TarInfo]) -> tuple[str, dict[str, tarfile.TarIn
             f"({', '.join('/'.join(p) for p in shallow)}); repack one run per archive"
         )
     prefix = shallow[0][:-1]
+    kinds = {"/".join(_parts(m.name)): m.isdir() for m in members if _parts(m.name)}
+    both = clash(kinds)
+    if both is not None:
+        raise ReproduceRefused(
+            f"member {both!r} is a file and also a directory of other members; nothing extracted"
+        )
     out: dict[str, tarfile.TarInfo] = {}
     for m in members:
         parts = _parts(m.name)
@@ -171,24 +206,30 @@ def _top_name(archive: Path, prefix: str) -> str:
     return re.sub(r"[^\w.-]", "_", stem) or "archive"
 
 
-def verify(archive: Path) -> CheckedArchive:
-    """Every file member hashes to its manifest line; none missing, none extra. Reads the
-    record files into memory on the way. Nothing is written anywhere."""
+def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
+    """Every file member hashes to its manifest line; none missing, none extra; within the
+    size limits. Reads the record files into memory on the way. Nothing is written."""
     archive = Path(archive)
     if not archive.exists():
         raise ReproduceRefused(f"{archive}: no such archive")
     if not archive.is_file():
         raise ReproduceRefused(f"{archive}: not a file (give the .tar.gz that make archive wrote)")
-    check_compression(archive)
     try:
+        check_compression(archive, limits)
         with tarfile.open(archive, "r:*") as tar:
-            return _verify_open(archive, tar)
+            checked = _verify_open(archive, tar, limits)
+    except ArchiveLimitError as e:
+        raise ReproduceRefused(str(e)) from None
     except (tarfile.TarError, EOFError, zlib.error) as e:
         raise ReproduceRefused(f"{archive}: not a readable tar archive ({e})") from None
+    checked.limits = limits
+    return checked
 
 
-def _verify_open(archive: Path, tar: tarfile.TarFile) -> CheckedArchive:
-    prefix, members = layout(tar.getmembers())
+def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> CheckedArchive:
+    headers = read_members(tar, limits)
+    check_sizes(headers, archive.stat().st_size, limits)
+    prefix, members = layout(headers)
     files = {rel: m for rel, m in members.items() if m.isreg()}
     if MANIFEST not in files:
         raise ReproduceRefused(f"no {MANIFEST} in the archive; not a reprotrain archive")
@@ -208,12 +249,16 @@ def _verify_open(archive: Path, tar: tarfile.TarFile) -> CheckedArchive:
             f"manifest check failed: {where}{rel} is in the archive but not in {MANIFEST}"
         )
     kept: dict[str, bytes] = {}
+    budget = Budget(limits)
     for rel in sorted(files):
         h = hashlib.sha256()
         keep = rel in RECORD_FILES and files[rel].size <= RECORD_LIMIT_BYTES
         chunks = []
         f = tar.extractfile(files[rel])
+        read = 0
         for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+            budget.take(files[rel], read, len(chunk))
+            read += len(chunk)
             h.update(chunk)
             if keep:
                 chunks.append(chunk)
@@ -270,6 +315,9 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
             raise ReproduceRefused(
                 f"{fp_label} line {n}: expected epoch, weights_sha256 and step_losses"
             )
+    why = completion_problem(record, len(fingerprints))
+    if why is not None:
+        raise ReproduceRefused(f"{label} {why}: an inconsistent record is not replayed")
     metrics = parse_jsonl(checked.text("run/metrics.jsonl"), checked.label("run/metrics.jsonl"))
     if any(not _is_int(row.get("epoch")) for row in metrics):
         raise ReproduceRefused(f"{checked.label('run/metrics.jsonl')}: a row has no epoch")
@@ -286,30 +334,78 @@ def _is_int(value: Any) -> bool:
 
 def extract(checked: CheckedArchive, dest: Path) -> Path:
     """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty); returns
-    that folder. tarfile's ``data`` filter checks each member again as a second guard."""
+    that folder. tarfile's ``data`` filter checks each member again as a second guard, the
+    bytes are counted against the limits as they stream, and a refused or failed extraction
+    removes everything it wrote."""
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise ReproduceRefused(f"--extract-dir {dest}: {os.strerror(errno.ENOTDIR)}")
     if dest.exists() and any(dest.iterdir()):
         raise ReproduceRefused(f"--extract-dir {dest} is not empty")
+    created = [p for p in (dest, *dest.parents) if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
+    need = sum(m.size for m in checked.members.values())
+    free = shutil.disk_usage(dest).free
+    if need > free:
+        _remove(dest, created)
+        raise ReproduceRefused(
+            f"extracting needs {human(need)} but {dest} has {human(free)} free; nothing "
+            "extracted (free space, or give --extract-dir on a larger disk)"
+        )
     root = dest / checked.top_name
-    root.mkdir()
     try:
-        with tarfile.open(checked.path, "r:*") as tar:
-            by_name = {m.name: m for m in tar.getmembers()}
-            for rel in sorted(checked.members):
-                member = by_name[checked.members[rel].name]
-                tarfile.data_filter(member, str(dest))
-                target = root / rel
-                if member.isdir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(member) as src, open(target, "xb") as out:
-                    for chunk in iter(lambda src=src: src.read(1 << 20), b""):
-                        out.write(chunk)
-                os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
+        root.mkdir()
+        _write_members(checked, dest, root)
     except tarfile.FilterError as e:
-        raise ReproduceRefused(f"unsafe member ({e}); extraction stopped") from None
+        _remove(dest, created)
+        raise ReproduceRefused(f"unsafe member ({e}); nothing extracted") from None
+    except ArchiveLimitError as e:
+        _remove(dest, created)
+        raise ReproduceRefused(f"{e}; nothing extracted") from None
+    except OSError as e:
+        _remove(dest, created)
+        where = e.filename or dest
+        raise ReproduceRefused(
+            f"extraction failed at {where}: {e.strerror}; nothing extracted"
+        ) from None
+    except BaseException:
+        _remove(dest, created)
+        raise
     return root
+
+
+def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
+    budget = Budget(checked.limits)
+    with tarfile.open(checked.path, "r:*") as tar:
+        by_name = {m.name: m for m in read_members(tar, checked.limits)}
+        for rel in sorted(checked.members):
+            member = by_name[checked.members[rel].name]
+            tarfile.data_filter(member, str(dest))
+            target = root / rel
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            written = 0
+            with tar.extractfile(member) as src, open(target, "xb") as out:
+                for chunk in iter(lambda src=src: src.read(1 << 20), b""):
+                    budget.take(member, written, len(chunk))
+                    written += len(chunk)
+                    out.write(chunk)
+            os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
+
+
+def _remove(dest: Path, created: list[Path]) -> None:
+    """Undo an extraction: everything under ``dest``, and the folders made for it."""
+    shutil.rmtree(dest, ignore_errors=True) if dest in created else _empty(dest)
+    for p in created[1:]:
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
+def _empty(dest: Path) -> None:
+    for child in dest.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)

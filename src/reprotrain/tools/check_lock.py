@@ -4,16 +4,21 @@ Prints one ``error: ...`` line per problem and exits 1, or one ``ok: ...`` line 
 Checks (see ``reprotrain.repro.requirements_lock``): every line pinned ``==`` with a sha256;
 no index, find-links, ``file:`` URL or local path; not edited after ``make lock``; not stale
 against its ``.in`` (and, for the dev lock, against the runtime lock it is constrained by);
-runtime and dev locks agree on shared packages. ``--record`` writes the ``<lock>.sha256`` sidecars
-(``make lock`` runs it right after pip-compile).
+runtime and dev locks agree on shared packages; every marker parses; every hash names a file
+of its release in ``<lock>.files`` and every supported platform (Linux x86_64/aarch64, macOS
+arm64) gets a wheel for each requirement that applies there (``repro/lock_platforms.py``).
+``--record`` writes the ``<lock>.sha256`` sidecars; ``--record-files`` (network: the package
+index's file lists) writes ``<lock>.files``. ``make lock`` runs both right after the compiler.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from reprotrain.repro.requirements_lock import DEFAULT_PAIRS, check_locks, write_record
+from reprotrain.repro import lock_platforms
+from reprotrain.repro.requirements_lock import DEFAULT_PAIRS, check_locks, parse_lock, write_record
 from reprotrain.tools import cli
 
 
@@ -34,6 +39,16 @@ def main(argv: list[str] | None = None) -> int:
         "--in", dest="ins", action="append", default=[], help=".in file, one per --lock"
     )
     parser.add_argument("--record", action="store_true", help="write <lock>.sha256 sidecars")
+    parser.add_argument(
+        "--record-files",
+        action="store_true",
+        help="write <lock>.files from the package index (network)",
+    )
+    parser.add_argument(
+        "--index-url",
+        default=os.environ.get("PIP_INDEX_URL") or lock_platforms.DEFAULT_INDEX,
+        help="simple index to read file names from (default: $PIP_INDEX_URL or PyPI)",
+    )
     args = parser.parse_args(argv)
 
     root = args.root or _default_root()
@@ -45,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pairs = [(root / lk, root / i) for lk, i in DEFAULT_PAIRS]
 
+    if args.record_files:
+        for lock_path, _ in pairs:
+            try:
+                files = lock_platforms.fetch_files(parse_lock(lock_path), args.index_url)
+            except (OSError, LookupError, ValueError) as exc:
+                print(f"error: cannot list the files of {lock_path.name}: {exc}")
+                return 1
+            out = lock_platforms.write_files(lock_path, files)
+            print(f"ok: recorded {out.name} ({len(files)} files)")
     if args.record:
         for lock_path, in_path in pairs:
             try:
@@ -53,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}")
                 return 1
             print(f"ok: recorded {out.name}")
+    if args.record or args.record_files:
         return 0
 
     problems = check_locks(pairs)

@@ -12,7 +12,6 @@ recorded config (e.g. ``trainer.eval_batch_size=256``; such a change may change 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from omegaconf import OmegaConf
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import checkpoint
 from reprotrain.repro import record as rec
+from reprotrain.tools.readers import read_run_json
 
 
 class EvalError(ReprotrainError):
@@ -41,6 +41,31 @@ def pick_checkpoint(run_dir: Path, which: str) -> Path:
     return Path(which).expanduser()
 
 
+def load_weights(model, state: dict, path: Path) -> None:
+    """The checkpoint's weights into the run's model; one line when they do not fit (the
+    checkpoint of another model, or of this run with another ``model.*``)."""
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError, TypeError) as e:
+        detail = " ".join(str(e).split())[:200]
+        raise EvalError(
+            f"{path} does not fit the run's model ({detail}); give a checkpoint of this run"
+        ) from None
+
+
+def check_best(state: dict, path: Path, run_dir: Path, cfg) -> None:
+    """best.pt must be the epoch-end checkpoint of the best epoch metrics.jsonl records."""
+    rows = rec.read_jsonl(run_dir / rec.METRICS)
+    monitor, mode = cfg.trainer.monitor, cfg.trainer.monitor_mode
+    want = checkpoint.recorded_best_epoch(rows, monitor, mode)
+    if want is None or not checkpoint.is_best_of(state, want):
+        held = (state.get("loop") or {}).get("epoch", 1) - 1
+        raise EvalError(
+            f"{path} holds epoch {held}, but {rec.METRICS} records {monitor} best at epoch "
+            f"{want}: the record and best.pt disagree (`make resume` re-derives best.pt)"
+        )
+
+
 def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None = None) -> dict:
     import torch
 
@@ -54,15 +79,17 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     config_file = run_dir / rec.RESOLVED_CONFIG
     if not (run_dir / rec.RUN_JSON).is_file() or not config_file.is_file():
         raise EvalError(f"{run_dir} is not a reprotrain run directory (no run.json)")
+    record = read_run_json(run_dir)  # one line for [], "environment": "cpu", bad JSON
     try:
-        record = json.loads((run_dir / rec.RUN_JSON).read_text())
         cfg = OmegaConf.create(OmegaConf.to_container(OmegaConf.load(config_file)))
-    except (ValueError, OSError, Exception) as e:  # JSON or YAML errors
+    except (ValueError, OSError, Exception) as e:  # YAML errors
         raise EvalError(f"cannot read {run_dir}'s record: {str(e).splitlines()[0]}") from None
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     path = pick_checkpoint(run_dir, which)
     state = checkpoint.load(path)
+    if which == "best":
+        check_best(state, path, run_dir, cfg)
     determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory)
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
     seeds = Seeds(**state["seeds"])
@@ -70,7 +97,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     model = trainer.build("model", cfg.model).to(device)
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    model.load_state_dict(state["model"])
+    load_weights(model, state, path)
     task = build_task(cfg.task, cfg.get("loss"))
     metrics = evaluate(
         task, model, pipeline.eval_batches("test"), prefix="test", device=device,

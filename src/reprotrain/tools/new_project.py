@@ -1,11 +1,13 @@
 """``make new-project NAME=mylab DEST=../mylab``: a fresh repository from this template.
 
 Needs only python3 and git (standard library only, no venv). It copies the *tracked* files
-of this checkout (so no outputs, data, venv or untracked notes travel), renames the package
-everywhere (``src/<name>``, imports, pyproject, Makefile, Dockerfile, workflows, tests and
-the ``REPROTRAIN_`` variables), writes a README and LICENSE that credit the template, and
-makes one commit in a new git history. The template commit it started from is named in the
-README and the commit message, so later template fixes can be carried over (see the README).
+of this checkout (so no outputs, data, venv or untracked notes travel). The framework's files
+(``template_files.FRAMEWORK``: ``src/reprotrain``, the framework tests, scripts, Makefile,
+Dockerfile, CI, the project-owned config groups) are copied byte for byte and keep the name
+``reprotrain``; only the user's package is renamed: ``src/starter`` becomes ``src/<name>``,
+``tests/starter`` becomes ``tests/<name>``, and its imports and config ``_target_``s follow.
+The project records the template's location and commit in ``.template.json``, which
+``make update-template`` reads to bring later framework fixes over. One commit, new history.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-TEMPLATE = "reprotrain"
+if __package__:
+    from reprotrain.tools import template_files as tf
+else:  # run as a script by make, before any venv: this folder is sys.path[0]
+    import template_files as tf
+
 ROOT = Path(__file__).resolve().parents[3]
 CREDITED = ("README.md", "LICENSE")
+# Names a project package must not take: they would shadow what the framework imports.
+TAKEN = {tf.FRAMEWORK_PACKAGE, "torch", "torchvision", "hydra", "omegaconf", "numpy", "tests",
+         "conf", "scripts", "src"}  # fmt: skip
 
 
 class NewProjectError(Exception):
@@ -34,15 +43,16 @@ def _git(repo: Path, *args: str) -> str:
     return proc.stdout
 
 
-def rename_text(text: str, name: str) -> str:
-    """Every spelling of the template's name, in code, config and prose."""
-    for old, new in (
-        (TEMPLATE.upper(), name.upper()),
-        (TEMPLATE.capitalize(), name.capitalize()),
-        (TEMPLATE, name),
-    ):
-        text = text.replace(old, new)
-    return text
+def rename_package(text: str, old: str, new: str) -> str:
+    """The user's package name as a word (imports, ``_target_``s, paths in prose)."""
+    return re.sub(rf"\b{re.escape(old)}\b", new, text)
+
+
+def target_path(rel: str, old: str, new: str) -> str:
+    for top in ("src", "tests"):
+        if rel.startswith(f"{top}/{old}/"):
+            return f"{top}/{new}/" + rel[len(top) + len(old) + 2 :]
+    return rel
 
 
 def check_name(name: str) -> None:
@@ -50,26 +60,53 @@ def check_name(name: str) -> None:
         raise NewProjectError(
             f"NAME={name!r} must be a lowercase python identifier (letters, digits, _)"
         )
-    if name == TEMPLATE:
-        raise NewProjectError(f"NAME={name} is the template's own name; choose another")
+    if name in TAKEN or name in sys.stdlib_module_names:
+        raise NewProjectError(
+            f"NAME={name} would shadow the {name!r} module the framework uses; choose another"
+        )
 
 
-def readme(name: str, commit: str, template_readme: str) -> str:
-    body = rename_text(template_readme, name)
+def template_location(src: Path) -> str:
+    """Where update-template fetches from: this checkout's path (a URL works too)."""
+    return str(src)
+
+
+def readme(name: str, commit: str, location: str, template_readme: str, old: str) -> str:
+    body = rename_package(template_readme, old, name)
     body = body.split("\n", 1)[1] if body.startswith("# ") else body
+    where = f"[{location}]({location})" if re.match(r"https?://", location) else f"`{location}`"
     return (
         f"# {name}\n\n"
-        f"> Started from the [{TEMPLATE}]({TEMPLATE}) training template at commit "
-        f"`{commit}`. Its README follows, renamed.\n" + body
+        f"> Started from the {tf.FRAMEWORK_PACKAGE} training template ({where}) at commit "
+        f"`{commit[:12]}` (recorded in `{tf.RECORD}`; `make update-template` brings its "
+        f"framework fixes over). Its README follows.\n" + body
     )
 
 
 def license_text(name: str, template_license: str | None) -> str:
     credit = (
-        f"\n---\n{name} was created from the {TEMPLATE} template; the template's code is "
-        f"used under the MIT license above.\n"
+        f"\n---\n{name} was created from the {tf.FRAMEWORK_PACKAGE} template; the template's "
+        f"code is used under the MIT license above.\n"
     )
     return (template_license or "MIT License\n") + credit
+
+
+def copy_file(source: Path, target: Path, rel: str, old: str, name: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = source.read_bytes()
+    if tf.is_framework(rel, old):
+        target.write_bytes(data)  # byte for byte: update-template merges against these
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            target.write_bytes(data)  # binary (a committed PNG): copied as is
+        else:
+            text = rename_package(text, old, name)
+            if rel == "pyproject.toml":
+                text = text.replace(f'name = "{tf.FRAMEWORK_PACKAGE}"', f'name = "{name}"', 1)
+            target.write_text(text, encoding="utf-8")
+    shutil.copymode(source, target)
 
 
 def create(name: str, dest: Path, src: Path = ROOT) -> Path:
@@ -79,35 +116,39 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
         raise NewProjectError(f"DEST={dest} already exists; choose a new directory")
     if shutil.which("git") is None:
         raise NewProjectError("git is not on PATH; install git first")
+    record = tf.read_record(src)
+    old = record["package"] if record else tf.TEMPLATE_PACKAGE
+    if not (src / "src" / old).is_dir():
+        raise NewProjectError(f"no src/{old} in {src}: run make new-project in the template")
     commit = _git(src, "rev-parse", "HEAD").strip()
+    location = template_location(src)
     files = [f for f in _git(src, "ls-files", "-z").split("\0") if f]
     dest.mkdir(parents=True)
     try:
         for rel in files:
             source = src / rel
-            if not source.is_file() or rel.startswith("docs/notes/"):
-                continue  # deleted in the work tree, or the template's own working notes
-            target = dest / rename_text(rel, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data = source.read_bytes()
+            if not source.is_file() or rel.startswith("docs/notes/") or rel == tf.RECORD:
+                continue  # deleted in the work tree, the template's own notes, its own record
             if rel in CREDITED:
                 continue
-            try:
-                target.write_text(rename_text(data.decode("utf-8"), name), encoding="utf-8")
-            except UnicodeDecodeError:
-                target.write_bytes(data)  # binary (a committed PNG): copied as is
-            shutil.copymode(source, target)
+            copy_file(source, dest / target_path(rel, old, name), rel, old, name)
         template_readme = (src / "README.md").read_text(encoding="utf-8")
-        (dest / "README.md").write_text(readme(name, commit, template_readme), encoding="utf-8")
+        (dest / "README.md").write_text(
+            readme(name, commit, location, template_readme, old), encoding="utf-8"
+        )
         lic = src / "LICENSE"
         old_license = lic.read_text(encoding="utf-8") if lic.is_file() else None
         (dest / "LICENSE").write_text(license_text(name, old_license), encoding="utf-8")
+        tf.write_record(
+            dest,
+            {"template": location, "commit": commit, "package": name, "template_package": old},
+        )
         _git(dest, "init", "-q")
         _git(dest, "add", "-A")
         who = [] if _git_identity(dest) else ["-c", "user.name=new-project", "-c",
                                                "user.email=new-project@localhost"]  # fmt: skip
-        _git(dest, *who, "commit", "-q", "-m", f"Start {name} from the {TEMPLATE} template "
-             f"at {commit[:12]}")  # fmt: skip
+        _git(dest, *who, "commit", "-q", "-m", f"Start {name} from the "
+             f"{tf.FRAMEWORK_PACKAGE} template at {commit[:12]}")  # fmt: skip
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)  # nothing half-made that looks complete
         raise
@@ -131,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     except NewProjectError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"created {dest} (package src/{args.name}); next: cd {dest} && make test")
+    print(f"created {dest} (your package: src/{args.name}); next: cd {dest} && make test")
     return 0
 
 

@@ -57,10 +57,40 @@ def parse_yaml_config(text: str, label: str) -> DictConfig:
     return cfg
 
 
+#: run.json keys that are JSON objects when present (a hand edit to ``"cpu"`` is refused).
+OBJECT_KEYS = ("environment", "git", "seeds", "repro", "data_fingerprint", "final_metrics",
+               "components", "env_drift")  # fmt: skip
+
+
+def check_shapes(record: dict[str, Any], label: str) -> dict[str, Any]:
+    """``record`` if every key of :data:`OBJECT_KEYS` it has is an object; else RecordError."""
+    for key in OBJECT_KEYS:
+        if record.get(key) is not None and not isinstance(record[key], dict):
+            found = type(record[key]).__name__
+            raise RecordError(f"{label}: {key} is a {found}, not an object; {_HINT}")
+    return record
+
+
 def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "run.json"
-    return parse_json_object(read_text(path), str(path))
+    return check_shapes(parse_json_object(read_text(path), str(path)), str(path))
 
 
 def read_config(path: Path) -> DictConfig:
     return parse_yaml_config(read_text(path), str(path))
+
+
+def completion_problem(record: dict[str, Any], fingerprint_rows: int | None) -> str | None:
+    """Why a record that says ``completed`` cannot be (its status hand-edited from
+    ``interrupted``, say), or None. ``fingerprint_rows``: None when not known."""
+    if record.get("status") != "completed":
+        return None
+    done = record.get("epochs_completed")
+    if not isinstance(done, int) or isinstance(done, bool):
+        return (
+            "says completed but records no epochs_completed (the trainer writes both at the "
+            "end; was the status edited?)"
+        )
+    if fingerprint_rows is not None and done != fingerprint_rows:
+        return f"says completed with {done} epoch(s) but fingerprints.jsonl has {fingerprint_rows}"
+    return None

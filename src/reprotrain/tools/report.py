@@ -21,6 +21,7 @@ from typing import Any
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
+from reprotrain.tools.readers import check_shapes
 
 REPORT_MD = "report.md"
 CURVES_PNG = "curves.png"
@@ -63,6 +64,7 @@ def load_run(run_dir: Path) -> RunView:
     record = _read_json(run_dir / RUN_JSON)
     if not isinstance(record, dict):
         raise ReprotrainError(f"{run_dir / RUN_JSON} is not a JSON object")
+    check_shapes(record, str(run_dir / RUN_JSON))
     return RunView(
         run_dir, record, read_jsonl(run_dir / METRICS), read_jsonl(run_dir / FINGERPRINTS)
     )

@@ -3,21 +3,31 @@
     python -m reprotrain.tools.reproduce archives/<id>-<run>.tar.gz [--epochs N]
         [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
-        [--repo CHECKOUT]
+        [--repo CHECKOUT] [--max-members N] [--max-member-bytes 4G]
+        [--max-unpacked-bytes 16G] [--max-ratio 100]
+
+A sweep archive (``make archive RUN=<sweep dir>``) is replayed run by run with one verdict,
+bitwise or statistical (``--mode``, ``--margin``, ``--metric``): ``tools/reproduce_sweep.py``.
 
 Steps, each of which can stop the replay:
 
 1. **Check the archive before writing anything** (``tools/archive_check.py``). Every
    member must be a plain file or a directory under one top folder (or under ``./``, as
-   ``tar -czf x.tar.gz .`` writes it), and every file must match ``MANIFEST.sha256``. The
+   ``tar -czf x.tar.gz .`` writes it), no path both a file and a directory, within the
+   limits of ``safetar.Limits`` (member count, per-member and total size, compression
+   ratio; ``--max-*``), and every file must match ``MANIFEST.sha256``. The
    record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
    the verified bytes: a malformed one is refused here, exit 2.
-2. **Data.** ``data_fingerprint`` of the recorded dataset config, computed here and now,
-   must equal the one in ``run.json`` (refused unless ``--allow-data-drift``).
-3. **Trust** (``tools/trust.py``), still before extraction: the archived code runs only if
-   (a) ``source/`` is the recorded commit of this repository, rebuilt here, with no patch;
-   (b) the manifest's ssh signature verifies against ``--trusted-signers``; or (c)
-   ``--trust``. Otherwise refused in one line saying how to proceed.
+2. **Trust** (``tools/trust.py``), before extraction and before anything in the archived
+   config is built: the archived code and config run only if (a) ``source/`` is the
+   recorded commit of this repository, rebuilt here, with no patch, and the config names
+   only callables that commit's ``conf/`` names for the same group
+   (``tools/config_trust.py``); (b) the manifest's ssh signature verifies against
+   ``--trusted-signers``; or (c) ``--trust``. Otherwise refused in one line saying how to
+   proceed.
+3. **Data.** ``data_fingerprint`` of the recorded dataset config (this builds the dataset
+   ``_target_``, hence after trust), computed here and now, must equal the one in
+   ``run.json`` (refused unless ``--allow-data-drift``).
 4. **Extract** into a fresh directory (a temp one unless ``--extract-dir``).
 5. **Environment and code.** python/torch/numpy/CUDA/cuDNN/device/threads and the sha256 of
    this checkout's ``requirements.lock`` against the recorded ones; the recorded commit and
@@ -47,6 +57,9 @@ Verdict (last line, naming the trust rule that let the code run) and exit code:
                                     judged against --tolerance (absolute, on *_acc and
                                     *_loss) instead
     4  the re-run itself failed     (its log is in the new run directory)
+    75 INTERRUPTED                  SIGTERM/SIGINT/SIGHUP/SIGUSR2 reached this process: it
+                                    was passed to the re-run (which checkpoints and stops),
+                                    reproduction.json says so, the temp dir is removed
 
 ``--verify-only`` checks the members and the manifest and extracts; it runs nothing, so it
 needs no trust.
@@ -60,6 +73,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +84,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
 from reprotrain.quoting import hydra_override
@@ -77,7 +92,14 @@ from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.repro.secrets import env_value_differences
-from reprotrain.tools import archive_check, cli, trust
+from reprotrain.tools import (
+    archive_check,
+    cli,
+    compare_sweeps,
+    reproduce_sweep,
+    sweep_archive,
+    trust,
+)
 from reprotrain.tools.archive_check import MANIFEST, CheckedArchive, parse_manifest
 from reprotrain.tools.run_diff import compare_runs
 
@@ -125,6 +147,15 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
     if not allow_drift:
         raise Refusal(msg + " (pass --allow-data-drift to re-run anyway)")
     return msg
+
+
+def check_archived_data(cfg, record: dict, allow_drift: bool) -> str | None:
+    """:func:`check_data` on the archived dataset config, its root found here. Builds the
+    dataset's ``_target_``: only ever called after the trust verdict."""
+    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
+    if OmegaConf.select(cfg, "dataset.root", default=None) is not None:
+        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
+    return check_data(data_cfg, record.get("data_fingerprint"), allow_drift)
 
 
 def environment_differences(recorded: dict, current: dict) -> tuple[list[str], list[str]]:
@@ -406,6 +437,17 @@ def _check_dirs(args) -> None:
         raise Refusal(f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}")
 
 
+def archive_limits(args) -> safetar.Limits:
+    """What the archive may unpack (``--max-*``; defaults in :class:`safetar.Limits`)."""
+    d = safetar.Limits()
+    return safetar.Limits(
+        max_members=args.max_members or d.max_members,
+        max_member_bytes=args.max_member_bytes or d.max_member_bytes,
+        max_total_bytes=args.max_unpacked_bytes or d.max_total_bytes,
+        max_ratio=args.max_ratio or d.max_ratio,
+    )
+
+
 def completed_epochs(checked: CheckedArchive) -> int:
     """Epochs the archived run finished: its fingerprints, which an interrupted run has too
     (``epochs_completed`` is only written at the end)."""
@@ -415,8 +457,9 @@ def completed_epochs(checked: CheckedArchive) -> int:
 def reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
+    limits = archive_limits(args)
     if args.verify_only:
-        checked = archive_check.verify(archive)
+        checked = archive_check.verify(archive, limits)
         dest = Path(args.extract_dir or tempfile.mkdtemp(prefix="reprotrain-verify-"))
         try:
             archive_check.extract(checked, dest)
@@ -425,7 +468,15 @@ def reproduce(args) -> int:
             if args.extract_dir is None:
                 shutil.rmtree(dest, ignore_errors=True)
         return EXIT_REPRODUCED
-    checked = archive_check.check_record(archive_check.verify(archive))
+    checked = archive_check.verify(archive, limits)
+    if sweep_archive.is_sweep_archive(checked):  # a sweep: every run, one verdict
+        return reproduce_sweep.replay(args, archive, checked)
+    if args.mode == "statistical":
+        raise Refusal(
+            "MODE=statistical needs a sweep archive (make archive RUN=<sweep dir>): one run is "
+            "one seed, too few to judge"
+        )
+    checked = archive_check.check_record(checked)
     signed = ", signed" if checked.signature is not None else ""
     print(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
     return _replay(args, archive, checked)
@@ -462,13 +513,10 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
         raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
-    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
-    if OmegaConf.select(cfg, "dataset.root", default=None) is not None:
-        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
-    data_problem = check_data(data_cfg, record.get("data_fingerprint"), args.allow_data_drift)
-
+    # Trust first: fingerprinting the data builds the archived dataset config (code).
     verdict_trust = trust.decide(checked, Path(args.repo), args.trusted_signers, args.trust)
     print(f"trust    {verdict_trust.line()}")
+    data_problem = check_archived_data(cfg, record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
     status = "" if complete else f" (run {record.get('status')}: comparing those)"
     print(f"run      {record.get('experiment_id')}  seeds base={seeds['base']} "
@@ -487,19 +535,91 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
         tempfile.mkdtemp(prefix="reprotrain-reproduce-") if tmp_extract else args.extract_dir
     )
     try:
-        top = archive_check.extract(checked, extract.resolve())
-        print(f"code     re-run uses the archived source ({top / 'source'})")
-        return _rerun(args, archive, checked, top, legs, epochs, data_problem, env_values,
-                      partial_archive, verdict_trust)  # fmt: skip
+        with FORWARD:  # from here on a stop signal is passed on, and this cleanup still runs
+            top = archive_check.extract(checked, extract.resolve())
+            print(f"code     re-run uses the archived source ({top / 'source'})")
+            return _rerun(args, archive, checked, top, legs, epochs, data_problem, env_values,
+                          partial_archive, verdict_trust)  # fmt: skip
     finally:
         if tmp_extract:
             shutil.rmtree(extract, ignore_errors=True)
+
+
+class SignalForwarder:
+    """Stop signals sent to ``make reproduce`` are remembered and passed to the re-run.
+
+    The re-run gets a session of its own, so a terminal's Ctrl-C reaches it once, through
+    here, like a ``kill`` does; on Linux it is also told to get SIGTERM (checkpoint and
+    stop) if this process dies without forwarding anything (SIGKILL)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.received: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> SignalForwarder:
+        self.received = None
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = self.received or signal.Signals(signum).name
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def call(self, cmd: list[str], cwd: Path, env: dict[str, str]) -> int:
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, start_new_session=True, preexec_fn=_term_with_parent
+        )
+        try:
+            return self.proc.wait()
+        finally:
+            self.proc = None
+
+
+def _term_with_parent() -> None:
+    """In the re-run, before exec: SIGTERM when the parent dies (Linux; else nothing)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
+FORWARD = SignalForwarder()
+
+
+def _interrupted(new_run: Path, record: dict, leg: int, rc: int | None) -> int:
+    """The reproduction stopped by a signal: say so in reproduction.json and the verdict."""
+    ran = "before the re-run started" if rc is None else f"re-run leg {leg} exited {rc}"
+    verdict = f"INTERRUPTED by {FORWARD.received}: {ran}; nothing was compared"
+    if (new_run / RUN_JSON).is_file():
+        report = {
+            "created_at": now_iso(),
+            "archived_experiment_id": record.get("experiment_id"),
+            "status": "interrupted",
+            "interrupted_by": FORWARD.received,
+            "verdict": verdict,
+            "exit_code": EXIT_STOPPED,
+        }
+        atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        verdict += f" (the re-run's checkpoint is in {new_run})"
+    print(verdict, flush=True)
+    return EXIT_STOPPED
 
 
 def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | None:
     """Run each leg of the replay into ``new_run``; an exit code when one fails, else None."""
     record, cfg = checked.record, checked.config
     for i, leg in enumerate(legs):
+        if FORWARD.received:
+            return _interrupted(new_run, record, i, None)
         name = PRIMARY if len(legs) == 1 else f"{PRIMARY}-leg{i}"
         text = (
             checked.text("run/config.resolved.yaml")
@@ -514,7 +634,9 @@ def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | 
                 f"leg {i}    resume with {', '.join(f'{k}={v!r}' for k, v in leg.changes.items())}"
             )
         print(f"$ {' '.join(cmd[1:])}", flush=True)
-        rc = subprocess.call(cmd, cwd=source, env=env)
+        rc = FORWARD.call(cmd, source, env)
+        if FORWARD.received:
+            return _interrupted(new_run, record, i, rc)
         if rc == 2:
             # The archived trainer refused the config and said why on stderr, in one line.
             print("re-run   refused by the archived trainer (exit 2); see the line above")
@@ -646,6 +768,22 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _byte_size(text: str) -> int:
+    value = safetar.parse_bytes(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
+
+
+_byte_size.__name__ = "size (bytes, or with K/M/G/T)"
+_positive_float.__name__ = "finite positive number"
 _positive_int.__name__ = "positive integer"
 _tolerance.__name__ = "finite non-negative number"
 
@@ -680,8 +818,44 @@ def main(argv: list[str] | None = None) -> int:
         default=REPO_ROOT,
         help="checkout for rule (a) (default: this one)",
     )
+    d = safetar.Limits()
+    p.add_argument(
+        "--max-members",
+        type=_positive_int,
+        default=None,
+        help=f"refuse an archive with more members (default {d.max_members})",
+    )
+    p.add_argument(
+        "--max-member-bytes",
+        type=_byte_size,
+        default=None,
+        help=f"refuse a larger member (default {safetar.human(d.max_member_bytes)})",
+    )
+    p.add_argument(
+        "--max-unpacked-bytes",
+        type=_byte_size,
+        default=None,
+        help=f"refuse a larger total (default {safetar.human(d.max_total_bytes)})",
+    )
+    p.add_argument(
+        "--max-ratio",
+        type=_positive_float,
+        default=None,
+        help=f"refuse a higher unpacked/packed ratio (default {d.max_ratio:g})",
+    )
+    add_sweep_arguments(p)
     args = p.parse_args(argv)
     return reproduce(args)
+
+
+def add_sweep_arguments(p) -> None:
+    """A sweep archive's verdict (tools/reproduce_sweep.py): MODE=, MARGIN=, METRIC=."""
+    p.add_argument("--mode", choices=("auto", "bitwise", "statistical"), default="auto",
+                   help="sweep archives: statistical verdict (auto: where bits are not "
+                   "promised)")  # fmt: skip
+    p.add_argument("--margin", type=compare_sweeps.margin_value, default=None,
+                   help="equivalence margin (default: archived 95%% CI half-width)")  # fmt: skip
+    p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,38 @@ def check_run_dir(run_dir: Path) -> None:
     read_config(run_dir / RESOLVED_CONFIG)
 
 
+def recorded_world_size(record: dict, run_dir: Path) -> int:
+    """run.json's world size, checked against its own list of ranks (one line if edited)."""
+    size = record.get("world_size", 1)
+    if size is None:
+        return 1
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise RecordError(
+            f"{run_dir / RUN_JSON}: world_size {size!r} is not a positive integer; the record "
+            "is damaged (restore it, or give --nproc N)"
+        )
+    ranks = record.get("ranks")
+    if isinstance(ranks, list) and ranks and len(ranks) != size:
+        raise RecordError(
+            f"{run_dir / RUN_JSON}: world_size {size} but {len(ranks)} rank(s) recorded under "
+            "ranks; the record is inconsistent (restore it, or give --nproc N)"
+        )
+    return size
+
+
+def check_nproc(nproc: int, recorded: int, overrides: list[str]) -> None:
+    """Refuse here, in one line, what every rank of the trainer would refuse under torchrun."""
+    if nproc < 1:
+        raise RecordError(f"--nproc {nproc}: give at least 1 process")
+    allowed = any(o.replace(" ", "") == "trainer.allow_world_size_change=true" for o in overrides)
+    if nproc != recorded and not allowed:
+        raise RecordError(
+            f"the run was recorded with world size {recorded}, this resume has {nproc}; resume "
+            f"with NPROC={recorded}, or pass trainer.allow_world_size_change=true (recorded as "
+            "not bitwise)"
+        )
+
+
 def primary_config_text(run_dir: Path) -> str:
     return (
         "# Written by `make resume`: the recorded config under the reprotrain schema.\n"
@@ -120,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir.expanduser().resolve()
     check_run_dir(run_dir)
     refuse_if_held(run_dir)  # a live run owns it: touch nothing
-    recorded = int(read_run_json(run_dir).get("world_size") or 1)
+    recorded = recorded_world_size(read_run_json(run_dir), run_dir)
     nproc = recorded if args.nproc is None else args.nproc
+    check_nproc(nproc, recorded, args.overrides)
     config_dir = Path(tempfile.mkdtemp(prefix="reprotrain-resume-"))
     try:
         (config_dir / PRIMARY).write_text(primary_config_text(run_dir))

@@ -42,24 +42,10 @@ from reprotrain.repro.record import (
     atomic_write_text,
     read_jsonl,
 )
+from reprotrain.tools.equivalence import mean_ci
 
 SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
 UNKNOWN_OVERRIDES = "(no .hydra/overrides.yaml)"
-
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values).
-_T975 = [
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-]  # fmt: skip
-
-
-def t975(df: int) -> float:
-    """t quantile; beyond the table, the Cornish-Fisher expansion around z=1.96."""
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def _finite(v: Any) -> bool:
@@ -79,14 +65,14 @@ def describe(values: list[Any]) -> dict[str, Any]:
         return {**out, "mean": None, "std": None, "min": None, "max": None, "ci95": None}
     mean = statistics.fmean(finite)
     std = statistics.stdev(finite) if n > 1 else 0.0
-    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
+    ci = mean_ci(finite, 0.95)  # scipy's t: the same code as the statistical verdict
     return {
         **out,
         "mean": mean,
         "std": std,
         "min": min(finite),
         "max": max(finite),
-        "ci95": [mean - half, mean + half] if half is not None else None,
+        "ci95": list(ci) if ci is not None else None,
     }
 
 

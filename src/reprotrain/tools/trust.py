@@ -7,9 +7,10 @@ code runs only when one of these holds, and the verdict line names which:
 (a) **same code here**: ``source/`` is exactly ``git archive <recorded commit>`` rebuilt from
     *this* repository (the commit must be here), and the archive carries no uncommitted
     patch for the code (a patch inside the archive is the archive's word, not this
-    repository's) and its config names no callable (``_target_``) outside the archived
-    package and the torch/torchvision building blocks, and sets no ``hydra``/``defaults``
-    keys (they could add callbacks);
+    repository's), and its config is one this commit's own ``conf/`` could compose: every
+    ``_target_`` (nested ones too) is one that commit's ``conf/`` names under the same
+    group, no value is an interpolation, no ``hydra``/``defaults`` keys
+    (``tools/config_trust.py``);
 (b) **signed**: ``MANIFEST.sha256.sig`` verifies against an allowed-signers file the user
     passes (``TRUSTED_SIGNERS=<file>``); the manifest hashes every other member;
 (c) **the user says so**: ``TRUST=1``, after reviewing the archive.
@@ -24,23 +25,14 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
 from reprotrain.errors import SigningError, SnapshotError, UntrustedArchive
 from reprotrain.repro import gitinfo
-from reprotrain.tools import signing, snapshot
+from reprotrain.tools import config_trust, signing, snapshot
 from reprotrain.tools.archive_check import CheckedArchive
 
-#: Callables a config may name under rule (a) besides the archived package's own modules:
-#: building blocks that take numbers and tensors, not commands, files or URLs.
-ALLOWED_TARGET_PREFIXES = (
-    "torch.optim.",
-    "torch.nn.",
-    "torchvision.transforms.",
-    "torchvision.models.",
-)
 HOW = (
     "check a signed archive with TRUSTED_SIGNERS=<allowed signers file> (--trusted-signers), "
     "or review the archive and pass TRUST=1 (--trust)"
@@ -74,38 +66,14 @@ def diff_paths(diff: str) -> list[str]:
     return sorted(set(out))
 
 
-def _targets(node: Any, path: str = "") -> list[tuple[str, str]]:
-    found = []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            here = f"{path}.{k}" if path else str(k)
-            if k == "_target_":
-                found.append((here, str(v)))
-            else:
-                found += _targets(v, here)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            found += _targets(v, f"{path}[{i}]")
-    return found
-
-
-def config_problems(checked: CheckedArchive) -> list[str]:
-    """What in the archived config could run code that source/ does not show."""
+def config_problems(checked: CheckedArchive, source: Path, commit: str) -> list[str]:
+    """What in the archived config the trusted commit's own configs would not compose."""
     cfg = checked.config
     if cfg is None:
         return ["the archived config was not checked"]
     raw = OmegaConf.to_container(cfg, resolve=False)
-    problems = [f"it sets top-level {k!r}" for k in ("hydra", "defaults") if k in raw]
-    packages = {
-        rel.split("/")[1].removesuffix(".py")
-        for rel in checked.source_files
-        if rel.startswith("src/") and rel.count("/") >= 2
-    }
-    allowed = tuple(f"{p}." for p in sorted(packages)) + ALLOWED_TARGET_PREFIXES
-    for where, target in _targets(raw):
-        if not target.startswith(allowed) or "${" in target:
-            problems.append(f"{where} names {target!r}")
-    return problems
+    targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(source))
+    return config_trust.problems(raw, targets, commit)
 
 
 def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
@@ -129,6 +97,7 @@ def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
         except SnapshotError as e:
             return False, f"(a) no: {e}"
         here = _file_digests(Path(tmp) / "source")
+        problems = config_problems(checked, Path(tmp) / "source", commit)
     there = checked.source_files
     if here != there:
         changed = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
@@ -137,7 +106,6 @@ def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
             f"(a) no: source/ differs from commit {commit[:12]} of this repository in "
             f"{len(changed)} file(s) ({shown})"
         )
-    problems = config_problems(checked)
     if problems:
         return False, "(a) no: the archived config " + "; ".join(problems[:3])
     return True, (

@@ -4,7 +4,8 @@
 
 Each run gets its own directory (<out-dir>/<stamp>/a and b). Exit 0 only when every
 epoch's fingerprint (weights sha256 and step losses) and the final weights match; else
-print the first divergent epoch (and step) and exit 1. Exit 2 when a run was refused (the
+print the first divergent epoch (and step) and the ``make bisect`` line that
+names the first divergent op, and exit 1. Exit 2 when a run was refused (the
 trainer's own one-line error is shown, not repeated) or failed.
 
 The run directories are chosen here, so ``hydra.run.dir`` and ``--multirun`` are refused.
@@ -21,6 +22,7 @@ from pathlib import Path
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override
 from reprotrain.tools import cli
+from reprotrain.tools.bisect import bisect_command
 from reprotrain.tools.run_diff import compare_runs
 
 _OWN = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = ", ".join(f"{k}: {a} vs {b}" for k, (a, b) in diffs.items())
         print(f"  epoch {epoch}: {shown}")
     print(f"runs: {dirs[0]}  {dirs[1]}")
+    if not result.identical:
+        print(f"first divergent op: {bisect_command(*dirs)}")
     return 0 if result.identical else 1
 
 

@@ -1,0 +1,262 @@
+"""Fetch, check and unpack a dataset archive without trusting it; read its pickles safely.
+
+What a dataset module needs to bring a published archive onto disk and into tensors, with
+none of the usual holes: a half-downloaded file that looks complete after a crash
+(:func:`download` streams to a temp file and renames only a verified one), a tampered or
+truncated archive (:func:`verify_md5`), an archive that writes outside its directory or
+plants links (:func:`extract_dir`: every member is checked before a byte is written, and the
+directory appears by one rename), and a pickle that runs code (:func:`restricted_load`: only
+the globals on an allowlist resolve). Every failure a user can fix raises
+:class:`~reprotrain.errors.DataMissingError` with one line that says what to do.
+
+The dataset module names the files, the url and the checksum; this module names no dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import pickle
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+import numpy as np
+
+from reprotrain.errors import DataMissingError
+from reprotrain.safetar import unsafe_reason
+
+__all__ = [
+    "NUMPY_ARRAY_GLOBALS",
+    "RefusedGlobal",
+    "download",
+    "extract_dir",
+    "md5_of",
+    "one_line",
+    "restricted_load",
+    "verify_md5",
+]
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+
+
+def one_line(text: object) -> str:
+    """Collapse an exception's text to one line: the error contract is one line."""
+    return " ".join(str(text).split()) or "unknown error"
+
+
+# --------------------------------------------------------------------------------------------
+# Checksum and download
+# --------------------------------------------------------------------------------------------
+
+
+def md5_of(path: Path) -> str:
+    with open(path, "rb") as f:  # md5: the published integrity check, not security
+        return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
+
+
+def verify_md5(archive: Path, md5: str) -> None:
+    """Refuse an archive whose md5 differs: a truncated or tampered file must never be
+    extracted, and the user must decide whether to delete or replace it."""
+    got = md5_of(archive)
+    if got != md5.lower():
+        raise DataMissingError(
+            f"the file at {archive} is corrupt (expected md5 {md5}, got {got}); "
+            f"delete it to re-download or replace it with a good copy of {archive.name}"
+        )
+
+
+def download(
+    url: str,
+    final: Path,
+    md5: str,
+    timeout_s: float,
+    not_found: Callable[[str], DataMissingError],
+) -> None:
+    """Download ``url`` to ``final``, atomically, or raise ``not_found(reason)``.
+
+    Bytes go to a temp file next to ``final`` (same filesystem, so the rename is atomic) and
+    the md5 is computed while streaming; only a verified file is renamed to the final name,
+    so an interrupted or corrupt download never looks like a valid archive on the next run.
+    ``timeout_s`` is the socket timeout per blocking operation: a stalled server fails the
+    job instead of hanging it.
+    """
+    root = final.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{final.name}.", suffix=".part")
+    except OSError as exc:
+        raise not_found(f"cannot write to {root}: {exc}") from exc
+    tmp = Path(tmp_name)
+    try:
+        digest = hashlib.md5(usedforsecurity=False)
+        try:
+            log.info("downloading %s to %s", url, final)
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as r:
+                for chunk in iter(lambda: r.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            # URLError, HTTPError, socket timeouts and disk errors are all OSError; a
+            # malformed URL is a ValueError; a truncated HTTP body is an HTTPException.
+            raise not_found(f"{url}: {exc}") from exc
+        got = digest.hexdigest()
+        if got != md5.lower():
+            raise DataMissingError(
+                f"the file downloaded from {url} is corrupt (expected md5 {md5}, got {got}) "
+                f"and was deleted; retry, or put a good {final.name} in {root}/"
+            )
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+# --------------------------------------------------------------------------------------------
+# Safe extraction
+# --------------------------------------------------------------------------------------------
+
+
+def _complete(directory: Path, required: Iterable[str]) -> bool:
+    return all((directory / name).is_file() for name in required)
+
+
+def _checked_members(tf: tarfile.TarFile, archive: Path, top: str) -> list[tarfile.TarInfo]:
+    """Every member must be a directory or regular file under ``top/``.
+
+    Anything else (absolute path, ``..``, symlink, hard link, device, fifo) refuses the whole
+    archive before a single byte is written: a mirror or a hand-made archive must not be able
+    to write outside the data root or plant links that later reads would follow.
+    """
+    members = []
+    for m in tf.getmembers():
+        parts = PurePosixPath(m.name).parts
+        bad = unsafe_reason(m)
+        if bad is None and m.isdir() and parts in ((), (".",)):
+            continue
+        if bad is None and parts[0] != top:
+            bad = f"outside {top}/"
+        if bad:
+            raise DataMissingError(
+                f"refusing to extract {archive}: member {m.name!r} is unsafe ({bad}); "
+                f"delete it and use the official {archive.name}"
+            )
+        members.append(m)
+    return members
+
+
+def extract_dir(archive: Path, root: Path, top: str, required: list[str], what: str) -> None:
+    """Extract ``archive`` (a .tar.gz holding ``top/``) so that ``root/top`` holds ``required``.
+
+    Extraction goes to a temp dir in ``root``, then ``top`` is renamed into place: the rename
+    is the commit point, so a crash mid-extraction leaves only a hidden ``.<top>-extract-*``
+    temp dir, never a ``root/top`` that looks complete but is not. ``what`` names the archive
+    in the message when it lacks a required file ("the <what>").
+    """
+    target = root / top
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{top}-extract-"))
+    try:
+        try:
+            with tarfile.open(archive, "r:gz") as tf:
+                members = _checked_members(tf, archive, top)
+                tf.extractall(tmp, members=members, filter="data")  # Python >= 3.11.4
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise DataMissingError(
+                f"cannot extract {archive} ({one_line(exc)}); delete it and re-download"
+            ) from exc
+        staged = tmp / top
+        if not _complete(staged, required):
+            missing = [n for n in required if not (staged / n).is_file()]
+            raise DataMissingError(
+                f"{archive} lacks {top}/{', '.join(missing)}; it is not the {what}, "
+                f"delete it and put the official {archive.name} in {root}/"
+            )
+        if target.exists() and not _complete(target, required):
+            # A partial copy left by hand; the verified archive supersedes it. Move it into
+            # our temp dir (removed below) rather than deleting it in place.
+            os.replace(target, tmp / "stale")
+        try:
+            os.rename(staged, target)
+        except OSError:
+            # Another process (a parallel sweep) won the race; fine if its copy is complete.
+            if not _complete(target, required):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Restricted unpickling
+# --------------------------------------------------------------------------------------------
+
+
+def _latin1_encode(obj: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    """Stand-in for ``codecs.encode``: protocol-2 pickles from Python 3 store ``bytes`` as
+    ``_codecs.encode(text, 'latin1')``; no other codec (zlib, base64, ...) is needed."""
+    if not isinstance(obj, str) or encoding.lower().replace("-", "") != "latin1":
+        raise pickle.UnpicklingError(f"codecs.encode({type(obj).__name__}, {encoding!r})")
+    return obj.encode("latin1", errors)
+
+
+def _numpy_reconstruct() -> Any:
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+# What a pickled numpy array (and the bytes in a protocol-2 pickle) needs, and nothing else.
+NUMPY_ARRAY_GLOBALS: Mapping[tuple[str, str], Any] = {
+    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): _latin1_encode,
+    ("codecs", "encode"): _latin1_encode,
+}
+
+
+class RefusedGlobal(pickle.UnpicklingError):
+    """The pickle asked for a global outside the allowlist (``qualname`` says which)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        super().__init__(f"{module}.{name}")
+        self.qualname = f"{module}.{name}"
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Resolves only the allowlisted globals.
+
+    A pickle is a program: ``find_class`` is the only way it can reach callables, so an
+    allowlist here means a file can build dicts, lists and arrays and nothing else
+    (``os.system`` via ``__reduce__`` is refused before it is even looked up).
+    """
+
+    def __init__(self, f: IO[bytes], allowed: Mapping[tuple[str, str], Any], **kw: Any) -> None:
+        super().__init__(f, **kw)
+        self._allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return self._allowed[(module, name)]
+        except KeyError:
+            raise RefusedGlobal(module, name) from None
+
+
+def restricted_load(
+    f: IO[bytes],
+    allowed: Mapping[tuple[str, str], Any] = NUMPY_ARRAY_GLOBALS,
+    encoding: str = "ASCII",
+) -> Any:
+    """Unpickle ``f`` resolving only ``allowed`` globals; raises :class:`RefusedGlobal`."""
+    return _RestrictedUnpickler(f, allowed, encoding=encoding).load()

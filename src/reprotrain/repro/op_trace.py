@@ -1,0 +1,146 @@
+"""Per-op hashes of chosen training steps: what ``make bisect`` compares between two runs.
+
+Closes: "the runs differ, but where?". When ``REPROTRAIN_TRACE_STEPS`` names global steps
+(0-based, comma-separated) and ``REPROTRAIN_TRACE_DIR`` a folder, :func:`step` traces those
+steps: a hash of the step's input batch first, then, for every aten op the step dispatches
+(forward, backward, optimizer), the op's name, the module it ran in (forward or backward,
+from ``torch.utils.module_tracker.ModuleTracker``), and hashes of its tensor inputs and
+outputs (the phase is ``forward``, ``backward`` or ``optimizer``; the batch row holds the
+sha256 of each batch tensor's bytes, so a reordered batch differs too). Op hashes are
+PyTorch DebugMode's ``hash_tensor_fn`` (``torch.hash_tensor`` over the exact bits,
+computed on the device; read once at the end of the step). One JSONL file per
+step: ``<dir>/step-<N>.jsonl``. Unset (every normal run), :func:`step` is a null context
+and costs one set lookup per step.
+
+Tracing runs the same kernels (a dispatch mode only observes), so a traced step produces the
+same bits as an untraced one; ``make bisect`` checks that on the replay's losses anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+STEPS_VAR, DIR_VAR = "REPROTRAIN_TRACE_STEPS", "REPROTRAIN_TRACE_DIR"
+BATCH = "batch"  # the ``op`` of a trace's first row: the hash of the step's input batch
+#: Ops whose output is uninitialised memory: its bits say nothing about the run.
+UNINITIALISED = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty")
+
+
+def _steps_from_env() -> frozenset[int]:
+    text = os.environ.get(STEPS_VAR, "").strip()
+    return frozenset(int(s) for s in text.split(",") if s.strip()) if text else frozenset()
+
+
+_STEPS = _steps_from_env()  # read once at import: the loop pays a set lookup per step
+
+
+def trace_path(trace_dir: Path, global_step: int) -> Path:
+    return Path(trace_dir) / f"step-{global_step:08d}.jsonl"
+
+
+def _hash(t: torch.Tensor) -> torch.Tensor:
+    from torch.utils._debug_mode import hash_tensor_fn
+
+    return hash_tensor_fn(t.detach())
+
+
+def _hashes(tree: Any) -> list[torch.Tensor]:
+    return [_hash(x) for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+def batch_sha256(batch: Any) -> list[str]:
+    """sha256 of each tensor's bytes, in order: unlike an order-free hash, a batch holding
+    the same samples in another order hashes differently (data order is what it checks)."""
+    import hashlib
+
+    out = []
+    for x in tree_leaves(batch):
+        if isinstance(x, torch.Tensor):
+            data = x.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+            out.append(hashlib.sha256(data).hexdigest())
+    return out
+
+
+def compares_output(op: str) -> bool:
+    """False for ops whose output bits are uninitialised memory (``aten.empty...``)."""
+    return not op.startswith(UNINITIALISED)
+
+
+class OpHashMode(TorchDispatchMode):
+    """Records (op, module, phase, input hashes, output hashes) for every dispatched op."""
+
+    def __init__(self, tracker: Any) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.rows: list[dict[str, Any]] = []
+        self.backward_seen = False
+
+    def module(self) -> str:
+        """The innermost module running now (the longest qualified name), without the root
+        class name: ``layer3.1.conv2``; ``-`` outside any module (e.g. the optimizer)."""
+        names = [n for n in self.tracker.parents if n != "Global"]
+        if not names:
+            return "-"
+        inner = max(names, key=lambda n: n.count("."))
+        return inner.partition(".")[2] or inner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = _hashes((args, kwargs))  # before the op: an in-place op overwrites them
+        out = func(*args, **kwargs)
+        backward = self.tracker.is_bw
+        self.backward_seen |= backward
+        phase = "backward" if backward else "optimizer" if self.backward_seen else "forward"
+        self.rows.append(
+            {
+                "op": str(func),
+                "module": self.module(),
+                "phase": phase,
+                "inputs": inputs,
+                "outputs": _hashes(out),
+            }
+        )
+        return out
+
+
+def _as_int(h: torch.Tensor) -> int:
+    return int(h.item())
+
+
+@contextlib.contextmanager
+def step(global_step: int, batch: Any) -> Iterator[None]:
+    """Trace this step when ``REPROTRAIN_TRACE_STEPS`` names it; otherwise do nothing."""
+    if global_step not in _STEPS or int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    from torch.utils.module_tracker import ModuleTracker
+
+    out_dir = Path(os.environ[DIR_VAR])
+    batch_hashes = batch_sha256(batch)
+    tracker = ModuleTracker()
+    mode = OpHashMode(tracker)
+    with tracker, mode:
+        yield
+    rows = [{"op": BATCH, "module": "-", "phase": "input", "inputs": [], "outputs": batch_hashes}]
+    rows += mode.rows
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(trace_path(out_dir, global_step), "w") as f:
+        for i, row in enumerate(rows):
+            row = {**row, "index": i - 1}  # the batch row is -1; ops count from 0
+            if row["op"] != BATCH:
+                row["inputs"] = [_as_int(h) for h in row["inputs"]]
+                row["outputs"] = [_as_int(h) for h in row["outputs"]]
+            f.write(json.dumps(row) + "\n")
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,83 @@
+"""A run directory is written once; so is a sweep directory.
+
+Closes: a fresh run started into a directory that already holds a run (``hydra.run.dir=``
+an old run, a new seed) silently replacing its ``run.json``, metrics and fingerprints while
+keeping its checkpoints, so that ``make eval`` then reports the old run's numbers as the new
+one's; and a second ``make sweep`` into the same ``hydra.sweep.dir`` replacing the first
+sweep's runs and summary.
+
+The rule: a directory holding a ``run.json`` is only ever continued, never restarted.
+
+- ``resume=null`` (a fresh run) there is refused in one line: continue it with
+  ``make resume``, fork it with ``resume=<checkpoint>`` into a new ``hydra.run.dir``, or
+  choose another directory;
+- ``resume=auto`` continues it (an empty directory, or one without a record, starts fresh:
+  what a requeued job that died before its first checkpoint needs);
+- ``resume=<path>`` continues it only when the checkpoint is this run's own;
+- a ``--multirun`` into a sweep directory that already holds a sweep (``multirun.yaml``)
+  or any run is refused: sweeps go to a new directory.
+
+The check looks for ``run.json``, not for an empty directory: Hydra writes ``.hydra/``
+(and opens the log) into the run directory before the trainer's code runs. So the entry
+point checks before Hydra starts (``preflight``), and the trainer checks again on rank 0
+once it holds the directory's lock (a launcher that bypasses the command line, a requeue).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reprotrain.errors import ResumeError
+from reprotrain.quoting import resume_hint
+from reprotrain.repro.record import CHECKPOINTS, RUN_JSON
+
+SWEEP_RECORD = "multirun.yaml"  # Hydra writes it into the sweep dir when a sweep starts
+
+
+class RunDirUsed(ResumeError):
+    """The directory already holds a run (or a sweep); nothing was written."""
+
+
+def _status(run_dir: Path) -> str:
+    import json
+
+    try:
+        status = json.loads((run_dir / RUN_JSON).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return "unreadable"
+    return str(status)
+
+
+def refuse_reuse(run_dir: Path, resume: str | None) -> None:
+    """Refuse a run that would start a new record in a directory that holds one."""
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_JSON).is_file() or resume == "auto":
+        return
+    if resume is not None:
+        ckpt = Path(str(resume)).expanduser().resolve()
+        if ckpt.parent == (run_dir / CHECKPOINTS).resolve():
+            return  # its own checkpoint: a resume, not a new record
+        raise RunDirUsed(
+            f"{run_dir} already holds a run ({RUN_JSON}, status {_status(run_dir)}); a fork "
+            f"from resume={resume} goes into a new directory: add hydra.run.dir=<new dir>"
+        )
+    raise RunDirUsed(
+        f"{run_dir} already holds a run ({RUN_JSON}, status {_status(run_dir)}) and a run "
+        f"directory is written once: continue it with `{resume_hint(run_dir)}`, fork it with "
+        "resume=<its checkpoint> hydra.run.dir=<new dir>, or choose another hydra.run.dir"
+    )
+
+
+def refuse_used_sweep_dir(sweep_dir: Path) -> None:
+    """Refuse a sweep into a directory that already holds a sweep or any run."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        return
+    runs = [p.parent for p in sweep_dir.rglob(RUN_JSON)]
+    if runs or (sweep_dir / SWEEP_RECORD).exists():
+        held = f"{len(runs)} run(s)" if runs else f"a {SWEEP_RECORD}"
+        raise RunDirUsed(
+            f"hydra.sweep.dir={sweep_dir} already holds a sweep ({held}); a sweep never "
+            "overwrites one: choose another hydra.sweep.dir (or leave it at its default), or "
+            "continue a single run with make resume RUN=<its dir>"
+        )

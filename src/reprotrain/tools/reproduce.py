@@ -96,7 +96,6 @@ from reprotrain.tools import (
     archive_check,
     cli,
     compare_sweeps,
-    reproduce_sweep,
     sweep_archive,
     trust,
 )
@@ -470,6 +469,8 @@ def reproduce(args) -> int:
         return EXIT_REPRODUCED
     checked = archive_check.verify(archive, limits)
     if sweep_archive.is_sweep_archive(checked):  # a sweep: every run, one verdict
+        from reprotrain.tools import reproduce_sweep  # it uses this module's helpers
+
         return reproduce_sweep.replay(args, archive, checked)
     if args.mode == "statistical":
         raise Refusal(

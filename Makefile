@@ -57,7 +57,7 @@ NPROC  ?= 1
 TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc-per-node=$(NPROC) \
            --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2 --shutdown-timeout=120
 
-train: $(STAMP) ## one run: make train ARGS="experiment=smoke" [NPROC=2: torchrun DDP]
+train: $(STAMP) ## one run: make train ARGS="experiment=smoke [task=mixup] [trainer.microbatch_size=32]" [NPROC=2: torchrun DDP]
 ifeq ($(NPROC),1)
 	$(PY) -m reprotrain.train $(ARGS)
 else
@@ -85,7 +85,7 @@ verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png
 	$(PY) -m reprotrain.train --multirun seed.base=$(SEEDS) $(ARGS)
 
-resume: $(STAMP) ## continue an interrupted run in place (its world size): make resume RUN=outputs/...
+resume: $(STAMP) ## continue an interrupted run in place (its world size; invariant runs: any NPROC dividing k): make resume RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
 

@@ -80,6 +80,18 @@ class Stepper:
 
     global_sums = False  # True: step() returns sums over the whole global batch
 
+    def optimizer_step(self) -> torch.Tensor | None:
+        """Clip (if asked), step the optimizer through the scaler, step the schedule; the
+        gradient norm when clipping, else None."""
+        state, norm = self.state, None
+        if self.grad_clip_norm:
+            state.scaler.unscale_(state.optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip_norm)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        return norm
+
     def samples(self, batch: Any) -> int:
         """The samples the step's metric sums cover (this rank's share)."""
         return batches.batch_size(batch)
@@ -124,13 +136,7 @@ class Stepper:
                 sums.add(out.sums, size)
                 if i < k - 1:
                     fault_injection.hook("microbatch", global_step + 1)
-        norm = None
-        if self.grad_clip_norm:
-            state.scaler.unscale_(state.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip_norm)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        state.scheduler.step()
+        norm = self.optimizer_step()
         if k == 1:
             return loss.detach(), out.sums, norm
         return step_loss, sums.sums, norm

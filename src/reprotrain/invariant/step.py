@@ -91,11 +91,4 @@ class InvariantStepper(Stepper):
             p.grad = g
         self.bn.end_step(self.reduce)
         step_loss, *sums = exact_sum(scalars, total_k, self.reduce)
-        norm = None
-        if self.grad_clip_norm:
-            state.scaler.unscale_(state.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip_norm)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        state.scheduler.step()
-        return step_loss, dict(zip(names, sums, strict=True)), norm
+        return step_loss, dict(zip(names, sums, strict=True)), self.optimizer_step()

@@ -89,7 +89,8 @@ def test_a_yaml_syntax_error_in_conf_is_named_with_file_and_line(tmp_path):
     conf = tmp_path / "conf" / "model"
     conf.mkdir(parents=True)
     (conf / "broken.yaml").write_text("_target_: x.Y\nwidths: [1, 2\n")
-    proc = train(tmp_path / "run", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=broken")
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'},pkg://reprotrain.selfcheck.conf]"
+    proc = train(tmp_path / "run", search, "model=broken")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "YAML" in lines[0] and "broken.yaml:" in lines[0], proc.stderr

@@ -38,7 +38,7 @@ def user_project(tmp_path_factory):
     conf = root / "conf"
     (conf / "model").mkdir(parents=True)
     (conf / "optimizer").mkdir()
-    (conf / "model" / "mlp.yaml").write_text("_target_: my_models.MLP\nhidden: 64\n")
+    (conf / "model" / "my_mlp.yaml").write_text("_target_: my_models.MLP\nhidden: 64\n")
     (conf / "model" / "mlp_typo.yaml").write_text("_target_: my_models.MLP\nhiden: 64\n")
     (conf / "model" / "missing.yaml").write_text("_target_: my_models.NoSuchNet\n")
     (conf / "optimizer" / "rmsprop.yaml").write_text(
@@ -52,7 +52,7 @@ def user_project(tmp_path_factory):
 def test_a_new_model_module_and_yaml_train_bitwise_repeatably(tmp_path, user_project):
     search, env = user_project
     for name in ("a", "b"):
-        assert_ok(train(tmp_path / name, *search, "model=mlp", env=env))
+        assert_ok(train(tmp_path / name, *search, "model=my_mlp", env=env))
     a, b = run_json(tmp_path / "a"), run_json(tmp_path / "b")
     assert a["components"]["model"] == "my_models.MLP"
     assert a["final_weights_sha256"] == b["final_weights_sha256"]

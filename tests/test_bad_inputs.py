@@ -11,17 +11,28 @@ torch; rows that reach the trainer's own checks carry ``[trainer]`` in their tes
 Adding a row: append a ``Row`` to ``ROWS`` (or to a new list added to it). ``setup`` gets
 the directory and returns nothing; ``argv`` gets the directory and returns the command.
 Train overrides (the lead's preflight checks) fit the same shape: ``train(...)`` below.
+
+Two ways each row runs (same assertions): in a fresh process, exactly as typed (every row;
+the default tier keeps ``END_TO_END``, one row per entry point and code path, the rest are
+``slow``), and in this process (``run_in_process``: the tool's ``__main__`` through runpy,
+the trainer's preflight as its entry point calls it), which covers every cheap row in the
+default tier for the price of a function call instead of an interpreter and a torch import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import json
+import os
+import runpy
 import subprocess
 import sys
 import tarfile
+import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -490,8 +501,97 @@ def _state(d: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+# One row per entry point and per code path, run end to end (a fresh interpreter) in the
+# default tier: each tool's record reading, argparse, the archive reader, the preflight
+# before torch, the component check after it, the run-dir checks, a sweep, the locale (its
+# environment must be set before the interpreter starts) and one row that reaches the
+# trainer. The slow tier runs every other row end to end too.
+END_TO_END = {
+    "resume/corrupt-run-json",
+    "resume/nproc-differs",
+    "eval/environment-not-object",
+    "report/environment-not-object",
+    "archive/no-args",
+    "archive/incomplete",
+    "reproduce/dotdot-member",
+    "reproduce/epochs-zero",
+    "verify/run-dir-override",
+    "drill/zero-trials",
+    "check_lock/lock-without-in",
+    "train/typo",
+    "train/unknown-model-key",
+    "train/run-dir-through-a-file",
+    "train/non-ascii-run-dir-in-an-ascii-locale",
+    "train/sweep-into-a-used-sweep-dir",
+    "resume/bad-override",
+}
+
+
 def _params(rows: list[Row]):
-    return [pytest.param(r, id=r.id if r.cheap else f"{r.id}[trainer]") for r in rows]
+    return [
+        pytest.param(
+            r,
+            id=r.id if r.cheap else f"{r.id}[trainer]",
+            marks=() if r.id in END_TO_END else pytest.mark.slow,
+        )
+        for r in rows
+    ]
+
+
+def run_in_process(argv: list[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``argv`` run in this interpreter, as Python would run
+    it: ``-m reprotrain.tools.<x>`` and scripts through runpy as ``__main__``; the trainer
+    up to where its entry point stops a bad command line (``preflight.cli_check``, before
+    Hydra starts a run). An exception that escapes is printed as the interpreter would."""
+    from reprotrain import preflight
+
+    _, *cmd = argv
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    saved_argv = sys.argv[:]
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        warnings.catch_warnings(),
+    ):
+        # runpy's note that an earlier row (or test) already imported the tool's module
+        warnings.filterwarnings("ignore", "'reprotrain", RuntimeWarning, "runpy")
+        try:
+            if cmd[:2] == ["-m", "reprotrain.train"]:
+                sys.argv = ["reprotrain.train", *cmd[2:]]
+                preflight._checked = False
+                preflight.cli_check()
+            elif cmd[0] == "-m":
+                sys.argv = [cmd[1], *cmd[2:]]
+                runpy.run_module(cmd[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = cmd
+                runpy.run_path(cmd[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+        except BaseException:  # what the interpreter would print, and its exit status
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.argv = saved_argv
+            preflight._checked = False
+    if isinstance(code, str):  # sys.exit("text"): printed on stderr, exit 1
+        err.write(code + "\n")
+        code = 1
+    return (code or 0), out.getvalue(), err.getvalue()
+
+
+def _assert_refused(row: Row, d: Path, before: dict, code: int, stdout: str, stderr: str) -> None:
+    shown = f"exit {code}\nstdout: {stdout[-2000:]}\nstderr: {stderr[-2000:]}"
+    assert code == 2, shown
+    assert "Traceback" not in stdout + stderr, shown
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, shown
+    assert row.expect in errors[0], shown
+    if row.one_line:
+        assert [x for x in stderr.splitlines() if x.strip()] == errors, shown
+    assert _state(d) == before, "nothing was written or changed"
+    assert not list(d.rglob("*.tar.gz.tmp")) and not list(d.rglob("reproduction.json"))
 
 
 def test_the_table_covers_every_entry_point_with_enough_rows():
@@ -515,18 +615,37 @@ def test_a_bad_input_is_one_line_and_exit_2(row: Row, tmp_path: Path):
         text=True,
         timeout=300,
     )
-    shown = f"exit {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
-    assert proc.returncode == 2, shown
-    assert "Traceback" not in proc.stdout + proc.stderr, shown
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, shown
-    assert row.expect in errors[0], shown
-    if row.one_line:
-        assert [x for x in proc.stderr.splitlines() if x.strip()] == errors, shown
-    assert _state(tmp_path) == before, "nothing was written or changed"
-    assert not list(tmp_path.rglob("*.tar.gz.tmp")) and not list(
-        tmp_path.rglob("reproduction.json")
-    )
+    _assert_refused(row, tmp_path, before, proc.returncode, proc.stdout, proc.stderr)
+
+
+# Rows whose refusal needs a process of their own: an environment read at interpreter start
+# (the locale), or a trainer process started by the tool. They run end to end only.
+IN_PROCESS = [r for r in ROWS if r.cheap and r.env is None]
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in IN_PROCESS])
+def test_a_bad_input_in_process_is_one_line_and_exit_2(row: Row, tmp_path: Path, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("REPROTRAIN_TEST")]:
+        monkeypatch.delenv(key)
+    if row.setup is not None:
+        row.setup(tmp_path)
+    before = _state(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = run_in_process(row.argv(tmp_path))
+    _assert_refused(row, tmp_path, before, code, stdout, stderr)
+
+
+def test_the_end_to_end_rows_cover_every_entry_point_and_every_row_runs_somewhere():
+    """The default tier's fresh-process rows reach every entry point, the trainer among them;
+    a row left out of both the in-process list and END_TO_END still runs in the slow tier."""
+    by_id = {r.id: r for r in ROWS}
+    assert set(by_id) >= END_TO_END, END_TO_END - set(by_id)
+    kinds = {r.id.split("/")[0] for r in ROWS}
+    assert {by_id[i].id.split("/")[0] for i in END_TO_END} == kinds
+    assert any(not by_id[i].cheap for i in END_TO_END)
+    assert any(by_id[i].env for i in END_TO_END)
+    in_default = END_TO_END | {r.id for r in IN_PROCESS}
+    assert {r.id for r in ROWS if r.cheap} <= in_default
 
 
 def test_fixtures_are_what_they_claim(tmp_path):

@@ -7,9 +7,11 @@ import sys
 import pytest
 
 from conftest import (
+    REFERENCE,
     REPO,
     assert_ok,
     base_env,
+    env_without_hashseed,
     jsonl,
     metrics_without_timings,
     run_json,
@@ -47,13 +49,12 @@ RUN_KEYS = [
 
 
 @pytest.fixture(scope="module")
-def twin_runs(tmp_path_factory):
-    """The same config twice, in two fresh processes with different run dirs."""
-    base = tmp_path_factory.mktemp("twins")
-    env = {k: v for k, v in base_env().items() if k != "PYTHONHASHSEED"}  # entry re-execs
-    for name in ("a", "b"):
-        assert_ok(train(base / name, env=env))
-    return base / "a", base / "b"
+def twin_runs(tmp_path_factory, reference_run):
+    """The same config twice, in two fresh processes with different run dirs, both started
+    without PYTHONHASHSEED (the entry re-execs): the first is the shared reference run."""
+    b = tmp_path_factory.mktemp("twins") / "b"
+    assert_ok(train(b, *REFERENCE, env=env_without_hashseed()))
+    return reference_run, b
 
 
 def test_same_config_twice_is_bitwise_identical(twin_runs):

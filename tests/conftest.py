@@ -159,7 +159,7 @@ SLOW = {
     "test_microbatch.py::test_sigkill_between_microbatches_resumes_bitwise",
     "test_resume.py::test_other_torch_version_is_warned_and_recorded",
     "test_run_dir.py::test_resume_auto_into_an_empty_dir_starts_fresh",
-    "test_tasks.py::test_mixup_task_repeats_bitwise",
+    "test_example_tasks.py::test_mixup_task_repeats_bitwise",
     "test_user_experiments.py::test_two_fresh_runs_are_identical[sequence]",
     "test_user_experiments.py::test_two_fresh_runs_are_identical[dict_microbatches]",
     "test_user_experiments.py::test_sigkill_mid_epoch_then_resume_is_bitwise_equal[sequence]",

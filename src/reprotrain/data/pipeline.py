@@ -38,6 +38,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from reprotrain.batches import Batch, batch_size, narrow, take, to_device
+from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.distributed import check_divisible, shard_global_batch
 from reprotrain.errors import ReprotrainError
@@ -300,12 +301,17 @@ class LoaderPipeline(_Base):
             worker_init_fn=seed_worker,
             pin_memory=self.device.type == "cuda",
         )
+        batches = iter(loader)
         try:
-            for batch in loader:
+            for batch in batches:
                 batch_size(batch)  # a pytree of tensors, samples first, or one line
                 yield batch
         except Exception as e:  # a worker's error comes back with its traceback as text
             raise _one_line_from_worker(e) from None
+        finally:  # an epoch left early (error, stop, break): its workers go now, not at exit
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
     def _finish(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
         if self.per_sample:  # already this rank's samples, transformed per sample

@@ -16,7 +16,10 @@ of a step, so the state at that moment is not a step boundary.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import signal
+import threading
 
 
 def is_worker_death(exc: BaseException) -> bool:
@@ -34,8 +37,22 @@ def describe(exc: BaseException) -> str:
 
 
 def stop_workers() -> None:
-    """SIGKILL every daemonic child (the loader's workers) so the exit cannot hang on them."""
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-            child.join(timeout=5)
+    """SIGKILL every daemonic child (the loader's workers) so the exit cannot hang on them.
+
+    torch's SIGCHLD handler would raise "worker killed" at the first death, mid-loop, and
+    leave the others alive: it is put back to the default first (main thread only)."""
+    children = [c for c in multiprocessing.active_children() if c.daemon]
+    if not children:
+        return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout=5)
+
+
+# Workers ignore SIGTERM, and the interpreter's exit terminates daemonic children with
+# SIGTERM and then joins them: kill any still alive first (atexit runs last-in, first-out,
+# and multiprocessing registered its own handler before this module was imported).
+atexit.register(stop_workers)

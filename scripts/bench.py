@@ -67,7 +67,7 @@ def suite(name: str, device: str, threads: int) -> dict:
             "augment": dict(batch_size=512, calls=50 if gpu else 20, repeats=5),
             "checkpoint": CheckpointSetup(device, steps_per_repeat=10 if gpu else 1, repeats=2),
             "logger_repeats": 2,
-            "invariant": InvariantSetup(device, ranks, 1, 3, 16384 if gpu else 1536, 256, *step, 2),
+            "invariant": InvariantSetup(device, ranks, 1, 3, 16384 if gpu else 3072, 256, *step, 3),
         }
     return {  # full
         "train": TrainSetup(device, threads, 5, 50_000 if gpu else 4096, 1024, repeats=5),

@@ -85,3 +85,45 @@ def test_smoke_bench_measures_invariant_and_plain_ddp_runs_at_two_ranks(tmp_path
         assert record["world_size"] == 2 and record["world_size_invariant"] is invariant
         assert record["status"] == "completed"
     assert "| invariant |" in (out / "bench.md").read_text()
+
+
+def load_bench_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_script", REPO / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("gpus", "ranks"), [(1, 1), (2, 2), (8, 2)])
+def test_on_cuda_the_figure_uses_one_rank_per_gpu_at_most_two(monkeypatch, gpus, ranks):
+    bench = load_bench_script()
+    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: gpus)
+    for name in ("smoke", "quick", "full"):
+        setup = bench.suite(name, "cuda", 2)["invariant"]
+        assert setup.world_size == ranks and setup.device == "cuda"
+    assert bench.suite("quick", "cpu", 2)["invariant"].world_size == 2  # gloo: always 2
+
+
+def test_the_gpu_check_reports_the_bench_ratio(tmp_path, monkeypatch):
+    from reprotrain.bench import gpu_check
+
+    seen: list[list[str]] = []
+
+    def fake_run(cmd, timeout, env=None, log=None):
+        seen.append(cmd)
+        out = Path(next(a for a in cmd if a.startswith("--out=")).split("=", 1)[1])
+        out.mkdir(parents=True)
+        figure = {"ratio": 1.5, "best_ratio": 1.4, "a_median": 300.0, "b_median": 200.0,
+                  "world_size": 1, "microbatch_size": 128, "microbatches_per_step": 4}  # fmt: skip
+        (out / "bench.json").write_text(json.dumps({"invariant": figure}))
+        return 0, ""
+
+    monkeypatch.setattr(gpu_check, "run", fake_run)
+    result = gpu_check.check_invariant(tmp_path, gpu_check.Budget(600))
+    (cmd,) = seen
+    assert {"--device=cuda", "--only=invariant"} <= set(cmd)
+    assert result["invariant_over_ddp_step_time"] == 1.5 and result["world_size"] == 1
+    assert result["ddp_images_per_s"] == 300.0 and result["invariant_images_per_s"] == 200.0
+    assert gpu_check.check_invariant(tmp_path, gpu_check.Budget(10)) == {"skipped": "time budget"}

@@ -1,5 +1,5 @@
 """Side-by-side ratios: template vs bare loop, pipelines vs torchvision, strict vs fast,
-augmentation fast path, checkpoint cost, logger cost.
+augmentation fast path, checkpoint cost, logger cost, world-size-invariant step cost.
 
     make bench                          # quick suite (~3 min on 2 idle cores)
     make bench ARGS="--full"            # more data, epochs and repeats
@@ -15,6 +15,9 @@ both paths. Figures (see docs/notes/bench.md):
   P4  reference augmentation gather / fast path, seconds per batch (bit-identical)
   P5  checkpoint save+load / one epoch at 11.0M params (epoch estimated from step time)
   logger  default logger / logger=none (skipped while the config has no logger group)
+  invariant  world-size-invariant / plain DDP step time, same W, micro-batch and threads
+             per rank (torchrun: 2 ranks x 1 thread on CPU/gloo; on CUDA/NCCL one rank per
+             GPU, at most 2)
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from pathlib import Path
 import torch
 
 from reprotrain.bench.checkpoint_cost import CheckpointSetup, measure_p5
+from reprotrain.bench.invariance_cost import InvariantSetup, measure_invariant
 from reprotrain.bench.pipelines import PipelineSetup, measure_p2, measure_p4
 from reprotrain.bench.results import markdown_table, table_rows, write_outputs
 from reprotrain.bench.training import BenchRunError, TrainSetup, measure_logger, measure_p1_p3
 
-FIGURES = ("P1", "P2", "P3", "P4", "P5", "logger")
+FIGURES = ("P1", "P2", "P3", "P4", "P5", "logger", "invariant")
 TINY = dict(widths=(16, 32, 64), convs_per_stage=1)  # the smoke suite's P5 model
 
 
@@ -43,6 +47,10 @@ def suite(name: str, device: str, threads: int) -> dict:
     """Sizes per suite. The smoke suite only proves the plumbing (tests); its numbers are
     not meaningful. On a GPU, P1 gets more images so an epoch outlasts launch latency."""
     gpu = device == "cuda"
+    # The invariant figure's world size: 2 ranks on CPU; on CUDA one rank per GPU (NCCL
+    # refuses two ranks on one GPU), so a one-GPU machine measures it at W=1.
+    ranks = min(2, torch.cuda.device_count()) if gpu else 2
+    step = (512, 128) if gpu else (128, 32)  # its batch and micro-batch size: k = 4 per step
     if name == "smoke":
         return {
             "train": TrainSetup(device, threads, 2, 512, 128, 128, ("strict", "fast"), 1),
@@ -50,6 +58,7 @@ def suite(name: str, device: str, threads: int) -> dict:
             "augment": dict(batch_size=128, calls=2, repeats=1),
             "checkpoint": CheckpointSetup(device, 64, **TINY, repeats=1),
             "logger_repeats": 1,
+            "invariant": InvariantSetup(device, ranks, 1, 2, 256, 64, 64, 16, repeats=1),
         }
     if name == "quick":
         return {
@@ -58,6 +67,7 @@ def suite(name: str, device: str, threads: int) -> dict:
             "augment": dict(batch_size=512, calls=50 if gpu else 20, repeats=5),
             "checkpoint": CheckpointSetup(device, steps_per_repeat=10 if gpu else 1, repeats=2),
             "logger_repeats": 2,
+            "invariant": InvariantSetup(device, ranks, 1, 3, 16384 if gpu else 3072, 256, *step, 3),
         }
     return {  # full
         "train": TrainSetup(device, threads, 5, 50_000 if gpu else 4096, 1024, repeats=5),
@@ -65,6 +75,7 @@ def suite(name: str, device: str, threads: int) -> dict:
         "augment": dict(batch_size=512, calls=100 if gpu else 40, repeats=9),
         "checkpoint": CheckpointSetup(device, steps_per_repeat=20 if gpu else 2, repeats=5),
         "logger_repeats": 5,
+        "invariant": InvariantSetup(device, ranks, 1, 5, 50_000 if gpu else 4096, 1024, *step, 5),
     }
 
 
@@ -128,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats is not None:
         sizes["train"].repeats = sizes["pipelines"].repeats = args.repeats
         sizes["checkpoint"].repeats = sizes["augment"]["repeats"] = args.repeats
-        sizes["logger_repeats"] = args.repeats
+        sizes["logger_repeats"] = sizes["invariant"].repeats = args.repeats
     if args.levels:
         sizes["train"].levels = args.levels
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -167,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             log("logger: default vs logger=none")
             logger_setup = dataclasses.replace(sizes["train"], repeats=sizes["logger_repeats"])
             results["logger"] = measure_logger(logger_setup, out_dir / "runs-logger", log)
+        if "invariant" in args.only:
+            ranks = sizes["invariant"].world_size
+            log(f"invariant: world-size-invariant vs plain DDP step, {ranks} rank(s), interleaved")
+            results["invariant"] = measure_invariant(
+                sizes["invariant"], out_dir / "runs-invariant", log
+            )
     except BenchRunError as e:
         print(f"error: a measured run failed: {e}", file=sys.stderr)
         return 1

@@ -5,8 +5,9 @@
 # stderr): verify at strict (the framework's 11.0M-param self-check net, 50k synthetic
 # images, 2 epochs, twice),
 # a resume after SIGKILL compared bit for bit, images/s at strict/fast/bf16/channels_last
-# and the projected 30-epoch time, bench.py --device cuda P1/P2/P3, pytest -m gpu.
-# See src/reprotrain/bench/gpu_check.py. About 6-8 minutes on an H200 (budget: 480 s).
+# and the projected 30-epoch time, bench.py --device cuda P1/P2/P3, the world-size-invariant
+# / plain DDP step-time ratio (bench.py --only invariant, NCCL), pytest -m gpu.
+# See src/reprotrain/bench/gpu_check.py. About 7-9 minutes on an H200 (budget: 540 s).
 #
 # Missing hydra-core / omegaconf / antlr4 are installed offline from a wheels folder
 # (--wheels DIR, else $WHEELS, else shared/wheels or wheels/ in the repo) into a private

@@ -73,8 +73,28 @@ def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
     return names, var_kw, required
 
 
-def check_node(node: Any, where: str, supplied: tuple[str, ...] = ()) -> None:
-    """Import and bind one ``_target_`` node and every nested one, without calling any."""
+def bound_names(target: Callable[..., Any], n_args: int, keys: list[str], where: str) -> set[str]:
+    """The parameters a node's ``_args_`` and keys bind (``Signature.bind_partial``: nothing
+    is called); one line when they cannot bind (too many ``_args_``, a positional-only key)."""
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature: accept anything
+        return set(keys)
+    try:
+        bound = sig.bind_partial(*[None] * n_args, **dict.fromkeys(keys))
+    except TypeError as e:
+        raise ComponentError(f"{where}: {e}; fix {where}'s _args_ / keys") from None
+    return set(bound.arguments)
+
+
+def check_node(node: Any, where: str, supplied: tuple[str, ...] | None = None) -> None:
+    """Import and bind one ``_target_`` node and every nested one, without calling any.
+
+    ``supplied``: what the trainer passes a top-level group's callable. A nested
+    ``_partial_: true`` node (``supplied`` None: a dataset's ``collate``, a transform
+    factory) is called later by code the config cannot see, so its required parameters
+    may stay unbound: only its keys are checked (``bind_partial``), not what is missing.
+    """
     if isinstance(node, ListConfig | list):
         for i, item in enumerate(node):
             check_node(item, f"{where}[{i}]")
@@ -89,14 +109,19 @@ def check_node(node: Any, where: str, supplied: tuple[str, ...] = ()) -> None:
     target = locate(path, where)
     names, var_kw, required = accepted(target)
     keys = [k for k in node if k not in _META]
+    given = tuple(supplied or ())
     for key in keys:
         if key not in names and not var_kw:
             raise ComponentError(
                 f"{where}: unknown key '{key}' for {path}; accepted: "
-                f"{', '.join(n for n in names if n not in supplied) or '(none)'}"
+                f"{', '.join(n for n in names if n not in given) or '(none)'}"
             )
         check_node(node[key], f"{where}.{key}")
-    missing = [n for n in required if n not in keys and n not in supplied]
+    args = node.get("_args_") or []
+    bound = bound_names(target, len(args), keys, where)
+    if supplied is None and node.get("_partial_", False) is True:
+        return  # the caller of the partial supplies the rest
+    missing = [n for n in required if n not in bound and n not in given]
     if missing:
         raise ComponentError(
             f"{where}: {path} needs {', '.join(missing)}; add "

@@ -3,7 +3,7 @@
     bash scripts/gpu_check.sh [--wheels DIR] [--out DIR] [--budget SECONDS]
 
 On one CUDA GPU, in this order (each section has a timeout, and the whole run a budget,
-480 s by default, so a slow section is recorded as skipped instead of running over):
+540 s by default, so a slow section is recorded as skipped instead of running over):
 
 1. ``verify``: the framework's own job at reference size (``experiment=selfcheck`` with the
    wide 11.0M-parameter net, batch 512, SGD, one-cycle, strict) on its synthetic 3x32x32
@@ -16,6 +16,9 @@ On one CUDA GPU, in this order (each section has a timeout, and the whole run a 
    autocast, channels_last and both; the projected time of 30 epochs at that size.
 4. ``bench``: ``scripts/bench.py --device cuda`` P1/P2/P3 (levels strict and fast).
 5. ``pytest_gpu``: ``pytest -m gpu``.
+6. ``invariant``: ``scripts/bench.py --device cuda --only invariant``: step time of a
+   ``trainer.world_size_invariant`` run / a plain DDP run of the self-check job, same world
+   size (one NCCL rank per GPU, at most 2: W=1 on a one-GPU machine) and micro-batch size.
 
 Exit 0 when every check that ran passed, 1 otherwise. Progress goes to stderr.
 """
@@ -237,6 +240,35 @@ def check_bench(work: Path, budget: Budget) -> dict:
     return summary
 
 
+def check_invariant(work: Path, budget: Budget) -> dict:
+    """The bench's ``invariant`` figure on CUDA/NCCL: invariant / plain DDP step time."""
+    if budget.left() < 90:
+        return {"skipped": "time budget"}
+    out_dir = work / "bench-invariant"
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "bench.py"),
+        "--device=cuda",
+        "--only=invariant",
+        "--repeats=2",
+        f"--out={out_dir}",
+    ]
+    rc, out = run(cmd, budget.timeout(200), log=work / "bench-invariant.log")
+    if rc != 0:
+        return {"failed": f"exit {rc}: {last_line(out)}"}
+    r = json.loads((out_dir / "bench.json").read_text())["invariant"]
+    return {
+        "bench_json": str(out_dir / "bench.json"),
+        "invariant_over_ddp_step_time": round(r["ratio"], 3),
+        "best": round(r["best_ratio"], 3),
+        "ddp_images_per_s": round(r["a_median"], 1),
+        "invariant_images_per_s": round(r["b_median"], 1),
+        "world_size": r["world_size"],
+        "microbatch_size": r["microbatch_size"],
+        "microbatches_per_step": r["microbatches_per_step"],
+    }
+
+
 def check_pytest(work: Path, budget: Budget) -> dict:
     if budget.left() < 30:
         return {"skipped": "time budget"}
@@ -264,7 +296,7 @@ def gpu_info() -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="one-shot GPU check; prints one JSON")
     p.add_argument("--out", type=Path, help="also write gpu_check.json into this folder")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds for all checks")
+    p.add_argument("--budget", type=float, default=540.0, help="seconds for all checks")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: gpu_check needs a CUDA GPU and torch sees none", file=sys.stderr)
@@ -287,11 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     report["bench"] = check_bench(work, budget)
     say("pytest -m gpu")
     report["pytest_gpu"] = check_pytest(work, budget)
+    say("bench.py --device cuda --only invariant (invariant / plain DDP step time)")
+    report["invariant"] = check_invariant(work, budget)
 
     report["ok"] = bool(
         report["verify"]["identical"]
         and report["resume_after_kill"].get("identical")
         and "failed" not in report["bench"]
+        and "failed" not in report["invariant"]
         and report["pytest_gpu"].get("passed", True)
     )
     report["seconds"] = round(time.monotonic() - t0, 1)

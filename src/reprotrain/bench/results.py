@@ -136,6 +136,20 @@ def table_rows(results: dict) -> list[dict]:
                 ".0f",
             )
         )
+    if "invariant" in results:
+        r = results["invariant"]
+        row = _row(
+            "invariant",
+            f"step time, world-size-invariant / plain DDP (W={r['world_size']}, micro-batch "
+            f"{r['microbatch_size']}, k={r['microbatches_per_step']}, "
+            f"{r['threads_per_rank']} thread/rank)",
+            r,
+            "ddp",
+            "invariant",
+            ".0f",
+        )
+        row["sides"] += " images/s"
+        rows.append(row)
     return rows
 
 

@@ -39,16 +39,20 @@ class TrainSetup:
     repeats: int = 2
 
 
-def child_env() -> dict[str, str]:
-    """Fixed hash seed (no re-exec), cuBLAS workspace before CUDA init, no test hooks."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REPROTRAIN_TEST")}
+def child_env(drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """Fixed hash seed (no re-exec), cuBLAS workspace before CUDA init, no test hooks;
+    ``drop``: more variables to leave out (a torchrun child must not inherit a rank)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("REPROTRAIN_TEST") and k not in drop
+    }
     env.update(PYTHONHASHSEED="0", CUBLAS_WORKSPACE_CONFIG=":4096:8")
     return env
 
 
-def run_checked(cmd: list[str], timeout: float = 1800) -> None:
+def run_checked(cmd: list[str], timeout: float = 1800, drop_env: tuple[str, ...] = ()) -> None:
+    env = child_env(drop_env)
     try:
-        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise BenchRunError(f"over {timeout:.0f} s: {' '.join(cmd[2:])}") from None
     if proc.returncode != 0:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprotrain import metric_names
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools import cli
@@ -78,8 +79,8 @@ def read_sweep(path: Path, metric: str | None = None) -> Sweep:
     if not done:
         raise ReprotrainError(f"no completed run ({RUN_JSON}) under {path}; is it a sweep dir?")
     monitor, mode = _monitor(done[0])
-    if metric is not None and metric != monitor:
-        mode = "min" if metric.endswith("_loss") else "max"
+    if metric is not None and metric != monitor:  # test_rmse goes like val_rmse
+        mode = metric_names.direction(metric, monitor, mode)
     metric = metric or monitor
     if not any(metric in j.final for j in done):
         known = sorted({k for j in done for k in j.final})

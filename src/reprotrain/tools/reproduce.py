@@ -54,8 +54,8 @@ Verdict (last line, naming the trust rule that let the code run) and exit code:
                                     ops recorded, data drift allowed, a resume history that
                                     cannot be replayed, an environment-derived value that
                                     differs: bits are not expected to match; metrics are
-                                    judged against --tolerance (absolute, on *_acc and
-                                    *_loss) instead
+                                    judged against --tolerance (absolute, on every
+                                    train_/val_/test_<name> metric) instead
     4  the re-run itself failed     (its log is in the new run directory)
     75 INTERRUPTED                  SIGTERM/SIGINT/SIGHUP/SIGUSR2 reached this process: it
                                     was passed to the re-run (which checkpoints and stops),
@@ -84,7 +84,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from reprotrain import safetar
+from reprotrain import metric_names, safetar
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
 from reprotrain.quoting import hydra_override
@@ -217,12 +217,13 @@ def not_comparable_reasons(record: dict) -> list[str]:
 
 
 def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], bool]:
-    """Lines for each differing metric, and whether all acc/loss metrics are within."""
+    """Lines for each differing metric, and whether every split metric (``train_``/``val_``/
+    ``test_<name>``, whatever the task logs: acc, loss, rmse, r2, ...) is within."""
     lines, within = [], True
     for epoch, diffs in sorted(metric_diffs.items()):
         parts = []
         for key, (a, b) in diffs.items():
-            judged = key.endswith(("_acc", "_loss"))
+            judged = metric_names.is_outcome(key)
             if judged and isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 delta = abs(a - b)
                 ok = math.isfinite(delta) and delta <= tolerance
@@ -659,7 +660,7 @@ def _verdict(result, reasons, lines, within, tolerance, scope, trusted):
         detail = [
             f"  ({bits}); metrics "
             + ("identical" if not lines else ("within" if within else "OUTSIDE"))
-            + f" tolerance {tolerance} on *_acc/*_loss",
+            + f" tolerance {tolerance} on train_/val_/test_ metrics",
             *lines,
         ]
     elif result.identical:

@@ -2,10 +2,13 @@
 
     python -m reprotrain.tools.sweep_summary multirun/<name>/<stamp>
 
-Runs are grouped by their Hydra overrides with every ``seed`` / ``seed.*`` override removed,
-read from each job's ``.hydra/overrides.yaml``: ``optimizer.lr=0.1,0.2`` x 3 seeds gives two
-groups of three, and two means with their own intervals, never one number pooled over
-learning rates. Writes into the sweep directory:
+Every numeric ``train_`` / ``val_`` / ``test_<name>`` metric the runs logged is summarised
+(accuracy and loss, a regression's rmse and r2, a user task's own), and the monitored one
+(``trainer.monitor``, from the runs' resolved config) is the sweep's objective: the best
+group by its mean is named. Runs are grouped by their Hydra overrides with every ``seed`` /
+``seed.*`` override removed, read from each job's ``.hydra/overrides.yaml``:
+``optimizer.lr=0.1,0.2`` x 3 seeds gives two groups of three, and two means with their own
+intervals, never one number pooled over learning rates. Writes into the sweep directory:
 
 - ``summary.json``: strict JSON (a NaN metric is ``null`` and its path is listed in
   ``nonfinite``); ``groups`` holds each group's runs, statistics and per-epoch curves.
@@ -33,10 +36,12 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from reprotrain import metric_names
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 from reprotrain.repro.record import (
     METRICS,
+    RESOLVED_CONFIG,
     RUN_JSON,
     atomic_write_bytes,
     atomic_write_text,
@@ -158,15 +163,33 @@ def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
 # --------------------------------------------------------------------------------------------
 
 
-def _split_rank(metric: str) -> int:
-    split = metric.split("_")[0]
-    return ("train", "val", "test").index(split) if split in ("train", "val", "test") else 3
-
-
 def outcome_metrics(jobs: list[Job]) -> list[str]:
-    """Accuracies and losses; step counts and the final lr are not outcomes."""
-    keys = {k for j in jobs for k in j.final if k.endswith(("_acc", "_loss"))}
-    return sorted(keys, key=lambda k: (_split_rank(k), k.endswith("_acc"), k))
+    """Every split metric by name; step counts and the final lr are not outcomes."""
+    return sorted(metric_names.outcome_keys(j.final for j in jobs), key=metric_names.sort_key)
+
+
+def monitor_of(job: Job) -> tuple[str, str] | None:
+    """(trainer.monitor, trainer.monitor_mode) from the job's resolved config, or None
+    when it has none (runs gathered by hand, an older record)."""
+    from reprotrain.tools.readers import read_config
+
+    try:
+        trainer = read_config(job.run_dir / RESOLVED_CONFIG).get("trainer") or {}
+    except Exception:  # a summary without an objective beats no summary
+        return None
+    return str(trainer.get("monitor", "val_acc")), str(trainer.get("monitor_mode", "max"))
+
+
+def objective(jobs: list[Job], groups: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The monitored metric, its direction and the group whose mean is best on it."""
+    monitor = next((m for m in map(monitor_of, jobs) if m is not None), None)
+    if monitor is None:
+        return None
+    metric, mode = monitor
+    means = [(g["metrics"][metric]["mean"], g["label"]) for g in groups if metric in g["metrics"]]
+    means = [(v, label) for v, label in means if v is not None]
+    best = (max if mode == "max" else min)(means)[1] if means else None
+    return {"metric": metric, "mode": mode, "source": "trainer.monitor", "best_group": best}
 
 
 def group_labels(keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
@@ -206,9 +229,9 @@ def summarize(
     metrics = outcome_metrics([j for j in jobs if j.status == "completed"])
     keys = sorted({j.group for j in jobs})
     labels = group_labels(keys)
-    curve_metrics = sorted(
-        {k for j in jobs for r in j.epochs for k in r if k.endswith(("_acc", "_loss"))},
-        key=lambda k: (k.endswith("_acc"), _split_rank(k), k),  # losses first, then accuracy
+    curve_metrics = sorted(  # losses first, then every other metric
+        metric_names.outcome_keys(r for j in jobs for r in j.epochs),
+        key=lambda k: (not k.endswith("_loss"), metric_names.sort_key(k)),
     )
     groups = []
     for key in keys:
@@ -232,6 +255,7 @@ def summarize(
         "ci95": "95% t confidence interval of the mean across seeds (null below 2 runs)",
         "plot_band": "summary.png: per-epoch mean ± 1 std across seeds, per group",
         "metric_names": metrics,
+        "objective": objective([j for j in jobs if j.status == "completed"], groups),
         "groups": groups,
         "runs": [r for g in groups for r in g["runs"]],
         "unreadable": problems or [],
@@ -288,6 +312,10 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
         "Mean ± std over the completed runs' finite values; 95% CI: t interval of the mean.",
         "",
     ]
+    goal = summary.get("objective")
+    if goal:
+        best = f"; best group: {goal['best_group']}" if goal["best_group"] else ""
+        out += [f"Objective: {goal['metric']} ({goal['mode']}, trainer.monitor){best}.", ""]
     if png_name:
         out += [f"![per-epoch mean ± 1 std across seeds, per group]({png_name})", ""]
     out.append(_row(["group", "runs", *(f"{m} mean ± std" for m in metrics)]))

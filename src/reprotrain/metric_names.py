@@ -1,0 +1,63 @@
+"""Which recorded keys are a run's outcome metrics, by name, whatever the task logs.
+
+A task logs ``<split>_<name>`` for every name in its ``metrics`` (``loss``, ``acc``,
+``rmse``, ``r2``, a user's ``f1``, ...), and a run's final metrics add ``best_test_<name>``
+when best.pt is not the last epoch. Everything else in a metrics row or in
+``final_metrics`` (``epoch``, ``global_step``, ``lr``, ``seconds``, ``images_per_s``,
+``best_epoch``) is bookkeeping, not an outcome. No torch here: sweep summaries run as a
+Hydra callback and from the command line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SPLITS = ("train", "val", "test")
+BEST = "best_"
+
+
+def split_of(key: str) -> str | None:
+    """``train`` / ``val`` / ``test`` for ``<split>_<name>`` (or ``best_<split>_<name>``)."""
+    split, _, name = key.removeprefix(BEST).partition("_")
+    return split if split in SPLITS and name else None
+
+
+def is_outcome(key: str, value: Any = None) -> bool:
+    """A split metric whose value is a number (or None: a non-finite value written as null)."""
+    if split_of(key) is None:
+        return False
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def outcome_keys(rows: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Every outcome metric any of the rows holds."""
+    return {k for row in rows for k, v in row.items() if is_outcome(k, v)}
+
+
+def sort_key(key: str) -> tuple[int, bool, bool, str]:
+    """train, val, test, then best_test; in each split the loss first, then by name."""
+    best = key.startswith(BEST)
+    split = split_of(key)
+    rank = SPLITS.index(split) if split is not None else len(SPLITS)
+    return (rank, best, not key.endswith("_loss"), key)
+
+
+def direction(metric: str, monitor: str, monitor_mode: str) -> str:
+    """``max`` or ``min`` for ``metric``: the monitored metric's mode for the same name on any
+    split (``test_rmse`` goes like ``val_rmse``), else ``min`` for a loss and ``max``."""
+
+    def name(key: str) -> str:
+        return key.removeprefix(BEST).partition("_")[2]
+
+    if name(metric) == name(monitor):
+        return monitor_mode
+    return "min" if metric.endswith("_loss") else "max"
+
+
+def better(a: float, b: float, mode: str) -> bool:
+    """Is ``a`` strictly better than ``b`` under ``mode``? A non-finite ``a`` never is."""
+    if not math.isfinite(a):
+        return False
+    return a > b if mode == "max" else a < b

@@ -8,6 +8,7 @@ system python3, as a user would: no training here (tests/starter checks the bits
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -29,9 +30,12 @@ def git(repo: Path, *args: str) -> str:
 
 
 def make(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    # A fresh top-level make, as a user types it, even when the suite itself runs under
+    # `make test` (a nested make would prefix its messages with "make[1]:").
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     return subprocess.run(
         ["make", "--no-print-directory", f"PYTHON={PY3}", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
 

@@ -65,8 +65,10 @@ else
 	$(TORCHRUN) -m reprotrain.train $(ARGS)
 endif
 
-test: $(STAMP) ## the test suite (CPU, offline), without the slow marker
-	$(PY) -m pytest -q -m "not slow"
+# The default tier is mostly process start-up on one core each: one pytest worker per core
+# (pytest-xdist), a test file's tests kept together so its fixtures train once.
+test: $(STAMP) ## the test suite (CPU, offline), without the slow marker, on every core
+	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile
 
 test-slow: $(STAMP) ## the slow tests only: DDP layouts, launcher sweeps (CI runs both)
 	$(PY) -m pytest -q -m slow

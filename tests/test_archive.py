@@ -367,11 +367,11 @@ def test_a_code_change_inside_the_archive_diverges(archived, tmp_path):
     """The converse: the replay's numbers come from the archived source."""
     _, archive, _ = archived
     rel = "source/src/reprotrain/repro/seeding.py"
-    needle = b'stable_hash("reprotrain", base, name)'
+    needle = b'SEED_SALT = "reprotrain"'
 
     def edit(data: bytes) -> bytes:
         assert needle in data, "update this test: seeding.py no longer derives streams this way"
-        return data.replace(needle, b'stable_hash("reprotrain-edited", base, name)')
+        return data.replace(needle, b'SEED_SALT = "reprotrain-edited"')
 
     changed = edited(archive, tmp_path, rel, edit)
     proc = spot_check(changed, tmp_path)

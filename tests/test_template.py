@@ -77,7 +77,7 @@ def test_an_optimizer_by_yaml_alone_trains_and_is_named(tmp_path, user_project):
         # table in test_bad_inputs.py.
         pytest.param(
             "model.widths=[0]",
-            "error: model (reprotrain.selfcheck.net.TinyConvNet)",
+            "error: model.widths=[0] is refused by reprotrain.selfcheck.net.TinyConvNet",
             marks=pytest.mark.slow,
         ),
         pytest.param("model.num_classes=5", "model.num_classes", marks=pytest.mark.slow),

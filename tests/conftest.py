@@ -32,6 +32,17 @@ MICRO = [
 # reference_run's overrides on top of MICRO (a twin of it must use the same).
 REFERENCE = ["trainer.checkpoint_every_steps=3"]
 
+# Three steps of 32 and one evaluation batch: for tests that need a run, not a trained model.
+TINY = [
+    "dataset.num_train=320",
+    "dataset.num_test=64",
+    "trainer.batch_size=32",
+    "trainer.epochs=1",
+    "trainer.limit_train_steps=3",
+    "trainer.limit_eval_batches=1",
+    "logger=none",
+]
+
 
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPROTRAIN_TEST")}

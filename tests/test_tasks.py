@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
 
-from conftest import REPO, assert_ok, base_env, run_json, train
+from conftest import REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain import preflight
 from reprotrain.config import register_configs
 from reprotrain.engine import evaluate
@@ -97,17 +97,6 @@ def test_step_context_generator_is_counter_based_and_lazy():
         StepContext(CPU, global_step=5, microbatch=1, train_seed=42, training=False),
     ):
         assert not torch.equal(a, torch.rand(4, generator=other.generator))
-
-
-TINY = [
-    "dataset.num_train=320",
-    "dataset.num_test=64",
-    "trainer.batch_size=32",
-    "trainer.epochs=1",
-    "trainer.limit_train_steps=3",
-    "trainer.limit_eval_batches=1",
-    "logger=none",
-]
 
 
 def tiny_train(run_dir, *overrides, env=None):

@@ -9,26 +9,16 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
 
-from conftest import REPO, assert_ok, jsonl, run_json, train
+from conftest import REPO, TINY, assert_ok, jsonl, run_json, train
 from reprotrain import preflight
 from reprotrain.config import register_configs
 from reprotrain.tasks import StepContext
 
 CPU = torch.device("cpu")
-TINY = [
-    "experiment=smoke",
-    "dataset.num_train=320",
-    "dataset.num_test=64",
-    "trainer.batch_size=32",
-    "trainer.epochs=1",
-    "trainer.limit_train_steps=3",
-    "trainer.limit_eval_batches=1",
-    "logger=none",
-]
 
 
 def tiny_train(run_dir, *overrides, env=None):
-    return train(run_dir, *TINY, *overrides, env=env, micro=False)
+    return train(run_dir, "experiment=smoke", *TINY, *overrides, env=env, micro=False)
 
 
 def composed(*overrides: str):

@@ -38,6 +38,12 @@ def _row(figure: str, measure: str, result: dict, a: str, b: str, unit: str, **k
 
 def table_rows(results: dict) -> list[dict]:
     """The bench.md rows, from the bench.json content (missing figures are skipped)."""
+    figures = (_p1_rows, _p2_rows, _p3_rows, _p4_rows, _p5_rows, _logger_rows, _invariant_rows)
+    return [row for figure in figures for row in figure(results)]
+
+
+def _p1_rows(results: dict) -> list[dict]:
+    """P1: the template against the bare loop, per determinism level."""
     rows: list[dict] = []
     for level, r in results.get("P1", {}).items():
         rows.append(
@@ -51,6 +57,12 @@ def table_rows(results: dict) -> list[dict]:
                 target=TARGETS.get(f"P1 {level}", ""),
             )
         )
+    return rows
+
+
+def _p2_rows(results: dict) -> list[dict]:
+    """P2: each pipeline against torchvision's PIL DataLoader."""
+    rows: list[dict] = []
     p2 = results.get("P2", {})
     for key, r in p2.items():
         if key.endswith("_vs_torchvision"):
@@ -66,6 +78,12 @@ def table_rows(results: dict) -> list[dict]:
                     target=TARGETS["P2 device"] if name == "device" else "",
                 )
             )
+    return rows
+
+
+def _p3_rows(results: dict) -> list[dict]:
+    """P3: strict against fast, and fill_uninitialized_memory on against off."""
+    rows: list[dict] = []
     p3 = results.get("P3", {})
     labels = {
         "template_strict_over_fast_step_time": (
@@ -84,6 +102,12 @@ def table_rows(results: dict) -> list[dict]:
             row = _row(figure, measure, p3[key], a, b, ".0f", target=TARGETS.get(figure, ""))
             row["sides"] += " images/s"
             rows.append(row)
+    return rows
+
+
+def _p4_rows(results: dict) -> list[dict]:
+    """P4: the augmentation fast path against the reference gather."""
+    rows: list[dict] = []
     if "P4" in results:
         r = results["P4"]
         row = _row(
@@ -96,6 +120,12 @@ def table_rows(results: dict) -> list[dict]:
         )
         row["sides"] += " s" + ("" if r.get("bit_identical") else " (NOT bit-identical!)")
         rows.append(row)
+    return rows
+
+
+def _p5_rows(results: dict) -> list[dict]:
+    """P5: checkpoint save+load against one (estimated) epoch."""
+    rows: list[dict] = []
     if "P5" in results:
         r = results["P5"]
         model = f"{r['params'] / 1e6:.1f}M params"
@@ -112,6 +142,12 @@ def table_rows(results: dict) -> list[dict]:
         row["ratio"], row["best"] = f"{r['ratio']:.4f}", f"{r['best_ratio']:.4f}"
         row["sides"] += " s"
         rows.append(row)
+    return rows
+
+
+def _logger_rows(results: dict) -> list[dict]:
+    """The default logger against logger=none."""
+    rows: list[dict] = []
     logger = results.get("logger", {})
     if "skipped" in logger:
         rows.append(
@@ -136,6 +172,12 @@ def table_rows(results: dict) -> list[dict]:
                 ".0f",
             )
         )
+    return rows
+
+
+def _invariant_rows(results: dict) -> list[dict]:
+    """The world-size-invariant step against a plain DDP step."""
+    rows: list[dict] = []
     if "invariant" in results:
         r = results["invariant"]
         row = _row(

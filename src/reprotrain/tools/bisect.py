@@ -211,17 +211,7 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
     """(exit code, report, screen lines)."""
     lines = [f"runs     A={a}", f"         B={b}"]
     report: dict[str, Any] = {"created_at": now_iso(), "a": str(a), "b": str(b)}
-    cfg_a = _container(read_config(a / RESOLVED_CONFIG))
-    cfg_b = _container(read_config(b / RESOLVED_CONFIG))
-    configs = config_differences(cfg_a, cfg_b)
-    env = comparability.differences(
-        read_run_json(a).get("environment") or {}, read_run_json(b).get("environment") or {}
-    )
-    report["config_differences"] = {k: list(v) for k, v in configs.items()}
-    report["environment_differences"] = env
-    shown = ", ".join(f"{k} ({va!r} vs {vb!r})" for k, (va, vb) in configs.items())
-    lines.append(f"config   {'the configs differ in: ' + shown if configs else 'identical'}")
-    lines.append(f"env      {'; '.join(env) if env else 'same (bits are promised)'}")
+    configs, env = _what_differs(a, b, report, lines)
     div, verdict = first_divergence(a, b)
     report["records"] = verdict
     if div is None:
@@ -263,26 +253,8 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
             run_replay(r, steps, Path(tmp))
     traced = "-".join(str(s) for s in sorted({steps[0], steps[-1]}))
     lines.append(f"replay   {'; '.join(r.describe() for r in replays)}; traced step(s) {traced}")
-    for r in replays:
-        if steps[0] - r.start > 0 and r.checkpoint is None:
-            lines.append(
-                f"         {r.name}: no checkpoint before step {steps[0]}, replayed "
-                f"{steps[0]} step(s) from the start ({suggest_cadence(max(1, steps[0]))} "
-                "would shorten it)"
-            )
-        if r.mismatched:
-            lines.append(
-                f"         note: the replay of {r.name} does not reproduce its recorded loss "
-                f"at step(s) {', '.join(map(str, r.mismatched))} here: it was recorded in "
-                "another environment; the op-level answer describes this machine"
-            )
-    finding: Finding | None = None
-    for s in steps:
-        ta = op_trace.read_trace(op_trace.trace_path(replays[0].trace_dir, s))
-        tb = op_trace.read_trace(op_trace.trace_path(replays[1].trace_dir, s))
-        finding = first_difference(s, ta, tb)
-        if finding is not None:
-            break
+    lines += _replay_notes(replays, steps[0])
+    finding = _first_finding(replays, steps)
     report["replays"] = [
         {
             "run": r.name,
@@ -310,6 +282,54 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
     report["verdict"] = f"DIVERGED at global step {div.global_step}: {sentence}"
     lines.append(f"RESULT   {sentence}")
     return EXIT_DIVERGED, report, lines
+
+
+def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dict, list[str]]:
+    """The config keys and environment fields that differ between the runs (into the
+    report and the screen)."""
+    cfg_a = _container(read_config(a / RESOLVED_CONFIG))
+    cfg_b = _container(read_config(b / RESOLVED_CONFIG))
+    configs = config_differences(cfg_a, cfg_b)
+    env = comparability.differences(
+        read_run_json(a).get("environment") or {}, read_run_json(b).get("environment") or {}
+    )
+    report["config_differences"] = {k: list(v) for k, v in configs.items()}
+    report["environment_differences"] = env
+    shown = ", ".join(f"{k} ({va!r} vs {vb!r})" for k, (va, vb) in configs.items())
+    lines.append(f"config   {'the configs differ in: ' + shown if configs else 'identical'}")
+    lines.append(f"env      {'; '.join(env) if env else 'same (bits are promised)'}")
+    return configs, env
+
+
+def _replay_notes(replays: list[Replay], first: int) -> list[str]:
+    """What the screen says about a long replay from the start or a replay that did not
+    reproduce its own record here."""
+    notes = []
+    for r in replays:
+        if first - r.start > 0 and r.checkpoint is None:
+            notes.append(
+                f"         {r.name}: no checkpoint before step {first}, replayed "
+                f"{first} step(s) from the start ({suggest_cadence(max(1, first))} "
+                "would shorten it)"
+            )
+        if r.mismatched:
+            notes.append(
+                f"         note: the replay of {r.name} does not reproduce its recorded loss "
+                f"at step(s) {', '.join(map(str, r.mismatched))} here: it was recorded in "
+                "another environment; the op-level answer describes this machine"
+            )
+    return notes
+
+
+def _first_finding(replays: list[Replay], steps: list[int]) -> Finding | None:
+    """The first op whose hashes differ between the two replays' traces, step by step."""
+    for s in steps:
+        ta = op_trace.read_trace(op_trace.trace_path(replays[0].trace_dir, s))
+        tb = op_trace.read_trace(op_trace.trace_path(replays[1].trace_dir, s))
+        finding = first_difference(s, ta, tb)
+        if finding is not None:
+            return finding
+    return None
 
 
 def _container(cfg) -> dict:

@@ -268,29 +268,38 @@ def _build(
             "archived_with": {"python": sys.version.split()[0], "git": now_git.get("commit")},
         }
         atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        digests = {
-            p.relative_to(root).as_posix(): sha256_file(p)
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.is_symlink()
-        }
-        (root / MANIFEST).write_text(manifest_text(digests))
+        files = seal(root, top, target, sign_key)
         if sign_key is not None:
-            signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
             meta["signed"] = True
-        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=out_dir)
-        os.close(fd)
-        try:
-            with tarfile.open(tmp, "w:gz") as tar:
-                tar.add(root, arcname=top, filter=_normalise)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    meta["members"] = len(digests) + 1 + (1 if sign_key is not None else 0)
+    meta["members"] = files + 1 + (1 if sign_key is not None else 0)
     return target, meta
+
+
+def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
+    """Write ``MANIFEST.sha256`` over every file under ``root`` (signed when a key is given),
+    then pack ``root`` as ``target`` atomically (a temp file, renamed). Returns the number of
+    files in the manifest. Shared by run and sweep archives."""
+    digests = {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+    (root / MANIFEST).write_text(manifest_text(digests))
+    if sign_key is not None:
+        signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
+    fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(root, arcname=top, filter=_normalise)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(digests)
 
 
 def summary(record: dict, meta: dict, path: Path) -> str:

@@ -14,28 +14,24 @@ Layout (the single-run layout of ``tools/archive.py``, with ``sweep/`` for ``run
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ArchiveError
 from reprotrain.repro import gitinfo
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools import signing, snapshot
+from reprotrain.tools import snapshot
 from reprotrain.tools.archive import (
     FORMAT_VERSION,
     _check_out_dir,
-    _normalise,
     pip_freeze,
     run_members,
+    seal,
 )
-from reprotrain.tools.archive_check import ARCHIVE_JSON, MANIFEST, CheckedArchive, manifest_text
+from reprotrain.tools.archive_check import ARCHIVE_JSON, CheckedArchive
 from reprotrain.tools.readers import read_run_json
 
 SWEEP = "sweep"
@@ -127,25 +123,7 @@ def build(
             "source": snap.as_dict(),
         }
         atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        digests = {
-            p.relative_to(root).as_posix(): file_sha256(p)
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.is_symlink()
-        }
-        (root / MANIFEST).write_text(manifest_text(digests))
-        if sign_key is not None:
-            signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
-        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=out_dir)
-        os.close(fd)
-        try:
-            with tarfile.open(tmp, "w:gz") as tar:
-                tar.add(root, arcname=top, filter=_normalise)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                Path(tmp).unlink()
-            raise
+        seal(root, top, target, sign_key)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target, meta

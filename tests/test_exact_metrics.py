@@ -165,11 +165,14 @@ def test_slot_vectors_survive_the_invariant_modes_exact_sum_bit_for_bit():
     assert torch.equal(total, score_slots(s, y, i, 256))
 
 
-def test_a_repeated_sample_index_is_refused_in_one_line():
+def test_a_repeated_or_out_of_range_sample_index_is_refused_in_one_line():
     s, y, _ = fixture(10)
     slots = score_slots(s, y, torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 8]), 10)
     with pytest.raises(ReprotrainError, match="10 samples but 8 distinct sample indices"):
         read_slots(slots, 10)
+    beyond = score_slots(s, y, torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 12]), 9)  # 10 > 9
+    with pytest.raises(ReprotrainError, match="below the task's num_samples"):
+        read_slots(beyond, 10)
 
 
 def test_evaluation_over_uneven_batches_equals_scikit_learn_over_the_split():

@@ -42,7 +42,9 @@ def score_slots(
     bits = bits & 0xFFFFFFFF  # the float's 32 bits as a non-negative int64
     code = (bits << 2) | (labels.reshape(-1).long().clamp(0, 1) << 1) | 1
     slots = torch.zeros(num_samples, dtype=torch.int64, device=scores.device)
-    index = index.reshape(-1).long().to(scores.device)
+    # An index out of range shares the last (or first) slot: refused as a repeat when the
+    # split is read, instead of an indexing error mid-step (checking here would sync).
+    index = index.reshape(-1).long().to(scores.device).clamp(0, num_samples - 1)
     return slots.index_put_((index,), code, accumulate=True)
 
 

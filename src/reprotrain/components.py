@@ -325,11 +325,15 @@ CLASS_WEIGHTED = ("CrossEntropyLoss", "NLLLoss", "MultiMarginLoss")
 
 
 def check_loss(node: DictConfig, num_classes: int | None) -> None:
-    """Preflight of the loss: build it once (losses are small and side-effect free) and, for
-    a class-weighted torch loss, check its ``weight`` against the class count and run it
-    once on zeros, so a wrong ``weight`` is one line before anything is written."""
+    """Preflight of a torch loss (``torch.nn.*Loss``: small and side-effect free, unlike a
+    user's loss that may load a network): build it once and, when it is class-weighted,
+    check its ``weight`` against the class count and run it once on zeros, so a wrong
+    ``weight`` is one line before anything is written."""
     import torch
 
+    target = locate(str(node["_target_"]), "loss")
+    if not (inspect.isclass(target) and target.__module__.startswith("torch.nn.")):
+        return
     loss = build_naming_key("loss", node, lambda n: build("loss", n))
     weight = getattr(loss, "weight", None)
     classes = [c for c in (getattr(torch.nn, n) for n in CLASS_WEIGHTED) if isinstance(loss, c)]

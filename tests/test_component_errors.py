@@ -47,6 +47,7 @@ def test_a_module_importing_a_missing_package_names_the_package_and_the_file_and
     message = str(e.value)
     assert f"No module named '{MISSING}'" in message
     assert "userpkg_a/data.py:3" in message
+    assert f"install the package that provides '{MISSING}'" in message
     assert "\n" not in message
 
 
@@ -60,6 +61,11 @@ def test_an_error_raised_while_a_module_imports_names_the_file_and_line_that_rai
         locate("userpkg_b.broken.Data", "model")
     assert "ValueError: no config file here (at userpkg_b/helper.py:2)" in str(e.value)
     assert "\n" not in str(e.value)
+    (tmp_path / "userpkg_b" / "sibling.py").write_text("import userpkg_b.gone\nclass Data: ...\n")
+    with pytest.raises(ComponentError) as e:
+        locate("userpkg_b.sibling.Data", "model")
+    assert "No module named 'userpkg_b.gone' (at userpkg_b/sibling.py:1)" in str(e.value)
+    assert "install" not in str(e.value)  # a module of the user's own package: not a package
 
 
 def test_a_target_that_does_not_exist_still_says_which_part_is_missing(tmp_path, monkeypatch):

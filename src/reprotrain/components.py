@@ -72,10 +72,10 @@ def import_failure(path: str, error: BaseException) -> str:
         return f"cannot be imported ({lines[-1] if lines else type(error).__name__})"
     reason = f"{type(root).__name__}: {_first_line(root)}"
     where = _raised_at(root)
-    hint = (
-        f"; install the package that provides {missing.split('.')[0]!r} (add it to "
-        "requirements.in, then make lock)"
-        if missing
+    top = missing.split(".")[0] if missing else None
+    hint = (  # another package: install it; a module of the user's own package: a typo
+        f"; install the package that provides {top!r} (add it to requirements.in, then make lock)"
+        if top and top != path.split(".")[0]
         else ""
     )
     return f"cannot be imported: {reason}" + (f" (at {where})" if where else "") + hint

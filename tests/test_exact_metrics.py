@@ -208,3 +208,26 @@ def test_multiclass_f1_task_logs_macro_and_micro_f1_of_the_split():
                                        zero_division=0)  # fmt: skip
     assert got["f1_micro"] == f1_score(y.numpy(), pred, average="micro")
     assert (task.confusion_matrix(sums.host()).numpy() == confusion_matrix(y.numpy(), pred)).all()
+
+
+def test_task_classification_f1_passes_preflight_and_declares_its_metrics():
+    from reprotrain import preflight
+    from reprotrain.config import register_configs
+
+    register_configs()
+    preflight.register_resolvers()
+    preflight.check(["experiment=selfcheck", "task=classification_f1",
+                     "trainer.monitor=val_f1_macro"])  # fmt: skip
+    with pytest.raises(ReprotrainError, match="it logs: val_loss, val_acc, val_f1_macro"):
+        preflight.check(["experiment=selfcheck", "task=classification_f1",
+                         "trainer.monitor=val_f1"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_run_with_task_classification_f1_logs_f1_and_micro_f1_is_the_accuracy(tmp_path):
+    from conftest import TINY, assert_ok, jsonl, train
+
+    assert_ok(train(tmp_path / "run", *TINY, "task=classification_f1"))
+    (row,) = jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert 0.0 <= row["val_f1_macro"] <= 1.0
+    assert row["val_f1_micro"] == row["val_acc"] and row["train_f1_micro"] == row["train_acc"]

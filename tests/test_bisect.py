@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO, assert_ok, base_env, jsonl, train
+from reprotrain.repro import op_trace
 from reprotrain.tools.bisect import bisect_command, nearest_checkpoint
-from reprotrain.tools.trace_diff import first_difference
+from reprotrain.tools.state_diff import state_differences
+from reprotrain.tools.trace_diff import first_difference, first_digest_difference
 
 # One short epoch: 8 steps of 64 (1 and 2 threads first differ at step 4 here), a step
 # checkpoint every 2 steps.
@@ -32,8 +36,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return {name: root / name for name in specs}
 
 
-def bisect(a: Path, b: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "reprotrain.tools.bisect", str(a), str(b)]
+def bisect(a: Path, b: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "reprotrain.tools.bisect", str(a), str(b), *args]
     return subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True)
 
 
@@ -52,9 +56,91 @@ def test_thread_counts_name_the_first_divergent_step_and_an_aten_op_in_a_module(
     finding = report["finding"]
     assert finding["kind"] == "output" and finding["op"].startswith("aten.")
     assert finding["module"] not in ("", None)
-    assert finding["step"] in (first - 1, first)
+    assert finding["inputs_identical"] is True, proc.stdout  # the op that made the difference
+    assert finding["step"] <= first
+    assert "inputs identical -> a nondeterministic kernel" in proc.stdout
     assert f"first difference in {finding['module']} ({finding['op']}" in proc.stdout
     assert all(r["losses_match_record"] for r in report["replays"])
+
+
+def hide_first_differences(a: Path, b: Path, until: int) -> None:
+    """Give run ``b`` the recorded losses of ``a`` before step ``until``: what a loss that
+    rounds to the same value while the weights already differ looks like in the records."""
+    ra, rb = jsonl(a / "fingerprints.jsonl"), jsonl(b / "fingerprints.jsonl")
+    rb[0]["step_losses"][:until] = ra[0]["step_losses"][:until]
+    (b / "fingerprints.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rb))
+
+
+@pytest.mark.slow
+def test_a_difference_made_before_the_traced_step_is_walked_back_to_its_op(runs, tmp_path):
+    """The records point at step 5 (the losses before it match); the traced steps' first
+    differing op already had differing inputs. Bisect walks back: checkpoint 4 differs, the
+    start agrees, the per-step digests name the first step that differs, and its trace names
+    an op whose inputs were identical. With too short a replay allowance it says why not,
+    with the checkpoint cadence that would do."""
+    a, b = runs["t1"], tmp_path / "t2"
+    shutil.copytree(runs["t2"], b)
+    if (
+        jsonl(a / "fingerprints.jsonl")[0]["step_losses"][:5]
+        == jsonl(b / "fingerprints.jsonl")[0]["step_losses"][:5]
+    ):
+        pytest.skip("1 and 2 threads agree on the first 5 losses on this host (measured)")
+    hide_first_differences(a, b, 5)
+
+    short = bisect(a, b, "--max-replay-steps", "2")
+    assert short.returncode == 1, short.stdout + short.stderr
+    assert "walking back: no checkpoint early enough" in short.stdout
+    assert "checkpoint at global step 4" in short.stdout
+    assert "trainer.checkpoint_every_steps=2 trainer.keep_checkpoints=4" in short.stdout
+
+    proc = bisect(a, b)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads((b / "bisect.json").read_text())
+    assert report["divergence"]["global_step"] == 5
+    walk, finding = report["walk_back"], report["finding"]
+    assert walk["differing_checkpoints"] == {"4": ["model", "optimizer"]}
+    assert walk["origin_global_step"] == 0 and walk["digested_steps"] == [0, 1, 2, 3]
+    assert finding["step"] == walk["first_differing_step"] < 4
+    assert finding["kind"] == "output" and finding["inputs_identical"] is True
+    assert "inputs identical" in proc.stdout.split("RESULT")[1].split("walked back")[0]
+    assert "walked back from step 4" in proc.stdout
+
+
+def test_digests_name_the_first_step_whose_batch_or_ops_differ():
+    row = {"batch": ["x"], "ops": 3, "digest": "d"}
+    a = {s: dict(row) for s in range(4)}
+    assert first_digest_difference(range(4), a, a) == (None, [])
+    b = {**a, 2: {**row, "digest": "e"}, 3: {**row, "batch": ["y"]}}
+    assert first_digest_difference(range(4), a, b) == (2, [])
+    assert first_digest_difference(range(4), a, {0: row}) == (None, [1, 2, 3])
+
+
+def test_a_digest_is_the_same_for_the_same_ops_and_differs_for_another_reduction(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(op_trace.DIR_VAR, str(tmp_path))
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+    for global_step, scale in ((0, 1.0), (1, 1.0), (2, 1.0 + 2**-20)):
+        with op_trace.digest(global_step, (x,)):
+            (x * scale).sum(0).relu()
+    rows = op_trace.read_digests(tmp_path)
+    assert rows[0]["digest"] == rows[1]["digest"] != rows[2]["digest"]
+    assert rows[0]["ops"] == 3 and rows[0]["batch"] == rows[2]["batch"]
+
+
+def test_checkpoint_state_differences_name_the_parts(tmp_path):
+    from reprotrain.repro.checkpoint import FORMAT_VERSION
+
+    base = {"format_version": FORMAT_VERSION, "config": {"x": 1}, "loop": {"step": 1},
+            "model": {"w": torch.ones(2)}, "optimizer": {"state": {}}, "rng": [1, 2]}  # fmt: skip
+    other = {**base, "config": {"x": 2}, "loop": {"step": 9}, "model": {"w": torch.ones(2)}}
+    torch.save(base, tmp_path / "a.pt")
+    torch.save(other, tmp_path / "b.pt")
+    assert state_differences(tmp_path / "a.pt", tmp_path / "b.pt") == []
+    nudged = torch.ones(2)
+    nudged[1] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    torch.save({**other, "model": {"w": nudged}, "rng": [1, 3]}, tmp_path / "c.pt")
+    assert state_differences(tmp_path / "a.pt", tmp_path / "c.pt") == ["model", "rng"]
 
 
 def test_identical_runs_exit_0(runs):

@@ -49,11 +49,70 @@ def locate(path: str, where: str) -> Callable[..., Any]:
     try:
         target = _locate(path)
     except Exception as e:  # ImportError, AttributeError, or an error inside the module
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise ComponentError(f"{where}._target_={path!r} cannot be imported ({reason})") from None
+        raise ComponentError(f"{where}._target_={path!r} {import_failure(path, e)}") from None
     if not callable(target):
         raise ComponentError(f"{where}._target_={path!r} is not a class or function")
     return target
+
+
+def import_failure(path: str, error: BaseException) -> str:
+    """Why ``path`` could not be imported, in one clause.
+
+    When the target's own module or attribute is missing, Hydra's hint says so. When the
+    module exists but fails while it is imported (it imports a package that is not
+    installed, or raises), the original error is named with the file and line that raised
+    it: ``No module named 'sklearn'`` at ``src/starter/diabetes.py:3``.
+    """
+    root = error
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    missing = getattr(root, "name", None) if isinstance(root, ModuleNotFoundError) else None
+    if root is error or (missing and (path == missing or path.startswith(f"{missing}."))):
+        lines = str(error).strip().splitlines()
+        return f"cannot be imported ({lines[-1] if lines else type(error).__name__})"
+    reason = f"{type(root).__name__}: {_first_line(root)}"
+    where = _raised_at(root)
+    top = missing.split(".")[0] if missing else None
+    hint = (  # another package: install it; a module of the user's own package: a typo
+        f"; install the package that provides {top!r} (add it to requirements.in, then make lock)"
+        if top and top != path.split(".")[0]
+        else ""
+    )
+    return f"cannot be imported: {reason}" + (f" (at {where})" if where else "") + hint
+
+
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, SyntaxError) and e.msg:
+        return e.msg
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def _raised_at(e: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``e`` outside the import machinery and
+    Hydra (relative to the working directory when under it); a SyntaxError's own place."""
+    import os
+    import traceback
+
+    if isinstance(e, SyntaxError) and e.filename and e.lineno:
+        frame = (e.filename, e.lineno)
+    else:
+        import hydra
+
+        hydra_dir = os.path.dirname(hydra.__file__)
+        frames = [
+            f
+            for f in traceback.extract_tb(e.__traceback__)
+            if not f.filename.startswith("<")
+            and "importlib" not in f.filename
+            and not f.filename.startswith(hydra_dir)
+        ]
+        if not frames:
+            return None
+        frame = (frames[-1].filename, frames[-1].lineno)
+    name, line = frame
+    rel = os.path.relpath(name)
+    return f"{name if rel.startswith('..') else rel}:{line}"
 
 
 def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
@@ -71,6 +130,28 @@ def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
             if p.default is p.empty:
                 required.append(p.name)
     return names, var_kw, required
+
+
+def refuse_list_for_tensor(target: Callable[..., Any], node: Any, key: str, where: str) -> None:
+    """A YAML list given to a parameter annotated as a tensor (``CrossEntropyLoss(weight=)``)
+    is refused by name: the callable would fail only when built, after the run began."""
+    value = node[key]
+    if not isinstance(value, ListConfig | list):
+        return
+    try:
+        param = inspect.signature(target).parameters.get(key)
+    except (TypeError, ValueError):
+        return
+    if param is None or param.annotation is param.empty:
+        return
+    text = str(param.annotation)
+    if "Tensor" not in text or any(w in text.lower() for w in ("list", "sequence", "tuple")):
+        return
+    shown = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
+    raise ComponentError(
+        f"{where}.{key}={shown} is a list but {node['_target_']} takes a tensor; write "
+        f"{where}.{key}: {{_target_: torch.tensor, data: {shown}}}"
+    )
 
 
 def bound_names(target: Callable[..., Any], n_args: int, keys: list[str], where: str) -> set[str]:
@@ -116,6 +197,7 @@ def check_node(node: Any, where: str, supplied: tuple[str, ...] | None = None) -
                 f"{where}: unknown key '{key}' for {path}; accepted: "
                 f"{', '.join(n for n in names if n not in given) or '(none)'}"
             )
+        refuse_list_for_tensor(target, node, key, where)
         check_node(node[key], f"{where}.{key}")
     args = node.get("_args_") or []
     bound = bound_names(target, len(args), keys, where)
@@ -236,3 +318,46 @@ def declared_metrics(node: DictConfig, loss_node: DictConfig | None) -> dict[str
                 f"task {node['_target_']}: metrics[{name!r}]={mode!r}; use 'min' or 'max'"
             )
     return dict(metrics)
+
+
+#: Losses whose ``weight`` holds one value per class (``[C]``).
+CLASS_WEIGHTED = ("CrossEntropyLoss", "NLLLoss", "MultiMarginLoss")
+
+
+def check_loss(node: DictConfig, num_classes: int | None) -> None:
+    """Preflight of a torch loss (``torch.nn.*Loss``: small and side-effect free, unlike a
+    user's loss that may load a network): build it once and, when it is class-weighted,
+    check its ``weight`` against the class count and run it once on zeros, so a wrong
+    ``weight`` is one line before anything is written."""
+    import torch
+
+    target = locate(str(node["_target_"]), "loss")
+    if not (inspect.isclass(target) and target.__module__.startswith("torch.nn.")):
+        return
+    loss = build_naming_key("loss", node, lambda n: build("loss", n))
+    weight = getattr(loss, "weight", None)
+    classes = [c for c in (getattr(torch.nn, n) for n in CLASS_WEIGHTED) if isinstance(loss, c)]
+    if not classes or not isinstance(weight, torch.Tensor):
+        return
+    shape = list(weight.shape)
+    if weight.ndim != 1 or (num_classes is not None and shape[0] != num_classes):
+        count = f"{num_classes}" if num_classes is not None else "C"
+        raise ComponentError(
+            f"loss.weight has shape {shape}; {classes[0].__name__} takes one weight per "
+            f"class, shape [{count}]: give {count} values"
+        )
+    if not weight.is_floating_point():
+        raise ComponentError(
+            f"loss.weight has dtype {str(weight.dtype).removeprefix('torch.')}; write its "
+            "values as floats (1.0, not 1)"
+        )
+    if num_classes is None:
+        return
+    try:
+        loss(torch.zeros(2, num_classes), torch.zeros(2, dtype=torch.long))
+    except Exception as e:
+        lines = str(e).strip().splitlines()
+        raise ComponentError(
+            f"loss ({node.get('_target_')}) fails on {num_classes}-class logits: "
+            f"{type(e).__name__}: {lines[0] if lines else ''}"
+        ) from None

@@ -20,7 +20,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain import components
@@ -113,6 +113,7 @@ def check(argv: list[str]) -> str | bool | None:
                 check_schema_keys(cfg)
                 validate(cfg)
                 components.check(cfg)
+                check_loss(cfg)
                 resume.append(OmegaConf.select(cfg, "resume", default=None))
                 check_monitor(cfg)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
@@ -242,6 +243,20 @@ def check_monitor(cfg) -> None:
             f"{'lower' if known[monitor] == 'min' else 'higher'}; "
             f"set trainer.monitor_mode={known[monitor]}"
         )
+
+
+def check_loss(cfg) -> None:
+    """Build the loss once and check a class-weighted loss's ``weight`` against the class
+    count the config names (``model.num_classes``, else ``dataset.num_classes``)."""
+    if not isinstance(cfg.get("loss"), DictConfig) or "_target_" not in cfg.loss:
+        return
+    classes = None
+    for key in ("model.num_classes", "dataset.num_classes"):
+        value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            classes = value
+            break
+    components.check_loss(cfg.loss, classes)
 
 
 _checked = False

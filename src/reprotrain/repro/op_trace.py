@@ -9,8 +9,12 @@ outputs (the phase is ``forward``, ``backward`` or ``optimizer``; the batch row 
 sha256 of each batch tensor's bytes, so a reordered batch differs too). Op hashes are
 PyTorch DebugMode's ``hash_tensor_fn`` (``torch.hash_tensor`` over the exact bits,
 computed on the device; read once at the end of the step). One JSONL file per
-step: ``<dir>/step-<N>.jsonl``. Unset (every normal run), :func:`step` is a null context
-and costs one set lookup per step.
+step: ``<dir>/step-<N>.jsonl``. ``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` asks for a
+lighter record of a range of steps: one line per step in ``<dir>/digests.jsonl`` with the
+batch's sha256 and one sha256 over every op's name and output hashes, in order; two runs whose
+digests agree up to a step start that step from the same tensors (``make bisect`` walks back
+with it). Unset (every normal run), :func:`step` is a null context and costs one set lookup
+per step.
 
 Tracing runs the same kernels (a dispatch mode only observes), so a traced step produces the
 same bits as an untraced one; ``make bisect`` checks that on the replay's losses anyway.
@@ -19,6 +23,7 @@ same bits as an untraced one; ``make bisect`` checks that on the replay's losses
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 from collections.abc import Iterator
@@ -30,6 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 STEPS_VAR, DIR_VAR = "REPROTRAIN_TRACE_STEPS", "REPROTRAIN_TRACE_DIR"
+DIGEST_VAR = "REPROTRAIN_DIGEST_STEPS"  # "<first>-<last>": one digest line per step
+DIGESTS = "digests.jsonl"
 BATCH = "batch"  # the ``op`` of a trace's first row: the hash of the step's input batch
 #: Ops whose output is uninitialised memory: its bits say nothing about the run.
 UNINITIALISED = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty")
@@ -40,7 +47,16 @@ def _steps_from_env() -> frozenset[int]:
     return frozenset(int(s) for s in text.split(",") if s.strip()) if text else frozenset()
 
 
+def _digest_steps_from_env() -> range:
+    text = os.environ.get(DIGEST_VAR, "").strip()
+    if not text:
+        return range(0)
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
 _STEPS = _steps_from_env()  # read once at import: the loop pays a set lookup per step
+_DIGEST_STEPS = _digest_steps_from_env()
 
 
 def trace_path(trace_dir: Path, global_step: int) -> Path:
@@ -48,6 +64,8 @@ def trace_path(trace_dir: Path, global_step: int) -> Path:
 
 
 def _hash(t: torch.Tensor) -> torch.Tensor:
+    if torch.distributed.is_available():
+        importlib.import_module("torch.distributed.tensor")  # hash_tensor_fn checks DTensor
     from torch.utils._debug_mode import hash_tensor_fn
 
     return hash_tensor_fn(t.detach())
@@ -78,9 +96,9 @@ def compares_output(op: str) -> bool:
 class OpHashMode(TorchDispatchMode):
     """Records (op, module, phase, input hashes, output hashes) for every dispatched op."""
 
-    def __init__(self, tracker: Any) -> None:
+    def __init__(self, tracker: Any, light: bool = False) -> None:
         super().__init__()
-        self.tracker = tracker
+        self.tracker, self.light = tracker, light
         self.rows: list[dict[str, Any]] = []
         self.backward_seen = False
 
@@ -95,6 +113,10 @@ class OpHashMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.light:  # a digest: the op and its outputs only
+            out = func(*args, **kwargs)
+            self.rows.append({"op": str(func), "outputs": _hashes(out)})
+            return out
         inputs = _hashes((args, kwargs))  # before the op: an in-place op overwrites them
         out = func(*args, **kwargs)
         backward = self.tracker.is_bw
@@ -118,9 +140,15 @@ def _as_int(h: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def step(global_step: int, batch: Any) -> Iterator[None]:
-    """Trace this step when ``REPROTRAIN_TRACE_STEPS`` names it; otherwise do nothing."""
-    if global_step not in _STEPS or int(os.environ.get("RANK", "0")) != 0:
+    """Trace this step when ``REPROTRAIN_TRACE_STEPS`` names it, digest it when
+    ``REPROTRAIN_DIGEST_STEPS`` covers it; otherwise do nothing."""
+    traced = global_step in _STEPS
+    if not (traced or global_step in _DIGEST_STEPS) or int(os.environ.get("RANK", "0")) != 0:
         yield
+        return
+    if not traced:
+        with digest(global_step, batch):
+            yield
         return
     from torch.utils.module_tracker import ModuleTracker
 
@@ -140,6 +168,35 @@ def step(global_step: int, batch: Any) -> Iterator[None]:
                 row["inputs"] = [_as_int(h) for h in row["inputs"]]
                 row["outputs"] = [_as_int(h) for h in row["outputs"]]
             f.write(json.dumps(row) + "\n")
+
+
+@contextlib.contextmanager
+def digest(global_step: int, batch: Any) -> Iterator[None]:
+    """Append this step's digest line to ``<REPROTRAIN_TRACE_DIR>/digests.jsonl``."""
+    import hashlib
+
+    batch_hashes = batch_sha256(batch)
+    mode = OpHashMode(None, light=True)
+    with mode:
+        yield
+    h = hashlib.sha256()
+    for row in mode.rows:
+        if compares_output(row["op"]):
+            h.update(f"{row['op']}|{[_as_int(x) for x in row['outputs']]}\n".encode())
+    out_dir = Path(os.environ[DIR_VAR])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    line = {"step": global_step, "batch": batch_hashes, "ops": len(mode.rows)}
+    with open(out_dir / DIGESTS, "a") as f:
+        f.write(json.dumps({**line, "digest": h.hexdigest()}) + "\n")
+
+
+def read_digests(trace_dir: Path) -> dict[int, dict[str, Any]]:
+    """{global step: digest line} of a replay (empty when it wrote none)."""
+    path = Path(trace_dir) / DIGESTS
+    if not path.is_file():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {row["step"]: row for row in rows}
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:

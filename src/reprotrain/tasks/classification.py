@@ -1,4 +1,5 @@
-"""Classification: a loss on logits (cross-entropy by default) and top-1 accuracy."""
+"""Classification: a loss on logits (cross-entropy by default), top-1 accuracy, and (with
+``ClassificationF1``) F1 macro/micro from the split's confusion matrix (``confusion.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from reprotrain.errors import ReprotrainError
 from reprotrain.tasks.base import StepContext, StepOutput, Task
+from reprotrain.tasks.confusion import confusion_counts, f1_scores
 from reprotrain.tasks.metrics import SAMPLES, mean_sum
 
 
@@ -49,3 +52,50 @@ class Classification(Task):
     def compute(self, sums: dict[str, Any]) -> dict[str, float]:
         n = sums[SAMPLES]
         return {"loss": float(sums["loss"]) / n, "acc": int(sums["correct"]) / n}
+
+
+class ClassificationF1(Classification):
+    """``Classification`` plus ``f1_macro`` and ``f1_micro``, exact over the split: each batch
+    adds its ``[C, C]`` confusion counts (``num_classes`` = C); ``confusion_matrix(sums)``
+    gives the matrix itself (rows: true class, columns: predicted)."""
+
+    metrics: ClassVar[dict[str, str]] = {
+        "loss": "min", "acc": "max", "f1_macro": "max", "f1_micro": "max"
+    }  # fmt: skip
+
+    def __init__(
+        self,
+        num_classes: int,
+        loss_fn: nn.Module | None = None,
+        inputs: int | str = 0,
+        targets: int | str = 1,
+    ) -> None:
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ReprotrainError(f"task.num_classes={num_classes!r}; give the class count (>= 2)")
+        super().__init__(loss_fn, inputs, targets)
+        self.num_classes = num_classes
+
+    def training_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> StepOutput:
+        x, y = self.split(batch)
+        logits = model(x)
+        loss = self.loss_fn(logits.float(), y)
+        return StepOutput(loss, self.sums_with_confusion(logits.detach(), loss, y))
+
+    def evaluation_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> dict:
+        x, y = self.split(batch)
+        logits = model(x).float()
+        return self.sums_with_confusion(logits, self.loss_fn(logits, y), y)
+
+    def sums_with_confusion(
+        self, logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor
+    ) -> dict:
+        sums = self.sums(logits, loss, y)
+        sums["confusion"] = confusion_counts(logits.argmax(1), y, self.num_classes)
+        return sums
+
+    @staticmethod
+    def confusion_matrix(sums: dict[str, Any]) -> torch.Tensor:
+        return sums["confusion"].long()
+
+    def compute(self, sums: dict[str, Any]) -> dict[str, float]:
+        return {**super().compute(sums), **f1_scores(self.confusion_matrix(sums))}

@@ -17,6 +17,15 @@
    (the recorded run came from another environment).
 4. **The first op.** ``tools/trace_diff.py`` names the batch, or the first op whose output
    differs, its module and phase, and whether its inputs already differed.
+5. **Walk back.** Inputs that already differed mean the difference was made earlier (a loss
+   can round to the same value while the weights already differ). Bisect then starts from
+   the newest checkpoint at which both runs hold the same state (``tools/state_diff.py``;
+   the start, when the initial weights agree), replays the steps up to the traced one with
+   a digest per step (``repro/op_trace.py``), and traces the first step whose digest
+   differs: its first differing op is one whose inputs were identical and whose outputs
+   were not. Where that cannot be done, the result says why (no checkpoint early enough,
+   with the cadence that would do; the initial weights differ; the difference entered
+   between steps, outside any op).
 
 When a run has no checkpoint within ``--max-replay-steps`` of the step, nothing is replayed:
 the step is still reported, with the ``trainer.checkpoint_every_steps`` that would have
@@ -55,7 +64,8 @@ from reprotrain.repro.run_mutex import refuse_if_held
 from reprotrain.tools import cli, resume
 from reprotrain.tools.readers import read_config, read_run_json
 from reprotrain.tools.run_diff import compare_runs
-from reprotrain.tools.trace_diff import Finding, first_difference
+from reprotrain.tools.state_diff import state_differences
+from reprotrain.tools.trace_diff import Finding, first_difference, first_digest_difference
 
 REPORT = "bisect.json"
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
@@ -162,16 +172,20 @@ def fork_losses(fork: Path) -> dict[int, float]:
     return losses
 
 
-def run_replay(replay: Replay, steps: list[int], workdir: Path) -> None:
-    """Fork ``replay.run_dir`` under its own config, trace ``steps``, stop right after."""
+def run_replay(replay: Replay, steps: list[int], workdir: Path, digests: range = range(0)) -> None:
+    """Fork ``replay.run_dir`` under its own config, trace ``steps`` and digest ``digests``
+    (``repro/op_trace.py``), stop right after the last of them."""
     record = read_run_json(replay.run_dir)
-    config_dir, fork = workdir / f"config-{replay.name}", workdir / f"fork-{replay.name}"
+    tag = replay.trace_dir.name
+    config_dir, fork = workdir / f"config-{tag}", workdir / f"fork-{tag}"
     config_dir.mkdir()
     (config_dir / resume.PRIMARY).write_text(resume.primary_config_text(replay.run_dir))
     start = hydra_override("resume", replay.checkpoint) if replay.checkpoint else "resume=null"
-    overrides = [start, f"trainer.stop_at_global_step={max(steps) + 1}"]
+    overrides = [start, f"trainer.stop_at_global_step={max([*steps, *digests]) + 1}"]
     cmd = resume.resume_command(fork, config_dir, overrides, int(record.get("world_size") or 1))
     env = {**os.environ, op_trace.STEPS_VAR: ",".join(map(str, steps))}
+    if digests:
+        env[op_trace.DIGEST_VAR] = f"{digests.start}-{digests.stop - 1}"
     env[op_trace.DIR_VAR] = str(replay.trace_dir)
     env["PYTHONHASHSEED"] = str((record.get("repro") or {}).get("pythonhashseed") or "0")
     if replay.trace_dir.exists():
@@ -185,7 +199,7 @@ def run_replay(replay: Replay, steps: list[int], workdir: Path) -> None:
         )
     replay.losses = fork_losses(fork)
     recorded = step_losses(read_jsonl(replay.run_dir / FINGERPRINTS))
-    replay.mismatched = [s for s in steps if replay.losses.get(s) != recorded.get(s)]
+    replay.mismatched = [s for s in [*digests, *steps] if replay.losses.get(s) != recorded.get(s)]
 
 
 def later_run(a: Path, b: Path) -> Path:
@@ -251,10 +265,17 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
     with tempfile.TemporaryDirectory(prefix="reprotrain-bisect-") as tmp:
         for r in replays:
             run_replay(r, steps, Path(tmp))
-    traced = "-".join(str(s) for s in sorted({steps[0], steps[-1]}))
-    lines.append(f"replay   {'; '.join(r.describe() for r in replays)}; traced step(s) {traced}")
-    lines += _replay_notes(replays, steps[0])
-    finding = _first_finding(replays, steps)
+        traced = "-".join(str(s) for s in sorted({steps[0], steps[-1]}))
+        lines.append(
+            f"replay   {'; '.join(r.describe() for r in replays)}; traced step(s) {traced}"
+        )
+        lines += _replay_notes(replays, steps[0])
+        finding = _first_finding(replays, steps)
+        walked = None
+        if finding is not None and finding.kind == "output" and not finding.inputs_identical:
+            walked = walk_back(a, b, finding, max_replay, out_dir, Path(tmp))
+            lines += walked.lines
+            report["walk_back"] = walked.as_dict()
     report["replays"] = [
         {
             "run": r.name,
@@ -274,6 +295,14 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
             + (f" (the recorded environments differ: {env[0]})" if env else "")
         )
         report["finding"] = None
+    elif walked is not None and walked.finding is not None:
+        sentence = f"{walked.finding.sentence()} (walked back from {finding.sentence()})"
+        if walked.why_not:
+            sentence += f"; {walked.why_not}"
+        report["finding"] = walked.finding.as_dict()
+    elif walked is not None:
+        sentence = f"{finding.sentence()}; walking back: {walked.why_not}"
+        report["finding"] = finding.as_dict()
     else:
         sentence = finding.sentence()
         report["finding"] = finding.as_dict()
@@ -282,6 +311,147 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
     report["verdict"] = f"DIVERGED at global step {div.global_step}: {sentence}"
     lines.append(f"RESULT   {sentence}")
     return EXIT_DIVERGED, report, lines
+
+
+@dataclass
+class WalkBack:
+    """Where a walk back started, what it found, or why it could not."""
+
+    origin: int | None = None
+    finding: Finding | None = None
+    why_not: str | None = None
+    differing_checkpoints: dict[int, list[str]] = field(default_factory=dict)
+    digested: list[int] = field(default_factory=list)
+    first_digest_step: int | None = None
+    lines: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "origin_global_step": self.origin,
+            "differing_checkpoints": {str(k): v for k, v in self.differing_checkpoints.items()},
+            "digested_steps": self.digested,
+            "first_differing_step": self.first_digest_step,
+            "finding": self.finding.as_dict() if self.finding else None,
+            "why_not": self.why_not,
+        }
+
+
+def walk_back(
+    a: Path, b: Path, first: Finding, max_replay: int, out_dir: Path, workdir: Path
+) -> WalkBack:
+    """From a traced step whose first differing op had differing inputs, back to the op that
+    made the difference: start where both runs hold the same state, digest every step up to
+    the traced one, trace the first that differs."""
+    before = first.step
+    walk = WalkBack()
+    origin, upto, ckpts = _walk_back_origin(a, b, before, max_replay, walk)
+    if origin is None:
+        walk.lines.append(f"walk     not possible: {walk.why_not}")
+        return walk
+    walk.origin, digests = origin, range(origin, upto)
+    where = f"checkpoints/step-{origin:08d}.pt" if ckpts[0] else "the start"
+    if not digests:
+        walk.why_not = (
+            f"both runs hold the same state at {where}, yet step {before} starts from "
+            "different tensors: they changed between steps, outside any op the trace sees"
+        )
+        walk.lines.append(f"walk     {walk.why_not}")
+        return walk
+    replays = [
+        Replay(n, run, ckpt, origin, out_dir / f"{n}-walk", out_dir / f"{n}-walk.log")
+        for n, run, ckpt in (("A", a, ckpts[0]), ("B", b, ckpts[1]))
+    ]
+    for r in replays:
+        run_replay(r, [], workdir, digests)
+    walk.digested = list(digests)
+    k, _ = first_digest_difference(digests, *(op_trace.read_digests(r.trace_dir) for r in replays))
+    walk.first_digest_step = k
+    span = f"{digests.start}-{digests.stop - 1}" if len(digests) > 1 else f"{digests.start}"
+    if k is None:
+        later = (
+            f"their checkpoints at global step {upto} differ"
+            if upto < before
+            else (f"step {before} starts from different tensors")
+        )
+        walk.why_not = (
+            f"steps {span} (from {where}) digest the same in both replays, yet {later}: "
+            "tensors changed between steps, outside any op the trace sees"
+        )
+        walk.lines.append(f"walk     {walk.why_not}")
+        return walk
+    traced = [
+        Replay(n, r.run_dir, r.checkpoint, origin, out_dir / f"{n}-{k}", out_dir / f"{n}-{k}.log")
+        for n, r in zip("AB", replays, strict=True)
+    ]
+    for r in traced:
+        run_replay(r, [k], workdir)
+    walk.finding = _first_finding(traced, [k])
+    walk.lines.append(
+        f"walk     from {where}: digested step(s) {span}, first differing step {k}; traced it"
+    )
+    found = walk.finding
+    if found is None:
+        walk.why_not = f"step {k} hashes the same in both traced replays: it did not recur"
+    elif found.kind == "output" and not found.inputs_identical:
+        walk.why_not = (
+            f"every step before {k} (from {where}) digests the same, yet its first differing "
+            "op had differing inputs: tensors changed between steps, outside any op the "
+            "trace sees"
+        )
+    return walk
+
+
+def _walk_back_origin(
+    a: Path, b: Path, before: int, max_replay: int, walk: WalkBack
+) -> tuple[int | None, int, tuple[Path | None, Path | None]]:
+    """(origin, upto, checkpoints): the newest global step at or before ``before`` where
+    both runs hold the same state (a pair of identical checkpoints, or the start when the
+    initial weights agree), and the oldest later checkpoint step where they differ (else
+    ``before``): the difference was made in steps ``origin .. upto-1``. None with
+    ``walk.why_not`` set when that span is over ``max_replay`` or there is no origin."""
+    ka, kb = (
+        {checkpoint.step_of(p): p for p in checkpoint.list_step_checkpoints(r / CHECKPOINTS)}
+        for r in (a, b)
+    )
+    upto = before
+    for c in sorted((set(ka) & set(kb)) - {None}, reverse=True):
+        if c > before:
+            continue
+        parts = state_differences(ka[c], kb[c])
+        if not parts:
+            return _within(c, upto, max_replay, walk, a), upto, (ka[c], kb[c])
+        upto = c
+        walk.differing_checkpoints[c] = parts
+        walk.lines.append(f"walk     checkpoints/step-{c:08d}.pt differ in: {', '.join(parts)}")
+    ia, ib = (read_run_json(r).get("initial_weights_sha256") for r in (a, b))
+    if ia and ib and ia != ib:
+        walk.why_not = (
+            "the initial weights already differ (initial_weights_sha256): the difference is in "
+            "building the model (seed.init, the model's code), before any step"
+        )
+        return None, upto, (None, None)
+    return _within(0, upto, max_replay, walk, a), upto, (None, None)
+
+
+def _within(origin: int, upto: int, max_replay: int, walk: WalkBack, a: Path) -> int | None:
+    """``origin`` when the span to replay is within ``max_replay``; else None and why, with
+    the checkpoint cadence (and retention) that would have kept it short."""
+    if upto - origin <= max_replay:
+        return origin
+    last = max(step_losses(read_jsonl(a / FINGERPRINTS)), default=upto) + 1
+    where = f"global step {origin}" if origin else "the start"
+    differ = (
+        f"the runs' states already differ at their checkpoint at global step {upto}"
+        if upto in walk.differing_checkpoints
+        else f"the traced step {upto} starts from different tensors"
+    )
+    walk.why_not = (
+        f"no checkpoint early enough: {differ}, and the newest state both runs share is "
+        f"{where}, {upto - origin} steps before it (over --max-replay-steps {max_replay}); "
+        f"{suggest_cadence(max_replay)} trainer.keep_checkpoints="
+        f"{-(-last // max(1, max_replay))} would have made it precise"
+    )
+    return None
 
 
 def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dict, list[str]]:

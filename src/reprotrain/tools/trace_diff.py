@@ -8,7 +8,8 @@ Order of questions, each answered from the hashes alone:
    inputs already differ? Identical inputs and a different output: the kernel itself (a
    nondeterministic kernel, another algorithm, another reduction order such as a thread
    count). Different inputs with no earlier differing output: the difference came in from
-   outside the step (weights, optimizer state or RNG at its start).
+   outside the step (weights, optimizer state or RNG at its start); ``make bisect`` then
+   walks back with per-step digests (:func:`first_digest_difference`).
 """
 
 from __future__ import annotations
@@ -79,3 +80,19 @@ def first_difference(step: int, a: list[dict], b: list[dict]) -> Finding | None:
     if len(a) != len(b):
         return Finding(step, "length", index=min(len(a), len(b)) - 2)
     return None
+
+
+def first_digest_difference(
+    steps: range, a: dict[int, dict], b: dict[int, dict]
+) -> tuple[int | None, list[int]]:
+    """(the first step in ``steps`` whose batch or op digest differs, or None; the steps
+    either replay did not digest). Agreement up to a step means both runs entered it with the
+    same tensors, as far as ops can see."""
+    missing = [s for s in steps if s not in a or s not in b]
+    for s in steps:
+        if s in missing:
+            continue
+        ra, rb = a[s], b[s]
+        if (ra["batch"], ra["ops"], ra["digest"]) != (rb["batch"], rb["ops"], rb["digest"]):
+            return s, missing
+    return None, missing

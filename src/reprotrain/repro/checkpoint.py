@@ -25,6 +25,7 @@ import io
 import logging
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -183,7 +184,12 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
+        names_code = "global" in str(e).lower()  # a pickle naming code to import or call
+        if not names_code and not zipfile.is_zipfile(path):  # torch.save writes a zip
+            raise CheckpointError(
+                f"{path} is not a checkpoint (not a file torch.save writes)"
+            ) from None
+        if names_code or "weights_only" in str(e) or "Weights only" in str(e):
             raise CheckpointError(
                 f"refused {path}: it asks to load code or objects outside the safe set "
                 f"(not a reprotrain checkpoint, or tampered with)"

@@ -432,7 +432,7 @@ def claim_explicit_sweep_dir(argv: list[str]) -> None:
 
 def check_nproc(text: str) -> int:
     """``make train NPROC=<text>``: a positive process count, or one line (as resume says)."""
-    if not re.fullmatch(r"[0-9]+", text.strip()):
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
         raise ReprotrainError(
             f"NPROC={text}: not a number of processes; give a positive integer, e.g. NPROC=2"
         )

@@ -120,10 +120,11 @@ def test_two_sweeps_started_at_once_into_one_dir_one_runs_one_is_refused(tmp_pat
     procs = [
         subprocess.Popen(
             cmd, cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
-    outs = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    outs = [(*p.communicate(timeout=300), p.returncode) for p in procs]
+    outs = [(code, out, err) for out, err, code in outs]
     codes = sorted(code for code, _, _ in outs)
     assert codes == [0, 2], [(c, err[-1500:]) for c, _, err in outs]
     loser = next(err for code, _, err in outs if code == 2)

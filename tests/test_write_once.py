@@ -129,7 +129,7 @@ def test_two_sweeps_started_at_once_into_one_dir_one_runs_one_is_refused(tmp_pat
     assert codes == [0, 2], [(c, err[-1500:]) for c, _, err in outs]
     loser = next(err for code, _, err in outs if code == 2)
     lines = [x for x in loser.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "sweep" in lines[0], loser
+    assert len(lines) == 1 and lines[0].startswith(f"error: hydra.sweep.dir={sweep} "), loser
     multirun = yaml.safe_load((sweep / "multirun.yaml").read_text())
     assert multirun["hydra"]["mode"] == "MULTIRUN", "the winner's own multirun.yaml"
     assert run_json(sweep / "0")["status"] == "completed" and not (sweep / "1").exists()

@@ -15,6 +15,7 @@ One real run (the session's reference run, copied) and one one-job sweep; the re
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -167,9 +168,11 @@ def test_a_file_that_is_no_checkpoint_is_called_that_and_code_is_refused(tmp_pat
             return (os.system, ("true",))
 
     evil = tmp_path / "evil.pt"
-    torch.save({"x": Runs()}, evil)
-    with pytest.raises(CheckpointError, match="outside the safe set"):
-        checkpoint.load(evil)
+    for write in (lambda: torch.save({"x": Runs()}, evil),  # torch's zip, and a bare pickle
+                  lambda: evil.write_bytes(pickle.dumps({"x": Runs()}))):  # fmt: skip
+        write()
+        with pytest.raises(CheckpointError, match="outside the safe set"):
+            checkpoint.load(evil)
     cut = tmp_path / "cut.pt"
     real = tmp_path / "real.pt"
     torch.save({"format_version": 2}, real)

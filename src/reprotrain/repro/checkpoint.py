@@ -191,10 +191,10 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 def _unreadable(path: Path, e: Exception) -> CheckpointError:
     """Why ``torch.load(path, weights_only=True)`` failed, as one line: code the pickle names,
-    a file that is no checkpoint at all (torch.save writes a zip), or a damaged one."""
+    a file that is no checkpoint at all (not what torch.save writes), or a damaged one."""
     text = str(e)
     names_code = isinstance(e, pickle.UnpicklingError) and "global" in text.lower()
-    if not names_code and not isinstance(e, OSError) and not _starts_as_zip(path):
+    if not names_code and not isinstance(e, OSError) and not _starts_as_torch_save(path):
         return CheckpointError(f"{path} is not a checkpoint (not a file torch.save writes)")
     if isinstance(e, pickle.UnpicklingError) and (
         names_code or "weights_only" in text or "Weights only" in text
@@ -207,13 +207,15 @@ def _unreadable(path: Path, e: Exception) -> CheckpointError:
     return CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason})")
 
 
-def _starts_as_zip(path: Path) -> bool:
-    """torch.save writes a zip: its first bytes say so even when the file was cut short."""
+def _starts_as_torch_save(path: Path) -> bool:
+    """torch.save writes a zip (legacy: a pickle, whose first byte is the PROTO opcode); the
+    first bytes say so even when the file was cut short or tampered with."""
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"PK\x03\x04"
+            head = f.read(4)
     except OSError:
         return False
+    return head == b"PK\x03\x04" or head[:1] == b"\x80"
 
 
 def remove_partial_writes(ckpt_dir: Path) -> None:

@@ -5,6 +5,13 @@ HYDRA_FULL_ERROR; a user who typed ``trainer.epoch=3`` deserves one line that na
 problem and what to do. This composes the config exactly as the run would (every value of
 a ``--multirun`` sweep included), applies the schema's range checks, and raises
 ``ReprotrainError`` on the first problem. Nothing is written: no run directory exists yet.
+
+It is also where everything that can refuse a start is decided, because Hydra writes
+``.hydra/`` into the run directory (and ``multirun.yaml`` into a sweep directory) before the
+trainer's code runs: data settings the trainer would refuse only after loading the data
+(:func:`check_data_settings`), a resume (:func:`resume_before_hydra`, read only), a used or
+busy run directory. The one write is the last step: a ``--multirun`` into an explicit
+``hydra.sweep.dir`` claims it (:func:`claim_explicit_sweep_dir`).
 """
 
 from __future__ import annotations

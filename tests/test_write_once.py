@@ -221,3 +221,19 @@ def test_make_refuses_a_bad_value_in_one_line(args, expect, tmp_path):
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and expect in errors[0], proc.stderr
     assert not list(tmp_path.iterdir()), "nothing was written"
+
+
+def test_data_settings_the_trainer_refuses_are_refused_before_hydra_and_valid_ones_pass():
+    """Controls for the bad-input rows: each refusal is the data rule, not a blanket one."""
+    from reprotrain import preflight
+    from reprotrain.config import register_configs
+
+    register_configs()
+    preflight.register_resolvers()
+
+    preflight.check(["experiment=smoke_sequence", "trainer.num_workers=2"])  # a loader dataset
+    preflight.check(["experiment=selfcheck", "trainer.num_workers=2", "trainer.pipeline=loader"])
+    preflight.check(["experiment=selfcheck", "model.num_classes=10", "dataset.mean=[0,0,0]"])
+    preflight.check(["experiment=selfcheck", "dataset.num_classes=4", "model.num_classes=4"])
+    with pytest.raises(ReprotrainError, match="the dataset has 4 classes"):
+        preflight.check(["experiment=selfcheck", "dataset.num_classes=4"])  # model: 10

@@ -234,6 +234,6 @@ def test_data_settings_the_trainer_refuses_are_refused_before_hydra_and_valid_on
     preflight.check(["experiment=smoke_sequence", "trainer.num_workers=2"])  # a loader dataset
     preflight.check(["experiment=selfcheck", "trainer.num_workers=2", "trainer.pipeline=loader"])
     preflight.check(["experiment=selfcheck", "model.num_classes=10", "dataset.mean=[0,0,0]"])
-    preflight.check(["experiment=selfcheck", "dataset.num_classes=4", "model.num_classes=4"])
+    preflight.check(["experiment=selfcheck", "+dataset.num_classes=4", "model.num_classes=4"])
     with pytest.raises(ReprotrainError, match="the dataset has 4 classes"):
-        preflight.check(["experiment=selfcheck", "dataset.num_classes=4"])  # model: 10
+        preflight.check(["experiment=selfcheck", "+dataset.num_classes=4"])  # model: 10

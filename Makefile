@@ -26,6 +26,10 @@ TRUST           ?=
 # (ARGS stays unquoted on purpose: it is a list of overrides, split on spaces.)
 q = '$(subst ','\'',$(value $(1)))'
 
+# ARGS is split by the shell on purpose; a quote left open in it would be a /bin/sh syntax
+# error. `sh -n` parses the text (never runs it): an unbalanced ARGS is one error: line.
+check_args = @$(SHELL) -nc ': '$(call q,ARGS) 2>/dev/null || { printf 'error: ARGS=%s has a quote that is not closed; quote a whole value, e.g. ARGS="name=\047a b\047"\n' $(call q,ARGS) >&2; exit 2; }
+
 # Hash randomisation is fixed at interpreter start; the entry point also re-execs itself
 # when this is missing, so plain `python -m reprotrain.train` is covered too.
 export PYTHONHASHSEED := 0
@@ -58,10 +62,11 @@ TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc-per-node=$(NPROC)
            --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2 --shutdown-timeout=120
 
 train: $(STAMP) ## one run: make train ARGS="experiment=smoke [task=mixup] [trainer.microbatch_size=32]" [NPROC=2: torchrun DDP]
+	$(check_args)
 ifeq ($(NPROC),1)
 	$(PY) -m reprotrain.train $(ARGS)
 else
-	$(PY) -c "from reprotrain import preflight; preflight.cli_check()" $(ARGS)
+	$(PY) -c "from reprotrain import preflight; preflight.torchrun_cli_check()" $(call q,NPROC) $(ARGS)
 	$(TORCHRUN) -m reprotrain.train $(ARGS)
 endif
 
@@ -85,6 +90,7 @@ verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise
 	$(PY) -m reprotrain.tools.verify $(ARGS)
 
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png
+	$(check_args)
 	$(PY) -m reprotrain.train --multirun seed.base=$(SEEDS) $(ARGS)
 
 resume: $(STAMP) ## continue an interrupted run in place (its world size; invariant runs: any NPROC dividing k): make resume RUN=outputs/...
@@ -116,6 +122,7 @@ report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN
 
 eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs/... [CKPT=last|best|path]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
+	$(check_args)
 	$(PY) -m reprotrain.tools.eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
 
 bench: $(STAMP) ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")

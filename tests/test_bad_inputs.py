@@ -84,6 +84,12 @@ def train(*overrides: str) -> Callable[[Path], list[str]]:
     return lambda d: [PY, "-m", "reprotrain.train", *overrides, f"hydra.run.dir={d / 'run'}"]
 
 
+def torchrun_check(nproc: str, *overrides: str) -> Callable[[Path], list[str]]:
+    """What ``make train NPROC=<nproc> ARGS=...`` runs before torchrun starts."""
+    code = "from reprotrain import preflight; preflight.torchrun_cli_check()"
+    return lambda d: [PY, "-c", code, nproc, *overrides, f"hydra.run.dir={d / 'run'}"]
+
+
 def _arg(a, d: Path) -> str:
     return str(a(d)) if callable(a) else str(a)
 
@@ -226,6 +232,43 @@ def another_models_checkpoint(d: Path) -> None:
     }
     (d / "run" / "checkpoints").mkdir()
     torch.save(state, d / "run" / "checkpoints" / "step-00000001.pt")
+    write(d, "run/run.json", json.dumps({**RECORD, "seeds": state["seeds"]}))  # the run's own
+
+
+def completed_run_with_checkpoint(d: Path) -> None:
+    """A completed selfcheck record whose checkpoint holds that config (seed.base 42) at the
+    end of its schedule: ``resume=auto`` with the same config is "already completed"."""
+    import torch
+    import yaml
+
+    real_run(d)
+    config = yaml.safe_load((d / "run" / "config.resolved.yaml").read_text())
+    state = {
+        "format_version": 2,
+        "config": config,
+        "seeds": {"base": 42, "init": 1, "data": 1, "augment": 1, "train": 1, "source": "config"},
+        "loop": {"global_step": 8, "epoch": config["trainer"]["epochs"] + 1, "step": 0},
+    }
+    (d / "run" / "checkpoints").mkdir()
+    torch.save(state, d / "run" / "checkpoints" / "step-00000008.pt")
+    write(d, "run/.hydra/config.yaml", "name: how it started\n")
+
+
+def orphan_checkpoints(d: Path) -> None:
+    """A run directory with a checkpoint but no run.json (a lost record, or copied in)."""
+    (d / "run").mkdir()
+    write(d, "run/checkpoints/step-00000003.pt", b"PK\x03\x04 not read")
+
+
+def another_runs_checkpoint(d: Path) -> None:
+    """The run's record, and a checkpoint of another run (another seed) copied into it."""
+    import torch
+
+    another_models_checkpoint(d)
+    path = d / "run" / "checkpoints" / "step-00000001.pt"
+    state = torch.load(path, weights_only=True)
+    state["seeds"] = {**state["seeds"], "base": 2}
+    torch.save(state, path)
 
 
 def used_sweep_dir(d: Path) -> None:
@@ -276,6 +319,9 @@ EVAL = [
         "environment is a str, not an object", run_dir({**RECORD, "environment": "cpu"})),
     Row("eval/another-models-checkpoint", tool("eval", at("run")),
         "does not fit the run's model", another_models_checkpoint, cheap=False),
+    Row("eval/another-runs-checkpoint",
+        tool("eval", at("run"), "--checkpoint", at("run/checkpoints/step-00000001.pt")),
+        "is not a checkpoint of this run", another_runs_checkpoint, cheap=False),
     Row("report/environment-not-object", tool("report", at("run")),
         "environment is a str, not an object", run_dir({**RECORD, "environment": "cpu"})),
 ]  # fmt: skip
@@ -488,6 +534,36 @@ TRAIN = [
         lambda d: [PY, "-m", "reprotrain.train", "--multirun", "experiment=smoke",
                    "seed.base=0,1", f"hydra.sweep.dir={d / 'sweep'}"],
         "already holds a sweep (1 run(s))", used_sweep_dir),
+    # Issue 26, point 4: refused at startup, before Hydra writes a run directory.
+    Row("train/num-workers-on-the-device-pipeline",
+        train("experiment=selfcheck", "trainer.num_workers=2"), "needs trainer.pipeline=loader"),
+    Row("train/num-classes-against-the-dataset",
+        train("experiment=selfcheck", "model.num_classes=5"), "but the dataset has 10 classes"),
+    Row("train/mean-of-the-wrong-length", train("experiment=selfcheck", "dataset.mean=[0.5,0.5]"),
+        "dataset.mean has 2 values but dataset.std has 3"),
+    Row("train/std-with-a-zero", train("experiment=selfcheck", "dataset.std=[0.25,0,0.25]"),
+        "must be > 0 in every channel"),
+    Row("train/fresh-run-over-checkpoints-without-run-json", train("experiment=selfcheck"),
+        "holds 1 checkpoint file(s) (step-00000003.pt, ...) but no run.json", orphan_checkpoints),
+    Row("train/resume-auto-over-checkpoints-without-run-json",
+        train("experiment=selfcheck", "resume=auto"), "but no run.json", orphan_checkpoints),
+    Row("train/resume-auto-into-a-completed-run-with-another-config",
+        train("experiment=selfcheck", "seed.base=7", "resume=auto"),
+        "config differs from the recorded one in seed.base (42 -> 7)",
+        completed_run_with_checkpoint, cheap=False),
+    # Point 7: one line for every bad value.
+    Row("train/resume-from-a-file-that-is-not-a-checkpoint",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=selfcheck",
+                   f"resume={d / 'file'}"], "file is not a checkpoint", a_file()),
+    Row("train/several-values-without-multirun",
+        train("experiment=selfcheck", "trainer.epochs=3,4"),
+        "add --multirun"),
+    Row("train/nproc-zero", torchrun_check("0", "experiment=selfcheck"),
+        "NPROC=0: give at least 1 process"),
+    Row("train/nproc-negative", torchrun_check("-1", "experiment=selfcheck"),
+        "NPROC=-1: give at least 1 process"),
+    Row("train/nproc-not-a-number", torchrun_check("abc", "experiment=selfcheck"),
+        "NPROC=abc: not a number of processes"),
 ]  # fmt: skip
 
 ROWS = RESUME + EVAL + ARCHIVE + REPRODUCE + VERIFY + DRILL_ROWS + TRAIN + OTHER
@@ -523,6 +599,8 @@ END_TO_END = {
     "train/run-dir-through-a-file",
     "train/non-ascii-run-dir-in-an-ascii-locale",
     "train/sweep-into-a-used-sweep-dir",
+    "train/num-classes-against-the-dataset",
+    "train/nproc-zero",
     "resume/bad-override",
 }
 
@@ -561,6 +639,10 @@ def run_in_process(argv: list[str]) -> tuple[int, str, str]:
                 sys.argv = ["reprotrain.train", *cmd[2:]]
                 preflight._checked = False
                 preflight.cli_check()
+            elif cmd[0] == "-c":  # python -c CODE args...: what make runs before torchrun
+                sys.argv = ["-c", *cmd[2:]]
+                preflight._checked = False
+                exec(compile(cmd[1], "<string>", "exec"), {"__name__": "__main__"})
             elif cmd[0] == "-m":
                 sys.argv = [cmd[1], *cmd[2:]]
                 runpy.run_module(cmd[1], run_name="__main__", alter_sys=True)

@@ -5,11 +5,19 @@ HYDRA_FULL_ERROR; a user who typed ``trainer.epoch=3`` deserves one line that na
 problem and what to do. This composes the config exactly as the run would (every value of
 a ``--multirun`` sweep included), applies the schema's range checks, and raises
 ``ReprotrainError`` on the first problem. Nothing is written: no run directory exists yet.
+
+It is also where everything that can refuse a start is decided, because Hydra writes
+``.hydra/`` into the run directory (and ``multirun.yaml`` into a sweep directory) before the
+trainer's code runs: data settings the trainer would refuse only after loading the data
+(:func:`check_data_settings`), a resume (:func:`resume_before_hydra`, read only), a used or
+busy run directory. The one write is the last step: a ``--multirun`` into an explicit
+``hydra.sweep.dir`` claims it (:func:`claim_explicit_sweep_dir`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -20,7 +28,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain import components
@@ -99,14 +107,24 @@ def expand(overrides: list[str]) -> list[list[str]]:
 def check(argv: list[str]) -> str | bool | None:
     """Compose and check every variant; returns the first one's ``resume`` (False when
     Hydra only prints something and nothing runs)."""
+    composed = compose_all(argv)
+    if composed is False:
+        return False
+    return OmegaConf.select(composed[0], "resume", default=None) if composed else None
+
+
+def compose_all(argv: list[str]) -> list | bool:
+    """Every variant's composed and checked config (False for Hydra's informational modes)."""
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
         return False  # Hydra's own informational modes: nothing runs
     config_dir = os.path.abspath(args.config_path) if args.config_path else str(CONF_DIR)
     config_name = args.config_name or "train"
     GlobalHydra.instance().clear()
-    resume: list[str | None] = []
+    composed = []
     try:
+        if not args.multirun:
+            refuse_sweep_without_multirun(args.overrides)
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             for overrides in expand(args.overrides):
                 cfg = compose(config_name=config_name, overrides=overrides)
@@ -114,13 +132,88 @@ def check(argv: list[str]) -> str | bool | None:
                 validate(cfg)
                 components.check(cfg)
                 check_loss(cfg)
-                resume.append(OmegaConf.select(cfg, "resume", default=None))
+                check_data_settings(cfg)
+                composed.append(cfg)
                 check_monitor(cfg)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
         raise ReprotrainError(_yaml_error(e) or _one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
-    return resume[0] if resume else None
+    return composed
+
+
+def refuse_sweep_without_multirun(overrides: list[str]) -> None:
+    """``trainer.epochs=3,4`` without ``--multirun``: Hydra's six-line "Ambiguous value" as
+    one line that says what to add."""
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override():
+            key = o.get_key_element()
+            raise ReprotrainError(
+                f"{o.input_line} gives {key} several values, which only a sweep runs: add "
+                f"--multirun (or use make sweep); for one list value write {key}=[a,b], for "
+                f"one text value {key}='a,b'"
+            )
+
+
+def check_data_settings(cfg) -> None:
+    """What the trainer would otherwise refuse only after loading the data (with a run
+    directory, a ``failed`` run.json and log lines already written), refused here from the
+    config and the dataset's class alone: a ``dataset.std`` with a zero, ``dataset.mean``
+    and ``dataset.std`` of different lengths, ``trainer.num_workers`` on the device
+    pipeline, and ``model.num_classes`` against the classes the dataset declares (its
+    ``num_classes`` key, that argument's default, or its class attribute). What only the
+    data can tell (the channel count) stays the trainer's check."""
+    node = cfg.dataset
+    mean, std = node.get("mean"), node.get("std")
+    if _numbers(std) and min(std) <= 0:
+        raise ReprotrainError(f"dataset.std={list(std)} must be > 0 in every channel")
+    if _numbers(mean) and _numbers(std) and len(mean) != len(std):
+        raise ReprotrainError(
+            f"dataset.mean has {len(mean)} values but dataset.std has {len(std)}; give one "
+            "per image channel in each"
+        )
+    cls = components.locate(str(node["_target_"]), "dataset")
+    workers, pipeline = cfg.trainer.num_workers, cfg.trainer.pipeline
+    if workers and pipeline == "auto" and getattr(cls, "in_memory", False) is True:
+        raise ReprotrainError(
+            f"trainer.num_workers={workers} needs trainer.pipeline=loader: "
+            f"{node['_target_']} is in memory, and trainer.pipeline=auto serves it on the "
+            "device, where workers have nothing to do; drop trainer.num_workers or add "
+            "trainer.pipeline=loader"
+        )
+    declared, given = declared_num_classes(cls, node), cfg.model.get("num_classes")
+    if declared is not None and given is not None and given != declared:
+        raise ReprotrainError(
+            f"model.num_classes={given} but the dataset has {declared} classes; "
+            f"set model.num_classes={declared}"
+        )
+
+
+def _numbers(value) -> bool:
+    return (
+        isinstance(value, ListConfig | list)
+        and len(value) > 0
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
+
+
+def declared_num_classes(cls, node) -> int | None:
+    """The class count a dataset declares without loading anything: ``dataset.num_classes``,
+    else the default of its ``num_classes`` argument, else its ``num_classes`` attribute."""
+    if "num_classes" in node:
+        value = node["num_classes"]
+    else:
+        import inspect
+
+        try:
+            param = inspect.signature(cls).parameters.get("num_classes")
+        except (TypeError, ValueError):
+            param = None
+        if param is not None and param.default is not param.empty:
+            value = param.default
+        else:
+            value = getattr(cls, "num_classes", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _override_values(argv: list[str]) -> dict[str, str]:
@@ -263,18 +356,120 @@ _checked = False
 
 
 def cli_check() -> None:
-    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line."""
+    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line.
+
+    Everything that can refuse a start is decided here, before Hydra writes ``.hydra/``
+    into a run directory or ``multirun.yaml`` into a sweep directory; a run that continues
+    a recorded run gets ``hydra.output_subdir=null`` added (its ``.hydra/`` is the record of
+    how it started and is never rewritten)."""
     global _checked
     register_configs()
     register_resolvers()
     if _checked:
         return
+    argv = sys.argv[1:]
     try:
-        check_argv_text(sys.argv[1:])
-        resume = check(sys.argv[1:])
-        if resume is not False:
-            explicit_run_dir_is_free(sys.argv[1:], resume)
+        check_argv_text(argv)
+        composed = compose_all(argv)
+        if composed is not False:
+            resume = OmegaConf.select(composed[0], "resume", default=None)
+            explicit_run_dir_is_free(argv, resume)
+            sys.argv += resume_before_hydra(argv, composed[0])
+            claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
+        from reprotrain.repro.resume_guard import AlreadyCompleted
+
+        if isinstance(e, AlreadyCompleted):  # nothing to do, and nothing written: exit 0
+            print(str(e), file=sys.stderr)
+            sys.exit(0)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     _checked = True
+
+
+def _multirun(argv: list[str]) -> bool:
+    return "--multirun" in argv or "-m" in argv
+
+
+def _explicit_dir(argv: list[str], key: str) -> Path | None:
+    """``key``'s value when given on the command line without interpolation, else None."""
+    value = _override_values(argv).get(key)
+    if value is None or "${" in value:
+        return None
+    return Path(os.path.expanduser(value))
+
+
+#: Where a run with the default (stamped, new) run directory looks for its own record: a
+#: path that holds nothing, so a ``resume=<checkpoint>`` is judged as a fork into a new dir.
+NO_RUN_DIR = Path(os.devnull)
+
+
+def resume_before_hydra(argv: list[str], cfg) -> list[str]:
+    """Decide a resume the way the trainer will, reading only, before Hydra writes anything.
+
+    A refused resume (``resume=auto`` with a changed config, a ``resume=<path>`` that is not
+    a checkpoint, a run with checkpoints but no record, ...) and the "already completed"
+    exit leave the run directory byte for byte as it was, ``.hydra/`` included. Returns
+    the overrides to add for Hydra: ``hydra.output_subdir=null`` when the run continues a
+    recorded run. The trainer decides again under the run's lock (the directory may change
+    in between); this is the early, read-only look."""
+    if _multirun(argv):
+        return []
+    resume = OmegaConf.select(cfg, "resume", default=None)
+    run_dir = _explicit_dir(argv, "hydra.run.dir")
+    if resume is None or (resume == "auto" and run_dir is None):
+        return []  # a fresh start (``auto`` in a new stamped directory starts fresh)
+    import logging
+
+    from reprotrain.repro import record as rec
+    from reprotrain.repro import secrets as env_secrets
+    from reprotrain.repro.resume_guard import find_resume_point
+
+    try:
+        container, _ = env_secrets.redact(cfg)
+    except OmegaConfBaseException:  # a value only Hydra's runtime resolves: the trainer decides
+        return []
+    logger, writer = logging.getLogger("reprotrain"), rec.is_writer()
+    was_disabled, logger.disabled = logger.disabled, True  # the trainer logs its own notes
+    rec.set_writer(False)  # read only: no partial write removed, no best.pt re-derived
+    try:
+        point = find_resume_point(str(resume), run_dir or NO_RUN_DIR, container)
+    finally:
+        rec.set_writer(writer)
+        logger.disabled = was_disabled
+    if point is None or point.forked or "hydra.output_subdir" in _override_values(argv):
+        return []
+    return ["hydra.output_subdir=null"]
+
+
+def claim_explicit_sweep_dir(argv: list[str]) -> None:
+    """A ``--multirun`` into an explicit ``hydra.sweep.dir`` claims it atomically, so of two
+    sweeps started at once into one directory exactly one runs (``repro/run_dir.py``)."""
+    from reprotrain.repro import run_dir as run_dirs
+
+    sweep_dir = _explicit_dir(argv, "hydra.sweep.dir")
+    if _multirun(argv) and sweep_dir is not None:
+        run_dirs.claim_sweep_dir(sweep_dir)
+
+
+def check_nproc(text: str) -> int:
+    """``make train NPROC=<text>``: a positive process count, or one line (as resume says)."""
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        raise ReprotrainError(
+            f"NPROC={text}: not a number of processes; give a positive integer, e.g. NPROC=2"
+        )
+    nproc = int(text)
+    if nproc < 1:
+        raise ReprotrainError(f"NPROC={nproc}: give at least 1 process")
+    return nproc
+
+
+def torchrun_cli_check() -> None:
+    """``make train NPROC=N`` (N != 1), before torchrun starts: ``sys.argv[1]`` is NPROC's
+    text, the rest the overrides; the same one-line refusals as ``cli_check``."""
+    try:
+        check_nproc(sys.argv.pop(1) if len(sys.argv) > 1 else "")
+    except ReprotrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    cli_check()

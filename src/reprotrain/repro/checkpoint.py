@@ -182,19 +182,40 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise CheckpointError(
-                f"refused {path}: it asks to load code or objects outside the safe set "
-                f"(not a reprotrain checkpoint, or tampered with)"
-            ) from None
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({e})") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason})") from None
+    except Exception as e:  # garbage read as pickle fails in many ways (KeyError, IndexError)
+        raise _unreadable(path, e) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a reprotrain checkpoint (format {FORMAT_VERSION})")
     return state
+
+
+def _unreadable(path: Path, e: Exception) -> CheckpointError:
+    """Why ``torch.load(path, weights_only=True)`` failed, as one line: code the pickle names,
+    a file that is no checkpoint at all (not what torch.save writes), or a damaged one."""
+    text = str(e)
+    names_code = isinstance(e, pickle.UnpicklingError) and "global" in text.lower()
+    if not names_code and not isinstance(e, OSError) and not _starts_as_torch_save(path):
+        return CheckpointError(f"{path} is not a checkpoint (not a file torch.save writes)")
+    if isinstance(e, pickle.UnpicklingError) and (
+        names_code or "weights_only" in text or "Weights only" in text
+    ):
+        return CheckpointError(
+            f"refused {path}: it asks to load code or objects outside the safe set "
+            f"(not a reprotrain checkpoint, or tampered with)"
+        )
+    reason = text.splitlines()[0] if text else type(e).__name__
+    return CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason})")
+
+
+def _starts_as_torch_save(path: Path) -> bool:
+    """torch.save writes a zip (legacy: a pickle, whose first byte is the PROTO opcode); the
+    first bytes say so even when the file was cut short or tampered with."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head == b"PK\x03\x04" or head[:1] == b"\x80"
 
 
 def remove_partial_writes(ckpt_dir: Path) -> None:

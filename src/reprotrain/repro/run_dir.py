@@ -15,7 +15,14 @@ The rule: a directory holding a ``run.json`` is only ever continued, never resta
   what a requeued job that died before its first checkpoint needs);
 - ``resume=<path>`` continues it only when the checkpoint is this run's own;
 - a ``--multirun`` into a sweep directory that already holds a sweep (``multirun.yaml``)
-  or any run is refused: sweeps go to a new directory.
+  or any run is refused: sweeps go to a new directory;
+- a directory that holds checkpoints but no ``run.json`` (a record lost, or checkpoints
+  copied in) is refused for every start: a fresh run would overwrite or prune them, and
+  nothing says whose they are.
+
+Of two sweeps started at once into one explicit ``hydra.sweep.dir`` (both pass the look
+above), exactly one may proceed: :func:`claim_sweep_dir` creates ``multirun.yaml``
+exclusively before Hydra writes anything, and the loser is refused with nothing written.
 
 The check looks for ``run.json``, not for an empty directory: Hydra writes ``.hydra/``
 (and opens the log) into the run directory before the trainer's code runs. So the entry
@@ -25,6 +32,8 @@ once it holds the directory's lock (a launcher that bypasses the command line, a
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 from reprotrain.errors import ResumeError
@@ -51,7 +60,10 @@ def _status(run_dir: Path) -> str:
 def refuse_reuse(run_dir: Path, resume: str | None) -> None:
     """Refuse a run that would start a new record in a directory that holds one."""
     run_dir = Path(run_dir)
-    if not (run_dir / RUN_JSON).is_file() or resume == "auto":
+    if not (run_dir / RUN_JSON).is_file():
+        refuse_orphan_checkpoints(run_dir)
+        return
+    if resume == "auto":
         return
     if resume is not None:
         ckpt = Path(str(resume)).expanduser().resolve()
@@ -66,6 +78,45 @@ def refuse_reuse(run_dir: Path, resume: str | None) -> None:
         f"directory is written once: continue it with `{resume_hint(run_dir)}`, fork it with "
         "resume=<its checkpoint> hydra.run.dir=<new dir>, or choose another hydra.run.dir"
     )
+
+
+def refuse_orphan_checkpoints(run_dir: Path) -> None:
+    """Refuse any start in a directory whose ``checkpoints/`` holds files but that has no
+    ``run.json``: nothing says which run they belong to, and a start would overwrite them."""
+    ckpts = Path(run_dir) / CHECKPOINTS
+    try:
+        held = sorted(p.name for p in ckpts.iterdir())
+    except OSError:  # no checkpoints/ (or not a directory): nothing to protect
+        return
+    if held:
+        raise RunDirUsed(
+            f"{run_dir} holds {len(held)} checkpoint file(s) ({held[0]}, ...) but no {RUN_JSON}; "
+            "a run never starts over checkpoints it did not record: choose another "
+            "hydra.run.dir (fork one of them there with resume=<path to a checkpoint>)"
+        )
+
+
+def claim_sweep_dir(sweep_dir: Path) -> None:
+    """Create ``sweep_dir/multirun.yaml`` exclusively (``O_CREAT|O_EXCL``), or refuse: the
+    claim that makes one of two sweeps started at once into one directory the only one; the
+    other writes nothing. Hydra then writes the sweep's config over the claim. Call after
+    every other check (a refusal after the claim would leave the directory counted as used).
+    """
+    sweep_dir = Path(sweep_dir)
+    refuse_used_sweep_dir(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(sweep_dir / SWEEP_RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise RunDirUsed(
+            f"hydra.sweep.dir={sweep_dir} was just claimed by another sweep started at the "
+            "same time; choose another hydra.sweep.dir (or leave it at its default)"
+        ) from None
+    try:
+        os.write(fd, f"# claimed by {socket.gethostname()} pid {os.getpid()}; Hydra writes "
+                     "the sweep's config here when it starts\n".encode())  # fmt: skip
+    finally:
+        os.close(fd)
 
 
 def refuse_used_sweep_dir(sweep_dir: Path) -> None:

@@ -27,18 +27,38 @@ class EvalError(ReprotrainError):
     """The run directory or checkpoint cannot be evaluated."""
 
 
-def pick_checkpoint(run_dir: Path, which: str) -> Path:
+def pick_checkpoint(run_dir: Path, which: str, seeds: dict | None) -> Path:
+    """``last``: the newest step checkpoint that belongs to the run (``checkpoint.belongs``,
+    the guard pruning uses: it loads, holds the run's seeds, and its step is the one in its
+    name), so one copied in from another run is never "last"; ``best``: best.pt; else the
+    path given. Whose a best.pt or a given path is, :func:`check_belongs` decides."""
     if which == "last":
         found = checkpoint.list_step_checkpoints(run_dir / rec.CHECKPOINTS)
-        if not found:
-            raise EvalError(f"{run_dir} has no step checkpoints; give CKPT=<path>")
-        return found[-1]
+        for path in reversed(found):
+            if checkpoint.belongs(path, seeds):
+                return path
+        if found:
+            raise EvalError(
+                f"none of the {len(found)} step checkpoint(s) in {run_dir / rec.CHECKPOINTS} "
+                "belongs to this run (another run's seeds, a step that is not its name, or "
+                "unreadable); give CKPT=<path>"
+            )
+        raise EvalError(f"{run_dir} has no step checkpoints; give CKPT=<path>")
     if which == "best":
         path = run_dir / rec.CHECKPOINTS / "best.pt"
         if not path.is_file():
             raise EvalError(f"{path} does not exist (no validation split?); use CKPT=last")
         return path
     return Path(which).expanduser()
+
+
+def check_belongs(state: dict, path: Path, seeds: dict | None) -> None:
+    """A checkpoint is evaluated into this run's eval.json only if it holds the run's seeds."""
+    if seeds is not None and state.get("seeds") != seeds:
+        raise EvalError(
+            f"{path} is not a checkpoint of this run (its seeds differ from run.json's); "
+            "evaluate it from its own run directory"
+        )
 
 
 def load_weights(model, state: dict, path: Path) -> None:
@@ -86,8 +106,10 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
         raise EvalError(f"cannot read {run_dir}'s record: {str(e).splitlines()[0]}") from None
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
-    path = pick_checkpoint(run_dir, which)
+    own_seeds = record.get("seeds") if isinstance(record.get("seeds"), dict) else None
+    path = pick_checkpoint(run_dir, which, own_seeds)
     state = checkpoint.load(path)
+    check_belongs(state, path, own_seeds)
     if which == "best":
         check_best(state, path, run_dir, cfg)
     determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory)

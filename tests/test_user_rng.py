@@ -187,7 +187,8 @@ def test_numpy_noise_in_a_transform_is_the_same_at_0_and_2_workers_and_across_si
     )  # fmt: skip
     assert_ok(resumed)
     assert final_bits(tmp_path / "w0") == final_bits(tmp_path / "w2")
-    assert run_json(tmp_path / "w2")["resumes"][0]["global_step"] == 1
+    (entry,) = run_json(tmp_path / "w2")["resumes"]
+    assert entry["global_step"] == 1 and entry["bitwise_guarantee"] is True  # and it was
     # The noise is real: without it the weights differ.
     assert_ok(train(tmp_path / "clean", *USER, *NOISY, "+dataset.pixel_noise=0", micro=False,
                     env=user_env()))  # fmt: skip
@@ -206,6 +207,8 @@ def test_numpy_mixup_in_invariant_mode_resumes_bitwise_after_sigkill(tmp_path):
     assert_ok(train(tmp_path / "run", *USER, *MIXUP, *INVARIANT, "resume=auto", micro=False,
                     env=user_env()))  # fmt: skip
     assert final_bits(tmp_path / "ref") == final_bits(tmp_path / "run")
+    (entry,) = run_json(tmp_path / "run")["resumes"]
+    assert entry["bitwise_guarantee"] is True and entry["unrestored"] == []  # and it was
 
 
 def _torchrun(nproc: int, run_dir, *overrides: str) -> subprocess.CompletedProcess:

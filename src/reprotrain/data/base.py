@@ -118,6 +118,9 @@ class InMemoryImages(InMemoryTensors):
     but uint8 images is refused (use ``InMemoryTensors`` for features, tokens, ...).
     """
 
+    # A per-device copy of mean/std made on first use: not state (the resume audit skips it).
+    cache_attributes: tuple[str, ...] = ("_stats",)
+
     def __init__(
         self,
         val_fraction: float = 0.0,

@@ -24,9 +24,11 @@ INVARIANT = ["trainer.microbatch_size=16", "trainer.world_size_invariant=true"]
 
 
 def make_n(*args: str) -> str:
-    proc = subprocess.run(["make", "-n", "verify", *args], cwd=REPO, capture_output=True,
-                          text=True, check=True)  # fmt: skip
-    return proc.stdout.strip().splitlines()[-1]
+    """The command ``make verify`` would run (``make -n``; safe under an outer make)."""
+    env = {k: v for k, v in base_env().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "verify", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    return next(line for line in proc.stdout.splitlines() if "reprotrain.tools.verify" in line)
 
 
 def test_make_verify_passes_nproc_nproc_b_and_kill_to_the_tool():

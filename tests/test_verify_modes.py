@@ -140,3 +140,12 @@ def test_verify_kill_finds_a_task_whose_resume_loses_state(tmp_path):
     assert "recorded as not bitwise" in verdict and "metrics differ (train_seen" in verdict
     (entry,) = run_json(run_dirs(tmp_path)[1])["resumes"]
     assert entry["bitwise_guarantee"] is False and "`preds`" in entry["unrestored"][0]
+
+
+@pytest.mark.slow
+def test_verify_kill_at_two_processes_kills_every_rank_and_resumes_on_two(tmp_path):
+    proc = run_verify(tmp_path, "--nproc", "2", "--kill", *KILLABLE)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "IDENTICAL (world size 2 vs 2; b SIGKILLed and resumed from global step" in proc.stdout
+    (entry,) = run_json(run_dirs(tmp_path)[1])["resumes"]
+    assert entry["bitwise_guarantee"] is True

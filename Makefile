@@ -86,8 +86,8 @@ format: $(STAMP) ## ruff autofix + format
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical
-	$(PY) -m reprotrain.tools.verify $(ARGS)
+verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical [NPROC=N] [NPROC_B=M: invariant runs] [KILL=1: b SIGKILLed + resumed]
+	$(PY) -m reprotrain.tools.verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)
 
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png
 	$(check_args)

@@ -88,6 +88,9 @@ class TrainerConfig:
     # exact (int64 fixed-point) sums in place of DDP's all-reduce. See README.
     world_size_invariant: bool = False
     allow_world_size_change: bool = False  # resume under another world size (not bitwise)
+    # Resume under repro=strict although the resume audit found state the checkpoint cannot
+    # restore (a task's list, a consumed global RNG): recorded as not bitwise.
+    allow_unrestored_state: bool = False
     # Checkpoint and exit 75 (status interrupted) after this global step: how reproduce
     # replays a resume history leg by leg. 0: off.
     stop_at_global_step: int = 0
@@ -250,6 +253,7 @@ NON_IDENTITY_KEYS = (
     "trainer.profile_steps",
     "trainer.stop_at_global_step",
     "trainer.allow_world_size_change",
+    "trainer.allow_unrestored_state",
     "include_untracked",
 )
 

@@ -5,6 +5,13 @@ module does everything around it. The micro-batch is the unit of work, the step 
 of optimisation: a step's batch is split into ``microbatch_size`` pieces whose gradients
 accumulate (DDP: no gradient sync until the last one) before one optimizer step.
 
+Closes: global RNGs in user code. Each micro-batch's forward and backward run with python
+``random``, numpy's global RNG and torch's CPU/GPU generators seeded from
+``(train seed, global step, global micro-batch index)`` and restored afterwards; each
+evaluation batch from ``(train seed, global step, batch, "eval", split)``. Dropout, a task's
+``np.random.beta`` or ``random.random()`` draw a pure function of those counters, and
+nothing drawn in one micro-batch moves what the next one sees.
+
 No per-step host sync: the step returns device tensors; losses, metric sums and the
 non-finite guard accumulate on the device and are read once per epoch (and every
 ``trainer.nonfinite_check_every`` steps for the guard). The per-step losses are gathered
@@ -27,6 +34,7 @@ from torch import nn
 from reprotrain import batches, fault_injection
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import op_trace
+from reprotrain.repro.seeding import microbatch_seed, scoped_globals
 from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
 from reprotrain.tasks.base import StepContext, StepOutput
 
@@ -96,6 +104,11 @@ class Stepper:
         """The samples the step's metric sums cover (this rank's share)."""
         return batches.batch_size(batch)
 
+    def seeded(self, global_step: int, index: int):
+        """The global RNGs for micro-batch ``index`` (global over ranks), restored after."""
+        seed = microbatch_seed(self.train_seed, global_step, index)
+        return scoped_globals(seed, self.state.loop.device)
+
     def pieces(self, n: int) -> int:
         """Micro-batches in a step of ``n`` samples (on this rank)."""
         size = self.microbatch_size or n
@@ -114,6 +127,7 @@ class Stepper:
         size = n // k
         step_loss = None
         sums = MetricSums(device)
+        first = _rank() * k  # this rank's first micro-batch, counted over the global batch
         for i in range(k):
             micro = batch if k == 1 else batches.narrow(batch, i * size, size)
             ctx = StepContext(
@@ -122,7 +136,8 @@ class Stepper:
             )  # fmt: skip
             # DDP: gradients are all-reduced only in the last micro-batch's backward.
             sync = i == k - 1 or not hasattr(self.forward, "no_sync")
-            with contextlib.nullcontext() if sync else self.forward.no_sync():
+            no_sync = contextlib.nullcontext() if sync else self.forward.no_sync()
+            with no_sync, self.seeded(global_step, first + i):
                 with autocast(device, *self.amp):
                     out = StepOutput(*self.task.training_step(self.forward, micro, ctx))
                 if i == 0:
@@ -140,6 +155,12 @@ class Stepper:
         if k == 1:
             return loss.detach(), out.sums, norm
         return step_loss, sums.sums, norm
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def run_epoch(
@@ -228,7 +249,8 @@ def evaluate(
         ctx = StepContext(
             device, global_step=global_step, microbatch=i, train_seed=train_seed, training=False
         )
-        with autocast(device, *amp):
+        seed = microbatch_seed(train_seed, global_step, i, "eval", prefix)
+        with scoped_globals(seed, device), autocast(device, *amp):
             sums = task.evaluation_step(model, batch, ctx)
         totals.add(sums, batches.batch_size(batch))
     if not totals.samples:

@@ -188,18 +188,25 @@ class TrainerState:
         # An invariant run seeds every micro-batch's RNG from counters: no state to keep.
         self.rng = rng.RNGState(device) if per_rank else None
         self.task = task
+        # What the checkpoint cannot restore, digested at each checkpoint and compared
+        # after a restore (repro/resume_audit.py); set by the trainer once it is built.
+        self.audit: Any = None
 
     def parts(self) -> dict[str, Any]:
-        """The checkpointed parts by name, in restore order (rng last)."""
+        """The checkpointed parts by name, in restore order (rng last; the audit only
+        keeps its recorded digests, compared once every part is back)."""
         named = {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
         named |= {"scaler": self.scaler, "loop": self.loop}
         if hasattr(self.task, "state_dict") and hasattr(self.task, "load_state_dict"):
             named["task"] = self.task
-        return named | ({"rng": self.rng} if self.rng is not None else {})
+        named |= {"rng": self.rng} if self.rng is not None else {}
+        return named | ({"audit": self.audit} if self.audit is not None else {})
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.parts().items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for name, part in self.parts().items():
+            if name not in state_dict and getattr(part, "optional", False):
+                continue  # an older checkpoint, written before this part existed
             part.load_state_dict(state_dict[name])

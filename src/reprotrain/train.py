@@ -77,7 +77,13 @@ from reprotrain.repro import device as devices
 from reprotrain.repro import record as rec
 from reprotrain.repro import run_dir as run_dirs
 from reprotrain.repro.fingerprint import losses_sha256, state_sha256
-from reprotrain.repro.resume_guard import AlreadyCompleted, find_resume_point, resume_entry
+from reprotrain.repro.resume_audit import ResumeAudit
+from reprotrain.repro.resume_guard import (
+    AlreadyCompleted,
+    check_unrestored,
+    find_resume_point,
+    resume_entry,
+)
 from reprotrain.repro.run_mutex import RunMutex
 from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
 
@@ -131,13 +137,14 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     stepper = build_training(cfg, pipeline.steps_per_epoch, device, dist, seeds.train)
     trainer = stepper.state
     record.update(components=components_record(cfg.trainer, stepper, dataset))
+    trainer.audit = ResumeAudit(stepper.task, dataset, trainer.model, device)  # issue 25
 
-    # --- resume or start: restore the trainer's state, or seed the `train` stream ----------
+    # --- resume or start: seed the `train` stream (a resume then restores the trainer) -----
+    seed_globals(seeds.train)  # what an invariant resume re-derives (its checkpoint has no rng)
     if point is not None:
         resume_from(point, trainer, record, env, device, run_dir, container)
     else:
         record.update(initial_weights_sha256=state_sha256(trainer.model.state_dict()))
-        seed_globals(seeds.train)
     meta = {"config": container, "config_sha256": record["config_sha256"]}
     meta |= {"seeds": seeds.as_dict(), "env": env}
     saver = checkpoint.Saver(run_dir / rec.CHECKPOINTS, trainer, meta, cfg.trainer.keep_checkpoints)
@@ -483,6 +490,9 @@ def resume_from(
     point, trainer: TrainerState, record, env, device, run_dir: Path, container: dict
 ) -> None:
     trainer.load_state_dict(point.state)
+    # Issue 25: what the checkpoint could not restore, named; refused under strict.
+    unrestored = [] if point.forked else trainer.audit.unrestored()
+    check_unrestored(point, unrestored, container, run_dir)
     state = trainer.loop
     # The files may have run ahead of the checkpoint (killed after writing them).
     rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
@@ -490,7 +500,7 @@ def resume_from(
     if point.forked:
         log.info("forked from %s", point.path)
         return
-    entry = resume_entry(point, env, device, container)
+    entry = resume_entry(point, env, device, container, unrestored)
     record.update(resumes=[*record.data.get("resumes", []), entry])
     record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
     log.info("resumed from %s at epoch %d step %d", point.path.name, state.epoch, state.step)

@@ -118,6 +118,9 @@ class InMemoryImages(InMemoryTensors):
     but uint8 images is refused (use ``InMemoryTensors`` for features, tokens, ...).
     """
 
+    # A per-device copy of mean/std made on first use: not state (the resume audit skips it).
+    cache_attributes: tuple[str, ...] = ("_stats",)
+
     def __init__(
         self,
         val_fraction: float = 0.0,
@@ -175,11 +178,13 @@ class InMemoryImages(InMemoryTensors):
 class SampleData:
     """Base for map-style data: ``splits`` returns datasets whose item ``i`` is one sample.
 
-    ``transform(sample, train)`` runs in the loader's workers under torch and python
-    generators seeded from (augment seed, epoch, index) (``pipeline.SeededSamples``), so any
-    randomness drawn there is independent of workers and resumable. ``collate`` (a callable
-    from the YAML: list of samples -> batch) builds each batch; the default stacks. It must be
-    deterministic: randomness belongs in ``transform``.
+    ``transform(sample, train)`` runs in the loader's workers with torch's, python's and
+    numpy's global generators seeded from (augment seed, epoch, index) and restored after
+    (``pipeline.SeededSamples``), so any randomness drawn there is independent of workers
+    and resumable; ``transform(sample, train, rng)`` is also handed a seeded
+    ``numpy.random.Generator``. ``collate`` (a callable from the YAML: list of samples ->
+    batch) builds each batch; the default stacks. It runs under a per-batch seed, but
+    randomness belongs in ``transform``.
     """
 
     in_memory = False

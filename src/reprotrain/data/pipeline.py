@@ -13,10 +13,15 @@ Closes: augmentation randomness, two ways.
 - In-memory tensors go through the dataset's ``batch_transform`` keyed by
   ``(augment seed, e, s)``, on the training device, on the whole global batch (the uint8
   images' crop+flip of ``augment.py``).
-- Map-style datasets run their per-sample ``transform`` (and ``__getitem__``) under torch
-  and python generators seeded from ``(augment seed, e, sample index)`` (``SeededSamples``),
-  so the result never depends on which worker ran it, how many there are, or what ran
-  before; the dataset's ``collate`` then builds the batch.
+- Map-style datasets run their per-sample ``transform`` (and ``__getitem__``) with every
+  global RNG (torch, python ``random``, numpy's ``np.random``) seeded from
+  ``(augment seed, e, sample index)`` and restored afterwards (``SeededSamples``), so the
+  result never depends on which worker ran it, how many there are, or what ran before; a
+  transform that takes an ``rng`` keyword also gets a ``numpy.random.Generator`` for the
+  sample. The dataset's ``collate`` then builds the batch.
+- ``batch_transform`` (in-memory tensors) runs with the global RNGs seeded from
+  ``(augment seed, e, s)`` (evaluation: ``(augment seed, "eval", split, batch)``), restored
+  afterwards.
 
 - ``DevicePipeline`` keeps a whole in-memory dataset on the training device: indexing and
   the batch transform run there, with no worker processes.
@@ -26,6 +31,7 @@ Closes: augmentation randomness, two ways.
 
 from __future__ import annotations
 
+import inspect
 import random
 import re
 import signal
@@ -42,7 +48,7 @@ from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills lef
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.distributed import check_divisible, shard_global_batch
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.seeding import Seeds, counter_generator, stable_hash
+from reprotrain.repro.seeding import Seeds, counter_generator, scoped_globals, stable_hash
 
 
 def epoch_order(n: int, data_seed: int, epoch: int) -> torch.Tensor:
@@ -113,9 +119,15 @@ class _Base:
             return narrow(batch, rows.start, len(rows))
         return take(batch, torch.tensor(rows, device=self.device))
 
-    def _on_device(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
-        """A batch of in-memory tensors, moved, through the dataset's batch transform."""
-        batch = self.dataset.batch_transform(to_device(batch, self.device), key)
+    def _on_device(
+        self, batch: Batch, key: tuple[int, int, int] | None, scope: tuple = ()
+    ) -> Batch:
+        """A batch of in-memory tensors, moved, through the dataset's batch transform, with
+        the global RNGs seeded from ``key`` (training) or ``scope`` (evaluation)."""
+        where = key if key is not None else (self.augment_seed, *scope)
+        seed = stable_hash(*where, "global")  # apart from counter_generator(*key)'s stream
+        with scoped_globals(seed, self.device):
+            batch = self.dataset.batch_transform(to_device(batch, self.device), key)
         return channels_last(batch) if self.channels_last else batch
 
 
@@ -147,7 +159,20 @@ class DevicePipeline(_Base):
         for k, i in enumerate(range(0, n, size)):
             if self.limit_eval_batches and k >= self.limit_eval_batches:
                 return
-            yield self._on_device(narrow(samples, i, min(size, n - i)), None)
+            yield self._on_device(narrow(samples, i, min(size, n - i)), None, ("eval", split, k))
+
+
+class KeyedSamples(list):
+    """One batch's samples, with the key of its first sample (what seeds its collate)."""
+
+    key: tuple[int | None, int] = (None, 0)
+
+
+def keyed_items(dataset: Dataset, keys: list[tuple[int | None, int]]) -> KeyedSamples:
+    """``dataset.__getitems__``: the samples of ``keys``, remembering the first key."""
+    samples = KeyedSamples(dataset[k] for k in keys)
+    samples.key = keys[0] if keys else (None, 0)
+    return samples
 
 
 class TensorItems(Dataset):
@@ -162,20 +187,26 @@ class TensorItems(Dataset):
     def __getitem__(self, key: tuple[int | None, int]):
         return take(self.split.samples, key[1])
 
+    __getitems__ = keyed_items
+
 
 class SeededSamples(Dataset):
     """Item ``(epoch, i)``: sample ``i`` through ``transform`` under a counter-based seed.
 
-    torch's and python's global generators are seeded from ``(augment seed, epoch, i)`` for
-    the call (``__getitem__`` of the base dataset and the transform) and restored afterwards,
-    so a stock torchvision transform, or a user's ``torch.rand`` in ``__getitem__``, draws
-    the same value for sample ``i`` of epoch ``e`` in any worker, in any order, after any
-    resume. ``epoch=None`` (evaluation) seeds from ``(augment seed, "eval", i)``.
+    Every global generator (torch CPU, python ``random``, numpy's ``np.random``) is seeded
+    from ``(augment seed, epoch, i)`` for the call (``__getitem__`` of the base dataset and
+    the transform) and restored afterwards, so a stock torchvision transform, an
+    albumentations-style ``np.random`` draw or a user's ``torch.rand`` in ``__getitem__``
+    draws the same value for sample ``i`` of epoch ``e`` in any worker, in any order, after
+    any resume. A transform with an ``rng`` parameter is also handed
+    ``numpy.random.default_rng(seed)`` for the sample. ``epoch=None`` (evaluation) seeds
+    from ``(augment seed, "eval", i)``.
     """
 
     def __init__(self, base: Dataset, transform: Any, augment_seed: int, train: bool) -> None:
         self.base, self.transform, self.augment_seed = base, transform, augment_seed
         self.train = train
+        self.takes_rng = takes_rng(transform)
 
     def __len__(self) -> int:
         return len(self.base)
@@ -183,14 +214,38 @@ class SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int | None, int]):
         epoch, i = key
         seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i)
-        py_state = random.getstate()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            random.seed(seed)
-            try:
-                return self.transform(self.base[i], self.train)
-            finally:
-                random.setstate(py_state)
+        with scoped_globals(seed):
+            if self.takes_rng:
+                rng = np.random.default_rng(seed)
+                return self.transform(self.base[i], self.train, rng=rng)
+            return self.transform(self.base[i], self.train)
+
+    __getitems__ = keyed_items
+
+
+class SeededCollate:
+    """The dataset's collate with every global RNG seeded from ``(augment seed, "collate",
+    epoch, first sample index)`` and restored afterwards: a collate that draws (random
+    padding, cropping a sequence) gives the same batch in any worker, after any resume."""
+
+    def __init__(self, collate: Any, augment_seed: int) -> None:
+        self.collate, self.augment_seed = collate, augment_seed
+
+    def __call__(self, samples: list) -> Batch:
+        epoch, first = getattr(samples, "key", (None, 0))
+        seed = stable_hash(self.augment_seed, "collate", "eval" if epoch is None else epoch, first)
+        with scoped_globals(seed):
+            return self.collate(list(samples))
+
+
+def takes_rng(transform: Any) -> bool:
+    """Whether ``transform`` accepts an ``rng`` keyword (then it is handed a seeded
+    ``numpy.random.Generator`` per sample)."""
+    try:
+        params = inspect.signature(transform).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return False
+    return "rng" in params
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
@@ -296,7 +351,7 @@ class LoaderPipeline(_Base):
             dataset,
             batch_sampler=batch_sampler,
             num_workers=self.num_workers,
-            collate_fn=self.collate,
+            collate_fn=SeededCollate(self.collate, self.augment_seed),
             generator=g,
             worker_init_fn=seed_worker,
             pin_memory=self.device.type == "cuda",
@@ -313,11 +368,11 @@ class LoaderPipeline(_Base):
             if shutdown is not None:
                 shutdown()
 
-    def _finish(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
+    def _finish(self, batch: Batch, key: tuple[int, int, int] | None, scope: tuple = ()) -> Batch:
         if self.per_sample:  # already this rank's samples, transformed per sample
             batch = to_device(batch, self.device)
             return channels_last(batch) if self.channels_last else batch
-        batch = self._on_device(batch, key)
+        batch = self._on_device(batch, key, scope)
         return batch if key is None else self._rank_share(batch)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
@@ -337,8 +392,8 @@ class LoaderPipeline(_Base):
         batches = [keys[i : i + size] for i in range(0, len(keys), size)]
         if self.limit_eval_batches:
             batches = batches[: self.limit_eval_batches]
-        for batch in self._batches(dataset, batches, epoch=0):
-            yield self._finish(batch, None)
+        for k, batch in enumerate(self._batches(dataset, batches, epoch=0)):
+            yield self._finish(batch, None, ("eval", split, k))
 
 
 def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **kw: Any):

@@ -2,10 +2,12 @@
 
 Closes, per micro-batch, what the plain step leaves to the rank:
 
-- randomness: the global RNGs (dropout and anything else drawing from them) are seeded from
+- randomness: every global RNG (python ``random``, numpy's ``np.random``, torch CPU and
+  the GPU: dropout, a task's ``np.random.beta``) is seeded from
   ``(train seed, global step, global micro-batch index)`` around each micro-batch and put
-  back afterwards, and the task's ``ctx.generator`` is keyed by the same global index, so
-  no random state belongs to a rank and none is checkpointed;
+  back afterwards (``Stepper.seeded``), and the task's ``ctx.generator`` and
+  ``ctx.numpy_generator`` are keyed by the same global index, so no random state belongs
+  to a rank and none is checkpointed;
 - BatchNorm: normalisation over the micro-batch, running statistics once per step
   (``MicroBatchNorm``);
 - reduction: each micro-batch's gradients, loss and metric sums are kept apart and summed
@@ -18,8 +20,6 @@ contiguous share of the global batch (``shard_global_batch``) is exactly those.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,6 @@ from reprotrain import batches, fault_injection
 from reprotrain.engine import Stepper, autocast
 from reprotrain.invariant.batchnorm import MicroBatchNorm
 from reprotrain.invariant.exact_sum import Reducer, exact_sum, no_reduce
-from reprotrain.repro.seeding import stable_hash
 from reprotrain.tasks.base import StepContext, StepOutput
 from reprotrain.tasks.metrics import as_sum
 
@@ -51,14 +50,6 @@ class InvariantStepper(Stepper):
     def samples(self, batch: Any) -> int:
         return batches.batch_size(batch) * self.world_size
 
-    @contextlib.contextmanager
-    def _seeded(self, global_step: int, index: int) -> Iterator[None]:
-        """The global RNGs for one micro-batch, restored afterwards."""
-        device = self.state.loop.device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(stable_hash(self.train_seed, global_step, index, "global"))
-            yield
-
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
         state, device = self.state, self.state.loop.device
         n = batches.batch_size(batch)
@@ -75,7 +66,7 @@ class InvariantStepper(Stepper):
                 device, global_step=global_step, microbatch=index, microbatches=total_k,
                 train_seed=self.train_seed,
             )  # fmt: skip
-            with self._seeded(global_step, index), self.bn.micro_batch():
+            with self.seeded(global_step, index), self.bn.micro_batch():
                 with autocast(device, *self.amp):
                     out = StepOutput(*self.task.training_step(self.forward, micro, ctx))
                 loss = out.loss * weight

@@ -5,6 +5,12 @@ extending ``trainer.epochs`` and options that do not touch the numbers are allow
 corrupt or truncated newest checkpoint (``resume=auto`` falls back to the previous valid
 one and says so), and from a different torch / device type / world size (allowed with a
 warning, recorded in run.json, since bitwise equality is then no longer promised).
+
+Closes too: a resume recorded as bitwise that cannot be. After the restore, the checkpoint's
+digests of what it could not restore are compared (``resume_audit``); a difference is named
+in the resume's record (``bitwise_guarantee: false`` with ``unrestored``), and under
+``repro=strict`` the resume is refused in one line, leaving run.json and the config as they
+were, unless ``trainer.allow_unrestored_state=true``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,15 @@ import torch
 from reprotrain.config import flatten, is_identity
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro import checkpoint, comparability
-from reprotrain.repro.record import CHECKPOINTS, METRICS, RUN_JSON, now_iso, read_jsonl
+from reprotrain.repro.record import (
+    CHECKPOINTS,
+    METRICS,
+    RESOLVED_CONFIG,
+    RUN_JSON,
+    atomic_write_bytes,
+    now_iso,
+    read_jsonl,
+)
 
 log = logging.getLogger("reprotrain")
 
@@ -39,6 +53,9 @@ class ResumePoint:
     state: dict[str, Any]
     skipped: list[str] = field(default_factory=list)
     forked: bool = False  # a checkpoint of another run: this run dir starts a new record
+    # run.json and the resolved config as they were before this resume wrote anything:
+    # a resume refused after the restore puts them back (``refuse_unrestored``).
+    files_before: dict[str, bytes | None] = field(default_factory=dict)
 
 
 class AlreadyCompleted(ResumeError):
@@ -87,6 +104,10 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
             )
         point = ResumePoint(path, checkpoint.load(path), forked=not inside)
     _check_config(point, current)
+    point.files_before = {
+        name: (run_dir / name).read_bytes() if (run_dir / name).is_file() else None
+        for name in (RUN_JSON, RESOLVED_CONFIG)
+    }
     if (
         not point.forked
         and record is not None
@@ -161,10 +182,48 @@ def _changes(recorded: dict, current: dict) -> dict[str, tuple[Any, Any]]:
     }
 
 
+def check_unrestored(
+    point: ResumePoint, unrestored: list[str], current: dict, run_dir: Path
+) -> None:
+    """Under ``repro=strict`` a resume that cannot be bitwise is refused in one line, with
+    run.json and the resolved config put back as they were, unless the user allowed it."""
+    if not unrestored:
+        return
+    for line in unrestored:
+        log.warning(line)
+    trainer = current.get("trainer") or {}
+    strict = (current.get("repro") or {}).get("level") == "strict"
+    if not strict or trainer.get("allow_unrestored_state"):
+        return
+    if checkpoint_writer():
+        for name, data in point.files_before.items():
+            if data is not None:
+                atomic_write_bytes(run_dir / name, data)
+    more = f" (and {len(unrestored) - 1} more)" if len(unrestored) > 1 else ""
+    raise ResumeError(
+        f"refusing to resume {point.path.name} under repro=strict: {unrestored[0]}{more}; "
+        "give the object state_dict()/load_state_dict() that cover it, or pass "
+        "trainer.allow_unrestored_state=true (recorded as not bitwise)"
+    )
+
+
 def resume_entry(
-    point: ResumePoint, env: dict, device: torch.device, current: dict
+    point: ResumePoint,
+    env: dict,
+    device: torch.device,
+    current: dict,
+    unrestored: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The run.json history line for this resume, with any lost bitwise guarantee."""
+    """The run.json history line for this resume, with any lost bitwise guarantee: an
+    environment that differs (``mismatch``) or state the checkpoint could not restore
+    (``unrestored``, from the resume audit; ``audited: false`` for a checkpoint written
+    before the audit existed)."""
+    unrestored = list(unrestored or [])
+    if "audit" not in point.state:
+        unrestored.append(
+            f"{point.path.name} was written before the resume audit: state outside the "
+            "state_dicts was not checked"
+        )
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
     mismatch = comparability.differences(point.state["env"], env, invariant)
     if mismatch:
@@ -188,6 +247,8 @@ def resume_entry(
         "environment": {
             k: env[k] for k in ("python", "torch", "cuda", "cudnn", "device", "num_threads")
         },
-        "bitwise_guarantee": not mismatch,
+        "bitwise_guarantee": not mismatch and not unrestored,
         "mismatch": mismatch,
+        "unrestored": unrestored,
+        "audited": "audit" in point.state,
     }

@@ -8,16 +8,19 @@ reducing them across ranks, checkpointing partial sums, and logging ``train_<nam
 ``val_<name>``, ``test_<name>`` for every name in ``metrics``.
 
 Closes: task randomness. A step that draws (mixup, random masking, a sampled auxiliary
-loss) draws from ``ctx.generator`` (or ``ctx.seed``), a counter-based stream keyed by
-``(train seed, global step, micro-batch index)``: the same draws after any resume, with any
-``num_workers``, never from hidden global state. It is created on first use, so a task that
-does not draw costs nothing.
+loss) draws from ``ctx.generator`` (torch), ``ctx.numpy_generator`` (numpy) or ``ctx.seed``,
+counter-based streams keyed by ``(train seed, global step, micro-batch index)``: the same
+draws after any resume, with any ``num_workers``, never from hidden global state. Each is
+created on first use, so a task that does not draw costs nothing. A step that draws from
+the global RNGs instead (``np.random.beta``, ``random.random``, ``torch.rand``) is covered
+too: the engine seeds them from the same counters around every micro-batch.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,7 +45,7 @@ class StepContext:
     """
 
     __slots__ = ("_generator", "_seed", "device", "global_step", "microbatch", "microbatches")
-    __slots__ += ("train_seed", "training")
+    __slots__ += ("_numpy_generator", "train_seed", "training")
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class StepContext:
         self.train_seed = train_seed
         self._seed: int | None = None
         self._generator: torch.Generator | None = None
+        self._numpy_generator: np.random.Generator | None = None
 
     @property
     def seed(self) -> int:
@@ -78,6 +82,14 @@ class StepContext:
             self._generator = torch.Generator(device="cpu")
             self._generator.manual_seed(self.seed)
         return self._generator
+
+    @property
+    def numpy_generator(self) -> np.random.Generator:
+        """A fresh ``numpy.random.Generator`` seeded with ``seed`` (``default_rng(seed)``):
+        e.g. ``lam = ctx.numpy_generator.beta(a, a)`` for mixup."""
+        if self._numpy_generator is None:
+            self._numpy_generator = np.random.default_rng(self.seed)
+        return self._numpy_generator
 
 
 class Task:

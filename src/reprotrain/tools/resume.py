@@ -103,20 +103,25 @@ def primary_config_text(run_dir: Path) -> str:
     )
 
 
+def trainer_launcher(nproc: int = 1) -> list[str]:
+    """``python -m reprotrain.train``, under torchrun with ``nproc`` ranks when above 1
+    (what ``make train NPROC=N`` runs)."""
+    launcher = [sys.executable, "-m", "reprotrain.train"]
+    if nproc > 1:
+        launcher[1:1] = [
+            "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
+            "--shutdown-timeout=120",
+        ]  # fmt: skip
+    return launcher
+
+
 def resume_command(
     run_dir: Path, config_dir: Path, overrides: list[str], nproc: int = 1
 ) -> list[str]:
     """The trainer's command; under torchrun with ``nproc`` ranks when the run was DDP."""
-    launcher = ["-m", "reprotrain.train"]
-    if nproc > 1:
-        launcher = [
-            "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
-            "--shutdown-timeout=120", *launcher,
-        ]  # fmt: skip
     return [
-        sys.executable,
-        *launcher,
+        *trainer_launcher(nproc),
         f"--config-path={config_dir}",
         f"--config-name={PRIMARY.removesuffix('.yaml')}",
         hydra_override("hydra.run.dir", run_dir),

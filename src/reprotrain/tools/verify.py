@@ -1,12 +1,26 @@
 """``make verify``: run one config twice in fresh processes and demand identical bits.
 
-    python -m reprotrain.tools.verify [--out-dir outputs/verify] experiment=smoke ...
+    python -m reprotrain.tools.verify [--out-dir outputs/verify] [--nproc N] [--nproc-b M]
+                                      [--kill] experiment=smoke ...
 
 Each run gets its own directory (<out-dir>/<stamp>/a and b). Exit 0 only when every
 epoch's fingerprint (weights sha256 and step losses) and the final weights match; else
 print the first divergent epoch (and step) and the ``make bisect`` line that
 names the first divergent op, and exit 1. Exit 2 when a run was refused (the
 trainer's own one-line error is shown, not repeated) or failed.
+
+``--nproc N`` (``make verify NPROC=N``) runs both under torchrun with N processes;
+``--nproc-b M`` (``NPROC_B=M``) runs b with M instead, which a world-size-invariant config
+(``trainer.world_size_invariant=true``) promises gives the same bits (any other config is
+refused after run a: plain DDP changes the bits with the world size). The world sizes are
+read back from each run.json and named in the verdict line; a run that did not run at the
+world size asked for is an error, never a verdict.
+
+``--kill`` (``make verify KILL=1``) is the honest test of resume for the user's own code:
+run b is SIGKILLed (its whole process group) as soon as its first checkpoint is on disk,
+resumed with ``make resume``, and compared with the uninterrupted run a bit for bit. The
+verdict line also names the step it resumed from and whether the resume recorded itself as
+bitwise (``resumes[].bitwise_guarantee``).
 
 The run directories are chosen here, so ``hydra.run.dir`` and ``--multirun`` are refused.
 """
@@ -15,15 +29,21 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override
+from reprotrain.repro import checkpoint
+from reprotrain.repro.record import CHECKPOINTS, RUN_JSON
 from reprotrain.tools import cli
 from reprotrain.tools.bisect import bisect_command
-from reprotrain.tools.run_diff import compare_runs
+from reprotrain.tools.readers import read_run_json
+from reprotrain.tools.resume import trainer_launcher
+from reprotrain.tools.run_diff import Comparison, compare_runs
 
 _OWN = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
 
@@ -39,17 +59,110 @@ def check_overrides(overrides: list[str]) -> None:
             raise ReprotrainError("verify runs one config twice; --multirun is not supported")
 
 
-def run_once(overrides: list[str], run_dir: Path) -> tuple[int, str | None]:
-    cmd = [sys.executable, "-m", "reprotrain.train", *overrides]
-    cmd.append(hydra_override("hydra.run.dir", run_dir))
+def run_once(overrides: list[str], run_dir: Path, nproc: int = 1) -> tuple[int, str | None]:
+    cmd = [*trainer_launcher(nproc), *overrides, hydra_override("hydra.run.dir", run_dir)]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
-    return cli.run_forwarding_errors(cmd, env={**os.environ, "PYTHONHASHSEED": "0"})
+    return cli.run_forwarding_errors(cmd, env=_env())
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONHASHSEED": "0"}
+
+
+def run_killed_then_resumed(
+    overrides: list[str], run_dir: Path, nproc: int = 1, poll_s: float = 0.02
+) -> tuple[int, str | None]:
+    """Run b under a SIGKILL after its first checkpoint, then ``make resume`` it.
+
+    The kill goes to the trainer's whole process group (torchrun's agent, its ranks, the
+    loader workers), as a node failure would. A run that ends before any checkpoint is
+    written, or completes before the kill lands, proves nothing about resume: an error.
+    """
+    cmd = [*trainer_launcher(nproc), *overrides, hydra_override("hydra.run.dir", run_dir)]
+    print(f"$ {' '.join(cmd[1:])}   # SIGKILLed after its first checkpoint", flush=True)
+    proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
+    ckpts = run_dir / CHECKPOINTS
+    while proc.poll() is None and not checkpoint.list_step_checkpoints(ckpts):
+        time.sleep(poll_s)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    rc = proc.wait()
+    if rc == 0:
+        raise ReprotrainError(
+            f"run b in {run_dir} completed before the kill landed; checkpoint mid-run "
+            "(e.g. trainer.checkpoint_every_steps=2) so --kill has a run to interrupt"
+        )
+    if rc != -signal.SIGKILL:
+        return rc, None  # the trainer failed on its own: its error line was shown
+    if not checkpoint.list_step_checkpoints(ckpts):
+        raise ReprotrainError(f"run b in {run_dir} died before writing a checkpoint")
+    resume = [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir), "--nproc", str(nproc)]
+    print(f"$ {' '.join(resume[1:])}", flush=True)
+    return cli.run_forwarding_errors(resume, env=_env())
+
+
+def recorded_world_size(run_dir: Path, asked: int) -> int:
+    """The world size run.json says ran; an error if it is not the one asked for."""
+    size = read_run_json(run_dir).get("world_size", 1)
+    if size != asked:
+        raise ReprotrainError(
+            f"{run_dir / RUN_JSON} says world size {size}, {asked} process(es) were asked for; "
+            "nothing was compared"
+        )
+    return size
+
+
+def check_world_sizes(run_a: Path, nproc: int, nproc_b: int) -> None:
+    """Different world sizes compare only for a world-size-invariant run."""
+    if nproc != nproc_b and read_run_json(run_a).get("world_size_invariant") is not True:
+        raise ReprotrainError(
+            f"--nproc-b {nproc_b} differs from --nproc {nproc}, but this config is not "
+            "world-size-invariant (plain DDP changes the bits with the world size); add "
+            "trainer.world_size_invariant=true, or run both at one world size"
+        )
+
+
+def with_metrics(result: Comparison, a: Path, b: Path) -> Comparison:
+    """The same config twice must also log the same metrics: equal weights with a metric
+    that differs (a task's state a resume lost) is a divergence, not IDENTICAL."""
+    if not result.identical:
+        return result
+    final = [read_run_json(d).get("final_metrics") or {} for d in (a, b)]
+    if result.metric_diffs:
+        epoch = min(result.metric_diffs)
+        names = ", ".join(sorted(result.metric_diffs[epoch]))
+        result.identical, result.divergent_epoch = False, epoch
+        result.reasons.append(f"weights match but metrics differ ({names})")
+    elif final[0] != final[1]:
+        names = ", ".join(
+            sorted(k for k in {**final[0], **final[1]} if final[0].get(k) != final[1].get(k))
+        )
+        result.identical = False
+        result.reasons.append(f"weights match but final metrics differ ({names})")
+    return result
+
+
+def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None) -> str:
+    """The comparison's verdict, naming the world sizes (and the resume) it compared."""
+    head, _, rest = result.verdict().partition(": ")
+    what = f"world size {sizes[0]} vs {sizes[1]}"
+    if resume is not None:
+        claim = "bitwise" if resume.get("bitwise_guarantee") else "not bitwise"
+        what += (
+            f"; b SIGKILLed and resumed from global step {resume.get('global_step')}, "
+            f"recorded as {claim}"
+        )
+    return f"{head} ({what}): {rest}"
 
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.verify", __doc__)
     p.add_argument("--out-dir", type=cli.user_path, default=Path("outputs") / "verify")
+    p.add_argument("--nproc", type=_positive, default=1, help="processes of both runs")
+    p.add_argument("--nproc-b", type=_positive, default=None, help="processes of run b")
+    p.add_argument("--kill", action="store_true", help="SIGKILL run b after its first "
+                   "checkpoint, resume it, compare")  # fmt: skip
     args, overrides = p.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--") and o != "--multirun"]
     if unknown:
@@ -60,17 +173,26 @@ def main(argv: list[str] | None = None) -> int:
             raise ReprotrainError(
                 f"--out-dir {args.out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
             )
+    nproc_b = args.nproc if args.nproc_b is None else args.nproc_b
     base = args.out_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
     dirs = [base / "a", base / "b"]
-    for run_dir in dirs:
-        rc, error_line = run_once(overrides, run_dir)
-        if rc != 0:
-            if error_line is None:  # the trainer did not say why: say what we know
-                print(f"error: run in {run_dir} failed (exit {rc}); nothing to compare",
-                      file=sys.stderr)  # fmt: skip
-            return 2
-    result = compare_runs(*dirs)
-    print(result.verdict())
+    rc, error_line = run_once(overrides, dirs[0], args.nproc)
+    if rc == 0:
+        check_world_sizes(dirs[0], args.nproc, nproc_b)
+        if args.kill:
+            rc, error_line = run_killed_then_resumed(overrides, dirs[1], nproc_b)
+        else:
+            rc, error_line = run_once(overrides, dirs[1], nproc_b)
+    if rc != 0:
+        if error_line is None:  # the trainer did not say why: say what we know
+            failed = dirs[1] if (dirs[0] / RUN_JSON).is_file() else dirs[0]
+            print(f"error: run in {failed} failed (exit {rc}); nothing to compare",
+                  file=sys.stderr)  # fmt: skip
+        return 2
+    sizes = (recorded_world_size(dirs[0], args.nproc), recorded_world_size(dirs[1], nproc_b))
+    resume = (read_run_json(dirs[1]).get("resumes") or [None])[-1] if args.kill else None
+    result = with_metrics(compare_runs(*dirs), *dirs)
+    print(verdict_line(result, sizes, resume))
     for epoch, diffs in sorted(result.metric_diffs.items()):
         shown = ", ".join(f"{k}: {a} vs {b}" for k, (a, b) in diffs.items())
         print(f"  epoch {epoch}: {shown}")
@@ -78,6 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     if not result.identical:
         print(f"first divergent op: {bisect_command(*dirs)}")
     return 0 if result.identical else 1
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+_positive.__name__ = "process count (at least 1)"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,251 @@
+"""A resume that proves what it claims: what the checkpoint could not restore, named.
+
+Closes: a resume recorded as bitwise that is not. A checkpoint holds every ``state_dict()``
+the trainer knows of; user objects also keep state elsewhere (a task's list of predictions,
+a metric object, a counter on the model, a dataset's own generator) and global RNGs may be
+drawn from outside the framework's seeded scopes. At every checkpoint ``ResumeAudit``
+records a digest of
+
+- each instance attribute of the task, the dataset (its transforms are attributes of it)
+  and every module of the model, that changed since construction (a module's public
+  attributes only: parameters and buffers are the model's ``state_dict``), and
+- the global RNG states (python, numpy, torch CPU and the training GPU),
+
+and after a resume has restored every part, it recomputes them: each difference is one line
+naming the object and the attribute, e.g. ``task attribute `preds` (list, 250 items) is not
+in its state_dict(): this resume cannot be bitwise``. Attributes that are caches rebuilt
+on use (a per-device copy of constants) are declared by the class in ``cache_attributes``
+and left out.
+
+The digests are rank 0's (the rank that writes the checkpoint); under DDP its verdict is
+broadcast so every rank takes the same decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+import types
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from reprotrain.repro import rng
+
+# torch's own bookkeeping on every module (parameters, buffers, hooks, training flag).
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+_MAX_DEPTH = 6
+_BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is unchanged
+BITWISE = "this resume cannot be bitwise"
+
+
+def describe(value: Any) -> str:
+    """What a value is, for a person: ``list, 250 items``, ``Tensor [3, 4]``, ``int``."""
+    kind = type(value).__name__
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return f"{kind} {list(value.shape)}"
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"{kind}, {len(value)} items"
+    return kind
+
+
+class Digester:
+    """sha256 of a value's content, stable across processes: tensors and arrays by bytes,
+    containers recursively, generators by state, other objects by their attributes."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[int, tuple[torch.Tensor, int, str]] = {}
+
+    def __call__(self, value: Any) -> str:
+        h = hashlib.sha256()
+        self._feed(h, value, 0, set())
+        return h.hexdigest()
+
+    def _feed(self, h, value: Any, depth: int, seen: set[int]) -> None:
+        h.update(type(value).__qualname__.encode() + b"\0")
+        if value is None or isinstance(value, bool | int | float | complex | str | bytes):
+            h.update(repr(value).encode() + b"\0")
+            return
+        if isinstance(value, torch.Tensor):
+            h.update(self._tensor(value).encode())
+            return
+        if isinstance(value, np.ndarray):
+            if value.dtype == object:
+                self._feed(h, value.tolist(), depth + 1, seen)
+            else:
+                h.update(str((value.dtype.str, value.shape)).encode())
+                h.update(np.ascontiguousarray(value).tobytes())
+            return
+        if isinstance(value, np.generic):
+            h.update(repr(value.item()).encode())
+            return
+        if isinstance(value, types.FunctionType | types.BuiltinFunctionType | type):
+            h.update(getattr(value, "__qualname__", "").encode())  # code, not state
+            return
+        if isinstance(value, types.MethodType):
+            h.update(value.__func__.__qualname__.encode())
+            return
+        if id(value) in seen or depth > _MAX_DEPTH:
+            return
+        seen = seen | {id(value)}
+        if isinstance(value, random.Random):
+            self._feed(h, value.getstate(), depth + 1, seen)
+        elif isinstance(value, np.random.Generator):
+            self._feed(h, value.bit_generator.state, depth + 1, seen)
+        elif isinstance(value, np.random.RandomState):
+            self._feed(h, value.get_state(legacy=False), depth + 1, seen)
+        elif isinstance(value, torch.Generator):
+            h.update(value.get_state().numpy().tobytes())
+        elif isinstance(value, dict):
+            h.update(struct.pack("<q", len(value)))
+            for k, v in value.items():
+                self._feed(h, k, depth + 1, seen)
+                self._feed(h, v, depth + 1, seen)
+        elif isinstance(value, list | tuple):
+            h.update(struct.pack("<q", len(value)))
+            for v in value:
+                self._feed(h, v, depth + 1, seen)
+        elif isinstance(value, set | frozenset):
+            for item in sorted(self(v) for v in value):
+                h.update(item.encode())
+        elif isinstance(value, nn.Module):
+            self._feed(h, module_attributes(value), depth + 1, seen)
+            self._feed(h, dict(value.state_dict()), depth + 1, seen)
+        elif hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
+            self._feed(h, instance_attributes(value), depth + 1, seen)
+
+    def _tensor(self, t: torch.Tensor) -> str:
+        """A tensor's content digest; a big one unchanged since last time (same object, same
+        version counter) is not hashed again (a dataset held in memory)."""
+        if t.is_sparse or t.is_quantized or t.is_meta:
+            return f"{t.dtype}{list(t.shape)}:{t.layout}"
+        big = t.numel() * t.element_size() > _BIG_TENSOR
+        if big and (seen := self._tensors.get(id(t))) is not None:
+            held, version, digest = seen
+            if held is t and version == t._version:
+                return digest
+        data = t.detach().cpu().contiguous().reshape(-1)
+        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        digest = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode() + raw).hexdigest()
+        if big:
+            self._tensors[id(t)] = (t, t._version, digest)
+        return digest
+
+
+def instance_attributes(obj: Any) -> dict[str, Any]:
+    """An object's instance attributes (``__dict__`` and ``__slots__``), less the caches
+    its class declares in ``cache_attributes``."""
+    skip = set(getattr(type(obj), "cache_attributes", ()))
+    found = {k: v for k, v in getattr(obj, "__dict__", {}).items() if k not in skip}
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if name not in skip and name != "__dict__" and hasattr(obj, name):
+                found[name] = getattr(obj, name)
+    return found
+
+
+def module_attributes(module: nn.Module) -> dict[str, Any]:
+    """A module's own public attributes (``self.calls = 0``): torch's bookkeeping and the
+    private caches torch, DDP and compile set on modules lazily (``_...``) left out."""
+    attrs = instance_attributes(module)
+    return {k: v for k, v in attrs.items() if k not in _MODULE_INTERNALS and k[0] != "_"}
+
+
+class ResumeAudit:
+    """Digests of what a checkpoint restores and what it cannot, recorded and compared.
+
+    Built once the task, dataset and model exist (before any restore or step): that is
+    "construction". ``state_dict()`` is the checkpoint's ``audit`` entry; after a restore,
+    ``load_state_dict`` keeps the recorded entry and ``unrestored()`` compares.
+    """
+
+    optional = True  # checkpoints written before the audit have no entry
+
+    def __init__(self, task: Any, dataset: Any, model: nn.Module, device: torch.device) -> None:
+        self.owners = {"task": task, "dataset": dataset}
+        self.model, self.device = model, torch.device(device)
+        self.restorable = {"task": hasattr(task, "load_state_dict")}
+        self.digest = Digester()
+        self.recorded: dict[str, Any] | None = None
+        self.baseline = self._attributes()
+
+    def _attributes(self) -> dict[str, tuple[str, str]]:
+        """``{"task attribute `preds`": (digest, description)}`` for every watched one."""
+        found: dict[str, tuple[str, str]] = {}
+        for owner, obj in self.owners.items():
+            if obj is None:
+                continue
+            for name, value in instance_attributes(obj).items():
+                found[f"{owner} attribute `{name}`"] = (self.digest(value), describe(value))
+        for path, module in self.model.named_modules():
+            for name, value in module_attributes(module).items():
+                where = f"{path}.{name}" if path else name
+                found[f"model attribute `{where}`"] = (self.digest(value), describe(value))
+        return found
+
+    def _rngs(self) -> dict[str, str]:
+        state = rng.capture(self.device)
+        return {
+            "python": self.digest(state["python"]),
+            "numpy": self.digest(state["numpy"]),
+            "torch": self.digest(state["torch_cpu"]),
+            "cuda": self.digest(state["cuda"]),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Changed-since-construction attributes (digest, description) and RNG digests."""
+        now = self._attributes()
+        changed = {k: list(v) for k, v in now.items() if self.baseline.get(k) != v}
+        gone = [k for k in self.baseline if k not in now]
+        return {"version": 1, "changed": changed, "removed": gone, "rngs": self._rngs()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.recorded = state
+
+    def unrestored(self) -> list[str]:
+        """One line per difference between the checkpoint's digests and the restored state
+        (rank 0's verdict, the same on every rank); [] when everything matches."""
+        lines = self._compare() if _rank() == 0 else []
+        return _broadcast(lines)
+
+    def _compare(self) -> list[str]:
+        if self.recorded is None:
+            return []
+        now, lines = self._attributes(), []
+        changed = {k: tuple(v) for k, v in self.recorded.get("changed", {}).items()}
+        removed = set(self.recorded.get("removed", []))
+        for key in sorted(set(changed) | set(now) | set(self.baseline)):
+            want = changed.get(key, None if key in removed else self.baseline.get(key))
+            got = now.get(key)
+            if (want and want[0]) == (got and got[0]):
+                continue
+            shown = (want or got)[1]
+            owner = key.split(" ", 1)[0]
+            where = "its state_dict()" if owner != "model" else "the model's state_dict()"
+            lines.append(f"{key} ({shown}) is not in {where}: {BITWISE}")
+        for name, digest in self._rngs().items():
+            if digest != self.recorded.get("rngs", {}).get(name, digest):
+                lines.append(
+                    f"the global {name} RNG was drawn from outside the framework's seeded "
+                    f"scopes and is not re-derived on resume: {BITWISE}"
+                )
+        return lines
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _broadcast(lines: list[str]) -> list[str]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return lines
+    box: list[Any] = [lines]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -27,6 +27,7 @@ from reprotrain import components
 from reprotrain.config import PROJECT_GROUPS, register_configs, validate
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
+from reprotrain.repro import hashseed
 
 _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
 
@@ -96,9 +97,10 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return variants
 
 
-def check(argv: list[str]) -> str | bool | None:
+def check(argv: list[str], levels: list[str] | None = None) -> str | bool | None:
     """Compose and check every variant; returns the first one's ``resume`` (False when
-    Hydra only prints something and nothing runs)."""
+    Hydra only prints something and nothing runs). ``levels`` gets each variant's
+    ``repro.level``."""
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
         return False  # Hydra's own informational modes: nothing runs
@@ -114,6 +116,8 @@ def check(argv: list[str]) -> str | bool | None:
                 validate(cfg)
                 components.check(cfg)
                 resume.append(OmegaConf.select(cfg, "resume", default=None))
+                if levels is not None:
+                    levels.append(cfg.repro.level)
                 check_monitor(cfg)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
         raise ReprotrainError(_yaml_error(e) or _one_line(e)) from None
@@ -256,7 +260,9 @@ def cli_check() -> None:
         return
     try:
         check_argv_text(sys.argv[1:])
-        resume = check(sys.argv[1:])
+        levels: list[str] = []
+        resume = check(sys.argv[1:], levels)
+        hashseed.ensure_cpu_dispatch(levels)  # repro=portable: re-exec with its levers set
         if resume is not False:
             explicit_run_dir_is_free(sys.argv[1:], resume)
     except ReprotrainError as e:

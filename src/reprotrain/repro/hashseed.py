@@ -70,7 +70,7 @@ def portable_problem(
     return None
 
 
-def _cpu_flags() -> set | None:
+def cpu_flags() -> set | None:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -95,7 +95,7 @@ def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) ->
             "a --multirun cannot mix repro=portable with other levels (CPU kernel dispatch is "
             "fixed when the interpreter starts); run them as separate sweeps"
         )
-    problem = portable_problem(cpu_flags=_cpu_flags())
+    problem = portable_problem(cpu_flags=cpu_flags())
     if problem:
         raise ReprotrainError(problem)
     if all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items()):

@@ -28,7 +28,9 @@ def test_off_x86_64_the_portable_figure_is_skipped_with_the_reason(monkeypatch, 
     assert row["ratio"] == "skipped" and "aarch64" in row["sides"]
 
 
-@pytest.mark.skipif(not training.portable_supported()[0], reason="x86-64 with AVX2 only")
+@pytest.mark.skipif(
+    not training.portable_supported()[0], reason="repro=portable covers x86-64 CPUs with AVX2"
+)
 def test_the_portable_figure_measures_both_levels_interleaved(monkeypatch, tmp_path):
     seen: list[str] = []
 

@@ -217,3 +217,35 @@ def test_a_sweep_archive_made_on_another_cpu_model_goes_to_the_statistical_verdi
     assert report["mode"] == "statistical", proc.stdout + proc.stderr
     assert any("CPU: GenuineIntel Intel(R) Xeon(R)" in r for r in report["bits_not_promised"])
     assert "CONSISTENT" in proc.stdout and "DIVERGED" not in proc.stdout
+
+
+GRAVITON_CPUINFO = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid sve sve2 bf16 i8mm
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x0
+CPU part\t: 0xd4f
+CPU revision\t: 1
+"""
+
+
+def test_an_arm64_cpu_is_known_by_implementer_part_and_features():
+    got = cpu_identity.cpuinfo_fields(GRAVITON_CPUINFO)
+    assert (got["vendor"], got["family"], got["model"]) == ("0x41", "8", "0xd4f")
+    assert {"asimd", "sve", "sve2", "bf16", "i8mm"} <= set(got["isa_flags"])
+
+
+def test_on_macos_the_brand_string_names_the_cpu(monkeypatch):
+    import subprocess as sp
+
+    answers = {"machdep.cpu.brand_string": "Apple M2 Pro", "hw.model": "Mac14,9"}
+
+    def fake_run(cmd, **kw):
+        return sp.CompletedProcess(cmd, 0, stdout=answers.get(cmd[-1], "") + "\n", stderr="")
+
+    monkeypatch.setattr("platform.system", lambda: "Darwin")
+    monkeypatch.setattr("platform.machine", lambda: "arm64")
+    monkeypatch.setattr(sp, "run", fake_run)
+    got = cpu_identity.cpuinfo_fields("")
+    assert (got["vendor"], got["model_name"], got["model"]) == ("Apple", "Apple M2 Pro", "Mac14,9")

@@ -47,7 +47,10 @@ DISPATCH_ENV_VARS = (
 PORTABLE_READBACK = {"capability": "AVX2", "mkl_cbwr_branch": "COMPATIBLE"}
 
 #: /proc/cpuinfo flags the kernel libraries dispatch on (AVX2, the AVX-512 subsets, AMX).
-DISPATCH_FLAGS = re.compile(r"^(avx2|avx_vnni|fma|f16c|avx512.*|amx.*)$")
+#: On Linux aarch64, the ``Features`` line: NEON, SVE, SME, bf16 and int8 matmul.
+DISPATCH_FLAGS = re.compile(
+    r"^(avx2|avx_vnni|fma|f16c|avx512.*|amx.*|asimd.*|sve.*|sme.*|bf16|i8mm)$"
+)
 
 # mkl_cbwr.h: the branch codes mkl_cbwr_get(MKL_CBWR_BRANCH) returns.
 _MKL_BRANCHES = {
@@ -77,6 +80,8 @@ def cpuinfo_fields(text: str | None = None) -> dict[str, Any]:
             text = Path("/proc/cpuinfo").read_text()
         except OSError:
             text = ""
+    if not text and platform.system() == "Darwin":
+        return _macos_fields()
     first: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -93,6 +98,28 @@ def cpuinfo_fields(text: str | None = None) -> dict[str, Any]:
         "stepping": first.get("stepping") or first.get("CPU revision") or None,
         "model_name": first.get("model name") or platform.processor() or None,
         "isa_flags": sorted(f for f in flags.split() if DISPATCH_FLAGS.match(f)),
+    }
+
+
+def _macos_fields() -> dict[str, Any]:
+    """macOS has no /proc/cpuinfo: the brand string (``Apple M2 Pro``) names the model."""
+    import subprocess
+
+    def sysctl(name: str) -> str | None:
+        try:
+            out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True,
+                                 timeout=10)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() or None if out.returncode == 0 else None
+
+    return {
+        "vendor": "Apple" if platform.machine() == "arm64" else sysctl("machdep.cpu.vendor"),
+        "family": sysctl("hw.cpufamily"),
+        "model": sysctl("hw.model"),
+        "stepping": None,
+        "model_name": sysctl("machdep.cpu.brand_string"),
+        "isa_flags": [],
     }
 
 

@@ -90,3 +90,16 @@ def test_the_entry_point_refuses_portable_with_a_users_mkl_branch_in_one_line(tm
         "unset it"
     ]
     assert not run_dir.exists()
+
+
+@pytest.mark.skipif(not X86, reason="repro=portable covers x86-64")
+def test_mkls_avx2_branch_holds_on_intel_only_so_portable_uses_compatible():
+    """MKL honours MKL_CBWR=AVX2 on an Intel CPU; elsewhere it reads it back as AUTO
+    (measured: an AMD EPYC), which is why the AVX2 row's bits differ across vendors."""
+    from reprotrain.repro import cpu_identity
+
+    vendor = cpu_identity.cpuinfo_fields()["vendor"]
+    code = "from reprotrain.repro import cpu_identity as c; print(c.mkl_cbwr_branch())"
+    got = probe(base_env(MKL_CBWR="AVX2"), code)
+    assert got == ("AVX2" if vendor == "GenuineIntel" else "AUTO")
+    assert probe(base_env(MKL_CBWR="COMPATIBLE"), code) == "COMPATIBLE"

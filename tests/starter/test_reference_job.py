@@ -162,8 +162,19 @@ def pinned(table: list, key: dict[str, str]) -> str:
         if identity == key:
             return value
     shown = ", ".join(f"{k}={key[k]}" for k in ("CPU", "cpu capability", "oneDNN ISA"))
+    nearest = min((identity for identity, _ in table), key=lambda i: _distance(i, key))
+    differ = "; ".join(f"{k}: {nearest.get(k)} here {key.get(k)}" for k in _differing(nearest, key))
     pytest.skip(f"no pinned strict hash for this CPU identity ({shown}, {key['thread count']} "
-                "threads); repro=portable's pin holds here")  # fmt: skip
+                f"threads; the nearest pinned one differs in {differ}); repro=portable's pin "
+                "holds here")  # fmt: skip
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _distance(a: dict, b: dict) -> int:
+    return len(_differing(a, b))
 
 
 def test_micro_smoke_bits_are_pinned_and_one_microbatch_keeps_them(tmp_path):

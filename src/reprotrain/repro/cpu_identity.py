@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from reprotrain.repro.hashseed import PORTABLE_ENV
+from reprotrain.repro.hashseed import PORTABLE_CONFLICTS, PORTABLE_ENV
 
 #: Variables that steer which CPU kernels run (ATen, oneDNN, MKL) or the thread pools'
 #: sizes (the reduction order). Recorded, None when unset, and compared.
@@ -46,11 +46,10 @@ DISPATCH_ENV_VARS = (
 #: What the libraries report when PORTABLE_ENV is in force.
 PORTABLE_READBACK = {"capability": "AVX2", "mkl_cbwr_branch": "COMPATIBLE"}
 
-#: /proc/cpuinfo flags the kernel libraries dispatch on (AVX2, the AVX-512 subsets, AMX).
-#: On Linux aarch64, the ``Features`` line: NEON, SVE, SME, bf16 and int8 matmul.
-DISPATCH_FLAGS = re.compile(
-    r"^(avx2|avx_vnni|fma|f16c|avx512.*|amx.*|asimd.*|sve.*|sme.*|bf16|i8mm)$"
-)
+#: /proc/cpuinfo flags the kernel libraries dispatch on: on x86 (``flags``) AVX2, FMA, F16C,
+#: the AVX-512 subsets and AMX; on aarch64 (``Features``) NEON, SVE, SME, bf16, int8 matmul.
+X86_DISPATCH_FLAGS = re.compile(r"^(avx2|avx_vnni.*|fma|f16c|avx512.*|amx.*)$")
+ARM_DISPATCH_FLAGS = re.compile(r"^(asimd.*|sve.*|sme.*|bf16|i8mm)$")
 
 # mkl_cbwr.h: the branch codes mkl_cbwr_get(MKL_CBWR_BRANCH) returns.
 _MKL_BRANCHES = {
@@ -90,14 +89,17 @@ def cpuinfo_fields(text: str | None = None) -> dict[str, Any]:
             continue
         key, _, value = line.partition(":")
         first.setdefault(key.strip(), value.strip())
-    flags = first.get("flags") or first.get("Features") or ""  # x86 | arm64
+    if "flags" in first:  # x86
+        flags, wanted = first["flags"], X86_DISPATCH_FLAGS
+    else:  # aarch64
+        flags, wanted = first.get("Features", ""), ARM_DISPATCH_FLAGS
     return {
         "vendor": first.get("vendor_id") or first.get("CPU implementer") or None,
         "family": first.get("cpu family") or first.get("CPU architecture") or None,
         "model": first.get("model") or first.get("CPU part") or None,
         "stepping": first.get("stepping") or first.get("CPU revision") or None,
         "model_name": first.get("model name") or platform.processor() or None,
-        "isa_flags": sorted(f for f in flags.split() if DISPATCH_FLAGS.match(f)),
+        "isa_flags": sorted(f for f in flags.split() if wanted.match(f)),
     }
 
 
@@ -207,7 +209,8 @@ def portable_in_force(identity: dict[str, Any]) -> bool:
     readback = all(identity.get(k) == v for k, v in PORTABLE_READBACK.items())
     onednn = identity.get("onednn_isa")
     onednn_capped = onednn is None or onednn.endswith("AVX2")
-    return levers and readback and onednn_capped and env.get("DNNL_MAX_CPU_ISA") is None
+    no_conflict = all(env.get(name) is None for name in PORTABLE_CONFLICTS)
+    return levers and readback and onednn_capped and no_conflict
 
 
 def capture() -> dict[str, Any]:

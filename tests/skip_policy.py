@@ -4,8 +4,9 @@ Why: a skip whose reason stopped being true hides an untested promise behind a g
 (issue 20: the submitit requeue test was skipped for a trainer feature that had shipped). A
 test may skip only for what a machine can lack without anything being wrong with the code:
 a device (CUDA, MPS, a GPU), an optional extra that is not installed, an external binary
-(named in ``BINARIES``), or another CPU (a pinned hash measured on other CPU identities). Any other skip reason is listed at the end of the run and the run
-exits 1 (xfail is not a skip; deselection by ``-m`` is not either).
+(named in ``BINARIES``), or another CPU (a pinned hash measured on other CPU identities).
+Any other skip reason is listed at the end of the run and the run exits 1 (xfail is not a
+skip; deselection by ``-m`` is not either).
 """
 
 from __future__ import annotations

@@ -103,3 +103,30 @@ def test_mkls_avx2_branch_holds_on_intel_only_so_portable_uses_compatible():
     got = probe(base_env(MKL_CBWR="AVX2"), code)
     assert got == ("AVX2" if vendor == "GenuineIntel" else "AUTO")
     assert probe(base_env(MKL_CBWR="COMPATIBLE"), code) == "COMPATIBLE"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not X86, reason="repro=portable covers x86-64")
+def test_a_portable_archive_reproduces_bitwise_its_replay_sets_the_levers_again(tmp_path):
+    import json
+
+    from conftest import MICRO, assert_ok
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "reprotrain.train", *MICRO, "trainer.epochs=1",
+           "repro=portable", f"hydra.run.dir={run}"]  # fmt: skip
+    assert_ok(subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True))
+
+    def tool(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=base_env(),
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+
+    assert_ok(tool("reprotrain.tools.archive", str(run), "--out-dir", str(tmp_path / "a")))
+    (archive,) = (tmp_path / "a").glob("*.tar.gz")
+    proc = tool("reprotrain.tools.reproduce", str(archive), "--trust", "--runs-dir",
+                str(tmp_path / "rerun"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith("REPRODUCED (bitwise)")
+    (rerun,) = (tmp_path / "rerun").glob("*/run.json")
+    record = json.loads(rerun.read_text())
+    assert record["repro"]["level"] == "portable" and record["environment"]["cpu"]["portable"]

@@ -31,8 +31,9 @@ q = '$(subst ','\'',$(value $(1)))'
 check_args = @$(SHELL) -nc ': '$(call q,ARGS) 2>/dev/null || { printf 'error: ARGS=%s has a quote that is not closed; quote a whole value, e.g. ARGS="name=\047a b\047"\n' $(call q,ARGS) >&2; exit 2; }
 
 # Hash randomisation is fixed at interpreter start; the entry point also re-execs itself
-# when this is missing, so plain `python -m reprotrain.train` is covered too.
-export PYTHONHASHSEED := 0
+# when this is missing, so plain `python -m reprotrain.train` is covered too. A value of
+# your own (`PYTHONHASHSEED=123 make train`) is kept and recorded in run.json.
+export PYTHONHASHSEED ?= 0
 # Must be set before the first CUDA call (cuBLAS reads it once).
 export CUBLAS_WORKSPACE_CONFIG := :4096:8
 

@@ -12,6 +12,7 @@ both paths. Figures (see docs/notes/bench.md):
   P1  template / bare PyTorch loop, train images/s, at strict, warn and fast
   P2  DevicePipeline, LoaderPipeline / torchvision PIL transforms in a DataLoader, images/s
   P3  strict / fast step time; fill_uninitialized_memory on / off step time
+  portable  repro=portable / strict step time (x86-64 only; skipped elsewhere)
   P4  reference augmentation gather / fast path, seconds per batch (bit-identical)
   P5  checkpoint save+load / one epoch at 11.0M params (epoch estimated from step time)
   logger  default logger / logger=none (skipped while the config has no logger group)
@@ -37,9 +38,15 @@ from reprotrain.bench.checkpoint_cost import CheckpointSetup, measure_p5
 from reprotrain.bench.invariance_cost import InvariantSetup, measure_invariant
 from reprotrain.bench.pipelines import PipelineSetup, measure_p2, measure_p4
 from reprotrain.bench.results import markdown_table, table_rows, write_outputs
-from reprotrain.bench.training import BenchRunError, TrainSetup, measure_logger, measure_p1_p3
+from reprotrain.bench.training import (
+    BenchRunError,
+    TrainSetup,
+    measure_logger,
+    measure_p1_p3,
+    measure_portable,
+)
 
-FIGURES = ("P1", "P2", "P3", "P4", "P5", "logger", "invariant")
+FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "invariant")
 TINY = dict(widths=(16, 32, 64), convs_per_stage=1)  # the smoke suite's P5 model
 
 
@@ -165,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only & {"P1", "P3"}:
             log("P1/P3: template vs bare loop (subprocesses, interleaved)")
             results.update(measure_p1_p3(sizes["train"], out_dir / "runs", log))
+        if "portable" in args.only:
+            log("portable: repro=portable vs strict template step (interleaved)")
+            results["portable"] = measure_portable(sizes["train"], out_dir / "runs-portable", log)
         if "P2" in args.only:
             log("P2: pipelines vs torchvision PIL DataLoader")
             results["P2"] = measure_p2(sizes["pipelines"], log)

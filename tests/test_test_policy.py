@@ -149,6 +149,11 @@ SUITE_REASONS = [
     ("sha256sum not on PATH", "an external binary"),
     ("needs git", "an external binary"),
     ("needs ssh-keygen (OpenSSH)", "an external binary"),
+    (
+        "no pinned strict hash for this CPU identity (CPU=GenuineIntel Intel(R) Xeon(R) ...)",
+        "another CPU",
+    ),
+    ("repro=portable covers x86-64; this host is aarch64", "another CPU"),
 ]
 REFUSED = [
     "needs SIGUSR2 handling + submitit hand-over in the trainer (issue 9)",

@@ -39,7 +39,7 @@ class SeedConfig:
 
 @dataclass
 class ReproConfig:
-    level: str = "strict"  # strict | warn | fast
+    level: str = "strict"  # strict | warn | fast | portable (strict + x86-64-wide CPU paths)
     # CPU intra-op threads: cores // processes per node (DDP ranks, joblib jobs). They change
     # the reduction order, so the resolved number is recorded and compared on reproduce.
     num_threads: int = II("cores_per_job:")
@@ -140,7 +140,7 @@ def register_configs() -> None:
 
 
 CHOICES = {
-    "repro.level": ("strict", "warn", "fast"),
+    "repro.level": ("strict", "warn", "fast", "portable"),
     "trainer.pipeline": ("auto", "device", "loader"),
     "trainer.amp_dtype": ("bf16", "fp16"),
     "trainer.monitor_mode": ("max", "min"),

@@ -35,6 +35,7 @@ from reprotrain import components
 from reprotrain.config import PROJECT_GROUPS, register_configs, validate
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
+from reprotrain.repro import hashseed
 
 _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
 
@@ -372,6 +373,8 @@ def cli_check() -> None:
         check_argv_text(argv)
         composed = compose_all(argv)
         if composed is not False:
+            # repro=portable: re-exec with its levers set, before anything is decided or written
+            hashseed.ensure_cpu_dispatch([cfg.repro.level for cfg in composed])
             resume = OmegaConf.select(composed[0], "resume", default=None)
             explicit_run_dir_is_free(argv, resume)
             sys.argv += resume_before_hydra(argv, composed[0])

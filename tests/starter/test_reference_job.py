@@ -107,34 +107,111 @@ def test_smoke_bits_are_the_same_in_the_template_and_a_new_project(tmp_path):
 
 
 # --- the pinned bits ---------------------------------------------------------------------
+# What decides a run's CPU bits is what the comparability rule compares for it
+# (repro/comparability.py: cpu_key). Under strict: the CPU's whole identity (vendor, model,
+# ISA extensions, the paths torch/oneDNN/MKL chose, library versions, dispatch variables)
+# and the thread count; values are measured on the hosts named, and any other identity has
+# no value here: the test skips and names it (an Intel Xeon with AMX, AVX512 like the AMD
+# EPYC below, gave other bits: issue 24). Under portable: only the architecture and the
+# thread count, so the portable value must hold on every x86-64 machine with AVX2.
+AMD_EPYC_ZEN4 = {
+    "machine": "x86_64",
+    "thread count": "2",
+    "CPU": "AuthenticAMD AMD EPYC (family 25, model 17)",
+    "cpu ISA extensions": "avx2 avx512_bf16 avx512_bitalg avx512_vbmi2 avx512_vnni "
+    "avx512_vpopcntdq avx512bw avx512cd avx512dq avx512f avx512ifma avx512vbmi avx512vl f16c fma",
+    "cpu dispatch": "native",
+    "cpu capability": "AVX512",
+    "oneDNN ISA": "Intel AVX-512 with Intel DL Boost and bfloat16 support",
+    "oneDNN enabled": "True",
+    "MKL CNR branch": "BRANCH_OFF",
+    "MKL": "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 "
+    "for Intel(R) 64 architecture applications",
+    "oneDNN": "v3.12.0 (Git Hash 80afa71049cd69a3df32adcccb623b12cd7baa22)",
+    **dict.fromkeys(
+        ("$ATEN_CPU_CAPABILITY", "$ONEDNN_MAX_CPU_ISA", "$DNNL_MAX_CPU_ISA", "$MKL_CBWR",
+         "$MKL_ENABLE_INSTRUCTIONS", "$OMP_NUM_THREADS", "$MKL_NUM_THREADS"),
+        "none",
+    ),
+}  # fmt: skip
+#: final_weights_sha256 under strict: [(CPU identity, hash)].
+SMOKE = [(AMD_EPYC_ZEN4, "16947fe1ed7020b677cc220f368545b57e035f3e650e9512d630f17b14915747")]
+MICRO = [(AMD_EPYC_ZEN4, "3a4404d3a7864de95c50f6e8361fb94252a095cb7d902de873905b5dd3eeb42f")]
+#: final_weights_sha256 under repro=portable by (architecture, threads): measured the same on
+#: an AMD EPYC (Zen 4, family 25 model 17) and an Intel Xeon with AMX (issue 24).
+PORTABLE_MICRO = {("x86_64", 2): "d77712ccd167e867606a46730798959e864cae5a22748de4f1ffd71e8425591c"}
+MICRO_OVERRIDES = (
+    "experiment=smoke", "dataset.num_train=576", "dataset.num_test=256",
+    "trainer.batch_size=64", "trainer.epochs=2", "trainer.microbatch_size=64",
+    "logger=none", "repro.num_threads=2",
+)  # fmt: skip
 
-# final_weights_sha256 by (torch CPU capability, intra-op threads): values measured on the
-# hosts named; any other host has no value here and the test says so.
-SMOKE = {("AVX512", 2): "16947fe1ed7020b677cc220f368545b57e035f3e650e9512d630f17b14915747"}
-MICRO = {("AVX512", 2): "3a4404d3a7864de95c50f6e8361fb94252a095cb7d902de873905b5dd3eeb42f"}
+
+def host_cpu_key(threads: int) -> dict[str, str]:
+    """This host's key as a strict run here would record it (read before training, so a
+    host without a value skips without spending the run)."""
+    from reprotrain.repro import comparability, environment
+
+    env = environment.capture(torch.device("cpu"))
+    return comparability.cpu_key({**env, "num_threads": threads})
 
 
-def pinned(table: dict, record: dict) -> str:
-    """The hash pinned for the host the run recorded (its CPU capability and threads)."""
-    key = (record["environment"]["cpu"]["capability"], record["repro"]["num_threads"])
-    if key not in table:
-        pytest.skip(f"no pinned hash for torch CPU capability {key[0]} with {key[1]} threads")
-    return table[key]
+def pinned(table: list, key: dict[str, str]) -> str:
+    """The hash pinned for this CPU identity; a host the table has no value for skips."""
+    for identity, value in table:
+        if identity == key:
+            return value
+    shown = ", ".join(f"{k}={key[k]}" for k in ("CPU", "cpu capability", "oneDNN ISA"))
+    nearest = min((identity for identity, _ in table), key=lambda i: _distance(i, key))
+    differ = "; ".join(f"{k}: {nearest.get(k)} here {key.get(k)}" for k in _differing(nearest, key))
+    pytest.skip(f"no pinned strict hash for this CPU identity ({shown}, {key['thread count']} "
+                f"threads; the nearest pinned one differs in {differ}); repro=portable's pin "
+                "holds here")  # fmt: skip
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _distance(a: dict, b: dict) -> int:
+    return len(_differing(a, b))
 
 
 def test_micro_smoke_bits_are_pinned_and_one_microbatch_keeps_them(tmp_path):
+    from reprotrain.repro import comparability
+
+    key = host_cpu_key(2)
+    expected = pinned(MICRO, key)
     whole = tmp_path / "whole"
-    micro = ["dataset.num_train=576", "dataset.num_test=256", "trainer.batch_size=64"]
-    overrides = ["experiment=smoke", *micro, "trainer.epochs=2", "trainer.microbatch_size=64"]
-    assert_ok(train(whole, *overrides, "logger=none", micro=False))
+    assert_ok(train(whole, *MICRO_OVERRIDES, micro=False))
     record = run_json(whole)
-    assert record["final_weights_sha256"] == pinned(MICRO, record)
+    assert comparability.cpu_key(record["environment"]) == key
+    assert record["final_weights_sha256"] == expected
+
+
+def test_portable_micro_smoke_bits_are_the_pinned_ones_on_every_x86_64_cpu(tmp_path):
+    """repro=portable: one value for Intel and AMD, AVX2 or AVX-512 (issue 24's table)."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        pytest.skip(f"repro=portable covers x86-64; this host is {machine}")
+    run = tmp_path / "portable"
+    assert_ok(train(run, *MICRO_OVERRIDES, "repro=portable", micro=False))
+    record = run_json(run)
+    env = record["environment"]
+    assert record["repro"]["level"] == "portable" and env["cpu"]["portable"] is True
+    assert (env["cpu"]["capability"], env["cpu"]["mkl_cbwr_branch"]) == ("AVX2", "COMPATIBLE")
+    key = ("x86_64", record["repro"]["num_threads"])
+    assert record["final_weights_sha256"] == PORTABLE_MICRO[key]
 
 
 @pytest.mark.slow
 def test_smoke_run_bits_are_pinned(tmp_path):
+    expected = pinned(SMOKE, host_cpu_key(2))
     run = tmp_path / "smoke"
-    assert_ok(train(run, "experiment=smoke", "logger=none", micro=False, timeout=900))
+    assert_ok(train(run, "experiment=smoke", "logger=none", "repro.num_threads=2", micro=False,
+                    timeout=900))  # fmt: skip
     record = run_json(run)
-    assert record["final_weights_sha256"] == pinned(SMOKE, record)
+    assert record["final_weights_sha256"] == expected
     assert record["final_metrics"]["test_acc"] == 0.8974609375

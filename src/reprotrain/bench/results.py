@@ -38,7 +38,8 @@ def _row(figure: str, measure: str, result: dict, a: str, b: str, unit: str, **k
 
 def table_rows(results: dict) -> list[dict]:
     """The bench.md rows, from the bench.json content (missing figures are skipped)."""
-    figures = (_p1_rows, _p2_rows, _p3_rows, _p4_rows, _p5_rows, _logger_rows, _invariant_rows)
+    figures = (_p1_rows, _p2_rows, _p3_rows, _portable_rows, _p4_rows, _p5_rows, _logger_rows,
+               _invariant_rows)  # fmt: skip
     return [row for figure in figures for row in figure(results)]
 
 
@@ -103,6 +104,20 @@ def _p3_rows(results: dict) -> list[dict]:
             row["sides"] += " images/s"
             rows.append(row)
     return rows
+
+
+def _portable_rows(results: dict) -> list[dict]:
+    """repro=portable against strict: the cost of the x86-64-wide CPU paths."""
+    r = results.get("portable", {})
+    measure = "template step time, portable / strict"
+    if "skipped" in r:
+        return [{"figure": "portable", "measure": measure, "ratio": "skipped", "best": "",
+                 "sides": r["skipped"], "repeats": "0", "target": ""}]  # fmt: skip
+    if not r:
+        return []
+    row = _row("portable", measure, r, "strict", "portable", ".0f")
+    row["sides"] += " images/s"
+    return [row]
 
 
 def _p4_rows(results: dict) -> list[dict]:

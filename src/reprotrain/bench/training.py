@@ -1,4 +1,4 @@
-"""P1, P3 and the logger slot: the template's CLI and the bare loop, as subprocesses.
+"""P1, P3, portable and the logger slot: the template's CLI and the bare loop, as subprocesses.
 
 Only the template's public surface is used (``python -m reprotrain.train`` overrides and the
 ``epoch``/``images_per_s`` keys of metrics.jsonl), so the trainer's internals can change
@@ -215,3 +215,32 @@ def measure_logger(setup: TrainSetup, root: Path, log=print) -> dict:
     result = compare(values["none"], values["default"])
     result["overhead"] = result["ratio"] - 1.0
     return result
+
+
+def portable_supported() -> tuple[bool, str]:
+    """repro=portable covers x86-64 CPUs with AVX2 (``hashseed.portable_problem``)."""
+    from reprotrain.repro import hashseed
+
+    problem = hashseed.portable_problem(cpu_flags=hashseed.cpu_flags())
+    return problem is None, problem or ""
+
+
+def measure_portable(setup: TrainSetup, root: Path, log=print) -> dict:
+    """Template step time at repro=portable against strict (same threads, interleaved):
+    what pinning CPU dispatch to the x86-64-wide paths costs."""
+    ok, why = portable_supported()
+    if not ok:
+        return {"skipped": why}
+    fresh = Counter(root)
+    values = interleave(
+        {
+            "strict": lambda: _logged(
+                log, "template strict", run_template(setup, fresh("strict"), "strict")
+            ),
+            "portable": lambda: _logged(
+                log, "template portable", run_template(setup, fresh("portable"), "portable")
+            ),
+        },
+        setup.repeats,
+    )
+    return compare(values["strict"], values["portable"])  # step time portable / strict

@@ -7,8 +7,17 @@ the same bits here. What must match, and why:
 - device type; the world size (all-reduce order, per-rank batch shards), except for a
   ``trainer.world_size_invariant`` run;
 - torch, python, numpy, the machine architecture (the kernels and the host code);
-- the CPU's SIMD capability and the intra-op thread count, on GPU runs too: data order and
-  augmentation are computed on the CPU, and reduction order follows the thread count;
+- the intra-op thread count, and the CPU's identity for bits (``repro/cpu_identity.py``), on
+  GPU runs too (data order and augmentation are computed on the CPU; reduction order follows
+  the thread count): vendor, family, model and model name; the ISA extensions the libraries
+  dispatch on; the code paths torch (capability), oneDNN (ISA) and MKL (CNR branch) chose;
+  whether oneDNN is on; the MKL and oneDNN versions; the variables that steer dispatch.
+  Two AVX-512 CPUs of two vendors gave different bits (issue 24), so torch's capability
+  label alone is not enough; when in doubt a field is compared: a false "bits promised" is
+  worse than a statistical verdict;
+- when both runs pinned CPU dispatch to the portable paths (``repro=portable``, read back
+  as ``cpu.portable``), the CPU's vendor, model, name and ISA extensions are not compared
+  (the same bits on any x86-64 CPU with AVX2); everything else above still is;
 - on CUDA runs: the GPU model and its SM count (kernel choice and split-K / reduction
   tiling follow the SM count, so a MIG slice differs from the full GPU), the driver,
   CUDA and cuDNN versions, the variables that steer cuBLAS/cuBLASLt
@@ -30,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from reprotrain.repro.cpu_identity import DISPATCH_ENV_VARS
 from reprotrain.repro.environment import GPU_ENV_VARS
 
 MISSING: Any = type("NotRecorded", (), {"__repr__": lambda self: "not recorded"})()
@@ -75,6 +85,24 @@ def _cpu_capability(env: dict) -> Any:
     return value
 
 
+def cpu_model(env: dict) -> Any:
+    """``AuthenticAMD AMD EPYC (family 25, model 17)``: the CPU model the rule compares."""
+    cpu = _get("cpu")(env)
+    if not isinstance(cpu, dict) or "vendor" not in cpu:
+        return MISSING  # records before issue 24 kept only the name and capability
+    fields = [cpu.get(k) for k in ("vendor", "model_name", "family", "model")]
+    if not any(fields):
+        return None  # nothing known about this CPU (not Linux): matches only another unknown
+    vendor, name, family, model = fields
+    return f"{vendor} {name} (family {family}, model {model})"
+
+
+def cpu_dispatch(env: dict) -> Any:
+    """``portable`` or ``native``: whether the run's CPU dispatch was pinned (read back)."""
+    value = _get("cpu", "portable")(env)
+    return value if value is MISSING else ("portable" if value is True else "native")
+
+
 def _world_size(env: dict) -> Any:
     # Records from before the world size was recorded come from single-process runs.
     value = _get("world_size")(env)
@@ -99,8 +127,23 @@ RULE: tuple[tuple[str, Getter], ...] = (
     ("python", _get("python")),
     ("numpy", _get("numpy")),
     ("machine", _get("machine")),
-    ("cpu capability", _cpu_capability),
     ("thread count", _get("num_threads")),
+)
+#: (label, getter): compared on every run: the code paths chosen, and what steers them.
+CPU_DISPATCH_RULE: tuple[tuple[str, Getter], ...] = (
+    ("cpu dispatch", cpu_dispatch),
+    ("cpu capability", _cpu_capability),
+    ("oneDNN ISA", _get("cpu", "onednn_isa")),
+    ("oneDNN enabled", _get("cpu", "mkldnn_enabled")),
+    ("MKL CNR branch", _get("cpu", "mkl_cbwr_branch")),
+    ("MKL", _get("cpu", "mkl_version")),
+    ("oneDNN", _get("cpu", "onednn_version")),
+    *((f"${name}", _get("cpu", "dispatch_env", name)) for name in DISPATCH_ENV_VARS),
+)
+#: (label, getter): the CPU model; not compared when both runs are portable.
+CPU_MODEL_RULE: tuple[tuple[str, Getter], ...] = (
+    ("CPU", cpu_model),
+    ("cpu ISA extensions", _get("cpu", "isa_flags")),
 )
 #: (label, getter): compared when both runs are on CUDA.
 CUDA_RULE: tuple[tuple[str, Getter], ...] = (
@@ -125,11 +168,26 @@ NOTES: tuple[tuple[str, Getter], ...] = (
     ("visible gpus", _first(_get("gpu", "visible_devices"), _get("device", "count"))),
     ("mig mode", _get("gpu", "mig_mode")),
     ("gpu memory", _get("gpu", "total_memory_bytes")),
+    ("cpu stepping", _get("cpu", "stepping")),
 )
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value)) or "none"
     return "none" if value is None else repr(value) if value is MISSING else str(value)
+
+
+def both_portable(recorded_env: dict, current_env: dict) -> bool:
+    """Both runs read back the portable CPU paths: the CPU model does not decide the bits."""
+    return cpu_dispatch(recorded_env) == cpu_dispatch(current_env) == "portable"
+
+
+def cpu_rule(recorded_env: dict, current_env: dict) -> tuple[tuple[str, Getter], ...]:
+    """The CPU fields compared for this pair of runs."""
+    if both_portable(recorded_env, current_env):
+        return CPU_DISPATCH_RULE
+    return CPU_MODEL_RULE + CPU_DISPATCH_RULE
 
 
 def _compare(rules, recorded: dict, current: dict, missing_differs: bool = True) -> list[str]:
@@ -138,7 +196,10 @@ def _compare(rules, recorded: dict, current: dict, missing_differs: bool = True)
         a, b = get(recorded), get(current)
         if (a is MISSING or b is MISSING) and not (missing_differs and a is not b):
             continue
-        if a is MISSING or b is MISSING or a != b:
+        if isinstance(a, list) and isinstance(b, list) and a != b:
+            gone, new = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+            out.append(f"{label}: " + " ".join([*(f"-{x}" for x in gone), *(f"+{x}" for x in new)]))
+        elif a is MISSING or b is MISSING or a != b:
             out.append(f"{label}: {_show(a)} -> {_show(b)}")
     return out
 
@@ -156,6 +217,7 @@ def differences(
     """
     recorded_env, current_env = recorded_env or {}, current_env or {}
     rule = [r for r in RULE if not (world_size_invariant and r[0] == "world size")]
+    rule += cpu_rule(recorded_env, current_env)
     out = _compare(rule, recorded_env, current_env)
     if device_type(recorded_env) == "cuda" and device_type(current_env) == "cuda":
         out += _compare(CUDA_RULE, recorded_env, current_env)
@@ -166,9 +228,21 @@ def notes(recorded_env: dict, current_env: dict) -> list[str]:
     """Differences worth showing that do not affect the bits (OS string, which and how many
     GPUs, MIG mode, memory, allowlisted variables outside the rule)."""
     recorded_env, current_env = recorded_env or {}, current_env or {}
-    out = _compare(NOTES, recorded_env, current_env, missing_differs=False)
+    notes_rule = NOTES + (CPU_MODEL_RULE if both_portable(recorded_env, current_env) else ())
+    out = _compare(notes_rule, recorded_env, current_env, missing_differs=False)
     rvars, cvars = recorded_env.get("env") or {}, current_env.get("env") or {}
-    for name in sorted((set(rvars) | set(cvars)) - set(GPU_ENV_VARS)):
+    for name in sorted((set(rvars) | set(cvars)) - set(GPU_ENV_VARS) - set(DISPATCH_ENV_VARS)):
         if rvars.get(name) != cvars.get(name):
             out.append(f"${name}: {_show(rvars.get(name))} -> {_show(cvars.get(name))}")
     return out
+
+
+def cpu_key(env: dict) -> dict[str, str]:
+    """What decides a run's CPU bits, by the rule's labels: machine, thread count and every
+    CPU field the rule compares for this run (a portable run: not the CPU model). Two runs
+    of one lock with equal keys may promise bits; pinned-hash tests are keyed by it."""
+    env = env or {}
+    portable = cpu_dispatch(env) == "portable"
+    host = tuple(r for r in RULE if r[0] in ("machine", "thread count"))
+    rule = host + (CPU_DISPATCH_RULE if portable else CPU_MODEL_RULE + CPU_DISPATCH_RULE)
+    return {label: _show(get(env)) for label, get in rule}

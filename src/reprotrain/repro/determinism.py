@@ -1,4 +1,4 @@
-"""Determinism levels: strict, warn, fast.
+"""Determinism levels: strict, warn, fast, portable.
 
 Closes: cuDNN algorithm choice (benchmark off, deterministic on), nondeterministic CUDA
 kernels (``torch.use_deterministic_algorithms``), TF32 rounding, and the CPU intra-op thread
@@ -17,6 +17,11 @@ by ``torch.empty`` & co. with NaN (floats) or the max integer. We keep it on at 
 warn: a kernel that reads memory it never wrote then yields a loud, repeatable NaN instead
 of whatever bytes were there before, which would differ between runs. It costs a fill per
 allocation; ``repro.fill_uninitialized_memory=false`` turns it off and run.json records it.
+
+``portable`` is strict plus CPU kernel dispatch pinned to paths every x86-64 CPU with AVX2
+runs alike (``hashseed.PORTABLE_ENV``). Those variables only work when the libraries load, so
+the entry point sets them and re-execs (``hashseed.ensure_cpu_dispatch``); here they are read
+back from the libraries and a run whose levers are not in force is refused.
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ from reprotrain.errors import ReprotrainError
 log = logging.getLogger("reprotrain")
 
 CUBLAS_WORKSPACE = ":4096:8"
-LEVELS = ("strict", "warn", "fast")
+LEVELS = ("strict", "warn", "fast", "portable")
+DETERMINISTIC = ("strict", "warn", "portable")
 
 
 def apply(level: str, num_threads: int, fill_uninitialized_memory: bool = True) -> dict:
     """Apply a determinism level globally; returns the effective flags for run.json."""
     if level not in LEVELS:
         raise ValueError(f"unknown repro level {level!r}")
+    if level == "portable":
+        require_portable_dispatch()
     cublas_workspace()
     torch.set_num_threads(num_threads)
-    deterministic = level in ("strict", "warn")
+    deterministic = level in DETERMINISTIC
     torch.use_deterministic_algorithms(deterministic, warn_only=(level == "warn"))
     torch.utils.deterministic.fill_uninitialized_memory = (
         deterministic and fill_uninitialized_memory
@@ -54,6 +62,23 @@ def apply(level: str, num_threads: int, fill_uninitialized_memory: bool = True) 
     torch.backends.cudnn.allow_tf32 = not deterministic
     torch.set_float32_matmul_precision("highest" if deterministic else "high")
     return effective_flags(level)
+
+
+def require_portable_dispatch() -> None:
+    """Refuse repro=portable unless its CPU levers are in force, as the libraries report
+    them (torch's capability, MKL's CNR branch, oneDNN's ISA), not as we meant to set them."""
+    from reprotrain.repro import cpu_identity
+
+    identity = cpu_identity.capture()
+    if not cpu_identity.portable_in_force(identity):
+        seen = ", ".join(
+            f"{k}={identity.get(k)}" for k in ("capability", "mkl_cbwr_branch", "onednn_isa")
+        )
+        raise ReprotrainError(
+            f"repro=portable: CPU dispatch is not pinned in this process ({seen}); the "
+            "variables only work at interpreter start: run `python -m reprotrain.train` or "
+            "make train, which set them"
+        )
 
 
 def cublas_workspace() -> str:
@@ -88,7 +113,16 @@ def effective_flags(level: str) -> dict:
         "num_threads": torch.get_num_threads(),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
+        "cpu_dispatch": cpu_dispatch(),
     }
+
+
+def cpu_dispatch() -> str:
+    """``portable`` when the portable CPU levers are in force (read back), else ``native``."""
+    from reprotrain.repro import cpu_identity
+
+    return "portable" if cpu_identity.portable_in_force(cpu_identity.capture()) else "native"
 
 
 ALERT = "does not have a deterministic implementation"

@@ -1,7 +1,8 @@
 """Environment and code identity for run.json.
 
 Closes (as records): environment drift (python/torch/numpy, CUDA, cuDNN, the GPU and its
-driver, the CPU's SIMD capability, the thread count, the variables that steer cuBLAS) and
+driver, the CPU's identity and kernel dispatch, the thread count, the variables that steer
+cuBLAS and the CPU libraries) and
 code drift (git commit, branch, dirty flag; the diff is saved beside run.json).
 
 Every GPU field is always present: on a CPU host its value is None, so "recorded as absent"
@@ -28,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from reprotrain.repro import cpu_identity
 
 #: Variables that change which cuBLAS/cuBLASLt kernels run (and so the bits), or the TF32
 #: choice behind torch's back. Recorded (None when unset) and compared.
@@ -81,12 +84,11 @@ GPU_FIELDS = (
 
 
 def cpu_info() -> dict[str, Any]:
-    """The CPU model and the SIMD kernels torch dispatches to (AVX2 vs AVX-512 can change
-    the bits of CPU math: data order, augmentation, a CPU run's every step)."""
-    return {
-        "name": _cpu_model() or platform.machine(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-    }
+    """The CPU's identity for bits (``repro/cpu_identity.py``): vendor, family/model, model
+    name, the ISA extensions and the code paths torch, oneDNN and MKL chose, their versions
+    and the variables that steer them. Two AVX-512 CPUs of two vendors differ in the bits
+    of CPU math (data order, augmentation, a CPU run's every step)."""
+    return cpu_identity.capture()
 
 
 def device_info(device: torch.device) -> dict[str, Any]:
@@ -100,8 +102,12 @@ def device_info(device: torch.device) -> dict[str, Any]:
             "name": props.name,
             "capability": f"{props.major}.{props.minor}",
         }
-    cpu = cpu_info()
-    return {"type": device.type, "resolved": device.type, **cpu}
+    return {
+        "type": device.type,
+        "resolved": device.type,
+        "name": _cpu_model() or platform.machine(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def _indexed(device: torch.device) -> torch.device:

@@ -1,17 +1,36 @@
-"""PYTHONHASHSEED: the one control that only works at interpreter start.
+"""Controls that only work at interpreter start: PYTHONHASHSEED and CPU kernel dispatch.
 
 Closes: str/bytes hash randomisation, which changes set and dict-of-set iteration order
-between processes (and so anything built by iterating a set of strings). Python reads the
-variable once at start-up, so a running interpreter cannot fix it: ``ensure`` re-execs the
-current command with the variable set (Make and the Dockerfile also export it).
+between processes (and so anything built by iterating a set of strings); and, for
+``repro=portable``, CPU kernel dispatch (ATen's capability, oneDNN's ISA, MKL's CNR branch),
+which the libraries read from the environment once, when they load. A running interpreter
+cannot change either: ``ensure`` and ``ensure_cpu_dispatch`` re-exec the current command
+with the variables set (Make and the Dockerfile also export PYTHONHASHSEED). This module
+imports nothing heavy: it runs before torch is imported.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 
 FIXED_VALUE = "0"
+
+#: repro=portable: the code paths every x86-64 CPU with AVX2 runs alike, measured to give the
+#: same bits on an AMD EPYC (Zen 4) and an Intel Xeon with AMX (README, "Determinism levels").
+#: ATen capped at AVX2; oneDNN capped at AVX2; MKL's CNR branch COMPATIBLE (its AVX2 branch
+#: holds on Intel only: on AMD, MKL reads MKL_CBWR=AVX2 back as AUTO).
+PORTABLE_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
+}
+#: Set by the user, these would steer dispatch around the portable levers: refused.
+PORTABLE_CONFLICTS = ("DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+X86_64 = ("x86_64", "amd64")
 
 
 def ensure(argv: list[str] | None = None) -> None:
@@ -24,6 +43,75 @@ def ensure(argv: list[str] | None = None) -> None:
     if os.environ.get("PYTHONHASHSEED", "random").isdigit():
         return
     os.environ["PYTHONHASHSEED"] = FIXED_VALUE
+    _reexec(argv)
+
+
+def portable_problem(
+    env: dict[str, str] | None = None, machine: str | None = None, cpu_flags: set | None = None
+) -> str | None:
+    """Why repro=portable cannot run here (one line), or None. ``cpu_flags``: the flags of
+    /proc/cpuinfo (None: unknown, e.g. not Linux; torch's capability is checked later)."""
+    env = os.environ if env is None else env
+    machine = (machine or platform.machine()).lower()
+    if machine not in X86_64:
+        return (
+            f"repro=portable covers x86-64 CPUs with AVX2; this host is {machine} "
+            "(use repro=strict: identical bits on this CPU model)"
+        )
+    if cpu_flags is not None and "avx2" not in cpu_flags:
+        return "repro=portable needs a CPU with AVX2; this one has none (use repro=strict)"
+    for name, value in PORTABLE_ENV.items():
+        if name in env and env[name] != value:
+            mine = f"{name}={env[name]}"
+            return f"repro=portable sets {name}={value}; your environment has {mine}: unset it"
+    for name in PORTABLE_CONFLICTS:
+        if name in env:
+            return f"repro=portable pins CPU dispatch; {name}={env[name]} would steer it: unset it"
+    return None
+
+
+def cpu_flags() -> set | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return None
+
+
+def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) -> None:
+    """For repro=portable, re-exec with ``PORTABLE_ENV`` in place before torch loads again;
+    raise ``ReprotrainError`` (one line) where portable cannot hold. ``levels``: the
+    ``repro.level`` of every run this command starts (each variant of a ``--multirun``)."""
+    from reprotrain.errors import ReprotrainError
+
+    levels = set(levels)
+    if "portable" not in levels:
+        return
+    if len(levels) > 1:
+        raise ReprotrainError(
+            "a --multirun cannot mix repro=portable with other levels (CPU kernel dispatch is "
+            "fixed when the interpreter starts); run them as separate sweeps"
+        )
+    problem = portable_problem(cpu_flags=cpu_flags())
+    if problem:
+        raise ReprotrainError(problem)
+    if all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items()):
+        return
+    os.environ.update(PORTABLE_ENV)
+    if "torch" not in sys.modules:  # nothing has read them yet: no re-exec needed
+        return
+    if (argv if argv is not None else sys.argv)[:1] == ["-c"]:
+        raise ReprotrainError(
+            "repro=portable sets CPU dispatch variables at interpreter start; run "
+            "`python -m reprotrain.train` (or make train), not `python -c`"
+        )
+    _reexec(argv)
+
+
+def _reexec(argv: list[str] | None) -> None:
     args = argv if argv is not None else sys.argv
     sys.stdout.flush()
     sys.stderr.flush()

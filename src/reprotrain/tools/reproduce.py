@@ -67,7 +67,6 @@ needs no trust.
 
 from __future__ import annotations
 
-import copy
 import errno
 import json
 import math
@@ -78,9 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -96,13 +93,26 @@ from reprotrain.tools import (
     archive_check,
     cli,
     compare_sweeps,
+    replay_env,
+    replay_plan,
     sweep_archive,
     trust,
 )
 from reprotrain.tools.archive_check import MANIFEST, CheckedArchive, parse_manifest
+from reprotrain.tools.replay_plan import (
+    JobPlan,
+    Leg,
+    NotReplayable,
+    ReplayPlan,
+    current_data_dir,
+    plan_replay,
+)
 from reprotrain.tools.run_diff import compare_runs
 
-__all__ = ["MANIFEST", "Refusal", "main", "parse_manifest", "plan_replay", "reproduce"]
+__all__ = [
+    "MANIFEST", "Leg", "NotReplayable", "Refusal", "current_data_dir", "main", "parse_manifest",
+    "plan_replay", "reproduce",
+]  # fmt: skip
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
 EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
@@ -119,11 +129,6 @@ Refusal = ReproduceRefused  # the name the tests and older callers use
 
 
 # ----------------------------------------------------------------------------- the checks
-
-
-def current_data_dir(recorded_root: str) -> Path:
-    root = Path(recorded_root)
-    return root if root.is_absolute() else REPO_ROOT / root
 
 
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
@@ -238,120 +243,23 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
 # ----------------------------------------------------------------------------- resume history
 
 
-class NotReplayable(Exception):
-    """The archived history cannot be replayed: a NOT COMPARABLE reason, never DIVERGED."""
-
-
-@dataclass
-class Leg:
-    """One trainer process of a replay: fresh (the first) or resumed (``resume=auto``)."""
-
-    config: dict  # unresolved container this leg runs under
-    resume: bool
-    stop_at_global_step: int | None  # None: to the end (or --epochs)
-    changes: dict[str, Any] = field(default_factory=dict)  # vs the previous leg
-
-
-def _get(node: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(dotted)
-        node = node[part]
-    return node
-
-
-def _set(node: dict, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-
-
-def plan_replay(
-    final_config: dict, resumes: list[dict], until_global_step: int | None = None
-) -> list[Leg]:
-    """The trainer processes that replay a run's resume history.
-
-    ``resumes`` is run.json's list; an entry that changed the config carries
-    ``{"global_step": N, "overrides": {"<dotted key>": {"from": old, "to": new}}}``. Entries
-    without overrides (a plain interrupted-and-resumed run) are invisible to the numbers and
-    need no leg of their own. The first leg starts fresh from the config as it was before the
-    first change (``final_config`` with every change undone, newest first) and stops at the
-    first changing resume's step; each further leg resumes with that entry's overrides
-    applied. ``until_global_step`` drops legs that start at or after it (``--epochs``).
-    """
-    changing = []
-    last_step = -1
-    for entry in resumes or []:
-        if not isinstance(entry, dict) or not entry.get("overrides"):
-            continue
-        step, overrides = entry.get("global_step"), entry["overrides"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < last_step:
-            raise NotReplayable(f"resume entry with global_step {step!r} is out of order")
-        if not isinstance(overrides, dict) or not all(
-            isinstance(v, dict) and {"from", "to"} <= set(v) for v in overrides.values()
-        ):
-            raise NotReplayable(
-                f"the resume at global step {step} recorded overrides without their previous "
-                "values ({key: {from, to}})"
-            )
-        changing.append((step, overrides))
-        last_step = step
-    current = copy.deepcopy(final_config)
-    for step, overrides in reversed(changing):
-        for key, change in overrides.items():
-            try:
-                now = _get(current, key)
-            except KeyError:
-                raise NotReplayable(f"resume override {key} is not in the config") from None
-            if now != change["to"]:
-                raise NotReplayable(
-                    f"resume at global step {step} set {key}={change['to']!r}, but the config "
-                    f"has {now!r} there"
-                )
-            _set(current, key, change["from"])
-    legs = [Leg(config=copy.deepcopy(current), resume=False, stop_at_global_step=None)]
-    for step, overrides in changing:
-        if until_global_step is not None and step >= until_global_step:
-            break
-        legs[-1].stop_at_global_step = step
-        for key, change in overrides.items():
-            _set(current, key, change["to"])
-        legs.append(
-            Leg(
-                config=copy.deepcopy(current),
-                resume=True,
-                stop_at_global_step=None,
-                changes={k: c["to"] for k, c in overrides.items()},
-            )
-        )
-    return legs
-
-
 # ----------------------------------------------------------------------------- the re-run
 
 
 def rerun_command(
     config_dir: Path,
     run_dir: Path,
-    record: dict,
-    cfg,
+    job: JobPlan,
     stop_after_epoch: int | None,
     config_name: str = PRIMARY,
     leg: Leg | None = None,
 ) -> list[str]:
     """The trainer command for one leg: every path quoted for Hydra; ``resume=null`` on a
-    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited."""
+    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited;
+    the record's own part (seed, data root, device) from the plan."""
     overrides = [hydra_override("hydra.run.dir", run_dir)]
     overrides.append("resume=auto" if leg is not None and leg.resume else "resume=null")
-    seeds = record.get("seeds") or {}
-    if seeds.get("source") == "entropy":
-        overrides.append(f"seed.base={int(seeds['base'])}")
-    root = OmegaConf.select(cfg, "dataset.root", default=None)
-    if root is not None:  # a dataset read from disk: here, relative to this checkout
-        overrides.append(hydra_override("dataset.root", current_data_dir(str(root))))
-    # Replay on the recorded device type, not a fresh `auto` (a CPU archive stays on the CPU).
-    overrides.append(f"trainer.device={devices.replay_spec(devices.recorded_device(record))[0]}")
+    overrides += job.overrides
     if leg is not None and leg.stop_at_global_step is not None:
         overrides.append(f"trainer.stop_at_global_step={int(leg.stop_at_global_step)}")
     elif stop_after_epoch is not None:
@@ -362,19 +270,11 @@ def rerun_command(
     ]  # fmt: skip
 
 
-def rerun_env(source: Path, record: dict) -> dict[str, str]:
-    env = dict(os.environ)
+def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
+    """This user's environment, the archive's checked entries (``tools/replay_env.py``),
+    then what the replay itself needs, last so nothing from the archive replaces it."""
+    env = replay_env.apply(dict(os.environ), job.env)
     env["PYTHONPATH"] = str(source / "src")  # replaces, never extends: no other reprotrain
-    env["PYTHONHASHSEED"] = str((record.get("repro") or {}).get("pythonhashseed") or "0")
-    recorded_vars = (record.get("environment") or {}).get("env") or {}
-    if "CUBLAS_WORKSPACE_CONFIG" in recorded_vars:
-        env["CUBLAS_WORKSPACE_CONFIG"] = recorded_vars["CUBLAS_WORKSPACE_CONFIG"]
-    # The variables that steer cuBLAS/cuDNN, exactly as recorded (set, or unset).
-    for name, value in ((record.get("environment") or {}).get("gpu_env") or {}).items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
     # The snapshot is not a checkout: keep git from finding an enclosing repo's HEAD.
     env["GIT_CEILING_DIRECTORIES"] = str(source.resolve().parent)
     return env
@@ -469,10 +369,28 @@ def reproduce(args) -> int:
                 shutil.rmtree(dest, ignore_errors=True)
         return EXIT_REPRODUCED
     checked = archive_check.verify(archive, limits)
-    if sweep_archive.is_sweep_archive(checked):  # a sweep: every run, one verdict
+    sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
+    if sweep:
         from reprotrain.tools import reproduce_sweep  # it uses this module's helpers
 
-        return reproduce_sweep.replay(args, archive, checked)
+        jobs, epochs, until = reproduce_sweep.archived_jobs(checked, args.epochs), None, None
+    else:
+        checked = run_archive(args, archive, checked)
+        jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
+    try:
+        plan = replay_plan.build(jobs, until)
+    except NotReplayable as e:
+        print(f"NOT COMPARABLE: {e}")
+        return EXIT_NOT_COMPARABLE
+    # Trust, on the whole plan, before anything of the archive is built or resolved.
+    verdict_trust = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
+    if sweep:
+        return reproduce_sweep.replay(args, archive, plan, verdict_trust)
+    return _replay(args, archive, plan, epochs, verdict_trust)
+
+
+def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
+    """A run archive's record, checked; a refusal for what a run archive cannot do."""
     if args.mode == "statistical":
         raise Refusal(
             "MODE=statistical needs a sweep archive (make archive RUN=<sweep dir>): one run is "
@@ -481,43 +399,37 @@ def reproduce(args) -> int:
     checked = archive_check.check_record(checked)
     signed = ", signed" if checked.signature is not None else ""
     print(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
-    return _replay(args, archive, checked)
+    return checked
 
 
-def _replay(args, archive: Path, checked: CheckedArchive) -> int:
-    record, cfg = checked.record, checked.config
+def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
+    """(epochs compared, None: all; the global step the replay stops at, None: the end).
+    An interrupted archive is compared over the epochs it completed, never as DIVERGED for
+    the ones it did not get to."""
     done = completed_epochs(checked)
-    complete = record.get("status") == "completed"
     if done == 0:
         raise Refusal("the archived run completed no epoch; there is nothing to compare")
     if args.epochs is not None and not 1 <= args.epochs <= done:
         raise Refusal(f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)")
-    # An interrupted archive is compared over the epochs it completed, never as DIVERGED
-    # for the ones it did not get to.
+    complete = checked.record.get("status") == "completed"
     epochs = args.epochs if args.epochs is not None else (None if complete else done)
     until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
-    raw_cfg = OmegaConf.to_container(cfg, resolve=False)
-    try:
-        legs = plan_replay(raw_cfg, record.get("resumes") or [], until)
-        if len(legs) > 1 and "stop_at_global_step" not in (raw_cfg.get("trainer") or {}):
-            raise NotReplayable(
-                f"the run was resumed with changed overrides at global step(s) "
-                f"{', '.join(str(leg.stop_at_global_step) for leg in legs[:-1])}, and the "
-                "archived trainer has no trainer.stop_at_global_step to replay that history"
-            )
-    except NotReplayable as e:
-        verdict = f"NOT COMPARABLE: {e}"
-        print(verdict)
-        return EXIT_NOT_COMPARABLE
+    return epochs, until
 
+
+def _replay(
+    args, archive: Path, plan: ReplayPlan, epochs: int | None, verdict_trust: trust.Verdict
+) -> int:
+    (job,) = plan.jobs
+    checked, record, cfg = job.view, job.record, job.view.config
+    done, complete = completed_epochs(checked), record.get("status") == "completed"
+    print(f"trust    {verdict_trust.line()}")
     # Values the run read from its environment must be resolvable here (named, not shown).
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
         raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
-    # Trust first: fingerprinting the data builds the archived dataset config (code).
-    verdict_trust = trust.decide(checked, Path(args.repo), args.trusted_signers, args.trust)
-    print(f"trust    {verdict_trust.line()}")
+    # After the trust verdict: fingerprinting the data builds the dataset config (code).
     data_problem = check_archived_data(cfg, record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
     status = "" if complete else f" (run {record.get('status')}: comparing those)"
@@ -540,7 +452,7 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
         with FORWARD:  # from here on a stop signal is passed on, and this cleanup still runs
             top = archive_check.extract(checked, extract.resolve())
             print(f"code     re-run uses the archived source ({top / 'source'})")
-            return _rerun(args, archive, checked, top, legs, epochs, data_problem, env_values,
+            return _rerun(args, archive, job, top, epochs, data_problem, env_values,
                           partial_archive, verdict_trust)  # fmt: skip
     finally:
         if tmp_extract:
@@ -576,9 +488,11 @@ class SignalForwarder:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signum)
 
-    def call(self, cmd: list[str], cwd: Path, env: dict[str, str]) -> int:
+    def call(self, cmd: list[str], cwd: Path, env: dict[str, str], log=None) -> int:
+        """Run ``cmd`` to its end (its output to ``log``, else the terminal)."""
+        out = {} if log is None else {"stdout": log, "stderr": subprocess.STDOUT}
         self.proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, start_new_session=True, preexec_fn=_term_with_parent
+            cmd, cwd=cwd, env=env, start_new_session=True, preexec_fn=_term_with_parent, **out
         )
         try:
             return self.proc.wait()
@@ -616,29 +530,38 @@ def _interrupted(new_run: Path, record: dict, leg: int, rc: int | None) -> int:
     return EXIT_STOPPED
 
 
-def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | None:
-    """Run each leg of the replay into ``new_run``; an exit code when one fails, else None."""
-    record, cfg = checked.record, checked.config
-    for i, leg in enumerate(legs):
+def run_legs(
+    job: JobPlan,
+    epochs: int | None,
+    config_dir: Path,
+    new_run: Path,
+    source: Path,
+    env: dict[str, str],
+    prefix: str = PRIMARY,
+    log=None,
+) -> int | None:
+    """Run each leg of the job's replay into ``new_run`` (output to ``log``, else the
+    terminal); an exit code when one fails or a stop signal came, else None."""
+    out = log or sys.stdout
+    for i, leg in enumerate(job.legs):
         if FORWARD.received:
-            return _interrupted(new_run, record, i, None)
-        name = PRIMARY if len(legs) == 1 else f"{PRIMARY}-leg{i}"
+            return _interrupted(new_run, job.record, i, None)
+        name = prefix if len(job.legs) == 1 else f"{prefix}-leg{i}"
         text = (
-            checked.text("run/config.resolved.yaml")
-            if len(legs) == 1
+            job.view.text("run/config.resolved.yaml")
+            if len(job.legs) == 1
             else OmegaConf.to_yaml(OmegaConf.create(leg.config))
         )
         atomic_write_text(config_dir / f"{name}.yaml", _config_yaml(text))
-        last = i == len(legs) - 1
-        cmd = rerun_command(config_dir, new_run, record, cfg, epochs if last else None, name, leg)
+        last = i == len(job.legs) - 1
+        cmd = rerun_command(config_dir, new_run, job, epochs if last else None, name, leg)
         if leg.changes:
-            print(
-                f"leg {i}    resume with {', '.join(f'{k}={v!r}' for k, v in leg.changes.items())}"
-            )
-        print(f"$ {' '.join(cmd[1:])}", flush=True)
-        rc = FORWARD.call(cmd, source, env)
+            changes = ", ".join(f"{k}={v!r}" for k, v in leg.changes.items())
+            print(f"leg {i}    resume with {changes}", file=out)
+        print(f"$ {' '.join(cmd[1:])}", file=out, flush=True)
+        rc = FORWARD.call(cmd, source, env, log)
         if FORWARD.received:
-            return _interrupted(new_run, record, i, rc)
+            return _interrupted(new_run, job.record, i, rc)
         if rc == 2:
             # The archived trainer refused the config and said why on stderr, in one line.
             print("re-run   refused by the archived trainer (exit 2); see the line above")
@@ -646,7 +569,8 @@ def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | 
         # A leg that stops at a global step may report itself interrupted (75) or done (0).
         ok = (0,) if last else (0, EXIT_STOPPED)
         if rc not in ok or not (new_run / RUN_JSON).is_file():
-            print(f"error: the re-run failed (exit {rc}); see {new_run}/train.log", file=sys.stderr)
+            where = getattr(log, "name", None) or f"{new_run}/train.log"
+            print(f"error: the re-run failed (exit {rc}); see {where}", file=sys.stderr)
             return EXIT_RERUN_FAILED
     return None
 
@@ -685,18 +609,17 @@ def _verdict(result, reasons, lines, within, tolerance, scope, trusted):
 def _rerun(
     args,
     archive: Path,
-    checked: CheckedArchive,
+    job: JobPlan,
     top: Path,
-    legs: list[Leg],
     epochs: int | None,
     data_problem: str | None,
     env_values: list[str],
     partial_archive: str | None,
     verdict_trust: trust.Verdict,
 ) -> int:
-    record, cfg = checked.record, checked.config
+    record, cfg = job.record, job.view.config
     run, source = top / "run", top / "source"
-    env = rerun_env(source, record)
+    env = rerun_env(source, job)
     blocking, info = environment_differences(record, _current_preview(record, cfg, env))
     for line in blocking + info:
         print(f"env      {line}")
@@ -710,7 +633,7 @@ def _rerun(
     if not where.is_relative_to(source.resolve()):
         raise Refusal(f"the re-run would import reprotrain from {where}, not the archive")
     print(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
-    failed = _run_legs(checked, legs, epochs, config_dir, new_run, source, env)
+    failed = run_legs(job, epochs, config_dir, new_run, source, env)
     if failed is not None:
         return failed
 
@@ -735,7 +658,7 @@ def _rerun(
         "archived_experiment_id": record.get("experiment_id"),
         "archived_run": record.get("run_dir"),
         "epochs": epochs,
-        "legs": len(legs),
+        "legs": len(job.legs),
         "trust": {"rule": verdict_trust.rule, "detail": verdict_trust.detail},
         "fully_archivable": partial_archive is None,
         "verdict": verdict,

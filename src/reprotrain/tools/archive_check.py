@@ -32,6 +32,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.repro import run_schema
 from reprotrain.safetar import (
     ArchiveLimitError,
     Budget,
@@ -44,8 +45,8 @@ from reprotrain.safetar import (
 )
 from reprotrain.tools.readers import (
     completion_problem,
-    parse_json_object,
     parse_jsonl,
+    parse_record,
     parse_yaml_config,
 )
 
@@ -289,18 +290,7 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
                 f"{checked.label(rel)} is missing from the archive; not a complete run archive"
             )
     label = checked.label("run/run.json")
-    record = parse_json_object(checked.text("run/run.json"), label)
-    seeds = record.get("seeds")
-    if not isinstance(seeds, dict) or not _is_int(seeds.get("base")):
-        raise ReproduceRefused(f"{label}: no integer seeds.base; the record is incomplete")
-    repro = record.get("repro")
-    if not isinstance(repro, dict) or not isinstance(repro.get("level"), str):
-        raise ReproduceRefused(f"{label}: no repro.level; the record is incomplete")
-    for key in ("git", "environment", "data_fingerprint"):
-        if record.get(key) is not None and not isinstance(record[key], dict):
-            raise ReproduceRefused(f"{label}: {key} is not an object")
-    if not isinstance(record.get("resumes", []), list):
-        raise ReproduceRefused(f"{label}: resumes is not a list")
+    record = parse_record(checked.text("run/run.json"), label, run_schema.REPLAY)
     cfg = parse_yaml_config(
         checked.text("run/config.resolved.yaml"), checked.label("run/config.resolved.yaml")
     )

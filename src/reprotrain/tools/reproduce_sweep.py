@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReproduceRefused
+from reprotrain.repro import run_schema
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools import archive_check, compare_sweeps, trust
 from reprotrain.tools import reproduce as rp
 from reprotrain.tools.bisect import bisect_command
-from reprotrain.tools.readers import parse_json_object, parse_yaml_config
+from reprotrain.tools.readers import parse_json_object, parse_record, parse_yaml_config
 from reprotrain.tools.replay_plan import ReplayPlan
 from reprotrain.tools.run_diff import compare_runs
 from reprotrain.tools.sweep_archive import SWEEP
@@ -81,7 +82,8 @@ def archived_jobs(
         if "run/run.json" not in files or "run/config.resolved.yaml" not in files:
             raise ReproduceRefused(f"{checked.label(base)}: no run.json or config.resolved.yaml")
         view = dataclasses.replace(checked, files=files)
-        view.record = parse_json_object(view.text("run/run.json"), view.label(f"{base}/run.json"))
+        label = view.label(f"{base}/run.json")
+        view.record = parse_record(view.text("run/run.json"), label, run_schema.REPLAY)
         view.config = parse_yaml_config(view.text("run/config.resolved.yaml"), base)
         out.append((str(rel), view))
     return out

@@ -162,10 +162,10 @@ def relations(record: dict) -> list[str]:
 
 def check(record: Any, label: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """``record`` when it is a run.json with the ``required`` keys; else RecordError, one
-    line naming the file and the first problem."""
+    line naming the file and the (first three) problems."""
     found = problems(record, required)
     if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        hint = "" if found[0].endswith("incomplete") else f"; {HINT}"
-        raise RecordError(f"{label}: {found[0]}{more}{hint}")
+        shown = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
+        edited = any(not p.endswith("incomplete") for p in found)
+        raise RecordError(f"{label}: {shown}" + (f"; {HINT}" if edited else ""))
     return record

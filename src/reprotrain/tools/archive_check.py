@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
 import hashlib
+import lzma
 import os
 import re
 import shutil
@@ -39,7 +39,10 @@ from reprotrain.safetar import (
     Limits,
     check_sizes,
     clash,
+    compression,
     human,
+    open_stream,
+    open_tar,
     read_members,
     unsafe_reason,
 )
@@ -128,28 +131,19 @@ class CheckedArchive:
 
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Read a gzip stream to its end so its CRC is checked (tarfile stops at the first bad
-    header and would report a corrupt archive as merely missing members). A stream that
-    inflates past the size or ratio limits is refused as soon as it does."""
-    with open(archive, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            return
-    packed = archive.stat().st_size
-    # tar adds 512-byte headers and padding; allow them on top of the members' limit
-    cap = min(limits.max_total_bytes, max(limits.ratio_floor_bytes, limits.max_ratio * packed))
-    cap += 1024 * (limits.max_members + 2)
-    seen = 0
+    """Read the decompressed stream (gzip, bz2, xz or none) to its end, so its checksum is
+    checked (tarfile stops at the first bad header and would report a corrupt archive as
+    merely missing members); a stream that inflates past the size or ratio limits is
+    refused as soon as it does (``safetar.open_stream``)."""
+    kind = compression(archive).replace("none", "tar")
     try:
-        with gzip.open(archive, "rb") as f:
-            while chunk := f.read(1 << 20):
-                seen += len(chunk)
-                if seen > cap:
-                    raise ArchiveLimitError(
-                        f"{archive} inflates past {human(cap)} from {human(packed)} "
-                        "(limits --max-unpacked-bytes / --max-ratio); nothing extracted"
-                    )
-    except (OSError, EOFError, zlib.error) as e:
-        raise ReproduceRefused(f"{archive}: corrupt gzip stream ({e}); nothing extracted") from None
+        with open_stream(archive, limits) as stream:
+            while stream.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:
+        raise ReproduceRefused(
+            f"{archive}: corrupt {kind} stream ({e}); nothing extracted"
+        ) from None
 
 
 def _parts(name: str) -> tuple[str, ...]:
@@ -217,11 +211,11 @@ def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
         raise ReproduceRefused(f"{archive}: not a file (give the .tar.gz that make archive wrote)")
     try:
         check_compression(archive, limits)
-        with tarfile.open(archive, "r:*") as tar:
+        with open_tar(archive, limits) as tar:
             checked = _verify_open(archive, tar, limits)
     except ArchiveLimitError as e:
         raise ReproduceRefused(str(e)) from None
-    except (tarfile.TarError, EOFError, zlib.error) as e:
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
         raise ReproduceRefused(f"{archive}: not a readable tar archive ({e})") from None
     checked.limits = limits
     return checked
@@ -366,7 +360,7 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
 
 def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
     budget = Budget(checked.limits)
-    with tarfile.open(checked.path, "r:*") as tar:
+    with open_tar(checked.path, checked.limits) as tar:
         by_name = {m.name: m for m in read_members(tar, checked.limits)}
         for rel in sorted(checked.members):
             member = by_name[checked.members[rel].name]

@@ -27,12 +27,12 @@ import json
 import math
 import os
 import shutil
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused
 from reprotrain.repro import run_schema
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
@@ -52,9 +52,11 @@ def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None
     """A member's bytes, checked again against the verified manifest; None if absent."""
     if rel not in checked.manifest:
         return None
-    name = checked.members[rel].name
-    with tarfile.open(checked.path, "r:*") as tar:
-        data = tar.extractfile(tar.getmember(name)).read()
+    member = checked.members[rel]
+    if member.size > archive_check.RECORD_LIMIT_BYTES:
+        raise ReproduceRefused(f"{checked.label(rel)}: {member.size} bytes, too large for a record")
+    with safetar.open_tar(checked.path, checked.limits) as tar:
+        data = tar.extractfile(tar.getmember(member.name)).read()
     if hashlib.sha256(data).hexdigest() != checked.manifest[rel]:
         raise ReproduceRefused(f"manifest check failed: {checked.label(rel)} changed on disk")
     return data

@@ -34,6 +34,8 @@ cfg = OmegaConf.load(Path(opts["--config-path"]) / (opts["--config-name"] + ".ya
 subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True)  # as gitinfo does
 if os.environ.get("STAND_IN_ENV_DUMP"):
     Path(os.environ["STAND_IN_ENV_DUMP"]).write_text(json.dumps(dict(os.environ)))
+if os.environ.get("STAND_IN_STOP_PARENT"):  # as a `kill` of make reproduce would
+    os.kill(os.getppid(), 15)
 instantiate(cfg.model)
 """
 

@@ -59,7 +59,8 @@ Verdict (last line, naming the trust rule that let the code run) and exit code:
     4  the re-run itself failed     (its log is in the new run directory)
     75 INTERRUPTED                  SIGTERM/SIGINT/SIGHUP/SIGUSR2 reached this process: it
                                     was passed to the re-run (which checkpoints and stops),
-                                    reproduction.json says so, the temp dir is removed
+                                    reproduction.json says so, the temp dir is removed;
+                                    before the re-run: nothing ran, temp dirs removed
 
 ``--verify-only`` checks the members and the manifest and extracts; it runs nothing, so it
 needs no trust.
@@ -67,6 +68,7 @@ needs no trust.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -77,6 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -95,6 +98,7 @@ from reprotrain.tools import (
     compare_sweeps,
     replay_env,
     replay_plan,
+    stop_signals,
     sweep_archive,
     trust,
 )
@@ -355,18 +359,41 @@ def completed_epochs(checked: CheckedArchive) -> int:
 
 
 def reproduce(args) -> int:
+    """The replay, with stop signals unwinding it before the re-run starts (temp dirs
+    removed on the way out) and forwarded to the re-run once it has."""
+    try:
+        with stop_signals.raising():
+            return _reproduce(args)
+    except stop_signals.Stopped as e:
+        print(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed",
+              flush=True)  # fmt: skip
+        return EXIT_STOPPED
+
+
+@contextlib.contextmanager
+def extraction_dir(args, prefix: str) -> Iterator[Path]:
+    """``--extract-dir``, or a temp dir removed however the block ends."""
+    if args.extract_dir is not None:
+        yield Path(args.extract_dir)
+        return
+    tmp = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix))
+        yield tmp
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
     limits = archive_limits(args)
     if args.verify_only:
         checked = archive_check.verify(archive, limits)
-        dest = Path(args.extract_dir or tempfile.mkdtemp(prefix="reprotrain-verify-"))
-        try:
+        with extraction_dir(args, "reprotrain-verify-") as dest:
             archive_check.extract(checked, dest)
             print(f"archive  {archive}: manifest verified, extracted to {dest}")
-        finally:
-            if args.extract_dir is None:
-                shutil.rmtree(dest, ignore_errors=True)
         return EXIT_REPRODUCED
     checked = archive_check.verify(archive, limits)
     sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
@@ -444,19 +471,12 @@ def _replay(
     ]:
         print(f"code     {line}")
 
-    tmp_extract = args.extract_dir is None
-    extract = Path(
-        tempfile.mkdtemp(prefix="reprotrain-reproduce-") if tmp_extract else args.extract_dir
-    )
-    try:
-        with FORWARD:  # from here on a stop signal is passed on, and this cleanup still runs
-            top = archive_check.extract(checked, extract.resolve())
-            print(f"code     re-run uses the archived source ({top / 'source'})")
-            return _rerun(args, archive, job, top, epochs, data_problem, env_values,
-                          partial_archive, verdict_trust)  # fmt: skip
-    finally:
-        if tmp_extract:
-            shutil.rmtree(extract, ignore_errors=True)
+    # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
+    with extraction_dir(args, "reprotrain-reproduce-") as extract, FORWARD:
+        top = archive_check.extract(checked, extract.resolve())
+        print(f"code     re-run uses the archived source ({top / 'source'})")
+        return _rerun(args, archive, job, top, epochs, data_problem, env_values,
+                      partial_archive, verdict_trust)  # fmt: skip
 
 
 class SignalForwarder:

@@ -26,8 +26,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -101,14 +99,10 @@ def replay(args, archive: Path, plan: ReplayPlan, verdict_trust: trust.Verdict) 
     print(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:
         print(f"data     DIFFERS: {problems[0]}")
-    extract = Path(args.extract_dir or tempfile.mkdtemp(prefix="reprotrain-reproduce-"))
-    try:
-        with rp.FORWARD:  # a stop signal is passed on, and this cleanup still runs
-            top = archive_check.extract(plan.jobs[0].view, extract.resolve())
-            return _rerun(args, archive, top, plan, problems, verdict_trust)
-    finally:
-        if args.extract_dir is None:
-            shutil.rmtree(extract, ignore_errors=True)
+    # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
+    with rp.extraction_dir(args, "reprotrain-reproduce-") as extract, rp.FORWARD:
+        top = archive_check.extract(plan.jobs[0].view, extract.resolve())
+        return _rerun(args, archive, top, plan, problems, verdict_trust)
 
 
 def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) -> int:

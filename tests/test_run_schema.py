@@ -31,6 +31,8 @@ CONTRADICTIONS = [
     ({"repro": {"level": 3}}, "repro.level is 3, not a level name"),
     ({"epochs_completed": -1}, "epochs_completed is -1, not an integer >= 0"),
     ({"resumes": [{"global_step": "5"}]}, "resumes[0].global_step is a str"),
+    ({"resumes": [{"global_step": 5, "mismatch": [1]}]}, "resumes[0].mismatch is a list"),
+    ({"git": {"commit": "c", "not_archived": 3}}, "git.not_archived is 3, not a list of strings"),
     ({"status": "done"}, "status is a str, not one of running, completed"),
 ]  # fmt: skip
 VALID = {

@@ -97,6 +97,8 @@ FIELDS: dict[str, Form] = {
     "git": _nullable(OBJECT),
     "git.commit": _nullable(STRING),
     "git.dirty": _nullable(BOOL),
+    "git.fully_archivable": _nullable(BOOL),
+    "git.not_archived": _nullable(STRINGS),
     "data_fingerprint": _nullable(OBJECT),
     "data_fingerprint.sha256": _nullable(STRING),
     "lock_sha256": _nullable(STRING),
@@ -107,6 +109,13 @@ FIELDS: dict[str, Form] = {
     "components": _nullable(OBJECT),
     "env_drift": _nullable(OBJECT),
     "env_interpolations": _nullable(NESTED),
+}
+#: The form of each key of a ``resumes`` entry, when present.
+RESUME_FIELDS: dict[str, Form] = {
+    "global_step": COUNT,
+    "overrides": _nullable(NESTED),
+    "mismatch": _nullable(STRINGS),
+    "bitwise_guarantee": _nullable(BOOL),
 }
 #: What ``make reproduce`` needs to replay a run.
 REPLAY = ("seeds.base", "repro.level")
@@ -149,14 +158,16 @@ def problems(record: Any, required: tuple[str, ...] = ()) -> list[str]:
 
 
 def relations(record: dict) -> list[str]:
-    """What two well-formed fields say against each other."""
+    """What two well-formed fields say against each other, and each resume entry's keys."""
     out = []
     ranks, world = record.get("ranks"), record.get("world_size")
     if isinstance(ranks, list) and _is_int(world) and len(ranks) != world:
         out.append(f"ranks lists {len(ranks)} process(es) but world_size is {world}")
-    for i, entry in enumerate(record.get("resumes") or []):
-        if isinstance(entry, dict) and not _is_int(entry.get("global_step", 0), 0):
-            out.append(_wrong(f"resumes[{i}].global_step", entry["global_step"], COUNT.what))
+    resumes = record.get("resumes")
+    for i, entry in enumerate(resumes if isinstance(resumes, list) else []):
+        for key, form in RESUME_FIELDS.items():
+            if isinstance(entry, dict) and key in entry and not form.ok(entry[key]):
+                out.append(_wrong(f"resumes[{i}].{key}", entry[key], form.what))
     return out
 
 

@@ -18,13 +18,18 @@ Steps, each of which can stop the replay:
    ratio; ``--max-*``), and every file must match ``MANIFEST.sha256``. The
    record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
    the verified bytes: a malformed one is refused here, exit 2.
-2. **Trust** (``tools/trust.py``), before extraction and before anything in the archived
-   config is built: the archived code and config run only if (a) ``source/`` is the
-   recorded commit of this repository, rebuilt here, with no patch, and the config names
-   only callables that commit's ``conf/`` names for the same group
-   (``tools/config_trust.py``); (b) the manifest's ssh signature verifies against
-   ``--trusted-signers``; or (c) ``--trust``. Otherwise refused in one line saying how to
-   proceed.
+2. **The replay plan** (``tools/replay_plan.py``, the same for a run and a sweep): every
+   leg's config (a resumed run's first leg is built from its resume history), what the
+   archive sets in the re-run's environment (only the GPU variables the comparability rule
+   compares, each in its form, and ``PYTHONHASHSEED``: ``tools/replay_env.py``; anything
+   else is refused under every rule) and the record's part of the command line.
+   **Trust** (``tools/trust.py``) on that whole plan, before extraction and before
+   anything of it is built or resolved: the archived code and configs run only if (a)
+   ``source/`` is the recorded commit of this repository, rebuilt here, with no patch, and
+   every config of the plan names only callables that commit's ``conf/`` names for the
+   same group, with no interpolation (``tools/config_trust.py``); (b) the manifest's ssh
+   signature verifies against ``--trusted-signers``; or (c) ``--trust``. Otherwise
+   refused in one line saying how to proceed.
 3. **Data.** ``data_fingerprint`` of the recorded dataset config (this builds the dataset
    ``_target_``, hence after trust), computed here and now, must equal the one in
    ``run.json`` (refused unless ``--allow-data-drift``).
@@ -400,7 +405,9 @@ def _reproduce(args) -> int:
     if sweep:
         from reprotrain.tools import reproduce_sweep  # it uses this module's helpers
 
-        jobs, epochs, until = reproduce_sweep.archived_jobs(checked, args.epochs), None, None
+        if args.epochs is not None:
+            raise Refusal("--epochs is for one run; a sweep is replayed in full")
+        jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
@@ -441,6 +448,9 @@ def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
     complete = checked.record.get("status") == "completed"
     epochs = args.epochs if args.epochs is not None else (None if complete else done)
     until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
+    if until is not None and (not isinstance(until, int) or isinstance(until, bool)):
+        raise Refusal(f"{checked.label('run/fingerprints.jsonl')}: epoch {epochs} has no "
+                      "integer global_step")  # fmt: skip
     return epochs, until
 
 

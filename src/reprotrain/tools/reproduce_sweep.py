@@ -1,9 +1,11 @@
 """``make reproduce`` of a sweep archive: replay every archived run, then one verdict.
 
-The checks are the single-run ones (``tools/reproduce.py``), per job: the manifest (already
-verified), the data fingerprint, the trust rule (once for the shared source; rule (a) also
-checks every job's config), then each job is re-run from the archived source with its own
-``config.resolved.yaml`` and seeds into ``<runs-dir>/<stamp>/<job>``.
+The checks are the single-run ones (``tools/reproduce.py``), through the same code: every
+job's record is read through the run.json schema, the replay plan holds every job (each leg
+of its resume history, its environment entries; ``tools/replay_plan.py``) and is trusted or
+refused as a whole, then the data fingerprints, then each job is re-run leg by leg from the
+archived source with its own config and seeds into ``<runs-dir>/<stamp>/<job>`` (its output
+in ``logs/job-<i>.log``), a stop signal passed on to it as for one run.
 
 The verdict:
 
@@ -36,6 +38,7 @@ from reprotrain.repro import run_schema
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools import archive_check, compare_sweeps, trust
 from reprotrain.tools import reproduce as rp
+from reprotrain.tools.archive_check import CheckedArchive
 from reprotrain.tools.bisect import bisect_command
 from reprotrain.tools.readers import parse_json_object, parse_record, parse_yaml_config
 from reprotrain.tools.replay_plan import ReplayPlan
@@ -60,13 +63,9 @@ def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None
     return data
 
 
-def archived_jobs(
-    checked: archive_check.CheckedArchive, epochs: int | None = None
-) -> list[tuple[str, archive_check.CheckedArchive]]:
+def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, CheckedArchive]]:
     """(the job's folder under sweep/, the archive as if it held only that run), for every
     job archive.json lists, each record read and checked."""
-    if epochs is not None:
-        raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
     meta = parse_json_object(checked.text(archive_check.ARCHIVE_JSON), "archive.json")
     jobs = meta.get("jobs")
     if not isinstance(jobs, list) or not jobs:

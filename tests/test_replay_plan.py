@@ -22,7 +22,16 @@ from reprotrain.repro.environment import GPU_ENV_VARS
 from reprotrain.tools import archive as arch
 from reprotrain.tools import replay_env, replay_plan, sweep_archive
 from reprotrain.tools import reproduce as repro
-from test_trust import _git, fake_run, job_config, one_error_line, repo, reproduce  # noqa: F401
+from test_trust import (  # noqa: F401
+    _git,
+    fake_run,
+    job_config,
+    one_error_line,
+    repack,
+    repo,
+    reproduce,
+    unpack,
+)
 
 STAND_IN_TRAINER = """\
 import json, os, subprocess, sys
@@ -50,17 +59,19 @@ def trainer_repo(repo: Path) -> Path:
 
 
 def hostile_archive(tmp_path, repo, config: str, monkeypatch, files=None, **record) -> Path:
-    """An untouched archive of a commit of ``repo`` whose run.json gains ``record`` and whose
-    run dir gains ``files`` ({path under run/: text}); the manifest is the archiver's own."""
+    """An archive of an untouched commit of ``repo`` whose run.json gains ``record`` after
+    archiving (the manifest regenerated, as its author would) and whose run dir gains
+    ``files`` ({path under run/: text})."""
     monkeypatch.setattr(arch, "pip_freeze", lambda: "")
     run = fake_run(tmp_path, repo, config)
-    data = json.loads((run / "run.json").read_text())
-    (run / "run.json").write_text(json.dumps({**data, **record}))
     for rel, text in (files or {}).items():
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(text)
     path, _ = arch.build(run, tmp_path / "out", repo=repo)
-    return path
+    top = unpack(path, tmp_path / "unpacked")
+    data = json.loads((top / "run/run.json").read_text())
+    (top / "run/run.json").write_text(json.dumps({**data, **record}))
+    return repack(top, tmp_path / "hostile.tar.gz")
 
 
 def assert_nothing_ran(tmp_path: Path, *markers: Path) -> None:
@@ -112,7 +123,7 @@ def test_an_archived_git_trace_appends_to_no_file(
         ("gpu_env", {"PATH": "/tmp/evil"}),
         ("gpu_env", {"CUBLAS_WORKSPACE_CONFIG": ":4096:8 /tmp/x"}),
         ("gpu_env", {"NVIDIA_TF32_OVERRIDE": "../../x"}),
-        ("gpu_env", {"CUBLASLT_WORKSPACE_SIZE": 4096}),
+        ("gpu_env", {"CUBLASLT_WORKSPACE_SIZE": "4096k"}),
         ("env", {"CUBLAS_WORKSPACE_CONFIG": "/etc/passwd"}),
     ],
 )

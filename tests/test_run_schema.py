@@ -26,7 +26,7 @@ CONTRADICTIONS = [
      "ranks lists 7 process(es) but world_size is 1"),
     ({"environment": {"gpu_env": [1]}}, "environment.gpu_env is a list, not an object"),
     ({"environment": {"gpu_env": {"CUBLAS_WORKSPACE_CONFIG": 4096}}},
-     "environment.gpu_env is a dict, not an object of variable names to strings"),
+     "environment.gpu_env is a dict, not an object of {variable name: string or null}"),
     ({"seeds": {"base": "1"}}, "seeds.base is a str, not an integer"),
     ({"repro": {"level": 3}}, "repro.level is 3, not a level name"),
     ({"epochs_completed": -1}, "epochs_completed is -1, not an integer >= 0"),

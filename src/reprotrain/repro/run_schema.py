@@ -61,7 +61,7 @@ HASHSEED = Form(
 )
 STATUS = Form(f"one of {', '.join(STATUSES)}", lambda v: v in STATUSES)
 VARIABLES = Form(
-    "an object of variable names to strings or null",
+    "an object of {variable name: string or null}",
     _mapping(lambda x: x is None or isinstance(x, str)),
 )
 

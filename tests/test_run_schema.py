@@ -18,22 +18,22 @@ from test_trust import fake_run, job_config, one_error_line, repack, repo, repro
 
 #: (change to a valid record, what the one line names)
 CONTRADICTIONS = [
-    ({"world_size": "two"}, "world_size is a str, not an integer >= 1"),
-    ({"world_size": 0}, "world_size is 0, not an integer >= 1"),
+    ({"world_size": "two"}, "world_size 'two' is not a positive integer"),
+    ({"world_size": 0}, "world_size 0 is not a positive integer"),
     ({"seeds": None}, "seeds is None, not an object"),
     ({"world_size": 1, "ranks": 7}, "ranks is 7, not a list of objects"),
     ({"world_size": 1, "ranks": [{"rank": i} for i in range(7)]},
-     "ranks lists 7 process(es) but world_size is 1"),
+     "world_size 1 but 7 rank(s) recorded"),
     ({"environment": {"gpu_env": [1]}}, "environment.gpu_env is a list, not an object"),
     ({"environment": {"gpu_env": {"CUBLAS_WORKSPACE_CONFIG": 4096}}},
      "environment.gpu_env is a dict, not an object of {variable name: string or null}"),
-    ({"seeds": {"base": "1"}}, "seeds.base is a str, not an integer"),
-    ({"repro": {"level": 3}}, "repro.level is 3, not a level name"),
-    ({"epochs_completed": -1}, "epochs_completed is -1, not an integer >= 0"),
-    ({"resumes": [{"global_step": "5"}]}, "resumes[0].global_step is a str"),
+    ({"seeds": {"base": "1"}}, "seeds.base '1' is not an integer"),
+    ({"repro": {"level": 3}}, "repro.level 3 is not a level name"),
+    ({"epochs_completed": -1}, "epochs_completed -1 is not an integer >= 0"),
+    ({"resumes": [{"global_step": "5"}]}, "resumes[0].global_step '5' is not an integer >= 0"),
     ({"resumes": [{"global_step": 5, "mismatch": [1]}]}, "resumes[0].mismatch is a list"),
     ({"git": {"commit": "c", "not_archived": 3}}, "git.not_archived is 3, not a list of strings"),
-    ({"status": "done"}, "status is a str, not one of running, completed"),
+    ({"status": "done"}, "status 'done' is not one of running, completed"),
 ]  # fmt: skip
 VALID = {
     "status": "completed",
@@ -125,14 +125,14 @@ def test_a_sweep_archive_and_its_replay_read_records_through_the_same_schema(
     (sweep / "1/run.json").write_text(json.dumps({**record, "world_size": 0}))
     rc = arch.main([str(sweep), "--out-dir", str(tmp_path / "out2"), "--repo", str(repo)])
     line = one_error_line(capsys.readouterr().err)
-    assert rc == 2 and "world_size is 0" in line and not (tmp_path / "out2").exists()
+    assert rc == 2 and "world_size 0 is not" in line and not (tmp_path / "out2").exists()
 
 
 def test_every_reader_of_a_run_dir_applies_the_schema(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text(json.dumps({**VALID, "world_size": "two"}))
-    with pytest.raises(RecordError, match="world_size is a str"):
+    with pytest.raises(RecordError, match="world_size 'two' is not"):
         readers.read_run_json(run)
-    with pytest.raises(RecordError, match="world_size is a str"):
+    with pytest.raises(RecordError, match="world_size 'two' is not"):
         readers.check_shapes(json.loads((run / "run.json").read_text()), "r")

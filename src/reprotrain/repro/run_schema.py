@@ -49,7 +49,7 @@ OBJECT = Form("an object", lambda v: isinstance(v, dict))
 STRING = Form("a string", lambda v: isinstance(v, str))
 BOOL = Form("true or false", lambda v: isinstance(v, bool))
 COUNT = Form("an integer >= 0", lambda v: _is_int(v, 0))
-POSITIVE = Form("an integer >= 1", lambda v: _is_int(v, 1))
+POSITIVE = Form("a positive integer", lambda v: _is_int(v, 1))
 INTEGER = Form("an integer", _is_int)
 LEVEL = Form(
     "a level name (strict, warn, fast, portable, ...)",
@@ -132,11 +132,12 @@ def _get(record: dict, dotted: str) -> Any:
 
 
 def _wrong(key: str, value: Any, what: str) -> str:
-    """``world_size is 0, not an integer >= 1``; ``seeds is a str, not an object ('x')``."""
-    if isinstance(value, (str, list, dict)):
-        shown = f" ({value[:40]!r})" if isinstance(value, str) else ""
-        return f"{key} is a {type(value).__name__}, not {what}{shown}"
-    return f"{key} is {repr(value)[:40]}, not {what}"
+    """``world_size 'two' is not a positive integer``; ``seeds is a str, not an object``."""
+    if not what.startswith(("an object", "a list")):
+        return f"{key} {repr(value)[:40]} is not {what}"
+    scalar = value is None or isinstance(value, (bool, int, float))
+    kind = repr(value)[:40] if scalar else f"a {type(value).__name__}"
+    return f"{key} is {kind}, not {what}"
 
 
 def _absent(key: str) -> str:
@@ -162,7 +163,7 @@ def relations(record: dict) -> list[str]:
     out = []
     ranks, world = record.get("ranks"), record.get("world_size")
     if isinstance(ranks, list) and _is_int(world) and len(ranks) != world:
-        out.append(f"ranks lists {len(ranks)} process(es) but world_size is {world}")
+        out.append(f"world_size {world} but {len(ranks)} rank(s) recorded")
     resumes = record.get("resumes")
     for i, entry in enumerate(resumes if isinstance(resumes, list) else []):
         for key, form in RESUME_FIELDS.items():

@@ -652,8 +652,12 @@ def test_an_interrupted_archive_compares_the_epochs_it_completed(archived, tmp_p
 
 
 def test_a_replay_never_inherits_a_recorded_resume():
-    cfg = OmegaConf.create({"resume": "auto", "dataset": {"name": "synthetic"}})
-    cmd = repro.rerun_command(Path("/c"), Path("/r"), {"seeds": {}}, cfg, None)
+    from reprotrain.tools import replay_plan
+
+    cfg = {"resume": "auto", "dataset": {"name": "synthetic"}}
+    legs = repro.plan_replay(cfg, [])
+    job = replay_plan.JobPlan("", None, cfg, legs, {}, ["trainer.device=cpu"])
+    cmd = repro.rerun_command(Path("/c"), Path("/r"), job, None, leg=legs[0])
     assert "resume=null" in cmd and "resume=auto" not in cmd
 
 

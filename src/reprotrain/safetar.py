@@ -9,15 +9,27 @@ while the headers are read, so 200,000 empty members are refused after the first
 not held in memory), and again while the bytes stream (:class:`Budget`). The defaults fit
 a run archived with its checkpoints (an 11M-parameter model's checkpoint is ~130 MB and compresses
 ~1.1x; source, records and logs compress ~3-10x) and refuse a bomb; each is overridable.
+
+Every read of an archive goes through :func:`open_tar` (or :func:`open_stream`), for every
+compression alike (gzip, bz2, xz, none): the decompressed stream may not pass
+:func:`stream_cap` bytes, counted as it is read and refused before a read or a seek would
+go past it, and a GNU long-name/long-link or pax header whose body claims more than
+``MAX_HEADER_BYTES`` is refused before tarfile reads that body into memory (a 165 KB .tar.xz
+whose long-name header claimed 1 GiB grew the process by 942 MiB).
 """
 
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
+import lzma
 import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from reprotrain.errors import ReprotrainError
 
@@ -146,3 +158,98 @@ def unsafe_reason(m: tarfile.TarInfo) -> str | None:
     if not (m.isreg() or m.isdir()):
         return "not a plain file or directory"
     return None
+
+
+# ----------------------------------------------------------------------------- bounded reading
+
+#: The most a GNU long-name/long-link or pax extended header may hold (names are < 4 KiB).
+MAX_HEADER_BYTES = 1 << 20
+_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+             tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)  # fmt: skip
+#: (magic bytes, name, opener of the decompressed stream); none of them: a plain tar.
+_COMPRESSIONS = (
+    (b"\x1f\x8b", "gzip", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
+    (b"BZh", "bz2", bz2.BZ2File),
+    (b"\xfd7zXZ\x00", "xz", lzma.LZMAFile),
+)
+
+
+class _CappedHeaders(tarfile.TarInfo):
+    """A TarInfo whose extended headers are size-checked before their body is read."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile):  # tarfile's own hook, per header
+        if self.type in _EXTENDED and self.size > MAX_HEADER_BYTES:
+            raise ArchiveLimitError(
+                f"an extended (long-name or pax) header claims {human(self.size)}, over "
+                f"{human(MAX_HEADER_BYTES)}; nothing extracted"
+            )
+        return super()._proc_member(tarfile_)
+
+
+def compression(path: Path) -> str:
+    """``gzip``, ``bz2``, ``xz`` or ``none``, from the file's first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return next((name for magic, name, _ in _COMPRESSIONS if head.startswith(magic)), "none")
+
+
+def stream_cap(packed_bytes: int, limits: Limits) -> int:
+    """The most the decompressed stream of a ``packed_bytes`` archive may hold: the total
+    and ratio limits on the members, plus 512-byte headers and padding for each member."""
+    cap = min(
+        limits.max_total_bytes, max(limits.ratio_floor_bytes, limits.max_ratio * packed_bytes)
+    )
+    return int(cap) + 1024 * (limits.max_members + 2)
+
+
+class CappedStream:
+    """A decompressed stream that refuses to read or seek past ``cap`` bytes."""
+
+    def __init__(self, inner: BinaryIO, cap: int, name: str) -> None:
+        self.inner, self.cap, self.name = inner, cap, name
+
+    def _refuse(self) -> ArchiveLimitError:
+        return ArchiveLimitError(
+            f"{self.name} inflates past {human(self.cap)} (limits --max-unpacked-bytes / "
+            "--max-ratio); nothing extracted"
+        )
+
+    def read(self, n: int | None = -1) -> bytes:
+        room = self.cap + 1 - self.inner.tell()
+        data = self.inner.read(room if n is None or n < 0 or n > room else n)
+        if self.inner.tell() > self.cap:
+            raise self._refuse()
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = {0: offset, 1: self.inner.tell() + offset}.get(whence)
+        if target is None or target > self.cap:
+            raise self._refuse()
+        return self.inner.seek(target)
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+
+@contextlib.contextmanager
+def open_stream(path: Path, limits: Limits) -> Iterator[CappedStream]:
+    """The archive's decompressed bytes, capped at :func:`stream_cap`."""
+    path = Path(path)
+    kind = compression(path)
+    opener = next((o for _, name, o in _COMPRESSIONS if name == kind), None)
+    with open(path, "rb") as raw:
+        inner = opener(raw) if opener is not None else raw
+        try:
+            yield CappedStream(inner, stream_cap(path.stat().st_size, limits), str(path))
+        finally:
+            inner.close()
+
+
+@contextlib.contextmanager
+def open_tar(path: Path, limits: Limits) -> Iterator[tarfile.TarFile]:
+    """``tarfile.open(path)`` for reading, any compression, bounded as the module says."""
+    with (
+        open_stream(path, limits) as stream,
+        tarfile.open(fileobj=stream, mode="r:", tarinfo=_CappedHeaders) as tar,
+    ):
+        yield tar

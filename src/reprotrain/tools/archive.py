@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from reprotrain.data.file_hashes import file_sha256 as sha256_file
@@ -64,7 +65,7 @@ from reprotrain.repro.record import (
     now_iso,
     read_jsonl,
 )
-from reprotrain.tools import cli, signing, snapshot
+from reprotrain.tools import cli, signing, snapshot, stop_signals
 from reprotrain.tools.archive_check import (
     ARCHIVE_JSON,
     MANIFEST,
@@ -228,8 +229,7 @@ def _build(
     status, exp_id = record.get("status"), top.removesuffix(f"-{run_dir.name}")
     diff_path = run_dir / "git.diff"
     diff = diff_path.read_text(errors="replace") if diff_path.is_file() else ""
-    staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
-    try:
+    with staging_dir(out_dir, target) as staging:
         root = staging / top
         for path, rel in run_members(run_dir, with_checkpoint):
             dest = root / "run" / rel
@@ -271,10 +271,28 @@ def _build(
         files = seal(root, top, target, sign_key)
         if sign_key is not None:
             meta["signed"] = True
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     meta["members"] = files + 1 + (1 if sign_key is not None else 0)
     return target, meta
+
+
+@contextlib.contextmanager
+def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
+    """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
+    ends (a stop signal included, under :func:`stop_signals.raising`); a failed write
+    (a full disk) becomes one line that names the file and the archive."""
+    staging = None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
+        yield staging
+    except OSError as e:
+        where = e.filename or (staging or out_dir)
+        raise ArchiveError(
+            f"writing {target} failed at {where}: {e.strerror or e}; nothing written "
+            f"(free space in {out_dir}, or give --out-dir on a larger disk)"
+        ) from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
@@ -289,15 +307,19 @@ def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
     (root / MANIFEST).write_text(manifest_text(digests))
     if sign_key is not None:
         signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
-    fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=target.parent)
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=target.parent)
+        os.close(fd)
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(root, arcname=top, filter=_normalise)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:
+            e.filename = tmp  # a full disk names the file it was writing
         raise
     return len(digests)
 
@@ -348,6 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sign", type=cli.user_path, default=None, metavar="KEY",
                    help="sign the manifest with this ssh key (ssh-keygen -Y sign)")  # fmt: skip
     args = p.parse_args(argv)
+    try:
+        with stop_signals.raising():  # a stop signal unwinds: staging and temp tar removed
+            return _archive(args)
+    except stop_signals.Stopped as e:
+        print(f"error: interrupted by {e.signal}: no archive written, nothing left behind",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 130
+
+
+def _archive(args) -> int:
     from reprotrain.tools import sweep_archive  # it builds on this module
 
     if sweep_archive.is_sweep_dir(args.run_dir):  # a sweep: every run and its summary

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
 import hashlib
+import lzma
 import os
 import re
 import shutil
@@ -32,20 +32,24 @@ from typing import Any
 from omegaconf import DictConfig
 
 from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.repro import run_schema
 from reprotrain.safetar import (
     ArchiveLimitError,
     Budget,
     Limits,
     check_sizes,
     clash,
+    compression,
     human,
+    open_stream,
+    open_tar,
     read_members,
     unsafe_reason,
 )
 from reprotrain.tools.readers import (
     completion_problem,
-    parse_json_object,
     parse_jsonl,
+    parse_record,
     parse_yaml_config,
 )
 
@@ -127,28 +131,19 @@ class CheckedArchive:
 
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Read a gzip stream to its end so its CRC is checked (tarfile stops at the first bad
-    header and would report a corrupt archive as merely missing members). A stream that
-    inflates past the size or ratio limits is refused as soon as it does."""
-    with open(archive, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            return
-    packed = archive.stat().st_size
-    # tar adds 512-byte headers and padding; allow them on top of the members' limit
-    cap = min(limits.max_total_bytes, max(limits.ratio_floor_bytes, limits.max_ratio * packed))
-    cap += 1024 * (limits.max_members + 2)
-    seen = 0
+    """Read the decompressed stream (gzip, bz2, xz or none) to its end, so its checksum is
+    checked (tarfile stops at the first bad header and would report a corrupt archive as
+    merely missing members); a stream that inflates past the size or ratio limits is
+    refused as soon as it does (``safetar.open_stream``)."""
+    kind = compression(archive).replace("none", "tar")
     try:
-        with gzip.open(archive, "rb") as f:
-            while chunk := f.read(1 << 20):
-                seen += len(chunk)
-                if seen > cap:
-                    raise ArchiveLimitError(
-                        f"{archive} inflates past {human(cap)} from {human(packed)} "
-                        "(limits --max-unpacked-bytes / --max-ratio); nothing extracted"
-                    )
-    except (OSError, EOFError, zlib.error) as e:
-        raise ReproduceRefused(f"{archive}: corrupt gzip stream ({e}); nothing extracted") from None
+        with open_stream(archive, limits) as stream:
+            while stream.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:
+        raise ReproduceRefused(
+            f"{archive}: corrupt {kind} stream ({e}); nothing extracted"
+        ) from None
 
 
 def _parts(name: str) -> tuple[str, ...]:
@@ -216,11 +211,11 @@ def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
         raise ReproduceRefused(f"{archive}: not a file (give the .tar.gz that make archive wrote)")
     try:
         check_compression(archive, limits)
-        with tarfile.open(archive, "r:*") as tar:
+        with open_tar(archive, limits) as tar:
             checked = _verify_open(archive, tar, limits)
     except ArchiveLimitError as e:
         raise ReproduceRefused(str(e)) from None
-    except (tarfile.TarError, EOFError, zlib.error) as e:
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
         raise ReproduceRefused(f"{archive}: not a readable tar archive ({e})") from None
     checked.limits = limits
     return checked
@@ -289,18 +284,7 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
                 f"{checked.label(rel)} is missing from the archive; not a complete run archive"
             )
     label = checked.label("run/run.json")
-    record = parse_json_object(checked.text("run/run.json"), label)
-    seeds = record.get("seeds")
-    if not isinstance(seeds, dict) or not _is_int(seeds.get("base")):
-        raise ReproduceRefused(f"{label}: no integer seeds.base; the record is incomplete")
-    repro = record.get("repro")
-    if not isinstance(repro, dict) or not isinstance(repro.get("level"), str):
-        raise ReproduceRefused(f"{label}: no repro.level; the record is incomplete")
-    for key in ("git", "environment", "data_fingerprint"):
-        if record.get(key) is not None and not isinstance(record[key], dict):
-            raise ReproduceRefused(f"{label}: {key} is not an object")
-    if not isinstance(record.get("resumes", []), list):
-        raise ReproduceRefused(f"{label}: resumes is not a list")
+    record = parse_record(checked.text("run/run.json"), label, run_schema.REPLAY)
     cfg = parse_yaml_config(
         checked.text("run/config.resolved.yaml"), checked.label("run/config.resolved.yaml")
     )
@@ -376,7 +360,7 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
 
 def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
     budget = Budget(checked.limits)
-    with tarfile.open(checked.path, "r:*") as tar:
+    with open_tar(checked.path, checked.limits) as tar:
         by_name = {m.name: m for m in read_members(tar, checked.limits)}
         for rel in sorted(checked.members):
             member = by_name[checked.members[rel].name]

@@ -7,7 +7,9 @@ another purpose: ``model: {_target_: reprotrain.tools.resume.run_forwarding_sign
 config ``_target_`` is code, so "same code" is not enough: the config must also be one the
 trusted commit's own configs could have composed.
 
-The rule, checked on the archived config *before anything from it is built or resolved*:
+The rule, checked on every config of the replay plan (the recorded config and each leg a
+resume history builds; ``tools/replay_plan.py``) *before anything from it is built or
+resolved*:
 
 - every ``_target_`` (at any depth: a dataset's list of transforms, a nested ``_args_``
   entry) must be a plain dotted name that the trusted commit's ``conf/`` tree names inside

@@ -17,9 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import RecordError
+from reprotrain.repro import run_schema
 from reprotrain.repro.record import _HINT, parse_json_object, parse_jsonl
 
-__all__ = ["parse_json_object", "parse_jsonl", "parse_yaml_config", "read_text"]
+__all__ = [
+    "parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config", "read_run_json",
+    "read_text",
+]  # fmt: skip
 
 
 def read_text(path: Path, label: str | None = None) -> str:
@@ -57,23 +61,21 @@ def parse_yaml_config(text: str, label: str) -> DictConfig:
     return cfg
 
 
-#: run.json keys that are JSON objects when present (a hand edit to ``"cpu"`` is refused).
-OBJECT_KEYS = ("environment", "git", "seeds", "repro", "data_fingerprint", "final_metrics",
-               "components", "env_drift")  # fmt: skip
-
-
 def check_shapes(record: dict[str, Any], label: str) -> dict[str, Any]:
-    """``record`` if every key of :data:`OBJECT_KEYS` it has is an object; else RecordError."""
-    for key in OBJECT_KEYS:
-        if record.get(key) is not None and not isinstance(record[key], dict):
-            found = type(record[key]).__name__
-            raise RecordError(f"{label}: {key} is a {found}, not an object; {_HINT}")
-    return record
+    """``record`` if it fits the run.json schema (``repro/run_schema.py``); else RecordError."""
+    return run_schema.check(record, label)
 
 
-def read_run_json(run_dir: Path) -> dict[str, Any]:
+def read_run_json(run_dir: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The one reader of a run directory's run.json: parsed, checked against the schema,
+    with the ``required`` keys (``run_schema.REPLAY`` for a replay)."""
     path = Path(run_dir) / "run.json"
-    return check_shapes(parse_json_object(read_text(path), str(path)), str(path))
+    return run_schema.check(parse_json_object(read_text(path), str(path)), str(path), required)
+
+
+def parse_record(text: str, label: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """run.json's text (an archive member, say) parsed and checked like :func:`read_run_json`."""
+    return run_schema.check(parse_json_object(text, label), label, required)
 
 
 def read_config(path: Path) -> DictConfig:

@@ -18,13 +18,18 @@ Steps, each of which can stop the replay:
    ratio; ``--max-*``), and every file must match ``MANIFEST.sha256``. The
    record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
    the verified bytes: a malformed one is refused here, exit 2.
-2. **Trust** (``tools/trust.py``), before extraction and before anything in the archived
-   config is built: the archived code and config run only if (a) ``source/`` is the
-   recorded commit of this repository, rebuilt here, with no patch, and the config names
-   only callables that commit's ``conf/`` names for the same group
-   (``tools/config_trust.py``); (b) the manifest's ssh signature verifies against
-   ``--trusted-signers``; or (c) ``--trust``. Otherwise refused in one line saying how to
-   proceed.
+2. **The replay plan** (``tools/replay_plan.py``, the same for a run and a sweep): every
+   leg's config (a resumed run's first leg is built from its resume history), what the
+   archive sets in the re-run's environment (only the GPU variables the comparability rule
+   compares, each in its form, and ``PYTHONHASHSEED``: ``tools/replay_env.py``; anything
+   else is refused under every rule) and the record's part of the command line.
+   **Trust** (``tools/trust.py``) on that whole plan, before extraction and before
+   anything of it is built or resolved: the archived code and configs run only if (a)
+   ``source/`` is the recorded commit of this repository, rebuilt here, with no patch, and
+   every config of the plan names only callables that commit's ``conf/`` names for the
+   same group, with no interpolation (``tools/config_trust.py``); (b) the manifest's ssh
+   signature verifies against ``--trusted-signers``; or (c) ``--trust``. Otherwise
+   refused in one line saying how to proceed.
 3. **Data.** ``data_fingerprint`` of the recorded dataset config (this builds the dataset
    ``_target_``, hence after trust), computed here and now, must equal the one in
    ``run.json`` (refused unless ``--allow-data-drift``).
@@ -59,7 +64,8 @@ Verdict (last line, naming the trust rule that let the code run) and exit code:
     4  the re-run itself failed     (its log is in the new run directory)
     75 INTERRUPTED                  SIGTERM/SIGINT/SIGHUP/SIGUSR2 reached this process: it
                                     was passed to the re-run (which checkpoints and stops),
-                                    reproduction.json says so, the temp dir is removed
+                                    reproduction.json says so, the temp dir is removed;
+                                    before the re-run: nothing ran, temp dirs removed
 
 ``--verify-only`` checks the members and the manifest and extracts; it runs nothing, so it
 needs no trust.
@@ -67,7 +73,7 @@ needs no trust.
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import errno
 import json
 import math
@@ -78,9 +84,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -96,13 +101,27 @@ from reprotrain.tools import (
     archive_check,
     cli,
     compare_sweeps,
+    replay_env,
+    replay_plan,
+    stop_signals,
     sweep_archive,
     trust,
 )
 from reprotrain.tools.archive_check import MANIFEST, CheckedArchive, parse_manifest
+from reprotrain.tools.replay_plan import (
+    JobPlan,
+    Leg,
+    NotReplayable,
+    ReplayPlan,
+    current_data_dir,
+    plan_replay,
+)
 from reprotrain.tools.run_diff import compare_runs
 
-__all__ = ["MANIFEST", "Refusal", "main", "parse_manifest", "plan_replay", "reproduce"]
+__all__ = [
+    "MANIFEST", "Leg", "NotReplayable", "Refusal", "current_data_dir", "main", "parse_manifest",
+    "plan_replay", "reproduce",
+]  # fmt: skip
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
 EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
@@ -119,11 +138,6 @@ Refusal = ReproduceRefused  # the name the tests and older callers use
 
 
 # ----------------------------------------------------------------------------- the checks
-
-
-def current_data_dir(recorded_root: str) -> Path:
-    root = Path(recorded_root)
-    return root if root.is_absolute() else REPO_ROOT / root
 
 
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
@@ -238,120 +252,23 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
 # ----------------------------------------------------------------------------- resume history
 
 
-class NotReplayable(Exception):
-    """The archived history cannot be replayed: a NOT COMPARABLE reason, never DIVERGED."""
-
-
-@dataclass
-class Leg:
-    """One trainer process of a replay: fresh (the first) or resumed (``resume=auto``)."""
-
-    config: dict  # unresolved container this leg runs under
-    resume: bool
-    stop_at_global_step: int | None  # None: to the end (or --epochs)
-    changes: dict[str, Any] = field(default_factory=dict)  # vs the previous leg
-
-
-def _get(node: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(dotted)
-        node = node[part]
-    return node
-
-
-def _set(node: dict, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-
-
-def plan_replay(
-    final_config: dict, resumes: list[dict], until_global_step: int | None = None
-) -> list[Leg]:
-    """The trainer processes that replay a run's resume history.
-
-    ``resumes`` is run.json's list; an entry that changed the config carries
-    ``{"global_step": N, "overrides": {"<dotted key>": {"from": old, "to": new}}}``. Entries
-    without overrides (a plain interrupted-and-resumed run) are invisible to the numbers and
-    need no leg of their own. The first leg starts fresh from the config as it was before the
-    first change (``final_config`` with every change undone, newest first) and stops at the
-    first changing resume's step; each further leg resumes with that entry's overrides
-    applied. ``until_global_step`` drops legs that start at or after it (``--epochs``).
-    """
-    changing = []
-    last_step = -1
-    for entry in resumes or []:
-        if not isinstance(entry, dict) or not entry.get("overrides"):
-            continue
-        step, overrides = entry.get("global_step"), entry["overrides"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < last_step:
-            raise NotReplayable(f"resume entry with global_step {step!r} is out of order")
-        if not isinstance(overrides, dict) or not all(
-            isinstance(v, dict) and {"from", "to"} <= set(v) for v in overrides.values()
-        ):
-            raise NotReplayable(
-                f"the resume at global step {step} recorded overrides without their previous "
-                "values ({key: {from, to}})"
-            )
-        changing.append((step, overrides))
-        last_step = step
-    current = copy.deepcopy(final_config)
-    for step, overrides in reversed(changing):
-        for key, change in overrides.items():
-            try:
-                now = _get(current, key)
-            except KeyError:
-                raise NotReplayable(f"resume override {key} is not in the config") from None
-            if now != change["to"]:
-                raise NotReplayable(
-                    f"resume at global step {step} set {key}={change['to']!r}, but the config "
-                    f"has {now!r} there"
-                )
-            _set(current, key, change["from"])
-    legs = [Leg(config=copy.deepcopy(current), resume=False, stop_at_global_step=None)]
-    for step, overrides in changing:
-        if until_global_step is not None and step >= until_global_step:
-            break
-        legs[-1].stop_at_global_step = step
-        for key, change in overrides.items():
-            _set(current, key, change["to"])
-        legs.append(
-            Leg(
-                config=copy.deepcopy(current),
-                resume=True,
-                stop_at_global_step=None,
-                changes={k: c["to"] for k, c in overrides.items()},
-            )
-        )
-    return legs
-
-
 # ----------------------------------------------------------------------------- the re-run
 
 
 def rerun_command(
     config_dir: Path,
     run_dir: Path,
-    record: dict,
-    cfg,
+    job: JobPlan,
     stop_after_epoch: int | None,
     config_name: str = PRIMARY,
     leg: Leg | None = None,
 ) -> list[str]:
     """The trainer command for one leg: every path quoted for Hydra; ``resume=null`` on a
-    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited."""
+    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited;
+    the record's own part (seed, data root, device) from the plan."""
     overrides = [hydra_override("hydra.run.dir", run_dir)]
     overrides.append("resume=auto" if leg is not None and leg.resume else "resume=null")
-    seeds = record.get("seeds") or {}
-    if seeds.get("source") == "entropy":
-        overrides.append(f"seed.base={int(seeds['base'])}")
-    root = OmegaConf.select(cfg, "dataset.root", default=None)
-    if root is not None:  # a dataset read from disk: here, relative to this checkout
-        overrides.append(hydra_override("dataset.root", current_data_dir(str(root))))
-    # Replay on the recorded device type, not a fresh `auto` (a CPU archive stays on the CPU).
-    overrides.append(f"trainer.device={devices.replay_spec(devices.recorded_device(record))[0]}")
+    overrides += job.overrides
     if leg is not None and leg.stop_at_global_step is not None:
         overrides.append(f"trainer.stop_at_global_step={int(leg.stop_at_global_step)}")
     elif stop_after_epoch is not None:
@@ -362,19 +279,11 @@ def rerun_command(
     ]  # fmt: skip
 
 
-def rerun_env(source: Path, record: dict) -> dict[str, str]:
-    env = dict(os.environ)
+def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
+    """This user's environment, the archive's checked entries (``tools/replay_env.py``),
+    then what the replay itself needs, last so nothing from the archive replaces it."""
+    env = replay_env.apply(dict(os.environ), job.env)
     env["PYTHONPATH"] = str(source / "src")  # replaces, never extends: no other reprotrain
-    env["PYTHONHASHSEED"] = str((record.get("repro") or {}).get("pythonhashseed") or "0")
-    recorded_vars = (record.get("environment") or {}).get("env") or {}
-    if "CUBLAS_WORKSPACE_CONFIG" in recorded_vars:
-        env["CUBLAS_WORKSPACE_CONFIG"] = recorded_vars["CUBLAS_WORKSPACE_CONFIG"]
-    # The variables that steer cuBLAS/cuDNN, exactly as recorded (set, or unset).
-    for name, value in ((record.get("environment") or {}).get("gpu_env") or {}).items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
     # The snapshot is not a checkout: keep git from finding an enclosing repo's HEAD.
     env["GIT_CEILING_DIRECTORIES"] = str(source.resolve().parent)
     return env
@@ -455,24 +364,67 @@ def completed_epochs(checked: CheckedArchive) -> int:
 
 
 def reproduce(args) -> int:
+    """The replay, with stop signals unwinding it before the re-run starts (temp dirs
+    removed on the way out) and forwarded to the re-run once it has."""
+    try:
+        with stop_signals.raising():
+            return _reproduce(args)
+    except stop_signals.Stopped as e:
+        print(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed",
+              flush=True)  # fmt: skip
+        return EXIT_STOPPED
+
+
+@contextlib.contextmanager
+def extraction_dir(args, prefix: str) -> Iterator[Path]:
+    """``--extract-dir``, or a temp dir removed however the block ends."""
+    if args.extract_dir is not None:
+        yield Path(args.extract_dir)
+        return
+    tmp = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix))
+        yield tmp
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
     limits = archive_limits(args)
     if args.verify_only:
         checked = archive_check.verify(archive, limits)
-        dest = Path(args.extract_dir or tempfile.mkdtemp(prefix="reprotrain-verify-"))
-        try:
+        with extraction_dir(args, "reprotrain-verify-") as dest:
             archive_check.extract(checked, dest)
             print(f"archive  {archive}: manifest verified, extracted to {dest}")
-        finally:
-            if args.extract_dir is None:
-                shutil.rmtree(dest, ignore_errors=True)
         return EXIT_REPRODUCED
     checked = archive_check.verify(archive, limits)
-    if sweep_archive.is_sweep_archive(checked):  # a sweep: every run, one verdict
+    sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
+    if sweep:
         from reprotrain.tools import reproduce_sweep  # it uses this module's helpers
 
-        return reproduce_sweep.replay(args, archive, checked)
+        if args.epochs is not None:
+            raise Refusal("--epochs is for one run; a sweep is replayed in full")
+        jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
+    else:
+        checked = run_archive(args, archive, checked)
+        jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
+    try:
+        plan = replay_plan.build(jobs, until)
+    except NotReplayable as e:
+        print(f"NOT COMPARABLE: {e}")
+        return EXIT_NOT_COMPARABLE
+    # Trust, on the whole plan, before anything of the archive is built or resolved.
+    verdict_trust = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
+    if sweep:
+        return reproduce_sweep.replay(args, archive, plan, verdict_trust)
+    return _replay(args, archive, plan, epochs, verdict_trust)
+
+
+def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
+    """A run archive's record, checked; a refusal for what a run archive cannot do."""
     if args.mode == "statistical":
         raise Refusal(
             "MODE=statistical needs a sweep archive (make archive RUN=<sweep dir>): one run is "
@@ -481,43 +433,40 @@ def reproduce(args) -> int:
     checked = archive_check.check_record(checked)
     signed = ", signed" if checked.signature is not None else ""
     print(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
-    return _replay(args, archive, checked)
+    return checked
 
 
-def _replay(args, archive: Path, checked: CheckedArchive) -> int:
-    record, cfg = checked.record, checked.config
+def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
+    """(epochs compared, None: all; the global step the replay stops at, None: the end).
+    An interrupted archive is compared over the epochs it completed, never as DIVERGED for
+    the ones it did not get to."""
     done = completed_epochs(checked)
-    complete = record.get("status") == "completed"
     if done == 0:
         raise Refusal("the archived run completed no epoch; there is nothing to compare")
     if args.epochs is not None and not 1 <= args.epochs <= done:
         raise Refusal(f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)")
-    # An interrupted archive is compared over the epochs it completed, never as DIVERGED
-    # for the ones it did not get to.
+    complete = checked.record.get("status") == "completed"
     epochs = args.epochs if args.epochs is not None else (None if complete else done)
     until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
-    raw_cfg = OmegaConf.to_container(cfg, resolve=False)
-    try:
-        legs = plan_replay(raw_cfg, record.get("resumes") or [], until)
-        if len(legs) > 1 and "stop_at_global_step" not in (raw_cfg.get("trainer") or {}):
-            raise NotReplayable(
-                f"the run was resumed with changed overrides at global step(s) "
-                f"{', '.join(str(leg.stop_at_global_step) for leg in legs[:-1])}, and the "
-                "archived trainer has no trainer.stop_at_global_step to replay that history"
-            )
-    except NotReplayable as e:
-        verdict = f"NOT COMPARABLE: {e}"
-        print(verdict)
-        return EXIT_NOT_COMPARABLE
+    if until is not None and (not isinstance(until, int) or isinstance(until, bool)):
+        raise Refusal(f"{checked.label('run/fingerprints.jsonl')}: epoch {epochs} has no "
+                      "integer global_step")  # fmt: skip
+    return epochs, until
 
+
+def _replay(
+    args, archive: Path, plan: ReplayPlan, epochs: int | None, verdict_trust: trust.Verdict
+) -> int:
+    (job,) = plan.jobs
+    checked, record, cfg = job.view, job.record, job.view.config
+    done, complete = completed_epochs(checked), record.get("status") == "completed"
+    print(f"trust    {verdict_trust.line()}")
     # Values the run read from its environment must be resolvable here (named, not shown).
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
         raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
-    # Trust first: fingerprinting the data builds the archived dataset config (code).
-    verdict_trust = trust.decide(checked, Path(args.repo), args.trusted_signers, args.trust)
-    print(f"trust    {verdict_trust.line()}")
+    # After the trust verdict: fingerprinting the data builds the dataset config (code).
     data_problem = check_archived_data(cfg, record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
     status = "" if complete else f" (run {record.get('status')}: comparing those)"
@@ -532,19 +481,12 @@ def _replay(args, archive: Path, checked: CheckedArchive) -> int:
     ]:
         print(f"code     {line}")
 
-    tmp_extract = args.extract_dir is None
-    extract = Path(
-        tempfile.mkdtemp(prefix="reprotrain-reproduce-") if tmp_extract else args.extract_dir
-    )
-    try:
-        with FORWARD:  # from here on a stop signal is passed on, and this cleanup still runs
-            top = archive_check.extract(checked, extract.resolve())
-            print(f"code     re-run uses the archived source ({top / 'source'})")
-            return _rerun(args, archive, checked, top, legs, epochs, data_problem, env_values,
-                          partial_archive, verdict_trust)  # fmt: skip
-    finally:
-        if tmp_extract:
-            shutil.rmtree(extract, ignore_errors=True)
+    # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
+    with extraction_dir(args, "reprotrain-reproduce-") as extract, FORWARD:
+        top = archive_check.extract(checked, extract.resolve())
+        print(f"code     re-run uses the archived source ({top / 'source'})")
+        return _rerun(args, archive, job, top, epochs, data_problem, env_values,
+                      partial_archive, verdict_trust)  # fmt: skip
 
 
 class SignalForwarder:
@@ -576,9 +518,11 @@ class SignalForwarder:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signum)
 
-    def call(self, cmd: list[str], cwd: Path, env: dict[str, str]) -> int:
+    def call(self, cmd: list[str], cwd: Path, env: dict[str, str], log=None) -> int:
+        """Run ``cmd`` to its end (its output to ``log``, else the terminal)."""
+        out = {} if log is None else {"stdout": log, "stderr": subprocess.STDOUT}
         self.proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, start_new_session=True, preexec_fn=_term_with_parent
+            cmd, cwd=cwd, env=env, start_new_session=True, preexec_fn=_term_with_parent, **out
         )
         try:
             return self.proc.wait()
@@ -616,29 +560,38 @@ def _interrupted(new_run: Path, record: dict, leg: int, rc: int | None) -> int:
     return EXIT_STOPPED
 
 
-def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | None:
-    """Run each leg of the replay into ``new_run``; an exit code when one fails, else None."""
-    record, cfg = checked.record, checked.config
-    for i, leg in enumerate(legs):
+def run_legs(
+    job: JobPlan,
+    epochs: int | None,
+    config_dir: Path,
+    new_run: Path,
+    source: Path,
+    env: dict[str, str],
+    prefix: str = PRIMARY,
+    log=None,
+) -> int | None:
+    """Run each leg of the job's replay into ``new_run`` (output to ``log``, else the
+    terminal); an exit code when one fails or a stop signal came, else None."""
+    out = log or sys.stdout
+    for i, leg in enumerate(job.legs):
         if FORWARD.received:
-            return _interrupted(new_run, record, i, None)
-        name = PRIMARY if len(legs) == 1 else f"{PRIMARY}-leg{i}"
+            return _interrupted(new_run, job.record, i, None)
+        name = prefix if len(job.legs) == 1 else f"{prefix}-leg{i}"
         text = (
-            checked.text("run/config.resolved.yaml")
-            if len(legs) == 1
+            job.view.text("run/config.resolved.yaml")
+            if len(job.legs) == 1
             else OmegaConf.to_yaml(OmegaConf.create(leg.config))
         )
         atomic_write_text(config_dir / f"{name}.yaml", _config_yaml(text))
-        last = i == len(legs) - 1
-        cmd = rerun_command(config_dir, new_run, record, cfg, epochs if last else None, name, leg)
+        last = i == len(job.legs) - 1
+        cmd = rerun_command(config_dir, new_run, job, epochs if last else None, name, leg)
         if leg.changes:
-            print(
-                f"leg {i}    resume with {', '.join(f'{k}={v!r}' for k, v in leg.changes.items())}"
-            )
-        print(f"$ {' '.join(cmd[1:])}", flush=True)
-        rc = FORWARD.call(cmd, source, env)
+            changes = ", ".join(f"{k}={v!r}" for k, v in leg.changes.items())
+            print(f"leg {i}    resume with {changes}", file=out)
+        print(f"$ {' '.join(cmd[1:])}", file=out, flush=True)
+        rc = FORWARD.call(cmd, source, env, log)
         if FORWARD.received:
-            return _interrupted(new_run, record, i, rc)
+            return _interrupted(new_run, job.record, i, rc)
         if rc == 2:
             # The archived trainer refused the config and said why on stderr, in one line.
             print("re-run   refused by the archived trainer (exit 2); see the line above")
@@ -646,7 +599,8 @@ def _run_legs(checked, legs, epochs, config_dir, new_run, source, env) -> int | 
         # A leg that stops at a global step may report itself interrupted (75) or done (0).
         ok = (0,) if last else (0, EXIT_STOPPED)
         if rc not in ok or not (new_run / RUN_JSON).is_file():
-            print(f"error: the re-run failed (exit {rc}); see {new_run}/train.log", file=sys.stderr)
+            where = getattr(log, "name", None) or f"{new_run}/train.log"
+            print(f"error: the re-run failed (exit {rc}); see {where}", file=sys.stderr)
             return EXIT_RERUN_FAILED
     return None
 
@@ -685,18 +639,17 @@ def _verdict(result, reasons, lines, within, tolerance, scope, trusted):
 def _rerun(
     args,
     archive: Path,
-    checked: CheckedArchive,
+    job: JobPlan,
     top: Path,
-    legs: list[Leg],
     epochs: int | None,
     data_problem: str | None,
     env_values: list[str],
     partial_archive: str | None,
     verdict_trust: trust.Verdict,
 ) -> int:
-    record, cfg = checked.record, checked.config
+    record, cfg = job.record, job.view.config
     run, source = top / "run", top / "source"
-    env = rerun_env(source, record)
+    env = rerun_env(source, job)
     blocking, info = environment_differences(record, _current_preview(record, cfg, env))
     for line in blocking + info:
         print(f"env      {line}")
@@ -710,7 +663,7 @@ def _rerun(
     if not where.is_relative_to(source.resolve()):
         raise Refusal(f"the re-run would import reprotrain from {where}, not the archive")
     print(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
-    failed = _run_legs(checked, legs, epochs, config_dir, new_run, source, env)
+    failed = run_legs(job, epochs, config_dir, new_run, source, env)
     if failed is not None:
         return failed
 
@@ -735,7 +688,7 @@ def _rerun(
         "archived_experiment_id": record.get("experiment_id"),
         "archived_run": record.get("run_dir"),
         "epochs": epochs,
-        "legs": len(legs),
+        "legs": len(job.legs),
         "trust": {"rule": verdict_trust.rule, "detail": verdict_trust.detail},
         "fully_archivable": partial_archive is None,
         "verdict": verdict,

@@ -1,9 +1,11 @@
 """``make reproduce`` of a sweep archive: replay every archived run, then one verdict.
 
-The checks are the single-run ones (``tools/reproduce.py``), per job: the manifest (already
-verified), the data fingerprint, the trust rule (once for the shared source; rule (a) also
-checks every job's config), then each job is re-run from the archived source with its own
-``config.resolved.yaml`` and seeds into ``<runs-dir>/<stamp>/<job>``.
+The checks are the single-run ones (``tools/reproduce.py``), through the same code: every
+job's record is read through the run.json schema, the replay plan holds every job (each leg
+of its resume history, its environment entries; ``tools/replay_plan.py``) and is trusted or
+refused as a whole, then the data fingerprints, then each job is re-run leg by leg from the
+archived source with its own config and seeds into ``<runs-dir>/<stamp>/<job>`` (its output
+in ``logs/job-<i>.log``), a stop signal passed on to it as for one run.
 
 The verdict:
 
@@ -26,21 +28,20 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import subprocess
-import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from reprotrain.errors import ReproduceRefused, UntrustedArchive
+from reprotrain import safetar
+from reprotrain.errors import ReproduceRefused
+from reprotrain.repro import run_schema
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools import archive_check, compare_sweeps, snapshot, trust
+from reprotrain.tools import archive_check, compare_sweeps, trust
 from reprotrain.tools import reproduce as rp
+from reprotrain.tools.archive_check import CheckedArchive
 from reprotrain.tools.bisect import bisect_command
-from reprotrain.tools.readers import parse_json_object, parse_yaml_config
+from reprotrain.tools.readers import parse_json_object, parse_record, parse_yaml_config
+from reprotrain.tools.replay_plan import ReplayPlan
 from reprotrain.tools.run_diff import compare_runs
 from reprotrain.tools.sweep_archive import SWEEP
 
@@ -52,21 +53,19 @@ def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None
     """A member's bytes, checked again against the verified manifest; None if absent."""
     if rel not in checked.manifest:
         return None
-    name = checked.members[rel].name
-    with tarfile.open(checked.path, "r:*") as tar:
-        data = tar.extractfile(tar.getmember(name)).read()
+    member = checked.members[rel]
+    if member.size > archive_check.RECORD_LIMIT_BYTES:
+        raise ReproduceRefused(f"{checked.label(rel)}: {member.size} bytes, too large for a record")
+    with safetar.open_tar(checked.path, checked.limits) as tar:
+        data = tar.extractfile(tar.getmember(member.name)).read()
     if hashlib.sha256(data).hexdigest() != checked.manifest[rel]:
         raise ReproduceRefused(f"manifest check failed: {checked.label(rel)} changed on disk")
     return data
 
 
-@dataclasses.dataclass
-class ArchivedJob:
-    rel: str  # the job's folder under sweep/
-    view: archive_check.CheckedArchive  # the archive as if it held only this run
-
-
-def archived_jobs(checked: archive_check.CheckedArchive) -> list[ArchivedJob]:
+def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, CheckedArchive]]:
+    """(the job's folder under sweep/, the archive as if it held only that run), for every
+    job archive.json lists, each record read and checked."""
     meta = parse_json_object(checked.text(archive_check.ARCHIVE_JSON), "archive.json")
     jobs = meta.get("jobs")
     if not isinstance(jobs, list) or not jobs:
@@ -82,88 +81,55 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[ArchivedJob]:
         if "run/run.json" not in files or "run/config.resolved.yaml" not in files:
             raise ReproduceRefused(f"{checked.label(base)}: no run.json or config.resolved.yaml")
         view = dataclasses.replace(checked, files=files)
-        view.record = parse_json_object(view.text("run/run.json"), view.label(f"{base}/run.json"))
+        label = view.label(f"{base}/run.json")
+        view.record = parse_record(view.text("run/run.json"), label, run_schema.REPLAY)
         view.config = parse_yaml_config(view.text("run/config.resolved.yaml"), base)
-        out.append(ArchivedJob(str(rel), view))
+        out.append((str(rel), view))
     return out
 
 
-def decide_trust(args, jobs: list[ArchivedJob]) -> trust.Verdict:
-    """One decision for the shared source; under rule (a) every job's config is checked."""
-    verdict = trust.decide(jobs[0].view, Path(args.repo), args.trusted_signers, args.trust)
-    if verdict.rule == "a":
-        commit = (jobs[0].view.record.get("git") or {}).get("commit")
-        with tempfile.TemporaryDirectory(prefix="reprotrain-trust-") as tmp:
-            snapshot.from_git(Path(args.repo), commit, "", Path(tmp) / "source")
-            found = [(j, trust.config_problems(j.view, Path(tmp) / "source", commit)) for j in jobs]
-        for job, problems in found:
-            if problems:
-                raise UntrustedArchive(
-                    f"refusing to run the archive's code: job {job.rel}'s config "
-                    + "; ".join(problems[:3])
-                    + f". To proceed: {trust.HOW}"
-                )
-    return verdict
-
-
-def _data_problem(args, job: ArchivedJob) -> str | None:
-    """The job's data fingerprint check; builds the dataset: only after the trust verdict."""
-    return rp.check_archived_data(job.view.config, job.view.record, args.allow_data_drift)
-
-
-def replay(args, archive: Path, checked: archive_check.CheckedArchive) -> int:
-    """Replay a sweep archive; the exit code of the verdict."""
-    if args.epochs is not None:
-        raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
-    jobs = archived_jobs(checked)
-    verdict_trust = decide_trust(args, jobs)  # before anything of the archive is built
-    problems = [p for p in (_data_problem(args, j) for j in jobs) if p]
+def replay(args, archive: Path, plan: ReplayPlan, verdict_trust: trust.Verdict) -> int:
+    """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
     print(f"trust    {verdict_trust.line()}")
-    print(f"sweep    {len(jobs)} archived run(s)")
+    # After the trust verdict: fingerprinting the data builds each dataset config (code).
+    problems = [rp.check_archived_data(j.view.config, j.record, args.allow_data_drift)
+                for j in plan.jobs]  # fmt: skip
+    problems = [p for p in problems if p]
+    print(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:
         print(f"data     DIFFERS: {problems[0]}")
-    extract = Path(args.extract_dir or tempfile.mkdtemp(prefix="reprotrain-reproduce-"))
-    try:
-        top = archive_check.extract(checked, extract.resolve())
-        return _rerun(args, archive, top, jobs, problems, verdict_trust)
-    finally:
-        if args.extract_dir is None:
-            shutil.rmtree(extract, ignore_errors=True)
+    # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
+    with rp.extraction_dir(args, "reprotrain-reproduce-") as extract, rp.FORWARD:
+        top = archive_check.extract(plan.jobs[0].view, extract.resolve())
+        return _rerun(args, archive, top, plan, problems, verdict_trust)
 
 
-def _rerun(args, archive, top: Path, jobs, problems, verdict_trust) -> int:
+def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) -> int:
     source = top / "source"
     new_sweep = Path(args.runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
     new_sweep = new_sweep.resolve()
     logs = new_sweep / "logs"
     logs.mkdir(parents=True)
     reasons: list[str] = list(problems)
-    for i, job in enumerate(jobs):
-        record, cfg = job.view.record, job.view.config
-        env = rp.rerun_env(source, record)
+    for i, job in enumerate(plan.jobs):
+        env = rp.rerun_env(source, job)
         if i == 0:
             where = rp.imported_from(source, env)
             if not where.is_relative_to(source.resolve()):
                 raise ReproduceRefused(f"the re-run would import reprotrain from {where}")
             print(f"re-run   from the archived source ({source}), into {new_sweep}")
-        config_dir = top / "rerun-config"
-        name = f"job-{i}"
-        atomic_write_text(config_dir / f"{name}.yaml", rp._config_yaml(job.view.text(
-            "run/config.resolved.yaml")))  # fmt: skip
-        run_dir = new_sweep / job.rel
-        cmd = rp.rerun_command(config_dir, run_dir, record, cfg, None, name)
-        with open(logs / f"{name}.log", "w") as log:
-            rc = subprocess.call(cmd, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if rc != 0 or not (run_dir / RUN_JSON).is_file():
-            print(f"error: the re-run of {job.rel} failed (exit {rc}); see {logs / name}.log",
-                  file=sys.stderr)  # fmt: skip
-            return rp.EXIT_RERUN_FAILED
+        run_dir = new_sweep / job.name
+        with open(logs / f"job-{i}.log", "w") as log:
+            failed = rp.run_legs(job, None, top / "rerun-config", run_dir, source, env,
+                                 f"job-{i}", log)  # fmt: skip
+        if failed is not None:
+            return failed
         new_record = json.loads((run_dir / RUN_JSON).read_text())
         current = {**new_record, "lock_sha256": rp.requirements_lock.lock_sha256(rp.REPO_ROOT)}
-        blocking, _ = rp.environment_differences(record, current)
+        blocking, _ = rp.environment_differences(job.record, current)
         reasons += [f"environment differs: {b}" for b in blocking]
-        reasons += rp.not_comparable_reasons(record)
-        print(f"  {job.rel}: seeds base={record['seeds']['base']} -> exit {rc}")
+        reasons += rp.not_comparable_reasons(job.record)
+        print(f"  {job.name}: seeds base={job.record['seeds']['base']} -> done")
     reasons = list(dict.fromkeys(reasons))
     statistical = args.mode == "statistical" or (args.mode == "auto" and bool(reasons))
     for r in reasons:
@@ -176,9 +142,9 @@ def _rerun(args, archive, top: Path, jobs, problems, verdict_trust) -> int:
         "mode": "statistical" if statistical else "bitwise",
     }
     if statistical:
-        code, verdict = _statistical(args, top, new_sweep, jobs, report)
+        code, verdict = _statistical(args, top, new_sweep, plan.jobs, report)
     else:
-        code, verdict = _bitwise(top, new_sweep, jobs, report)
+        code, verdict = _bitwise(top, new_sweep, plan.jobs, report)
     verdict += f" [trust {verdict_trust.rule}]"
     report |= {"verdict": verdict, "exit_code": code}
     atomic_write_text(new_sweep / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -190,9 +156,9 @@ def _rerun(args, archive, top: Path, jobs, problems, verdict_trust) -> int:
 def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
     diverged = []
     for job in jobs:
-        result = compare_runs(top / SWEEP / job.rel, new_sweep / job.rel)
+        result = compare_runs(top / SWEEP / job.name, new_sweep / job.name)
         if not result.identical:
-            diverged.append((job.rel, result.verdict()))
+            diverged.append((job.name, result.verdict()))
     report["diverged"] = [{"job": j, "verdict": v} for j, v in diverged]
     if not diverged:
         return 0, f"REPRODUCED (bitwise): all {len(jobs)} runs match the archived ones"
@@ -206,10 +172,10 @@ def _statistical(args, top: Path, new_sweep: Path, jobs, report) -> tuple[int, s
     candidate = compare_sweeps.Sweep(new_sweep, {}, reference.metric, reference.mode)
     archived = {j.run_dir.relative_to(top / SWEEP).as_posix(): j for j in _jobs(top / SWEEP)}
     for job in jobs:
-        key = archived[job.rel].group
+        key = archived[job.name].group
         label = reference.groups[key].label if key in reference.groups else " ".join(key)
         group = candidate.groups.setdefault(key, compare_sweeps.Group(key, label, [], []))
-        record = json.loads((new_sweep / job.rel / RUN_JSON).read_text())
+        record = json.loads((new_sweep / job.name / RUN_JSON).read_text())
         value = (record.get("final_metrics") or {}).get(reference.metric)
         if isinstance(value, int | float) and math.isfinite(value):
             group.values.append(float(value))

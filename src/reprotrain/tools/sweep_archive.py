@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from reprotrain.errors import ArchiveError
@@ -30,6 +29,7 @@ from reprotrain.tools.archive import (
     pip_freeze,
     run_members,
     seal,
+    staging_dir,
 )
 from reprotrain.tools.archive_check import ARCHIVE_JSON, CheckedArchive
 from reprotrain.tools.readers import read_run_json
@@ -95,8 +95,7 @@ def build(
     if snapshot.is_git_repo(repo) and git.get("commit"):
         snapshot.check_commit(repo, git["commit"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
-    try:
+    with staging_dir(out_dir, target) as staging:
         root = staging / top
         for job in jobs:
             for path, rel in run_members(job, with_checkpoint=False):
@@ -124,8 +123,6 @@ def build(
         }
         atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
         seal(root, top, target, sign_key)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target, meta
 
 

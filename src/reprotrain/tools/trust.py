@@ -7,15 +7,18 @@ code runs only when one of these holds, and the verdict line names which:
 (a) **same code here**: ``source/`` is exactly ``git archive <recorded commit>`` rebuilt from
     *this* repository (the commit must be here), and the archive carries no uncommitted
     patch for the code (a patch inside the archive is the archive's word, not this
-    repository's), and its config is one this commit's own ``conf/`` could compose: every
-    ``_target_`` (nested ones too) is one that commit's ``conf/`` names under the same
-    group, no value is an interpolation, no ``hydra``/``defaults`` keys
-    (``tools/config_trust.py``);
+    repository's), and every config of the replay plan (``tools/replay_plan.py``: each
+    job's recorded config and every leg of its resume history) is one this commit's own
+    ``conf/`` could compose: every ``_target_`` (nested ones too) is one that commit's
+    ``conf/`` names under the same group, no value is an interpolation, no
+    ``hydra``/``defaults`` keys (``tools/config_trust.py``);
 (b) **signed**: ``MANIFEST.sha256.sig`` verifies against an allowed-signers file the user
     passes (``TRUSTED_SIGNERS=<file>``); the manifest hashes every other member;
 (c) **the user says so**: ``TRUST=1``, after reviewing the archive.
 
 Otherwise :class:`~reprotrain.errors.UntrustedArchive`: one line that says how to proceed.
+The plan's environment entries are checked when the plan is built, under every rule
+(``tools/replay_env.py``).
 """
 
 from __future__ import annotations
@@ -26,12 +29,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from reprotrain.errors import SigningError, SnapshotError, UntrustedArchive
 from reprotrain.repro import gitinfo
 from reprotrain.tools import config_trust, signing, snapshot
-from reprotrain.tools.archive_check import CheckedArchive
+from reprotrain.tools.replay_plan import ReplayPlan
 
 HOW = (
     "check a signed archive with TRUSTED_SIGNERS=<allowed signers file> (--trusted-signers), "
@@ -66,18 +67,19 @@ def diff_paths(diff: str) -> list[str]:
     return sorted(set(out))
 
 
-def config_problems(checked: CheckedArchive, source: Path, commit: str) -> list[str]:
-    """What in the archived config the trusted commit's own configs would not compose."""
-    cfg = checked.config
-    if cfg is None:
-        return ["the archived config was not checked"]
-    raw = OmegaConf.to_container(cfg, resolve=False)
+def config_problems(plan: ReplayPlan, source: Path, commit: str) -> list[str]:
+    """What in any config of the plan the trusted commit's own configs would not compose,
+    each prefixed with the config it is in."""
     targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(source))
-    return config_trust.problems(raw, targets, commit)
+    found = []
+    for label, raw in plan.configs():
+        found += [f"{label} {p}" for p in config_trust.problems(raw, targets, commit)]
+    return found
 
 
-def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
+def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
     """Rule (a): (holds, why or why not)."""
+    checked = plan.jobs[0].view
     git = checked.record.get("git") or {}
     commit = git.get("commit")
     if not gitinfo.is_commit_id(commit):
@@ -97,7 +99,7 @@ def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
         except SnapshotError as e:
             return False, f"(a) no: {e}"
         here = _file_digests(Path(tmp) / "source")
-        problems = config_problems(checked, Path(tmp) / "source", commit)
+        problems = config_problems(plan, Path(tmp) / "source", commit)
     there = checked.source_files
     if here != there:
         changed = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
@@ -107,7 +109,7 @@ def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
             f"{len(changed)} file(s) ({shown})"
         )
     if problems:
-        return False, "(a) no: the archived config " + "; ".join(problems[:3])
+        return False, "(a) no: " + "; ".join(problems[:3])
     return True, (
         f"(a) source/ is commit {commit[:12]} of this repository, rebuilt here: "
         f"{len(here)} files identical"
@@ -115,13 +117,15 @@ def same_code_here(checked: CheckedArchive, repo: Path) -> tuple[bool, str]:
 
 
 def decide(
-    checked: CheckedArchive,
+    plan: ReplayPlan,
     repo: Path,
     trusted_signers: Path | None = None,
     trust: bool = False,
 ) -> Verdict:
-    """The first rule that holds, in the order a, b, c; else UntrustedArchive."""
-    ok, why = same_code_here(checked, repo)
+    """The first rule that holds for the whole plan, in the order a, b, c; else
+    UntrustedArchive. Every job of a plan shares the archive's source and signature."""
+    ok, why = same_code_here(plan, repo)
+    checked = plan.jobs[0].view
     if ok:
         return Verdict("a", why.removeprefix("(a) "))
     notes = [why]

@@ -1,0 +1,104 @@
+"""Which environment variables an archive may set for its re-run, and in which form.
+
+Closes: an archive choosing the re-run's environment. An environment variable is code:
+``PYTHONPATH=src:../run/evil`` imports a ``sitecustomize.py`` the archive carries,
+``GIT_TRACE=<file>`` makes every git call append to a file, ``LD_PRELOAD`` loads a library.
+The re-run's environment is this user's environment plus, from the archive, only:
+
+- the variables the comparability rule compares (``GPU_ENV_VARS``: the cuBLAS/cuDNN
+  settings that change which kernels run), each in the form its library reads
+  (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, a byte count, a 0/1 switch), or unset
+  (recorded as ``null``);
+- ``PYTHONHASHSEED``, from ``repro.pythonhashseed``: an integer in 0..4294967295.
+
+Any other name (``PYTHON*``, ``LD_*``, ``GIT_*``, ``PATH``, ...), or an allowed name with a
+value of another form, refuses the whole replay in one line, before anything is extracted,
+under every trust rule.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from reprotrain.errors import ReproduceRefused
+from reprotrain.repro.environment import GPU_ENV_VARS
+
+_SWITCH = re.compile(r"(?i)[01]|on|off|yes|no|true|false|y|n")
+_COUNT = re.compile(r"[0-9]{1,12}")
+#: The form each variable's library reads; a name of ``GPU_ENV_VARS`` not listed here gets
+#: the most restrictive one (a switch), so a new name is never a free-form string.
+FORMS: dict[str, re.Pattern[str]] = {
+    "CUBLAS_WORKSPACE_CONFIG": re.compile(r"(:[0-9]{1,9}:[0-9]{1,6}){1,8}"),
+    "CUBLASLT_WORKSPACE_SIZE": _COUNT,
+    "NVIDIA_TF32_OVERRIDE": re.compile(r"[01]"),
+}
+MAX_HASHSEED = 4294967295
+HOW = "an archive may set only " + ", ".join(GPU_ENV_VARS) + " (and PYTHONHASHSEED)"
+
+
+def form(name: str) -> re.Pattern[str]:
+    """The pattern a value of the allowlisted ``name`` must match in full."""
+    return FORMS.get(name, _SWITCH)
+
+
+def checked_value(name: str, value: Any, where: str) -> str | None:
+    """``value`` if ``name`` may be set to it (None: unset it); else a refusal."""
+    if name not in GPU_ENV_VARS:
+        raise ReproduceRefused(
+            f"{where} asks to set ${name} in the re-run's environment; {HOW}: refused, "
+            "nothing extracted"
+        )
+    if value is None:
+        return None
+    if not isinstance(value, str) or not form(name).fullmatch(value):
+        raise ReproduceRefused(
+            f"{where} sets ${name}={str(value)[:60]!r}, which is not of the form "
+            f"{form(name).pattern!r}: refused, nothing extracted"
+        )
+    return value
+
+
+def hashseed(record: dict, where: str) -> str:
+    """The re-run's ``PYTHONHASHSEED``: the recorded one (0 when none was recorded)."""
+    value = (record.get("repro") or {}).get("pythonhashseed")
+    if value is None:
+        return "0"
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_HASHSEED:
+        raise ReproduceRefused(
+            f"{where}: repro.pythonhashseed {str(value)[:40]!r} is not an integer in "
+            f"0..{MAX_HASHSEED}: refused, nothing extracted"
+        )
+    return str(value)
+
+
+def archive_env(record: dict, where: str) -> dict[str, str | None]:
+    """What the archive sets in the re-run's environment, every entry checked: the recorded
+    ``environment.gpu_env`` (and a ``CUBLAS_WORKSPACE_CONFIG`` recorded in
+    ``environment.env``), plus ``PYTHONHASHSEED``. None values are unset."""
+    environment = record.get("environment") or {}
+    recorded = environment.get("env") or {}
+    gpu_env = environment.get("gpu_env") or {}
+    if not isinstance(recorded, dict) or not isinstance(gpu_env, dict):
+        raise ReproduceRefused(f"{where}: environment.env / gpu_env is not an object")
+    out: dict[str, str | None] = {}
+    if "CUBLAS_WORKSPACE_CONFIG" in recorded:
+        name = "CUBLAS_WORKSPACE_CONFIG"
+        out[name] = checked_value(name, recorded[name], f"{where} (environment.env)")
+    for name, value in gpu_env.items():
+        out[str(name)] = checked_value(str(name), value, f"{where} (environment.gpu_env)")
+    out["PYTHONHASHSEED"] = hashseed(record, where)
+    return out
+
+
+def apply(base: dict[str, str], archived: dict[str, str | None]) -> dict[str, str]:
+    """``base`` (this user's environment) with the archive's checked entries laid over it."""
+    env = dict(base)
+    for name, value in archived.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env

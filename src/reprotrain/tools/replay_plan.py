@@ -1,0 +1,207 @@
+"""The replay plan: everything ``make reproduce`` will run, built as data from the verified
+archive before anything of it runs, and trust-checked as one object (``tools/trust.py``).
+
+Closes: a part of the replay that the trust check never saw. Before this plan, the config
+check read only the final ``config.resolved.yaml`` while the first leg of a resumed run was
+built from run.json's resume history (``resumes[].overrides.<key>.from``: a ``_target_`` or a
+``${oc.env:...}`` there ran unchecked), and the re-run's environment was copied from the
+record (``PYTHONPATH``, ``GIT_TRACE``). The plan holds, per job (one for a run, one per run
+of a sweep):
+
+- every leg's config (:func:`plan_replay`) and the recorded config (its dataset is
+  fingerprinted before the re-run): :meth:`ReplayPlan.configs` yields each of them, and
+  rule (a) checks every one (``tools/config_trust.py``);
+- what the archive sets in the re-run's environment, allowlisted and checked for form
+  (``tools/replay_env.py``; refused under every rule);
+- the trainer overrides the record decides (seed drawn from entropy, data root, device
+  type); the rest of the command line, the working directory (the extracted ``source/``)
+  and the paths (``--runs-dir``, the extraction dir) are this user's, never the archive's.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from reprotrain.paths import REPO_ROOT
+from reprotrain.quoting import hydra_override
+from reprotrain.repro import device as devices
+from reprotrain.tools import replay_env
+from reprotrain.tools.archive_check import CheckedArchive
+
+
+class NotReplayable(Exception):
+    """The archived history cannot be replayed: a NOT COMPARABLE reason, never DIVERGED."""
+
+
+@dataclass
+class Leg:
+    """One trainer process of a replay: fresh (the first) or resumed (``resume=auto``)."""
+
+    config: dict  # unresolved container this leg runs under
+    resume: bool
+    stop_at_global_step: int | None  # None: to the end (or --epochs)
+    changes: dict[str, Any] = field(default_factory=dict)  # vs the previous leg
+
+
+def _get(node: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(dotted)
+        node = node[part]
+    return node
+
+
+def _set(node: dict, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def plan_replay(
+    final_config: dict, resumes: list[dict], until_global_step: int | None = None
+) -> list[Leg]:
+    """The trainer processes that replay a run's resume history.
+
+    ``resumes`` is run.json's list; an entry that changed the config carries
+    ``{"global_step": N, "overrides": {"<dotted key>": {"from": old, "to": new}}}``. Entries
+    without overrides (a plain interrupted-and-resumed run) are invisible to the numbers and
+    need no leg of their own. The first leg starts fresh from the config as it was before the
+    first change (``final_config`` with every change undone, newest first) and stops at the
+    first changing resume's step; each further leg resumes with that entry's overrides
+    applied. ``until_global_step`` drops legs that start at or after it (``--epochs``).
+    """
+    changing = []
+    last_step = -1
+    for entry in resumes or []:
+        if not isinstance(entry, dict) or not entry.get("overrides"):
+            continue
+        step, overrides = entry.get("global_step"), entry["overrides"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < last_step:
+            raise NotReplayable(f"resume entry with global_step {step!r} is out of order")
+        if not isinstance(overrides, dict) or not all(
+            isinstance(v, dict) and {"from", "to"} <= set(v) for v in overrides.values()
+        ):
+            raise NotReplayable(
+                f"the resume at global step {step} recorded overrides without their previous "
+                "values ({key: {from, to}})"
+            )
+        changing.append((step, overrides))
+        last_step = step
+    current = copy.deepcopy(final_config)
+    for step, overrides in reversed(changing):
+        for key, change in overrides.items():
+            try:
+                now = _get(current, key)
+            except KeyError:
+                raise NotReplayable(f"resume override {key} is not in the config") from None
+            if now != change["to"]:
+                raise NotReplayable(
+                    f"resume at global step {step} set {key}={change['to']!r}, but the config "
+                    f"has {now!r} there"
+                )
+            _set(current, key, change["from"])
+    legs = [Leg(config=copy.deepcopy(current), resume=False, stop_at_global_step=None)]
+    for step, overrides in changing:
+        if until_global_step is not None and step >= until_global_step:
+            break
+        legs[-1].stop_at_global_step = step
+        for key, change in overrides.items():
+            _set(current, key, change["to"])
+        legs.append(
+            Leg(
+                config=copy.deepcopy(current),
+                resume=True,
+                stop_at_global_step=None,
+                changes={k: c["to"] for k, c in overrides.items()},
+            )
+        )
+    return legs
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def current_data_dir(recorded_root: str) -> Path:
+    """A recorded dataset root, here: relative roots are relative to this checkout."""
+    root = Path(recorded_root)
+    return root if root.is_absolute() else REPO_ROOT / root
+
+
+def record_overrides(record: dict, raw_config: dict) -> list[str]:
+    """The trainer overrides the record decides: the seed drawn from entropy, the dataset
+    root found here, the recorded device type (a CPU archive stays on the CPU)."""
+    out = []
+    seeds = record.get("seeds") or {}
+    if seeds.get("source") == "entropy":
+        out.append(f"seed.base={int(seeds['base'])}")
+    dataset = raw_config.get("dataset")
+    root = dataset.get("root") if isinstance(dataset, dict) else None
+    if root is not None and not (isinstance(root, str) and "${" in root):
+        out.append(hydra_override("dataset.root", current_data_dir(str(root))))
+    out.append(f"trainer.device={devices.replay_spec(devices.recorded_device(record))[0]}")
+    return out
+
+
+@dataclass
+class JobPlan:
+    """One archived run's part of the replay."""
+
+    name: str  # "" for a run archive; the job's folder under sweep/ in a sweep archive
+    view: CheckedArchive  # its verified record and config
+    config: dict  # the recorded config, unresolved
+    legs: list[Leg]
+    env: dict[str, str | None]  # what the archive sets in the re-run's environment
+    overrides: list[str]  # trainer overrides the record decides
+
+    @property
+    def record(self) -> dict:
+        return self.view.record
+
+    def labels(self) -> tuple[str, str]:
+        """How a problem in (its recorded config, a leg of its resume history) is named."""
+        if not self.name:
+            return "the archived config", "the archived resume history"
+        return f"job {self.name}'s config", f"job {self.name}'s resume history"
+
+
+@dataclass
+class ReplayPlan:
+    jobs: list[JobPlan] = field(default_factory=list)
+
+    def configs(self) -> Iterator[tuple[str, dict]]:
+        """(label, unresolved config) of every config the replay builds: each job's recorded
+        config and each leg that differs from it."""
+        for job in self.jobs:
+            final, history = job.labels()
+            yield final, job.config
+            for i, leg in enumerate(job.legs):
+                if leg.config != job.config:
+                    yield f"{history} (leg {i})", leg.config
+
+
+def plan_job(name: str, view: CheckedArchive, until_global_step: int | None) -> JobPlan:
+    """The job's plan; a refusal for an environment entry, NotReplayable for a history that
+    cannot be replayed."""
+    where = view.label("run/run.json") if not name else view.label(f"sweep/{name}/run.json")
+    env = replay_env.archive_env(view.record, where)
+    raw = OmegaConf.to_container(view.config, resolve=False)
+    legs = plan_replay(raw, view.record.get("resumes") or [], until_global_step)
+    if len(legs) > 1 and "stop_at_global_step" not in (raw.get("trainer") or {}):
+        raise NotReplayable(
+            f"the run was resumed with changed overrides at global step(s) "
+            f"{', '.join(str(leg.stop_at_global_step) for leg in legs[:-1])}, and the "
+            "archived trainer has no trainer.stop_at_global_step to replay that history"
+        )
+    return JobPlan(name, view, raw, legs, env, record_overrides(view.record, raw))
+
+
+def build(jobs: list[tuple[str, CheckedArchive]], until_global_step: int | None) -> ReplayPlan:
+    """The plan for ``jobs`` (``[("", checked)]`` for a run archive)."""
+    return ReplayPlan([plan_job(name, view, until_global_step) for name, view in jobs])

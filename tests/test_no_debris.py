@@ -1,0 +1,155 @@
+# ruff: noqa: F811  (the fixtures imported from test_trust are parameters here)
+"""No debris: a stopped or failing ``make archive`` / ``make reproduce`` leaves nothing behind.
+
+SIGTERM (or Ctrl-C) at an exact point of ``make archive`` (the tree staged; the tar half
+written) and of ``make reproduce`` (during the trust check, after a ``--verify-only``
+extraction, during a sweep's re-run), each in a process of its own with ``TMPDIR`` pointed
+at an empty folder; and a full disk during ``make archive``, whose one line names the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import base_env
+from reprotrain.tools import archive as arch
+from reprotrain.tools import sweep_archive
+from test_replay_plan import trainer_repo  # noqa: F401
+from test_trust import fake_run, job_config, one_error_line, repo  # noqa: F401
+
+#: Runs a tool with one function wrapped to signal this process right after it returns
+#: (or, for _normalise, right before: mid-tar). argv: signal, module, function, tool args.
+STOPPER = """\
+import importlib, os, signal, sys
+sig, module, name, *args = sys.argv[1:]
+mod = importlib.import_module(module)
+real = getattr(mod, name)
+def stopping(*a, **k):
+    if name == "_normalise":
+        os.kill(os.getpid(), getattr(signal, sig))
+    out = real(*a, **k)
+    os.kill(os.getpid(), getattr(signal, sig))
+    return out
+setattr(mod, name, stopping)
+from reprotrain.tools import archive
+archive.pip_freeze = lambda: ""
+tool = importlib.import_module(f"reprotrain.tools.{args.pop(0)}")
+sys.exit(tool.main(args))
+"""
+
+
+def stopped(tmp_path: Path, sig: str, where: str, *tool_args: str, **env: str):
+    """Run the tool with a stop signal at ``where`` (``module:function``); TMPDIR is
+    ``tmp_path/tmp``, empty before."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    script = tmp_path / "stopper.py"
+    script.write_text(STOPPER)
+    module, name = where.split(":")
+    return subprocess.run(
+        [sys.executable, str(script), sig, module, name, *tool_args],
+        env=base_env(TMPDIR=str(tmp_path / "tmp"), **env),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def leftovers(*dirs: Path) -> list[str]:
+    return [str(p) for d in dirs if d.exists() for p in d.iterdir()]
+
+
+@pytest.mark.parametrize(
+    ("sig", "where"),
+    [
+        ("SIGTERM", "reprotrain.tools.snapshot:build"),  # the tree staged
+        ("SIGTERM", "reprotrain.tools.archive:_normalise"),  # the tar half written
+        ("SIGINT", "reprotrain.tools.archive:_normalise"),
+        ("SIGHUP", "reprotrain.tools.snapshot:build"),
+    ],
+)
+def test_a_stopped_archive_leaves_no_staging_dir_or_temp_tar(tmp_path, repo, job_config, sig,
+                                                              where):  # fmt: skip
+    """Was: SIGTERM left `.archive-*` and `*.tar.gz.tmp` in the output dir."""
+    run = fake_run(tmp_path, repo, job_config)
+    out = tmp_path / "archives"
+    out.mkdir()
+    proc = stopped(tmp_path, sig, where, "archive", str(run), "--out-dir", str(out),
+                   "--repo", str(repo))  # fmt: skip
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert f"interrupted by {sig}: no archive written" in one_error_line(proc.stderr)
+    assert leftovers(out, tmp_path / "tmp") == []
+
+
+@pytest.mark.parametrize("failing", ["tarfile.TarFile.addfile", "shutil.copy2"])
+def test_a_full_disk_during_archive_names_the_path(tmp_path, repo, job_config, capsys,
+                                                   monkeypatch, failing):  # fmt: skip
+    """Was: `error: [Errno 28] No space left on device`, no path."""
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    owner = tarfile.TarFile if failing.startswith("tarfile") else shutil
+    monkeypatch.setattr(owner, failing.rsplit(".", 1)[1], full)
+    run = fake_run(tmp_path, repo, job_config)
+    out = tmp_path / "archives"
+    rc = arch.main([str(run), "--out-dir", str(out), "--repo", str(repo)])
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and "No space left on device" in line
+    assert f"writing {out}/trusttest-run.tar.gz failed at {out}/." in line, line
+    assert "free space in" in line
+    assert leftovers(out) == []
+
+
+@pytest.fixture
+def run_archive(tmp_path, repo, job_config, monkeypatch) -> Path:
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    path, _ = arch.build(fake_run(tmp_path, repo, job_config), tmp_path / "out", repo=repo)
+    return path
+
+
+def test_a_reproduce_stopped_during_the_trust_check_removes_its_temp_dirs(
+    tmp_path, repo, run_archive
+):
+    """Was: SIGTERM before the re-run killed reproduce with its trust snapshot left in TMPDIR."""
+    runs = tmp_path / "runs"
+    proc = stopped(tmp_path, "SIGTERM", "reprotrain.tools.snapshot:from_git", "reproduce",
+                   str(run_archive), "--repo", str(repo), "--runs-dir", str(runs))  # fmt: skip
+    assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "INTERRUPTED by SIGTERM before the re-run" in proc.stdout
+    assert leftovers(tmp_path / "tmp") == [] and not runs.exists()
+
+
+def test_a_verify_only_stopped_after_extracting_removes_the_extraction(tmp_path, run_archive):
+    proc = stopped(tmp_path, "SIGTERM", "reprotrain.tools.archive_check:extract", "reproduce",
+                   str(run_archive), "--verify-only")  # fmt: skip
+    assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert leftovers(tmp_path / "tmp") == []
+
+
+def test_a_sweep_reproduce_stopped_mid_rerun_stops_and_removes_its_extraction(
+    tmp_path, trainer_repo, job_config, monkeypatch
+):
+    """Was: a sweep replay had no signal handling: SIGTERM killed it, extraction left."""
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for i in range(2):
+        fake_run(tmp_path, trainer_repo, job_config).rename(sweep / str(i))
+    path, _ = sweep_archive.build(sweep, tmp_path / "out", trainer_repo)
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "reprotrain.tools.reproduce", str(path), "--repo",
+         str(trainer_repo), "--allow-data-drift", "--runs-dir", str(tmp_path / "runs")],
+        env=base_env(TMPDIR=str(tmp_path / "tmp"), STAND_IN_STOP_PARENT="1"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "INTERRUPTED by SIGTERM" in proc.stdout
+    assert leftovers(tmp_path / "tmp") == []

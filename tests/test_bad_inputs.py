@@ -413,7 +413,7 @@ REPRODUCE = [
     Row("reproduce/no-completed-epoch", tool("reproduce", at("a.tar.gz")), "completed no epoch",
         archive(members(**{"run/fingerprints.jsonl": "",
                             "run/run.json": json.dumps({**RECORD, "epochs_completed": 0})}))),
-    Row("reproduce/env-value-missing-here", tool("reproduce", at("a.tar.gz")),
+    Row("reproduce/env-value-missing-here", tool("reproduce", at("a.tar.gz"), "--trust"),
         "name = ${oc.env:REPROTRAIN_TEST_UNSET_VAR} cannot be resolved here",
         archive(members(**{
             "run/run.json": json.dumps({**RECORD, "env_interpolations": {"name": {

@@ -225,7 +225,8 @@ def not_comparable_reasons(record: dict) -> list[str]:
         reasons.append(f"the run recorded nondeterministic ops ({ops})")
     for entry in record.get("resumes") or []:
         if isinstance(entry, dict) and entry.get("bitwise_guarantee") is False:
-            why = "; ".join(entry.get("mismatch") or []) or "environment changed"
+            why = "; ".join(entry.get("mismatch") or entry.get("unrestored") or [])
+            why = why or "environment changed"
             reasons.append(f"resumed at global step {entry.get('global_step')} with {why}")
     return reasons
 
@@ -316,6 +317,12 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     env = environment.capture(device)
     env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
+    recorded_env = record.get("environment") or {}
+    if comparability.cpu_dispatch(recorded_env) == "portable":
+        # repro=portable sets the CPU dispatch again at the re-run's start, which this process
+        # cannot show: the preview leaves the CPU out; the re-run's own record is compared.
+        env["cpu"] = recorded_env.get("cpu")
+        print("env      cpu: repro=portable pins dispatch again in the re-run (checked after it)")
     return {"environment": env, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
 
 

@@ -199,6 +199,7 @@ INVARIANT = ["trainer.microbatch_size=16", "trainer.world_size_invariant=true",
              "trainer.checkpoint_every_steps=1", "repro.num_threads=1"]  # fmt: skip
 
 
+@pytest.mark.slow  # the default tier keeps the cheaper sibling test of this claim
 def test_numpy_mixup_in_invariant_mode_resumes_bitwise_after_sigkill(tmp_path):
     assert_ok(train(tmp_path / "ref", *USER, *MIXUP, *INVARIANT, micro=False, env=user_env()))
     killed = train(tmp_path / "run", *USER, *MIXUP, *INVARIANT, micro=False,

@@ -114,6 +114,7 @@ def test_a_sweep_dir_is_claimed_by_exactly_one_of_many_at_once(tmp_path):
     assert sorted(os.listdir(sweep)) == ["multirun.yaml"], "losers wrote nothing"
 
 
+@pytest.mark.slow  # the default tier keeps the cheaper sibling test of this claim
 def test_two_sweeps_started_at_once_into_one_dir_one_runs_one_is_refused(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "reprotrain.train", "--multirun", "experiment=selfcheck",

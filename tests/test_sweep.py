@@ -75,7 +75,7 @@ def test_runs_are_grouped_by_non_seed_overrides_and_never_pooled(tmp_path: Path)
         assert sorted(r["seed"] for r in groups[label]["runs"]) == [0, 1, 2]
     assert "metrics" not in summary  # two groups: no sweep-wide number that mixes them
     md = (tmp_path / "summary.md").read_text()
-    assert "| optimizer.lr=0.1 | 3/3 | 0.6100 ± 0.0100 |" in md
+    assert "| optimizer.lr=0.1 | 3/3 | 0.6100 ± 0.0100 (n=3) |" in md
     assert "95% CI" in md and "![per-epoch mean" in md
 
 
@@ -98,7 +98,7 @@ def test_a_nan_seed_or_nan_metric_keeps_the_summary_and_writes_strict_json(
     assert acc["n"] == 2 and acc["n_nonfinite"] == 1 and acc["mean"] == pytest.approx(0.6)
     assert "runs[1].test_acc" in summary["nonfinite"] and "runs[2].seed" in summary["nonfinite"]
     assert summary["runs"][1]["test_acc"] is None
-    assert "(1 non-finite)" in (tmp_path / "summary.md").read_text()
+    assert "(n=2, 1 non-finite)" in (tmp_path / "summary.md").read_text()
 
 
 def test_one_run_has_no_interval_rather_than_a_nan_one(tmp_path: Path) -> None:
@@ -217,3 +217,37 @@ def test_a_real_seed_sweep_leaves_a_summary_and_a_plot(tmp_path: Path) -> None:
     assert [p["epoch"] for p in group["curves"]["val_acc"]] == [1, 2]
     png = (sweep / "summary.png").read_bytes()
     assert png[:4] == b"\x89PNG" and len(png) > 10_000
+
+
+def test_summary_tells_absent_from_nonfinite_and_gives_n_beside_each_mean(tmp_path: Path) -> None:
+    # Two runs whose best epoch was the last have no best_test_loss (absent, not diverged);
+    # one run's best_test_loss is non-finite, written as null and flagged by strict JSON.
+    fake_job(tmp_path, 0, ["seed.base=0"], 0, {"test_acc": 0.5, "test_loss": 1.0})
+    fake_job(tmp_path, 1, ["seed.base=1"], 1, {"test_acc": 0.6, "test_loss": 1.1})
+    job = fake_job(
+        tmp_path, 2, ["seed.base=2"], 2, {"test_acc": 0.7, "test_loss": 0.9, "best_test_loss": 2.0}
+    )
+    job3 = fake_job(
+        tmp_path, 3, ["seed.base=3"], 3, {"test_acc": 0.7, "test_loss": 0.9, "best_test_loss": 2.5}
+    )
+    record = json.loads((job3 / "run.json").read_text())
+    record["final_metrics"]["best_test_loss"] = None
+    record["nonfinite_fields"] = ["final_metrics.best_test_loss"]
+    (job3 / "run.json").write_text(json.dumps(record))
+    assert job.is_dir()
+    summary = ss.write_summary(tmp_path)
+    best = summary["metrics"]["best_test_loss"]
+    assert (best["n"], best["n_nonfinite"], best["n_absent"]) == (1, 1, 2)
+    md = (tmp_path / "summary.md").read_text()
+    assert "2.0000 ± 0.0000 (n=1, 1 non-finite, 2 absent)" in md
+    assert "(n=4)" in md  # test_acc: all four runs
+
+
+def test_an_interval_stays_inside_the_metrics_range(tmp_path: Path) -> None:
+    for i, acc in enumerate([0.0, 0.0, 0.1]):  # mean 0.033: the t interval reaches below 0
+        fake_job(tmp_path, i, [f"seed.base={i}"], i, {"test_acc": acc, "test_loss": 2.3})
+    acc = ss.write_summary(tmp_path)["metrics"]["test_acc"]
+    assert acc["ci95"][0] == 0.0 and acc["ci95_clipped"] is True
+    assert ss.describe([0.0, 0.0, 0.1])["ci95"][0] < 0  # the raw t interval did reach below 0
+    loss = ss.describe([2.3, 2.3, 2.4], (0.0, float("inf")))
+    assert loss["ci95_clipped"] is False

@@ -61,3 +61,23 @@ def better(a: float, b: float, mode: str) -> bool:
     if not math.isfinite(a):
         return False
     return a > b if mode == "max" else a < b
+
+
+# Metrics whose values lie in [0, 1] by definition, and ones that cannot be negative: a
+# confidence interval is cut to this range (a t interval around a mean near 0 reaches below it).
+UNIT_INTERVAL = ("acc", "accuracy", "f1", "auroc", "ap", "precision", "recall", "iou", "dice")
+NON_NEGATIVE = ("loss", "rmse", "mse", "mae", "ece")
+
+
+def value_range(key: str) -> tuple[float, float]:
+    """The values ``key`` can take, by its name (``test_f1_macro`` is a unit-interval ``f1``):
+    ``[0, 1]``, ``[0, inf)``, ``(-inf, 1]`` for ``r2``, else the whole line."""
+    name = key.removeprefix(BEST).partition("_")[2]
+    head = name.split("_")[0]
+    if head in UNIT_INTERVAL or name in UNIT_INTERVAL:
+        return (0.0, 1.0)
+    if head in NON_NEGATIVE or name.endswith("_loss"):
+        return (0.0, math.inf)
+    if head == "r2":
+        return (-math.inf, 1.0)
+    return (-math.inf, math.inf)

@@ -57,20 +57,29 @@ def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def describe(values: list[Any]) -> dict[str, Any]:
-    """Statistics of the finite values; ``n_nonfinite`` counts NaN/inf/null ones.
+def describe(values: list[Any], value_range: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Statistics of the finite values, with ``n`` beside them.
 
-    ``ci95`` is the t interval of the mean, ``None`` below two finite values (an interval
-    from one run would be a made-up number).
+    ``n_nonfinite`` counts NaN/inf values (a run that diverged); ``n_absent`` counts runs that
+    have no value (None: e.g. no ``best_test_*`` because the best epoch was the last). ``ci95``
+    is the t interval of the mean, ``None`` below two finite values (an interval from one run
+    would be a made-up number), cut to ``value_range`` (an accuracy's interval never reaches
+    below 0); ``ci95_clipped`` says when it was cut.
     """
     finite = [float(v) for v in values if _finite(v)]
     n = len(finite)
-    out: dict[str, Any] = {"n": n, "n_nonfinite": len(values) - n}
+    n_absent = sum(v is None for v in values)
+    out: dict[str, Any] = {"n": n, "n_nonfinite": len(values) - n - n_absent, "n_absent": n_absent}
     if n == 0:
         return {**out, "mean": None, "std": None, "min": None, "max": None, "ci95": None}
     mean = statistics.fmean(finite)
     std = statistics.stdev(finite) if n > 1 else 0.0
     ci = mean_ci(finite, 0.95)  # scipy's t: the same code as the statistical verdict
+    clipped = False
+    if ci is not None and value_range is not None:
+        lo, hi = max(ci[0], value_range[0]), min(ci[1], value_range[1])
+        clipped = (lo, hi) != tuple(ci)
+        ci = (lo, hi)
     return {
         **out,
         "mean": mean,
@@ -78,6 +87,7 @@ def describe(values: list[Any]) -> dict[str, Any]:
         "min": min(finite),
         "max": max(finite),
         "ci95": list(ci) if ci is not None else None,
+        "ci95_clipped": clipped,
     }
 
 
@@ -120,6 +130,15 @@ class Job:
     def final(self) -> dict[str, Any]:
         final = self.record.get("final_metrics")
         return final if isinstance(final, dict) else {}
+
+    def outcome(self, metric: str) -> Any:
+        """The final value of ``metric``: NaN for a non-finite one (strict JSON writes it as
+        null and lists it in ``nonfinite_fields``), None when the run has no such value."""
+        value = self.final.get(metric)
+        flagged = self.record.get("nonfinite_fields") or []
+        if value is None and f"final_metrics.{metric}" in flagged:
+            return math.nan
+        return value
 
 
 def _load_json(path: Path) -> Any:
@@ -245,14 +264,18 @@ def summarize(
                 "n_completed": len(done),
                 "statuses": {s: sum(j.status == s for j in members) for s in _statuses(members)},
                 "runs": [_run_entry(j, metrics, labels[key]) for j in members],
-                "metrics": {m: describe([j.final.get(m) for j in done]) for m in metrics},
+                "metrics": {
+                    m: describe([j.outcome(m) for j in done], metric_names.value_range(m))
+                    for m in metrics
+                },
                 "curves": epoch_curves(done, curve_metrics),
             }
         )
     summary: dict[str, Any] = {
         "sweep_dir": str(sweep_dir),
         "grouped_by": "Hydra overrides without seed / seed.* (from .hydra/overrides.yaml)",
-        "ci95": "95% t confidence interval of the mean across seeds (null below 2 runs)",
+        "ci95": "95% t confidence interval of the mean across seeds (null below 2 runs), cut"
+        " to the metric's range (ci95_clipped)",
         "plot_band": "summary.png: per-epoch mean ± 1 std across seeds, per group",
         "metric_names": metrics,
         "objective": objective([j for j in jobs if j.status == "completed"], groups),
@@ -276,7 +299,7 @@ def _run_entry(job: Job, metrics: list[str], label: str) -> dict[str, Any]:
         "seed": _seed_of(job),
         "seed_overrides": job.seed_overrides,
         "status": job.status,
-        **{m: job.final.get(m) for m in metrics},
+        **{m: job.outcome(m) for m in metrics},
     }
 
 
@@ -309,7 +332,9 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
     out = [f"# Sweep summary: {summary['sweep_dir']}", ""]
     out += [
         f"Grouped by {summary['grouped_by']}.",
-        "Mean ± std over the completed runs' finite values; 95% CI: t interval of the mean.",
+        "Mean ± std over the completed runs' finite values (n: how many); non-finite: the run"
+        " diverged; absent: the run has no such value (e.g. no best_test_* when the best epoch"
+        " was the last). 95% CI: t interval of the mean, cut to the metric's range.",
         "",
     ]
     goal = summary.get("objective")
@@ -325,8 +350,12 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
         for m in metrics:
             s = g["metrics"][m]
             text = "—" if s["mean"] is None else f"{s['mean']:.4f} ± {s['std']:.4f}"
+            text += f" (n={s['n']}"
             if s["n_nonfinite"]:
-                text += f" ({s['n_nonfinite']} non-finite)"
+                text += f", {s['n_nonfinite']} non-finite"
+            if s.get("n_absent"):
+                text += f", {s['n_absent']} absent"
+            text += ")"
             cells.append(text)
         out.append(_row(cells))
     for g in summary["groups"]:

@@ -332,6 +332,9 @@ ARCHIVE = [
     Row("archive/a-file", tool("archive", at("file")), "not a directory", a_file()),
     Row("archive/no-run-json", tool("archive", at("run")), "not a reprotrain run directory",
         run_dir(None)),
+    Row("archive/ranks-contradict-world-size", tool("archive", at("run")),
+        "world_size 1 but 7 rank(s) recorded",
+        run_dir({**RECORD, "world_size": 1, "ranks": [{"rank": i} for i in range(7)]})),
     Row("archive/corrupt-run-json", tool("archive", at("run")), "invalid JSON at line 1",
         run_dir('{"status": ')),
     Row("archive/run-json-not-object", tool("archive", at("run")), "expected a JSON object",
@@ -419,6 +422,22 @@ REPRODUCE = [
             "run/run.json": json.dumps({**RECORD, "env_interpolations": {"name": {
                 "interpolation": "${oc.env:REPROTRAIN_TEST_UNSET_VAR}", "sha256": "0" * 64}}}),
             "run/config.resolved.yaml": "name: ${oc.env:REPROTRAIN_TEST_UNSET_VAR}\n"}))),
+    # Issue 26: a record that contradicts itself, and an archive that sets the re-run's
+    # environment (refused under every trust rule, --trust included).
+    Row("reproduce/world-size-not-a-number", tool("reproduce", at("a.tar.gz")),
+        "world_size 'two' is not a positive integer",
+        archive(members(**{"run/run.json": json.dumps({**RECORD, "world_size": "two"})}))),
+    Row("reproduce/gpu-env-not-a-mapping", tool("reproduce", at("a.tar.gz")),
+        "environment.gpu_env is a list, not an object", archive(members(**{
+            "run/run.json": json.dumps({**RECORD, "environment": {"gpu_env": [1]}})}))),
+    Row("reproduce/archive-sets-pythonpath", tool("reproduce", at("a.tar.gz"), "--trust"),
+        "asks to set $PYTHONPATH in the re-run's environment", archive(members(**{
+            "run/run.json": json.dumps({**RECORD, "environment": {
+                "gpu_env": {"PYTHONPATH": "src:../run/evil"}}})}))),
+    Row("reproduce/archive-sets-git-trace", tool("reproduce", at("a.tar.gz"), "--trust"),
+        "$GIT_TRACE", archive(members(**{
+            "run/run.json": json.dumps({**RECORD, "environment": {
+                "gpu_env": {"GIT_TRACE": "/tmp/victim"}}})}))),
     Row("reproduce/epochs-beyond-the-run", tool("reproduce", at("a.tar.gz"), "--epochs", "5"),
         "has 1 completed epoch", archive()),
     Row("reproduce/epochs-zero", tool("reproduce", at("a.tar.gz"), "--epochs", "0"),

@@ -686,6 +686,8 @@ def main(cfg: DictConfig) -> float | None:
         _error(dist, str(e))
         sys.exit(e.exit_code)
     except OSError as e:  # disk full, a path that is a file, a name too long: name it
+        if worker_death.is_worker_death(e):  # a killed worker's socket reset first
+            _worker_died(run_dir, dist, e)
         where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
         message = f"{where}: {e.strerror or e}" if where else str(e)
         _mark(run_dir, "failed", error=message)
@@ -711,7 +713,7 @@ def main(cfg: DictConfig) -> float | None:
             dist.destroy()
 
 
-def _worker_died(run_dir: Path, dist: Dist | None, e: RuntimeError) -> NoReturn:
+def _worker_died(run_dir: Path, dist: Dist | None, e: BaseException) -> NoReturn:
     """A DataLoader worker was killed (data/worker_death.py): interrupted, resumable."""
     died = worker_death.describe(e)
     _mark(run_dir, "interrupted", interrupted_by="DataLoader worker died", error=died)

@@ -130,7 +130,7 @@ AMD_EPYC_ZEN4 = {
     "oneDNN": "v3.12.0 (Git Hash 80afa71049cd69a3df32adcccb623b12cd7baa22)",
     **dict.fromkeys(
         ("$ATEN_CPU_CAPABILITY", "$ONEDNN_MAX_CPU_ISA", "$DNNL_MAX_CPU_ISA", "$MKL_CBWR",
-         "$MKL_ENABLE_INSTRUCTIONS", "$OMP_NUM_THREADS", "$MKL_NUM_THREADS"),
+         "$MKL_ENABLE_INSTRUCTIONS"),
         "none",
     ),
 }  # fmt: skip

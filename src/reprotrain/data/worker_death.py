@@ -21,10 +21,18 @@ import multiprocessing
 import signal
 import threading
 
+#: What the main process may see first when a worker dies while handing over a batch: the
+#: socket that carries the batch's shared-memory handles is reset, before torch's SIGCHLD
+#: handler reports the death.
+TRANSPORT_ERRORS = (ConnectionResetError, BrokenPipeError, EOFError)
+
 
 def is_worker_death(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch's report of a DataLoader worker that died."""
+    """Whether ``exc`` is torch's report of a DataLoader worker that died, or a reset of the
+    worker's socket while a worker has in fact been killed by a signal."""
     text = str(exc)
+    if isinstance(exc, TRANSPORT_ERRORS):
+        return killed_worker() is not None
     return (
         isinstance(exc, RuntimeError)
         and text.startswith("DataLoader worker")
@@ -32,7 +40,20 @@ def is_worker_death(exc: BaseException) -> bool:
     )
 
 
+def killed_worker() -> str | None:
+    """A daemonic child (a loader worker) that a signal ended, named as torch names it."""
+    # The stdlib keeps finished children only in this set (active_children() drops them).
+    for child in list(multiprocessing.process._children):
+        code = child.exitcode
+        if child.daemon and code is not None and code < 0:
+            name = signal.Signals(-code).name
+            return f"DataLoader worker (pid {child.pid}) is killed by signal: {name}"
+    return None
+
+
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, TRANSPORT_ERRORS):
+        return killed_worker() or " ".join(str(exc).split())
     return " ".join(str(exc).split()).rstrip(".")
 
 

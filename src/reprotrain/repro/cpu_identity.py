@@ -31,16 +31,18 @@ import torch
 
 from reprotrain.repro.hashseed import PORTABLE_CONFLICTS, PORTABLE_ENV
 
-#: Variables that steer which CPU kernels run (ATen, oneDNN, MKL) or the thread pools'
-#: sizes (the reduction order). Recorded, None when unset, and compared.
+#: Variables that steer which CPU kernels run (ATen, oneDNN, MKL). Recorded, None when unset,
+#: and compared. The thread pools' sizes (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``: the
+#: reduction order) are compared as the thread count that ran, read back from torch, not as
+#: variables: torchrun sets ``OMP_NUM_THREADS=1`` in its workers, so a world-size-invariant
+#: run on 2 processes and its re-run on 1 differ in the variable and not in the threads.
+#: They are in the environment record (``environment.ENV_ALLOWLIST``) and shown as notes.
 DISPATCH_ENV_VARS = (
     "ATEN_CPU_CAPABILITY",
     "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA",
     "MKL_CBWR",
     "MKL_ENABLE_INSTRUCTIONS",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
 )
 
 #: What the libraries report when PORTABLE_ENV is in force.

@@ -388,32 +388,6 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
     return problems
 
 
-def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
-    """All lock checks over (lock, .in) pairs; returns one message per problem, [] when sound."""
-    from reprotrain.repro.lock_platforms import check_lock_platforms
-
-    problems: list[str] = []
-    parsed: list[ParsedLock] = []
-    for lock_path, in_path in pairs:
-        lock_path, in_path = Path(lock_path), Path(in_path)
-        if not lock_path.exists():
-            problems.append(f"{lock_path.name}: missing; run make lock")
-            continue
-        if not in_path.exists():
-            problems.append(f"{in_path.name}: missing (the input of {lock_path.name})")
-            continue
-        lock = parse_lock(lock_path)
-        parsed.append(lock)
-        problems.extend(lock.problems)
-        if not lock.entries:
-            problems.append(f"{lock_path.name}: no pinned packages")
-        problems.extend(check_staleness(lock_path, in_path))
-        problems.extend(check_in_satisfied(lock, in_path))
-        problems.extend(check_lock_platforms(lock))
-    problems.extend(check_agreement(parsed))
-    return problems
-
-
 # --------------------------------------------------------------------------- environment
 
 

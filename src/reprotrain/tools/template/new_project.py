@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 if __package__:
-    from reprotrain.tools import template_files as tf
+    from reprotrain.tools.template import template_files as tf
 else:  # run as a script by make, before any venv: this folder is sys.path[0]
     import template_files as tf
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 CREDITED = ("README.md", "LICENSE")
 # Names a project package must not take: they would shadow what the framework imports.
 TAKEN = {tf.FRAMEWORK_PACKAGE, "torch", "torchvision", "hydra", "omegaconf", "numpy", "tests",

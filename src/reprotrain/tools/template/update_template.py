@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 if __package__:
-    from reprotrain.tools import template_files as tf
+    from reprotrain.tools.template import template_files as tf
 else:  # run as a script by make, before any venv: this folder is sys.path[0]
     import template_files as tf
 

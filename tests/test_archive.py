@@ -24,10 +24,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import MICRO, REPO, assert_ok, base_env
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.quoting import hydra_override
 from reprotrain.repro.gitinfo import git_info
 from reprotrain.tools.archive import archive as arch
-from reprotrain.tools.archive import snapshot
+from reprotrain.tools.archive import pack, snapshot
 from reprotrain.tools.reproduce import reproduce as repro
 from reprotrain.tools.reproduce import rerun
 
@@ -76,7 +77,7 @@ def repack(top: Path, out: Path, manifest: bool = True) -> Path:
     """Tar ``top`` again; with ``manifest``, recompute MANIFEST.sha256 as archive.py would."""
     if manifest:
         digests = {
-            p.relative_to(top).as_posix(): arch.sha256_file(p)
+            p.relative_to(top).as_posix(): file_sha256(p)
             for p in sorted(top.rglob("*"))
             if p.is_file() and p.name != arch.MANIFEST
         }
@@ -159,7 +160,7 @@ def test_archive_holds_run_source_env_and_a_manifest(archived, tmp_path):
     assert not (top / "run" / "checkpoints").exists(), "checkpoints are left out by default"
     assert not (top / "source" / "tests").exists()
     lock = top / "env" / "requirements.lock"
-    assert arch.sha256_file(lock) == record["lock_sha256"], "the lock as it ran"
+    assert file_sha256(lock) == record["lock_sha256"], "the lock as it ran"
     assert "torch==" in (top / "env" / "pip-freeze.txt").read_text()
     meta = json.loads((top / "archive.json").read_text())
     assert meta["source"]["kind"] == "git"
@@ -182,7 +183,7 @@ def test_with_checkpoint_adds_only_the_final_one(archived, tmp_path):
     path, _ = arch.build(run_dir, tmp_path / "out", with_checkpoint=True)
     with tarfile.open(path) as tar:
         ckpts = [m.name.rsplit("/", 1)[1] for m in tar.getmembers() if "/checkpoints/" in m.name]
-    assert ckpts == [arch.final_checkpoint(run_dir).name]
+    assert ckpts == [pack.final_checkpoint(run_dir).name]
     assert ckpts[0].startswith("step-") and len(list((run_dir / "checkpoints").iterdir())) > 1
 
 
@@ -204,7 +205,7 @@ def test_incomplete_run_is_refused_unless_allowed(archived, tmp_path, capsys):
 def test_pip_freeze_credentials_are_redacted():
     line = "pkg @ git+https://user:ghp_abc123@github.com/o/r.git@v1\nother==1.0\n"
     assert (
-        arch.scrub_credentials(line) == "pkg @ git+https://***@github.com/o/r.git@v1\nother==1.0\n"
+        pack.scrub_credentials(line) == "pkg @ git+https://***@github.com/o/r.git@v1\nother==1.0\n"
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.repro import requirements_lock as lf
 from reprotrain.tools.locks import check_lock
 
@@ -80,7 +81,7 @@ def test_dev_sidecar_records_runtime_lock() -> None:
     record = lf.read_record(ROOT / "requirements-dev.lock")
     assert record is not None
     assert set(record) == {"requirements-dev.in", "requirements.lock", "requirements-dev.lock"}
-    assert record["requirements.lock"] == lf.sha256_file(ROOT / "requirements.lock")
+    assert record["requirements.lock"] == file_sha256(ROOT / "requirements.lock")
 
 
 # ------------------------------------------------------------------ crafted bad locks

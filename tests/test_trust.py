@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, base_env
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.tools.archive import archive as arch
 from reprotrain.tools.archive.archive_check import MANIFEST, SIGNATURE
 from reprotrain.tools.reproduce import reproduce as repro
@@ -121,7 +122,7 @@ def unpack(archive: Path, dest: Path) -> Path:
 def repack(top: Path, out: Path) -> Path:
     """Regenerate MANIFEST.sha256 the way archive.py does, as an attacker would."""
     digests = {
-        p.relative_to(top).as_posix(): arch.sha256_file(p)
+        p.relative_to(top).as_posix(): file_sha256(p)
         for p in sorted(top.rglob("*"))
         if p.is_file() and p.name not in (MANIFEST, SIGNATURE)
     }

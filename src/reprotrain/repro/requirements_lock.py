@@ -24,10 +24,11 @@ check runs with a bare ``python3`` before any venv exists.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from reprotrain.data.file_hashes import file_sha256
 
 RUNTIME_LOCK = "requirements.lock"
 DEV_LOCK = "requirements-dev.lock"
@@ -63,11 +64,6 @@ _MACHINE_OPTIONS = (
 def normalize_name(name: str) -> str:
     """PEP 503 name, so ``PyYAML``, ``pyyaml`` and ``py_yaml`` compare equal everywhere."""
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 of a file's bytes: the identity recorded for locks and ``.in`` files."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @dataclass
@@ -254,7 +250,7 @@ def expected_record(lock_path: Path, in_path: Path) -> dict[str, str]:
     root = lock_path.parent
     files = [in_path, *[p for p in in_includes(in_path) if p.resolve() != lock_path.resolve()]]
     files.append(lock_path)
-    return {_rel(p, root): (sha256_file(p) if p.exists() else "") for p in files}
+    return {_rel(p, root): (file_sha256(p) if p.exists() else "") for p in files}
 
 
 def write_record(lock_path: Path, in_path: Path) -> Path:
@@ -489,4 +485,4 @@ def env_drift(repo_root: Path) -> dict:
 def lock_sha256(repo_root: Path) -> str | None:
     """sha256 of ``requirements.lock`` bytes (the environment's identity in ``run.json``)."""
     path = Path(repo_root) / RUNTIME_LOCK
-    return sha256_file(path) if path.is_file() else None
+    return file_sha256(path) if path.is_file() else None

@@ -49,7 +49,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256 as sha256_file
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ArchiveError
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import gitinfo
@@ -188,7 +188,7 @@ def _build(
         not_archivable = archivability(record)
         snap.notes.extend(not_archivable)
         lock = root / "source" / "requirements.lock"
-        lock_sha = sha256_file(lock) if lock.is_file() else None
+        lock_sha = file_sha256(lock) if lock.is_file() else None
         if lock.is_file():
             (root / "env").mkdir(parents=True, exist_ok=True)
             shutil.copy2(lock, root / "env" / "requirements.lock")

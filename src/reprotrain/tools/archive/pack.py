@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256 as sha256_file
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ArchiveError
 from reprotrain.repro.record import (
     CHECKPOINTS,
@@ -116,7 +116,7 @@ def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
     then pack ``root`` as ``target`` atomically (a temp file, renamed). Returns the number of
     files in the manifest. Shared by run and sweep archives."""
     digests = {
-        p.relative_to(root).as_posix(): sha256_file(p)
+        p.relative_to(root).as_posix(): file_sha256(p)
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }

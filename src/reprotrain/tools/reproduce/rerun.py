@@ -20,11 +20,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from reprotrain.errors import ReproduceRefused
+from reprotrain.errors import ReproduceRefused, one_line
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools import cli
 from reprotrain.tools.reproduce import replay_env
 from reprotrain.tools.reproduce.replay_plan import (
     JobPlan,
@@ -54,7 +53,7 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
     except Exception as e:  # the archived config is data from elsewhere: say what failed
         raise ReproduceRefused(
             f"cannot fingerprint the archived dataset config here ({type(e).__name__}: "
-            f"{cli.one_line(str(e))[:200]})"
+            f"{one_line(str(e))[:200]})"
         ) from None
     want = (recorded or {}).get("sha256")
     if want is not None and here.get("sha256") == want:
@@ -155,7 +154,7 @@ def imported_from(source: Path, env: dict[str, str]) -> Path:
         timeout=60,
     )
     if out.returncode != 0:
-        first = cli.one_line(out.stderr)[-200:]
+        first = one_line(out.stderr)[-200:]
         raise ReproduceRefused(f"the archived source does not import: {first}")
     return Path(out.stdout.strip()).resolve()
 

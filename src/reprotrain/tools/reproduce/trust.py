@@ -23,12 +23,12 @@ The plan's environment entries are checked when the plan is built, under every r
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import SigningError, SnapshotError, UntrustedArchive
 from reprotrain.repro import gitinfo
 from reprotrain.tools.archive import signing, snapshot
@@ -54,7 +54,7 @@ def _file_digests(root: Path) -> dict[str, str]:
     out = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.is_symlink():
-            out[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+            out[p.relative_to(root).as_posix()] = file_sha256(p)
     return out
 
 

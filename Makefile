@@ -88,7 +88,7 @@ format: $(STAMP) ## ruff autofix + format
 	$(VENV)/bin/ruff format .
 
 verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical [NPROC=N] [NPROC_B=M: invariant runs] [KILL=1: b SIGKILLed + resumed]
-	$(PY) -m reprotrain.tools.verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)
+	$(PY) -m reprotrain.tools.runs.verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)
 
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png
 	$(check_args)
@@ -96,35 +96,35 @@ sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.pn
 
 resume: $(STAMP) ## continue an interrupted run in place (its world size; invariant runs: any NPROC dividing k): make resume RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
+	$(PY) -m reprotrain.tools.runs.resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
 
 archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
+	$(PY) -m reprotrain.tools.archive.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
 reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1] [MODE=statistical MARGIN=x]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(PY) -m reprotrain.tools.reproduce.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.bisect $(call q,A) $(call q,B) $(ARGS)
+	$(PY) -m reprotrain.tools.debugging.bisect $(call q,A) $(call q,B) $(ARGS)
 
 compare: $(STAMP) ## statistical verdict between two sweeps: make compare A=<sweep> B=<sweep> [MARGIN=x] [METRIC=val_acc]
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two sweep directories: make compare A=<sweep> B=<sweep>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.compare_sweeps $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(PY) -m reprotrain.tools.sweeps.compare_sweeps $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 gpu-check: ## one-shot GPU check (one JSON); fails in one line without CUDA
 	bash scripts/gpu_check.sh $(ARGS)
 
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.report $(call q,RUN) $(ARGS)
+	$(PY) -m reprotrain.tools.runs.report $(call q,RUN) $(ARGS)
 
 eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs/... [CKPT=last|best|path]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
 	$(check_args)
-	$(PY) -m reprotrain.tools.eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
+	$(PY) -m reprotrain.tools.runs.eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
 
 bench: $(STAMP) ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(PY) scripts/bench.py $(ARGS)
@@ -134,11 +134,11 @@ drill: $(STAMP) ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) ra
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }
-	@$(PYTHON) src/reprotrain/tools/new_project.py "$(NAME)" "$(DEST)"
+	@$(PYTHON) src/reprotrain/tools/template/new_project.py "$(NAME)" "$(DEST)"
 
 TEMPLATE ?=
 update-template: ## in a project: merge the template's framework fixes since .template.json's commit [TEMPLATE=path|url]
-	@$(PYTHON) src/reprotrain/tools/update_template.py $(if $(value TEMPLATE),--template $(call q,TEMPLATE))
+	@$(PYTHON) src/reprotrain/tools/template/update_template.py $(if $(value TEMPLATE),--template $(call q,TEMPLATE))
 
 clean: ## remove outputs (keeps .venv and data/)
 	rm -rf outputs multirun archives .pytest_cache .ruff_cache
@@ -156,7 +156,7 @@ PY_ANY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --generate-hashes \
              --python-version 3.11 --custom-compile-command "make lock"
 # .sha256: what each lock was compiled from; .files: which file each hash is (from the index).
-RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock --record --record-files
+RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.locks.check_lock --record --record-files
 
 # The base image (tag, and digest once `make pin-base` ran) lives in one file.
 # (read with sed, not `include`: that would add the file to MAKEFILE_LIST, which `help` greps)
@@ -196,11 +196,11 @@ upgrade: $(STAMP) ## upgrade one package in the locks: make upgrade PKG=numpy
 	$(RECORD_LOCKS)
 
 check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, every platform complete
-	@PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.check_lock
+	@PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.locks.check_lock
 
 env-check: ## compare the installed .venv with both locks (markers for this host); non-zero on drift
 	@test -x $(PY) || { echo "error: no $(VENV); run make install"; exit 1; }
-	@PYTHONPATH=src $(PY) -m reprotrain.tools.env_check
+	@PYTHONPATH=src $(PY) -m reprotrain.tools.locks.env_check
 
 pin-base: ## resolve BASE_IMAGE to a digest into docker/base-image.env (needs a registry)
 	@$(PY_ANY) scripts/pin_base.py

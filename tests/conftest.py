@@ -44,6 +44,13 @@ TINY = [
 ]
 
 
+def tool_module(name: str) -> str:
+    """``reprotrain.tools.<subject>.<name>`` for a tool module's own name (each is unique)."""
+    found = sorted((REPO / "src" / "reprotrain" / "tools").glob(f"*/{name}.py"))
+    assert len(found) == 1, f"no single tool module named {name}: {found}"
+    return f"reprotrain.tools.{found[0].parent.name}.{name}"
+
+
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPROTRAIN_TEST")}
     env.update(PYTHONHASHSEED="0", **extra)

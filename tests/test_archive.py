@@ -24,11 +24,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import MICRO, REPO, assert_ok, base_env
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.quoting import hydra_override
 from reprotrain.repro.gitinfo import git_info
-from reprotrain.tools import archive as arch
-from reprotrain.tools import reproduce as repro
-from reprotrain.tools import snapshot
+from reprotrain.tools.archive import archive as arch
+from reprotrain.tools.archive import pack, snapshot
+from reprotrain.tools.reproduce import reproduce as repro
+from reprotrain.tools.reproduce import rerun
 
 # Random per session, so it is in no file (this test file shows up in a dirty run's git.diff).
 MARKER = f"leakmarker-{uuid.uuid4().hex}"
@@ -75,7 +77,7 @@ def repack(top: Path, out: Path, manifest: bool = True) -> Path:
     """Tar ``top`` again; with ``manifest``, recompute MANIFEST.sha256 as archive.py would."""
     if manifest:
         digests = {
-            p.relative_to(top).as_posix(): arch.sha256_file(p)
+            p.relative_to(top).as_posix(): file_sha256(p)
             for p in sorted(top.rglob("*"))
             if p.is_file() and p.name != arch.MANIFEST
         }
@@ -124,7 +126,9 @@ def archived(tmp_path_factory):
     env = base_env(**SECRETS, SLURM_JOB_ID="job-4242")  # allowlisted: a control
     run_dir = base / AWKWARD
     assert_ok(train_quoted(run_dir, env=env))
-    proc = tool("archive", str(run_dir), "--out-dir", str(base / "archives"), cwd=base, env=env)
+    proc = tool(
+        "archive.archive", str(run_dir), "--out-dir", str(base / "archives"), cwd=base, env=env
+    )
     assert_ok(proc)
     (archive,) = (base / "archives").glob("*.tar.gz")
     return run_dir, archive, proc.stdout
@@ -156,7 +160,7 @@ def test_archive_holds_run_source_env_and_a_manifest(archived, tmp_path):
     assert not (top / "run" / "checkpoints").exists(), "checkpoints are left out by default"
     assert not (top / "source" / "tests").exists()
     lock = top / "env" / "requirements.lock"
-    assert arch.sha256_file(lock) == record["lock_sha256"], "the lock as it ran"
+    assert file_sha256(lock) == record["lock_sha256"], "the lock as it ran"
     assert "torch==" in (top / "env" / "pip-freeze.txt").read_text()
     meta = json.loads((top / "archive.json").read_text())
     assert meta["source"]["kind"] == "git"
@@ -179,7 +183,7 @@ def test_with_checkpoint_adds_only_the_final_one(archived, tmp_path):
     path, _ = arch.build(run_dir, tmp_path / "out", with_checkpoint=True)
     with tarfile.open(path) as tar:
         ckpts = [m.name.rsplit("/", 1)[1] for m in tar.getmembers() if "/checkpoints/" in m.name]
-    assert ckpts == [arch.final_checkpoint(run_dir).name]
+    assert ckpts == [pack.final_checkpoint(run_dir).name]
     assert ckpts[0].startswith("step-") and len(list((run_dir / "checkpoints").iterdir())) > 1
 
 
@@ -201,7 +205,7 @@ def test_incomplete_run_is_refused_unless_allowed(archived, tmp_path, capsys):
 def test_pip_freeze_credentials_are_redacted():
     line = "pkg @ git+https://user:ghp_abc123@github.com/o/r.git@v1\nother==1.0\n"
     assert (
-        arch.scrub_credentials(line) == "pkg @ git+https://***@github.com/o/r.git@v1\nother==1.0\n"
+        pack.scrub_credentials(line) == "pkg @ git+https://***@github.com/o/r.git@v1\nother==1.0\n"
     )
 
 
@@ -298,7 +302,7 @@ def test_reproduce_from_another_directory_is_bitwise(archived, tmp_path):
     _, archive, _ = archived
     env = base_env(**SECRETS)
     proc = tool(
-        "reproduce",
+        "reproduce.reproduce",
         str(archive),
         "--trust",
         "--runs-dir",
@@ -334,7 +338,7 @@ def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_p
     )
     assert control.returncode != 0 and b"working tree imported" in control.stderr
     proc = tool(
-        "reproduce",
+        "reproduce.reproduce",
         str(archive),
         "--trust",
         "--epochs",
@@ -351,7 +355,7 @@ def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_p
 def spot_check(archive, tmp_path, *extra: str):
     """Reproduce only the first epoch of ``archive`` (EPOCHS=1, TRUST=1), runs in tmp_path."""
     return tool(
-        "reproduce",
+        "reproduce.reproduce",
         str(archive),
         "--trust",
         *extra,
@@ -496,13 +500,13 @@ def test_data_check_refuses_a_different_fingerprint_unless_allowed():
     from reprotrain.data.datasets import data_fingerprint
 
     here = data_fingerprint(cfg)
-    assert repro.check_data(cfg, here, allow_drift=False) is None
+    assert rerun.check_data(cfg, here, allow_drift=False) is None
     wrong = {**here, "sha256": "f" * 64}
     with pytest.raises(repro.Refusal) as e:
-        repro.check_data(cfg, wrong, allow_drift=False)
+        rerun.check_data(cfg, wrong, allow_drift=False)
     assert "f" * 64 in str(e.value) and here["sha256"] in str(e.value)
     assert "--allow-data-drift" in str(e.value)
-    assert here["sha256"] in repro.check_data(cfg, wrong, allow_drift=True)
+    assert here["sha256"] in rerun.check_data(cfg, wrong, allow_drift=True)
 
 
 def test_changed_dataset_is_refused_then_replayed_as_not_comparable(archived, tmp_path, capsys):
@@ -516,7 +520,7 @@ def test_changed_dataset_is_refused_then_replayed_as_not_comparable(archived, tm
     assert rc == 2 and "e" * 64 in err and err.count("\n") == 1
     assert not runs.exists(), "refused before any re-run"
     proc = tool(
-        "reproduce",
+        "reproduce.reproduce",
         str(changed),
         "--trust",
         "--allow-data-drift",
@@ -531,8 +535,8 @@ def test_changed_dataset_is_refused_then_replayed_as_not_comparable(archived, tm
 
 
 def test_verdict_helpers():
-    assert repro.not_comparable_reasons({"repro": {"level": "fast"}})
-    assert not repro.not_comparable_reasons({"repro": {"level": "strict"}})
+    assert rerun.not_comparable_reasons({"repro": {"level": "fast"}})
+    assert not rerun.not_comparable_reasons({"repro": {"level": "strict"}})
     lines, ok = repro.tolerance_report({1: {"test_acc": (0.5, 0.51), "lr": (0.1, 0.1)}}, 0.02)
     assert ok and "ok" in lines[0]
     lines, ok = repro.tolerance_report({1: {"test_loss": (0.5, 0.6)}}, 0.02)
@@ -551,15 +555,15 @@ def test_thread_count_and_cpu_capability_differences_rule_out_identical_bits():
         "device": {"type": "cpu", "capability": "AVX512"},
     }
     same = {"environment": env, "lock_sha256": "x"}
-    assert repro.environment_differences(same, same) == ([], [])
+    assert rerun.environment_differences(same, same) == ([], [])
     fewer = {"environment": {**env, "num_threads": 1}, "lock_sha256": "x"}
-    blocking, _ = repro.environment_differences(same, fewer)
+    blocking, _ = rerun.environment_differences(same, fewer)
     assert blocking == ["thread count: 2 -> 1"]
     avx2 = {
         "environment": {**env, "device": {"type": "cpu", "capability": "AVX2"}},
         "lock_sha256": "x",
     }
-    blocking, _ = repro.environment_differences(same, avx2)
+    blocking, _ = rerun.environment_differences(same, avx2)
     assert blocking == ["cpu capability: AVX512 -> AVX2"]
 
 
@@ -642,7 +646,12 @@ def test_an_interrupted_archive_compares_the_epochs_it_completed(archived, tmp_p
     assert repro.main([str(path), "--trust", "--epochs", "2"]) == 2
     assert "has 1 completed epoch(s)" in capsys.readouterr().err
     proc = tool(
-        "reproduce", str(path), "--trust", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path
+        "reproduce.reproduce",
+        str(path),
+        "--trust",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
     )
     out = proc.stdout
     assert proc.returncode in (0, 3), out[-3000:] + proc.stderr[-3000:]
@@ -652,12 +661,12 @@ def test_an_interrupted_archive_compares_the_epochs_it_completed(archived, tmp_p
 
 
 def test_a_replay_never_inherits_a_recorded_resume():
-    from reprotrain.tools import replay_plan
+    from reprotrain.tools.reproduce import replay_plan
 
     cfg = {"resume": "auto", "dataset": {"name": "synthetic"}}
     legs = repro.plan_replay(cfg, [])
     job = replay_plan.JobPlan("", None, cfg, legs, {}, ["trainer.device=cpu"])
-    cmd = repro.rerun_command(Path("/c"), Path("/r"), job, None, leg=legs[0])
+    cmd = rerun.rerun_command(Path("/c"), Path("/r"), job, None, leg=legs[0])
     assert "resume=null" in cmd and "resume=auto" not in cmd
 
 
@@ -751,7 +760,7 @@ def test_sigterm_to_reproduce_reaches_the_rerun_and_leaves_no_temp_dir(archived,
     tmp, runs = tmp_path / "tmp", tmp_path / "runs"
     tmp.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reprotrain.tools.reproduce", str(archive), "--trust",
+        [sys.executable, "-m", "reprotrain.tools.reproduce.reproduce", str(archive), "--trust",
          "--runs-dir", str(runs)],
         cwd=tmp_path, env=base_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
@@ -766,9 +775,9 @@ def test_sigterm_to_reproduce_reaches_the_rerun_and_leaves_no_temp_dir(archived,
     new_run = found[0].parent
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == repro.EXIT_STOPPED, out[-2000:] + err[-2000:]
+    assert proc.returncode == rerun.EXIT_STOPPED, out[-2000:] + err[-2000:]
     assert last_line(out).startswith("INTERRUPTED by SIGTERM: re-run leg 0 exited 75")
-    report = json.loads((new_run / repro.REPORT).read_text())
+    report = json.loads((new_run / rerun.REPORT).read_text())
     assert report["status"] == "interrupted" and report["exit_code"] == 75
     assert json.loads((new_run / "run.json").read_text())["status"] == "interrupted"
     assert not list(tmp.glob("reprotrain-*")), "the extracted archive is gone"

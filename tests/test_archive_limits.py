@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from reprotrain import safetar
-from reprotrain.tools import archive_check
-from reprotrain.tools import reproduce as repro
+from reprotrain.tools.archive import archive_check
+from reprotrain.tools.reproduce import reproduce as repro
 from test_bad_inputs import archive, members
 
 _TEMPLATE = bytearray(tarfile.TarInfo("x").tobuf(format=tarfile.USTAR_FORMAT))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, base_env
+from conftest import REPO, base_env, tool_module
 
 PY = sys.executable
 DRILL = str(REPO / "scripts" / "kill_resume_trials.py")
@@ -71,8 +71,10 @@ class Row:
 
 
 def tool(name: str, *args) -> Callable[[Path], list[str]]:
-    """argv for ``python -m reprotrain.tools.<name> args...``; a callable arg gets the dir."""
-    return lambda d: [PY, "-m", f"reprotrain.tools.{name}", *[_arg(a, d) for a in args]]
+    """argv for ``python -m reprotrain.tools.<subject>.<name> args...``; a callable arg gets
+    the dir."""
+    module = tool_module(name)
+    return lambda d: [PY, "-m", module, *[_arg(a, d) for a in args]]
 
 
 def drill(*args) -> Callable[[Path], list[str]]:
@@ -752,7 +754,7 @@ def test_the_end_to_end_rows_cover_every_entry_point_and_every_row_runs_somewher
 def test_fixtures_are_what_they_claim(tmp_path):
     """Controls: the minimal archive is well formed, so each row's refusal is its own."""
     archive()(tmp_path)
-    from reprotrain.tools import archive_check
+    from reprotrain.tools.archive import archive_check
 
     checked = archive_check.check_record(archive_check.verify(tmp_path / "a.tar.gz"))
     assert checked.record["seeds"]["base"] == 1 and len(checked.fingerprints) == 1

@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, assert_ok, base_env, train
 from reprotrain.repro import checkpoint
 from reprotrain.repro.fingerprint import state_sha256
-from reprotrain.tools import eval as evaluation
+from reprotrain.tools.runs import eval as evaluation
 
 SEEDS = {"base": 1, "init": 2}
 
@@ -107,7 +107,7 @@ def test_kill_between_step_and_best_then_resume_gives_the_uninterrupted_best(
     except evaluation.EvalError as e:
         assert "holds epoch 1, but metrics.jsonl records val_acc best at epoch 2" in str(e)
     resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run)],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run)],
         cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert_ok(resumed)

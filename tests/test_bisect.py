@@ -13,9 +13,9 @@ import torch
 
 from conftest import REPO, assert_ok, base_env, jsonl, train
 from reprotrain.repro import op_trace
-from reprotrain.tools.bisect import bisect_command, nearest_checkpoint
-from reprotrain.tools.state_diff import state_differences
-from reprotrain.tools.trace_diff import first_difference, first_digest_difference
+from reprotrain.tools.debugging.bisect import bisect_command, nearest_checkpoint
+from reprotrain.tools.debugging.state_diff import state_differences
+from reprotrain.tools.debugging.trace_diff import first_difference, first_digest_difference
 
 # One short epoch: 8 steps of 64 (1 and 2 threads first differ at step 4 here), a step
 # checkpoint every 2 steps.
@@ -37,7 +37,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def bisect(a: Path, b: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "reprotrain.tools.bisect", str(a), str(b), *args]
+    cmd = [sys.executable, "-m", "reprotrain.tools.debugging.bisect", str(a), str(b), *args]
     return subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True)
 
 

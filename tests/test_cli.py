@@ -17,7 +17,14 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override, hydra_value, make_assignment, resume_hint
 from reprotrain.tools import cli
 
-TOOLS = ["archive", "reproduce", "resume", "verify", "check_lock", "env_check"]
+TOOLS = [
+    "archive.archive",
+    "reproduce.reproduce",
+    "runs.resume",
+    "runs.verify",
+    "locks.check_lock",
+    "locks.env_check",
+]
 AWKWARD = [
     "/tmp/run a, ü(x)'q'~#&=[",
     "/tmp/x;touch /tmp/PWNED;echo",
@@ -52,7 +59,7 @@ def test_the_drill_answers_help():
     assert proc.returncode == 0 and "--trials" in proc.stdout and not proc.stderr
 
 
-@pytest.mark.parametrize("name", ["archive", "reproduce", "resume"])
+@pytest.mark.parametrize("name", ["archive.archive", "reproduce.reproduce", "runs.resume"])
 def test_resume_archive_reproduce_never_take_help_for_a_path(name, tmp_path):
     proc = run(sys.executable, "-m", f"reprotrain.tools.{name}", "--help", cwd=tmp_path)
     assert proc.returncode == 0 and not list(tmp_path.iterdir())
@@ -125,7 +132,7 @@ def test_make_variables_for_paths_are_passed_as_one_argument():
     )
     (line,) = [x for x in proc.stdout.splitlines() if "tools.reproduce" in x]
     argv = shlex.split(line)
-    assert argv[argv.index("reprotrain.tools.reproduce") + 1] == awkward
+    assert argv[argv.index("reprotrain.tools.reproduce.reproduce") + 1] == awkward
     assert argv[argv.index("--trusted-signers") + 1] == awkward and "--trust" in argv
     proc = run("make", "-n", "reproduce", "ARCHIVE=x", "TRUST=0")
     assert "--trust" not in proc.stdout
@@ -146,7 +153,7 @@ CHILD = (
 )
 PARENT = (
     "import os, sys\n"
-    "from reprotrain.tools.resume import run_forwarding_signals\n"
+    "from reprotrain.tools.runs.resume import run_forwarding_signals\n"
     "sys.exit(run_forwarding_signals([sys.executable, '-c', sys.argv[1]], dict(os.environ)))\n"
 )
 

@@ -20,7 +20,7 @@ from conftest import MICRO, REPO, assert_ok, base_env
 from fake_cuda import H100, gpu_env
 from reprotrain.repro import comparability, cpu_identity, environment
 from reprotrain.repro.comparability import differences, notes
-from reprotrain.tools import reproduce
+from reprotrain.tools.reproduce import rerun
 
 HOST_FACTS = pytest.mark.host_facts  # tests/host_facts.py: also run as on other hosts
 
@@ -147,9 +147,9 @@ def test_two_portable_runs_promise_bits_across_cpu_models_but_not_across_threads
 @HOST_FACTS
 def test_reproduce_sees_an_edited_cpu_identity_as_bits_not_promised(cpu_env):
     record = {"environment": cpu_env, "lock_sha256": "x"}
-    blocking, _ = reproduce.environment_differences(record, {**record})
+    blocking, _ = rerun.environment_differences(record, {**record})
     assert blocking == []
-    blocking, _ = reproduce.environment_differences(
+    blocking, _ = rerun.environment_differences(
         {"environment": on_a_xeon(cpu_env), "lock_sha256": "x"}, record
     )
     assert blocking and blocking[0].startswith("CPU: GenuineIntel Intel(R) Xeon(R)")
@@ -182,7 +182,7 @@ def archive_edited(src: Path, tmp_path: Path) -> Path:
     regenerated; replayed with --trust)."""
     from test_archive import repack, unpack
 
-    assert_ok(run_tool("archive", str(src), "--out-dir", str(tmp_path / "archives")))
+    assert_ok(run_tool("archive.archive", str(src), "--out-dir", str(tmp_path / "archives")))
     (archive,) = (tmp_path / "archives").glob("*.tar.gz")
     top = unpack(archive, tmp_path / "unpacked")
     edited = sorted(top.rglob("run.json"))
@@ -198,7 +198,7 @@ def test_a_run_archive_made_on_another_cpu_model_is_not_comparable_not_diverged(
     cmd = [sys.executable, "-m", "reprotrain.train", *MICRO, f"hydra.run.dir={run}"]
     assert_ok(subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True))
     archive = archive_edited(run, tmp_path)
-    proc = run_tool("reproduce", str(archive), "--trust", "--epochs", "1", "--runs-dir",
+    proc = run_tool("reproduce.reproduce", str(archive), "--trust", "--epochs", "1", "--runs-dir",
                     str(tmp_path / "rerun"), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdict = proc.stdout.strip().splitlines()[-1]
@@ -212,7 +212,7 @@ def test_a_sweep_archive_made_on_another_cpu_model_goes_to_the_statistical_verdi
            f"hydra.sweep.dir={tmp_path / 's'}"]  # fmt: skip
     assert_ok(subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True))
     archive = archive_edited(tmp_path / "s", tmp_path)
-    proc = run_tool("reproduce", str(archive), "--trust", "--mode", "auto", "--metric",
+    proc = run_tool("reproduce.reproduce", str(archive), "--trust", "--mode", "auto", "--metric",
                     "train_loss", "--runs-dir", str(tmp_path / "rerun"))  # fmt: skip
     report = json.loads(next((tmp_path / "rerun").glob("*/reproduction.json")).read_text())
     assert report["mode"] == "statistical", proc.stdout + proc.stderr

@@ -166,7 +166,7 @@ def test_a_second_writer_is_refused_and_resume_after_sigkill_takes_the_lock_over
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
     resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir)],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir)],
         cwd=REPO,
         env=base_env(),
         capture_output=True,
@@ -194,7 +194,7 @@ def test_sigkill_of_a_ddp_job_then_make_resume_is_bitwise(tmp_path, ddp_referenc
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode != 0 and run_json(run)["status"] == "running"
     resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run)],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run)],
         cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert_ok(resumed)
@@ -211,7 +211,7 @@ def test_resume_with_another_world_size_is_refused_in_one_line(tmp_path, ddp_ref
     run = Path(shutil.copytree(ddp_reference, tmp_path / "copy"))
     (run / ".lock").unlink(missing_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run), "--nproc", "1",
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run), "--nproc", "1",
          "trainer.epochs=3"],
         cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -231,7 +231,7 @@ def test_sigusr2_checkpoints_marks_interrupted_and_resumes_bitwise(tmp_path, ref
     record = run_json(run)
     assert record["status"] == "interrupted" and record["interrupted_by"] == "SIGUSR2"
     resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run)],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run)],
         cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert_ok(resumed)

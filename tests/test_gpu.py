@@ -62,7 +62,7 @@ def test_kill_and_resume_on_cuda_is_bitwise_equal(tmp_path, cuda_reference):
     rng = load(list_step_checkpoints(run_dir / "checkpoints")[-1])["rng"]
     assert [r["cuda"]["device_index"] for r in rng["ranks"]] == [0]
     resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir)],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir)],
         cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert_ok(resumed)

@@ -22,7 +22,7 @@ CKPT_EVERY = "trainer.checkpoint_every_steps=3"
 
 def resume(run_dir: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir)],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir)],
         cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 

@@ -3,7 +3,10 @@
 Floors (DESIGN: "Floors"): ``train`` (the entry) and ``tools``/``bench`` beside it may import
 anything; the engine level (``engine``, ``invariant``) never imports the entry or the tools;
 the ground floor (tasks, data, repro, config and the small modules) imports neither the entry,
-the tools nor the engine. Module-level imports only: a function may import lazily.
+the tools nor the engine. Every import counts, at module level or inside a function: an
+import moved into a function still ties the two modules together, so it may not close a
+circle. (A function may still import a heavy third-party library lazily: torch, matplotlib.)
+A private name (``_x``) stays inside its module: no module imports another's.
 """
 
 from __future__ import annotations
@@ -16,24 +19,59 @@ from conftest import REPO
 SRC = REPO / "src"
 ENTRY = ("reprotrain.train", "reprotrain.tools", "reprotrain.bench", "reprotrain.selfcheck")
 ENGINE = ("reprotrain.engine", "reprotrain.invariant")
+FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
+def module_name(path: Path, root: Path = SRC) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def top_level_imports(path: Path) -> set[str]:
-    """Framework modules imported at module level (not inside functions or TYPE_CHECKING)."""
-    tree = ast.parse(path.read_text())
-    found: set[str] = set()
-    for node in tree.body:
+def absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module an ``ImportFrom`` names, relative imports resolved."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imported_names(path: Path, root: Path = SRC) -> set[tuple[str, str | None]]:
+    """(module, name) for every import anywhere in the file: module level, inside functions,
+    under TYPE_CHECKING. ``name`` is the imported attribute of a ``from`` import, else None;
+    ``module.attr`` read through a name an import bound counts as importing ``attr``."""
+    module, tree = module_name(path, root), ast.parse(path.read_text())
+    found: set[tuple[str, str | None]] = set()
+    bound: dict[str, str] = {}  # local name -> the module (or attribute) an import bound
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in found if m.startswith("reprotrain")}
+            found |= {(a.name, None) for a in node.names}
+            bound |= {a.asname: a.name for a in node.names if a.asname}
+        elif isinstance(node, ast.ImportFrom):
+            base = absolute(node, module, path.name == "__init__.py")
+            found |= {(base, a.name) for a in node.names}
+            bound |= {a.asname or a.name: f"{base}.{a.name}" for a in node.names}
+    for node in ast.walk(tree):
+        is_read = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        if is_read and node.value.id in bound:
+            found.add((bound[node.value.id], node.attr))
+    return {(m, n) for m, n in found if m == "reprotrain" or m.startswith("reprotrain.")}
+
+
+NAMES = {module_name(p): imported_names(p) for p in FILES}
+
+
+def dependencies(name: str) -> set[str]:
+    """The framework modules ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``)."""
+    out: set[str] = set()
+    for mod, attr in NAMES[name]:
+        full = f"{mod}.{attr}" if attr else mod
+        out.add(full if full in NAMES else mod)  # ``from pkg import mod`` or a name of ``mod``
+    return {d for d in out if d in NAMES and d != name}
+
+
+GRAPH = {name: dependencies(name) for name in NAMES}
 
 
 def floor(name: str) -> int:
@@ -42,7 +80,36 @@ def floor(name: str) -> int:
     return 1 if name.startswith(ENGINE) else 0
 
 
-GRAPH = {module_name(p): top_level_imports(p) for p in sorted((SRC / "reprotrain").rglob("*.py"))}
+def circles(edges: dict[str, set[str]]) -> list[str]:
+    """Every back edge of a depth-first walk, as the circle it closes."""
+    state: dict[str, int] = {}
+    found: list[str] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(edges[m]):
+            if state.get(d) == 1:
+                found.append(" -> ".join([*path[path.index(d) :], d]))
+            elif d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    return found
+
+
+def test_the_import_scan_sees_imports_inside_functions(tmp_path):
+    """Was: only module-level imports were scanned, so a circle closed inside a function hid."""
+    pkg = tmp_path / "reprotrain"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f():\n    from reprotrain import b\n    return b\n")
+    (pkg / "b.py").write_text("from reprotrain.a import f\n")
+    found = {module_name(p, tmp_path): imported_names(p, tmp_path) for p in pkg.glob("*.py")}
+    assert ("reprotrain", "b") in found["reprotrain.a"]
+    edges = {"reprotrain.a": {"reprotrain.b"}, "reprotrain.b": {"reprotrain.a"}}
+    assert circles(edges) == ["reprotrain.a -> reprotrain.b -> reprotrain.a"]
 
 
 def test_no_module_imports_a_floor_above_its_own():
@@ -50,36 +117,33 @@ def test_no_module_imports_a_floor_above_its_own():
         f"{name} -> {dep}"
         for name, deps in GRAPH.items()
         for dep in deps
-        if dep in GRAPH and floor(dep) > floor(name)
+        if floor(dep) > floor(name)
     ]
     assert upward == []
 
 
-def test_module_level_imports_form_no_circle():
-    modules = set(GRAPH)
-    edges = {m: {d for d in GRAPH[m] if d in modules and d != m} for m in modules}
-    state: dict[str, int] = {}
-    cycles: list[str] = []
+def test_imports_anywhere_in_a_module_form_no_circle():
+    # A package's __init__ importing its own submodules is not a circle between two modules.
+    edges = {
+        m: {d for d in deps if not d.startswith(m + ".") and not m.startswith(d + ".")}
+        for m, deps in GRAPH.items()
+    }
+    assert circles(edges) == []
 
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for d in sorted(edges[m]):
-            if state.get(d) == 1:
-                cycles.append(" -> ".join([*path[path.index(d) :], d]))
-            elif d not in state:
-                visit(d, [*path, d])
-        state[m] = 2
 
-    for m in sorted(modules):
-        if m not in state:
-            visit(m, [m])
-    # A package importing its own submodules in __init__ is not a circle of two floors.
-    real = [
-        c
-        for c in cycles
-        if not all(
-            p.startswith(c.split(" -> ")[0] + ".") or p == c.split(" -> ")[0]
-            for p in c.split(" -> ")
-        )
-    ]
-    assert real == []
+def test_the_private_name_check_sees_from_imports_and_attribute_reads(tmp_path):
+    pkg = tmp_path / "reprotrain"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from reprotrain.b import _x\nfrom reprotrain import b\nb._y\n")
+    pairs = imported_names(pkg / "a.py", tmp_path)
+    assert {("reprotrain.b", "_x"), ("reprotrain.b", "_y")} <= pairs
+
+
+def test_no_private_name_is_imported_across_modules():
+    crossing = sorted(
+        f"{name} imports {mod}.{attr}"
+        for name, pairs in NAMES.items()
+        for mod, attr in pairs
+        if attr and attr.startswith("_") and not attr.startswith("__") and mod != name
+    )
+    assert crossing == []

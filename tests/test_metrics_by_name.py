@@ -14,9 +14,9 @@ import pytest
 from conftest import REPO, assert_ok, base_env
 from reprotrain import metric_names
 from reprotrain.repro.jsonsafe import strict_loads
-from reprotrain.tools import sweep_summary
-from reprotrain.tools.reproduce import tolerance_report
-from reprotrain.tools.run_diff import compare_runs
+from reprotrain.tools.reproduce.reproduce import tolerance_report
+from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.sweeps import sweep_summary
 
 slow = pytest.mark.slow  # a real sweep; the fake one below keeps the default tier fast
 SPLIT_METRICS = {f"{s}_{m}" for s in ("train", "val", "test") for m in ("loss", "rmse", "r2")}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_ok
-from reprotrain.tools import template_files as tf
+from reprotrain.tools.template import template_files as tf
 
 PY3 = shutil.which("python3") or "python3"
 GIT_ID = ["-c", "user.name=t", "-c", "user.email=t@localhost"]
@@ -180,7 +180,7 @@ def test_update_template_conflict_is_reported_by_file_and_leaves_the_tree_as_it_
 def test_update_template_outside_a_project_is_one_line(tmp_path):
     git(tmp_path, "init", "-q")
     proc = subprocess.run(
-        [PY3, str(REPO / "src/reprotrain/tools/update_template.py")],
+        [PY3, str(REPO / "src/reprotrain/tools/template/update_template.py")],
         cwd=tmp_path, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 2 and tf.RECORD in proc.stderr and proc.stderr.count("\n") == 1
@@ -217,7 +217,7 @@ def test_deleting_the_users_models_and_data_leaves_bench_tests_and_tools_working
                 "-k", "restricted or selfcheck_net or warn")  # fmt: skip
     assert_ok(tests)
     assert " passed" in tests.stdout and "failed" not in tests.stdout
-    verify = run("-m", "reprotrain.tools.verify", "--out-dir", str(tmp_path / "verify"),
+    verify = run("-m", "reprotrain.tools.runs.verify", "--out-dir", str(tmp_path / "verify"),
                  "experiment=selfcheck", "dataset.num_train=256", "dataset.num_test=128",
                  "trainer.batch_size=64", "trainer.epochs=1")  # fmt: skip
     assert_ok(verify)

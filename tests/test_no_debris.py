@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import base_env
-from reprotrain.tools import archive as arch
-from reprotrain.tools import sweep_archive
+from reprotrain.tools.archive import archive as arch
+from reprotrain.tools.archive import sweep_archive
 from test_replay_plan import trainer_repo  # noqa: F401
 from test_trust import fake_run, job_config, one_error_line, repo  # noqa: F401
 
@@ -39,7 +39,7 @@ def stopping(*a, **k):
     os.kill(os.getpid(), getattr(signal, sig))
     return out
 setattr(mod, name, stopping)
-from reprotrain.tools import archive
+from reprotrain.tools.archive import archive
 archive.pip_freeze = lambda: ""
 tool = importlib.import_module(f"reprotrain.tools.{args.pop(0)}")
 sys.exit(tool.main(args))
@@ -67,10 +67,10 @@ def leftovers(*dirs: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("sig", "where"),
     [
-        ("SIGTERM", "reprotrain.tools.snapshot:build"),  # the tree staged
-        ("SIGTERM", "reprotrain.tools.archive:_normalise"),  # the tar half written
-        ("SIGINT", "reprotrain.tools.archive:_normalise"),
-        ("SIGHUP", "reprotrain.tools.snapshot:build"),
+        ("SIGTERM", "reprotrain.tools.archive.snapshot:build"),  # the tree staged
+        ("SIGTERM", "reprotrain.tools.archive.pack:_normalise"),  # the tar half written
+        ("SIGINT", "reprotrain.tools.archive.pack:_normalise"),
+        ("SIGHUP", "reprotrain.tools.archive.snapshot:build"),
     ],
 )
 def test_a_stopped_archive_leaves_no_staging_dir_or_temp_tar(tmp_path, repo, job_config, sig,
@@ -79,7 +79,7 @@ def test_a_stopped_archive_leaves_no_staging_dir_or_temp_tar(tmp_path, repo, job
     run = fake_run(tmp_path, repo, job_config)
     out = tmp_path / "archives"
     out.mkdir()
-    proc = stopped(tmp_path, sig, where, "archive", str(run), "--out-dir", str(out),
+    proc = stopped(tmp_path, sig, where, "archive.archive", str(run), "--out-dir", str(out),
                    "--repo", str(repo))  # fmt: skip
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert f"interrupted by {sig}: no archive written" in one_error_line(proc.stderr)
@@ -119,16 +119,17 @@ def test_a_reproduce_stopped_during_the_trust_check_removes_its_temp_dirs(
 ):
     """Was: SIGTERM before the re-run killed reproduce with its trust snapshot left in TMPDIR."""
     runs = tmp_path / "runs"
-    proc = stopped(tmp_path, "SIGTERM", "reprotrain.tools.snapshot:from_git", "reproduce",
-                   str(run_archive), "--repo", str(repo), "--runs-dir", str(runs))  # fmt: skip
+    proc = stopped(tmp_path, "SIGTERM", "reprotrain.tools.archive.snapshot:from_git",
+                   "reproduce.reproduce", str(run_archive), "--repo", str(repo),
+                   "--runs-dir", str(runs))  # fmt: skip
     assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "INTERRUPTED by SIGTERM before the re-run" in proc.stdout
     assert leftovers(tmp_path / "tmp") == [] and not runs.exists()
 
 
 def test_a_verify_only_stopped_after_extracting_removes_the_extraction(tmp_path, run_archive):
-    proc = stopped(tmp_path, "SIGTERM", "reprotrain.tools.archive_check:extract", "reproduce",
-                   str(run_archive), "--verify-only")  # fmt: skip
+    proc = stopped(tmp_path, "SIGTERM", "reprotrain.tools.archive.archive_check:extract",
+                   "reproduce.reproduce", str(run_archive), "--verify-only")  # fmt: skip
     assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert leftovers(tmp_path / "tmp") == []
 
@@ -145,7 +146,7 @@ def test_a_sweep_reproduce_stopped_mid_rerun_stops_and_removes_its_extraction(
     path, _ = sweep_archive.build(sweep, tmp_path / "out", trainer_repo)
     (tmp_path / "tmp").mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.reproduce", str(path), "--repo",
+        [sys.executable, "-m", "reprotrain.tools.reproduce.reproduce", str(path), "--repo",
          str(trainer_repo), "--allow-data-drift", "--runs-dir", str(tmp_path / "runs")],
         env=base_env(TMPDIR=str(tmp_path / "tmp"), STAND_IN_STOP_PARENT="1"),
         capture_output=True, text=True, timeout=300,

@@ -121,9 +121,9 @@ def test_a_portable_archive_reproduces_bitwise_its_replay_sets_the_levers_again(
         return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=base_env(),
                               capture_output=True, text=True, timeout=600)  # fmt: skip
 
-    assert_ok(tool("reprotrain.tools.archive", str(run), "--out-dir", str(tmp_path / "a")))
+    assert_ok(tool("reprotrain.tools.archive.archive", str(run), "--out-dir", str(tmp_path / "a")))
     (archive,) = (tmp_path / "a").glob("*.tar.gz")
-    proc = tool("reprotrain.tools.reproduce", str(archive), "--trust", "--runs-dir",
+    proc = tool("reprotrain.tools.reproduce.reproduce", str(archive), "--trust", "--runs-dir",
                 str(tmp_path / "rerun"))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("REPRODUCED (bitwise)")

@@ -19,9 +19,10 @@ import pytest
 import yaml
 
 from reprotrain.repro.environment import GPU_ENV_VARS
-from reprotrain.tools import archive as arch
-from reprotrain.tools import replay_env, replay_plan, sweep_archive
-from reprotrain.tools import reproduce as repro
+from reprotrain.tools.archive import archive as arch
+from reprotrain.tools.archive import sweep_archive
+from reprotrain.tools.reproduce import replay_env, replay_plan, rerun
+from reprotrain.tools.reproduce import reproduce as repro
 from test_trust import (  # noqa: F401
     _git,
     fake_run,
@@ -222,7 +223,7 @@ def test_the_plan_holds_every_leg_and_the_records_part_of_the_command(job_config
     assert labels == ["the archived config", "the archived resume history (leg 0)"]
     assert job.env == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0"}
     assert "seed.base=5" in job.overrides and "trainer.device=cpu" in job.overrides
-    env = repro.rerun_env(Path("/x/source"), job)
+    env = rerun.rerun_env(Path("/x/source"), job)
     assert env["PYTHONPATH"] == "/x/source/src" and env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
 
 
@@ -261,7 +262,7 @@ def test_an_untouched_archive_with_recorded_gpu_settings_still_runs_under_rule_a
     rc = reproduce(path, tmp_path, trainer_repo)
     out = capsys.readouterr().out
     assert "trust    (a) source/ is commit" in out
-    assert rc == repro.EXIT_RERUN_FAILED  # the stand-in trainer writes no run.json
+    assert rc == rerun.EXIT_RERUN_FAILED  # the stand-in trainer writes no run.json
     env = json.loads(dump.read_text())
     assert env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "NVIDIA_TF32_OVERRIDE" not in env
     assert env["PYTHONPATH"].endswith("/source/src") and env["PYTHONHASHSEED"] == "0"

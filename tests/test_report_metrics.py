@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from reprotrain.plots import metric_names
-from reprotrain.tools import report
+from reprotrain.tools.runs import report
 
 
 def regression_run(run_dir: Path, epochs: int = 3, steps: int = 4) -> Path:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.repro import requirements_lock as lf
+from reprotrain.tools.locks import check_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK_FILES = [
@@ -65,7 +67,7 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 def test_committed_locks_pass() -> None:
-    assert lf.check_locks(pairs(ROOT)) == []
+    assert check_lock.check_locks(pairs(ROOT)) == []
 
 
 def test_committed_locks_have_no_machine_paths() -> None:
@@ -79,7 +81,7 @@ def test_dev_sidecar_records_runtime_lock() -> None:
     record = lf.read_record(ROOT / "requirements-dev.lock")
     assert record is not None
     assert set(record) == {"requirements-dev.in", "requirements.lock", "requirements-dev.lock"}
-    assert record["requirements.lock"] == lf.sha256_file(ROOT / "requirements.lock")
+    assert record["requirements.lock"] == file_sha256(ROOT / "requirements.lock")
 
 
 # ------------------------------------------------------------------ crafted bad locks
@@ -94,7 +96,7 @@ def _torch_hash_line(lock: Path) -> str:
 def test_removed_hash_is_detected(repo: Path) -> None:
     lock = repo / "requirements.lock"
     edit(lock, _torch_hash_line(lock), "")
-    problems = lf.check_locks(pairs(repo))
+    problems = check_lock.check_locks(pairs(repo))
     assert any("requirements.lock was edited after make lock" in p for p in problems)
 
 
@@ -104,14 +106,14 @@ def test_removed_only_hash_names_package(repo: Path) -> None:
     start = text.index("antlr4-python3-runtime==4.9.3 \\\n")
     end = text.index("\n", text.index("--hash=", start))
     lock.write_text(text[:start] + "antlr4-python3-runtime==4.9.3" + text[end:])
-    problems = lf.check_locks(pairs(repo))
+    problems = check_lock.check_locks(pairs(repo))
     assert any("antlr4-python3-runtime==4.9.3 has no --hash" in p for p in problems)
 
 
 def test_find_links_is_detected(repo: Path) -> None:
     lock = repo / "requirements.lock"
     lock.write_text("--find-links /some/path\n" + lock.read_text())
-    problems = lf.check_locks(pairs(repo))
+    problems = check_lock.check_locks(pairs(repo))
     assert any("--find-links /some/path" in p and "index or local path" in p for p in problems)
 
 
@@ -160,7 +162,7 @@ def test_clean_crafted_lock_parses() -> None:
 def test_changed_in_is_stale(repo: Path) -> None:
     with (repo / "requirements.in").open("a") as f:
         f.write("requests>=2\n")
-    problems = lf.check_locks(pairs(repo))
+    problems = check_lock.check_locks(pairs(repo))
     assert any("requirements.in changed since the lock was compiled" in p for p in problems)
     assert any("requests" in p and "not locked" in p for p in problems)
 
@@ -174,14 +176,14 @@ def test_changed_runtime_lock_makes_dev_lock_stale(repo: Path) -> None:
 
 def test_missing_sidecar(repo: Path) -> None:
     (repo / "requirements.lock.sha256").unlink()
-    problems = lf.check_locks(pairs(repo))
+    problems = check_lock.check_locks(pairs(repo))
     assert any("no requirements.lock.sha256 record" in p for p in problems)
 
 
 def test_in_not_satisfied_even_with_fresh_record(repo: Path) -> None:
     edit(repo / "requirements.in", "numpy>=1.26,<3", "numpy>=3")
     lf.write_record(repo / "requirements.lock", repo / "requirements.in")
-    problems = lf.check_locks(pairs(repo))
+    problems = check_lock.check_locks(pairs(repo))
     assert any("does not satisfy 'numpy>=3'" in p for p in problems), problems
 
 
@@ -211,7 +213,7 @@ def test_record_is_sha256sum_compatible(repo: Path) -> None:
 
 
 def test_check_lock_cli_ok(repo: Path) -> None:
-    proc = run_cli("reprotrain.tools.check_lock", "--root", str(repo))
+    proc = run_cli("reprotrain.tools.locks.check_lock", "--root", str(repo))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("ok: ")
 
@@ -221,7 +223,7 @@ def test_check_lock_cli_fails_one_line_each(repo: Path) -> None:
     edit(lock, _torch_hash_line(lock), "")
     with (repo / "requirements-dev.lock").open("a") as f:
         f.write("--find-links /some/path\n")
-    proc = run_cli("reprotrain.tools.check_lock", "--root", str(repo))
+    proc = run_cli("reprotrain.tools.locks.check_lock", "--root", str(repo))
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     assert lines and all(line.startswith("error: ") for line in lines)
@@ -231,10 +233,10 @@ def test_check_lock_cli_fails_one_line_each(repo: Path) -> None:
 
 def test_check_lock_cli_record_roundtrip(repo: Path) -> None:
     edit(repo / "requirements-dev.in", "ruff>=0.6", "ruff>=0.5")
-    assert run_cli("reprotrain.tools.check_lock", "--root", str(repo)).returncode == 1
-    rec = run_cli("reprotrain.tools.check_lock", "--root", str(repo), "--record")
+    assert run_cli("reprotrain.tools.locks.check_lock", "--root", str(repo)).returncode == 1
+    rec = run_cli("reprotrain.tools.locks.check_lock", "--root", str(repo), "--record")
     assert rec.returncode == 0
-    assert run_cli("reprotrain.tools.check_lock", "--root", str(repo)).returncode == 0
+    assert run_cli("reprotrain.tools.locks.check_lock", "--root", str(repo)).returncode == 0
 
 
 # ------------------------------------------------------------------ environment drift
@@ -300,11 +302,11 @@ def test_env_check_cli_names_extra_package(tmp_path: Path) -> None:
     without = {k: v for k, v in installed.items() if k != "iniconfig"}
     assert len(without) < len(installed), "iniconfig (a pytest dependency) should be installed"
     _write_lock_of(tmp_path / "requirements.lock", without)
-    proc = run_cli("reprotrain.tools.env_check", "--root", str(tmp_path))
+    proc = run_cli("reprotrain.tools.locks.env_check", "--root", str(tmp_path))
     assert proc.returncode == 1, proc.stdout
     assert "error: extra: iniconfig" in proc.stdout
     _write_lock_of(tmp_path / "requirements.lock", installed)
-    proc = run_cli("reprotrain.tools.env_check", "--root", str(tmp_path))
+    proc = run_cli("reprotrain.tools.locks.env_check", "--root", str(tmp_path))
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.startswith("ok: ")
 
@@ -440,24 +442,27 @@ def test_wheel_tags_expand_compressed_tag_sets() -> None:
 def test_files_sidecar_drift_is_detected(repo: Path) -> None:
     lock = repo / "requirements.lock"
     files = lp.read_files(lock)
-    assert files is not None and lf.check_locks(pairs(repo)) == []
+    assert files is not None and check_lock.check_locks(pairs(repo)) == []
     # a hash the sidecar does not name
     lp.write_files(lock, _files_without(files, r"^torchvision-0\.29\.1-cp311"))
-    assert any("torchvision==0.29.1 has a hash that" in p for p in lf.check_locks(pairs(repo)))
+    assert any(
+        "torchvision==0.29.1 has a hash that" in p for p in check_lock.check_locks(pairs(repo))
+    )
     # a file of another release behind a hash
     digest = next(h for h, n in files.items() if n.startswith("tqdm-"))
     lp.write_files(lock, {**files, digest: "tqdm-4.0.0-py3-none-any.whl"})
     assert any(
         "tqdm-4.0.0-py3-none-any.whl is not a file of tqdm==4.70.1" in p
-        for p in lf.check_locks(pairs(repo))
+        for p in check_lock.check_locks(pairs(repo))
     )
     # a file whose hash the lock no longer holds (the lock moved on, the sidecar did not)
     lp.write_files(lock, {**files, "e" * 64: "six-1.16.0-py2.py3-none-any.whl"})
     assert any(
-        "requirements.lock.files is stale: 1 file(s)" in p for p in lf.check_locks(pairs(repo))
+        "requirements.lock.files is stale: 1 file(s)" in p
+        for p in check_lock.check_locks(pairs(repo))
     )
     (repo / "requirements.lock.files").unlink()
-    assert any("no requirements.lock.files" in p for p in lf.check_locks(pairs(repo)))
+    assert any("no requirements.lock.files" in p for p in check_lock.check_locks(pairs(repo)))
 
 
 def test_invalid_marker_is_detected() -> None:

@@ -31,7 +31,7 @@ CKPT_EVERY = "trainer.checkpoint_every_steps=3"
 
 def resume(run_dir, *overrides, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir), *overrides],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir), *overrides],
         cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
 

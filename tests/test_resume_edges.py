@@ -31,7 +31,7 @@ def test_resume_that_extends_the_schedule_is_recorded_and_reproduces_bitwise(tmp
     run = tmp_path / "run"
     assert_ok(train(run, "trainer.epochs=1"))
     first_id = run_json(run)["experiment_id"]
-    assert_ok(tool("resume", str(run), "trainer.epochs=2"))
+    assert_ok(tool("runs.resume", str(run), "trainer.epochs=2"))
     record = run_json(run)
     entry = record["resumes"][-1]
     assert entry["global_step"] == 8
@@ -39,9 +39,9 @@ def test_resume_that_extends_the_schedule_is_recorded_and_reproduces_bitwise(tmp
     assert record["experiment_id"] != first_id  # follows the config that ran
     assert record["experiment_id"].startswith(record["config_sha256"][:8])
     out = tmp_path / "archives"
-    assert_ok(tool("archive", str(run), "--out-dir", str(out)))
+    assert_ok(tool("archive.archive", str(run), "--out-dir", str(out)))
     archive = next(out.glob("*.tar.gz"))
-    proc = tool("reproduce", str(archive), "--trust", "--runs-dir", str(tmp_path / "r"))
+    proc = tool("reproduce.reproduce", str(archive), "--trust", "--runs-dir", str(tmp_path / "r"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "REPRODUCED (bitwise)" in proc.stdout
 
@@ -49,7 +49,7 @@ def test_resume_that_extends_the_schedule_is_recorded_and_reproduces_bitwise(tmp
 def test_completed_run_says_already_completed_and_rewrites_nothing(tmp_path, reference_run):
     run = copy_of(reference_run, tmp_path)
     before = snapshot(run)
-    proc = tool("resume", str(run))
+    proc = tool("runs.resume", str(run))
     assert proc.returncode == 0 and "already completed" in proc.stderr
     assert snapshot(run) == before
 
@@ -58,7 +58,7 @@ def test_resume_with_checkpoints_gone_refuses_and_touches_nothing(tmp_path, refe
     run = copy_of(reference_run, tmp_path)
     shutil.rmtree(run / "checkpoints")
     before = snapshot(run)
-    proc = tool("resume", str(run))
+    proc = tool("runs.resume", str(run))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no checkpoint" in lines[0] and "Traceback" not in proc.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reprotrain import safetar
-from reprotrain.tools import reproduce as repro
+from reprotrain.tools.reproduce import reproduce as repro
 from test_archive_limits import header
 
 WRITERS = {

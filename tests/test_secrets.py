@@ -32,8 +32,8 @@ from conftest import MICRO, REPO, base_env
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import gitinfo
 from reprotrain.repro.secrets import env_value_differences, redact, value_sha256
-from reprotrain.tools import archive as arch
-from reprotrain.tools import reproduce as repro
+from reprotrain.tools.archive import archive as arch
+from reprotrain.tools.reproduce import reproduce as repro
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -83,7 +83,7 @@ def planted(tmp_path_factory):
     )  # fmt: skip
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     packed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.archive", str(run_dir), "--out-dir",
+        [sys.executable, "-m", "reprotrain.tools.archive.archive", str(run_dir), "--out-dir",
          str(base / "archives")],
         cwd=clone, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

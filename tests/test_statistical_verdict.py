@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from conftest import MICRO, REPO, assert_ok, base_env
-from reprotrain.tools import compare_sweeps
-from reprotrain.tools.equivalence import (
+from reprotrain.tools.sweeps import compare_sweeps
+from reprotrain.tools.sweeps.equivalence import (
     CONSISTENT,
     INCONCLUSIVE,
     INCONSISTENT,
@@ -22,7 +22,7 @@ from reprotrain.tools.equivalence import (
     t_quantile,
     tost,
 )
-from reprotrain.tools.sweep_summary import describe
+from reprotrain.tools.sweeps.sweep_summary import describe
 
 # --------------------------------------------------------------------------- the statistics
 
@@ -83,7 +83,7 @@ def fake_sweep(root: Path, groups: dict[str, list[float]], metric: str = "val_ac
 
 
 def compare(a: Path, b: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "reprotrain.tools.compare_sweeps", str(a), str(b), *extra]
+    cmd = [sys.executable, "-m", "reprotrain.tools.sweeps.compare_sweeps", str(a), str(b), *extra]
     return subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True)
 
 
@@ -179,13 +179,13 @@ def test_a_clearly_worse_setting_is_inconsistent(lr_sweep, tmp_path):
 def test_a_sweep_archive_reproduced_statistically_is_consistent_and_keeps_its_conclusion(
     lr_sweep, tmp_path
 ):
-    arch = [sys.executable, "-m", "reprotrain.tools.archive", str(lr_sweep),
+    arch = [sys.executable, "-m", "reprotrain.tools.archive.archive", str(lr_sweep),
             "--out-dir", str(tmp_path / "archives")]  # fmt: skip
     proc = subprocess.run(arch, cwd=REPO, env=base_env(), capture_output=True, text=True)
     assert_ok(proc)
     assert "archived sweep sweep (6 runs)" in proc.stdout
     archive = next((tmp_path / "archives").glob("*.tar.gz"))
-    cmd = [sys.executable, "-m", "reprotrain.tools.reproduce", str(archive), "--trust",
+    cmd = [sys.executable, "-m", "reprotrain.tools.reproduce.reproduce", str(archive), "--trust",
            "--mode", "statistical", "--metric", "train_loss",
            "--runs-dir", str(tmp_path / "rerun")]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True)
@@ -211,11 +211,11 @@ def test_a_tiny_sweep_archive_replays_every_seed_and_is_consistent(tmp_path):
     cmd = [sys.executable, "-m", "reprotrain.train", "--multirun", *tiny,
            f"hydra.sweep.dir={tmp_path / 's'}"]  # fmt: skip
     assert_ok(subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True))
-    arch = [sys.executable, "-m", "reprotrain.tools.archive", str(tmp_path / "s"),
+    arch = [sys.executable, "-m", "reprotrain.tools.archive.archive", str(tmp_path / "s"),
             "--out-dir", str(tmp_path / "archives")]  # fmt: skip
     assert_ok(subprocess.run(arch, cwd=REPO, env=base_env(), capture_output=True, text=True))
     archive = next((tmp_path / "archives").glob("sweep-*.tar.gz"))
-    cmd = [sys.executable, "-m", "reprotrain.tools.reproduce", str(archive), "--trust",
+    cmd = [sys.executable, "-m", "reprotrain.tools.reproduce.reproduce", str(archive), "--trust",
            "--mode", "statistical", "--metric", "train_loss",
            "--runs-dir", str(tmp_path / "rerun")]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True)

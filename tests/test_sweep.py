@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from conftest import REPO, assert_ok, base_env
 from reprotrain import plots
 from reprotrain.repro.jsonsafe import strict_loads
-from reprotrain.tools import sweep_summary as ss
+from reprotrain.tools.sweeps import sweep_summary as ss
 
 NAN = float("nan")
 
@@ -86,7 +86,7 @@ def test_a_nan_seed_or_nan_metric_keeps_the_summary_and_writes_strict_json(
     fake_job(tmp_path, 1, ["seed.base=1"], 1, {"test_acc": NAN, "test_loss": NAN})
     fake_job(tmp_path, 2, ["seed.base=2"], NAN, {"test_acc": 0.7, "test_loss": 0.9})
     proc = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.sweep_summary", str(tmp_path)],
+        [sys.executable, "-m", "reprotrain.tools.sweeps.sweep_summary", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -156,7 +156,7 @@ def test_the_plot_has_one_band_per_group_per_metric(tmp_path: Path, monkeypatch)
 def test_help_and_bad_input_never_print_a_traceback(tmp_path: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "reprotrain.tools.sweep_summary", *args],
+            [sys.executable, "-m", "reprotrain.tools.sweeps.sweep_summary", *args],
             cwd=REPO,
             capture_output=True,
             text=True,

@@ -129,7 +129,7 @@ def test_verify_passes_for_a_seeded_config_and_names_epoch_1_for_entropy(tmp_pat
     cmd = [
         sys.executable,
         "-m",
-        "reprotrain.tools.verify",
+        "reprotrain.tools.runs.verify",
         "experiment=selfcheck",
         "dataset.num_train=256",
         "dataset.num_test=128",

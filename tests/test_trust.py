@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, base_env
-from reprotrain.tools import archive as arch
-from reprotrain.tools import reproduce as repro
-from reprotrain.tools.archive_check import MANIFEST, SIGNATURE
+from reprotrain.data.file_hashes import file_sha256
+from reprotrain.tools.archive import archive as arch
+from reprotrain.tools.archive.archive_check import MANIFEST, SIGNATURE
+from reprotrain.tools.reproduce import reproduce as repro
+from reprotrain.tools.reproduce import rerun
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 SELFCHECK_CONF = "src/reprotrain/selfcheck/conf"  # the framework's own configs
@@ -120,7 +122,7 @@ def unpack(archive: Path, dest: Path) -> Path:
 def repack(top: Path, out: Path) -> Path:
     """Regenerate MANIFEST.sha256 the way archive.py does, as an attacker would."""
     digests = {
-        p.relative_to(top).as_posix(): arch.sha256_file(p)
+        p.relative_to(top).as_posix(): file_sha256(p)
         for p in sorted(top.rglob("*"))
         if p.is_file() and p.name not in (MANIFEST, SIGNATURE)
     }
@@ -168,7 +170,7 @@ def test_an_untouched_archive_of_a_commit_here_runs_under_rule_a(
     out = capsys.readouterr().out
     assert "trust    (a) source/ is commit" in out and "files identical" in out
     assert marker.read_text() == "ran", "the archived code ran"
-    assert rc == repro.EXIT_RERUN_FAILED  # the stand-in package has no trainer
+    assert rc == rerun.EXIT_RERUN_FAILED  # the stand-in package has no trainer
 
 
 def test_edited_source_with_a_regenerated_manifest_is_refused_before_any_code_runs(
@@ -347,7 +349,7 @@ def test_a_command_runner_target_under_rule_a_runs_nothing(
     callable the package ships for running commands: refused before anything is built."""
     marker = tmp_path / "PWNED"
     runner = {
-        "_target_": "reprotrain.tools.resume.run_forwarding_signals",
+        "_target_": "reprotrain.tools.runs.resume.run_forwarding_signals",
         "cmd": ["sh", "-c", f"id > {marker}"],
         "env": {},
     }
@@ -356,7 +358,7 @@ def test_a_command_runner_target_under_rule_a_runs_nothing(
     line = one_error_line(capsys.readouterr().err)
     assert rc == 2 and "refusing to run the archive's code (nothing extracted)" in line
     assert "(a) no: the archived config model._target_ names " in line
-    assert "'reprotrain.tools.resume.run_forwarding_signals'" in line and "never names" in line
+    assert "'reprotrain.tools.runs.resume.run_forwarding_signals'" in line and "never names" in line
     assert not marker.exists(), "no command ran"
     assert not (tmp_path / "x").exists() and not (tmp_path / "runs").exists()
 
@@ -374,7 +376,7 @@ def test_a_builtins_dataset_target_is_refused_before_the_data_is_fingerprinted(
     }
     path = archived_config(tmp_path, repo, job_config, monkeypatch, dataset=dataset)
     built = []
-    monkeypatch.setattr(repro, "check_data", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(rerun, "check_data", lambda *a, **k: built.append(a))
     rc = reproduce(path, tmp_path, repo)
     line = one_error_line(capsys.readouterr().err)
     assert rc == 2 and "dataset._target_ names 'builtins.print'" in line
@@ -383,7 +385,7 @@ def test_a_builtins_dataset_target_is_refused_before_the_data_is_fingerprinted(
 
 
 def test_rule_a_config_check_per_group_nested_partial_and_interpolations():
-    from reprotrain.tools import config_trust
+    from reprotrain.tools.reproduce import config_trust
 
     dirs = config_trust.trusted_conf_dirs(REPO)
     assert dirs == [REPO / "conf", REPO / SELFCHECK_CONF]  # conf/ + hydra.searchpath's pkg://

@@ -182,7 +182,7 @@ def test_numpy_noise_in_a_transform_is_the_same_at_0_and_2_workers_and_across_si
                    env=user_env(REPROTRAIN_TEST_KILL="step:2"))  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(tmp_path / "w2")],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(tmp_path / "w2")],
         cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert_ok(resumed)

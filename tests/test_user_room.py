@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from conftest import REPO
-from reprotrain.tools import template_files as tf
+from reprotrain.tools.template import template_files as tf
 
 USER = tf.TEMPLATE_PACKAGE
 

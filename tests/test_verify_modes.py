@@ -16,8 +16,8 @@ import pytest
 
 from conftest import REPO, TINY, base_env, run_json
 from reprotrain.errors import ReprotrainError
-from reprotrain.tools import verify
-from reprotrain.tools.run_diff import Comparison
+from reprotrain.tools.runs import verify
+from reprotrain.tools.runs.run_diff import Comparison
 
 RUN = ["experiment=selfcheck", *TINY, "repro.num_threads=1"]
 INVARIANT = ["trainer.microbatch_size=16", "trainer.world_size_invariant=true"]
@@ -28,7 +28,7 @@ def make_n(*args: str) -> str:
     env = {k: v for k, v in base_env().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     proc = subprocess.run(["make", "--no-print-directory", "-n", "verify", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
-    return next(line for line in proc.stdout.splitlines() if "reprotrain.tools.verify" in line)
+    return next(line for line in proc.stdout.splitlines() if "reprotrain.tools.runs.verify" in line)
 
 
 def test_make_verify_passes_nproc_nproc_b_and_kill_to_the_tool():
@@ -73,7 +73,7 @@ def test_a_run_at_another_world_size_than_asked_is_an_error_not_a_verdict(tmp_pa
 
 
 def run_verify(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "reprotrain.tools.verify", "--out-dir", str(tmp_path), *args]
+    cmd = [sys.executable, "-m", "reprotrain.tools.runs.verify", "--out-dir", str(tmp_path), *args]
     return subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True,
                           timeout=900)  # fmt: skip
 
@@ -132,7 +132,14 @@ def test_verify_kill_resumes_run_b_after_a_sigkill_and_compares_it_bit_for_bit(t
 @pytest.mark.slow
 def test_verify_kill_finds_a_task_whose_resume_loses_state(tmp_path):
     preds = ["task._target_=numpy_user_code.PredictionList", "trainer.allow_unrestored_state=true"]
-    cmd = [sys.executable, "-m", "reprotrain.tools.verify", "--out-dir", str(tmp_path), "--kill"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reprotrain.tools.runs.verify",
+        "--out-dir",
+        str(tmp_path),
+        "--kill",
+    ]
     proc = subprocess.run([*cmd, *KILLABLE, *preds], cwd=REPO, env=user_env(),
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]

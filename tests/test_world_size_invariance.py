@@ -47,7 +47,14 @@ def launch(nproc: int, run_dir: Path, *extra: str, **env_extra: str):
 
 
 def resume(run_dir: Path, nproc: int):
-    cmd = [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir), "--nproc", str(nproc)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reprotrain.tools.runs.resume",
+        str(run_dir),
+        "--nproc",
+        str(nproc),
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
 
 
@@ -130,10 +137,10 @@ def test_reproduce_of_a_two_process_archive_on_one_process_is_bitwise(tmp_path, 
             text=True, timeout=900,
         )  # fmt: skip
 
-    archived = tool("reprotrain.tools.archive", str(two), "--out-dir", str(tmp_path / "a"))
+    archived = tool("reprotrain.tools.archive.archive", str(two), "--out-dir", str(tmp_path / "a"))
     assert_ok(archived)
     (archive,) = (tmp_path / "a").glob("*.tar.gz")
-    proc = tool("reprotrain.tools.reproduce", str(archive), "--trust", "--runs-dir",
+    proc = tool("reprotrain.tools.reproduce.reproduce", str(archive), "--trust", "--runs-dir",
                 str(tmp_path / "runs"))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("REPRODUCED (bitwise)")

@@ -30,7 +30,7 @@ from conftest import REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain.errors import CheckpointError, ReprotrainError
 from reprotrain.repro import checkpoint
 from reprotrain.repro import run_dir as run_dirs
-from reprotrain.tools import eval as evaluation
+from reprotrain.tools.runs import eval as evaluation
 
 
 def snapshot(root: Path) -> dict[str, tuple]:

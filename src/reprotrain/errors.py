@@ -6,6 +6,13 @@ instead of dumping a traceback; anything else is a bug and keeps its traceback.
 """
 
 
+def one_line(text: object) -> str:
+    """Messages are one line by contract: the text's non-blank lines, stripped, joined by
+    ``; `` (empty when there is none, so a caller can fall back to a name)."""
+    parts = [p.strip() for p in str(text).strip().splitlines() if p.strip()]
+    return "; ".join(parts)
+
+
 class ReprotrainError(Exception):
     """A user error: the message is one line that says what to do."""
 

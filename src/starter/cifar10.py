@@ -32,12 +32,11 @@ from reprotrain.data.base import InMemoryImages
 from reprotrain.data.download import (
     RefusedGlobal,
     extract_dir,
-    one_line,
     restricted_load,
     verify_md5,
 )
 from reprotrain.data.download import download as fetch
-from reprotrain.errors import DataMissingError
+from reprotrain.errors import DataMissingError, one_line
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -113,8 +112,9 @@ def _batches_complete(batches: Path) -> bool:
 
 
 def _not_found(root: Path, md5: str, reason: str) -> DataMissingError:
+    why = one_line(reason) or "unknown error"
     return DataMissingError(
-        f"CIFAR-10 not found in {root} and could not be downloaded ({one_line(reason)}); "
+        f"CIFAR-10 not found in {root} and could not be downloaded ({why}); "
         f"put {ARCHIVE_NAME} (md5 {md5}) in {root}/ or try experiment=smoke for synthetic data"
     )
 
@@ -132,8 +132,9 @@ def _load_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             f"batch never needs (the file may be malicious); {fix}"
         ) from None
     except Exception as exc:  # any malformed pickle: truncated, wrong opcodes, bad state
+        why = one_line(exc) or "unknown error"
         raise DataMissingError(
-            f"cannot read CIFAR-10 batch {path} ({type(exc).__name__}: {one_line(exc)}); {fix}"
+            f"cannot read CIFAR-10 batch {path} ({type(exc).__name__}: {why}); {fix}"
         ) from exc
 
     def bad(what: str) -> DataMissingError:

@@ -85,7 +85,8 @@ def test_smoke_bits_are_the_same_in_the_template_and_a_new_project(tmp_path):
 
     dest = tmp_path / "mylab"
     made = subprocess.run(
-        [sys.executable, str(REPO / "src/reprotrain/tools/new_project.py"), "mylab", str(dest)],
+        [sys.executable, str(REPO / "src/reprotrain/tools/template/new_project.py"), "mylab",
+         str(dest)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert_ok(made)

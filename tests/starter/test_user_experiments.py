@@ -34,7 +34,8 @@ KILLED_RUN_EXTRA = {"sequence": ["trainer.pipeline=loader", "trainer.num_workers
 
 def verify(out_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.verify", "--out-dir", str(out_dir), *overrides],
+        [sys.executable, "-m", "reprotrain.tools.runs.verify", "--out-dir", str(out_dir),
+         *overrides],
         cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=400,
     )  # fmt: skip
 
@@ -74,7 +75,7 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_equal(verified, tmp_path):
     proc = train(run_dir, *overrides, env=base_env(REPROTRAIN_TEST_KILL=KILL_AT), micro=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir)],
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir)],
         cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert_ok(resumed)

@@ -8,7 +8,7 @@ On one CUDA GPU, in this order (each section has a timeout, and the whole run a 
 1. ``verify``: the framework's own job at reference size (``experiment=selfcheck`` with the
    wide 11.0M-parameter net, batch 512, SGD, one-cycle, strict) on its synthetic 3x32x32
    images at 50000/10000, 2 epochs, twice in fresh processes through
-   ``python -m reprotrain.tools.verify``: identical bits or not.
+   ``python -m reprotrain.tools.runs.verify``: identical bits or not.
 2. ``resume_after_kill``: the same config SIGKILLed mid-epoch 2
    (``REPROTRAIN_TEST_KILL=step:N``), resumed with ``resume=auto``, compared with a run
    of the verify pair: identical bits or not.
@@ -40,7 +40,7 @@ from reprotrain.bench.training import child_env, steady_images_per_s
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro.record import read_jsonl
 from reprotrain.selfcheck.net import WIDE
-from reprotrain.tools.run_diff import compare_runs
+from reprotrain.tools.runs.run_diff import compare_runs
 
 NUM_TRAIN = 50_000  # a typical small image benchmark's training set
 FULL_SIZE = [f"dataset.num_train={NUM_TRAIN}", "dataset.num_test=10000"]
@@ -118,7 +118,7 @@ def last_line(text: str) -> str:
 
 def check_verify(work: Path, budget: Budget) -> dict:
     overrides = [*REFERENCE, *FULL_SIZE, *TWO_EPOCHS]
-    cmd = [sys.executable, "-m", "reprotrain.tools.verify", *overrides]
+    cmd = [sys.executable, "-m", "reprotrain.tools.runs.verify", *overrides]
     t0 = time.monotonic()
     rc, out = run(cmd, budget.timeout(240), log=work / "verify.log")
     runs = re.search(r"^runs: (\S+)\s+(\S+)", out, re.MULTILINE)

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from reprotrain.errors import DataMissingError
+from reprotrain.errors import DataMissingError, one_line
 from reprotrain.safetar import unsafe_reason
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "download",
     "extract_dir",
     "md5_of",
-    "one_line",
     "restricted_load",
     "verify_md5",
 ]
@@ -47,11 +46,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
-
-
-def one_line(text: object) -> str:
-    """Collapse an exception's text to one line: the error contract is one line."""
-    return " ".join(str(text).split()) or "unknown error"
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,8 +164,9 @@ def extract_dir(archive: Path, root: Path, top: str, required: list[str], what: 
                 members = _checked_members(tf, archive, top)
                 tf.extractall(tmp, members=members, filter="data")  # Python >= 3.11.4
         except (tarfile.TarError, EOFError, OSError) as exc:
+            why = one_line(exc) or "unknown error"
             raise DataMissingError(
-                f"cannot extract {archive} ({one_line(exc)}); delete it and re-download"
+                f"cannot extract {archive} ({why}); delete it and re-download"
             ) from exc
         staged = tmp / top
         if not _complete(staged, required):

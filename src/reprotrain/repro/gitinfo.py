@@ -48,11 +48,30 @@ _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@]*@)")
 
 
+def run_git(
+    repo: Path,
+    *args: str,
+    input: str | bytes | None = None,
+    text: bool = True,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``git -C <repo> <args>`` with its output captured: the one git runner of the package
+    (standard library only, so ``make new-project`` can use it before any venv). A failing
+    git is a return code to check, not an exception; a missing git raises ``OSError``."""
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        input=input,
+        capture_output=True,
+        text=text,
+        timeout=timeout,
+        env=env,
+    )
+
+
 def _git(repo: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60
-        )
+        out = run_git(repo, *args, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode in ok else None
@@ -99,11 +118,11 @@ def _sha256(path: Path) -> tuple[str | None, int]:
         return hashlib.sha256(os.readlink(path).encode()).hexdigest(), size
     if size > HASH_LIMIT_BYTES:
         return None, size
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest(), size
+    # Imported here: make new-project imports this module (for run_git) with whatever
+    # python3 is on the PATH, before any venv; the hashing module needs Python 3.11.
+    from reprotrain.data.file_hashes import file_sha256
+
+    return file_sha256(path), size
 
 
 def _opted_in(rel: str, patterns: Sequence[str]) -> bool:

@@ -120,7 +120,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(strict_json(r, sort_keys=True) + "\n" for r in rows))
 
 
-_HINT = "the run record is damaged; restore it from a copy or start a new run"
+DAMAGED_HINT = "the run record is damaged; restore it from a copy or start a new run"
 
 
 def parse_json_object(text: str, label: str) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def parse_json_object(text: str, label: str) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RecordError(
-            f"{label}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); {_HINT}"
+            f"{label}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); {DAMAGED_HINT}"
         ) from None
     if not isinstance(data, dict):
         raise RecordError(f"{label}: expected a JSON object, found {type(data).__name__}")

@@ -24,10 +24,11 @@ check runs with a bare ``python3`` before any venv exists.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from reprotrain.data.file_hashes import file_sha256
 
 RUNTIME_LOCK = "requirements.lock"
 DEV_LOCK = "requirements-dev.lock"
@@ -63,11 +64,6 @@ _MACHINE_OPTIONS = (
 def normalize_name(name: str) -> str:
     """PEP 503 name, so ``PyYAML``, ``pyyaml`` and ``py_yaml`` compare equal everywhere."""
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 of a file's bytes: the identity recorded for locks and ``.in`` files."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @dataclass
@@ -254,7 +250,7 @@ def expected_record(lock_path: Path, in_path: Path) -> dict[str, str]:
     root = lock_path.parent
     files = [in_path, *[p for p in in_includes(in_path) if p.resolve() != lock_path.resolve()]]
     files.append(lock_path)
-    return {_rel(p, root): (sha256_file(p) if p.exists() else "") for p in files}
+    return {_rel(p, root): (file_sha256(p) if p.exists() else "") for p in files}
 
 
 def write_record(lock_path: Path, in_path: Path) -> Path:
@@ -388,32 +384,6 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
     return problems
 
 
-def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
-    """All lock checks over (lock, .in) pairs; returns one message per problem, [] when sound."""
-    from reprotrain.repro.lock_platforms import check_lock_platforms
-
-    problems: list[str] = []
-    parsed: list[ParsedLock] = []
-    for lock_path, in_path in pairs:
-        lock_path, in_path = Path(lock_path), Path(in_path)
-        if not lock_path.exists():
-            problems.append(f"{lock_path.name}: missing; run make lock")
-            continue
-        if not in_path.exists():
-            problems.append(f"{in_path.name}: missing (the input of {lock_path.name})")
-            continue
-        lock = parse_lock(lock_path)
-        parsed.append(lock)
-        problems.extend(lock.problems)
-        if not lock.entries:
-            problems.append(f"{lock_path.name}: no pinned packages")
-        problems.extend(check_staleness(lock_path, in_path))
-        problems.extend(check_in_satisfied(lock, in_path))
-        problems.extend(check_lock_platforms(lock))
-    problems.extend(check_agreement(parsed))
-    return problems
-
-
 # --------------------------------------------------------------------------- environment
 
 
@@ -515,4 +485,4 @@ def env_drift(repo_root: Path) -> dict:
 def lock_sha256(repo_root: Path) -> str | None:
     """sha256 of ``requirements.lock`` bytes (the environment's identity in ``run.json``)."""
     path = Path(repo_root) / RUNTIME_LOCK
-    return sha256_file(path) if path.is_file() else None
+    return file_sha256(path) if path.is_file() else None

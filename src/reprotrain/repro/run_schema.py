@@ -1,4 +1,4 @@
-"""The one schema of run.json, checked by every reader (``tools/readers.read_run_json``,
+"""The one schema of run.json, checked by every reader (``tools/runs/readers.read_run_json``,
 ``make archive``, ``make reproduce`` of a run or a sweep).
 
 Closes: a record that contradicts itself being archived and replayed (``world_size: "two"``

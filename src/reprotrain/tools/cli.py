@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from reprotrain.errors import ReprotrainError
+from reprotrain.errors import ReprotrainError, one_line
 
 EXIT_USAGE = 2
 
@@ -52,12 +52,6 @@ def user_path(text: str) -> Path:
 
 
 user_path.__name__ = "path"
-
-
-def one_line(text: str) -> str:
-    """Messages are one line by contract; a stray newline must not break that."""
-    parts = [p.strip() for p in str(text).strip().splitlines() if p.strip()]
-    return "; ".join(parts)
 
 
 def describe_os_error(e: OSError) -> str:

@@ -1,6 +1,6 @@
 """``make verify``: run one config twice in fresh processes and demand identical bits.
 
-    python -m reprotrain.tools.verify [--out-dir outputs/verify] [--nproc N] [--nproc-b M]
+    python -m reprotrain.tools.runs.verify [--out-dir outputs/verify] [--nproc N] [--nproc-b M]
                                       [--kill] experiment=smoke ...
 
 Each run gets its own directory (<out-dir>/<stamp>/a and b). Exit 0 only when every
@@ -40,10 +40,10 @@ from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint
 from reprotrain.repro.record import CHECKPOINTS, RUN_JSON
 from reprotrain.tools import cli
-from reprotrain.tools.bisect import bisect_command
-from reprotrain.tools.readers import read_run_json
-from reprotrain.tools.resume import trainer_launcher
-from reprotrain.tools.run_diff import Comparison, compare_runs
+from reprotrain.tools.debugging.bisect import bisect_command
+from reprotrain.tools.runs.readers import read_run_json
+from reprotrain.tools.runs.resume import trainer_launcher
+from reprotrain.tools.runs.run_diff import Comparison, compare_runs
 
 _OWN = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
 
@@ -96,7 +96,14 @@ def run_killed_then_resumed(
         return rc, None  # the trainer failed on its own: its error line was shown
     if not checkpoint.list_step_checkpoints(ckpts):
         raise ReprotrainError(f"run b in {run_dir} died before writing a checkpoint")
-    resume = [sys.executable, "-m", "reprotrain.tools.resume", str(run_dir), "--nproc", str(nproc)]
+    resume = [
+        sys.executable,
+        "-m",
+        "reprotrain.tools.runs.resume",
+        str(run_dir),
+        "--nproc",
+        str(nproc),
+    ]
     print(f"$ {' '.join(resume[1:])}", flush=True)
     return cli.run_forwarding_errors(resume, env=_env())
 
@@ -157,7 +164,7 @@ def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = cli.parser("reprotrain.tools.verify", __doc__)
+    p = cli.parser("reprotrain.tools.runs.verify", __doc__)
     p.add_argument("--out-dir", type=cli.user_path, default=Path("outputs") / "verify")
     p.add_argument("--nproc", type=_positive, default=1, help="processes of both runs")
     p.add_argument("--nproc-b", type=_positive, default=None, help="processes of run b")

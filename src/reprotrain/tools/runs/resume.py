@@ -1,6 +1,6 @@
 """``make resume RUN=<run dir>``: continue an interrupted run in place, with its own config.
 
-    python -m reprotrain.tools.resume <run dir> [overrides...]
+    python -m reprotrain.tools.runs.resume <run dir> [overrides...]
 
 The recorded ``config.resolved.yaml`` becomes the primary config (under the same schema,
 so extra overrides are still type-checked), the run directory stays the same, and
@@ -33,7 +33,7 @@ from reprotrain.quoting import hydra_override, resume_hint
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON
 from reprotrain.repro.run_mutex import refuse_if_held
 from reprotrain.tools import cli
-from reprotrain.tools.readers import read_config, read_run_json, read_text
+from reprotrain.tools.runs.readers import read_config, read_run_json, read_text
 
 __all__ = ["PRIMARY", "main", "resume_command", "resume_hint"]
 
@@ -156,7 +156,7 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = cli.parser("reprotrain.tools.resume", __doc__)
+    p = cli.parser("reprotrain.tools.runs.resume", __doc__)
     p.add_argument("run_dir", type=cli.user_path, help="the run directory to continue")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. trainer.epochs=5)")
     p.add_argument(

@@ -1,8 +1,8 @@
 """``make bisect A=<run dir> B=<run dir>``: where two runs part, down to the first op.
 
-    python -m reprotrain.tools.bisect <run A> <run B> [--max-replay-steps 1000]
+    python -m reprotrain.tools.debugging.bisect <run A> <run B> [--max-replay-steps 1000]
 
-1. **Records.** The per-epoch fingerprints (``tools/run_diff.py``) give the first global step
+1. **Records.** The per-epoch fingerprints (``tools/runs/run_diff.py``) give the first global step
    whose loss differs (or, when every loss matches, the last update of the first epoch whose
    weights differ). Identical records: exit 0.
 2. **What differs around the runs:** their resolved configs (key by key) and their recorded
@@ -10,16 +10,16 @@
 3. **Replay.** The loss of step ``s`` is computed before update ``s``, so the cause is in
    step ``s - 1`` or ``s``. Each run is forked from its newest step checkpoint at or before
    the first of those (or from the start when it has none) by the real trainer, under its
-   own ``config.resolved.yaml`` (as ``make resume`` runs it: ``tools/resume.py``), with
+   own ``config.resolved.yaml`` (as ``make resume`` runs it: ``tools/runs/resume.py``), with
    ``trainer.stop_at_global_step`` just after them and per-op hashing on for them
    (``repro/op_trace.py``). The forks go to a temporary directory; their traces and logs to
    ``<later run>/bisect/``. A replay whose losses do not match its own record is said so
    (the recorded run came from another environment).
-4. **The first op.** ``tools/trace_diff.py`` names the batch, or the first op whose output
+4. **The first op.** ``tools/debugging/trace_diff.py`` names the batch, or the first op whose output
    differs, its module and phase, and whether its inputs already differed.
 5. **Walk back.** Inputs that already differed mean the difference was made earlier (a loss
    can round to the same value while the weights already differ). Bisect then starts from
-   the newest checkpoint at which both runs hold the same state (``tools/state_diff.py``;
+   the newest checkpoint at which both runs hold the same state (``tools/debugging/state_diff.py``;
    the start, when the initial weights agree), replays the steps up to the traced one with
    a digest per step (``repro/op_trace.py``), and traces the first step whose digest
    differs: its first differing op is one whose inputs were identical and whose outputs
@@ -61,11 +61,12 @@ from reprotrain.repro.record import (
     read_jsonl,
 )
 from reprotrain.repro.run_mutex import refuse_if_held
-from reprotrain.tools import cli, resume
-from reprotrain.tools.readers import read_config, read_run_json
-from reprotrain.tools.run_diff import compare_runs
-from reprotrain.tools.state_diff import state_differences
-from reprotrain.tools.trace_diff import Finding, first_difference, first_digest_difference
+from reprotrain.tools import cli
+from reprotrain.tools.debugging.state_diff import state_differences
+from reprotrain.tools.debugging.trace_diff import Finding, first_difference, first_digest_difference
+from reprotrain.tools.runs import resume
+from reprotrain.tools.runs.readers import read_config, read_run_json
+from reprotrain.tools.runs.run_diff import compare_runs
 
 REPORT = "bisect.json"
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
@@ -515,7 +516,7 @@ def bisect_command(a: Path, b: Path) -> str:
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = cli.parser("reprotrain.tools.bisect", __doc__)
+    p = cli.parser("reprotrain.tools.debugging.bisect", __doc__)
     p.add_argument("a", type=cli.user_path, help="run directory A")
     p.add_argument("b", type=cli.user_path, help="run directory B")
     p.add_argument("--max-replay-steps", type=int, default=1000)

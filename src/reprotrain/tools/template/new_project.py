@@ -16,16 +16,15 @@ import argparse
 import keyword
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-if __package__:
-    from reprotrain.tools import template_files as tf
-else:  # run as a script by make, before any venv: this folder is sys.path[0]
-    import template_files as tf
+if not __package__:  # run as a script by make, before any venv: put src/ on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from reprotrain.repro.gitinfo import run_git
+from reprotrain.tools.template import template_files as tf
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 CREDITED = ("README.md", "LICENSE")
 # Names a project package must not take: they would shadow what the framework imports.
 TAKEN = {tf.FRAMEWORK_PACKAGE, "torch", "torchvision", "hydra", "omegaconf", "numpy", "tests",
@@ -37,7 +36,7 @@ class NewProjectError(Exception):
 
 
 def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    proc = run_git(repo, *args)
     if proc.returncode != 0:
         raise NewProjectError(f"git {' '.join(args)} failed: {proc.stderr.strip()[:200]}")
     return proc.stdout
@@ -156,7 +155,7 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
 
 
 def _git_identity(repo: Path) -> bool:
-    proc = subprocess.run(["git", "-C", str(repo), "config", "user.email"], capture_output=True)
+    proc = run_git(repo, "config", "user.email")
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 

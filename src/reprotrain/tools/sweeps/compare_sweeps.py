@@ -1,13 +1,13 @@
 """``make compare A=<sweep dir> B=<sweep dir>``: does B's result agree with A's, statistically?
 
-    python -m reprotrain.tools.compare_sweeps <sweep A> <sweep B> [--margin M] [--metric K]
+    python -m reprotrain.tools.sweeps.compare_sweeps <sweep A> <sweep B> [--margin M] [--metric K]
 
 A is the reference (an archived sweep, or the claim being checked), B the candidate. Runs
 are grouped as the sweep summary groups them (Hydra overrides without ``seed`` /
 ``seed.*``); two sweeps of one group each are compared with each other whatever their
 overrides (that is how a setting is checked against another). For each group, on the
 monitored final metric (``trainer.monitor`` unless ``--metric``), TOST against the margin
-(``tools/equivalence.py``) gives CONSISTENT / INCONSISTENT / INCONCLUSIVE with both means,
+(``tools/sweeps/equivalence.py``) gives CONSISTENT / INCONSISTENT / INCONCLUSIVE with both means,
 the difference, its 90% interval, the margin and n.
 
 **Conclusions.** When A has several groups, each of A's orderings that A itself supports
@@ -32,7 +32,8 @@ from reprotrain import metric_names
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools import cli
-from reprotrain.tools.equivalence import (
+from reprotrain.tools.runs.readers import read_config
+from reprotrain.tools.sweeps.equivalence import (
     CONSISTENT,
     INCONCLUSIVE,
     INCONSISTENT,
@@ -40,8 +41,7 @@ from reprotrain.tools.equivalence import (
     tost,
     welch,
 )
-from reprotrain.tools.readers import read_config
-from reprotrain.tools.sweep_summary import Job, find_jobs, group_labels
+from reprotrain.tools.sweeps.sweep_summary import Job, find_jobs, group_labels
 
 EXIT = {CONSISTENT: 0, INCONSISTENT: 1, INCONCLUSIVE: 3}
 REPORT = "comparison.json"
@@ -245,7 +245,7 @@ def verdict_line(verdict: str) -> str:
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = cli.parser("reprotrain.tools.compare_sweeps", __doc__)
+    p = cli.parser("reprotrain.tools.sweeps.compare_sweeps", __doc__)
     p.add_argument("a", type=cli.user_path, help="reference sweep directory")
     p.add_argument("b", type=cli.user_path, help="candidate sweep directory")
     p.add_argument("--margin", type=margin_value, default=None, help="equivalence margin")

@@ -1,6 +1,6 @@
 """Write report.md and curves.png for a run, from its run directory alone.
 
-    python -m reprotrain.tools.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
+    python -m reprotrain.tools.runs.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
 
 Reads only run.json, metrics.jsonl and fingerprints.jsonl, so an archived or copied run
 can be re-plotted without the code, the data or a GPU that produced it. Per-step losses come
@@ -21,7 +21,7 @@ from typing import Any
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
-from reprotrain.tools.readers import check_shapes
+from reprotrain.tools.runs.readers import check_shapes
 
 REPORT_MD = "report.md"
 CURVES_PNG = "curves.png"
@@ -239,7 +239,7 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
     out = [
         f"# Run report: {title}",
         "",
-        f"Drawn from `{view.run_dir}` alone by `python -m reprotrain.tools.report` "
+        f"Drawn from `{view.run_dir}` alone by `python -m reprotrain.tools.runs.report` "
         "(run.json, metrics.jsonl, fingerprints.jsonl).",
         "",
     ]
@@ -287,7 +287,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.report",
+        prog="python -m reprotrain.tools.runs.report",
         description="Write report.md and curves.png (loss, metrics, lr) for a run directory, "
         "from its records alone.",
     )

@@ -1,6 +1,6 @@
 """Summarise a sweep: per group of non-seed overrides, mean, std, min, max and a 95% CI.
 
-    python -m reprotrain.tools.sweep_summary multirun/<name>/<stamp>
+    python -m reprotrain.tools.sweeps.sweep_summary multirun/<name>/<stamp>
 
 Every numeric ``train_`` / ``val_`` / ``test_<name>`` metric the runs logged is summarised
 (accuracy and loss, a regression's rmse and r2, a user task's own), and the monitored one
@@ -47,7 +47,7 @@ from reprotrain.repro.record import (
     atomic_write_text,
     read_jsonl,
 )
-from reprotrain.tools.equivalence import mean_ci
+from reprotrain.tools.sweeps.equivalence import mean_ci
 
 SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
 UNKNOWN_OVERRIDES = "(no .hydra/overrides.yaml)"
@@ -190,7 +190,7 @@ def outcome_metrics(jobs: list[Job]) -> list[str]:
 def monitor_of(job: Job) -> tuple[str, str] | None:
     """(trainer.monitor, trainer.monitor_mode) from the job's resolved config, or None
     when it has none (runs gathered by hand, an older record)."""
-    from reprotrain.tools.readers import read_config
+    from reprotrain.tools.runs.readers import read_config
 
     try:
         trainer = read_config(job.run_dir / RESOLVED_CONFIG).get("trainer") or {}
@@ -452,7 +452,7 @@ class SweepSummaryCallback(Callback):
         except Exception as e:  # the sweep itself finished: report, do not fail it
             print(
                 f"warning: no sweep summary ({type(e).__name__}: {e}); retry with "
-                f"`python -m reprotrain.tools.sweep_summary {sweep_dir}`",
+                f"`python -m reprotrain.tools.sweeps.sweep_summary {sweep_dir}`",
                 file=sys.stderr,
             )
             return
@@ -462,7 +462,7 @@ class SweepSummaryCallback(Callback):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.sweep_summary",
+        prog="python -m reprotrain.tools.sweeps.sweep_summary",
         description="Summarise a sweep directory: per group of non-seed overrides, mean, std "
         "and 95%% CI of each final metric, plus a per-epoch plot. Writes summary.json, "
         "summary.md and summary.png into the sweep directory.",

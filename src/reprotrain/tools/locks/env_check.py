@@ -13,17 +13,17 @@ from pathlib import Path
 
 from reprotrain.repro.requirements_lock import env_drift, installed_versions
 from reprotrain.tools import cli
-from reprotrain.tools.check_lock import _default_root
+from reprotrain.tools.locks.check_lock import default_root
 
 FIX = "fix: rm -rf .venv && make install"
 
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = cli.parser("reprotrain.tools.env_check", __doc__)
+    parser = cli.parser("reprotrain.tools.locks.env_check", __doc__)
     parser.add_argument("--root", type=Path, default=None, help="repo root (default: auto)")
     args = parser.parse_args(argv)
-    root = args.root or _default_root()
+    root = args.root or default_root()
 
     drift = env_drift(root)
     if drift["status"] == "no-lock":

@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import RecordError
 from reprotrain.repro import run_schema
-from reprotrain.repro.record import _HINT, parse_json_object, parse_jsonl
+from reprotrain.repro.record import DAMAGED_HINT, parse_json_object, parse_jsonl
 
 __all__ = [
     "parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config", "read_run_json",
@@ -37,7 +37,7 @@ def read_text(path: Path, label: str | None = None) -> str:
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RecordError(f"{label}: not UTF-8 text (byte {e.start}); {_HINT}") from None
+        raise RecordError(f"{label}: not UTF-8 text (byte {e.start}); {DAMAGED_HINT}") from None
 
 
 def parse_yaml_config(text: str, label: str) -> DictConfig:

@@ -2,13 +2,13 @@
 
 Closes: an archive whose ``source/`` is an untouched commit of this repository (so the code
 is trusted) but whose ``config.resolved.yaml`` names a callable that the commit ships for
-another purpose: ``model: {_target_: reprotrain.tools.resume.run_forwarding_signals, cmd:
+another purpose: ``model: {_target_: reprotrain.tools.runs.resume.run_forwarding_signals, cmd:
 [sh, -c, ...]}`` runs a command, ``dataset: {_target_: builtins.open, ...}`` opens a file. A
 config ``_target_`` is code, so "same code" is not enough: the config must also be one the
 trusted commit's own configs could have composed.
 
 The rule, checked on every config of the replay plan (the recorded config and each leg a
-resume history builds; ``tools/replay_plan.py``) *before anything from it is built or
+resume history builds; ``tools/reproduce/replay_plan.py``) *before anything from it is built or
 resolved*:
 
 - every ``_target_`` (at any depth: a dataset's list of transforms, a nested ``_args_``

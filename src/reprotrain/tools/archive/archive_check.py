@@ -10,8 +10,8 @@ archive`` writes, and the ``./MANIFEST.sha256`` layout of ``cd <top> && tar -czf
 (``./`` prefixes are normalised away; the member set must still match the manifest).
 
 The record files are kept in memory from the one pass that hashes them, so the trust
-decision (``tools/trust.py``) and the record checks run on the verified bytes, with nothing
-on disk yet.
+decision (``tools/reproduce/trust.py``) and the record checks run on the verified bytes, with
+nothing on disk yet.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from reprotrain.safetar import (
     read_members,
     unsafe_reason,
 )
-from reprotrain.tools.readers import (
+from reprotrain.tools.runs.readers import (
     completion_problem,
     parse_jsonl,
     parse_record,

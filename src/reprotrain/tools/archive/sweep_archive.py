@@ -1,6 +1,6 @@
 """``make archive RUN=<sweep dir>``: pack a whole sweep (every run, its summary) in one archive.
 
-Layout (the single-run layout of ``tools/archive.py``, with ``sweep/`` for ``run/``)::
+Layout (the single-run layout of ``tools/archive/archive.py``, with ``sweep/`` for ``run/``)::
 
     <top>/sweep/<job>/...          each run directory (checkpoints left out)
     <top>/sweep/summary.json ...   the sweep summary and multirun.yaml, as they were
@@ -9,7 +9,8 @@ Layout (the single-run layout of ``tools/archive.py``, with ``sweep/`` for ``run
     <top>/archive.json             ``"kind": "sweep"`` and the list of jobs
     <top>/MANIFEST.sha256 (.sig)   as for one run
 
-``make reproduce`` recognises the layout and replays every job (``tools/reproduce_sweep.py``).
+``make reproduce`` recognises the layout and replays every job
+(``tools/reproduce/reproduce_sweep.py``).
 """
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ from pathlib import Path
 from reprotrain.errors import ArchiveError
 from reprotrain.repro import gitinfo
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools import snapshot
-from reprotrain.tools.archive import (
+from reprotrain.tools.archive import snapshot
+from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, CheckedArchive
+from reprotrain.tools.archive.pack import (
     FORMAT_VERSION,
-    _check_out_dir,
+    check_out_dir,
     pip_freeze,
     run_members,
     seal,
     staging_dir,
 )
-from reprotrain.tools.archive_check import ARCHIVE_JSON, CheckedArchive
-from reprotrain.tools.readers import read_run_json
+from reprotrain.tools.runs.readers import read_run_json
 
 SWEEP = "sweep"
 KIND = "sweep"
@@ -89,7 +90,7 @@ def build(
     git, diff = _shared_code(records, diffs)
     top = "sweep-" + re.sub(r"[^\w.+-]", "_", sweep_dir.name)
     target = out_dir / f"{top}.tar.gz"
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     if target.exists() and not force:
         raise ArchiveError(f"{target} exists; pass --force to overwrite it")
     if snapshot.is_git_repo(repo) and git.get("commit"):

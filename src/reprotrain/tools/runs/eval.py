@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import checkpoint
 from reprotrain.repro import record as rec
-from reprotrain.tools.readers import read_run_json
+from reprotrain.tools.runs.readers import read_run_json
 
 
 class EvalError(ReprotrainError):
@@ -140,7 +140,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.eval",
+        prog="python -m reprotrain.tools.runs.eval",
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("run_dir", type=Path, help="the run directory")

@@ -1,11 +1,11 @@
 """``make reproduce`` of a sweep archive: replay every archived run, then one verdict.
 
-The checks are the single-run ones (``tools/reproduce.py``), through the same code: every
-job's record is read through the run.json schema, the replay plan holds every job (each leg
-of its resume history, its environment entries; ``tools/replay_plan.py``) and is trusted or
-refused as a whole, then the data fingerprints, then each job is re-run leg by leg from the
-archived source with its own config and seeds into ``<runs-dir>/<stamp>/<job>`` (its output
-in ``logs/job-<i>.log``), a stop signal passed on to it as for one run.
+The checks are the single-run ones (``tools/reproduce/reproduce.py``), through the same code:
+every job's record is read through the run.json schema, the replay plan holds every job (each
+leg of its resume history, its environment entries; ``tools/reproduce/replay_plan.py``) and is
+trusted or refused as a whole, then the data fingerprints, then each job is re-run leg by leg
+from the archived source with its own config and seeds into ``<runs-dir>/<stamp>/<job>`` (its
+output in ``logs/job-<i>.log``), a stop signal passed on to it as for one run.
 
 The verdict:
 
@@ -14,8 +14,8 @@ The verdict:
   DIVERGED (with the ``make bisect`` line for the first divergent job);
 - **statistical** (``--mode statistical``, or ``auto`` where bits are not promised: another
   device, driver, CPU capability, thread count, a ``fast`` run...): per group, TOST of the
-  monitored final metric against the margin (``tools/compare_sweeps.py``,
-  ``tools/equivalence.py``), and the archived conclusions checked: 0 CONSISTENT,
+  monitored final metric against the margin (``tools/sweeps/compare_sweeps.py``,
+  ``tools/sweeps/equivalence.py``), and the archived conclusions checked: 0 CONSISTENT,
   1 INCONSISTENT, 3 INCONCLUSIVE.
 
 The report is ``reproduction.json`` in the new sweep directory.
@@ -34,16 +34,19 @@ from typing import Any
 
 from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused
-from reprotrain.repro import run_schema
+from reprotrain.paths import REPO_ROOT
+from reprotrain.repro import requirements_lock, run_schema
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools import archive_check, compare_sweeps, trust
-from reprotrain.tools import reproduce as rp
-from reprotrain.tools.archive_check import CheckedArchive
-from reprotrain.tools.bisect import bisect_command
-from reprotrain.tools.readers import parse_json_object, parse_record, parse_yaml_config
-from reprotrain.tools.replay_plan import ReplayPlan
-from reprotrain.tools.run_diff import compare_runs
-from reprotrain.tools.sweep_archive import SWEEP
+from reprotrain.tools.archive import archive_check
+from reprotrain.tools.archive.archive_check import CheckedArchive
+from reprotrain.tools.archive.sweep_archive import SWEEP
+from reprotrain.tools.debugging.bisect import bisect_command
+from reprotrain.tools.reproduce import rerun, trust
+from reprotrain.tools.reproduce.replay_plan import ReplayPlan
+from reprotrain.tools.runs.readers import parse_json_object, parse_record, parse_yaml_config
+from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.sweeps import compare_sweeps
+from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
 REPORT = "reproduction.json"
 EXIT_CODES = {"REPRODUCED": 0, "DIVERGED": 1, **compare_sweeps.EXIT}
@@ -92,14 +95,14 @@ def replay(args, archive: Path, plan: ReplayPlan, verdict_trust: trust.Verdict) 
     """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
     print(f"trust    {verdict_trust.line()}")
     # After the trust verdict: fingerprinting the data builds each dataset config (code).
-    problems = [rp.check_archived_data(j.view.config, j.record, args.allow_data_drift)
+    problems = [rerun.check_archived_data(j.view.config, j.record, args.allow_data_drift)
                 for j in plan.jobs]  # fmt: skip
     problems = [p for p in problems if p]
     print(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:
         print(f"data     DIFFERS: {problems[0]}")
     # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
-    with rp.extraction_dir(args, "reprotrain-reproduce-") as extract, rp.FORWARD:
+    with rerun.extraction_dir(args, "reprotrain-reproduce-") as extract, rerun.FORWARD:
         top = archive_check.extract(plan.jobs[0].view, extract.resolve())
         return _rerun(args, archive, top, plan, problems, verdict_trust)
 
@@ -112,23 +115,23 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
     logs.mkdir(parents=True)
     reasons: list[str] = list(problems)
     for i, job in enumerate(plan.jobs):
-        env = rp.rerun_env(source, job)
+        env = rerun.rerun_env(source, job)
         if i == 0:
-            where = rp.imported_from(source, env)
+            where = rerun.imported_from(source, env)
             if not where.is_relative_to(source.resolve()):
                 raise ReproduceRefused(f"the re-run would import reprotrain from {where}")
             print(f"re-run   from the archived source ({source}), into {new_sweep}")
         run_dir = new_sweep / job.name
         with open(logs / f"job-{i}.log", "w") as log:
-            failed = rp.run_legs(job, None, top / "rerun-config", run_dir, source, env,
+            failed = rerun.run_legs(job, None, top / "rerun-config", run_dir, source, env,
                                  f"job-{i}", log)  # fmt: skip
         if failed is not None:
             return failed
         new_record = json.loads((run_dir / RUN_JSON).read_text())
-        current = {**new_record, "lock_sha256": rp.requirements_lock.lock_sha256(rp.REPO_ROOT)}
-        blocking, _ = rp.environment_differences(job.record, current)
+        current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
+        blocking, _ = rerun.environment_differences(job.record, current)
         reasons += [f"environment differs: {b}" for b in blocking]
-        reasons += rp.not_comparable_reasons(job.record)
+        reasons += rerun.not_comparable_reasons(job.record)
         print(f"  {job.name}: seeds base={job.record['seeds']['base']} -> done")
     reasons = list(dict.fromkeys(reasons))
     statistical = args.mode == "statistical" or (args.mode == "auto" and bool(reasons))
@@ -188,6 +191,4 @@ def _statistical(args, top: Path, new_sweep: Path, jobs, report) -> tuple[int, s
 
 
 def _jobs(sweep_dir: Path):
-    from reprotrain.tools.sweep_summary import find_jobs
-
     return find_jobs(sweep_dir)[0]

@@ -1,5 +1,5 @@
 """The replay plan: everything ``make reproduce`` will run, built as data from the verified
-archive before anything of it runs, and trust-checked as one object (``tools/trust.py``).
+archive before anything of it runs, and trust-checked as one object (``tools/reproduce/trust.py``).
 
 Closes: a part of the replay that the trust check never saw. Before this plan, the config
 check read only the final ``config.resolved.yaml`` while the first leg of a resumed run was
@@ -10,9 +10,9 @@ of a sweep):
 
 - every leg's config (:func:`plan_replay`) and the recorded config (its dataset is
   fingerprinted before the re-run): :meth:`ReplayPlan.configs` yields each of them, and
-  rule (a) checks every one (``tools/config_trust.py``);
+  rule (a) checks every one (``tools/reproduce/config_trust.py``);
 - what the archive sets in the re-run's environment, allowlisted and checked for form
-  (``tools/replay_env.py``; refused under every rule);
+  (``tools/reproduce/replay_env.py``; refused under every rule);
 - the trainer overrides the record decides (seed drawn from entropy, data root, device
   type); the rest of the command line, the working directory (the extracted ``source/``)
   and the paths (``--runs-dir``, the extraction dir) are this user's, never the archive's.
@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 from reprotrain.paths import REPO_ROOT
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import device as devices
-from reprotrain.tools import replay_env
-from reprotrain.tools.archive_check import CheckedArchive
+from reprotrain.tools.archive.archive_check import CheckedArchive
+from reprotrain.tools.reproduce import replay_env
 
 
 class NotReplayable(Exception):

@@ -1,6 +1,6 @@
 """``make archive RUN=<run dir>``: pack a finished run with everything needed to replay it.
 
-    python -m reprotrain.tools.archive outputs/smoke/<stamp> [--with-checkpoint]
+    python -m reprotrain.tools.archive.archive outputs/smoke/<stamp> [--with-checkpoint]
         [--out-dir archives] [--allow-incomplete] [--force] [--repo <checkout>]
         [--sign <ssh key>]
 
@@ -10,7 +10,7 @@ Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz`` (run name: the run dir's 
                                   --with-checkpoint, which adds only the final step-*.pt)
     <top>/source/...              src/, conf/, pyproject.toml, Makefile, requirements* as
                                   they ran: `git archive <recorded commit>` + the run's
-                                  git.diff applied (tools/snapshot.py)
+                                  git.diff applied (tools/archive/snapshot.py)
     <top>/env/requirements.lock   the lock as it ran (== run.json lock_sha256)
     <top>/env/pip-freeze.txt      `python -m pip freeze` at archive time (URL credentials
                                   redacted)
@@ -31,7 +31,7 @@ training time, recorded by name and sha256 only) is still archived, and the summ
 archive.json and a later reproduce say so: the archive cannot hold code that was never
 recorded.
 
-``RUN=<sweep dir>`` packs the whole sweep instead (``tools/sweep_archive.py``).
+``RUN=<sweep dir>`` packs the whole sweep instead (``tools/archive/sweep_archive.py``).
 
 Exit codes: 0 written; 2 refused, in one line (not a run dir, corrupt run.json, run not
 completed without --allow-incomplete, archive exists without --force, source cannot be
@@ -46,86 +46,42 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256 as sha256_file
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ArchiveError
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import gitinfo
 from reprotrain.repro.record import (
-    CHECKPOINTS,
     FINGERPRINTS,
     RUN_JSON,
     atomic_write_text,
     now_iso,
     read_jsonl,
 )
-from reprotrain.tools import cli, signing, snapshot, stop_signals
-from reprotrain.tools.archive_check import (
+from reprotrain.tools import cli
+from reprotrain.tools.archive import snapshot, stop_signals, sweep_archive
+from reprotrain.tools.archive.archive_check import (
     ARCHIVE_JSON,
     MANIFEST,
     manifest_text,
     parse_manifest,
 )
-from reprotrain.tools.readers import completion_problem, read_run_json
+from reprotrain.tools.archive.pack import (
+    FORMAT_VERSION,
+    check_out_dir,
+    pip_freeze,
+    run_members,
+    seal,
+    staging_dir,
+)
+from reprotrain.tools.runs.readers import completion_problem, read_run_json
 
 __all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
-FORMAT_VERSION = 1
 # `scheme://user:secret@host`: what pip freeze prints for a package installed from a URL
 # with credentials in it. The only place an archive could pick up a token from outside the
 # (allowlisted) run record.
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-
-
-def scrub_credentials(text: str) -> str:
-    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
-
-
-def pip_freeze() -> str:
-    """``sys.executable -m pip freeze``: the installed set, beside the lock that should match."""
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=120
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"# pip freeze failed: {type(e).__name__}\n"
-    if out.returncode != 0:
-        return f"# pip freeze failed (exit {out.returncode})\n"
-    return scrub_credentials(out.stdout)
-
-
-def final_checkpoint(run_dir: Path) -> Path | None:
-    steps = sorted((run_dir / CHECKPOINTS).glob("step-*.pt"))
-    return steps[-1] if steps else None
-
-
-def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
-    """(file, path under run/) for the run dir: no checkpoints unless asked, no temp files."""
-    keep = final_checkpoint(run_dir) if with_checkpoint else None
-    out = []
-    for path in sorted(run_dir.rglob("*")):
-        rel = path.relative_to(run_dir)
-        if path.is_symlink() or not path.is_file():
-            continue  # archives hold plain files only (reproduce refuses links)
-        if rel.parts[0] == CHECKPOINTS and path != keep:
-            continue
-        if path.name.endswith(".tmp") and path.name.startswith("."):
-            continue  # an atomic write in flight
-        out.append((path, rel.as_posix()))
-    return out
-
-
-def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    """No owner names or ids in the archive; plain permissions."""
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mode = 0o755 if info.isdir() or info.mode & 0o100 else 0o644
-    return info
 
 
 def _dict(value: object) -> dict:
@@ -155,15 +111,6 @@ def check_consistent(run_dir: Path, record: dict) -> None:
             f"{run_dir / RUN_JSON} {why}: the record is inconsistent; resume the run "
             "(make resume) instead of archiving it"
         )
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    """A file where the output directory should be is named with its path and errno text."""
-    for parent in (out_dir, *out_dir.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise ArchiveError(f"--out-dir {out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
-            return
 
 
 def build(
@@ -198,7 +145,7 @@ def build(
     exp_id = re.sub(r"[^\w.+-]", "_", str(record.get("experiment_id") or "unknown"))
     top = f"{exp_id}-{run_dir.name}"
     target = out_dir / f"{top}.tar.gz"
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     if target.exists() and not force:
         raise ArchiveError(f"{target} exists; pass --force to overwrite it")
     git = _dict(record.get("git"))
@@ -241,7 +188,7 @@ def _build(
         not_archivable = archivability(record)
         snap.notes.extend(not_archivable)
         lock = root / "source" / "requirements.lock"
-        lock_sha = sha256_file(lock) if lock.is_file() else None
+        lock_sha = file_sha256(lock) if lock.is_file() else None
         if lock.is_file():
             (root / "env").mkdir(parents=True, exist_ok=True)
             shutil.copy2(lock, root / "env" / "requirements.lock")
@@ -273,55 +220,6 @@ def _build(
             meta["signed"] = True
     meta["members"] = files + 1 + (1 if sign_key is not None else 0)
     return target, meta
-
-
-@contextlib.contextmanager
-def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
-    """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
-    ends (a stop signal included, under :func:`stop_signals.raising`); a failed write
-    (a full disk) becomes one line that names the file and the archive."""
-    staging = None
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
-        yield staging
-    except OSError as e:
-        where = e.filename or (staging or out_dir)
-        raise ArchiveError(
-            f"writing {target} failed at {where}: {e.strerror or e}; nothing written "
-            f"(free space in {out_dir}, or give --out-dir on a larger disk)"
-        ) from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
-    """Write ``MANIFEST.sha256`` over every file under ``root`` (signed when a key is given),
-    then pack ``root`` as ``target`` atomically (a temp file, renamed). Returns the number of
-    files in the manifest. Shared by run and sweep archives."""
-    digests = {
-        p.relative_to(root).as_posix(): sha256_file(p)
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }
-    (root / MANIFEST).write_text(manifest_text(digests))
-    if sign_key is not None:
-        signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=target.parent)
-        os.close(fd)
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(root, arcname=top, filter=_normalise)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and not e.filename:
-            e.filename = tmp  # a full disk names the file it was writing
-        raise
-    return len(digests)
 
 
 def summary(record: dict, meta: dict, path: Path) -> str:
@@ -358,7 +256,7 @@ def summary(record: dict, meta: dict, path: Path) -> str:
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = cli.parser("reprotrain.tools.archive", __doc__)
+    p = cli.parser("reprotrain.tools.archive.archive", __doc__)
     p.add_argument("run_dir", type=cli.user_path, help="a run directory, or a sweep directory")
     p.add_argument("--out-dir", type=cli.user_path, default=Path("archives"))
     p.add_argument("--with-checkpoint", action="store_true", help="add the final checkpoint")
@@ -380,8 +278,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _archive(args) -> int:
-    from reprotrain.tools import sweep_archive  # it builds on this module
-
     if sweep_archive.is_sweep_dir(args.run_dir):  # a sweep: every run and its summary
         path, meta = sweep_archive.build(
             args.run_dir, args.out_dir, args.repo, args.allow_incomplete, args.force, args.sign

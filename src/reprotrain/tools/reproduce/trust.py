@@ -7,32 +7,33 @@ code runs only when one of these holds, and the verdict line names which:
 (a) **same code here**: ``source/`` is exactly ``git archive <recorded commit>`` rebuilt from
     *this* repository (the commit must be here), and the archive carries no uncommitted
     patch for the code (a patch inside the archive is the archive's word, not this
-    repository's), and every config of the replay plan (``tools/replay_plan.py``: each
+    repository's), and every config of the replay plan (``tools/reproduce/replay_plan.py``: each
     job's recorded config and every leg of its resume history) is one this commit's own
     ``conf/`` could compose: every ``_target_`` (nested ones too) is one that commit's
     ``conf/`` names under the same group, no value is an interpolation, no
-    ``hydra``/``defaults`` keys (``tools/config_trust.py``);
+    ``hydra``/``defaults`` keys (``tools/reproduce/config_trust.py``);
 (b) **signed**: ``MANIFEST.sha256.sig`` verifies against an allowed-signers file the user
     passes (``TRUSTED_SIGNERS=<file>``); the manifest hashes every other member;
 (c) **the user says so**: ``TRUST=1``, after reviewing the archive.
 
 Otherwise :class:`~reprotrain.errors.UntrustedArchive`: one line that says how to proceed.
 The plan's environment entries are checked when the plan is built, under every rule
-(``tools/replay_env.py``).
+(``tools/reproduce/replay_env.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import SigningError, SnapshotError, UntrustedArchive
 from reprotrain.repro import gitinfo
-from reprotrain.tools import config_trust, signing, snapshot
-from reprotrain.tools.replay_plan import ReplayPlan
+from reprotrain.tools.archive import signing, snapshot
+from reprotrain.tools.reproduce import config_trust
+from reprotrain.tools.reproduce.replay_plan import ReplayPlan
 
 HOW = (
     "check a signed archive with TRUSTED_SIGNERS=<allowed signers file> (--trusted-signers), "
@@ -53,7 +54,7 @@ def _file_digests(root: Path) -> dict[str, str]:
     out = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.is_symlink():
-            out[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+            out[p.relative_to(root).as_posix()] = file_sha256(p)
     return out
 
 

@@ -1,33 +1,34 @@
 """``make reproduce ARCHIVE=<file>``: replay an archived run from its own source and compare.
 
-    python -m reprotrain.tools.reproduce archives/<id>-<run>.tar.gz [--epochs N]
+    python -m reprotrain.tools.reproduce.reproduce archives/<id>-<run>.tar.gz [--epochs N]
         [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
         [--repo CHECKOUT] [--max-members N] [--max-member-bytes 4G]
         [--max-unpacked-bytes 16G] [--max-ratio 100]
 
 A sweep archive (``make archive RUN=<sweep dir>``) is replayed run by run with one verdict,
-bitwise or statistical (``--mode``, ``--margin``, ``--metric``): ``tools/reproduce_sweep.py``.
+bitwise or statistical (``--mode``, ``--margin``, ``--metric``):
+``tools/reproduce/reproduce_sweep.py``.
 
 Steps, each of which can stop the replay:
 
-1. **Check the archive before writing anything** (``tools/archive_check.py``). Every
+1. **Check the archive before writing anything** (``tools/archive/archive_check.py``). Every
    member must be a plain file or a directory under one top folder (or under ``./``, as
    ``tar -czf x.tar.gz .`` writes it), no path both a file and a directory, within the
    limits of ``safetar.Limits`` (member count, per-member and total size, compression
    ratio; ``--max-*``), and every file must match ``MANIFEST.sha256``. The
    record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
    the verified bytes: a malformed one is refused here, exit 2.
-2. **The replay plan** (``tools/replay_plan.py``, the same for a run and a sweep): every
+2. **The replay plan** (``tools/reproduce/replay_plan.py``, the same for a run and a sweep): every
    leg's config (a resumed run's first leg is built from its resume history), what the
    archive sets in the re-run's environment (only the GPU variables the comparability rule
-   compares, each in its form, and ``PYTHONHASHSEED``: ``tools/replay_env.py``; anything
+   compares, each in its form, and ``PYTHONHASHSEED``: ``tools/reproduce/replay_env.py``; anything
    else is refused under every rule) and the record's part of the command line.
-   **Trust** (``tools/trust.py``) on that whole plan, before extraction and before
+   **Trust** (``tools/reproduce/trust.py``) on that whole plan, before extraction and before
    anything of it is built or resolved: the archived code and configs run only if (a)
    ``source/`` is the recorded commit of this repository, rebuilt here, with no patch, and
    every config of the plan names only callables that commit's ``conf/`` names for the
-   same group, with no interpolation (``tools/config_trust.py``); (b) the manifest's ssh
+   same group, with no interpolation (``tools/reproduce/config_trust.py``); (b) the manifest's ssh
    signature verifies against ``--trusted-signers``; or (c) ``--trust``. Otherwise
    refused in one line saying how to proceed.
 3. **Data.** ``data_fingerprint`` of the recorded dataset config (this builds the dataset
@@ -46,7 +47,7 @@ Steps, each of which can stop the replay:
    ``<runs-dir>/<stamp>/`` with a ``reproduction.json`` beside its ``run.json``.
    ``--epochs N`` re-runs only the first N epochs (``trainer.stop_after_epoch=N``, same LR
    schedule); an interrupted archive (``ALLOW_INCOMPLETE=1``) compares its completed epochs.
-7. **Compare** per-epoch fingerprints and final weights (``tools/run_diff.py``).
+7. **Compare** per-epoch fingerprints and final weights (``tools/runs/run_diff.py``).
 
 Verdict (last line, naming the trust rule that let the code run) and exit code:
 
@@ -73,18 +74,12 @@ needs no trust.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -92,23 +87,15 @@ from omegaconf import OmegaConf
 from reprotrain import metric_names, safetar
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
-from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.repro.secrets import env_value_differences
-from reprotrain.tools import (
-    archive_check,
-    cli,
-    compare_sweeps,
-    replay_env,
-    replay_plan,
-    stop_signals,
-    sweep_archive,
-    trust,
-)
-from reprotrain.tools.archive_check import MANIFEST, CheckedArchive, parse_manifest
-from reprotrain.tools.replay_plan import (
+from reprotrain.tools import cli
+from reprotrain.tools.archive import archive_check, stop_signals, sweep_archive
+from reprotrain.tools.archive.archive_check import MANIFEST, CheckedArchive, parse_manifest
+from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, trust
+from reprotrain.tools.reproduce.replay_plan import (
     JobPlan,
     Leg,
     NotReplayable,
@@ -116,18 +103,30 @@ from reprotrain.tools.replay_plan import (
     current_data_dir,
     plan_replay,
 )
-from reprotrain.tools.run_diff import compare_runs
+from reprotrain.tools.reproduce.rerun import (
+    EXIT_DIVERGED,
+    EXIT_NOT_COMPARABLE,
+    EXIT_REPRODUCED,
+    EXIT_STOPPED,
+    FORWARD,
+    REPORT,
+    check_archived_data,
+    environment_differences,
+    extraction_dir,
+    imported_from,
+    not_comparable_reasons,
+    rerun_env,
+    run_legs,
+)
+from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.sweeps import compare_sweeps
 
 __all__ = [
     "MANIFEST", "Leg", "NotReplayable", "Refusal", "current_data_dir", "main", "parse_manifest",
     "plan_replay", "reproduce",
 ]  # fmt: skip
 
-EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
-EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
 DEFAULT_TOLERANCE = 0.02
-PRIMARY = "reproduce"
-REPORT = "reproduction.json"
 #: run.json key (written by the trainer) with {dotted key: {interpolation, sha256}} for
 #: config values that came from ``${oc.env:...}`` (repro/secrets.py).
 ENV_INTERPOLATIONS = "env_interpolations"
@@ -138,55 +137,6 @@ Refusal = ReproduceRefused  # the name the tests and older callers use
 
 
 # ----------------------------------------------------------------------------- the checks
-
-
-def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
-    """None when the data here is the data the run saw; else a message (refusal unless
-    ``allow_drift``, when it becomes a NOT COMPARABLE reason)."""
-    from reprotrain.data.datasets import data_fingerprint
-
-    try:
-        here = data_fingerprint(dataset_cfg)
-    except Exception as e:  # the archived config is data from elsewhere: say what failed
-        raise Refusal(
-            f"cannot fingerprint the archived dataset config here ({type(e).__name__}: "
-            f"{cli.one_line(str(e))[:200]})"
-        ) from None
-    want = (recorded or {}).get("sha256")
-    if want is not None and here.get("sha256") == want:
-        return None
-    got = here.get("sha256") or f"none (missing: {', '.join(here.get('missing', [])) or '?'})"
-    msg = f"data differs from the archived run: recorded sha256 {want}, here {got}"
-    if not allow_drift:
-        raise Refusal(msg + " (pass --allow-data-drift to re-run anyway)")
-    return msg
-
-
-def check_archived_data(cfg, record: dict, allow_drift: bool) -> str | None:
-    """:func:`check_data` on the archived dataset config, its root found here. Builds the
-    dataset's ``_target_``: only ever called after the trust verdict."""
-    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
-    if OmegaConf.select(cfg, "dataset.root", default=None) is not None:
-        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
-    return check_data(data_cfg, record.get("data_fingerprint"), allow_drift)
-
-
-def environment_differences(recorded: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(differences that rule out identical bits, informational ones), both as text."""
-    renv, cenv = recorded.get("environment") or {}, current.get("environment") or {}
-    invariant = recorded.get("world_size_invariant") is True  # bits on any world size
-    blocking = comparability.differences(renv, cenv, invariant)  # the one rule resume uses
-    if recorded.get("lock_sha256") != current.get("lock_sha256"):
-        blocking.append(
-            f"lock_sha256: recorded {str(recorded.get('lock_sha256'))[:12]}, this checkout's "
-            f"requirements.lock {str(current.get('lock_sha256'))[:12]}"
-        )
-    drift = current.get("env_drift") or {}
-    if drift.get("status") == "drift":
-        names = drift.get("missing", []) + drift.get("extra", [])
-        names += [d["name"] for d in drift.get("different", [])]
-        blocking.append(f"installed packages differ from the archived lock: {', '.join(names)}")
-    return blocking, comparability.notes(renv, cenv)
 
 
 def code_differences(recorded_git: dict, repo: Path = REPO_ROOT) -> list[str]:
@@ -215,22 +165,6 @@ def not_fully_archivable(record: dict) -> str | None:
     return f"the run used untracked files that are not in the archive ({missing})"
 
 
-def not_comparable_reasons(record: dict) -> list[str]:
-    reasons = []
-    level = (record.get("repro") or {}).get("level")
-    if level == "fast":
-        reasons.append("repro level 'fast': seeds only, identical bits are not promised")
-    if record.get("nondeterministic_ops"):
-        ops = ", ".join(record["nondeterministic_ops"][:3])
-        reasons.append(f"the run recorded nondeterministic ops ({ops})")
-    for entry in record.get("resumes") or []:
-        if isinstance(entry, dict) and entry.get("bitwise_guarantee") is False:
-            why = "; ".join(entry.get("mismatch") or entry.get("unrestored") or [])
-            why = why or "environment changed"
-            reasons.append(f"resumed at global step {entry.get('global_step')} with {why}")
-    return reasons
-
-
 def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], bool]:
     """Lines for each differing metric, and whether every split metric (``train_``/``val_``/
     ``test_<name>``, whatever the task logs: acc, loss, rmse, r2, ...) is within."""
@@ -256,56 +190,6 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
 # ----------------------------------------------------------------------------- the re-run
 
 
-def rerun_command(
-    config_dir: Path,
-    run_dir: Path,
-    job: JobPlan,
-    stop_after_epoch: int | None,
-    config_name: str = PRIMARY,
-    leg: Leg | None = None,
-) -> list[str]:
-    """The trainer command for one leg: every path quoted for Hydra; ``resume=null`` on a
-    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited;
-    the record's own part (seed, data root, device) from the plan."""
-    overrides = [hydra_override("hydra.run.dir", run_dir)]
-    overrides.append("resume=auto" if leg is not None and leg.resume else "resume=null")
-    overrides += job.overrides
-    if leg is not None and leg.stop_at_global_step is not None:
-        overrides.append(f"trainer.stop_at_global_step={int(leg.stop_at_global_step)}")
-    elif stop_after_epoch is not None:
-        overrides.append(f"trainer.stop_after_epoch={int(stop_after_epoch)}")
-    return [
-        sys.executable, "-m", "reprotrain.train",
-        f"--config-path={config_dir}", f"--config-name={config_name}", *overrides,
-    ]  # fmt: skip
-
-
-def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
-    """This user's environment, the archive's checked entries (``tools/replay_env.py``),
-    then what the replay itself needs, last so nothing from the archive replaces it."""
-    env = replay_env.apply(dict(os.environ), job.env)
-    env["PYTHONPATH"] = str(source / "src")  # replaces, never extends: no other reprotrain
-    # The snapshot is not a checkout: keep git from finding an enclosing repo's HEAD.
-    env["GIT_CEILING_DIRECTORIES"] = str(source.resolve().parent)
-    return env
-
-
-def imported_from(source: Path, env: dict[str, str]) -> Path:
-    """Where ``import reprotrain`` resolves for the re-run (must be inside the snapshot).
-    The first thing from the archive that executes: only called after the trust verdict."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
-        cwd=source,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if out.returncode != 0:
-        raise Refusal(f"the archived source does not import: {cli.one_line(out.stderr)[-200:]}")
-    return Path(out.stdout.strip()).resolve()
-
-
 def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     """What this machine would record, before the re-run (the re-run's run.json decides)."""
     import torch
@@ -324,13 +208,6 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
         env["cpu"] = recorded_env.get("cpu")
         print("env      cpu: repro=portable pins dispatch again in the re-run (checked after it)")
     return {"environment": env, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
-
-
-def _config_yaml(text: str) -> str:
-    return (
-        "# Written by `make reproduce`: the archived config under the reprotrain schema.\n"
-        "defaults:\n  - train_schema\n  - _self_\n\n" + text
-    )
 
 
 # ----------------------------------------------------------------------------- main
@@ -382,21 +259,6 @@ def reproduce(args) -> int:
         return EXIT_STOPPED
 
 
-@contextlib.contextmanager
-def extraction_dir(args, prefix: str) -> Iterator[Path]:
-    """``--extract-dir``, or a temp dir removed however the block ends."""
-    if args.extract_dir is not None:
-        yield Path(args.extract_dir)
-        return
-    tmp = None
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix))
-        yield tmp
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
@@ -410,8 +272,6 @@ def _reproduce(args) -> int:
     checked = archive_check.verify(archive, limits)
     sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
     if sweep:
-        from reprotrain.tools import reproduce_sweep  # it uses this module's helpers
-
         if args.epochs is not None:
             raise Refusal("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
@@ -494,122 +354,6 @@ def _replay(
         print(f"code     re-run uses the archived source ({top / 'source'})")
         return _rerun(args, archive, job, top, epochs, data_problem, env_values,
                       partial_archive, verdict_trust)  # fmt: skip
-
-
-class SignalForwarder:
-    """Stop signals sent to ``make reproduce`` are remembered and passed to the re-run.
-
-    The re-run gets a session of its own, so a terminal's Ctrl-C reaches it once, through
-    here, like a ``kill`` does; on Linux it is also told to get SIGTERM (checkpoint and
-    stop) if this process dies without forwarding anything (SIGKILL)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-        self.received: str | None = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> SignalForwarder:
-        self.received = None
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received = self.received or signal.Signals(signum).name
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
-
-    def call(self, cmd: list[str], cwd: Path, env: dict[str, str], log=None) -> int:
-        """Run ``cmd`` to its end (its output to ``log``, else the terminal)."""
-        out = {} if log is None else {"stdout": log, "stderr": subprocess.STDOUT}
-        self.proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, start_new_session=True, preexec_fn=_term_with_parent, **out
-        )
-        try:
-            return self.proc.wait()
-        finally:
-            self.proc = None
-
-
-def _term_with_parent() -> None:
-    """In the re-run, before exec: SIGTERM when the parent dies (Linux; else nothing)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-
-
-FORWARD = SignalForwarder()
-
-
-def _interrupted(new_run: Path, record: dict, leg: int, rc: int | None) -> int:
-    """The reproduction stopped by a signal: say so in reproduction.json and the verdict."""
-    ran = "before the re-run started" if rc is None else f"re-run leg {leg} exited {rc}"
-    verdict = f"INTERRUPTED by {FORWARD.received}: {ran}; nothing was compared"
-    if (new_run / RUN_JSON).is_file():
-        report = {
-            "created_at": now_iso(),
-            "archived_experiment_id": record.get("experiment_id"),
-            "status": "interrupted",
-            "interrupted_by": FORWARD.received,
-            "verdict": verdict,
-            "exit_code": EXIT_STOPPED,
-        }
-        atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
-        verdict += f" (the re-run's checkpoint is in {new_run})"
-    print(verdict, flush=True)
-    return EXIT_STOPPED
-
-
-def run_legs(
-    job: JobPlan,
-    epochs: int | None,
-    config_dir: Path,
-    new_run: Path,
-    source: Path,
-    env: dict[str, str],
-    prefix: str = PRIMARY,
-    log=None,
-) -> int | None:
-    """Run each leg of the job's replay into ``new_run`` (output to ``log``, else the
-    terminal); an exit code when one fails or a stop signal came, else None."""
-    out = log or sys.stdout
-    for i, leg in enumerate(job.legs):
-        if FORWARD.received:
-            return _interrupted(new_run, job.record, i, None)
-        name = prefix if len(job.legs) == 1 else f"{prefix}-leg{i}"
-        text = (
-            job.view.text("run/config.resolved.yaml")
-            if len(job.legs) == 1
-            else OmegaConf.to_yaml(OmegaConf.create(leg.config))
-        )
-        atomic_write_text(config_dir / f"{name}.yaml", _config_yaml(text))
-        last = i == len(job.legs) - 1
-        cmd = rerun_command(config_dir, new_run, job, epochs if last else None, name, leg)
-        if leg.changes:
-            changes = ", ".join(f"{k}={v!r}" for k, v in leg.changes.items())
-            print(f"leg {i}    resume with {changes}", file=out)
-        print(f"$ {' '.join(cmd[1:])}", file=out, flush=True)
-        rc = FORWARD.call(cmd, source, env, log)
-        if FORWARD.received:
-            return _interrupted(new_run, job.record, i, rc)
-        if rc == 2:
-            # The archived trainer refused the config and said why on stderr, in one line.
-            print("re-run   refused by the archived trainer (exit 2); see the line above")
-            return EXIT_REFUSED
-        # A leg that stops at a global step may report itself interrupted (75) or done (0).
-        ok = (0,) if last else (0, EXIT_STOPPED)
-        if rc not in ok or not (new_run / RUN_JSON).is_file():
-            where = getattr(log, "name", None) or f"{new_run}/train.log"
-            print(f"error: the re-run failed (exit {rc}); see {where}", file=sys.stderr)
-            return EXIT_RERUN_FAILED
-    return None
 
 
 def _verdict(result, reasons, lines, within, tolerance, scope, trusted):
@@ -752,7 +496,7 @@ _tolerance.__name__ = "finite non-negative number"
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = cli.parser("reprotrain.tools.reproduce", __doc__)
+    p = cli.parser("reprotrain.tools.reproduce.reproduce", __doc__)
     p.add_argument("archive", type=cli.user_path)
     p.add_argument("--epochs", type=_positive_int, default=None, help="compare only the first N")
     p.add_argument("--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE)
@@ -811,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_sweep_arguments(p) -> None:
-    """A sweep archive's verdict (tools/reproduce_sweep.py): MODE=, MARGIN=, METRIC=."""
+    """A sweep archive's verdict (tools/reproduce/reproduce_sweep.py): MODE=, MARGIN=, METRIC=."""
     p.add_argument("--mode", choices=("auto", "bitwise", "statistical"), default="auto",
                    help="sweep archives: statistical verdict (auto: where bits are not "
                    "promised)")  # fmt: skip

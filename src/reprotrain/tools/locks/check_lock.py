@@ -1,4 +1,4 @@
-"""Validate the hashed locks offline: ``python -m reprotrain.tools.check_lock``.
+"""Validate the hashed locks offline: ``python -m reprotrain.tools.locks.check_lock``.
 
 Prints one ``error: ...`` line per problem and exits 1, or one ``ok: ...`` line and exits 0.
 Checks (see ``reprotrain.repro.requirements_lock``): every line pinned ``==`` with a sha256;
@@ -18,21 +18,53 @@ import sys
 from pathlib import Path
 
 from reprotrain.repro import lock_platforms
-from reprotrain.repro.requirements_lock import DEFAULT_PAIRS, check_locks, parse_lock, write_record
+from reprotrain.repro.requirements_lock import (
+    DEFAULT_PAIRS,
+    ParsedLock,
+    check_agreement,
+    check_in_satisfied,
+    check_staleness,
+    parse_lock,
+    write_record,
+)
 from reprotrain.tools import cli
 
 
-def _default_root() -> Path:
+def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
+    """All lock checks over (lock, .in) pairs; returns one message per problem, [] when sound."""
+    problems: list[str] = []
+    parsed: list[ParsedLock] = []
+    for lock_path, in_path in pairs:
+        lock_path, in_path = Path(lock_path), Path(in_path)
+        if not lock_path.exists():
+            problems.append(f"{lock_path.name}: missing; run make lock")
+            continue
+        if not in_path.exists():
+            problems.append(f"{in_path.name}: missing (the input of {lock_path.name})")
+            continue
+        lock = parse_lock(lock_path)
+        parsed.append(lock)
+        problems.extend(lock.problems)
+        if not lock.entries:
+            problems.append(f"{lock_path.name}: no pinned packages")
+        problems.extend(check_staleness(lock_path, in_path))
+        problems.extend(check_in_satisfied(lock, in_path))
+        problems.extend(lock_platforms.check_lock_platforms(lock))
+    problems.extend(check_agreement(parsed))
+    return problems
+
+
+def default_root() -> Path:
     """The repo root: the working directory when it holds the locks, else next to src/."""
     cwd = Path.cwd()
     if (cwd / DEFAULT_PAIRS[0][1]).exists():
         return cwd
-    return Path(__file__).resolve().parents[3]
+    return Path(__file__).resolve().parents[4]
 
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = cli.parser("reprotrain.tools.check_lock", __doc__)
+    parser = cli.parser("reprotrain.tools.locks.check_lock", __doc__)
     parser.add_argument("--root", type=Path, default=None, help="repo root (default: auto)")
     parser.add_argument("--lock", action="append", default=[], help="lock file (repeatable)")
     parser.add_argument(
@@ -51,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    root = args.root or _default_root()
+    root = args.root or default_root()
     if args.lock or args.ins:
         if len(args.lock) != len(args.ins):
             print("error: give one --in per --lock", file=sys.stderr)

@@ -53,10 +53,9 @@ class Snapshot:
         }
 
 
-def _git(repo: Path, *args: str, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], input=input_bytes, capture_output=True, timeout=120
-    )
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """Bytes out (a tar stream), two minutes at most."""
+    return gitinfo.run_git(repo, *args, text=False, timeout=120)
 
 
 def is_git_repo(repo: Path) -> bool:
@@ -105,14 +104,14 @@ def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
         ]
         # dest must not be mistaken for a subfolder of some enclosing checkout (git apply
         # would then patch relative to that repo's root): stop git's repo discovery at dest.
-        applied = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", "--binary", *includes, "-"],
+        applied = gitinfo.run_git(
+            dest,
+            "apply", "--whitespace=nowarn", "--binary", *includes, "-",
             input=diff.encode(),
-            cwd=dest,
-            capture_output=True,
+            text=False,
             timeout=120,
             env={**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent)},
-        )
+        )  # fmt: skip
         if applied.returncode != 0:
             first = (applied.stderr.decode().strip().splitlines() or ["?"])[0]
             raise SnapshotError(f"the run's git.diff does not apply to {commit[:12]}: {first}")

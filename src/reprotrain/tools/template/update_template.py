@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-if __package__:
-    from reprotrain.tools import template_files as tf
-else:  # run as a script by make, before any venv: this folder is sys.path[0]
-    import template_files as tf
+if not __package__:  # run as a script by make, before any venv: put src/ on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from reprotrain.repro.gitinfo import run_git
+from reprotrain.tools.template import template_files as tf
 
 
 class UpdateError(Exception):
@@ -33,14 +32,8 @@ class UpdateError(Exception):
         self.code = code
 
 
-def _git(repo: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True
-    )
-
-
 def _ok(repo: Path, *args: str) -> str:
-    proc = _git(repo, *args)
+    proc = run_git(repo, *args)
     if proc.returncode != 0:
         first = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         raise UpdateError(f"git {' '.join(args[:2])}: {first[:200]}")
@@ -57,7 +50,7 @@ def conflicted_files(output: str) -> list[str]:
 
 def update(project: Path, template: str | None = None, ref: str = "HEAD") -> str:
     """Apply the template's framework changes since the recorded commit; return a summary."""
-    if _git(project, "rev-parse", "--is-inside-work-tree").returncode != 0:
+    if run_git(project, "rev-parse", "--is-inside-work-tree").returncode != 0:
         raise UpdateError(f"{project} is not a git repository; run make update-template in it")
     project = Path(_ok(project, "rev-parse", "--show-toplevel").strip())
     record = tf.read_record(project)
@@ -73,13 +66,13 @@ def update(project: Path, template: str | None = None, ref: str = "HEAD") -> str
             "make update-template again"
         )
     location = template or record["template"]
-    fetched = _git(project, "fetch", "--quiet", "--no-tags", location, ref)
+    fetched = run_git(project, "fetch", "--quiet", "--no-tags", location, ref)
     if fetched.returncode != 0:
         why = (fetched.stderr.strip().splitlines() or ["failed"])[-1]
         raise UpdateError(f"cannot fetch {ref} of the template at {location} ({why[:160]})")
     new = _ok(project, "rev-parse", "FETCH_HEAD^{commit}").strip()
     old = record["commit"]
-    if _git(project, "merge-base", "--is-ancestor", old, new).returncode != 0:
+    if run_git(project, "merge-base", "--is-ancestor", old, new).returncode != 0:
         raise UpdateError(
             f"the recorded template commit {old[:12]} is not in the history of {location} "
             f"{ref}; pass TEMPLATE=<the template this project came from>"
@@ -90,7 +83,7 @@ def update(project: Path, template: str | None = None, ref: str = "HEAD") -> str
     patch = _ok(project, "diff", "--binary", "--full-index", "--no-renames", old, new, *pathspecs)
     changed = _ok(project, "diff", "--name-only", "--no-renames", old, new, *pathspecs).split()
     if patch:
-        applied = _git(project, "apply", "--3way", "--index", "--whitespace=nowarn", stdin=patch)
+        applied = run_git(project, "apply", "--3way", "--index", "--whitespace=nowarn", input=patch)
         if applied.returncode != 0:
             # All or nothing: the tree was clean, so HEAD is exactly what the user had.
             _ok(project, "reset", "--quiet", "--hard", "HEAD")

@@ -1,0 +1,140 @@
+"""What every archive is built from, for one run and for a sweep alike.
+
+The run members (no checkpoints unless asked, no temp files), ``pip freeze`` without
+credentials, the hidden staging folder that is removed however the block ends, and the seal:
+``MANIFEST.sha256`` (signed when a key is given) and the tar written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from reprotrain.data.file_hashes import file_sha256
+from reprotrain.errors import ArchiveError
+from reprotrain.repro.record import (
+    CHECKPOINTS,
+)
+from reprotrain.tools.archive import signing
+from reprotrain.tools.archive.archive_check import (
+    MANIFEST,
+    manifest_text,
+)
+
+FORMAT_VERSION = 1
+
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def scrub_credentials(text: str) -> str:
+    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+
+
+def pip_freeze() -> str:
+    """``sys.executable -m pip freeze``: the installed set, beside the lock that should match."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"# pip freeze failed: {type(e).__name__}\n"
+    if out.returncode != 0:
+        return f"# pip freeze failed (exit {out.returncode})\n"
+    return scrub_credentials(out.stdout)
+
+
+def final_checkpoint(run_dir: Path) -> Path | None:
+    steps = sorted((run_dir / CHECKPOINTS).glob("step-*.pt"))
+    return steps[-1] if steps else None
+
+
+def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
+    """(file, path under run/) for the run dir: no checkpoints unless asked, no temp files."""
+    keep = final_checkpoint(run_dir) if with_checkpoint else None
+    out = []
+    for path in sorted(run_dir.rglob("*")):
+        rel = path.relative_to(run_dir)
+        if path.is_symlink() or not path.is_file():
+            continue  # archives hold plain files only (reproduce refuses links)
+        if rel.parts[0] == CHECKPOINTS and path != keep:
+            continue
+        if path.name.endswith(".tmp") and path.name.startswith("."):
+            continue  # an atomic write in flight
+        out.append((path, rel.as_posix()))
+    return out
+
+
+def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """No owner names or ids in the archive; plain permissions."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = 0o755 if info.isdir() or info.mode & 0o100 else 0o644
+    return info
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """A file where the output directory should be is named with its path and errno text."""
+    for parent in (out_dir, *out_dir.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ArchiveError(f"--out-dir {out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
+            return
+
+
+@contextlib.contextmanager
+def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
+    """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
+    ends (a stop signal included, under :func:`stop_signals.raising`); a failed write
+    (a full disk) becomes one line that names the file and the archive."""
+    staging = None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
+        yield staging
+    except OSError as e:
+        where = e.filename or (staging or out_dir)
+        raise ArchiveError(
+            f"writing {target} failed at {where}: {e.strerror or e}; nothing written "
+            f"(free space in {out_dir}, or give --out-dir on a larger disk)"
+        ) from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
+    """Write ``MANIFEST.sha256`` over every file under ``root`` (signed when a key is given),
+    then pack ``root`` as ``target`` atomically (a temp file, renamed). Returns the number of
+    files in the manifest. Shared by run and sweep archives."""
+    digests = {
+        p.relative_to(root).as_posix(): file_sha256(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+    (root / MANIFEST).write_text(manifest_text(digests))
+    if sign_key is not None:
+        signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=target.parent)
+        os.close(fd)
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(root, arcname=top, filter=_normalise)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:
+            e.filename = tmp  # a full disk names the file it was writing
+        raise
+    return len(digests)

@@ -1,0 +1,1 @@
+"""Finding where two runs part: bisect over steps, op traces and checkpoint state."""

@@ -1,0 +1,1 @@
+"""Checking the hashed dependency locks and the installed environment against them."""

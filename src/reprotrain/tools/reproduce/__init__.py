@@ -1,0 +1,1 @@
+"""Replaying an archive: the trust decision, the replay plan and environment, the comparison."""

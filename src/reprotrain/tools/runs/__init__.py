@@ -1,0 +1,1 @@
+"""Working with one run directory: read, resume, verify, evaluate, report, compare."""

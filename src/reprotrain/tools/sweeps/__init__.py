@@ -1,0 +1,1 @@
+"""Summarising a sweep and comparing two sweeps statistically."""

@@ -23,17 +23,20 @@ TINY = ["trainer.epochs=1", "trainer.limit_train_steps=8", "trainer.checkpoint_e
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """threads 1 (twice: identical twins) and threads 2."""
+def twins(tmp_path_factory) -> dict[str, Path]:
+    """threads 1, twice: identical twins (the default tier's runs)."""
     root = tmp_path_factory.mktemp("bisect")
-    specs = {
-        "t1": ["repro.num_threads=1"],
-        "t1_again": ["repro.num_threads=1"],
-        "t2": ["repro.num_threads=2"],
-    }
-    for name, overrides in specs.items():
-        assert_ok(train(root / name, *TINY, *overrides))
-    return {name: root / name for name in specs}
+    for name in ("t1", "t1_again"):
+        assert_ok(train(root / name, *TINY, "repro.num_threads=1"))
+    return {name: root / name for name in ("t1", "t1_again")}
+
+
+@pytest.fixture(scope="module")
+def runs(twins) -> dict[str, Path]:
+    """The twins and threads 2 (slow tier: a third run and a traced replay)."""
+    t2 = twins["t1"].parent / "t2"
+    assert_ok(train(t2, *TINY, "repro.num_threads=2"))
+    return {**twins, "t2": t2}
 
 
 def bisect(a: Path, b: Path, *args: str) -> subprocess.CompletedProcess:
@@ -41,6 +44,7 @@ def bisect(a: Path, b: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_thread_counts_name_the_first_divergent_step_and_an_aten_op_in_a_module(runs):
     a, b = runs["t1"], runs["t2"]
     losses = [row["step_losses"] for row in jsonl(a / "fingerprints.jsonl")]
@@ -143,8 +147,8 @@ def test_checkpoint_state_differences_name_the_parts(tmp_path):
     assert state_differences(tmp_path / "a.pt", tmp_path / "c.pt") == ["model", "rng"]
 
 
-def test_identical_runs_exit_0(runs):
-    proc = bisect(runs["t1"], runs["t1_again"])
+def test_identical_runs_exit_0(twins):
+    proc = bisect(twins["t1"], twins["t1_again"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "IDENTICAL" in proc.stdout
 

@@ -205,8 +205,10 @@ def test_a_one_seed_sweep_is_inconclusive(lr_sweep, tmp_path):
     assert proc.returncode == 3 and "INCONCLUSIVE" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_a_tiny_sweep_archive_replays_every_seed_and_is_consistent(tmp_path):
-    """Default tier: two seeds of a few steps, archived as a sweep, replayed statistically."""
+    """Two seeds of a few steps, archived as a sweep, replayed statistically (slow tier:
+    a sweep, its archive and a replay take ~20 s)."""
     tiny = [*MICRO, "trainer.epochs=1", "trainer.limit_train_steps=2", "seed.base=0,1"]
     cmd = [sys.executable, "-m", "reprotrain.train", "--multirun", *tiny,
            f"hydra.sweep.dir={tmp_path / 's'}"]  # fmt: skip

@@ -40,7 +40,8 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench gpu-check drill new-project update-template report eval clean bisect compare
+        bench gpu-check drill new-project update-template report eval clean bisect compare \
+        docs docs-serve docs-check
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -86,6 +87,17 @@ lint: $(STAMP) ## ruff lint + format check
 format: $(STAMP) ## ruff autofix + format
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# The docs site (mkdocs-material, in the dev lock): docs/ + mkdocs.yml -> build/site/.
+DOCS_ADDR ?= 127.0.0.1:8000
+docs: $(STAMP) ## build the docs site into build/site/ (mkdocs build --strict: a broken link fails)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP) ## serve the docs site with live reload: make docs-serve [DOCS_ADDR=127.0.0.1:8000]
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr $(call q,DOCS_ADDR)
+
+docs-check: docs ## the built site in a headless browser: every image loads, every link resolves (CI)
+	$(PY) scripts/docs_browser_check.py build/site
 
 verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical [NPROC=N] [NPROC_B=M: invariant runs] [KILL=1: b SIGKILLed + resumed]
 	$(PY) -m reprotrain.tools.runs.verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)

@@ -8,7 +8,7 @@ augmentation fast path, checkpoint cost, logger cost, world-size-invariant step 
 
 Every figure is a ratio of two sides measured in this run, interleaved (A, B, A, B, ...),
 the median over repeats. Writes outputs/bench/<stamp>/bench.json and bench.md and prints
-both paths. Figures (see docs/notes/bench.md):
+both paths. Figures (see docs/performance.md):
   P1  template / bare PyTorch loop, train images/s, at strict, warn and fast
   P2  DevicePipeline, LoaderPipeline / torchvision PIL transforms in a DataLoader, images/s
   P3  strict / fast step time; fill_uninitialized_memory on / off step time

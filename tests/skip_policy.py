@@ -18,6 +18,7 @@ import pytest
 #: External programs a test may need and a machine may not have.
 BINARIES = (
     "actionlint",
+    "chromium",  # the docs site's browser check (scripts/docs_browser_check.py)
     "docker",
     "git",
     "hadolint",

@@ -271,8 +271,8 @@ def test_an_untouched_archive_with_recorded_gpu_settings_still_runs_under_rule_a
 def test_the_readme_threat_model_names_every_variable_an_archive_may_set():
     from conftest import REPO
 
-    text = (REPO / "docs" / "manual.md").read_text()
-    model = text[text.index("**Threat model.**") : text.index("### Resume history")]
+    text = (REPO / "docs" / "guarantees.md").read_text()
+    model = text[text.index("**Threat model.**") : text.index("## Resume history")]
     row = next(line for line in model.splitlines() if "environment.gpu_env" in line)
     named = {name for name in GPU_ENV_VARS if f"`{name}`" in row}
     assert named == set(GPU_ENV_VARS), set(GPU_ENV_VARS) - named

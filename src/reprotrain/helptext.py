@@ -21,27 +21,39 @@ def _is_internal(option: str) -> bool:
     return option.endswith("_schema")
 
 
-def config_groups(loader: Any) -> dict[str, list[str]]:
-    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too."""
+def config_groups(
+    loader: Any, config_name: str | None = None, overrides: list[str] | None = None
+) -> dict[str, list[str]]:
+    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too.
+
+    With ``config_name`` (the primary config) and the command line's ``overrides``, the
+    listing includes what ``hydra.searchpath`` adds (the framework's own
+    ``experiment=selfcheck`` in ``pkg://reprotrain.selfcheck.conf``); Hydra's loader sees
+    only the primary config's folder without them.
+    """
     from hydra.core.object_type import ObjectType
+
+    def options_of(group: str, kind: Any) -> list[str]:
+        return loader.get_group_options(
+            group, results_filter=kind, config_name=config_name, overrides=list(overrides or [])
+        )
 
     groups: dict[str, list[str]] = {}
 
     def walk(parent: str) -> None:
-        for name in sorted(loader.list_groups(parent)):
+        for name in sorted(options_of(parent, ObjectType.GROUP)):
             group = f"{parent}/{name}" if parent else name
             if group == "hydra" or (group.startswith("hydra/") and group not in SHOWN_HYDRA_GROUPS):
                 continue
-            options = loader.get_group_options(group, results_filter=ObjectType.CONFIG)
-            options = [o for o in options if not _is_internal(o)]
+            options = [o for o in options_of(group, ObjectType.CONFIG) if not _is_internal(o)]
             if options:
                 groups[group] = sorted(options)
             walk(group)
 
     walk("")
-    if "hydra" in loader.list_groups(""):
+    if "hydra" in options_of("", ObjectType.GROUP):
         for group in SHOWN_HYDRA_GROUPS:
-            options = loader.get_group_options(group, results_filter=ObjectType.CONFIG)
+            options = options_of(group, ObjectType.CONFIG)
             if options:
                 groups[group] = sorted(options)
     return groups
@@ -82,7 +94,12 @@ def _resolve(*, _root_: Any) -> str:
         choices = dict(_root_.hydra.runtime.choices)
     except Exception:  # pragma: no cover - older Hydra without runtime.choices
         choices = {}
-    return format_groups(config_groups(gh.config_loader()), choices)
+    try:
+        config_name = _root_.hydra.job.config_name
+        overrides = list(_root_.hydra.overrides.hydra)
+    except Exception:  # pragma: no cover - a Hydra config without them
+        config_name, overrides = None, []
+    return format_groups(config_groups(gh.config_loader(), config_name, overrides), choices)
 
 
 def register_resolver() -> None:

@@ -167,7 +167,27 @@ def _code(v: Any) -> str:
     return f"`{v}`" if v not in (None, "") else "—"
 
 
-def identity_rows(rec: dict[str, Any], n_epochs: int) -> list[list[str]]:
+def git_state(git: dict[str, Any], diff_written: bool | None) -> str:
+    """The code's state in one phrase; it names git.diff only when the run directory has one.
+
+    ``diff_written``: a non-empty git.diff is in the run directory (None: not known).
+    A tree dirty only by untracked files has no diff: those are in run.json by name and
+    sha256.
+    """
+    if not git.get("dirty"):
+        return "clean"
+    untracked = [u for u in git.get("untracked") or [] if not u.get("included")]
+    parts = ["tracked changes in git.diff"] if diff_written else []
+    if untracked:
+        parts.append(f"{len(untracked)} untracked file(s) by name and sha256 in run.json")
+    if diff_written is False and not untracked:
+        parts.append("no git.diff in the run directory")
+    return "**dirty**" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def identity_rows(
+    rec: dict[str, Any], n_epochs: int, diff_written: bool | None = None
+) -> list[list[str]]:
     seeds = rec.get("seeds") or {}
     repro = rec.get("repro") or {}
     git = rec.get("git") or {}
@@ -183,7 +203,7 @@ def identity_rows(rec: dict[str, Any], n_epochs: int) -> list[list[str]]:
         if k in repro
     )
     if git:
-        state = "**dirty** (see git.diff)" if git.get("dirty") else "clean"
+        state = git_state(git, diff_written)
         git_text = f"{_code(git.get('commit'))} on {_code(git.get('branch'))}, {state}"
     else:
         git_text = "—"
@@ -231,6 +251,11 @@ def epoch_columns(rows: list[dict[str, Any]]) -> list[str]:
     return cols + sorted(present - set(cols))
 
 
+def _has_diff(run_dir: Path) -> bool:
+    diff = run_dir / "git.diff"
+    return diff.is_file() and diff.stat().st_size > 0
+
+
 def render_markdown(view: RunView, png_name: str | None) -> str:
     from reprotrain.plots import metric_label, metric_names
 
@@ -249,7 +274,11 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
         out += [f"![{shown} and learning rate]({png_name})", ""]
     else:
         out += ["_No epoch finished yet: nothing to plot._", ""]
-    out += ["## Identity", "", *_table(["field", "value"], identity_rows(rec, len(view.metrics)))]
+    out += [
+        "## Identity",
+        "",
+        *_table(["field", "value"], identity_rows(rec, len(view.metrics), _has_diff(view.run_dir))),
+    ]
     final = rec.get("final_metrics") or (view.metrics[-1] if view.metrics else {})
     out += ["", "## Final metrics", ""]
     if final:

@@ -182,14 +182,16 @@ def test_one_run_outside_a_sweep_has_no_parent_and_goes_to_the_projects_store(
     monkeypatch.chdir(tmp_path)  # the project root: where outputs/ and multirun/ are
     with build_loggers(LoggerConfig(mlflow=True), tmp_path / "outputs/x/r1", _record("r1")) as lg:
         run_id = lg._backends[0].run_id
-    run = MlflowClient(uri_in(tmp_path)).get_run(run_id)
+    client = MlflowClient(uri_in(tmp_path))
+    run = client.get_run(run_id)
     assert "mlflow.parentRunId" not in run.data.tags
     assert run.info.run_name == "outputs/x/r1"
-    assert (tmp_path / "mlartifacts").is_dir()
+    location = client.get_experiment(run.info.experiment_id).artifact_location
+    assert location == (tmp_path / "mlartifacts").resolve().as_uri()
 
 
 def test_one_tensorboard_logdir_shows_runs_and_sweeps(tmp_path: Path, monkeypatch) -> None:
-    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
     monkeypatch.chdir(tmp_path)
     sweep = tmp_path / "multirun" / "x" / "s"

@@ -199,8 +199,12 @@ def test_tracker_params_carry_identity_but_no_environment_or_command(
     tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "sekrit-from-env")
-    (tmp_path / "config.resolved.yaml").write_text("optimizer:\n  lr: 0.2\nseed:\n  base: 42\n")
+    (tmp_path / "config.resolved.yaml").write_text(
+        "optimizer:\n  lr: 0.2\nseed:\n  base: 42\n"
+        "logger:\n  mlflow_tracking_uri: https://user:sekrit@example.org\n"
+    )
     params = run_params(tmp_path, RECORD)
+    assert not [k for k in params if k.startswith("config.logger.")]
     assert params["config.optimizer.lr"] == "0.2"
     assert params["run.experiment_id"] == RECORD["experiment_id"]
     assert params["run.seed.base"] == "42" and params["run.repro.level"] == "strict"

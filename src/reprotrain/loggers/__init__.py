@@ -98,7 +98,7 @@ def build_loggers(
     params = run_params(run_dir, record)
     factories: dict[str, Callable[[], Backend]] = {
         "tensorboard": lambda: _tensorboard(cfg, run_dir, start_step, params, history),
-        "mlflow": lambda: _mlflow(cfg, run_dir, record, params, report),
+        "mlflow": lambda: _mlflow(cfg, run_dir, record, params, report, start_step),
         "wandb": lambda: _wandb(cfg, run_dir, record, params),
     }
     backends: list[Backend] = []
@@ -134,10 +134,10 @@ def _tensorboard(cfg: Any, run_dir: Path, start_step: int, params: dict, history
     return sink
 
 
-def _mlflow(cfg: Any, run_dir: Path, record: dict, params: dict, report) -> Backend:
+def _mlflow(cfg: Any, run_dir: Path, record: dict, params: dict, report, start: int) -> Backend:
     from reprotrain.loggers.mlflow_sink import MLflowSink
 
-    return MLflowSink(cfg, run_dir, record, params, report)
+    return MLflowSink(cfg, run_dir, record, params, report, start)
 
 
 def _wandb(cfg: Any, run_dir: Path, record: dict, params: dict) -> Backend:

@@ -133,6 +133,7 @@ class MLflowSink(Backend):
         record: dict[str, Any],
         params: dict[str, str],
         report: ReportHook | None = None,
+        start_step: int = 0,
     ) -> None:
         from mlflow.entities import Metric
 
@@ -150,7 +151,7 @@ class MLflowSink(Backend):
         found = self.client.search_runs(
             [exp_id], filter_string=f"tags.`reprotrain.run_key` = '{key}'", max_results=1
         )
-        self.last_step = 0
+        self.last_step = start_step  # a resumed run's final metrics still land on its last step
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")

@@ -18,13 +18,17 @@ RESOLVED_CONFIG = "config.resolved.yaml"
 
 
 def resolved_config(run_dir: Path) -> dict[str, Any]:
-    """``config.resolved.yaml`` of the run as a dict ({} before it is written)."""
+    """``config.resolved.yaml`` of the run as a dict ({} before it is written), less the
+    ``logger`` group: where a run is logged is not a parameter of the run, and a tracking
+    URI is no business of the tracker's table (nor of anyone reading it)."""
     path = Path(run_dir) / RESOLVED_CONFIG
     if not path.is_file():
         return {}
     import yaml
 
-    return yaml.safe_load(path.read_text()) or {}
+    config = yaml.safe_load(path.read_text()) or {}
+    config.pop("logger", None)
+    return config
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

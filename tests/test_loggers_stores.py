@@ -67,6 +67,13 @@ def test_loggers_are_sinks_all_three_on_train_the_same_bits(logged_run, referenc
     assert run_json(run_dir)["config_sha256"] == run_json(reference_run)["config_sha256"]
 
 
+def test_a_run_with_the_extras_installed_from_their_locks_records_no_drift(logged_run) -> None:
+    drift = run_json(logged_run[0])["env_drift"]
+    assert drift["status"] == "ok", drift
+    assert {"requirements-mlflow.lock", "requirements-wandb.lock"} <= set(drift["locks"])
+    assert "environment drift" not in (logged_run[0] / "train.log").read_text()
+
+
 def test_mlflow_store_holds_params_step_epoch_final_metrics_tags_and_artifacts(logged_run) -> None:
     run_dir, uri = logged_run
     client = MlflowClient(tracking_uri=uri)

@@ -154,6 +154,26 @@ def test_mlflow_artifacts_include_report_and_curves_drawn_outside_the_run_dir(
     assert not (run_dir / "report.md").exists()  # a sink draws, it does not write the record
 
 
+def test_a_resumed_run_continues_its_mlflow_run_with_every_step_once(tmp_path: Path) -> None:
+    cfg = LoggerConfig(mlflow=True, mlflow_tracking_uri=uri_in(tmp_path))
+    record = _record("r")
+    killed = build_loggers(cfg, tmp_path / "r", record)  # logged steps 1-5, checkpoint at 3
+    killed.log_steps([1, 2, 3, 4, 5], {"train_loss": [5.0, 4.0, 3.0, 2.0, 1.0]})
+    killed.close("interrupted")
+    with build_loggers(cfg, tmp_path / "r", record, start_step=3) as resumed:
+        resumed.log_steps([4, 5, 6], {"train_loss": [2.0, 1.0, 0.5]})
+        resumed.log_epoch(1, 6, {"val_loss": 0.7})
+        resumed.log_final({"test_loss": 0.6})
+    client = MlflowClient(uri_in(tmp_path))
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = client.get_metric_history(run.info.run_id, "step/train_loss")
+    assert sorted((m.step, m.value) for m in history) == [
+        (1, 5.0), (2, 4.0), (3, 3.0), (4, 2.0), (5, 1.0), (6, 0.5)
+    ]  # fmt: skip
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "final/test_loss")] == [6]
+
+
 def _record(name: str) -> dict:
     return {"name": "sweepy", "started_at": name, "experiment_id": name, "seeds": {"base": 0}}
 

@@ -152,9 +152,15 @@ class MLflowSink(Backend):
             [exp_id], filter_string=f"tags.`reprotrain.run_key` = '{key}'", max_results=1
         )
         self.last_step = start_step  # a resumed run's final metrics still land on its last step
+        self.logged = {"step": 0, "epoch": 0}  # what an earlier attempt already logged
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            # Steps past the checkpoint that the killed attempt logged come again, with the
+            # same bits: each step is kept once, the first time.
+            for kind, key in (("step", "step/train_loss"), ("epoch", "epoch/epoch")):
+                history = self.client.get_metric_history(self.run_id, key)
+                self.logged[kind] = max((m.step for m in history), default=0)
             return
         ident = identity(record)
         tags = {
@@ -188,15 +194,17 @@ class MLflowSink(Backend):
                 (f"step/{key}", v, s)
                 for key, values in series.items()
                 for s, v in zip(steps, values, strict=True)
-                if v is not None
+                if v is not None and s > self.logged["step"]
             ]
         )
         self.last_step = max([self.last_step, *steps])
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
+        self.last_step = max(self.last_step, global_step)
+        if global_step <= self.logged["epoch"]:
+            return
         points = [(f"epoch/{k}", v, global_step) for k, v in row.items() if v is not None]
         self._log([("epoch/epoch", float(epoch), global_step), *points])
-        self.last_step = max(self.last_step, global_step)
 
     def log_final(self, metrics: dict[str, float | None]) -> None:
         step = self.last_step

@@ -38,7 +38,9 @@ def logged_run(tmp_path_factory) -> tuple[Path, str]:
     environment that must reach no store."""
     root = tmp_path_factory.mktemp("logged")
     uri = uri_in(root)
-    env = base_env(HOME=str(root / "home"), MLFLOW_TRACKING_PASSWORD=SECRET)
+    # Any attempt to reach W&B's servers would hit a closed port and switch the logger off.
+    dead = "http://127.0.0.1:9"
+    env = base_env(HOME=str(root / "home"), MLFLOW_TRACKING_PASSWORD=SECRET, WANDB_BASE_URL=dead)
     for name in ("WANDB_API_KEY", "WANDB_MODE", "NETRC"):
         env.pop(name, None)
     proc = train(
@@ -128,6 +130,9 @@ def test_wandb_runs_offline_into_the_run_dir_without_a_key(logged_run) -> None:
     run_dir, _ = logged_run
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
+    log = (run_dir / "train.log").read_text()
+    assert "logging to" in log and "wandb (offline" in log
+    assert "logger wandb failed" not in log  # no backend was switched off
 
 
 def test_no_store_holds_the_trackers_password(logged_run) -> None:

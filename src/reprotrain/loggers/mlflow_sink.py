@@ -111,7 +111,12 @@ def log_params(client, run_id: str, params: dict[str, str]) -> None:
 
 def find_parent(run_dir: Path, uri: str) -> dict[str, str] | None:
     """The sweep parent run this run dir belongs to, if its sweep logs to the same store."""
-    path = Path(run_dir).resolve().parent / PARENT_JSON
+    return read_parent(Path(run_dir).resolve().parent, uri)
+
+
+def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
+    """The parent run a sweep dir records (``mlflow_parent_run.json``) for this store."""
+    path = Path(sweep_dir) / PARENT_JSON
     if not path.is_file():
         return None
     try:
@@ -269,7 +274,7 @@ def end_sweep_run(cfg: Any, sweep_dir: Path, completed: bool = True) -> None:
     try:
         with preserved_rng():
             client, uri = client_for(cfg)
-            parent = find_parent(sweep_dir / "_", uri)
+            parent = read_parent(sweep_dir, uri)
             if parent is None:
                 return
             for name in SWEEP_ARTIFACTS:

@@ -54,7 +54,18 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-install: $(STAMP) ## build .venv from the hashed locks (no-op when unchanged)
+# Optional extras, hashed and locked like the rest: make install EXTRAS=mlflow,wandb (the
+# loggers; docs/loggers.md). Each is requirements-<extra>.lock; with them, no drift.
+EXTRAS ?=
+KNOWN_EXTRAS := mlflow wandb
+comma := ,
+EXTRA_NAMES = $(strip $(subst $(comma), ,$(EXTRAS)))
+
+install: $(STAMP) ## build .venv from the hashed locks (no-op when unchanged) [EXTRAS=mlflow,wandb]
+ifneq ($(EXTRA_NAMES),)
+	@test -z "$(filter-out $(KNOWN_EXTRAS),$(EXTRA_NAMES))" || { echo "error: unknown extra in EXTRAS=$(EXTRAS); choose from: $(KNOWN_EXTRAS)" >&2; exit 2; }
+	$(PY) -m pip install --quiet --require-hashes --no-deps $(foreach e,$(EXTRA_NAMES),-r requirements-$(e).lock)
+endif
 
 NPROC  ?= 1
 # `make train NPROC=N`: the same run under torchrun DDP (gloo on CPU, nccl on CUDA). The
@@ -153,7 +164,7 @@ update-template: ## in a project: merge the template's framework fixes since .te
 	@$(PYTHON) src/reprotrain/tools/template/update_template.py $(if $(value TEMPLATE),--template $(call q,TEMPLATE))
 
 clean: ## remove outputs (keeps .venv and data/)
-	rm -rf outputs multirun archives .pytest_cache .ruff_cache
+	rm -rf outputs multirun archives tb .pytest_cache .ruff_cache
 
 # ============================================================================================
 # Environment: locks, drift, container (issue 5). Nothing below reaches the network except
@@ -196,21 +207,28 @@ DOCKER_GPUS  = $(strip $(if $(GPUS),\
 DOCKER_BUILD = docker build --build-arg BASE_REF=$(BASE_REF) --build-arg BASE_DIGEST=$(BASE_DIGEST) \
                --build-arg IMAGE_TAG=$(IMAGE) --build-arg GIT_COMMIT=$(GIT_SHORT)
 
-lock: $(STAMP) ## recompile both universal hashed locks from the .in files (network), record sidecars
+# One recipe line per extra lock (in order: each .in is constrained by the locks before it).
+define NL
+
+
+endef
+lock: $(STAMP) ## recompile the universal hashed locks (runtime, dev, extras) from the .in files (network), record sidecars
 	$(UV_COMPILE) -o requirements.lock requirements.in
 	$(UV_COMPILE) -o requirements-dev.lock requirements-dev.in
+	$(foreach e,$(KNOWN_EXTRAS),$(UV_COMPILE) -o requirements-$(e).lock requirements-$(e).in$(NL))
 	$(RECORD_LOCKS)
 
 upgrade: $(STAMP) ## upgrade one package in the locks: make upgrade PKG=numpy
 	@test -n "$(PKG)" || { echo "error: name the package: make upgrade PKG=<name>"; exit 2; }
 	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements.lock requirements.in
 	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements-dev.lock requirements-dev.in
+	$(foreach e,$(KNOWN_EXTRAS),$(UV_COMPILE) --upgrade-package $(PKG) -o requirements-$(e).lock requirements-$(e).in$(NL))
 	$(RECORD_LOCKS)
 
 check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, every platform complete
 	@PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.locks.check_lock
 
-env-check: ## compare the installed .venv with both locks (markers for this host); non-zero on drift
+env-check: ## compare the installed .venv with the locks (+ the extras installed; markers for this host); non-zero on drift
 	@test -x $(PY) || { echo "error: no $(VENV); run make install"; exit 1; }
 	@PYTHONPATH=src $(PY) -m reprotrain.tools.locks.env_check
 

@@ -89,7 +89,7 @@ def test_resumed_tensorboard_is_rebuilt_from_the_record_up_to_the_checkpoint(
     assert scalars(tmp_path / "tensorboard", "epoch/val_acc") == [(4, 0.5)]
 
 
-class _Greedy(loggers._Backend):
+class _Greedy(loggers.Backend):
     """A backend that draws from every global RNG, as third-party code may."""
 
     name = "greedy"
@@ -119,14 +119,14 @@ def test_logging_leaves_every_global_rng_where_it_was() -> None:
     assert torch.equal(before[2], after[2])
 
 
-class _Broken(loggers._Backend):
+class _Broken(loggers.Backend):
     name = "broken"
 
     def log_steps(self, *args: object) -> None:
         raise ConnectionError("server went away\nsecond line")
 
 
-class _Counting(loggers._Backend):
+class _Counting(loggers.Backend):
     name = "counting"
 
     def __init__(self) -> None:
@@ -158,13 +158,16 @@ def test_non_zero_ranks_write_nothing(tmp_path: Path, monkeypatch) -> None:
     assert lg.names == [] and list(tmp_path.iterdir()) == []
 
 
-def test_missing_optional_extra_is_one_line_naming_the_pip_command(monkeypatch) -> None:
-    monkeypatch.setattr(loggers, "_absent", lambda module: module in ("mlflow", "wandb"))
+def test_missing_optional_extra_is_one_line_naming_the_locked_install(monkeypatch) -> None:
+    from reprotrain.loggers import settings
+
+    monkeypatch.setattr(settings, "module_absent", lambda module: module in ("mlflow", "wandb"))
     for backend in ("mlflow", "wandb"):
         with pytest.raises(ReprotrainError) as e:
             loggers.check_logger_config(LoggerConfig(**{backend: True}))
         msg = str(e.value)
-        assert "\n" not in msg and EXTRAS_INSTALL in msg and f"logger={backend}" in msg
+        assert "\n" not in msg and f"logger={backend}" in msg
+        assert f"make install EXTRAS={backend}" in msg
 
 
 def test_bad_values_fail_in_one_line() -> None:
@@ -196,8 +199,12 @@ def test_tracker_params_carry_identity_but_no_environment_or_command(
     tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "sekrit-from-env")
-    (tmp_path / "config.resolved.yaml").write_text("optimizer:\n  lr: 0.2\nseed:\n  base: 42\n")
+    (tmp_path / "config.resolved.yaml").write_text(
+        "optimizer:\n  lr: 0.2\nseed:\n  base: 42\n"
+        "logger:\n  mlflow_tracking_uri: https://user:sekrit@example.org\n"
+    )
     params = run_params(tmp_path, RECORD)
+    assert not [k for k in params if k.startswith("config.logger.")]
     assert params["config.optimizer.lr"] == "0.2"
     assert params["run.experiment_id"] == RECORD["experiment_id"]
     assert params["run.seed.base"] == "42" and params["run.repro.level"] == "strict"
@@ -219,11 +226,13 @@ def test_mlflow_local_store_round_trip(tmp_path: Path) -> None:
     pytest.importorskip("sqlalchemy", reason=f"optional extra not installed: {EXTRAS_INSTALL}")
     from mlflow.tracking import MlflowClient
 
-    with build_loggers(LoggerConfig(mlflow=True), tmp_path, RECORD) as lg:
+    uri = f"sqlite:///{tmp_path.resolve() / 'mlruns.db'}"
+    cfg = LoggerConfig(mlflow=True, mlflow_tracking_uri=uri)
+    with build_loggers(cfg, tmp_path / "run", RECORD) as lg:
         lg.log_steps([1, 2, 3], {"train_loss": [3.0, 2.0, 1.0]})
         lg.log_epoch(1, 3, {"test_acc": 0.5})
         run_id = lg._backends[0].run_id
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=uri)
     history = client.get_metric_history(run_id, "step/train_loss")
     assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.0), (3, 1.0)]
     run = client.get_run(run_id)

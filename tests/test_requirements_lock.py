@@ -30,6 +30,9 @@ LOCK_FILES = [
     "requirements-dev.lock.sha256",
     "requirements.lock.files",
     "requirements-dev.lock.files",
+    # The optional extras' locks (make install EXTRAS=mlflow,wandb) are checked with the rest.
+    *(f"{lock}{suffix}" for lock, _ in lf.ALL_PAIRS[2:] for suffix in ("", ".sha256", ".files")),
+    *(src for _, src in lf.ALL_PAIRS[2:]),
 ]
 
 

@@ -37,6 +37,20 @@ DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
     (RUNTIME_LOCK, "requirements.in"),
     (DEV_LOCK, "requirements-dev.in"),
 )
+#: Optional extras, ``make install EXTRAS=mlflow,wandb``: {extra: its head package}. Each has
+#: ``requirements-<extra>.in`` (constrained by the runtime and dev locks, and by the extras
+#: before it, so every lock agrees) and a hashed ``requirements-<extra>.lock``. An extra
+#: counts as installed when its head package is; then its whole lock is expected.
+EXTRAS: dict[str, str] = {"mlflow": "mlflow-skinny", "wandb": "wandb"}
+
+
+def extra_pair(extra: str) -> tuple[str, str]:
+    """(lock, .in) of an optional extra."""
+    return f"requirements-{extra}.lock", f"requirements-{extra}.in"
+
+
+#: Every lock ``make lock`` compiles and ``make check-lock`` validates, in compile order.
+ALL_PAIRS: tuple[tuple[str, str], ...] = DEFAULT_PAIRS + tuple(extra_pair(e) for e in EXTRAS)
 #: The project is installed editable (``--no-deps``) next to the locked set; never drift.
 PROJECT_NAME = "reprotrain"
 #: The installer itself: compared when a lock pins it (the dev lock does), but not drift when
@@ -467,18 +481,48 @@ def compare_env(locked: dict[str, set[str]], installed: dict[str, str]) -> dict:
     return {"status": status, "missing": missing, "extra": extra, "different": different}
 
 
+def installed_extras(repo_root: Path, installed: dict[str, str] | None = None) -> list[str]:
+    """The optional extras whose head package is installed and whose lock exists."""
+    installed = installed_versions() if installed is None else installed
+    return [
+        extra
+        for extra, head in EXTRAS.items()
+        if normalize_name(head) in installed and (Path(repo_root) / extra_pair(extra)[0]).is_file()
+    ]
+
+
+def extras_versions(
+    repo_root: Path, extras: list[str], environment: dict[str, str] | None = None
+) -> dict[str, set[str]]:
+    """{name: allowed versions} of the extras' locks (markers for this host)."""
+    locked: dict[str, set[str]] = {}
+    for extra in extras:
+        for entry in parse_lock(Path(repo_root) / extra_pair(extra)[0]).entries.values():
+            if entry.marker and not _marker_true(entry.marker, environment):
+                continue
+            locked.setdefault(entry.name, set()).add(entry.version)
+    return locked
+
+
 def env_drift(repo_root: Path) -> dict:
-    """Installed distributions vs ``requirements.lock`` + ``requirements-dev.lock``.
+    """Installed distributions vs ``requirements.lock`` + ``requirements-dev.lock``, plus
+    the lock of every optional extra that is installed (``EXTRAS``).
 
     Why: the lock is only a promise if the interpreter running the job matches it; the
-    trainer records this dict in ``run.json`` and ``make env-check`` fails on drift.
+    trainer records this dict in ``run.json`` and ``make env-check`` fails on drift. An
+    extra installed from its lock (``make install EXTRAS=mlflow``) is locked, not drift; one
+    installed by hand at other versions, or only in part, is drift.
     Returns ``{"status": "ok"|"drift"|"no-lock", "missing", "extra", "different", "locks"}``.
     """
     locked, used = locked_versions(Path(repo_root))
     if not used:
         return {"status": "no-lock", "missing": [], "extra": [], "different": [], "locks": []}
-    result = compare_env(locked, installed_versions())
-    result["locks"] = used
+    installed = installed_versions()
+    extras = installed_extras(repo_root, installed)
+    for name, versions in extras_versions(Path(repo_root), extras).items():
+        locked.setdefault(name, set()).update(versions)
+    result = compare_env(locked, installed)
+    result["locks"] = used + [extra_pair(e)[0] for e in extras]
     return result
 
 

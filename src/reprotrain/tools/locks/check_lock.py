@@ -19,6 +19,7 @@ from pathlib import Path
 
 from reprotrain.repro import lock_platforms
 from reprotrain.repro.requirements_lock import (
+    ALL_PAIRS,
     DEFAULT_PAIRS,
     ParsedLock,
     check_agreement,
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         pairs = [(root / lk, root / i) for lk, i in zip(args.lock, args.ins, strict=True)]
     else:
-        pairs = [(root / lk, root / i) for lk, i in DEFAULT_PAIRS]
+        pairs = [(root / lk, root / i) for lk, i in ALL_PAIRS]
 
     if args.record_files:
         for lock_path, _ in pairs:

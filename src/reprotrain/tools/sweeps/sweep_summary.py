@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from reprotrain import metric_names
 from reprotrain.errors import ReprotrainError
+from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 from reprotrain.repro.record import (
     METRICS,
@@ -443,19 +444,28 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep directory when a multirun ends."""
+    """Hydra callback: summarise the sweep directory when a multirun ends. With
+    ``logger=mlflow`` the sweep is also a parent run around its runs (``loggers.mlflow_sink``).
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]))
+        sweep_dir, name = Path(config.hydra.sweep.dir), str(config.get("name"))
+        start_sweep_run(config.get("logger"), sweep_dir, name, overrides)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             summary = write_summary(sweep_dir)
         except Exception as e:  # the sweep itself finished: report, do not fail it
+            end_sweep_run(config.get("logger"), sweep_dir)  # the parent run, without a summary
             print(
                 f"warning: no sweep summary ({type(e).__name__}: {e}); retry with "
                 f"`python -m reprotrain.tools.sweeps.sweep_summary {sweep_dir}`",
                 file=sys.stderr,
             )
             return
+        end_sweep_run(config.get("logger"), sweep_dir)  # the summary as the parent run's artifacts
         print(f"sweep summary ({len(summary['runs'])} runs): {sweep_dir / SUMMARY_MD}")
         print(to_markdown(summary))
 

@@ -1,0 +1,160 @@
+"""The object the training loop talks to: a fan-out to the enabled backends.
+
+Every call into a backend is RNG-neutral (:func:`preserved_rng`) and failure-isolated (a
+backend that raises is reported once and switched off: losing a dashboard must not lose a
+training run). After a resume, :func:`resumed_history` gives the numbers the record says were
+logged up to the checkpoint, so a backend can rebuild its stream without gaps or doubles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("reprotrain")
+
+
+class Backend:
+    """One sink. Every method may raise: the fan-out switches the backend off."""
+
+    name = "backend"
+
+    def describe(self) -> str:
+        return self.name
+
+    def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None: ...
+
+    def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None: ...
+
+    def log_final(self, metrics: dict[str, float | None]) -> None: ...
+
+    def close(self, status: str) -> None: ...
+
+
+class Loggers:
+    """Fan-out to the enabled backends; every call is RNG-neutral and failure-isolated."""
+
+    def __init__(self, backends: list[Backend], log_every_steps: int = 0) -> None:
+        self._backends = backends
+        self.log_every_steps = log_every_steps
+
+    @property
+    def names(self) -> list[str]:
+        return [b.name for b in self._backends]
+
+    def log_steps(self, global_steps: list[int], series: dict[str, list[float | None]]) -> None:
+        """Per-step values of the steps since the last call (e.g. train_loss, lr).
+
+        Every series has one value per entry of ``global_steps``; ``None`` or non-finite
+        values are skipped by backends that cannot store them.
+        """
+        for key, values in series.items():
+            if len(values) != len(global_steps):
+                raise ValueError(f"series {key!r}: {len(values)} values, {len(global_steps)} steps")
+        if global_steps:
+            self._call("log_steps", list(global_steps), series)
+
+    def log_epoch(self, epoch: int, global_step: int, row: dict[str, Any]) -> None:
+        """One metrics.jsonl row (train/val/test metrics, lr, timings) at the epoch's end."""
+        values = numeric(row, skip=("epoch", "global_step"))
+        self._call("log_epoch", epoch, global_step, values)
+
+    def log_final(self, metrics: dict[str, Any]) -> None:
+        self._call("log_final", numeric(metrics, skip=()))
+
+    def close(self, status: str = "completed") -> None:
+        self._call("close", status)
+        self._backends = []
+
+    def __enter__(self) -> Loggers:
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self.close("completed" if exc_type is None else "failed")
+
+    def _call(self, method: str, *args: Any) -> None:
+        for backend in list(self._backends):
+            try:
+                with preserved_rng():
+                    getattr(backend, method)(*args)
+            except Exception as e:  # a dashboard failing must not end the training run
+                log.warning(
+                    "logger %s failed in %s (%s: %s); it is switched off for the rest of "
+                    "this run (metrics.jsonl is unaffected)",
+                    backend.name,
+                    method,
+                    type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "",
+                )
+                self._backends.remove(backend)
+                with contextlib.suppress(Exception), preserved_rng():
+                    backend.close("failed")
+
+
+@dataclass
+class History:
+    """What the record says was logged up to a resumed checkpoint's step."""
+
+    steps: list[int]
+    series: dict[str, list[float | None]]
+    epochs: list[tuple[int, int, dict[str, Any]]]  # (epoch, global step, metrics row)
+
+
+def resumed_history(
+    fingerprints: list[dict],
+    metrics: list[dict],
+    partial_losses: list[float],
+    partial_lrs: list[float],
+    global_step: int,
+) -> History:
+    """The per-step series of every completed epoch (from its fingerprint row) and of the
+    resumed epoch so far, and every epoch row: the numbers the loop had logged."""
+    steps: list[int] = []
+    losses: list[float | None] = []
+    lrs: list[float | None] = []
+    for row in fingerprints:
+        n = len(row.get("step_losses") or [])
+        steps += range(row["global_step"] - n + 1, row["global_step"] + 1)
+        losses += list(row.get("step_losses") or [])
+        lrs += list(row.get("step_lrs") or [None] * n)[:n]
+    steps += range(global_step - len(partial_losses) + 1, global_step + 1)
+    losses += list(partial_losses)
+    lrs += list(partial_lrs)
+    rows = [(r["epoch"], r["global_step"], r) for r in metrics]
+    return History(steps, {"train_loss": losses, "lr": lrs}, rows)
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore python, NumPy and torch CPU RNG state after third-party code ran.
+
+    A logger that draws a random run id from the global ``random`` module would otherwise
+    shift every later draw of the `train` stream (dropout, user code), and the same config
+    with the logger on and off would train differently. CUDA generators are not touched by
+    logging code, and copying them would sync the device, so they are left alone.
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    py, npy, th = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(th)
+
+
+def numeric(row: dict[str, Any], skip: tuple[str, ...]) -> dict[str, float]:
+    """Numbers only: bools, strings and nulls are dropped. NaN/inf are kept on purpose, so
+    a diverged loss shows up on the dashboard (all three backends can store them)."""
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k not in skip and not isinstance(v, bool) and isinstance(v, int | float)
+    }

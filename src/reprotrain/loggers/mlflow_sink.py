@@ -1,0 +1,285 @@
+"""MLflow: one tracking store per project, a sweep as a parent run with its runs as children.
+
+The store is ``sqlite:///<project root>/mlruns.db`` unless ``logger.mlflow_tracking_uri`` says
+otherwise (mlflow-skinny + sqlalchemy + alembic, no server; MLflow 3 refuses the old
+``./mlruns`` file store by default), with artifacts in ``<project root>/mlartifacts``. Browse it
+with ``mlflow ui --backend-store-uri sqlite:///mlruns.db`` from the project root.
+
+One MLflow run per run directory, through ``MlflowClient`` (no global active run):
+
+- params: the flattened resolved config (``config.<key>``) and run.json's identity fields;
+- tags: ``reprotrain.run_dir``, ``reprotrain.experiment_id``, ``reprotrain.config_sha256``,
+  ``repro.level``, ``mlflow.source.git.commit``, and ``mlflow.parentRunId`` for a sweep's run;
+- metrics: ``step/train_loss`` and ``step/lr`` at every global step, ``epoch/<metric>`` at
+  each epoch's last global step, ``final/<metric>`` (final and test metrics) at the last;
+- artifacts at the end: config.resolved.yaml, run.json, metrics.jsonl, report.md and
+  curves.png (drawn from the run dir by the report hook the entry point hands over, else
+  attached when ``make report`` already wrote them).
+
+A resumed run finds its MLflow run again by the ``reprotrain.run_key`` tag and continues it.
+
+Sweeps: the Hydra sweep callback calls :func:`start_sweep_run` before the first job (a parent
+run named after the sweep dir; its id goes into ``<sweep_dir>/mlflow_parent_run.json``) and
+:func:`end_sweep_run` after the last (the sweep summary as artifacts, the parent's status).
+A run whose parent dir holds that file becomes a child (``mlflow.parentRunId``) in the
+parent's experiment. The file holds ids and a sha256 of the store URI, never the URI (a
+server URI may carry credentials).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reprotrain.loggers.fanout import Backend, preserved_rng
+from reprotrain.loggers.params import RESOLVED_CONFIG, identity, relative_name, run_key
+from reprotrain.loggers.settings import (
+    MLFLOW_ARTIFACTS,
+    mlflow_uri,
+    modules_for,
+    project_root,
+    require_module,
+)
+
+log = logging.getLogger("reprotrain")
+
+PARENT_JSON = "mlflow_parent_run.json"
+#: Files of a run dir attached as artifacts at the end (when they exist).
+RUN_ARTIFACTS = (RESOLVED_CONFIG, "run.json", "metrics.jsonl", "report.md", "curves.png")
+#: Files of a sweep dir attached to the parent run at the end.
+SWEEP_ARTIFACTS = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
+STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
+_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+_PARAMS_BATCH = 100  # ... and on params
+#: What the report hook is: (run_dir, out_dir) -> (report.md, curves.png or None).
+ReportHook = Callable[[Path, Path], tuple[Path, "Path | None"]]
+
+
+def store_digest(uri: str) -> str:
+    return hashlib.sha256(uri.encode()).hexdigest()
+
+
+def shown_uri(uri: str) -> str:
+    """The URI without any ``user:password@`` part, for log lines."""
+    scheme, sep, rest = uri.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+def client_for(cfg: Any):
+    """(MlflowClient, uri) for the configured store; one-line error if the extra is absent."""
+    for module in modules_for("mlflow", cfg):
+        require_module(module, "mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = mlflow_uri(cfg)
+    return MlflowClient(tracking_uri=uri), uri
+
+
+def experiment_id(client, name: str, uri: str) -> str:
+    """The experiment's id, created on first use; a local store keeps its artifacts beside
+    the database (``mlartifacts/``), a server decides for itself."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///") :]).resolve().parent / MLFLOW_ARTIFACTS).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # another process of the same sweep created it first
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def log_params(client, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+    for i in range(0, len(items), _PARAMS_BATCH):
+        client.log_batch(run_id, params=items[i : i + _PARAMS_BATCH])
+
+
+def find_parent(run_dir: Path, uri: str) -> dict[str, str] | None:
+    """The sweep parent run this run dir belongs to, if its sweep logs to the same store."""
+    return read_parent(Path(run_dir).resolve().parent, uri)
+
+
+def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
+    """The parent run a sweep dir records (``mlflow_parent_run.json``) for this store."""
+    path = Path(sweep_dir) / PARENT_JSON
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("store_sha256") != store_digest(uri):
+        return None
+    return data
+
+
+class MLflowSink(Backend):
+    name = "mlflow"
+
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: Path,
+        record: dict[str, Any],
+        params: dict[str, str],
+        report: ReportHook | None = None,
+        start_step: int = 0,
+    ) -> None:
+        from mlflow.entities import Metric
+
+        self._Metric = Metric
+        self.run_dir = Path(run_dir).resolve()
+        self.report = report
+        self.client, self.uri = client_for(cfg)
+        parent = find_parent(self.run_dir, self.uri)
+        if parent is not None:
+            exp_id = parent["experiment_id"]
+        else:
+            name = cfg.mlflow_experiment or str(record.get("name") or "reprotrain")
+            exp_id = experiment_id(self.client, name, self.uri)
+        key = run_key(self.run_dir, record)
+        found = self.client.search_runs(
+            [exp_id], filter_string=f"tags.`reprotrain.run_key` = '{key}'", max_results=1
+        )
+        self.last_step = start_step  # a resumed run's final metrics still land on its last step
+        self.logged = {"step": 0, "epoch": 0}  # what an earlier attempt already logged
+        if found:
+            self.run_id = found[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            # Steps past the checkpoint that the killed attempt logged come again, with the
+            # same bits: each step is kept once, the first time.
+            for kind, key in (("step", "step/train_loss"), ("epoch", "epoch/epoch")):
+                history = self.client.get_metric_history(self.run_id, key)
+                self.logged[kind] = max((m.step for m in history), default=0)
+            return
+        ident = identity(record)
+        tags = {
+            "reprotrain.run_key": key,
+            "reprotrain.run_dir": str(self.run_dir),
+            "reprotrain.experiment_id": str(ident.get("experiment_id", "")),
+            "reprotrain.config_sha256": str(ident.get("config_sha256", "")),
+            "repro.level": str(ident.get("repro.level", "")),
+        }
+        if ident.get("git.commit"):
+            tags["mlflow.source.git.commit"] = str(ident["git.commit"])
+        if parent is not None:
+            tags["mlflow.parentRunId"] = parent["run_id"]
+        name = self.run_dir.name if parent else relative_name(self.run_dir, project_root())
+        run = self.client.create_run(exp_id, run_name=name, tags=tags)
+        self.run_id = run.info.run_id
+        log_params(self.client, self.run_id, params)
+
+    def describe(self) -> str:
+        return f"mlflow ({shown_uri(self.uri)}, run {self.run_id})"
+
+    def _log(self, points: list[tuple[str, float, int]]) -> None:
+        now = int(time.time() * 1000)
+        metrics = [self._Metric(k, v, now, s) for k, v, s in points]
+        for i in range(0, len(metrics), _BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + _BATCH])
+
+    def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
+        self._log(
+            [
+                (f"step/{key}", v, s)
+                for key, values in series.items()
+                for s, v in zip(steps, values, strict=True)
+                if v is not None and s > self.logged["step"]
+            ]
+        )
+        self.last_step = max([self.last_step, *steps])
+
+    def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
+        self.last_step = max(self.last_step, global_step)
+        if global_step <= self.logged["epoch"]:
+            return
+        points = [(f"epoch/{k}", v, global_step) for k, v in row.items() if v is not None]
+        self._log([("epoch/epoch", float(epoch), global_step), *points])
+
+    def log_final(self, metrics: dict[str, float | None]) -> None:
+        step = self.last_step
+        self._log([(f"final/{k}", v, step) for k, v in metrics.items() if v is not None])
+
+    def close(self, status: str) -> None:
+        try:
+            self.log_artifacts(status)
+        finally:
+            self.client.set_terminated(self.run_id, status=STATUS.get(status, "FAILED"))
+
+    def log_artifacts(self, status: str) -> None:
+        """The run's record files, and its report and curves drawn from the run dir."""
+        with tempfile.TemporaryDirectory(prefix="reprotrain-mlflow-") as tmp:
+            drawn: dict[str, Path] = {}
+            if self.report is not None and (self.run_dir / "metrics.jsonl").is_file():
+                try:
+                    md, png = self.report(self.run_dir, Path(tmp))
+                    drawn = {p.name: p for p in (md, png) if p is not None}
+                except Exception as e:  # a report that cannot be drawn: attach the rest
+                    log.warning("mlflow: no report artifact (%s: %s)", type(e).__name__, e)
+            for name in RUN_ARTIFACTS:
+                path = drawn.get(name) or self.run_dir / name
+                if path.is_file():
+                    self.client.log_artifact(self.run_id, str(path))
+
+
+def start_sweep_run(cfg: Any, sweep_dir: Path, name: str, overrides: list[str]) -> str | None:
+    """Before a sweep's first job: its parent run (when ``logger.mlflow`` is on). Returns the
+    parent's run id; a failure is a warning (a dashboard must not stop a sweep)."""
+    if not getattr(cfg, "mlflow", False):
+        return None
+    sweep_dir = Path(sweep_dir).resolve()
+    try:
+        with preserved_rng():
+            client, uri = client_for(cfg)
+            exp_id = experiment_id(client, cfg.mlflow_experiment or name, uri)
+            run = client.create_run(
+                exp_id,
+                run_name=relative_name(sweep_dir, project_root()),
+                tags={"reprotrain.sweep_dir": str(sweep_dir), "reprotrain.kind": "sweep"},
+            )
+            log_params(client, run.info.run_id, {"sweep.overrides": " ".join(overrides)})
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "run_id": run.info.run_id,
+            "experiment_id": exp_id,
+            "store_sha256": store_digest(uri),
+        }
+        (sweep_dir / PARENT_JSON).write_text(json.dumps(data, indent=1) + "\n")
+        return run.info.run_id
+    except Exception as e:
+        log.warning("mlflow: no parent run for the sweep (%s: %s)", type(e).__name__, e)
+        return None
+
+
+def end_sweep_run(cfg: Any, sweep_dir: Path, completed: bool = True) -> None:
+    """After a sweep's last job: the summary files as the parent's artifacts, its status."""
+    if not getattr(cfg, "mlflow", False):
+        return
+    sweep_dir = Path(sweep_dir).resolve()
+    try:
+        with preserved_rng():
+            client, uri = client_for(cfg)
+            parent = read_parent(sweep_dir, uri)
+            if parent is None:
+                return
+            for name in SWEEP_ARTIFACTS:
+                if (sweep_dir / name).is_file():
+                    client.log_artifact(parent["run_id"], str(sweep_dir / name))
+            client.set_terminated(parent["run_id"], status="FINISHED" if completed else "FAILED")
+    except Exception as e:
+        log.warning("mlflow: the sweep's parent run was not closed (%s: %s)", type(e).__name__, e)

@@ -1,0 +1,158 @@
+"""TensorBoard: event files in ``<run_dir>/tensorboard``, linked from the project's ``tb/``.
+
+What a run writes (tags):
+
+- ``step/train_loss``, ``step/lr``: one point per optimizer step, at its global step (the lr
+  that step used);
+- ``epoch/<metric>``: each metrics.jsonl row at the epoch's last global step (``epoch/epoch``
+  too), so both share the step axis;
+- ``final/<metric>``: the final and test metrics as scalars, at the last global step;
+- HParams: the flattened resolved config as the session's hyperparameters, the session's end
+  status at close; the HParams tab then lists every run under the logdir with its ``final/*``
+  metrics (TensorBoard builds the table from the sessions it finds);
+- text: ``run`` (identity fields of run.json), ``config`` (config.resolved.yaml),
+  ``final_metrics`` (a table).
+
+The project-level ``tb/`` folder holds one link per run named after its path below the
+project root (``tb/outputs/<name>/<stamp>``, ``tb/multirun/<name>/<sweep>/<n>``), so one
+``tensorboard --logdir tb`` covers single runs and sweeps; the event files themselves stay in
+the run dir, archived with it. A run dir outside the project root gets no link.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from reprotrain.loggers.fanout import Backend, History, numeric
+from reprotrain.loggers.settings import require_module
+
+log = logging.getLogger("reprotrain")
+
+STATUS = {"completed": "STATUS_SUCCESS", "interrupted": "STATUS_ABORTED"}
+
+
+class TensorBoardSink(Backend):
+    name = "tensorboard"
+
+    def __init__(
+        self,
+        log_dir: Path,
+        start_step: int,
+        params: dict[str, str],
+        history: History | None = None,
+        hparams: dict[str, bool | int | float | str] | None = None,
+        config_text: str = "",
+        group: str = "",
+    ) -> None:
+        require_module("tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self.last_step = start_step
+        if start_step:
+            # A resume: what an earlier attempt wrote may stop short of the checkpoint
+            # (unflushed when killed) or run past it. Start the stream again from the record.
+            for old in self.log_dir.glob("events.out.tfevents.*"):
+                old.unlink()
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        ident = {k: v for k, v in params.items() if k.startswith("run.")}
+        table = "\n".join(f"| {k[4:]} | `{v}` |" for k, v in sorted(ident.items()))
+        self.writer.add_text("run", "| field | value |\n|---|---|\n" + table, 0)
+        if config_text:
+            indented = "\n".join("    " + line for line in config_text.splitlines())
+            self.writer.add_text("config", indented, 0)  # markdown: indented = code block
+        if hparams:
+            self.writer.file_writer.add_summary(session_start(hparams, group))
+        if start_step and history is not None:
+            self.log_steps(history.steps, history.series)
+            for epoch, global_step, row in history.epochs:
+                self.log_epoch(epoch, global_step, numeric(row, skip=("epoch", "global_step")))
+
+    def describe(self) -> str:
+        return f"tensorboard ({self.log_dir})"
+
+    def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
+        for key, values in series.items():
+            for step, value in zip(steps, values, strict=True):
+                if value is not None:
+                    self.writer.add_scalar(f"step/{key}", value, step)
+        self.last_step = max([self.last_step, *steps])
+
+    def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
+        self.writer.add_scalar("epoch/epoch", epoch, global_step)
+        for key, value in row.items():
+            if value is not None:
+                self.writer.add_scalar(f"epoch/{key}", value, global_step)
+        self.last_step = max(self.last_step, global_step)
+        self.writer.flush()
+
+    def log_final(self, metrics: dict[str, float | None]) -> None:
+        for key, value in sorted(metrics.items()):
+            if value is not None:
+                self.writer.add_scalar(f"final/{key}", value, self.last_step)
+        rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(metrics.items()))
+        self.writer.add_text("final_metrics", "| metric | value |\n|---|---|\n" + rows, 0)
+
+    def close(self, status: str) -> None:
+        self.writer.file_writer.add_summary(session_end(status))
+        self.writer.close()
+
+
+def session_start(hparams: dict[str, bool | int | float | str], group: str = ""):
+    """The HParams plugin's session-start summary: one run's hyperparameter values."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time(), group_name=group)
+    for key, value in hparams.items():
+        if isinstance(value, bool):
+            info.hparams[key].bool_value = value
+        elif isinstance(value, int | float):
+            info.hparams[key].number_value = float(value)
+        else:
+            info.hparams[key].string_value = str(value)
+    data = plugin_data_pb2.HParamsPluginData(session_start_info=info)
+    return _summary(Summary, metadata, metadata.SESSION_START_INFO_TAG, data)
+
+
+def session_end(status: str):
+    """The HParams plugin's session-end summary: completed, interrupted or failed."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    code = api_pb2.Status.Value(STATUS.get(status, "STATUS_FAILURE"))
+    info = plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=time.time())
+    data = plugin_data_pb2.HParamsPluginData(session_end_info=info)
+    return _summary(Summary, metadata, metadata.SESSION_END_INFO_TAG, data)
+
+
+def _summary(summary_cls, metadata, tag: str, data):
+    value = summary_cls.Value(
+        tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR
+    )
+    return summary_cls(value=[value])
+
+
+def link_run(index_dir: Path, name: str, log_dir: Path) -> Path | None:
+    """``<index_dir>/<name>`` -> ``log_dir`` (a relative symlink), so ``tensorboard --logdir
+    <index_dir>`` sees this run. An existing link to the same place is kept; anything else
+    there is left alone (warned). Returns the link, or None when none was made."""
+    link = Path(index_dir) / name
+    target: str | None = None
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        target = os.path.relpath(Path(log_dir).resolve(), link.parent.resolve())
+        if link.is_symlink() and os.readlink(link) == target:
+            return link
+        if link.exists() or link.is_symlink():
+            log.warning("tensorboard: %s exists and is not a link to this run; not linked", link)
+            return None
+        link.symlink_to(target, target_is_directory=True)
+    except OSError as e:
+        log.warning("tensorboard: cannot link %s -> %s (%s); the run is not in %s", link,
+                    target, e, index_dir)  # fmt: skip
+        return None
+    return link

@@ -1,0 +1,76 @@
+"""Weights & Biases: a run under ``<run_dir>/wandb``, offline unless a key is configured.
+
+``wandb_mode=auto`` (the default) is online only when the user configured a key
+(``WANDB_API_KEY`` or ``wandb login``'s netrc entry), so nothing leaves the machine by
+accident and a run without an account still works: offline, no login, no network, synced
+later with ``wandb sync <run_dir>/wandb/offline-run-*``. The key is read by wandb itself and
+never recorded. The run id is derived from the run dir, so a resumed run continues the same
+W&B run (``resume="allow"``); a sweep's runs share a ``group`` (the sweep dir's name).
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+from reprotrain.loggers.fanout import Backend
+from reprotrain.loggers.params import run_key, sweep_dir_of
+from reprotrain.loggers.settings import require_module
+
+
+def wandb_key_configured() -> bool:
+    """Whether W&B credentials exist (env or ``wandb login``'s netrc); never reads them out."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    """``auto``: online only when the user configured a key, else offline."""
+    if mode != "auto":
+        return mode
+    return "online" if wandb_key_configured() else "offline"
+
+
+class WandBSink(Backend):
+    name = "wandb"
+
+    def __init__(self, cfg: Any, run_dir: Path, record: dict[str, Any], params: dict) -> None:
+        wandb = require_module("wandb", "wandb")
+        self.mode = resolve_wandb_mode(cfg.wandb_mode)
+        sweep = sweep_dir_of(run_dir)
+        self.run = wandb.init(
+            project=cfg.wandb_project,
+            entity=cfg.wandb_entity or None,
+            name=str(record.get("experiment_id") or Path(run_dir).name),
+            id=run_key(run_dir, record),
+            resume="allow",
+            dir=str(run_dir),
+            mode=self.mode,
+            group=sweep.name if sweep else None,
+            config=params,
+        )
+
+    def describe(self) -> str:
+        return f"wandb ({self.mode}, {self.run.dir})"
+
+    def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
+        for i, step in enumerate(steps):
+            point = {f"step/{k}": v[i] for k, v in series.items() if v[i] is not None}
+            if point:
+                self.run.log(point, step=step)
+
+    def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
+        point = {f"epoch/{k}": v for k, v in row.items() if v is not None}
+        self.run.log({"epoch/epoch": epoch, **point}, step=global_step)
+
+    def log_final(self, metrics: dict[str, float | None]) -> None:
+        self.run.summary.update({f"final/{k}": v for k, v in metrics.items() if v is not None})
+
+    def close(self, status: str) -> None:
+        self.run.finish(exit_code=0 if status == "completed" else 1)

@@ -77,7 +77,9 @@ def test_new_project_renames_only_the_users_package_and_records_its_template(tmp
     # tests/ is its own, written for its room.
     left = [f for f in files if tf.is_template_only(f, old)]
     assert "tests/test_train.py" in left and "scripts/bench.py" in left
-    assert [f for f in left if (dest / f).exists()] == []
+    copied = [f for f in left if (dest / f).is_file()]
+    assert copied == ["tests/conftest.py"]  # the project's own, small one: not the template's
+    assert (dest / copied[0]).read_bytes() != (template / copied[0]).read_bytes()
     assert sorted(p.name for p in (dest / "tests").iterdir()) == ["conftest.py", "test_mylab.py"]
     user = [f for f in git(dest, "ls-files").splitlines() if not tf.is_framework(f, "mylab")]
     assert f"src/mylab/{'__init__.py'}" in user and "conf/train.yaml" in user
@@ -230,9 +232,10 @@ def test_deleting_the_users_models_and_data_leaves_selfcheck_and_tools_working(t
 
 # --------------------------------------------------------------- what a project holds
 # The budget of a new project, in lines of text by part (binary files: docs/img's PNGs, named
-# apart). Measured at this commit (make new-project of HEAD): framework package 19,4xx, docs
-# 3,672, user room 824, config 5xx, tests ~100, tooling ~3,900 (of it 2,810 lock lines); the
-# template holds ~15,300 more lines (its tests, benchmarks, drills, scripts) that stay there.
+# apart). Measured when the budget was set (make new-project of HEAD): framework package
+# 19,557, docs 2,317, user room 824, config 526, tests 79, tooling 3,606 (2,815 of them the
+# locks), 26,909 in all; the template's ~15,400 more lines (its tests, benchmarks, drills,
+# scripts) stay there.
 # Headroom covers the work in flight (a docs site, step examples in the user's room); a part
 # that outgrows its budget is a decision to take on purpose: raise it here and in
 # docs/project-layout.md, or move the weight back into the template.
@@ -343,5 +346,5 @@ def test_a_new_projects_make_test_runs_its_own_tests_and_template_targets_say_wh
         cwd=proj, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert_ok(proc)
-    assert "2 passed" in proc.stdout and "1 deselected" in proc.stdout
+    assert "2 passed" in proc.stdout and "failed" not in proc.stdout
     subprocess.run([sys.executable, "-m", "ruff", "check", "-q", "tests"], cwd=proj, check=True)

@@ -21,6 +21,7 @@ from reprotrain.tools.template import template_files as tf
 
 PY3 = shutil.which("python3") or "python3"
 GIT_ID = ["-c", "user.name=t", "-c", "user.email=t@localhost"]
+SELFCHECK = "src/reprotrain/selfcheck/__main__.py"  # make selfcheck: in every project
 
 
 def git(repo: Path, *args: str) -> str:
@@ -101,6 +102,11 @@ def test_the_new_projects_readme_links_resolve(tmp_path, template):
     dest = new_project(template, tmp_path / "mylab")
     text = (dest / "README.md").read_text()
     assert text.startswith("# mylab\n") and str(template) in text
+    # The project's own short README (its file), not a copy of the template's manual.
+    assert len(text.splitlines()) <= 60 and (template / "README.md").read_text() not in text
+    for needed in ("make train", "make test", "src/mylab/", "conf/", "tests/test_mylab.py"):
+        assert needed in text, needed
+    assert "](docs/)" in text  # the framework's manual, refreshed by update-template
     links = re.findall(r"\]\(([^)\s]+)\)", text)
     local = [link.split("#")[0] for link in links if not re.match(r"[a-z]+://|#|mailto:", link)]
     assert local, "the README links to its own files (images, docs)"
@@ -126,6 +132,8 @@ def test_update_template_merges_framework_fixes_and_keeps_the_users_edits(tmp_pa
     errors = template / "src" / "reprotrain" / "errors.py"
     errors.write_text(errors.read_text() + "\n# template fix 1\n")
     (template / "src/reprotrain/new_helper.py").write_text('"""A new framework helper."""\n')
+    page = template / "docs" / "project-layout.md"  # the manual: framework-owned
+    page.write_text(page.read_text() + "\nA template docs fix.\n")
     bench = template / "scripts" / "bench.py"  # template-only: never reaches a project
     bench.write_text(bench.read_text() + "\n# template bench change\n")
     (template / "tests" / "test_new_framework_check.py").write_text("def test_x():\n    pass\n")
@@ -136,9 +144,11 @@ def test_update_template_merges_framework_fixes_and_keeps_the_users_edits(tmp_pa
 
     proc = make(proj, "update-template")
     assert_ok(proc)
-    assert "updated 2 framework file(s)" in proc.stdout
+    assert "updated 3 framework file(s)" in proc.stdout
     assert (proj / "src/reprotrain/errors.py").read_bytes() == errors.read_bytes()
     assert (proj / "src/reprotrain/new_helper.py").is_file()
+    assert (proj / "docs/project-layout.md").read_bytes() == page.read_bytes()
+    assert (proj / "README.md").read_text().startswith("# mylab\n")  # the user's: untouched
     assert not (proj / "scripts" / "bench.py").exists()
     assert not (proj / "tests" / "test_new_framework_check.py").exists()
     assert resnet.read_text().endswith("# my own change\n")  # the user's edit survives
@@ -147,7 +157,12 @@ def test_update_template_merges_framework_fixes_and_keeps_the_users_edits(tmp_pa
     assert git(proj, "remote") == "" and len(git(proj, "branch").splitlines()) == 1
     staged = git(proj, "diff", "--cached", "--name-only").split()
     assert sorted(staged) == sorted(
-        [tf.RECORD, "src/reprotrain/errors.py", "src/reprotrain/new_helper.py"]
+        [
+            tf.RECORD,
+            "docs/project-layout.md",
+            "src/reprotrain/errors.py",
+            "src/reprotrain/new_helper.py",
+        ]
     )
     commit_all(proj, "take template fixes")
     proc = make(proj, "update-template", f"TEMPLATE={template}")  # the location, given
@@ -338,6 +353,9 @@ def test_a_new_projects_make_test_runs_its_own_tests_and_template_targets_say_wh
         assert "Traceback" not in proc.stderr and not (proj / ".venv").exists()
     stamp = tmp_path / "venv-is-built"  # this suite's venv stands in for the project's
     stamp.touch()
+    dry = make(proj, "-n", "selfcheck", f"STAMP={stamp}")  # the framework's check: shipped
+    assert_ok(dry)
+    assert "-m reprotrain.selfcheck" in dry.stdout and (proj / SELFCHECK).is_file()
     env = base_env(PYTHONPATH=str(proj / "src"), PYTEST_XDIST_AUTO_NUM_WORKERS="1")
     env = {k: v for k, v in env.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     env.pop("PYTEST_ADDOPTS", None)

@@ -82,13 +82,14 @@ def readme(name: str, commit: str, location: str) -> str:
     )  # fmt: skip
 
 
-def room_tests(name: str, old: str) -> dict[str, str]:
-    """The project's small tests/ for its own room (``project/*.py.in``, package renamed)."""
+def room_tests(name: str) -> dict[str, str]:
+    """The project's small tests/ for its own room (``project/*.py.in``, package renamed:
+    the sources name the template's own package, also when a project makes a project)."""
     conftest = (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8")
     tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
     return {
         "tests/conftest.py": conftest,
-        f"tests/test_{name}.py": rename_package(tests, old, name),
+        f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
     }
 
 
@@ -139,7 +140,7 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
             if not source.is_file() or not tf.ships(rel, old) or rel == tf.RECORD:
                 continue  # deleted in the work tree, template-only, the template's record
             copy_file(source, dest / target_path(rel, old, name), rel, old, name)
-        written = {"README.md": readme(name, commit, location), **room_tests(name, old)}
+        written = {"README.md": readme(name, commit, location), **room_tests(name)}
         for rel, text in written.items():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_text(text, encoding="utf-8")

@@ -216,9 +216,9 @@ def test_update_template_outside_a_project_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_deleting_the_users_models_and_data_leaves_selfcheck_and_tools_working(tmp_path, template):
-    """The framework never needs the user's room: delete its models, datasets and tests,
-    then make selfcheck (the framework's own job, SIGKILLed and resumed bitwise), a tool and
-    the project's make test-slow still run."""
+    """The framework never needs the user's room: delete its models and datasets, then
+    make selfcheck (the framework's own job, SIGKILLed and resumed bitwise) and a tool still
+    run."""
     import sys
 
     from conftest import base_env
@@ -336,6 +336,24 @@ def test_a_new_project_holds_only_what_it_uses_within_the_stated_budget(tmp_path
     ]  # fmt: skip
 
 
+def project_make(proj: Path, tmp_path: Path, target: str, **extra: str):
+    """``make <target>`` in a project, this suite's venv standing in for the project's own
+    (built from the same locks: the stamp says it is up to date)."""
+    import sys
+
+    from conftest import base_env
+
+    stamp = tmp_path / "venv-is-built"
+    stamp.touch()
+    env = base_env(PYTHONPATH=str(proj / "src"), **extra)
+    env = {k: v for k, v in env.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run(
+        ["make", "--no-print-directory", target, f"PY={sys.executable}", f"STAMP={stamp}"],
+        cwd=proj, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
 def test_a_new_projects_make_test_runs_its_own_tests_and_template_targets_say_where_they_live(
     tmp_path, template
 ):
@@ -343,26 +361,25 @@ def test_a_new_projects_make_test_runs_its_own_tests_and_template_targets_say_wh
     run trains); make bench / drill / gpu-check name the template in one line, exit 2."""
     import sys
 
-    from conftest import base_env
-
     proj = new_project(template, tmp_path / "mylab")
     for target in ("bench", "drill", "gpu-check"):
         proc = make(proj, target)
         (line,) = tool_lines(proc.stderr)
         assert proc.returncode == 2 and line.startswith(f"error: make {target} lives in")
         assert "Traceback" not in proc.stderr and not (proj / ".venv").exists()
-    stamp = tmp_path / "venv-is-built"  # this suite's venv stands in for the project's
-    stamp.touch()
-    dry = make(proj, "-n", "selfcheck", f"STAMP={stamp}")  # the framework's check: shipped
-    assert_ok(dry)
+    (tmp_path / "stamp").touch()  # make -n: print the commands, run nothing
+    dry = make(proj, "-n", "selfcheck", f"STAMP={tmp_path / 'stamp'}")
+    assert_ok(dry)  # the framework's own check ships with it
     assert "-m reprotrain.selfcheck" in dry.stdout and (proj / SELFCHECK).is_file()
-    env = base_env(PYTHONPATH=str(proj / "src"), PYTEST_XDIST_AUTO_NUM_WORKERS="1")
-    env = {k: v for k, v in env.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
-    env.pop("PYTEST_ADDOPTS", None)
-    proc = subprocess.run(
-        ["make", "--no-print-directory", "test", f"PY={sys.executable}", f"STAMP={stamp}"],
-        cwd=proj, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    proc = project_make(proj, tmp_path, "test", PYTEST_XDIST_AUTO_NUM_WORKERS="1")
     assert_ok(proc)
     assert "2 passed" in proc.stdout and "failed" not in proc.stdout
     subprocess.run([sys.executable, "-m", "ruff", "check", "-q", "tests"], cwd=proj, check=True)
+
+
+@pytest.mark.slow
+def test_a_new_projects_make_test_slow_repeats_its_experiment_bitwise(tmp_path, template):
+    proj = new_project(template, tmp_path / "mylab")
+    proc = project_make(proj, tmp_path, "test-slow")
+    assert_ok(proc)
+    assert "1 passed" in proc.stdout and "failed" not in proc.stdout

@@ -41,7 +41,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
         bench gpu-check drill new-project update-template report eval clean bisect compare \
-        docs docs-serve docs-check
+        docs docs-serve docs-check selfcheck
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -137,7 +137,15 @@ compare: $(STAMP) ## statistical verdict between two sweeps: make compare A=<swe
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two sweep directories: make compare A=<sweep> B=<sweep>" >&2; exit 2; }
 	$(PY) -m reprotrain.tools.sweeps.compare_sweeps $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
+# The framework's own benchmarks, drills and GPU check live in the template, not in a project
+# made from it (docs/project-layout.md): there, the target says so in one line.
+in_template = @test -e $(1) || { echo "error: make $@ lives in the reprotrain template ($(1) is not in a project); run it in a checkout of the template (make selfcheck checks the framework here)" >&2; exit 2; }
+
+selfcheck: $(STAMP) ## the framework checks itself here: its own tiny job twice, one SIGKILLed + resumed, bitwise identical
+	$(PY) -m reprotrain.selfcheck $(ARGS)
+
 gpu-check: ## one-shot GPU check (one JSON); fails in one line without CUDA
+	$(call in_template,scripts/gpu_check.sh)
 	bash scripts/gpu_check.sh $(ARGS)
 
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
@@ -149,10 +157,14 @@ eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs
 	$(check_args)
 	$(PY) -m reprotrain.tools.runs.eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
 
-bench: $(STAMP) ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
+bench: ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
+	$(call in_template,scripts/bench.py)
+	@$(MAKE) --no-print-directory install
 	$(PY) scripts/bench.py $(ARGS)
 
-drill: $(STAMP) ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
+drill: ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
+	$(call in_template,scripts/kill_resume_trials.py)
+	@$(MAKE) --no-print-directory install
 	$(PY) scripts/kill_resume_trials.py --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(NPROC) $(ARGS)
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab

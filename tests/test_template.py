@@ -45,8 +45,9 @@ def user_project(tmp_path_factory):
         "_target_: torch.optim.RMSprop\n_partial_: true\nlr: 0.001\n"
     )
     env = base_env(PYTHONPATH=str(root / "pkg"))
-    # A searchpath on the command line replaces conf/train.yaml's: keep the framework's own.
-    return [f"hydra.searchpath=[file://{conf},pkg://reprotrain.selfcheck.conf]"], env
+    # The framework's own configs (experiment=selfcheck) are in the ConfigStore, not on the
+    # searchpath: a user's searchpath needs only its own tree.
+    return [f"hydra.searchpath=[file://{conf}]"], env
 
 
 def test_a_new_model_module_and_yaml_train_bitwise_repeatably(tmp_path, user_project):

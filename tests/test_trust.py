@@ -388,7 +388,7 @@ def test_rule_a_config_check_per_group_nested_partial_and_interpolations():
     from reprotrain.tools.reproduce import config_trust
 
     dirs = config_trust.trusted_conf_dirs(REPO)
-    assert dirs == [REPO / "conf", REPO / SELFCHECK_CONF]  # conf/ + hydra.searchpath's pkg://
+    assert dirs == [REPO / "conf", REPO / "src/reprotrain/conf", REPO / SELFCHECK_CONF]
     allowed = config_trust.conf_targets(*dirs)
     assert "reprotrain.selfcheck.net.TinyConvNet" in allowed["model"]
     assert "torchvision.transforms.v2.RandomResizedCrop" in allowed["dataset"]  # a nested list

@@ -19,7 +19,10 @@ def framework_files(suffix: str) -> list:
     return [
         p
         for p in REPO.rglob(f"*{suffix}")
-        if ".venv" not in p.parts and tf.is_framework(str(p.relative_to(REPO)), USER)
+        if ".venv" not in p.parts
+        and (
+            tf.is_framework(rel := str(p.relative_to(REPO)), USER) or tf.is_template_only(rel, USER)
+        )
     ]
 
 

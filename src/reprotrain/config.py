@@ -129,8 +129,9 @@ USER_GROUPS = ("dataset", "model", "task", "optimizer", "scheduler", "loss")
 
 def register_configs() -> None:
     """Register the schema for train.yaml and for each project-owned group."""
-    from reprotrain import launchers
+    from reprotrain import conf, launchers
 
+    conf.register()  # the framework's wiring and its own job (src/reprotrain/conf)
     launchers.register_resolvers()  # ${cores_per_job:} is the default thread count
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)

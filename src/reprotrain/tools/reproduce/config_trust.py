@@ -36,19 +36,10 @@ from typing import Any
 
 import yaml
 
-_PACKAGE = re.compile(r"^#\s*@package\s+(\S+)")
+from reprotrain.conf import FRAMEWORK_CONF_DIRS, package_header
+
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
 REFUSED_TOP_LEVEL = ("hydra", "defaults")
-
-
-def _package(text: str) -> str | None:
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        m = _PACKAGE.match(line)
-        if m:
-            return m.group(1)
-    return None
 
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
@@ -70,9 +61,11 @@ def targets_in(node: Any) -> set[str]:
 
 
 def trusted_conf_dirs(source: Path) -> list[Path]:
-    """The config trees of a source checkout: ``conf/`` and every ``pkg://`` entry of its
-    primary config's ``hydra.searchpath`` (a package's own configs, under ``src/``)."""
+    """The config trees of a source checkout: ``conf/``, the framework's packaged configs
+    (``reprotrain.conf.FRAMEWORK_CONF_DIRS``, where the source has them) and every ``pkg://``
+    entry of its primary config's ``hydra.searchpath`` (a package's own, under ``src/``)."""
     dirs = [Path(source) / "conf"]
+    dirs += [Path(source) / d for d in FRAMEWORK_CONF_DIRS if (Path(source) / d).is_dir()]
     try:
         primary = yaml.safe_load((Path(source) / "conf" / "train.yaml").read_text("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -81,7 +74,7 @@ def trusted_conf_dirs(source: Path) -> list[Path]:
     for entry in (hydra or {}).get("searchpath") or []:
         if isinstance(entry, str) and entry.startswith("pkg://"):
             rel = Path(*entry.removeprefix("pkg://").split("."))
-            if ".." not in rel.parts:
+            if ".." not in rel.parts and Path(source) / "src" / rel not in dirs:
                 dirs.append(Path(source) / "src" / rel)
     return dirs
 
@@ -104,7 +97,7 @@ def conf_targets(*conf_dirs: Path) -> dict[str, set[str]]:
             continue
         if not isinstance(data, dict):
             continue
-        package = _package(text)
+        package = package_header(text)
         if len(rel.parts) == 1 or package == "_global_":
             roots = [(str(k), v) for k, v in data.items() if k != "defaults"]
         elif package and package not in ("_group_", "_here_"):

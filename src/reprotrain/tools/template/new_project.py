@@ -1,13 +1,15 @@
 """``make new-project NAME=mylab DEST=../mylab``: a fresh repository from this template.
 
-Needs only python3 and git (standard library only, no venv). It copies the *tracked* files
-of this checkout (so no outputs, data, venv or untracked notes travel). The framework's files
-(``template_files.FRAMEWORK``: ``src/reprotrain``, the framework tests, scripts, Makefile,
-Dockerfile, CI, the project-owned config groups) are copied byte for byte and keep the name
-``reprotrain``; only the user's package is renamed: ``src/starter`` becomes ``src/<name>``,
-``tests/starter`` becomes ``tests/<name>``, and its imports and config ``_target_``s follow.
-The project records the template's location and commit in ``.template.json``, which
-``make update-template`` reads to bring later framework fixes over. One commit, new history.
+Needs only python3 and git (standard library only, no venv, no network). It copies the
+*tracked* files of this checkout that a project uses (``template_files``): the framework
+(``src/reprotrain``, its docs, Makefile, Dockerfile, CI, the project-owned config groups)
+byte for byte, and the user's room (``src/starter`` renamed to ``src/<name>``, ``conf/``,
+dependencies and locks) with its imports and config ``_target_``s renamed. The framework's
+own tests, benchmarks, drills and maintainer scripts stay in the template (a project runs
+``make selfcheck``). The project gets its own short README and a small ``tests/`` for its
+room, written from ``project/``. It records the template's location and commit in
+``.template.json``, which ``make update-template`` reads to bring later framework fixes
+over. One commit, new history.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from reprotrain.repro.gitinfo import run_git
 from reprotrain.tools.template import template_files as tf
 
 ROOT = Path(__file__).resolve().parents[4]
-CREDITED = ("README.md", "LICENSE")
+PROJECT_FILES = Path(__file__).resolve().parent / "project"  # what the project gets written
 # Names a project package must not take: they would shadow what the framework imports.
 TAKEN = {tf.FRAMEWORK_PACKAGE, "torch", "torchvision", "hydra", "omegaconf", "numpy", "tests",
          "conf", "scripts", "src"}  # fmt: skip
@@ -70,16 +72,25 @@ def template_location(src: Path) -> str:
     return str(src)
 
 
-def readme(name: str, commit: str, location: str, template_readme: str, old: str) -> str:
-    body = rename_package(template_readme, old, name)
-    body = body.split("\n", 1)[1] if body.startswith("# ") else body
+def readme(name: str, commit: str, location: str) -> str:
+    """The project's own README (its file): its name, the two commands, its room, the manual."""
     where = f"[{location}]({location})" if re.match(r"https?://", location) else f"`{location}`"
-    return (
-        f"# {name}\n\n"
-        f"> Started from the {tf.FRAMEWORK_PACKAGE} training template ({where}) at commit "
-        f"`{commit[:12]}` (recorded in `{tf.RECORD}`; `make update-template` brings its "
-        f"framework fixes over). Its README follows.\n" + body
-    )
+    text = (PROJECT_FILES / "README.md").read_text(encoding="utf-8")
+    return text.format(
+        name=name, framework=tf.FRAMEWORK_PACKAGE, manual="docs/", template=where,
+        commit=commit[:12],
+    )  # fmt: skip
+
+
+def room_tests(name: str) -> dict[str, str]:
+    """The project's small tests/ for its own room (``project/*.py.in``, package renamed:
+    the sources name the template's own package, also when a project makes a project)."""
+    conftest = (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8")
+    tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
+    return {
+        "tests/conftest.py": conftest,
+        f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
+    }
 
 
 def license_text(name: str, template_license: str | None) -> str:
@@ -126,15 +137,13 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
     try:
         for rel in files:
             source = src / rel
-            if not source.is_file() or rel.startswith("docs/notes/") or rel == tf.RECORD:
-                continue  # deleted in the work tree, the template's own notes, its own record
-            if rel in CREDITED:
-                continue
+            if not source.is_file() or not tf.ships(rel, old) or rel == tf.RECORD:
+                continue  # deleted in the work tree, template-only, the template's record
             copy_file(source, dest / target_path(rel, old, name), rel, old, name)
-        template_readme = (src / "README.md").read_text(encoding="utf-8")
-        (dest / "README.md").write_text(
-            readme(name, commit, location, template_readme, old), encoding="utf-8"
-        )
+        written = {"README.md": readme(name, commit, location), **room_tests(name)}
+        for rel, text in written.items():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(text, encoding="utf-8")
         lic = src / "LICENSE"
         old_license = lic.read_text(encoding="utf-8") if lic.is_file() else None
         (dest / "LICENSE").write_text(license_text(name, old_license), encoding="utf-8")

@@ -1,16 +1,25 @@
-"""Which files of a project are the framework's and which are the user's.
+"""Which files of the template a project receives, whose they are, and which stay behind.
 
-The framework's files are identical, byte for byte, in the template and in every project made
-from it (``make new-project`` copies them untouched) and only they are changed by
-``make update-template``. Everything else belongs to the project: its own package (the
-template's is ``src/starter``, renamed by new-project), its tests (``tests/<package>/``), its
-config groups and experiments, README, LICENSE, dependencies and locks. Standard library
-only: new-project runs before any venv exists.
+Three kinds of tracked file, each path in exactly one (``test_new_project`` checks that every
+file of the template is classified):
+
+- ``FRAMEWORK``: shipped to every project byte for byte and only ever changed there by
+  ``make update-template``: the framework package, its docs, Makefile, container, CI entry,
+  the project-owned config groups.
+- the user's room (``user_room``): the user's package (the template's is ``src/starter``,
+  renamed by new-project), ``conf/`` (train.yaml and the user's groups), dependencies and
+  locks. Copied once, renamed, then never touched by the template again.
+- ``TEMPLATE_ONLY``: the framework's own tests, benchmarks, drills and maintainer scripts.
+  They stay in the template; a project checks its framework copy with ``make selfcheck``.
+
+A project also gets files written for it (``project/``: its README, a small ``tests/`` for
+its own room). Standard library only: new-project runs before any venv exists.
 """
 
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 TEMPLATE_PACKAGE = "starter"  # the user's package in the template itself
@@ -20,14 +29,16 @@ RECORD = ".template.json"  # in a project: where it came from (like copier's ans
 # Framework paths (files or folders), relative to the repository root.
 FRAMEWORK = (
     "src/reprotrain",
-    "tests",  # minus tests/<user package>/, see framework_pathspecs
-    "scripts",
+    "docs",  # the manual (a docs site): the framework's, so update-template refreshes it
+    "mkdocs.yml",
     "Makefile",
     "Dockerfile",
     ".dockerignore",
     ".ci",
-    ".github",
+    ".github/workflows/lint.yml",
+    ".github/workflows/reproduce.yml",
     ".pre-commit-config.yaml",
+    "scripts/pin_base.py",  # make pin-base: the project's own container base
     "conf/seed",  # the project-owned, schema-typed config groups and Hydra's own
     "conf/repro",
     "conf/trainer",
@@ -36,21 +47,68 @@ FRAMEWORK = (
     "conf/hydra",
 )
 
+# The user's room, besides the package itself (fnmatch patterns; a folder takes its files).
+USER_ROOM = (
+    "conf",
+    "pyproject.toml",
+    "requirements*.in",
+    "requirements*.lock*",
+    "docker",
+    ".gitignore",
+    "README.md",  # the template's own README stays; new-project writes the project's
+    "LICENSE",
+)
+
+# The framework's own tests, benchmarks, drills, maintainer scripts and notes: template only.
+TEMPLATE_NOTES = "docs/notes"  # under docs/, but the template's own
+TEMPLATE_ONLY = (
+    "tests",  # the framework's tests (tests/<package>: the example room's, see user_room)
+    "scripts",
+    ".github/workflows/checksum.yml",  # pins the template's reference bits
+    TEMPLATE_NOTES,
+)
+# Written into the room by new-project instead of copied from the template.
+WRITTEN = ("README.md", "LICENSE", "tests")
+
+
+def _under(rel: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    return any(rel == p or rel.startswith(p + "/") or fnmatchcase(rel, p) for p in patterns)
+
 
 def user_tests(package: str) -> str:
     return f"tests/{package}"
 
 
 def is_framework(rel: str, package: str) -> bool:
-    """True for a framework file; ``package`` is the user's package name of this checkout."""
-    if rel == user_tests(package) or rel.startswith(user_tests(package) + "/"):
+    """True for a file every project holds byte for byte (``package``: this checkout's)."""
+    return _under(rel, FRAMEWORK) and not _under(rel, [TEMPLATE_NOTES])
+
+
+def is_user_room(rel: str, package: str) -> bool:
+    """True for the user's own files: their package and its tests, conf/ (less the
+    framework's groups), dependencies, locks, README and LICENSE."""
+    if is_framework(rel, package):
         return False
-    return any(rel == p or rel.startswith(p + "/") for p in FRAMEWORK)
+    return _under(rel, (f"src/{package}", user_tests(package), *USER_ROOM))
+
+
+def is_template_only(rel: str, package: str) -> bool:
+    """True for the framework's own checks and tools that a project does not receive."""
+    return (
+        not is_framework(rel, package)
+        and not is_user_room(rel, package)
+        and _under(rel, TEMPLATE_ONLY)
+    )
+
+
+def ships(rel: str, package: str) -> bool:
+    """True for a template file new-project copies into a project."""
+    return is_framework(rel, package) or (is_user_room(rel, package) and not _under(rel, WRITTEN))
 
 
 def framework_pathspecs(package: str) -> list[str]:
-    """The framework paths as git pathspecs for a checkout whose user package is ``package``."""
-    return ["--", *FRAMEWORK, f":(exclude){user_tests(package)}"]
+    """The framework paths as git pathspecs (``package``: the checkout's user package)."""
+    return ["--", *FRAMEWORK, f":(exclude){TEMPLATE_NOTES}"]
 
 
 def read_record(root: Path) -> dict | None:
@@ -63,9 +121,8 @@ def read_record(root: Path) -> dict | None:
 def write_record(root: Path, record: dict) -> None:
     record = {**record, "framework_files": list(FRAMEWORK)}
     record["user_files"] = (
-        f"everything else: src/{record['package']}/, tests/{record['package']}/, conf/train.yaml "
-        "and the user's config groups, README.md, LICENSE, pyproject.toml, requirements*, "
-        "docker/base-image.env, docs/"
+        f"everything else: src/{record['package']}/, tests/, conf/train.yaml and the user's "
+        "config groups, README.md, LICENSE, pyproject.toml, requirements*, docker/base-image.env"
     )
     text = json.dumps(record, indent=2) + "\n"
     (root / RECORD).write_text(text, encoding="utf-8")

@@ -129,7 +129,6 @@ SLOW = {
     "test_distributed.py::test_submitit_tasks_become_ddp_ranks_without_torchrun",
     "test_distributed.py::test_two_ranks_share_rank0s_run_dir_gather_rng_and_shard_the_global_batch",
     "test_distributed.py::test_two_torchrun_agents_with_c10d_rendezvous_form_one_two_node_job",
-    "test_new_project.py::test_deleting_the_users_models_and_data_leaves_bench_tests_and_tools_working",
     "test_reference_job.py::test_smoke_bits_are_the_same_in_the_template_and_a_new_project",
     "test_interruptions.py::test_a_full_disk_names_the_path_and_leaves_the_run_failed[metrics.jsonl]",
     "test_report.py::test_report_of_a_real_training_run",

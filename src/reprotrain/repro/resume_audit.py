@@ -6,8 +6,9 @@ a metric object, a counter on the model, a dataset's own generator) and global R
 drawn from outside the framework's seeded scopes. At every checkpoint ``ResumeAudit``
 records a digest of
 
-- each instance attribute of the task, the dataset (its transforms are attributes of it)
-  and every module of the model, that changed since construction (a module's public
+- each instance attribute of the task, the dataset (its transforms are attributes of it),
+  the user's step object (``step`` group) and every module of the model, that changed
+  since construction (a module's public
   attributes only: parameters and buffers are the model's ``state_dict``), and
 - the global RNG states (python, numpy, torch CPU and the training GPU),
 
@@ -164,8 +165,10 @@ class ResumeAudit:
 
     optional = True  # checkpoints written before the audit have no entry
 
-    def __init__(self, task: Any, dataset: Any, model: nn.Module, device: torch.device) -> None:
-        self.owners = {"task": task, "dataset": dataset}
+    def __init__(
+        self, task: Any, dataset: Any, model: nn.Module, device: torch.device, step: Any = None
+    ) -> None:
+        self.owners = {"task": task, "dataset": dataset, "step": step}
         self.model, self.device = model, torch.device(device)
         self.restorable = {"task": hasattr(task, "load_state_dict")}
         self.digest = Digester()

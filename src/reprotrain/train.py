@@ -154,7 +154,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     runner = build_training(cfg, pipeline.steps_per_epoch, device, reduction, seeds.train)
     state = runner.state
     record.update(components=components_record(cfg.trainer, runner, dataset))
-    state.audit = ResumeAudit(runner.task, dataset, state.model, device, step=state.step)
+    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.step, dist)
 
     # --- resume or start: seed the `train` stream (a resume then restores the state) -------
     seed_globals(seeds.train)  # what an Exact resume re-derives (its checkpoint has no rng)

@@ -29,11 +29,11 @@ CPU = torch.device("cpu")
 BATCH = 16
 
 
-def tiny_model(seed: int) -> nn.Module:
+def tiny_model(seed: int, dropout: bool = True) -> nn.Module:
+    """Linear, BatchNorm (running statistics), ReLU, dropout (a global RNG draw), Linear."""
     torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)
-    )
+    drop = nn.Dropout(0.2) if dropout else nn.Identity()
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), drop, nn.Linear(16, 3))
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,9 +52,10 @@ class Harness:
         reduction: str = "local",
         microbatch_size: int | None = None,
         seed: int = 0,
+        dropout: bool = True,
     ) -> None:
         self.reduction = REDUCTIONS[reduction]()
-        model, forward = self.reduction.prepare(tiny_model(seed))
+        model, forward = self.reduction.prepare(tiny_model(seed, dropout))
         opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
         scaler = torch.amp.GradScaler("cpu", enabled=False)

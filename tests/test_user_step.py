@@ -1,6 +1,6 @@
 """The step a user can own (``step`` config group, reprotrain/step.py): what the framework
 promises a step object, checked in process on a tiny model. The worked examples (EMA, SAM)
-are the user package's and are tested in tests/starter/test_user_step.py."""
+are the user package's and are tested in tests/starter/test_example_steps.py."""
 
 from __future__ import annotations
 
@@ -155,3 +155,16 @@ def test_the_step_group_is_bound_at_preflight_and_given_the_model_when_it_takes_
     missing = OmegaConf.create({"_target_": "reprotrain.step.Nowhere"})
     with pytest.raises(ComponentError, match=r"step._target_='reprotrain.step.Nowhere'"):
         check_node(missing, "step", ("model",))
+
+
+def test_a_config_recorded_before_the_step_group_keeps_its_identity():
+    from reprotrain.config import PLAIN_STEP, config_sha256
+    from reprotrain.repro.resume_guard import config_differences
+
+    before = {"trainer": {"epochs": 2}, "model": {"_target_": "m.M"}}  # no `step` key
+    now = {**before, "step": dict(PLAIN_STEP)}
+    assert config_sha256(before) == config_sha256(now)
+    assert config_differences(before, now) == []  # a resume of an older run is not refused
+    ema = {**before, "step": {"_target_": "my.steps.EMA", "decay": 0.9}}
+    assert config_sha256(ema) != config_sha256(now)
+    assert config_differences(now, ema) == ["step._target_", "step.decay"]

@@ -367,10 +367,16 @@ def is_identity(key: str) -> bool:
     return key not in NON_IDENTITY_KEYS and not key.startswith(NON_IDENTITY_PREFIXES)
 
 
+def without_plain_step(container: dict) -> dict:
+    """``container`` less a ``step`` that is the plain default: a config recorded before the
+    ``step`` group existed compares equal to the same config now."""
+    if container.get("step") == PLAIN_STEP:
+        return {k: v for k, v in container.items() if k != "step"}
+    return container
+
+
 def config_sha256(container: dict) -> str:
     """sha256 of the resolved config (sorted dotted keys), identity keys only; the plain
     ``step`` (what every run did before the ``step`` group existed) is left out."""
-    if container.get("step") == PLAIN_STEP:
-        container = {k: v for k, v in container.items() if k != "step"}
-    ident = {k: v for k, v in flatten(container).items() if is_identity(k)}
+    ident = {k: v for k, v in flatten(without_plain_step(container)).items() if is_identity(k)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()

@@ -1,4 +1,4 @@
-"""The optimisation step over micro-batches, one epoch, evaluation, cross-rank reduction.
+"""The optimisation step over micro-batches, one epoch, evaluation.
 
 The task computes what a (micro-)batch means (loss and metric sums, see tasks/); this
 module does everything around it. The micro-batch is the unit of work, the step the unit

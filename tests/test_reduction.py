@@ -159,3 +159,24 @@ def test_micro_batch_contexts_count_over_every_rank(reduction):
     x, y = batch(0)
     h.runner.step((x[:8], y[:8]), 0)
     assert seen == [(2, 4, 0, True), (3, 4, 0, True)]  # rank 1 runs micro-batches 2 and 3
+
+
+def test_the_layout_is_checked_once_in_config_with_the_launchers_world_size(monkeypatch):
+    from reprotrain import preflight
+    from reprotrain.config import register_configs
+    from reprotrain.errors import ReprotrainError
+
+    register_configs()
+    preflight.register_resolvers()
+    argv = ["experiment=selfcheck", "trainer.batch_size=64", "trainer.microbatch_size=16"]
+    invariant = [*argv, "trainer.world_size_invariant=true"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    preflight.check(invariant)  # 4 micro-batches over 2 ranks
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ReprotrainError, match="not divisible by the world size 3"):
+        preflight.check(argv)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(ReprotrainError, match=r"microbatch_size=16 does not divide the per-rank"):
+        preflight.check(argv)  # 8 samples per rank: no micro-batch of 16 fits
+    with pytest.raises(ReprotrainError, match=r"world size \(8\) to divide the 4 micro-batch"):
+        preflight.check(invariant)

@@ -23,6 +23,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
+from reprotrain.distributed import check_divisible
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
 
@@ -304,11 +305,7 @@ def check_layout(trainer: Any, world_size: int) -> None:
             f"trainer.microbatch_size={micro} does not divide trainer.batch_size={batch}; "
             "pick a divisor"
         )
-    if batch % world_size:
-        raise ReprotrainError(
-            f"trainer.batch_size={batch} (the global batch) is not divisible by the "
-            f"world size {world_size}; pick a multiple of {world_size}"
-        )
+    check_divisible(batch, world_size)
     per_rank = batch // world_size
     if trainer.world_size_invariant and microbatches_per_step(trainer) % world_size:
         raise ReprotrainError(

@@ -1,7 +1,8 @@
 """The house is one-way: entry -> engine -> ground floor, never back up, and no circles.
 
 Floors (DESIGN: "Floors"): ``train`` (the entry) and ``tools``/``bench`` beside it may import
-anything; the engine level (``engine``, ``invariant``) never imports the entry or the tools;
+anything; the engine level (``engine``, ``reduction``, ``invariant``) never imports the entry
+or the tools;
 the ground floor (tasks, data, repro, config and the small modules) imports neither the entry,
 the tools nor the engine. Every import counts, at module level or inside a function: an
 import moved into a function still ties the two modules together, so it may not close a
@@ -18,7 +19,7 @@ from conftest import REPO
 
 SRC = REPO / "src"
 ENTRY = ("reprotrain.train", "reprotrain.tools", "reprotrain.bench", "reprotrain.selfcheck")
-ENGINE = ("reprotrain.engine", "reprotrain.invariant")
+ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction")
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 

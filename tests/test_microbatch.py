@@ -11,7 +11,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import assert_ok, base_env, run_json, train
-from reprotrain.engine import Stepper, TrainerState
+from reprotrain.distributed import Dist
+from reprotrain.engine import StepRunner, StepSettings, TrainerState
+from reprotrain.reduction import DDP
 from reprotrain.tasks import Classification
 
 
@@ -41,12 +43,13 @@ def batch(n: int = 8, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def stepper(microbatch_size: int | None, seed: int = 0) -> Stepper:
+def stepper(microbatch_size: int | None, seed: int = 0, reduction=None) -> StepRunner:
     model, opt, sched, scaler = tiny(seed)
     state = TrainerState(model, opt, sched, scaler, torch.device("cpu"))
-    return Stepper(
-        state, model, Classification(nn.CrossEntropyLoss()), microbatch_size=microbatch_size
-    )
+    return StepRunner(
+        state, Classification(nn.CrossEntropyLoss()), reduction=reduction,
+        settings=StepSettings(microbatch_size=microbatch_size),
+    )  # fmt: skip
 
 
 def step_before_the_seam(model, opt, sched, scaler, loss_fn, x, y):
@@ -103,8 +106,10 @@ def test_two_microbatches_accumulate_the_whole_batch_gradient():
     assert torch.allclose(sums_w["loss"], sums_h["loss"], atol=1e-5)
     for a, b in zip(whole.state.model.parameters(), halves.state.model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+    from reprotrain.config import TrainerConfig, check_layout
+
     with pytest.raises(Exception, match="microbatch_size=3 does not divide"):
-        stepper(3).step((x, y), global_step=0)
+        check_layout(TrainerConfig(batch_size=8, microbatch_size=3), 1)
 
 
 def test_microbatches_see_their_own_counter_based_context():
@@ -165,12 +170,12 @@ def test_ddp_gradient_sync_waits_for_the_last_microbatch():
             finally:
                 self.syncing = True
 
-    s = stepper(2)
+    s = stepper(2, reduction=DDP(Dist()))
     s.forward = FakeDDP(s.state.model)
     s.step(batch(8), global_step=0)
     assert events == ["forward, no sync"] * 3 + ["forward, sync"]
     events.clear()
-    one = stepper(None)
+    one = stepper(None, reduction=DDP(Dist()))
     one.forward = FakeDDP(one.state.model)
     one.step(batch(8), global_step=0)
     assert events == ["forward, sync"]

@@ -21,7 +21,7 @@ from torch import nn
 
 from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
 from reprotrain.data.pipeline import SeededCollate, SeededSamples, keyed_items
-from reprotrain.engine import Stepper, TrainerState, evaluate
+from reprotrain.engine import StepRunner, StepSettings, TrainerState, evaluate
 from reprotrain.repro.seeding import scoped_globals
 from reprotrain.tasks import Classification
 from reprotrain.tasks.base import StepContext
@@ -111,15 +111,16 @@ class _GlobalDraws(Classification):
         return {"loss": torch.tensor(float(np.random.normal())), "correct": torch.tensor(0)}
 
 
-def _stepper(microbatch_size=None) -> Stepper:
+def _stepper(microbatch_size=None) -> StepRunner:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     state = TrainerState(model, opt, sched, scaler, torch.device("cpu"))
-    return Stepper(state, model, _GlobalDraws(nn.CrossEntropyLoss()),
-                   microbatch_size=microbatch_size, train_seed=7)  # fmt: skip
+    return StepRunner(state, _GlobalDraws(nn.CrossEntropyLoss()),
+                      settings=StepSettings(microbatch_size=microbatch_size),
+                      train_seed=7)  # fmt: skip
 
 
 def _batch():

@@ -156,12 +156,12 @@ def test_the_world_size_is_outside_the_bitwise_rule_only_for_an_invariant_run():
 
 
 def test_a_world_size_that_does_not_divide_the_micro_batches_is_one_line():
-    from reprotrain.train import check_microbatch
+    from reprotrain.config import check_layout
 
     settings = TrainerConfig(batch_size=64, microbatch_size=32, world_size_invariant=True)
-    check_microbatch(settings, 2)  # k = 2: W = 1, 2 fine
+    check_layout(settings, 2)  # k = 2: W = 1, 2 fine
     with pytest.raises(ReprotrainError, match=r"world size \(4\) to divide the 2 micro-batch"):
-        check_microbatch(settings, 4)
+        check_layout(settings, 4)
 
 
 def test_resume_on_a_world_size_that_does_not_divide_k_is_refused(tmp_path, two):

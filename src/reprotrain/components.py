@@ -1,10 +1,11 @@
 """User-brought code by config: resolve each ``_target_``, check its keys, build it.
 
-A model, task, optimizer, scheduler, loss or dataset is a YAML with ``_target_: dotted.path`` plus
-keyword arguments, the Hydra convention. Optimizers and schedulers are ``_partial_: true``:
-the trainer supplies what only it knows (the parameters; the optimizer and, when the
-callable takes it, ``total_steps``); a task gets the built ``loss`` as ``loss_fn`` when its
-callable takes it. Adding one is one module and one YAML; nothing here
+A model, task, optimizer, scheduler, loss, dataset or step is a YAML with
+``_target_: dotted.path`` plus keyword arguments, the Hydra convention. Optimizers and
+schedulers are ``_partial_: true``: the trainer supplies what only it knows (the parameters;
+the optimizer and, when the callable takes it, ``total_steps``); a task gets the built
+``loss`` as ``loss_fn`` when its callable takes it, a step (``reprotrain/step.py``) the bare
+``model`` when its callable takes it. Adding one is one module and one YAML; nothing here
 names a concrete class.
 
 ``check`` runs at preflight, before any run directory exists: it imports every target
@@ -34,6 +35,7 @@ SUPPLIED: dict[str, tuple[str, ...]] = {
     "loss": (),
     "task": ("loss_fn",),
     "dataset": (),
+    "step": ("model",),
 }
 _META = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
@@ -298,6 +300,18 @@ def build_task(node: DictConfig, loss_node: DictConfig | None) -> Any:
     partial = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
     partial["_partial_"] = True
     return build("task", partial, **supplied)
+
+
+def build_step(node: DictConfig, model: Any) -> Any:
+    """The ``step`` ``_target_`` (``reprotrain.step.PlainStep`` by default), given the bare
+    ``model`` when its callable takes that argument (an EMA of the weights needs them)."""
+    target = locate(str(node["_target_"]), "step")
+    names, var_kw, _ = accepted(target)
+    if "model" not in names and not var_kw:
+        return build("step", node)
+    partial = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    partial["_partial_"] = True
+    return build("step", partial, model=model)
 
 
 def declared_metrics(node: DictConfig, loss_node: DictConfig | None) -> dict[str, str]:

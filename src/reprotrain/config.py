@@ -16,12 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
+from reprotrain.distributed import check_divisible
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
 
@@ -99,6 +101,53 @@ class TrainerConfig:
     stop_after_epoch: int = 0
 
 
+#: The ``step`` every run had before the group existed: a config holding exactly this is
+#: hashed without it, so identities (and resumes) of earlier runs still match.
+PLAIN_STEP = {"_target_": "reprotrain.step.PlainStep"}
+
+
+# --- the trainer's settings by concern: each component takes the part it uses ---------------
+
+
+def from_trainer(cls: type, trainer: Any) -> Any:
+    """``cls`` (a frozen dataclass whose field names are ``trainer.*`` keys) from the config."""
+    return cls(**{f.name: trainer[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the epoch loop reads: length, evaluation cadence, the monitored value, stops."""
+
+    epochs: int = 30
+    eval_every: int = 1
+    monitor: str = "val_acc"
+    monitor_mode: str = "max"
+    checkpoint_every_steps: int = 0
+    stop_at_global_step: int = 0
+    stop_after_epoch: int = 0
+    progress: bool = True
+    profile_steps: int = 0
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """The non-finite guard: what a NaN/inf does, and how often the flag is read."""
+
+    on_nonfinite: str = "stop"
+    nonfinite_check_every: int = 10
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """How the model, its optimizer and its forward are built."""
+
+    channels_last: bool = False
+    compile: bool = False
+    compile_mode: str = "default"
+    no_decay_norm_bias: bool = False
+    amp_init_scale: float = 65536.0
+
+
 @dataclass
 class TrainConfig:
     dataset: Any = MISSING
@@ -107,6 +156,9 @@ class TrainConfig:
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     loss: Any = MISSING
+    # The optimizer step (conf/step/, reprotrain/step.py); a recorded config without one
+    # (a run started before the group existed) gets the plain step it ran with.
+    step: Any = field(default_factory=lambda: dict(PLAIN_STEP))
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING
@@ -124,7 +176,7 @@ PROJECT_GROUPS = {
     "trainer": TrainerConfig,
     "logger": LoggerConfig,
 }
-USER_GROUPS = ("dataset", "model", "task", "optimizer", "scheduler", "loss")
+USER_GROUPS = ("dataset", "model", "task", "optimizer", "scheduler", "loss", "step")
 
 
 def register_configs() -> None:
@@ -217,17 +269,7 @@ def validate(cfg: DictConfig | Any) -> None:
         value = cfg.seed[stream]
         if value is not None and not 0 <= value <= SEED_MAX:
             raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
-    micro = cfg.trainer.microbatch_size
-    if micro is not None and not 0 < micro <= cfg.trainer.batch_size:
-        raise ReprotrainError(
-            f"trainer.microbatch_size={micro} must be in 1..trainer.batch_size "
-            f"({cfg.trainer.batch_size}), or null for one piece per step"
-        )
-    if micro is not None and cfg.trainer.batch_size % micro:
-        raise ReprotrainError(
-            f"trainer.microbatch_size={micro} does not divide trainer.batch_size="
-            f"{cfg.trainer.batch_size}; pick a divisor"
-        )
+    check_layout(cfg.trainer, launch_world_size())
     if cfg.trainer.monitor_mode not in ("max", "min"):
         raise ReprotrainError("trainer.monitor_mode must be max or min")
     if cfg.trainer.pipeline == "device" and cfg.trainer.num_workers:
@@ -237,6 +279,51 @@ def validate(cfg: DictConfig | Any) -> None:
         bad = _non_finite_leaves(cfg[group], group)
         if bad:
             raise ReprotrainError(f"{bad[0]} is not a finite number (nan/inf); give a real value")
+
+
+def launch_world_size() -> int:
+    """The world size the launcher announces (torchrun's ``WORLD_SIZE``; 1 without one)."""
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.strip().isdigit() and int(value) > 0 else 1
+
+
+def microbatches_per_step(trainer: Any) -> int:
+    """The step's global batch in micro-batches (1 when ``microbatch_size`` is null)."""
+    return trainer.batch_size // (trainer.microbatch_size or trainer.batch_size)
+
+
+def check_layout(trainer: Any, world_size: int) -> None:
+    """The one check of how a step's batch splits: global batch over ranks, each rank's
+    share into micro-batches, and (world-size invariant) the micro-batches over ranks."""
+    batch, micro = trainer.batch_size, trainer.microbatch_size
+    if micro is not None and not 0 < micro <= batch:
+        raise ReprotrainError(
+            f"trainer.microbatch_size={micro} must be in 1..trainer.batch_size "
+            f"({batch}), or null for one piece per step"
+        )
+    if micro is not None and batch % micro:
+        raise ReprotrainError(
+            f"trainer.microbatch_size={micro} does not divide trainer.batch_size={batch}; "
+            "pick a divisor"
+        )
+    check_divisible(batch, world_size)
+    per_rank = batch // world_size
+    if trainer.world_size_invariant and microbatches_per_step(trainer) % world_size:
+        raise ReprotrainError(
+            f"trainer.world_size_invariant needs the world size ({world_size}) to divide "
+            f"the {microbatches_per_step(trainer)} micro-batch(es) per step; set "
+            f"trainer.microbatch_size to a divisor of {per_rank}"
+        )
+    if trainer.sync_batchnorm and trainer.world_size_invariant:
+        raise ReprotrainError(
+            "trainer.sync_batchnorm and trainer.world_size_invariant exclude each other: "
+            "invariant runs normalise over each micro-batch; drop one of them"
+        )
+    if micro and per_rank % micro:
+        raise ReprotrainError(
+            f"trainer.microbatch_size={micro} does not divide the per-rank batch "
+            f"({per_rank} = trainer.batch_size / world size); pick a divisor of it"
+        )
 
 
 # Keys that say where or how to look, not what to compute: left out of config_sha256 so a
@@ -278,7 +365,16 @@ def is_identity(key: str) -> bool:
     return key not in NON_IDENTITY_KEYS and not key.startswith(NON_IDENTITY_PREFIXES)
 
 
+def without_plain_step(container: dict) -> dict:
+    """``container`` less a ``step`` that is the plain default: a config recorded before the
+    ``step`` group existed compares equal to the same config now."""
+    if container.get("step") == PLAIN_STEP:
+        return {k: v for k, v in container.items() if k != "step"}
+    return container
+
+
 def config_sha256(container: dict) -> str:
-    """sha256 of the resolved config (sorted dotted keys), identity keys only."""
-    ident = {k: v for k, v in flatten(container).items() if is_identity(k)}
+    """sha256 of the resolved config (sorted dotted keys), identity keys only; the plain
+    ``step`` (what every run did before the ``step`` group existed) is left out."""
+    ident = {k: v for k, v in flatten(without_plain_step(container)).items() if is_identity(k)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()

@@ -90,6 +90,11 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over every rank, in place (the identity on one process)."""
+        if self.enabled:
+            dist.all_reduce(tensor)
+
     def gather_objects(self, obj: T, dst: int = 0) -> list[T] | None:
         """[obj of rank 0, obj of rank 1, ...] on ``dst``; None on the other ranks."""
         if not self.enabled:

@@ -1,9 +1,11 @@
-"""The optimisation step over micro-batches, one epoch, evaluation, cross-rank reduction.
+"""The optimisation step over micro-batches, one epoch, evaluation.
 
 The task computes what a (micro-)batch means (loss and metric sums, see tasks/); this
 module does everything around it. The micro-batch is the unit of work, the step the unit
-of optimisation: a step's batch is split into ``microbatch_size`` pieces whose gradients
-accumulate (DDP: no gradient sync until the last one) before one optimizer step.
+of optimisation: a step's batch is split into ``microbatch_size`` pieces, run by the one
+micro-batch loop (``StepRunner.gradients``), whose results the run's reduction combines
+(``reduction.py``: Local, DDP, Exact) before the user's step object (``step.py``) applies
+one optimizer step.
 
 Closes: global RNGs in user code. Each micro-batch's forward and backward run with python
 ``random``, numpy's global RNG and torch's CPU/GPU generators seeded from
@@ -33,12 +35,16 @@ from torch import nn
 
 from reprotrain import batches, fault_injection
 from reprotrain.errors import ReprotrainError
+from reprotrain.reduction import Local, Reduction
 from reprotrain.repro import op_trace
 from reprotrain.repro.seeding import microbatch_seed, scoped_globals
 from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
+from reprotrain.step import PlainStep
 from reprotrain.tasks.base import StepContext, StepOutput
 
-__all__ = ["EpochProgress", "LoopState", "NonFiniteError", "Stepper", "TrainerState"]
+__all__ = [
+    "EpochProgress", "LoopState", "NonFiniteError", "StepRunner", "StepSettings", "TrainerState"
+]  # fmt: skip
 
 
 class NonFiniteError(ReprotrainError):
@@ -49,122 +55,143 @@ class NonFiniteError(ReprotrainError):
         self.record = {"nonfinite_events": [event]}  # what run.json keeps of the failure
 
 
-def reduce_across_ranks(progress: EpochProgress) -> None:
-    """Under DDP: the epoch's metric sums, sample count and step losses over the global
-    batch, once per epoch. The one place ranks are combined: each rank's step loss is the
-    mean over an equal share, so the global step loss is the mean of the ranks' losses."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    world = dist.get_world_size()
-    if progress.step_losses:
-        losses = torch.stack(progress.step_losses)
-        dist.all_reduce(losses)
-        progress.step_losses = list((losses / world).unbind())
-    for total in progress.metrics.sums.values():
-        dist.all_reduce(total)
-    progress.metrics.samples *= world
-
-
 def autocast(device: torch.device, enabled: bool, dtype: str):
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
 
 
-@dataclass
-class Stepper:
-    """What one optimisation step touches: the trainer's state, the forward module (the
-    DDP/compiled wrapper of ``state.model``) and the task, with the step's settings."""
+@dataclass(frozen=True)
+class StepSettings:
+    """What one optimizer step needs from ``trainer.*`` (built once by ``from_config``)."""
 
-    state: TrainerState
-    forward: nn.Module
-    task: Any
-    amp: tuple[bool, str] = (False, "bf16")
+    amp: bool = False
+    amp_dtype: str = "bf16"
     grad_clip_norm: float = 0.0
     microbatch_size: int | None = None  # None: the whole (per-rank) batch in one piece
-    train_seed: int = 0
 
-    global_sums = False  # True: step() returns sums over the whole global batch
+    @classmethod
+    def from_config(cls, trainer: Any) -> StepSettings:
+        return cls(trainer.amp, trainer.amp_dtype, trainer.grad_clip_norm, trainer.microbatch_size)
 
-    def optimizer_step(self) -> torch.Tensor | None:
-        """Clip (if asked), step the optimizer through the scaler, step the schedule; the
-        gradient norm when clipping, else None."""
-        state, norm = self.state, None
-        if self.grad_clip_norm:
-            state.scaler.unscale_(state.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip_norm)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        state.scheduler.step()
-        return norm
 
-    def samples(self, batch: Any) -> int:
-        """The samples the step's metric sums cover (this rank's share)."""
-        return batches.batch_size(batch)
+class StepRunner:
+    """Runs one optimizer step: the user's step object drives ``gradients()`` and ``apply()``.
+
+    ``forward`` is the module the task calls (the reduction's DDP wrapper, compiled if
+    asked; the bare model by default); ``reduction`` combines micro-batch results
+    (``reduction.py``); ``user_step`` is the ``step`` config group's object (``step.py``).
+    Micro-batch ``i`` of this rank's ``k`` is micro-batch ``rank * k + i`` of the step's
+    ``k x W``: its RNG and ``ctx`` are keyed by that global index.
+    """
+
+    def __init__(
+        self,
+        state: TrainerState,
+        task: Any,
+        *,
+        forward: nn.Module | None = None,
+        reduction: Reduction | None = None,
+        settings: StepSettings = StepSettings(),
+        train_seed: int = 0,
+        user_step: Callable[[StepRunner], None] | None = None,
+    ) -> None:
+        self.state, self.task, self.settings, self.train_seed = state, task, settings, train_seed
+        self.forward = state.model if forward is None else forward
+        self.reduction = reduction or Local()
+        self.user_step = user_step or PlainStep()
+        self._batch: Any = None
+        self.global_step = 0
+        self._first: tuple[torch.Tensor, dict] | None = None
+        self._norm: torch.Tensor | None = None
+        self._applied = False
+
+    @property
+    def model(self) -> nn.Module:
+        """The bare model (no DDP/compile wrapper): the weights a step may read or change."""
+        return self.state.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.state.optimizer
+
+    @property
+    def amp(self) -> tuple[bool, str]:
+        return self.settings.amp, self.settings.amp_dtype
+
+    def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
+        """One optimizer step by the user's step object; (the first ``gradients()`` call's
+        loss and metric sums, the gradient norm of ``apply()`` or None), on the device."""
+        self._batch, self.global_step = batch, global_step
+        self._first, self._norm, self._applied = None, None, False
+        self.user_step(self)
+        name = type(self.user_step).__name__
+        if self._first is None or not self._applied:
+            missing = "runner.gradients()" if self._first is None else "runner.apply()"
+            raise ReprotrainError(f"step {name} did not call {missing}; a step calls both")
+        loss, sums = self._first
+        return loss.detach(), sums, self._norm
 
     def seeded(self, global_step: int, index: int):
         """The global RNGs for micro-batch ``index`` (global over ranks), restored after."""
         seed = microbatch_seed(self.train_seed, global_step, index)
         return scoped_globals(seed, self.state.loop.device)
 
-    def pieces(self, n: int) -> int:
-        """Micro-batches in a step of ``n`` samples (on this rank)."""
-        size = self.microbatch_size or n
-        if n % size:
-            raise ReprotrainError(
-                f"trainer.microbatch_size={size} does not divide the per-rank batch of {n}; "
-                "pick a divisor of trainer.batch_size / world size"
-            )
-        return n // size
-
-    def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
-        """One optimisation step; (step loss, metric sums, grad norm or None), on the device."""
-        state, device = self.state, self.state.loop.device
+    def gradients(self) -> tuple[torch.Tensor, dict]:
+        """Zero the gradients; forward and backward every micro-batch of this rank; combine
+        through the reduction. (step loss, metric sums) on the device; the first call of a
+        step is the one recorded."""
+        state, device, reduction = self.state, self.state.loop.device, self.reduction
+        batch, global_step = self._batch, self.global_step
         n = batches.batch_size(batch)
-        k = self.pieces(n)
-        size = n // k
-        step_loss = None
-        sums = MetricSums(device)
-        first = _rank() * k  # this rank's first micro-batch, counted over the global batch
+        size = self.settings.microbatch_size or n  # divides n: config.check_layout
+        k = n // size
+        weight = reduction.loss_weight(size, n)
+        sums = reduction.accumulator(state.model, k, device)
         for i in range(k):
             micro = batch if k == 1 else batches.narrow(batch, i * size, size)
+            index = reduction.rank * k + i
             ctx = StepContext(
-                device, global_step=global_step, microbatch=i, microbatches=k,
-                train_seed=self.train_seed,
+                device, global_step=global_step, microbatch=index,
+                microbatches=k * reduction.world_size, train_seed=self.train_seed,
             )  # fmt: skip
-            # DDP: gradients are all-reduced only in the last micro-batch's backward.
-            sync = i == k - 1 or not hasattr(self.forward, "no_sync")
-            no_sync = contextlib.nullcontext() if sync else self.forward.no_sync()
-            with no_sync, self.seeded(global_step, first + i):
+            with reduction.microbatch(self.forward, i, k), self.seeded(global_step, index):
                 with autocast(device, *self.amp):
                     out = StepOutput(*self.task.training_step(self.forward, micro, ctx))
-                if i == 0:
+                if i == 0:  # after the first forward: the plain step's op order, kept
                     state.optimizer.zero_grad(set_to_none=True)
-                # Each micro-batch's loss weighs its share of the step's samples, so k pieces
-                # give the gradient of the whole batch's mean (no op when k == 1).
-                loss = out.loss if k == 1 else out.loss * (size / n)
+                # Each micro-batch's loss weighs its share of the step's samples, so the k
+                # pieces give the gradient of the whole batch's mean.
+                loss = out.loss if weight is None else out.loss * weight
                 state.scaler.scale(loss).backward()
-            if k > 1:
-                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-                sums.add(out.sums, size)
-                if i < k - 1:
-                    fault_injection.hook("microbatch", global_step + 1)
-        norm = self.optimizer_step()
-        if k == 1:
-            return loss.detach(), out.sums, norm
-        return step_loss, sums.sums, norm
+            sums.add(loss, out.sums, size)
+            if i < k - 1:
+                fault_injection.hook("microbatch", global_step + 1)
+        result = sums.finish()
+        if self._first is None:
+            self._first = result
+        return result
 
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    def apply(self) -> torch.Tensor | None:
+        """Clip (if asked), step the optimizer through the scaler, step the schedule; the
+        gradient norm when clipping, else None. Once per step."""
+        if self._applied:
+            raise ReprotrainError(
+                f"step {type(self.user_step).__name__} called runner.apply() twice in one step"
+            )
+        state, norm, clip = self.state, None, self.settings.grad_clip_norm
+        if clip:
+            state.scaler.unscale_(state.optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), clip)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        self._norm, self._applied = norm, True
+        return norm
 
 
 def run_epoch(
-    stepper: Stepper,
+    runner: StepRunner,
     batches_: Iterator[tuple[int, Any]],
     *,
     check_every: int,
@@ -181,16 +208,16 @@ def run_epoch(
     ``check_every`` steps: ``stop`` raises naming the first bad step, ``warn`` records it.
     Under DDP ``any_rank`` all-reduces the flag, so every rank stops at the same step.
     """
-    state = stepper.state.loop
-    optimizer = stepper.state.optimizer
-    stepper.forward.train()
+    state = runner.state.loop
+    optimizer = runner.state.optimizer
+    runner.forward.train()
     bad = torch.zeros((), dtype=torch.bool, device=state.device)
     t0 = time.perf_counter()
     for step, batch in batches_:
         lr = optimizer.param_groups[0]["lr"]
         with op_trace.step(state.global_step, batch):  # make bisect: per-op hashes, if asked
-            loss, sums, norm = stepper.step(batch, state.global_step)
-        state.progress.add(loss, sums, stepper.samples(batch), lr)
+            loss, sums, norm = runner.step(batch, state.global_step)
+        state.progress.add(loss, sums, runner.reduction.samples(batches.batch_size(batch)), lr)
         bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
         state.global_step += 1
         state.step = step + 1
@@ -198,24 +225,23 @@ def run_epoch(
         # no checkpoint ever holds weights that a non-finite step produced.
         due = state.global_step % check_every == 0 or saving(state.global_step)
         if due and any_rank(bool(bad)):
-            _nonfinite(stepper.state, on_nonfinite)
+            _nonfinite(runner.state.loop, on_nonfinite)
             bad.zero_()
         after_step(step + 1)
     seconds = time.perf_counter() - t0
     if any_rank(bool(bad)):
-        _nonfinite(stepper.state, on_nonfinite)
+        _nonfinite(state, on_nonfinite)
     return seconds
 
 
-def _nonfinite(trainer: TrainerState, on_nonfinite: str) -> None:
-    state = trainer.loop
+def _nonfinite(state: LoopState, on_nonfinite: str) -> None:
     losses = state.progress.losses()
     first = next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses) - 1)
     event = {
         "epoch": state.epoch,
         "step": first,
         "global_step": state.global_step - len(losses) + first + 1,
-        "lr": trainer.scheduler.get_last_lr()[0],
+        "lr": state.progress.step_lrs[first],  # the lr that step used
         "loss": losses[first] if math.isfinite(losses[first]) else None,
         "what": "loss" if not math.isfinite(losses[first]) else "gradient norm",
     }
@@ -247,7 +273,7 @@ def evaluate(
     totals = MetricSums(device)
     for i, batch in enumerate(batches_):
         ctx = StepContext(
-            device, global_step=global_step, microbatch=i, train_seed=train_seed, training=False
+            device, global_step=global_step, eval_batch=i, train_seed=train_seed, training=False
         )
         seed = microbatch_seed(train_seed, global_step, i, "eval", prefix)
         with scoped_globals(seed, device), autocast(device, *amp):

@@ -471,8 +471,9 @@ def torchrun_cli_check() -> None:
     """``make train NPROC=N`` (N != 1), before torchrun starts: ``sys.argv[1]`` is NPROC's
     text, the rest the overrides; the same one-line refusals as ``cli_check``."""
     try:
-        check_nproc(sys.argv.pop(1) if len(sys.argv) > 1 else "")
+        nproc = check_nproc(sys.argv.pop(1) if len(sys.argv) > 1 else "")
     except ReprotrainError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    os.environ["WORLD_SIZE"] = str(nproc)  # what torchrun will announce: config checks k % W
     cli_check()

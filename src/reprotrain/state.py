@@ -1,10 +1,16 @@
 """The trainer's state: one Stateful whose ``state_dict`` is the checkpoint.
 
 ``TrainerState`` holds the model, optimizer, scheduler, GradScaler, the loop state, the
-global RNGs and the task's state if it has any; its ``state_dict()`` has one key per part
-and ``load_state_dict`` restores them in that order (rng last, so no draw happens between
-restoring the generators and the next step). ``LoopState`` is the loop's position
-``(epoch, step, global_step)`` and history; ``EpochProgress`` the epoch's partial sums.
+global RNGs, the task's and the step's state if they have any; its ``state_dict()`` has one
+key per part and ``load_state_dict`` restores them in that order (rng last, so no draw
+happens between restoring the generators and the next step). ``LoopState`` is the loop's
+position ``(epoch, step, global_step)`` and history; ``EpochProgress`` the epoch's partial
+sums.
+
+``state_dict()`` is this process's view and runs no collective. Two entries are per rank
+under DDP (the RNG states and the epoch's partial sums): the reduction gathers them where
+the checkpoint is built (``reduction.Reduction.checkpoint`` with :func:`rank_entries` and
+:func:`every_rank_entries`), and ``load_state_dict`` takes this rank's entry back.
 
 Closes: resume drift of the partial epoch. The metric sums, per-step losses and lrs of the
 epoch so far are in the checkpoint as exact values (tensors, python floats), so a run
@@ -22,14 +28,6 @@ from torch import nn
 
 from reprotrain.repro import rng
 from reprotrain.tasks.metrics import SAMPLES, as_sum
-
-
-def _dist_world() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
 
 
 class MetricSums:
@@ -64,8 +62,8 @@ class MetricSums:
 class EpochProgress:
     """The current epoch so far: metric sums, per-step losses and lrs, all on the device."""
 
-    def __init__(self, device: torch.device, per_rank: bool = True) -> None:
-        self.device, self.per_rank = device, per_rank
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.metrics = MetricSums(device)
         self.step_losses: list[torch.Tensor] = []
         self.step_lrs: list[float] = []  # the lr each step used (python floats: no sync)
@@ -86,27 +84,15 @@ class EpochProgress:
         return torch.stack(self.step_losses).double().tolist()
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's partial sums; under DDP every rank's (a collective), since a
-        mid-epoch resume must give each rank back its own share."""
-        mine = {
+        """This rank's partial sums (no collective: see :func:`every_rank_entries`)."""
+        return {
             "step_losses": self.losses(),
             "step_lrs": self.step_lrs,
             "metrics": self.metrics.state_dict(),
         }
-        if _dist_world() == 1 or not self.per_rank:  # invariant runs: the same on every rank
-            return mine
-        import torch.distributed as dist
-
-        ranks: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(ranks, mine)
-        return {"ranks": ranks}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if "ranks" in sd:
-            import torch.distributed as dist
-
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-            sd = sd["ranks"][min(rank, len(sd["ranks"]) - 1)]
+        """This rank's entry (``TrainerState`` picks it out of a per-rank checkpoint)."""
         self.step_losses = [
             torch.tensor(v, dtype=torch.float32, device=self.device) for v in sd["step_losses"]
         ]
@@ -127,15 +113,14 @@ class LoopState:
     metrics: list[dict] = field(default_factory=list)
     fingerprints: list[dict] = field(default_factory=list)
     nonfinite_events: list[dict] = field(default_factory=list)
-    per_rank: bool = True  # False: partial sums are global, nothing in them is per rank
     progress: EpochProgress = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.progress = EpochProgress(self.device, self.per_rank)
+        self.progress = EpochProgress(self.device)
 
     def next_epoch(self) -> None:
         self.epoch, self.step = self.epoch + 1, 0
-        self.progress = EpochProgress(self.device, self.per_rank)
+        self.progress = EpochProgress(self.device)
 
     def improved(self, value: float | None, mode: str) -> bool:
         if value is None or not math.isfinite(value):
@@ -161,11 +146,56 @@ class LoopState:
         self.progress.load_state_dict(sd["progress"])
 
 
+class RankRNG:
+    """This process's global RNGs (python, numpy, torch CPU, the training GPU) as a part.
+
+    ``state_dict()`` is this rank's state alone; the checkpoint holds every rank's
+    (``{"format": 2, "world_size": W, "ranks": [...]}``, see ``repro/rng.py``) and
+    ``load_state_dict`` restores entry ``rank`` of it.
+    """
+
+    def __init__(self, device: torch.device, rank: int = 0) -> None:
+        self.device, self.rank = torch.device(device), rank
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng.capture(self.device)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        rng.restore(state_dict, self.device, self.rank)
+
+
+def rank_entries(state: dict[str, Any]) -> dict[str, Any]:
+    """The per-rank entries of one rank's ``TrainerState.state_dict()``."""
+    return {"rng": state.get("rng"), "progress": state["loop"]["progress"]}
+
+
+def every_rank_entries(state: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """``state`` with the per-rank entries of every rank (``ranks``, in rank order): the RNG
+    states always as a per-rank list, the partial sums as one when there are several."""
+    out = {**state, "loop": dict(state["loop"])}
+    if state.get("rng") is not None:
+        out["rng"] = {"format": rng.FORMAT, "world_size": len(ranks),
+                      "ranks": [r["rng"] for r in ranks]}  # fmt: skip
+    if len(ranks) > 1:
+        out["loop"]["progress"] = {"ranks": [r["progress"] for r in ranks]}
+    return out
+
+
+def entry_for_rank(entry: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s share of a per-rank entry (the last one when fewer were saved)."""
+    if "ranks" not in entry:
+        return entry
+    return entry["ranks"][min(rank, len(entry["ranks"]) - 1)]
+
+
 class TrainerState:
     """Everything a resume restores, as one Stateful (the checkpoint is its state_dict).
 
     ``model`` is the bare module (its state_dict keys carry no DDP/compile prefix);
-    ``task`` is checkpointed only if it has a ``state_dict``.
+    ``task`` and ``step`` (the user's step object) are checkpointed only if they have a
+    ``state_dict``. ``rng`` is None when nothing in the run's RNG belongs to a rank (the
+    Exact reduction seeds every micro-batch from counters); ``rank`` picks this process's
+    entry out of a checkpoint's per-rank ones.
     """
 
     def __init__(
@@ -176,7 +206,10 @@ class TrainerState:
         scaler: torch.amp.GradScaler,
         device: torch.device,
         task: Any = None,
-        per_rank: bool = True,
+        *,
+        rng_state: bool = True,
+        rank: int = 0,
+        step: Any = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler, self.scaler = (
             model,
@@ -184,10 +217,9 @@ class TrainerState:
             scheduler,
             scaler,
         )
-        self.loop = LoopState(device, per_rank=per_rank)
-        # An invariant run seeds every micro-batch's RNG from counters: no state to keep.
-        self.rng = rng.RNGState(device) if per_rank else None
-        self.task = task
+        self.loop = LoopState(device)
+        self.rng = RankRNG(device, rank) if rng_state else None
+        self.rank, self.task, self.step = rank, task, step
         # What the checkpoint cannot restore, digested at each checkpoint and compared
         # after a restore (repro/resume_audit.py); set by the trainer once it is built.
         self.audit: Any = None
@@ -197,8 +229,10 @@ class TrainerState:
         keeps its recorded digests, compared once every part is back)."""
         named = {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
         named |= {"scaler": self.scaler, "loop": self.loop}
-        if hasattr(self.task, "state_dict") and hasattr(self.task, "load_state_dict"):
-            named["task"] = self.task
+        for name in ("task", "step"):
+            part = getattr(self, name)
+            if hasattr(part, "state_dict") and hasattr(part, "load_state_dict"):
+                named[name] = part
         named |= {"rng": self.rng} if self.rng is not None else {}
         return named | ({"audit": self.audit} if self.audit is not None else {})
 
@@ -206,6 +240,11 @@ class TrainerState:
         return {name: part.state_dict() for name, part in self.parts().items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        loop = state_dict["loop"]
+        state_dict = {
+            **state_dict,
+            "loop": {**loop, "progress": entry_for_rank(loop["progress"], self.rank)},
+        }
         for name, part in self.parts().items():
             if name not in state_dict and getattr(part, "optional", False):
                 continue  # an older checkpoint, written before this part existed

@@ -27,6 +27,7 @@ if __name__ == "__main__":
 
     preflight.cli_check()
 
+import contextlib
 import logging
 import signal
 import socket
@@ -41,8 +42,23 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from reprotrain import fault_injection, launchers, preflight
-from reprotrain.components import build, build_naming_key, build_scheduler, build_task, qualname
-from reprotrain.config import ReproConfig, TrainerConfig, config_sha256
+from reprotrain.components import (
+    build,
+    build_naming_key,
+    build_scheduler,
+    build_step,
+    build_task,
+    qualname,
+)
+from reprotrain.config import (
+    GuardSettings,
+    LoopSettings,
+    ModelSettings,
+    ReproConfig,
+    config_sha256,
+    from_trainer,
+    microbatches_per_step,
+)
 from reprotrain.data import worker_death
 from reprotrain.data.datasets import build_dataset
 from reprotrain.data.file_hashes import file_sha256
@@ -50,21 +66,20 @@ from reprotrain.data.pipeline import build_pipeline
 from reprotrain.distributed import Dist, init_from_env
 from reprotrain.engine import (
     LoopState,
-    Stepper,
+    StepRunner,
+    StepSettings,
     TrainerState,
     epoch_metrics,
     evaluate,
-    reduce_across_ranks,
     run_epoch,
 )
 from reprotrain.errors import ReprotrainError, ResumeError
-from reprotrain.invariant import exact_sum
-from reprotrain.invariant.step import InvariantStepper
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.optim import param_groups
 from reprotrain.paths import REPO_ROOT
 from reprotrain.profiling import StepProfiler
 from reprotrain.quoting import resume_hint
+from reprotrain.reduction import Reduction, for_run
 from reprotrain.repro import (
     checkpoint,
     determinism,
@@ -117,14 +132,16 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         local_rank=dist.local_rank if dist.enabled else None,
     )  # fmt: skip
     env = environment.capture(device)
-    check_world_size(cfg.trainer, point, dist)
+    reduction = for_run(cfg.trainer, dist)
+    check_world_size(reduction, point, cfg.trainer.allow_world_size_change)
     if fresh:
         start_record(
             record, run_dir, point, device, seeds=seeds, flags=flags, env=env, repro=cfg.repro,
             name=OmegaConf.to_container(cfg, resolve=False)["name"],  # an oc.env stays text
             include_untracked=list(cfg.include_untracked),
         )  # fmt: skip
-    record.update(**distributed_record(dist, device), **invariance_record(cfg.trainer))
+    record.update(**distributed_record(dist, device))
+    record.update(**reduction.record(microbatches_per_step(cfg.trainer)))
     log.info(
         "experiment %s | repro=%s | seeds %s | device %s | world size %d",
         record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size,
@@ -134,27 +151,29 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     dataset, pipeline = build_data(cfg, seeds, device, dist)
     record.update(data_fingerprint=dataset.fingerprint())
     seed_globals(seeds.init)
-    stepper = build_training(cfg, pipeline.steps_per_epoch, device, dist, seeds.train)
-    trainer = stepper.state
-    record.update(components=components_record(cfg.trainer, stepper, dataset))
-    trainer.audit = ResumeAudit(stepper.task, dataset, trainer.model, device)  # issue 25
+    runner = build_training(cfg, pipeline.steps_per_epoch, device, reduction, seeds.train)
+    state = runner.state
+    record.update(components=components_record(cfg.trainer, runner, dataset))
+    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.step, dist)
 
-    # --- resume or start: seed the `train` stream (a resume then restores the trainer) -----
-    seed_globals(seeds.train)  # what an invariant resume re-derives (its checkpoint has no rng)
+    # --- resume or start: seed the `train` stream (a resume then restores the state) -------
+    seed_globals(seeds.train)  # what an Exact resume re-derives (its checkpoint has no rng)
     if point is not None:
-        resume_from(point, trainer, record, env, device, run_dir, container)
+        resume_from(point, state, record, env, device, run_dir, container)
     else:
-        record.update(initial_weights_sha256=state_sha256(trainer.model.state_dict()))
+        record.update(initial_weights_sha256=state_sha256(state.model.state_dict()))
     meta = {"config": container, "config_sha256": record["config_sha256"]}
     meta |= {"seeds": seeds.as_dict(), "env": env}
-    saver = checkpoint.Saver(run_dir / rec.CHECKPOINTS, trainer, meta, cfg.trainer.keep_checkpoints)
+    saver = checkpoint.Saver(run_dir / rec.CHECKPOINTS, state, meta,
+                             cfg.trainer.keep_checkpoints, gather=reduction.checkpoint)  # fmt: skip
     out = RunOutputs(saver, record, stop, run_dir)
 
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
-    alerts, feed = run_loop(stepper, pipeline, out, dist, cfg.trainer, cfg.logger)
+    loop, guard = from_trainer(LoopSettings, cfg.trainer), from_trainer(GuardSettings, cfg.trainer)
+    alerts, feed = run_loop(runner, pipeline, out, dist, loop, guard, cfg.logger)
 
     # --- record: test once at the end; the final state a later verify/reproduce compares ---
-    return finish(stepper, pipeline, out, alerts, feed, cfg.trainer)
+    return finish(runner, pipeline, out, alerts, feed, loop)
 
 
 # ------------------------------------------------------------------ the steps train() calls
@@ -171,16 +190,17 @@ class RunOutputs:
 
 
 def run_loop(
-    stepper: Stepper,
+    runner: StepRunner,
     pipeline,
     out: RunOutputs,
     dist: Dist,
-    settings: TrainerConfig,
+    settings: LoopSettings,
+    guard: GuardSettings,
     logger_cfg: DictConfig,
 ) -> tuple[list[str], StepFeed]:
     """Epochs of counter-based batches from the loop state's position; checkpoints on
     cadence, at epoch ends and on signals. Returns the alerts seen and the logger feed."""
-    state = stepper.state.loop
+    state, reduction = runner.state.loop, runner.reduction
     alerts: list[str] = list(out.record.data.get("nondeterministic_ops", []))
     every, epochs = settings.checkpoint_every_steps, settings.epochs
     stop_at = settings.stop_at_global_step
@@ -196,7 +216,7 @@ def run_loop(
 
     def after_step(next_step: int) -> None:
         bar.update(1)
-        if dist.world_size == 1 or stepper.global_sums:  # else global only at epoch end
+        if reduction.step_values_are_global:  # else global only at epoch end
             feed.every(logger_cfg.log_every_steps)
         if profiler is not None:
             profiler.step()
@@ -217,19 +237,16 @@ def run_loop(
             bar.set_description(f"epoch {state.epoch}")
             seen_before = state.progress.seen
             seconds = run_epoch(
-                stepper, pipeline.epoch(state.epoch, state.step),
-                check_every=settings.nonfinite_check_every,
-                on_nonfinite=settings.on_nonfinite, after_step=after_step,
+                runner, pipeline.epoch(state.epoch, state.step),
+                check_every=guard.nonfinite_check_every,
+                on_nonfinite=guard.on_nonfinite, after_step=after_step,
                 any_rank=dist.all_reduce_any,
                 saving=lambda gs: bool(every and gs % every == 0) or gs == stop_at,  # all ranks
             )  # fmt: skip
-            if not stepper.global_sums:  # invariant steps already hold global sums
-                reduce_across_ranks(state.progress)
+            reduction.end_epoch(state.progress)  # the epoch's losses and sums, global
             feed.flush()
-            trained = state.progress.seen - seen_before * (
-                1 if stepper.global_sums else dist.world_size
-            )
-            row = end_epoch(stepper, pipeline, out, settings, seconds, trained)
+            trained = state.progress.seen - reduction.global_count(seen_before)
+            row = end_epoch(runner, pipeline, out, settings, seconds, trained)
             feed.epoch(row)
             out.record.update(nondeterministic_ops=alerts, nonfinite_events=state.nonfinite_events)
             asked = stop_at and state.global_step == stop_at
@@ -264,16 +281,16 @@ class StopFlag:
 
 
 def finish(
-    stepper: Stepper,
+    runner: StepRunner,
     pipeline,
     out: RunOutputs,
     alerts: list[str],
     feed: StepFeed,
-    settings: TrainerConfig,
+    settings: LoopSettings,
 ) -> float | None:
     """Test once (last weights, then best), mark the run completed; the monitored best."""
-    state = stepper.state.loop
-    final = final_metrics(stepper, pipeline, out.run_dir)
+    state = runner.state.loop
+    final = final_metrics(runner, pipeline, out.run_dir)
     out.record.update(
         status="completed",
         finished_at=rec.now_iso(),
@@ -360,19 +377,17 @@ def experiment_id(record: dict, device: torch.device) -> str:
     )
 
 
-def check_world_size(settings: TrainerConfig, point, dist: Dist) -> None:
+def check_world_size(reduction: Reduction, point, allow_change: bool) -> None:
+    """A resume under another world size: the reduction says whether it may (Exact: any
+    world size dividing the micro-batches, which config checks)."""
     if point is None or point.forked:
         return
     saved = (point.state.get("env") or {}).get("world_size", 1)
-    if settings.world_size_invariant and saved != dist.world_size:
-        log.info("world size %d -> %d: an invariant run keeps its bits", saved, dist.world_size)
-        return  # nothing in its checkpoint is per rank; check_microbatch checks k % W
-    if saved != dist.world_size and not settings.allow_world_size_change:
-        raise ResumeError(
-            f"the checkpoint was written with world size {saved}, this run has "
-            f"{dist.world_size}; resume with NPROC={saved}, or pass "
-            "trainer.allow_world_size_change=true (recorded as not bitwise)"
-        )
+    refused = reduction.resume_check(saved, allow_change)
+    if refused is not None:
+        raise ResumeError(refused)
+    if saved != reduction.world_size:
+        log.info("world size %d -> %d", saved, reduction.world_size)
 
 
 def distributed_record(dist: Dist, device: torch.device) -> dict:
@@ -381,14 +396,6 @@ def distributed_record(dist: Dist, device: torch.device) -> dict:
     me["host"] = socket.gethostname()
     return {"world_size": dist.world_size, "backend": dist.backend,
             "ranks": dist.all_gather_objects(me)}  # fmt: skip
-
-
-def invariance_record(settings: TrainerConfig) -> dict:
-    """Whether this run promises the same bits on any world size dividing k, and k."""
-    return {
-        "world_size_invariant": settings.world_size_invariant,
-        "microbatches_per_step": microbatches_per_step(settings),
-    }
 
 
 def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist | None = None):
@@ -414,86 +421,47 @@ def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist |
 
 
 def build_training(
-    cfg: DictConfig, steps_per_epoch: int, device: torch.device, dist: Dist, train_seed: int
-) -> Stepper:
-    """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task) and the
-    step that drives it: the model's DDP/compiled wrapper, the task, the step settings."""
-    settings: TrainerConfig = cfg.trainer
+    cfg: DictConfig,
+    steps_per_epoch: int,
+    device: torch.device,
+    reduction: Reduction,
+    train_seed: int,
+) -> StepRunner:
+    """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task, step) and
+    the runner that drives it: the reduction's forward module, the task, the user's step."""
+    settings = from_trainer(ModelSettings, cfg.trainer)
     model = build_naming_key("model", cfg.model, lambda node: build("model", node)).to(device)
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    groups = param_groups(model, settings.no_decay_norm_bias)
-    optimizer = build("optimizer", cfg.optimizer, params=groups)
-    total_steps = steps_per_epoch * settings.epochs
+    optimizer = build("optimizer", cfg.optimizer,
+                      params=param_groups(model, settings.no_decay_norm_bias))  # fmt: skip
+    total_steps = steps_per_epoch * cfg.trainer.epochs
     scheduler = build_scheduler(cfg.scheduler, optimizer, total_steps=total_steps)
-    amp = (settings.amp, settings.amp_dtype)
+    step_settings = StepSettings.from_config(cfg.trainer)
     scaler = torch.amp.GradScaler(
-        device.type, init_scale=settings.amp_init_scale, enabled=amp == (True, "fp16")
-    )
-    forward = model
-    invariant = settings.world_size_invariant
-    if dist.enabled and not invariant:  # gradients all-reduced in bucket order; BN synced
-        if settings.sync_batchnorm:
-            if device.type != "cuda":
-                raise ReprotrainError(
-                    "trainer.sync_batchnorm=true needs CUDA: torch's SyncBatchNorm has no CPU "
-                    "kernel; leave it false on gloo"
-                )
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        ids = [device.index] if device.type == "cuda" else None
-        forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        device.type, init_scale=settings.amp_init_scale,
+        enabled=(step_settings.amp, step_settings.amp_dtype) == (True, "fp16"),
+    )  # fmt: skip
+    model, forward = reduction.prepare(model)
     if settings.compile:
         forward = torch.compile(forward, mode=settings.compile_mode)
     task = build_task(cfg.task, cfg.loss)
-    check_microbatch(settings, dist.world_size)
+    user_step = build_step(cfg.step, model)
     state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
-                         per_rank=not invariant)  # fmt: skip
-    common = dict(amp=amp, grad_clip_norm=settings.grad_clip_norm, train_seed=train_seed)
-    common |= {"microbatch_size": settings.microbatch_size}
-    if invariant:
-        reduce = exact_sum.torch_reducer() if dist.enabled else exact_sum.no_reduce
-        return InvariantStepper(
-            state, forward, task, **common, rank=dist.rank, world_size=dist.world_size,
-            reduce=reduce,
-        )  # fmt: skip
-    return Stepper(state, forward, task, **common)
-
-
-def microbatches_per_step(settings: TrainerConfig) -> int:
-    """k: the step's global batch in micro-batches (1 when microbatch_size is null)."""
-    return settings.batch_size // (settings.microbatch_size or settings.batch_size)
-
-
-def check_microbatch(settings: TrainerConfig, world_size: int) -> None:
-    per_rank, size = settings.batch_size // world_size, settings.microbatch_size
-    if settings.world_size_invariant and world_size > 1:
-        k = microbatches_per_step(settings)
-        if k % world_size:
-            raise ReprotrainError(
-                f"trainer.world_size_invariant needs the world size ({world_size}) to divide "
-                f"the {k} micro-batch(es) per step; set trainer.microbatch_size to a divisor "
-                f"of {per_rank}"
-            )
-    if settings.sync_batchnorm and settings.world_size_invariant:
-        raise ReprotrainError(
-            "trainer.sync_batchnorm and trainer.world_size_invariant exclude each other: "
-            "invariant runs normalise over each micro-batch; drop one of them"
-        )
-    if size and per_rank % size:
-        raise ReprotrainError(
-            f"trainer.microbatch_size={size} does not divide the per-rank batch "
-            f"({per_rank} = trainer.batch_size / world size); pick a divisor of it"
-        )
+                         rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
+                         step=user_step)  # fmt: skip
+    return StepRunner(state, task, forward=forward, reduction=reduction, settings=step_settings,
+                      train_seed=train_seed, user_step=user_step)  # fmt: skip
 
 
 def resume_from(
-    point, trainer: TrainerState, record, env, device, run_dir: Path, container: dict
+    point, trainer_state: TrainerState, record, env, device, run_dir: Path, container: dict
 ) -> None:
-    trainer.load_state_dict(point.state)
+    trainer_state.load_state_dict(point.state)
     # Issue 25: what the checkpoint could not restore, named; refused under strict.
-    unrestored = [] if point.forked else trainer.audit.unrestored()
+    unrestored = [] if point.forked else trainer_state.audit.unrestored()
     check_unrestored(point, unrestored, container, run_dir)
-    state = trainer.loop
+    state = trainer_state.loop
     # The files may have run ahead of the checkpoint (killed after writing them).
     rec.write_jsonl(run_dir / rec.METRICS, state.metrics)
     rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.fingerprints)
@@ -506,18 +474,22 @@ def resume_from(
     log.info("resumed from %s at epoch %d step %d", point.path.name, state.epoch, state.step)
 
 
-def components_record(settings: TrainerConfig, stepper: Stepper, dataset) -> dict:
+def components_record(settings: DictConfig, runner: StepRunner, dataset) -> dict:
     """The classes that actually ran, and the optimizer's parameter groups."""
-    trainer = stepper.state
-    names = {k: qualname(getattr(trainer, k)) for k in ("model", "optimizer", "scheduler")}
+    state = runner.state
+    names = {k: qualname(getattr(state, k)) for k in ("model", "optimizer", "scheduler")}
     return names | {
-        "task": qualname(stepper.task),
-        "lr": trainer.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
-        "loss": qualname(getattr(stepper.task, "loss_fn", None)),
+        "task": qualname(runner.task),
+        "step": qualname(runner.user_step),
+        # The weights validation and test evaluate: the model's, or the step's (EMA).
+        "evaluated_with": getattr(runner.user_step, "evaluated_with", "model weights"),
+        "reduction": runner.reduction.name,
+        "lr": state.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
+        "loss": qualname(getattr(runner.task, "loss_fn", None)),
         "dataset": qualname(dataset),
         "param_groups": [
             {"params": sum(p.numel() for p in g["params"]), "weight_decay": g["weight_decay"]}
-            for g in trainer.optimizer.param_groups
+            for g in state.optimizer.param_groups
         ],
         "compile": settings.compile and settings.compile_mode,
         "channels_last": settings.channels_last,
@@ -542,23 +514,23 @@ def interrupted(out: RunOutputs, state: LoopState) -> NoReturn:
 
 
 def end_epoch(
-    stepper: Stepper, pipeline, out: RunOutputs, settings: TrainerConfig, seconds: float, n: int
+    runner: StepRunner, pipeline, out: RunOutputs, settings: LoopSettings, seconds: float, n: int
 ) -> dict:
     """Metrics row, fingerprint, checkpoint (best.pt when the monitored value improved)."""
-    trainer, state = stepper.state, stepper.state.loop
+    state = runner.state.loop
     row = {
         "epoch": state.epoch,
         "global_step": state.global_step,
-        **epoch_metrics(stepper.task, state.progress),
-        "lr": state_lr(trainer.scheduler),
+        **epoch_metrics(runner.task, state.progress),
+        "lr": epoch_lr(state.progress, runner.state.optimizer),
         "seconds": seconds,
         "images_per_s": n / seconds if seconds > 0 else None,
     }
     last = state.epoch == settings.epochs or state.epoch == settings.stop_after_epoch
     if pipeline.has_split("val") and (state.epoch % settings.eval_every == 0 or last):
-        row.update(evaluate_split(stepper, pipeline, "val"))
+        row.update(evaluate_split(runner, pipeline, "val"))
     state.metrics.append(row)
-    cpu_state = {k: v.detach().to("cpu") for k, v in trainer.model.state_dict().items()}
+    cpu_state = {k: v.detach().to("cpu") for k, v in runner.state.model.state_dict().items()}
     losses = state.progress.losses()
     state.fingerprints.append(
         {
@@ -581,18 +553,23 @@ def end_epoch(
     return row
 
 
-def evaluate_split(stepper: Stepper, pipeline, split: str) -> dict:
-    """``<split>_<name>`` of the task's metrics with the current weights of the bare model."""
-    trainer = stepper.state
-    return evaluate(
-        stepper.task, trainer.model, pipeline.eval_batches(split), prefix=split,
-        device=trainer.loop.device, amp=stepper.amp, global_step=trainer.loop.global_step,
-        train_seed=stepper.train_seed,
-    )  # fmt: skip
+def evaluate_split(runner: StepRunner, pipeline, split: str) -> dict:
+    """``<split>_<name>`` of the task's metrics with the bare model's weights, or the ones
+    the user's step swaps in (``evaluation_weights``: EMA)."""
+    state, user_step = runner.state, runner.user_step
+    weights = getattr(user_step, "evaluation_weights", None)
+    with weights(state.model) if weights is not None else contextlib.nullcontext():
+        return evaluate(
+            runner.task, state.model, pipeline.eval_batches(split), prefix=split,
+            device=state.loop.device, amp=runner.amp, global_step=state.loop.global_step,
+            train_seed=runner.train_seed,
+        )  # fmt: skip
 
 
-def state_lr(scheduler) -> float:
-    return scheduler.get_last_lr()[0]
+def epoch_lr(progress, optimizer) -> float:
+    """The lr the epoch's last step used (every lr the run reports is the one its step
+    used); the optimizer's current lr for an epoch that ran no step."""
+    return progress.step_lrs[-1] if progress.step_lrs else optimizer.param_groups[0]["lr"]
 
 
 class StepFeed:
@@ -625,15 +602,18 @@ class StepFeed:
         self.loggers.close(status)
 
 
-def final_metrics(stepper: Stepper, pipeline, run_dir: Path) -> dict:
+def final_metrics(runner: StepRunner, pipeline, run_dir: Path) -> dict:
     """Last epoch's row plus the test split, evaluated once: last weights, then best."""
-    trainer, state = stepper.state, stepper.state.loop
+    state = runner.state.loop
     final = {k: v for k, v in state.metrics[-1].items() if k not in ("seconds", "images_per_s")}
-    final.update(evaluate_split(stepper, pipeline, "test"))
+    final.update(evaluate_split(runner, pipeline, "test"))
     best_path = run_dir / rec.CHECKPOINTS / "best.pt"
     if state.best_epoch not in (None, state.metrics[-1]["epoch"]) and best_path.is_file():
-        trainer.model.load_state_dict(checkpoint.load(best_path)["model"])
-        best = evaluate_split(stepper, pipeline, "test")
+        best_state = checkpoint.load(best_path)
+        runner.state.model.load_state_dict(best_state["model"])
+        if "step" in best_state and runner.state.step is not None:  # its EMA weights too
+            runner.state.step.load_state_dict(best_state["step"])
+        best = evaluate_split(runner, pipeline, "test")
         final.update({f"best_{k}": v for k, v in best.items()}, best_epoch=state.best_epoch)
     return final
 

@@ -10,4 +10,6 @@ them. What makes the result independent of which rank ran what:
   statistics are updated once per step from the k micro-batches' statistics.
 - per-micro-batch randomness: the global RNG is seeded from (train seed, global step,
   micro-batch index) around each micro-batch (``engine``), so no RNG state belongs to a rank.
+
+The strategy that uses them is ``reduction.Exact``, chosen once per run.
 """

@@ -25,6 +25,7 @@ import io
 import logging
 import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -237,17 +238,30 @@ def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
 
 
 class Saver:
-    """Writes step checkpoints (newest K kept) and best.pt; serialises each state once."""
+    """Writes step checkpoints (newest K kept) and best.pt; serialises each state once.
 
-    def __init__(self, ckpt_dir: Path, parts: Stateful | dict, meta: dict, keep: int) -> None:
+    ``gather`` turns this rank's snapshot into the checkpoint (under DDP: every rank's RNG
+    states and partial sums on rank 0, a collective every rank runs; see reduction.py)."""
+
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        parts: Stateful | dict,
+        meta: dict,
+        keep: int,
+        gather: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
+        self.gather = gather
         seeds = meta.get("seeds")
         # The run's own checkpoints so far (a resume's): the only ones pruning may count.
         self.own = [p for p in list_step_checkpoints(ckpt_dir) if belongs(p, seeds)] \
             if is_writer() else []  # fmt: skip
 
     def save(self, best: bool = False, model_state: dict | None = None) -> None:
-        state = snapshot(self.parts, self.meta)  # collective under DDP (rng, loop)
+        state = snapshot(self.parts, self.meta)
+        if self.gather is not None:
+            state = self.gather(state)  # a collective under DDP: every rank calls save()
         if not is_writer():
             return
         if model_state is not None:

@@ -6,8 +6,9 @@ a metric object, a counter on the model, a dataset's own generator) and global R
 drawn from outside the framework's seeded scopes. At every checkpoint ``ResumeAudit``
 records a digest of
 
-- each instance attribute of the task, the dataset (its transforms are attributes of it)
-  and every module of the model, that changed since construction (a module's public
+- each instance attribute of the task, the dataset (its transforms are attributes of it),
+  the user's step object (``step`` group) and every module of the model, that changed
+  since construction (a module's public
   attributes only: parameters and buffers are the model's ``state_dict``), and
 - the global RNG states (python, numpy, torch CPU and the training GPU),
 
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from reprotrain.distributed import Dist
 from reprotrain.repro import rng
 
 # torch's own bookkeeping on every module (parameters, buffers, hooks, training flag).
@@ -164,8 +166,17 @@ class ResumeAudit:
 
     optional = True  # checkpoints written before the audit have no entry
 
-    def __init__(self, task: Any, dataset: Any, model: nn.Module, device: torch.device) -> None:
-        self.owners = {"task": task, "dataset": dataset}
+    def __init__(
+        self,
+        task: Any,
+        dataset: Any,
+        model: nn.Module,
+        device: torch.device,
+        step: Any = None,
+        dist: Dist | None = None,
+    ) -> None:
+        self.owners = {"task": task, "dataset": dataset, "step": step}
+        self.dist = dist or Dist()
         self.model, self.device = model, torch.device(device)
         self.restorable = {"task": hasattr(task, "load_state_dict")}
         self.digest = Digester()
@@ -208,8 +219,8 @@ class ResumeAudit:
     def unrestored(self) -> list[str]:
         """One line per difference between the checkpoint's digests and the restored state
         (rank 0's verdict, the same on every rank); [] when everything matches."""
-        lines = self._compare() if _rank() == 0 else []
-        return _broadcast(lines)
+        lines = self._compare() if self.dist.is_main else []
+        return self.dist.broadcast_object(lines)
 
     def _compare(self) -> list[str]:
         if self.recorded is None:
@@ -233,19 +244,3 @@ class ResumeAudit:
                     f"scopes and is not re-derived on resume: {BITWISE}"
                 )
         return lines
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _broadcast(lines: list[str]) -> list[str]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return lines
-    box: list[Any] = [lines]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -38,14 +38,23 @@ class StepOutput(NamedTuple):
 class StepContext:
     """What the framework tells a step: where it runs and which (micro-)batch it is.
 
-    ``global_step`` is the optimizer step this micro-batch belongs to (0 for the first
-    step of the run), ``microbatch`` its index within the step (0 .. ``microbatches``-1).
-    In evaluation ``global_step`` is the step the weights come from and ``microbatch`` the
-    batch index within the split.
+    One meaning per field:
+
+    - ``training``: True in a training step, False in evaluation.
+    - ``global_step``: training: the optimizer step this micro-batch belongs to (0 for the
+      first step of the run); evaluation: the step the weights come from.
+    - ``microbatch``: training: the *global* index of this micro-batch within the step,
+      counted over every rank (rank r of W runs ``r*k .. r*k + k-1`` of the step's ``k*W``),
+      so it names the same samples on any world size; always 0 in evaluation.
+    - ``microbatches``: training: the micro-batches in the step over all ranks (``k*W``);
+      1 in evaluation.
+    - ``eval_batch``: evaluation: the batch's index within the split; always 0 in training.
+    - ``train_seed``: the ``train`` stream's seed, which ``seed`` and the generators derive
+      from together with the indices above.
     """
 
     __slots__ = ("_generator", "_seed", "device", "global_step", "microbatch", "microbatches")
-    __slots__ += ("_numpy_generator", "train_seed", "training")
+    __slots__ += ("_numpy_generator", "eval_batch", "train_seed", "training")
 
     def __init__(
         self,
@@ -54,23 +63,27 @@ class StepContext:
         global_step: int,
         microbatch: int = 0,
         microbatches: int = 1,
+        eval_batch: int = 0,
         train_seed: int = 0,
         training: bool = True,
     ) -> None:
         self.device, self.training = device, training
         self.global_step, self.microbatch, self.microbatches = global_step, microbatch, microbatches
-        self.train_seed = train_seed
+        self.eval_batch, self.train_seed = eval_batch, train_seed
         self._seed: int | None = None
         self._generator: torch.Generator | None = None
         self._numpy_generator: np.random.Generator | None = None
 
     @property
     def seed(self) -> int:
-        """A 63-bit seed for this (micro-)batch: ``(train seed, global step, micro-batch)``
-        (evaluation adds ``"eval"``). For numpy: ``np.random.default_rng(ctx.seed)``."""
+        """A 63-bit seed for this (micro-)batch: ``(train seed, global step, micro-batch)``;
+        evaluation: ``(train seed, global step, eval batch, "eval")``. For numpy:
+        ``np.random.default_rng(ctx.seed)``."""
         if self._seed is None:
-            parts: tuple = (self.train_seed, self.global_step, self.microbatch)
-            self._seed = stable_hash(*(parts if self.training else (*parts, "eval")))
+            if self.training:
+                self._seed = stable_hash(self.train_seed, self.global_step, self.microbatch)
+            else:
+                self._seed = stable_hash(self.train_seed, self.global_step, self.eval_batch, "eval")
         return self._seed
 
     @property

@@ -1,0 +1,296 @@
+"""How one step's micro-batch results are combined: one strategy, chosen once per run.
+
+A step's global batch is ``k x W`` micro-batches (W ranks, k each). What happens to each
+micro-batch's gradients, loss, metric sums and BatchNorm statistics is the job of exactly
+one ``Reduction``, picked by :func:`choose` from ``trainer.world_size_invariant`` and the
+job's :class:`~reprotrain.distributed.Dist`; the micro-batch loop (``engine.StepRunner``)
+calls it and never asks which one it holds.
+
+========  ==========================================  ==========================================
+strategy  when                                        combines
+========  ==========================================  ==========================================
+Local     one process, ``world_size_invariant`` off   float sums in micro-batch order
+DDP       several processes, invariance off           float sums; DDP all-reduces gradients in
+                                                      the last micro-batch's backward, losses and
+                                                      metric sums once per epoch
+Exact     ``world_size_invariant=true``, any W        int64 fixed-point sums (``exact_sum``) of
+                                                      every micro-batch's gradients, loss and
+                                                      sums each step; BatchNorm per micro-batch
+========  ==========================================  ==========================================
+
+Closes (Exact): the world size's effect on the bits. Float addition is not associative, so a
+float all-reduce of partial sums that hold different subsets of micro-batches gives different
+bits on 1, 2 or 4 ranks; exact integer sums, per-micro-batch BatchNorm and per-micro-batch
+RNG (seeded by the loop from the global micro-batch index) leave nothing that depends on
+which rank ran what. Nothing in an Exact run's checkpoint belongs to a rank, so it may resume
+on another world size dividing k x W.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from reprotrain.distributed import Dist
+from reprotrain.errors import ReprotrainError
+from reprotrain.invariant.batchnorm import MicroBatchNorm
+from reprotrain.invariant.exact_sum import exact_sum, no_reduce, torch_reducer
+from reprotrain.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
+from reprotrain.tasks.metrics import as_sum
+
+Sums = dict[str, torch.Tensor]
+
+
+class Accumulator:
+    """One pass over a step's micro-batches: ``add`` after each backward, ``finish`` once."""
+
+    def add(self, loss: torch.Tensor, sums: Sums, size: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[torch.Tensor, Sums]:
+        raise NotImplementedError
+
+
+class FloatSum(Accumulator):
+    """Local and DDP: the step loss and metric sums added in micro-batch order (floats).
+    With one micro-batch, its own loss and sums are the step's (no extra op)."""
+
+    def __init__(self, k: int, device: torch.device) -> None:
+        self.k, self.loss, self.sums = k, None, MetricSums(device)
+        self.last: tuple[torch.Tensor, Sums] | None = None
+
+    def add(self, loss: torch.Tensor, sums: Sums, size: int) -> None:
+        if self.k == 1:
+            self.last = (loss, sums)  # detached by the runner after the update, as before
+            return
+        self.loss = loss.detach() if self.loss is None else self.loss + loss.detach()
+        self.sums.add(sums, size)
+
+    def finish(self) -> tuple[torch.Tensor, Sums]:
+        if self.k == 1:
+            assert self.last is not None
+            return self.last
+        assert self.loss is not None
+        return self.loss, self.sums.sums
+
+
+class ExactSum(Accumulator):
+    """Exact: each micro-batch's gradients (taken out of ``.grad``), loss and metric sums
+    kept apart, then summed exactly over every micro-batch of every rank."""
+
+    def __init__(self, model: nn.Module, total: int, reduce, bn: MicroBatchNorm) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.total, self.reduce, self.bn = total, reduce, bn
+        self.grads: list[list[torch.Tensor]] = []
+        self.scalars: list[list[torch.Tensor]] = []
+        self.names: list[str] | None = None
+
+    def add(self, loss: torch.Tensor, sums: Sums, size: int) -> None:
+        self.grads.append(
+            [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        )
+        for p in self.params:
+            p.grad = None
+        self.names = sorted(sums) if self.names is None else self.names
+        self.scalars.append([loss.detach().float(), *(as_sum(sums[m]) for m in self.names)])
+
+    def finish(self) -> tuple[torch.Tensor, Sums]:
+        for p, g in zip(self.params, exact_sum(self.grads, self.total, self.reduce), strict=True):
+            p.grad = g
+        self.bn.end_step(self.reduce)
+        step_loss, *sums = exact_sum(self.scalars, self.total, self.reduce)
+        return step_loss, dict(zip(self.names or [], sums, strict=True))
+
+
+class Reduction:
+    """How micro-batch results are combined across micro-batches and ranks (see module)."""
+
+    name: ClassVar[str] = "local"
+    #: The same bits on any world size dividing the micro-batches per step.
+    world_size_invariant: ClassVar[bool] = False
+    #: Each step's loss and metric sums cover the global batch (else: this rank's share
+    #: until ``end_epoch``), so per-step values may be logged as they come.
+    step_values_are_global: ClassVar[bool] = True
+
+    def __init__(self, dist: Dist | None = None) -> None:
+        self.dist = dist or Dist()
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    # --- build ----------------------------------------------------------------------------
+    def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
+        """(the bare model to optimise and checkpoint, the module that runs the forward)."""
+        return model, model
+
+    # --- one step ---------------------------------------------------------------------------
+    def loss_weight(self, size: int, n: int) -> float | None:
+        """Factor on a micro-batch's loss so the k pieces give the step's mean gradient
+        (``size`` samples of this rank's ``n``); None: the loss as it is (k = 1)."""
+        return None if size == n else size / n
+
+    def microbatch(self, forward: nn.Module, i: int, k: int) -> AbstractContextManager:
+        """What wraps micro-batch ``i`` of this rank's ``k`` (forward and backward)."""
+        return contextlib.nullcontext()
+
+    def accumulator(self, model: nn.Module, k: int, device: torch.device) -> Accumulator:
+        return FloatSum(k, device)
+
+    def samples(self, n: int) -> int:
+        """The samples a step's metric sums cover, for ``n`` on this rank."""
+        return n
+
+    # --- the epoch and the checkpoint ---------------------------------------------------------
+    def end_epoch(self, progress: EpochProgress) -> None:
+        """Make the epoch's step losses and metric sums global (no-op when they are)."""
+
+    def global_count(self, samples: int) -> int:
+        """``samples`` counted by this rank's progress, over the whole job."""
+        return samples
+
+    def checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint from this rank's ``state``: the per-rank entries (RNG, the epoch's
+        partial sums) of every rank on rank 0 (a collective under DDP)."""
+        ranks = self.dist.gather_objects(rank_entries(state))
+        return every_rank_entries(state, ranks) if ranks is not None else state
+
+    @property
+    def checkpoints_rank_state(self) -> bool:
+        """Whether a checkpoint holds per-rank state (RNG, partial sums)."""
+        return True
+
+    def record(self, microbatches_per_step: int) -> dict[str, Any]:
+        """run.json's promise: the same bits on any world size dividing k, and k."""
+        return {
+            "world_size_invariant": self.world_size_invariant,
+            "microbatches_per_step": microbatches_per_step,
+        }
+
+    def resume_check(self, saved_world_size: int, allow_change: bool) -> str | None:
+        """Why a resume under this job's world size is refused (None: it may go on)."""
+        if saved_world_size == self.world_size or allow_change:
+            return None
+        return (
+            f"the checkpoint was written with world size {saved_world_size}, this run has "
+            f"{self.world_size}; resume with NPROC={saved_world_size}, or pass "
+            "trainer.allow_world_size_change=true (recorded as not bitwise)"
+        )
+
+
+class Local(Reduction):
+    """One process: float sums in micro-batch order; the step before the seam, op for op."""
+
+
+class DDP(Reduction):
+    """``DistributedDataParallel``: gradients all-reduced in bucket order in the last
+    micro-batch's backward; losses and metric sums all-reduced once per epoch."""
+
+    name = "ddp"
+    step_values_are_global = False
+
+    def __init__(self, dist: Dist, sync_batchnorm: bool = False) -> None:
+        super().__init__(dist)
+        self.sync_batchnorm = sync_batchnorm
+
+    def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
+        device = self.dist.device
+        if self.sync_batchnorm:
+            if device.type != "cuda":
+                raise ReprotrainError(
+                    "trainer.sync_batchnorm=true needs CUDA: torch's SyncBatchNorm has no CPU "
+                    "kernel; leave it false on gloo"
+                )
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        ids = [device.index] if device.type == "cuda" else None
+        return model, torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def microbatch(self, forward: nn.Module, i: int, k: int) -> AbstractContextManager:
+        """No gradient sync until the last micro-batch's backward."""
+        if i == k - 1 or not hasattr(forward, "no_sync"):
+            return contextlib.nullcontext()
+        return forward.no_sync()
+
+    def end_epoch(self, progress: EpochProgress) -> None:
+        """Each rank's step loss is the mean over an equal share, so the global step loss
+        is the mean of the ranks' losses; metric sums and the sample count add up."""
+        world = self.world_size
+        if progress.step_losses:
+            losses = torch.stack(progress.step_losses)
+            self.dist.all_reduce(losses)
+            progress.step_losses = list((losses / world).unbind())
+        for total in progress.metrics.sums.values():
+            self.dist.all_reduce(total)
+        progress.metrics.samples *= world
+
+    def global_count(self, samples: int) -> int:
+        return samples * self.world_size
+
+
+class Exact(Reduction):
+    """World-size invariant: exact sums of every micro-batch over every rank, each step.
+
+    Rank r of W runs the micro-batches ``r*k .. (r+1)*k - 1`` of the step's ``k*W``: its
+    contiguous share of the global batch (``shard_global_batch``) is exactly those.
+    """
+
+    name = "exact"
+    world_size_invariant = True
+
+    def __init__(self, dist: Dist | None = None) -> None:
+        super().__init__(dist)
+        self.reduce = torch_reducer() if self.dist.enabled else no_reduce
+        self.bn: MicroBatchNorm | None = None
+
+    def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
+        """BatchNorm normalises over each micro-batch; running statistics once per step."""
+        self.bn = MicroBatchNorm(model)
+        return model, model
+
+    def loss_weight(self, size: int, n: int) -> float | None:
+        return size / (n * self.world_size)  # this micro-batch's share of the global batch
+
+    def microbatch(self, forward: nn.Module, i: int, k: int) -> AbstractContextManager:
+        assert self.bn is not None, "Exact.prepare(model) runs before the first step"
+        return self.bn.micro_batch()
+
+    def accumulator(self, model: nn.Module, k: int, device: torch.device) -> Accumulator:
+        assert self.bn is not None, "Exact.prepare(model) runs before the first step"
+        return ExactSum(model, k * self.world_size, self.reduce, self.bn)
+
+    def samples(self, n: int) -> int:
+        return n * self.world_size
+
+    def checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
+        return state  # every entry is the same on every rank
+
+    @property
+    def checkpoints_rank_state(self) -> bool:
+        return False
+
+    def resume_check(self, saved_world_size: int, allow_change: bool) -> str | None:
+        return None  # nothing in the checkpoint is per rank; config checks k % W
+
+
+def choose(world_size_invariant: bool, dist: Dist, sync_batchnorm: bool = False) -> Reduction:
+    """The run's one reduction: Exact when invariance is asked for, DDP under a process
+    group, else Local."""
+    if world_size_invariant:
+        return Exact(dist)
+    if dist.enabled:
+        return DDP(dist, sync_batchnorm)
+    return Local(dist)
+
+
+def for_run(trainer: Any, dist: Dist) -> Reduction:
+    """The reduction ``trainer.world_size_invariant`` and ``trainer.sync_batchnorm`` ask
+    for on this job (the one place that reads the mode)."""
+    return choose(bool(trainer.world_size_invariant), dist, bool(trainer.sync_batchnorm))

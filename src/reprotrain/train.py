@@ -101,6 +101,7 @@ from reprotrain.repro.resume_guard import (
 )
 from reprotrain.repro.run_mutex import RunMutex
 from reprotrain.repro.seeding import Seeds, resolve_seeds, seed_globals
+from reprotrain.tools.runs.report import write_report
 
 log = logging.getLogger("reprotrain")
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later", what a requeue wrapper looks for
@@ -207,10 +208,10 @@ def run_loop(
     bar = tqdm(disable=not (settings.progress and sys.stderr.isatty()), leave=False)
     history = resumed_history(state.fingerprints, state.metrics, state.progress.losses(),
                               state.progress.step_lrs, state.global_step)  # fmt: skip
-    feed = StepFeed(
-        build_loggers(logger_cfg, out.run_dir, out.record.data, state.global_step, history),
-        state,
-    )
+    # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
+    sinks = build_loggers(logger_cfg, out.run_dir, out.record.data, state.global_step, history,
+                          report=write_report)  # fmt: skip
+    feed = StepFeed(sinks, state)
     profiler = StepProfiler(out.run_dir / "profile", settings.profile_steps, state.device).start() \
         if settings.profile_steps and dist.is_main else None  # fmt: skip
 

@@ -99,6 +99,11 @@ class TrainerConfig:
     # Stop (status completed, partial) after this epoch without changing the schedule, so
     # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
     stop_after_epoch: int = 0
+    # Early stopping: stop after this many evaluated epochs in a row whose trainer.monitor
+    # did not beat the best by more than early_stopping_min_delta (0: off). Recorded in
+    # run.json (`early_stopped`), kept in the checkpoint (a resume continues the count).
+    early_stopping_patience: int = 0
+    early_stopping_min_delta: float = 0.0  # in the monitored metric's units
 
 
 #: The ``step`` every run had before the group existed: a config holding exactly this is
@@ -127,6 +132,8 @@ class LoopSettings:
     stop_after_epoch: int = 0
     progress: bool = True
     profile_steps: int = 0
+    early_stopping_patience: int = 0
+    early_stopping_min_delta: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,8 @@ NON_NEGATIVE = (
     "trainer.overfit_batches",
     "trainer.profile_steps",
     "trainer.stop_at_global_step",
+    "trainer.early_stopping_patience",
+    "trainer.early_stopping_min_delta",
 )
 MAX_THREADS = 4096
 SEED_MAX = (1 << 64) - 1  # seeds are 64-bit: torch.manual_seed refuses anything larger

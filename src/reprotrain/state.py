@@ -113,6 +113,8 @@ class LoopState:
     metrics: list[dict] = field(default_factory=list)
     fingerprints: list[dict] = field(default_factory=list)
     nonfinite_events: list[dict] = field(default_factory=list)
+    stale_epochs: int = 0  # evaluated epochs in a row without improvement (early stopping)
+    early_stopped: dict | None = None  # set when early stopping ends the loop
     progress: EpochProgress = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -135,6 +137,8 @@ class LoopState:
         return {
             **{k: getattr(self, k) for k in keys},
             "nonfinite_events": self.nonfinite_events,
+            "stale_epochs": self.stale_epochs,
+            "early_stopped": self.early_stopped,
             "progress": self.progress.state_dict(),
         }
 
@@ -143,7 +147,33 @@ class LoopState:
             setattr(self, key, sd[key])
         self.fingerprints = sd["fingerprints"]
         self.nonfinite_events = sd.get("nonfinite_events", [])
+        # Checkpoints written before early stopping existed: no count, not stopped.
+        self.stale_epochs = sd.get("stale_epochs", 0)
+        self.early_stopped = sd.get("early_stopped")
         self.progress.load_state_dict(sd["progress"])
+
+    def count_stale(self, value: float | None, previous_best: float | None, stop) -> None:
+        """Early stopping: count an evaluated epoch whose monitored ``value`` did not beat
+        ``previous_best`` by more than ``stop.early_stopping_min_delta``; after
+        ``stop.early_stopping_patience`` such epochs in a row, mark the loop stopped (the
+        mark is in the checkpoint, so a resume stops too). ``stop`` is the LoopSettings."""
+        patience = stop.early_stopping_patience
+        if not patience or value is None:
+            return  # off, or the monitored value was not evaluated this epoch
+        if not math.isfinite(value):
+            better = False
+        elif previous_best is None:
+            better = True
+        else:
+            gain = value - previous_best if stop.monitor_mode == "max" else previous_best - value
+            better = gain > stop.early_stopping_min_delta
+        self.stale_epochs = 0 if better else self.stale_epochs + 1
+        if self.stale_epochs >= patience and self.epoch < stop.epochs:
+            self.early_stopped = {
+                "epoch": self.epoch, "monitor": stop.monitor, "best": self.best,
+                "best_epoch": self.best_epoch, "patience": patience,
+                "min_delta": stop.early_stopping_min_delta,
+            }  # fmt: skip
 
 
 class RankRNG:

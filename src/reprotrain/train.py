@@ -232,7 +232,7 @@ def run_loop(
             out.saver.save()
 
     with determinism.nondeterminism_alerts(alerts):
-        while state.epoch <= epochs:
+        while state.epoch <= epochs and state.early_stopped is None:
             bar.reset(total=pipeline.steps_per_epoch)
             bar.update(state.step)
             bar.set_description(f"epoch {state.epoch}")
@@ -299,6 +299,7 @@ def finish(
         final_metrics=final,
         epochs_completed=len(state.metrics),
         partial=len(state.metrics) < settings.epochs,
+        early_stopped=state.early_stopped,
         nondeterministic_ops=alerts,
         nonfinite_events=state.nonfinite_events,
         gpu_memory=environment.peak_memory(state.device),
@@ -547,7 +548,12 @@ def end_epoch(
     rec.write_jsonl(out.run_dir / rec.FINGERPRINTS, state.fingerprints)
     shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
     log.info("epoch %d/%d  %s", state.epoch, settings.epochs, shown)
-    improved = state.improved(row.get(settings.monitor), settings.monitor_mode)
+    value, previous_best = row.get(settings.monitor), state.best
+    improved = state.improved(value, settings.monitor_mode)
+    state.count_stale(value, previous_best, settings)
+    if state.early_stopped is not None:
+        log.info("early stopping: %(monitor)s has not improved for %(patience)d evaluated "
+                 "epochs; best %(best)s at epoch %(best_epoch)s", state.early_stopped)  # fmt: skip
     state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
     out.saver.save(best=improved, model_state=cpu_state)
     fault_injection.hook("after-save", state.global_step)

@@ -1,0 +1,84 @@
+"""Early stopping on the monitored metric: recorded in run.json, kept in the checkpoint, so a
+run killed around the stop resumes to the same bits and the same stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.conftest import assert_ok, base_env, jsonl, run_json, train
+
+# 2 steps per epoch, up to 6 epochs. train_loss falls every epoch but never by 100, so
+# epochs 2 and 3 are "not better by more than min_delta": patience 2 stops after epoch 3.
+STOPPING = [
+    "trainer.epochs=6",
+    "trainer.limit_train_steps=2",
+    "trainer.limit_eval_batches=1",
+    "logger=none",
+    "trainer.monitor=train_loss",
+    "trainer.monitor_mode=min",
+    "trainer.early_stopping_patience=2",
+    "trainer.early_stopping_min_delta=100",
+]
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("early") / "run"
+    assert_ok(train(run, *STOPPING))
+    return run
+
+
+def test_a_run_stops_after_patience_epochs_without_improvement_and_says_so(stopped):
+    record = run_json(stopped)
+    assert record["status"] == "completed"
+    assert [row["epoch"] for row in jsonl(stopped / "metrics.jsonl")] == [1, 2, 3]
+    assert record["early_stopped"] == {
+        "epoch": 3, "monitor": "train_loss", "best": record["early_stopped"]["best"],
+        "best_epoch": 3, "patience": 2, "min_delta": 100.0,
+    }  # fmt: skip
+    assert record["epochs_completed"] == 3
+    # The schedule still spans trainer.epochs: the last step's lr is far from the end of
+    # the one-cycle schedule (which decays towards 0 at step 12).
+    lrs = jsonl(stopped / "fingerprints.jsonl")[-1]["step_lrs"]
+    assert lrs[-1] > 0.01
+
+
+def test_off_by_default_and_a_real_improvement_resets_the_count(tmp_path):
+    run = tmp_path / "run"
+    no_delta = [o for o in STOPPING if "min_delta" not in o]
+    assert_ok(train(run, *no_delta, "trainer.epochs=3"))
+    assert run_json(run)["early_stopped"] is None  # train_loss improves every epoch
+    assert len(jsonl(run / "metrics.jsonl")) == 3
+
+
+def test_killed_after_the_stopping_epochs_checkpoint_the_resume_stops_with_the_same_bits(
+    stopped, tmp_path
+):
+    run = tmp_path / "run"
+    killed = train(run, *STOPPING, env=base_env(REPROTRAIN_TEST_KILL="after-save:6"))
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert_ok(train(run, *STOPPING, "resume=auto"))
+    record, reference = run_json(run), run_json(stopped)
+    assert len(jsonl(run / "metrics.jsonl")) == 3  # no epoch 4 after the stop
+    assert record["early_stopped"] == reference["early_stopped"]
+    assert record["final_weights_sha256"] == reference["final_weights_sha256"]
+
+
+@pytest.mark.slow
+def test_killed_before_the_stop_the_resume_counts_on_and_stops_at_the_same_epoch(stopped, tmp_path):
+    run = tmp_path / "run"
+    killed = train(run, *STOPPING, env=base_env(REPROTRAIN_TEST_KILL="after-save:4"))
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert_ok(train(run, *STOPPING, "resume=auto"))
+    record, reference = run_json(run), run_json(stopped)
+    assert record["early_stopped"] == reference["early_stopped"]
+    assert record["final_weights_sha256"] == reference["final_weights_sha256"]
+
+
+def test_a_negative_patience_is_one_line_and_exit_2(tmp_path):
+    proc = train(tmp_path / "run", *STOPPING, "trainer.early_stopping_patience=-1")
+    assert proc.returncode == 2
+    assert "trainer.early_stopping_patience=-1 must be" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

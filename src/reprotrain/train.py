@@ -205,7 +205,7 @@ def run_loop(
     alerts: list[str] = list(out.record.data.get("nondeterministic_ops", []))
     every, epochs = settings.checkpoint_every_steps, settings.epochs
     stop_at = settings.stop_at_global_step
-    bar = tqdm(disable=not (settings.progress and sys.stderr.isatty()), leave=False)
+    bar = EpochBar(settings.progress)
     history = resumed_history(state.fingerprints, state.metrics, state.progress.losses(),
                               state.progress.step_lrs, state.global_step)  # fmt: skip
     # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
@@ -216,7 +216,7 @@ def run_loop(
         if settings.profile_steps and dist.is_main else None  # fmt: skip
 
     def after_step(next_step: int) -> None:
-        bar.update(1)
+        bar.step(state.progress, state.global_step)
         if reduction.step_values_are_global:  # else global only at epoch end
             feed.every(logger_cfg.log_every_steps)
         if profiler is not None:
@@ -233,9 +233,7 @@ def run_loop(
 
     with determinism.nondeterminism_alerts(alerts):
         while state.epoch <= epochs and state.early_stopped is None:
-            bar.reset(total=pipeline.steps_per_epoch)
-            bar.update(state.step)
-            bar.set_description(f"epoch {state.epoch}")
+            bar.start(state.epoch, pipeline.steps_per_epoch, state.step)
             seen_before = state.progress.seen
             seconds = run_epoch(
                 runner, pipeline.epoch(state.epoch, state.step),
@@ -263,6 +261,30 @@ def run_loop(
     if profiler is not None:
         log.info("top ops (%s):\n%s", profiler.table_path, profiler.stop())
     return alerts, feed
+
+
+class EpochBar:
+    """The epoch's progress bar with the running loss, on a terminal only (elsewhere the
+    epoch lines of the log say the same). The loss shown is the mean of the last ``every``
+    steps: one host read every ``every`` steps, never one per step."""
+
+    def __init__(self, enabled: bool, every: int = 10) -> None:
+        self.bar = tqdm(disable=not (enabled and sys.stderr.isatty()), leave=False)
+        self.every = every
+
+    def start(self, epoch: int, total: int, done: int) -> None:
+        self.bar.reset(total=total)
+        self.bar.update(done)
+        self.bar.set_description(f"epoch {epoch}")
+
+    def step(self, progress, global_step: int) -> None:
+        self.bar.update(1)
+        if not self.bar.disable and global_step % self.every == 0 and progress.step_losses:
+            recent = torch.stack(progress.step_losses[-self.every :]).float().mean()
+            self.bar.set_postfix(loss=f"{recent.item():.4g}")
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class StopFlag:

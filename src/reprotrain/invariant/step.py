@@ -78,8 +78,11 @@ class InvariantStepper(Stepper):
             scalars.append([loss.detach().float(), *(as_sum(out.sums[m]) for m in names)])
             if i < k - 1:
                 fault_injection.hook("microbatch", global_step + 1)
-        for p, g in zip(params, exact_sum(grads, total_k, self.reduce), strict=True):
+        # One exact sum for gradients, loss and metric sums: two collectives per step.
+        parts = [g + s for g, s in zip(grads, scalars, strict=True)]
+        summed = exact_sum(parts, total_k, self.reduce)
+        for p, g in zip(params, summed, strict=False):
             p.grad = g
         self.bn.end_step(self.reduce)
-        step_loss, *sums = exact_sum(scalars, total_k, self.reduce)
+        step_loss, *sums = summed[len(params) :]
         return step_loss, dict(zip(names, sums, strict=True)), self.optimizer_step()

@@ -15,7 +15,7 @@ multiset of parts alone.
 Cost (docs/invariance-performance.md): all of a call's tensors travel as one flat bucket, so a
 call is two collectives (a MAX of one exponent per tensor, a SUM of one int64 vector holding
 every element and the non-finite counts) and a fixed number of vectorised ops over the local
-parts as one ``[parts, elements]`` matrix, whatever the number of tensors. Each tensor keeps
+parts, one flat vector per part, whatever the number of tensors. Each tensor keeps
 its own scale, so one call over many lists gives the bits of one call per list.
 
 Precision: every element within 2^(62 - 24 - ceil(log2 k)) of a tensor's largest element
@@ -86,27 +86,29 @@ def exact_sum(
     guard = math.ceil(math.log2(total_parts)) if total_parts > 1 else 0
     segment = _segments(sizes, device)  # [P]: the tensor each flat element belongs to
 
-    # The local parts as one [parts, P] float64 matrix (float32 and int64 convert exactly).
-    flat = torch.stack([_flatten(part, sizes) for part in parts])
-
     # 1. One exponent per tensor: |x| < 2^e for every finite element of every part, on
     #    every rank (the exponent of the largest magnitude; 0 for an all-zero tensor).
-    finite = torch.isfinite(flat)
-    magnitude = torch.where(finite, flat.abs(), 0.0).amax(0)
-    biggest = _per_tensor(magnitude, sizes, torch.amax)
-    exps = torch.frexp(biggest).exponent.to(torch.int64)
+    #    Part by part, so the float64 copies held at once are one part's, whatever k is.
+    magnitude = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
+    nonfinite = torch.zeros(sum(sizes), dtype=torch.bool, device=device)
+    for part in parts:
+        flat = _flatten(part, sizes)
+        finite = torch.isfinite(flat)
+        nonfinite |= ~finite
+        torch.maximum(magnitude, torch.where(finite, flat.abs(), 0.0), out=magnitude)
+    exps = torch.frexp(_per_tensor(magnitude, sizes, torch.amax)).exponent.to(torch.int64)
     reduce(exps, "max")
     shifts = HEADROOM_BITS - guard - exps  # scale so that |x| * 2^shift < 2^(62 - guard)
 
     # 2. Quantise every element with its tensor's shared scale and add the local parts as
     #    integers (exact, any order); the non-finite counts ride in the same bucket.
-    bucket = torch.empty(sum(sizes) + n, dtype=torch.int64, device=device)
+    bucket = torch.zeros(sum(sizes) + n, dtype=torch.int64, device=device)
     values, bad = bucket[: bucket.numel() - n], bucket[bucket.numel() - n :]
-    scaled = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0).mul_(
-        power_of_two(shifts)[segment]
-    )
-    torch.sum(scaled.round_().to(torch.int64), 0, out=values)
-    bad.copy_(_per_tensor((~finite).sum(0), sizes, torch.sum))
+    scale = power_of_two(shifts)[segment]
+    for part in parts:
+        flat = torch.nan_to_num(_flatten(part, sizes), nan=0.0, posinf=0.0, neginf=0.0)
+        values += flat.mul_(scale).round_().to(torch.int64)
+    bad.copy_(_per_tensor(nonfinite.to(torch.int64), sizes, torch.sum))
     reduce(bucket, "sum")
 
     # 3. Back to floats once; a tensor with any non-finite part becomes NaN.

@@ -78,7 +78,8 @@ class InvariantStepper(Stepper):
             scalars.append([loss.detach().float(), *(as_sum(out.sums[m]) for m in names)])
             if i < k - 1:
                 fault_injection.hook("microbatch", global_step + 1)
-        # One exact sum for gradients, loss and metric sums: two collectives per step.
+        # One exact sum for gradients, loss and metric sums: one MAX and one SUM all-reduce
+        # per step (each tensor keeps its own scale: the bits of separate calls).
         parts = [g + s for g, s in zip(grads, scalars, strict=True)]
         summed = exact_sum(parts, total_k, self.reduce)
         for p, g in zip(params, summed, strict=False):

@@ -186,3 +186,104 @@ def test_on_real_gradients_the_exact_sum_is_the_correctly_rounded_float32_sum():
         total += rounded.numel()
     assert right["exact"] / total >= 0.999  # measured here: 1.0 (float32 summation: 0.49)
     assert right["exact"] > right["float32"]
+
+
+def per_tensor_exact_sum(parts, total_parts: int) -> list[torch.Tensor]:
+    """The specification, one tensor at a time on one process: the largest finite magnitude
+    over the parts sets a power-of-two scale (62 bits less the guard bits of k), each part is
+    rounded at that scale to int64 and the integers are added; a non-finite part gives NaN."""
+    guard = math.ceil(math.log2(total_parts)) if total_parts > 1 else 0
+    out = []
+    for j, like in enumerate(parts[0]):
+        column = [p[j].detach().to(torch.float64) for p in parts]
+        finite = [torch.isfinite(c) for c in column]
+        biggest = max(
+            (float(torch.where(f, c.abs(), 0.0).max()) if c.numel() else 0.0)
+            for c, f in zip(column, finite, strict=True)
+        )
+        shift = 62 - guard - math.frexp(biggest)[1]
+        total = sum(
+            torch.round(torch.ldexp(c.nan_to_num(0.0, 0.0, 0.0), torch.tensor(float(shift)))).long()
+            for c in column
+        )
+        value = torch.ldexp(total.to(torch.float64), torch.tensor(float(-shift)))
+        if not all(bool(f.all()) for f in finite):
+            value = torch.full_like(value, math.nan)
+        out.append(value.to(like.dtype))
+    return out
+
+
+def mixed_parts(k: int, seed: int):
+    """float32 gradients over 80 decades, float64 sums out to 1e+-300, int64 counts, a
+    scalar, an empty and an all-zero tensor; some parts hold an inf or a NaN."""
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for i in range(k):
+        f32 = 10.0 ** torch.randint(-40, 40, (), generator=g).item()
+        f64 = 10.0 ** torch.randint(-300, 300, (), generator=g).item()
+        part = [
+            (torch.randn(16, 3, 3, 3, generator=g, dtype=torch.float64) * f32).float(),
+            torch.randn((), generator=g, dtype=torch.float64) * f64,
+            torch.randint(-1000, 1000, (7,), generator=g),
+            torch.zeros(0),
+            torch.zeros(5),
+        ]
+        if seed % 4 == 1 and i == k - 1:
+            part[0].view(-1)[3] = (math.inf, -math.inf, math.nan)[seed % 3]
+        parts.append(part)
+    return parts
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_flat_bucket_sum_equals_the_per_tensor_sum_bit_for_bit(seed):
+    k = 1 + seed % 4
+    parts = mixed_parts(k, seed)
+    for total in (k, 2 * k, 8 * k):
+        got, want = exact_sum(parts, total), per_tensor_exact_sum(parts, total)
+        assert [t.dtype for t in got] == [t.dtype for t in want]
+        assert [t.shape for t in got] == [t.shape for t in want]
+        assert bits(got) == bits(want)
+
+
+def test_one_call_over_many_tensors_equals_one_call_per_tensor_on_any_layout():
+    """What the step relies on when it sums gradients, loss and metric sums together: each
+    tensor keeps its own scale, so joining the lists changes no bit, on 1, 2 or 4 ranks, and
+    any order of the parts (over ranks and within a rank) gives the same bits."""
+    parts = mixed_parts(8, seed=2)
+    alone = [exact_sum([[p[j]] for p in parts], 8)[0] for j in range(len(parts[0]))]
+    assert bits(exact_sum(parts, 8)) == bits(alone)
+    shuffled = [parts[i] for i in torch.randperm(8, generator=torch.Generator().manual_seed(0))]
+    for world in (1, 2, 4):
+        for result in run_ranks(shuffled, world):
+            assert bits(result) == bits(alone)
+
+
+def test_one_exact_sum_is_two_collectives_whatever_the_number_of_tensors():
+    calls = []
+
+    def counting(tensor, op):
+        calls.append((op, tensor.dtype, tensor.numel()))
+
+    parts = gradient_like_parts(4)
+    exact_sum(parts, 4, counting)
+    sizes = sum(t.numel() for t in parts[0])
+    assert calls == [("max", torch.int64, 3), ("sum", torch.int64, sizes + 3)]
+
+
+def test_powers_of_two_are_exact_over_the_whole_float64_range():
+    from reprotrain.invariant.exact_sum import power_of_two
+
+    exponents = torch.arange(-1100, 1100)
+    want = torch.stack(
+        [torch.ldexp(torch.tensor(1.0, dtype=torch.float64), torch.tensor(float(e)))
+         for e in exponents.tolist()]
+    )  # fmt: skip
+    assert torch.equal(power_of_two(exponents).view(torch.int64), want.view(torch.int64))
+    assert power_of_two(torch.tensor([1024]))[0] == math.inf
+    assert power_of_two(torch.tensor([-1074]))[0] == math.ldexp(1.0, -1074)
+    assert power_of_two(torch.tensor([-1075]))[0] == 0.0
+
+
+def test_parts_of_different_shapes_are_refused():
+    with pytest.raises(ValueError, match="same tensors"):
+        exact_sum([[torch.zeros(3)], [torch.zeros(4)]], 2)

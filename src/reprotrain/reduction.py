@@ -99,10 +99,14 @@ class ExactSum(Accumulator):
         self.scalars.append([loss.detach().float(), *(as_sum(sums[m]) for m in self.names)])
 
     def finish(self) -> tuple[torch.Tensor, Sums]:
-        for p, g in zip(self.params, exact_sum(self.grads, self.total, self.reduce), strict=True):
+        # One exact sum for gradients, loss and metric sums: one MAX and one SUM all-reduce
+        # per step (each tensor keeps its own scale: the bits of separate calls).
+        parts = [g + s for g, s in zip(self.grads, self.scalars, strict=True)]
+        summed = exact_sum(parts, self.total, self.reduce)
+        for p, g in zip(self.params, summed, strict=False):
             p.grad = g
         self.bn.end_step(self.reduce)
-        step_loss, *sums = exact_sum(self.scalars, self.total, self.reduce)
+        step_loss, *sums = summed[len(self.params) :]
         return step_loss, dict(zip(self.names or [], sums, strict=True))
 
 

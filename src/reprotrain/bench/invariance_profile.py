@@ -1,0 +1,157 @@
+"""Where the world-size-invariant step's time goes, beside a plain DDP step, at W ranks.
+
+    python -m torch.distributed.run --standalone --nproc-per-node=2 \\
+        -m reprotrain.bench.invariance_profile [--steps 5] [--repeats 5]
+
+Each rank builds the self-check net twice from one seed: a ``StepRunner`` with the ``DDP``
+reduction (the plain step) and one with the ``Exact`` reduction (the invariant step), with
+the same global batch, micro-batch size and one intra-op thread. Repeats run
+the two sides back to back (interleaved), each for ``--steps`` steps on the same batch.
+Times are per-rank CPU seconds of the stepping thread (``time.thread_time``): a shared
+host preempts a process, and preemption is not billed as CPU time, so the split below is
+steady where wall time is not. (The side-by-side wall-clock figure is ``make bench``'s
+``invariant`` row.) The invariant step's parts are timed by wrapping, on this rank only:
+the BatchNorm statistics hook, ``exact_sum``, ``MicroBatchNorm.end_step`` and every
+collective the reducer runs; what is left is forward, backward and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from reprotrain import reduction as reductions
+from reprotrain.bench.stats import median
+from reprotrain.distributed import Dist
+from reprotrain.engine import StepRunner, StepSettings
+from reprotrain.selfcheck.net import TinyConvNet
+from reprotrain.state import TrainerState
+from reprotrain.tasks.classification import Classification
+
+PARTS = ("BatchNorm statistics hook", "exact_sum (all)", "  of which collectives", "end_step")
+
+
+class Clock:
+    """CPU seconds spent inside wrapped callables, by label."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+
+    def wrap(self, label: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[label] += time.thread_time() - start
+
+        return timed
+
+
+def build(
+    invariant: bool, model: torch.nn.Module, microbatch_size: int, clock: Clock, where: Dist
+) -> StepRunner:
+    """The plain DDP step or the invariant (Exact) step over a copy of ``model``; the
+    invariant side's BatchNorm hook, collectives and ``end_step`` are timed by ``clock``."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    device = torch.device("cpu")
+    reduction = reductions.Exact(where) if invariant else reductions.DDP(where)
+    model, forward = reduction.prepare(model)
+    if invariant:
+        reduction.reduce = clock.wrap("  of which collectives", reduction.reduce)
+        bn = reduction.bn
+        hook = bn._hook
+        bn._hook = lambda record: clock.wrap(PARTS[0], hook(record))
+        bn.end_step = clock.wrap("end_step", bn.end_step)
+    task = Classification()
+    rank_state = reduction.checkpoints_rank_state
+    state = TrainerState(model, optimizer, schedule, scaler, device, task=task,
+                         rng_state=rank_state, rank=reduction.rank)  # fmt: skip
+    return StepRunner(state, task, forward=forward, reduction=reduction,
+                      settings=StepSettings(microbatch_size=microbatch_size))  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=128, help="the step's global batch")
+    p.add_argument("--microbatch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=5, help="steps per side per repeat")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (+1 warm-up)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.batch_size % (args.microbatch_size * world):
+        print("error: --batch-size must be a multiple of --microbatch-size x world size",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    torch.manual_seed(0)
+    model, clock = TinyConvNet(), Clock()
+    where = Dist(rank=rank, world_size=world, local_world_size=world, backend="gloo")
+    sides = {"ddp": build(False, model, args.microbatch_size, clock, where),
+             "invariant": build(True, model, args.microbatch_size, clock, where)}  # fmt: skip
+    g = torch.Generator().manual_seed(rank)
+    n = args.batch_size // world
+    batch = (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+    original = reductions.exact_sum
+    reductions.exact_sum = clock.wrap(PARTS[1], original)  # what the step calls, this rank only
+    per_step: dict[str, list[float]] = defaultdict(list)
+    global_step = 0
+    try:
+        for repeat in range(args.repeats + 1):  # repeat 0 warms up
+            for name, runner in sides.items():
+                before = dict(clock.spent)
+                dist.barrier()
+                start = time.thread_time()
+                for _ in range(args.steps):
+                    runner.step(batch, global_step)
+                    global_step += 1
+                spent = (time.thread_time() - start) / args.steps
+                if repeat and name == "invariant":
+                    for label in PARTS:
+                        per_step[label].append(
+                            (clock.spent[label] - before.get(label, 0.0)) / args.steps
+                        )
+                if repeat:
+                    per_step[name].append(spent)
+    finally:
+        reductions.exact_sum = original
+    rows = report(per_step)
+    for r in range(world):  # one rank at a time, rank order
+        dist.barrier()
+        if r == rank:
+            print(f"rank {rank} of {world}: CPU ms per step (median of {args.repeats})")
+            print("\n".join(rows), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def report(per_step: dict[str, list[float]]) -> list[str]:
+    """Lines: both sides, their ratio (paired per repeat), and the invariant step's parts."""
+    ddp, inv = per_step["ddp"], per_step["invariant"]
+    ratio = median([a / b for a, b in zip(inv, ddp, strict=True)])
+    lines = [f"  {'plain DDP step':<34}{median(ddp) * 1e3:8.2f}",
+             f"  {'invariant step':<34}{median(inv) * 1e3:8.2f}   x{ratio:.3f}"]  # fmt: skip
+    parts = {label: median(per_step[label]) for label in PARTS}
+    rest = median(inv) - parts[PARTS[0]] - parts[PARTS[1]] - parts["end_step"]
+    lines += [f"    {label:<32}{value * 1e3:8.2f}" for label, value in parts.items()]
+    lines.append(f"    {'forward, backward, optimizer':<32}{rest * 1e3:8.2f}")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

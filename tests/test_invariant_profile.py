@@ -1,0 +1,37 @@
+"""The invariant step's profile (reprotrain.bench.invariance_profile): its arithmetic and its
+clock, in-process; the torchrun run itself is a benchmark, not a test."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from reprotrain.bench.invariance_profile import PARTS, Clock, report
+
+
+def test_the_report_gives_the_paired_ratio_and_what_is_left_after_the_timed_parts():
+    per_step = {"ddp": [0.040, 0.050, 0.020], "invariant": [0.060, 0.060, 0.040]}
+    per_step |= {PARTS[0]: [0.010] * 3, PARTS[1]: [0.003] * 3, PARTS[2]: [0.001] * 3}
+    per_step["end_step"] = [0.001] * 3
+    lines = report(per_step)
+    assert "x1.500" in lines[1]  # paired ratios 1.5, 1.2, 2.0: median 1.5 (not 60/40)
+    assert lines[-1].split()[-1] == f"{(0.060 - 0.010 - 0.003 - 0.001) * 1e3:.2f}"
+
+
+def test_the_clock_bills_cpu_time_inside_the_wrapped_call_even_when_it_raises():
+    clock = Clock()
+
+    def busy(fail: bool) -> None:
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        if fail:
+            raise RuntimeError("boom")
+
+    timed = clock.wrap("busy", busy)
+    timed(False)
+    with pytest.raises(RuntimeError):
+        timed(True)
+    assert clock.spent["busy"] >= 0.04
+    assert set(clock.spent) == {"busy"}

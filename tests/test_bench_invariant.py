@@ -60,7 +60,7 @@ def test_the_ratio_is_invariant_over_ddp_step_time_from_two_interleaved_runs(tmp
     assert row["figure"] == "invariant" and row["ratio"] == "2.250"
     assert "W=2, micro-batch 16, k=4, 1 thread/rank" in row["measure"]
     assert row["sides"] == "ddp 150 / invariant 70 images/s"
-    assert row["target"] == "<= 1.15 at W=2 (issue 28)"  # shown beside the measurement
+    assert row["target"] == "<= 1.15 at W=2"  # shown beside the measurement
 
 
 def test_a_world_size_that_does_not_divide_k_is_refused():

@@ -12,7 +12,7 @@ TARGETS = {  # issue 11's targets, shown next to the measurement
     "P2 device": ">= 5 (CPU), >= 10 (GPU)",
     "P3 strict/fast": "<= 1.05 on a GPU",
     "P5": "<= 0.02 on a GPU",
-    "invariant": "<= 1.15 at W=2 (issue 28)",
+    "invariant": "<= 1.15 at W=2",
 }
 
 

@@ -270,6 +270,8 @@ def test_sweep_adds_the_seed_list_only_to_a_seed_sweep():
     assert commands.sweep_args(["seed.base=7,8"])[1] == ["--multirun", "seed.base=7,8"]
     optuna = commands.sweep_args(["hydra/sweeper=optuna", "experiment=smoke"])[1]
     assert optuna == ["--multirun", "hydra/sweeper=optuna", "experiment=smoke"]
+    search = commands.sweep_args(["experiment=smoke", "+hparams_search=smoke_optuna"])[1]
+    assert search == ["--multirun", "experiment=smoke", "+hparams_search=smoke_optuna"]
     assert commands.sweep_args(["--nproc=2", "-m"]) == ("2", ["seed.base=0,1,2", "-m"])
 
 

@@ -139,9 +139,9 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
     """(``--nproc``'s text, the trainer's arguments for ``reprotrain sweep``).
 
     ``--seeds S`` sweeps ``seed.base`` over S. Without it the basic sweeper sweeps
-    ``seed.base=0,1,2`` (``make sweep``'s default); a search sweeper
-    (``hydra/sweeper=optuna``) or a ``seed.base`` override of your own gets no seed list
-    added."""
+    ``seed.base=0,1,2`` (``make sweep``'s default); a search (``hydra/sweeper=optuna``,
+    ``+hparams_search=...``, ``hydra.sweeper.params...``) or a ``seed.base`` override of
+    your own gets no seed list added: a search would take the list for a parameter."""
     nproc, rest = split_nproc(argv)
     seeds, args = None, []
     it = iter(rest)
@@ -152,8 +152,15 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
             seeds = arg.partition("=")[2]
         else:
             args.append(arg)
-    own_seed = any(a.lstrip("+~").startswith("seed.base=") for a in args)
-    search = any(a.startswith("hydra/sweeper=") and a != "hydra/sweeper=basic" for a in args)
+    keys = [a.lstrip("+~").partition("=")[0] for a in args]
+    own_seed = "seed.base" in keys
+    search = (
+        any(
+            k in ("hparams_search", "hydra/sweeper") or k.startswith("hydra.sweeper.params")
+            for k in keys
+        )
+        and "hydra/sweeper=basic" not in args
+    )
     if seeds is None and not own_seed and not search:
         seeds = DEFAULT_SEEDS
     multirun = [] if "--multirun" in args or "-m" in args else ["--multirun"]

@@ -3,7 +3,8 @@
 Layout (the single-run layout of ``tools/archive/archive.py``, with ``sweep/`` for ``run/``)::
 
     <top>/sweep/<job>/...          each run directory (checkpoints left out)
-    <top>/sweep/summary.json ...   the sweep summary and multirun.yaml, as they were
+    <top>/sweep/summary.json ...   the sweep summary and multirun.yaml (an Optuna study's
+                                   study.json too), as they were
     <top>/source/ env/             the code every run ran (one commit + diff: all runs must
                                    share them) and the lock, as for one run
     <top>/archive.json             ``"kind": "sweep"`` and the list of jobs
@@ -37,7 +38,16 @@ from reprotrain.tools.runs.readers import read_run_json
 
 SWEEP = "sweep"
 KIND = "sweep"
-SWEEP_FILES = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
+#: An Optuna study also leaves study.json (tools/sweeps/optuna_study.py) and the plugin's
+#: optimization_results.yaml; its trials are ordinary run directories.
+SWEEP_FILES = (
+    "summary.json",
+    "summary.md",
+    "summary.png",
+    "multirun.yaml",
+    "study.json",
+    "optimization_results.yaml",
+)
 
 
 def is_sweep_dir(path: Path) -> bool:

@@ -47,6 +47,7 @@ from reprotrain.repro.record import (
     atomic_write_text,
     read_jsonl,
 )
+from reprotrain.tools.sweeps import optuna_study
 from reprotrain.tools.sweeps.equivalence import mean_ci
 
 SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
@@ -443,9 +444,15 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep directory when a multirun ends."""
+    """Hydra callback: summarise the sweep directory when a multirun ends. An Optuna study
+    is also seeded and checked before it starts, and recorded in study.json
+    (``tools/sweeps/optuna_study.py``)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        optuna_study.prepare(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        optuna_study.record(config)
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             summary = write_summary(sweep_dir)

@@ -185,8 +185,17 @@ def test_the_same_study_twice_runs_the_same_trials_and_finds_the_same_best(tmp_p
         cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "archive: 3/3 runs copied (100%)" in proc.stdout
+    assert "archive [4/4] seal and pack" in proc.stdout
     (archive,) = (tmp_path / "archives").glob("*.tar.gz")
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert any(n.endswith("sweep/study.json") for n in names)
     assert sum(n.endswith("/run.json") for n in names) == 3
+    # ... and replays: every trial with its recorded parameters, bit for bit
+    proc = subprocess.run(
+        [*cmd, "reproduce", str(archive), "--trust", "--runs-dir", str(tmp_path / "replays")],
+        cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1].startswith("REPRODUCED (bitwise): all 3 runs match")

@@ -22,12 +22,14 @@ import shutil
 from pathlib import Path
 
 from reprotrain.errors import ArchiveError
+from reprotrain.progress import Progress, say
 from reprotrain.repro import gitinfo
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.archive import snapshot
 from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, CheckedArchive
 from reprotrain.tools.archive.pack import (
     FORMAT_VERSION,
+    PHASES,
     check_out_dir,
     pip_freeze,
     run_members,
@@ -108,19 +110,24 @@ def build(
     out_dir.mkdir(parents=True, exist_ok=True)
     with staging_dir(out_dir, target) as staging:
         root = staging / top
-        for job in jobs:
-            for path, rel in run_members(job, with_checkpoint=False):
-                dest = root / SWEEP / job.relative_to(sweep_dir) / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, dest)
+        PHASES("copy the records")
+        with Progress("archive", len(jobs), unit="runs copied", emit=say) as copied:
+            for job in jobs:
+                for path, rel in run_members(job, with_checkpoint=False):
+                    dest = root / SWEEP / job.relative_to(sweep_dir) / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, dest)
+                copied.update()
         for name in SWEEP_FILES:
             if (sweep_dir / name).is_file():
                 shutil.copy2(sweep_dir / name, root / SWEEP / name)
+        PHASES("snapshot the source")
         snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
         lock = root / "source" / "requirements.lock"
         if lock.is_file():
             (root / "env").mkdir(parents=True, exist_ok=True)
             shutil.copy2(lock, root / "env" / "requirements.lock")
+        PHASES("record the environment")
         now_git, _ = gitinfo.git_info(repo)
         atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
         atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
@@ -133,6 +140,7 @@ def build(
             "source": snap.as_dict(),
         }
         atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        PHASES("seal and pack")
         seal(root, top, target, sign_key)
     return target, meta
 

@@ -47,7 +47,7 @@ from reprotrain.repro.record import (
     atomic_write_text,
     read_jsonl,
 )
-from reprotrain.tools.sweeps import optuna_study
+from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 
 SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
@@ -450,6 +450,9 @@ class SweepSummaryCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         optuna_study.prepare(config)
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_progress.job_done(config)  # "sweep <dir>: 3/8 runs done (38%)"
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         optuna_study.record(config)

@@ -286,3 +286,35 @@ def test_docs_cli_table_states_every_commands_exit_codes_as_the_code_has_them():
             assert command.exit_codes == commands.TRAIN_CODES, name
             continue
         assert text == "; ".join(f"{k} {v}" for k, v in command.exit_codes.items()), name
+
+
+# -------------------------------------------------------------------------- shell completion
+
+
+def test_the_command_names_complete(monkeypatch, capsys):
+    monkeypatch.setenv("COMP_LINE", "reprotrain re")
+    monkeypatch.setenv("COMP_POINT", "13")
+    assert commands.main(["-sc", "query=bash"]) == 0
+    assert capsys.readouterr().out.split() == ["resume", "report", "reproduce"]
+
+
+def test_bash_completes_train_overrides_from_the_config_tree(tmp_path):
+    """The installed script, in bash: <TAB> after `reprotrain train experiment=sm`."""
+    script = (
+        'eval "$(reprotrain -sc install=bash)"\n'
+        'COMP_LINE="reprotrain train experiment=sm"; COMP_POINT=${#COMP_LINE}; COMP_CWORD=2\n'
+        'hydra_bash_completion; echo "${COMPREPLY[@]}"\n'
+    )
+    if SCRIPT.exists():
+        bindir = SCRIPT.parent
+    else:  # the container runs from PYTHONPATH: a shim by the command's name
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        (bindir / "reprotrain").write_text(f'#!/bin/sh\nexec {sys.executable} -m reprotrain "$@"\n')
+        (bindir / "reprotrain").chmod(0o755)
+    env = base_env()
+    env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "experiment=smoke" in proc.stdout.split() and "experiment=selfcheck" not in proc.stdout

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,8 +109,6 @@ def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
     """The trainer as a child (torchrun when ``nproc_text`` is above 1); its exit code.
 
     Under torchrun the overrides are checked once first, so a typo is one line, not N."""
-    import subprocess
-
     from reprotrain.repro import hashseed
     from reprotrain.tools.runs.resume import run_forwarding_signals, trainer_launcher
 
@@ -186,8 +185,6 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
     """A job that lives in the repository's ``scripts/`` (not in the installed package)."""
 
     def run(argv: list[str]) -> int:
-        import subprocess
-
         from reprotrain.paths import REPO_ROOT
 
         path = REPO_ROOT / "scripts" / name
@@ -201,6 +198,61 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
         return subprocess.run(cmd, cwd=REPO_ROOT).returncode
 
     return run
+
+
+# ------------------------------------------------------------------------- shell completion
+
+TRAINER_APP = "reprotrain-train"  # what Hydra's completion query sees in place of "<us> train"
+
+
+def _trainer_completion(action: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "reprotrain.train", "-sc", action]
+    env = {**env, "PYTHONHASHSEED": env.get("PYTHONHASHSEED", "0")}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def completion_words(line: str, point: int) -> tuple[list[str], bool]:
+    """The words typed before the cursor, and whether the cursor starts a new word."""
+    typed = line[:point]
+    return typed.split(), typed[-1:].isspace()
+
+
+def shell_completion(argv: list[str]) -> int:
+    """``reprotrain -sc install=bash|zsh`` prints the script to ``eval``; the script asks
+    ``reprotrain -sc query=bash`` for each <TAB>. Command names complete here; the overrides
+    of ``train`` and ``sweep`` are Hydra's own completion of the trainer (groups, keys,
+    values); other commands complete file names (the shell's default)."""
+    import re
+
+    action = argv[0] if argv else ""
+    if action.startswith(("install=", "uninstall=")):
+        proc = _trainer_completion(action, dict(os.environ))
+        if proc.returncode:
+            sys.stderr.write(proc.stderr)
+            return proc.returncode
+        # Hydra names the program it was started as; the script is for this command.
+        print(re.sub(r"(complete -p |-F hydra_bash_completion )\S+", r"\1reprotrain", proc.stdout),
+              end="")  # fmt: skip
+        return 0
+    if not action.startswith("query="):
+        print("error: -sc install=bash | install=zsh | uninstall=bash | query=bash",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    line = os.environ.get("COMP_LINE", "")
+    point = int(os.environ.get("COMP_POINT", len(line)) or len(line))
+    words, new_word = completion_words(line, point)
+    if len(words) == 1 or (len(words) == 2 and not new_word):
+        prefix = words[1] if len(words) == 2 else ""
+        print(" ".join(name for name in COMMANDS if name.startswith(prefix)))
+        return 0
+    if words[1] not in ("train", "sweep"):
+        return 0  # file names: the shell's default completion
+    cut = line.index(words[1], len(words[0])) + len(words[1])
+    env = dict(os.environ, COMP_LINE=TRAINER_APP + line[cut:],
+               COMP_POINT=str(point - cut + len(TRAINER_APP)))  # fmt: skip
+    proc = _trainer_completion(action, env)
+    print(proc.stdout, end="")
+    return proc.returncode
 
 
 # ---------------------------------------------------------------------------- the commands
@@ -260,6 +312,7 @@ def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [
         "usage: reprotrain [--exit-file PATH] [--exit-line] <command> [args...]",
+        "       reprotrain -sc install=bash   (shell completion: eval its output)",
         "",
         "commands (reprotrain <command> --help for each; exit codes after the colon):",
     ]
@@ -312,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if exit_file is not None and not exit_file.parent.is_dir():
         print(f"error: --exit-file {exit_file}: no such directory", file=sys.stderr)
         return EXIT_USAGE
+    if argv[:1] in (["-sc"], ["--shell-completion"]):
+        return shell_completion(argv[1:])
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         code = 0 if argv else EXIT_USAGE

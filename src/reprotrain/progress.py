@@ -6,7 +6,7 @@ in a log file, a CI job or a pipe, a bar would be carriage-return noise, so the 
 progress is a few plain lines instead: one per tenth of the total (and a last one), each
 readable alone::
 
-    download cifar-10-python.tar.gz: 81.3/162.6 MiB (50%)
+    download images.tar.gz: 81.3/162.6 MiB (50%)
     sweep multirun/smoke/x: 3/8 runs done (38%)
     reproduce [2/5] build the replay plan
 

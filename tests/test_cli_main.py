@@ -232,6 +232,7 @@ def test_train_nproc_is_checked_before_torchrun(tmp_path):
     assert error_lines(proc.stderr) == ["error: NPROC=0: give at least 1 process"]
 
 
+@pytest.mark.slow
 def test_train_keeps_the_trainers_abort_code_130(tmp_path):
     """Ctrl-C twice: 130 (the first SIGINT's code, 75, is the next test's, by a real signal)."""
     run_dir = tmp_path / "run"

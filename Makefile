@@ -68,20 +68,19 @@ ifneq ($(EXTRA_NAMES),)
 endif
 
 NPROC  ?= 1
-# `make train NPROC=N`: the same run under torchrun DDP (gloo on CPU, nccl on CUDA). The
+# Every job below is `reprotrain <command>` (src/reprotrain/commands.py; `reprotrain --help`).
+# make exits 2 whenever a recipe fails, whatever the job's own code was; the code is kept:
+# a failing job prints one stderr line `reprotrain <command>: exit N (<meaning>)`, and
+# EXIT_FILE=<path> receives it (0 too). Scripts and CI call `reprotrain <command>` directly.
+# `make train NPROC=N`: the same run under torchrun DDP (gloo on CPU, nccl on CUDA); the
 # overrides are checked once before torchrun starts, so a typo is one line, not N. SIGUSR2
 # (SLURM's warning) reaches the workers like SIGTERM/SIGINT, with time to checkpoint.
-TORCHRUN = $(PY) -m torch.distributed.run --standalone --nproc-per-node=$(NPROC) \
-           --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2 --shutdown-timeout=120
+EXIT_FILE ?=
+RT = $(VENV)/bin/reprotrain --exit-line $(if $(value EXIT_FILE),--exit-file $(call q,EXIT_FILE))
 
 train: $(STAMP) ## one run: make train ARGS="experiment=smoke [task=mixup] [trainer.microbatch_size=32]" [NPROC=2: torchrun DDP]
 	$(check_args)
-ifeq ($(NPROC),1)
-	$(PY) -m reprotrain.train $(ARGS)
-else
-	$(PY) -c "from reprotrain import preflight; preflight.torchrun_cli_check()" $(call q,NPROC) $(ARGS)
-	$(TORCHRUN) -m reprotrain.train $(ARGS)
-endif
+	$(RT) train --nproc $(call q,NPROC) $(ARGS)
 
 # The default tier is mostly process start-up on one core each: one pytest worker per core
 # (pytest-xdist), a test file's tests kept together so its fixtures train once.
@@ -111,31 +110,31 @@ docs-check: docs ## the built site in a headless browser: every image loads, eve
 	$(PY) scripts/docs_browser_check.py build/site
 
 verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical [NPROC=N] [NPROC_B=M: invariant runs] [KILL=1: b SIGKILLed + resumed]
-	$(PY) -m reprotrain.tools.runs.verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)
+	$(RT) verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)
 
-sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png
+sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png [ARGS="hydra/sweeper=optuna ...": a seeded search]
 	$(check_args)
-	$(PY) -m reprotrain.train --multirun seed.base=$(SEEDS) $(ARGS)
+	$(RT) sweep $(if $(filter command line environment,$(origin SEEDS)),--seeds $(call q,SEEDS)) $(ARGS)
 
 resume: $(STAMP) ## continue an interrupted run in place (its world size; invariant runs: any NPROC dividing k): make resume RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.runs.resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
+	$(RT) resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
 
 archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.archive.archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
+	$(RT) archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
 reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1] [MODE=statistical MARGIN=x]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.reproduce.reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(RT) reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.debugging.bisect $(call q,A) $(call q,B) $(ARGS)
+	$(RT) bisect $(call q,A) $(call q,B) $(ARGS)
 
 compare: $(STAMP) ## statistical verdict between two sweeps: make compare A=<sweep> B=<sweep> [MARGIN=x] [METRIC=val_acc]
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two sweep directories: make compare A=<sweep> B=<sweep>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.sweeps.compare_sweeps $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(RT) compare $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 # The framework's own benchmarks, drills and GPU check live in the template, not in a project
 # made from it (docs/project-layout.md): there, the target says so in one line.
@@ -150,22 +149,22 @@ gpu-check: ## one-shot GPU check (one JSON); fails in one line without CUDA
 
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
-	$(PY) -m reprotrain.tools.runs.report $(call q,RUN) $(ARGS)
+	$(RT) report $(call q,RUN) $(ARGS)
 
 eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs/... [CKPT=last|best|path]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
 	$(check_args)
-	$(PY) -m reprotrain.tools.runs.eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
+	$(RT) eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
 
 bench: ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(call in_template,scripts/bench.py)
 	@$(MAKE) --no-print-directory install
-	$(PY) scripts/bench.py $(ARGS)
+	$(RT) bench $(ARGS)
 
 drill: ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
 	$(call in_template,scripts/kill_resume_trials.py)
 	@$(MAKE) --no-print-directory install
-	$(PY) scripts/kill_resume_trials.py --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(NPROC) $(ARGS)
+	$(RT) drill --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(NPROC) $(ARGS)
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
 	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }

@@ -130,9 +130,9 @@ def test_make_variables_for_paths_are_passed_as_one_argument():
     proc = run(
         "make", "-n", "reproduce", f"ARCHIVE={awkward}", f"TRUSTED_SIGNERS={awkward}", "TRUST=1"
     )
-    (line,) = [x for x in proc.stdout.splitlines() if "tools.reproduce" in x]
+    (line,) = [x for x in proc.stdout.splitlines() if "bin/reprotrain " in x]
     argv = shlex.split(line)
-    assert argv[argv.index("reprotrain.tools.reproduce.reproduce") + 1] == awkward
+    assert argv[argv.index("reproduce") + 1] == awkward
     assert argv[argv.index("--trusted-signers") + 1] == awkward and "--trust" in argv
     proc = run("make", "-n", "reproduce", "ARCHIVE=x", "TRUST=0")
     assert "--trust" not in proc.stdout

@@ -18,7 +18,9 @@ from pathlib import Path
 from conftest import REPO
 
 SRC = REPO / "src"
-ENTRY = ("reprotrain.train", "reprotrain.tools", "reprotrain.bench", "reprotrain.selfcheck")
+# The entries: the trainer, and the `reprotrain` command (commands.py, python -m reprotrain).
+ENTRY = ("reprotrain.train", "reprotrain.commands", "reprotrain.__main__", "reprotrain.tools",
+         "reprotrain.bench", "reprotrain.selfcheck")  # fmt: skip
 ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction")
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 

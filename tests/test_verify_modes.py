@@ -28,7 +28,7 @@ def make_n(*args: str) -> str:
     env = {k: v for k, v in base_env().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     proc = subprocess.run(["make", "--no-print-directory", "-n", "verify", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
-    return next(line for line in proc.stdout.splitlines() if "reprotrain.tools.runs.verify" in line)
+    return next(line for line in proc.stdout.splitlines() if "bin/reprotrain " in line)
 
 
 def test_make_verify_passes_nproc_nproc_b_and_kill_to_the_tool():

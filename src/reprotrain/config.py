@@ -175,6 +175,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     name: str = "run"  # experiment name, part of the run directory name
     resume: str | None = None  # null | auto | path/to/checkpoint.pt
+    tags: list[str] = field(default_factory=list)  # labels for finding runs; not identity
 
 
 PROJECT_GROUPS = {
@@ -352,6 +353,7 @@ NON_IDENTITY_KEYS = (
     "trainer.allow_world_size_change",
     "trainer.allow_unrestored_state",
     "include_untracked",
+    "tags",
 )
 
 

@@ -15,10 +15,12 @@ parser with :func:`parser`. Then:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 
 from reprotrain.errors import ReprotrainError, one_line
@@ -35,10 +37,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
+#: The name a tool is called by when the ``reprotrain`` command runs it (``reprotrain bisect``).
+_PROG: ContextVar[str | None] = ContextVar("reprotrain_prog", default=None)
+
+
+@contextlib.contextmanager
+def prog(name: str) -> Iterator[None]:
+    """Within this block, :func:`parser` names the tool ``name`` in its usage and errors."""
+    token = _PROG.set(name)
+    try:
+        yield
+    finally:
+        _PROG.reset(token)
+
+
 def parser(module: str, doc: str | None, **kwargs) -> argparse.ArgumentParser:
     """An argparse parser for ``python -m <module>`` whose description is the module doc."""
     return _Parser(
-        prog=f"python -m {module}" if "/" not in module else module,
+        prog=_PROG.get() or (f"python -m {module}" if "/" not in module else module),
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         **kwargs,

@@ -70,6 +70,7 @@ from reprotrain.tools.archive.archive_check import (
 )
 from reprotrain.tools.archive.pack import (
     FORMAT_VERSION,
+    PHASES,
     check_out_dir,
     pip_freeze,
     run_members,
@@ -178,10 +179,12 @@ def _build(
     diff = diff_path.read_text(errors="replace") if diff_path.is_file() else ""
     with staging_dir(out_dir, target) as staging:
         root = staging / top
+        PHASES("copy the records")
         for path, rel in run_members(run_dir, with_checkpoint):
             dest = root / "run" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)
+        PHASES("snapshot the source")
         snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
         if git.get("dirty") and not diff:
             snap.notes.append("run.json says the tree was dirty but the run has no git.diff")
@@ -197,6 +200,7 @@ def _build(
                 f"requirements.lock in the snapshot ({(lock_sha or 'none')[:12]}) is not the "
                 f"recorded lock ({str(record.get('lock_sha256') or 'none')[:12]})"
             )
+        PHASES("record the environment")
         now_git, now_diff = gitinfo.git_info(repo)
         atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
         atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
@@ -215,6 +219,7 @@ def _build(
             "archived_with": {"python": sys.version.split()[0], "git": now_git.get("commit")},
         }
         atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        PHASES("seal and pack")
         files = seal(root, top, target, sign_key)
         if sign_key is not None:
             meta["signed"] = True

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ArchiveError
+from reprotrain.progress import Phases, say
 from reprotrain.repro.record import (
     CHECKPOINTS,
 )
@@ -31,6 +32,12 @@ from reprotrain.tools.archive.archive_check import (
 )
 
 FORMAT_VERSION = 1
+#: Packing, in order, after the refusals (progress lines on stdout: ``archive [2/4] ...``).
+PHASES = Phases(
+    "archive",
+    ("copy the records", "snapshot the source", "record the environment", "seal and pack"),
+    emit=say,
+)
 
 
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")

@@ -3,7 +3,8 @@
 Layout (the single-run layout of ``tools/archive/archive.py``, with ``sweep/`` for ``run/``)::
 
     <top>/sweep/<job>/...          each run directory (checkpoints left out)
-    <top>/sweep/summary.json ...   the sweep summary and multirun.yaml, as they were
+    <top>/sweep/summary.json ...   the sweep summary and multirun.yaml (an Optuna study's
+                                   study.json too), as they were
     <top>/source/ env/             the code every run ran (one commit + diff: all runs must
                                    share them) and the lock, as for one run
     <top>/archive.json             ``"kind": "sweep"`` and the list of jobs
@@ -21,12 +22,14 @@ import shutil
 from pathlib import Path
 
 from reprotrain.errors import ArchiveError
+from reprotrain.progress import Progress, say
 from reprotrain.repro import gitinfo
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.archive import snapshot
 from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, CheckedArchive
 from reprotrain.tools.archive.pack import (
     FORMAT_VERSION,
+    PHASES,
     check_out_dir,
     pip_freeze,
     run_members,
@@ -37,7 +40,16 @@ from reprotrain.tools.runs.readers import read_run_json
 
 SWEEP = "sweep"
 KIND = "sweep"
-SWEEP_FILES = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
+#: An Optuna study also leaves study.json (tools/sweeps/optuna_study.py) and the plugin's
+#: optimization_results.yaml; its trials are ordinary run directories.
+SWEEP_FILES = (
+    "summary.json",
+    "summary.md",
+    "summary.png",
+    "multirun.yaml",
+    "study.json",
+    "optimization_results.yaml",
+)
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -98,19 +110,24 @@ def build(
     out_dir.mkdir(parents=True, exist_ok=True)
     with staging_dir(out_dir, target) as staging:
         root = staging / top
-        for job in jobs:
-            for path, rel in run_members(job, with_checkpoint=False):
-                dest = root / SWEEP / job.relative_to(sweep_dir) / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, dest)
+        PHASES("copy the records")
+        with Progress("archive", len(jobs), unit="runs copied", emit=say) as copied:
+            for job in jobs:
+                for path, rel in run_members(job, with_checkpoint=False):
+                    dest = root / SWEEP / job.relative_to(sweep_dir) / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, dest)
+                copied.update()
         for name in SWEEP_FILES:
             if (sweep_dir / name).is_file():
                 shutil.copy2(sweep_dir / name, root / SWEEP / name)
+        PHASES("snapshot the source")
         snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
         lock = root / "source" / "requirements.lock"
         if lock.is_file():
             (root / "env").mkdir(parents=True, exist_ok=True)
             shutil.copy2(lock, root / "env" / "requirements.lock")
+        PHASES("record the environment")
         now_git, _ = gitinfo.git_info(repo)
         atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
         atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
@@ -123,6 +140,7 @@ def build(
             "source": snap.as_dict(),
         }
         atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        PHASES("seal and pack")
         seal(root, top, target, sign_key)
     return target, meta
 

@@ -109,6 +109,7 @@ from reprotrain.tools.reproduce.rerun import (
     EXIT_REPRODUCED,
     EXIT_STOPPED,
     FORWARD,
+    PHASES,
     REPORT,
     check_archived_data,
     environment_differences,
@@ -269,6 +270,7 @@ def _reproduce(args) -> int:
             archive_check.extract(checked, dest)
             print(f"archive  {archive}: manifest verified, extracted to {dest}")
         return EXIT_REPRODUCED
+    PHASES("verify the archive")
     checked = archive_check.verify(archive, limits)
     sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
     if sweep:
@@ -278,12 +280,14 @@ def _reproduce(args) -> int:
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
+    PHASES("build the replay plan")
     try:
         plan = replay_plan.build(jobs, until)
     except NotReplayable as e:
         print(f"NOT COMPARABLE: {e}")
         return EXIT_NOT_COMPARABLE
     # Trust, on the whole plan, before anything of the archive is built or resolved.
+    PHASES("decide trust")
     verdict_trust = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
     if sweep:
         return reproduce_sweep.replay(args, archive, plan, verdict_trust)
@@ -349,6 +353,7 @@ def _replay(
         print(f"code     {line}")
 
     # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
+    PHASES("re-run")
     with extraction_dir(args, "reprotrain-reproduce-") as extract, FORWARD:
         top = archive_check.extract(checked, extract.resolve())
         print(f"code     re-run uses the archived source ({top / 'source'})")
@@ -426,6 +431,7 @@ def _rerun(
     if data_problem:
         reasons.append(data_problem)
     reasons += [f"environment-derived value: {d}" for d in env_values]
+    PHASES("compare")
     result = compare_runs(run, new_run, epochs=epochs)
     if partial_archive and not result.identical:
         reasons.append(partial_archive)

@@ -102,6 +102,7 @@ def replay(args, archive: Path, plan: ReplayPlan, verdict_trust: trust.Verdict) 
     if problems:
         print(f"data     DIFFERS: {problems[0]}")
     # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
+    rerun.PHASES("re-run")
     with rerun.extraction_dir(args, "reprotrain-reproduce-") as extract, rerun.FORWARD:
         top = archive_check.extract(plan.jobs[0].view, extract.resolve())
         return _rerun(args, archive, top, plan, problems, verdict_trust)
@@ -132,7 +133,8 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
         blocking, _ = rerun.environment_differences(job.record, current)
         reasons += [f"environment differs: {b}" for b in blocking]
         reasons += rerun.not_comparable_reasons(job.record)
-        print(f"  {job.name}: seeds base={job.record['seeds']['base']} -> done")
+        done = f"{i + 1}/{len(plan.jobs)} runs"
+        print(f"  {job.name}: seeds base={job.record['seeds']['base']} -> done ({done})")
     reasons = list(dict.fromkeys(reasons))
     statistical = args.mode == "statistical" or (args.mode == "auto" and bool(reasons))
     for r in reasons:
@@ -144,6 +146,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
         "bits_not_promised": reasons,
         "mode": "statistical" if statistical else "bitwise",
     }
+    rerun.PHASES("compare")
     if statistical:
         code, verdict = _statistical(args, top, new_sweep, plan.jobs, report)
     else:

@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from reprotrain.errors import ReproduceRefused, one_line
+from reprotrain.progress import Phases, say
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability
 from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
@@ -41,6 +42,12 @@ PRIMARY = "reproduce"
 
 
 REPORT = "reproduction.json"
+#: A replay, in order (progress lines on stdout: ``reproduce [2/5] build the replay plan``).
+PHASES = Phases(
+    "reproduce",
+    ("verify the archive", "build the replay plan", "decide trust", "re-run", "compare"),
+    emit=say,
+)
 
 
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:

@@ -48,6 +48,7 @@ from reprotrain.repro.record import (
     atomic_write_text,
     read_jsonl,
 )
+from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 
 SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
@@ -444,16 +445,22 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep directory when a multirun ends. With
-    ``logger=mlflow`` the sweep is also a parent run around its runs (``loggers.mlflow_sink``).
-    """
+    """Hydra callback: summarise the sweep directory when a multirun ends. An Optuna study
+    is also seeded and checked before it starts, and recorded in study.json
+    (``tools/sweeps/optuna_study.py``). With ``logger=mlflow`` the sweep is also a parent run
+    around its runs (``loggers.mlflow_sink``)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        optuna_study.prepare(config)  # refuses before any trial: nothing logged yet
         overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]))
         sweep_dir, name = Path(config.hydra.sweep.dir), str(config.get("name"))
         start_sweep_run(config.get("logger"), sweep_dir, name, overrides)
 
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_progress.job_done(config)  # "sweep <dir>: 3/8 runs done (38%)"
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        optuna_study.record(config)
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             summary = write_summary(sweep_dir)

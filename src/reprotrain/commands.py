@@ -1,0 +1,397 @@
+"""``reprotrain <command>``: one entry point for every job, each with its documented exit code.
+
+    reprotrain train experiment=smoke          # one run (Hydra overrides, as make train ARGS=)
+    reprotrain compare multirun/a multirun/b   # 0 CONSISTENT, 1 INCONSISTENT, 2 error, 3 ...
+    reprotrain <command> --help                # the job's own help
+
+Each command runs the job's own module (``reprotrain.tools...``) with the rest of the command
+line, unchanged, and exits with that job's exit code: ``reprotrain bisect`` is ``python -m
+reprotrain.tools.debugging.bisect``, code for code. ``train`` and ``sweep`` start the trainer
+(``python -m reprotrain.train``, under torchrun with ``--nproc N``) as a child, forward
+SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 to it (Ctrl-C reaches both through the terminal) and
+exit with its code.
+
+Make turns every failing recipe into its own exit 2, so a script or CI job that needs to tell
+INCONSISTENT (1) from a typo (2) calls ``reprotrain <command>`` directly. For the Make
+targets, two options before the command keep the code: ``--exit-file PATH`` writes the job's
+exit code (0 too) to PATH, one integer on one line, and ``--exit-line`` prints one line
+``reprotrain <command>: exit N (<meaning>)`` on stderr when the code is not 0. The Make
+recipes pass both (``make compare ... EXIT_FILE=rc.txt``).
+
+This module imports nothing heavy: a job's module is imported only when that job runs, so
+``reprotrain --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reprotrain.errors import one_line
+from reprotrain.tools.cli import prog as cli_prog
+
+EXIT_USAGE = 2
+
+#: The trainer's codes (reprotrain/train.py's docstring).
+TRAIN_CODES = {
+    0: "completed",
+    2: "refused or failed (one error: line)",
+    75: "interrupted after a checkpoint (resume it)",
+    130: "aborted by a second Ctrl-C",
+}
+VERDICT_CODES = {0: "identical", 1: "DIVERGED", 2: "error"}
+STATISTICAL_CODES = {0: "CONSISTENT", 1: "INCONSISTENT", 2: "error", 3: "INCONCLUSIVE"}
+
+
+@dataclass(frozen=True)
+class Command:
+    """One job: what it does, how it runs, and what each of its exit codes means."""
+
+    name: str
+    summary: str
+    #: ``module:function`` taking ``argv`` and returning the exit code, or a callable.
+    target: str | Callable[[list[str]], int]
+    exit_codes: dict[int, str] = field(default_factory=dict)
+
+    def meaning(self, code: int) -> str:
+        if code in self.exit_codes:
+            return self.exit_codes[code]
+        if code > 128:
+            return f"killed by signal {code - 128}"
+        return "see the lines above"
+
+    def run(self, argv: list[str]) -> int:
+        target = self.target
+        if isinstance(target, str):
+            module, _, function = target.partition(":")
+            target = getattr(importlib.import_module(module), function)
+        with cli_prog(f"reprotrain {self.name}"):
+            return _as_exit_code(target, argv)
+
+
+def _as_exit_code(main: Callable[[list[str]], int], argv: list[str]) -> int:
+    """``main(argv)``'s exit code, also when it raises ``SystemExit`` (argparse, --help)."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+        if code is not None and not isinstance(code, int):
+            print(f"error: {one_line(str(code))}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+    return int(code or 0)
+
+
+# ----------------------------------------------------------------------- the trainer's jobs
+
+
+def split_nproc(args: Sequence[str]) -> tuple[str, list[str]]:
+    """(``--nproc``'s text, the other arguments); ``"1"`` when it is not given.
+
+    Hydra has no ``--nproc`` flag, so the option may stand anywhere among the overrides."""
+    nproc, rest = "1", []
+    it = iter(args)
+    for arg in it:
+        if arg == "--nproc":
+            nproc = next(it, "")
+        elif arg.startswith("--nproc="):
+            nproc = arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    return nproc, rest
+
+
+def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
+    """The trainer as a child (torchrun when ``nproc_text`` is above 1); its exit code.
+
+    Under torchrun the overrides are checked once first, so a typo is one line, not N."""
+    from reprotrain.repro import hashseed
+    from reprotrain.tools.runs.resume import run_forwarding_signals, trainer_launcher
+
+    env = dict(os.environ)
+    if not env.get("PYTHONHASHSEED", "random").isdigit():  # what every rank inherits
+        env["PYTHONHASHSEED"] = hashseed.FIXED_VALUE
+    nproc = 1
+    if nproc_text != "1":
+        check = "from reprotrain import preflight; preflight.torchrun_cli_check()"
+        proc = subprocess.run([sys.executable, "-c", check, nproc_text, *hydra_args], env=env)
+        if proc.returncode:
+            return proc.returncode
+        nproc = int(nproc_text)
+    return run_forwarding_signals([*trainer_launcher(nproc), *hydra_args], env)
+
+
+def train(argv: list[str]) -> int:
+    """``reprotrain train [--nproc N] [overrides...]``: ``--help`` is the trainer's."""
+    nproc, rest = split_nproc(argv)
+    return run_trainer(rest, nproc)
+
+
+DEFAULT_SEEDS = "0,1,2"
+
+
+def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """(``--nproc``'s text, the trainer's arguments for ``reprotrain sweep``).
+
+    ``--seeds S`` sweeps ``seed.base`` over S. Without it the basic sweeper sweeps
+    ``seed.base=0,1,2`` (``make sweep``'s default); a search (``hydra/sweeper=optuna``,
+    ``+hparams_search=...``, ``hydra.sweeper.params...``) or a ``seed.base`` override of
+    your own gets no seed list added: a search would take the list for a parameter."""
+    nproc, rest = split_nproc(argv)
+    seeds, args = None, []
+    it = iter(rest)
+    for arg in it:
+        if arg == "--seeds":
+            seeds = next(it, "")
+        elif arg.startswith("--seeds="):
+            seeds = arg.partition("=")[2]
+        else:
+            args.append(arg)
+    keys = [a.lstrip("+~").partition("=")[0] for a in args]
+    own_seed = "seed.base" in keys
+    search = (
+        any(
+            k in ("hparams_search", "hydra/sweeper") or k.startswith("hydra.sweeper.params")
+            for k in keys
+        )
+        and "hydra/sweeper=basic" not in args
+    )
+    if seeds is None and not own_seed and not search:
+        seeds = DEFAULT_SEEDS
+    multirun = [] if "--multirun" in args or "-m" in args else ["--multirun"]
+    return nproc, [*multirun, *([f"seed.base={seeds}"] if seeds else []), *args]
+
+
+def sweep(argv: list[str]) -> int:
+    """``reprotrain sweep [--seeds 0,1,2] [overrides...]``: a Hydra multirun + summary."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(
+            "usage: reprotrain sweep [--seeds S] [--nproc N] [overrides...]\n\n"
+            + (sweep_args.__doc__ or "")
+        )
+        return 0
+    nproc, args = sweep_args(argv)
+    return run_trainer(args, nproc)
+
+
+# ------------------------------------------------------------------------ scripts of the repo
+
+
+def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Callable:
+    """A job that lives in the repository's ``scripts/`` (not in the installed package)."""
+
+    def run(argv: list[str]) -> int:
+        from reprotrain.paths import REPO_ROOT
+
+        path = REPO_ROOT / "scripts" / name
+        if not path.is_file():
+            print(
+                f"error: {path} not found: this job runs from a checkout of the repository",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        cmd = [*(interpreter or [sys.executable]), str(path), *argv]
+        return subprocess.run(cmd, cwd=REPO_ROOT).returncode
+
+    return run
+
+
+# ------------------------------------------------------------------------- shell completion
+
+TRAINER_APP = "reprotrain-train"  # what Hydra's completion query sees in place of "<us> train"
+
+
+def _trainer_completion(action: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "reprotrain.train", "-sc", action]
+    env = {**env, "PYTHONHASHSEED": env.get("PYTHONHASHSEED", "0")}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def completion_words(line: str, point: int) -> tuple[list[str], bool]:
+    """The words typed before the cursor, and whether the cursor starts a new word."""
+    typed = line[:point]
+    return typed.split(), typed[-1:].isspace()
+
+
+def shell_completion(argv: list[str]) -> int:
+    """``reprotrain -sc install=bash|zsh`` prints the script to ``eval``; the script asks
+    ``reprotrain -sc query=bash`` for each <TAB>. Command names complete here; the overrides
+    of ``train`` and ``sweep`` are Hydra's own completion of the trainer (groups, keys,
+    values); other commands complete file names (the shell's default)."""
+    import re
+
+    action = argv[0] if argv else ""
+    if action.startswith(("install=", "uninstall=")):
+        proc = _trainer_completion(action, dict(os.environ))
+        if proc.returncode:
+            sys.stderr.write(proc.stderr)
+            return proc.returncode
+        # Hydra names the program it was started as; the script is for this command.
+        print(re.sub(r"(complete -p |-F hydra_bash_completion )\S+", r"\1reprotrain", proc.stdout),
+              end="")  # fmt: skip
+        return 0
+    if not action.startswith("query="):
+        print("error: -sc install=bash | install=zsh | uninstall=bash | query=bash",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    line = os.environ.get("COMP_LINE", "")
+    point = int(os.environ.get("COMP_POINT", len(line)) or len(line))
+    words, new_word = completion_words(line, point)
+    if len(words) == 1 or (len(words) == 2 and not new_word):
+        prefix = words[1] if len(words) == 2 else ""
+        print(" ".join(name for name in COMMANDS if name.startswith(prefix)))
+        return 0
+    if words[1] not in ("train", "sweep"):
+        return 0  # file names: the shell's default completion
+    cut = line.index(words[1], len(words[0])) + len(words[1])
+    env = dict(os.environ, COMP_LINE=TRAINER_APP + line[cut:],
+               COMP_POINT=str(point - cut + len(TRAINER_APP)))  # fmt: skip
+    proc = _trainer_completion(action, env)
+    print(proc.stdout, end="")
+    return proc.returncode
+
+
+# ---------------------------------------------------------------------------- the commands
+
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        Command("train", "one run: reprotrain train experiment=smoke [--nproc N]", train,
+                TRAIN_CODES),
+        Command("sweep", "a Hydra multirun (seeds, or hydra/sweeper=optuna) + summary", sweep,
+                TRAIN_CODES),
+        Command("resume", "continue an interrupted run in place: reprotrain resume RUN_DIR",
+                "reprotrain.tools.runs.resume:main", TRAIN_CODES),
+        Command("verify", "the same config twice in fresh processes; 0 only if bitwise equal",
+                "reprotrain.tools.runs.verify:main",
+                {0: "IDENTICAL", 1: "DIVERGED", 2: "refused or failed"}),
+        Command("eval", "evaluate a run's checkpoint on the test split",
+                "reprotrain.tools.runs.eval:main", {0: "evaluated", 2: "error"}),
+        Command("report", "write report.md + curves.png into a run directory",
+                "reprotrain.tools.runs.report:main", {0: "written", 2: "error"}),
+        Command("summary", "(re)write a sweep's summary.json/.md/.png",
+                "reprotrain.tools.sweeps.sweep_summary:main",
+                {0: "written", 1: "no completed run", 2: "error"}),
+        Command("archive", "pack a run or a whole sweep into a verifiable archive",
+                "reprotrain.tools.archive.archive:main", {0: "written", 2: "refused"}),
+        Command("reproduce", "replay an archive and compare",
+                "reprotrain.tools.reproduce.reproduce:main",
+                {0: "REPRODUCED or CONSISTENT", 1: "DIVERGED or INCONSISTENT", 2: "refused",
+                 3: "NOT COMPARABLE or INCONCLUSIVE", 4: "the re-run failed"}),
+        Command("bisect", "first divergent step, then the first divergent op and module",
+                "reprotrain.tools.debugging.bisect:main", dict(VERDICT_CODES)),
+        Command("compare", "statistical verdict between two sweeps",
+                "reprotrain.tools.sweeps.compare_sweeps:main", dict(STATISTICAL_CODES)),
+        Command("check-lock", "validate the hashed locks offline",
+                "reprotrain.tools.locks.check_lock:main", {0: "ok", 1: "a problem"}),
+        Command("env-check", "compare the installed environment with the locks",
+                "reprotrain.tools.locks.env_check:main", {0: "ok", 1: "drift"}),
+        Command("new-project", "a fresh repository from this template: NAME DEST",
+                "reprotrain.tools.template.new_project:main",
+                {0: "created", 1: "conflict", 2: "bad input"}),
+        Command("update-template", "in a project: merge the template's framework fixes",
+                "reprotrain.tools.template.update_template:main",
+                {0: "merged", 1: "conflict", 2: "bad input"}),
+        Command("drill", "preemption drill: SIGKILL, resume, demand identical bits",
+                repo_script("kill_resume_trials.py"),
+                {0: "every trial identical", 1: "a trial differed", 2: "error"}),
+        Command("bench", "side-by-side ratios -> outputs/bench/<stamp>/bench.md",
+                repo_script("bench.py"), {0: "written", 1: "a measured run failed", 2: "error"}),
+        Command("gpu-check", "one-shot GPU check (one JSON)",
+                repo_script("gpu_check.sh", interpreter=["bash"]),
+                {0: "ok", 2: "no usable GPU or error"}),
+    )
+}  # fmt: skip
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [
+        "usage: reprotrain [--exit-file PATH] [--exit-line] <command> [args...]",
+        "       reprotrain -sc install=bash   (shell completion: eval its output)",
+        "",
+        "commands (reprotrain <command> --help for each; exit codes after the colon):",
+    ]
+    for c in COMMANDS.values():
+        codes = "; ".join(f"{k} {v}" for k, v in c.exit_codes.items())
+        lines.append(f"  {c.name:<{width}}  {c.summary}")
+        lines.append(f"  {'':<{width}}    exit: {codes}")
+    lines += [
+        "",
+        "options (before the command; what the Make targets pass):",
+        "  --exit-file PATH  write the command's exit code (0 too) to PATH, one line",
+        "  --exit-line       on a non-zero exit, one stderr line: reprotrain <cmd>: exit N (...)",
+        "",
+        "make exits 2 whenever a recipe fails: scripts and CI call `reprotrain <command>`",
+        "directly, or read EXIT_FILE (make compare A=.. B=.. EXIT_FILE=rc.txt). See docs/cli.md.",
+    ]
+    return "\n".join(lines)
+
+
+def write_exit_file(path: Path, code: int) -> None:
+    """The exit code, one line, replaced atomically (a reader never sees half a number)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{code}\n")
+    os.replace(tmp, path)
+
+
+def _options(argv: list[str]) -> tuple[Path | None, bool, list[str]]:
+    exit_file, exit_line = None, False
+    while argv and argv[0].startswith("--exit-"):
+        arg = argv.pop(0)
+        if arg == "--exit-line":
+            exit_line = True
+        elif arg == "--exit-file" and argv:
+            exit_file = Path(argv.pop(0)).expanduser()
+        elif arg.startswith("--exit-file="):
+            exit_file = Path(arg.partition("=")[2]).expanduser()
+        else:
+            raise ValueError(f"{arg}: unknown option (see reprotrain --help)")
+    return exit_file, exit_line, argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``reprotrain`` console script: dispatch to a job; return the job's exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        exit_file, exit_line, argv = _options(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if exit_file is not None and not exit_file.parent.is_dir():
+        print(f"error: --exit-file {exit_file}: no such directory", file=sys.stderr)
+        return EXIT_USAGE
+    if argv[:1] in (["-sc"], ["--shell-completion"]):
+        return shell_completion(argv[1:])
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        code = 0 if argv else EXIT_USAGE
+    elif argv[0] == "--version":
+        from reprotrain import __version__
+
+        print(f"reprotrain {__version__}")
+        code = 0
+    elif argv[0] not in COMMANDS:
+        print(
+            f"error: {argv[0]!r} is not a reprotrain command; one of: {', '.join(COMMANDS)} "
+            "(reprotrain --help)",
+            file=sys.stderr,
+        )
+        code = EXIT_USAGE
+    else:
+        command = COMMANDS[argv[0]]
+        code = command.run(argv[1:])
+        if code and exit_line:
+            print(f"reprotrain {command.name}: exit {code} ({command.meaning(code)})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    if exit_file is not None:
+        write_exit_file(exit_file, code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

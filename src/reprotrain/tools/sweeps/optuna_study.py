@@ -1,0 +1,249 @@
+"""An Optuna study (``hydra/sweeper=optuna``): seeded, checked, and recorded in ``study.json``.
+
+Closes: the sampler's own randomness (hydra-optuna-sweeper's samplers have no seed by
+default, so two runs of one study would try different trials), a study that optimises the
+wrong way, and a search whose trials and winner live only in a terminal.
+
+Before the study starts (:func:`prepare`, from the sweep callback's ``on_multirun_start``,
+which sees the config the sweeper is then built from):
+
+- a sampler without a seed gets ``seed.base`` (recorded as ``seed_from``): the same command
+  twice runs the same trials and finds the same best parameters;
+- the direction follows ``trainer.monitor_mode`` unless given; a given ``direction`` that
+  contradicts ``trainer.monitor_mode`` (the trial's value is the best
+  ``trainer.monitor`` of its run) is refused in one line, as are a study with no search
+  space and a SQL ``storage`` (optuna 2's needs SQLAlchemy<2; the lock holds SQLAlchemy 2).
+
+After it (:func:`record`): ``study.json``. Each trial is a normal run directory under the
+sweep directory (the launcher runs it like any sweep job); this module reads them back, so
+the study can be summarised again from the sweep directory alone (``reprotrain summary``
+keeps working, and ``reprotrain archive`` packs ``study.json`` with the runs):
+
+- the sampler (its class and every setting, the seed among them), the direction, the metric
+  (``trainer.monitor``) and the search space, as the sweeper ran them;
+- per trial: its number (the job number), its parameters (its overrides of the searched
+  keys), its value (the best ``trainer.monitor`` in its ``metrics.jsonl``: what the trainer
+  returned to Optuna) and its status;
+- the best trial, checked against the plugin's own ``optimization_results.yaml``;
+- ``repeatable``: true only for a seeded sampler and a study in memory; otherwise false,
+  with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from reprotrain.errors import ReprotrainError
+from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
+from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_text
+
+STUDY_JSON = "study.json"
+#: Written by hydra-optuna-sweeper at the end of a study: best_params, best_value.
+OPTUNA_RESULTS = "optimization_results.yaml"
+OVERRIDES = Path(".hydra") / "overrides.yaml"
+OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+
+
+#: Sweep dirs whose sampler seed :func:`seed_sampler` set from seed.base (in this process).
+_SEEDED_FROM_BASE: dict[str, str] = {}
+
+
+def is_optuna(config: DictConfig) -> bool:
+    return OmegaConf.select(config, "hydra.sweeper._target_", default=None) == OPTUNA_SWEEPER
+
+
+def _sweeper_settings(config: DictConfig) -> dict[str, Any]:
+    sweeper = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
+    assert isinstance(sweeper, dict)
+    sampler = dict(sweeper.get("sampler") or {})
+    direction = sweeper.get("direction")
+    return {
+        "sweeper": str(sweeper.get("_target_", "")),
+        "study_name": sweeper.get("study_name"),
+        "direction": direction if isinstance(direction, list) else str(direction),
+        "metric": str(config.trainer.monitor),
+        "metric_mode": str(config.trainer.monitor_mode),
+        "n_trials": sweeper.get("n_trials"),
+        "n_jobs": sweeper.get("n_jobs"),
+        "storage": sweeper.get("storage"),
+        "sampler": {"class": sampler.pop("_target_", None), **sampler},
+        "seed_from": _SEEDED_FROM_BASE.get(str(config.hydra.sweep.dir)),
+        "search_space": dict(sweeper.get("params") or {}),
+    }
+
+
+def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the same study twice proposes the same trials, and why (one line)."""
+    sampler = settings["sampler"]
+    if sampler.get("seed") is None and not str(sampler.get("class")).endswith("GridSampler"):
+        return False, "the sampler has no seed (hydra.sweeper.sampler.seed=null)"
+    if settings.get("storage"):
+        return False, "a storage may hold trials of earlier runs of the study"
+    return True, "seeded sampler, study in memory"
+
+
+def check_study_config(config: DictConfig) -> None:
+    """Refuse, in one line, a study that cannot run here (before any trial runs)."""
+    mode = str(config.trainer.monitor_mode)
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    if isinstance(direction, str) and direction != f"{mode}imize":
+        raise ReprotrainError(
+            f"hydra.sweeper.direction={direction} but trainer.monitor_mode={mode}: a trial's "
+            f"value is the best {config.trainer.monitor} of its run; set "
+            f"hydra.sweeper.direction={mode}imize (or '${{trainer.monitor_mode}}imize')"
+        )
+    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
+    if storage:
+        raise ReprotrainError(
+            f"hydra.sweeper.storage={storage}: optuna 2's SQL storage needs SQLAlchemy<2 and "
+            "the lock holds SQLAlchemy 2; leave storage null (every trial is recorded in the "
+            "sweep directory, and study.json summarises the study)"
+        )
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
+    if not params:
+        raise ReprotrainError(
+            "hydra/sweeper=optuna has no search space: set hydra.sweeper.params (e.g. "
+            "+hparams_search=smoke_optuna, or 'hydra.sweeper.params.optimizer.lr=interval(0.01,1)')"
+        )
+
+
+def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
+    values = [r[metric] for r in rows if isinstance(r.get(metric), int | float)]
+    values = [float(v) for v in values if math.isfinite(v)]
+    if not values:
+        return None
+    return max(values) if mode == "max" else min(values)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    overrides = yaml.safe_load((job / OVERRIDES).read_text()) if (job / OVERRIDES).is_file() else []
+    searched = set(settings["search_space"])
+    params: dict[str, Any] = {}
+    for line in overrides or []:
+        key, _, value = str(line).partition("=")
+        if key.lstrip("+~") in searched:
+            params[key.lstrip("+~")] = yaml.safe_load(value) if value else value
+    record = json.loads((job / RUN_JSON).read_text()) if (job / RUN_JSON).is_file() else {}
+    rel = job.relative_to(sweep_dir).as_posix()
+    return {
+        "number": int(job.name) if job.name.isdigit() else None,
+        "job": rel,
+        "params": params,
+        "value": _best_of(_read_jsonl(job / METRICS), settings["metric"], settings["metric_mode"]),
+        "status": record.get("status", "missing"),
+    }
+
+
+def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """study.json's contents, from the sweep directory and the sweeper's settings."""
+    sweep_dir = Path(sweep_dir)
+    jobs = sorted(
+        (p.parent for p in sweep_dir.rglob(RUN_JSON)),
+        key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
+    )
+    trials = [_trial(job, sweep_dir, settings) for job in jobs]
+    done = [t for t in trials if t["status"] == "completed" and t["value"] is not None]
+    best = None
+    if done:
+        pick = max if settings["metric_mode"] == "max" else min
+        best_value = pick(t["value"] for t in done)
+        best = next(t for t in done if t["value"] == best_value)  # the first to reach it
+    ok, why = repeatable(settings)
+    study = {
+        **settings,
+        "repeatable": ok,
+        "repeatable_because" if ok else "not_repeatable_because": why,
+        "trials": trials,
+        "best": best,
+    }
+    optuna_best = sweep_dir / OPTUNA_RESULTS
+    if optuna_best.is_file() and best is not None:
+        theirs = yaml.safe_load(optuna_best.read_text()) or {}
+        same_value = theirs.get("best_value") == best["value"]
+        study["optuna_best_agrees"] = same_value and theirs.get("best_params") == best["params"]
+    return study
+
+
+def write_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    study = summarise_study(sweep_dir, settings)
+    clean, _ = to_strict_json(study)  # values are finite already: a non-finite run is no best
+    atomic_write_text(Path(sweep_dir) / STUDY_JSON, strict_dumps(clean, indent=2) + "\n")
+    return study
+
+
+def study_lines(study: dict[str, Any]) -> list[str]:
+    seed = study["sampler"].get("seed")
+    head = (
+        f"optuna study {study['study_name']}: {len(study['trials'])} trial(s), "
+        f"{study['direction']} {study['metric']}, sampler {study['sampler']['class']} seed {seed}"
+    )
+    best = study["best"]
+    lines = [head]
+    if best is not None:
+        metric = f"{study['metric']}={best['value']}"
+        lines.append(f"  best: trial {best['number']} {metric} {best['params']}")
+    if not study["repeatable"]:
+        lines.append(f"  not repeatable: {study['not_repeatable_because']}")
+    return lines
+
+
+def follow_monitor(config: DictConfig) -> None:
+    """The plugin's default direction (``Direction.minimize``, an enum: nobody chose it)
+    becomes trainer.monitor_mode's; a direction given as text is the user's, and checked."""
+    if isinstance(config.hydra.sweeper.direction, Enum):
+        with read_write(config.hydra):
+            config.hydra.sweeper.direction = f"{config.trainer.monitor_mode}imize"
+
+
+def seed_sampler(config: DictConfig) -> None:
+    """A sampler without a seed gets ``seed.base``, in the config the sweeper is built from."""
+    sampler = config.hydra.sweeper.sampler
+    if "seed" not in sampler or sampler.seed is not None:
+        return  # seeded already, or a sampler without randomness (GridSampler)
+    with read_write(config.hydra), open_dict(config.hydra.sweeper):
+        sampler.seed = int(config.seed.base)
+    _SEEDED_FROM_BASE[str(config.hydra.sweep.dir)] = "seed.base"
+
+
+def prepare(config: DictConfig) -> None:
+    """``on_multirun_start`` of an Optuna study: refuse (one line, exit 2) or seed it."""
+    if not is_optuna(config):
+        return
+    try:
+        check_study_config(config)
+    except ReprotrainError as e:  # before any trial runs
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+    follow_monitor(config)
+    seed_sampler(config)
+    # optuna imports alembic, whose plugin registry logs a line per plugin at INFO
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def record(config: DictConfig) -> None:
+    """``on_multirun_end`` of an Optuna study: write study.json and say what it found."""
+    if not is_optuna(config):
+        return
+    sweep_dir = Path(config.hydra.sweep.dir)
+    try:
+        study = write_study(sweep_dir, _sweeper_settings(config))
+    except Exception as e:  # the study itself finished: report, do not fail it
+        print(f"warning: no {STUDY_JSON} ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    print("\n".join(study_lines(study)))
+    print(f"study record: {sweep_dir / STUDY_JSON}")

@@ -1,0 +1,76 @@
+"""Runs done of a sweep, after each run: ``sweep multirun/x: 3/8 runs done (38%)``.
+
+Called from the sweep callback's ``on_job_end``, in whichever process ran the job (the
+sweep's own for the basic launcher, a worker for joblib or submitit), so "done" is counted
+from the sweep directory (run directories whose ``run.json`` is no longer ``running``), not
+from a counter one process keeps. The total is the number of trials of an Optuna study, or
+the product of the sweep's value lists (its command-line sweeps and ``hydra.sweeper.params``,
+read back from ``multirun.yaml``). One line per finished run, on a terminal too: each run
+draws its own epoch bar there, which a sweep bar would tear.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from reprotrain.repro.record import RUN_JSON
+
+SWEEP_RECORD = "multirun.yaml"
+
+
+def sweep_total(sweep_dir: Path, sweeper: DictConfig | None) -> int | None:
+    """How many runs the sweep starts (None when it cannot be told, e.g. a glob sweep)."""
+    if sweeper is not None and "n_trials" in sweeper:
+        return int(sweeper.n_trials)
+    record = Path(sweep_dir) / SWEEP_RECORD
+    if not record.is_file():
+        return None
+    saved = OmegaConf.load(record)
+    overrides = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
+    params = OmegaConf.select(saved, "hydra.sweeper.params", default=None) or {}
+    overrides += [f"{k}={v}" for k, v in params.items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        sizes = [len(list(o.sweep_string_iterator())) for o in parsed if o.is_sweep_override()]
+    except Exception:  # a sweep Hydra expands only against the config tree (glob): unknown
+        return None
+    return math.prod(sizes)
+
+
+def runs_done(sweep_dir: Path) -> int:
+    done = 0
+    for path in Path(sweep_dir).rglob(RUN_JSON):
+        try:
+            status = json.loads(path.read_text()).get("status")
+        except (OSError, ValueError):
+            continue
+        done += status not in (None, "running")
+    return done
+
+
+def progress_line(sweep_dir: Path, done: int, total: int | None) -> str:
+    if not total:
+        return f"sweep {sweep_dir}: {done} run(s) done"
+    return f"sweep {sweep_dir}: {done}/{total} runs done ({100 * done / total:.0f}%)"
+
+
+def job_done(config: DictConfig, emit: Callable[[str], None] | None = None) -> None:
+    """``on_job_end``: one line with the sweep's runs done (a single run says nothing)."""
+    sweep_dir = OmegaConf.select(config, "hydra.sweep.dir", default=None)
+    mode = OmegaConf.select(config, "hydra.mode", default=None)
+    if sweep_dir is None or str(getattr(mode, "name", mode)) != "MULTIRUN":
+        return
+    sweeper = OmegaConf.select(config, "hydra.sweeper", default=None)
+    total = sweep_total(Path(sweep_dir), sweeper)
+    line = progress_line(Path(sweep_dir), runs_done(Path(sweep_dir)), total)
+    if emit is None:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        emit(line)

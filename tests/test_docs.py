@@ -236,7 +236,10 @@ def named_paths(path: Path) -> set[str]:
 # the template's own package, src/starter.
 PACKAGE_STAND_INS = re.compile(r"^(src|tests)/(x|mylab)(?=/|$)")
 # Paths the docs name as what a command creates, not as files of the repository.
-CREATED = {"conf/outputs/": "Hydra's run folder when started inside conf/"}
+CREATED = {
+    "conf/outputs/": "Hydra's run folder when started inside conf/",
+    "conf/local/default.yaml": "the machine-local settings a user writes (git-ignored)",
+}
 
 
 def exists(name: str) -> bool:
@@ -319,6 +322,9 @@ def composed() -> dict:
 NOT_KEYS = {
     "repro.pythonhashseed": "a field of run.json's repro section, which an archive carries",
     "trainer.epoch": "the documented typo (trainer.epochs) that is refused in one line",
+    "hydra.sweeper.direction": "a key of hydra/sweeper=optuna, not of the default sweeper",
+    "hydra.sweeper.sampler.seed": "a key of hydra/sweeper=optuna, not of the default sweeper",
+    "hydra.sweeper.storage": "a key of hydra/sweeper=optuna, not of the default sweeper",
 }
 
 

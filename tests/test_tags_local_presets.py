@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from conftest import REPO
+from conftest import MICRO, REPO, TINY, assert_ok, run_json, train
 from reprotrain import preflight
 from reprotrain.config import config_sha256, register_configs
 from reprotrain.paths import CONF_DIR
@@ -41,6 +41,12 @@ def test_tags_are_a_typed_list_and_not_part_of_the_configs_identity():
     assert config_sha256(container(plain)) == config_sha256(container(tagged))
     other = composed("experiment=smoke", "trainer.epochs=3")
     assert config_sha256(container(other)) != config_sha256(container(plain)), "control"
+
+
+def test_a_runs_tags_are_in_its_run_json(tmp_path):
+    run = tmp_path / "run"
+    assert_ok(train(run, *MICRO, *TINY, "tags=[baseline,lr-study]", micro=False))
+    assert run_json(run)["tags"] == ["baseline", "lr-study"]
 
 
 def test_tags_must_be_a_list():

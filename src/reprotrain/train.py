@@ -117,6 +117,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     fresh = point is None or point.forked
     record = rec.RunRecord(run_dir) if fresh else rec.RunRecord.load(run_dir)
     record.update(status="running", config_sha256=config_sha256(container))
+    record.update(tags=list(container.get("tags") or []))  # labels, not identity
     record.update(env_interpolations=env_values)
     rec.atomic_write_text(run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
     stop = StopFlag()

@@ -71,7 +71,7 @@ def test_new_project_renames_only_the_users_package_and_records_its_template(tmp
     # Framework files: byte-identical; user files: renamed, no trace of the old name.
     files = [f for f in git(template, "ls-files").splitlines()]
     framework = [f for f in files if tf.is_framework(f, old)]
-    assert "src/reprotrain/train.py" in framework and "docs/manual.md" in framework
+    assert "src/reprotrain/train.py" in framework and "docs/index.md" in framework
     for rel in framework:
         assert (dest / rel).read_bytes() == (template / rel).read_bytes(), rel
     # The framework's own tests, benchmarks and drills stay in the template; the project's
@@ -251,18 +251,23 @@ def test_deleting_the_users_models_and_data_leaves_selfcheck_and_tools_working(t
 # 19,663, docs 2,341, user room 824, config 479, tests 79, tooling 3,608 (2,815 of them the
 # locks), 26,994 in all, of the template's 42,527: its tests, benchmarks, drills and
 # scripts stay there.
+# Since then the docs site, the locked extras and Optuna (locks 7,589 lines) and the step
+# examples landed (package 21,938 lines, docs 3,156); the locks became a part of their own.
 # Headroom covers the work in flight (a docs site, step examples in the user's room); a part
 # that outgrows its budget is a decision to take on purpose: raise it here and in
 # docs/project-layout.md, or move the weight back into the template.
 BUDGET = {
-    "framework package": 22_000,  # src/reprotrain: one copy, refreshed by update-template
+    "framework package": 25_000,  # src/reprotrain: one copy, refreshed by update-template
     "framework docs": 6_000,  # docs/, mkdocs.yml
     "user room": 1_500,  # src/<name>/
     "config": 800,  # conf/
     "tests": 300,  # tests/: the project's own
-    "tooling": 5_000,  # Makefile, Dockerfile, CI, locks, pyproject, README, LICENSE...
+    "tooling": 2_000,  # Makefile, Dockerfile, CI, pyproject, .in files, README, LICENSE...
+    # Generated, never read by hand: the four hashed universal locks (runtime, dev, and the
+    # mlflow/wandb extras) with their .sha256 and .files sidecars.
+    "locks": 9_000,
 }
-TOTAL_BUDGET = 33_000
+TOTAL_BUDGET = 40_000
 
 
 def part_of(rel: str, package: str) -> str:
@@ -276,6 +281,8 @@ def part_of(rel: str, package: str) -> str:
         return "config"
     if rel.startswith("tests/"):
         return "tests"
+    if rel.startswith("requirements") and ".lock" in rel:
+        return "locks"
     return "tooling"
 
 
@@ -304,7 +311,7 @@ def test_every_template_file_is_framework_user_room_or_template_only():
         assert kinds.count(True) == 1, (rel, kinds)
     assert not any(tf.ships(f, old) for f in files if tf.is_template_only(f, old))
     assert tf.is_template_only("tests/conftest.py", old) and tf.is_user_room("conf/train.yaml", old)
-    assert tf.is_framework("docs/manual.md", old) and tf.is_framework("mkdocs.yml", old)
+    assert tf.is_framework("docs/index.md", old) and tf.is_framework("mkdocs.yml", old)
 
 
 def test_a_new_project_holds_only_what_it_uses_within_the_stated_budget(tmp_path, template):

@@ -23,7 +23,6 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
-from reprotrain.distributed import check_divisible
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
 
@@ -300,6 +299,16 @@ def launch_world_size() -> int:
 def microbatches_per_step(trainer: Any) -> int:
     """The step's global batch in micro-batches (1 when ``microbatch_size`` is null)."""
     return trainer.batch_size // (trainer.microbatch_size or trainer.batch_size)
+
+
+def check_divisible(global_batch: int, world_size: int) -> None:
+    """The global batch splits evenly over the ranks (``distributed.shard_global_batch``
+    relies on it); checked here, before anything is built or written."""
+    if global_batch % world_size:
+        raise ReprotrainError(
+            f"trainer.batch_size={global_batch} (the global batch) is not divisible by the "
+            f"world size {world_size}; pick a multiple of {world_size}"
+        )
 
 
 def check_layout(trainer: Any, world_size: int) -> None:

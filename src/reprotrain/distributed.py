@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from reprotrain.config import check_divisible
 from reprotrain.errors import ReprotrainError
 from reprotrain.launchers import available_cores, launched_by_submitit
 
@@ -224,12 +225,3 @@ def shard_global_batch(positions: T, rank: int, world_size: int) -> T:
     check_divisible(n, world_size)
     per = n // world_size
     return positions[rank * per : (rank + 1) * per]  # type: ignore[index]
-
-
-def check_divisible(global_batch: int, world_size: int) -> None:
-    """The same check as ``shard_global_batch``, before anything is built or written."""
-    if global_batch % world_size:
-        raise ReprotrainError(
-            f"trainer.batch_size={global_batch} (the global batch) is not divisible by the "
-            f"world size {world_size}; pick a multiple of {world_size}"
-        )

@@ -380,9 +380,10 @@ def cli_check() -> None:
             sys.argv += resume_before_hydra(argv, composed[0])
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
-        from reprotrain.repro.resume_guard import AlreadyCompleted
-
-        if isinstance(e, AlreadyCompleted):  # nothing to do, and nothing written: exit 0
+        # resume_guard.AlreadyCompleted (exit 0): nothing to do, and nothing written. Told
+        # apart by its code, not its class: importing resume_guard would import torch, and a
+        # typo must fail in a second.
+        if e.exit_code == 0:
             print(str(e), file=sys.stderr)
             sys.exit(0)
         print(f"error: {e}", file=sys.stderr)

@@ -44,9 +44,10 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from reprotrain.batches import Batch, batch_size, narrow, take, to_device
+from reprotrain.config import check_divisible
 from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
-from reprotrain.distributed import check_divisible, shard_global_batch
+from reprotrain.distributed import shard_global_batch
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import Seeds, counter_generator, scoped_globals, stable_hash
 

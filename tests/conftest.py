@@ -113,9 +113,9 @@ def reference_run(tmp_path_factory) -> Path:
 
 # The slow tier (`make test-slow`; CI runs it after `make test`): every test here trains
 # several runs, a DDP job or a real replay. `make test` keeps one test per promise (bitwise
-# twins, a SIGKILL resume, archive -> REPRODUCED, a task seam example, world size 1 vs 2,
-# bisect, a new model by YAML, eval, the non-finite guard, the refusals, a run dir written
-# once) so it stays under 5 minutes on 2 cores.
+# twins, a SIGKILL resume, archive -> REPRODUCED, a task seam example, world size 1 vs 2
+# (in process), bisect, a new model by YAML, eval, the non-finite guard, the refusals, a run
+# dir written once) so it stays under 5 minutes on 2 cores.
 SLOW = {
     "test_archive.py::test_a_code_change_inside_the_archive_diverges",
     "test_archive.py::test_an_interrupted_archive_compares_the_epochs_it_completed",
@@ -182,6 +182,22 @@ SLOW = {
     "test_user_experiments.py::test_sigkill_mid_epoch_then_resume_is_bitwise_equal[sequence]",
     "test_user_experiments.py::test_sigkill_mid_epoch_then_resume_is_bitwise_equal[dict_microbatches]",
     "test_world_size_invariance.py::test_a_two_process_run_killed_mid_epoch_resumes_on_one_process_bitwise",
+    # Siblings in make test: test_reduction.py (two ranks of Exact give one process's bits,
+    # in process), tests/starter/test_readme_model.py (a model by YAML), test_resume.py (a
+    # SIGKILL resume), test_cli_main.py's compare exit codes, test_docs_defects.py (bash
+    # completion), test_early_stopping.py's stop, test_write_once.py's refusals.
+    "test_world_size_invariance.py::test_one_and_two_processes_give_the_same_weights_losses_and_metrics",
+    "test_template.py::test_a_new_model_module_and_yaml_train_bitwise_repeatably",
+    "test_user_experiments.py::test_sigkill_mid_epoch_then_resume_is_bitwise_equal[regression]",
+    "test_cli_main.py::test_bisect_of_identical_records_is_exit_0_through_the_console_script",
+    "test_cli_main.py::test_sigterm_sent_to_reprotrain_reaches_the_trainer",
+    "test_cli_main.py::test_bash_completes_train_overrides_from_the_config_tree",
+    "test_early_stopping.py::test_killed_after_the_stopping_epochs_checkpoint_the_resume_stops_with_the_same_bits",
+    "test_early_stopping.py::test_off_by_default_and_a_real_improvement_resets_the_count",
+    "test_example_tasks.py::test_second_loss_term_is_trained_and_logged_by_name",
+    "test_tasks.py::test_run_json_shows_the_optimizers_own_lr",
+    "test_write_once.py::test_a_continued_run_keeps_the_hydra_record_it_started_with",
+    "test_new_project.py::test_a_new_projects_make_test_runs_its_own_tests_and_template_targets_say_where_they_live",
 }
 
 

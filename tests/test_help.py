@@ -57,3 +57,22 @@ def test_chosen_options_are_marked_and_an_unrecorded_choice_is_not_called_none()
     assert dict(line.split(None, 1) for line in text.splitlines())["logger"] == (
         "mlflow, none, tensorboard"
     )
+
+
+def test_a_run_composes_without_listing_the_config_groups_only_help_lists_them(monkeypatch):
+    """Hydra resolves the help template while it composes every run's config; the listing
+    (Hydra's loader asked for each group's options: seconds) happens only under --help."""
+    from reprotrain import helptext, preflight
+    from reprotrain.config import register_configs
+
+    register_configs()  # the framework's packaged configs (experiment=selfcheck)
+    preflight.register_resolvers()
+
+    def listing(*args, **kwargs):
+        raise AssertionError("a run listed the config groups")
+
+    monkeypatch.setattr(helptext, "config_groups", listing)
+    monkeypatch.setattr(sys, "argv", ["reprotrain.train", "experiment=selfcheck"])
+    (cfg,) = preflight.compose_all(["experiment=selfcheck"])
+    assert cfg.trainer.batch_size > 0
+    assert helptext.help_asked(["--help"]) and not helptext.help_asked(["experiment=smoke"])

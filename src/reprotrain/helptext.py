@@ -84,9 +84,23 @@ def format_groups(groups: dict[str, list[str]], choices: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: What the template holds when no help is asked for: Hydra merges (and so resolves) the
+#: help template while it composes every run's config, and listing the groups asks Hydra's
+#: loader for each group's options (seconds); only ``--help`` shows it.
+NOT_ASKED = "  (listed by --help)"
+
+
+def help_asked(argv: list[str]) -> bool:
+    return "--help" in argv or "-h" in argv
+
+
 def _resolve(*, _root_: Any) -> str:
+    import sys
+
     from hydra.core.global_hydra import GlobalHydra
 
+    if not help_asked(sys.argv[1:]):
+        return NOT_ASKED
     gh = GlobalHydra.instance()
     if not gh.is_initialized():  # pragma: no cover - only reachable outside Hydra's --help
         return "  (config groups are listed when run through Hydra's --help)"

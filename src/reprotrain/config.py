@@ -23,6 +23,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
+from reprotrain.dotted import flatten
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
 
@@ -364,17 +365,6 @@ NON_IDENTITY_KEYS = (
     "include_untracked",
     "tags",
 )
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """{"trainer.epochs": 30, ...}: dotted keys, as in overrides and error messages."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 NON_IDENTITY_PREFIXES = ("logger.",)

@@ -12,6 +12,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from reprotrain.dotted import flatten
+
 #: Hydra writes this into every sweep directory; a run dir below one is a sweep's run.
 MULTIRUN_YAML = "multirun.yaml"
 RESOLVED_CONFIG = "config.resolved.yaml"
@@ -29,17 +31,6 @@ def resolved_config(run_dir: Path) -> dict[str, Any]:
     config = yaml.safe_load(path.read_text()) or {}
     config.pop("logger", None)
     return config
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def identity(record: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from reprotrain.config import flatten, is_identity, without_plain_step
+from reprotrain.config import is_identity, without_plain_step
+from reprotrain.dotted import flatten
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro import checkpoint, comparability
 from reprotrain.repro.record import (

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprotrain.config import flatten
+from reprotrain.dotted import flatten
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override, make_assignment
 from reprotrain.repro import checkpoint, comparability, op_trace

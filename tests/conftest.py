@@ -198,6 +198,9 @@ SLOW = {
     "test_tasks.py::test_run_json_shows_the_optimizers_own_lr",
     "test_write_once.py::test_a_continued_run_keeps_the_hydra_record_it_started_with",
     "test_new_project.py::test_a_new_projects_make_test_runs_its_own_tests_and_template_targets_say_where_they_live",
+    # Siblings: the portable pin (test_reference_job.py), make resume (test_resume.py).
+    "test_reference_job.py::test_micro_smoke_bits_are_pinned_and_one_microbatch_keeps_them",
+    "test_archive.py::test_make_resume_continues_a_run_whose_dir_needs_quoting",
 }
 
 

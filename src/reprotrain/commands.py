@@ -89,20 +89,26 @@ def _as_exit_code(main: Callable[[list[str]], int], argv: list[str]) -> int:
 # ----------------------------------------------------------------------- the trainer's jobs
 
 
-def split_nproc(args: Sequence[str]) -> tuple[str, list[str]]:
-    """(``--nproc``'s text, the other arguments); ``"1"`` when it is not given.
-
-    Hydra has no ``--nproc`` flag, so the option may stand anywhere among the overrides."""
-    nproc, rest = "1", []
+def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str | None, list[str]]:
+    """(``flag``'s text, the other arguments); ``default`` when it is not given. ``flag``
+    (``--nproc``, ``--seeds``) is ours, not Hydra's, so it may stand anywhere among the
+    overrides, as ``flag value`` or ``flag=value``."""
+    value, rest = default, []
     it = iter(args)
     for arg in it:
-        if arg == "--nproc":
-            nproc = next(it, "")
-        elif arg.startswith("--nproc="):
-            nproc = arg.partition("=")[2]
+        if arg == flag:
+            value = next(it, "")
+        elif arg.startswith(f"{flag}="):
+            value = arg.partition("=")[2]
         else:
             rest.append(arg)
-    return nproc, rest
+    return value, rest
+
+
+def split_nproc(args: Sequence[str]) -> tuple[str, list[str]]:
+    """(``--nproc``'s text, the other arguments); ``"1"`` when it is not given."""
+    nproc, rest = pop_option(args, "--nproc", "1")
+    return str(nproc), rest
 
 
 def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
@@ -142,15 +148,7 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
     ``+hparams_search=...``, ``hydra.sweeper.params...``) or a ``seed.base`` override of
     your own gets no seed list added: a search would take the list for a parameter."""
     nproc, rest = split_nproc(argv)
-    seeds, args = None, []
-    it = iter(rest)
-    for arg in it:
-        if arg == "--seeds":
-            seeds = next(it, "")
-        elif arg.startswith("--seeds="):
-            seeds = arg.partition("=")[2]
-        else:
-            args.append(arg)
+    seeds, args = pop_option(rest, "--seeds", None)
     keys = [a.lstrip("+~").partition("=")[0] for a in args]
     own_seed = "seed.base" in keys
     search = (

@@ -6,6 +6,7 @@ torchrun runs with 1, 2 and 4 "ranks" in one process.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 
@@ -117,8 +118,6 @@ def test_batchnorm_running_statistics_are_those_of_k_micro_batches_in_order_on_a
     g = torch.Generator().manual_seed(1)
     batch = torch.randn(8, 3, 5, 5, generator=g) * 3 + 1
     micro = batch.split(2)  # k = 4 micro-batches of 2
-
-    import copy
 
     torch.manual_seed(0)
     template = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
@@ -287,3 +286,81 @@ def test_powers_of_two_are_exact_over_the_whole_float64_range():
 def test_parts_of_different_shapes_are_refused():
     with pytest.raises(ValueError, match="same tensors"):
         exact_sum([[torch.zeros(3)], [torch.zeros(4)]], 2)
+
+
+def _batchnorm_net(momentum: float | None = 0.1) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, momentum=momentum))
+
+
+def test_each_micro_batch_records_the_statistics_batchnorm_computes_for_it_bit_for_bit():
+    from reprotrain.invariant.batchnorm import MicroBatchNorm
+
+    x = torch.randn(6, 3, 7, 7, generator=torch.Generator().manual_seed(2)) * 2 + 0.5
+    model = _batchnorm_net()
+    reference = copy.deepcopy(model)
+    reference[1].momentum = 1.0  # a plain layer whose running buffers become this batch's own
+    reference[1].running_mean.zero_()
+    reference[1].running_var.fill_(1.0)
+    expected_out = reference(x)
+    bn = MicroBatchNorm(model)
+    with bn.micro_batch():
+        out = model(x)
+    ((mean, var),) = bn.stats
+    assert bits([mean, var]) == bits([reference[1].running_mean, reference[1].running_var])
+    assert bits([out]) == bits([expected_out])  # normalised over the micro-batch, as plain
+    h = reference[0](x).detach().double()
+    torch.testing.assert_close(var.double(), h.var((0, 2, 3)), rtol=1e-5, atol=0)  # unbiased
+
+
+def test_micro_batch_forwards_leave_the_layers_own_buffers_and_momentum_even_when_one_raises():
+    from reprotrain.invariant.batchnorm import MicroBatchNorm
+
+    model = _batchnorm_net(momentum=None)
+    layer = model[1]
+    own = [layer.running_mean, layer.running_var, layer.num_batches_tracked]
+    before = [t.clone() for t in own]
+    bn = MicroBatchNorm(model)
+    x = torch.randn(4, 3, 6, 6, generator=torch.Generator().manual_seed(3))
+    with bn.micro_batch():
+        model(x)
+    with pytest.raises(ValueError, match="4D input"), bn.micro_batch():
+        layer(torch.randn(4, 4))  # raises inside BatchNorm's forward, after the swap
+    now = [layer.running_mean, layer.running_var, layer.num_batches_tracked]
+    assert all(a is b for a, b in zip(now, own, strict=True))  # the module's own tensors
+    assert bits(now) == bits(before) and layer.momentum is None
+
+
+def test_a_layer_called_twice_records_twice_and_an_eval_forward_records_nothing():
+    from reprotrain.invariant.batchnorm import MicroBatchNorm
+
+    model = _batchnorm_net()
+    bn = MicroBatchNorm(model)
+    x = torch.randn(4, 3, 6, 6, generator=torch.Generator().manual_seed(4))
+    with bn.micro_batch():
+        model(x)
+        model(x * 2)
+    assert len(bn.stats) == 1 and len(bn.stats[0]) == 4  # [mean, var] per call, in order
+    assert not torch.equal(bn.stats[0][0], bn.stats[0][2])
+    model.eval()
+    with bn.micro_batch():
+        model(x)
+    assert len(bn.stats) == 1
+
+
+def test_momentum_none_is_a_cumulative_average_over_the_micro_batches_as_in_plain_batchnorm():
+    from reprotrain.invariant.batchnorm import MicroBatchNorm
+
+    model, plain = _batchnorm_net(momentum=None), _batchnorm_net(momentum=None)
+    bn = MicroBatchNorm(model)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):  # 3 steps of 2 micro-batches
+        for _ in range(2):
+            x = torch.randn(4, 3, 6, 6, generator=g) * 3
+            plain(x)
+            with bn.micro_batch():
+                model(x)
+        bn.end_step()
+    assert int(model[1].num_batches_tracked) == int(plain[1].num_batches_tracked) == 6
+    torch.testing.assert_close(model[1].running_mean, plain[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, plain[1].running_var)

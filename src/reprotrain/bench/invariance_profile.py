@@ -70,8 +70,9 @@ def build(
     if invariant:
         reduction.reduce = clock.wrap("  of which collectives", reduction.reduce)
         bn = reduction.bn
-        hook = bn._hook
-        bn._hook = lambda record: clock.wrap(PARTS[0], hook(record))
+        lend, collect = bn._lend, bn._collect  # the hooks around each BatchNorm forward
+        bn._lend = clock.wrap(PARTS[0], lend)
+        bn._collect = lambda record: clock.wrap(PARTS[0], collect(record))
         bn.end_step = clock.wrap("end_step", bn.end_step)
     task = Classification()
     rank_state = reduction.checkpoints_rank_state

@@ -3,11 +3,12 @@
 Closes: BatchNorm's two rank-dependent effects. (1) Normalisation: each micro-batch is
 forwarded on its own, so it is normalised over its own samples (ghost batches) on every
 layout. (2) Running statistics: a plain BatchNorm updates ``running_mean``/``running_var``
-once per forward, in the order the micro-batches ran on that rank. Here the forward does not
-touch them; each micro-batch's per-channel mean and unbiased variance are recorded, every
-rank gathers all k micro-batches' statistics once per step (exact copies, in micro-batch
-order), and each applies the k momentum updates in that order: the running statistics a
-single process would have after the k micro-batches, on every layout.
+once per forward, in the order the micro-batches ran on that rank. Here each micro-batch's
+forward writes its per-channel mean and unbiased variance into scratch buffers instead (the
+statistics BatchNorm's kernel computes for the normalisation anyway, taken with momentum 1),
+every rank gathers all k micro-batches' statistics once per step (exact copies, in
+micro-batch order), and each applies the k momentum updates in that order: the running
+statistics a single process would have after the k micro-batches, on every layout.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from reprotrain.invariant.exact_sum import Reducer, no_reduce
 
+_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
 
 class MicroBatchNorm:
     """Record micro-batch statistics of every BatchNorm in ``model``; update once per step."""
@@ -30,6 +33,7 @@ class MicroBatchNorm:
             m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
         ]
         self.stats: list[list[torch.Tensor]] = []  # per micro-batch: [mean, var] per layer
+        self._lent: dict[nn.Module, tuple] = {}  # layer -> its own buffers and momentum
 
     @contextmanager
     def micro_batch(self) -> Iterator[None]:
@@ -38,30 +42,41 @@ class MicroBatchNorm:
             yield
             return
         record: list[torch.Tensor] = []
-        hooks = [m.register_forward_pre_hook(self._hook(record)) for m in self.layers]
-        for m in self.layers:
-            m.track_running_stats = False  # batch statistics, running buffers untouched
+        hooks = [m.register_forward_pre_hook(self._lend) for m in self.layers]
+        hooks += [m.register_forward_hook(self._collect(record)) for m in self.layers]
         try:
             yield
         finally:
-            for m in self.layers:
-                m.track_running_stats = True
             for h in hooks:
                 h.remove()
+            for m in list(self._lent):  # a forward that raised: its layer gets its own back
+                self._give_back(m)
         if record:  # eval-mode forwards record nothing
             self.stats.append(record)
 
-    @staticmethod
-    def _hook(record: list[torch.Tensor]):
-        def hook(module: _BatchNorm, args: tuple) -> None:
-            if not module.training:
-                return
-            x = args[0].detach()
-            dims = [d for d in range(x.dim()) if d != 1]
-            x64 = x.to(torch.float64)
-            record.extend([x64.mean(dims), x64.var(dims, unbiased=True)])
+    def _lend(self, module: _BatchNorm, args: tuple) -> None:
+        """Before a training forward: scratch buffers and momentum 1, so the kernel writes
+        this micro-batch's own mean and unbiased variance there (1 * new + 0 * scratch)."""
+        if not module.training:
+            return
+        self._lent[module] = (*(getattr(module, b) for b in _BUFFERS), module.momentum)
+        module.running_mean = torch.zeros_like(module.running_mean)
+        module.running_var = torch.ones_like(module.running_var)
+        module.num_batches_tracked = torch.zeros_like(module.num_batches_tracked)
+        module.momentum = 1.0
+
+    def _collect(self, record: list[torch.Tensor]):
+        def hook(module: _BatchNorm, args: tuple, output: torch.Tensor) -> None:
+            if module in self._lent:
+                record.extend([module.running_mean, module.running_var])
+                self._give_back(module)
 
         return hook
+
+    def _give_back(self, module: _BatchNorm) -> None:
+        *buffers, module.momentum = self._lent.pop(module)
+        for name, tensor in zip(_BUFFERS, buffers, strict=True):
+            setattr(module, name, tensor)
 
     @torch.no_grad()
     def end_step(self, reduce: Reducer = no_reduce) -> None:

@@ -104,7 +104,7 @@ def exact_sum(
     #    integers (exact, any order); the non-finite counts ride in the same bucket.
     bucket = torch.zeros(sum(sizes) + n, dtype=torch.int64, device=device)
     values, bad = bucket[: bucket.numel() - n], bucket[bucket.numel() - n :]
-    scale = power_of_two(shifts)[segment]
+    scale = power_of_two(shifts).index_select(0, segment)
     for part in parts:
         flat = torch.nan_to_num(_flatten(part, sizes), nan=0.0, posinf=0.0, neginf=0.0)
         values += flat.mul_(scale).round_().to(torch.int64)
@@ -112,8 +112,10 @@ def exact_sum(
     reduce(bucket, "sum")
 
     # 3. Back to floats once; a tensor with any non-finite part becomes NaN.
-    value = values.to(torch.float64).mul_(power_of_two(-shifts)[segment])
-    value = torch.where((bad > 0)[segment], math.nan, value)  # on the device: no host sync
+    value = values.to(torch.float64).mul_(power_of_two(-shifts).index_select(0, segment))
+    value = torch.where(
+        (bad > 0).index_select(0, segment), math.nan, value
+    )  # on the device: no host sync
     return [
         piece.view(t.shape).to(t.dtype) for piece, t in zip(value.split(sizes), like, strict=True)
     ]

@@ -113,3 +113,21 @@ def test_every_trainer_key_is_owned_by_exactly_one_settings_part():
             assert getattr(getattr(settings, name), key.name) == cfg.trainer[key.name]
     assert {k: v for k, v in owners.items() if len(v) != 1} == {}
     assert (settings.pipeline.batch_size, settings.step.amp) == (64, True)  # values land
+
+
+def test_the_batch_layout_is_checked_against_the_world_size_the_job_really_has(tmp_path):
+    """A submitit job's ranks learn their world size only when they start (compose time saw
+    1): a micro-batch larger than a rank's share is refused before anything is written,
+    not silently truncated by the micro-batch loop."""
+    from reprotrain.distributed import Dist
+    from reprotrain.train import train as run_train
+
+    overrides = ["experiment=selfcheck", "trainer.batch_size=64", "trainer.microbatch_size=16"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    validate(cfg)  # world size 1 at compose time: fine
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(ReprotrainError, match=r"microbatch_size=16 does not divide the per-rank"):
+        run_train(cfg, run_dir, Dist(rank=0, world_size=8))  # 8 samples per rank
+    assert list(run_dir.iterdir()) == []

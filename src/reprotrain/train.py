@@ -58,6 +58,7 @@ from reprotrain.config import (
     ReproConfig,
     StepSettings,
     TrainerSettings,
+    check_layout,
     config_sha256,
     microbatches_per_step,
 )
@@ -112,6 +113,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM
 
 def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     # --- compose: the resolved config is the run's identity (oc.env values as digests) ------
+    # The batch layout against the world size this job has: compose time saw the launcher's
+    # WORLD_SIZE, which a submitit job exports only once its tasks start.
+    check_layout(cfg.trainer, dist.world_size)
     container, env_values = secrets.redact(cfg)
     point = find_resume_point(cfg.resume, run_dir, container)  # None: fresh start
     log.info("run dir: %s", run_dir)  # after the refusals: a refused resume writes nothing

@@ -148,6 +148,32 @@ def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+def test_the_p5_checkpoint_is_what_the_trainer_writes_and_resumes_from(tmp_path):
+    """P5 times the trainer's own checkpoint (TrainerState, gathered as the Saver does),
+    not a hand-listed copy: same parts, per-rank RNG entry, restored by the trainer."""
+    from reprotrain.bench.checkpoint_cost import resume_state
+    from reprotrain.repro import checkpoint
+    from reprotrain.state import TrainerState
+
+    def trainer_state() -> TrainerState:
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        return TrainerState(model, opt, sched, scaler, torch.device("cpu"))
+
+    torch.manual_seed(5)
+    written = trainer_state()
+    path = tmp_path / "step-00000001.pt"
+    checkpoint.save(path, checkpoint.serialise(resume_state(written)))
+    expected = torch.rand(3)  # the draw right after the checkpoint
+    loaded = checkpoint.load(path)  # weights_only
+    assert set(written.parts()) <= set(loaded) and loaded["rng"]["world_size"] == 1
+    torch.manual_seed(9)
+    trainer_state().load_state_dict(loaded)  # the trainer's own restore
+    assert torch.equal(torch.rand(3), expected)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
 def test_bench_on_cuda_without_a_gpu_fails_in_one_line():
     proc = run_script(sys.executable, "scripts/bench.py", "--device", "cuda")

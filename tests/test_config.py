@@ -93,3 +93,41 @@ def test_config_sha256_ignores_where_to_look_but_not_what_to_compute():
         other = OmegaConf.to_container(compose("train", overrides=["optimizer.lr=0.3"]))
     assert config_sha256(base) == config_sha256(moved)
     assert config_sha256(base) != config_sha256(other)
+
+
+def test_every_trainer_key_is_owned_by_exactly_one_settings_part():
+    """``trainer.*`` reaches components only through ``TrainerSettings``' parts: each key
+    of the packaged config belongs to one part, so a new key must be given one owner."""
+    from dataclasses import fields
+
+    from reprotrain.config import TrainerSettings
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["trainer.batch_size=64", "trainer.amp=true"])
+    parts = {p.name: p for p in fields(TrainerSettings)}
+    settings = TrainerSettings.from_config(cfg.trainer)
+    owners: dict[str, list[str]] = {key: [] for key in cfg.trainer}
+    for name in parts:
+        for key in fields(getattr(settings, name)):
+            owners.setdefault(key.name, []).append(name)
+            assert getattr(getattr(settings, name), key.name) == cfg.trainer[key.name]
+    assert {k: v for k, v in owners.items() if len(v) != 1} == {}
+    assert (settings.pipeline.batch_size, settings.step.amp) == (64, True)  # values land
+
+
+def test_the_batch_layout_is_checked_against_the_world_size_the_job_really_has(tmp_path):
+    """A submitit job's ranks learn their world size only when they start (compose time saw
+    1): a micro-batch larger than a rank's share is refused before anything is written,
+    not silently truncated by the micro-batch loop."""
+    from reprotrain.distributed import Dist
+    from reprotrain.train import train as run_train
+
+    overrides = ["experiment=selfcheck", "trainer.batch_size=64", "trainer.microbatch_size=16"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    validate(cfg)  # world size 1 at compose time: fine
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(ReprotrainError, match=r"microbatch_size=16 does not divide the per-rank"):
+        run_train(cfg, run_dir, Dist(rank=0, world_size=8))  # 8 samples per rank
+    assert list(run_dir.iterdir()) == []

@@ -107,6 +107,27 @@ def test_a_global_batch_not_divisible_by_the_world_size_is_one_line_error():
         distributed.check_divisible(10, 4)
 
 
+@pytest.mark.parametrize("kind", ["device", "loader"])
+def test_a_pipeline_built_directly_refuses_an_uneven_rank_share_at_its_first_batch(kind):
+    """config.check_layout refuses it before a run; a caller that builds a pipeline itself
+    (bench, tests) still gets the one line, from the one rule (shard_global_batch)."""
+    from reprotrain.data.base import InMemoryTensors
+    from reprotrain.data.pipeline import build_pipeline
+    from reprotrain.repro.seeding import Seeds
+
+    class Tensors(InMemoryTensors):
+        def load_samples(self):
+            return (torch.arange(40.0), torch.zeros(40)), (torch.arange(8.0), torch.zeros(8))
+
+    data = Tensors()
+    seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
+    cpu = torch.device("cpu")
+    pipeline = build_pipeline(kind, data.splits(), data, 0, batch_size=10, eval_batch_size=8,
+                              device=cpu, seeds=seeds, rank=1, world_size=4)  # fmt: skip
+    with pytest.raises(ReprotrainError, match=r"^trainer\.batch_size=10 .*world size 4"):
+        next(iter(pipeline.epoch(1)))
+
+
 def test_threads_per_rank_never_oversubscribes_the_node():
     assert threads_per_rank(1, cores=16) == 16
     assert threads_per_rank(2, cores=16) == 8

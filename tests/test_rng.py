@@ -1,5 +1,6 @@
-"""RNG states in checkpoints: only the training device's CUDA generator, per rank, loadable
-with weights_only=True, and readable from the first format on hosts with fewer GPUs.
+"""RNG states in checkpoints (``state.RankRNG``, the part the trainer checkpoints, over
+``repro/rng.py``): only the training device's CUDA generator, per rank, loadable with
+weights_only=True, and readable from the first format on hosts with fewer GPUs.
 
 CUDA is faked by monkeypatching ``torch.cuda`` (no GPU here): a fake host with N GPUs whose
 generator states are distinct byte tensors, recording every get/set call.
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from reprotrain.repro import rng
+from reprotrain.state import RankRNG
 
 
 class FakeCuda:
@@ -67,19 +69,17 @@ def draws():
 def test_python_numpy_and_torch_cpu_states_roundtrip_under_weights_only():
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     random.gauss(0, 1)  # leaves a cached gaussian in python's state
-    entry = weights_only_roundtrip(rng.RNGState(torch.device("cpu")).state_dict())
+    entry = weights_only_roundtrip(RankRNG(torch.device("cpu")).state_dict())
     expected = draws()
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
-    rng.RNGState(torch.device("cpu")).load_state_dict(entry)
+    RankRNG(torch.device("cpu")).load_state_dict(entry)
     got = draws()
     assert expected[:2] == got[:2] and torch.equal(expected[2], got[2])
 
 
 def test_a_cpu_run_holds_no_cuda_state_even_with_gpus_visible(monkeypatch):
     cuda = FakeCuda(monkeypatch, 8)
-    entry = rng.RNGState(torch.device("cpu")).state_dict()
-    assert entry["world_size"] == 1 and len(entry["ranks"]) == 1
-    assert entry["ranks"][0]["cuda"] is None
+    assert RankRNG(torch.device("cpu")).state_dict()["cuda"] is None
     assert cuda.gets == []  # no generator read, so CUDA was not even initialised
 
 
@@ -94,9 +94,10 @@ def test_a_gpu_run_saves_only_its_own_device_generator(monkeypatch):
 
 def test_a_state_saved_on_cuda3_of_eight_resumes_where_one_gpu_is_visible(monkeypatch):
     FakeCuda(monkeypatch, 8)
-    entry = weights_only_roundtrip(rng.RNGState(torch.device("cuda", 3)).state_dict())
+    saved = RankRNG(torch.device("cuda", 3)).state_dict()
+    entry = weights_only_roundtrip({"format": rng.FORMAT, "world_size": 1, "ranks": [saved]})
     cuda = FakeCuda(monkeypatch, 1)
-    rng.RNGState(torch.device("cuda", 0)).load_state_dict(entry)
+    RankRNG(torch.device("cuda", 0)).load_state_dict(entry)
     assert cuda.sets == [(0, 3)]  # cuda:3's stream continues on this host's only GPU
 
 
@@ -138,7 +139,7 @@ def test_each_rank_restores_its_own_state(monkeypatch):
     expected_rank1 = torch.rand(4)
     entry = weights_only_roundtrip({"format": rng.FORMAT, "world_size": 2, "ranks": [rank0, rank1]})
     torch.manual_seed(7)
-    rng.RNGState(torch.device("cuda", 1), rank=1).load_state_dict(entry)
+    RankRNG(torch.device("cuda", 1), rank=1).load_state_dict(entry)
     assert torch.equal(torch.rand(4), expected_rank1)
     assert cuda.sets == [(1, 1)]
 
@@ -153,16 +154,21 @@ def test_a_missing_rank_falls_back_to_rank_zero_with_a_warning(caplog):
 def _gather_worker(rank: int, init_file: str, out: str) -> None:
     import torch.distributed as dist
 
+    from reprotrain.distributed import Dist
+    from reprotrain.reduction import DDP
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     torch.manual_seed(100 + rank)
-    entry = rng.RNGState(torch.device("cpu")).state_dict()  # collective
+    state = {"rng": RankRNG(torch.device("cpu"), rank).state_dict(), "loop": {"progress": {}}}
+    gathered = DDP(Dist(rank=rank, world_size=2, backend="gloo")).checkpoint(state)  # collective
     if rank == 0:
-        torch.save(entry, out)
+        torch.save(gathered["rng"], out)
     dist.destroy_process_group()
 
 
 def test_under_ddp_the_entry_holds_every_rank_in_rank_order(tmp_path):
-    """Two gloo processes: rank 0 writes one entry holding both ranks' states."""
+    """Two gloo processes: the trainer's DDP checkpoint gathers each rank's RankRNG state;
+    rank 0 writes one entry holding both, in rank order."""
     import torch.multiprocessing as mp
 
     out = tmp_path / "rng.pt"

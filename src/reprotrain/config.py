@@ -18,7 +18,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
@@ -112,11 +112,48 @@ PLAIN_STEP = {"_target_": "reprotrain.step.PlainStep"}
 
 
 # --- the trainer's settings by concern: each component takes the part it uses ---------------
+# Every ``trainer.*`` key belongs to exactly one of these (tests/test_config.py checks it), so
+# a new key has one owner and reaches only the component that reads it.
 
 
 def from_trainer(cls: type, trainer: Any) -> Any:
     """``cls`` (a frozen dataclass whose field names are ``trainer.*`` keys) from the config."""
     return cls(**{f.name: trainer[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Where the run trains, how many checkpoints it keeps, and what a resume may change
+    besides the world size (``allow_unrestored_state`` is read by
+    ``resume_guard.check_unrestored`` from the resolved config it audits)."""
+
+    device: str = "auto"
+    allow_device_change: bool = False
+    keep_checkpoints: int = 3
+    allow_unrestored_state: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """How the data pipeline serves batches: which path, how many, how big, how shortened."""
+
+    pipeline: str = "auto"
+    num_workers: int = 0
+    batch_size: int = 512
+    eval_batch_size: int = 1024
+    limit_train_steps: int = 0
+    limit_eval_batches: int = 0
+    overfit_batches: int = 0
+
+
+@dataclass(frozen=True)
+class ReductionSettings:
+    """How the ranks combine a step (``reduction.for_run``), and whether a resume may change
+    the world size (the reduction's ``resume_check``)."""
+
+    world_size_invariant: bool = False
+    sync_batchnorm: bool = False
+    allow_world_size_change: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,13 +183,43 @@ class GuardSettings:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """How the model, its optimizer and its forward are built."""
+    """How the model, its optimizer and its forward are built; ``channels_last`` is the
+    memory format of the model and, so that they match, of the pipeline's batches."""
 
     channels_last: bool = False
     compile: bool = False
     compile_mode: str = "default"
     no_decay_norm_bias: bool = False
     amp_init_scale: float = 65536.0
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What one optimizer step needs: autocast, clipping, the micro-batch size."""
+
+    amp: bool = False
+    amp_dtype: str = "bf16"
+    grad_clip_norm: float = 0.0
+    microbatch_size: int | None = None  # None: the whole (per-rank) batch in one piece
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """``trainer.*`` split by concern, built once by ``from_config``; each part goes to the
+    component that reads it, never the whole."""
+
+    run: RunSettings
+    pipeline: PipelineSettings
+    reduction: ReductionSettings
+    model: ModelSettings
+    step: StepSettings
+    loop: LoopSettings
+    guard: GuardSettings
+
+    @classmethod
+    def from_config(cls, trainer: Any) -> TrainerSettings:
+        parts = get_type_hints(cls)
+        return cls(**{f.name: from_trainer(parts[f.name], trainer) for f in fields(cls)})
 
 
 @dataclass
@@ -297,9 +364,9 @@ def launch_world_size() -> int:
     return int(value) if value.strip().isdigit() and int(value) > 0 else 1
 
 
-def microbatches_per_step(trainer: Any) -> int:
+def microbatches_per_step(batch_size: int, microbatch_size: int | None) -> int:
     """The step's global batch in micro-batches (1 when ``microbatch_size`` is null)."""
-    return trainer.batch_size // (trainer.microbatch_size or trainer.batch_size)
+    return batch_size // (microbatch_size or batch_size)
 
 
 def check_divisible(global_batch: int, world_size: int) -> None:
@@ -327,11 +394,11 @@ def check_layout(trainer: Any, world_size: int) -> None:
             "pick a divisor"
         )
     check_divisible(batch, world_size)
-    per_rank = batch // world_size
-    if trainer.world_size_invariant and microbatches_per_step(trainer) % world_size:
+    per_rank, k = batch // world_size, microbatches_per_step(batch, micro)
+    if trainer.world_size_invariant and k % world_size:
         raise ReprotrainError(
             f"trainer.world_size_invariant needs the world size ({world_size}) to divide "
-            f"the {microbatches_per_step(trainer)} micro-batch(es) per step; set "
+            f"the {k} micro-batch(es) per step; set "
             f"trainer.microbatch_size to a divisor of {per_rank}"
         )
     if trainer.sync_batchnorm and trainer.world_size_invariant:

@@ -27,13 +27,13 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from reprotrain import batches, fault_injection
+from reprotrain.config import StepSettings
 from reprotrain.errors import ReprotrainError
 from reprotrain.reduction import Local, Reduction
 from reprotrain.repro import op_trace
@@ -61,20 +61,6 @@ def autocast(device: torch.device, enabled: bool, dtype: str):
     return torch.autocast(device.type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
 
 
-@dataclass(frozen=True)
-class StepSettings:
-    """What one optimizer step needs from ``trainer.*`` (built once by ``from_config``)."""
-
-    amp: bool = False
-    amp_dtype: str = "bf16"
-    grad_clip_norm: float = 0.0
-    microbatch_size: int | None = None  # None: the whole (per-rank) batch in one piece
-
-    @classmethod
-    def from_config(cls, trainer: Any) -> StepSettings:
-        return cls(trainer.amp, trainer.amp_dtype, trainer.grad_clip_norm, trainer.microbatch_size)
-
-
 class StepRunner:
     """Runs one optimizer step: the user's step object drives ``gradients()`` and ``apply()``.
 
@@ -92,11 +78,12 @@ class StepRunner:
         *,
         forward: nn.Module | None = None,
         reduction: Reduction | None = None,
-        settings: StepSettings = StepSettings(),
+        settings: StepSettings | None = None,
         train_seed: int = 0,
         user_step: Callable[[StepRunner], None] | None = None,
     ) -> None:
-        self.state, self.task, self.settings, self.train_seed = state, task, settings, train_seed
+        self.state, self.task, self.train_seed = state, task, train_seed
+        self.settings = settings or StepSettings()
         self.forward = state.model if forward is None else forward
         self.reduction = reduction or Local()
         self.user_step = user_step or PlainStep()

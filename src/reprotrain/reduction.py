@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from reprotrain.config import ReductionSettings
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.invariant.batchnorm import MicroBatchNorm
@@ -294,7 +295,7 @@ def choose(world_size_invariant: bool, dist: Dist, sync_batchnorm: bool = False)
     return Local(dist)
 
 
-def for_run(trainer: Any, dist: Dist) -> Reduction:
+def for_run(settings: ReductionSettings, dist: Dist) -> Reduction:
     """The reduction ``trainer.world_size_invariant`` and ``trainer.sync_batchnorm`` ask
     for on this job (the one place that reads the mode)."""
-    return choose(bool(trainer.world_size_invariant), dist, bool(trainer.sync_batchnorm))
+    return choose(bool(settings.world_size_invariant), dist, bool(settings.sync_batchnorm))

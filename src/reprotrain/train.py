@@ -54,9 +54,12 @@ from reprotrain.config import (
     GuardSettings,
     LoopSettings,
     ModelSettings,
+    PipelineSettings,
     ReproConfig,
+    StepSettings,
+    TrainerSettings,
+    check_layout,
     config_sha256,
-    from_trainer,
     microbatches_per_step,
 )
 from reprotrain.data import worker_death
@@ -67,7 +70,6 @@ from reprotrain.distributed import Dist, init_from_env
 from reprotrain.engine import (
     LoopState,
     StepRunner,
-    StepSettings,
     TrainerState,
     epoch_metrics,
     evaluate,
@@ -111,6 +113,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM
 
 def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     # --- compose: the resolved config is the run's identity (oc.env values as digests) ------
+    # The batch layout against the world size this job has: compose time saw the launcher's
+    # WORLD_SIZE, which a submitit job exports only once its tasks start.
+    check_layout(cfg.trainer, dist.world_size)
     container, env_values = secrets.redact(cfg)
     point = find_resume_point(cfg.resume, run_dir, container)  # None: fresh start
     log.info("run dir: %s", run_dir)  # after the refusals: a refused resume writes nothing
@@ -123,6 +128,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     stop = StopFlag()
 
     # --- controls: determinism level, seeds, device, environment ---------------------------
+    settings = TrainerSettings.from_config(cfg.trainer)  # each part goes to what reads it
     flags = determinism.apply(
         cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory
     )
@@ -130,12 +136,12 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     # Resume reuses the device the run started on, not a fresh `auto` (None: a new run).
     recorded = devices.recorded_device(record.data) if not fresh else None
     device = devices.resolve_for_resume(
-        recorded, cfg.trainer.device, cfg.trainer.allow_device_change,
+        recorded, settings.run.device, settings.run.allow_device_change,
         local_rank=dist.local_rank if dist.enabled else None,
     )  # fmt: skip
     env = environment.capture(device)
-    reduction = for_run(cfg.trainer, dist)
-    check_world_size(reduction, point, cfg.trainer.allow_world_size_change)
+    reduction = for_run(settings.reduction, dist)
+    check_world_size(reduction, point, settings.reduction.allow_world_size_change)
     if fresh:
         start_record(
             record, run_dir, point, device, seeds=seeds, flags=flags, env=env, repro=cfg.repro,
@@ -143,19 +149,27 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
             include_untracked=list(cfg.include_untracked),
         )  # fmt: skip
     record.update(**distributed_record(dist, device))
-    record.update(**reduction.record(microbatches_per_step(cfg.trainer)))
+    k = microbatches_per_step(settings.pipeline.batch_size, settings.step.microbatch_size)
+    record.update(**reduction.record(k))
     log.info(
         "experiment %s | repro=%s | seeds %s | device %s | world size %d",
         record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size,
     )  # fmt: skip
 
     # --- build: data, then model (from the `init` stream), optimizer, schedule, task -------
-    dataset, pipeline = build_data(cfg, seeds, device, dist)
+    dataset, pipeline = build_data(
+        cfg.dataset, cfg.model, settings.pipeline, seeds, device, dist,
+        channels_last=settings.model.channels_last,
+    )  # fmt: skip
     record.update(data_fingerprint=dataset.fingerprint())
     seed_globals(seeds.init)
-    runner = build_training(cfg, pipeline.steps_per_epoch, device, reduction, seeds.train)
+    runner = build_training(
+        cfg.model, cfg.optimizer, cfg.scheduler, cfg.task, cfg.loss, cfg.step,
+        settings.model, settings.step, total_steps=pipeline.steps_per_epoch * settings.loop.epochs,
+        device=device, reduction=reduction, train_seed=seeds.train,
+    )  # fmt: skip
     state = runner.state
-    record.update(components=components_record(cfg.trainer, runner, dataset))
+    record.update(components=components_record(settings.model, runner, dataset))
     state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.step, dist)
 
     # --- resume or start: seed the `train` stream (a resume then restores the state) -------
@@ -166,16 +180,17 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         record.update(initial_weights_sha256=state_sha256(state.model.state_dict()))
     meta = {"config": container, "config_sha256": record["config_sha256"]}
     meta |= {"seeds": seeds.as_dict(), "env": env}
-    saver = checkpoint.Saver(run_dir / rec.CHECKPOINTS, state, meta,
-                             cfg.trainer.keep_checkpoints, gather=reduction.checkpoint)  # fmt: skip
+    saver = checkpoint.Saver(
+        run_dir / rec.CHECKPOINTS, state, meta, settings.run.keep_checkpoints,
+        gather=reduction.checkpoint,
+    )  # fmt: skip
     out = RunOutputs(saver, record, stop, run_dir)
 
     # --- loop: epochs of counter-based batches; checkpoint on cadence and on signals -------
-    loop, guard = from_trainer(LoopSettings, cfg.trainer), from_trainer(GuardSettings, cfg.trainer)
-    alerts, feed = run_loop(runner, pipeline, out, dist, loop, guard, cfg.logger)
+    alerts, feed = run_loop(runner, pipeline, out, dist, settings.loop, settings.guard, cfg.logger)
 
     # --- record: test once at the end; the final state a later verify/reproduce compares ---
-    return finish(runner, pipeline, out, alerts, feed, loop)
+    return finish(runner, pipeline, out, alerts, feed, settings.loop)
 
 
 # ------------------------------------------------------------------ the steps train() calls
@@ -423,46 +438,62 @@ def distributed_record(dist: Dist, device: torch.device) -> dict:
             "ranks": dist.all_gather_objects(me)}  # fmt: skip
 
 
-def build_data(cfg: DictConfig, seeds: Seeds, device: torch.device, dist: Dist | None = None):
-    """The dataset ``_target_`` and the pipeline that serves it (device or DataLoader)."""
-    dataset = build_dataset(cfg.dataset)
+def build_data(
+    dataset_cfg: DictConfig,
+    model_cfg: DictConfig,
+    settings: PipelineSettings,
+    seeds: Seeds,
+    device: torch.device,
+    dist: Dist | None = None,
+    *,
+    channels_last: bool = False,
+):
+    """The dataset ``_target_`` and the pipeline that serves it (device or DataLoader);
+    ``model_cfg`` only for its ``num_classes``, checked against the dataset's."""
+    dataset = build_dataset(dataset_cfg)
     splits = dataset.splits()
-    declared = cfg.model.get("num_classes")
+    declared = model_cfg.get("num_classes")
     if declared is not None and declared != splits.num_classes:
         raise ReprotrainError(
             f"model.num_classes={declared} but the dataset has {splits.num_classes} classes; "
             f"set model.num_classes={splits.num_classes}"
         )
     pipeline = build_pipeline(
-        cfg.trainer.pipeline, splits, dataset, cfg.trainer.num_workers,
-        batch_size=cfg.trainer.batch_size, eval_batch_size=cfg.trainer.eval_batch_size,
-        device=device, seeds=seeds, channels_last=cfg.trainer.channels_last,
-        limit_train_steps=cfg.trainer.limit_train_steps,
-        limit_eval_batches=cfg.trainer.limit_eval_batches,
-        overfit_batches=cfg.trainer.overfit_batches,
+        settings.pipeline, splits, dataset, settings.num_workers,
+        batch_size=settings.batch_size, eval_batch_size=settings.eval_batch_size,
+        device=device, seeds=seeds, channels_last=channels_last,
+        limit_train_steps=settings.limit_train_steps,
+        limit_eval_batches=settings.limit_eval_batches,
+        overfit_batches=settings.overfit_batches,
         rank=dist.rank if dist else 0, world_size=dist.world_size if dist else 1,
     )  # fmt: skip
     return dataset, pipeline
 
 
 def build_training(
-    cfg: DictConfig,
-    steps_per_epoch: int,
+    model_cfg: DictConfig,
+    optimizer_cfg: DictConfig,
+    scheduler_cfg: DictConfig,
+    task_cfg: DictConfig,
+    loss_cfg: DictConfig | None,
+    step_cfg: DictConfig,
+    settings: ModelSettings,
+    step_settings: StepSettings,
+    *,
+    total_steps: int,
     device: torch.device,
     reduction: Reduction,
     train_seed: int,
 ) -> StepRunner:
     """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task, step) and
-    the runner that drives it: the reduction's forward module, the task, the user's step."""
-    settings = from_trainer(ModelSettings, cfg.trainer)
-    model = build_naming_key("model", cfg.model, lambda node: build("model", node)).to(device)
+    the runner that drives it: the reduction's forward module, the task, the user's step.
+    Built in this order under the ``init`` stream (the order is part of the bits)."""
+    model = build_naming_key("model", model_cfg, lambda node: build("model", node)).to(device)
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = build("optimizer", cfg.optimizer,
+    optimizer = build("optimizer", optimizer_cfg,
                       params=param_groups(model, settings.no_decay_norm_bias))  # fmt: skip
-    total_steps = steps_per_epoch * cfg.trainer.epochs
-    scheduler = build_scheduler(cfg.scheduler, optimizer, total_steps=total_steps)
-    step_settings = StepSettings.from_config(cfg.trainer)
+    scheduler = build_scheduler(scheduler_cfg, optimizer, total_steps=total_steps)
     scaler = torch.amp.GradScaler(
         device.type, init_scale=settings.amp_init_scale,
         enabled=(step_settings.amp, step_settings.amp_dtype) == (True, "fp16"),
@@ -470,8 +501,8 @@ def build_training(
     model, forward = reduction.prepare(model)
     if settings.compile:
         forward = torch.compile(forward, mode=settings.compile_mode)
-    task = build_task(cfg.task, cfg.loss)
-    user_step = build_step(cfg.step, model)
+    task = build_task(task_cfg, loss_cfg)
+    user_step = build_step(step_cfg, model)
     state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
                          rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
                          step=user_step)  # fmt: skip
@@ -499,7 +530,7 @@ def resume_from(
     log.info("resumed from %s at epoch %d step %d", point.path.name, state.epoch, state.step)
 
 
-def components_record(settings: DictConfig, runner: StepRunner, dataset) -> dict:
+def components_record(settings: ModelSettings, runner: StepRunner, dataset) -> dict:
     """The classes that actually ran, and the optimizer's parameter groups."""
     state = runner.state
     names = {k: qualname(getattr(state, k)) for k in ("model", "optimizer", "scheduler")}
@@ -518,7 +549,7 @@ def components_record(settings: DictConfig, runner: StepRunner, dataset) -> dict
         ],
         "compile": settings.compile and settings.compile_mode,
         "channels_last": settings.channels_last,
-        "microbatch_size": settings.microbatch_size,
+        "microbatch_size": runner.settings.microbatch_size,
     }
 
 

@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from reprotrain.bench.stats import compare, interleave
-from reprotrain.engine import LoopState
-from reprotrain.repro import checkpoint, rng
+from reprotrain.reduction import Local
+from reprotrain.repro import checkpoint
 from reprotrain.selfcheck.net import WIDE, TinyConvNet
+from reprotrain.state import TrainerState
 
 EPOCH_IMAGES = 50_000
 
@@ -36,11 +37,10 @@ class CheckpointSetup:
     repeats: int = 2
 
 
-def resume_state(model, opt, sched, scaler, device) -> dict:
-    """A real resume checkpoint: the trainer's Stateful parts (see train.build_training)."""
-    parts = {"model": model, "optimizer": opt, "scheduler": sched, "scaler": scaler}
-    parts |= {"loop": LoopState(device), "rng": rng.RNGState(device)}
-    return checkpoint.snapshot(parts, {"seeds": {}, "config": {}})
+def resume_state(state: TrainerState) -> dict:
+    """A real resume checkpoint: the trainer's state (what train.build_training builds),
+    gathered by the one-process reduction as the trainer's ``checkpoint.Saver`` does."""
+    return Local().checkpoint(checkpoint.snapshot(state, {"seeds": {}, "config": {}}))
 
 
 def measure_p5(setup: CheckpointSetup, log=print) -> dict:
@@ -49,6 +49,7 @@ def measure_p5(setup: CheckpointSetup, log=print) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
+    trainer_state = TrainerState(model, opt, sched, scaler, device)
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(setup.batch_size, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (setup.batch_size,), device=device)
@@ -79,11 +80,11 @@ def measure_p5(setup: CheckpointSetup, log=print) -> dict:
         def save_load_seconds() -> float:
             sync()
             t0 = time.perf_counter()
-            data = checkpoint.serialise(resume_state(model, opt, sched, scaler, device))
+            data = checkpoint.serialise(resume_state(trainer_state))
             checkpoint.save(path, data)
-            state = checkpoint.load(path, map_location=device)
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+            loaded = checkpoint.load(path, map_location=device)
+            model.load_state_dict(loaded["model"])
+            opt.load_state_dict(loaded["optimizer"])
             sync()
             return time.perf_counter() - t0
 

@@ -44,7 +44,6 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from reprotrain.batches import Batch, batch_size, narrow, take, to_device
-from reprotrain.config import check_divisible
 from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.distributed import shard_global_batch
@@ -82,7 +81,6 @@ class _Base:
         world_size: int = 1,
     ) -> None:
         self.n = len(splits.train)
-        check_divisible(batch_size, world_size)
         self.rank, self.world_size = rank, world_size
         self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
         self.overfit_batches = overfit_batches

@@ -6,8 +6,9 @@ that draws from a global generator continues from the same state as an uninterru
 Only the generator of the device this process trains on is saved, never every visible GPU:
 a checkpoint written with 8 GPUs visible must resume where 1 is visible (restoring all 8
 raised IndexError there), and a CPU run has no CUDA state at all (reading one would also
-initialise CUDA for nothing). Under DDP each rank saves its own device's generator, so the
-checkpoint entry holds one state per rank::
+initialise CUDA for nothing). Under DDP each rank captures its own device's generator
+(``state.RankRNG``, the trainer's part) and the reduction gathers them where the checkpoint
+is built (``state.every_rank_entries``), so the checkpoint entry holds one state per rank::
 
     {"format": 2, "world_size": N, "ranks": [state_rank0, state_rank1, ...]}
     state = {"python": {...}, "numpy": {...}, "torch_cpu": ByteTensor,
@@ -141,43 +142,3 @@ def for_rank(entry: dict[str, Any], rank: int = 0) -> dict[str, Any]:
         rank,
     )
     return ranks[0]
-
-
-def gather(state: dict[str, Any]) -> dict[str, Any]:
-    """The per-rank checkpoint entry: every rank's ``state``, in rank order.
-
-    A collective under DDP (every rank must call it, rank 0 writes the result); a single
-    process just wraps its own state.
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return {"format": FORMAT, "world_size": 1, "ranks": [state]}
-    ranks: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, state)
-    return {"format": FORMAT, "world_size": len(ranks), "ranks": ranks}
-
-
-class RNGState:
-    """The global RNGs of the training processes as a ``Stateful`` checkpoint entry.
-
-    ``state_dict()`` is collective under DDP (it gathers every rank's state);
-    ``load_state_dict()`` restores this rank's own state onto ``device``.
-    """
-
-    def __init__(self, device: torch.device, rank: int | None = None) -> None:
-        self.device = torch.device(device)
-        self.rank = rank
-
-    def _rank(self) -> int:
-        if self.rank is not None:
-            return self.rank
-        import torch.distributed as dist
-
-        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return gather(capture(self.device))
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        restore(state_dict, self.device, self._rank())

@@ -91,6 +91,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
 
     from reprotrain import train as trainer
     from reprotrain.components import build_task
+    from reprotrain.config import PipelineSettings, from_trainer
     from reprotrain.engine import evaluate
     from reprotrain.repro import determinism
     from reprotrain.repro import device as devices
@@ -115,7 +116,9 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory)
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
     seeds = Seeds(**state["seeds"])
-    _, pipeline = trainer.build_data(cfg, seeds, device)
+    data = from_trainer(PipelineSettings, cfg.trainer)
+    _, pipeline = trainer.build_data(cfg.dataset, cfg.model, data, seeds, device,
+                                     channels_last=cfg.trainer.channels_last)  # fmt: skip
     model = trainer.build("model", cfg.model).to(device)
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -73,3 +73,14 @@ def test_debug_fast_runs_at_most_ten_steps(tmp_path):
     assert_ok(train(tmp_path / "fast", "experiment=selfcheck", "debug=fast", micro=False))
     record = run_json(tmp_path / "fast")
     assert record["status"] == "completed" and record["final_metrics"]["global_step"] <= 10
+
+
+def test_eval_of_an_ema_run_uses_the_ema_weights_and_reproduces_its_final_test_metrics(tmp_path):
+    from reprotrain.tools.runs.eval import evaluate_run
+
+    run = tmp_path / "ema"
+    assert_ok(train(run, "trainer.epochs=1", "step=ema", "step.decay=0.9", "logger=none"))
+    final = run_json(run)["final_metrics"]
+    result = evaluate_run(run)
+    assert result["evaluated_with"] == "EMA weights"
+    assert result["metrics"] == {"test_loss": final["test_loss"], "test_acc": final["test_acc"]}

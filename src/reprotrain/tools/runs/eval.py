@@ -3,10 +3,12 @@
 Rebuilds the run's data pipeline and model from its recorded config, applies its recorded
 determinism level and thread count on its recorded device, loads the checkpoint
 (``weights_only=True``), and evaluates the test split exactly as the trainer's final
-evaluation does. The final checkpoint (``last``, the default) therefore reproduces
-``run.json["final_metrics"]``'s ``test_loss``/``test_acc`` bit for bit. Prints the metrics
-and writes ``eval.json`` into the run directory. ``ARGS`` are dotted overrides of the
-recorded config (e.g. ``trainer.eval_batch_size=256``; such a change may change the bits).
+evaluation does, with the weights the run's step evaluates with (an EMA step's shadow,
+restored from the checkpoint). The final checkpoint (``last``, the default) therefore
+reproduces ``run.json["final_metrics"]``'s ``test_loss``/``test_acc`` bit for bit. Prints
+the metrics and writes ``eval.json`` into the run directory. ``ARGS`` are dotted overrides
+of the recorded config (e.g. ``trainer.eval_batch_size=256``; such a change may change the
+bits).
 """
 
 from __future__ import annotations
@@ -86,6 +88,24 @@ def check_best(state: dict, path: Path, run_dir: Path, cfg) -> None:
         )
 
 
+def evaluation_weights(step_node, model, state: dict, path: Path):
+    """(a context with the weights the trainer evaluated with, their name): the run's step
+    ``evaluation_weights`` (EMA) restored from the checkpoint, else the model's own."""
+    import contextlib
+
+    from reprotrain.components import build_step
+
+    user_step = build_step(step_node, model) if step_node is not None else None
+    swap = getattr(user_step, "evaluation_weights", None)
+    if swap is None:
+        return contextlib.nullcontext(), "model weights"
+    if "step" not in state:
+        raise EvalError(f"{path} holds no state of the run's step ({step_node['_target_']}); "
+                        "give a checkpoint this run wrote")  # fmt: skip
+    user_step.load_state_dict(state["step"])
+    return swap(model), getattr(user_step, "evaluated_with", "the step's evaluation weights")
+
+
 def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None = None) -> dict:
     import torch
 
@@ -124,15 +144,18 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
         model = model.to(memory_format=torch.channels_last)
     load_weights(model, state, path)
     task = build_task(cfg.task, cfg.get("loss"))
-    metrics = evaluate(
-        task, model, pipeline.eval_batches("test"), prefix="test", device=device,
-        amp=(cfg.trainer.amp, cfg.trainer.amp_dtype), global_step=state["loop"]["global_step"],
-        train_seed=seeds.train,
-    )  # fmt: skip
+    weights, evaluated_with = evaluation_weights(cfg.get("step"), model, state, path)
+    with weights:
+        metrics = evaluate(
+            task, model, pipeline.eval_batches("test"), prefix="test", device=device,
+            amp=(cfg.trainer.amp, cfg.trainer.amp_dtype),
+            global_step=state["loop"]["global_step"], train_seed=seeds.train,
+        )  # fmt: skip
     result = {
         "checkpoint": str(path),
         "global_step": state["loop"]["global_step"],
         "metrics": metrics,
+        "evaluated_with": evaluated_with,
         "device": str(device),
         "evaluated_at": rec.now_iso(),
         "overrides": overrides or [],

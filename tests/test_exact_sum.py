@@ -364,3 +364,24 @@ def test_momentum_none_is_a_cumulative_average_over_the_micro_batches_as_in_plai
     assert int(model[1].num_batches_tracked) == int(plain[1].num_batches_tracked) == 6
     torch.testing.assert_close(model[1].running_mean, plain[1].running_mean)
     torch.testing.assert_close(model[1].running_var, plain[1].running_var)
+
+
+@pytest.mark.slow
+def test_under_torch_compile_each_micro_batch_still_records_its_own_statistics():
+    from reprotrain.invariant.batchnorm import MicroBatchNorm
+
+    eager = _batchnorm_net()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model)
+    on, off = MicroBatchNorm(model), MicroBatchNorm(eager)
+    g = torch.Generator().manual_seed(6)
+    for _ in range(3):  # new scratch buffers every micro-batch: no stale capture, no recompile
+        x = torch.randn(4, 3, 6, 6, generator=g) * 2
+        with on.micro_batch():
+            compiled(x)
+        with off.micro_batch():
+            eager(x)
+    assert int(model[1].num_batches_tracked) == 0
+    for mine, plain in zip(on.stats, off.stats, strict=True):
+        for a, b in zip(mine, plain, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

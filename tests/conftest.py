@@ -201,6 +201,11 @@ SLOW = {
     # Siblings: the portable pin (test_reference_job.py), make resume (test_resume.py).
     "test_reference_job.py::test_micro_smoke_bits_are_pinned_and_one_microbatch_keeps_them",
     "test_archive.py::test_make_resume_continues_a_run_whose_dir_needs_quoting",
+    # Siblings: make eval's exact final metrics (test_seeing.py), the trainer's own refusal
+    # of a used run dir (test_run_dir.py, test_write_once.py), test_help.py's --help.
+    "test_seeing.py::test_eval_of_an_ema_run_uses_the_ema_weights_and_reproduces_its_final_test_metrics",
+    "test_run_dir.py::test_a_fresh_run_into_a_used_run_dir_is_refused_and_the_old_run_is_intact",
+    "test_cli_main.py::test_train_help_is_the_trainers_own_through_the_console_script",
 }
 
 

@@ -206,6 +206,10 @@ SLOW = {
     "test_seeing.py::test_eval_of_an_ema_run_uses_the_ema_weights_and_reproduces_its_final_test_metrics",
     "test_run_dir.py::test_a_fresh_run_into_a_used_run_dir_is_refused_and_the_old_run_is_intact",
     "test_cli_main.py::test_train_help_is_the_trainers_own_through_the_console_script",
+    # Siblings: test_world_size_invariance.py's check_layout refusal (the check a resume
+    # runs), test_write_once.py's already-completed resume.
+    "test_world_size_invariance.py::test_resume_on_a_world_size_that_does_not_divide_k_is_refused",
+    "test_resume_edges.py::test_completed_run_says_already_completed_and_rewrites_nothing",
 }
 
 

@@ -70,6 +70,7 @@ def test_sigkill_then_resume_is_bitwise_equal(tmp_path, reference_run, spec):
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
     resumes = run_json(run_dir)["resumes"]
     assert len(resumes) == 1 and resumes[0]["bitwise_guarantee"] is True
+    assert resumes[0]["code_sha256"] == run_json(run_dir)["code_sha256"]  # compared: the same
     expected_step = {"step:5": 3, "after-save:8": 8, "in-save:12": 9}[spec]
     assert resumes[0]["global_step"] == expected_step
 

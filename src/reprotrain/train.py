@@ -388,6 +388,7 @@ def start_record(
         device_caveat=devices.bitwise_caveat(device),  # mps: kernels promise no determinism
         nondeterministic_ops=[],
         git=git,
+        code_sha256=gitinfo.code_sha256(REPO_ROOT),  # compared at every resume
         environment=env,
         lock_sha256=requirements_lock.lock_sha256(REPO_ROOT),
         env_drift=drift,
@@ -524,7 +525,8 @@ def resume_from(
     if point.forked:
         log.info("forked from %s", point.path)
         return
-    entry = resume_entry(point, env, device, container, unrestored)
+    code = (record.data.get("code_sha256"), gitinfo.code_sha256(REPO_ROOT))
+    entry = resume_entry(point, env, device, container, unrestored, code=code)
     record.update(resumes=[*record.data.get("resumes", []), entry])
     record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
     log.info("resumed from %s at epoch %d step %d", point.path.name, state.epoch, state.step)

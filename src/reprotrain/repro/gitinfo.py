@@ -196,6 +196,25 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
     return info, diff
 
 
+def code_sha256(repo: Path) -> str:
+    """One digest of the code a run imports: every file under the snapshot paths (tracked or
+    not, ``__pycache__`` and build metadata skipped), by relative path and content; a file
+    over ``HASH_LIMIT_BYTES`` by path and size. Needs no git, so it holds in a container too.
+    Compared at each resume: a resume under other code cannot promise the uninterrupted
+    run's bits, and its history line says so."""
+    repo = Path(repo)
+    digest = hashlib.sha256()
+    tops = sorted(p for p in repo.iterdir() if in_snapshot(p.name)) if repo.is_dir() else []
+    files = []
+    for top in tops:
+        walked = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
+        files += [p for p in walked if in_snapshot(p.relative_to(repo).as_posix())]
+    for path in sorted(files, key=lambda p: p.relative_to(repo).as_posix()):
+        content, size = _sha256(path)  # None over the size limit
+        digest.update(f"{path.relative_to(repo).as_posix()}\0{content or size}\n".encode())
+    return digest.hexdigest()
+
+
 def archivability_warning(info: dict) -> str | None:
     """The line the trainer logs at start when the run cannot be archived as it ran."""
     missing = info.get("not_archived") or []

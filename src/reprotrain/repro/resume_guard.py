@@ -214,9 +214,11 @@ def resume_entry(
     device: torch.device,
     current: dict,
     unrestored: list[str] | None = None,
+    code: tuple[str | None, str] | None = None,
 ) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee: an
-    environment that differs (``mismatch``) or state the checkpoint could not restore
+    environment or code that differs (``mismatch``; ``code`` is (the run's start
+    ``code_sha256``, this process's)) or state the checkpoint could not restore
     (``unrestored``, from the resume audit; ``audited: false`` for a checkpoint written
     before the audit existed)."""
     unrestored = list(unrestored or [])
@@ -227,6 +229,7 @@ def resume_entry(
         )
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
     mismatch = comparability.differences(point.state["env"], env, invariant)
+    mismatch += code_differences(*code) if code is not None else []
     if mismatch:
         msg = (
             f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality "
@@ -248,8 +251,21 @@ def resume_entry(
         "environment": {
             k: env[k] for k in ("python", "torch", "cuda", "cudnn", "device", "num_threads")
         },
+        "code_sha256": code[1] if code is not None else None,
         "bitwise_guarantee": not mismatch and not unrestored,
         "mismatch": mismatch,
         "unrestored": unrestored,
         "audited": "audit" in point.state,
     }
+
+
+def code_differences(at_start: str | None, now: str) -> list[str]:
+    """The code this resume runs against the code the run started with (``code_sha256`` of
+    the snapshot paths: src/, conf/, the locks...). A run started before the digest was
+    recorded cannot be compared, and its line says so instead of promising the bits."""
+    if at_start is None:
+        return ["code: the run's start recorded no code_sha256, so its code was not compared"]
+    if at_start != now:
+        return [f"code: the source (src/, conf/, pyproject.toml, Makefile, the locks) changed since "
+                f"the run started (code_sha256 {at_start[:12]} -> {now[:12]})"]  # fmt: skip
+    return []

@@ -99,6 +99,7 @@ FIELDS: dict[str, Form] = {
     "git.dirty": _nullable(BOOL),
     "git.fully_archivable": _nullable(BOOL),
     "git.not_archived": _nullable(STRINGS),
+    "code_sha256": _nullable(STRING),
     "data_fingerprint": _nullable(OBJECT),
     "data_fingerprint.sha256": _nullable(STRING),
     "lock_sha256": _nullable(STRING),

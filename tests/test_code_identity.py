@@ -1,0 +1,71 @@
+"""The code a run started with is recorded (``code_sha256``) and compared at every resume:
+a resume under other code keeps going but its history line does not promise the bits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_ok, base_env, run_json, train
+from reprotrain.repro.gitinfo import code_sha256
+from reprotrain.repro.resume_guard import code_differences
+
+
+def project(root: Path) -> Path:
+    (root / "src" / "pkg").mkdir(parents=True)
+    (root / "src" / "pkg" / "model.py").write_text("WIDTH = 8\n")
+    (root / "conf").mkdir()
+    (root / "conf" / "train.yaml").write_text("epochs: 2\n")
+    (root / "README.md").write_text("a readme\n")
+    return root
+
+
+def test_the_code_digest_follows_source_and_config_and_nothing_else(tmp_path):
+    root = project(tmp_path / "p")  # no git: the digest holds in a container too
+    start = code_sha256(root)
+    assert start == code_sha256(root)
+    (root / "README.md").write_text("edited\n")
+    (root / "outputs").mkdir()
+    (root / "outputs" / "run.json").write_text("{}\n")
+    (root / "src" / "pkg" / "__pycache__").mkdir()
+    (root / "src" / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert code_sha256(root) == start  # docs, outputs and bytecode are not code
+    (root / "src" / "pkg" / "model.py").write_text("WIDTH = 16\n")
+    edited = code_sha256(root)
+    assert edited != start
+    (root / "src" / "pkg" / "helper.py").write_text("X = 1\n")  # untracked code counts too
+    assert code_sha256(root) != edited
+    (root / "src" / "pkg" / "helper.py").unlink()
+    (root / "conf" / "train.yaml").write_text("epochs: 3\n")
+    assert code_sha256(root) not in (start, edited)
+
+
+def test_a_resume_names_changed_or_unrecorded_code_and_is_silent_when_it_is_the_same():
+    assert code_differences("a" * 64, "a" * 64) == []
+    (line,) = code_differences("a" * 64, "b" * 64)
+    assert line.startswith("code: the source") and "aaaaaaaaaaaa -> bbbbbbbbbbbb" in line
+    (line,) = code_differences(None, "b" * 64)
+    assert "not compared" in line
+
+
+@pytest.mark.slow
+def test_a_resume_under_changed_code_is_recorded_as_not_bitwise(tmp_path):
+    """The run's start digest is edited to stand for other code (the checkout cannot change
+    under a running test suite): the resume completes and its line says why it is not
+    bitwise; `make reproduce` then lists it as a reason the replay is not comparable."""
+    run = tmp_path / "run"
+    stopped = train(run, "trainer.checkpoint_every_steps=3", "trainer.stop_at_global_step=5")
+    assert stopped.returncode == 75, stopped.stderr[-2000:]
+    record = json.loads((run / "run.json").read_text())
+    record["code_sha256"] = "0" * 64
+    (run / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+    assert_ok(train(run, "trainer.checkpoint_every_steps=3", "resume=auto", env=base_env()))
+    (entry,) = run_json(run)["resumes"]
+    assert entry["bitwise_guarantee"] is False
+    assert any(m.startswith("code: the source") for m in entry["mismatch"])
+    from reprotrain.tools.reproduce.rerun import not_comparable_reasons
+
+    (reason,) = not_comparable_reasons(run_json(run))
+    assert "code: the source" in reason

@@ -266,6 +266,6 @@ def code_differences(at_start: str | None, now: str) -> list[str]:
     if at_start is None:
         return ["code: the run's start recorded no code_sha256, so its code was not compared"]
     if at_start != now:
-        return [f"code: the source (src/, conf/, pyproject.toml, Makefile, the locks) changed since "
-                f"the run started (code_sha256 {at_start[:12]} -> {now[:12]})"]  # fmt: skip
+        return [f"code: the source (src/, conf/, pyproject.toml, Makefile, the locks) changed "
+                f"since the run started (code_sha256 {at_start[:12]} -> {now[:12]})"]  # fmt: skip
     return []

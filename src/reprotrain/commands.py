@@ -330,13 +330,6 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def write_exit_file(path: Path, code: int) -> None:
-    """The exit code, one line, replaced atomically (a reader never sees half a number)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{code}\n")
-    os.replace(tmp, path)
-
-
 def _options(argv: list[str]) -> tuple[Path | None, bool, list[str]]:
     exit_file, exit_line = None, False
     while argv and argv[0].startswith("--exit-"):
@@ -387,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"reprotrain {command.name}: exit {code} ({command.meaning(code)})",
                   file=sys.stderr, flush=True)  # fmt: skip
     if exit_file is not None:
-        write_exit_file(exit_file, code)
+        from reprotrain.repro.record import atomic_write_text  # light: no torch
+
+        atomic_write_text(exit_file, f"{code}\n")  # a reader never sees half a number
     return code
 
 

@@ -43,8 +43,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
-from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_text
+from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_text, read_jsonl, strict_json
 
 STUDY_JSON = "study.json"
 #: Written by hydra-optuna-sweeper at the end of a study: best_params, best_value.
@@ -124,12 +123,6 @@ def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
     return max(values) if mode == "max" else min(values)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     overrides = yaml.safe_load((job / OVERRIDES).read_text()) if (job / OVERRIDES).is_file() else []
     searched = set(settings["search_space"])
@@ -144,7 +137,7 @@ def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, An
         "number": int(job.name) if job.name.isdigit() else None,
         "job": rel,
         "params": params,
-        "value": _best_of(_read_jsonl(job / METRICS), settings["metric"], settings["metric_mode"]),
+        "value": _best_of(read_jsonl(job / METRICS), settings["metric"], settings["metric_mode"]),
         "status": record.get("status", "missing"),
     }
 
@@ -181,8 +174,8 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
 
 def write_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     study = summarise_study(sweep_dir, settings)
-    clean, _ = to_strict_json(study)  # values are finite already: a non-finite run is no best
-    atomic_write_text(Path(sweep_dir) / STUDY_JSON, strict_dumps(clean, indent=2) + "\n")
+    # values are finite already: a non-finite run is no best
+    atomic_write_text(Path(sweep_dir) / STUDY_JSON, strict_json(study, None, indent=2) + "\n")
     return study
 
 

@@ -96,3 +96,13 @@ def completion_problem(record: dict[str, Any], fingerprint_rows: int | None) -> 
     if fingerprint_rows is not None and done != fingerprint_rows:
         return f"says completed with {done} epoch(s) but fingerprints.jsonl has {fingerprint_rows}"
     return None
+
+
+def read_overrides(run_dir: Path) -> list[str] | None:
+    """The run's Hydra overrides (``.hydra/overrides.yaml``) as text; None when the run has
+    none recorded (a run gathered by hand)."""
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    data = yaml.safe_load(path.read_text())
+    return [str(o) for o in data] if isinstance(data, list) else []

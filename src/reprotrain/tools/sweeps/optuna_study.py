@@ -44,11 +44,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_text, read_jsonl, strict_json
+from reprotrain.tools.runs.readers import read_overrides
 
 STUDY_JSON = "study.json"
 #: Written by hydra-optuna-sweeper at the end of a study: best_params, best_value.
 OPTUNA_RESULTS = "optimization_results.yaml"
-OVERRIDES = Path(".hydra") / "overrides.yaml"
 OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 
 
@@ -124,10 +124,10 @@ def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
 
 
 def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    overrides = yaml.safe_load((job / OVERRIDES).read_text()) if (job / OVERRIDES).is_file() else []
+    overrides = read_overrides(job) or []
     searched = set(settings["search_space"])
     params: dict[str, Any] = {}
-    for line in overrides or []:
+    for line in overrides:
         key, _, value = str(line).partition("=")
         if key.lstrip("+~") in searched:
             params[key.lstrip("+~")] = yaml.safe_load(value) if value else value

@@ -48,6 +48,7 @@ from reprotrain.repro.record import (
     atomic_write_text,
     read_jsonl,
 )
+from reprotrain.tools.runs.readers import read_overrides
 from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 
@@ -150,16 +151,6 @@ def _load_json(path: Path) -> Any:
         raise ValueError(f"{path}: {e}") from None
 
 
-def _load_overrides(run_dir: Path) -> list[str] | None:
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
-    import yaml
-
-    data = yaml.safe_load(path.read_text())
-    return [str(o) for o in data] if isinstance(data, list) else []
-
-
 def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
     """Every run under the sweep dir, plus a note per run.json that could not be read."""
     jobs, problems = [], []
@@ -169,7 +160,7 @@ def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
             record = _load_json(path)
             if not isinstance(record, dict):
                 raise ValueError(f"{path}: not a JSON object")
-            overrides = _load_overrides(run_dir)
+            overrides = read_overrides(run_dir)
         except Exception as e:  # one broken job must not hide the others
             problems.append(str(e).splitlines()[0])
             continue

@@ -131,6 +131,8 @@ def compose_all(argv: list[str]) -> list | bool:
                 cfg = compose(config_name=config_name, overrides=overrides)
                 check_schema_keys(cfg)
                 validate(cfg)
+                if cfg.repro.level == "portable":  # before any user code imports torch: a
+                    hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
                 components.check(cfg)
                 check_loss(cfg)
                 check_data_settings(cfg)

@@ -24,7 +24,6 @@ import platform
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -117,13 +116,7 @@ def _indexed(device: torch.device) -> torch.device:
 
 
 def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
+    return cpu_identity.cpu_fields()["model_name"] or platform.processor() or None
 
 
 def device_slug(device: torch.device) -> str:

@@ -40,7 +40,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench gpu-check drill new-project update-template report eval clean bisect compare \
+        bench gpu-check portable-probe drill new-project update-template report eval clean bisect compare \
         docs docs-serve docs-check selfcheck
 
 help: ## list targets
@@ -160,6 +160,13 @@ bench: ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" |
 	$(call in_template,scripts/bench.py)
 	@$(MAKE) --no-print-directory install
 	$(RT) bench $(ARGS)
+
+# repro=portable's claim on CPUs nobody here has: the probe natively and under qemu-user
+# (Debian: apt-get install qemu-user) as each of CPUS; a CPU without AVX2 must be refused.
+CPUS ?= Haswell-v4,EPYC-Rome-v2
+portable-probe: $(STAMP) ## repro=portable's bits natively and on emulated CPUs (qemu-user) vs the pin [CPUS=Haswell-v4,EPYC-Rome-v2]
+	$(call in_template,scripts/portable_probe.py)
+	$(PY) scripts/portable_probe.py --cpus $(call q,CPUS) $(ARGS)
 
 drill: ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
 	$(call in_template,scripts/kill_resume_trials.py)

@@ -4,7 +4,7 @@ Why: a test that needs "another" CPU, capability, thread count, core count, mach
 Python version must derive it from the host. A constant passes on the machine it was
 written on and fails on the first machine where the constant *is* the host's value: it
 happened three times (issue 20: "AVX2" as the other capability on an AVX2 host; issue 35:
-a Xeon Platinum 8480+ with AMX as the other CPU, on a Xeon with AMX). Every test marked
+a named Xeon with AMX as the other CPU, on a Xeon with AMX). Every test marked
 ``host_facts`` (a module opts in with ``pytestmark = pytest.mark.host_facts``) runs once on
 the real host and once as each identity in ``tests/hosts/*.json``: real CPUs captured by
 ``scripts/capture_host.py`` (natively, or under ``qemu-x86_64 -cpu ...``), or written from

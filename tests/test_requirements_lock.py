@@ -278,18 +278,20 @@ def test_compare_env_ok_with_normalised_names() -> None:
     assert lf.compare_env(locked, installed, project="reprotrain")["status"] == "ok"
 
 
-def test_the_project_is_pyprojects_name_and_counts_only_installed_editable_from_here(tmp_path):
+def test_the_project_is_pyprojects_name_and_is_not_drift_only_when_installed_editable(tmp_path):
     """A project made from the template (``make new-project NAME=lab``) is ``lab``: its own
-    package, installed editable from its checkout, is not drift; from anywhere else it is."""
+    package installed editable is not drift (its code is the checkout's, covered by the
+    code digest); a copy in site-packages is."""
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "Lab_Tools"\nversion = "0.1"\n')
     assert lf.project_name(tmp_path) == "lab-tools"
     assert lf.project_name(tmp_path / "nowhere") is None
     installed = {"lab-tools": "0.1", "torch": "2.14.1"}
     assert lf.compare_env({"torch": {"2.14.1"}}, installed, "lab-tools")["status"] == "ok"
     assert lf.compare_env({"torch": {"2.14.1"}}, installed)["extra"] == ["lab-tools"]
-    assert lf.project_name(REPO) == "reprotrain" and lf.editable_from("reprotrain", REPO)
-    assert not lf.editable_from("reprotrain", tmp_path)  # another checkout's editable install
-    assert not lf.editable_from("torch", REPO)  # installed from a wheel
+    assert lf.project_name(REPO) == "reprotrain"
+    assert Path(lf.editable_source("reprotrain")).resolve() == REPO.resolve()
+    assert lf.editable_source("torch") is None  # installed from a wheel
+    assert lf.env_drift(REPO)["project"]["name"] == "reprotrain"
 
 
 def _write_lock_of(path: Path, versions: dict[str, str]) -> None:

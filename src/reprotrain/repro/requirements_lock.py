@@ -473,22 +473,22 @@ def project_name(repo_root: Path) -> str | None:
     return normalize_name(name) if isinstance(name, str) and name else None
 
 
-def editable_from(name: str, repo_root: Path) -> bool:
-    """True when distribution ``name`` is installed editable from ``repo_root`` (PEP 610
-    ``direct_url.json``: what ``make install``'s ``pip install -e .`` records)."""
+def editable_source(name: str) -> str | None:
+    """Where distribution ``name`` is installed editable from (PEP 610 ``direct_url.json``:
+    what ``make install``'s ``pip install -e .`` records), or None: not installed, or not
+    editable (a copy in site-packages)."""
     import json
     from importlib import metadata
     from urllib.parse import unquote, urlparse
 
     try:
-        text = metadata.distribution(name).read_text("direct_url.json")
-        info = json.loads(text or "{}")
+        info = json.loads(metadata.distribution(name).read_text("direct_url.json") or "{}")
     except (metadata.PackageNotFoundError, ValueError):
-        return False
+        return None
     url = urlparse(info.get("url") or "")
     if url.scheme != "file" or not (info.get("dir_info") or {}).get("editable"):
-        return False
-    return Path(unquote(url.path)).resolve() == Path(repo_root).resolve()
+        return None
+    return unquote(url.path)
 
 
 def compare_env(
@@ -545,9 +545,10 @@ def env_drift(repo_root: Path) -> dict:
     extra installed from its lock (``make install EXTRAS=mlflow``) is locked, not drift; one
     installed by hand at other versions, or only in part, is drift.
     The project's own package (``pyproject.toml``'s name) is not drift when it is installed
-    editable from this checkout; installed any other way it is an extra.
-    Returns ``{"status": "ok"|"drift"|"no-lock", "missing", "extra", "different", "locks",
-    "project": {"name", "editable_here"}}``.
+    editable: its code is what the run imports from the checkout (a reproduce imports the
+    archive's copy), covered by the code digest, not by the lock. Installed as a copy in
+    site-packages it is an extra. Returns ``{"status": "ok"|"drift"|"no-lock", "missing",
+    "extra", "different", "locks", "project": {"name", "editable_from"}}``.
     """
     locked, used = locked_versions(Path(repo_root))
     if not used:
@@ -557,10 +558,10 @@ def env_drift(repo_root: Path) -> dict:
     for name, versions in extras_versions(Path(repo_root), extras).items():
         locked.setdefault(name, set()).update(versions)
     project = project_name(repo_root)
-    editable = project is not None and editable_from(project, repo_root)
-    result = compare_env(locked, installed, project if editable else None)
+    source = editable_source(project) if project else None
+    result = compare_env(locked, installed, project if source else None)
     result["locks"] = used + [extra_pair(e)[0] for e in extras]
-    result["project"] = {"name": project, "editable_here": editable}
+    result["project"] = {"name": project, "editable_from": source}
     return result
 
 

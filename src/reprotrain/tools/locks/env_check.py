@@ -2,9 +2,8 @@
 
 Run it with the venv's python (``make env-check``). Prints one ``error: ...`` line per
 drifting package (missing, extra, different version) and exits 1, or ``ok: ...`` and exits 0.
-The project itself (``pyproject.toml``'s name, installed editable from this checkout) is
-never drift; pip, setuptools and wheel
-are locked (``--allow-unsafe``) and compared like everything else.
+The project itself (``pyproject.toml``'s name, installed editable) is never drift; pip,
+setuptools and wheel are locked (``--allow-unsafe``) and compared like everything else.
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: missing: {name} is locked but not installed")
     project = drift["project"]["name"]
     for name in drift["extra"]:
-        if name == project:  # the project itself, but not the editable install of this checkout
-            print(f"error: project: {name} is installed, but not editable from {root}")
+        if name == project:  # the project itself, installed as a copy, not editable
+            print(f"error: project: {name} is installed as a copy, not editable (make install)")
             continue
         print(f"error: extra: {name} {installed.get(name, '?')} is installed but not locked")
     for d in drift["different"]:

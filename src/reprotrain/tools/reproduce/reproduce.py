@@ -202,6 +202,7 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     env = environment.capture(device)
     env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
+    env["bits_env"] = environment.bits_env(rerun_vars)
     recorded_env = record.get("environment") or {}
     if comparability.cpu_dispatch(recorded_env) == "portable":
         # repro=portable sets the CPU dispatch again at the re-run's start, which this process

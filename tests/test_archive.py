@@ -394,7 +394,7 @@ def test_environment_difference_is_not_comparable(archived, tmp_path):
     assert "tolerance 0.02" in proc.stdout
 
 
-@pytest.mark.slow  # the rule's unit: test_comparability.py::test_a_variable_of_the_kernel_families...
+@pytest.mark.slow  # its unit: test_comparability.py (the kernel families)
 def test_a_kernel_variable_set_for_the_replay_is_not_comparable_and_named(archived, tmp_path):
     """ONEDNN_DEFAULT_FPMATH_MODE=BF16 changes a conv run's bits; it was recorded nowhere, so
     a replay under it said "env matches" and then DIVERGED (issue 34). The families

@@ -122,6 +122,14 @@ def test_tensorboard_has_hparams_config_text_and_test_metrics_as_scalars(logged_
     assert start.hparams["repro.level"].string_value == "strict"
     end = metadata.parse_session_end_info_plugin_data(hp[metadata.SESSION_END_INFO_TAG])
     assert end.status == api_pb2.STATUS_SUCCESS
+    # The HParams table's columns: the final metrics, not every scalar tag (step/*, epoch/*)
+    exp = metadata.parse_experiment_plugin_data(hp[metadata.EXPERIMENT_TAG])
+    columns = {m.name.tag for m in exp.metric_infos}
+    assert columns == {f"final/{k}" for k, v in final.items() if v is not None}
+    assert not {t for t in acc.Tags()["scalars"] if not t.startswith("final/")} & columns
+    infos = {h.name: h.type for h in exp.hparam_infos}
+    assert infos["trainer.batch_size"] == api_pb2.DATA_TYPE_FLOAT64
+    assert infos["repro.level"] == api_pb2.DATA_TYPE_STRING and set(infos) == set(start.hparams)
     texts = acc.Tensors("config/text_summary")
     assert b"batch_size: 64" in texts[0].tensor_proto.string_val[0]
 

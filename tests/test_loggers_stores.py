@@ -271,3 +271,56 @@ def test_a_hydra_multirun_logs_a_parent_and_one_child_per_job(tmp_path: Path) ->
     assert all(r.info.status == "FINISHED" for r in kids)
     assert client.get_run(parent).info.status == "FINISHED"
     assert "summary.md" in {a.path for a in client.list_artifacts(parent)}
+
+
+def test_wandb_gets_the_same_artifacts_as_mlflow_and_a_name_of_its_own(logged_run) -> None:
+    """config.resolved.yaml, run.json, metrics.jsonl, report.md and curves.png: in the
+    offline run's files and in one run-record artifact (W&B sends both on `wandb sync`);
+    the run's name is its path, not the experiment id two runs of one config share."""
+    from reprotrain.loggers.mlflow_sink import RUN_ARTIFACTS
+
+    run_dir, _ = logged_run
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    saved = {p.name for p in (offline / "files" / "record").iterdir()}
+    assert saved == set(RUN_ARTIFACTS)
+    log = (run_dir / "train.log").read_text()
+    assert "logger wandb failed" not in log and "no report artifact" not in log
+    records = wandb_records(next(offline.glob("*.wandb")))
+    (artifact,) = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
+    assert artifact.type == "run-record"
+    assert {m.path for m in artifact.manifest.contents} == set(RUN_ARTIFACTS)
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert run.display_name.endswith(run_dir.name)
+    assert run.display_name != run_json(run_dir)["experiment_id"]
+
+
+def wandb_records(path: Path) -> list:
+    """Every record of a W&B offline transaction log (what `wandb sync` uploads): a 7-byte
+    header, then LevelDB-style 32 KiB blocks of chunks (crc32, length, kind: full, first,
+    middle, last), each record a ``wandb_internal_pb2.Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos = path.read_bytes(), 32768, 7
+    assert data[:4] == b":W&B"
+    chunks, pending = [], b""
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == kind == 0:  # padding to the block's end
+            pos += room
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            chunks.append(pending)
+    records = []
+    for chunk in chunks:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(chunk)
+        records.append(record)
+    return records

@@ -324,3 +324,15 @@ def wandb_records(path: Path) -> list:
         record.ParseFromString(chunk)
         records.append(record)
     return records
+
+
+def test_mlflow_search_runs_gives_a_dataframe_with_the_locked_extra(logged_run) -> None:
+    """The call MLflow's users reach for first: it needs pandas, which mlflow-skinny does not
+    bring (ModuleNotFoundError before pandas joined requirements-mlflow.lock)."""
+    run_dir, uri = logged_run
+    mlflow.set_tracking_uri(uri)
+    exps = [e.experiment_id for e in MlflowClient(uri).search_experiments()]
+    frame = mlflow.search_runs(experiment_ids=exps)
+    assert len(frame) == 1
+    final = run_json(run_dir)["final_metrics"]
+    assert frame["metrics.final/test_acc"].iloc[0] == pytest.approx(final["test_acc"])

@@ -41,7 +41,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
         bench gpu-check portable-probe drill new-project update-template report eval clean bisect compare \
-        docs docs-serve docs-check selfcheck
+        docs docs-serve docs-check docs-images selfcheck
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -105,6 +105,10 @@ docs: $(STAMP) ## build the docs site into build/site/ (mkdocs build --strict: a
 
 docs-serve: $(STAMP) ## serve the docs site with live reload: make docs-serve [DOCS_ADDR=127.0.0.1:8000]
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr $(call q,DOCS_ADDR)
+
+docs-images: $(STAMP) ## redraw docs/img/*.png with the current plot code from the records in docs/img/src/
+	$(call in_template,scripts/docs_images.py)
+	$(PY) scripts/docs_images.py
 
 docs-check: docs ## the built site in a headless browser: every image loads, every link resolves (CI)
 	$(PY) scripts/docs_browser_check.py build/site

@@ -136,6 +136,15 @@ def test_every_page_is_linked_from_the_home_page_and_the_readme_links_the_logger
     assert "(docs/loggers.md)" in (REPO / "README.md").read_text()
 
 
+def test_the_docs_images_are_what_the_plot_code_draws_now() -> None:
+    """docs/img/*.png are drawn by `make docs-images` from records in docs/img/src/; an image
+    left from older plot code (titles and labels plots.py no longer draws) fails here."""
+    proc = subprocess.run([sys.executable, "scripts/docs_images.py", "--check"], cwd=REPO,
+                          env=base_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert proc.stdout.startswith("ok: every docs image")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site built once with ``mkdocs build --strict`` (what ``make docs`` runs)."""

@@ -353,9 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if exit_file is not None and not exit_file.parent.is_dir():
-        print(f"error: --exit-file {exit_file}: no such directory", file=sys.stderr)
-        return EXIT_USAGE
+    if exit_file is not None:
+        from reprotrain.tools import exit_file as exit_files
+
+        try:  # before the job runs: a device, FIFO or directory is never replaced
+            exit_file = exit_files.checked(exit_file)
+        except exit_files.ExitFileError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     if argv[:1] in (["-sc"], ["--shell-completion"]):
         return shell_completion(argv[1:])
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -380,9 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"reprotrain {command.name}: exit {code} ({command.meaning(code)})",
                   file=sys.stderr, flush=True)  # fmt: skip
     if exit_file is not None:
-        from reprotrain.repro.record import atomic_write_text  # light: no torch
-
-        atomic_write_text(exit_file, f"{code}\n")  # a reader never sees half a number
+        exit_files.write(exit_file, code)  # a failed write is one line; the code survives
     return code
 
 

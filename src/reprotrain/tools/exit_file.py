@@ -79,7 +79,9 @@ def checked(path: Path) -> Path:
         _probe(parent)
     except OSError as e:
         why = e.strerror or type(e).__name__
-        raise ExitFileError(f"--exit-file {path}: cannot write in {parent} ({why}); {hint}") from None
+        raise ExitFileError(
+            f"--exit-file {path}: cannot write in {parent} ({why}); {hint}"
+        ) from None
     return path
 
 

@@ -45,6 +45,7 @@ from reprotrain.tools.reproduce import rerun, trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
 from reprotrain.tools.runs.readers import parse_json_object, parse_record, parse_yaml_config
 from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
@@ -93,14 +94,14 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
 
 def replay(args, archive: Path, plan: ReplayPlan, verdict_trust: trust.Verdict) -> int:
     """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
-    print(f"trust    {verdict_trust.line()}")
+    say(f"trust    {verdict_trust.line()}")
     # After the trust verdict: fingerprinting the data builds each dataset config (code).
     problems = [rerun.check_archived_data(j.view.config, j.record, args.allow_data_drift)
                 for j in plan.jobs]  # fmt: skip
     problems = [p for p in problems if p]
-    print(f"sweep    {len(plan.jobs)} archived run(s)")
+    say(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:
-        print(f"data     DIFFERS: {problems[0]}")
+        say(f"data     DIFFERS: {problems[0]}")
     # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
     rerun.PHASES("re-run")
     with rerun.extraction_dir(args, "reprotrain-reproduce-") as extract, rerun.FORWARD:
@@ -121,7 +122,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
             where = rerun.imported_from(source, env)
             if not where.is_relative_to(source.resolve()):
                 raise ReproduceRefused(f"the re-run would import reprotrain from {where}")
-            print(f"re-run   from the archived source ({source}), into {new_sweep}")
+            say(f"re-run   from the archived source ({source}), into {new_sweep}")
         run_dir = new_sweep / job.name
         with open(logs / f"job-{i}.log", "w") as log:
             failed = rerun.run_legs(job, None, top / "rerun-config", run_dir, source, env,
@@ -134,11 +135,13 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
         reasons += [f"environment differs: {b}" for b in blocking]
         reasons += rerun.not_comparable_reasons(job.record)
         done = f"{i + 1}/{len(plan.jobs)} runs"
-        print(f"  {job.name}: seeds base={job.record['seeds']['base']} -> done ({done})")
+        say(
+            f"  {shown(job.name)}: seeds base={shown(job.record['seeds']['base'])} -> done ({done})"
+        )
     reasons = list(dict.fromkeys(reasons))
     statistical = args.mode == "statistical" or (args.mode == "auto" and bool(reasons))
     for r in reasons:
-        print(f"env      {r}")
+        say(f"env      {r}")
     report: dict[str, Any] = {
         "created_at": now_iso(),
         "archive": str(archive),
@@ -154,8 +157,8 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
     verdict += f" [trust {verdict_trust.rule}]"
     report |= {"verdict": verdict, "exit_code": code}
     atomic_write_text(new_sweep / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(f"report   {new_sweep / REPORT}")
-    print(verdict)
+    say(f"report   {new_sweep / REPORT}")
+    say(verdict)
     return code
 
 
@@ -169,7 +172,7 @@ def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
     if not diverged:
         return 0, f"REPRODUCED (bitwise): all {len(jobs)} runs match the archived ones"
     rel, verdict = diverged[0]
-    print(f"  first divergent op: {bisect_command(top / SWEEP / rel, new_sweep / rel)}")
+    say(f"  first divergent op: {bisect_command(top / SWEEP / rel, new_sweep / rel)}")
     return 1, f"DIVERGED: {len(diverged)}/{len(jobs)} run(s); {rel}: {verdict}"
 
 
@@ -188,7 +191,7 @@ def _statistical(args, top: Path, new_sweep: Path, jobs, report) -> tuple[int, s
             group.seeds.append(json.dumps(record.get("seeds"), sort_keys=True))
     verdict, lines, comparison = compare_sweeps.compare(reference, candidate, args.margin)
     for line in lines:
-        print(line)
+        say(line)
     report["statistical"] = comparison
     return compare_sweeps.EXIT[verdict], compare_sweeps.verdict_line(verdict)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -158,10 +159,44 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
         )
         and "hydra/sweeper=basic" not in args
     )
+    if seeds is not None:
+        if own_seed:
+            raise ValueError(
+                "--seeds and a seed.base= override both give the seeds; keep one "
+                "(--seeds 0,1,2, or seed.base=0,1,2)"
+            )
+        if search:
+            raise ValueError(
+                f"--seeds {seeds} with a search (hydra/sweeper=optuna, +hparams_search=...): "
+                "the search would take seed.base for a searched parameter; drop --seeds (a "
+                "study's seed is seed.base=N, which also seeds its sampler)"
+            )
+        check_seed_list(seeds, "--seeds")
+    for arg in args:
+        if arg.lstrip("+~").partition("=")[0] == "seed.base":
+            check_seed_list(arg.partition("=")[2], "seed.base")
     if seeds is None and not own_seed and not search:
         seeds = DEFAULT_SEEDS
     multirun = [] if "--multirun" in args or "-m" in args else ["--multirun"]
     return nproc, [*multirun, *([f"seed.base={seeds}"] if seeds else []), *args]
+
+
+def check_seed_list(text: str, name: str) -> None:
+    """A seed list: not empty, and no seed twice (``1,1`` would be one seed counted twice:
+    n=2 with no spread). Hydra's own sweep forms (``range(0,5)``) pass as they are."""
+    values = [v.strip() for v in text.split(",")]
+    if not all(values):
+        raise ValueError(
+            f"{name}={text!r} has an empty seed; give the seeds as a list, e.g. "
+            f"{name}=0,1,2 (make sweep SEEDS=0,1,2)"
+        )
+    numbers = [int(v) if re.fullmatch(r"[+-]?[0-9]+", v) else v for v in values]
+    twice = sorted({str(v) for v in numbers if numbers.count(v) > 1})
+    if twice:
+        raise ValueError(
+            f"{name}={text}: seed {twice[0]} is given twice; give each seed once (a repeated "
+            "seed is the same run again, not another sample)"
+        )
 
 
 def sweep(argv: list[str]) -> int:
@@ -172,7 +207,11 @@ def sweep(argv: list[str]) -> int:
             + (sweep_args.__doc__ or "")
         )
         return 0
-    nproc, args = sweep_args(argv)
+    try:
+        nproc, args = sweep_args(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     return run_trainer(args, nproc)
 
 

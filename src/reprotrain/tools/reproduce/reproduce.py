@@ -279,6 +279,7 @@ def _reproduce(args) -> int:
         if args.epochs is not None:
             raise Refusal("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
+        study = reproduce_sweep.archived_study(checked)  # malformed: refused before any run
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
@@ -292,7 +293,7 @@ def _reproduce(args) -> int:
     PHASES("decide trust")
     verdict_trust = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
     if sweep:
-        return reproduce_sweep.replay(args, archive, plan, verdict_trust)
+        return reproduce_sweep.replay(args, archive, plan, verdict_trust, study)
     return _replay(args, archive, plan, epochs, verdict_trust)
 
 

@@ -123,6 +123,21 @@ def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
     return max(values) if mode == "max" else min(values)
 
 
+def trial_value(job: Path, metric: str, mode: str) -> float | None:
+    """A trial's value: the best finite ``metric`` in its run's metrics.jsonl (what the
+    trainer returned to Optuna), None when it has none."""
+    return _best_of(read_jsonl(Path(job) / METRICS), metric, mode)
+
+
+def best_trial(trials: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
+    """The first completed trial to reach the best value, or None."""
+    done = [t for t in trials if t["status"] == "completed" and t["value"] is not None]
+    if not done:
+        return None
+    best_value = (max if mode == "max" else min)(t["value"] for t in done)
+    return next(t for t in done if t["value"] == best_value)
+
+
 def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     overrides = read_overrides(job) or []
     searched = set(settings["search_space"])
@@ -137,7 +152,7 @@ def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, An
         "number": int(job.name) if job.name.isdigit() else None,
         "job": rel,
         "params": params,
-        "value": _best_of(read_jsonl(job / METRICS), settings["metric"], settings["metric_mode"]),
+        "value": trial_value(job, settings["metric"], settings["metric_mode"]),
         "status": record.get("status", "missing"),
     }
 
@@ -150,12 +165,7 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
         key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
     )
     trials = [_trial(job, sweep_dir, settings) for job in jobs]
-    done = [t for t in trials if t["status"] == "completed" and t["value"] is not None]
-    best = None
-    if done:
-        pick = max if settings["metric_mode"] == "max" else min
-        best_value = pick(t["value"] for t in done)
-        best = next(t for t in done if t["value"] == best_value)  # the first to reach it
+    best = best_trial(trials, settings["metric_mode"])
     ok, why = repeatable(settings)
     study = {
         **settings,

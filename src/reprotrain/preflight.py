@@ -36,6 +36,7 @@ from reprotrain.config import PROJECT_GROUPS, register_configs, validate
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import hashseed
+from reprotrain.sweep_checks import check_sweep, check_sweep_overrides, sweep_values
 
 _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
 
@@ -90,15 +91,13 @@ def expand(overrides: list[str]) -> list[list[str]]:
     """One override list per sweep value (others at their first value), or just the input."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     base = [
-        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
-        if o.is_sweep_override()
-        else o.input_line
+        f"{o.get_key_element()}={sweep_values(o)[0]}" if o.is_sweep_override() else o.input_line
         for o in parsed
     ]
     variants = [base]
     for i, o in enumerate(parsed):
         if o.is_sweep_override():
-            for value in list(o.sweep_string_iterator())[1:]:
+            for value in sweep_values(o)[1:]:
                 variant = list(base)
                 variant[i] = f"{o.get_key_element()}={value}"
                 variants.append(variant)
@@ -127,7 +126,14 @@ def compose_all(argv: list[str]) -> list | bool:
         if not args.multirun:
             refuse_sweep_without_multirun(args.overrides)
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            for overrides in expand(args.overrides):
+            if args.multirun:
+                check_sweep_overrides(args.overrides)
+            variants = expand(args.overrides)
+            if args.multirun:  # the sweeper and its search space, before anything is written
+                first = compose(config_name=config_name, overrides=variants[0],
+                                return_hydra_config=True)  # fmt: skip
+                check_sweep(first, args.overrides)
+            for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
                 check_schema_keys(cfg)
                 validate(cfg)

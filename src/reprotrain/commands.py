@@ -239,6 +239,7 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
 
 # ------------------------------------------------------------------------- shell completion
 
+SHELLS = ("bash", "zsh")  # what Hydra's completion plugins exist for
 TRAINER_APP = "reprotrain-train"  # what Hydra's completion query sees in place of "<us> train"
 
 
@@ -262,6 +263,11 @@ def shell_completion(argv: list[str]) -> int:
     import re
 
     action = argv[0] if argv else ""
+    shell = action.partition("=")[2]
+    if action.startswith(("install=", "uninstall=", "query=")) and shell not in SHELLS:
+        print(f"error: -sc {action}: completion exists for {' and '.join(SHELLS)} only; "
+              f"-sc {action.partition('=')[0]}=bash or =zsh", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     if action.startswith(("install=", "uninstall=")):
         proc = _trainer_completion(action, dict(os.environ))
         if proc.returncode:

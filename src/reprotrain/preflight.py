@@ -136,6 +136,7 @@ def compose_all(argv: list[str]) -> list | bool:
             for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
                 check_schema_keys(cfg)
+                check_text_lists(cfg)
                 validate(cfg)
                 components.check(cfg)
                 check_loss(cfg)
@@ -322,6 +323,28 @@ def check_schema_keys(cfg) -> None:
             raise ReprotrainError(
                 f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
             )
+
+
+#: Top-level keys typed ``list[str]`` in the schema, whose items an override can still
+#: make mappings or lists (``tags=[a,{b:c},[d]]``): each item must be one text label.
+TEXT_LISTS = ("tags", "include_untracked")
+
+
+def check_text_lists(cfg) -> None:
+    """``tags`` / ``include_untracked`` hold text, one label or path per item."""
+    for key in TEXT_LISTS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, ListConfig):
+            raise ReprotrainError(f"{key} must be a list of text, e.g. {key}=[a,b]")
+        for item in value:
+            if isinstance(item, DictConfig | ListConfig):
+                shown = str(OmegaConf.to_container(item))[:60]
+                raise ReprotrainError(
+                    f"{key}: the item {shown} is not text; each item is one label (quote one "
+                    f"that holds a colon or brackets: {key}=[a,'b:c'])"
+                )
 
 
 def check_monitor(cfg) -> None:

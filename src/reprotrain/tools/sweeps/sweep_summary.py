@@ -483,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.sweep_dir.is_dir():
             raise ReprotrainError(f"{args.sweep_dir} is not a directory; give a sweep directory")
+        if (args.sweep_dir / RUN_JSON).exists():  # nothing of a sweep's is written into a run
+            raise ReprotrainError(
+                f"{args.sweep_dir} is a run directory, not a sweep; give the sweep directory "
+                "(multirun/...), or make report RUN=<run> for one run"
+            )
         if not any(args.sweep_dir.rglob(RUN_JSON)):
             raise ReprotrainError(f"no {RUN_JSON} under {args.sweep_dir}; is this a sweep dir?")
         summary = write_summary(args.sweep_dir)

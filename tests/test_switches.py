@@ -49,3 +49,11 @@ def test_a_value_that_is_no_switch_is_one_line_before_the_job(value):
         "KILL=0 (or no/false/off) or nothing leaves it off"
     ]
     assert "verify" not in proc.stdout
+
+
+def test_make_sweep_with_an_empty_seed_list_is_one_line_not_one_job():
+    proc = make("sweep", "SEEDS=", "ARGS=experiment=selfcheck", dry=False)
+    assert proc.returncode == 2
+    lines = [x for x in proc.stderr.splitlines() if not x.startswith("make: ")]
+    assert len(lines) == 2 and "has an empty seed" in lines[0], proc.stderr
+    assert lines[1] == "reprotrain sweep: exit 2 (refused or failed (one error: line))"

@@ -255,7 +255,7 @@ def _interrupted(new_run: Path, record: dict, leg: int, rc: int | None) -> int:
         }
         atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
         verdict += f" (the re-run's checkpoint is in {new_run})"
-    say(verdict, flush=True)
+    print(verdict, flush=True)
     return EXIT_STOPPED
 
 

@@ -155,7 +155,7 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def refuse_group_choices(overrides: list[str]) -> None:
-    """``repro=strict`` / ``model=resnet18`` choose a config group, which composes a new
+    """``repro=strict`` / ``model=<name>`` choose a config group, which composes a new
     config: a resume continues the recorded one (config.resolved.yaml), which has no group
     to choose. One line saying so, instead of Hydra's "No match in the defaults list"."""
     from reprotrain.paths import CONF_DIR

@@ -1,15 +1,12 @@
 """Bad input gets one line before anything is written: the smaller cases of issue 37 (tags
 that are not text, a completion shell that does not exist, a portable refusal with a
-newline in the value, a killed archive's staging dir, a full disk while archiving, a
-summary of a run directory, NPROC_B without invariance, a group choice on resume)."""
+newline in the value, a summary of a run directory, NPROC_B without invariance, a group
+choice on resume). A killed archiver's staging dir and a full disk while archiving are in
+test_trust.py (they use its archive)."""
 
 from __future__ import annotations
 
-import errno
 import json
-import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -17,12 +14,8 @@ from reprotrain import commands, preflight
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import hashseed
-from reprotrain.tools.archive import archive as arch
 from reprotrain.tools.runs import resume, verify
 from reprotrain.tools.sweeps import sweep_summary
-from test_trust import fake_run, job_config, repo  # noqa: F401
-
-needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
 def test_tags_that_are_not_text_are_refused_in_preflight():
@@ -43,47 +36,6 @@ def test_a_newline_in_a_cpu_dispatch_variable_keeps_the_refusal_one_line():
     problem = hashseed.portable_problem(env={"ATEN_CPU_CAPABILITY": "avx2\n"}, machine="x86_64",
                                         cpu_flags={"avx2"})  # fmt: skip
     assert problem is not None and "\n" not in problem and "'avx2\\n'" in problem
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-@needs_git
-def test_a_killed_archivers_staging_dir_is_removed_by_the_next_archive(
-    tmp_path,
-    repo,  # noqa: F811
-    job_config,  # noqa: F811
-    monkeypatch,
-):
-    out = tmp_path / "out"
-    stale = out / f".archive-{dead_pid()}-x1y2"
-    (stale / "run").mkdir(parents=True)
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
-    arch.build(fake_run(tmp_path, repo, job_config), out, repo=repo)
-    assert not stale.exists()
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
-
-
-@needs_git
-def test_a_full_disk_while_archiving_names_the_file_being_written(
-    tmp_path,
-    repo,  # noqa: F811
-    job_config,  # noqa: F811
-    monkeypatch,
-):
-    def full(src, dst, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
-
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
-    monkeypatch.setattr(arch.shutil, "copy2", full)
-    run = fake_run(tmp_path, repo, job_config)
-    with pytest.raises(ReprotrainError) as failed:
-        arch.build(run, tmp_path / "out", repo=repo)
-    where = str(failed.value).split(" failed at ")[1].split(":")[0]
-    assert ".archive-" in where and not where.startswith(str(run)), failed.value
 
 
 def test_summary_of_a_run_directory_writes_nothing_into_it(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """A verdict checks every record it stands on: study.json is recomputed from the runs (a
-forged best or a deleted trial is a difference), and a malformed record (study.json, a
-job's overrides, a resume entry) is refused before anything re-runs (exit 2)."""
+forged best or a deleted trial is a difference). The malformed records refused before
+anything re-runs (study.json, a job's overrides, a resume entry) are in test_trust.py."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ import yaml
 from conftest import MICRO, REPO, TINY, base_env
 from reprotrain.tools.sweeps import optuna_study
 from test_optuna_sweeps import fake_trial, settings
-from test_trust import archived, job_config, repack, repo, reproduce, unpack  # noqa: F401
-
-needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+from test_trust import repack, unpack
 
 
 @pytest.fixture
@@ -75,74 +73,6 @@ def test_a_replayed_value_that_moved_is_a_difference_only_when_bits_are_promised
     shutil.rmtree(replay / "2")
     assert any("trial 2 (2): status completed in study.json, missing in the replay" in x
                for x in differences(study, sweep, replay, values=False))  # fmt: skip
-
-
-# ------------------------------------------------- refused before anything re-runs (exit 2)
-
-
-@needs_git
-def test_a_resume_entry_of_the_wrong_shape_is_refused_before_the_rerun(
-    archived,  # noqa: F811
-    tmp_path,
-    repo,  # noqa: F811
-    capsys,
-):
-    top = unpack(archived, tmp_path / "unpacked")
-    record = json.loads((top / "run" / "run.json").read_text())
-    record["resumes"] = [{"global_step": 1, "bitwise_guarantee": False, "unrestored": 5}]
-    (top / "run" / "run.json").write_text(json.dumps(record))
-    rc = reproduce(repack(top, tmp_path / "bad.tar.gz"), tmp_path, repo)
-    err = capsys.readouterr().err
-    assert rc == 2 and "resumes[0].unrestored is 5" in err and "Traceback" not in err
-    assert not (tmp_path / "runs").exists(), "nothing re-ran"
-
-
-def fake_sweep_archive(tmp_path: Path, repo_dir: Path, config: str, study: dict | None = None,
-                       overrides: str | None = None, monkeypatch=None) -> Path:  # fmt: skip
-    """A sweep archive of two hand-made runs (test_trust's record), as make archive packs it."""
-    from reprotrain.tools.archive import sweep_archive
-    from test_trust import fake_run
-
-    sweep = tmp_path / "sweep"
-    sweep.mkdir()
-    for n in range(2):
-        (tmp_path / f"r{n}").mkdir()
-        src = fake_run(tmp_path / f"r{n}", repo_dir, config)
-        (src / ".hydra").mkdir()
-        (src / ".hydra" / "overrides.yaml").write_text(overrides or yaml.safe_dump([f"x={n}"]))
-        shutil.move(src, sweep / str(n))
-    if study is not None:
-        (sweep / "study.json").write_text(json.dumps(study))
-    monkeypatch.setattr(sweep_archive, "pip_freeze", lambda: "")
-    path, _ = sweep_archive.build(sweep, tmp_path / "out", repo=repo_dir)
-    return path
-
-
-@needs_git
-@pytest.mark.parametrize(
-    ("study", "overrides", "says"),
-    [
-        ({"metric": "val_acc", "trials": "all"}, None, "study.json: metric_mode is missing"),
-        (None, "{a: [1", "overrides.yaml: not a YAML list of overrides"),
-        (None, yaml.safe_dump([{"a": 1}]), "overrides.yaml: not a YAML list of overrides"),
-    ],
-)
-def test_a_malformed_sweep_record_is_refused_before_anything_reruns(
-    tmp_path,
-    repo,  # noqa: F811
-    job_config,  # noqa: F811
-    monkeypatch,
-    capsys,
-    study,
-    overrides,
-    says,
-):
-    path = fake_sweep_archive(tmp_path, repo, job_config, study, overrides, monkeypatch)
-    capsys.readouterr()
-    rc = reproduce(path, tmp_path, repo)
-    err = capsys.readouterr().err
-    assert rc == 2 and says in err and "Traceback" not in err, err
-    assert not (tmp_path / "runs").exists(), "nothing re-ran"
 
 
 # ------------------------------------------------------ a real study, forged and trimmed

@@ -70,3 +70,17 @@ def test_a_full_disk_after_the_job_keeps_the_jobs_code_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.splitlines()
     assert "the exit code 0 was not written" in line and "No space left" in line
+
+
+def test_no_record_replaces_a_fifo_the_project_writer_refuses_it(tmp_path, capsys):
+    """The same rule for every command: compare's comparison.json, report.md, summary.json
+    ... all go through record.atomic_write_bytes, which never renames over a special file."""
+    from reprotrain.tools.sweeps import compare_sweeps
+    from test_statistical_verdict import fake_sweep
+
+    a = fake_sweep(tmp_path / "a", {"": [0.80, 0.82, 0.81]})
+    b = fake_sweep(tmp_path / "b", {"": [0.80, 0.82, 0.81]})
+    os.mkfifo(b / "comparison.json")
+    assert compare_sweeps.main([str(a), str(b)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(b / "comparison.json").st_mode)

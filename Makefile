@@ -26,6 +26,18 @@ TRUST           ?=
 # (ARGS stays unquoted on purpose: it is a list of overrides, split on spaces.)
 q = '$(subst ','\'',$(value $(1)))'
 
+# A switch, read as people write it: 1/yes/true/on (any case shown) is on, 0/no/false/off or
+# empty is off, anything else is one error: line (exit 2) before the job runs. Every switch
+# (KILL, WITH_CKPT, ALLOW_INCOMPLETE, ALLOW_DATA_DRIFT, TRUST) goes through these two:
+#   $(call on,KILL)            -> 1 when KILL is on, empty otherwise
+#   $(call check_switches,A B) -> a recipe line refusing a value that is neither
+SWITCH_ON  := 1 yes true on Yes True On YES TRUE ON y Y
+SWITCH_OFF := 0 no false off No False Off NO FALSE OFF n N
+switch_text = $(strip $(value $(1)))
+on = $(if $(filter $(SWITCH_ON),$(call switch_text,$(1))),1)
+switch_bad = $(or $(word 2,$(call switch_text,$(1))),$(filter-out $(SWITCH_ON) $(SWITCH_OFF),$(call switch_text,$(1))))
+check_switches = @$(foreach v,$(1),$(if $(call switch_bad,$(v)),printf 'error: %s=%s is not a switch; write %s=1 (or yes/true/on) to turn it on; %s=0 (or no/false/off) or nothing leaves it off\n' $(v) $(call q,$(v)) $(v) $(v) >&2; exit 2;)) :
+
 # ARGS is split by the shell on purpose; a quote left open in it would be a /bin/sh syntax
 # error. `sh -n` parses the text (never runs it): an unbalanced ARGS is one error: line.
 check_args = @$(SHELL) -nc ': '$(call q,ARGS) 2>/dev/null || { printf 'error: ARGS=%s has a quote that is not closed; quote a whole value, e.g. ARGS="name=\047a b\047"\n' $(call q,ARGS) >&2; exit 2; }
@@ -114,7 +126,8 @@ docs-check: docs ## the built site in a headless browser: every image loads, eve
 	$(PY) scripts/docs_browser_check.py build/site
 
 verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical [NPROC=N] [NPROC_B=M: invariant runs] [KILL=1: b SIGKILLed + resumed]
-	$(RT) verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)
+	$(call check_switches,KILL)
+	$(RT) verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(call on,KILL),--kill) $(ARGS)
 
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png [ARGS="hydra/sweeper=optuna ...": a seeded search]
 	$(check_args)
@@ -126,11 +139,13 @@ resume: $(STAMP) ## continue an interrupted run in place (its world size; invari
 
 archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
-	$(RT) archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
+	$(call check_switches,WITH_CKPT ALLOW_INCOMPLETE)
+	$(RT) archive $(call q,RUN) $(if $(call on,WITH_CKPT),--with-checkpoint) $(if $(call on,ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
 reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1] [MODE=statistical MARGIN=x]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
-	$(RT) reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(call check_switches,ALLOW_DATA_DRIFT TRUST)
+	$(RT) reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(call on,ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(call on,TRUST),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }

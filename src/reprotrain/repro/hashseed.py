@@ -61,11 +61,12 @@ def portable_problem(
         return "repro=portable needs a CPU with AVX2; this one has none (use repro=strict)"
     for name, value in PORTABLE_ENV.items():
         if name in env and env[name] != value:
-            mine = f"{name}={env[name]}"
+            mine = f"{name}={_visible(env[name])}"
             return f"repro=portable sets {name}={value}; your environment has {mine}: unset it"
     for name in PORTABLE_CONFLICTS:
         if name in env:
-            return f"repro=portable pins CPU dispatch; {name}={env[name]} would steer it: unset it"
+            mine = f"{name}={_visible(env[name])}"
+            return f"repro=portable pins CPU dispatch; {mine} would steer it: unset it"
     return None
 
 
@@ -92,6 +93,12 @@ def refuse_portable_here() -> None:
     problem = portable_problem(cpu_flags=cpu_flags())
     if problem:
         raise ReprotrainError(problem)
+
+
+def _visible(value: str) -> str:
+    """An environment value as typed, or quoted with its escapes when it holds a newline or
+    another control character (so the refusal stays one line)."""
+    return value if value.isprintable() else repr(value)
 
 
 def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) -> None:

@@ -84,6 +84,7 @@ def test_a_negative_patience_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # its unit: test_resume_edges.py::test_what_a_completed_run_has_left_to_run
 def test_an_early_stopped_run_is_never_resumed_and_nothing_is_rewritten(stopped, tmp_path):
     """It was re-evaluated and its run.json rewritten (issue 34.5): early stopping ended it."""
     import shutil

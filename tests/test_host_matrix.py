@@ -105,6 +105,7 @@ def test_every_flag_cpuid_knows_is_one_the_identity_records():
     assert all(cpu_identity.X86_DISPATCH_FLAGS.match(name) for name in cpuid.FLAGS.values())
 
 
+@pytest.mark.slow  # its unit: test_each_identity_becomes_exactly_what_the_project_reads (cpu_flags)
 @pytest.mark.skipif(not shutil.which("qemu-x86_64"), reason="qemu-x86_64 not on PATH")
 def test_portable_on_an_emulated_cpu_without_avx2_is_refused_in_one_line(tmp_path):
     """A Nehalem (SSE4.2, no AVX2) cannot even import numpy: the refusal comes first, from

@@ -149,6 +149,7 @@ def portable_probe():
     return module
 
 
+@pytest.mark.slow  # the claim natively: test_reference_job.py::test_portable_micro_smoke_bits_...
 def test_the_portable_probe_on_this_cpu_gives_the_pinned_hash():
     """The claim on whatever CPU runs the suite (Intel or AMD, AVX2 or AVX-512): the probe's
     every gradient, loss and weight under the portable levers equals the pin."""

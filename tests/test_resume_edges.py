@@ -109,6 +109,7 @@ def test_stop_at_global_step_checkpoints_there_and_exits_75(tmp_path, reference_
     assert run_json(run)["final_weights_sha256"] == run_json(reference_run)["final_weights_sha256"]
 
 
+@pytest.mark.slow  # its unit: test_what_a_completed_run_has_left_to_run
 def test_a_run_that_ended_at_stop_after_epoch_is_completed_until_a_resume_asks_for_more(
     tmp_path,
 ):

@@ -126,9 +126,10 @@ def test_a_run_with_the_step_killed_by_sigkill_resumes_bitwise(tmp_path, step):
     ("overrides", "says"),
     [
         (["step=sam", "step.rho=0"], "step.rho=0 is refused by starter.steps.SAM"),
-        (["step=ema", "step.decay=1"], "step.decay=1 is refused by starter.steps.EMA"),
-        (["dataset=imbalanced", "dataset.positive_fraction=0"],
-         "dataset.positive_fraction=0 is refused"),
+        pytest.param(["step=ema", "step.decay=1"], "step.decay=1 is refused by starter.steps.EMA",
+                     marks=pytest.mark.slow),  # the same dry build as step.rho=0's
+        pytest.param(["dataset=imbalanced", "dataset.positive_fraction=0"],
+                     "dataset.positive_fraction=0 is refused", marks=pytest.mark.slow),
     ],
 )  # fmt: skip
 def test_a_bad_step_or_dataset_argument_is_refused_before_the_run_dir_exists(

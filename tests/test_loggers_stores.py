@@ -277,7 +277,7 @@ def test_wandb_gets_the_same_artifacts_as_mlflow_and_a_name_of_its_own(logged_ru
     """config.resolved.yaml, run.json, metrics.jsonl, report.md and curves.png: in the
     offline run's files and in one run-record artifact (W&B sends both on `wandb sync`);
     the run's name is its path, not the experiment id two runs of one config share."""
-    from reprotrain.loggers.mlflow_sink import RUN_ARTIFACTS
+    from reprotrain.loggers.params import RUN_ARTIFACTS
 
     run_dir, _ = logged_run
     (offline,) = (run_dir / "wandb").glob("offline-run-*")

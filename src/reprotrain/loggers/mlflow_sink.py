@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Backend, preserved_rng
-from reprotrain.loggers.params import RESOLVED_CONFIG, identity, relative_name, run_key
+from reprotrain.loggers.params import (
+    identity,
+    record_files,
+    relative_name,
+    run_key,
+)
 from reprotrain.loggers.settings import (
     MLFLOW_ARTIFACTS,
     mlflow_uri,
@@ -50,8 +55,6 @@ from reprotrain.loggers.settings import (
 log = logging.getLogger("reprotrain")
 
 PARENT_JSON = "mlflow_parent_run.json"
-#: Files of a run dir attached as artifacts at the end (when they exist).
-RUN_ARTIFACTS = (RESOLVED_CONFIG, "run.json", "metrics.jsonl", "report.md", "curves.png")
 #: Files of a sweep dir attached to the parent run at the end.
 SWEEP_ARTIFACTS = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
 STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
@@ -224,17 +227,8 @@ class MLflowSink(Backend):
     def log_artifacts(self, status: str) -> None:
         """The run's record files, and its report and curves drawn from the run dir."""
         with tempfile.TemporaryDirectory(prefix="reprotrain-mlflow-") as tmp:
-            drawn: dict[str, Path] = {}
-            if self.report is not None and (self.run_dir / "metrics.jsonl").is_file():
-                try:
-                    md, png = self.report(self.run_dir, Path(tmp))
-                    drawn = {p.name: p for p in (md, png) if p is not None}
-                except Exception as e:  # a report that cannot be drawn: attach the rest
-                    log.warning("mlflow: no report artifact (%s: %s)", type(e).__name__, e)
-            for name in RUN_ARTIFACTS:
-                path = drawn.get(name) or self.run_dir / name
-                if path.is_file():
-                    self.client.log_artifact(self.run_id, str(path))
+            for path in record_files(self.run_dir, self.report, Path(tmp), "mlflow"):
+                self.client.log_artifact(self.run_id, str(path))
 
 
 def start_sweep_run(cfg: Any, sweep_dir: Path, name: str, overrides: list[str]) -> str | None:

@@ -17,6 +17,8 @@ from reprotrain.dotted import flatten
 #: Hydra writes this into every sweep directory; a run dir below one is a sweep's run.
 MULTIRUN_YAML = "multirun.yaml"
 RESOLVED_CONFIG = "config.resolved.yaml"
+#: Files of a run dir a tracker gets as artifacts at the end (when they exist).
+RUN_ARTIFACTS = (RESOLVED_CONFIG, "run.json", "metrics.jsonl", "report.md", "curves.png")
 
 
 def resolved_config(run_dir: Path) -> dict[str, Any]:
@@ -86,3 +88,22 @@ def relative_name(run_dir: Path, root: Path) -> str:
         return run_dir.relative_to(root).as_posix()
     except ValueError:
         return "/".join(run_dir.parts[-3:])
+
+
+def record_files(run_dir: Path, report: Any, scratch: Path, tracker: str) -> list[Path]:
+    """The files of ``RUN_ARTIFACTS`` a tracker attaches at the end: the run's records, and
+    its report and curves drawn by ``report(run_dir, scratch)`` from the run dir (the ones
+    ``make report`` wrote when there is no hook; a report that cannot be drawn is warned
+    about, the rest attached)."""
+    import logging
+
+    run_dir, drawn = Path(run_dir), {}
+    if report is not None and (run_dir / "metrics.jsonl").is_file():
+        try:
+            drawn = {p.name: p for p in report(run_dir, Path(scratch)) if p is not None}
+        except Exception as e:  # a report that cannot be drawn: attach the rest
+            logging.getLogger("reprotrain").warning(
+                "%s: no report artifact (%s: %s)", tracker, type(e).__name__, e
+            )
+    paths = [drawn.get(name) or run_dir / name for name in RUN_ARTIFACTS]
+    return [p for p in paths if p.is_file()]

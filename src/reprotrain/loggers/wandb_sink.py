@@ -16,7 +16,6 @@ the run's Files tab (``run.save``) and in one artifact of type ``run-record``, v
 
 from __future__ import annotations
 
-import logging
 import netrc
 import os
 import shutil
@@ -25,10 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Backend
-from reprotrain.loggers.params import relative_name, run_key, sweep_dir_of
+from reprotrain.loggers.params import record_files, relative_name, run_key, sweep_dir_of
 from reprotrain.loggers.settings import project_root, require_module
-
-log = logging.getLogger("reprotrain")
 
 
 def wandb_key_configured() -> bool:
@@ -97,23 +94,12 @@ class WandBSink(Backend):
         Files tab and one ``run-record`` artifact."""
         import wandb
 
-        from reprotrain.loggers.mlflow_sink import RUN_ARTIFACTS
-
         files = Path(self.run.dir) / "record"
         files.mkdir(parents=True, exist_ok=True)
+        artifact = wandb.Artifact(f"run-{self.key}", type="run-record")
         with tempfile.TemporaryDirectory(prefix="reprotrain-wandb-") as tmp:
-            drawn: dict[str, Path] = {}
-            if self.report is not None and (self.run_dir / "metrics.jsonl").is_file():
-                try:
-                    md, png = self.report(self.run_dir, Path(tmp))
-                    drawn = {p.name: p for p in (md, png) if p is not None}
-                except Exception as e:  # a report that cannot be drawn: attach the rest
-                    log.warning("wandb: no report artifact (%s: %s)", type(e).__name__, e)
-            artifact = wandb.Artifact(f"run-{self.key}", type="run-record")
-            for name in RUN_ARTIFACTS:
-                path = drawn.get(name) or self.run_dir / name
-                if path.is_file():
-                    shutil.copyfile(path, files / name)  # W&B's Files tab: the run's dir
-                    artifact.add_file(str(files / name), name=name)
+            for path in record_files(self.run_dir, self.report, Path(tmp), "wandb"):
+                shutil.copyfile(path, files / path.name)  # W&B's Files tab: the run's dir
+                artifact.add_file(str(files / path.name), name=path.name)
         self.run.save(str(files / "*"), base_path=self.run.dir, policy="now")
         self.run.log_artifact(artifact)

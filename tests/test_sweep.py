@@ -79,6 +79,26 @@ def test_runs_are_grouped_by_non_seed_overrides_and_never_pooled(tmp_path: Path)
     assert "95% CI" in md and "![per-epoch mean" in md
 
 
+def test_overrides_that_keep_the_config_digest_never_split_a_group(tmp_path: Path) -> None:
+    """A logger choice (or num_workers) is not what a run computes: the config digest leaves
+    it out, so it is no group label ("logger=[tensorboard,mlflow,wandb]" was one)."""
+    for num, (logger, seed) in enumerate((("tensorboard", 0), ("[tensorboard,mlflow]", 1))):
+        overrides = ["optimizer.lr=0.1", f"logger={logger}", "trainer.num_workers=2",
+                     "logger.log_every_steps=5", f"seed.base={seed}"]  # fmt: skip
+        fake_job(tmp_path, num, overrides, seed, {"test_acc": 0.5 + 0.1 * seed})
+    summary = ss.write_summary(tmp_path)
+    assert [g["label"] for g in summary["groups"]] == ["optimizer.lr=0.1"]
+    assert summary["groups"][0]["metrics"]["test_acc"]["n"] == 2
+
+
+def test_a_group_of_one_run_shows_no_spread(tmp_path: Path) -> None:
+    fake_job(tmp_path, 0, ["optimizer.lr=0.1", "seed.base=0"], 0, {"test_acc": 0.5})
+    fake_job(tmp_path, 1, ["optimizer.lr=0.2", "seed.base=0"], 0, {"test_acc": 0.7})
+    ss.write_summary(tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    assert "| optimizer.lr=0.1 | 1/1 | 0.5000 (n=1) |" in md and "± 0.0000" not in md
+
+
 def test_a_nan_seed_or_nan_metric_keeps_the_summary_and_writes_strict_json(
     tmp_path: Path,
 ) -> None:
@@ -239,7 +259,7 @@ def test_summary_tells_absent_from_nonfinite_and_gives_n_beside_each_mean(tmp_pa
     best = summary["metrics"]["best_test_loss"]
     assert (best["n"], best["n_nonfinite"], best["n_absent"]) == (1, 1, 2)
     md = (tmp_path / "summary.md").read_text()
-    assert "2.0000 ± 0.0000 (n=1, 1 non-finite, 2 absent)" in md
+    assert "2.0000 (n=1, 1 non-finite, 2 absent)" in md
     assert "(n=4)" in md  # test_acc: all four runs
 
 

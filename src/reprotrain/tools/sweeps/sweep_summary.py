@@ -37,6 +37,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from reprotrain import metric_names
+from reprotrain.config import NON_IDENTITY_PREFIXES, is_identity
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
@@ -109,6 +110,16 @@ def is_seed_override(override: str) -> bool:
     return key == "seed" or key.startswith("seed.")
 
 
+def changes_what_is_computed(override: str) -> bool:
+    """Whether an override can make runs differ other than by seed: not a seed, and a key
+    the config digest counts (``config.is_identity``): ``logger=[tensorboard,mlflow]`` or
+    ``trainer.num_workers=2`` give the same config digest, so they never split a group."""
+    key = override_key(override)
+    if is_seed_override(override) or not is_identity(key):
+        return False
+    return not any(key == prefix.rstrip(".") for prefix in NON_IDENTITY_PREFIXES)
+
+
 @dataclass
 class Job:
     run_dir: Path
@@ -120,7 +131,7 @@ class Job:
     def group(self) -> tuple[str, ...]:
         if self.overrides is None:
             return (UNKNOWN_OVERRIDES,)
-        return tuple(sorted(o for o in self.overrides if not is_seed_override(o)))
+        return tuple(sorted(o for o in self.overrides if changes_what_is_computed(o)))
 
     @property
     def seed_overrides(self) -> list[str]:
@@ -345,7 +356,9 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
         cells = [g["label"], f"{g['n_completed']}/{g['n_runs']}"]
         for m in metrics:
             s = g["metrics"][m]
-            text = "—" if s["mean"] is None else f"{s['mean']:.4f} ± {s['std']:.4f}"
+            text = "—" if s["mean"] is None else f"{s['mean']:.4f}"
+            if s["mean"] is not None and s["n"] > 1:  # one run has no spread to show
+                text += f" ± {s['std']:.4f}"
             text += f" (n={s['n']}"
             if s["n_nonfinite"]:
                 text += f", {s['n_nonfinite']} non-finite"

@@ -1,8 +1,8 @@
 """In-process training of a tiny model with any step object and reduction (no subprocess).
 
-``Harness`` builds what ``train.build_training`` builds (state, reduction, runner) around a
+``Harness`` builds what ``build.build_training`` builds (state, reduction, runner) around a
 tiny BatchNorm + dropout model and synthetic batches; ``run(steps)`` trains through the
-framework's own ``run_epoch``; ``checkpoint()`` / ``resumed(bytes)`` are what a checkpoint
+framework's own ``engine.train_step``; ``checkpoint()`` / ``resumed(bytes)`` are what a checkpoint
 written by the Saver and a resume in a new process do (weights_only load, a fresh model from
 another seed, global RNGs moved), so "resumes bitwise" is checked in seconds.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from reprotrain.engine import StepRunner, StepSettings, TrainerState, run_epoch
+from reprotrain.engine import StepRunner, StepSettings, TrainerState, nonfinite, train_step
 from reprotrain.reduction import Exact, Local, Reduction
 from reprotrain.repro import checkpoint
 from reprotrain.repro.fingerprint import state_sha256
@@ -71,9 +71,10 @@ class Harness:
     def run(self, steps: int) -> Harness:
         loop = self.state.loop
         start = loop.step
-        pairs = ((s, batch(s)) for s in range(start, start + steps))
-        run_epoch(self.runner, pairs, check_every=1, on_nonfinite="stop",
-                  after_step=lambda next_step: None)  # fmt: skip
+        self.runner.forward.train()
+        for s in range(start, start + steps):  # the Trainer's epoch, guard read every step
+            if bool(train_step(self.runner, s, batch(s))):
+                nonfinite(loop, "stop")
         return self
 
     def checkpoint(self) -> bytes:

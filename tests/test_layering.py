@@ -1,7 +1,8 @@
 """The house is one-way: entry -> engine -> ground floor, never back up, and no circles.
 
 Floors (DESIGN: "Floors"): ``train`` (the entry) and ``tools``/``bench`` beside it may import
-anything; the engine level (``engine``, ``reduction``, ``invariant``) never imports the entry
+anything; the engine level (``engine``, ``reduction``, ``invariant``; ``start``, ``build``,
+``provenance`` and ``loop`` above them) never imports the entry
 or the tools;
 the ground floor (tasks, data, repro, config and the small modules) imports neither the entry,
 the tools nor the engine. Every import counts, at module level or inside a function: an
@@ -21,7 +22,10 @@ SRC = REPO / "src"
 # The entries: the trainer, and the `reprotrain` command (commands.py, python -m reprotrain).
 ENTRY = ("reprotrain.train", "reprotrain.commands", "reprotrain.__main__", "reprotrain.tools",
          "reprotrain.bench", "reprotrain.selfcheck")  # fmt: skip
-ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction")
+# The engine level: the step and the reduction, and around them the run's start, its build,
+# its provenance and the loop (the Trainer) that train() calls.
+ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction", "reprotrain.build",
+          "reprotrain.loop", "reprotrain.start", "reprotrain.provenance")  # fmt: skip
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 

@@ -113,7 +113,7 @@ def test_a_step_with_state_is_its_own_checkpoint_part_and_resumes_bitwise(reduct
 
 
 def test_validation_runs_inside_the_steps_evaluation_weights():
-    from reprotrain.train import evaluate_split
+    from reprotrain.loop import evaluate_split
 
     seen: list[str] = []
 

@@ -107,9 +107,8 @@ def evaluation_weights(step_node, model, state: dict, path: Path):
 
 
 def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None = None) -> dict:
-    import torch
 
-    from reprotrain import train as trainer
+    from reprotrain.build import build_data, build_model
     from reprotrain.components import build_task
     from reprotrain.config import PipelineSettings, from_trainer
     from reprotrain.engine import evaluate
@@ -137,11 +136,9 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
     seeds = Seeds(**state["seeds"])
     data = from_trainer(PipelineSettings, cfg.trainer)
-    _, pipeline = trainer.build_data(cfg.dataset, cfg.model, data, seeds, device,
-                                     channels_last=cfg.trainer.channels_last)  # fmt: skip
-    model = trainer.build("model", cfg.model).to(device)
-    if cfg.trainer.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    _, pipeline = build_data(cfg.dataset, cfg.model.get("num_classes"), data, seeds, device,
+                             channels_last=cfg.trainer.channels_last)  # fmt: skip
+    model = build_model(cfg.model, device, cfg.trainer.channels_last)
     load_weights(model, state, path)
     task = build_task(cfg.task, cfg.get("loss"))
     weights, evaluated_with = evaluation_weights(cfg.get("step"), model, state, path)

@@ -53,10 +53,13 @@ class Harness:
         microbatch_size: int | None = None,
         seed: int = 0,
         dropout: bool = True,
+        make_optimizer: Callable[[Any], torch.optim.Optimizer] = lambda params: torch.optim.SGD(
+            params, lr=0.2, momentum=0.9
+        ),
     ) -> None:
         self.reduction = REDUCTIONS[reduction]()
         model, forward = self.reduction.prepare(tiny_model(seed, dropout))
-        opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+        opt = make_optimizer(model.parameters())
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         task = Classification(nn.CrossEntropyLoss())

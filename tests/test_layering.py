@@ -154,3 +154,43 @@ def test_no_private_name_is_imported_across_modules():
         if attr and attr.startswith("_") and not attr.startswith("__") and mod != name
     )
     assert crossing == []
+
+
+FACE = "reprotrain.api"
+FACE_BUDGET = 20  # names: the task and step bases, context and output, data, errors, a fetch
+
+
+def test_the_users_room_imports_the_framework_only_through_its_face():
+    """src/starter (the room a project replaces) imports ``reprotrain.api`` (or the package,
+    which re-exports it) and nothing else of the framework, anywhere in a file; everything
+    behind the face may move in a template update."""
+    room = sorted((SRC / "starter").rglob("*.py"))
+    assert room
+    behind = sorted(
+        f"{path.relative_to(SRC)}: {mod}.{name}"
+        for path in room
+        for mod, name in imported_names(path)
+        if not (mod == FACE or mod.startswith(f"{FACE}."))
+        and not (mod == "reprotrain" and name in FACE_NAMES)
+    )
+    assert behind == []
+
+
+def test_the_face_is_small_and_the_package_re_exports_it():
+    import reprotrain
+    from reprotrain import api
+
+    assert len(api.__all__) <= FACE_BUDGET
+    assert sorted(reprotrain.FACE) == sorted(api.__all__)
+    assert all(getattr(reprotrain, name) is getattr(api, name) for name in api.__all__)
+
+
+def _face_names() -> set[str]:
+    tree = ast.parse((SRC / "reprotrain" / "api.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            return {elt.value for elt in node.value.elts}
+    return set()
+
+
+FACE_NAMES = _face_names()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from reprotrain.reduction import Local, Reduction
 from reprotrain.repro import op_trace
 from reprotrain.repro.seeding import microbatch_seed, scoped_globals
 from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
-from reprotrain.step import PlainStep
+from reprotrain.step import PlainStep, Step
 from reprotrain.tasks.base import StepContext, StepOutput
 
 __all__ = [
@@ -79,14 +79,13 @@ class StepRunner:
         reduction: Reduction | None = None,
         settings: StepSettings | None = None,
         train_seed: int = 0,
-        user_step: Callable[[StepRunner], None] | None = None,
+        user_step: Step | None = None,
     ) -> None:
         self.state, self.task, self.train_seed = state, task, train_seed
         self.settings = settings or StepSettings()
         self.forward = state.model if forward is None else forward
         self.reduction = reduction or Local()
         self.user_step = user_step or PlainStep()
-        self._batch: Any = None
         self.global_step = 0
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
@@ -108,12 +107,12 @@ class StepRunner:
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
         """One optimizer step by the user's step object; (the first ``gradients()`` call's
         loss and metric sums, the gradient norm of ``apply()`` or None), on the device."""
-        self._batch, self.global_step = batch, global_step
+        self.global_step = global_step
         self._first, self._norm, self._applied = None, None, False
-        self.user_step(self)
+        self.user_step(self, batch)
         name = type(self.user_step).__name__
         if self._first is None or not self._applied:
-            missing = "runner.gradients()" if self._first is None else "runner.apply()"
+            missing = "runner.gradients(batch)" if self._first is None else "runner.apply()"
             raise ReprotrainError(f"step {name} did not call {missing}; a step calls both")
         loss, sums = self._first
         return loss.detach(), sums, self._norm
@@ -123,12 +122,12 @@ class StepRunner:
         seed = microbatch_seed(self.train_seed, global_step, index)
         return scoped_globals(seed, self.state.loop.device)
 
-    def gradients(self) -> tuple[torch.Tensor, dict]:
-        """Zero the gradients; forward and backward every micro-batch of this rank; combine
-        through the reduction. (step loss, metric sums) on the device; the first call of a
-        step is the one recorded."""
+    def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
+        """Zero the gradients; forward and backward every micro-batch of this rank's
+        ``batch``; combine through the reduction. (step loss, metric sums) on the device;
+        the first call of a step is the one recorded."""
         state, device, reduction = self.state, self.state.loop.device, self.reduction
-        batch, global_step = self._batch, self.global_step
+        global_step = self.global_step
         n = batches.batch_size(batch)
         size = self.settings.microbatch_size or n  # divides n: config.check_layout
         k = n // size

@@ -94,10 +94,12 @@ def evaluation_weights(step_node, model, state: dict, path: Path):
     import contextlib
 
     from reprotrain.components import build_step
+    from reprotrain.step import Step
 
     user_step = build_step(step_node, model) if step_node is not None else None
     swap = getattr(user_step, "evaluation_weights", None)
-    if swap is None:
+    own = getattr(type(user_step), "evaluation_weights", None) is not Step.evaluation_weights
+    if swap is None or not own:  # the base's hook: the model's own weights
         return contextlib.nullcontext(), "model weights"
     if "step" not in state:
         raise EvalError(f"{path} holds no state of the run's step ({step_node['_target_']}); "

@@ -1,6 +1,8 @@
 """The six reference runs' bits: ``final_weights_sha256`` of each, one line per run.
 
-    .venv/bin/python scripts/reference_bits.py [--out DIR]
+    .venv/bin/python tests/starter/reference_bits.py [--out DIR]
+
+The reference job is the user's room (experiment=smoke), so this lives beside its tests.
 
 A refactor of the loop must leave every line unchanged on the same machine: smoke, smoke with
 micro-batches and clipping, world-size invariant at W=1 and W=2 (the same hash twice), DDP at
@@ -18,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "experiment=smoke",
     "logger=none",

@@ -26,6 +26,18 @@ TRUST           ?=
 # (ARGS stays unquoted on purpose: it is a list of overrides, split on spaces.)
 q = '$(subst ','\'',$(value $(1)))'
 
+# A switch, read as people write it: 1/yes/true/on (any case shown) is on, 0/no/false/off or
+# empty is off, anything else is one error: line (exit 2) before the job runs. Every switch
+# (KILL, WITH_CKPT, ALLOW_INCOMPLETE, ALLOW_DATA_DRIFT, TRUST) goes through these two:
+#   $(call on,KILL)            -> 1 when KILL is on, empty otherwise
+#   $(call check_switches,A B) -> a recipe line refusing a value that is neither
+SWITCH_ON  := 1 yes true on Yes True On YES TRUE ON y Y
+SWITCH_OFF := 0 no false off No False Off NO FALSE OFF n N
+switch_text = $(strip $(value $(1)))
+on = $(if $(filter $(SWITCH_ON),$(call switch_text,$(1))),1)
+switch_bad = $(or $(word 2,$(call switch_text,$(1))),$(filter-out $(SWITCH_ON) $(SWITCH_OFF),$(call switch_text,$(1))))
+check_switches = @$(foreach v,$(1),$(if $(call switch_bad,$(v)),printf 'error: %s=%s is not a switch; write %s=1 (or yes/true/on) to turn it on; %s=0 (or no/false/off) or nothing leaves it off\n' $(v) $(call q,$(v)) $(v) $(v) >&2; exit 2;)) :
+
 # ARGS is split by the shell on purpose; a quote left open in it would be a /bin/sh syntax
 # error. `sh -n` parses the text (never runs it): an unbalanced ARGS is one error: line.
 check_args = @$(SHELL) -nc ': '$(call q,ARGS) 2>/dev/null || { printf 'error: ARGS=%s has a quote that is not closed; quote a whole value, e.g. ARGS="name=\047a b\047"\n' $(call q,ARGS) >&2; exit 2; }
@@ -40,8 +52,8 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
-        bench gpu-check drill new-project update-template report eval clean bisect compare \
-        docs docs-serve docs-check selfcheck
+        bench gpu-check portable-probe drill new-project update-template report eval clean bisect compare \
+        docs docs-serve docs-check docs-images selfcheck
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -106,11 +118,16 @@ docs: $(STAMP) ## build the docs site into build/site/ (mkdocs build --strict: a
 docs-serve: $(STAMP) ## serve the docs site with live reload: make docs-serve [DOCS_ADDR=127.0.0.1:8000]
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr $(call q,DOCS_ADDR)
 
+docs-images: $(STAMP) ## redraw docs/img/*.png with the current plot code from the records in docs/img/src/
+	$(call in_template,scripts/docs_images.py)
+	$(PY) scripts/docs_images.py
+
 docs-check: docs ## the built site in a headless browser: every image loads, every link resolves (CI)
 	$(PY) scripts/docs_browser_check.py build/site
 
 verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical [NPROC=N] [NPROC_B=M: invariant runs] [KILL=1: b SIGKILLed + resumed]
-	$(RT) verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(KILL),--kill) $(ARGS)
+	$(call check_switches,KILL)
+	$(RT) verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(call on,KILL),--kill) $(ARGS)
 
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png [ARGS="hydra/sweeper=optuna ...": a seeded search]
 	$(check_args)
@@ -122,11 +139,13 @@ resume: $(STAMP) ## continue an interrupted run in place (its world size; invari
 
 archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
-	$(RT) archive $(call q,RUN) $(if $(WITH_CKPT),--with-checkpoint) $(if $(ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
+	$(call check_switches,WITH_CKPT ALLOW_INCOMPLETE)
+	$(RT) archive $(call q,RUN) $(if $(call on,WITH_CKPT),--with-checkpoint) $(if $(call on,ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
 
 reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1] [MODE=statistical MARGIN=x]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
-	$(RT) reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(filter 1 yes true,$(value TRUST)),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(call check_switches,ALLOW_DATA_DRIFT TRUST)
+	$(RT) reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(call on,ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(call on,TRUST),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
 
 bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }
@@ -160,6 +179,13 @@ bench: ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" |
 	$(call in_template,scripts/bench.py)
 	@$(MAKE) --no-print-directory install
 	$(RT) bench $(ARGS)
+
+# repro=portable's claim on CPUs nobody here has: the probe natively and under qemu-user
+# (Debian: apt-get install qemu-user) as each of CPUS; a CPU without AVX2 must be refused.
+CPUS ?= Haswell-v4,EPYC-Rome-v2
+portable-probe: $(STAMP) ## repro=portable's bits natively and on emulated CPUs (qemu-user) vs the pin [CPUS=Haswell-v4,EPYC-Rome-v2]
+	$(call in_template,scripts/portable_probe.py)
+	$(PY) scripts/portable_probe.py --cpus $(call q,CPUS) $(ARGS)
 
 drill: ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
 	$(call in_template,scripts/kill_resume_trials.py)

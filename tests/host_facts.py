@@ -1,70 +1,93 @@
-"""Run the host-dependent tests as if on other hosts (pytest plugin, loaded by conftest).
+"""Run the host-dependent tests as if on every host of ``tests/hosts/`` (pytest plugin).
 
-Why: a test that needs "another" CPU capability, thread count, core count, machine or Python
-version must derive it from the host. A constant passes on the machine it was written on and
-fails on the first machine where the constant *is* the host's value (issue 20: "AVX2" as the
-other capability, on an AVX2 host). Every test marked ``host_facts`` (a module opts in with
-``pytestmark = pytest.mark.host_facts``) runs once on the real host and once per fake host
-below whose capability differs from the real one, with the facts the framework reads patched
-in-process. So a constant that equals one of the fakes' values fails here, on the
-development machine, not on the next user's.
+Why: a test that needs "another" CPU, capability, thread count, core count, machine or
+Python version must derive it from the host. A constant passes on the machine it was
+written on and fails on the first machine where the constant *is* the host's value: it
+happened three times (issue 20: "AVX2" as the other capability on an AVX2 host; issue 35:
+a named Xeon with AMX as the other CPU, on a Xeon with AMX). Every test marked
+``host_facts`` (a module opts in with ``pytestmark = pytest.mark.host_facts``) runs once on
+the real host and once as each identity in ``tests/hosts/*.json``: real CPUs captured by
+``scripts/capture_host.py`` (natively, or under ``qemu-x86_64 -cpu ...``), or written from
+documented CPUID facts (each file's ``how`` says which). So a constant that equals any of
+those hosts' values fails here, on the development machine, not on the next user's.
 
-Patched: ``torch.backends.cpu.get_cpu_capability``, ``torch.get_num_threads``,
-``os.cpu_count``, ``os.sched_getaffinity``, ``platform.machine``,
-``platform.python_version``, ``os.getuid``/``os.geteuid``. Subprocesses see the real host
-(their tests compare runs of one host with each other, which holds anywhere).
+Patched are the readers, never the tests' expectations: the ``cpuid`` instruction
+(``repro.cpuid.read``), ``/proc/cpuinfo`` (``repro.cpuid.proc_cpuinfo``), torch's
+capability, oneDNN's ISA and version, MKL's presence, version and CNR branch
+(``repro.cpu_identity``), and ``torch.get_num_threads``, ``os.cpu_count``,
+``os.sched_getaffinity``, ``platform.machine``, ``platform.python_version``,
+``os.getuid``/``os.geteuid``. ``test_the_host_matrix`` checks that ``cpu_identity.capture``
+then returns each identity exactly. Subprocesses see the real host (their tests compare runs
+of one host with each other, which holds anywhere).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 MARKER = "host_facts"
+HOSTS_DIR = Path(__file__).resolve().parent / "hosts"
 
 
 @dataclass(frozen=True)
-class FakeHost:
-    """The facts a host-dependent test may read, as another machine would report them."""
+class HostIdentity:
+    """One host as the project reads it: its CPU (what ``cpu_identity.capture`` returns,
+    and the raw ``cpuid`` and ``/proc/cpuinfo`` it comes from) and its other facts."""
 
-    capability: str
+    id: str
+    how: str
     machine: str
+    proc_cpuinfo: str
+    cpuid: dict[str, Any] | None
+    capture: dict[str, Any]
     cores: int
     threads: int
     python: str
     uid: int
+    pins: dict[str, dict[str, str]]
 
     @property
-    def id(self) -> str:
-        return f"fake-{self.capability}"
+    def capability(self) -> str:
+        return self.capture["capability"]
+
+    @classmethod
+    def load(cls, path: Path) -> HostIdentity:
+        d = json.loads(path.read_text())
+        return cls(id=d["id"], how=d["how"], machine=d["machine"], proc_cpuinfo=d["proc_cpuinfo"],
+                   cpuid=d["cpuid"], capture=d["capture"], pins=d.get("pins") or {},
+                   **d["facts"])  # fmt: skip
 
 
-#: Every capability torch reports on the CPUs the template runs on, with other facts varied
-#: too (one core, many cores, root, a newer Python) so no constant can match every host.
-FAKE_HOSTS: tuple[FakeHost, ...] = (
-    FakeHost("DEFAULT", "x86_64", 1, 1, "3.13.2", 0),
-    FakeHost("AVX2", "x86_64", 2, 2, "3.12.3", 1000),
-    FakeHost("AVX512", "x86_64", 4, 3, "3.11.4", 1001),
-    FakeHost("SVE256", "aarch64", 64, 16, "3.11.7", 4242),
-)
+def identities() -> tuple[HostIdentity, ...]:
+    """Every identity of tests/hosts/, in name order."""
+    return tuple(HostIdentity.load(p) for p in sorted(HOSTS_DIR.glob("*.json")))
 
 
-def fakes_for_this_host() -> list[FakeHost]:
-    """The fake hosts whose capability differs from the real one (the real one runs anyway)."""
-    import torch  # here, not at import: a run without host_facts tests never needs it
-
-    real = torch.backends.cpu.get_cpu_capability()
-    return [f for f in FAKE_HOSTS if f.capability != real]
+HOSTS: tuple[HostIdentity, ...] = identities()
 
 
-def apply(monkeypatch: pytest.MonkeyPatch, host: FakeHost) -> None:
-    """Patch every host fact listed in the module docstring to ``host``'s value."""
+def apply(monkeypatch: pytest.MonkeyPatch, host: HostIdentity) -> None:
+    """Make ``host`` the host: patch every reader listed in the module docstring."""
     import torch
 
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: host.capability)
+    from reprotrain.repro import cpu_identity, cpuid
+
+    cap = host.capture
+    monkeypatch.setattr(cpuid, "read", lambda: host.cpuid)
+    monkeypatch.setattr(cpuid, "proc_cpuinfo", lambda: host.proc_cpuinfo)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cap["capability"])
+    monkeypatch.setattr(cpu_identity, "onednn_isa", lambda: cap["onednn_isa"])
+    monkeypatch.setattr(cpu_identity, "onednn_version", lambda: cap["onednn_version"])
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: cap["mkl_version"] is not None)
+    monkeypatch.setattr(cpu_identity, "mkl_version", lambda: cap["mkl_version"])
+    monkeypatch.setattr(cpu_identity, "mkl_cbwr_branch", lambda: cap["mkl_cbwr_branch"])
     monkeypatch.setattr(torch, "get_num_threads", lambda: host.threads)
     monkeypatch.setattr(os, "cpu_count", lambda: host.cores)
     if hasattr(os, "sched_getaffinity"):
@@ -79,15 +102,15 @@ def apply(monkeypatch: pytest.MonkeyPatch, host: FakeHost) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}: reads host facts (CPU capability, threads, cores, machine, python, uid); "
-        "runs on the real host and on every fake host of tests/host_facts.py",
+        f"{MARKER}: reads host facts (CPU identity, threads, cores, machine, python, uid); "
+        "runs on the real host and as every identity of tests/hosts/",
     )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker(MARKER) is None:
         return
-    hosts = [None, *fakes_for_this_host()]
+    hosts = [None, *HOSTS]
     metafunc.parametrize(
         "faked_host", hosts, indirect=True, ids=[h.id if h else "real" for h in hosts]
     )
@@ -95,7 +118,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(autouse=True)
 def faked_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    """The fake host this test runs on (None: the real one; always so for unmarked tests)."""
+    """The identity this test runs as (None: the real host; always so for unmarked tests)."""
     host = getattr(request, "param", None)
     if host is not None:
         apply(monkeypatch, host)

@@ -24,6 +24,7 @@ BINARIES = (
     "hadolint",
     "make",
     "nvidia-smi",
+    "qemu-x86_64",  # Debian qemu-user: emulated CPUs (tests/test_host_matrix.py)
     "sha256sum",
     "ssh-keygen",
 )

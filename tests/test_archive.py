@@ -394,6 +394,22 @@ def test_environment_difference_is_not_comparable(archived, tmp_path):
     assert "tolerance 0.02" in proc.stdout
 
 
+@pytest.mark.slow  # its unit: test_comparability.py (the kernel families)
+def test_a_kernel_variable_set_for_the_replay_is_not_comparable_and_named(archived, tmp_path):
+    """ONEDNN_DEFAULT_FPMATH_MODE=BF16 changes a conv run's bits; it was recorded nowhere, so
+    a replay under it said "env matches" and then DIVERGED (issue 34). The families
+    (ONEDNN_*, MKL_*, TORCH_*...) are recorded and compared: NOT COMPARABLE, the variable
+    named, before anything is claimed."""
+    _, archive, _ = archived
+    env = {**base_env(), "ONEDNN_DEFAULT_FPMATH_MODE": "BF16"}
+    proc = tool("reproduce.reproduce", str(archive), "--trust", "--epochs", "1", "--runs-dir",
+                str(tmp_path / "runs"), cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = last_line(proc.stdout)
+    assert verdict.startswith("NOT COMPARABLE")
+    assert "$ONEDNN_DEFAULT_FPMATH_MODE: none -> BF16" in verdict
+
+
 # ------------------------------------------------------------------------------ refusals
 
 

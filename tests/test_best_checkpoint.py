@@ -6,6 +6,7 @@ session's uninterrupted reference run; the rest is in-process on tiny hand-made 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -131,3 +132,16 @@ def _copy(run: Path, tmp_path: Path) -> Path:
     dest = tmp_path / "ref-copy"
     shutil.copytree(run, dest)
     return dest
+
+
+def test_eval_keeps_one_result_per_checkpoint_evaluated(reference_run, tmp_path):
+    """make eval CKPT=best after make eval (last): the first result is still there."""
+    run = _copy(reference_run, tmp_path)
+    last = evaluation.evaluate_run(run, "last")
+    best = evaluation.evaluate_run(run, "best")
+    kept = sorted((run / "evals").glob("*.json"))
+    assert len(kept) == 2, kept
+    results = {json.loads(p.read_text())["checkpoint"]: json.loads(p.read_text()) for p in kept}
+    assert results[last["checkpoint"]]["metrics"] == last["metrics"]
+    assert results[best["checkpoint"]]["metrics"] == best["metrics"]
+    assert json.loads((run / "eval.json").read_text())["checkpoint"] == best["checkpoint"]

@@ -42,6 +42,25 @@ def test_the_code_digest_follows_source_and_config_and_nothing_else(tmp_path):
     assert code_sha256(root) not in (start, edited)
 
 
+def test_a_module_reached_through_a_symlink_is_digested_by_its_content(tmp_path):
+    """A user module linked into src/ (a file or a whole directory) and edited before a
+    resume changed nothing: the digest hashed the link's text (issue 34)."""
+    root = project(tmp_path / "p")
+    elsewhere = tmp_path / "shared_code"
+    (elsewhere / "lib").mkdir(parents=True)
+    (elsewhere / "layers.py").write_text("DEPTH = 3\n")
+    (elsewhere / "lib" / "blocks.py").write_text("KIND = 'a'\n")
+    (root / "src" / "pkg" / "layers.py").symlink_to(elsewhere / "layers.py")
+    (root / "src" / "lib").symlink_to(elsewhere / "lib", target_is_directory=True)
+    (root / "src" / "loop").symlink_to(root / "src", target_is_directory=True)  # a loop ends
+    start = code_sha256(root)
+    (elsewhere / "layers.py").write_text("DEPTH = 4\n")
+    after_file = code_sha256(root)
+    assert after_file != start
+    (elsewhere / "lib" / "blocks.py").write_text("KIND = 'b'\n")
+    assert code_sha256(root) not in (start, after_file)
+
+
 def test_a_resume_names_changed_or_unrecorded_code_and_is_silent_when_it_is_the_same():
     assert code_differences("a" * 64, "a" * 64) == []
     (line,) = code_differences("a" * 64, "b" * 64)

@@ -145,3 +145,49 @@ def test_an_older_gpu_record_cannot_promise_bits_it_did_not_record(h100):
 def test_an_older_record_with_the_visible_count_in_the_device_block_is_not_a_difference(h100):
     old = changed(h100, "device.count", 8)
     assert differences(old, h100) == []
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("ONEDNN_DEFAULT_FPMATH_MODE", "BF16"), ("MKL_DYNAMIC", "FALSE"), ("KMP_AFFINITY", "compact"),
+     ("GOMP_SPINCOUNT", "0"), ("OPENBLAS_CORETYPE", "Zen"), ("TORCH_ALLOW_TF32", "1"),
+     ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"), ("CUDNN_LOGINFO_DBG", "1"), ("NCCL_ALGO", "Ring"),
+     ("ATEN_NUM_THREADS", "3")],
+)  # fmt: skip
+def test_a_variable_of_the_kernel_families_changes_the_verdict_and_is_named(
+    monkeypatch, name, value
+):
+    """Recorded by family (ONEDNN_*, DNNL_*, MKL_*, OMP_*, KMP_*, GOMP_*, OPENBLAS_*, ATEN_*,
+    TORCH_*, PYTORCH_*, CUBLAS_*, CUDNN_*, CUDA_*, NCCL_*), not from a fixed list."""
+    monkeypatch.delenv(name, raising=False)
+    before = environment.capture(torch.device("cpu"))
+    monkeypatch.setenv(name, f"{before['bits_env'].get(name)}-{value}")  # never the host's own
+    after = environment.capture(torch.device("cpu"))
+    assert differences(before, after) == [f"${name}: none -> {after['bits_env'][name]}"]
+    assert differences(after, before) == [f"${name}: {after['bits_env'][name]} -> none"]
+
+
+@pytest.mark.parametrize(
+    "name", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_HOME",
+             "CUDA_PATH", "TORCH_EXTENSIONS_DIR"],
+)  # fmt: skip
+def test_thread_pool_sizes_visible_gpus_and_paths_are_notes_not_reasons(monkeypatch, name):
+    monkeypatch.delenv(name, raising=False)
+    before = environment.capture(torch.device("cpu"))
+    monkeypatch.setenv(name, "7")
+    after = environment.capture(torch.device("cpu"))
+    assert differences(before, after) == []
+    assert f"${name}: none -> 7" in notes(before, after)
+
+
+def test_a_record_without_the_variable_families_cannot_promise_bits():
+    now = environment.capture(torch.device("cpu"))
+    older = {k: v for k, v in now.items() if k != "bits_env"}
+    assert differences(older, now) == ["variables steering the kernels: not recorded"]
+    assert differences(older, older) == []  # two records of that age compare as they did
+
+
+def test_a_family_member_named_like_a_credential_is_recorded_by_digest_only(monkeypatch):
+    monkeypatch.setenv("TORCH_HUB_TOKEN", "hunter2-secret-value")
+    recorded = environment.capture(torch.device("cpu"))["bits_env"]["TORCH_HUB_TOKEN"]
+    assert recorded.startswith("sha256:") and "hunter2" not in recorded

@@ -82,3 +82,16 @@ def test_a_negative_patience_is_one_line_and_exit_2(tmp_path):
     assert "trainer.early_stopping_patience=-1 must be" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_an_early_stopped_run_is_never_resumed_and_nothing_is_rewritten(stopped, tmp_path):
+    """It was re-evaluated and its run.json rewritten (issue 34.5): early stopping ended it."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped, run)
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    proc = train(run, *STOPPING, "resume=auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "already completed (early stopping ended it after epoch 3)" in proc.stderr
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before

@@ -122,6 +122,14 @@ def test_tensorboard_has_hparams_config_text_and_test_metrics_as_scalars(logged_
     assert start.hparams["repro.level"].string_value == "strict"
     end = metadata.parse_session_end_info_plugin_data(hp[metadata.SESSION_END_INFO_TAG])
     assert end.status == api_pb2.STATUS_SUCCESS
+    # The HParams table's columns: the final metrics, not every scalar tag (step/*, epoch/*)
+    exp = metadata.parse_experiment_plugin_data(hp[metadata.EXPERIMENT_TAG])
+    columns = {m.name.tag for m in exp.metric_infos}
+    assert columns == {f"final/{k}" for k, v in final.items() if v is not None}
+    assert not {t for t in acc.Tags()["scalars"] if not t.startswith("final/")} & columns
+    infos = {h.name: h.type for h in exp.hparam_infos}
+    assert infos["trainer.batch_size"] == api_pb2.DATA_TYPE_FLOAT64
+    assert infos["repro.level"] == api_pb2.DATA_TYPE_STRING and set(infos) == set(start.hparams)
     texts = acc.Tensors("config/text_summary")
     assert b"batch_size: 64" in texts[0].tensor_proto.string_val[0]
 
@@ -263,3 +271,68 @@ def test_a_hydra_multirun_logs_a_parent_and_one_child_per_job(tmp_path: Path) ->
     assert all(r.info.status == "FINISHED" for r in kids)
     assert client.get_run(parent).info.status == "FINISHED"
     assert "summary.md" in {a.path for a in client.list_artifacts(parent)}
+
+
+def test_wandb_gets_the_same_artifacts_as_mlflow_and_a_name_of_its_own(logged_run) -> None:
+    """config.resolved.yaml, run.json, metrics.jsonl, report.md and curves.png: in the
+    offline run's files and in one run-record artifact (W&B sends both on `wandb sync`);
+    the run's name is its path, not the experiment id two runs of one config share."""
+    from reprotrain.loggers.mlflow_sink import RUN_ARTIFACTS
+
+    run_dir, _ = logged_run
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    saved = {p.name for p in (offline / "files" / "record").iterdir()}
+    assert saved == set(RUN_ARTIFACTS)
+    log = (run_dir / "train.log").read_text()
+    assert "logger wandb failed" not in log and "no report artifact" not in log
+    records = wandb_records(next(offline.glob("*.wandb")))
+    (artifact,) = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
+    assert artifact.type == "run-record"
+    assert {m.path for m in artifact.manifest.contents} == set(RUN_ARTIFACTS)
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert run.display_name.endswith(run_dir.name)
+    assert run.display_name != run_json(run_dir)["experiment_id"]
+
+
+def wandb_records(path: Path) -> list:
+    """Every record of a W&B offline transaction log (what `wandb sync` uploads): a 7-byte
+    header, then LevelDB-style 32 KiB blocks of chunks (crc32, length, kind: full, first,
+    middle, last), each record a ``wandb_internal_pb2.Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos = path.read_bytes(), 32768, 7
+    assert data[:4] == b":W&B"
+    chunks, pending = [], b""
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == kind == 0:  # padding to the block's end
+            pos += room
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            chunks.append(pending)
+    records = []
+    for chunk in chunks:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(chunk)
+        records.append(record)
+    return records
+
+
+def test_mlflow_search_runs_gives_a_dataframe_with_the_locked_extra(logged_run) -> None:
+    """The call MLflow's users reach for first: it needs pandas, which mlflow-skinny does not
+    bring (ModuleNotFoundError before pandas joined requirements-mlflow.lock)."""
+    run_dir, uri = logged_run
+    mlflow.set_tracking_uri(uri)
+    exps = [e.experiment_id for e in MlflowClient(uri).search_experiments()]
+    frame = mlflow.search_runs(experiment_ids=exps)
+    assert len(frame) == 1
+    final = run_json(run_dir)["final_metrics"]
+    assert frame["metrics.final/test_acc"].iloc[0] == pytest.approx(final["test_acc"])

@@ -390,3 +390,44 @@ def test_a_new_projects_make_test_slow_repeats_its_experiment_bitwise(tmp_path, 
     proc = project_make(proj, tmp_path, "test-slow")
     assert_ok(proc)
     assert "1 passed" in proc.stdout and "failed" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_new_project_is_a_home_lock_install_train_archive_reproduce_env_check(tmp_path, template):
+    """As a new user would (issue 35): make new-project NAME=lab, add a dependency, make
+    lock (the package index), make install (a venv of its own), a tiny train, make archive,
+    make reproduce -> REPRODUCED (bitwise), make env-check -> ok. Before, the project's own
+    package counted as drift, so every run recorded drift and its own archive was NOT
+    COMPARABLE ("installed packages differ from the archived lock: lab")."""
+    proj = new_project(template, tmp_path / "lab", name="lab")
+    with (proj / "requirements.in").open("a") as f:
+        f.write("tomli-w>=1.0  # the dependency this project adds\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    env = {k: v for k, v in env.items() if not k.startswith(("PYTEST", "REPROTRAIN_TEST"))}
+    env.pop("PYTHONPATH", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "--no-print-directory", f"PYTHON={PY3}", *args], cwd=proj,
+                              env=env, capture_output=True, text=True, timeout=1500)  # fmt: skip
+
+    assert_ok(run("lock"))
+    assert "tomli-w==" in (proj / "requirements.lock").read_text()
+    assert_ok(run("install"))
+    py = proj / ".venv" / "bin" / "python"
+    subprocess.run([str(py), "-c", "import tomli_w, lab"], check=True, env=env)
+    commit_all(proj, "lab: add tomli-w")
+    tiny = ("experiment=smoke dataset.num_train=192 dataset.num_test=64 trainer.batch_size=64 "
+            f"trainer.epochs=1 logger=none hydra.run.dir={proj / 'outputs' / 'r1'}")  # fmt: skip
+    assert_ok(run("train", f"ARGS={tiny}"))
+    record = json.loads((proj / "outputs" / "r1" / "run.json").read_text())
+    assert record["env_drift"]["status"] == "ok", record["env_drift"]
+    assert record["env_drift"]["project"]["name"] == "lab"
+    assert record["components"]["model"].startswith("lab.")
+    assert_ok(run("archive", f"RUN={proj / 'outputs' / 'r1'}"))
+    (archive,) = (proj / "archives").glob("*.tar.gz")
+    proc = run("reproduce", f"ARCHIVE={archive}")
+    assert_ok(proc)
+    assert "REPRODUCED (bitwise)" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]
+    check = run("env-check")
+    assert_ok(check)
+    assert check.stdout.startswith("ok: ")

@@ -6,7 +6,9 @@ tests/starter/test_reference_job.py (it trains the reference job).
 
 from __future__ import annotations
 
+import json
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -130,3 +132,60 @@ def test_a_portable_archive_reproduces_bitwise_its_replay_sets_the_levers_again(
     (rerun,) = (tmp_path / "rerun").glob("*/run.json")
     record = json.loads(rerun.read_text())
     assert record["repro"]["level"] == "portable" and record["environment"]["cpu"]["portable"]
+
+
+# ------------------------------------------------- the probe (scripts/portable_probe.py)
+
+
+def portable_probe():
+    """scripts/portable_probe.py as a module (it is a template script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "portable_probe", REPO / "scripts" / "portable_probe.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_portable_probe_on_this_cpu_gives_the_pinned_hash():
+    """The claim on whatever CPU runs the suite (Intel or AMD, AVX2 or AVX-512): the probe's
+    every gradient, loss and weight under the portable levers equals the pin."""
+    if not X86 or "avx2" not in (hashseed.cpu_flags() or {"avx2"}):
+        pytest.skip("repro=portable covers x86-64 CPUs with AVX2")
+    probe = portable_probe()
+    row = probe.run_one(None, timeout=300)
+    assert "error" not in row, row
+    assert (row["portable"], row["capability"], row["mkl_cbwr_branch"]) == (
+        True,
+        "AVX2",
+        "COMPATIBLE",
+    )
+    assert row["sha256"] == probe.PINNED["x86_64"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("qemu-x86_64"), reason="qemu-x86_64 not on PATH")
+def test_the_portable_probe_holds_on_emulated_intel_and_amd_avx2_cpus(tmp_path):
+    """`make portable-probe`: natively, as an Intel Haswell and an AMD EPYC Rome (AVX2 only;
+    their own cpuid, not this host's), the pinned hash; a Nehalem is refused in one line."""
+    out = tmp_path / "probe.json"
+    cmd = [sys.executable, "scripts/portable_probe.py", "--cpus", "Haswell-v4,EPYC-Rome-v2",
+           "--refuse", "Nehalem", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True,
+                          timeout=1800)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    pinned = portable_probe().PINNED["x86_64"]
+    probes = result["probes"]
+    assert set(probes) == {"native", "Haswell-v4", "EPYC-Rome-v2"}
+    assert {p["sha256"] for p in probes.values()} == {pinned}
+    assert (
+        "Haswell" in probes["Haswell-v4"]["cpu"] and "GenuineIntel" in probes["Haswell-v4"]["cpu"]
+    )
+    assert (
+        "EPYC-Rome" in probes["EPYC-Rome-v2"]["cpu"]
+        and "AuthenticAMD" in probes["EPYC-Rome-v2"]["cpu"]
+    )
+    assert [r["refused_in_one_line"] for r in result["refusals"]] == [True]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from reprotrain.data.file_hashes import file_sha256
 from reprotrain.repro import requirements_lock as lf
 from reprotrain.tools.locks import check_lock
@@ -254,7 +255,7 @@ def test_compare_env_reports_each_kind() -> None:
         "reprotrain": "0.1.0",
         "torch": "2.14.1+cpu",
     }
-    drift = lf.compare_env(locked, installed)
+    drift = lf.compare_env(locked, installed, project="reprotrain")
     assert drift["status"] == "drift"
     assert drift["missing"] == ["tqdm"]
     assert drift["extra"] == ["six"]  # the project itself is never drift
@@ -274,7 +275,23 @@ def test_unlocked_pip_is_not_drift_but_a_locked_pip_is_compared() -> None:
 def test_compare_env_ok_with_normalised_names() -> None:
     locked = {"typing_extensions": {"4.16.0"}, "Jinja2": {"3.1.6"}, "reprotrain": {"9"}}
     installed = {"typing-extensions": "4.16.0", "jinja2": "3.1.6"}
-    assert lf.compare_env(locked, installed)["status"] == "ok"
+    assert lf.compare_env(locked, installed, project="reprotrain")["status"] == "ok"
+
+
+def test_the_project_is_pyprojects_name_and_is_not_drift_only_when_installed_editable(tmp_path):
+    """A project made from the template (``make new-project NAME=lab``) is ``lab``: its own
+    package installed editable is not drift (its code is the checkout's, covered by the
+    code digest); a copy in site-packages is."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "Lab_Tools"\nversion = "0.1"\n')
+    assert lf.project_name(tmp_path) == "lab-tools"
+    assert lf.project_name(tmp_path / "nowhere") is None
+    installed = {"lab-tools": "0.1", "torch": "2.14.1"}
+    assert lf.compare_env({"torch": {"2.14.1"}}, installed, "lab-tools")["status"] == "ok"
+    assert lf.compare_env({"torch": {"2.14.1"}}, installed)["extra"] == ["lab-tools"]
+    assert lf.project_name(REPO) == "reprotrain"
+    assert Path(lf.editable_source("reprotrain")).resolve() == REPO.resolve()
+    assert lf.editable_source("torch") is None  # installed from a wheel
+    assert lf.env_drift(REPO)["project"]["name"] == "reprotrain"
 
 
 def _write_lock_of(path: Path, versions: dict[str, str]) -> None:

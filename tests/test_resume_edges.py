@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, assert_ok, base_env, jsonl, run_json, train
 
 
@@ -105,3 +107,37 @@ def test_stop_at_global_step_checkpoints_there_and_exits_75(tmp_path, reference_
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert_ok(train(run, "trainer.checkpoint_every_steps=3", "resume=auto"))
     assert run_json(run)["final_weights_sha256"] == run_json(reference_run)["final_weights_sha256"]
+
+
+def test_a_run_that_ended_at_stop_after_epoch_is_completed_until_a_resume_asks_for_more(
+    tmp_path,
+):
+    """It trained one more epoch on each resume (issue 34.5). Now a resume with the same
+    settings is "already completed", exit 0, nothing rewritten; one that lifts the stop
+    (trainer.stop_after_epoch=0) continues to trainer.epochs."""
+    run = tmp_path / "run"
+    assert_ok(train(run, "trainer.stop_after_epoch=1"))
+    before = (run / "run.json").read_bytes(), (run / "metrics.jsonl").read_bytes()
+    again = train(run, "trainer.stop_after_epoch=1", "resume=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already completed (1 of 2 epochs done, trainer.stop_after_epoch=1)" in again.stderr
+    assert ((run / "run.json").read_bytes(), (run / "metrics.jsonl").read_bytes()) == before
+    assert_ok(train(run, "trainer.stop_after_epoch=0", "resume=auto"))
+    assert run_json(run)["epochs_completed"] == 2
+
+
+@pytest.mark.parametrize(
+    "loop, trainer, why",
+    [
+        ({"epoch": 3}, {"epochs": 2}, "2 of 2 epochs done"),
+        ({"epoch": 3}, {"epochs": 4}, None),  # trainer.epochs extended: it continues
+        ({"epoch": 2}, {"epochs": 4, "stop_after_epoch": 1}, "1 of 4 epochs done, trainer.stop"),
+        ({"epoch": 2}, {"epochs": 4, "stop_after_epoch": 3}, None),
+        ({"epoch": 2, "early_stopped": {"epoch": 1}}, {"epochs": 9}, "early stopping ended it"),
+    ],
+)
+def test_what_a_completed_run_has_left_to_run(loop, trainer, why):
+    from reprotrain.repro.resume_guard import already_completed
+
+    got = already_completed(loop, trainer)
+    assert got is None if why is None else got.startswith(why)

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 import host_facts
 import skip_policy
@@ -35,28 +34,39 @@ def inner_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.Complete
     )
 
 
-def test_a_constant_other_capability_fails_on_a_fake_host_and_a_derived_one_passes(tmp_path):
-    real = torch.backends.cpu.get_cpu_capability()
-    constant = next(f.capability for f in host_facts.FAKE_HOSTS if f.capability != real)
+def test_a_constant_other_cpu_fails_on_that_host_and_a_derived_one_passes(tmp_path):
+    """A CPU model or capability written into a test as "another" one fails on the matrix
+    host that has it, here, before the next machine does."""
+    from reprotrain.repro import cpu_identity
+
+    real = cpu_identity.capture()
+    model = next(h.capture["model_name"] for h in host_facts.HOSTS
+                 if h.capture["model_name"] != real["model_name"])  # fmt: skip
+    capability = next(h.capability for h in host_facts.HOSTS if h.capability != real["capability"])
     proc = inner_pytest(
         tmp_path,
         f"""
         import os, platform
         import pytest, torch
+        from reprotrain.repro import cpu_identity
 
         pytestmark = pytest.mark.host_facts
 
-        def test_constant_other():
-            assert torch.backends.cpu.get_cpu_capability() != {constant!r}
+        def test_constant_other_model():
+            assert cpu_identity.capture()["model_name"] != {model!r}
+
+        def test_constant_other_capability():
+            assert torch.backends.cpu.get_cpu_capability() != {capability!r}
 
         def test_derived_other():
-            now = torch.backends.cpu.get_cpu_capability()
-            other = next(c for c in ("AVX2", "AVX512") if c != now)
+            now = cpu_identity.capture()["model_name"]
+            other = f"{{now}} (another)"
             assert other != now
 
         def test_every_fact_is_faked(faked_host):
             if faked_host is None:
                 return
+            assert cpu_identity.capture() == faked_host.capture
             assert torch.get_num_threads() == faked_host.threads
             assert os.cpu_count() == len(os.sched_getaffinity(0)) == faked_host.cores
             assert platform.machine() == faked_host.machine
@@ -69,14 +79,17 @@ def test_a_constant_other_capability_fails_on_a_fake_host_and_a_derived_one_pass
     )
     out = proc.stdout
     assert proc.returncode == 1, out
-    assert f"FAILED test_inner.py::test_constant_other[fake-{constant}]" in out
-    assert "PASSED test_inner.py::test_constant_other[real]" in out
-    fakes = host_facts.fakes_for_this_host()
-    assert real not in {f.capability for f in fakes} and len(fakes) >= 2
-    for fake in fakes:
-        assert f"PASSED test_inner.py::test_derived_other[{fake.id}]" in out
-        assert f"PASSED test_inner.py::test_every_fact_is_faked[{fake.id}]" in out
-    assert out.count("FAILED") == 1
+    failing = 0
+    for host in host_facts.HOSTS:
+        for name, value, theirs in (("model", model, host.capture["model_name"]),
+                                    ("capability", capability, host.capability)):  # fmt: skip
+            verdict = "FAILED" if theirs == value else "PASSED"
+            failing += verdict == "FAILED"
+            assert f"{verdict} test_inner.py::test_constant_other_{name}[{host.id}]" in out
+        assert f"PASSED test_inner.py::test_derived_other[{host.id}]" in out
+        assert f"PASSED test_inner.py::test_every_fact_is_faked[{host.id}]" in out
+    assert "PASSED test_inner.py::test_constant_other_model[real]" in out
+    assert failing >= 2 and out.count("FAILED") == failing
 
 
 def test_a_skip_for_an_unlisted_reason_fails_the_run(tmp_path):
@@ -185,5 +198,5 @@ def test_the_modules_that_read_host_facts_opt_in_and_the_readme_names_the_rules(
     section = section[: section.index("\n## ")]
     for binary in skip_policy.BINARIES:
         assert binary in section, binary
-    for fake in host_facts.FAKE_HOSTS:
-        assert f"`{fake.capability}`" in section, fake.capability
+    for host in host_facts.HOSTS:
+        assert f"`{host.id}`" in section, host.id

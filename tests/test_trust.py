@@ -8,6 +8,7 @@ a refusal must leave no marker (the code never ran) and nothing extracted.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import subprocess
@@ -16,13 +17,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO, base_env
 from reprotrain.data.file_hashes import file_sha256
+from reprotrain.errors import ReprotrainError
 from reprotrain.tools.archive import archive as arch
 from reprotrain.tools.archive.archive_check import MANIFEST, SIGNATURE
 from reprotrain.tools.reproduce import reproduce as repro
 from reprotrain.tools.reproduce import rerun
+from test_shown import SPOOF, assert_no_raw_control
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 SELFCHECK_CONF = "src/reprotrain/selfcheck/conf"  # the framework's own configs
@@ -426,3 +430,126 @@ def test_rule_a_config_check_per_group_nested_partial_and_interpolations():
     for expected in expected_parts:
         assert expected in text, (expected, found)
     assert len(found) == 6, found  # the hydra subtree is refused once, as a whole
+
+
+# ------------------------------------------- what an archive says, and what a verdict reads
+# (issue 37): its strings are escaped on the terminal, its records are checked before any
+# re-run, and archiving cleans up after a killed archiver and names the file a full disk hit.
+
+
+def test_a_spoofing_experiment_id_prints_escaped_in_reproduce(archived, tmp_path, repo, capsys):
+    top = unpack(archived, tmp_path / "unpacked")
+    record = json.loads((top / "run" / "run.json").read_text())
+    record["experiment_id"] = SPOOF
+    (top / "run" / "run.json").write_text(json.dumps(record))
+    spoofed = repack(top, tmp_path / "spoofed.tar.gz")
+    reproduce(spoofed, tmp_path, repo)
+    out, err = capsys.readouterr()
+    assert_no_raw_control(out + err)
+    lines = out.splitlines()
+    assert not any(
+        x.startswith(("REPRODUCED", "trust    (a) source/ is commit 1234")) for x in lines
+    )
+    (run_line,) = [x for x in lines if x.startswith("run      ")]
+    assert "exp\\ntrust    (a)" in run_line and "\\x1b[8m" in run_line
+
+
+def test_a_resume_entry_of_the_wrong_shape_is_refused_before_the_rerun(
+    archived,
+    tmp_path,
+    repo,
+    capsys,
+):
+    top = unpack(archived, tmp_path / "unpacked")
+    record = json.loads((top / "run" / "run.json").read_text())
+    record["resumes"] = [{"global_step": 1, "bitwise_guarantee": False, "unrestored": 5}]
+    (top / "run" / "run.json").write_text(json.dumps(record))
+    rc = reproduce(repack(top, tmp_path / "bad.tar.gz"), tmp_path, repo)
+    err = capsys.readouterr().err
+    assert rc == 2 and "resumes[0].unrestored is 5" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists(), "nothing re-ran"
+
+
+def fake_sweep_archive(tmp_path: Path, repo_dir: Path, config: str, study: dict | None = None,
+                       overrides: str | None = None, monkeypatch=None) -> Path:  # fmt: skip
+    """A sweep archive of two hand-made runs (test_trust's record), as make archive packs it."""
+    from reprotrain.tools.archive import sweep_archive
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for n in range(2):
+        (tmp_path / f"r{n}").mkdir()
+        src = fake_run(tmp_path / f"r{n}", repo_dir, config)
+        (src / ".hydra").mkdir()
+        (src / ".hydra" / "overrides.yaml").write_text(overrides or yaml.safe_dump([f"x={n}"]))
+        shutil.move(src, sweep / str(n))
+    if study is not None:
+        (sweep / "study.json").write_text(json.dumps(study))
+    monkeypatch.setattr(sweep_archive, "pip_freeze", lambda: "")
+    path, _ = sweep_archive.build(sweep, tmp_path / "out", repo=repo_dir)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("study", "overrides", "says"),
+    [
+        ({"metric": "val_acc", "trials": "all"}, None, "study.json: metric_mode is missing"),
+        (None, "{a: [1", "overrides.yaml: not a YAML list of overrides"),
+        (None, yaml.safe_dump([{"a": 1}]), "overrides.yaml: not a YAML list of overrides"),
+    ],
+)
+def test_a_malformed_sweep_record_is_refused_before_anything_reruns(
+    tmp_path,
+    repo,
+    job_config,
+    monkeypatch,
+    capsys,
+    study,
+    overrides,
+    says,
+):
+    path = fake_sweep_archive(tmp_path, repo, job_config, study, overrides, monkeypatch)
+    capsys.readouterr()
+    rc = reproduce(path, tmp_path, repo)
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists(), "nothing re-ran"
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_archivers_staging_dir_is_removed_by_the_next_archive(
+    tmp_path,
+    repo,
+    job_config,
+    monkeypatch,
+):
+    out = tmp_path / "out"
+    stale = out / f".archive-{dead_pid()}-x1y2"
+    (stale / "run").mkdir(parents=True)
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    arch.build(fake_run(tmp_path, repo, job_config), out, repo=repo)
+    assert not stale.exists()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_full_disk_while_archiving_names_the_file_being_written(
+    tmp_path,
+    repo,
+    job_config,
+    monkeypatch,
+):
+    def full(src, dst, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+
+    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr(arch.shutil, "copy2", full)
+    run = fake_run(tmp_path, repo, job_config)
+    with pytest.raises(ReprotrainError) as failed:
+        arch.build(run, tmp_path / "out", repo=repo)
+    where = str(failed.value).split(" failed at ")[1].split(":")[0]
+    assert ".archive-" in where and not where.startswith(str(run)), failed.value

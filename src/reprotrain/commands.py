@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -158,10 +159,44 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
         )
         and "hydra/sweeper=basic" not in args
     )
+    if seeds is not None:
+        if own_seed:
+            raise ValueError(
+                "--seeds and a seed.base= override both give the seeds; keep one "
+                "(--seeds 0,1,2, or seed.base=0,1,2)"
+            )
+        if search:
+            raise ValueError(
+                f"--seeds {seeds} with a search (hydra/sweeper=optuna, +hparams_search=...): "
+                "the search would take seed.base for a searched parameter; drop --seeds (a "
+                "study's seed is seed.base=N, which also seeds its sampler)"
+            )
+        check_seed_list(seeds, "--seeds")
+    for arg in args:
+        if arg.lstrip("+~").partition("=")[0] == "seed.base":
+            check_seed_list(arg.partition("=")[2], "seed.base")
     if seeds is None and not own_seed and not search:
         seeds = DEFAULT_SEEDS
     multirun = [] if "--multirun" in args or "-m" in args else ["--multirun"]
     return nproc, [*multirun, *([f"seed.base={seeds}"] if seeds else []), *args]
+
+
+def check_seed_list(text: str, name: str) -> None:
+    """A seed list: not empty, and no seed twice (``1,1`` would be one seed counted twice:
+    n=2 with no spread). Hydra's own sweep forms (``range(0,5)``) pass as they are."""
+    values = [v.strip() for v in text.split(",")]
+    if not all(values):
+        raise ValueError(
+            f"{name}={text!r} has an empty seed; give the seeds as a list, e.g. "
+            f"{name}=0,1,2 (make sweep SEEDS=0,1,2)"
+        )
+    numbers = [int(v) if re.fullmatch(r"[+-]?[0-9]+", v) else v for v in values]
+    twice = sorted({str(v) for v in numbers if numbers.count(v) > 1})
+    if twice:
+        raise ValueError(
+            f"{name}={text}: seed {twice[0]} is given twice; give each seed once (a repeated "
+            "seed is the same run again, not another sample)"
+        )
 
 
 def sweep(argv: list[str]) -> int:
@@ -172,7 +207,11 @@ def sweep(argv: list[str]) -> int:
             + (sweep_args.__doc__ or "")
         )
         return 0
-    nproc, args = sweep_args(argv)
+    try:
+        nproc, args = sweep_args(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     return run_trainer(args, nproc)
 
 
@@ -200,6 +239,7 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
 
 # ------------------------------------------------------------------------- shell completion
 
+SHELLS = ("bash", "zsh")  # what Hydra's completion plugins exist for
 TRAINER_APP = "reprotrain-train"  # what Hydra's completion query sees in place of "<us> train"
 
 
@@ -223,6 +263,11 @@ def shell_completion(argv: list[str]) -> int:
     import re
 
     action = argv[0] if argv else ""
+    shell = action.partition("=")[2]
+    if action.startswith(("install=", "uninstall=", "query=")) and shell not in SHELLS:
+        print(f"error: -sc {action}: completion exists for {' and '.join(SHELLS)} only; "
+              f"-sc {action.partition('=')[0]}=bash or =zsh", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     if action.startswith(("install=", "uninstall=")):
         proc = _trainer_completion(action, dict(os.environ))
         if proc.returncode:
@@ -353,9 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if exit_file is not None and not exit_file.parent.is_dir():
-        print(f"error: --exit-file {exit_file}: no such directory", file=sys.stderr)
-        return EXIT_USAGE
+    if exit_file is not None:
+        from reprotrain.tools import exit_file as exit_files
+
+        try:  # before the job runs: a device, FIFO or directory is never replaced
+            exit_file = exit_files.checked(exit_file)
+        except exit_files.ExitFileError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     if argv[:1] in (["-sc"], ["--shell-completion"]):
         return shell_completion(argv[1:])
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -380,9 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"reprotrain {command.name}: exit {code} ({command.meaning(code)})",
                   file=sys.stderr, flush=True)  # fmt: skip
     if exit_file is not None:
-        from reprotrain.repro.record import atomic_write_text  # light: no torch
-
-        atomic_write_text(exit_file, f"{code}\n")  # a reader never sees half a number
+        exit_files.write(exit_file, code)  # a failed write is one line; the code survives
     return code
 
 

@@ -229,6 +229,15 @@ def check(cfg: DictConfig) -> None:
     build_naming_key(
         "scheduler", cfg.scheduler, lambda node: build_scheduler(node, optimizer, total_steps=10)
     )
+    if isinstance(cfg.get("step"), DictConfig):  # a step's own argument checks (step.rho=0)
+        build_naming_key("step", cfg.step, lambda node: build_step(node, torch.nn.Linear(1, 1)))
+    from reprotrain.data.base import InMemoryTensors
+
+    dataset = locate(str(cfg.dataset["_target_"]), "dataset")
+    if isinstance(dataset, type) and issubclass(dataset, InMemoryTensors):
+        # An in-memory dataset loads nothing until load_samples (its base's contract), so
+        # building it here runs only its argument checks (dataset.positive_fraction=0).
+        build_naming_key("dataset", cfg.dataset, lambda node: build("dataset", node))
 
 
 def build_naming_key(group: str, node: DictConfig, make: Callable[[DictConfig], Any]) -> Any:

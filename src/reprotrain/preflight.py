@@ -44,6 +44,7 @@ from reprotrain.config import (
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import hashseed
+from reprotrain.sweep_checks import check_sweep, check_sweep_overrides, sweep_values
 
 _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
 
@@ -98,15 +99,13 @@ def expand(overrides: list[str]) -> list[list[str]]:
     """One override list per sweep value (others at their first value), or just the input."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     base = [
-        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
-        if o.is_sweep_override()
-        else o.input_line
+        f"{o.get_key_element()}={sweep_values(o)[0]}" if o.is_sweep_override() else o.input_line
         for o in parsed
     ]
     variants = [base]
     for i, o in enumerate(parsed):
         if o.is_sweep_override():
-            for value in list(o.sweep_string_iterator())[1:]:
+            for value in sweep_values(o)[1:]:
                 variant = list(base)
                 variant[i] = f"{o.get_key_element()}={value}"
                 variants.append(variant)
@@ -135,10 +134,20 @@ def compose_all(argv: list[str]) -> list | bool:
         if not args.multirun:
             refuse_sweep_without_multirun(args.overrides)
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            for overrides in expand(args.overrides):
+            if args.multirun:
+                check_sweep_overrides(args.overrides)
+            variants = expand(args.overrides)
+            if args.multirun:  # the sweeper and its search space, before anything is written
+                first = compose(config_name=config_name, overrides=variants[0],
+                                return_hydra_config=True)  # fmt: skip
+                check_sweep(first, args.overrides)
+            for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
                 check_schema_keys(cfg)
+                check_text_lists(cfg)
                 validate(cfg, launch_world_size())
+                if cfg.repro.level == "portable":  # before any user code imports torch: a
+                    hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
                 components.check(cfg)
                 check_loss(cfg)
                 check_data_settings(cfg)
@@ -314,6 +323,28 @@ def check_schema_keys(cfg) -> None:
             raise ReprotrainError(
                 f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
             )
+
+
+#: Top-level keys typed ``list[str]`` in the schema, whose items an override can still
+#: make mappings or lists (``tags=[a,{b:c},[d]]``): each item must be one text label.
+TEXT_LISTS = ("tags", "include_untracked")
+
+
+def check_text_lists(cfg) -> None:
+    """``tags`` / ``include_untracked`` hold text, one label or path per item."""
+    for key in TEXT_LISTS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, ListConfig):
+            raise ReprotrainError(f"{key} must be a list of text, e.g. {key}=[a,b]")
+        for item in value:
+            if isinstance(item, DictConfig | ListConfig):
+                shown = str(OmegaConf.to_container(item))[:60]
+                raise ReprotrainError(
+                    f"{key}: the item {shown} is not text; each item is one label (quote one "
+                    f"that holds a colon or brackets: {key}=[a,'b:c'])"
+                )
 
 
 def check_monitor(cfg) -> None:

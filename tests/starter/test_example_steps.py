@@ -120,3 +120,23 @@ def test_a_run_with_the_step_killed_by_sigkill_resumes_bitwise(tmp_path, step):
     assert a["components"]["step"] == b["components"]["step"]
     if "step=ema" in step:
         assert a["components"]["evaluated_with"] == "EMA weights"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["step=sam", "step.rho=0"], "step.rho=0 is refused by starter.steps.SAM"),
+        (["step=ema", "step.decay=1"], "step.decay=1 is refused by starter.steps.EMA"),
+        (["dataset=imbalanced", "dataset.positive_fraction=0"],
+         "dataset.positive_fraction=0 is refused"),
+    ],
+)  # fmt: skip
+def test_a_bad_step_or_dataset_argument_is_refused_before_the_run_dir_exists(
+    overrides, says, tmp_path
+):
+    run_dir = tmp_path / "run"
+    proc = train(run_dir, "experiment=smoke", *overrides, micro=False)
+    assert proc.returncode == 2
+    (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert line.startswith("error: ") and says in line
+    assert not run_dir.exists(), "nothing written: no failed run directory left behind"

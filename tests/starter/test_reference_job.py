@@ -12,6 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
 
+import host_facts
 from conftest import REPO, assert_ok, run_json, train
 from reprotrain.config import register_configs
 from starter.resnet import CifarResNet
@@ -111,35 +112,28 @@ def test_smoke_bits_are_the_same_in_the_template_and_a_new_project(tmp_path):
 # What decides a run's CPU bits is what the comparability rule compares for it
 # (repro/comparability.py: cpu_key). Under strict: the CPU's whole identity (vendor, model,
 # ISA extensions, the paths torch/oneDNN/MKL chose, library versions, dispatch variables)
-# and the thread count; values are measured on the hosts named, and any other identity has
-# no value here: the test skips and names it (an Intel Xeon with AMX, AVX512 like the AMD
-# EPYC below, gave other bits: issue 24). Under portable: only the architecture and the
-# thread count, so the portable value must hold on every x86-64 machine with AVX2.
-AMD_EPYC_ZEN4 = {
-    "machine": "x86_64",
-    "thread count": "2",
-    "CPU": "AuthenticAMD AMD EPYC (family 25, model 17)",
-    "cpu ISA extensions": "avx2 avx512_bf16 avx512_bitalg avx512_vbmi2 avx512_vnni "
-    "avx512_vpopcntdq avx512bw avx512cd avx512dq avx512f avx512ifma avx512vbmi avx512vl f16c fma",
-    "cpu dispatch": "native",
-    "cpu capability": "AVX512",
-    "oneDNN ISA": "Intel AVX-512 with Intel DL Boost and bfloat16 support",
-    "oneDNN enabled": "True",
-    "MKL CNR branch": "BRANCH_OFF",
-    "MKL": "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 "
-    "for Intel(R) 64 architecture applications",
-    "oneDNN": "v3.12.0 (Git Hash 80afa71049cd69a3df32adcccb623b12cd7baa22)",
-    **dict.fromkeys(
-        ("$ATEN_CPU_CAPABILITY", "$ONEDNN_MAX_CPU_ISA", "$DNNL_MAX_CPU_ISA", "$MKL_CBWR",
-         "$MKL_ENABLE_INSTRUCTIONS"),
-        "none",
-    ),
-}  # fmt: skip
-#: final_weights_sha256 under strict: [(CPU identity, hash)].
-SMOKE = [(AMD_EPYC_ZEN4, "16947fe1ed7020b677cc220f368545b57e035f3e650e9512d630f17b14915747")]
-MICRO = [(AMD_EPYC_ZEN4, "3a4404d3a7864de95c50f6e8361fb94252a095cb7d902de873905b5dd3eeb42f")]
+# and the thread count. The values live with the identities they were measured on
+# (tests/hosts/<id>.json, "pins": {config: {threads: hash}}), keyed by that identity's own
+# cpu_key; any other identity has no value: the test skips and names the nearest one and
+# how it differs. Under portable: only the architecture and the thread count, so the
+# portable value must hold on every x86-64 machine with AVX2.
+
+
+def pins(config: str) -> list[tuple[dict[str, str], str]]:
+    """[(CPU identity key, final_weights_sha256)] of ``config`` on every host measured."""
+    from reprotrain.repro import comparability
+
+    out = []
+    for host in host_facts.HOSTS:
+        for threads, value in (host.pins.get(config) or {}).items():
+            env = {"machine": host.machine, "num_threads": int(threads), "cpu": host.capture}
+            out.append((comparability.cpu_key(env), value))
+    return out
+
+
 #: final_weights_sha256 under repro=portable by (architecture, threads): measured the same on
-#: an AMD EPYC (Zen 4, family 25 model 17) and an Intel Xeon with AMX (issue 24).
+#: an AMD EPYC (Zen 4, family 25 model 17; Zen 5, family 26 model 2) and an Intel Xeon with
+#: AMX (issue 24).
 PORTABLE_MICRO = {("x86_64", 2): "d77712ccd167e867606a46730798959e864cae5a22748de4f1ffd71e8425591c"}
 MICRO_OVERRIDES = (
     "experiment=smoke", "dataset.num_train=576", "dataset.num_test=256",
@@ -182,7 +176,7 @@ def test_micro_smoke_bits_are_pinned_and_one_microbatch_keeps_them(tmp_path):
     from reprotrain.repro import comparability
 
     key = host_cpu_key(2)
-    expected = pinned(MICRO, key)
+    expected = pinned(pins("micro_smoke_strict"), key)
     whole = tmp_path / "whole"
     assert_ok(train(whole, *MICRO_OVERRIDES, micro=False))
     record = run_json(whole)
@@ -209,10 +203,31 @@ def test_portable_micro_smoke_bits_are_the_pinned_ones_on_every_x86_64_cpu(tmp_p
 
 @pytest.mark.slow
 def test_smoke_run_bits_are_pinned(tmp_path):
-    expected = pinned(SMOKE, host_cpu_key(2))
+    expected = pinned(pins("smoke_strict"), host_cpu_key(2))
     run = tmp_path / "smoke"
     assert_ok(train(run, "experiment=smoke", "logger=none", "repro.num_threads=2", micro=False,
                     timeout=900))  # fmt: skip
     record = run_json(run)
     assert record["final_weights_sha256"] == expected
     assert record["final_metrics"]["test_acc"] == 0.8974609375
+
+
+MEASURED = [h for h in host_facts.HOSTS if h.pins]
+
+
+@pytest.mark.parametrize("host", MEASURED, ids=[h.id for h in MEASURED])
+def test_each_measured_host_finds_its_own_pins_by_its_full_identity(monkeypatch, host):
+    """The key a strict run on that host records is the key its pins are filed under (the
+    Intel Xeon with AMX: 5f5ecbeb… for the micro smoke at 2 threads)."""
+    host_facts.apply(monkeypatch, host)
+    key = host_cpu_key(2)
+    for config, by_threads in host.pins.items():
+        assert pinned(pins(config), key) == by_threads["2"], (host.id, config)
+    others = [h for h in MEASURED if h.capture != host.capture]
+    assert all(pins_key(h) != key for h in others)  # no pin answers for another identity
+
+
+def pins_key(host) -> dict[str, str]:
+    from reprotrain.repro import comparability
+
+    return comparability.cpu_key({"machine": host.machine, "num_threads": 2, "cpu": host.capture})

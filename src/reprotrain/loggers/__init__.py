@@ -87,9 +87,9 @@ def build_loggers(
     is not). ``start_step``: the global step a resumed run continues from; TensorBoard
     rewrites its event files from ``history`` (the record up to that step), so curves have
     neither gaps nor doubles. ``report``: draws report.md and curves.png of a run dir into a
-    folder (``tools.runs.report.write_report``), for MLflow's artifacts at the end; without
-    it, the ones ``make report`` already wrote are attached. Non-zero ranks get an empty
-    ``Loggers``.
+    folder (``tools.runs.report.write_report``), for MLflow's and W&B's artifacts at the
+    end; without it, the ones ``make report`` already wrote are attached. Non-zero ranks get
+    an empty ``Loggers``.
     """
     check_logger_config(cfg)
     if _rank() != 0:
@@ -99,7 +99,7 @@ def build_loggers(
     factories: dict[str, Callable[[], Backend]] = {
         "tensorboard": lambda: _tensorboard(cfg, run_dir, start_step, params, history),
         "mlflow": lambda: _mlflow(cfg, run_dir, record, params, report, start_step),
-        "wandb": lambda: _wandb(cfg, run_dir, record, params),
+        "wandb": lambda: _wandb(cfg, run_dir, record, params, report),
     }
     backends: list[Backend] = []
     try:
@@ -140,10 +140,10 @@ def _mlflow(cfg: Any, run_dir: Path, record: dict, params: dict, report, start: 
     return MLflowSink(cfg, run_dir, record, params, report, start)
 
 
-def _wandb(cfg: Any, run_dir: Path, record: dict, params: dict) -> Backend:
+def _wandb(cfg: Any, run_dir: Path, record: dict, params: dict, report) -> Backend:
     from reprotrain.loggers.wandb_sink import WandBSink
 
-    return WandBSink(cfg, run_dir, record, params)
+    return WandBSink(cfg, run_dir, record, params, report)
 
 
 def _rank() -> int:

@@ -8,8 +8,9 @@ What a run writes (tags):
   too), so both share the step axis;
 - ``final/<metric>``: the final and test metrics as scalars, at the last global step;
 - HParams: the flattened resolved config as the session's hyperparameters, the session's end
-  status at close; the HParams tab then lists every run under the logdir with its ``final/*``
-  metrics (TensorBoard builds the table from the sessions it finds);
+  status at close, and with the final metrics the experiment summary that names the
+  table's columns: the hyperparameters and the ``final/*`` metrics (without it TensorBoard
+  makes a column of every scalar tag, ``step/*`` and ``epoch/*`` included);
 - text: ``run`` (identity fields of run.json), ``config`` (config.resolved.yaml),
   ``final_metrics`` (a table).
 
@@ -52,6 +53,7 @@ class TensorBoardSink(Backend):
 
         self.log_dir = Path(log_dir)
         self.last_step = start_step
+        self.hparams = dict(hparams or {})
         if start_step:
             # A resume: what an earlier attempt wrote may stop short of the checkpoint
             # (unflushed when killed) or run past it. Start the stream again from the record.
@@ -95,6 +97,9 @@ class TensorBoardSink(Backend):
                 self.writer.add_scalar(f"final/{key}", value, self.last_step)
         rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(metrics.items()))
         self.writer.add_text("final_metrics", "| metric | value |\n|---|---|\n" + rows, 0)
+        if self.hparams:
+            tags = [f"final/{k}" for k, v in sorted(metrics.items()) if v is not None]
+            self.writer.file_writer.add_summary(experiment(self.hparams, tags))
 
     def close(self, status: str) -> None:
         self.writer.file_writer.add_summary(session_end(status))
@@ -116,6 +121,29 @@ def session_start(hparams: dict[str, bool | int | float | str], group: str = "")
             info.hparams[key].string_value = str(value)
     data = plugin_data_pb2.HParamsPluginData(session_start_info=info)
     return _summary(Summary, metadata, metadata.SESSION_START_INFO_TAG, data)
+
+
+def experiment(hparams: dict[str, bool | int | float | str], metric_tags: list[str]):
+    """The HParams plugin's experiment summary: the table's columns, the hyperparameters
+    (with their types) and the metrics (``final/*``), instead of every scalar tag."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    def kind(value: object) -> int:
+        if isinstance(value, bool):
+            return api_pb2.DATA_TYPE_BOOL
+        return (
+            api_pb2.DATA_TYPE_FLOAT64
+            if isinstance(value, int | float)
+            else api_pb2.DATA_TYPE_STRING
+        )
+
+    exp = api_pb2.Experiment(
+        hparam_infos=[api_pb2.HParamInfo(name=k, type=kind(v)) for k, v in hparams.items()],
+        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags],
+    )
+    data = plugin_data_pb2.HParamsPluginData(experiment=exp)
+    return _summary(Summary, metadata, metadata.EXPERIMENT_TAG, data)
 
 
 def session_end(status: str):

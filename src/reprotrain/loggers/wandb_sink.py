@@ -5,19 +5,30 @@
 accident and a run without an account still works: offline, no login, no network, synced
 later with ``wandb sync <run_dir>/wandb/offline-run-*``. The key is read by wandb itself and
 never recorded. The run id is derived from the run dir, so a resumed run continues the same
-W&B run (``resume="allow"``); a sweep's runs share a ``group`` (the sweep dir's name).
+W&B run (``resume="allow"``); a sweep's runs share a ``group`` (the sweep dir's name). The
+run's name is its path below the project root (``outputs/smoke/<stamp>``), as in MLflow and
+TensorBoard, so two runs of one config (one experiment id) are told apart.
+
+At the end the run gets the same files as MLflow's artifacts: config.resolved.yaml,
+run.json, metrics.jsonl, and report.md and curves.png drawn from the run dir; they are in
+the run's Files tab (``run.save``) and in one artifact of type ``run-record``, versioned.
 """
 
 from __future__ import annotations
 
+import logging
 import netrc
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Backend
-from reprotrain.loggers.params import run_key, sweep_dir_of
-from reprotrain.loggers.settings import require_module
+from reprotrain.loggers.params import relative_name, run_key, sweep_dir_of
+from reprotrain.loggers.settings import project_root, require_module
+
+log = logging.getLogger("reprotrain")
 
 
 def wandb_key_configured() -> bool:
@@ -40,14 +51,17 @@ def resolve_wandb_mode(mode: str) -> str:
 class WandBSink(Backend):
     name = "wandb"
 
-    def __init__(self, cfg: Any, run_dir: Path, record: dict[str, Any], params: dict) -> None:
+    def __init__(
+        self, cfg: Any, run_dir: Path, record: dict[str, Any], params: dict, report: Any = None
+    ) -> None:
         wandb = require_module("wandb", "wandb")
         self.mode = resolve_wandb_mode(cfg.wandb_mode)
+        self.run_dir, self.report, self.key = Path(run_dir), report, run_key(run_dir, record)
         sweep = sweep_dir_of(run_dir)
         self.run = wandb.init(
             project=cfg.wandb_project,
             entity=cfg.wandb_entity or None,
-            name=str(record.get("experiment_id") or Path(run_dir).name),
+            name=relative_name(run_dir, project_root()),
             id=run_key(run_dir, record),
             resume="allow",
             dir=str(run_dir),
@@ -73,4 +87,33 @@ class WandBSink(Backend):
         self.run.summary.update({f"final/{k}": v for k, v in metrics.items() if v is not None})
 
     def close(self, status: str) -> None:
-        self.run.finish(exit_code=0 if status == "completed" else 1)
+        try:
+            self.log_artifacts()
+        finally:
+            self.run.finish(exit_code=0 if status == "completed" else 1)
+
+    def log_artifacts(self) -> None:
+        """The run's record files, and its report and curves drawn from the run dir: the
+        Files tab and one ``run-record`` artifact."""
+        import wandb
+
+        from reprotrain.loggers.mlflow_sink import RUN_ARTIFACTS
+
+        files = Path(self.run.dir) / "record"
+        files.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="reprotrain-wandb-") as tmp:
+            drawn: dict[str, Path] = {}
+            if self.report is not None and (self.run_dir / "metrics.jsonl").is_file():
+                try:
+                    md, png = self.report(self.run_dir, Path(tmp))
+                    drawn = {p.name: p for p in (md, png) if p is not None}
+                except Exception as e:  # a report that cannot be drawn: attach the rest
+                    log.warning("wandb: no report artifact (%s: %s)", type(e).__name__, e)
+            artifact = wandb.Artifact(f"run-{self.key}", type="run-record")
+            for name in RUN_ARTIFACTS:
+                path = drawn.get(name) or self.run_dir / name
+                if path.is_file():
+                    shutil.copyfile(path, files / name)  # W&B's Files tab: the run's dir
+                    artifact.add_file(str(files / name), name=name)
+        self.run.save(str(files / "*"), base_path=self.run.dir, policy="now")
+        self.run.log_artifact(artifact)

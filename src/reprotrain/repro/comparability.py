@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reprotrain.repro.cpu_identity import DISPATCH_ENV_VARS
-from reprotrain.repro.environment import GPU_ENV_VARS
+from reprotrain.repro.environment import GPU_ENV_VARS, steers_bits
 
 MISSING: Any = type("NotRecorded", (), {"__repr__": lambda self: "not recorded"})()
 
@@ -160,6 +160,9 @@ CUDA_RULE: tuple[tuple[str, Getter], ...] = (
     ("fp16 reduced-precision reduction", _get("matmul", "fp16_reduced_precision_reduction")),
     ("bf16 reduced-precision reduction", _get("matmul", "bf16_reduced_precision_reduction")),
 )
+#: Variables the rule already compares on their own (the CPU dispatch and GPU ones): not
+#: named twice by the family comparison.
+_RULED = frozenset((*DISPATCH_ENV_VARS, *GPU_ENV_VARS))
 #: (label, getter): shown, never a reason on its own.
 NOTES: tuple[tuple[str, Getter], ...] = (
     ("os", _get("os")),
@@ -221,7 +224,22 @@ def differences(
     out = _compare(rule, recorded_env, current_env)
     if device_type(recorded_env) == "cuda" and device_type(current_env) == "cuda":
         out += _compare(CUDA_RULE, recorded_env, current_env)
-    return out
+    return out + _bits_env_differences(recorded_env, current_env, steering=True)
+
+
+def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool) -> list[str]:
+    """``$NAME: a -> b`` for each variable of the recorded families (``environment.bits_env``)
+    that differs, those that steer the bits (``steering``) or the rest. A record from before
+    the families were recorded cannot show them equal: one line says so."""
+    a, b = recorded_env.get("bits_env"), current_env.get("bits_env")
+    if a is None or b is None:
+        return ["variables steering the kernels: not recorded"] if steering and a is not b else []
+    names = sorted(set(a) | set(b))
+    return [
+        f"${n}: {_show(a.get(n))} -> {_show(b.get(n))}"
+        for n in names
+        if a.get(n) != b.get(n) and steers_bits(n) == steering and n not in _RULED
+    ]
 
 
 def notes(recorded_env: dict, current_env: dict) -> list[str]:
@@ -234,7 +252,9 @@ def notes(recorded_env: dict, current_env: dict) -> list[str]:
     for name in sorted((set(rvars) | set(cvars)) - set(GPU_ENV_VARS) - set(DISPATCH_ENV_VARS)):
         if rvars.get(name) != cvars.get(name):
             out.append(f"${name}: {_show(rvars.get(name))} -> {_show(cvars.get(name))}")
-    return out
+    shown = {line.split(":", 1)[0] for line in out}
+    extra = _bits_env_differences(recorded_env, current_env, steering=False)
+    return out + [line for line in extra if line.split(":", 1)[0] not in shown]
 
 
 def cpu_key(env: dict) -> dict[str, str]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from reprotrain.repro import cpuid
 from reprotrain.repro.hashseed import PORTABLE_CONFLICTS, PORTABLE_ENV
 
 #: Variables that steer which CPU kernels run (ATen, oneDNN, MKL). Recorded, None when unset,
@@ -73,14 +74,22 @@ _MKL_BRANCHES = {
 _MKL_STRICT = 0x10000
 
 
+def cpu_fields() -> dict[str, Any]:
+    """Vendor, family, model, stepping, model name and dispatch flags of this CPU, with
+    ``source``: from the ``cpuid`` instruction where it can run (x86-64 Linux), which is
+    what the kernel libraries dispatch on, else from ``/proc/cpuinfo`` (the kernel's view,
+    which an emulator or a mounted file can make another CPU's), else from ``platform``."""
+    fields = cpuid.read()
+    if fields is not None:
+        return {**fields, "source": "cpuid"}
+    return {**cpuinfo_fields(), "source": "/proc/cpuinfo"}
+
+
 def cpuinfo_fields(text: str | None = None) -> dict[str, Any]:
     """Vendor, family, model, stepping, model name and dispatch flags of the first CPU in
     ``/proc/cpuinfo`` (Linux); on other systems what ``platform`` knows, the rest None."""
     if text is None:
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            text = ""
+        text = cpuid.proc_cpuinfo()
     if not text and platform.system() == "Darwin":
         return _macos_fields()
     first: dict[str, str] = {}
@@ -217,7 +226,7 @@ def portable_in_force(identity: dict[str, Any]) -> bool:
 
 def capture() -> dict[str, Any]:
     """The CPU identity of this process, for run.json ``environment.cpu``."""
-    cpu = cpuinfo_fields()
+    cpu = cpu_fields()
     identity = {
         "name": cpu["model_name"] or platform.machine(),
         "capability": torch.backends.cpu.get_cpu_capability(),

@@ -19,12 +19,12 @@ expose (the driver version, MIG mode) when it is on PATH.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,48 @@ ENV_ALLOWLIST = (
     "REPROTRAIN_IMAGE",
     "REPROTRAIN_IMAGE_DIGEST",
 )
+
+#: Families of variables the kernel libraries and torch read (issue 34: a user's own
+#: ``ONEDNN_DEFAULT_FPMATH_MODE=BF16`` changed a conv run's bits and was recorded nowhere).
+#: Recorded whole, by family, not from a fixed list: any member may steer the math.
+BITS_ENV_PREFIXES = (
+    "ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "GOMP_", "OPENBLAS_", "ATEN_", "TORCH_",
+    "PYTORCH_", "CUBLAS_", "CUDNN_", "CUDA_", "NCCL_",
+)  # fmt: skip
+BITS_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE",)
+#: Members of those families that do not decide the bits: which GPUs are visible, the thread
+#: pools' sizes (the thread count that ran is read back from torch and compared; torchrun
+#: sets ``OMP_NUM_THREADS=1`` in its workers), and where things are installed or cached.
+#: Recorded, shown as notes, never a reason.
+NOT_BITS_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+NOT_BITS_SUFFIXES = ("_HOME", "_PATH", "_DIR", "_ROOT", "_CACHE")
+
+
+#: A family member whose name says it holds a credential is recorded by sha256 only (still
+#: compared): no token reaches a run record.
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|_KEY$|^KEY_|_KEY_", re.IGNORECASE)
+
+
+def bits_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``BITS_ENV_PREFIXES``/``BITS_ENV_NAMES`` that are set, by name."""
+    environ = os.environ if environ is None else environ
+    return {
+        k: _recorded(k, environ[k])
+        for k in sorted(environ)
+        if k.startswith(BITS_ENV_PREFIXES) or k in BITS_ENV_NAMES
+    }
+
+
+def _recorded(name: str, value: str) -> str:
+    if _SECRET_NAME.search(name):
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return value
+
+
+def steers_bits(name: str) -> bool:
+    """Whether a variable of the families is compared (False: recorded as a note only)."""
+    return name not in NOT_BITS_ENV and not name.endswith(NOT_BITS_SUFFIXES)
+
 
 #: The GPU block's keys; all None on a CPU run.
 GPU_FIELDS = (
@@ -117,13 +159,7 @@ def _indexed(device: torch.device) -> torch.device:
 
 
 def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
+    return cpu_identity.cpu_fields()["model_name"] or platform.processor() or None
 
 
 def device_slug(device: torch.device) -> str:
@@ -262,6 +298,7 @@ def capture(device: torch.device) -> dict[str, Any]:
         "machine": platform.machine(),
         "num_threads": torch.get_num_threads(),
         "env": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
+        "bits_env": bits_env(),
     }
 
 

@@ -198,21 +198,43 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
 
 def code_sha256(repo: Path) -> str:
     """One digest of the code a run imports: every file under the snapshot paths (tracked or
-    not, ``__pycache__`` and build metadata skipped), by relative path and content; a file
-    over ``HASH_LIMIT_BYTES`` by path and size. Needs no git, so it holds in a container too.
-    Compared at each resume: a resume under other code cannot promise the uninterrupted
-    run's bits, and its history line says so."""
+    not, ``__pycache__`` and build metadata skipped; through symlinks, by the content they
+    point at), by relative path and content; a file over ``HASH_LIMIT_BYTES`` by path and
+    size. Needs no git, so it holds in a container too. Compared at each resume: a resume
+    under other code cannot promise the uninterrupted run's bits, and its history line
+    says so."""
     repo = Path(repo)
     digest = hashlib.sha256()
     tops = sorted(p for p in repo.iterdir() if in_snapshot(p.name)) if repo.is_dir() else []
     files = []
     for top in tops:
-        walked = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
+        walked = [top] if top.is_file() else _files_through_links(top)
         files += [p for p in walked if in_snapshot(p.relative_to(repo).as_posix())]
     for path in sorted(files, key=lambda p: p.relative_to(repo).as_posix()):
-        content, size = _sha256(path)  # None over the size limit
+        content, size = _content_sha256(path)  # None over the size limit
         digest.update(f"{path.relative_to(repo).as_posix()}\0{content or size}\n".encode())
     return digest.hexdigest()
+
+
+def _files_through_links(top: Path) -> list[Path]:
+    """Every file under ``top``, through symlinked directories too (each real directory once:
+    a link loop ends), by the path the code is imported under."""
+    out, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        out += [Path(dirpath) / f for f in filenames if (Path(dirpath) / f).is_file()]
+    return out
+
+
+def _content_sha256(path: Path) -> tuple[str | None, int]:
+    """sha256 and size of what ``path`` holds, a symlink's target's content (what an import
+    reads), not the link's text: an edit of a linked module changes the code digest."""
+    real = Path(os.path.realpath(path))
+    return _sha256(real) if real.is_file() else (None, 0)
 
 
 def archivability_warning(info: dict) -> str | None:

@@ -15,7 +15,6 @@ import os
 import platform
 import sys
 from collections.abc import Iterable
-from pathlib import Path
 
 FIXED_VALUE = "0"
 
@@ -62,23 +61,44 @@ def portable_problem(
         return "repro=portable needs a CPU with AVX2; this one has none (use repro=strict)"
     for name, value in PORTABLE_ENV.items():
         if name in env and env[name] != value:
-            mine = f"{name}={env[name]}"
+            mine = f"{name}={_visible(env[name])}"
             return f"repro=portable sets {name}={value}; your environment has {mine}: unset it"
     for name in PORTABLE_CONFLICTS:
         if name in env:
-            return f"repro=portable pins CPU dispatch; {name}={env[name]} would steer it: unset it"
+            mine = f"{name}={_visible(env[name])}"
+            return f"repro=portable pins CPU dispatch; {mine} would steer it: unset it"
     return None
 
 
 def cpu_flags() -> set | None:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
+    """The CPU's dispatch flags: from ``cpuid`` where it runs (an emulated CPU's own), else
+    every flag of /proc/cpuinfo; None where neither is known."""
+    from reprotrain.repro import cpuid  # no torch: this runs before the re-exec
+
+    fields = cpuid.read()
+    if fields is not None:
+        return set(fields["isa_flags"])
+    for line in cpuid.proc_cpuinfo().splitlines():
         if line.startswith("flags"):
             return set(line.partition(":")[2].split())
     return None
+
+
+def refuse_portable_here() -> None:
+    """Raise ``ReprotrainError`` (one line) where repro=portable cannot hold on this CPU or
+    with this environment; import nothing heavy (numpy and torch need more than some CPUs
+    have, so this must come first)."""
+    from reprotrain.errors import ReprotrainError
+
+    problem = portable_problem(cpu_flags=cpu_flags())
+    if problem:
+        raise ReprotrainError(problem)
+
+
+def _visible(value: str) -> str:
+    """An environment value as typed, or quoted with its escapes when it holds a newline or
+    another control character (so the refusal stays one line)."""
+    return value if value.isprintable() else repr(value)
 
 
 def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) -> None:
@@ -95,9 +115,7 @@ def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) ->
             "a --multirun cannot mix repro=portable with other levels (CPU kernel dispatch is "
             "fixed when the interpreter starts); run them as separate sweeps"
         )
-    problem = portable_problem(cpu_flags=cpu_flags())
-    if problem:
-        raise ReprotrainError(problem)
+    refuse_portable_here()
     if all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items()):
         return
     os.environ.update(PORTABLE_ENV)

@@ -17,9 +17,11 @@ the old or the new file, never a half-written one that parses.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,17 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def refuse_special(path: Path) -> None:
+    """A FIFO, a device, a socket or a directory at ``path`` is never replaced by a record
+    (the rename would put a regular file where ``/dev/full`` or a pipe was): OSError."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EEXIST, "not a regular file; refusing to replace it", str(path))
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """The project's one atomic writer: temp file, fsync, rename, fsync the directory.
 
@@ -62,6 +75,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     if not _writer:
         return
     path = Path(path)
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -51,8 +51,6 @@ def extra_pair(extra: str) -> tuple[str, str]:
 
 #: Every lock ``make lock`` compiles and ``make check-lock`` validates, in compile order.
 ALL_PAIRS: tuple[tuple[str, str], ...] = DEFAULT_PAIRS + tuple(extra_pair(e) for e in EXTRAS)
-#: The project is installed editable (``--no-deps``) next to the locked set; never drift.
-PROJECT_NAME = "reprotrain"
 #: The installer itself: compared when a lock pins it (the dev lock does), but not drift when
 #: no lock does (the runtime image's venv keeps the pip that ``python -m venv`` bootstrapped,
 #: and pip takes no part in the computation).
@@ -462,14 +460,48 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
 
 
-def compare_env(locked: dict[str, set[str]], installed: dict[str, str]) -> dict:
-    """Pure comparison behind ``env_drift`` (testable with fake installed sets).
+def project_name(repo_root: Path) -> str | None:
+    """The project's own distribution, ``[project].name`` of its ``pyproject.toml``
+    (``reprotrain`` in the template, the user's package in a project made from it)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads((Path(repo_root) / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    name = (data.get("project") or {}).get("name")
+    return normalize_name(name) if isinstance(name, str) and name else None
+
+
+def editable_source(name: str) -> str | None:
+    """Where distribution ``name`` is installed editable from (PEP 610 ``direct_url.json``:
+    what ``make install``'s ``pip install -e .`` records), or None: not installed, or not
+    editable (a copy in site-packages)."""
+    import json
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        info = json.loads(metadata.distribution(name).read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    url = urlparse(info.get("url") or "")
+    if url.scheme != "file" or not (info.get("dir_info") or {}).get("editable"):
+        return None
+    return unquote(url.path)
+
+
+def compare_env(
+    locked: dict[str, set[str]], installed: dict[str, str], project: str | None = None
+) -> dict:
+    """Pure comparison behind ``env_drift`` (testable with fake installed sets). ``project``:
+    the project's own distribution, installed editable next to the locked set: never drift.
 
     A local version label counts (``2.14.1+cpu`` is not ``2.14.1``: a different build).
     """
-    project = normalize_name(PROJECT_NAME)
-    locked = {normalize_name(k): v for k, v in locked.items() if normalize_name(k) != project}
-    installed = {normalize_name(k): v for k, v in installed.items() if normalize_name(k) != project}
+    own = normalize_name(project) if project else None
+    locked = {normalize_name(k): v for k, v in locked.items() if normalize_name(k) != own}
+    installed = {normalize_name(k): v for k, v in installed.items() if normalize_name(k) != own}
     missing = sorted(set(locked) - set(installed))
     extra = sorted(n for n in set(installed) - set(locked) if n != INSTALLER)
     different = [
@@ -512,7 +544,11 @@ def env_drift(repo_root: Path) -> dict:
     trainer records this dict in ``run.json`` and ``make env-check`` fails on drift. An
     extra installed from its lock (``make install EXTRAS=mlflow``) is locked, not drift; one
     installed by hand at other versions, or only in part, is drift.
-    Returns ``{"status": "ok"|"drift"|"no-lock", "missing", "extra", "different", "locks"}``.
+    The project's own package (``pyproject.toml``'s name) is not drift when it is installed
+    editable: its code is what the run imports from the checkout (a reproduce imports the
+    archive's copy), covered by the code digest, not by the lock. Installed as a copy in
+    site-packages it is an extra. Returns ``{"status": "ok"|"drift"|"no-lock", "missing",
+    "extra", "different", "locks", "project": {"name", "editable_from"}}``.
     """
     locked, used = locked_versions(Path(repo_root))
     if not used:
@@ -521,8 +557,11 @@ def env_drift(repo_root: Path) -> dict:
     extras = installed_extras(repo_root, installed)
     for name, versions in extras_versions(Path(repo_root), extras).items():
         locked.setdefault(name, set()).update(versions)
-    result = compare_env(locked, installed)
+    project = project_name(repo_root)
+    source = editable_source(project) if project else None
+    result = compare_env(locked, installed, project if source else None)
     result["locks"] = used + [extra_pair(e)[0] for e in extras]
+    result["project"] = {"name": project, "editable_from": source}
     return result
 
 

@@ -109,13 +109,9 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         name: (run_dir / name).read_bytes() if (run_dir / name).is_file() else None
         for name in (RUN_JSON, RESOLVED_CONFIG)
     }
-    if (
-        not point.forked
-        and record is not None
-        and record.get("status") == "completed"
-        and point.state["loop"]["epoch"] > current["trainer"]["epochs"]
-    ):
-        raise AlreadyCompleted(f"{run_dir} is already completed; nothing to resume")
+    completed = not point.forked and record is not None and record.get("status") == "completed"
+    if completed and (why := already_completed(point.state["loop"], current["trainer"])):
+        raise AlreadyCompleted(f"{run_dir} is already completed ({why}); nothing to resume")
     if checkpoint_writer():
         checkpoint.remove_partial_writes(run_dir / CHECKPOINTS)
         if not point.forked and (
@@ -123,6 +119,28 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         ):
             log.warning(note)  # a kill between step-N.pt and best.pt  # fmt: skip
     return point
+
+
+def already_completed(loop: dict, trainer: dict) -> str | None:
+    """Why a completed run's checkpoint has nothing left to run under ``trainer`` (the
+    resume's settings), or None when they ask for more. Early stopping ended it for good;
+    otherwise it ended at ``trainer.stop_after_epoch`` or ``trainer.epochs``, and only a
+    resume that raises the one that stopped it (``trainer.epochs=<more>``,
+    ``trainer.stop_after_epoch=0``) continues: a resume never re-trains or re-evaluates what
+    finished, nor trains one more epoch past a deliberate stop."""
+    done = loop["epoch"] - 1
+    if loop.get("early_stopped"):
+        return f"early stopping ended it after epoch {done}"
+    target = trainer["epochs"]
+    if trainer.get("stop_after_epoch"):
+        target = min(target, trainer["stop_after_epoch"])
+    if target <= done:
+        return f"{done} of {trainer['epochs']} epochs done" + (
+            f", trainer.stop_after_epoch={trainer['stop_after_epoch']}"
+            if trainer.get("stop_after_epoch") and done < trainer["epochs"]
+            else ""
+        )
+    return None
 
 
 def checkpoint_writer() -> bool:

@@ -116,6 +116,7 @@ RESUME_FIELDS: dict[str, Form] = {
     "global_step": COUNT,
     "overrides": _nullable(NESTED),
     "mismatch": _nullable(STRINGS),
+    "unrestored": _nullable(STRINGS),
     "bitwise_guarantee": _nullable(BOOL),
 }
 #: What ``make reproduce`` needs to replay a run.

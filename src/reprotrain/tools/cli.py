@@ -6,7 +6,8 @@ parser with :func:`parser`. Then:
 
 - ``--help`` prints usage and exits 0 (argparse's own behaviour, kept);
 - a usage error (unknown option, bad value) is one ``error: ...`` line, exit 2;
-- a :class:`~reprotrain.errors.ReprotrainError` is one ``error: <message>`` line, exit 2;
+- a :class:`~reprotrain.errors.ReprotrainError` is one ``error: <message>`` line, exit 2
+  (control characters in it made visible: ``tools/shown.py``);
 - an ``OSError`` (a user path that is missing, a file where a directory is expected, no
   permission, disk full) is one line naming the path and the errno text, exit 2;
 - anything else is a bug and keeps its traceback.
@@ -24,6 +25,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from reprotrain.errors import ReprotrainError, one_line
+from reprotrain.tools.shown import say
 
 EXIT_USAGE = 2
 
@@ -80,10 +82,10 @@ def describe_os_error(e: OSError) -> str:
 def report(e: BaseException) -> int:
     """Print the one ``error:`` line for a user error; return its exit code."""
     if isinstance(e, ReprotrainError):
-        print(f"error: {one_line(str(e)) or type(e).__name__}", file=sys.stderr, flush=True)
+        say(f"error: {one_line(str(e)) or type(e).__name__}", file=sys.stderr, flush=True)
         return int(getattr(e, "exit_code", EXIT_USAGE))
     assert isinstance(e, OSError)
-    print(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
+    say(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
     return EXIT_USAGE
 
 

@@ -98,6 +98,31 @@ def check_out_dir(out_dir: Path) -> None:
             return
 
 
+STAGING_PREFIX = ".archive-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_staging(out_dir: Path) -> list[Path]:
+    """Remove the staging dirs (``.archive-<pid>-*``) that a killed ``make archive`` (SIGKILL:
+    no ``finally`` ran) left in ``out_dir``; a live archiver's are kept. Returns them."""
+    removed = []
+    for path in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
+        pid = path.name[len(STAGING_PREFIX) :].partition("-")[0]
+        if path.is_dir() and not path.is_symlink() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
     """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
@@ -105,10 +130,12 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
     (a full disk) becomes one line that names the file and the archive."""
     staging = None
     try:
-        staging = Path(tempfile.mkdtemp(prefix=".archive-", dir=out_dir))
+        remove_stale_staging(out_dir)
+        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out_dir))
         yield staging
     except OSError as e:
-        where = e.filename or (staging or out_dir)
+        # a copy names (source, destination): the file that could not be written is the second
+        where = e.filename2 or e.filename or (staging or out_dir)
         raise ArchiveError(
             f"writing {target} failed at {where}: {e.strerror or e}; nothing written "
             f"(free space in {out_dir}, or give --out-dir on a larger disk)"

@@ -67,6 +67,7 @@ from reprotrain.tools.debugging.trace_diff import Finding, first_difference, fir
 from reprotrain.tools.runs import resume
 from reprotrain.tools.runs.readers import read_config, read_run_json
 from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.shown import say
 
 REPORT = "bisect.json"
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
@@ -529,8 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     path = later_run(a, b) / REPORT
     atomic_write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
     for line in lines:
-        print(line)
-    print(f"report   {path}")
+        say(line)
+    say(f"report   {path}")
     return code
 
 

@@ -2,8 +2,8 @@
 
 Run it with the venv's python (``make env-check``). Prints one ``error: ...`` line per
 drifting package (missing, extra, different version) and exits 1, or ``ok: ...`` and exits 0.
-The project itself (installed editable, not locked) is never drift; pip, setuptools and wheel
-are locked (``--allow-unsafe``) and compared like everything else.
+The project itself (``pyproject.toml``'s name, installed editable) is never drift; pip,
+setuptools and wheel are locked (``--allow-unsafe``) and compared like everything else.
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     installed = installed_versions()
     for name in drift["missing"]:
         print(f"error: missing: {name} is locked but not installed")
+    project = drift["project"]["name"]
     for name in drift["extra"]:
+        if name == project:  # the project itself, installed as a copy, not editable
+            print(f"error: project: {name} is installed as a copy, not editable (make install)")
+            continue
         print(f"error: extra: {name} {installed.get(name, '?')} is installed but not locked")
     for d in drift["different"]:
         print(f"error: different: {d['name']} locked {d['locked']}, installed {d['installed']}")

@@ -120,6 +120,7 @@ from reprotrain.tools.reproduce.rerun import (
     run_legs,
 )
 from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps import compare_sweeps
 
 __all__ = [
@@ -162,7 +163,7 @@ def not_fully_archivable(record: dict) -> str | None:
     git = record.get("git") or {}
     if git.get("fully_archivable", True) is not False:
         return None
-    missing = ", ".join(str(p) for p in (git.get("not_archived") or [])[:5]) or "see run.json"
+    missing = ", ".join(shown(p) for p in (git.get("not_archived") or [])[:5]) or "see run.json"
     return f"the run used untracked files that are not in the archive ({missing})"
 
 
@@ -178,9 +179,10 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
                 delta = abs(a - b)
                 ok = math.isfinite(delta) and delta <= tolerance
                 within &= ok
-                parts.append(f"{key} {a:.6g} vs {b:.6g} (|d|={delta:.3g}, {'ok' if ok else 'OUT'})")
+                parts.append(f"{shown(key)} {a:.6g} vs {b:.6g} (|d|={delta:.3g}, "
+                             f"{'ok' if ok else 'OUT'})")  # fmt: skip
             else:
-                parts.append(f"{key} {a} vs {b}")
+                parts.append(f"{shown(key)} {shown(a, 60)} vs {shown(b, 60)}")
         lines.append(f"  epoch {epoch}: " + "; ".join(parts))
     return lines, within
 
@@ -202,12 +204,13 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     env = environment.capture(device)
     env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
+    env["bits_env"] = environment.bits_env(rerun_vars)
     recorded_env = record.get("environment") or {}
     if comparability.cpu_dispatch(recorded_env) == "portable":
         # repro=portable sets the CPU dispatch again at the re-run's start, which this process
         # cannot show: the preview leaves the CPU out; the re-run's own record is compared.
         env["cpu"] = recorded_env.get("cpu")
-        print("env      cpu: repro=portable pins dispatch again in the re-run (checked after it)")
+        say("env      cpu: repro=portable pins dispatch again in the re-run (checked after it)")
     return {"environment": env, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
 
 
@@ -255,7 +258,7 @@ def reproduce(args) -> int:
         with stop_signals.raising():
             return _reproduce(args)
     except stop_signals.Stopped as e:
-        print(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed",
+        say(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed",
               flush=True)  # fmt: skip
         return EXIT_STOPPED
 
@@ -268,7 +271,7 @@ def _reproduce(args) -> int:
         checked = archive_check.verify(archive, limits)
         with extraction_dir(args, "reprotrain-verify-") as dest:
             archive_check.extract(checked, dest)
-            print(f"archive  {archive}: manifest verified, extracted to {dest}")
+            say(f"archive  {archive}: manifest verified, extracted to {dest}")
         return EXIT_REPRODUCED
     PHASES("verify the archive")
     checked = archive_check.verify(archive, limits)
@@ -277,6 +280,7 @@ def _reproduce(args) -> int:
         if args.epochs is not None:
             raise Refusal("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
+        study = reproduce_sweep.archived_study(checked)  # malformed: refused before any run
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
@@ -284,13 +288,13 @@ def _reproduce(args) -> int:
     try:
         plan = replay_plan.build(jobs, until)
     except NotReplayable as e:
-        print(f"NOT COMPARABLE: {e}")
+        say(f"NOT COMPARABLE: {e}")
         return EXIT_NOT_COMPARABLE
     # Trust, on the whole plan, before anything of the archive is built or resolved.
     PHASES("decide trust")
     verdict_trust = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
     if sweep:
-        return reproduce_sweep.replay(args, archive, plan, verdict_trust)
+        return reproduce_sweep.replay(args, archive, plan, verdict_trust, study)
     return _replay(args, archive, plan, epochs, verdict_trust)
 
 
@@ -303,7 +307,7 @@ def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
         )
     checked = archive_check.check_record(checked)
     signed = ", signed" if checked.signature is not None else ""
-    print(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
+    say(f"archive  {archive}: manifest verified ({len(checked.manifest)} files{signed})")
     return checked
 
 
@@ -331,7 +335,7 @@ def _replay(
     (job,) = plan.jobs
     checked, record, cfg = job.view, job.record, job.view.config
     done, complete = completed_epochs(checked), record.get("status") == "completed"
-    print(f"trust    {verdict_trust.line()}")
+    say(f"trust    {verdict_trust.line()}")
     # Values the run read from its environment must be resolvable here (named, not shown).
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
@@ -340,23 +344,23 @@ def _replay(
     # After the trust verdict: fingerprinting the data builds the dataset config (code).
     data_problem = check_archived_data(cfg, record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
-    status = "" if complete else f" (run {record.get('status')}: comparing those)"
-    print(f"run      {record.get('experiment_id')}  seeds base={seeds['base']} "
-          f"({seeds.get('source')})  repro={level}  epochs={done}{status}")  # fmt: skip
-    print(f"data     {'DIFFERS: ' + data_problem if data_problem else 'fingerprint matches'}")
+    status = "" if complete else f" (run {shown(record.get('status'))}: comparing those)"
+    say(f"run      {shown(record.get('experiment_id'))}  seeds base={shown(seeds['base'])} "
+        f"({shown(seeds.get('source'))})  repro={shown(level)}  epochs={done}{status}")  # fmt: skip
+    say(f"data     {'DIFFERS: ' + data_problem if data_problem else 'fingerprint matches'}")
     partial_archive = not_fully_archivable(record)
     if partial_archive:
-        print(f"code     NOT FULLY ARCHIVABLE: {partial_archive}")
+        say(f"code     NOT FULLY ARCHIVABLE: {partial_archive}")
     for line in code_differences(record.get("git") or {}, Path(args.repo)) or [
         "this checkout: same commit, clean"
     ]:
-        print(f"code     {line}")
+        say(f"code     {line}")
 
     # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
     PHASES("re-run")
     with extraction_dir(args, "reprotrain-reproduce-") as extract, FORWARD:
         top = archive_check.extract(checked, extract.resolve())
-        print(f"code     re-run uses the archived source ({top / 'source'})")
+        say(f"code     re-run uses the archived source ({top / 'source'})")
         return _rerun(args, archive, job, top, epochs, data_problem, env_values,
                       partial_archive, verdict_trust)  # fmt: skip
 
@@ -408,9 +412,9 @@ def _rerun(
     env = rerun_env(source, job)
     blocking, info = environment_differences(record, _current_preview(record, cfg, env))
     for line in blocking + info:
-        print(f"env      {line}")
+        say(f"env      {line}")
     if not blocking:
-        print("env      matches the recorded environment")
+        say("env      matches the recorded environment")
 
     stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
     new_run = (Path(args.runs_dir) / stamp).resolve()
@@ -418,7 +422,7 @@ def _rerun(
     where = imported_from(source, env)
     if not where.is_relative_to(source.resolve()):
         raise Refusal(f"the re-run would import reprotrain from {where}, not the archive")
-    print(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
+    say(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
     failed = run_legs(job, epochs, config_dir, new_run, source, env)
     if failed is not None:
         return failed
@@ -457,12 +461,12 @@ def _rerun(
         "tolerance": args.tolerance,
     }
     atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(f"new run  {new_run}")
+    say(f"new run  {new_run}")
     if partial_archive and result.identical:
-        print(f"  note: {partial_archive}; the bits match without them")
+        say(f"  note: {partial_archive}; the bits match without them")
     for line in detail:
-        print(line)
-    print(verdict)
+        say(line)
+    say(verdict)
     return code
 
 

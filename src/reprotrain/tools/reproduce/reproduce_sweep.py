@@ -18,6 +18,12 @@ The verdict:
   ``tools/sweeps/equivalence.py``), and the archived conclusions checked: 0 CONSISTENT,
   1 INCONSISTENT, 3 INCONCLUSIVE.
 
+An Optuna study's ``study.json`` is part of what is reproduced: read and shape-checked before
+anything re-runs (malformed: exit 2), then recomputed from the archived and the replayed runs
+(``tools/reproduce/study_check.py``). A trial it names that is missing, another best, another
+value (where bits are promised) is a difference: DIVERGED (1), or INCONSISTENT in statistical
+mode. Each job's ``.hydra/overrides.yaml`` must be a list of overrides, also checked first.
+
 The report is ``reproduction.json`` in the new sweep directory.
 """
 
@@ -32,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
@@ -41,10 +49,11 @@ from reprotrain.tools.archive import archive_check
 from reprotrain.tools.archive.archive_check import CheckedArchive
 from reprotrain.tools.archive.sweep_archive import SWEEP
 from reprotrain.tools.debugging.bisect import bisect_command
-from reprotrain.tools.reproduce import rerun, trust
+from reprotrain.tools.reproduce import rerun, study_check, trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
 from reprotrain.tools.runs.readers import parse_json_object, parse_record, parse_yaml_config
 from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
@@ -75,7 +84,11 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
         raise ReproduceRefused(f"{checked.label('archive.json')}: no list of jobs")
     out = []
     for rel in jobs:
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or ".." in rel.split("/"):
+            raise ReproduceRefused(f"{checked.label('archive.json')}: job {shown(rel, 60)} is "
+                                   "not a folder under sweep/")  # fmt: skip
         base = f"{SWEEP}/{rel}"
+        check_overrides(checked, f"{base}/.hydra/overrides.yaml")
         files = {}
         for name in ("run.json", "config.resolved.yaml", "fingerprints.jsonl", "git.diff"):
             data = read_member(checked, f"{base}/{name}")
@@ -91,24 +104,50 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
     return out
 
 
-def replay(args, archive: Path, plan: ReplayPlan, verdict_trust: trust.Verdict) -> int:
+def check_overrides(checked: CheckedArchive, rel: str) -> None:
+    """A job's ``.hydra/overrides.yaml`` (its group in the statistical verdict) must be a
+    YAML list of override strings; refused before anything re-runs."""
+    data = read_member(checked, rel)
+    if data is None:
+        return
+    try:
+        overrides = yaml.safe_load(data.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        overrides = None
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ReproduceRefused(f"{checked.label(rel)}: not a YAML list of overrides; the record "
+                               "was edited or damaged")  # fmt: skip
+
+
+def archived_study(checked: CheckedArchive) -> dict[str, Any] | None:
+    """The archive's study.json (an Optuna study), checked for shape; None when absent."""
+    return study_check.archived_study(checked, read_member)
+
+
+def replay(
+    args,
+    archive: Path,
+    plan: ReplayPlan,
+    verdict_trust: trust.Verdict,
+    study: dict[str, Any] | None = None,
+) -> int:
     """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
-    print(f"trust    {verdict_trust.line()}")
+    say(f"trust    {verdict_trust.line()}")
     # After the trust verdict: fingerprinting the data builds each dataset config (code).
     problems = [rerun.check_archived_data(j.view.config, j.record, args.allow_data_drift)
                 for j in plan.jobs]  # fmt: skip
     problems = [p for p in problems if p]
-    print(f"sweep    {len(plan.jobs)} archived run(s)")
+    say(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:
-        print(f"data     DIFFERS: {problems[0]}")
+        say(f"data     DIFFERS: {problems[0]}")
     # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
     rerun.PHASES("re-run")
     with rerun.extraction_dir(args, "reprotrain-reproduce-") as extract, rerun.FORWARD:
         top = archive_check.extract(plan.jobs[0].view, extract.resolve())
-        return _rerun(args, archive, top, plan, problems, verdict_trust)
+        return _rerun(args, archive, top, plan, problems, verdict_trust, study)
 
 
-def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) -> int:
+def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, study) -> int:
     source = top / "source"
     new_sweep = Path(args.runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
     new_sweep = new_sweep.resolve()
@@ -121,7 +160,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
             where = rerun.imported_from(source, env)
             if not where.is_relative_to(source.resolve()):
                 raise ReproduceRefused(f"the re-run would import reprotrain from {where}")
-            print(f"re-run   from the archived source ({source}), into {new_sweep}")
+            say(f"re-run   from the archived source ({source}), into {new_sweep}")
         run_dir = new_sweep / job.name
         with open(logs / f"job-{i}.log", "w") as log:
             failed = rerun.run_legs(job, None, top / "rerun-config", run_dir, source, env,
@@ -134,11 +173,13 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
         reasons += [f"environment differs: {b}" for b in blocking]
         reasons += rerun.not_comparable_reasons(job.record)
         done = f"{i + 1}/{len(plan.jobs)} runs"
-        print(f"  {job.name}: seeds base={job.record['seeds']['base']} -> done ({done})")
+        say(
+            f"  {shown(job.name)}: seeds base={shown(job.record['seeds']['base'])} -> done ({done})"
+        )
     reasons = list(dict.fromkeys(reasons))
     statistical = args.mode == "statistical" or (args.mode == "auto" and bool(reasons))
     for r in reasons:
-        print(f"env      {r}")
+        say(f"env      {r}")
     report: dict[str, Any] = {
         "created_at": now_iso(),
         "archive": str(archive),
@@ -151,12 +192,33 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust) 
         code, verdict = _statistical(args, top, new_sweep, plan.jobs, report)
     else:
         code, verdict = _bitwise(top, new_sweep, plan.jobs, report)
+    if study is not None:
+        code, verdict = _study_verdict(study, top, new_sweep, statistical, code, verdict, report)
     verdict += f" [trust {verdict_trust.rule}]"
     report |= {"verdict": verdict, "exit_code": code}
     atomic_write_text(new_sweep / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(f"report   {new_sweep / REPORT}")
-    print(verdict)
+    say(f"report   {new_sweep / REPORT}")
+    say(verdict)
     return code
+
+
+def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: int,
+                   verdict: str, report: dict) -> tuple[int, str]:  # fmt: skip
+    """The verdict, demoted when study.json does not hold for the archived runs or the
+    replayed ones (``tools/reproduce/study_check.py``)."""
+    found = study_check.differences(study, top / SWEEP, new_sweep, values=not statistical)
+    report["study_differences"] = found
+    if not found:
+        best = study.get("best") or {}
+        say(f"study    study.json holds: {len(study['trials'])} trial(s), best "
+            f"{shown(best.get('job', 'none'), 60)}, recomputed from the runs")  # fmt: skip
+        return code, verdict
+    for line in found[:10]:
+        say(f"study    {line}")
+    if len(found) > 10:
+        say(f"study    ... and {len(found) - 10} more (reproduction.json)")
+    head = compare_sweeps.INCONSISTENT if statistical else "DIVERGED"
+    return 1, f"{head}: study.json does not hold ({len(found)} difference(s)): {found[0]}"
 
 
 def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
@@ -169,7 +231,7 @@ def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
     if not diverged:
         return 0, f"REPRODUCED (bitwise): all {len(jobs)} runs match the archived ones"
     rel, verdict = diverged[0]
-    print(f"  first divergent op: {bisect_command(top / SWEEP / rel, new_sweep / rel)}")
+    say(f"  first divergent op: {bisect_command(top / SWEEP / rel, new_sweep / rel)}")
     return 1, f"DIVERGED: {len(diverged)}/{len(jobs)} run(s); {rel}: {verdict}"
 
 
@@ -188,7 +250,7 @@ def _statistical(args, top: Path, new_sweep: Path, jobs, report) -> tuple[int, s
             group.seeds.append(json.dumps(record.get("seeds"), sort_keys=True))
     verdict, lines, comparison = compare_sweeps.compare(reference, candidate, args.margin)
     for line in lines:
-        print(line)
+        say(line)
     report["statistical"] = comparison
     return compare_sweeps.EXIT[verdict], compare_sweeps.verdict_line(verdict)
 

@@ -6,7 +6,9 @@ determinism level and thread count on its recorded device, loads the checkpoint
 evaluation does, with the weights the run's step evaluates with (an EMA step's shadow,
 restored from the checkpoint). The final checkpoint (``last``, the default) therefore
 reproduces ``run.json["final_metrics"]``'s ``test_loss``/``test_acc`` bit for bit. Prints
-the metrics and writes ``eval.json`` into the run directory. ``ARGS`` are dotted overrides
+the metrics and writes ``evals/<checkpoint>-step<N>.json`` into the run directory, one per
+checkpoint evaluated (evaluating another checkpoint never overwrites an earlier result), and
+the same result as ``eval.json`` (the latest evaluation). ``ARGS`` are dotted overrides
 of the recorded config (e.g. ``trainer.eval_batch_size=256``; such a change may change the
 bits).
 """
@@ -14,6 +16,7 @@ bits).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -159,8 +162,22 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
         "evaluated_at": rec.now_iso(),
         "overrides": overrides or [],
     }
-    rec.atomic_write_text(run_dir / "eval.json", rec.strict_json(result, indent=2) + "\n")
+    text = rec.strict_json(result, indent=2) + "\n"
+    rec.atomic_write_text(result_path(run_dir, path, result["global_step"]), text)
+    rec.atomic_write_text(run_dir / EVAL_JSON, text)  # the latest evaluation
     return result
+
+
+EVAL_JSON = "eval.json"
+#: One result per checkpoint evaluated: ``evals/<checkpoint>-step<N>.json``.
+EVALS = "evals"
+
+
+def result_path(run_dir: Path, checkpoint_path: Path, global_step: int) -> Path:
+    """Where the evaluation of ``checkpoint_path`` is kept, so evaluating another
+    checkpoint later never overwrites it (eval.json is only the latest)."""
+    stem = re.sub(r"[^\w.+-]", "_", Path(checkpoint_path).stem) or "checkpoint"
+    return Path(run_dir) / EVALS / f"{stem}-step{int(global_step)}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     shown = " ".join(f"{k}={v!r}" for k, v in result["metrics"].items())
     print(f"{shown} ({result['checkpoint']})")
-    print(f"wrote {args.run_dir / 'eval.json'}")
+    kept = result_path(args.run_dir, Path(result["checkpoint"]), result["global_step"])
+    print(f"wrote {kept} (and {args.run_dir / EVAL_JSON}, the latest)")
     return 0
 
 

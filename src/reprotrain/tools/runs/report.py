@@ -22,9 +22,12 @@ from typing import Any
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
 from reprotrain.tools.runs.readers import check_shapes
+from reprotrain.tools.shown import say, shown
 
 REPORT_MD = "report.md"
 CURVES_PNG = "curves.png"
+#: A table cell longer than this is cut (a value from the record, escaped: tools/shown.py).
+CELL_LIMIT = 500
 # Column order of the epoch table: position, then each split's metrics (whatever the task
 # logs, loss first, then by name), then the schedule and timings; any other key follows.
 HEAD_COLUMNS = ["epoch", "global_step"]
@@ -159,7 +162,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(r) + " |" for r in rows),
+        *("| " + " | ".join(shown(c, CELL_LIMIT) for c in r) + " |" for r in rows),
     ]
 
 
@@ -260,7 +263,7 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
     from reprotrain.plots import metric_label, metric_names
 
     rec = view.record
-    title = rec.get("experiment_id") or view.run_dir.name
+    title = shown(rec.get("experiment_id") or view.run_dir.name)
     out = [
         f"# Run report: {title}",
         "",
@@ -270,8 +273,8 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
     ]
     if png_name:
         names = [metric_label(n) for n in metric_names({k: 0 for r in view.metrics for k in r})]
-        shown = ", ".join(["loss", *(n for n in names if n != "loss")])
-        out += [f"![{shown} and learning rate]({png_name})", ""]
+        plotted = ", ".join(["loss", *(shown(n) for n in names if n != "loss")])
+        out += [f"![{plotted} and learning rate]({png_name})", ""]
     else:
         out += ["_No epoch finished yet: nothing to plot._", ""]
     out += [
@@ -328,12 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         md, png = write_report(args.run_dir, args.out)
     except ReprotrainError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except OSError as e:  # e.g. a read-only archive: say where to write instead
-        print(f"error: cannot write the report ({e}); pass --out DIR", file=sys.stderr)
+        say(f"error: cannot write the report ({e}); pass --out DIR", file=sys.stderr)
         return 2
-    print(f"wrote {md}" + (f" and {png}" if png else " (no epoch finished: no plot)"))
+    say(f"wrote {md}" + (f" and {png}" if png else " (no epoch finished: no plot)"))
     return 0
 
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from reprotrain.errors import RecordError
+from reprotrain.errors import RecordError, ReprotrainError
 from reprotrain.quoting import hydra_override, resume_hint
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON
 from reprotrain.repro.run_mutex import refuse_if_held
@@ -154,6 +154,23 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
     return 128 - rc if rc < 0 else rc
 
 
+def refuse_group_choices(overrides: list[str]) -> None:
+    """``repro=strict`` / ``model=<name>`` choose a config group, which composes a new
+    config: a resume continues the recorded one (config.resolved.yaml), which has no group
+    to choose. One line saying so, instead of Hydra's "No match in the defaults list"."""
+    from reprotrain.paths import CONF_DIR
+
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if eq and key in groups:
+            raise ReprotrainError(
+                f"{o}: a resume continues the recorded config and cannot choose another "
+                f"{key} group; override a value instead ({key}.<key>=...), or start a new run "
+                f"with {key}={value}"
+            )
+
+
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.runs.resume", __doc__)
@@ -163,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nproc", type=int, default=None, help="processes (default: the recorded world size)"
     )
     args = p.parse_intermixed_args(argv)  # --nproc may come after the overrides
+    refuse_group_choices(args.overrides)
     run_dir = args.run_dir.expanduser().resolve()
     check_run_dir(run_dir)
     refuse_if_held(run_dir)  # a live run owns it: touch nothing

@@ -12,7 +12,7 @@ trainer's own one-line error is shown, not repeated) or failed.
 ``--nproc N`` (``make verify NPROC=N``) runs both under torchrun with N processes;
 ``--nproc-b M`` (``NPROC_B=M``) runs b with M instead, which a world-size-invariant config
 (``trainer.world_size_invariant=true``) promises gives the same bits (any other config is
-refused after run a: plain DDP changes the bits with the world size). The world sizes are
+refused before run a starts: plain DDP changes the bits with the world size). The world sizes are
 read back from each run.json and named in the verdict line; a run that did not run at the
 world size asked for is an error, never a verdict.
 
@@ -119,14 +119,37 @@ def recorded_world_size(run_dir: Path, asked: int) -> int:
     return size
 
 
+def not_invariant(nproc: int, nproc_b: int) -> ReprotrainError:
+    return ReprotrainError(
+        f"--nproc-b {nproc_b} differs from --nproc {nproc}, but this config is not "
+        "world-size-invariant (plain DDP changes the bits with the world size); add "
+        "trainer.world_size_invariant=true, or run both at one world size"
+    )
+
+
 def check_world_sizes(run_a: Path, nproc: int, nproc_b: int) -> None:
     """Different world sizes compare only for a world-size-invariant run."""
     if nproc != nproc_b and read_run_json(run_a).get("world_size_invariant") is not True:
-        raise ReprotrainError(
-            f"--nproc-b {nproc_b} differs from --nproc {nproc}, but this config is not "
-            "world-size-invariant (plain DDP changes the bits with the world size); add "
-            "trainer.world_size_invariant=true, or run both at one world size"
-        )
+        raise not_invariant(nproc, nproc_b)
+
+
+def check_world_sizes_first(overrides: list[str], nproc: int, nproc_b: int) -> None:
+    """The same refusal as :func:`check_world_sizes`, from the composed config, before run
+    a trains (the recorded run.json is checked again after it)."""
+    if nproc == nproc_b:
+        return
+    from omegaconf import OmegaConf
+
+    from reprotrain import preflight
+    from reprotrain.config import register_configs
+
+    register_configs()
+    preflight.register_resolvers()
+    composed = preflight.compose_all(list(overrides))
+    if composed is False:
+        return
+    if not all(OmegaConf.select(c, "trainer.world_size_invariant") is True for c in composed):
+        raise not_invariant(nproc, nproc_b)
 
 
 def with_metrics(result: Comparison, a: Path, b: Path) -> Comparison:
@@ -181,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--out-dir {args.out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
             )
     nproc_b = args.nproc if args.nproc_b is None else args.nproc_b
+    check_world_sizes_first(overrides, args.nproc, nproc_b)
     base = args.out_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
     dirs = [base / "a", base / "b"]
     rc, error_line = run_once(overrides, dirs[0], args.nproc)

@@ -33,6 +33,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools import cli
 from reprotrain.tools.runs.readers import read_config
+from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps.equivalence import (
     CONSISTENT,
     INCONCLUSIVE,
@@ -109,6 +110,22 @@ def match_groups(a: Sweep, b: Sweep) -> tuple[list[tuple[Group, Group]], list[st
     return pairs, notes
 
 
+def distinct_seeds(group: Group) -> tuple[Group, list[str]]:
+    """The group with one value per seed (the first run of each), and a note per seed that
+    was run more than once: a repeated seed is the same run again, not another sample, so
+    it must not add to n (``--seeds 1,1`` would be n=2 with no spread)."""
+    keep: dict[Any, float] = {}
+    repeated: dict[Any, int] = {}
+    for seed, value in zip(group.seeds, group.values, strict=True):
+        if seed in keep:
+            repeated[seed] = repeated.get(seed, 1) + 1
+        else:
+            keep[seed] = value
+    notes = [f"{group.label}: seed {shown(seed, 80)} ran {n} times, counted once"
+             for seed, n in repeated.items()]  # fmt: skip
+    return Group(group.key, group.label, list(keep.values()), list(keep)), notes
+
+
 def aligned(a: Group, b: Group) -> tuple[list[float], list[float], bool]:
     """The two samples, ordered by seed and paired when both hold the same distinct seeds."""
     if len(set(a.seeds)) == len(a.seeds) and sorted(a.seeds) == sorted(b.seeds):
@@ -174,6 +191,12 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
     if b.metric != a.metric:
         raise ReprotrainError(f"the sweeps monitor different metrics ({a.metric} vs {b.metric})")
     pairs, notes = match_groups(a, b)
+    unique = []
+    for ga, gb in pairs:
+        (ga, notes_a), (gb, notes_b) = distinct_seeds(ga), distinct_seeds(gb)
+        notes += [f"A {n}" for n in notes_a] + [f"B {n}" for n in notes_b]
+        unique.append((ga, gb))
+    pairs = unique
     if not pairs:
         raise ReprotrainError(
             "the sweeps have no group in common (groups are the non-seed overrides); "
@@ -201,7 +224,10 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
     found = conclusions(a, b, pairs)
     lines += [f"claim    {c['text']}" for c in found]
     lines += [f"note     {n}" for n in notes]
-    if INCONSISTENT in verdicts or any(c["status"] == "does not hold" for c in found):
+    too_few = any(min(len(ga.values), len(gb.values)) < 2 for ga, gb in pairs)
+    if too_few:  # one distinct seed on a side: no spread to judge anything by
+        verdict = INCONCLUSIVE
+    elif INCONSISTENT in verdicts or any(c["status"] == "does not hold" for c in found):
         verdict = INCONSISTENT
     elif INCONCLUSIVE in verdicts:
         verdict = INCONCLUSIVE
@@ -256,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     verdict, lines, report = compare(a, b, args.margin)
     atomic_write_text(args.b / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
     for line in lines:
-        print(line)
-    print(f"report   {args.b / REPORT}")
-    print(verdict_line(verdict))
+        say(line)
+    say(f"report   {args.b / REPORT}")
+    say(verdict_line(verdict))
     return EXIT[verdict]
 
 

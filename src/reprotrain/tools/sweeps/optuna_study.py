@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from reprotrain import sweep_checks
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_text, read_jsonl, strict_json
 from reprotrain.tools.runs.readers import read_overrides
@@ -49,15 +50,14 @@ from reprotrain.tools.runs.readers import read_overrides
 STUDY_JSON = "study.json"
 #: Written by hydra-optuna-sweeper at the end of a study: best_params, best_value.
 OPTUNA_RESULTS = "optimization_results.yaml"
-OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+OPTUNA_SWEEPER = sweep_checks.OPTUNA_SWEEPER
 
 
 #: Sweep dirs whose sampler seed :func:`seed_sampler` set from seed.base (in this process).
 _SEEDED_FROM_BASE: dict[str, str] = {}
 
 
-def is_optuna(config: DictConfig) -> bool:
-    return OmegaConf.select(config, "hydra.sweeper._target_", default=None) == OPTUNA_SWEEPER
+is_optuna = sweep_checks.is_optuna
 
 
 def _sweeper_settings(config: DictConfig) -> dict[str, Any]:
@@ -76,8 +76,19 @@ def _sweeper_settings(config: DictConfig) -> dict[str, Any]:
         "storage": sweeper.get("storage"),
         "sampler": {"class": sampler.pop("_target_", None), **sampler},
         "seed_from": _SEEDED_FROM_BASE.get(str(config.hydra.sweep.dir)),
-        "search_space": dict(sweeper.get("params") or {}),
+        "search_space": {**dict(sweeper.get("params") or {}), **command_line_space(config)},
     }
+
+
+def command_line_space(config: DictConfig) -> dict[str, str]:
+    """The sweeps given on the command line (``optimizer.lr=interval(0.01,1)``, a
+    ``seed.base=0,1,2``): the sweeper searches them too, so study.json names them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+    parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
+    return {o.get_key_element(): o.input_line.partition("=")[2]
+            for o in parsed if o.is_sweep_override()}  # fmt: skip
 
 
 def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
@@ -91,28 +102,9 @@ def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
 
 
 def check_study_config(config: DictConfig) -> None:
-    """Refuse, in one line, a study that cannot run here (before any trial runs)."""
-    mode = str(config.trainer.monitor_mode)
-    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
-    if isinstance(direction, str) and direction != f"{mode}imize":
-        raise ReprotrainError(
-            f"hydra.sweeper.direction={direction} but trainer.monitor_mode={mode}: a trial's "
-            f"value is the best {config.trainer.monitor} of its run; set "
-            f"hydra.sweeper.direction={mode}imize (or '${{trainer.monitor_mode}}imize')"
-        )
-    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
-    if storage:
-        raise ReprotrainError(
-            f"hydra.sweeper.storage={storage}: optuna 2's SQL storage needs SQLAlchemy<2 and "
-            "the lock holds SQLAlchemy 2; leave storage null (every trial is recorded in the "
-            "sweep directory, and study.json summarises the study)"
-        )
-    params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
-    if not params:
-        raise ReprotrainError(
-            "hydra/sweeper=optuna has no search space: set hydra.sweeper.params (e.g. "
-            "+hparams_search=smoke_optuna, or 'hydra.sweeper.params.optimizer.lr=interval(0.01,1)')"
-        )
+    """Refuse, in one line, a study that cannot run here (before any trial runs):
+    ``sweep_checks.check_study``, which preflight already ran on the command line."""
+    sweep_checks.check_study(config)
 
 
 def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
@@ -121,6 +113,21 @@ def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
     if not values:
         return None
     return max(values) if mode == "max" else min(values)
+
+
+def trial_value(job: Path, metric: str, mode: str) -> float | None:
+    """A trial's value: the best finite ``metric`` in its run's metrics.jsonl (what the
+    trainer returned to Optuna), None when it has none."""
+    return _best_of(read_jsonl(Path(job) / METRICS), metric, mode)
+
+
+def best_trial(trials: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
+    """The first completed trial to reach the best value, or None."""
+    done = [t for t in trials if t["status"] == "completed" and t["value"] is not None]
+    if not done:
+        return None
+    best_value = (max if mode == "max" else min)(t["value"] for t in done)
+    return next(t for t in done if t["value"] == best_value)
 
 
 def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +144,7 @@ def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, An
         "number": int(job.name) if job.name.isdigit() else None,
         "job": rel,
         "params": params,
-        "value": _best_of(read_jsonl(job / METRICS), settings["metric"], settings["metric_mode"]),
+        "value": trial_value(job, settings["metric"], settings["metric_mode"]),
         "status": record.get("status", "missing"),
     }
 
@@ -150,12 +157,7 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
         key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
     )
     trials = [_trial(job, sweep_dir, settings) for job in jobs]
-    done = [t for t in trials if t["status"] == "completed" and t["value"] is not None]
-    best = None
-    if done:
-        pick = max if settings["metric_mode"] == "max" else min
-        best_value = pick(t["value"] for t in done)
-        best = next(t for t in done if t["value"] == best_value)  # the first to reach it
+    best = best_trial(trials, settings["metric_mode"])
     ok, why = repeatable(settings)
     study = {
         **settings,

@@ -49,6 +49,7 @@ from reprotrain.repro.record import (
     read_jsonl,
 )
 from reprotrain.tools.runs.readers import read_overrides
+from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 
@@ -317,12 +318,13 @@ def _ci(stats: dict[str, Any]) -> str:
 
 
 def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    """A table row; each cell (labels, statuses, seeds from the records) escaped."""
+    return "| " + " | ".join(shown(c, 500) for c in cells) + " |"
 
 
 def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
     metrics: list[str] = summary["metric_names"]
-    out = [f"# Sweep summary: {summary['sweep_dir']}", ""]
+    out = [f"# Sweep summary: {shown(summary['sweep_dir'])}", ""]
     out += [
         f"Grouped by {summary['grouped_by']}.",
         "Mean ± std over the completed runs' finite values (n: how many); non-finite: the run"
@@ -332,8 +334,9 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
     ]
     goal = summary.get("objective")
     if goal:
-        best = f"; best group: {goal['best_group']}" if goal["best_group"] else ""
-        out += [f"Objective: {goal['metric']} ({goal['mode']}, trainer.monitor){best}.", ""]
+        best = f"; best group: {shown(goal['best_group'])}" if goal["best_group"] else ""
+        out += [f"Objective: {shown(goal['metric'])} ({goal['mode']}, trainer.monitor){best}.",
+                ""]  # fmt: skip
     if png_name:
         out += [f"![per-epoch mean ± 1 std across seeds, per group]({png_name})", ""]
     out.append(_row(["group", "runs", *(f"{m} mean ± std" for m in metrics)]))
@@ -352,12 +355,12 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
             cells.append(text)
         out.append(_row(cells))
     for g in summary["groups"]:
-        out += ["", f"## {g['label']}", ""]
+        out += ["", f"## {shown(g['label'])}", ""]
         failed = {s: n for s, n in g["statuses"].items() if s != "completed"}
         if failed:
             out += [
                 "Not completed (left out of the statistics): "
-                + ", ".join(f"{n} {s}" for s, n in failed.items()),
+                + ", ".join(f"{n} {shown(s)}" for s, n in failed.items()),
                 "",
             ]
         out.append(_row(["seed", "status", *metrics]))
@@ -369,7 +372,7 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
             out.append(_row([f"**{stat}**", "", *(_fmt(g["metrics"][m][stat]) for m in metrics)]))
         out.append(_row(["**95% CI**", "", *(_ci(g["metrics"][m]) for m in metrics)]))
     if summary.get("unreadable"):
-        out += ["", "Unreadable run records: " + "; ".join(summary["unreadable"])]
+        out += ["", "Unreadable run records: " + "; ".join(map(shown, summary["unreadable"]))]
     return "\n".join(out) + "\n"
 
 
@@ -480,14 +483,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.sweep_dir.is_dir():
             raise ReprotrainError(f"{args.sweep_dir} is not a directory; give a sweep directory")
+        if (args.sweep_dir / RUN_JSON).exists():  # nothing of a sweep's is written into a run
+            raise ReprotrainError(
+                f"{args.sweep_dir} is a run directory, not a sweep; give the sweep directory "
+                "(multirun/...), or make report RUN=<run> for one run"
+            )
         if not any(args.sweep_dir.rglob(RUN_JSON)):
             raise ReprotrainError(f"no {RUN_JSON} under {args.sweep_dir}; is this a sweep dir?")
         summary = write_summary(args.sweep_dir)
     except ReprotrainError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except OSError as e:
-        print(f"error: cannot write the summary into {args.sweep_dir}: {e}", file=sys.stderr)
+        say(f"error: cannot write the summary into {args.sweep_dir}: {e}", file=sys.stderr)
         return 2
     print(to_markdown(summary))
     if not any(g["n_completed"] for g in summary["groups"]):

@@ -1,0 +1,136 @@
+"""A ``--multirun`` is checked whole before anything is written: its sweeper and search space.
+
+Closes: a sweep or study refused only once Hydra had started it (a traceback, or a one-line
+refusal that left a "claimed by" ``multirun.yaml`` behind in an explicit
+``hydra.sweep.dir``, so the corrected command into the same directory was refused as
+"already holds a sweep"), and the search-space forms that preflight could not read:
+
+- ``optimizer.lr=interval(0.01,1)`` / ``tag(log,interval(...))`` on the command line is an
+  Optuna search range: preflight composes its two ends (:func:`sweep_values`); under the
+  basic sweeper, which cannot sample a range, it is one line;
+- ``hydra.sweeper.params.K=<sweep>`` unquoted is Hydra's own config swept, which Hydra does
+  not do: one line showing the form that works;
+- an Optuna study's direction, storage, search space, ``n_trials`` / ``n_jobs``, and a
+  searched ``repro`` (the determinism level is fixed per process before any trial starts;
+  ``repro=portable`` re-executes the process) are checked here (:func:`check_study`).
+
+``preflight`` calls :func:`check_sweep` before it claims the sweep directory; the sweep
+callback runs :func:`check_study` again on the config the sweeper is built from.
+"""
+
+from __future__ import annotations
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, Override
+from omegaconf import DictConfig, OmegaConf
+
+from reprotrain.errors import ReprotrainError
+
+OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+#: A search range that works from the command line, shown in refusals.
+EXAMPLE = "'optimizer.lr=tag(log,interval(0.01,1))'"
+
+
+def is_optuna(config: DictConfig) -> bool:
+    return OmegaConf.select(config, "hydra.sweeper._target_", default=None) == OPTUNA_SWEEPER
+
+
+def sweep_values(override: Override) -> list[str]:
+    """The values preflight composes for one sweep override: every value of a choice or a
+    range, the two ends of an interval (a range Optuna samples)."""
+    value = override.value()
+    if isinstance(value, IntervalSweep):
+        return [str(value.start), str(value.end)]
+    return list(override.sweep_string_iterator())
+
+
+def _searched(key: str) -> bool:
+    return key == "repro" or key.startswith("repro.")
+
+
+def _level_searched(key: str) -> ReprotrainError:
+    return ReprotrainError(
+        f"{key} cannot be searched: the determinism level is set once per process, before "
+        "any trial starts; run one study per level (repro=strict, then repro=portable)"
+    )
+
+
+def check_study(config: DictConfig, cli_sweeps: list[str] | None = None) -> None:
+    """Refuse, in one line, an Optuna study that cannot run here (before any trial runs).
+    ``cli_sweeps``: the keys the command line sweeps (also searched by the sweeper)."""
+    if cli_sweeps is None:
+        task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+        parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
+        cli_sweeps = [o.get_key_element() for o in parsed if o.is_sweep_override()]
+    mode = str(config.trainer.monitor_mode)
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    if isinstance(direction, str) and direction != f"{mode}imize":
+        raise ReprotrainError(
+            f"hydra.sweeper.direction={direction} but trainer.monitor_mode={mode}: a trial's "
+            f"value is the best {config.trainer.monitor} of its run; set "
+            f"hydra.sweeper.direction={mode}imize (or '${{trainer.monitor_mode}}imize')"
+        )
+    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
+    if storage:
+        raise ReprotrainError(
+            f"hydra.sweeper.storage={storage}: optuna 2's SQL storage needs SQLAlchemy<2 and "
+            "the lock holds SQLAlchemy 2; leave storage null (every trial is recorded in the "
+            "sweep directory, and study.json summarises the study)"
+        )
+    for key in ("n_trials", "n_jobs"):
+        value = OmegaConf.select(config, f"hydra.sweeper.{key}", default=None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):  # fmt: skip
+            raise ReprotrainError(
+                f"hydra.sweeper.{key}={value}: give a positive whole number "
+                f"(hydra.sweeper.{key}={8 if key == 'n_trials' else 1})"
+            )
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    searched = [str(k) for k in params] + list(cli_sweeps)
+    if not searched:
+        raise ReprotrainError(
+            "hydra/sweeper=optuna has no search space: add +hparams_search=smoke_optuna, or "
+            f"give a range on the command line, e.g. {EXAMPLE} or 'optimizer.lr=choice(0.01,0.1)'"
+        )
+    level = next((k for k in searched if _searched(k)), None)
+    if level is not None:
+        raise _level_searched(level)
+
+
+def check_sweep_overrides(overrides: list[str]) -> None:
+    """Before anything is composed: a sweep of Hydra's own config (``hydra.*=a,b``,
+    ``hydra.sweeper.params.K=interval(...)``), which Hydra cannot run, in one line that
+    shows the form that works."""
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        if not (o.is_sweep_override() and key.startswith("hydra.")):
+            continue
+        value = o.input_line.partition("=")[2]
+        if key.startswith("hydra.sweeper.params."):
+            name = key.removeprefix("hydra.sweeper.params.")
+            if _searched(name):
+                raise _level_searched(name)
+            raise ReprotrainError(
+                f"{o.input_line}: Hydra does not sweep its own config; give the search range "
+                f"as {name}'s own override with hydra/sweeper=optuna: '{name}={value}' "
+                f"(e.g. {EXAMPLE})"
+            )
+        raise ReprotrainError(f"{o.input_line}: Hydra does not sweep its own config ({key}); "
+                              "give it one value")  # fmt: skip
+
+
+def check_sweep(config: DictConfig, overrides: list[str]) -> None:
+    """A ``--multirun``'s sweeper and search space (``config``: its first variant, composed
+    with the hydra node), refused in one line before Hydra writes anything."""
+    sweeps = [o for o in OverridesParser.create().parse_overrides(overrides)
+              if o.is_sweep_override()]  # fmt: skip
+    optuna = is_optuna(config)
+    if not optuna:
+        ranges = [o for o in sweeps if isinstance(o.value(), IntervalSweep)]
+        if ranges:
+            raise ReprotrainError(
+                f"{ranges[0].input_line} is a search range, which only Optuna samples: add "
+                "hydra/sweeper=optuna, or list the values (e.g. optimizer.lr=0.01,0.1)"
+            )
+        return
+    check_study(config, [o.get_key_element() for o in sweeps])

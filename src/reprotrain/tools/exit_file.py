@@ -1,0 +1,101 @@
+"""``reprotrain --exit-file PATH``: where the job's exit code goes, checked before the job.
+
+Closes: an exit file that replaced whatever stood at its path (``/dev/full``, a FIFO, a
+character device: as root the atomic rename put a regular file in their place) and one that
+could not be written (a directory, an immutable or read-only directory, a full disk) ending
+in a traceback and exit 1 *after* the job ran, so the job's own code was lost.
+
+:func:`checked` runs before the job: the path must be a regular file (a symlink to one is
+written through, the link kept) or not exist yet in a directory where a file can be created
+and written (probed with a small temporary file, which is removed). Anything else is a
+:class:`ExitFileError`: one line, exit 2, and the job does not run. :func:`write` runs after
+the job; if the write fails even so (the disk filled up meanwhile) it says so in one line and
+the caller still returns the job's code.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+from reprotrain.errors import ReprotrainError
+from reprotrain.tools.cli import describe_os_error
+
+__all__ = ["ExitFileError", "checked", "write"]
+
+
+class ExitFileError(ReprotrainError):
+    """``--exit-file`` names a path the command must not (or cannot) write."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _probe(directory: Path) -> None:
+    """Create, write, sync and remove a small file in ``directory`` (raises OSError)."""
+    fd, name = tempfile.mkstemp(prefix=".exit-file-probe-", dir=directory)
+    try:
+        os.write(fd, b"0\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
+def checked(path: Path) -> Path:
+    """The path the exit code will be written to (a symlink resolved), or ExitFileError."""
+    path = Path(path).expanduser()
+    hint = "give a regular file or a new file's path (e.g. --exit-file rc.txt)"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise ExitFileError(f"--exit-file {path}: {describe_os_error(e)}; {hint}") from None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise ExitFileError(f"--exit-file {path} is {_kind(st.st_mode)}; {hint}")
+        path = path.resolve()
+    parent = path.parent
+    if not parent.is_dir():
+        raise ExitFileError(f"--exit-file {path}: no such directory {parent}; {hint}")
+    if st is not None and not os.access(path, os.W_OK):
+        raise ExitFileError(f"--exit-file {path}: not writable; {hint}")
+    try:
+        _probe(parent)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise ExitFileError(
+            f"--exit-file {path}: cannot write in {parent} ({why}); {hint}"
+        ) from None
+    return path
+
+
+def write(path: Path, code: int) -> bool:
+    """Write ``code`` (one integer, one line) atomically; False (and one stderr line) if the
+    write failed: the job's own exit code is what the command still returns."""
+    from reprotrain.repro.record import atomic_write_text  # light: no torch
+
+    try:
+        if path.exists() and not path.is_file():  # it changed while the job ran
+            raise OSError(errno.EEXIST, "no longer a regular file", str(path))
+        atomic_write_text(path, f"{code}\n")  # a reader never sees half a number
+    except OSError as e:
+        print(f"error: --exit-file {path}: the exit code {code} was not written "
+              f"({describe_os_error(e)})", file=sys.stderr, flush=True)  # fmt: skip
+        return False
+    return True

@@ -1,0 +1,159 @@
+"""``make reproduce`` of an Optuna study archive: study.json is checked against the runs.
+
+Closes: a study record that nothing checked. A ``study.json`` forged to a false best (with
+``optimization_results.yaml`` and the manifest regenerated to match) reproduced as
+"REPRODUCED (bitwise): all 2 runs match", and so did an archive with 6 of its 8 trials
+deleted: the runs matched, and the claim about them was never looked at.
+
+- :func:`archived_study` reads ``sweep/study.json`` from the verified archive before
+  anything re-runs: absent is fine (not a study); malformed is a refusal (exit 2).
+- :func:`differences` recomputes the study (each trial's parameters, value and status, and
+  the best) from a sweep directory with the study's own settings
+  (``tools/sweeps/optuna_study.summarise_study``, the code that wrote it) and lists every
+  way ``study.json`` differs: a trial it names that is not there, a trial that is there but
+  not named, another parameter, value or status, another best, ``n_trials`` trials
+  promised but fewer archived, and the plugin's ``optimization_results.yaml`` disagreeing.
+
+The replay calls it on the replayed runs (bitwise: the values must match too) and on the
+archived runs (statistical mode, where re-run values legitimately move: the record must
+still agree with the runs it was written from, and the replay must have the same trials).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from reprotrain.errors import ReproduceRefused
+from reprotrain.tools.archive.archive_check import CheckedArchive
+from reprotrain.tools.runs.readers import parse_json_object
+from reprotrain.tools.shown import shown
+
+STUDY = "sweep/study.json"
+#: study.json keys summarise_study needs, with the test each must pass.
+_SETTINGS = {
+    "metric": lambda v: isinstance(v, str) and bool(v),
+    "metric_mode": lambda v: v in ("max", "min"),
+    "search_space": lambda v: isinstance(v, dict),
+    "sampler": lambda v: isinstance(v, dict),
+    "trials": lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
+    "best": lambda v: v is None or isinstance(v, dict),
+}
+
+
+def _number(v: Any) -> bool:
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+
+def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | None:
+    """The archive's study.json, checked for shape (ReproduceRefused), or None."""
+    data = read_member(checked, STUDY)
+    if data is None:
+        return None
+    label = checked.label(STUDY)
+    try:
+        study = parse_json_object(data.decode("utf-8"), label)
+    except UnicodeDecodeError:
+        raise ReproduceRefused(f"{label}: not UTF-8 text") from None
+    for key, ok in _SETTINGS.items():
+        if not ok(study.get(key)):
+            raise ReproduceRefused(f"{label}: {key} is missing or malformed; the study record "
+                                   "was edited or damaged")  # fmt: skip
+    for i, t in enumerate(study["trials"]):
+        if not (isinstance(t.get("job"), str) and isinstance(t.get("params"), dict)
+                and isinstance(t.get("status"), str) and _number(t.get("value"))):  # fmt: skip
+            raise ReproduceRefused(f"{label}: trials[{i}] is not a trial (job, params, value, "
+                                   "status); the study record was edited or damaged")  # fmt: skip
+    n_trials = study.get("n_trials")
+    if n_trials is not None and (not isinstance(n_trials, int) or isinstance(n_trials, bool)):
+        raise ReproduceRefused(f"{label}: n_trials {shown(n_trials, 40)} is not an integer")
+    return study
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _trial_text(t: dict[str, Any]) -> str:
+    return f"trial {shown(t.get('number'), 20)} ({shown(t.get('job'), 60)})"
+
+
+def _compare_trials(recorded: dict, found: dict, keys: tuple[str, ...], where: str) -> list[str]:
+    out = []
+    for job in sorted(set(recorded) - set(found)):
+        out.append(f"study.json names {_trial_text(recorded[job])}, which is not in {where}")
+    for job in sorted(set(found) - set(recorded)):
+        out.append(f"{_trial_text(found[job])} is in {where} but not in study.json")
+    for job in sorted(set(recorded) & set(found)):
+        for key in keys:
+            a, b = recorded[job].get(key), found[job].get(key)
+            if not _same(a, b):
+                out.append(f"{_trial_text(recorded[job])}: {key} {shown(a, 80)} in study.json, "
+                           f"{shown(b, 80)} in {where}")  # fmt: skip
+    return out
+
+
+def _compare_best(said: dict | None, got: dict | None, fields: tuple[str, ...], where: str):
+    if said is None or got is None:
+        differs = (said is None) != (got is None)
+    else:
+        differs = any(not _same(said.get(f), got.get(f)) for f in fields)
+    if not differs:
+        return []
+    a = "none" if said is None else _trial_text(said)
+    b = "none" if got is None else _trial_text(got)
+    return [f"best: study.json says {a}, {where} say {b}"]
+
+
+def differences(
+    study: dict[str, Any], archived: Path, replay: Path | None = None, values: bool = True
+) -> list[str]:
+    """Every way ``study`` differs from the study recomputed from the ``archived`` runs
+    (the trial set, each trial's parameters, status and value, the best, n_trials, the
+    plugin's own result) and, given ``replay``, from the replayed runs: every trial
+    replayed and completed, and with ``values`` (bits promised) each value and the best
+    the same. Empty: the record holds."""
+    from reprotrain.tools.sweeps import optuna_study
+
+    settings = {k: study.get(k) for k in ("storage", "search_space", "metric", "metric_mode")}
+    settings["sampler"] = study["sampler"]
+    here = optuna_study.summarise_study(Path(archived), settings)
+    recorded = {t["job"]: t for t in study["trials"]}
+    found = {t["job"]: t for t in here["trials"]}
+    out = _compare_trials(recorded, found, ("params", "status", "value"), "the archived runs")
+    n_trials = study.get("n_trials")
+    if isinstance(n_trials, int) and len(found) < n_trials:
+        out.append(f"the study ran n_trials={n_trials}; the archive holds {len(found)} trial(s)")
+    out += _compare_best(study.get("best"), here.get("best"), ("job", "params", "value"),
+                         "the archived runs")  # fmt: skip
+    results = Path(archived) / optuna_study.OPTUNA_RESULTS
+    if results.is_file() and here.get("optuna_best_agrees") is False:
+        out.append(f"{optuna_study.OPTUNA_RESULTS} does not agree with the best archived run")
+    if replay is None:
+        return out
+    metric, mode = settings["metric"], settings["metric_mode"]
+    replayed = {}
+    for job, t in found.items():
+        record = Path(replay) / job / "run.json"
+        status = _status(record)
+        value = optuna_study.trial_value(Path(replay) / job, metric, mode) if status else None
+        replayed[job] = {**t, "status": status or "missing", "value": value}
+    keys = ("status", *(("value",) if values else ()))
+    out += _compare_trials(recorded, replayed, keys, "the replay")
+    if values:
+        out += _compare_best(study.get("best"), optuna_study.best_trial(
+            list(replayed.values()), mode), ("job", "value"), "the replayed runs")  # fmt: skip
+    return list(dict.fromkeys(out))
+
+
+def _status(record: Path) -> str | None:
+    import json
+
+    try:
+        status = json.loads(record.read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if isinstance(status, str) else None

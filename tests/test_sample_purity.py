@@ -1,0 +1,104 @@
+"""Samples are a pure function of their key, checked by drawing them twice (data/purity.py):
+in order, in reverse order, and in a loader worker, under the same per-sample seed."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from reprotrain.data import purity
+from reprotrain.data.pipeline import SeededSamples
+
+KEYS = [(0, 0), (0, 1), (0, 2)]
+
+
+class Images(Dataset):
+    """A pure dataset: every draw comes from the seeded globals."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.rand(3, 4, 4) + i, random.random(), np.random.normal()
+
+
+class PrivateRandom(Images):
+    def __init__(self) -> None:
+        self.rng = random.Random(0)  # drawn in __getitem__: the history of calls decides
+
+    def __getitem__(self, i: int):
+        return torch.full((2,), self.rng.random() + i)
+
+
+class Counter(Images):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __getitem__(self, i: int):
+        self.calls += 1
+        return torch.tensor([i, self.calls % 2])
+
+
+class WorkerAware(Images):
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        return torch.tensor([i, -1 if info is None else info.id])
+
+
+class NoisyTransform:
+    def __init__(self) -> None:
+        self.gen = np.random.default_rng(0)  # a transform's own generator
+
+    def __call__(self, sample, train: bool):
+        return sample[0] + float(self.gen.normal())
+
+
+def identity(sample, train: bool):
+    return sample
+
+
+def verdict(base, transform=identity) -> purity.PurityVerdict:
+    data = SeededSamples(base, transform, augment_seed=7, train=True)
+    return purity.check_pipeline(type("P", (), {"train_set": data})())
+
+
+def test_a_dataset_drawing_only_from_the_seeded_globals_is_pure():
+    got = verdict(Images())
+    assert got.pure and got.checked == 3 and got.reason is None
+
+
+def test_a_private_generator_of_the_dataset_is_found_and_named():
+    got = verdict(PrivateRandom())
+    assert not got.pure
+    assert "a second draw" in got.reason and "dataset attribute `rng` (Random)" in got.reason
+
+
+def test_a_counter_that_changes_the_sample_is_found_and_named():
+    got = verdict(Counter())
+    assert not got.pure and "dataset attribute `calls` (int)" in got.reason
+
+
+def test_a_transforms_own_generator_is_found_and_named():
+    got = verdict(Images(), NoisyTransform())
+    assert not got.pure and "transform attribute `gen` (Generator)" in got.reason
+
+
+def test_a_sample_that_depends_on_the_process_differs_in_a_worker():
+    got = verdict(WorkerAware())
+    assert not got.pure
+    assert "a loader worker" in got.reason and "depends on the process" in got.reason
+
+
+def test_the_check_draws_nothing_from_the_global_generators():
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    state = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    verdict(Images())
+    assert torch.equal(torch.get_rng_state(), state[0]) and random.getstate() == state[1]
+    assert (np.random.get_state()[1] == state[2]).all()
+
+
+def test_in_memory_tensor_splits_need_no_check():
+    assert purity.check_pipeline(type("P", (), {"train_set": None})()) is None

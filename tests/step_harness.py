@@ -1,8 +1,8 @@
 """In-process training of a tiny model with any step object and reduction (no subprocess).
 
-``Harness`` builds what ``train.build_training`` builds (state, reduction, runner) around a
+``Harness`` builds what ``build.build_training`` builds (state, reduction, runner) around a
 tiny BatchNorm + dropout model and synthetic batches; ``run(steps)`` trains through the
-framework's own ``run_epoch``; ``checkpoint()`` / ``resumed(bytes)`` are what a checkpoint
+framework's own ``engine.train_step``; ``checkpoint()`` / ``resumed(bytes)`` are what a checkpoint
 written by the Saver and a resume in a new process do (weights_only load, a fresh model from
 another seed, global RNGs moved), so "resumes bitwise" is checked in seconds.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from reprotrain.engine import StepRunner, StepSettings, TrainerState, run_epoch
+from reprotrain.engine import StepRunner, StepSettings, TrainerState, nonfinite, train_step
 from reprotrain.reduction import Exact, Local, Reduction
 from reprotrain.repro import checkpoint
 from reprotrain.repro.fingerprint import state_sha256
@@ -53,10 +53,13 @@ class Harness:
         microbatch_size: int | None = None,
         seed: int = 0,
         dropout: bool = True,
+        make_optimizer: Callable[[Any], torch.optim.Optimizer] = lambda params: torch.optim.SGD(
+            params, lr=0.2, momentum=0.9
+        ),
     ) -> None:
         self.reduction = REDUCTIONS[reduction]()
         model, forward = self.reduction.prepare(tiny_model(seed, dropout))
-        opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+        opt = make_optimizer(model.parameters())
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         task = Classification(nn.CrossEntropyLoss())
@@ -71,9 +74,10 @@ class Harness:
     def run(self, steps: int) -> Harness:
         loop = self.state.loop
         start = loop.step
-        pairs = ((s, batch(s)) for s in range(start, start + steps))
-        run_epoch(self.runner, pairs, check_every=1, on_nonfinite="stop",
-                  after_step=lambda next_step: None)  # fmt: skip
+        self.runner.forward.train()
+        for s in range(start, start + steps):  # the Trainer's epoch, guard read every step
+            if bool(train_step(self.runner, s, batch(s))):
+                nonfinite(loop, "stop")
         return self
 
     def checkpoint(self) -> bytes:

@@ -58,14 +58,14 @@ def test_defaults_compose_and_validate():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train")
         smoke = compose("train", overrides=["experiment=selfcheck"])
-    validate(cfg)  # the user's defaults (tests/starter checks what they name)
+    validate(cfg, 1)  # the user's defaults (tests/starter checks what they name)
     assert cfg.repro.level == "strict"
     assert smoke.dataset._target_ == "reprotrain.selfcheck.images.SyntheticImages"
     assert smoke.model._target_ == "reprotrain.selfcheck.net.TinyConvNet"
     smoke.trainer.pipeline = "device"
     smoke.trainer.num_workers = 2  # the device pipeline has no workers: refuse, don't ignore
     with pytest.raises(ReprotrainError, match="pipeline=loader"):
-        validate(smoke)
+        validate(smoke, 1)
 
 
 def test_help_still_works():
@@ -115,6 +115,23 @@ def test_every_trainer_key_is_owned_by_exactly_one_settings_part():
     assert (settings.pipeline.batch_size, settings.step.amp) == (64, True)  # values land
 
 
+def test_the_trainer_schema_is_made_from_the_settings_so_each_key_is_declared_once():
+    """One declaration per key: the flat ``trainer`` schema's fields are the settings'
+    fields, with their types and defaults (no second class to keep in step)."""
+    from dataclasses import fields
+    from typing import get_type_hints
+
+    from reprotrain.config import TrainerConfig, TrainerSettings, trainer_schema
+
+    declared = [f for part in get_type_hints(TrainerSettings).values() for f in fields(part)]
+    names = [f.name for f in declared]
+    assert len(names) == len(set(names))  # no key in two parts
+    assert {f.name: f.default for f in fields(TrainerConfig)} == {
+        f.name: f.default for f in declared
+    }
+    assert [f.name for f in fields(trainer_schema())] == names
+
+
 def test_the_batch_layout_is_checked_against_the_world_size_the_job_really_has(tmp_path):
     """A submitit job's ranks learn their world size only when they start (compose time saw
     1): a micro-batch larger than a rank's share is refused before anything is written,
@@ -125,7 +142,7 @@ def test_the_batch_layout_is_checked_against_the_world_size_the_job_really_has(t
     overrides = ["experiment=selfcheck", "trainer.batch_size=64", "trainer.microbatch_size=16"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
-    validate(cfg)  # world size 1 at compose time: fine
+    validate(cfg, 1)  # world size 1 at compose time: fine
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with pytest.raises(ReprotrainError, match=r"microbatch_size=16 does not divide the per-rank"):

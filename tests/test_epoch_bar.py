@@ -6,7 +6,7 @@ import io
 
 import torch
 
-from reprotrain import train
+from reprotrain import loop
 from reprotrain.state import EpochProgress
 
 
@@ -25,7 +25,7 @@ def progress_with_losses(values: list[float]) -> EpochProgress:
 def test_on_a_terminal_the_bar_shows_the_mean_loss_of_the_last_steps(monkeypatch):
     err = Terminal()
     monkeypatch.setattr("sys.stderr", err)
-    bar = train.EpochBar(enabled=True, every=2)
+    bar = loop.EpochBar(enabled=True, every=2)
     bar.start(epoch=3, total=4, done=0)
     progress = progress_with_losses([9.0, 1.0, 3.0])
     bar.step(progress, global_step=2)  # reads the last two losses: (1 + 3) / 2
@@ -37,7 +37,7 @@ def test_on_a_terminal_the_bar_shows_the_mean_loss_of_the_last_steps(monkeypatch
 def test_off_a_terminal_the_bar_writes_nothing_and_reads_no_loss(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
-    bar = train.EpochBar(enabled=True, every=1)
+    bar = loop.EpochBar(enabled=True, every=1)
     bar.start(epoch=1, total=2, done=0)
 
     class Unreadable(list):

@@ -1,7 +1,8 @@
 """The house is one-way: entry -> engine -> ground floor, never back up, and no circles.
 
 Floors (DESIGN: "Floors"): ``train`` (the entry) and ``tools``/``bench`` beside it may import
-anything; the engine level (``engine``, ``reduction``, ``invariant``) never imports the entry
+anything; the engine level (``engine``, ``reduction``, ``invariant``; ``start``, ``build``,
+``provenance`` and ``loop`` above them) never imports the entry
 or the tools;
 the ground floor (tasks, data, repro, config and the small modules) imports neither the entry,
 the tools nor the engine. Every import counts, at module level or inside a function: an
@@ -21,7 +22,10 @@ SRC = REPO / "src"
 # The entries: the trainer, and the `reprotrain` command (commands.py, python -m reprotrain).
 ENTRY = ("reprotrain.train", "reprotrain.commands", "reprotrain.__main__", "reprotrain.tools",
          "reprotrain.bench", "reprotrain.selfcheck")  # fmt: skip
-ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction")
+# The engine level: the step and the reduction, and around them the run's start, its build,
+# its provenance and the loop (the Trainer) that train() calls.
+ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction", "reprotrain.build",
+          "reprotrain.loop", "reprotrain.start", "reprotrain.provenance")  # fmt: skip
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 
@@ -150,3 +154,43 @@ def test_no_private_name_is_imported_across_modules():
         if attr and attr.startswith("_") and not attr.startswith("__") and mod != name
     )
     assert crossing == []
+
+
+FACE = "reprotrain.api"
+FACE_BUDGET = 20  # names: the task and step bases, context and output, data, errors, a fetch
+
+
+def test_the_users_room_imports_the_framework_only_through_its_face():
+    """src/starter (the room a project replaces) imports ``reprotrain.api`` (or the package,
+    which re-exports it) and nothing else of the framework, anywhere in a file; everything
+    behind the face may move in a template update."""
+    room = sorted((SRC / "starter").rglob("*.py"))
+    assert room
+    behind = sorted(
+        f"{path.relative_to(SRC)}: {mod}.{name}"
+        for path in room
+        for mod, name in imported_names(path)
+        if not (mod == FACE or mod.startswith(f"{FACE}."))
+        and not (mod == "reprotrain" and name in FACE_NAMES)
+    )
+    assert behind == []
+
+
+def test_the_face_is_small_and_the_package_re_exports_it():
+    import reprotrain
+    from reprotrain import api
+
+    assert len(api.__all__) <= FACE_BUDGET
+    assert sorted(reprotrain.FACE) == sorted(api.__all__)
+    assert all(getattr(reprotrain, name) is getattr(api, name) for name in api.__all__)
+
+
+def _face_names() -> set[str]:
+    tree = ast.parse((SRC / "reprotrain" / "api.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            return {elt.value for elt in node.value.elts}
+    return set()
+
+
+FACE_NAMES = _face_names()

@@ -22,14 +22,14 @@ class Twice:
         self.losses: list[torch.Tensor] = []
         self.grads: list[list[torch.Tensor]] = []
 
-    def __call__(self, runner) -> None:
-        self.losses.append(runner.gradients()[0])
+    def __call__(self, runner, batch) -> None:
+        self.losses.append(runner.gradients(batch)[0])
         params = list(runner.model.parameters())
         saved = [p.detach().clone() for p in params]
         with torch.no_grad():
             for p in params:
                 p.add_(0.01)
-        self.losses.append(runner.gradients()[0])
+        self.losses.append(runner.gradients(batch)[0])
         self.grads.append([p.grad.clone() for p in params])
         with torch.no_grad():
             for p, w in zip(params, saved, strict=True):
@@ -43,8 +43,8 @@ class Counting(PlainStep):
     def __init__(self) -> None:
         self.updates = torch.zeros((), dtype=torch.int64)
 
-    def __call__(self, runner) -> None:
-        super().__call__(runner)
+    def __call__(self, runner, batch) -> None:
+        super().__call__(runner, batch)
         self.updates += 1
 
     def state_dict(self) -> dict:
@@ -57,8 +57,8 @@ class Counting(PlainStep):
 @pytest.mark.parametrize("reduction", ["local", "exact"])
 def test_a_user_step_that_calls_gradients_and_apply_is_the_plain_step_bit_for_bit(reduction):
     class Mine:
-        def __call__(self, runner) -> None:
-            runner.gradients()
+        def __call__(self, runner, batch) -> None:
+            runner.gradients(batch)
             runner.apply()
 
     plain = Harness(reduction=reduction, microbatch_size=4).run(3)
@@ -85,12 +85,12 @@ def test_only_the_first_gradients_call_is_recorded_and_the_update_uses_the_last(
 
 def test_a_step_that_skips_apply_or_applies_twice_is_one_line():
     class NoApply:
-        def __call__(self, runner) -> None:
-            runner.gradients()
+        def __call__(self, runner, batch) -> None:
+            runner.gradients(batch)
 
     class TwoApplies(PlainStep):
-        def __call__(self, runner) -> None:
-            super().__call__(runner)
+        def __call__(self, runner, batch) -> None:
+            super().__call__(runner, batch)
             runner.apply()
 
     with pytest.raises(ReprotrainError, match=r"step NoApply did not call runner.apply\(\)"):
@@ -113,7 +113,7 @@ def test_a_step_with_state_is_its_own_checkpoint_part_and_resumes_bitwise(reduct
 
 
 def test_validation_runs_inside_the_steps_evaluation_weights():
-    from reprotrain.train import evaluate_split
+    from reprotrain.loop import evaluate_split
 
     seen: list[str] = []
 

@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
@@ -49,71 +49,15 @@ class ReproConfig:
     require_locked_env: bool = False  # drift between .venv and the lock becomes fatal
 
 
-@dataclass
-class TrainerConfig:
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (mps: no bitwise promise)
-    allow_device_change: bool = False  # resume on another device type (recorded: not bitwise)
-    epochs: int = 30
-    batch_size: int = 512  # global batch, samples per optimizer step
-    # Samples per micro-batch: the step's (per-rank) batch is split into pieces of this
-    # size whose gradients accumulate before one optimizer step. null: one piece.
-    microbatch_size: int | None = None
-    eval_batch_size: int = 1024
-    eval_every: int = 1  # epochs between validation passes; the last epoch is always evaluated
-    monitor: str = "val_acc"  # metrics.jsonl key that picks best.pt and is the sweep objective
-    monitor_mode: str = "max"  # max | min
-    checkpoint_every_steps: int = 0  # 0: only at epoch ends
-    keep_checkpoints: int = 3
-    pipeline: str = "auto"  # auto: device for in-memory tensors, loader for file datasets
-    num_workers: int = 0  # loader pipeline only; never changes the bits
-    amp: bool = False  # autocast (bf16 by default); fp16 uses the GradScaler
-    amp_dtype: str = "bf16"  # bf16 | fp16
-    amp_init_scale: float = 65536.0  # fp16 only: GradScaler's starting loss scale
-    no_decay_norm_bias: bool = False  # put biases and norm weights (ndim <= 1) in a wd=0 group
-    grad_clip_norm: float = 0.0  # 0: off; else clip the global L2 norm (and guard it)
-    on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf loss (or grad norm) does
-    # Steps between host reads of the on-device guard flag (also read before every
-    # checkpoint): one read per k steps instead of a sync per step on a GPU.
-    nonfinite_check_every: int = 10
-    channels_last: bool = False  # NHWC memory format for model and batches
-    compile: bool = False  # torch.compile the model (mode below); compile time is reported
-    compile_mode: str = "default"
-    progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
-    # Debug presets (conf/debug/): shorten or repeat the loop; all 0 = off.
-    limit_train_steps: int = 0  # steps per epoch (the schedule spans the shortened run)
-    limit_eval_batches: int = 0  # batches per evaluation pass
-    overfit_batches: int = 0  # every epoch repeats the first N batches of epoch 1
-    profile_steps: int = 0  # torch.profiler trace of N steps (after 1 warm-up) in the run dir
-    sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
-    # The same bits on any world size dividing the micro-batches per step (batch_size /
-    # microbatch_size): fixed micro-batches, per-micro-batch RNG and BatchNorm statistics,
-    # exact (int64 fixed-point) sums in place of DDP's all-reduce. See README.
-    world_size_invariant: bool = False
-    allow_world_size_change: bool = False  # resume under another world size (not bitwise)
-    # Resume under repro=strict although the resume audit found state the checkpoint cannot
-    # restore (a task's list, a consumed global RNG): recorded as not bitwise.
-    allow_unrestored_state: bool = False
-    # Checkpoint and exit 75 (status interrupted) after this global step: how reproduce
-    # replays a resume history leg by leg. 0: off.
-    stop_at_global_step: int = 0
-    # Stop (status completed, partial) after this epoch without changing the schedule, so
-    # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
-    stop_after_epoch: int = 0
-    # Early stopping: stop after this many evaluated epochs in a row whose trainer.monitor
-    # did not beat the best by more than early_stopping_min_delta (0: off). Recorded in
-    # run.json (`early_stopped`), kept in the checkpoint (a resume continues the count).
-    early_stopping_patience: int = 0
-    early_stopping_min_delta: float = 0.0  # in the monitored metric's units
-
-
 #: The ``step`` every run had before the group existed: a config holding exactly this is
 #: hashed without it, so identities (and resumes) of earlier runs still match.
 PLAIN_STEP = {"_target_": "reprotrain.step.PlainStep"}
 
 
-# --- the trainer's settings by concern: each component takes the part it uses ---------------
-# Every ``trainer.*`` key belongs to exactly one of these (tests/test_config.py checks it), so
-# a new key has one owner and reaches only the component that reads it.
+# --- the trainer's settings by concern: the one declaration of every ``trainer.*`` key -----
+# Each component takes the part it reads; the flat ``trainer`` schema (``trainer.epochs`` on
+# the command line) is made from these fields (``TrainerConfig``), so a key is declared, given
+# its type and default, exactly once.
 
 
 def from_trainer(cls: type, trainer: Any) -> Any:
@@ -127,9 +71,11 @@ class RunSettings:
     besides the world size (``allow_unrestored_state`` is read by
     ``resume_guard.check_unrestored`` from the resolved config it audits)."""
 
-    device: str = "auto"
-    allow_device_change: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (mps: no bitwise promise)
+    allow_device_change: bool = False  # resume on another device type (recorded: not bitwise)
     keep_checkpoints: int = 3
+    # Resume under repro=strict although the resume audit found state the checkpoint cannot
+    # restore (a task's list, a consumed global RNG): recorded as not bitwise.
     allow_unrestored_state: bool = False
 
 
@@ -137,13 +83,14 @@ class RunSettings:
 class PipelineSettings:
     """How the data pipeline serves batches: which path, how many, how big, how shortened."""
 
-    pipeline: str = "auto"
-    num_workers: int = 0
-    batch_size: int = 512
+    pipeline: str = "auto"  # auto: device for in-memory tensors, loader for file datasets
+    num_workers: int = 0  # loader pipeline only; never changes the bits
+    batch_size: int = 512  # global batch, samples per optimizer step
     eval_batch_size: int = 1024
-    limit_train_steps: int = 0
-    limit_eval_batches: int = 0
-    overfit_batches: int = 0
+    # Debug presets (conf/debug/): shorten or repeat the loop; all 0 = off.
+    limit_train_steps: int = 0  # steps per epoch (the schedule spans the shortened run)
+    limit_eval_batches: int = 0  # batches per evaluation pass
+    overfit_batches: int = 0  # every epoch repeats the first N batches of epoch 1
 
 
 @dataclass(frozen=True)
@@ -151,9 +98,12 @@ class ReductionSettings:
     """How the ranks combine a step (``reduction.for_run``), and whether a resume may change
     the world size (the reduction's ``resume_check``)."""
 
+    # The same bits on any world size dividing the micro-batches per step (batch_size /
+    # microbatch_size): fixed micro-batches, per-micro-batch RNG and BatchNorm statistics,
+    # exact (int64 fixed-point) sums in place of DDP's all-reduce. See README.
     world_size_invariant: bool = False
-    sync_batchnorm: bool = False
-    allow_world_size_change: bool = False
+    sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
+    allow_world_size_change: bool = False  # resume under another world size (not bitwise)
 
 
 @dataclass(frozen=True)
@@ -161,23 +111,32 @@ class LoopSettings:
     """What the epoch loop reads: length, evaluation cadence, the monitored value, stops."""
 
     epochs: int = 30
-    eval_every: int = 1
-    monitor: str = "val_acc"
-    monitor_mode: str = "max"
-    checkpoint_every_steps: int = 0
+    eval_every: int = 1  # epochs between validation passes; the last epoch is always evaluated
+    monitor: str = "val_acc"  # metrics.jsonl key that picks best.pt and is the sweep objective
+    monitor_mode: str = "max"  # max | min
+    checkpoint_every_steps: int = 0  # 0: only at epoch ends
+    # Checkpoint and exit 75 (status interrupted) after this global step: how reproduce
+    # replays a resume history leg by leg. 0: off.
     stop_at_global_step: int = 0
+    # Stop (status completed, partial) after this epoch without changing the schedule, so
+    # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
     stop_after_epoch: int = 0
-    progress: bool = True
-    profile_steps: int = 0
+    progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
+    profile_steps: int = 0  # torch.profiler trace of N steps (after 1 warm-up) in the run dir
+    # Early stopping: stop after this many evaluated epochs in a row whose trainer.monitor
+    # did not beat the best by more than early_stopping_min_delta (0: off). Recorded in
+    # run.json (`early_stopped`), kept in the checkpoint (a resume continues the count).
     early_stopping_patience: int = 0
-    early_stopping_min_delta: float = 0.0
+    early_stopping_min_delta: float = 0.0  # in the monitored metric's units
 
 
 @dataclass(frozen=True)
 class GuardSettings:
     """The non-finite guard: what a NaN/inf does, and how often the flag is read."""
 
-    on_nonfinite: str = "stop"
+    on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf loss (or grad norm) does
+    # Steps between host reads of the on-device guard flag (also read before every
+    # checkpoint): one read per k steps instead of a sync per step on a GPU.
     nonfinite_check_every: int = 10
 
 
@@ -186,21 +145,23 @@ class ModelSettings:
     """How the model, its optimizer and its forward are built; ``channels_last`` is the
     memory format of the model and, so that they match, of the pipeline's batches."""
 
-    channels_last: bool = False
-    compile: bool = False
+    channels_last: bool = False  # NHWC memory format for model and batches
+    compile: bool = False  # torch.compile the model (mode below); compile time is reported
     compile_mode: str = "default"
-    no_decay_norm_bias: bool = False
-    amp_init_scale: float = 65536.0
+    no_decay_norm_bias: bool = False  # put biases and norm weights (ndim <= 1) in a wd=0 group
+    amp_init_scale: float = 65536.0  # fp16 only: GradScaler's starting loss scale
 
 
 @dataclass(frozen=True)
 class StepSettings:
     """What one optimizer step needs: autocast, clipping, the micro-batch size."""
 
-    amp: bool = False
-    amp_dtype: str = "bf16"
-    grad_clip_norm: float = 0.0
-    microbatch_size: int | None = None  # None: the whole (per-rank) batch in one piece
+    amp: bool = False  # autocast (bf16 by default); fp16 uses the GradScaler
+    amp_dtype: str = "bf16"  # bf16 | fp16
+    grad_clip_norm: float = 0.0  # 0: off; else clip the global L2 norm (and guard it)
+    # Samples per micro-batch: the step's (per-rank) batch is split into pieces of this
+    # size whose gradients accumulate before one optimizer step. None: one piece.
+    microbatch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +181,21 @@ class TrainerSettings:
     def from_config(cls, trainer: Any) -> TrainerSettings:
         parts = get_type_hints(cls)
         return cls(**{f.name: from_trainer(parts[f.name], trainer) for f in fields(cls)})
+
+
+def trainer_schema() -> type:
+    """The flat ``trainer`` group's schema, made from the settings' fields (their names,
+    types and defaults): what Hydra checks a ``trainer.*`` override against."""
+    columns = []
+    for part in get_type_hints(TrainerSettings).values():
+        hints = get_type_hints(part)
+        columns += [(f.name, hints[f.name], field(default=f.default)) for f in fields(part)]
+    schema = make_dataclass("TrainerConfig", columns)
+    schema.__module__ = __name__  # pickled by reference (submitit, joblib): config.TrainerConfig
+    return schema
+
+
+TrainerConfig = trainer_schema()
 
 
 @dataclass
@@ -318,8 +294,10 @@ def _non_finite_leaves(node: Any, prefix: str) -> list[str]:
     return []
 
 
-def validate(cfg: DictConfig | Any) -> None:
-    """Range checks a dataclass type cannot express; raises one-line ``ReprotrainError``."""
+def validate(cfg: DictConfig | Any, world_size: int) -> None:
+    """Range checks a dataclass type cannot express, and the batch layout on ``world_size``
+    ranks; raises one-line ``ReprotrainError``. Preflight calls it with the world size the
+    launcher announces, the trainer with the one its job has."""
     for key, allowed in CHOICES.items():
         if _get(cfg, key) not in allowed:
             raise ReprotrainError(f"{key}={_get(cfg, key)!r} is not one of {', '.join(allowed)}")
@@ -346,11 +324,8 @@ def validate(cfg: DictConfig | Any) -> None:
         value = cfg.seed[stream]
         if value is not None and not 0 <= value <= SEED_MAX:
             raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
-    check_layout(cfg.trainer, launch_world_size())
-    if cfg.trainer.monitor_mode not in ("max", "min"):
-        raise ReprotrainError("trainer.monitor_mode must be max or min")
-    if cfg.trainer.pipeline == "device" and cfg.trainer.num_workers:
-        raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader (or auto)")
+    check_layout(cfg.trainer, world_size)
+    check_workers(cfg.trainer.pipeline, cfg.trainer.num_workers, in_memory=None)
     check_logger_config(cfg.logger)
     for group in USER_GROUPS:
         bad = _non_finite_leaves(cfg[group], group)
@@ -362,6 +337,39 @@ def launch_world_size() -> int:
     """The world size the launcher announces (torchrun's ``WORLD_SIZE``; 1 without one)."""
     value = os.environ.get("WORLD_SIZE", "")
     return int(value) if value.strip().isdigit() and int(value) > 0 else 1
+
+
+def check_workers(pipeline: str, num_workers: int, *, in_memory: bool | None,
+                  target: str = "the dataset") -> None:  # fmt: skip
+    """Loader workers need the loader pipeline: refused on ``trainer.pipeline=device``, and
+    on ``auto`` for an in-memory dataset (``in_memory``: None while it is not known)."""
+    if not num_workers:
+        return
+    if pipeline == "device":
+        raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader (or auto)")
+    if pipeline == "auto" and in_memory is True:
+        raise ReprotrainError(
+            f"trainer.num_workers={num_workers} needs trainer.pipeline=loader: "
+            f"{target} is in memory, and trainer.pipeline=auto serves it on the "
+            "device, where workers have nothing to do; drop trainer.num_workers or add "
+            "trainer.pipeline=loader"
+        )
+
+
+def check_num_classes(given: int | None, actual: int | None) -> None:
+    """``model.num_classes`` (None: not set) against the classes the dataset has or
+    declares (None: not known yet)."""
+    if given is not None and actual is not None and given != actual:
+        raise ReprotrainError(
+            f"model.num_classes={given} but the dataset has {actual} classes; "
+            f"set model.num_classes={actual}"
+        )
+
+
+def check_std(std: Any) -> None:
+    """A normalisation ``dataset.std`` divides: every channel's must be > 0."""
+    if min(std) <= 0:
+        raise ReprotrainError(f"dataset.std={list(std)} must be > 0 in every channel")
 
 
 def microbatches_per_step(batch_size: int, microbatch_size: int | None) -> int:

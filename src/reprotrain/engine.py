@@ -1,4 +1,4 @@
-"""The optimisation step over micro-batches, one epoch, evaluation.
+"""The optimisation step over micro-batches, one training step of the loop, evaluation.
 
 The task computes what a (micro-)batch means (loss and metric sums, see tasks/); this
 module does everything around it. The micro-batch is the unit of work, the step the unit
@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,7 +38,7 @@ from reprotrain.reduction import Local, Reduction
 from reprotrain.repro import op_trace
 from reprotrain.repro.seeding import microbatch_seed, scoped_globals
 from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
-from reprotrain.step import PlainStep
+from reprotrain.step import PlainStep, Step
 from reprotrain.tasks.base import StepContext, StepOutput
 
 __all__ = [
@@ -80,14 +79,13 @@ class StepRunner:
         reduction: Reduction | None = None,
         settings: StepSettings | None = None,
         train_seed: int = 0,
-        user_step: Callable[[StepRunner], None] | None = None,
+        user_step: Step | None = None,
     ) -> None:
         self.state, self.task, self.train_seed = state, task, train_seed
         self.settings = settings or StepSettings()
         self.forward = state.model if forward is None else forward
         self.reduction = reduction or Local()
         self.user_step = user_step or PlainStep()
-        self._batch: Any = None
         self.global_step = 0
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
@@ -109,12 +107,12 @@ class StepRunner:
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
         """One optimizer step by the user's step object; (the first ``gradients()`` call's
         loss and metric sums, the gradient norm of ``apply()`` or None), on the device."""
-        self._batch, self.global_step = batch, global_step
+        self.global_step = global_step
         self._first, self._norm, self._applied = None, None, False
-        self.user_step(self)
+        self.user_step(self, batch)
         name = type(self.user_step).__name__
         if self._first is None or not self._applied:
-            missing = "runner.gradients()" if self._first is None else "runner.apply()"
+            missing = "runner.gradients(batch)" if self._first is None else "runner.apply()"
             raise ReprotrainError(f"step {name} did not call {missing}; a step calls both")
         loss, sums = self._first
         return loss.detach(), sums, self._norm
@@ -124,12 +122,12 @@ class StepRunner:
         seed = microbatch_seed(self.train_seed, global_step, index)
         return scoped_globals(seed, self.state.loop.device)
 
-    def gradients(self) -> tuple[torch.Tensor, dict]:
-        """Zero the gradients; forward and backward every micro-batch of this rank; combine
-        through the reduction. (step loss, metric sums) on the device; the first call of a
-        step is the one recorded."""
+    def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
+        """Zero the gradients; forward and backward every micro-batch of this rank's
+        ``batch``; combine through the reduction. (step loss, metric sums) on the device;
+        the first call of a step is the one recorded."""
         state, device, reduction = self.state, self.state.loop.device, self.reduction
-        batch, global_step = self._batch, self.global_step
+        global_step = self.global_step
         n = batches.batch_size(batch)
         size = self.settings.microbatch_size or n  # divides n: config.check_layout
         k = n // size
@@ -177,51 +175,23 @@ class StepRunner:
         return norm
 
 
-def run_epoch(
-    runner: StepRunner,
-    batches_: Iterator[tuple[int, Any]],
-    *,
-    check_every: int,
-    on_nonfinite: str,
-    after_step: Callable[[int], None],
-    any_rank: Callable[[bool], bool] = bool,
-    saving: Callable[[int], bool] = lambda global_step: False,
-) -> float:
-    """Train over ``(step, batch)`` pairs from the loop's position; returns seconds spent
-    in training steps.
-
-    ``after_step(next_step)`` runs after every step (signals, cadence checkpoints, hooks);
-    it may end the process. The non-finite guard is an on-device flag read every
-    ``check_every`` steps: ``stop`` raises naming the first bad step, ``warn`` records it.
-    Under DDP ``any_rank`` all-reduces the flag, so every rank stops at the same step.
-    """
+def train_step(runner: StepRunner, step: int, batch: Any) -> torch.Tensor:
+    """Step ``step`` of the epoch: one optimizer step at the loop state's position, added
+    to the epoch's progress, the position moved on. The step's non-finite flag (loss, or
+    gradient norm when clipping) as a device tensor: no host sync here."""
     state = runner.state.loop
-    optimizer = runner.state.optimizer
-    runner.forward.train()
-    bad = torch.zeros((), dtype=torch.bool, device=state.device)
-    t0 = time.perf_counter()
-    for step, batch in batches_:
-        lr = optimizer.param_groups[0]["lr"]
-        with op_trace.step(state.global_step, batch):  # make bisect: per-op hashes, if asked
-            loss, sums, norm = runner.step(batch, state.global_step)
-        state.progress.add(loss, sums, runner.reduction.samples(batches.batch_size(batch)), lr)
-        bad |= ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
-        state.global_step += 1
-        state.step = step + 1
-        # Read the flag every k steps, and always before a checkpoint could be written, so
-        # no checkpoint ever holds weights that a non-finite step produced.
-        due = state.global_step % check_every == 0 or saving(state.global_step)
-        if due and any_rank(bool(bad)):
-            _nonfinite(runner.state.loop, on_nonfinite)
-            bad.zero_()
-        after_step(step + 1)
-    seconds = time.perf_counter() - t0
-    if any_rank(bool(bad)):
-        _nonfinite(state, on_nonfinite)
-    return seconds
+    lr = runner.state.optimizer.param_groups[0]["lr"]
+    with op_trace.step(state.global_step, batch):  # make bisect: per-op hashes, if asked
+        loss, sums, norm = runner.step(batch, state.global_step)
+    state.progress.add(loss, sums, runner.reduction.samples(batches.batch_size(batch)), lr)
+    bad = ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
+    state.global_step += 1
+    state.step = step + 1
+    return bad
 
 
-def _nonfinite(state: LoopState, on_nonfinite: str) -> None:
+def nonfinite(state: LoopState, on_nonfinite: str) -> None:
+    """Record the epoch's first non-finite step; ``stop`` raises naming it, ``warn`` goes on."""
     losses = state.progress.losses()
     first = next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses) - 1)
     event = {

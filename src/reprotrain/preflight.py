@@ -32,7 +32,15 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain import components
-from reprotrain.config import PROJECT_GROUPS, register_configs, validate
+from reprotrain.config import (
+    PROJECT_GROUPS,
+    check_num_classes,
+    check_std,
+    check_workers,
+    launch_world_size,
+    register_configs,
+    validate,
+)
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import hashseed
@@ -137,7 +145,7 @@ def compose_all(argv: list[str]) -> list | bool:
                 cfg = compose(config_name=config_name, overrides=overrides)
                 check_schema_keys(cfg)
                 check_text_lists(cfg)
-                validate(cfg)
+                validate(cfg, launch_world_size())
                 if cfg.repro.level == "portable":  # before any user code imports torch: a
                     hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
                 components.check(cfg)
@@ -175,28 +183,18 @@ def check_data_settings(cfg) -> None:
     data can tell (the channel count) stays the trainer's check."""
     node = cfg.dataset
     mean, std = node.get("mean"), node.get("std")
-    if _numbers(std) and min(std) <= 0:
-        raise ReprotrainError(f"dataset.std={list(std)} must be > 0 in every channel")
+    if _numbers(std):
+        check_std(std)
     if _numbers(mean) and _numbers(std) and len(mean) != len(std):
         raise ReprotrainError(
             f"dataset.mean has {len(mean)} values but dataset.std has {len(std)}; give one "
             "per image channel in each"
         )
     cls = components.locate(str(node["_target_"]), "dataset")
-    workers, pipeline = cfg.trainer.num_workers, cfg.trainer.pipeline
-    if workers and pipeline == "auto" and getattr(cls, "in_memory", False) is True:
-        raise ReprotrainError(
-            f"trainer.num_workers={workers} needs trainer.pipeline=loader: "
-            f"{node['_target_']} is in memory, and trainer.pipeline=auto serves it on the "
-            "device, where workers have nothing to do; drop trainer.num_workers or add "
-            "trainer.pipeline=loader"
-        )
-    declared, given = declared_num_classes(cls, node), cfg.model.get("num_classes")
-    if declared is not None and given is not None and given != declared:
-        raise ReprotrainError(
-            f"model.num_classes={given} but the dataset has {declared} classes; "
-            f"set model.num_classes={declared}"
-        )
+    in_memory = getattr(cls, "in_memory", False) is True
+    check_workers(cfg.trainer.pipeline, cfg.trainer.num_workers, in_memory=in_memory,
+                  target=str(node["_target_"]))  # fmt: skip
+    check_num_classes(cfg.model.get("num_classes"), declared_num_classes(cls, node))
 
 
 def _numbers(value) -> bool:

@@ -28,15 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from reprotrain.data.base import InMemoryImages
-from reprotrain.data.download import (
-    RefusedGlobal,
-    extract_dir,
-    restricted_load,
-    verify_md5,
+from reprotrain.api import (
+    DataMissingError,
+    InMemoryImages,
+    data_root,
+    download_and_verify,
+    files_fingerprint,
+    load_pickle,
 )
-from reprotrain.data.download import download as fetch
-from reprotrain.errors import DataMissingError, one_line
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -95,20 +94,17 @@ def load_cifar10(
     the data is absent and cannot be fetched, corrupt, or unsafe.
     """
     root = Path(root)
-    if not _batches_complete(root / BATCHES_DIR):
-        archive = root / ARCHIVE_NAME
-        if archive.is_file():
-            verify_md5(archive, md5)
-        elif download:
-            fetch(url, archive, md5, timeout_s, lambda why: _not_found(root, md5, why))
-        else:
-            raise _not_found(root, md5, "download disabled")
-        extract_dir(archive, root, BATCHES_DIR, [*TRAIN_BATCHES, TEST_BATCH], _WHAT)
+    download_and_verify(
+        url, root, ARCHIVE_NAME, md5, top=BATCHES_DIR, required=[*TRAIN_BATCHES, TEST_BATCH],
+        not_found=lambda why: _not_found(root, md5, why), what=_WHAT, download=download,
+        timeout_s=timeout_s,
+    )  # fmt: skip
     return _parse_batches(root)
 
 
-def _batches_complete(batches: Path) -> bool:
-    return all((batches / name).is_file() for name in (*TRAIN_BATCHES, TEST_BATCH))
+def one_line(text: object) -> str:
+    """``text`` as one line: its non-blank lines, stripped, joined by ``; ``."""
+    return "; ".join(p.strip() for p in str(text).strip().splitlines() if p.strip())
 
 
 def _not_found(root: Path, md5: str, reason: str) -> DataMissingError:
@@ -123,14 +119,10 @@ def _load_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Unpickle and validate one batch; return ``(data [n,3,32,32] uint8, labels [n] int64)``."""
     fix = f"delete {path.parent} to re-extract it from {ARCHIVE_NAME}"
     try:
-        with open(path, "rb") as f:
-            # latin1: the original batches are Python 2 pickles (numpy's documented choice).
-            obj = restricted_load(f, encoding="latin1")
-    except RefusedGlobal as exc:
-        raise DataMissingError(
-            f"refusing to load {path}: its pickle references {exc.qualname}, which a CIFAR-10 "
-            f"batch never needs (the file may be malicious); {fix}"
-        ) from None
+        # latin1: the original batches are Python 2 pickles (numpy's documented choice).
+        obj = load_pickle(path, encoding="latin1", fix=fix)
+    except DataMissingError:
+        raise  # a refused global, named
     except Exception as exc:  # any malformed pickle: truncated, wrong opcodes, bad state
         why = one_line(exc) or "unknown error"
         raise DataMissingError(
@@ -194,16 +186,12 @@ class CIFAR10(InMemoryImages):
         **common: Any,
     ) -> None:
         super().__init__(**common)
-        from reprotrain.data.datasets import data_root
-
         self.root, self.download, self.url, self.md5 = data_root(root), download, url, md5
 
     def load_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return load_cifar10(self.root, url=self.url, md5=self.md5, download=self.download)
 
     def fingerprint(self) -> dict:
-        from reprotrain.data.file_hashes import files_fingerprint
-
         files = cifar10_files(self.root)
         missing = [p.name for p in files if not p.is_file()]
         if missing:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from reprotrain.batches import Batch
-from reprotrain.data.base import InMemoryTensors
-from reprotrain.tasks import Classification
+from reprotrain.api import Batch, Classification, InMemoryTensors
 from starter.params_hash import params_fingerprint
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from reprotrain.errors import ReprotrainError
+from reprotrain.api import ReprotrainError
 
 
 class MLP(nn.Module):

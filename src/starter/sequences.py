@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from reprotrain.data.base import SampleData, Splits, Subset, val_indices
-from reprotrain.errors import ReprotrainError
+from reprotrain.api import ReprotrainError, SampleData, Splits, Subset, val_indices
 from starter.params_hash import params_fingerprint
 
 PAD, UNKNOWN = 0, 1

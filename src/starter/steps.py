@@ -1,8 +1,8 @@
 """Your own optimizer steps: EMA weights and SAM, as worked examples of the ``step`` group.
 
-The framework calls a step object once per optimizer step with a runner (see
-``reprotrain/step.py`` and docs/step.md): ``runner.gradients()`` runs the framework's
-micro-batch loop (every micro-batch's forward and backward, combined by the run's
+The framework calls a step object once per optimizer step with a runner and the step's batch
+(see ``reprotrain.api.Step`` and docs/step.md): ``runner.gradients(batch)`` runs the
+framework's micro-batch loop (every micro-batch's forward and backward, combined by the run's
 reduction: Local, DDP or Exact) and ``runner.apply()`` the framework's update (clip, the
 non-finite guard's norm, optimizer and scheduler steps). A step adds what it needs around
 them; ``state_dict``/``load_state_dict`` put its own state in every checkpoint.
@@ -20,8 +20,10 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from reprotrain.api import Step
 
-class EMA:
+
+class EMA(Step):
     """The plain step, then an exponential moving average of the weights (and buffers).
 
     ``shadow = decay * shadow + (1 - decay) * weights`` after every update, in float on the
@@ -39,8 +41,8 @@ class EMA:
         self.decay = float(decay)
         self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def __call__(self, runner: Any) -> None:
-        runner.gradients()
+    def __call__(self, runner: Any, batch: Any) -> None:
+        runner.gradients(batch)
         runner.apply()
         self.update(runner.model)
 
@@ -79,13 +81,13 @@ class EMA:
             self.shadow[name].copy_(value)
 
 
-class SAM:
+class SAM(Step):
     """Sharpness-aware minimisation (Foret et al., 2021): two gradient passes per step.
 
-    1. ``runner.gradients()`` at the weights w: the step's recorded loss and metrics.
+    1. ``runner.gradients(batch)`` at the weights w: the step's recorded loss and metrics.
     2. Move to ``w + rho * g / ||g||`` (g: the combined gradient of step 1, the same on
        every rank and under every reduction).
-    3. ``runner.gradients()`` again at the perturbed weights; BatchNorm running statistics
+    3. ``runner.gradients(batch)`` again at the perturbed weights; BatchNorm running statistics
        are kept as step 1 left them (the second pass is a probe, not more data).
     4. Put w back exactly (a copy, not a subtraction: ``(w + e) - e`` is not always w in
        float), then ``runner.apply()`` with the gradient of step 3.
@@ -100,8 +102,8 @@ class SAM:
             raise ValueError(f"rho={rho} must be > 0")
         self.rho = float(rho)
 
-    def __call__(self, runner: Any) -> None:
-        runner.gradients()
+    def __call__(self, runner: Any, batch: Any) -> None:
+        runner.gradients(batch)
         params = [p for p in runner.model.parameters() if p.grad is not None]
         with torch.no_grad():
             weights = [p.detach().clone() for p in params]
@@ -112,7 +114,7 @@ class SAM:
             for p in params:
                 p.add_((p.grad * scale).to(p.dtype))
         with keep_batchnorm_statistics(runner.model):
-            runner.gradients()
+            runner.gradients(batch)
         with torch.no_grad():
             for p, w in zip(params, weights, strict=True):
                 p.copy_(w)

@@ -17,8 +17,15 @@ import json
 import torch
 import torch.nn.functional as F
 
-from reprotrain.data.base import InMemoryImages
-from reprotrain.repro.seeding import stable_hash
+from reprotrain.api import InMemoryImages, ReprotrainError
+
+
+def stable_hash(*parts: object) -> int:
+    """A 63-bit seed from the SHA-256 of ``parts``: the same in every process and machine
+    (Python's ``hash()`` is salted per process)."""
+    text = "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & (2**63 - 1)
+
 
 GENERATOR_VERSION = 1  # bump when the generation code changes: it is part of the fingerprint
 
@@ -72,8 +79,6 @@ class Synthetic(InMemoryImages):
     ) -> None:
         super().__init__(**common)
         if min(num_train, num_test) <= 0 or num_classes < 2 or noise < 0:
-            from reprotrain.errors import ReprotrainError
-
             raise ReprotrainError(
                 "dataset.num_train and dataset.num_test must be > 0, dataset.num_classes >= 2 "
                 "and dataset.noise >= 0"

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from reprotrain.batches import Batch
-from reprotrain.data.base import InMemoryTensors
-from reprotrain.errors import ReprotrainError
+from reprotrain.api import Batch, InMemoryTensors, ReprotrainError
 from starter.params_hash import params_fingerprint
 
 

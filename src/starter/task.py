@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reprotrain.tasks import Classification, StepContext, StepOutput, mean_sum
+from reprotrain.api import Classification, StepContext, StepOutput, mean_sum
 
 
 class ImageClassification(Classification):

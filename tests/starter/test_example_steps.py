@@ -83,8 +83,8 @@ def test_sam_takes_the_gradient_at_the_perturbed_weights_and_restores_them():
     h.run(1)
     # By hand: g at w0, e = rho g / ||g||, g' at w0 + e (same seeds, BN statistics kept).
     ref = Harness(reduction="local")
-    ref.runner._batch, ref.runner.global_step = batch(0), 0
-    ref.runner.gradients()
+    ref.runner.global_step = 0
+    ref.runner.gradients(batch(0))
     params = list(ref.state.model.parameters())
     g = torch.cat([p.grad.flatten() for p in params])
     scale = 0.05 / (torch.linalg.vector_norm(g) + 1e-12)
@@ -92,7 +92,7 @@ def test_sam_takes_the_gradient_at_the_perturbed_weights_and_restores_them():
         for p in params:
             p.add_(p.grad * scale)
     with keep_batchnorm_statistics(ref.state.model):
-        ref.runner.gradients()
+        ref.runner.gradients(batch(0))
     for p, w, new in zip(params, w0, model.parameters(), strict=True):
         assert torch.allclose(new, w - 0.2 * p.grad, atol=1e-6)  # SGD's first step at w0
 

@@ -38,7 +38,7 @@ class CheckpointSetup:
 
 
 def resume_state(state: TrainerState) -> dict:
-    """A real resume checkpoint: the trainer's state (what train.build_training builds),
+    """A real resume checkpoint: the trainer's state (what build.build_training builds),
     gathered by the one-process reduction as the trainer's ``checkpoint.Saver`` does."""
     return Local().checkpoint(checkpoint.snapshot(state, {"seeds": {}, "config": {}}))
 

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from reprotrain.batches import Batch, batch_size, take
+from reprotrain.config import check_std
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import stable_hash
 
@@ -152,8 +153,7 @@ class InMemoryImages(InMemoryTensors):
                     f"dataset.{name} has {len(stats or [])} values for {channels}-channel "
                     f"images; give one per channel"
                 )
-        if min(self.std) <= 0:
-            raise ReprotrainError(f"dataset.std={list(self.std)} must be > 0 in every channel")
+        check_std(self.std)
         if self.num_classes is None:
             self.num_classes = int(max(train_y.max(), test_y.max())) + 1
         return (train_x, train_y), (test_x, test_y)

@@ -38,7 +38,9 @@ __all__ = [
     "NUMPY_ARRAY_GLOBALS",
     "RefusedGlobal",
     "download",
+    "download_and_verify",
     "extract_dir",
+    "load_pickle",
     "md5_of",
     "restricted_load",
     "verify_md5",
@@ -269,3 +271,66 @@ def restricted_load(
 ) -> Any:
     """Unpickle ``f`` resolving only ``allowed`` globals; raises :class:`RefusedGlobal`."""
     return _RestrictedUnpickler(f, allowed, encoding=encoding).load()
+
+
+# --------------------------------------------------------------------------------------------
+# The face's two helpers (reprotrain.api)
+# --------------------------------------------------------------------------------------------
+
+_download = download  # the helper's ``download`` argument is the yes/no
+
+
+def download_and_verify(
+    url: str,
+    root: str | Path,
+    archive_name: str,
+    md5: str,
+    *,
+    top: str,
+    required: list[str],
+    not_found: Callable[[str], DataMissingError],
+    what: str = "expected archive",
+    download: bool = True,
+    timeout_s: float = 30.0,
+) -> Path:
+    """``root/top`` holding every file in ``required``, fetched if it does not yet.
+
+    An archive already at ``root/archive_name`` is md5-checked; else it is downloaded from
+    ``url`` (when ``download``), streamed through the md5 and renamed into place only when
+    it matches; then it is extracted safely (members checked, a temp dir renamed into place).
+    ``not_found(reason)`` makes the one-line error for data that is absent and cannot be
+    fetched; a corrupt or unsafe archive raises :class:`DataMissingError` itself.
+    """
+    root = Path(root)
+    target = root / top
+    if _complete(target, required):
+        return target
+    archive = root / archive_name
+    if archive.is_file():
+        verify_md5(archive, md5)
+    elif download:
+        _download(url, archive, md5, timeout_s, not_found)
+    else:
+        raise not_found("download disabled")
+    extract_dir(archive, root, top, required, what)
+    return target
+
+
+def load_pickle(
+    path: Path,
+    *,
+    encoding: str = "ASCII",
+    allowed: Mapping[tuple[str, str], Any] = NUMPY_ARRAY_GLOBALS,
+    fix: str = "",
+) -> Any:
+    """Unpickle the file at ``path`` resolving only ``allowed`` globals (numpy arrays by
+    default): a pickle that names anything else is refused before it runs, in one line
+    (``fix`` says what to do). Other failures (a truncated file) raise as they are."""
+    try:
+        with open(path, "rb") as f:
+            return restricted_load(f, allowed, encoding=encoding)
+    except RefusedGlobal as exc:
+        raise DataMissingError(
+            f"refusing to load {path}: its pickle references {exc.qualname}, which this file "
+            f"never needs (it may be malicious){'; ' + fix if fix else ''}"
+        ) from None

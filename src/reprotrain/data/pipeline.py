@@ -44,6 +44,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from reprotrain.batches import Batch, batch_size, narrow, take, to_device
+from reprotrain.config import check_workers
 from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.distributed import shard_global_batch
@@ -404,7 +405,6 @@ def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **
             raise ReprotrainError(
                 "trainer.pipeline=device needs an in-memory dataset; use trainer.pipeline=auto"
             )
-        if num_workers:
-            raise ReprotrainError("trainer.num_workers needs trainer.pipeline=loader (or auto)")
+        check_workers("device", num_workers, in_memory=True)
         return DevicePipeline(splits, dataset, **kw)
     return LoaderPipeline(splits, dataset, num_workers=num_workers, **kw)

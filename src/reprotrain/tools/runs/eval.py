@@ -97,10 +97,12 @@ def evaluation_weights(step_node, model, state: dict, path: Path):
     import contextlib
 
     from reprotrain.components import build_step
+    from reprotrain.step import Step
 
     user_step = build_step(step_node, model) if step_node is not None else None
     swap = getattr(user_step, "evaluation_weights", None)
-    if swap is None:
+    own = getattr(type(user_step), "evaluation_weights", None) is not Step.evaluation_weights
+    if swap is None or not own:  # the base's hook: the model's own weights
         return contextlib.nullcontext(), "model weights"
     if "step" not in state:
         raise EvalError(f"{path} holds no state of the run's step ({step_node['_target_']}); "
@@ -110,9 +112,8 @@ def evaluation_weights(step_node, model, state: dict, path: Path):
 
 
 def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None = None) -> dict:
-    import torch
 
-    from reprotrain import train as trainer
+    from reprotrain.build import build_data, build_model
     from reprotrain.components import build_task
     from reprotrain.config import PipelineSettings, from_trainer
     from reprotrain.engine import evaluate
@@ -140,11 +141,9 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
     seeds = Seeds(**state["seeds"])
     data = from_trainer(PipelineSettings, cfg.trainer)
-    _, pipeline = trainer.build_data(cfg.dataset, cfg.model, data, seeds, device,
-                                     channels_last=cfg.trainer.channels_last)  # fmt: skip
-    model = trainer.build("model", cfg.model).to(device)
-    if cfg.trainer.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    _, pipeline = build_data(cfg.dataset, cfg.model.get("num_classes"), data, seeds, device,
+                             channels_last=cfg.trainer.channels_last)  # fmt: skip
+    model = build_model(cfg.model, device, cfg.trainer.channels_last)
     load_weights(model, state, path)
     task = build_task(cfg.task, cfg.get("loss"))
     weights, evaluated_with = evaluation_weights(cfg.get("step"), model, state, path)

@@ -1,0 +1,59 @@
+"""The user's face: everything a project's own package imports from the framework.
+
+``from reprotrain.api import Task, Step, InMemoryImages, ...`` (or ``from reprotrain
+import ...``: the package re-exports these). Nothing else in ``reprotrain`` is promised to
+a user's room: it may move in any template update; a layering test keeps the template's own
+room (src/starter) to this module.
+
+- a task: :class:`Task` (and the shipped :class:`Classification` to subclass), with
+  :class:`StepContext` and :class:`StepOutput`, and :func:`mean_sum` for a mean metric;
+- an optimizer step: :class:`Step`, which declares its hooks;
+- data: :class:`InMemoryTensors`, :class:`InMemoryImages`, :class:`SampleData`,
+  :class:`Splits`, :class:`Subset`, :func:`val_indices`, the ``Batch`` type,
+  :func:`data_root` and :func:`files_fingerprint`;
+- files from the network: :func:`download_and_verify` (download, md5, safe extraction) and
+  :func:`load_pickle` (globals refused unless allowed);
+- errors: :class:`ReprotrainError` (one line, exit 2) and :class:`DataMissingError`.
+"""
+
+from __future__ import annotations
+
+from reprotrain.batches import Batch
+from reprotrain.data.base import (
+    InMemoryImages,
+    InMemoryTensors,
+    SampleData,
+    Splits,
+    Subset,
+    val_indices,
+)
+from reprotrain.data.datasets import data_root
+from reprotrain.data.download import download_and_verify, load_pickle
+from reprotrain.data.file_hashes import files_fingerprint
+from reprotrain.errors import DataMissingError, ReprotrainError
+from reprotrain.step import Step
+from reprotrain.tasks.base import StepContext, StepOutput, Task
+from reprotrain.tasks.classification import Classification
+from reprotrain.tasks.metrics import mean_sum
+
+__all__ = [
+    "Batch",
+    "Classification",
+    "DataMissingError",
+    "InMemoryImages",
+    "InMemoryTensors",
+    "ReprotrainError",
+    "SampleData",
+    "Splits",
+    "Step",
+    "StepContext",
+    "StepOutput",
+    "Subset",
+    "Task",
+    "data_root",
+    "download_and_verify",
+    "files_fingerprint",
+    "load_pickle",
+    "mean_sum",
+    "val_indices",
+]

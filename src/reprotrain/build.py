@@ -1,0 +1,127 @@
+"""Building a run's parts from its config: data and pipeline, model, optimizer, schedule,
+scaler, task and step. Used by the trainer and by ``make eval`` alike.
+
+Closes: initialisation drift from build order. The model, optimizer, schedule and step are
+built in one fixed order under the ``init`` stream (the caller seeds it first), so the same
+config gives the same initial weights; the order is part of the bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from reprotrain.components import (
+    build,
+    build_naming_key,
+    build_scheduler,
+    build_step,
+    build_task,
+    qualname,
+)
+from reprotrain.config import ModelSettings, PipelineSettings, StepSettings, check_num_classes
+from reprotrain.data.datasets import build_dataset
+from reprotrain.data.pipeline import build_pipeline
+from reprotrain.engine import StepRunner, TrainerState
+from reprotrain.optim import param_groups
+from reprotrain.reduction import Reduction
+from reprotrain.repro.seeding import Seeds
+
+
+def build_data(
+    dataset_cfg: DictConfig,
+    num_classes: int | None,
+    settings: PipelineSettings,
+    seeds: Seeds,
+    device: torch.device,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    channels_last: bool = False,
+):
+    """The dataset ``_target_`` and the pipeline that serves it (device or DataLoader);
+    ``num_classes`` is the model's declared class count (None: not declared), checked
+    against the dataset's."""
+    dataset = build_dataset(dataset_cfg)
+    splits = dataset.splits()
+    check_num_classes(num_classes, splits.num_classes)
+    pipeline = build_pipeline(
+        settings.pipeline, splits, dataset, settings.num_workers,
+        batch_size=settings.batch_size, eval_batch_size=settings.eval_batch_size,
+        device=device, seeds=seeds, channels_last=channels_last,
+        limit_train_steps=settings.limit_train_steps,
+        limit_eval_batches=settings.limit_eval_batches,
+        overfit_batches=settings.overfit_batches,
+        rank=rank, world_size=world_size,
+    )  # fmt: skip
+    return dataset, pipeline
+
+
+def build_model(model_cfg: DictConfig, device: torch.device, channels_last: bool) -> nn.Module:
+    """The model ``_target_`` on ``device`` (NHWC if asked); a refused key is named."""
+    model = build_naming_key("model", model_cfg, lambda node: build("model", node)).to(device)
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def build_training(
+    model_cfg: DictConfig,
+    optimizer_cfg: DictConfig,
+    scheduler_cfg: DictConfig,
+    task_cfg: DictConfig,
+    loss_cfg: DictConfig | None,
+    step_cfg: DictConfig,
+    settings: ModelSettings,
+    step_settings: StepSettings,
+    *,
+    total_steps: int,
+    device: torch.device,
+    reduction: Reduction,
+    train_seed: int,
+) -> StepRunner:
+    """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task, step) and
+    the runner that drives it: the reduction's forward module, the task, the user's step.
+    Built in this order under the ``init`` stream (the order is part of the bits)."""
+    model = build_model(model_cfg, device, settings.channels_last)
+    optimizer = build("optimizer", optimizer_cfg,
+                      params=param_groups(model, settings.no_decay_norm_bias))  # fmt: skip
+    scheduler = build_scheduler(scheduler_cfg, optimizer, total_steps=total_steps)
+    scaler = torch.amp.GradScaler(
+        device.type, init_scale=settings.amp_init_scale,
+        enabled=(step_settings.amp, step_settings.amp_dtype) == (True, "fp16"),
+    )  # fmt: skip
+    model, forward = reduction.prepare(model)
+    if settings.compile:
+        forward = torch.compile(forward, mode=settings.compile_mode)
+    task = build_task(task_cfg, loss_cfg)
+    user_step = build_step(step_cfg, model)
+    state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
+                         rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
+                         step=user_step)  # fmt: skip
+    return StepRunner(state, task, forward=forward, reduction=reduction, settings=step_settings,
+                      train_seed=train_seed, user_step=user_step)  # fmt: skip
+
+
+def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any) -> dict:
+    """The classes that actually ran, and the optimizer's parameter groups."""
+    state = runner.state
+    names = {k: qualname(getattr(state, k)) for k in ("model", "optimizer", "scheduler")}
+    return names | {
+        "task": qualname(runner.task),
+        "step": qualname(runner.user_step),
+        # The weights validation and test evaluate: the model's, or the step's (EMA).
+        "evaluated_with": getattr(runner.user_step, "evaluated_with", "model weights"),
+        "reduction": runner.reduction.name,
+        "lr": state.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
+        "loss": qualname(getattr(runner.task, "loss_fn", None)),
+        "dataset": qualname(dataset),
+        "param_groups": [
+            {"params": sum(p.numel() for p in g["params"]), "weight_decay": g["weight_decay"]}
+            for g in state.optimizer.param_groups
+        ],
+        "compile": settings.compile and settings.compile_mode,
+        "channels_last": settings.channels_last,
+        "microbatch_size": runner.settings.microbatch_size,
+    }

@@ -1,0 +1,358 @@
+"""The training loop as one object: ``Trainer(...).fit()``.
+
+The ``Trainer`` owns what the loop touches: the trainer's state (through the step runner),
+the data pipeline, the checkpoint saver, the run record, the stop flag, the logger feed and
+the progress bar. ``fit()`` runs epochs from the loop state's position; ``run_epoch()`` is
+one epoch of counter-based batches; ``end_epoch()`` writes its row, fingerprint and
+checkpoint. Stops (a signal, ``trainer.stop_at_global_step``) are decided in one place,
+``stop_if_asked``, at the same step on every rank; an interruption checkpoints, marks the
+record and raises :class:`Interrupted` for the entry to turn into its exit code.
+
+Closes: resume drift at a stop. A stop is honoured only after a whole step, is all-reduced
+so every rank stops at the same global step, and always checkpoints first; the non-finite
+flag is read before every checkpoint, so none holds weights a non-finite step produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from reprotrain import fault_injection, launchers
+from reprotrain.config import GuardSettings, LoopSettings
+from reprotrain.distributed import Dist
+from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
+from reprotrain.loggers import build_loggers, resumed_history
+from reprotrain.profiling import StepProfiler
+from reprotrain.quoting import resume_hint
+from reprotrain.repro import checkpoint, determinism, environment
+from reprotrain.repro import record as rec
+from reprotrain.repro.fingerprint import losses_sha256, state_sha256
+from reprotrain.state import LoopState
+
+log = logging.getLogger("reprotrain")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit
+
+
+class StopFlag:
+    """SIGTERM/SIGINT/SIGUSR2 ask the loop to stop after this step; a second SIGINT aborts."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.requeue = launchers.submitit_requeue_handler()  # inside submitit, else None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, then checkpointing", self.signal_name)
+
+
+class Interrupted(Exception):
+    """The loop stopped on a request after checkpointing; the record says interrupted."""
+
+    def __init__(self, stop: StopFlag) -> None:
+        super().__init__(stop.signal_name)
+        self.stop = stop
+
+
+class Trainer:
+    """The loop over a built run: ``fit()`` returns the monitored best value.
+
+    ``runner`` drives one optimizer step over the trainer's state (``runner.state``, the
+    checkpoint's Stateful); ``saver`` writes that state; ``record`` is run.json.
+    """
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        pipeline: Any,
+        saver: checkpoint.Saver,
+        record: rec.RunRecord,
+        stop: StopFlag,
+        dist: Dist,
+        settings: LoopSettings,
+        guard: GuardSettings,
+        *,
+        logger_cfg: Any,
+        report: Any = None,
+    ) -> None:
+        self.runner, self.pipeline, self.saver = runner, pipeline, saver
+        self.record, self.stop, self.dist = record, stop, dist
+        self.settings, self.guard = settings, guard
+        self.logger_cfg, self.report = logger_cfg, report
+        self.run_dir = record.run_dir
+        self.loop: LoopState = runner.state.loop
+        self.alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
+        self.bar = EpochBar(settings.progress)
+        self.feed: StepFeed | None = None
+        self.profiler: StepProfiler | None = None
+
+    # ---------------------------------------------------------------------------- the loop
+
+    def fit(self) -> float | None:
+        """Epochs from the loop state's position, then the test split once; the best value."""
+        state, settings = self.loop, self.settings
+        history = resumed_history(state.fingerprints, state.metrics, state.progress.losses(),
+                                  state.progress.step_lrs, state.global_step)  # fmt: skip
+        # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
+        sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
+                              history, report=self.report)  # fmt: skip
+        self.feed = StepFeed(sinks, state)
+        if settings.profile_steps and self.dist.is_main:
+            self.profiler = StepProfiler(self.run_dir / "profile", settings.profile_steps,
+                                         state.device).start()  # fmt: skip
+        with determinism.nondeterminism_alerts(self.alerts):
+            while state.epoch <= settings.epochs and state.early_stopped is None:
+                self.run_epoch()
+                if settings.stop_after_epoch and state.epoch > settings.stop_after_epoch:
+                    break  # spot check: the schedule still spans trainer.epochs
+        self.bar.close()
+        if self.profiler is not None:
+            log.info("top ops (%s):\n%s", self.profiler.table_path, self.profiler.stop())
+        return self.finish()
+
+    def run_epoch(self) -> dict:
+        """One epoch of counter-based batches from ``(epoch, step)``, then its end; the row.
+
+        The non-finite guard is an on-device flag read every ``nonfinite_check_every``
+        steps and before every checkpoint (all-reduced: every rank stops at the same step).
+        """
+        state, steps = self.loop, self.pipeline.steps_per_epoch
+        self.bar.start(state.epoch, steps, state.step)
+        seen_before = state.progress.seen
+        batches = self.pipeline.epoch(state.epoch, state.step)
+        self.runner.forward.train()
+        bad = torch.zeros((), dtype=torch.bool, device=state.device)
+        t0 = time.perf_counter()
+        for step, batch in batches:
+            bad |= train_step(self.runner, step, batch)
+            due = state.global_step % self.guard.nonfinite_check_every == 0
+            if (due or self.saves_at(state.global_step)) and self.dist.all_reduce_any(bool(bad)):
+                nonfinite(state, self.guard.on_nonfinite)
+                bad.zero_()
+            self.after_step(step + 1)
+        seconds = time.perf_counter() - t0
+        if self.dist.all_reduce_any(bool(bad)):
+            nonfinite(state, self.guard.on_nonfinite)
+        self.runner.reduction.end_epoch(state.progress)  # the epoch's losses and sums, global
+        self.feed.flush()
+        trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
+        row = self.end_epoch(seconds, trained)
+        self.feed.epoch(row)
+        self.record.update(nondeterministic_ops=self.alerts,
+                           nonfinite_events=state.nonfinite_events)  # fmt: skip
+        if state.epoch <= self.settings.epochs:  # the last epoch's end completes the run
+            self.stop_if_asked(self.stop_at_reached())
+        return row
+
+    def saves_at(self, global_step: int) -> bool:
+        """Whether a checkpoint may be written after ``global_step`` (the same on all ranks)."""
+        every, stop_at = self.settings.checkpoint_every_steps, self.settings.stop_at_global_step
+        return bool(every and global_step % every == 0) or global_step == stop_at
+
+    def stop_at_reached(self) -> bool:
+        stop_at = self.settings.stop_at_global_step
+        return bool(stop_at) and self.loop.global_step == stop_at
+
+    def after_step(self, next_step: int) -> None:
+        """Progress, the loggers' per-step values, stops and the cadence checkpoint."""
+        state, mid_epoch = self.loop, next_step < self.pipeline.steps_per_epoch
+        self.bar.step(state.progress, state.global_step)
+        if self.runner.reduction.step_values_are_global:  # else global only at epoch end
+            self.feed.every(self.logger_cfg.log_every_steps)
+        if self.profiler is not None:
+            self.profiler.step()
+        fault_injection.hook("step", state.global_step)
+        self.stop_if_asked(self.stop_at_reached() and mid_epoch)
+        every = self.settings.checkpoint_every_steps
+        if every and state.global_step % every == 0 and mid_epoch:
+            self.saver.save()
+
+    def stop_if_asked(self, asked: bool) -> None:
+        """The one place a run stops early: a signal on any rank, or ``asked`` (the same on
+        every rank); all-reduced, so every rank stops after the same step."""
+        if not self.dist.all_reduce_any(self.stop.signal_name is not None or asked):
+            return
+        stop_at = self.settings.stop_at_global_step
+        self.stop.signal_name = self.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
+        self.feed.close("interrupted")
+        self.saver.save()
+        self.record.update(
+            status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=self.stop.signal_name
+        )
+        log.warning(
+            "interrupted at epoch %d step %d; resume with `%s`",
+            self.loop.epoch, self.loop.step, resume_hint(self.run_dir),
+        )  # fmt: skip
+        raise Interrupted(self.stop)
+
+    # ---------------------------------------------------------------------- epoch and end
+
+    def end_epoch(self, seconds: float, n: int) -> dict:
+        """Metrics row, fingerprint, checkpoint (best.pt when the monitored value improved)."""
+        state, settings, runner = self.loop, self.settings, self.runner
+        row = {
+            "epoch": state.epoch,
+            "global_step": state.global_step,
+            **epoch_metrics(runner.task, state.progress),
+            "lr": epoch_lr(state.progress, runner.state.optimizer),
+            "seconds": seconds,
+            "images_per_s": n / seconds if seconds > 0 else None,
+        }
+        last = state.epoch == settings.epochs or state.epoch == settings.stop_after_epoch
+        if self.pipeline.has_split("val") and (state.epoch % settings.eval_every == 0 or last):
+            row.update(evaluate_split(runner, self.pipeline, "val"))
+        state.metrics.append(row)
+        cpu_state = {k: v.detach().to("cpu") for k, v in runner.state.model.state_dict().items()}
+        losses = state.progress.losses()
+        state.fingerprints.append(
+            {
+                "epoch": state.epoch,
+                "global_step": state.global_step,
+                "weights_sha256": state_sha256(cpu_state),
+                "step_losses_sha256": losses_sha256(losses),
+                "step_losses": losses,
+                "step_lrs": state.progress.step_lrs,
+            }
+        )
+        rec.write_jsonl(self.run_dir / rec.METRICS, state.metrics)
+        rec.write_jsonl(self.run_dir / rec.FINGERPRINTS, state.fingerprints)
+        shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
+        log.info("epoch %d/%d  %s", state.epoch, settings.epochs, shown)
+        value, previous_best = row.get(settings.monitor), state.best
+        improved = state.improved(value, settings.monitor_mode)
+        state.count_stale(value, previous_best, settings)
+        if state.early_stopped is not None:
+            log.info(
+                "early stopping: %(monitor)s has not improved for %(patience)d evaluated "
+                "epochs; best %(best)s at epoch %(best_epoch)s", state.early_stopped,
+            )  # fmt: skip
+        state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
+        self.saver.save(best=improved, model_state=cpu_state)
+        fault_injection.hook("after-save", state.global_step)
+        return row
+
+    def finish(self) -> float | None:
+        """Test once (last weights, then best), mark the run completed; the monitored best."""
+        state, settings = self.loop, self.settings
+        final = self.final_metrics()
+        self.record.update(
+            status="completed",
+            finished_at=rec.now_iso(),
+            final_weights_sha256=state.fingerprints[-1]["weights_sha256"],
+            final_metrics=final,
+            epochs_completed=len(state.metrics),
+            partial=len(state.metrics) < settings.epochs,
+            early_stopped=state.early_stopped,
+            nondeterministic_ops=self.alerts,
+            nonfinite_events=state.nonfinite_events,
+            gpu_memory=environment.peak_memory(state.device),
+        )
+        self.feed.loggers.log_final(final)
+        self.feed.close("completed")
+        shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
+        log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)
+        log.info("completed: checkpoints in %s; report: make report RUN=%s",
+                 self.saver.dir, self.run_dir)  # fmt: skip
+        return state.best
+
+    def final_metrics(self) -> dict:
+        """Last epoch's row plus the test split, evaluated once: last weights, then best."""
+        state, runner = self.loop, self.runner
+        final = {k: v for k, v in state.metrics[-1].items() if k not in ("seconds", "images_per_s")}
+        final.update(evaluate_split(runner, self.pipeline, "test"))
+        best_path = self.run_dir / rec.CHECKPOINTS / "best.pt"
+        if state.best_epoch not in (None, state.metrics[-1]["epoch"]) and best_path.is_file():
+            best_state = checkpoint.load(best_path)
+            runner.state.model.load_state_dict(best_state["model"])
+            if "step" in best_state and runner.state.step is not None:  # its EMA weights too
+                runner.state.step.load_state_dict(best_state["step"])
+            best = evaluate_split(runner, self.pipeline, "test")
+            final.update({f"best_{k}": v for k, v in best.items()}, best_epoch=state.best_epoch)
+        return final
+
+
+def evaluate_split(runner: StepRunner, pipeline: Any, split: str) -> dict:
+    """``<split>_<name>`` of the task's metrics with the bare model's weights, or the ones
+    the user's step swaps in (``evaluation_weights``: EMA)."""
+    state, user_step = runner.state, runner.user_step
+    weights = getattr(user_step, "evaluation_weights", None)
+    with weights(state.model) if weights is not None else contextlib.nullcontext():
+        return evaluate(
+            runner.task, state.model, pipeline.eval_batches(split), prefix=split,
+            device=state.loop.device, amp=runner.amp, global_step=state.loop.global_step,
+            train_seed=runner.train_seed,
+        )  # fmt: skip
+
+
+def epoch_lr(progress: Any, optimizer: torch.optim.Optimizer) -> float:
+    """The lr the epoch's last step used (every lr the run reports is the one its step
+    used); the optimizer's current lr for an epoch that ran no step."""
+    return progress.step_lrs[-1] if progress.step_lrs else optimizer.param_groups[0]["lr"]
+
+
+class EpochBar:
+    """The epoch's progress bar with the running loss, on a terminal only (elsewhere the
+    epoch lines of the log say the same). The loss shown is the mean of the last ``every``
+    steps: one host read every ``every`` steps, never one per step."""
+
+    def __init__(self, enabled: bool, every: int = 10) -> None:
+        self.bar = tqdm(disable=not (enabled and sys.stderr.isatty()), leave=False)
+        self.every = every
+
+    def start(self, epoch: int, total: int, done: int) -> None:
+        self.bar.reset(total=total)
+        self.bar.update(done)
+        self.bar.set_description(f"epoch {epoch}")
+
+    def step(self, progress: Any, global_step: int) -> None:
+        self.bar.update(1)
+        if not self.bar.disable and global_step % self.every == 0 and progress.step_losses:
+            recent = torch.stack(progress.step_losses[-self.every :]).float().mean()
+            self.bar.set_postfix(loss=f"{recent.item():.4g}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class StepFeed:
+    """Hands per-step losses and lrs to the loggers in batches: one host read per batch,
+    never one per step. Loggers are sinks of the same numbers metrics.jsonl holds."""
+
+    def __init__(self, loggers: Any, state: LoopState) -> None:
+        self.loggers, self.state = loggers, state
+        self.sent = len(state.progress.step_losses)  # a resumed epoch's steps were sent
+
+    def flush(self) -> None:
+        progress = self.state.progress
+        if len(progress.step_losses) <= self.sent:
+            return
+        losses = torch.stack(progress.step_losses[self.sent :]).double().tolist()
+        first = self.state.global_step - len(losses) + 1
+        series = {"train_loss": losses, "lr": progress.step_lrs[self.sent :]}
+        self.loggers.log_steps(list(range(first, self.state.global_step + 1)), series)
+        self.sent = len(progress.step_losses)
+
+    def every(self, steps: int) -> None:
+        if steps and self.state.global_step % steps == 0:
+            self.flush()
+
+    def epoch(self, row: dict) -> None:
+        self.loggers.log_epoch(row["epoch"], row["global_step"], row)
+        self.sent = 0  # the loop state starts a fresh epoch
+
+    def close(self, status: str) -> None:
+        self.loggers.close(status)
+
+
+__all__ = ["EpochBar", "Interrupted", "StepFeed", "StopFlag", "Trainer", "evaluate_split"]

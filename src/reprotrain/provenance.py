@@ -1,0 +1,124 @@
+"""What a run is, written into its run.json: identity, code, environment, layout.
+
+The trainer's record is written here at the run's start (``open_run``, ``identity``,
+``layout``); the loop adds its epochs and its end status (``loop.Trainer``). A resume keeps
+the identity the run started with and appends one entry to ``resumes``
+(``start.Resume``).
+
+Closes: code and environment drift, unrecorded. The git commit, dirty flag and diff, the
+source digest (``code_sha256``, compared at every resume), the environment, the lock's
+sha256 and any drift of the venv against it are recorded before the first step.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from reprotrain.config import ReproConfig, config_sha256
+from reprotrain.distributed import Dist
+from reprotrain.errors import ReprotrainError
+from reprotrain.paths import REPO_ROOT
+from reprotrain.reduction import Reduction
+from reprotrain.repro import device as devices
+from reprotrain.repro import environment, gitinfo, requirements_lock
+from reprotrain.repro import record as rec
+from reprotrain.repro.seeding import Seeds
+
+log = logging.getLogger("reprotrain")
+
+
+def open_run(record: rec.RunRecord, container: dict, env_values: dict) -> None:
+    """Mark the run running under this config (its sha256, labels, ``oc.env`` digests) and
+    write the resolved config: the run's identity, fresh or resumed."""
+    record.update(status="running", config_sha256=config_sha256(container))
+    record.update(tags=list(container.get("tags") or []))  # labels, not identity
+    record.update(env_interpolations=env_values)
+    rec.atomic_write_text(record.run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
+
+
+def identity(
+    record: rec.RunRecord,
+    device: torch.device,
+    *,
+    name: str,
+    seeds: Seeds,
+    flags: dict,
+    env: dict,
+    repro: ReproConfig,
+    include_untracked: list[str],
+) -> None:
+    """Identity of a new run: git, environment, lock; the run.json a reproduce replays."""
+    run_dir = record.run_dir
+    drift = requirements_lock.env_drift(REPO_ROOT)
+    if drift["status"] == "drift":
+        summary = ", ".join(
+            drift["missing"] + drift["extra"] + [d["name"] for d in drift["different"]]
+        )
+        if repro.require_locked_env:
+            raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
+        log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
+    git, diff = gitinfo.git_info(REPO_ROOT, include_untracked=include_untracked)
+    if warning := gitinfo.archivability_warning(git):
+        log.warning(warning)
+    if diff:
+        rec.atomic_write_text(run_dir / "git.diff", diff)
+    record.update(
+        run_dir=str(run_dir.resolve()),
+        name=name,
+        started_at=rec.now_iso(),
+        command=["python", "-m", "reprotrain.train", *sys.argv[1:]],
+        seeds=seeds.as_dict(),
+        repro=flags,
+        device=str(device),
+        device_caveat=devices.bitwise_caveat(device),  # mps: kernels promise no determinism
+        nondeterministic_ops=[],
+        git=git,
+        code_sha256=gitinfo.code_sha256(REPO_ROOT),  # compared at every resume
+        environment=env,
+        lock_sha256=requirements_lock.lock_sha256(REPO_ROOT),
+        env_drift=drift,
+        container=environment.container_image(),
+        resumes=[],
+    )
+    record.update(experiment_id=experiment_id(record.data, device))
+
+
+def write_environment_text(run_dir: Path) -> None:
+    """torch's own environment report, for a human reading the run directory."""
+    from torch.utils import collect_env
+
+    rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
+
+
+def experiment_id(record: dict, device: torch.device) -> str:
+    """<config sha[:8]>-<commit>[+dirty]-<device>: follows the config that ran."""
+    git = record["git"]
+    dirty = "+dirty" if git.get("dirty") else ""
+    return (
+        f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{environment.device_slug(device)}"
+    )
+
+
+def layout(record: rec.RunRecord, dist: Dist, device: torch.device, reduction: Reduction,
+           microbatches: int) -> None:  # fmt: skip
+    """World size, backend, every rank's device and threads (a collective under DDP), and
+    how the ranks combine a step of ``microbatches`` micro-batches."""
+    me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads()}
+    me["host"] = socket.gethostname()
+    record.update(world_size=dist.world_size, backend=dist.backend,
+                  ranks=dist.all_gather_objects(me))  # fmt: skip
+    record.update(**reduction.record(microbatches))
+
+
+def code_now() -> str:
+    """This process's source digest (compared with the run start's at a resume)."""
+    return gitinfo.code_sha256(REPO_ROOT)
+
+
+__all__ = ["code_now", "experiment_id", "identity", "layout", "open_run"]

@@ -1,0 +1,167 @@
+"""How a run starts, decided once: ``Fresh``, ``Resume`` or ``Fork``.
+
+``begin()`` looks at ``resume`` and the run directory once (``resume_guard`` does the
+refusing) and returns one of three objects; each owns what differs between them:
+
+=========  ===============  ======================  ===============  ===================
+start      record           seeds                   device           state
+=========  ===============  ======================  ===============  ===================
+Fresh      new identity     from ``seed``           as configured    initial weights
+Resume     the run's own    the checkpoint's        the recorded     checkpoint, audited
+Fork       new, + parent    the checkpoint's        as configured    checkpoint
+=========  ===============  ======================  ===============  ===================
+
+Only ``Resume`` checks the world size against the checkpoint's and appends an entry to the
+record's ``resumes``. (A replay-verified resume belongs in ``Resume.restore``: restore the
+checkpoint before, replay, compare with this one.)
+
+Closes: a resume that silently starts over, or a fork that passes for a resume. The kind is
+decided once from the run directory and the checkpoint's place, and each kind writes its
+own record.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reprotrain.data.file_hashes import file_sha256
+from reprotrain.errors import ResumeError
+from reprotrain.provenance import code_now, experiment_id, identity, write_environment_text
+from reprotrain.reduction import Reduction
+from reprotrain.repro import device as devices
+from reprotrain.repro import record as rec
+from reprotrain.repro.fingerprint import state_sha256
+from reprotrain.repro.resume_guard import (
+    ResumePoint,
+    check_unrestored,
+    find_resume_point,
+    resume_entry,
+)
+from reprotrain.repro.seeding import Seeds, resolve_seeds
+from reprotrain.state import TrainerState
+
+log = logging.getLogger("reprotrain")
+
+
+class Fresh:
+    """A new run in its own directory: a new record, the configured seeds and device."""
+
+    def open_record(self, run_dir: Path) -> rec.RunRecord:
+        return rec.RunRecord(run_dir)
+
+    def seeds(self, seed_cfg: Any) -> Seeds:
+        """The named streams from ``seed`` (``seed.base`` or entropy, per-stream pins)."""
+        return resolve_seeds(seed_cfg)
+
+    def device(self, record: rec.RunRecord, requested: str, allow_change: bool,
+               local_rank: int | None) -> torch.device:  # fmt: skip
+        return devices.resolve_for_resume(None, requested, allow_change, local_rank=local_rank)
+
+    def check_world_size(self, reduction: Reduction, allow_change: bool) -> None:
+        """A new run sets its world size."""
+
+    def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
+        identity(record, device, **facts)
+        write_environment_text(record.run_dir)
+
+    def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
+        """Nothing to restore: record the initial weights (built from the ``init`` stream)."""
+        record.update(initial_weights_sha256=state_sha256(state.model.state_dict()))
+
+
+@dataclass
+class Fork(Fresh):
+    """Another run's checkpoint continued in a new directory: a new record naming its
+    parent, the parent's seeds and state; the device as this run configures it."""
+
+    point: ResumePoint
+
+    def seeds(self, seed_cfg: Any) -> Seeds:
+        return Seeds(**self.point.state["seeds"])
+
+    def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
+        identity(record, device, **facts)
+        record.update(
+            forked_from={
+                "path": str(self.point.path),
+                "sha256": file_sha256(self.point.path),
+                "global_step": self.point.state["loop"]["global_step"],
+            }
+        )
+        write_environment_text(record.run_dir)
+
+    def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
+        state.load_state_dict(self.point.state)
+        rewrite_history(record.run_dir, state)
+        log.info("forked from %s", self.point.path)
+
+
+@dataclass
+class Resume:
+    """This run continued in place from its own checkpoint: its record, seeds and device;
+    the world size checked, what the checkpoint could not restore audited, the resume
+    appended to the record's history."""
+
+    point: ResumePoint
+
+    def open_record(self, run_dir: Path) -> rec.RunRecord:
+        return rec.RunRecord.load(run_dir)
+
+    def seeds(self, seed_cfg: Any) -> Seeds:
+        return Seeds(**self.point.state["seeds"])
+
+    def device(self, record: rec.RunRecord, requested: str, allow_change: bool,
+               local_rank: int | None) -> torch.device:  # fmt: skip
+        """The device the run started on, not a fresh ``auto``."""
+        recorded = devices.recorded_device(record.data)
+        return devices.resolve_for_resume(recorded, requested, allow_change, local_rank=local_rank)
+
+    def check_world_size(self, reduction: Reduction, allow_change: bool) -> None:
+        """Another world size: the reduction says whether it may (Exact: any world size
+        dividing the micro-batches, which config checks)."""
+        saved = (self.point.state.get("env") or {}).get("world_size", 1)
+        refused = reduction.resume_check(saved, allow_change)
+        if refused is not None:
+            raise ResumeError(refused)
+        if saved != reduction.world_size:
+            log.info("world size %d -> %d", saved, reduction.world_size)
+
+    def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
+        """The run keeps the identity it started with."""
+
+    def restore(self, state: TrainerState, record: rec.RunRecord, *, env: dict,
+                device: torch.device, container: dict) -> None:  # fmt: skip
+        state.load_state_dict(self.point.state)
+        # Issue 25: what the checkpoint could not restore, named; refused under strict.
+        unrestored = state.audit.unrestored()
+        check_unrestored(self.point, unrestored, container, record.run_dir)
+        rewrite_history(record.run_dir, state)
+        code = (record.data.get("code_sha256"), code_now())
+        entry = resume_entry(self.point, env, device, container, unrestored, code=code)
+        record.update(resumes=[*record.data.get("resumes", []), entry])
+        record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
+        log.info("resumed from %s at epoch %d step %d", self.point.path.name,
+                 state.loop.epoch, state.loop.step)  # fmt: skip
+
+
+Start = Fresh | Resume | Fork
+
+
+def begin(resume: str | None, run_dir: Path, container: dict) -> Start:
+    """The one decision: a fresh run, a resume of this run, or a fork of another's."""
+    point = find_resume_point(resume, run_dir, container)
+    if point is None:
+        return Fresh()
+    return Fork(point) if point.forked else Resume(point)
+
+
+def rewrite_history(run_dir: Path, state: TrainerState) -> None:
+    """metrics.jsonl and the fingerprints as the checkpoint has them (the files may have run
+    ahead of it: killed after writing them)."""
+    rec.write_jsonl(run_dir / rec.METRICS, state.loop.metrics)
+    rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.loop.fingerprints)

@@ -89,6 +89,19 @@ class RngImages(NoisyImages):
         return x, y
 
 
+class PrivateRngImages(NoisyImages):
+    """``NoisyImages`` whose noise comes from a ``random.Random(0)`` of its own: each draw
+    depends on the draws before it and, in a loader worker, on that worker's copy."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.rng = random.Random(0)
+
+    def transform(self, sample: Any, train: bool) -> Any:
+        x, y = sample
+        return x.float() / 255 + (self.rng.random() if train else 0.0), y
+
+
 class NumpyMixup(Classification):
     """Mixup written the usual way: global ``np.random.beta`` and ``random.random``."""
 

@@ -88,3 +88,28 @@ def test_a_resume_under_changed_code_is_recorded_as_not_bitwise(tmp_path):
 
     (reason,) = not_comparable_reasons(run_json(run))
     assert "code: the source" in reason
+
+
+def test_a_resume_keeps_the_starts_data_fingerprint_and_names_a_change():
+    """Image files edited between a kill and a resume: run.json's data_fingerprint was
+    overwritten with the new data's and the resume called bitwise (issue 34)."""
+    from reprotrain.repro.resume_guard import data_differences
+    from reprotrain.start import Fresh, Resume
+
+    class Record:
+        def __init__(self) -> None:
+            self.updates: list[dict] = []
+
+        def update(self, **fields) -> None:
+            self.updates.append(fields)
+
+    kept, fresh = Record(), Record()
+    resume = Resume(point=None)
+    resume.record_data(kept, {"sha256": "b" * 64})
+    assert kept.updates == [] and resume.data_now == {"sha256": "b" * 64}
+    Fresh().record_data(fresh, {"sha256": "a" * 64})
+    assert fresh.updates == [{"data_fingerprint": {"sha256": "a" * 64}}]
+    assert data_differences({"sha256": "a" * 64}, {"sha256": "a" * 64}) == []
+    (line,) = data_differences({"sha256": "a" * 64}, {"sha256": "b" * 64})
+    assert line.startswith("data: the dataset changed since the run started")
+    assert data_differences(None, {"sha256": "b" * 64})[0].endswith("was not compared")

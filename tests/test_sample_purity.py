@@ -4,6 +4,7 @@ in order, in reverse order, and in a loader worker, under the same per-sample se
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -102,3 +103,28 @@ def test_the_check_draws_nothing_from_the_global_generators():
 
 def test_in_memory_tensor_splits_need_no_check():
     assert purity.check_pipeline(type("P", (), {"train_set": None})()) is None
+
+
+def test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flagged_at_warn(
+    tmp_path,
+):
+    """Its bits changed with num_workers and across a resume while the record promised
+    them (issue 34). Strict refuses in one line naming the generator; warn goes on, and the
+    record and a resume's line say that nothing is promised."""
+    from conftest import assert_ok, base_env, run_json, train
+
+    user = ["dataset._target_=numpy_user_code.PrivateRngImages", "trainer.pipeline=loader"]
+    env = base_env(PYTHONPATH=str(Path(__file__).parent))
+    strict = train(tmp_path / "strict", *user, env=env)
+    assert strict.returncode == 2, strict.stderr[-2000:]
+    (line,) = [ln for ln in strict.stderr.splitlines() if ln.startswith("error:")]
+    assert "samples are not a pure function of their key" in line
+    assert "transform attribute `rng` (Random)" in line
+    warned = tmp_path / "warn"
+    assert_ok(train(warned, *user, "repro=warn", "trainer.checkpoint_every_steps=3", env=env))
+    purity = run_json(warned)["sample_purity"]
+    assert purity["pure"] is False and "`rng`" in purity["reason"]
+    pure = tmp_path / "pure"
+    assert_ok(train(pure, "dataset._target_=numpy_user_code.RngImages", "trainer.pipeline=loader",
+                    env=env))  # fmt: skip
+    assert run_json(pure)["sample_purity"] == {"keys_checked": 3, "pure": True, "reason": None}

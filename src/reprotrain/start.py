@@ -69,6 +69,9 @@ class Fresh:
         identity(record, device, **facts)
         write_environment_text(record.run_dir)
 
+    def record_data(self, record: rec.RunRecord, fingerprint: dict) -> None:
+        record.update(data_fingerprint=fingerprint)
+
     def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
         """Nothing to restore: record the initial weights (built from the ``init`` stream)."""
         record.update(initial_weights_sha256=state_sha256(state.model.state_dict()))
@@ -108,6 +111,7 @@ class Resume:
     appended to the record's history."""
 
     point: ResumePoint
+    data_now: dict | None = None  # this resume's data fingerprint (record_data)
 
     def open_record(self, run_dir: Path) -> rec.RunRecord:
         return rec.RunRecord.load(run_dir)
@@ -134,15 +138,25 @@ class Resume:
     def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
         """The run keeps the identity it started with."""
 
+    def record_data(self, record: rec.RunRecord, fingerprint: dict) -> None:
+        """The data the run started with stays recorded; this resume's is compared with it
+        in ``restore`` (a changed dataset is never silently re-recorded)."""
+        self.data_now = fingerprint
+
     def restore(self, state: TrainerState, record: rec.RunRecord, *, env: dict,
                 device: torch.device, container: dict) -> None:  # fmt: skip
         state.load_state_dict(self.point.state)
         # Issue 25: what the checkpoint could not restore, named; refused under strict.
         unrestored = state.audit.unrestored()
+        purity = record.data.get("sample_purity") or {}
+        if purity.get("pure") is False:  # found at this run's start (data/purity.py)
+            unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
         check_unrestored(self.point, unrestored, container, record.run_dir)
         rewrite_history(record.run_dir, state)
         code = (record.data.get("code_sha256"), code_now())
-        entry = resume_entry(self.point, env, device, container, unrestored, code=code)
+        data = (record.data.get("data_fingerprint"), self.data_now)
+        entry = resume_entry(self.point, env, device, container, unrestored, code=code,
+                             data=data)  # fmt: skip
         record.update(resumes=[*record.data.get("resumes", []), entry])
         record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,

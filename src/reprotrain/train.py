@@ -40,6 +40,7 @@ from reprotrain import launchers, preflight, provenance
 from reprotrain.build import build_data, build_training, components_record
 from reprotrain.config import TrainerSettings, microbatches_per_step, validate
 from reprotrain.data import worker_death
+from reprotrain.data.purity import check_samples
 from reprotrain.distributed import Dist, init_from_env
 from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.loop import Interrupted, StopFlag, Trainer
@@ -101,7 +102,8 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         cfg.dataset, cfg.model.get("num_classes"), settings.pipeline, seeds, device,
         rank=dist.rank, world_size=dist.world_size, channels_last=settings.model.channels_last,
     )  # fmt: skip
-    record.update(data_fingerprint=dataset.fingerprint())
+    start.record_data(record, dataset.fingerprint())
+    check_samples(pipeline, flags["level"], record)
     seed_globals(seeds.init)
     runner = build_training(
         cfg.model, cfg.optimizer, cfg.scheduler, cfg.task, cfg.loss, cfg.step,

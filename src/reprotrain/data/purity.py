@@ -106,4 +106,34 @@ def check_pipeline(pipeline: Any, n: int = 3) -> PurityVerdict | None:
     if not isinstance(train, SeededSamples) or len(train) == 0:
         return None
     keys = [(0, i) for i in range(min(n, len(train)))]
-    return check(train, keys, {"dataset": train.base, "transform": train.transform})
+    owner = getattr(train.transform, "__self__", train.transform)  # a SampleData's method
+    return check(train, keys, {"dataset": train.base, "transform": owner})
+
+
+def check_samples(pipeline: Any, level: str, record: Any) -> None:
+    """The run start's check: ``record["sample_purity"]`` says what was drawn and found.
+    Under strict (and portable) an impure sample refuses the run in one line; at the other
+    levels the run goes on, warned and recorded: neither independence from
+    ``trainer.num_workers`` nor a bitwise resume is promised (a resume's line says so)."""
+    import logging
+
+    from reprotrain.errors import ReprotrainError
+
+    verdict = check_pipeline(pipeline)
+    if verdict is None:
+        slices = {"keys_checked": 0, "pure": None, "reason": "in-memory tensors: slices"}
+        record.update(sample_purity=slices)
+        return
+    record.update(sample_purity=verdict.as_record())
+    if verdict.pure:
+        return
+    if level in ("strict", "portable"):
+        raise ReprotrainError(
+            f"samples are not a pure function of their key: {verdict.reason} (repro=warn "
+            "records this and goes on, without promising the bits)"
+        )
+    logging.getLogger("reprotrain").warning(
+        "samples are not a pure function of their key: %s; neither independence from "
+        "trainer.num_workers nor a bitwise resume is promised",
+        verdict.reason,
+    )

@@ -233,10 +233,12 @@ def resume_entry(
     current: dict,
     unrestored: list[str] | None = None,
     code: tuple[str | None, str] | None = None,
+    data: tuple[dict | None, dict | None] | None = None,
 ) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee: an
     environment or code that differs (``mismatch``; ``code`` is (the run's start
-    ``code_sha256``, this process's)) or state the checkpoint could not restore
+    ``code_sha256``, this process's), ``data`` (the run's start data fingerprint, this
+    resume's)) or state the checkpoint could not restore
     (``unrestored``, from the resume audit; ``audited: false`` for a checkpoint written
     before the audit existed)."""
     unrestored = list(unrestored or [])
@@ -248,6 +250,7 @@ def resume_entry(
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
     mismatch = comparability.differences(point.state["env"], env, invariant)
     mismatch += code_differences(*code) if code is not None else []
+    mismatch += data_differences(*data) if data is not None else []
     if mismatch:
         msg = (
             f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality "
@@ -275,6 +278,20 @@ def resume_entry(
         "unrestored": unrestored,
         "audited": "audit" in point.state,
     }
+
+
+def data_differences(at_start: dict | None, now: dict | None) -> list[str]:
+    """The data this resume trains on against the data the run started with (the dataset's
+    fingerprint: sha256 of its files, or of the generation parameters). Image files edited
+    between a kill and a resume were silently re-recorded; now the record keeps the start's
+    and this line says what changed."""
+    before, after = (at_start or {}).get("sha256"), (now or {}).get("sha256")
+    if before is None:
+        return ["data: the run's start recorded no data fingerprint, so its data was not compared"]
+    if before != after:
+        return [f"data: the dataset changed since the run started (fingerprint sha256 "
+                f"{before[:12]} -> {str(after)[:12]})"]  # fmt: skip
+    return []
 
 
 def code_differences(at_start: str | None, now: str) -> list[str]:

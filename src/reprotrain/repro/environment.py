@@ -73,9 +73,19 @@ BITS_ENV_PREFIXES = (
 BITS_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE",)
 #: Members of those families that do not decide the bits: which GPUs are visible, the thread
 #: pools' sizes (the thread count that ran is read back from torch and compared; torchrun
-#: sets ``OMP_NUM_THREADS=1`` in its workers), and where things are installed or cached.
+#: sets ``OMP_NUM_THREADS=1`` in its workers), torchrun's error handling, and where things
+#: are installed or cached.
 #: Recorded, shown as notes, never a reason.
-NOT_BITS_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+NOT_BITS_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    # torchrun sets these in its workers: how a collective's failure is reported, not math
+    # (a world-size-invariant run on 2 processes and its replay on 1 differ in them).
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_ASYNC_ERROR_HANDLING",
+)
 NOT_BITS_SUFFIXES = ("_HOME", "_PATH", "_DIR", "_ROOT", "_CACHE")
 
 

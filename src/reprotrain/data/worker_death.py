@@ -32,7 +32,7 @@ def is_worker_death(exc: BaseException) -> bool:
     worker's socket while a worker has in fact been killed by a signal."""
     text = str(exc)
     if isinstance(exc, TRANSPORT_ERRORS):
-        return killed_worker() is not None
+        return _killed_worker_soon() is not None
     return (
         isinstance(exc, RuntimeError)
         and text.startswith("DataLoader worker")
@@ -51,9 +51,21 @@ def killed_worker() -> str | None:
     return None
 
 
+def _killed_worker_soon(wait_s: float = 2.0) -> str | None:
+    """:func:`killed_worker`, waiting up to ``wait_s`` seconds for the exit status: the
+    reset socket can reach the main process a moment before the killed worker is reapable
+    (seen on a loaded 2-core host: the run ended as "failed" instead of "interrupted")."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while (found := killed_worker()) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return found
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, TRANSPORT_ERRORS):
-        return killed_worker() or " ".join(str(exc).split())
+        return _killed_worker_soon() or " ".join(str(exc).split())
     return " ".join(str(exc).split()).rstrip(".")
 
 

@@ -65,3 +65,6 @@ def test_the_readmes_mlp_example_reaches_the_accuracy_it_states(tmp_path) -> Non
     assert_ok(train(tmp_path / "mlp", "experiment=smoke", "model=mlp", "optimizer.lr=0.05",
                     "logger=none", micro=False, timeout=600))  # fmt: skip
     assert run_json(tmp_path / "mlp")["final_metrics"]["test_acc"] > 0.9
+    assert_ok(train(tmp_path / "lr01", "experiment=smoke", "model=mlp", "logger=none",
+                    micro=False, timeout=600))  # fmt: skip
+    assert run_json(tmp_path / "lr01")["final_metrics"]["test_acc"] < 0.5

@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
-from reprotrain.bench.checkpoint_cost import CheckpointSetup, measure_p5
-from reprotrain.bench.invariance_cost import InvariantSetup, measure_invariant
-from reprotrain.bench.pipelines import PipelineSetup, measure_p2, measure_p4
-from reprotrain.bench.results import markdown_table, table_rows, write_outputs
-from reprotrain.bench.training import (
+from benchmarks.checkpoint_cost import CheckpointSetup, measure_p5
+from benchmarks.invariance_cost import InvariantSetup, measure_invariant
+from benchmarks.pipelines import PipelineSetup, measure_p2, measure_p4
+from benchmarks.results import markdown_table, table_rows, write_outputs
+from benchmarks.training import (
     BenchRunError,
     TrainSetup,
     measure_logger,

@@ -7,7 +7,7 @@
 # a resume after SIGKILL compared bit for bit, images/s at strict/fast/bf16/channels_last
 # and the projected 30-epoch time, bench.py --device cuda P1/P2/P3, the world-size-invariant
 # / plain DDP step-time ratio (bench.py --only invariant, NCCL), pytest -m gpu.
-# See src/reprotrain/bench/gpu_check.py. About 7-9 minutes on an H200 (budget: 540 s).
+# See scripts/benchmarks/gpu_check.py. About 7-9 minutes on an H200 (budget: 540 s).
 #
 # Missing hydra-core / omegaconf / antlr4 are installed offline from a wheels folder
 # (--wheels DIR, else $WHEELS, else shared/wheels or wheels/ in the repo) into a private
@@ -45,7 +45,7 @@ probe=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()), torch.__ve
   || fail "no CUDA GPU visible to torch ${probe#* } on $(hostname); run this on a machine with one CUDA GPU"
 
 SITE=${TMPDIR:-/tmp}/reprotrain-gpu-check-site
-export PYTHONPATH="$REPO/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$REPO/src:$REPO/scripts:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c 'import hydra, omegaconf' 2>/dev/null; then
   if [ -z "$WHEELS" ]; then
     for d in "$REPO/shared/wheels" "$REPO/wheels"; do [ -d "$d" ] && WHEELS=$d && break; done
@@ -61,4 +61,4 @@ if ! "$PY" -c 'import hydra, omegaconf' 2>/dev/null; then
 fi
 
 export PYTHONHASHSEED=0 CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1
-exec "$PY" -m reprotrain.bench.gpu_check "${ARGS[@]}"
+exec "$PY" -m benchmarks.gpu_check "${ARGS[@]}"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override
+from reprotrain.run.readers import read_run_json
 from reprotrain.tools import cli
-from reprotrain.tools.runs.readers import read_run_json
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = ["experiment=selfcheck", "trainer.epochs=4", "trainer.checkpoint_every_steps=5"]

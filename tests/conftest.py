@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import faults
+
 # Host facts faked per test (tests/host_facts.py); skips only for a missing device/extra/binary.
 pytest_plugins = ("host_facts", "skip_policy")
 
@@ -68,15 +70,13 @@ def train(
     env: dict | None = None,
     micro: bool = True,
     timeout: float = 240,
+    fault: str | None = None,
 ) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "reprotrain.train",
-        *(MICRO if micro else []),
-        *overrides,
-        f"hydra.run.dir={run_dir}",
-    ]
+    """One training run in a fresh process; ``fault`` (tests/faults.py) fires in it."""
+    args = [*(MICRO if micro else []), *overrides, f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "reprotrain.train", *args]
+    if fault:
+        cmd = faults.command(fault, "reprotrain.train", *args)
     return subprocess.run(
         cmd, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=timeout
     )

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from reprotrain.engine import StepRunner, StepSettings, TrainerState, nonfinite, train_step
+from reprotrain.hashing import state_sha256
 from reprotrain.reduction import Exact, Local, Reduction
 from reprotrain.repro import checkpoint
-from reprotrain.repro.fingerprint import state_sha256
 from reprotrain.step import PlainStep
 from reprotrain.tasks import Classification
 
@@ -66,14 +66,14 @@ class Harness:
         self.user_step = make_step(model)
         self.state = TrainerState(model, opt, sched, scaler, CPU, task=task,
                                   rng_state=self.reduction.checkpoints_rank_state,
-                                  step=self.user_step)  # fmt: skip
+                                  user_step=self.user_step)  # fmt: skip
         self.runner = StepRunner(self.state, task, forward=forward, reduction=self.reduction,
                                  settings=StepSettings(microbatch_size=microbatch_size),
                                  train_seed=7, user_step=self.user_step)  # fmt: skip
 
     def run(self, steps: int) -> Harness:
         loop = self.state.loop
-        start = loop.step
+        start = loop.epoch_step
         self.runner.forward.train()
         for s in range(start, start + steps):  # the Trainer's epoch, guard read every step
             if bool(train_step(self.runner, s, batch(s))):

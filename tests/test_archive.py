@@ -24,7 +24,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import MICRO, REPO, assert_ok, base_env
-from reprotrain.data.file_hashes import file_sha256
+from reprotrain.hashing import file_sha256
 from reprotrain.quoting import hydra_override
 from reprotrain.repro.gitinfo import git_info
 from reprotrain.tools.archive import archive as arch
@@ -797,6 +797,6 @@ def test_sigterm_to_reproduce_reaches_the_rerun_and_leaves_no_temp_dir(archived,
     assert report["status"] == "interrupted" and report["exit_code"] == 75
     assert json.loads((new_run / "run.json").read_text())["status"] == "interrupted"
     assert not list(tmp.glob("reprotrain-*")), "the extracted archive is gone"
-    from reprotrain.repro.run_mutex import held_by
+    from reprotrain.run.mutex import held_by
 
     assert held_by(new_run) is None, "the re-run is not left running"

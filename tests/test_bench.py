@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprotrain.bench import stats
-from reprotrain.bench.results import COLUMNS, markdown_table, table_rows, write_outputs
-from reprotrain.bench.training import BenchRunError, steady_images_per_s
+from benchmarks import stats
+from benchmarks.results import COLUMNS, markdown_table, table_rows, write_outputs
+from benchmarks.training import BenchRunError, steady_images_per_s
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,7 +151,7 @@ def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_the_p5_checkpoint_is_what_the_trainer_writes_and_resumes_from(tmp_path):
     """P5 times the trainer's own checkpoint (TrainerState, gathered as the Saver does),
     not a hand-listed copy: same parts, per-rank RNG entry, restored by the trainer."""
-    from reprotrain.bench.checkpoint_cost import resume_state
+    from benchmarks.checkpoint_cost import resume_state
     from reprotrain.repro import checkpoint
     from reprotrain.state import TrainerState
 

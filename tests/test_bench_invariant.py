@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from reprotrain.bench import invariance_cost
-from reprotrain.bench.invariance_cost import InvariantSetup, measure_invariant
-from reprotrain.bench.results import table_rows
+from benchmarks import invariance_cost
+from benchmarks.invariance_cost import InvariantSetup, measure_invariant
+from benchmarks.results import table_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def test_on_cuda_the_figure_uses_one_rank_per_gpu_at_most_two(monkeypatch, gpus,
 
 
 def test_the_gpu_check_reports_the_bench_ratio(tmp_path, monkeypatch):
-    from reprotrain.bench import gpu_check
+    from benchmarks import gpu_check
 
     seen: list[list[str]] = []
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from reprotrain.bench import stats, training
-from reprotrain.bench.results import table_rows
+from benchmarks import stats, training
+from benchmarks.results import table_rows
 
 
 def test_the_portable_row_is_step_time_portable_over_strict():

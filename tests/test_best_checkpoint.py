@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from conftest import REPO, assert_ok, base_env, train
+from reprotrain.hashing import state_sha256
 from reprotrain.repro import checkpoint
-from reprotrain.repro.fingerprint import state_sha256
 from reprotrain.tools.runs import eval as evaluation
 
 SEEDS = {"base": 1, "init": 2}
@@ -96,8 +96,7 @@ def test_kill_between_step_and_best_then_resume_gives_the_uninterrupted_best(
     reference_run, tmp_path
 ):
     run = tmp_path / "run"
-    env = base_env(REPROTRAIN_TEST_KILL="before-best:16")
-    proc = train(run, "trainer.checkpoint_every_steps=3", env=env)
+    proc = train(run, "trainer.checkpoint_every_steps=3", fault="before-best:16")
     assert proc.returncode == -9, proc.stderr[-2000:]
     best, ref_best = run / "checkpoints" / "best.pt", reference_run / "checkpoints" / "best.pt"
     assert checkpoint.load(best)["loop"]["epoch"] == 2, "killed: best.pt still holds epoch 1"

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import assert_ok, base_env, run_json, train
 from reprotrain.repro.gitinfo import code_sha256
-from reprotrain.repro.resume_guard import code_differences
+from reprotrain.resume.guard import code_differences
 
 
 def project(root: Path) -> Path:
@@ -93,7 +93,7 @@ def test_a_resume_under_changed_code_is_recorded_as_not_bitwise(tmp_path):
 def test_a_resume_keeps_the_starts_data_fingerprint_and_names_a_change():
     """Image files edited between a kill and a resume: run.json's data_fingerprint was
     overwritten with the new data's and the resume called bitwise (issue 34)."""
-    from reprotrain.repro.resume_guard import data_differences
+    from reprotrain.resume.guard import data_differences
     from reprotrain.start import Fresh, Resume
 
     class Record:

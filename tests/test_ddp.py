@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import faults
 from conftest import MICRO, REPO, assert_ok, base_env, jsonl, metrics_without_timings, run_json
 
 # One thread per rank in every layout: the thread count changes the bits (2 nodes x 1 process
@@ -188,10 +189,16 @@ def ddp_reference(tmp_path_factory):
 
 def test_sigkill_of_a_ddp_job_then_make_resume_is_bitwise(tmp_path, ddp_reference):
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "reprotrain.train", *DDP, f"hydra.run.dir={run}"]  # fmt: skip
-    env = {**ddp_env(), "REPROTRAIN_TEST_KILL": "step:12"}  # mid-epoch 2, after step 10's ckpt
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    trainer = faults.command("step:12", "reprotrain.train", *DDP, f"hydra.run.dir={run}")[1:]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        *trainer,
+    ]  # fmt: skip  (killed mid-epoch 2, after step 10's checkpoint)
+    proc = subprocess.run(cmd, cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode != 0 and run_json(run)["status"] == "running"
     resumed = subprocess.run(
         [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run)],
@@ -224,9 +231,7 @@ def test_sigusr2_checkpoints_marks_interrupted_and_resumes_bitwise(tmp_path, ref
     from conftest import train
 
     run = tmp_path / "usr2"
-    proc = train(
-        run, "trainer.checkpoint_every_steps=3", env=base_env(REPROTRAIN_TEST_KILL="sigusr2:5")
-    )
+    proc = train(run, "trainer.checkpoint_every_steps=3", fault="sigusr2:5")
     assert proc.returncode == 75, proc.stderr[-2000:]
     record = run_json(run)
     assert record["status"] == "interrupted" and record["interrupted_by"] == "SIGUSR2"

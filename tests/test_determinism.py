@@ -12,7 +12,7 @@ from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import determinism
-from reprotrain.repro.record import RUN_JSON
+from reprotrain.run.record import RUN_JSON
 from reprotrain.selfcheck.net import TinyConvNet
 
 register_configs()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from conftest import REPO, base_env
-from reprotrain.tools.runs import report
+from reprotrain.run import report
 from test_report import fake_run
 
 

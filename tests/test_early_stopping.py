@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.conftest import assert_ok, base_env, jsonl, run_json, train
+from tests.conftest import assert_ok, jsonl, run_json, train
 
 # 2 steps per epoch, up to 6 epochs. train_loss falls every epoch but never by 100, so
 # epochs 2 and 3 are "not better by more than min_delta": patience 2 stops after epoch 3.
@@ -56,7 +56,7 @@ def test_killed_after_the_stopping_epochs_checkpoint_the_resume_stops_with_the_s
     stopped, tmp_path
 ):
     run = tmp_path / "run"
-    killed = train(run, *STOPPING, env=base_env(REPROTRAIN_TEST_KILL="after-save:6"))
+    killed = train(run, *STOPPING, fault="after-save:6")
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert_ok(train(run, *STOPPING, "resume=auto"))
     record, reference = run_json(run), run_json(stopped)
@@ -68,7 +68,7 @@ def test_killed_after_the_stopping_epochs_checkpoint_the_resume_stops_with_the_s
 @pytest.mark.slow
 def test_killed_before_the_stop_the_resume_counts_on_and_stops_at_the_same_epoch(stopped, tmp_path):
     run = tmp_path / "run"
-    killed = train(run, *STOPPING, env=base_env(REPROTRAIN_TEST_KILL="after-save:4"))
+    killed = train(run, *STOPPING, fault="after-save:4")
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert_ok(train(run, *STOPPING, "resume=auto"))
     record, reference = run_json(run), run_json(stopped)

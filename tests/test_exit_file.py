@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import faults
 from conftest import REPO, base_env
 from reprotrain import commands
 from reprotrain.tools import exit_file
@@ -61,11 +61,11 @@ def test_an_unwritable_directory_is_refused_before_the_job(tmp_path, monkeypatch
 
 
 def test_a_full_disk_after_the_job_keeps_the_jobs_code_in_one_line(tmp_path):
-    script = Path(sys.executable).with_name("reprotrain")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "reprotrain"]
-    env = base_env(REPROTRAIN_TEST_KILL="enospc:rc")
-    proc = subprocess.run([*cmd, "--exit-file", str(tmp_path / "rc"), "--version"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    cmd = faults.command(
+        "enospc:rc", "reprotrain", "--exit-file", str(tmp_path / "rc"), "--version"
+    )
+    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.splitlines()

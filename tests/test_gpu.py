@@ -56,7 +56,7 @@ def test_strict_twins_are_bitwise_equal_on_cuda(tmp_path, cuda_reference):
 
 def test_kill_and_resume_on_cuda_is_bitwise_equal(tmp_path, cuda_reference):
     run_dir = tmp_path / "run"
-    proc = train(run_dir, CUDA, CKPT_EVERY, env=base_env(REPROTRAIN_TEST_KILL="step:5"))
+    proc = train(run_dir, CUDA, CKPT_EVERY, fault="step:5")
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     # The checkpoint holds the training GPU's generator only, as rank 0's entry.
     rng = load(list_step_checkpoints(run_dir / "checkpoints")[-1])["rng"]

@@ -54,7 +54,7 @@ def raw_steps(log_dir: Path, tag: str) -> list[tuple[int, float]]:
 def test_tensorboard_after_a_kill_and_resume_has_every_step_exactly_once(tmp_path):
     kill_at = random.Random().randint(4, 15)  # any step, mid-epoch or at the epoch's end
     run = tmp_path / "run"
-    killed = train(run, CKPT_EVERY, env=base_env(REPROTRAIN_TEST_KILL=f"step:{kill_at}"))
+    killed = train(run, CKPT_EVERY, fault=f"step:{kill_at}")
     assert killed.returncode == -9, (kill_at, killed.stderr[-2000:])
     assert_ok(resume(run))
     points = raw_steps(run / "tensorboard", "step/train_loss")
@@ -117,8 +117,7 @@ def test_a_killed_loader_worker_ends_the_run_in_one_line_and_resumes_bitwise(
 @pytest.mark.parametrize("full", ["step-00000002.pt", "metrics.jsonl"])
 def test_a_full_disk_names_the_path_and_leaves_the_run_failed(tmp_path, full):
     run = tmp_path / "run"
-    env = base_env(REPROTRAIN_TEST_KILL=f"enospc:{full}")
-    proc = train(run, "trainer.epochs=1", "trainer.limit_train_steps=2", env=env)
+    proc = train(run, "trainer.epochs=1", "trainer.limit_train_steps=2", fault=f"enospc:{full}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = error_lines(proc.stderr)
     assert full in line and str(run) in line and "No space left on device" in line, line

@@ -1,4 +1,4 @@
-"""The invariant step's profile (reprotrain.bench.invariance_profile): its arithmetic and its
+"""The invariant step's profile (benchmarks.invariance_profile): its arithmetic and its
 clock, in-process; the torchrun run itself is a benchmark, not a test."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from reprotrain.bench.invariance_profile import PARTS, Clock, report
+from benchmarks.invariance_profile import PARTS, Clock, report
 
 
 def test_the_report_gives_the_paired_ratio_and_what_is_left_after_the_timed_parts():

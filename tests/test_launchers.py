@@ -10,8 +10,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -221,9 +223,16 @@ def test_a_preempted_submitit_job_is_requeued_and_ends_bitwise_equal(tmp_path, r
         "hydra/launcher=submitit_local",
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    env = base_env(REPROTRAIN_TEST_KILL="sigusr2:5")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert_ok(proc)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    job = sweep_dir / "0"
+    deadline = time.monotonic() + 300
+    while not list((job / "checkpoints").glob("step-*.pt")):  # the scheduler's notice, mid-run
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.1)
+    os.kill(json.loads((job / ".lock").read_text())["pid"], signal.SIGUSR2)  # the job's process
+    out, err = proc.communicate(timeout=900)
+    assert_ok(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
     rec, ref = run_json(sweep_dir / "0"), run_json(reference_run)
     assert rec["status"] == "completed" and len(rec["resumes"]) == 1
     assert rec["final_weights_sha256"] == ref["final_weights_sha256"]

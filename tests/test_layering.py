@@ -1,14 +1,22 @@
-"""The house is one-way: entry -> engine -> ground floor, never back up, and no circles.
+"""The house is one-way: tools -> entry -> engine -> ground floor -> records, never back up,
+and no circles.
 
-Floors (DESIGN: "Floors"): ``train`` (the entry) and ``tools``/``bench`` beside it may import
-anything; the engine level (``engine``, ``reduction``, ``invariant``; ``start``, ``build``,
-``provenance`` and ``loop`` above them) never imports the entry
-or the tools;
-the ground floor (tasks, data, repro, config and the small modules) imports neither the entry,
-the tools nor the engine. Every import counts, at module level or inside a function: an
-import moved into a function still ties the two modules together, so it may not close a
-circle. (A function may still import a heavy third-party library lazily: torch, matplotlib.)
-A private name (``_x``) stays inside its module: no module imports another's.
+Floors (DESIGN: "Floors"), from the top:
+
+- the tools (``tools``, ``commands``, ``python -m reprotrain``, ``selfcheck``) may import
+  anything;
+- the entry, ``train``, imports everything but the tools;
+- the engine level (``engine``, ``reduction``, ``invariant``; ``start``, ``build``,
+  ``provenance`` and ``loop`` above them) imports neither the entry nor the tools;
+- the ground floor (tasks, data, resume, config, loggers and the small modules) imports none
+  of the above;
+- the records (the run directory ``run``, ``hashing``, ``repro``, and the errors, events and
+  quoting they use) import nothing but records: a record never depends on what it records.
+
+Every import counts, at module level or inside a function: an import moved into a function
+still ties the two modules together, so it may not close a circle. (A function may still
+import a heavy third-party library lazily: torch, matplotlib.) A private name (``_x``) stays
+inside its module: no module imports another's.
 """
 
 from __future__ import annotations
@@ -19,13 +27,17 @@ from pathlib import Path
 from conftest import REPO
 
 SRC = REPO / "src"
-# The entries: the trainer, and the `reprotrain` command (commands.py, python -m reprotrain).
-ENTRY = ("reprotrain.train", "reprotrain.commands", "reprotrain.__main__", "reprotrain.tools",
-         "reprotrain.bench", "reprotrain.selfcheck")  # fmt: skip
+# The tools: the `reprotrain` command (commands.py, python -m reprotrain) and what it runs.
+TOOLS = ("reprotrain.commands", "reprotrain.__main__", "reprotrain.tools", "reprotrain.selfcheck")
+ENTRY = ("reprotrain.train",)
 # The engine level: the step and the reduction, and around them the run's start, its build,
 # its provenance and the loop (the Trainer) that train() calls.
 ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction", "reprotrain.build",
           "reprotrain.loop", "reprotrain.start", "reprotrain.provenance")  # fmt: skip
+# The records: what a run writes and compares, and the little they need.
+RECORDS = ("reprotrain.run", "reprotrain.hashing", "reprotrain.repro", "reprotrain.errors",
+           "reprotrain.events", "reprotrain.quoting", "reprotrain.shown",
+           "reprotrain.dotted")  # fmt: skip
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 
@@ -82,9 +94,13 @@ GRAPH = {name: dependencies(name) for name in NAMES}
 
 
 def floor(name: str) -> int:
+    if name.startswith(TOOLS):
+        return 4
     if name.startswith(ENTRY):
+        return 3
+    if name.startswith(ENGINE):
         return 2
-    return 1 if name.startswith(ENGINE) else 0
+    return 0 if name.startswith(RECORDS) else 1
 
 
 def circles(edges: dict[str, set[str]]) -> list[str]:

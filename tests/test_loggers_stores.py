@@ -155,7 +155,7 @@ def test_no_store_holds_the_trackers_password(logged_run) -> None:
 def test_mlflow_artifacts_include_report_and_curves_drawn_outside_the_run_dir(
     logged_run, tmp_path: Path
 ) -> None:
-    from reprotrain.tools.runs.report import write_report
+    from reprotrain.run.report import write_report
 
     run_dir = tmp_path / "copy"
     shutil.copytree(logged_run[0], run_dir, ignore=shutil.ignore_patterns("wandb", "checkpoints"))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import assert_ok, base_env, run_json, train
+from conftest import assert_ok, run_json, train
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, StepSettings, TrainerState
 from reprotrain.reduction import DDP
@@ -135,7 +135,7 @@ def test_sigkill_between_microbatches_resumes_bitwise(tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
     assert_ok(train(ref, *HALVES, "logger=none"))
     # Killed during global step 5, after its first micro-batch's backward (step 3 saved).
-    killed = train(run, *HALVES, "logger=none", env=base_env(REPROTRAIN_TEST_KILL="microbatch:5"))
+    killed = train(run, *HALVES, "logger=none", fault="microbatch:5")
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert run_json(run)["status"] == "running"
     assert (run / "checkpoints" / "step-00000003.pt").is_file()

@@ -82,6 +82,8 @@ def test_new_project_renames_only_the_users_package_and_records_its_template(tmp
     assert copied == ["tests/conftest.py"]  # the project's own, small one: not the template's
     assert (dest / copied[0]).read_bytes() != (template / copied[0]).read_bytes()
     assert sorted(p.name for p in (dest / "tests").iterdir()) == ["conftest.py", "test_mylab.py"]
+    shipped = git(dest, "ls-files").splitlines()
+    assert not [f for f in shipped if "bench" in f], "a new project holds no benchmark code"
     user = [f for f in git(dest, "ls-files").splitlines() if not tf.is_framework(f, "mylab")]
     assert f"src/mylab/{'__init__.py'}" in user and "conf/train.yaml" in user
     for rel in user:
@@ -310,6 +312,7 @@ def test_every_template_file_is_framework_user_room_or_template_only():
         ]
         assert kinds.count(True) == 1, (rel, kinds)
     assert not any(tf.ships(f, old) for f in files if tf.is_template_only(f, old))
+    assert not [f for f in files if tf.ships(f, old) and "bench" in f], "benchmarks stay here"
     assert tf.is_template_only("tests/conftest.py", old) and tf.is_user_room("conf/train.yaml", old)
     assert tf.is_framework("docs/index.md", old) and tf.is_framework("mkdocs.yml", old)
 

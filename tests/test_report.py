@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_ok, train
-from reprotrain.tools.runs import report
+from reprotrain.run import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECORD = {
@@ -66,7 +66,7 @@ def fake_run(
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.runs.report", *args],
+        [sys.executable, "-m", "reprotrain.run.report", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reprotrain.plots import metric_names
-from reprotrain.tools.runs import report
+from reprotrain.run import report
+from reprotrain.run.plots import metric_names
 
 
 def regression_run(run_dir: Path, epochs: int = 3, steps: int = 4) -> Path:

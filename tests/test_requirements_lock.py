@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from reprotrain.data.file_hashes import file_sha256
+from reprotrain.hashing import file_sha256
 from reprotrain.repro import requirements_lock as lf
 from reprotrain.tools.locks import check_lock
 

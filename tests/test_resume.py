@@ -46,7 +46,7 @@ def assert_same_as_reference(run_dir, reference):
 
 def killed_run(tmp_path, spec, *overrides):
     run_dir = tmp_path / "run"
-    proc = train(run_dir, CKPT_EVERY, *overrides, env=base_env(REPROTRAIN_TEST_KILL=spec))
+    proc = train(run_dir, CKPT_EVERY, *overrides, fault=spec)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert run_json(run_dir)["status"] == "running"  # a SIGKILL leaves no chance to record
     return run_dir
@@ -85,7 +85,7 @@ def test_sigkill_on_the_loader_path_with_two_workers(tmp_path, reference_run):
 
 def test_second_sigint_aborts_at_once_and_earlier_checkpoints_stay_valid(tmp_path, reference_run):
     run_dir = tmp_path / "run"
-    proc = train(run_dir, CKPT_EVERY, env=base_env(REPROTRAIN_TEST_KILL="sigint2:5"))
+    proc = train(run_dir, CKPT_EVERY, fault="sigint2:5")
     assert proc.returncode == 130, proc.stderr[-2000:]
     record = run_json(run_dir)
     assert record["status"] == "interrupted" and "second SIGINT" in record["error"]
@@ -111,7 +111,7 @@ def test_stop_flag_second_sigint_raises():
 
 def test_sigterm_checkpoints_marks_interrupted_and_resumes(tmp_path, reference_run):
     run_dir = tmp_path / "run"
-    proc = train(run_dir, CKPT_EVERY, env=base_env(REPROTRAIN_TEST_KILL="sigterm:5"))
+    proc = train(run_dir, CKPT_EVERY, fault="sigterm:5")
     assert proc.returncode == 75, proc.stderr[-2000:]
     record = run_json(run_dir)
     assert record["status"] == "interrupted" and record["interrupted_by"] == "SIGTERM"

@@ -18,8 +18,8 @@ from torch import nn
 from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
 from numpy_user_code import PredictionList, RestoredPredictionList
 from reprotrain.data.base import InMemoryImages
-from reprotrain.repro.resume_audit import ResumeAudit
 from reprotrain.repro.seeding import seed_globals
+from reprotrain.resume.audit import ResumeAudit
 
 CPU = torch.device("cpu")
 
@@ -106,7 +106,7 @@ def user_env(**extra: str) -> dict[str, str]:
 
 def killed(run_dir, *overrides: str):
     proc = train(run_dir, *USER, *overrides, micro=False,
-                 env=user_env(REPROTRAIN_TEST_KILL="step:2"))  # fmt: skip
+                 env=user_env(), fault="step:2")  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     return run_dir
 

@@ -138,7 +138,7 @@ def test_a_run_that_ended_at_stop_after_epoch_is_completed_until_a_resume_asks_f
     ],
 )
 def test_what_a_completed_run_has_left_to_run(loop, trainer, why):
-    from reprotrain.repro.resume_guard import already_completed
+    from reprotrain.resume.guard import already_completed
 
     got = already_completed(loop, trainer)
     assert got is None if why is None else got.startswith(why)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MICRO, REPO, assert_ok, base_env, run_json, train
-from reprotrain.repro import run_dir as run_dirs
+from reprotrain.run import directory as run_dirs
 
 
 def contents(root: Path) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""One writer per run directory (repro/run_mutex.py), checked with real processes.
+"""One writer per run directory (run/mutex.py), checked with real processes.
 
 Holders and contenders are separate Python processes (stdlib + the lock module only, so each
 starts in a fraction of a second): the refusal, the SIGKILL takeover and the pid-reuse guard
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro import run_mutex
-from reprotrain.repro.run_mutex import LOCK_NAME, Holder, RunBusyError, RunMutex
+from reprotrain.run import mutex as run_mutex
+from reprotrain.run.mutex import LOCK_NAME, Holder, RunBusyError, RunMutex
 
 HOLD = """
 import sys, time
-from reprotrain.repro.run_mutex import RunMutex
+from reprotrain.run.mutex import RunMutex
 with RunMutex(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()  # hold until the test closes stdin (or kills us)
@@ -33,7 +33,7 @@ with RunMutex(sys.argv[1]):
 # The holder forks a child that outlives it, as DataLoader workers briefly do after a SIGKILL.
 HOLD_AND_FORK = """
 import os, sys, time
-from reprotrain.repro.run_mutex import RunMutex
+from reprotrain.run.mutex import RunMutex
 lock = RunMutex(sys.argv[1]).acquire()
 if os.fork() == 0:
     time.sleep(60)
@@ -47,7 +47,7 @@ sys.stdin.read()
 TRY = """
 import sys, time
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.run_mutex import RunMutex
+from reprotrain.run.mutex import RunMutex
 if len(sys.argv) > 2:
     time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 try:

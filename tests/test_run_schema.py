@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from reprotrain.errors import RecordError
-from reprotrain.repro import run_schema
+from reprotrain.run import readers
+from reprotrain.run import schema as run_schema
 from reprotrain.tools.archive import archive as arch
 from reprotrain.tools.archive import sweep_archive
-from reprotrain.tools.runs import readers
 from test_trust import fake_run, job_config, one_error_line, repack, repo, reproduce, unpack  # noqa: F401
 
 #: (change to a valid record, what the one line names)

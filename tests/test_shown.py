@@ -18,8 +18,8 @@ def assert_no_raw_control(text: str) -> None:
 
 
 def test_shown_makes_every_control_character_visible_and_cuts_long_values():
-    from reprotrain.tools import shown as shown_mod
-    from reprotrain.tools.shown import safe_line, shown
+    from reprotrain import shown as shown_mod
+    from reprotrain.shown import safe_line, shown
 
     assert shown("a\nb\x1b[8mc\u202ed\\") == "a\\nb\\x1b[8mc\\u202ed\\\\"
     assert shown("plain text, ±0.5 pts") == "plain text, ±0.5 pts"

@@ -187,8 +187,7 @@ def test_image_folder_trains_and_num_workers_do_not_change_the_bits(
 def test_image_folder_sigkill_mid_epoch_then_resume_is_bitwise(tmp_path, folder, folder_reference):
     run = tmp_path / "killed"
     overrides = (*FOLDER, f"dataset.root={folder}", "trainer.num_workers=2")
-    env = base_env(REPROTRAIN_TEST_KILL="step:3")  # mid-epoch 2 (3 steps per epoch)
-    proc = train(run, *overrides, env=env, micro=False)
+    proc = train(run, *overrides, fault="step:3", micro=False)  # mid-epoch 2 (3 steps per epoch)
     assert proc.returncode == -signal.SIGKILL
     assert_ok(train(run, *overrides, "resume=auto", micro=False))
     assert (

@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from conftest import assert_ok, base_env, run_json, train
+from conftest import assert_ok, run_json, train
 
 
 @pytest.mark.parametrize(
@@ -23,7 +23,7 @@ def test_throughput_option_is_bitwise_repeatable_and_resumable(tmp_path, option)
     flag = option.split(".")[1].split("=")[0]
     assert a["components"][flag] in (True, "default")
     killed = tmp_path / "killed"
-    proc = train(killed, option, every, env=base_env(REPROTRAIN_TEST_KILL="step:5"))
+    proc = train(killed, option, every, fault="step:5")
     assert proc.returncode == -signal.SIGKILL
     assert_ok(train(killed, option, every, "resume=auto"))
     assert run_json(killed)["final_weights_sha256"] == a["final_weights_sha256"]

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from conftest import REPO, base_env
-from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ReprotrainError
+from reprotrain.hashing import file_sha256
 from reprotrain.tools.archive import archive as arch
 from reprotrain.tools.archive.archive_check import MANIFEST, SIGNATURE
 from reprotrain.tools.reproduce import reproduce as repro

@@ -180,7 +180,7 @@ def test_numpy_noise_in_a_transform_is_the_same_at_0_and_2_workers_and_across_si
     assert_ok(train(tmp_path / "w0", *USER, *NOISY, ckpt, "trainer.num_workers=0",
                     micro=False, env=user_env()))  # fmt: skip
     killed = train(tmp_path / "w2", *USER, *NOISY, ckpt, "trainer.num_workers=2", micro=False,
-                   env=user_env(REPROTRAIN_TEST_KILL="step:2"))  # fmt: skip
+                   env=user_env(), fault="step:2")  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     resumed = subprocess.run(
         [sys.executable, "-m", "reprotrain.tools.runs.resume", str(tmp_path / "w2")],
@@ -204,7 +204,7 @@ INVARIANT = ["trainer.microbatch_size=16", "trainer.world_size_invariant=true",
 def test_numpy_mixup_in_invariant_mode_resumes_bitwise_after_sigkill(tmp_path):
     assert_ok(train(tmp_path / "ref", *USER, *MIXUP, *INVARIANT, micro=False, env=user_env()))
     killed = train(tmp_path / "run", *USER, *MIXUP, *INVARIANT, micro=False,
-                   env=user_env(REPROTRAIN_TEST_KILL="step:2"))  # fmt: skip
+                   env=user_env(), fault="step:2")  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert_ok(train(tmp_path / "run", *USER, *MIXUP, *INVARIANT, "resume=auto", micro=False,
                     env=user_env()))  # fmt: skip

@@ -46,7 +46,7 @@ def test_framework_code_and_tests_never_import_the_users_package():
 
 
 def test_benchmarks_drills_and_self_checks_train_the_frameworks_own_job():
-    runners = [*(REPO / "scripts").glob("*"), *(REPO / "src/reprotrain/bench").glob("*.py")]
+    runners = [*(REPO / "scripts").glob("*"), *(REPO / "scripts/benchmarks").glob("*.py")]
     runners.append(REPO / "tests" / "conftest.py")  # MICRO: what the framework tests train
     users = re.compile(r"experiment=(smoke|cifar10_resnet18)\b")
     hits = [str(p.relative_to(REPO)) for p in runners if p.is_file()]

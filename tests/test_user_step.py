@@ -159,7 +159,7 @@ def test_the_step_group_is_bound_at_preflight_and_given_the_model_when_it_takes_
 
 def test_a_config_recorded_before_the_step_group_keeps_its_identity():
     from reprotrain.config import PLAIN_STEP, config_sha256
-    from reprotrain.repro.resume_guard import config_differences
+    from reprotrain.resume.guard import config_differences
 
     before = {"trainer": {"epochs": 2}, "model": {"_target_": "m.M"}}  # no `step` key
     now = {**before, "step": dict(PLAIN_STEP)}

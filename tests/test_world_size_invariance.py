@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import faults
 from conftest import MICRO, REPO, assert_ok, base_env, jsonl, metrics_without_timings, run_json
 from reprotrain.config import TrainerConfig
 from reprotrain.errors import ReprotrainError
@@ -35,13 +36,15 @@ def env() -> dict[str, str]:
     return {k: v for k, v in base_env().items() if k not in drop}
 
 
-def launch(nproc: int, run_dir: Path, *extra: str, **env_extra: str):
+def launch(nproc: int, run_dir: Path, *extra: str, fault: str | None = None):
     trainer = ["-m", "reprotrain.train", *INVARIANT, *extra, f"hydra.run.dir={run_dir}"]
+    if fault:  # tests/faults.py runs the trainer (every rank) with the fault registered
+        trainer = faults.command(fault, *trainer[1:])[1:]
     if nproc > 1:
         trainer = ["-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={nproc}", *trainer]  # fmt: skip
     return subprocess.run(
-        [sys.executable, *trainer], cwd=REPO, env={**env(), **env_extra},
+        [sys.executable, *trainer], cwd=REPO, env=env(),
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
 
@@ -110,7 +113,7 @@ def test_a_model_with_dropout_gives_the_same_bits_on_any_world_size(tmp_path, np
 
 def _kill_then_resume(tmp_path: Path, reference: Path, resume_on: int) -> None:
     run = tmp_path / "killed"
-    killed = launch(2, run, REPROTRAIN_TEST_KILL="step:11")  # mid-epoch 2, after step 10's
+    killed = launch(2, run, fault="step:11")  # mid-epoch 2, after step 10's
     assert killed.returncode != 0 and run_json(run)["status"] == "running"
     resumed = resume(run, resume_on)
     assert_ok(resumed)

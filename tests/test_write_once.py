@@ -29,7 +29,7 @@ import yaml
 from conftest import REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain.errors import CheckpointError, ReprotrainError
 from reprotrain.repro import checkpoint
-from reprotrain.repro import run_dir as run_dirs
+from reprotrain.run import directory as run_dirs
 from reprotrain.tools.runs import eval as evaluation
 
 

@@ -11,7 +11,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 # reprotrain.api's names (its __all__; a test keeps the two equal). Any other attribute is a
-# submodule, which ``from reprotrain import fault_injection`` must import, not the face.
+# submodule, which ``from reprotrain import events`` must import, not the face.
 FACE = (
     "Batch", "Classification", "DataMissingError", "InMemoryImages", "InMemoryTensors",
     "ReprotrainError", "SampleData", "Splits", "Step", "StepContext", "StepOutput", "Subset",

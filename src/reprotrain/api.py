@@ -29,8 +29,8 @@ from reprotrain.data.base import (
 )
 from reprotrain.data.datasets import data_root
 from reprotrain.data.download import download_and_verify, load_pickle
-from reprotrain.data.file_hashes import files_fingerprint
 from reprotrain.errors import DataMissingError, ReprotrainError
+from reprotrain.hashing import files_fingerprint
 from reprotrain.step import Step
 from reprotrain.tasks.base import StepContext, StepOutput, Task
 from reprotrain.tasks.classification import Classification

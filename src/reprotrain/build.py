@@ -99,7 +99,7 @@ def build_training(
     user_step = build_step(step_cfg, model)
     state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
                          rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
-                         step=user_step)  # fmt: skip
+                         user_step=user_step)  # fmt: skip
     return StepRunner(state, task, forward=forward, reduction=reduction, settings=step_settings,
                       train_seed=train_seed, user_step=user_step)  # fmt: skip
 

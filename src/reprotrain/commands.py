@@ -315,7 +315,7 @@ COMMANDS: dict[str, Command] = {
         Command("eval", "evaluate a run's checkpoint on the test split",
                 "reprotrain.tools.runs.eval:main", {0: "evaluated", 2: "error"}),
         Command("report", "write report.md + curves.png into a run directory",
-                "reprotrain.tools.runs.report:main", {0: "written", 2: "error"}),
+                "reprotrain.run.report:main", {0: "written", 2: "error"}),
         Command("summary", "(re)write a sweep's summary.json/.md/.png",
                 "reprotrain.tools.sweeps.sweep_summary:main",
                 {0: "written", 1: "no completed run", 2: "error"}),

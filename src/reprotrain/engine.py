@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reprotrain import batches, fault_injection
+from reprotrain import batches, events
 from reprotrain.config import StepSettings
 from reprotrain.errors import ReprotrainError
 from reprotrain.reduction import Local, Reduction
@@ -151,7 +151,7 @@ class StepRunner:
                 state.scaler.scale(loss).backward()
             sums.add(loss, out.sums, size)
             if i < k - 1:
-                fault_injection.hook("microbatch", global_step + 1)
+                events.fire("microbatch", global_step=global_step + 1)
         result = sums.finish()
         if self._first is None:
             self._first = result
@@ -186,7 +186,7 @@ def train_step(runner: StepRunner, step: int, batch: Any) -> torch.Tensor:
     state.progress.add(loss, sums, runner.reduction.samples(batches.batch_size(batch)), lr)
     bad = ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
     state.global_step += 1
-    state.step = step + 1
+    state.epoch_step = step + 1
     return bad
 
 

@@ -25,16 +25,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from reprotrain import fault_injection, launchers
+from reprotrain import events, launchers
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
+from reprotrain.hashing import losses_sha256, state_sha256
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
 from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
-from reprotrain.repro import record as rec
-from reprotrain.repro.fingerprint import losses_sha256, state_sha256
+from reprotrain.run import record as rec
 from reprotrain.state import LoopState
 
 log = logging.getLogger("reprotrain")
@@ -128,9 +128,9 @@ class Trainer:
         steps and before every checkpoint (all-reduced: every rank stops at the same step).
         """
         state, steps = self.loop, self.pipeline.steps_per_epoch
-        self.bar.start(state.epoch, steps, state.step)
+        self.bar.start(state.epoch, steps, state.epoch_step)
         seen_before = state.progress.seen
-        batches = self.pipeline.epoch(state.epoch, state.step)
+        batches = self.pipeline.epoch(state.epoch, state.epoch_step)
         self.runner.forward.train()
         bad = torch.zeros((), dtype=torch.bool, device=state.device)
         t0 = time.perf_counter()
@@ -172,7 +172,7 @@ class Trainer:
             self.feed.every(self.logger_cfg.log_every_steps)
         if self.profiler is not None:
             self.profiler.step()
-        fault_injection.hook("step", state.global_step)
+        events.fire("step", global_step=state.global_step)
         self.stop_if_asked(self.stop_at_reached() and mid_epoch)
         every = self.settings.checkpoint_every_steps
         if every and state.global_step % every == 0 and mid_epoch:
@@ -192,7 +192,7 @@ class Trainer:
         )
         log.warning(
             "interrupted at epoch %d step %d; resume with `%s`",
-            self.loop.epoch, self.loop.step, resume_hint(self.run_dir),
+            self.loop.epoch, self.loop.epoch_step, resume_hint(self.run_dir),
         )  # fmt: skip
         raise Interrupted(self.stop)
 
@@ -239,7 +239,7 @@ class Trainer:
             )  # fmt: skip
         state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
         self.saver.save(best=improved, model_state=cpu_state)
-        fault_injection.hook("after-save", state.global_step)
+        events.fire("after-save", global_step=state.global_step)
         return row
 
     def finish(self) -> float | None:
@@ -275,8 +275,9 @@ class Trainer:
         if state.best_epoch not in (None, state.metrics[-1]["epoch"]) and best_path.is_file():
             best_state = checkpoint.load(best_path)
             runner.state.model.load_state_dict(best_state["model"])
-            if "step" in best_state and runner.state.step is not None:  # its EMA weights too
-                runner.state.step.load_state_dict(best_state["step"])
+            user_step = best_state.get("user_step", best_state.get("step"))
+            if user_step is not None and runner.state.user_step is not None:  # its EMA weights
+                runner.state.user_step.load_state_dict(user_step)
             best = evaluate_split(runner, self.pipeline, "test")
             final.update({f"best_{k}": v for k, v in best.items()}, best_epoch=state.best_epoch)
         return final

@@ -237,11 +237,11 @@ def _override_values(argv: list[str]) -> dict[str, str]:
 
 def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None:
     """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, that already
-    holds a run this command would restart (``repro/run_dir.py``), or that cannot be a
+    holds a run this command would restart (``run/directory.py``), or that cannot be a
     directory (a path through a file, a name over the filesystem's limit); the same for a
     sweep into a used ``hydra.sweep.dir``. ``resume``: the composed config's value."""
-    from reprotrain.repro import run_dir as run_dirs
-    from reprotrain.repro.run_mutex import refuse_if_held
+    from reprotrain.run import directory as run_dirs
+    from reprotrain.run.mutex import refuse_if_held
 
     values = _override_values(argv)
     resume = values.get("resume", resume)
@@ -454,9 +454,9 @@ def resume_before_hydra(argv: list[str], cfg) -> list[str]:
         return []  # a fresh start (``auto`` in a new stamped directory starts fresh)
     import logging
 
-    from reprotrain.repro import record as rec
     from reprotrain.repro import secrets as env_secrets
-    from reprotrain.repro.resume_guard import find_resume_point
+    from reprotrain.resume.guard import find_resume_point
+    from reprotrain.run import record as rec
 
     try:
         container, _ = env_secrets.redact(cfg)
@@ -477,8 +477,8 @@ def resume_before_hydra(argv: list[str], cfg) -> list[str]:
 
 def claim_explicit_sweep_dir(argv: list[str]) -> None:
     """A ``--multirun`` into an explicit ``hydra.sweep.dir`` claims it atomically, so of two
-    sweeps started at once into one directory exactly one runs (``repro/run_dir.py``)."""
-    from reprotrain.repro import run_dir as run_dirs
+    sweeps started at once into one directory exactly one runs (``run/directory.py``)."""
+    from reprotrain.run import directory as run_dirs
 
     sweep_dir = _explicit_dir(argv, "hydra.sweep.dir")
     if _multirun(argv) and sweep_dir is not None:

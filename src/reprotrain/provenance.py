@@ -27,8 +27,8 @@ from reprotrain.paths import REPO_ROOT
 from reprotrain.reduction import Reduction
 from reprotrain.repro import device as devices
 from reprotrain.repro import environment, gitinfo, requirements_lock
-from reprotrain.repro import record as rec
 from reprotrain.repro.seeding import Seeds
+from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
 

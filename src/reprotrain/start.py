@@ -29,20 +29,19 @@ from typing import Any
 
 import torch
 
-from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ResumeError
+from reprotrain.hashing import file_sha256, state_sha256
 from reprotrain.provenance import code_now, experiment_id, identity, write_environment_text
 from reprotrain.reduction import Reduction
 from reprotrain.repro import device as devices
-from reprotrain.repro import record as rec
-from reprotrain.repro.fingerprint import state_sha256
-from reprotrain.repro.resume_guard import (
+from reprotrain.repro.seeding import Seeds, resolve_seeds
+from reprotrain.resume.guard import (
     ResumePoint,
     check_unrestored,
     find_resume_point,
     resume_entry,
 )
-from reprotrain.repro.seeding import Seeds, resolve_seeds
+from reprotrain.run import record as rec
 from reprotrain.state import TrainerState
 
 log = logging.getLogger("reprotrain")
@@ -160,7 +159,7 @@ class Resume:
         record.update(resumes=[*record.data.get("resumes", []), entry])
         record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,
-                 state.loop.epoch, state.loop.step)  # fmt: skip
+                 state.loop.epoch, state.loop.epoch_step)  # fmt: skip
 
 
 Start = Fresh | Resume | Fork

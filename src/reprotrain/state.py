@@ -102,11 +102,12 @@ class EpochProgress:
 
 @dataclass
 class LoopState:
-    """Position ``(epoch, step)`` of the next step, history, and the best monitored value."""
+    """Position ``(epoch, epoch_step)`` of the next step, history, and the best monitored
+    value. ``epoch_step`` counts the steps done in this epoch; ``global_step`` all of them."""
 
     device: torch.device
     epoch: int = 1
-    step: int = 0
+    epoch_step: int = 0
     global_step: int = 0
     best: float | None = None
     best_epoch: int | None = None
@@ -121,7 +122,7 @@ class LoopState:
         self.progress = EpochProgress(self.device)
 
     def next_epoch(self) -> None:
-        self.epoch, self.step = self.epoch + 1, 0
+        self.epoch, self.epoch_step = self.epoch + 1, 0
         self.progress = EpochProgress(self.device)
 
     def improved(self, value: float | None, mode: str) -> bool:
@@ -133,7 +134,8 @@ class LoopState:
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        keys = ("epoch", "step", "global_step", "best", "best_epoch", "metrics", "fingerprints")
+        keys = ("epoch", "epoch_step", "global_step", "best", "best_epoch", "metrics")
+        keys += ("fingerprints",)
         return {
             **{k: getattr(self, k) for k in keys},
             "nonfinite_events": self.nonfinite_events,
@@ -143,7 +145,8 @@ class LoopState:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        for key in ("epoch", "step", "global_step", "best", "best_epoch", "metrics"):
+        sd = {"epoch_step": sd.get("step"), **sd}  # written before the name was epoch_step
+        for key in ("epoch", "epoch_step", "global_step", "best", "best_epoch", "metrics"):
             setattr(self, key, sd[key])
         self.fingerprints = sd["fingerprints"]
         self.nonfinite_events = sd.get("nonfinite_events", [])
@@ -222,7 +225,7 @@ class TrainerState:
     """Everything a resume restores, as one Stateful (the checkpoint is its state_dict).
 
     ``model`` is the bare module (its state_dict keys carry no DDP/compile prefix);
-    ``task`` and ``step`` (the user's step object) are checkpointed only if they have a
+    ``task`` and ``user_step`` (the user's step object) are checkpointed only if they have a
     ``state_dict``. ``rng`` is None when nothing in the run's RNG belongs to a rank (the
     Exact reduction seeds every micro-batch from counters); ``rank`` picks this process's
     entry out of a checkpoint's per-rank ones.
@@ -239,7 +242,7 @@ class TrainerState:
         *,
         rng_state: bool = True,
         rank: int = 0,
-        step: Any = None,
+        user_step: Any = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler, self.scaler = (
             model,
@@ -249,7 +252,7 @@ class TrainerState:
         )
         self.loop = LoopState(device)
         self.rng = RankRNG(device, rank) if rng_state else None
-        self.rank, self.task, self.step = rank, task, step
+        self.rank, self.task, self.user_step = rank, task, user_step
         # What the checkpoint cannot restore, digested at each checkpoint and compared
         # after a restore (repro/resume_audit.py); set by the trainer once it is built.
         self.audit: Any = None
@@ -259,7 +262,7 @@ class TrainerState:
         keeps its recorded digests, compared once every part is back)."""
         named = {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
         named |= {"scaler": self.scaler, "loop": self.loop}
-        for name in ("task", "step"):
+        for name in ("task", "user_step"):
             part = getattr(self, name)
             if hasattr(part, "state_dict") and hasattr(part, "load_state_dict"):
                 named[name] = part
@@ -271,6 +274,8 @@ class TrainerState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         loop = state_dict["loop"]
+        if "step" in state_dict:  # written before the user's step was called user_step
+            state_dict = {"user_step": state_dict["step"], **state_dict}
         state_dict = {
             **state_dict,
             "loop": {**loop, "progress": entry_for_rank(loop["progress"], self.rank)},

@@ -30,7 +30,7 @@ The hooks a step may give, all declared on :class:`Step`:
 - ``evaluation_weights(model)``: a context manager that validation and test run inside
   (EMA weights swapped in); ``evaluated_with`` names them in run.json's ``components``.
 - ``state_dict()`` / ``load_state_dict(state)``: a step that defines both is checkpointed
-  as its own part (``TrainerState.step``) and restored on resume. The base has no state.
+  as its own part (``TrainerState.user_step``) and restored on resume. The base has no state.
 
 A step whose callable takes ``model`` gets the bare model when it is built (``_partial_:
 true`` in its YAML). The framework keeps owning accumulation, DDP, the non-finite guard and

@@ -48,14 +48,14 @@ from reprotrain.paths import REPO_ROOT
 from reprotrain.quoting import resume_hint
 from reprotrain.reduction import for_run
 from reprotrain.repro import checkpoint, determinism, environment, secrets
-from reprotrain.repro import record as rec
-from reprotrain.repro import run_dir as run_dirs
-from reprotrain.repro.resume_audit import ResumeAudit
-from reprotrain.repro.resume_guard import AlreadyCompleted
-from reprotrain.repro.run_mutex import RunMutex
 from reprotrain.repro.seeding import seed_globals
+from reprotrain.resume.audit import ResumeAudit
+from reprotrain.resume.guard import AlreadyCompleted
+from reprotrain.run import directory as run_dirs
+from reprotrain.run import record as rec
+from reprotrain.run.mutex import RunMutex
+from reprotrain.run.report import write_report
 from reprotrain.start import begin
-from reprotrain.tools.runs.report import write_report
 
 log = logging.getLogger("reprotrain")
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later", what a requeue wrapper looks for
@@ -112,7 +112,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     )  # fmt: skip
     state = runner.state
     record.update(components=components_record(settings.model, runner, dataset))
-    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.step, dist)
+    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist)
 
     # --- start: seed the `train` stream (a resume or fork then restores the state) ---------
     seed_globals(seeds.train)  # what an Exact resume re-derives (its checkpoint has no rng)

@@ -17,7 +17,7 @@ Flow of :func:`load_cifar10`:
 
 Every failure a user can fix raises :class:`~reprotrain.errors.DataMissingError` with one line
 that says what to do. The data drift control is :func:`cifar10_files` +
-:func:`reprotrain.data.file_hashes.files_fingerprint`.
+:func:`reprotrain.hashing.files_fingerprint`.
 """
 
 from __future__ import annotations

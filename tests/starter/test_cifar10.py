@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from reprotrain.data import file_hashes as fingerprint
-from reprotrain.data.file_hashes import files_fingerprint
+from reprotrain import hashing as fingerprint
 from reprotrain.errors import DataMissingError
+from reprotrain.hashing import files_fingerprint
 from starter import cifar10
 from starter.cifar10 import (
     ARCHIVE_NAME,

@@ -12,7 +12,7 @@ import io
 import pytest
 import torch
 
-from conftest import assert_ok, base_env, jsonl, run_json, train
+from conftest import assert_ok, jsonl, run_json, train
 from starter.steps import EMA, SAM, keep_batchnorm_statistics
 from step_harness import Harness, batch, tiny_model
 
@@ -52,7 +52,7 @@ def test_the_step_resumes_bitwise_from_a_mid_epoch_checkpoint(name, reduction, m
 
 def test_the_ema_is_in_the_checkpoint_and_validation_uses_it():
     h = Harness(STEPS["ema"]).run(3)
-    saved = torch.load(io.BytesIO(h.checkpoint()), weights_only=True)["step"]
+    saved = torch.load(io.BytesIO(h.checkpoint()), weights_only=True)["user_step"]
     assert saved["decay"] == 0.9
     ema = h.user_step.shadow
     assert all(torch.equal(saved["shadow"][k], v) for k, v in ema.items())
@@ -110,7 +110,7 @@ KILLED = ["trainer.epochs=1", "trainer.checkpoint_every_steps=3", "trainer.micro
 def test_a_run_with_the_step_killed_by_sigkill_resumes_bitwise(tmp_path, step):
     ref, run = tmp_path / "ref", tmp_path / "run"
     assert_ok(train(ref, *KILLED, *step))
-    killed = train(run, *KILLED, *step, env=base_env(REPROTRAIN_TEST_KILL="microbatch:5"))
+    killed = train(run, *KILLED, *step, fault="microbatch:5")
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert_ok(train(run, *KILLED, *step, "resume=auto"))
     a, b = run_json(ref), run_json(run)

@@ -72,7 +72,7 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_equal(verified, tmp_path):
     name, reference, _ = verified
     run_dir = tmp_path / "run"
     overrides = [*EXPERIMENTS[name], *KILLED_RUN_EXTRA.get(name, []), "logger=none"]
-    proc = train(run_dir, *overrides, env=base_env(REPROTRAIN_TEST_KILL=KILL_AT), micro=False)
+    proc = train(run_dir, *overrides, fault=KILL_AT, micro=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     resumed = subprocess.run(
         [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir)],

@@ -8,7 +8,7 @@ torchvision's ImageFolder does (no hidden randomness); the per-sample train tran
 counter-based by the loader pipeline (see ``pipeline.SeededSamples``).
 
 Closes (as a record): data drift. The fingerprint is the sha256 of every file (relative path,
-size, content), cached per file (``file_hashes.files_fingerprint``).
+size, content), cached per file (``hashing.files_fingerprint``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class ImageFolderData(SampleImages):
         return Splits(Subset(train, tr), val, ImageFiles(found["test"]), len(self.classes))
 
     def fingerprint(self) -> dict:
-        from reprotrain.data.file_hashes import files_fingerprint
+        from reprotrain.hashing import files_fingerprint
 
         if not self.root.is_dir():
             return {"kind": "files", "sha256": None, "missing": [str(self.root)]}

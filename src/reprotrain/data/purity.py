@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from reprotrain.repro.resume_audit import Digester, describe, instance_attributes
+from reprotrain.resume.audit import Digester, describe, instance_attributes
 
 
 @dataclass(frozen=True)

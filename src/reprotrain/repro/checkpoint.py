@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 import torch
 
-from reprotrain import fault_injection
+from reprotrain import events
 from reprotrain.errors import CheckpointError
-from reprotrain.repro.record import atomic_write_bytes, is_writer
+from reprotrain.run.record import atomic_write_bytes, is_writer
 
 log = logging.getLogger("reprotrain")
 BEST = "best.pt"
@@ -77,7 +77,7 @@ def serialise(state: dict[str, Any]) -> bytes:
 
 def save(path: Path, data: bytes, global_step: int | None = None) -> None:
     """Write serialised bytes via temp + fsync + rename: a kill leaves old or new, never half."""
-    fault_injection.partial_write(path, data, global_step)
+    events.fire("checkpoint-write", path=Path(path), data=data, global_step=global_step)
     atomic_write_bytes(path, data)
 
 
@@ -271,7 +271,7 @@ class Saver:
         path = step_path(self.dir, step)
         save(path, data, step)
         if best:
-            fault_injection.hook("before-best", step)  # test-only: killed between the two
+            events.fire("before-best", global_step=step)
             save(self.dir / BEST, data)
         self.own = prune([p for p in self.own if p != path and step_of(p) < step] + [path],
                          self.keep)  # fmt: skip

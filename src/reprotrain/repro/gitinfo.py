@@ -120,7 +120,7 @@ def _sha256(path: Path) -> tuple[str | None, int]:
         return None, size
     # Imported here: make new-project imports this module (for run_git) with whatever
     # python3 is on the PATH, before any venv; the hashing module needs Python 3.11.
-    from reprotrain.data.file_hashes import file_sha256
+    from reprotrain.hashing import file_sha256
 
     return file_sha256(path), size
 

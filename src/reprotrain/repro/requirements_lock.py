@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256
+from reprotrain.hashing import file_sha256
 
 RUNTIME_LOCK = "requirements.lock"
 DEV_LOCK = "requirements-dev.lock"

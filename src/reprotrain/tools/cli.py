@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from reprotrain.errors import ReprotrainError, one_line
-from reprotrain.tools.shown import say
+from reprotrain.shown import say
 
 EXIT_USAGE = 2
 

@@ -88,7 +88,7 @@ def checked(path: Path) -> Path:
 def write(path: Path, code: int) -> bool:
     """Write ``code`` (one integer, one line) atomically; False (and one stderr line) if the
     write failed: the job's own exit code is what the command still returns."""
-    from reprotrain.repro.record import atomic_write_text  # light: no torch
+    from reprotrain.run.record import atomic_write_text  # light: no torch
 
     try:
         if path.exists() and not path.is_file():  # it changed while the job ran

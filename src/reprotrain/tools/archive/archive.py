@@ -49,11 +49,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ArchiveError
+from reprotrain.hashing import file_sha256
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import gitinfo
-from reprotrain.repro.record import (
+from reprotrain.run.readers import completion_problem, read_run_json
+from reprotrain.run.record import (
     FINGERPRINTS,
     RUN_JSON,
     atomic_write_text,
@@ -77,7 +78,6 @@ from reprotrain.tools.archive.pack import (
     seal,
     staging_dir,
 )
-from reprotrain.tools.runs.readers import completion_problem, read_run_json
 
 __all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
 # `scheme://user:secret@host`: what pip freeze prints for a package installed from a URL

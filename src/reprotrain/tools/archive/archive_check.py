@@ -32,7 +32,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from reprotrain.errors import RecordError, ReproduceRefused
-from reprotrain.repro import run_schema
+from reprotrain.run import schema as run_schema
+from reprotrain.run.readers import (
+    completion_problem,
+    parse_jsonl,
+    parse_record,
+    parse_yaml_config,
+)
 from reprotrain.safetar import (
     ArchiveLimitError,
     Budget,
@@ -45,12 +51,6 @@ from reprotrain.safetar import (
     open_tar,
     read_members,
     unsafe_reason,
-)
-from reprotrain.tools.runs.readers import (
-    completion_problem,
-    parse_jsonl,
-    parse_record,
-    parse_yaml_config,
 )
 
 MANIFEST = "MANIFEST.sha256"

@@ -19,10 +19,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import ArchiveError
+from reprotrain.hashing import file_sha256
 from reprotrain.progress import Phases, say
-from reprotrain.repro.record import (
+from reprotrain.run.record import (
     CHECKPOINTS,
 )
 from reprotrain.tools.archive import signing

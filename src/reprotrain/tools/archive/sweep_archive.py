@@ -24,7 +24,8 @@ from pathlib import Path
 from reprotrain.errors import ArchiveError
 from reprotrain.progress import Progress, say
 from reprotrain.repro import gitinfo
-from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.run.readers import read_run_json
+from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.archive import snapshot
 from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, CheckedArchive
 from reprotrain.tools.archive.pack import (
@@ -36,7 +37,6 @@ from reprotrain.tools.archive.pack import (
     seal,
     staging_dir,
 )
-from reprotrain.tools.runs.readers import read_run_json
 
 SWEEP = "sweep"
 KIND = "sweep"

@@ -52,7 +52,9 @@ from reprotrain.dotted import flatten
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override, make_assignment
 from reprotrain.repro import checkpoint, comparability, op_trace
-from reprotrain.repro.record import (
+from reprotrain.run.mutex import refuse_if_held
+from reprotrain.run.readers import read_config, read_run_json
+from reprotrain.run.record import (
     CHECKPOINTS,
     FINGERPRINTS,
     RESOLVED_CONFIG,
@@ -60,14 +62,12 @@ from reprotrain.repro.record import (
     now_iso,
     read_jsonl,
 )
-from reprotrain.repro.run_mutex import refuse_if_held
+from reprotrain.shown import say
 from reprotrain.tools import cli
 from reprotrain.tools.debugging.state_diff import state_differences
 from reprotrain.tools.debugging.trace_diff import Finding, first_difference, first_digest_difference
 from reprotrain.tools.runs import resume
-from reprotrain.tools.runs.readers import read_config, read_run_json
 from reprotrain.tools.runs.run_diff import compare_runs
-from reprotrain.tools.shown import say
 
 REPORT = "bisect.json"
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2

@@ -89,8 +89,9 @@ from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
-from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.repro.secrets import env_value_differences
+from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, stop_signals, sweep_archive
 from reprotrain.tools.archive.archive_check import MANIFEST, CheckedArchive, parse_manifest
@@ -120,7 +121,6 @@ from reprotrain.tools.reproduce.rerun import (
     run_legs,
 )
 from reprotrain.tools.runs.run_diff import compare_runs
-from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps import compare_sweeps
 
 __all__ = [

@@ -43,17 +43,18 @@ import yaml
 from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
-from reprotrain.repro import requirements_lock, run_schema
-from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.repro import requirements_lock
+from reprotrain.run import schema as run_schema
+from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
+from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.shown import say, shown
 from reprotrain.tools.archive import archive_check
 from reprotrain.tools.archive.archive_check import CheckedArchive
 from reprotrain.tools.archive.sweep_archive import SWEEP
 from reprotrain.tools.debugging.bisect import bisect_command
 from reprotrain.tools.reproduce import rerun, study_check, trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
-from reprotrain.tools.runs.readers import parse_json_object, parse_record, parse_yaml_config
 from reprotrain.tools.runs.run_diff import compare_runs
-from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 

@@ -24,7 +24,7 @@ from reprotrain.errors import ReproduceRefused, one_line
 from reprotrain.progress import Phases, say
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability
-from reprotrain.repro.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.reproduce import replay_env
 from reprotrain.tools.reproduce.replay_plan import (
     JobPlan,

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReproduceRefused
+from reprotrain.run.readers import parse_json_object
+from reprotrain.shown import shown
 from reprotrain.tools.archive.archive_check import CheckedArchive
-from reprotrain.tools.runs.readers import parse_json_object
-from reprotrain.tools.shown import shown
 
 STUDY = "sweep/study.json"
 #: study.json keys summarise_study needs, with the test each must pass.

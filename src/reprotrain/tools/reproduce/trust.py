@@ -28,8 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprotrain.data.file_hashes import file_sha256
 from reprotrain.errors import SigningError, SnapshotError, UntrustedArchive
+from reprotrain.hashing import file_sha256
 from reprotrain.repro import gitinfo
 from reprotrain.tools.archive import signing, snapshot
 from reprotrain.tools.reproduce import config_trust

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import checkpoint
-from reprotrain.repro import record as rec
-from reprotrain.tools.runs.readers import read_run_json
+from reprotrain.run import record as rec
+from reprotrain.run.readers import read_run_json
 
 
 class EvalError(ReprotrainError):
@@ -104,10 +104,11 @@ def evaluation_weights(step_node, model, state: dict, path: Path):
     own = getattr(type(user_step), "evaluation_weights", None) is not Step.evaluation_weights
     if swap is None or not own:  # the base's hook: the model's own weights
         return contextlib.nullcontext(), "model weights"
-    if "step" not in state:
+    saved = state.get("user_step", state.get("step"))  # "step": written before the rename
+    if saved is None:
         raise EvalError(f"{path} holds no state of the run's step ({step_node['_target_']}); "
                         "give a checkpoint this run wrote")  # fmt: skip
-    user_step.load_state_dict(state["step"])
+    user_step.load_state_dict(saved)
     return swap(model), getattr(user_step, "evaluated_with", "the step's evaluation weights")
 
 

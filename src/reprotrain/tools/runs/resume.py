@@ -30,10 +30,10 @@ from pathlib import Path
 
 from reprotrain.errors import RecordError, ReprotrainError
 from reprotrain.quoting import hydra_override, resume_hint
-from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON
-from reprotrain.repro.run_mutex import refuse_if_held
+from reprotrain.run.mutex import refuse_if_held
+from reprotrain.run.readers import read_config, read_run_json, read_text
+from reprotrain.run.record import RESOLVED_CONFIG, RUN_JSON
 from reprotrain.tools import cli
-from reprotrain.tools.runs.readers import read_config, read_run_json, read_text
 
 __all__ = ["PRIMARY", "main", "resume_command", "resume_hint"]
 

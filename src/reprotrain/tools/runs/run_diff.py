@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, read_jsonl
+from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, read_jsonl
 
 TIMING_KEYS = ("seconds", "images_per_s")
 

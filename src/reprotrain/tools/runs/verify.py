@@ -38,10 +38,10 @@ from pathlib import Path
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint
-from reprotrain.repro.record import CHECKPOINTS, RUN_JSON
+from reprotrain.run.readers import read_run_json
+from reprotrain.run.record import CHECKPOINTS, RUN_JSON
 from reprotrain.tools import cli
 from reprotrain.tools.debugging.bisect import bisect_command
-from reprotrain.tools.runs.readers import read_run_json
 from reprotrain.tools.runs.resume import trainer_launcher
 from reprotrain.tools.runs.run_diff import Comparison, compare_runs
 

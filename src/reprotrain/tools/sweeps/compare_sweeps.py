@@ -30,10 +30,10 @@ from typing import Any
 
 from reprotrain import metric_names
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
+from reprotrain.run.readers import read_config
+from reprotrain.run.record import RESOLVED_CONFIG, RUN_JSON, atomic_write_text, now_iso
+from reprotrain.shown import say, shown
 from reprotrain.tools import cli
-from reprotrain.tools.runs.readers import read_config
-from reprotrain.tools.shown import say, shown
 from reprotrain.tools.sweeps.equivalence import (
     CONSISTENT,
     INCONCLUSIVE,

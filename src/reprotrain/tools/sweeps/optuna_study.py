@@ -44,8 +44,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from reprotrain import sweep_checks
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.record import METRICS, RUN_JSON, atomic_write_text, read_jsonl, strict_json
-from reprotrain.tools.runs.readers import read_overrides
+from reprotrain.run.readers import read_overrides
+from reprotrain.run.record import METRICS, RUN_JSON, atomic_write_text, read_jsonl, strict_json
 
 STUDY_JSON = "study.json"
 #: Written by hydra-optuna-sweeper at the end of a study: best_params, best_value.

@@ -20,7 +20,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from reprotrain.repro.record import RUN_JSON
+from reprotrain.run.record import RUN_JSON
 
 SWEEP_RECORD = "multirun.yaml"
 

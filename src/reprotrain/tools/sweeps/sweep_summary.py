@@ -41,7 +41,8 @@ from reprotrain.config import NON_IDENTITY_PREFIXES, is_identity
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
-from reprotrain.repro.record import (
+from reprotrain.run.readers import read_overrides
+from reprotrain.run.record import (
     METRICS,
     RESOLVED_CONFIG,
     RUN_JSON,
@@ -49,8 +50,7 @@ from reprotrain.repro.record import (
     atomic_write_text,
     read_jsonl,
 )
-from reprotrain.tools.runs.readers import read_overrides
-from reprotrain.tools.shown import say, shown
+from reprotrain.shown import say, shown
 from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 
@@ -195,7 +195,7 @@ def outcome_metrics(jobs: list[Job]) -> list[str]:
 def monitor_of(job: Job) -> tuple[str, str] | None:
     """(trainer.monitor, trainer.monitor_mode) from the job's resolved config, or None
     when it has none (runs gathered by hand, an older record)."""
-    from reprotrain.tools.runs.readers import read_config
+    from reprotrain.run.readers import read_config
 
     try:
         trainer = read_config(job.run_dir / RESOLVED_CONFIG).get("trainer") or {}
@@ -391,7 +391,7 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
 
 def sweep_png(summary: dict[str, Any], jobs: list[Job]) -> bytes | None:
     """Per metric, one band per group; each completed run of the group as a faint line."""
-    from reprotrain.plots import Band, plot_sweep
+    from reprotrain.run.plots import Band, plot_sweep
 
     panels: dict[str, list[Band]] = {}
     for g in summary["groups"]:

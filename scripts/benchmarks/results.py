@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reprotrain.repro.record import atomic_write_text
+from reprotrain.run.record import atomic_write_text
 
 TARGETS = {  # issue 11's targets, shown next to the measurement
     "P1 strict": ">= 0.97",

@@ -1,6 +1,6 @@
 """Write report.md and curves.png for a run, from its run directory alone.
 
-    python -m reprotrain.tools.runs.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
+    python -m reprotrain.run.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
 
 Reads only run.json, metrics.jsonl and fingerprints.jsonl, so an archived or copied run
 can be re-plotted without the code, the data or a GPU that produced it. Per-step losses come
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
-from reprotrain.tools.runs.readers import check_shapes
-from reprotrain.tools.shown import say, shown
+from reprotrain.run.readers import check_shapes
+from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
+from reprotrain.shown import say, shown
 
 REPORT_MD = "report.md"
 CURVES_PNG = "curves.png"
@@ -99,7 +99,7 @@ def step_series(view: RunView) -> tuple[list[int], list[Any], list[Any]]:
 
 
 def curves(view: RunView):
-    from reprotrain.plots import RunCurves
+    from reprotrain.run.plots import RunCurves
 
     rec = view.record
     rows = view.metrics
@@ -260,14 +260,14 @@ def _has_diff(run_dir: Path) -> bool:
 
 
 def render_markdown(view: RunView, png_name: str | None) -> str:
-    from reprotrain.plots import metric_label, metric_names
+    from reprotrain.run.plots import metric_label, metric_names
 
     rec = view.record
     title = shown(rec.get("experiment_id") or view.run_dir.name)
     out = [
         f"# Run report: {title}",
         "",
-        f"Drawn from `{view.run_dir}` alone by `python -m reprotrain.tools.runs.report` "
+        f"Drawn from `{view.run_dir}` alone by `python -m reprotrain.run.report` "
         "(run.json, metrics.jsonl, fingerprints.jsonl).",
         "",
     ]
@@ -303,7 +303,7 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
 
 def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path | None]:
     """Write report.md (and curves.png when an epoch finished); returns their paths."""
-    from reprotrain.plots import plot_run
+    from reprotrain.run.plots import plot_run
 
     view = load_run(run_dir)
     out_dir = Path(out_dir) if out_dir else view.run_dir
@@ -319,7 +319,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.runs.report",
+        prog="python -m reprotrain.run.report",
         description="Write report.md and curves.png (loss, metrics, lr) for a run directory, "
         "from its records alone.",
     )

@@ -27,7 +27,7 @@ from reprotrain.config import is_identity, without_plain_step
 from reprotrain.dotted import flatten
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro import checkpoint, comparability
-from reprotrain.repro.record import (
+from reprotrain.run.record import (
     CHECKPOINTS,
     METRICS,
     RESOLVED_CONFIG,
@@ -144,7 +144,7 @@ def already_completed(loop: dict, trainer: dict) -> str | None:
 
 
 def checkpoint_writer() -> bool:
-    from reprotrain.repro.record import is_writer
+    from reprotrain.run.record import is_writer
 
     return is_writer()
 
@@ -266,7 +266,7 @@ def resume_entry(
         "overrides": changed,
         "checkpoint": point.path.name,
         "epoch": point.state["loop"]["epoch"],
-        "step": point.state["loop"]["step"],
+        "step": point.state["loop"].get("epoch_step", point.state["loop"].get("step")),
         "global_step": point.state["loop"]["global_step"],
         "skipped_checkpoints": point.skipped,
         "environment": {

@@ -1,4 +1,4 @@
-"""The one schema of run.json, checked by every reader (``tools/runs/readers.read_run_json``,
+"""The one schema of run.json, checked by every reader (``run/readers.read_run_json``,
 ``make archive``, ``make reproduce`` of a run or a sweep).
 
 Closes: a record that contradicts itself being archived and replayed (``world_size: "two"``
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprotrain.errors import RecordError
-from reprotrain.repro.record import STATUSES
+from reprotrain.run.record import STATUSES
 
 HINT = "the record contradicts itself (was it edited?); restore it from a copy or re-run"
 

@@ -1,6 +1,6 @@
 """The bare PyTorch loop the template is measured against (P1): same work, no template.
 
-    python -m reprotrain.bench.bare_loop --level strict --epochs 3 --out bare.jsonl
+    python -m benchmarks.bare_loop --level strict --epochs 3 --out bare.jsonl
 
 Same model, synthetic data, batch, counter-based crop+flip, normalisation, optimizer (SGD lr
 0.2, momentum 0.9, nesterov, weight decay 5e-4, a one-cycle lr) and thread count as

@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprotrain.bench.stats import compare, interleave
-from reprotrain.bench.training import Counter, run_checked, steady_images_per_s
-from reprotrain.repro.record import read_jsonl
+from benchmarks.stats import compare, interleave
+from benchmarks.training import Counter, run_checked, steady_images_per_s
+from reprotrain.run.record import read_jsonl
 
 DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
 

@@ -1,8 +1,12 @@
-"""Dataset fingerprint: one sha256 that names the exact bytes a run trained on.
+"""Every sha256 the project takes: of text, of files (cached), of tensors and of losses.
 
-Randomness source closed: *data drift*. Two runs with the same code, lock and config can
-still differ if the dataset files on disk differ (a re-download, a truncated copy, a local
-edit). ``run.json`` records this fingerprint so a later reproduce can tell "same data" from
+One home for hashing, so that "the same bytes" means the same thing wherever a record,
+a lock, an archive or a resume compares them.
+
+**Files** (:func:`file_sha256`, :func:`files_fingerprint`). Randomness source closed:
+*data drift*. Two runs with the same code, lock and config can still differ if the dataset
+files on disk differ (a re-download, a truncated copy, a local edit). ``run.json`` records
+this fingerprint so a later reproduce can tell "same data" from
 "different data" before it compares a single weight.
 
 Hashing ~180 MB on every run start is wasted time, so each file's content hash is cached in
@@ -16,12 +20,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from reprotrain.repro.record import atomic_write_text
+from reprotrain.run.record import atomic_write_text
 
-__all__ = ["file_sha256", "files_fingerprint"]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = [
+    "file_sha256",
+    "files_fingerprint",
+    "losses_sha256",
+    "state_sha256",
+    "text_sha256",
+    "weights_sha256",
+]
 
 _CACHE_VERSION = 1
 # Files modified this recently are not cached: their mtime could still be shared with a
@@ -97,3 +114,35 @@ def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
     if cache_file is not None and dirty:
         _write_cache(Path(cache_file), cache)
     return overall.hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    """Hex sha256 of ``text`` as UTF-8."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# Tensors and losses: how a run proves it matched another. Closes nothing by itself.
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over a name -> tensor map, by name, dtype, shape and raw bytes (sorted names)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 of every parameter *and buffer* in ``model.state_dict()`` (BatchNorm's running
+    statistics included)."""
+    return state_sha256(model.state_dict())
+
+
+def losses_sha256(losses: list[float]) -> str:
+    """sha256 of the step losses as exact float64 bytes, so verify can point at the first
+    step whose loss differs."""
+    return hashlib.sha256(struct.pack(f"<{len(losses)}d", *losses)).hexdigest()

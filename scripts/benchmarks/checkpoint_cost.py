@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reprotrain.bench.stats import compare, interleave
+from benchmarks.stats import compare, interleave
 from reprotrain.reduction import Local
 from reprotrain.repro import checkpoint
 from reprotrain.selfcheck.net import WIDE, TinyConvNet

@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import RecordError
-from reprotrain.repro import run_schema
-from reprotrain.repro.record import DAMAGED_HINT, parse_json_object, parse_jsonl
+from reprotrain.run import schema as run_schema
+from reprotrain.run.record import DAMAGED_HINT, parse_json_object, parse_jsonl
 
 __all__ = [
     "parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config", "read_run_json",

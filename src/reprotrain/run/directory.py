@@ -38,7 +38,7 @@ from pathlib import Path
 
 from reprotrain.errors import ResumeError
 from reprotrain.quoting import resume_hint
-from reprotrain.repro.record import CHECKPOINTS, RUN_JSON
+from reprotrain.run.record import CHECKPOINTS, RUN_JSON
 
 SWEEP_RECORD = "multirun.yaml"  # Hydra writes it into the sweep dir when a sweep starts
 

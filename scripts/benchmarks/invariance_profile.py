@@ -1,7 +1,7 @@
 """Where the world-size-invariant step's time goes, beside a plain DDP step, at W ranks.
 
-    python -m torch.distributed.run --standalone --nproc-per-node=2 \\
-        -m reprotrain.bench.invariance_profile [--steps 5] [--repeats 5]
+    PYTHONPATH=scripts python -m torch.distributed.run --standalone --nproc-per-node=2 \\
+        -m benchmarks.invariance_profile [--steps 5] [--repeats 5]
 
 Each rank builds the self-check net twice from one seed: a ``StepRunner`` with the ``DDP``
 reduction (the plain step) and one with the ``Exact`` reduction (the invariant step), with
@@ -27,8 +27,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from benchmarks.stats import median
 from reprotrain import reduction as reductions
-from reprotrain.bench.stats import median
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, StepSettings
 from reprotrain.selfcheck.net import TinyConvNet

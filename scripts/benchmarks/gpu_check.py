@@ -10,7 +10,7 @@ On one CUDA GPU, in this order (each section has a timeout, and the whole run a 
    images at 50000/10000, 2 epochs, twice in fresh processes through
    ``python -m reprotrain.tools.runs.verify``: identical bits or not.
 2. ``resume_after_kill``: the same config SIGKILLed mid-epoch 2
-   (``REPROTRAIN_TEST_KILL=step:N``), resumed with ``resume=auto``, compared with a run
+   (``tests/faults.py step:N``), resumed with ``resume=auto``, compared with a run
    of the verify pair: identical bits or not.
 3. ``throughput``: train images/s (epoch 2 of 2) of that net at strict, fast, bf16
    autocast, channels_last and both; the projected time of 30 epochs at that size.
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from reprotrain.bench.training import child_env, steady_images_per_s
+from benchmarks.training import child_env, steady_images_per_s
 from reprotrain.paths import REPO_ROOT
-from reprotrain.repro.record import read_jsonl
+from reprotrain.run.record import read_jsonl
 from reprotrain.selfcheck.net import WIDE
 from reprotrain.tools.runs.run_diff import compare_runs
 
@@ -145,10 +145,10 @@ def check_resume(work: Path, budget: Budget, reference_run: str | None) -> dict:
     overrides = [*REFERENCE, *FULL_SIZE, *TWO_EPOCHS]
     run_dir = work / "resume"
     t0 = time.monotonic()
+    train = train_cmd(run_dir, *overrides)  # [python, -m, reprotrain.train, ...]
     killed, _ = run(
-        train_cmd(run_dir, *overrides),
+        [train[0], str(REPO_ROOT / "tests" / "faults.py"), f"step:{kill_at}", *train[1:]],
         budget.timeout(150),
-        env={**child_env(), "REPROTRAIN_TEST_KILL": f"step:{kill_at}"},
         log=work / "resume-killed.log",
     )
     resumed, out2 = run(

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprotrain.bench.stats import compare, interleave, median
-from reprotrain.repro.record import read_jsonl
+from benchmarks.stats import compare, interleave, median
+from reprotrain.run.record import read_jsonl
 
 WARMUP_EPOCHS = 1
 
@@ -94,8 +94,7 @@ def run_bare(setup: TrainSetup, out: Path, level: str, fill: bool = True) -> flo
     """One bare-loop run; its steady train images/s."""
     cmd = [
         sys.executable,
-        "-m",
-        "reprotrain.bench.bare_loop",
+        str(Path(__file__).with_name("bare_loop.py")),  # by path: no package of the project
         f"--level={level}",
         f"--threads={setup.threads}",
         f"--device={setup.device}",

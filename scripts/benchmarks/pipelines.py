@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from reprotrain.bench.stats import compare, interleave
+from benchmarks.stats import compare, interleave
 from reprotrain.data.augment import augment_batch, reference_augment_batch
 from reprotrain.data.base import InMemoryImages, Splits, TensorSplit
 from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline

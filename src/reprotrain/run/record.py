@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reprotrain import fault_injection
+from reprotrain import events
 from reprotrain.errors import RecordError
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 
@@ -81,7 +81,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            fault_injection.disk_full(path)
+            events.fire("file-write", path=Path(path))
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

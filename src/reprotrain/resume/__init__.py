@@ -1,0 +1,1 @@
+"""Resuming a run: what a resume point must match (guard), what it restores (audit)."""

@@ -77,6 +77,10 @@ class RunSettings:
     # Resume under repro=strict although the resume audit found state the checkpoint cannot
     # restore (a task's list, a consumed global RNG): recorded as not bitwise.
     allow_unrestored_state: bool = False
+    # A resume first replays the steps since the checkpoint before (or the run's start) and
+    # compares the state with its checkpoint bit for bit (docs/resume.md); false skips it,
+    # recorded as "not verified" (never bitwise). Costs at most one checkpoint interval.
+    verify_resume: bool = True
 
 
 @dataclass(frozen=True)
@@ -437,6 +441,7 @@ NON_IDENTITY_KEYS = (
     "trainer.stop_at_global_step",
     "trainer.allow_world_size_change",
     "trainer.allow_unrestored_state",
+    "trainer.verify_resume",
     "include_untracked",
     "tags",
 )

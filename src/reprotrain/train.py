@@ -116,17 +116,19 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
 
     # --- start: seed the `train` stream (a resume or fork then restores the state) ---------
     seed_globals(seeds.train)  # what an Exact resume re-derives (its checkpoint has no rng)
-    start.restore(state, record, env=env, device=device, container=container)
     meta = {"config": container, "config_sha256": record["config_sha256"]}
     meta |= {"seeds": seeds.as_dict(), "env": env}
     saver = checkpoint.Saver(
         run_dir / rec.CHECKPOINTS, state, meta, settings.run.keep_checkpoints,
         gather=reduction.checkpoint,
     )  # fmt: skip
-
-    # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
     trainer = Trainer(runner, pipeline, saver, record, stop, dist, settings.loop, settings.guard,
                       logger_cfg=cfg.logger, report=write_report)  # fmt: skip
+    # A resume replays the steps since the checkpoint before its own and compares the bits.
+    start.restore(state, record, env=env, device=device, container=container, dist=dist,
+                  replay_state=trainer.replay_state)  # fmt: skip
+
+    # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
     return trainer.fit()
 
 

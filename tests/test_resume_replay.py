@@ -118,6 +118,29 @@ def test_the_checkpoint_before_the_last_is_always_kept(tmp_path):
     ]  # fmt: skip
 
 
+def test_verify_and_the_drill_compare_final_checkpoints_by_the_same_function(tmp_path):
+    """make verify KILL=1 / make drill: equal fingerprints are not enough, the newest
+    checkpoints' whole state must match (here an optimizer's momentum differs)."""
+    from reprotrain.tools.runs.run_diff import Comparison
+    from reprotrain.tools.runs.verify import final_state_difference, with_final_state
+
+    def run(name: str, momentum: float):
+        body = state(optimizer={"state": {0: {"momentum_buffer": torch.full((3,), momentum)}}})
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        checkpoint.step_path(tmp_path / name / "checkpoints", 3).write_bytes(
+            checkpoint.serialise(body)
+        )
+        return tmp_path / name
+
+    a, b, c = run("a", 0.5), run("b", 0.5), run("c", 0.25)
+    assert final_state_difference(a, b) is None
+    assert final_state_difference(a, c) == (
+        "optimizer.state.0.momentum_buffer: 3 of 3 elements differ (max |a-b| 0.25)"
+    )
+    result = with_final_state(Comparison(identical=True, epochs_compared=1), a, c)
+    assert not result.identical and "the final checkpoints differ: optimizer." in result.reasons[0]
+
+
 # --- the trainer ---------------------------------------------------------------------------
 
 RUN = ["experiment=selfcheck", *TINY, "trainer.checkpoint_every_steps=1"]

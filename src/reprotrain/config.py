@@ -329,7 +329,6 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
         if value is not None and not 0 <= value <= SEED_MAX:
             raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
     check_layout(cfg.trainer, world_size)
-    check_workers(cfg.trainer.pipeline, cfg.trainer.num_workers, in_memory=None)
     check_logger_config(cfg.logger)
     for group in USER_GROUPS:
         bad = _non_finite_leaves(cfg[group], group)
@@ -346,7 +345,8 @@ def launch_world_size() -> int:
 def check_workers(pipeline: str, num_workers: int, *, in_memory: bool | None,
                   target: str = "the dataset") -> None:  # fmt: skip
     """Loader workers need the loader pipeline: refused on ``trainer.pipeline=device``, and
-    on ``auto`` for an in-memory dataset (``in_memory``: None while it is not known)."""
+    on ``auto`` for an in-memory dataset (``in_memory``: None while it is not known). Called
+    by preflight (from the dataset's class) and once at run time by the pipeline builder."""
     if not num_workers:
         return
     if pipeline == "device":

@@ -213,6 +213,9 @@ class TrainConfig:
     # The optimizer step (conf/step/, reprotrain/step.py); a recorded config without one
     # (a run started before the group existed) gets the plain step it ran with.
     step: Any = field(default_factory=lambda: dict(PLAIN_STEP))
+    # Hooks at start, epoch end, checkpoint and end (conf/callbacks/, reprotrain/callbacks.py):
+    # names to _target_ nodes; none by default.
+    callbacks: Any = None
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING

@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from reprotrain import events, launchers
+from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
@@ -99,6 +100,8 @@ class Trainer:
         self.feed: StepFeed | None = None
         self.profiler: StepProfiler | None = None
         self.quiet = False  # replaying: no checkpoint, row, log line, logger value or event
+        self.target: tuple[int, int] | None = None  # the position a replay runs to
+        self.callbacks = runner.state.callbacks or Callbacks({}, runner.state.loop.device)
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -111,6 +114,7 @@ class Trainer:
         sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
                               history, report=self.report)  # fmt: skip
         self.feed = StepFeed(sinks, state)
+        self.callback("on_start")
         if settings.profile_steps and self.dist.is_main:
             self.profiler = StepProfiler(self.run_dir / "profile", settings.profile_steps,
                                          state.device).start()  # fmt: skip
@@ -130,15 +134,17 @@ class Trainer:
         ends included, writing nothing; the checkpoint the state then makes (None on a rank
         that writes none). A signal during the replay stops the run without a checkpoint:
         the one replayed towards is newer."""
-        state, self.quiet = self.loop, True
+        state, self.quiet, self.target = self.loop, True, target
         self.feed = StepFeed(_Silent(), state)
         try:
             with determinism.nondeterminism_alerts([]):
                 while (state.epoch, state.epoch_step) < target:
                     self.run_epoch(until=target[1] if state.epoch == target[0] else None)
+            # The run called on_checkpoint before writing the checkpoint replayed towards.
+            self.callback("on_checkpoint", checkpoint.step_path(self.saver.dir, state.global_step))
             return self.saver.payload()
         finally:
-            self.quiet, self.feed = False, None
+            self.quiet, self.feed, self.target = False, None, None
 
     def run_epoch(self, until: int | None = None) -> dict:
         """One epoch of counter-based batches from ``(epoch, step)``, then its end; the row.
@@ -199,8 +205,8 @@ class Trainer:
             events.fire("step", global_step=state.global_step)
         self.stop_if_asked(self.stop_at_reached() and mid_epoch)
         every = self.settings.checkpoint_every_steps
-        if every and state.global_step % every == 0 and mid_epoch and not self.quiet:
-            self.saver.save()
+        if every and state.global_step % every == 0 and mid_epoch:
+            self.save()
 
     def stop_if_asked(self, asked: bool) -> None:
         """The one place a run stops early: a signal on any rank, or ``asked`` (the same on
@@ -217,7 +223,7 @@ class Trainer:
         stop_at = self.settings.stop_at_global_step
         self.stop.signal_name = self.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
         self.feed.close("interrupted")
-        self.saver.save()
+        self.save()
         self.record.update(
             status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=self.stop.signal_name
         )
@@ -271,11 +277,33 @@ class Trainer:
                 "early stopping: %(monitor)s has not improved for %(patience)d evaluated "
                 "epochs; best %(best)s at epoch %(best_epoch)s", state.early_stopped,
             )  # fmt: skip
+        self.callback("on_epoch_end", row)  # what a callback keeps goes into this checkpoint
         state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
+        self.save(best=improved, model_state=cpu_state)
         if not self.quiet:
-            self.saver.save(best=improved, model_state=cpu_state)
             events.fire("after-save", global_step=state.global_step)
         return row
+
+    def save(self, best: bool = False, model_state: dict | None = None) -> None:
+        """The callbacks' ``on_checkpoint``, then the checkpoint. A replay writes none and
+        calls the hook where the run did, except at the position it replays to
+        (``replay_state`` calls it there once, last)."""
+        path = checkpoint.step_path(self.saver.dir, self.loop.global_step)
+        if self.quiet:
+            if (self.loop.epoch, self.loop.epoch_step) != self.target:
+                self.callback("on_checkpoint", path)
+            return
+        self.callback("on_checkpoint", path)
+        self.saver.save(best=best, model_state=model_state)
+
+    def callback(self, hook: str, *args: Any) -> None:
+        """Every callback's ``hook`` (each inside the RNG guard: callbacks.py)."""
+        if not self.callbacks:
+            return
+        state, loop = self.runner.state, self.loop
+        ctx = CallbackContext(state.model, state.optimizer, loop.epoch, loop.global_step,
+                              self.run_dir, replaying=self.quiet, is_main=self.dist.is_main)  # fmt: skip
+        self.callbacks.call(hook, ctx, *args)
 
     def finish(self) -> float | None:
         """Test once (last weights, then best), mark the run completed; the monitored best."""
@@ -294,6 +322,7 @@ class Trainer:
             gpu_memory=environment.peak_memory(state.device),
         )
         self.feed.loggers.log_final(final)
+        self.callback("on_end", final)
         self.feed.close("completed")
         shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
         log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)

@@ -37,7 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from reprotrain import launchers, preflight, provenance
-from reprotrain.build import build_data, build_training, components_record
+from reprotrain.build import build_data, build_training, callbacks_for, components_record
 from reprotrain.config import TrainerSettings, microbatches_per_step, validate
 from reprotrain.data import worker_death
 from reprotrain.data.purity import check_samples
@@ -111,6 +111,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         device=device, reduction=reduction, train_seed=seeds.train,
     )  # fmt: skip
     state = runner.state
+    state.callbacks = callbacks_for(cfg.callbacks, device)  # conf/callbacks/: hooks, in state
     record.update(components=components_record(settings.model, runner, dataset))
     state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist)
 

@@ -301,8 +301,10 @@ class Trainer:
         if not self.callbacks:
             return
         state, loop = self.runner.state, self.loop
-        ctx = CallbackContext(state.model, state.optimizer, loop.epoch, loop.global_step,
-                              self.run_dir, replaying=self.quiet, is_main=self.dist.is_main)  # fmt: skip
+        ctx = CallbackContext(
+            state.model, state.optimizer, loop.epoch, loop.global_step, self.run_dir,
+            replaying=self.quiet, is_main=self.dist.is_main,
+        )  # fmt: skip
         self.callbacks.call(hook, ctx, *args)
 
     def finish(self) -> float | None:

@@ -18,12 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import sys
 import time
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from reprotrain import events, launchers
 from reprotrain.config import GuardSettings, LoopSettings
@@ -32,6 +30,7 @@ from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, tr
 from reprotrain.hashing import losses_sha256, state_sha256
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
+from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
 from reprotrain.run import record as rec
@@ -300,30 +299,6 @@ def epoch_lr(progress: Any, optimizer: torch.optim.Optimizer) -> float:
     """The lr the epoch's last step used (every lr the run reports is the one its step
     used); the optimizer's current lr for an epoch that ran no step."""
     return progress.step_lrs[-1] if progress.step_lrs else optimizer.param_groups[0]["lr"]
-
-
-class EpochBar:
-    """The epoch's progress bar with the running loss, on a terminal only (elsewhere the
-    epoch lines of the log say the same). The loss shown is the mean of the last ``every``
-    steps: one host read every ``every`` steps, never one per step."""
-
-    def __init__(self, enabled: bool, every: int = 10) -> None:
-        self.bar = tqdm(disable=not (enabled and sys.stderr.isatty()), leave=False)
-        self.every = every
-
-    def start(self, epoch: int, total: int, done: int) -> None:
-        self.bar.reset(total=total)
-        self.bar.update(done)
-        self.bar.set_description(f"epoch {epoch}")
-
-    def step(self, progress: Any, global_step: int) -> None:
-        self.bar.update(1)
-        if not self.bar.disable and global_step % self.every == 0 and progress.step_losses:
-            recent = torch.stack(progress.step_losses[-self.every :]).float().mean()
-            self.bar.set_postfix(loss=f"{recent.item():.4g}")
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 class StepFeed:

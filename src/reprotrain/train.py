@@ -127,7 +127,8 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
     trainer = Trainer(runner, pipeline, saver, record, stop, dist, settings.loop, settings.guard,
                       logger_cfg=cfg.logger, report=write_report)  # fmt: skip
-    return trainer.fit()
+    with trainer.bar:  # closed before a stop's or an error's lines are written
+        return trainer.fit()
 
 
 # ------------------------------------------------------------------------------- the entry

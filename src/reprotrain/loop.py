@@ -106,7 +106,7 @@ class Trainer:
         # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
         sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
                               history, report=self.report)  # fmt: skip
-        self.feed = StepFeed(sinks, state)
+        self.feed = StepFeed(sinks, state, self.runner.reduction)
         if settings.profile_steps and self.dist.is_main:
             self.profiler = StepProfiler(self.run_dir / "profile", settings.profile_steps,
                                          state.device).start()  # fmt: skip
@@ -167,8 +167,7 @@ class Trainer:
         """Progress, the loggers' per-step values, stops and the cadence checkpoint."""
         state, mid_epoch = self.loop, next_step < self.pipeline.steps_per_epoch
         self.bar.step(state.progress, state.global_step)
-        if self.runner.reduction.step_values_are_global:  # else global only at epoch end
-            self.feed.every(self.logger_cfg.log_every_steps)
+        self.feed.every(self.logger_cfg.log_every_steps)  # under DDP a collective: every rank
         if self.profiler is not None:
             self.profiler.step()
         events.fire("step", global_step=state.global_step)
@@ -303,25 +302,32 @@ def epoch_lr(progress: Any, optimizer: torch.optim.Optimizer) -> float:
 
 class StepFeed:
     """Hands per-step losses and lrs to the loggers in batches: one host read per batch,
-    never one per step. Loggers are sinks of the same numbers metrics.jsonl holds."""
+    never one per step. Loggers are sinks of the same numbers metrics.jsonl holds. Where a
+    step's loss is this rank's share until the epoch's end (DDP), a mid-epoch batch is made
+    global by one all-reduce of a copy (``Reduction.global_step_losses``)."""
 
-    def __init__(self, loggers: Any, state: LoopState) -> None:
-        self.loggers, self.state = loggers, state
+    def __init__(self, loggers: Any, state: LoopState, reduction: Any = None) -> None:
+        self.loggers, self.state, self.reduction = loggers, state, reduction
         self.sent = len(state.progress.step_losses)  # a resumed epoch's steps were sent
 
-    def flush(self) -> None:
+    def flush(self, mid_epoch: bool = False) -> None:
         progress = self.state.progress
         if len(progress.step_losses) <= self.sent:
             return
-        losses = torch.stack(progress.step_losses[self.sent :]).double().tolist()
+        stacked = torch.stack(progress.step_losses[self.sent :])
+        if mid_epoch and self.reduction is not None:
+            stacked = self.reduction.global_step_losses(stacked)
+        losses = stacked.double().tolist()
         first = self.state.global_step - len(losses) + 1
         series = {"train_loss": losses, "lr": progress.step_lrs[self.sent :]}
         self.loggers.log_steps(list(range(first, self.state.global_step + 1)), series)
         self.sent = len(progress.step_losses)
 
     def every(self, steps: int) -> None:
-        if steps and self.state.global_step % steps == 0:
-            self.flush()
+        """After each step: a batch every ``steps`` global steps, if any logger was chosen
+        (decided from the config, so every rank takes part in the same collectives)."""
+        if steps and self.state.global_step % steps == 0 and self.loggers.configured:
+            self.flush(mid_epoch=True)
 
     def epoch(self, row: dict) -> None:
         self.loggers.log_epoch(row["epoch"], row["global_step"], row)

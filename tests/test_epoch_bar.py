@@ -88,6 +88,22 @@ def test_a_resumed_epoch_starts_at_its_step_and_a_finished_one_opens_no_bar():
     bar.close()
 
 
+def test_only_rank_0_draws_a_bar_on_the_terminal_torchruns_ranks_share(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    term = Terminal()
+    bar = EpochBar(enabled=True, stream=term)
+    bar.start(epoch=1, total=4, done=0)
+    assert term.getvalue() == "" and not bar.is_open
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    bar = EpochBar(enabled=True, stream=term)
+    bar.start(epoch=1, total=4, done=0)
+    assert "epoch 1" in term.getvalue()
+    bar.close()
+
+
 def test_a_log_record_while_the_bar_is_open_is_a_whole_line_above_it(monkeypatch):
     """The console handler (on sys.stderr, the bar's stream) goes through tqdm.write while
     the bar is open, keeps its level, and is given back when the bar closes."""

@@ -206,6 +206,14 @@ class Phases:
         self._emit(f"{self.what} [{number}/{len(self.names)}] {name}")
 
 
+def _rank() -> int:
+    """This process's rank once torch.distributed is initialised, else 0."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank()
+    return 0
+
+
 class EpochBar:
     """The epoch's progress bar with the running loss, on a terminal only (elsewhere the
     epoch lines of the log say the same). The loss shown is the mean of the last ``every``
@@ -220,7 +228,8 @@ class EpochBar:
 
     def __init__(self, enabled: bool, every: int = 10, stream: TextIO | None = None) -> None:
         self._stream = stream if stream is not None else sys.stderr
-        self.enabled = bool(enabled) and on_terminal(self._stream)
+        # One bar per job: torchrun's ranks share the terminal, and two bars would tear.
+        self.enabled = bool(enabled) and on_terminal(self._stream) and _rank() == 0
         self.every = every
         self._bar: _OpenBar | None = None
 

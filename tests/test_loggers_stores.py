@@ -37,7 +37,7 @@ def uri_in(folder: Path) -> str:
 def logged_run(tmp_path_factory) -> tuple[Path, str]:
     """reference_run's config with all three loggers on: TensorBoard, MLflow into a store in
     a temp folder, W&B offline with no key (HOME without a netrc); a tracker password in the
-    environment that must reach no store."""
+    environment that must reach no store; per-step values handed over every 2 steps."""
     root = tmp_path_factory.mktemp("logged")
     uri = uri_in(root)
     # Any attempt to reach W&B's servers would hit a closed port and switch the logger off.
@@ -50,6 +50,7 @@ def logged_run(tmp_path_factory) -> tuple[Path, str]:
         *REFERENCE,
         "logger=[tensorboard,mlflow,wandb]",
         f"logger.mlflow_tracking_uri={uri}",
+        "logger.log_every_steps=2",  # 3 mid-epoch batches an epoch; no identity key
         env=env,
     )
     assert_ok(proc)
@@ -306,6 +307,29 @@ def wandb_history(offline: Path) -> dict[int, dict]:
             assert record.history.step.num not in rows, f"step {record.history.step.num} twice"
             rows[record.history.step.num] = row
     return rows
+
+
+def test_wandb_writes_each_step_row_with_its_batch_and_the_epoch_row_joins_its_last_step(
+    logged_run,
+) -> None:
+    """logger.log_every_steps=2: every step has one row with the record's loss; a mid-epoch
+    batch's rows are written together when it is handed over (the last one used to wait for
+    the next batch, W&B closing a row only when a later step came); an epoch's last step
+    and its epoch values are one row."""
+    run_dir, _ = logged_run
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    rows = wandb_history(offline)
+    fingerprints = jsonl(run_dir / "fingerprints.jsonl")
+    losses = [v for row in fingerprints for v in row["step_losses"]]
+    assert sorted(rows) == list(range(1, len(losses) + 1))
+    assert [rows[s]["step/train_loss"] for s in sorted(rows)] == losses
+    ends = [row["global_step"] for row in fingerprints]
+    assert all("epoch/train_loss" in rows[s] and "step/train_loss" in rows[s] for s in ends)
+    runtime = {s: row["_runtime"] for s, row in rows.items()}
+    handed = [s for s in rows if s % 2 == 0 and s not in ends]  # a mid-epoch batch's last
+    assert handed
+    for s in handed:  # with its batch, then two steps of training before the next row
+        assert runtime[s] - runtime[s - 1] < runtime[s + 1] - runtime[s], (s, runtime)
 
 
 @pytest.mark.slow

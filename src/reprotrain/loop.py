@@ -167,7 +167,7 @@ class Trainer:
         """Progress, the loggers' per-step values, stops and the cadence checkpoint."""
         state, mid_epoch = self.loop, next_step < self.pipeline.steps_per_epoch
         self.bar.step(state.progress, state.global_step)
-        self.feed.every(self.logger_cfg.log_every_steps)  # under DDP a collective: every rank
+        self.feed.every(self.logger_cfg.log_every_steps, mid_epoch)  # DDP: a collective
         if self.profiler is not None:
             self.profiler.step()
         events.fire("step", global_step=state.global_step)
@@ -323,11 +323,14 @@ class StepFeed:
         self.loggers.log_steps(list(range(first, self.state.global_step + 1)), series)
         self.sent = len(progress.step_losses)
 
-    def every(self, steps: int) -> None:
+    def every(self, steps: int, mid_epoch: bool = True) -> None:
         """After each step: a batch every ``steps`` global steps, if any logger was chosen
-        (decided from the config, so every rank takes part in the same collectives)."""
-        if steps and self.state.global_step % steps == 0 and self.loggers.configured:
+        (decided from the config, so every rank takes part in the same collectives); the
+        epoch's last step goes with its end."""
+        due = steps and self.state.global_step % steps == 0
+        if due and mid_epoch and self.loggers.configured:
             self.flush(mid_epoch=True)
+            self.loggers.end_batch(self.state.global_step)
 
     def epoch(self, row: dict) -> None:
         self.loggers.log_epoch(row["epoch"], row["global_step"], row)

@@ -27,6 +27,10 @@ class Backend:
 
     def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None: ...
 
+    def end_batch(self, global_step: int) -> None:
+        """No more values for the steps up to ``global_step`` (a mid-epoch batch: its
+        epoch's row comes at a later step)."""
+
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None: ...
 
     def log_final(self, metrics: dict[str, float | None]) -> None: ...
@@ -60,6 +64,11 @@ class Loggers:
                 raise ValueError(f"series {key!r}: {len(values)} values, {len(global_steps)} steps")
         if global_steps:
             self._call("log_steps", list(global_steps), series)
+
+    def end_batch(self, global_step: int) -> None:
+        """The batch just logged is complete: a backend that holds a step's row open for
+        more values (W&B) may write it now."""
+        self._call("end_batch", global_step)
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, Any]) -> None:
         """One metrics.jsonl row (train/val/test metrics, lr, timings) at the epoch's end."""

@@ -328,7 +328,7 @@ class StepFeed:
         (decided from the config, so every rank takes part in the same collectives); the
         epoch's last step goes with its end."""
         due = steps and self.state.global_step % steps == 0
-        if due and mid_epoch and self.loggers.configured:
+        if due and mid_epoch and getattr(self.loggers, "configured", ()):  # a stub: none
             self.flush(mid_epoch=True)
             self.loggers.end_batch(self.state.global_step)
 

@@ -62,14 +62,19 @@ def test_the_group_is_built_by_target_and_a_bad_key_is_one_line():
     built = build_callbacks(node)
     assert list(built) == ["summary"] and built["summary"].max_depth == 2
     bad = OmegaConf.create({"_target_": "starter.callbacks.ModelSummary", "max_dept": 2})
-    with pytest.raises(ComponentError, match="callbacks.summary.*max_dept"):
+    with pytest.raises(ComponentError, match=r"callbacks\.summary.*max_dept"):
         check_node(bad, "callbacks.summary")
-    with pytest.raises(ComponentError, match="callbacks.x has no _target_"):
+    with pytest.raises(ComponentError, match=r"callbacks\.x has no _target_"):
         build_callbacks(OmegaConf.create({"x": {"max_depth": 1}}))
 
 
-RUN = ["experiment=selfcheck", *TINY, "trainer.epochs=2", "trainer.checkpoint_every_steps=1",
-       "model.dropout=0.3"]  # fmt: skip  (dropout draws from the `train` stream)
+RUN = [
+    "experiment=selfcheck",
+    *TINY,
+    "trainer.epochs=2",
+    "trainer.checkpoint_every_steps=1",
+    "model.dropout=0.3",
+]  # fmt: skip  (dropout draws from the `train` stream)
 DRAWING = ["callbacks=default", "+callbacks.noise._target_=callback_user_code.RandomDrawing"]
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REFERENCE, assert_ok, base_env, jsonl, run_json, train
+from conftest import REFERENCE, REPO, assert_ok, base_env, jsonl, run_json, train
 from reprotrain.loggers import LoggerConfig, build_loggers
 from reprotrain.loggers.mlflow_sink import PARENT_JSON, end_sweep_run, start_sweep_run
 
@@ -35,7 +37,7 @@ def uri_in(folder: Path) -> str:
 def logged_run(tmp_path_factory) -> tuple[Path, str]:
     """reference_run's config with all three loggers on: TensorBoard, MLflow into a store in
     a temp folder, W&B offline with no key (HOME without a netrc); a tracker password in the
-    environment that must reach no store."""
+    environment that must reach no store; per-step values handed over every 2 steps."""
     root = tmp_path_factory.mktemp("logged")
     uri = uri_in(root)
     # Any attempt to reach W&B's servers would hit a closed port and switch the logger off.
@@ -48,6 +50,7 @@ def logged_run(tmp_path_factory) -> tuple[Path, str]:
         *REFERENCE,
         "logger=[tensorboard,mlflow,wandb]",
         f"logger.mlflow_tracking_uri={uri}",
+        "logger.log_every_steps=2",  # 3 mid-epoch batches an epoch; no identity key
         env=env,
     )
     assert_ok(proc)
@@ -292,6 +295,71 @@ def test_wandb_gets_the_same_artifacts_as_mlflow_and_a_name_of_its_own(logged_ru
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.display_name.endswith(run_dir.name)
     assert run.display_name != run_json(run_dir)["experiment_id"]
+
+
+def wandb_history(offline: Path) -> dict[int, dict]:
+    """Each committed W&B history row of an offline run, by step: its items, JSON-decoded."""
+    rows = {}
+    for record in wandb_records(next(offline.glob("*.wandb"))):
+        if record.WhichOneof("record_type") == "history":
+            items = record.history.item
+            row = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
+            assert record.history.step.num not in rows, f"step {record.history.step.num} twice"
+            rows[record.history.step.num] = row
+    return rows
+
+
+def test_wandb_writes_each_step_row_with_its_batch_and_the_epoch_row_joins_its_last_step(
+    logged_run,
+) -> None:
+    """logger.log_every_steps=2: every step has one row with the record's loss; a mid-epoch
+    batch's rows are written together when it is handed over (the last one used to wait for
+    the next batch, W&B closing a row only when a later step came); an epoch's last step
+    and its epoch values are one row."""
+    run_dir, _ = logged_run
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    rows = wandb_history(offline)
+    fingerprints = jsonl(run_dir / "fingerprints.jsonl")
+    losses = [v for row in fingerprints for v in row["step_losses"]]
+    assert sorted(rows) == list(range(1, len(losses) + 1))
+    assert [rows[s]["step/train_loss"] for s in sorted(rows)] == losses
+    ends = [row["global_step"] for row in fingerprints]
+    assert all("epoch/train_loss" in rows[s] and "step/train_loss" in rows[s] for s in ends)
+    runtime = {s: row["_runtime"] for s, row in rows.items()}
+    handed = [s for s in rows if s % 2 == 0 and s not in ends]  # a mid-epoch batch's last
+    assert handed
+    for s in handed:  # with its batch, then two steps of training before the next row
+        assert runtime[s] - runtime[s - 1] < runtime[s + 1] - runtime[s], (s, runtime)
+
+
+@pytest.mark.slow
+def test_under_ddp_wandb_gets_step_rows_every_log_every_steps_as_they_happen(tmp_path) -> None:
+    """2 processes (gloo), logger.log_every_steps=2: a step's loss is each rank's share until
+    the epoch's end, and W&B used to get all of an epoch's step rows at its end, within
+    milliseconds. Now a batch every 2 steps (one all-reduce of a copy): every step's row
+    once, with the record's loss bits, and the rows of epoch 1 are committed while it trains
+    (their _runtime spread over most of the epoch). Fast sibling: test_step_feed.py."""
+    from test_ddp import DDP, ddp_env
+
+    env = ddp_env()
+    env.update(HOME=str(tmp_path / "home"), WANDB_BASE_URL="http://127.0.0.1:9")
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "NETRC"):
+        env.pop(name, None)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "reprotrain.train", *DDP, "logger=wandb", "logger.log_every_steps=2",
+           f"hydra.run.dir={run_dir}"]  # fmt: skip
+    assert_ok(subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900))
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    rows = wandb_history(offline)
+    fingerprints = jsonl(run_dir / "fingerprints.jsonl")
+    losses = [v for row in fingerprints for v in row["step_losses"]]
+    assert sorted(rows) == list(range(1, len(losses) + 1))
+    assert [rows[s]["step/train_loss"] for s in sorted(rows)] == losses
+    first = fingerprints[0]["global_step"]  # epoch 1's last step: its row waits for the epoch
+    runtimes = [rows[s]["_runtime"] for s in range(1, first)]
+    seconds = jsonl(run_dir / "metrics.jsonl")[0]["seconds"]
+    assert max(runtimes) - min(runtimes) > 0.25 * seconds, (runtimes, seconds)
 
 
 def wandb_records(path: Path) -> list:

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -65,6 +66,24 @@ def test_on_a_terminal_progress_is_a_tqdm_bar_not_lines():
         p.update(3 * MIB)
     text = term.getvalue()
     assert "\r" in text and "download x.tar.gz" in text and "(100%)" not in text
+
+
+def test_a_log_record_during_a_bar_is_a_whole_line_and_the_bar_leaves_nothing(monkeypatch):
+    """A retry warning logged mid-download on the terminal the bar draws on: a whole line
+    above the bar (tqdm's logging redirect), and the closed bar's frame erased."""
+    from terminal import screen
+
+    term = Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    handler = logging.StreamHandler(sys.stderr)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [handler])
+    with Progress("download x.tar.gz", 3 * MIB, in_bytes=True, stream=term) as p:
+        p.update(MIB)
+        logging.getLogger("reprotrain.data").warning("connection reset, retrying")
+        p.update(2 * MIB)
+    assert root.handlers == [handler]  # given back when the bar closed
+    assert [line for line in screen(term.getvalue()) if line] == ["connection reset, retrying"]
 
 
 def test_the_download_logs_its_bytes_as_it_goes(tmp_path: Path, caplog):

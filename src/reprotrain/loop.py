@@ -20,12 +20,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import sys
 import time
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from reprotrain import events, launchers
 from reprotrain.callbacks import CallbackContext, Callbacks
@@ -35,6 +33,7 @@ from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, tr
 from reprotrain.hashing import losses_sha256, state_sha256
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
+from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
 from reprotrain.run import record as rec
@@ -113,7 +112,7 @@ class Trainer:
         # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
         sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
                               history, report=self.report)  # fmt: skip
-        self.feed = StepFeed(sinks, state)
+        self.feed = StepFeed(sinks, state, self.runner.reduction)
         self.callback("on_start")
         if settings.profile_steps and self.dist.is_main:
             self.profiler = StepProfiler(self.run_dir / "profile", settings.profile_steps,
@@ -154,7 +153,8 @@ class Trainer:
         steps and before every checkpoint (all-reduced: every rank stops at the same step).
         """
         state, steps = self.loop, self.pipeline.steps_per_epoch
-        self.bar.start(state.epoch, steps, state.epoch_step)
+        if not self.quiet:  # a replay shows no bar (it is not the run's progress)
+            self.bar.start(state.epoch, steps, state.epoch_step)
         seen_before = state.progress.seen
         batches = self.pipeline.epoch(state.epoch, state.epoch_step)
         self.runner.forward.train()
@@ -196,9 +196,9 @@ class Trainer:
     def after_step(self, next_step: int) -> None:
         """Progress, the loggers' per-step values, stops and the cadence checkpoint."""
         state, mid_epoch = self.loop, next_step < self.pipeline.steps_per_epoch
-        self.bar.step(state.progress, state.global_step)
-        if self.runner.reduction.step_values_are_global:  # else global only at epoch end
-            self.feed.every(self.logger_cfg.log_every_steps)
+        if not self.quiet:
+            self.bar.step(state.progress, state.global_step)
+        self.feed.every(self.logger_cfg.log_every_steps, mid_epoch)  # DDP: a collective
         if self.profiler is not None:
             self.profiler.step()
         if not self.quiet:
@@ -368,30 +368,6 @@ def epoch_lr(progress: Any, optimizer: torch.optim.Optimizer) -> float:
     return progress.step_lrs[-1] if progress.step_lrs else optimizer.param_groups[0]["lr"]
 
 
-class EpochBar:
-    """The epoch's progress bar with the running loss, on a terminal only (elsewhere the
-    epoch lines of the log say the same). The loss shown is the mean of the last ``every``
-    steps: one host read every ``every`` steps, never one per step."""
-
-    def __init__(self, enabled: bool, every: int = 10) -> None:
-        self.bar = tqdm(disable=not (enabled and sys.stderr.isatty()), leave=False)
-        self.every = every
-
-    def start(self, epoch: int, total: int, done: int) -> None:
-        self.bar.reset(total=total)
-        self.bar.update(done)
-        self.bar.set_description(f"epoch {epoch}")
-
-    def step(self, progress: Any, global_step: int) -> None:
-        self.bar.update(1)
-        if not self.bar.disable and global_step % self.every == 0 and progress.step_losses:
-            recent = torch.stack(progress.step_losses[-self.every :]).float().mean()
-            self.bar.set_postfix(loss=f"{recent.item():.4g}")
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 class _Silent:
     """The loggers of a replay: the values were logged when the steps first ran."""
 
@@ -403,25 +379,35 @@ class _Silent:
 
 class StepFeed:
     """Hands per-step losses and lrs to the loggers in batches: one host read per batch,
-    never one per step. Loggers are sinks of the same numbers metrics.jsonl holds."""
+    never one per step. Loggers are sinks of the same numbers metrics.jsonl holds. Where a
+    step's loss is this rank's share until the epoch's end (DDP), a mid-epoch batch is made
+    global by one all-reduce of a copy (``Reduction.global_step_losses``)."""
 
-    def __init__(self, loggers: Any, state: LoopState) -> None:
-        self.loggers, self.state = loggers, state
+    def __init__(self, loggers: Any, state: LoopState, reduction: Any = None) -> None:
+        self.loggers, self.state, self.reduction = loggers, state, reduction
         self.sent = len(state.progress.step_losses)  # a resumed epoch's steps were sent
 
-    def flush(self) -> None:
+    def flush(self, mid_epoch: bool = False) -> None:
         progress = self.state.progress
         if len(progress.step_losses) <= self.sent:
             return
-        losses = torch.stack(progress.step_losses[self.sent :]).double().tolist()
+        stacked = torch.stack(progress.step_losses[self.sent :])
+        if mid_epoch and self.reduction is not None:
+            stacked = self.reduction.global_step_losses(stacked)
+        losses = stacked.double().tolist()
         first = self.state.global_step - len(losses) + 1
         series = {"train_loss": losses, "lr": progress.step_lrs[self.sent :]}
         self.loggers.log_steps(list(range(first, self.state.global_step + 1)), series)
         self.sent = len(progress.step_losses)
 
-    def every(self, steps: int) -> None:
-        if steps and self.state.global_step % steps == 0:
-            self.flush()
+    def every(self, steps: int, mid_epoch: bool = True) -> None:
+        """After each step: a batch every ``steps`` global steps, if any logger was chosen
+        (decided from the config, so every rank takes part in the same collectives); the
+        epoch's last step goes with its end."""
+        due = steps and self.state.global_step % steps == 0
+        if due and mid_epoch and getattr(self.loggers, "configured", ()):  # a stub: none
+            self.flush(mid_epoch=True)
+            self.loggers.end_batch(self.state.global_step)
 
     def epoch(self, row: dict) -> None:
         self.loggers.log_epoch(row["epoch"], row["global_step"], row)

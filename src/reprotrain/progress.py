@@ -10,16 +10,32 @@ readable alone::
     sweep multirun/smoke/x: 3/8 runs done (38%)
     reproduce [2/5] build the replay plan
 
-Progress never changes what is computed: it only reads counts the caller already has.
+The training loop's :class:`EpochBar` is a bar on a terminal and nothing elsewhere (the
+log's epoch lines say the same).
+
+Closes: torn log lines. A bar is a line redrawn in place with ``\r``; a log record written
+to the same terminal while it is drawn lands after the bar's last frame, on its line
+(``0it [00:00, ?it/s][...] logging to ...``). While any bar is open, :func:`logs_above_bars`
+sends the console handlers of the ``reprotrain`` and root loggers through tqdm's
+``logging_redirect_tqdm``: each record lifts the bars off the screen, is written whole on
+its own line, and the bars are redrawn below it. A bar opens only when its work starts (no
+empty ``0it`` frame) and closes by erasing its last frame (``leave=False``).
+
+Progress never changes what is computed: it only reads counts the caller already has, draws
+from no random stream, and reads the loss from the device once per ``every`` steps, only
+on a terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
-from collections.abc import Callable, Sequence
-from typing import TextIO
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 MIB = 1024 * 1024
 
@@ -29,6 +45,56 @@ def on_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # closed, or not a real stream
         return False
+
+
+#: The loggers whose console handlers a bar redirects: the framework's and the root (Hydra's
+#: console handler; a user's loggers propagate to it).
+REDIRECTED = ("reprotrain", "")
+
+
+def _writes_to_console(handler: logging.Handler) -> bool:
+    """What ``logging_redirect_tqdm`` replaces: a stream handler on sys.stdout/sys.stderr."""
+    return isinstance(handler, logging.StreamHandler) and handler.stream in (
+        sys.stdout,
+        sys.stderr,
+    )
+
+
+@contextlib.contextmanager
+def logs_above_bars() -> Iterator[None]:
+    """While inside, log records to the terminal go through ``tqdm.write``: whole lines above
+    the open bars, never on a bar's line. Only loggers that have a console handler are
+    redirected (tqdm would add a handler to the others, doubling their records), and the
+    stand-in keeps its handler's level and filters; file handlers are untouched."""
+    console: dict[logging.Logger, logging.Handler] = {}
+    for logger in map(logging.getLogger, REDIRECTED):
+        first = next((h for h in logger.handlers if _writes_to_console(h)), None)
+        if first is not None:  # the one tqdm copies formatter, stream and filters from
+            console[logger] = first
+    with logging_redirect_tqdm(loggers=list(console)):
+        for logger, original in console.items():
+            logger.handlers[-1].setLevel(original.level)  # tqdm's stand-in, appended last
+        yield
+
+
+class _OpenBar:
+    """One tqdm bar on ``stream`` and the redirect that lasts exactly as long as it."""
+
+    def __init__(self, stream: TextIO, **options: Any) -> None:
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(logs_above_bars())
+        try:
+            self.tqdm = tqdm(file=stream, leave=False, dynamic_ncols=True, **options)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def close(self) -> None:
+        """Erase the last frame (``leave=False``), then give the console handlers back."""
+        try:
+            self.tqdm.close()
+        finally:
+            self._stack.close()
 
 
 def _printer(stream: TextIO | None) -> Callable[[str], None]:
@@ -69,17 +135,15 @@ class Progress:
         self._stream = stream if stream is not None else sys.stderr
         self._emit = emit or _printer(self._stream)
         self._last_tenth = 0
-        self._bar = None
+        self._bar: _OpenBar | None = None
         if on_terminal(self._stream):
-            self._bar = tqdm(
+            self._bar = _OpenBar(
+                self._stream,
                 total=self.total,
                 desc=what,
                 unit="B" if in_bytes else (unit or "it"),
                 unit_scale=in_bytes,
                 unit_divisor=1024 if in_bytes else 1000,
-                file=self._stream,
-                leave=False,
-                dynamic_ncols=True,
             )
 
     def _amount(self, n: float) -> str:
@@ -96,7 +160,7 @@ class Progress:
     def update(self, n: int = 1) -> None:
         self.done += n
         if self._bar is not None:
-            self._bar.update(n)
+            self._bar.tqdm.update(n)
             return
         if self.total is None:
             return  # unknown total: only the last line
@@ -108,6 +172,7 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
         elif self.total is None or self._last_tenth < 10:
             self._emit(self.line())
 
@@ -139,3 +204,66 @@ class Phases:
         """Announce phase ``name`` (one of ``names``)."""
         number = self.names.index(name) + 1
         self._emit(f"{self.what} [{number}/{len(self.names)}] {name}")
+
+
+def _rank() -> int:
+    """This process's rank once torch.distributed is initialised, else 0."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank()
+    return 0
+
+
+class EpochBar:
+    """The epoch's progress bar with the running loss, on a terminal only (elsewhere the
+    epoch lines of the log say the same). The loss shown is the mean of the last ``every``
+    steps: one host read every ``every`` steps, never one per step.
+
+    The bar opens at an epoch's first step (``start``), not before: no ``0it`` frame above
+    the run's first lines. It closes itself after the epoch's last step, erasing its last
+    frame, so the epoch's log line is never drawn beside a 100% bar; ``close`` (idempotent)
+    ends one a stop or an error left open. While it is open, log records go above it
+    (:func:`logs_above_bars`).
+    """
+
+    def __init__(self, enabled: bool, every: int = 10, stream: TextIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        # One bar per job: torchrun's ranks share the terminal, and two bars would tear.
+        self.enabled = bool(enabled) and on_terminal(self._stream) and _rank() == 0
+        self.every = every
+        self._bar: _OpenBar | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._bar is not None
+
+    def start(self, epoch: int, total: int, done: int) -> None:
+        """Epoch ``epoch`` of ``total`` steps, ``done`` of them already run (a resume)."""
+        self.close()
+        if self.enabled and done < total:
+            self._bar = _OpenBar(self._stream, total=total, initial=done, desc=f"epoch {epoch}")
+
+    def step(self, progress: Any, global_step: int) -> None:
+        """One step done; every ``every`` global steps, the mean loss of the last ones."""
+        if self._bar is None:
+            return
+        bar = self._bar.tqdm
+        bar.update(1)
+        if bar.total is not None and bar.n >= bar.total:
+            self.close()  # the epoch's steps are done: no 100% frame beside its log line
+        elif global_step % self.every == 0 and progress.step_losses:
+            import torch  # here: the tools import this module and must start without torch
+
+            recent = torch.stack(progress.step_losses[-self.every :]).float().mean()
+            bar.set_postfix(loss=f"{recent.item():.4g}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            bar, self._bar = self._bar, None
+            bar.close()
+
+    def __enter__(self) -> EpochBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

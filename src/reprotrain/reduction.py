@@ -162,6 +162,12 @@ class Reduction:
         """``samples`` counted by this rank's progress, over the whole job."""
         return samples
 
+    def global_step_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """The global loss of each step in ``losses`` (this rank's, stacked) for the loggers
+        mid-epoch, before ``end_epoch``; the progress is left as it is. A collective where
+        step values are not global: every rank calls it at the same step."""
+        return losses
+
     def checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
         """The checkpoint from this rank's ``state``: the per-rank entries (RNG, the epoch's
         partial sums) of every rank on rank 0 (a collective under DDP)."""
@@ -238,6 +244,12 @@ class DDP(Reduction):
 
     def global_count(self, samples: int) -> int:
         return samples * self.world_size
+
+    def global_step_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """The ranks' mean, as ``end_epoch`` computes it, on a copy (one all-reduce)."""
+        total = losses.clone()
+        self.dist.all_reduce(total)
+        return total / self.world_size
 
 
 class Exact(Reduction):

@@ -130,7 +130,8 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
                   replay_state=trainer.replay_state)  # fmt: skip
 
     # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
-    return trainer.fit()
+    with trainer.bar:  # closed before a stop's or an error's lines are written
+        return trainer.fit()
 
 
 # ------------------------------------------------------------------------------- the entry

@@ -93,7 +93,7 @@ def build_loggers(
     """
     check_logger_config(cfg)
     if _rank() != 0:
-        return Loggers([], cfg.log_every_steps)
+        return Loggers([], cfg.log_every_steps, tuple(enabled_backends(cfg)))
     run_dir = Path(run_dir)
     params = run_params(run_dir, record)
     factories: dict[str, Callable[[], Backend]] = {
@@ -112,7 +112,7 @@ def build_loggers(
         raise
     if backends:
         log.info("logging to %s", ", ".join(b.describe() for b in backends))
-    return Loggers(backends, cfg.log_every_steps)
+    return Loggers(backends, cfg.log_every_steps, tuple(enabled_backends(cfg)))
 
 
 def _tensorboard(cfg: Any, run_dir: Path, start_step: int, params: dict, history) -> Backend:

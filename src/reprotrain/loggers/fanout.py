@@ -27,6 +27,10 @@ class Backend:
 
     def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None: ...
 
+    def end_batch(self, global_step: int) -> None:
+        """No more values for the steps up to ``global_step`` (a mid-epoch batch: its
+        epoch's row comes at a later step)."""
+
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None: ...
 
     def log_final(self, metrics: dict[str, float | None]) -> None: ...
@@ -37,9 +41,13 @@ class Backend:
 class Loggers:
     """Fan-out to the enabled backends; every call is RNG-neutral and failure-isolated."""
 
-    def __init__(self, backends: list[Backend], log_every_steps: int = 0) -> None:
+    def __init__(
+        self, backends: list[Backend], log_every_steps: int = 0, configured: tuple[str, ...] = ()
+    ) -> None:
         self._backends = backends
         self.log_every_steps = log_every_steps
+        #: The backends the config chose, the same on every rank (only rank 0 has them).
+        self.configured = tuple(configured) or tuple(b.name for b in backends)
 
     @property
     def names(self) -> list[str]:
@@ -56,6 +64,11 @@ class Loggers:
                 raise ValueError(f"series {key!r}: {len(values)} values, {len(global_steps)} steps")
         if global_steps:
             self._call("log_steps", list(global_steps), series)
+
+    def end_batch(self, global_step: int) -> None:
+        """The batch just logged is complete: a backend that holds a step's row open for
+        more values (W&B) may write it now."""
+        self._call("end_batch", global_step)
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, Any]) -> None:
         """One metrics.jsonl row (train/val/test metrics, lr, timings) at the epoch's end."""

@@ -55,6 +55,7 @@ class WandBSink(Backend):
         self.mode = resolve_wandb_mode(cfg.wandb_mode)
         self.run_dir, self.report, self.key = Path(run_dir), report, run_key(run_dir, record)
         sweep = sweep_dir_of(run_dir)
+        self._open: tuple[int, dict[str, float]] | None = None  # (step, its row so far)
         self.run = wandb.init(
             project=cfg.wandb_project,
             entity=cfg.wandb_entity or None,
@@ -71,20 +72,40 @@ class WandBSink(Backend):
         return f"wandb ({self.mode}, {self.run.dir})"
 
     def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
+        """Each step's row written as it comes (``commit``), but the last: its epoch's row
+        may still join it at the same step (W&B drops a value for a written step)."""
+        self._write_open()
         for i, step in enumerate(steps):
             point = {f"step/{k}": v[i] for k, v in series.items() if v[i] is not None}
-            if point:
-                self.run.log(point, step=step)
+            if point and i < len(steps) - 1:
+                self.run.log(point, step=step, commit=True)
+            elif point:
+                self._open = (step, point)
+
+    def end_batch(self, global_step: int) -> None:
+        self._write_open()
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
         point = {f"epoch/{k}": v for k, v in row.items() if v is not None}
-        self.run.log({"epoch/epoch": epoch, **point}, step=global_step)
+        if self._open is not None and self._open[0] == global_step:
+            point = {**self._open[1], **point}  # the epoch's last step: one row
+            self._open = None
+        self._write_open()
+        self.run.log({"epoch/epoch": epoch, **point}, step=global_step, commit=True)
+
+    def _write_open(self) -> None:
+        """Write the row held open for its epoch's values, if any."""
+        if self._open is not None:
+            step, point = self._open
+            self._open = None
+            self.run.log(point, step=step, commit=True)
 
     def log_final(self, metrics: dict[str, float | None]) -> None:
         self.run.summary.update({f"final/{k}": v for k, v in metrics.items() if v is not None})
 
     def close(self, status: str) -> None:
         try:
+            self._write_open()
             self.log_artifacts()
         finally:
             self.run.finish(exit_code=0 if status == "completed" else 1)

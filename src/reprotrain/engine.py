@@ -125,8 +125,8 @@ class StepRunner:
     def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
         """Zero the gradients; forward and backward every micro-batch of this rank's
         ``batch`` (``trainer.microbatch_size`` views of it, or its own parts when it is
-        ``batches.MicroBatches``); combine through the reduction. (step loss, metric sums) on the device;
-        the first call of a step is the one recorded."""
+        ``batches.MicroBatches``); combine through the reduction. (step loss, metric sums)
+        on the device; the first call of a step is the one recorded."""
         state, device, reduction = self.state, self.state.loop.device, self.reduction
         global_step = self.global_step
         n = batches.batch_size(batch)

@@ -509,7 +509,8 @@ class LoaderPipeline(_Base):
         dataset = self.eval_sets[split]
         keys = [(None, i) for i in range(len(dataset))]
         size = self.eval_batch_size
-        batches = [key_batch(keys[i : i + size], k) for k, i in enumerate(range(0, len(keys), size))]
+        starts = range(0, len(keys), size)
+        batches = [key_batch(keys[i : i + size], k) for k, i in enumerate(starts)]
         if self.limit_eval_batches:
             batches = batches[: self.limit_eval_batches]
         for k, batch in enumerate(self._batches(dataset, batches, epoch=0)):

@@ -16,6 +16,8 @@ both paths. Figures (see docs/performance.md):
   P4  reference augmentation gather / fast path, seconds per batch (bit-identical)
   P5  checkpoint save+load / one epoch at 11.0M params (epoch estimated from step time)
   logger  default logger / logger=none (skipped while the config has no logger group)
+  replay  a resume's replay (steps, validation, the comparison) / the checkpoint interval it
+          replays (one epoch), seconds, measured in the same pair of runs
   invariant  world-size-invariant / plain DDP step time, same W, micro-batch and threads
              per rank (torchrun: 2 ranks x 1 thread on CPU/gloo; on CUDA/NCCL one rank per
              GPU, at most 2)
@@ -44,9 +46,10 @@ from benchmarks.training import (
     measure_logger,
     measure_p1_p3,
     measure_portable,
+    measure_replay,
 )
 
-FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "invariant")
+FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "replay", "invariant")
 TINY = dict(widths=(16, 32, 64), convs_per_stage=1)  # the smoke suite's P5 model
 
 
@@ -188,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             log("logger: default vs logger=none")
             logger_setup = dataclasses.replace(sizes["train"], repeats=sizes["logger_repeats"])
             results["logger"] = measure_logger(logger_setup, out_dir / "runs-logger", log)
+        if "replay" in args.only:
+            log("replay: a resume's replay vs the checkpoint interval it replays")
+            replay_setup = dataclasses.replace(sizes["train"], repeats=sizes["logger_repeats"])
+            results["replay"] = measure_replay(replay_setup, out_dir / "runs-replay", log)
         if "invariant" in args.only:
             ranks = sizes["invariant"].world_size
             log(f"invariant: world-size-invariant vs plain DDP step, {ranks} rank(s), interleaved")

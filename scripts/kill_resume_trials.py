@@ -6,7 +6,9 @@ Runs the config once uninterrupted, then for each trial starts it fresh, kills i
 SIGKILL after a random delay (seeded, printed), and runs `make resume RUN=...` until the run
 completes (a kill can land before the first checkpoint: then resume starts it afresh).
 Exit 0 only if every trial ends `completed` with the uninterrupted run's
-final_weights_sha256 (so --trials must be at least 1: zero trials would prove nothing).
+final_weights_sha256 and the whole state of its newest checkpoint (the comparison a resume's
+replay uses: ``resume/replay.first_difference``), and every resume of it recorded itself as
+verified by replay (so --trials must be at least 1: zero trials would prove nothing).
 A config the trainer refuses (a typo in the overrides) stops the drill with the trainer's
 own one-line error and its exit code, before any trial.
 """
@@ -26,6 +28,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override
 from reprotrain.run.readers import read_run_json
 from reprotrain.tools import cli
+from reprotrain.tools.runs.verify import final_state_difference
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = ["experiment=selfcheck", "trainer.epochs=4", "trainer.checkpoint_every_steps=5"]
@@ -123,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         except ReprotrainError:
             record = {}
         same = record.get("final_weights_sha256") == expected
+        difference = final_state_difference(ref, run_dir) if same else None
+        claims = [r.get("verified", "not verified") for r in record.get("resumes", [])]
+        verified = all(c.endswith(", identical") for c in claims)
         ok &= resumed.returncode == 0 and record.get("status") == "completed" and same
+        ok &= difference is None and verified
         print(
             f"trial {trial}: SIGKILL after {delay:.2f} s (newest checkpoint: "
             f"{ckpts[-1] if ckpts else 'none'}), resume exit {resumed.returncode}, "
             f"status {record.get('status')}, final weights "
             f"{'IDENTICAL' if same else 'DIFFERENT'}"
+            + (f", final state differs: {difference}" if difference else "")
+            + (f"; resume: {claims[-1]}" if claims else "")
         )
         if resumed.returncode != 0:
             said = [x for x in resumed.stderr.splitlines() if x.startswith("error:")]

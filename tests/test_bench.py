@@ -200,7 +200,8 @@ def test_smoke_bench_writes_every_figure(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"bench.json: {out / 'bench.json'}" in proc.stdout
     data = json.loads((out / "bench.json").read_text())
-    assert {"P1", "P2", "P3", "portable", "P4", "P5", "logger"} <= set(data)
+    assert {"P1", "P2", "P3", "portable", "P4", "P5", "logger", "replay"} <= set(data)
+    assert data["replay"]["ratio"] > 0 and len(data["replay"]["paired_ratios"]) >= 1
     assert set(data["P1"]) == {"strict", "fast"}
     for level in ("strict", "fast"):
         assert data["P1"][level]["ratio"] > 0

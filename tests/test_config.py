@@ -64,8 +64,10 @@ def test_defaults_compose_and_validate():
     assert smoke.model._target_ == "reprotrain.selfcheck.net.TinyConvNet"
     smoke.trainer.pipeline = "device"
     smoke.trainer.num_workers = 2  # the device pipeline has no workers: refuse, don't ignore
+    from reprotrain.preflight import check_data_settings  # before a run (the pipeline: in one)
+
     with pytest.raises(ReprotrainError, match="pipeline=loader"):
-        validate(smoke, 1)
+        check_data_settings(smoke)
 
 
 def test_help_still_works():

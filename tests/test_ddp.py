@@ -207,6 +207,8 @@ def test_sigkill_of_a_ddp_job_then_make_resume_is_bitwise(tmp_path, ddp_referenc
     assert_ok(resumed)
     got, ref = run_json(run), run_json(ddp_reference)
     assert got["world_size"] == 2 and got["resumes"][0]["global_step"] == 10
+    # Every rank replayed from the checkpoint before (epoch 1's end, step 8), rank 0 compared.
+    assert got["resumes"][0]["verified"] == "steps 9..10 replayed from step-00000008.pt, identical"
     assert got["final_weights_sha256"] == ref["final_weights_sha256"]
     assert jsonl(run / "fingerprints.jsonl") == jsonl(ddp_reference / "fingerprints.jsonl")
     assert metrics_without_timings(run) == metrics_without_timings(ddp_reference)

@@ -111,11 +111,16 @@ def killed(run_dir, *overrides: str):
     return run_dir
 
 
+# Without the replay (trainer.verify_resume=false) the audit is what is left to find lost
+# state; with it, the replay from the run's start rebuilds `preds` (tests/test_resume_replay.py).
+UNVERIFIED = "trainer.verify_resume=false"
+
+
 def test_strict_refuses_a_resume_that_cannot_be_bitwise_then_the_flag_records_why(tmp_path):
     run = killed(tmp_path / "run", *PREDS)
     before = {name: (run / name).read_bytes() for name in ("run.json", "config.resolved.yaml")}
     listing = sorted(p.name for p in run.iterdir() if p.name != ".lock")  # a dead holder's
-    refused = train(run, *USER, *PREDS, "resume=auto", micro=False, env=user_env())
+    refused = train(run, *USER, *PREDS, "resume=auto", UNVERIFIED, micro=False, env=user_env())
     assert refused.returncode == 2
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert errors == [errors[0]] and "Traceback" not in refused.stderr
@@ -126,9 +131,11 @@ def test_strict_refuses_a_resume_that_cannot_be_bitwise_then_the_flag_records_wh
     assert run_json(run)["status"] == "running" and run_json(run)["resumes"] == []
 
     allowed = "trainer.allow_unrestored_state=true"
-    assert_ok(train(run, *USER, *PREDS, "resume=auto", allowed, micro=False, env=user_env()))
+    assert_ok(train(run, *USER, *PREDS, "resume=auto", allowed, UNVERIFIED, micro=False,
+                    env=user_env()))  # fmt: skip
     (entry,) = run_json(run)["resumes"]
     assert entry["bitwise_guarantee"] is False
+    assert entry["verified"] == "not verified (trainer.verify_resume=false)"
     assert entry["unrestored"] == [
         "task attribute `preds` (list, 32 items) is not in its state_dict(): "
         "this resume cannot be bitwise"

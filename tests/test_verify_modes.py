@@ -131,7 +131,11 @@ def test_verify_kill_resumes_run_b_after_a_sigkill_and_compares_it_bit_for_bit(t
 
 @pytest.mark.slow
 def test_verify_kill_finds_a_task_whose_resume_loses_state(tmp_path):
-    preds = ["task._target_=numpy_user_code.PredictionList", "trainer.allow_unrestored_state=true"]
+    """Without the replay (trainer.verify_resume=false) a resume from the first checkpoint
+    loses the task's `preds`, and verify's comparison finds it; with the replay the same
+    resume rebuilds them (tests/test_resume_replay.py)."""
+    preds = ["task._target_=numpy_user_code.PredictionList", "trainer.allow_unrestored_state=true",
+             "trainer.verify_resume=false"]  # fmt: skip
     cmd = [
         sys.executable,
         "-m",

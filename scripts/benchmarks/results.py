@@ -40,7 +40,7 @@ def _row(figure: str, measure: str, result: dict, a: str, b: str, unit: str, **k
 def table_rows(results: dict) -> list[dict]:
     """The bench.md rows, from the bench.json content (missing figures are skipped)."""
     figures = (_p1_rows, _p2_rows, _p3_rows, _portable_rows, _p4_rows, _p5_rows, _logger_rows,
-               _invariant_rows)  # fmt: skip
+               _replay_rows, _invariant_rows)  # fmt: skip
     return [row for figure in figures for row in figure(results)]
 
 
@@ -159,6 +159,16 @@ def _p5_rows(results: dict) -> list[dict]:
         row["sides"] += " s"
         rows.append(row)
     return rows
+
+
+def _replay_rows(results: dict) -> list[dict]:
+    """A resume's replay against the interval it replays."""
+    if "replay" not in results:
+        return []
+    row = _row("replay", "resume replay / checkpoint interval (1 epoch), seconds",
+               results["replay"], "replay", "interval", ".2f")  # fmt: skip
+    row["sides"] += " s"
+    return [row]
 
 
 def _logger_rows(results: dict) -> list[dict]:

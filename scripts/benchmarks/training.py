@@ -1,4 +1,5 @@
-"""P1, P3, portable and the logger slot: the template's CLI and the bare loop, as subprocesses.
+"""P1, P3, portable, the logger slot and the replay: the template's CLI and the bare loop, as
+subprocesses.
 
 Only the template's public surface is used (``python -m reprotrain.train`` overrides and the
 ``epoch``/``images_per_s`` keys of metrics.jsonl), so the trainer's internals can change
@@ -8,6 +9,7 @@ first epoch of every run is warm-up (allocator, lazy init) and left out.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -243,3 +245,43 @@ def measure_portable(setup: TrainSetup, root: Path, log=print) -> dict:
         setup.repeats,
     )
     return compare(values["strict"], values["portable"])  # step time portable / strict
+
+
+def measure_replay(setup: TrainSetup, root: Path, log=print) -> dict:
+    """A resume's replay against the interval it replays, measured in the same pair of runs.
+
+    Each repeat trains ``setup.epochs`` epochs with checkpoints at epoch ends and stops
+    after the second (``trainer.stop_at_global_step``, exit 75: how a preemption ends), then
+    resumes. The resume replays epoch 2 from the epoch-1 checkpoint and compares the state
+    with the epoch-2 one; its ``replay.seconds`` (the steps, epoch 2's validation and the
+    comparison) over epoch 2's training ``seconds`` in metrics.jsonl is the figure: what
+    verifying a resume costs per checkpoint interval.
+    """
+    fresh = Counter(root)
+    interval, replay = [], []
+    steps = -(-int(setup.num_train * 0.9) // setup.batch_size)  # the selfcheck 0.1 val split
+    for _ in range(setup.repeats):
+        run_dir = fresh("replay")
+        epochs = f"trainer.epochs={max(setup.epochs, 3)}"  # the stop must not be the end
+        overrides = template_overrides(setup, "strict", "logger=none", epochs)
+        base = [sys.executable, "-m", "reprotrain.train", *overrides, f"hydra.run.dir={run_dir}"]
+        proc = subprocess.run([*base, f"trainer.stop_at_global_step={2 * steps}"],
+                              env=child_env(), capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 75:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise BenchRunError(
+                f"exit {proc.returncode} (75 expected): replay run\n" + "\n".join(tail)
+            )
+        run_checked([*base, "resume=auto"])
+        entry = json.loads((run_dir / "run.json").read_text())["resumes"][-1]
+        if not entry["replay"].get("identical"):
+            raise BenchRunError(f"the measured resume was not verified: {entry['verified']}")
+        rows = read_jsonl(run_dir / "metrics.jsonl")
+        interval.append(next(r["seconds"] for r in rows if r["epoch"] == 2))
+        replay.append(entry["replay"]["seconds"])
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        log(f"  replay {replay[-1]:.2f} s / interval {interval[-1]:.2f} s")
+    # replay / interval: compare(a, b) pairs a / b, and for times the best is the least
+    result = compare(replay, interval, higher_is_better=False)
+    result["best_ratio"] = min(replay) / min(interval)
+    return result

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 # reprotrain.api's names (its __all__; a test keeps the two equal). Any other attribute is a
 # submodule, which ``from reprotrain import events`` must import, not the face.
 FACE = (
-    "Batch", "Classification", "DataMissingError", "InMemoryImages", "InMemoryTensors",
+    "Batch", "Callback", "Classification", "DataMissingError", "InMemoryImages", "InMemoryTensors",
     "ReprotrainError", "SampleData", "Splits", "Step", "StepContext", "StepOutput", "Subset",
     "Task", "data_root", "download_and_verify", "files_fingerprint", "load_pickle", "mean_sum",
     "val_indices",

@@ -8,6 +8,7 @@ room (src/starter) to this module.
 - a task: :class:`Task` (and the shipped :class:`Classification` to subclass), with
   :class:`StepContext` and :class:`StepOutput`, and :func:`mean_sum` for a mean metric;
 - an optimizer step: :class:`Step`, which declares its hooks;
+- a callback: :class:`Callback` (hooks at start, epoch end, checkpoint and end);
 - data: :class:`InMemoryTensors`, :class:`InMemoryImages`, :class:`SampleData`,
   :class:`Splits`, :class:`Subset`, :func:`val_indices`, the ``Batch`` type,
   :func:`data_root` and :func:`files_fingerprint`;
@@ -19,6 +20,7 @@ room (src/starter) to this module.
 from __future__ import annotations
 
 from reprotrain.batches import Batch
+from reprotrain.callbacks import Callback
 from reprotrain.data.base import (
     InMemoryImages,
     InMemoryTensors,
@@ -38,6 +40,7 @@ from reprotrain.tasks.metrics import mean_sum
 
 __all__ = [
     "Batch",
+    "Callback",
     "Classification",
     "DataMissingError",
     "InMemoryImages",

@@ -14,8 +14,10 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from reprotrain.callbacks import Callbacks
 from reprotrain.components import (
     build,
+    build_callbacks,
     build_naming_key,
     build_scheduler,
     build_step,
@@ -106,6 +108,12 @@ def build_training(
                       train_seed=train_seed, user_step=user_step)  # fmt: skip
 
 
+def callbacks_for(node: Any, device: torch.device) -> Callbacks:
+    """The ``callbacks`` group's callbacks by name (none when it is null), built after the
+    model under whatever the caller seeded: a callback's construction draws no stream."""
+    return Callbacks(build_callbacks(node), device)
+
+
 def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any) -> dict:
     """The classes that actually ran, and the optimizer's parameter groups."""
     state = runner.state
@@ -126,4 +134,7 @@ def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any)
         "compile": settings.compile and settings.compile_mode,
         "channels_last": settings.channels_last,
         "microbatch_size": runner.settings.microbatch_size,
+        "callbacks": {
+            name: qualname(cb) for name, cb in getattr(state.callbacks, "callbacks", {}).items()
+        },
     }

@@ -229,6 +229,9 @@ def check(cfg: DictConfig) -> None:
     build_naming_key(
         "scheduler", cfg.scheduler, lambda node: build_scheduler(node, optimizer, total_steps=10)
     )
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if isinstance(node, DictConfig) and "_target_" in node:
+            check_node(node, f"callbacks.{name}")
     if isinstance(cfg.get("step"), DictConfig):  # a step's own argument checks (step.rho=0)
         build_naming_key("step", cfg.step, lambda node: build_step(node, torch.nn.Linear(1, 1)))
     from reprotrain.data.base import InMemoryTensors
@@ -288,6 +291,24 @@ def build_scheduler(node: DictConfig, optimizer: Any, total_steps: int) -> Any:
     names, var_kw, _ = accepted(target)
     extra = {"total_steps": total_steps} if "total_steps" in names or var_kw else {}
     return build("scheduler", node, optimizer, **extra)
+
+
+def build_callbacks(node: Any) -> dict[str, Any]:
+    """The ``callbacks`` group: a mapping of names to ``_target_`` nodes, each built as it
+    is (a null entry, as an override leaves it to switch one off, is skipped)."""
+    if node is None:
+        return {}
+    if not isinstance(node, DictConfig):
+        raise ComponentError("callbacks must be a mapping of names to _target_ nodes")
+    built = {}
+    for name, child in node.items():
+        if child is None:
+            continue
+        if not isinstance(child, DictConfig) or "_target_" not in child:
+            raise ComponentError(f"callbacks.{name} has no _target_; see conf/callbacks/")
+        group = f"callbacks.{name}"
+        built[str(name)] = build_naming_key(group, child, lambda n, g=group: build(g, n))
+    return built
 
 
 def qualname(obj: Any) -> str:

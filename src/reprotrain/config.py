@@ -77,6 +77,10 @@ class RunSettings:
     # Resume under repro=strict although the resume audit found state the checkpoint cannot
     # restore (a task's list, a consumed global RNG): recorded as not bitwise.
     allow_unrestored_state: bool = False
+    # A resume first replays the steps since the checkpoint before (or the run's start) and
+    # compares the state with its checkpoint bit for bit (docs/resume.md); false skips it,
+    # recorded as "not verified" (never bitwise). Costs at most one checkpoint interval.
+    verify_resume: bool = True
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,9 @@ class TrainConfig:
     # The optimizer step (conf/step/, reprotrain/step.py); a recorded config without one
     # (a run started before the group existed) gets the plain step it ran with.
     step: Any = field(default_factory=lambda: dict(PLAIN_STEP))
+    # Hooks at start, epoch end, checkpoint and end (conf/callbacks/, reprotrain/callbacks.py):
+    # names to _target_ nodes; none by default.
+    callbacks: Any = None
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING
@@ -325,7 +332,6 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
         if value is not None and not 0 <= value <= SEED_MAX:
             raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
     check_layout(cfg.trainer, world_size)
-    check_workers(cfg.trainer.pipeline, cfg.trainer.num_workers, in_memory=None)
     check_logger_config(cfg.logger)
     for group in USER_GROUPS:
         bad = _non_finite_leaves(cfg[group], group)
@@ -342,7 +348,8 @@ def launch_world_size() -> int:
 def check_workers(pipeline: str, num_workers: int, *, in_memory: bool | None,
                   target: str = "the dataset") -> None:  # fmt: skip
     """Loader workers need the loader pipeline: refused on ``trainer.pipeline=device``, and
-    on ``auto`` for an in-memory dataset (``in_memory``: None while it is not known)."""
+    on ``auto`` for an in-memory dataset (``in_memory``: None while it is not known). Called
+    by preflight (from the dataset's class) and once at run time by the pipeline builder."""
     if not num_workers:
         return
     if pipeline == "device":
@@ -437,6 +444,7 @@ NON_IDENTITY_KEYS = (
     "trainer.stop_at_global_step",
     "trainer.allow_world_size_change",
     "trainer.allow_unrestored_state",
+    "trainer.verify_resume",
     "include_untracked",
     "tags",
 )

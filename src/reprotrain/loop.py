@@ -7,6 +7,8 @@ one epoch of counter-based batches; ``end_epoch()`` writes its row, fingerprint 
 checkpoint. Stops (a signal, ``trainer.stop_at_global_step``) are decided in one place,
 ``stop_if_asked``, at the same step on every rank; an interruption checkpoints, marks the
 record and raises :class:`Interrupted` for the entry to turn into its exit code.
+``replay_state()`` re-runs steps the run already took, writing nothing, for a resume to
+compare with its checkpoint (``resume/replay.py``).
 
 Closes: resume drift at a stop. A stop is honoured only after a whole step, is all-reduced
 so every rank stops at the same global step, and always checkpoints first; the non-finite
@@ -26,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from reprotrain import events, launchers
+from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
@@ -96,6 +99,9 @@ class Trainer:
         self.bar = EpochBar(settings.progress)
         self.feed: StepFeed | None = None
         self.profiler: StepProfiler | None = None
+        self.quiet = False  # replaying: no checkpoint, row, log line, logger value or event
+        self.target: tuple[int, int] | None = None  # the position a replay runs to
+        self.callbacks = runner.state.callbacks or Callbacks({}, runner.state.loop.device)
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -108,6 +114,7 @@ class Trainer:
         sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
                               history, report=self.report)  # fmt: skip
         self.feed = StepFeed(sinks, state)
+        self.callback("on_start")
         if settings.profile_steps and self.dist.is_main:
             self.profiler = StepProfiler(self.run_dir / "profile", settings.profile_steps,
                                          state.device).start()  # fmt: skip
@@ -121,8 +128,27 @@ class Trainer:
             log.info("top ops (%s):\n%s", self.profiler.table_path, self.profiler.stop())
         return self.finish()
 
-    def run_epoch(self) -> dict:
+    def replay_state(self, target: tuple[int, int]) -> dict | None:
+        """Re-run the steps from the loop state's position to ``target`` (``(epoch,
+        epoch_step)`` of a checkpoint) exactly as the run took them, evaluations and epoch
+        ends included, writing nothing; the checkpoint the state then makes (None on a rank
+        that writes none). A signal during the replay stops the run without a checkpoint:
+        the one replayed towards is newer."""
+        state, self.quiet, self.target = self.loop, True, target
+        self.feed = StepFeed(_Silent(), state)
+        try:
+            with determinism.nondeterminism_alerts([]):
+                while (state.epoch, state.epoch_step) < target:
+                    self.run_epoch(until=target[1] if state.epoch == target[0] else None)
+            # The run called on_checkpoint before writing the checkpoint replayed towards.
+            self.callback("on_checkpoint", checkpoint.step_path(self.saver.dir, state.global_step))
+            return self.saver.payload()
+        finally:
+            self.quiet, self.feed, self.target = False, None, None
+
+    def run_epoch(self, until: int | None = None) -> dict:
         """One epoch of counter-based batches from ``(epoch, step)``, then its end; the row.
+        ``until``: stop after that many steps of the epoch, before its end (a replay).
 
         The non-finite guard is an on-device flag read every ``nonfinite_check_every``
         steps and before every checkpoint (all-reduced: every rank stops at the same step).
@@ -141,6 +167,8 @@ class Trainer:
                 nonfinite(state, self.guard.on_nonfinite)
                 bad.zero_()
             self.after_step(step + 1)
+            if until is not None and state.epoch_step == until:
+                return {}
         seconds = time.perf_counter() - t0
         if self.dist.all_reduce_any(bool(bad)):
             nonfinite(state, self.guard.on_nonfinite)
@@ -149,8 +177,9 @@ class Trainer:
         trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
         row = self.end_epoch(seconds, trained)
         self.feed.epoch(row)
-        self.record.update(nondeterministic_ops=self.alerts,
-                           nonfinite_events=state.nonfinite_events)  # fmt: skip
+        if not self.quiet:
+            self.record.update(nondeterministic_ops=self.alerts,
+                               nonfinite_events=state.nonfinite_events)  # fmt: skip
         if state.epoch <= self.settings.epochs:  # the last epoch's end completes the run
             self.stop_if_asked(self.stop_at_reached())
         return row
@@ -172,21 +201,29 @@ class Trainer:
             self.feed.every(self.logger_cfg.log_every_steps)
         if self.profiler is not None:
             self.profiler.step()
-        events.fire("step", global_step=state.global_step)
+        if not self.quiet:
+            events.fire("step", global_step=state.global_step)
         self.stop_if_asked(self.stop_at_reached() and mid_epoch)
         every = self.settings.checkpoint_every_steps
         if every and state.global_step % every == 0 and mid_epoch:
-            self.saver.save()
+            self.save()
 
     def stop_if_asked(self, asked: bool) -> None:
         """The one place a run stops early: a signal on any rank, or ``asked`` (the same on
-        every rank); all-reduced, so every rank stops after the same step."""
+        every rank); all-reduced, so every rank stops after the same step. A replay stops
+        on a signal only, without a checkpoint (the one it replays towards is newer)."""
+        asked = asked and not self.quiet
         if not self.dist.all_reduce_any(self.stop.signal_name is not None or asked):
             return
+        if self.quiet:
+            self.record.update(status="interrupted", interrupted_at=rec.now_iso(),
+                               interrupted_by=self.stop.signal_name)  # fmt: skip
+            log.warning("interrupted while replaying; resume with `%s`", resume_hint(self.run_dir))
+            raise Interrupted(self.stop)
         stop_at = self.settings.stop_at_global_step
         self.stop.signal_name = self.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
         self.feed.close("interrupted")
-        self.saver.save()
+        self.save()
         self.record.update(
             status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=self.stop.signal_name
         )
@@ -225,22 +262,50 @@ class Trainer:
                 "step_lrs": state.progress.step_lrs,
             }
         )
-        rec.write_jsonl(self.run_dir / rec.METRICS, state.metrics)
-        rec.write_jsonl(self.run_dir / rec.FINGERPRINTS, state.fingerprints)
-        shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
-        log.info("epoch %d/%d  %s", state.epoch, settings.epochs, shown)
+        if not self.quiet:
+            rec.write_jsonl(self.run_dir / rec.METRICS, state.metrics)
+            rec.write_jsonl(self.run_dir / rec.FINGERPRINTS, state.fingerprints)
+            shown = "  ".join(
+                f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None
+            )
+            log.info("epoch %d/%d  %s", state.epoch, settings.epochs, shown)
         value, previous_best = row.get(settings.monitor), state.best
         improved = state.improved(value, settings.monitor_mode)
         state.count_stale(value, previous_best, settings)
-        if state.early_stopped is not None:
+        if state.early_stopped is not None and not self.quiet:
             log.info(
                 "early stopping: %(monitor)s has not improved for %(patience)d evaluated "
                 "epochs; best %(best)s at epoch %(best_epoch)s", state.early_stopped,
             )  # fmt: skip
+        self.callback("on_epoch_end", row)  # what a callback keeps goes into this checkpoint
         state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
-        self.saver.save(best=improved, model_state=cpu_state)
-        events.fire("after-save", global_step=state.global_step)
+        self.save(best=improved, model_state=cpu_state)
+        if not self.quiet:
+            events.fire("after-save", global_step=state.global_step)
         return row
+
+    def save(self, best: bool = False, model_state: dict | None = None) -> None:
+        """The callbacks' ``on_checkpoint``, then the checkpoint. A replay writes none and
+        calls the hook where the run did, except at the position it replays to
+        (``replay_state`` calls it there once, last)."""
+        path = checkpoint.step_path(self.saver.dir, self.loop.global_step)
+        if self.quiet:
+            if (self.loop.epoch, self.loop.epoch_step) != self.target:
+                self.callback("on_checkpoint", path)
+            return
+        self.callback("on_checkpoint", path)
+        self.saver.save(best=best, model_state=model_state)
+
+    def callback(self, hook: str, *args: Any) -> None:
+        """Every callback's ``hook`` (each inside the RNG guard: callbacks.py)."""
+        if not self.callbacks:
+            return
+        state, loop = self.runner.state, self.loop
+        ctx = CallbackContext(
+            state.model, state.optimizer, loop.epoch, loop.global_step, self.run_dir,
+            replaying=self.quiet, is_main=self.dist.is_main,
+        )  # fmt: skip
+        self.callbacks.call(hook, ctx, *args)
 
     def finish(self) -> float | None:
         """Test once (last weights, then best), mark the run completed; the monitored best."""
@@ -259,6 +324,7 @@ class Trainer:
             gpu_memory=environment.peak_memory(state.device),
         )
         self.feed.loggers.log_final(final)
+        self.callback("on_end", final)
         self.feed.close("completed")
         shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
         log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)
@@ -324,6 +390,15 @@ class EpochBar:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class _Silent:
+    """The loggers of a replay: the values were logged when the steps first ran."""
+
+    def log_steps(self, steps: list[int], series: dict) -> None: ...
+    def log_epoch(self, epoch: int, global_step: int, row: dict) -> None: ...
+    def log_final(self, metrics: dict) -> None: ...
+    def close(self, status: str) -> None: ...
 
 
 class StepFeed:

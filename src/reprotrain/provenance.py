@@ -12,9 +12,12 @@ sha256 and any drift of the venv against it are recorded before the first step.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import socket
 import sys
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -121,4 +124,34 @@ def code_now() -> str:
     return gitinfo.code_sha256(REPO_ROOT)
 
 
-__all__ = ["code_now", "experiment_id", "identity", "layout", "open_run"]
+def imported_code() -> dict[str, str]:
+    """sha256 of each module file this process imported from outside the standard library,
+    site-packages and the snapshot paths (those are ``code_sha256``'s): a user's module on
+    ``PYTHONPATH``, or reached through a link, by the content it points at. Keyed by the path
+    relative to the repo when inside it, else absolute. Taken once the run is built, when
+    every module a component names is imported; compared at each resume."""
+    skip = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    skip |= {os.path.realpath(p) for p in skip}
+    found: dict[str, str] = {}
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if not file or not os.path.isfile(file):
+            continue
+        real = os.path.realpath(file)
+        parts = Path(file).parts + Path(real).parts
+        if any(p in ("site-packages", "dist-packages") or p.startswith("torchinductor")
+               for p in parts):  # fmt: skip
+            continue  # installed packages (the lock) and torch.compile's generated kernels
+        if any(path.startswith(root + os.sep) for root in skip for path in (file, real)):
+            continue
+        name = os.path.abspath(file)
+        if name.startswith(str(REPO_ROOT) + os.sep):
+            name = os.path.relpath(name, REPO_ROOT)
+            if gitinfo.in_snapshot(Path(name).as_posix()):
+                continue  # in code_sha256
+        with open(real, "rb") as f:
+            found[name] = hashlib.sha256(f.read()).hexdigest()
+    return dict(sorted(found.items()))
+
+
+__all__ = ["code_now", "experiment_id", "identity", "imported_code", "layout", "open_run"]

@@ -12,8 +12,10 @@ Fork       new, + parent    the checkpoint's        as configured    checkpoint
 =========  ===============  ======================  ===============  ===================
 
 Only ``Resume`` checks the world size against the checkpoint's and appends an entry to the
-record's ``resumes``. (A replay-verified resume belongs in ``Resume.restore``: restore the
-checkpoint before, replay, compare with this one.)
+record's ``resumes``, and only ``Resume`` proves itself: ``Resume.restore`` goes back to the
+checkpoint before its own (or the run's start), replays the steps up to it, and compares the
+state bit for bit with the checkpoint (``resume/replay.py``). Only an identical state is
+recorded as bitwise.
 
 Closes: a resume that silently starts over, or a fork that passes for a resume. The kind is
 decided once from the run directory and the checkpoint's place, and each kind writes its
@@ -23,6 +25,7 @@ own record.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,18 @@ import torch
 
 from reprotrain.errors import ResumeError
 from reprotrain.hashing import file_sha256, state_sha256
-from reprotrain.provenance import code_now, experiment_id, identity, write_environment_text
+from reprotrain.provenance import (
+    code_now,
+    experiment_id,
+    identity,
+    imported_code,
+    write_environment_text,
+)
 from reprotrain.reduction import Reduction
+from reprotrain.repro import checkpoint
 from reprotrain.repro import device as devices
 from reprotrain.repro.seeding import Seeds, resolve_seeds
+from reprotrain.resume import replay
 from reprotrain.resume.guard import (
     ResumePoint,
     check_unrestored,
@@ -73,7 +84,8 @@ class Fresh:
 
     def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
         """Nothing to restore: record the initial weights (built from the ``init`` stream)."""
-        record.update(initial_weights_sha256=state_sha256(state.model.state_dict()))
+        record.update(initial_weights_sha256=state_sha256(state.model.state_dict()),
+                      imported_code=imported_code())  # fmt: skip
 
 
 @dataclass
@@ -99,6 +111,7 @@ class Fork(Fresh):
 
     def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
         state.load_state_dict(self.point.state)
+        record.update(imported_code=imported_code())
         rewrite_history(record.run_dir, state)
         log.info("forked from %s", self.point.path)
 
@@ -143,10 +156,15 @@ class Resume:
         self.data_now = fingerprint
 
     def restore(self, state: TrainerState, record: rec.RunRecord, *, env: dict,
-                device: torch.device, container: dict) -> None:  # fmt: skip
-        state.load_state_dict(self.point.state)
-        # Issue 25: what the checkpoint could not restore, named; refused under strict.
-        unrestored = state.audit.unrestored()
+                device: torch.device, container: dict, dist: Any = None,
+                replay_state: Any = None) -> None:  # fmt: skip
+        """Replay up to the checkpoint and compare (``replay_state``: the trainer's, which
+        re-runs steps writing nothing), then load the checkpoint, audit, record."""
+        verified = self.verify(state, record, container, dist, replay_state)
+        state.load_state_dict(self.point.state)  # after a verified replay: the same bits
+        unrestored = [verified["line"]] if verified.get("identical") is False else []
+        # What the checkpoint could not restore, named (the audit's suspects).
+        unrestored += state.audit.unrestored()
         purity = record.data.get("sample_purity") or {}
         if purity.get("pure") is False:  # found at this run's start (data/purity.py)
             unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
@@ -154,12 +172,63 @@ class Resume:
         rewrite_history(record.run_dir, state)
         code = (record.data.get("code_sha256"), code_now())
         data = (record.data.get("data_fingerprint"), self.data_now)
+        imported = (record.data.get("imported_code"), imported_code())
         entry = resume_entry(self.point, env, device, container, unrestored, code=code,
-                             data=data)  # fmt: skip
+                             data=data, imported=imported)  # fmt: skip
+        entry["verified"] = verified["line"]
+        entry["replay"] = {k: v for k, v in verified.items() if k != "line"}
+        entry["bitwise_guarantee"] = entry["bitwise_guarantee"] and bool(verified.get("identical"))
         record.update(resumes=[*record.data.get("resumes", []), entry])
         record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,
                  state.loop.epoch, state.loop.epoch_step)  # fmt: skip
+
+    def verify(self, state: TrainerState, record: rec.RunRecord, container: dict, dist: Any,
+               replay_state: Any) -> dict[str, Any]:  # fmt: skip
+        """Restore the checkpoint before this one (or keep the run's start, which ``state``
+        is), replay up to this one and compare; the evidence for the record. Every rank
+        replays (a collective under DDP); rank 0 compares and its verdict is broadcast."""
+        if not (container.get("trainer") or {}).get("verify_resume", True):
+            return {"line": "not verified (trainer.verify_resume=false)", "identical": None}
+        if replay_state is None:
+            return {"line": "not verified (no replay for this entry point)", "identical": None}
+        start = self.replay_start(record)
+        if isinstance(start, str):
+            return {"line": f"not verified ({start})", "identical": None}
+        name, begin_state = start
+        if begin_state is not None:
+            state.load_state_dict(begin_state)
+        first = state.loop.global_step + 1
+        last = self.point.state["loop"]["global_step"]
+        log.info("verifying the resume: replaying steps %d..%d from %s", first, last, name)
+        t0 = time.perf_counter()
+        replayed = replay_state(replay.position(self.point.state))
+        seconds = time.perf_counter() - t0
+        difference = replay.first_difference(self.point.state, replayed) if replayed else None
+        if dist is not None:
+            difference = dist.broadcast_object(difference)
+        line = replay.verdict(name, first, last, difference)
+        (log.info if difference is None else log.warning)("resume %s", line)
+        return {"line": line, "identical": difference is None, "from": name,
+                "first_step": first, "last_step": last, "seconds": round(seconds, 3),
+                "first_difference": difference}  # fmt: skip
+
+    def replay_start(self, record: rec.RunRecord) -> tuple[str, dict | None] | str:
+        """(name, state) the replay starts from: the checkpoint before this one, else the
+        run's start (None: ``state`` as built, or the fork's parent checkpoint); a string
+        says why there is none."""
+        found = replay.replay_start(self.point.path, self.point.state,
+                                    record.run_dir / rec.CHECKPOINTS)  # fmt: skip
+        if found is not None:
+            return found[0].name, found[1]
+        parent = record.data.get("forked_from")
+        if parent is None:
+            return "the run's start", None
+        path = Path(parent["path"])
+        if not path.is_file() or file_sha256(path) != parent.get("sha256"):
+            return (f"no checkpoint before {self.point.path.name} is kept and the checkpoint "
+                    f"the run was forked from ({path}) is gone or changed")  # fmt: skip
+        return f"the fork's parent {path.name}", checkpoint.load(path)
 
 
 Start = Fresh | Resume | Fork

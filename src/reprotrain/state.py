@@ -256,6 +256,8 @@ class TrainerState:
         # What the checkpoint cannot restore, digested at each checkpoint and compared
         # after a restore (repro/resume_audit.py); set by the trainer once it is built.
         self.audit: Any = None
+        # The run's callbacks (reprotrain/callbacks.py), a part when one of them has state.
+        self.callbacks: Any = None
 
     def parts(self) -> dict[str, Any]:
         """The checkpointed parts by name, in restore order (rng last; the audit only
@@ -266,6 +268,8 @@ class TrainerState:
             part = getattr(self, name)
             if hasattr(part, "state_dict") and hasattr(part, "load_state_dict"):
                 named[name] = part
+        if self.callbacks is not None and self.callbacks.has_state():
+            named["callbacks"] = self.callbacks
         named |= {"rng": self.rng} if self.rng is not None else {}
         return named | ({"audit": self.audit} if self.audit is not None else {})
 

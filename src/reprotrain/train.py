@@ -37,7 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from reprotrain import launchers, preflight, provenance
-from reprotrain.build import build_data, build_training, components_record
+from reprotrain.build import build_data, build_training, callbacks_for, components_record
 from reprotrain.config import TrainerSettings, microbatches_per_step, validate
 from reprotrain.data import worker_death
 from reprotrain.data.purity import check_samples
@@ -112,22 +112,25 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         device=device, reduction=reduction, train_seed=seeds.train,
     )  # fmt: skip
     state = runner.state
+    state.callbacks = callbacks_for(cfg.callbacks, device)  # conf/callbacks/: hooks, in state
     record.update(components=components_record(settings.model, runner, dataset))
     state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist)
 
     # --- start: seed the `train` stream (a resume or fork then restores the state) ---------
     seed_globals(seeds.train)  # what an Exact resume re-derives (its checkpoint has no rng)
-    start.restore(state, record, env=env, device=device, container=container)
     meta = {"config": container, "config_sha256": record["config_sha256"]}
     meta |= {"seeds": seeds.as_dict(), "env": env}
     saver = checkpoint.Saver(
         run_dir / rec.CHECKPOINTS, state, meta, settings.run.keep_checkpoints,
         gather=reduction.checkpoint,
     )  # fmt: skip
-
-    # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
     trainer = Trainer(runner, pipeline, saver, record, stop, dist, settings.loop, settings.guard,
                       logger_cfg=cfg.logger, report=write_report)  # fmt: skip
+    # A resume replays the steps since the checkpoint before its own and compares the bits.
+    start.restore(state, record, env=env, device=device, container=container, dist=dist,
+                  replay_state=trainer.replay_state)  # fmt: skip
+
+    # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
     return trainer.fit()
 
 

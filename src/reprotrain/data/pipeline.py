@@ -524,7 +524,11 @@ def by_step(batches: Iterator[Batch], per_step: int) -> Iterator[MicroBatches]:
 
 
 def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **kw: Any):
-    """``auto``: the device path for in-memory tensors, the DataLoader path otherwise."""
+    """``auto``: the device path for in-memory tensors, the DataLoader path otherwise.
+    Loader workers are checked here, the one place at run time that knows both the
+    configured path and whether the data is in memory (preflight checks the same rule
+    earlier, from the dataset's class)."""
+    configured = kind
     if kind == "auto":
         kind = "device" if dataset.in_memory else "loader"
     if kind == "device":
@@ -532,6 +536,6 @@ def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **
             raise ReprotrainError(
                 "trainer.pipeline=device needs an in-memory dataset; use trainer.pipeline=auto"
             )
-        check_workers("device", num_workers, in_memory=True)
+        check_workers(configured, num_workers, in_memory=True, target=type(dataset).__name__)
         return DevicePipeline(splits, dataset, **kw)
     return LoaderPipeline(splits, dataset, num_workers=num_workers, **kw)

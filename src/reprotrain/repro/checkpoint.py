@@ -110,7 +110,7 @@ def belongs(path: Path, seeds: dict | None) -> bool:
 def is_best_of(state: dict[str, Any], best_epoch: int) -> bool:
     """Whether ``state`` is the epoch-end checkpoint of ``best_epoch`` (what best.pt holds)."""
     loop = state.get("loop") or {}
-    return loop.get("epoch") == best_epoch + 1 and loop.get("step") == 0
+    return loop.get("epoch") == best_epoch + 1 and loop.get("epoch_step", loop.get("step")) == 0
 
 
 def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None:
@@ -238,7 +238,9 @@ def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
 
 
 class Saver:
-    """Writes step checkpoints (newest K kept) and best.pt; serialises each state once.
+    """Writes step checkpoints (newest K kept, never fewer than 2) and best.pt; serialises
+    each state once. The checkpoint before the last is always kept: a resume from the last
+    replays from it (``resume/replay.py``).
 
     ``gather`` turns this rank's snapshot into the checkpoint (under DDP: every rank's RNG
     states and partial sums on rank 0, a collective every rank runs; see reduction.py)."""
@@ -251,18 +253,24 @@ class Saver:
         keep: int,
         gather: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, keep
+        self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, max(keep, 2)
         self.gather = gather
         seeds = meta.get("seeds")
         # The run's own checkpoints so far (a resume's): the only ones pruning may count.
         self.own = [p for p in list_step_checkpoints(ckpt_dir) if belongs(p, seeds)] \
             if is_writer() else []  # fmt: skip
 
-    def save(self, best: bool = False, model_state: dict | None = None) -> None:
+    def payload(self) -> dict[str, Any] | None:
+        """The checkpoint as :meth:`save` would write it now; None on a rank that writes
+        none. A collective under DDP: every rank calls it."""
         state = snapshot(self.parts, self.meta)
         if self.gather is not None:
-            state = self.gather(state)  # a collective under DDP: every rank calls save()
-        if not is_writer():
+            state = self.gather(state)
+        return state if is_writer() else None
+
+    def save(self, best: bool = False, model_state: dict | None = None) -> None:
+        state = self.payload()
+        if state is None:
             return
         if model_state is not None:
             state["model"] = model_state  # the CPU copy already made for the fingerprint

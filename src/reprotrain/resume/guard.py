@@ -234,6 +234,7 @@ def resume_entry(
     unrestored: list[str] | None = None,
     code: tuple[str | None, str] | None = None,
     data: tuple[dict | None, dict | None] | None = None,
+    imported: tuple[dict | None, dict] | None = None,
 ) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee: an
     environment or code that differs (``mismatch``; ``code`` is (the run's start
@@ -251,6 +252,7 @@ def resume_entry(
     mismatch = comparability.differences(point.state["env"], env, invariant)
     mismatch += code_differences(*code) if code is not None else []
     mismatch += data_differences(*data) if data is not None else []
+    mismatch += imported_differences(*imported) if imported is not None else []
     if mismatch:
         msg = (
             f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality "
@@ -292,6 +294,20 @@ def data_differences(at_start: dict | None, now: dict | None) -> list[str]:
         return [f"data: the dataset changed since the run started (fingerprint sha256 "
                 f"{before[:12]} -> {str(after)[:12]})"]  # fmt: skip
     return []
+
+
+def imported_differences(at_start: dict | None, now: dict) -> list[str]:
+    """Modules imported from outside the snapshot paths (``PYTHONPATH``, links) at the run's
+    start against this resume's (``provenance.imported_code``): each changed, added or gone
+    file by name."""
+    if at_start is None:
+        return ["code: the run's start recorded no imported_code, so modules imported from "
+                "outside src/ were not compared"]  # fmt: skip
+    changed = sorted(k for k in set(at_start) | set(now) if at_start.get(k) != now.get(k))
+    if not changed:
+        return []
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return [f"code: imported from outside src/ and changed since the run started: {shown}"]
 
 
 def code_differences(at_start: str | None, now: str) -> list[str]:

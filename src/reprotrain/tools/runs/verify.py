@@ -4,7 +4,8 @@
                                       [--kill] experiment=smoke ...
 
 Each run gets its own directory (<out-dir>/<stamp>/a and b). Exit 0 only when every
-epoch's fingerprint (weights sha256 and step losses) and the final weights match; else
+epoch's fingerprint (weights sha256 and step losses), the final weights and the whole state
+of the newest checkpoints match (the comparison a resume's replay uses); else
 print the first divergent epoch (and step) and the ``make bisect`` line that
 names the first divergent op, and exit 1. Exit 2 when a run was refused (the
 trainer's own one-line error is shown, not repeated) or failed.
@@ -38,6 +39,7 @@ from pathlib import Path
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint
+from reprotrain.resume.replay import first_difference
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import CHECKPOINTS, RUN_JSON
 from reprotrain.tools import cli
@@ -172,6 +174,28 @@ def with_metrics(result: Comparison, a: Path, b: Path) -> Comparison:
     return result
 
 
+def final_state_difference(a: Path, b: Path) -> str | None:
+    """The first entry in which the two runs' newest checkpoints differ, by the comparison
+    a resume's replay uses (``resume/replay.first_difference``): the whole state, not only
+    the weights; None when identical."""
+    states = []
+    for run in (a, b):
+        path, state, _ = checkpoint.latest_valid(run / CHECKPOINTS)
+        if path is None:
+            return f"{run / CHECKPOINTS} holds no checkpoint to compare"
+        states.append(state)
+    return first_difference(*states)
+
+
+def with_final_state(result: Comparison, a: Path, b: Path) -> Comparison:
+    """Equal fingerprints and metrics, yet a final state that differs (an optimizer's
+    momentum, an RNG state, a task's state): a divergence, not IDENTICAL."""
+    if result.identical and (difference := final_state_difference(a, b)) is not None:
+        result.identical = False
+        result.reasons.append(f"the final checkpoints differ: {difference}")
+    return result
+
+
 def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None) -> str:
     """The comparison's verdict, naming the world sizes (and the resume) it compared."""
     head, _, rest = result.verdict().partition(": ")
@@ -180,7 +204,7 @@ def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None
         claim = "bitwise" if resume.get("bitwise_guarantee") else "not bitwise"
         what += (
             f"; b SIGKILLed and resumed from global step {resume.get('global_step')}, "
-            f"recorded as {claim}"
+            f"recorded as {claim} ({resume.get('verified', 'not verified')})"
         )
     return f"{head} ({what}): {rest}"
 
@@ -222,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = (recorded_world_size(dirs[0], args.nproc), recorded_world_size(dirs[1], nproc_b))
     resume = (read_run_json(dirs[1]).get("resumes") or [None])[-1] if args.kill else None
-    result = with_metrics(compare_runs(*dirs), *dirs)
+    result = with_final_state(with_metrics(compare_runs(*dirs), *dirs), *dirs)
     print(verdict_line(result, sizes, resume))
     for epoch, diffs in sorted(result.metric_diffs.items()):
         shown = ", ".join(f"{k}: {a} vs {b}" for k, (a, b) in diffs.items())

@@ -1,0 +1,120 @@
+"""Callbacks, the lightning-hydra-template way: the ``callbacks`` config group.
+
+``callbacks=default`` (``conf/callbacks/default.yaml``) is a mapping of names to
+``_target_`` nodes, built like every other component; add your own the same way
+(``+callbacks.my_name._target_=my_package.callbacks.MyCallback`` or a YAML of your own).
+A callback subclasses :class:`Callback` and overrides any of four hooks:
+
+- ``on_start(ctx)``: once per training process, after a resume's restore and replay (set-up,
+  a model summary);
+- ``on_epoch_end(ctx, row)``: after an epoch's metrics row (validation included), before
+  its checkpoint, so what the callback keeps is in that checkpoint;
+- ``on_checkpoint(ctx, path)``: after each step checkpoint is written (``path``);
+- ``on_end(ctx, final_metrics)``: once, when the run completes.
+
+``ctx`` (:class:`CallbackContext`) hands the bare model, the optimizer, the loop position,
+the run directory and ``replaying``: a resume re-runs the interval before its checkpoint to
+prove its bits (docs/resume.md) and calls ``on_epoch_end`` and ``on_checkpoint`` there too,
+so a callback's state evolves as it did; skip side effects (printing, files) when
+``ctx.replaying`` is true.
+
+A callback with state gives ``state_dict()``/``load_state_dict()``: the callbacks are one
+part of the trainer's state (``TrainerState.callbacks``), so their state is checkpointed,
+restored on resume and compared bit for bit by the resume's replay like the model's.
+
+Closes: a callback that changes the run's bits by drawing randomness. Every hook runs inside
+a guard that restores python's, NumPy's and torch's global generators (CPU and the
+training GPU) after it, so a callback that samples, shuffles or builds a tensor with
+``torch.rand`` leaves the training streams where they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class CallbackContext:
+    """What a hook may read: the run as it stands (not a copy)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    epoch: int
+    global_step: int
+    run_dir: Path
+    replaying: bool = False  # a resume re-running steps to verify itself: no side effects
+    is_main: bool = True  # rank 0 (under DDP every rank calls the hooks; one writes)
+
+
+class Callback:
+    """The base of a callback: four hooks that do nothing, and no state."""
+
+    def on_start(self, ctx: CallbackContext) -> None:
+        """Once per training process, after the restore (and a resume's replay)."""
+
+    def on_epoch_end(self, ctx: CallbackContext, row: dict[str, Any]) -> None:
+        """After the epoch's metrics row, before its checkpoint (also while replaying)."""
+
+    def on_checkpoint(self, ctx: CallbackContext, path: Path) -> None:
+        """After a step checkpoint is written (also while replaying: ``path`` not written)."""
+
+    def on_end(self, ctx: CallbackContext, final_metrics: dict[str, Any]) -> None:
+        """Once, when the run completes, with run.json's ``final_metrics``."""
+
+
+@contextlib.contextmanager
+def rng_guard(device: torch.device) -> Iterator[None]:
+    """Python's, NumPy's and torch's global generators (CPU and ``device`` when it is a GPU)
+    as they were before the block."""
+    cuda = [device] if torch.device(device).type == "cuda" else []
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=cuda):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+class Callbacks:
+    """The run's callbacks by name, in config order: one Stateful part of the trainer's
+    state (``state_dict`` holds each callback's that has one) and one call per hook."""
+
+    optional = True  # a checkpoint written before callbacks existed loads without the part
+
+    def __init__(self, callbacks: dict[str, Callback], device: torch.device) -> None:
+        self.callbacks, self.device = callbacks, device
+
+    def call(self, hook: str, ctx: CallbackContext, *args: Any) -> None:
+        for callback in self.callbacks.values():
+            with rng_guard(self.device):
+                getattr(callback, hook)(ctx, *args)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: cb.state_dict() for name, cb in self.callbacks.items() if _stateful(cb)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, cb in self.callbacks.items():
+            if _stateful(cb) and name in state:
+                cb.load_state_dict(state[name])
+
+    def has_state(self) -> bool:
+        return any(_stateful(cb) for cb in self.callbacks.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.callbacks)
+
+
+def _stateful(callback: Any) -> bool:
+    return hasattr(callback, "state_dict") and hasattr(callback, "load_state_dict")
+
+
+__all__ = ["Callback", "CallbackContext", "Callbacks", "rng_guard"]

@@ -1,0 +1,104 @@
+"""User code that keeps state where no ``state_dict`` and no audit can see it (issue 34).
+
+Not a test module: the trainer imports it in a subprocess (``PYTHONPATH=tests``), as it
+imports a user's package. Each model is the framework's test net whose output is scaled by
+a state it keeps outside its ``state_dict``, so a resume that does not rebuild that state
+trains other weights; ``counting_lambda_lr`` is a scheduler whose closure counts its calls.
+A resume is right about these only by re-executing them (the replay), never by listing.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import torch
+from torch import Tensor
+
+from reprotrain.selfcheck.net import TinyConvNet
+
+CALLS = 0  # a module-level counter (ModuleCounterNet)
+
+
+class _Scaled(TinyConvNet):
+    """The test net times ``1 + 1e-2 * self.tick()`` while training."""
+
+    def tick(self) -> float:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = super().forward(x)
+        return out * (1 + 1e-2 * self.tick()) if self.training else out
+
+
+class BufferNet(_Scaled):
+    """A non-persistent buffer updated in ``forward``."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.register_buffer("seen", torch.zeros(()), persistent=False)
+
+    def tick(self) -> float:
+        self.seen += 1
+        return float(self.seen)
+
+
+class PrivateCounterNet(_Scaled):
+    """A private attribute the audit does not read."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._calls = 0
+
+    def tick(self) -> float:
+        self._calls += 1
+        return float(self._calls)
+
+
+class ContainersNet(_Scaled):
+    """A deque, an itertools.count and a dict nested seven deep."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.recent: collections.deque = collections.deque(maxlen=4)
+        self.counter = itertools.count()
+        self.deep = {"a": {"b": {"c": {"d": {"e": {"f": {"g": 0}}}}}}}
+
+    def tick(self) -> float:
+        leaf = self.deep["a"]["b"]["c"]["d"]["e"]["f"]
+        leaf["g"] += 1
+        self.recent.append(next(self.counter))
+        return float(leaf["g"] + sum(self.recent))
+
+
+class NumpyTensorNet(_Scaled):
+    """A 1.6 MB tensor attribute changed through ``.numpy()`` (its version never moves)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.table = torch.zeros(400_000)
+
+    def tick(self) -> float:
+        view = self.table.numpy()
+        view[0] += 1
+        return float(self.table[0])
+
+
+class ModuleCounterNet(_Scaled):
+    """A counter at module level."""
+
+    def tick(self) -> float:
+        global CALLS
+        CALLS += 1
+        return float(CALLS)
+
+
+def counting_lambda_lr(optimizer: torch.optim.Optimizer, total_steps: int):
+    """A LambdaLR whose lambda keeps a count in its closure (not in the scheduler's state)."""
+    calls = [0]
+
+    def factor(_: int) -> float:
+        calls[0] += 1
+        return 1.0 / (1 + 0.3 * calls[0])
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -113,3 +113,32 @@ def test_a_resume_keeps_the_starts_data_fingerprint_and_names_a_change():
     (line,) = data_differences({"sha256": "a" * 64}, {"sha256": "b" * 64})
     assert line.startswith("data: the dataset changed since the run started")
     assert data_differences(None, {"sha256": "b" * 64})[0].endswith("was not compared")
+
+
+def test_a_module_imported_from_outside_src_is_digested_and_an_edit_is_named(tmp_path, monkeypatch):
+    """Issue 34.4: a user module on PYTHONPATH (here tmp_path), or linked from there, edited
+    between a kill and a resume, was compared by nobody: code_sha256 covers src/ and conf/."""
+    import importlib
+    import sys
+
+    from reprotrain.provenance import imported_code
+    from reprotrain.resume.guard import imported_differences
+
+    real = tmp_path / "elsewhere" / "user_layers.py"
+    real.parent.mkdir()
+    real.write_text("SCALE = 1.0\n")
+    (tmp_path / "linked_layers.py").symlink_to(real)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("linked_layers",):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.import_module("linked_layers")
+    start = imported_code()
+    key = str(tmp_path / "linked_layers.py")
+    assert key in start and not any("site-packages" in k for k in start)
+    assert not any(k.startswith("src/") for k in start)  # those are code_sha256's
+    assert imported_differences(start, imported_code()) == []
+    real.write_text("SCALE = 2.0\n")  # the link's target edited: the link's text is the same
+    assert imported_differences(start, imported_code()) == [
+        f"code: imported from outside src/ and changed since the run started: {key}"
+    ]
+    assert imported_differences(None, start)[0].startswith("code: the run's start recorded no")

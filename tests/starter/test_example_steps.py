@@ -141,3 +141,26 @@ def test_a_bad_step_or_dataset_argument_is_refused_before_the_run_dir_exists(
     (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
     assert line.startswith("error: ") and says in line
     assert not run_dir.exists(), "nothing written: no failed run directory left behind"
+
+
+def test_the_rooms_callbacks_summarise_the_model_and_keep_a_metric_history(tmp_path):
+    """src/starter/callbacks.py: ModelSummary's rows and MetricHistory's state round trip."""
+    from torch import nn
+
+    from reprotrain.callbacks import CallbackContext
+    from starter.callbacks import MetricHistory, ModelSummary
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
+    assert ModelSummary(max_depth=1).rows(model) == [
+        ("(model)", "Sequential", 26), ("0", "Linear", 16), ("1", "Sequential", 10)
+    ]  # fmt: skip
+    assert len(ModelSummary(max_depth=2).rows(model)) == 5
+    history = MetricHistory(monitor="val_acc", mode="max")
+    ctx = CallbackContext(model, None, 1, 1, tmp_path)
+    for value in (0.5, 0.7, 0.6):
+        history.on_epoch_end(ctx, {"val_acc": value})
+    again = MetricHistory(monitor="val_acc", mode="max")
+    again.load_state_dict(history.state_dict())
+    assert again.values == [0.5, 0.7, 0.6] and again.best == 0.7
+    again.on_end(ctx, {})
+    assert '"best": 0.7' in (tmp_path / "metric_history.json").read_text()

@@ -1,0 +1,101 @@
+"""Callbacks the lightning-hydra-template way (issue 38.2): a ``callbacks`` group of
+``_target_``s with four hooks, each inside the RNG guard, its state checkpointed and covered
+by the resume's replay."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
+from reprotrain.callbacks import Callback, CallbackContext, Callbacks, rng_guard
+from reprotrain.components import ComponentError, build_callbacks, check_node
+
+
+def test_a_hook_that_draws_leaves_every_global_generator_where_it_was():
+    before = random.getstate(), np.random.get_state()[1].copy(), torch.random.get_rng_state()
+    with rng_guard(torch.device("cpu")):
+        random.random(), np.random.rand(), torch.rand(3)
+    after = random.getstate(), np.random.get_state()[1], torch.random.get_rng_state()
+    assert before[0] == after[0] and (before[1] == after[1]).all()
+    assert torch.equal(before[2], after[2])
+
+
+def test_only_callbacks_with_state_are_a_part_and_they_round_trip():
+    class Plain(Callback):
+        pass
+
+    class Counting(Callback):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def on_epoch_end(self, ctx, row) -> None:
+            self.n += 1
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, state):
+            self.n = state["n"]
+
+    plain = Callbacks({"plain": Plain()}, torch.device("cpu"))
+    assert not plain.has_state() and plain.state_dict() == {}
+    counting = Callbacks({"plain": Plain(), "count": Counting()}, torch.device("cpu"))
+    ctx = CallbackContext(torch.nn.Linear(1, 1), None, 1, 3, REPO)
+    counting.call("on_epoch_end", ctx, {})
+    assert counting.has_state() and counting.state_dict() == {"count": {"n": 1}}
+    again = Callbacks({"count": Counting()}, torch.device("cpu"))
+    again.load_state_dict(counting.state_dict())
+    assert again.callbacks["count"].n == 1
+
+
+def test_the_group_is_built_by_target_and_a_bad_key_is_one_line():
+    node = OmegaConf.create(
+        {"summary": {"_target_": "starter.callbacks.ModelSummary", "max_depth": 2}, "off": None}
+    )
+    built = build_callbacks(node)
+    assert list(built) == ["summary"] and built["summary"].max_depth == 2
+    bad = OmegaConf.create({"_target_": "starter.callbacks.ModelSummary", "max_dept": 2})
+    with pytest.raises(ComponentError, match="callbacks.summary.*max_dept"):
+        check_node(bad, "callbacks.summary")
+    with pytest.raises(ComponentError, match="callbacks.x has no _target_"):
+        build_callbacks(OmegaConf.create({"x": {"max_depth": 1}}))
+
+
+RUN = ["experiment=selfcheck", *TINY, "trainer.epochs=2", "trainer.checkpoint_every_steps=1",
+       "model.dropout=0.3"]  # fmt: skip  (dropout draws from the `train` stream)
+DRAWING = ["callbacks=default", "+callbacks.noise._target_=callback_user_code.RandomDrawing"]
+
+
+def env():
+    return base_env(PYTHONPATH=str(REPO / "tests"))
+
+
+def test_callbacks_change_no_bits_and_a_callback_with_state_resumes_bitwise(tmp_path):
+    """A callback that draws from every global generator in every hook, killed after the
+    epoch-1 checkpoint and resumed: the callbacks' state is restored and replayed (the
+    replay runs on_epoch_end), and the run ends with the weights of a run without any
+    callback (the guard) and a metric history equal to that run's metrics.jsonl."""
+    none, run = tmp_path / "none", tmp_path / "killed"
+    assert_ok(train(none, *RUN, micro=False, env=env()))
+    proc = train(run, *RUN, *DRAWING, micro=False, env=env(), fault="step:4")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert_ok(train(run, *RUN, *DRAWING, "resume=auto", micro=False, env=env()))
+    (entry,) = run_json(run)["resumes"]
+    assert entry["verified"] == "steps 3..3 replayed from step-00000002.pt, identical"
+    assert entry["bitwise_guarantee"] is True
+    assert run_json(run)["final_weights_sha256"] == run_json(none)["final_weights_sha256"]
+    assert run_json(run)["components"]["callbacks"] == {
+        "model_summary": "starter.callbacks.ModelSummary",
+        "metric_history": "starter.callbacks.MetricHistory",
+        "noise": "callback_user_code.RandomDrawing",
+    }
+    history = json.loads((run / "metric_history.json").read_text())
+    losses = [row["train_loss"] for row in jsonl(none / "metrics.jsonl")]
+    assert history == {"monitor": "train_loss", "values": losses, "best": min(losses)}

@@ -1,9 +1,15 @@
 """Batches of any shape: a pytree (tuples, lists, dicts, nested) whose leaves are tensors
 that share their first dimension, the sample dimension.
 
-The pipeline, the step and DDP sharding all go through these four functions, so a dataset
+The pipeline, the step and DDP sharding all go through these functions, so a dataset
 may yield ``(x, y)``, ``{"image": x, "meta": m, "label": y}`` or padded sequences with their
 lengths, and nothing in the framework assumes which.
+
+A step's batch is either one such pytree, cut into micro-batches by ``micro_batch`` (views),
+or ``MicroBatches``: micro-batches collated one by one, whose shapes may differ (each padded
+to its own longest sequence). The loader pipeline gives the latter in a world-size invariant
+run, so that a micro-batch's padding depends on its own samples alone, never on which other
+samples share its rank.
 """
 
 from __future__ import annotations
@@ -32,8 +38,42 @@ def leaves(batch: Batch) -> list[torch.Tensor]:
     return found
 
 
+class MicroBatches:
+    """A step's batch as its micro-batches, each collated alone (a pytree node: ``to_device``,
+    hashing and ``leaves`` see every micro-batch's tensors, in order). Micro-batch ``i`` is
+    ``self[i]``; all hold the same number of samples, their other dimensions may differ."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Batch]) -> None:
+        self.parts = list(parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def __getitem__(self, i: int) -> Batch:
+        return self.parts[i]
+
+    def __iter__(self):
+        return iter(self.parts)
+
+    def __repr__(self) -> str:
+        return f"MicroBatches({len(self.parts)} micro-batches)"
+
+
+pytree.register_pytree_node(
+    MicroBatches,
+    lambda mb: (mb.parts, None),
+    lambda parts, _: MicroBatches(list(parts)),
+    serialized_type_name="reprotrain.batches.MicroBatches",
+)
+
+
 def batch_size(batch: Batch) -> int:
-    """Samples in the batch: the first dimension its tensors share."""
+    """Samples in the batch: the first dimension its tensors share (over every micro-batch
+    of a ``MicroBatches``)."""
+    if isinstance(batch, MicroBatches):
+        return sum(batch_size(part) for part in batch)
     sizes = {t.shape[0] if t.dim() else None for t in leaves(batch)}
     if len(sizes) != 1 or None in sizes:
         raise ReprotrainError(
@@ -56,3 +96,30 @@ def narrow(batch: Batch, start: int, length: int) -> Batch:
 def take(batch: Batch, index: torch.Tensor | int) -> Batch:
     """Samples ``index`` (a tensor of positions, or one position) of every tensor."""
     return pytree.tree_map(lambda t: t[index], batch)
+
+
+def microbatch_count(batch: Batch, microbatch_size: int | None) -> int:
+    """How many micro-batches a step's ``batch`` holds: a ``MicroBatches``' own, else its
+    samples in pieces of ``microbatch_size`` (None: one piece; it divides the batch, as
+    ``config.check_layout`` checks)."""
+    if isinstance(batch, MicroBatches):
+        sizes = {batch_size(part) for part in batch}
+        if len(sizes) != 1:
+            raise ReprotrainError(
+                f"a step's micro-batches hold different sample counts ({sorted(sizes)}); each "
+                "must hold trainer.microbatch_size samples"
+            )
+        return len(batch)
+    n = batch_size(batch)
+    return n // (microbatch_size or n)
+
+
+def micro_batch(batch: Batch, i: int, k: int) -> Batch:
+    """Micro-batch ``i`` of the ``k`` in ``batch``: a ``MicroBatches``' own part, else a view
+    of samples ``i*n/k .. (i+1)*n/k`` (the whole batch when ``k`` is 1, no op at all)."""
+    if isinstance(batch, MicroBatches):
+        return batch[i]
+    if k == 1:
+        return batch
+    size = batch_size(batch) // k
+    return narrow(batch, i * size, size)

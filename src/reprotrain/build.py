@@ -43,10 +43,12 @@ def build_data(
     rank: int = 0,
     world_size: int = 1,
     channels_last: bool = False,
+    microbatch_collate: int = 0,
 ):
     """The dataset ``_target_`` and the pipeline that serves it (device or DataLoader);
     ``num_classes`` is the model's declared class count (None: not declared), checked
-    against the dataset's."""
+    against the dataset's. ``microbatch_collate``: samples per collate call (the
+    reduction's ``microbatch_collate``; 0: a rank's share of each step at once)."""
     dataset = build_dataset(dataset_cfg)
     splits = dataset.splits()
     check_num_classes(num_classes, splits.num_classes)
@@ -57,7 +59,7 @@ def build_data(
         limit_train_steps=settings.limit_train_steps,
         limit_eval_batches=settings.limit_eval_batches,
         overfit_batches=settings.overfit_batches,
-        rank=rank, world_size=world_size,
+        rank=rank, world_size=world_size, microbatch_collate=microbatch_collate,
     )  # fmt: skip
     return dataset, pipeline
 

@@ -124,17 +124,18 @@ class StepRunner:
 
     def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
         """Zero the gradients; forward and backward every micro-batch of this rank's
-        ``batch``; combine through the reduction. (step loss, metric sums) on the device;
-        the first call of a step is the one recorded."""
+        ``batch`` (``trainer.microbatch_size`` views of it, or its own parts when it is
+        ``batches.MicroBatches``); combine through the reduction. (step loss, metric sums)
+        on the device; the first call of a step is the one recorded."""
         state, device, reduction = self.state, self.state.loop.device, self.reduction
         global_step = self.global_step
         n = batches.batch_size(batch)
-        size = self.settings.microbatch_size or n  # divides n: config.check_layout
-        k = n // size
+        k = batches.microbatch_count(batch, self.settings.microbatch_size)  # k divides n
+        size = n // k
         weight = reduction.loss_weight(size, n)
         sums = reduction.accumulator(state.model, k, device)
         for i in range(k):
-            micro = batch if k == 1 else batches.narrow(batch, i * size, size)
+            micro = batches.micro_batch(batch, i, k)  # a view, or collated alone
             index = reduction.rank * k + i
             ctx = StepContext(
                 device, global_step=global_step, microbatch=index,

@@ -21,8 +21,9 @@ Exact     ``world_size_invariant=true``, any W        int64 fixed-point sums (``
 Closes (Exact): the world size's effect on the bits. Float addition is not associative, so a
 float all-reduce of partial sums that hold different subsets of micro-batches gives different
 bits on 1, 2 or 4 ranks; exact integer sums, per-micro-batch BatchNorm and per-micro-batch
-RNG (seeded by the loop from the global micro-batch index) leave nothing that depends on
-which rank ran what. Nothing in an Exact run's checkpoint belongs to a rank, so it may resume
+RNG (seeded by the loop from the global micro-batch index) and per-micro-batch collation
+(a padding collate pads each micro-batch to its own longest sample) leave nothing that depends
+on which rank ran what. Nothing in an Exact run's checkpoint belongs to a rank, so it may resume
 on another world size dividing k x W.
 """
 
@@ -153,6 +154,11 @@ class Reduction:
     def samples(self, n: int) -> int:
         """The samples a step's metric sums cover, for ``n`` on this rank."""
         return n
+
+    def microbatch_collate(self, microbatch_size: int) -> int:
+        """Samples per collate call of the loader pipeline's per-sample path: 0, a rank's
+        share of each step at once (Local, DDP: today's batches, bit for bit)."""
+        return 0
 
     # --- the epoch and the checkpoint ---------------------------------------------------------
     def end_epoch(self, progress: EpochProgress) -> None:
@@ -285,6 +291,11 @@ class Exact(Reduction):
 
     def samples(self, n: int) -> int:
         return n * self.world_size
+
+    def microbatch_collate(self, microbatch_size: int) -> int:
+        """One micro-batch: its padding and collate-time draws depend on its own samples
+        and key alone, never on which samples share its rank."""
+        return microbatch_size
 
     def checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
         return state  # every entry is the same on every rank

@@ -101,6 +101,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     dataset, pipeline = build_data(
         cfg.dataset, cfg.model.get("num_classes"), settings.pipeline, seeds, device,
         rank=dist.rank, world_size=dist.world_size, channels_last=settings.model.channels_last,
+        microbatch_collate=reduction.microbatch_collate(settings.pipeline.batch_size // k),
     )  # fmt: skip
     start.record_data(record, dataset.fingerprint())
     check_samples(pipeline, flags["level"], record)

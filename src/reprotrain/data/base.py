@@ -183,8 +183,10 @@ class SampleData:
     (``pipeline.SeededSamples``), so any randomness drawn there is independent of workers
     and resumable; ``transform(sample, train, rng)`` is also handed a seeded
     ``numpy.random.Generator``. ``collate`` (a callable from the YAML: list of samples ->
-    batch) builds each batch; the default stacks. It runs under a per-batch seed, but
-    randomness belongs in ``transform``.
+    batch) builds each batch; the default stacks. It runs under a per-batch seed, and a
+    collate with a ``ctx`` parameter is handed the batch's ``pipeline.CollateContext``
+    (``ctx.generator``...). Under ``trainer.world_size_invariant=true`` it builds one
+    micro-batch per call (padding and draws then never depend on the world size).
     """
 
     in_memory = False

@@ -19,6 +19,10 @@ Closes: augmentation randomness, two ways.
   result never depends on which worker ran it, how many there are, or what ran before; a
   transform that takes an ``rng`` keyword also gets a ``numpy.random.Generator`` for the
   sample. The dataset's ``collate`` then builds the batch.
+- The collate runs with every global RNG seeded from its batch's key and restored
+  afterwards (``SeededCollate``); a collate with a ``ctx`` parameter is also handed a
+  ``CollateContext`` (``ctx.generator``, ``ctx.numpy_generator``, ``ctx.seed``) keyed the
+  same way.
 - ``batch_transform`` (in-memory tensors) runs with the global RNGs seeded from
   ``(augment seed, e, s)`` (evaluation: ``(augment seed, "eval", split, batch)``), restored
   afterwards.
@@ -27,11 +31,22 @@ Closes: augmentation randomness, two ways.
   the batch transform run there, with no worker processes.
 - ``LoaderPipeline`` is a ``DataLoader`` over keys ``(epoch, index)`` with an explicit
   generator and a ``worker_init_fn``, so ``num_workers=0`` and ``2`` give the same batches.
+
+Closes (world-size invariant runs, ``microbatch_collate``): the world size's effect on a
+collated batch. A collate that pads to the longest sequence it is given, or draws, gives a
+rank's share of the global batch a shape and draws that depend on which samples share the
+rank. With ``microbatch_collate`` set (the trainer sets it to the micro-batch size when
+``trainer.world_size_invariant=true``) the per-sample path collates each micro-batch alone:
+micro-batch ``j`` of step ``s`` holds samples ``j*m .. (j+1)*m - 1`` of the step's global
+batch, the same on any world size, and its collate draws from ``(augment seed, "collate",
+epoch, s, j)``. A step then yields ``batches.MicroBatches`` (its micro-batches, each with its
+own padding), which the engine runs as they are.
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 import random
 import re
 import signal
@@ -43,7 +58,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from reprotrain.batches import Batch, batch_size, narrow, take, to_device
+from reprotrain.batches import Batch, MicroBatches, batch_size, narrow, take, to_device
 from reprotrain.config import check_workers
 from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
@@ -80,9 +95,13 @@ class _Base:
         overfit_batches: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        microbatch_collate: int = 0,
     ) -> None:
         self.n = len(splits.train)
         self.rank, self.world_size = rank, world_size
+        # Samples per collate call in a world-size invariant run (the micro-batch size):
+        # the per-sample path collates each micro-batch alone. 0: a rank's share at once.
+        self.microbatch_collate = microbatch_collate
         self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
         self.overfit_batches = overfit_batches
         if self.n < batch_size:
@@ -162,16 +181,38 @@ class DevicePipeline(_Base):
             yield self._on_device(narrow(samples, i, min(size, n - i)), None, ("eval", split, k))
 
 
+class KeyBatch(list):
+    """One collate call's keys ``[(epoch, index), ...]`` and where the batch sits: ``step``
+    (the epoch's step; evaluation: the batch's index in its split) and ``microbatch`` (its
+    global index in the step when it is one micro-batch collated alone, else None). The
+    sampler yields these; they reach ``keyed_items`` in whichever worker runs them."""
+
+    step: int | None = None
+    microbatch: int | None = None
+
+
+def key_batch(keys: list, step: int | None, microbatch: int | None = None) -> KeyBatch:
+    batch = KeyBatch(keys)
+    batch.step, batch.microbatch = step, microbatch
+    return batch
+
+
 class KeyedSamples(list):
-    """One batch's samples, with the key of its first sample (what seeds its collate)."""
+    """One batch's samples, with the key of its first sample and the batch's place
+    (``KeyBatch``): what seeds its collate."""
 
     key: tuple[int | None, int] = (None, 0)
+    step: int | None = None
+    microbatch: int | None = None
 
 
 def keyed_items(dataset: Dataset, keys: list[tuple[int | None, int]]) -> KeyedSamples:
-    """``dataset.__getitems__``: the samples of ``keys``, remembering the first key."""
+    """``dataset.__getitems__``: the samples of ``keys``, remembering the first key and,
+    from a ``KeyBatch``, the step and micro-batch."""
     samples = KeyedSamples(dataset[k] for k in keys)
     samples.key = keys[0] if keys else (None, 0)
+    samples.step = getattr(keys, "step", None)
+    samples.microbatch = getattr(keys, "microbatch", None)
     return samples
 
 
@@ -223,35 +264,101 @@ class SeededSamples(Dataset):
     __getitems__ = keyed_items
 
 
+class CollateContext:
+    """What a collate with a ``ctx`` parameter is handed: which batch it builds, and
+    counter-based randomness for it (``def __call__(self, samples, ctx)``).
+
+    - ``training``: True for a training batch, False in evaluation.
+    - ``epoch``: the data epoch (None in evaluation); ``step``: the epoch's step
+      (evaluation: the batch's index in its split).
+    - ``microbatch``: in a world-size invariant run, the global index of the micro-batch
+      being collated (each is collated alone, the same samples on any world size); None
+      when the collate builds a rank's share of a step, or an evaluation batch.
+    - ``seed``, ``generator`` (a CPU ``torch.Generator``), ``numpy_generator``: seeded from
+      the batch's key, made on first use; draw random padding, cropping or token dropout
+      from these and the collate gives the same batch in any worker, after any resume and,
+      in an invariant run, on any world size.
+    """
+
+    __slots__ = ("_generator", "_numpy_generator", "epoch", "microbatch", "seed", "step")
+    __slots__ += ("training",)
+
+    def __init__(
+        self, seed: int, *, epoch: int | None, step: int | None, microbatch: int | None
+    ) -> None:
+        self.seed, self.epoch, self.step, self.microbatch = seed, epoch, step, microbatch
+        self.training = epoch is not None
+        self._generator: torch.Generator | None = None
+        self._numpy_generator: np.random.Generator | None = None
+
+    @property
+    def generator(self) -> torch.Generator:
+        """A fresh CPU ``torch.Generator`` seeded with ``seed``."""
+        if self._generator is None:
+            self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        return self._generator
+
+    @property
+    def numpy_generator(self) -> np.random.Generator:
+        """A fresh ``numpy.random.Generator`` seeded with ``seed``."""
+        if self._numpy_generator is None:
+            self._numpy_generator = np.random.default_rng(self.seed)
+        return self._numpy_generator
+
+
 class SeededCollate:
-    """The dataset's collate with every global RNG seeded from ``(augment seed, "collate",
-    epoch, first sample index)`` and restored afterwards: a collate that draws (random
-    padding, cropping a sequence) gives the same batch in any worker, after any resume."""
+    """The dataset's collate with every global RNG seeded from its batch's key and restored
+    afterwards: a collate that draws (random padding, cropping a sequence) gives the same
+    batch in any worker, after any resume. A collate with a ``ctx`` parameter is also handed
+    a ``CollateContext`` whose generators derive from the same key.
+
+    The key: ``(augment seed, "collate", epoch, first sample index)`` for a rank's share of
+    a step (``"eval"`` for the epoch in evaluation); ``(augment seed, "collate", epoch, step,
+    "microbatch", j)`` for micro-batch ``j`` collated alone (a world-size invariant run):
+    the same on any world size."""
 
     def __init__(self, collate: Any, augment_seed: int) -> None:
         self.collate, self.augment_seed = collate, augment_seed
+        self.takes_ctx = takes_keyword(collate, "ctx")
 
     def __call__(self, samples: list) -> Batch:
         epoch, first = getattr(samples, "key", (None, 0))
-        seed = stable_hash(self.augment_seed, "collate", "eval" if epoch is None else epoch, first)
-        with scoped_globals(seed):
-            return self.collate(list(samples))
+        step, micro = getattr(samples, "step", None), getattr(samples, "microbatch", None)
+        if micro is None:
+            key = (self.augment_seed, "collate", "eval" if epoch is None else epoch, first)
+        else:
+            key = (self.augment_seed, "collate", epoch, step, "microbatch", micro)
+        with scoped_globals(stable_hash(*key)):
+            if not self.takes_ctx:
+                return self.collate(list(samples))
+            ctx = CollateContext(stable_hash(*key, "ctx"), epoch=epoch, step=step,
+                                 microbatch=micro)  # fmt: skip
+            return self.collate(list(samples), ctx=ctx)
+
+
+def takes_keyword(fn: Any, name: str) -> bool:
+    """Whether ``fn`` has a parameter ``name`` (a transform's ``rng``, a collate's ``ctx``)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return False
+    return name in params
 
 
 def takes_rng(transform: Any) -> bool:
     """Whether ``transform`` accepts an ``rng`` keyword (then it is handed a seeded
     ``numpy.random.Generator`` per sample)."""
-    try:
-        params = inspect.signature(transform).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
-        return False
-    return "rng" in params
+    return takes_keyword(transform, "rng")
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Key batches ``[(epoch, index), ...]`` of one epoch, from step ``start_step`` on.
 
-    ``shard=(rank, world_size)`` yields that rank's share of each global batch."""
+    ``shard=(rank, world_size)`` yields that rank's share of each global batch.
+    ``microbatch`` (a world-size invariant run's micro-batch size) yields instead, per step,
+    this rank's micro-batches one by one (``per_step`` of them): micro-batch ``j`` is
+    samples ``j*m .. (j+1)*m - 1`` of the global batch, and the rank's are its share of the
+    step's micro-batch indices (``shard_global_batch``), so none depends on the world size."""
 
     def __init__(
         self,
@@ -262,19 +369,28 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         start_step: int = 0,
         steps: int | None = None,
         shard: tuple[int, int] = (0, 1),
+        microbatch: int = 0,
     ):
         self.n, self.batch_size, self.shard = n, batch_size, shard
         self.data_seed, self.epoch, self.start_step = data_seed, epoch, start_step
         self.steps = n // batch_size if steps is None else steps
+        self.microbatch = microbatch
+        self.per_step = batch_size // microbatch // shard[1] if microbatch else 1
 
     def __len__(self) -> int:
-        return self.steps - self.start_step
+        return (self.steps - self.start_step) * self.per_step
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order = epoch_order(self.n, self.data_seed, self.epoch).tolist()
+        m = self.microbatch
         for step in range(self.start_step, self.steps):
             batch = order[step * self.batch_size : (step + 1) * self.batch_size]
-            yield [(self.epoch, i) for i in shard_global_batch(batch, *self.shard)]
+            if not m:
+                keys = [(self.epoch, i) for i in shard_global_batch(batch, *self.shard)]
+                yield key_batch(keys, step)
+                continue
+            for j in shard_global_batch(range(self.batch_size // m), *self.shard):
+                yield key_batch([(self.epoch, i) for i in batch[j * m : (j + 1) * m]], step, j)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -378,10 +494,14 @@ class LoaderPipeline(_Base):
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
         epoch = self.data_epoch(epoch)
         shard = (self.rank, self.world_size) if self.per_sample else (0, 1)
+        micro = self.microbatch_collate if self.per_sample else 0  # tensors: fixed shapes
         sampler = EpochBatchSampler(
-            self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch, shard
-        )
+            self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch,
+            shard, micro,
+        )  # fmt: skip
         batches = self._batches(self.train_set, sampler, epoch)
+        if micro:  # each micro-batch collated alone: a step is its rank's micro-batches
+            batches = by_step(batches, sampler.per_step)
         for step, batch in enumerate(batches, start_step):
             yield step, self._finish(batch, (self.augment_seed, epoch, step))
 
@@ -389,11 +509,18 @@ class LoaderPipeline(_Base):
         dataset = self.eval_sets[split]
         keys = [(None, i) for i in range(len(dataset))]
         size = self.eval_batch_size
-        batches = [keys[i : i + size] for i in range(0, len(keys), size)]
+        starts = range(0, len(keys), size)
+        batches = [key_batch(keys[i : i + size], k) for k, i in enumerate(starts)]
         if self.limit_eval_batches:
             batches = batches[: self.limit_eval_batches]
         for k, batch in enumerate(self._batches(dataset, batches, epoch=0)):
             yield self._finish(batch, None, ("eval", split, k))
+
+
+def by_step(batches: Iterator[Batch], per_step: int) -> Iterator[MicroBatches]:
+    """Micro-batches collated one by one, ``per_step`` at a time: one step's batch each."""
+    while parts := list(itertools.islice(batches, per_step)):
+        yield MicroBatches(parts)
 
 
 def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **kw: Any):

@@ -173,14 +173,17 @@ def trial_seed(seed: int | None, number: int) -> int | None:
 
 
 def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str, Any]) -> Any:
-    """A fresh sampler for trial ``number``: the configured one, its seed per trial."""
+    """A fresh sampler for trial ``number``: the configured one, its seed per trial (a
+    grid's stays the study's: it orders the grid; which unvisited point comes next then
+    depends on the storage alone)."""
     from hydra.utils import instantiate
 
     conf = OmegaConf.create(OmegaConf.to_container(OmegaConf.create(dict(sampler)), resolve=True))
     kwargs: dict[str, Any] = {}
-    if "seed" in conf:
+    grid = conf.get("_target_") == GRID
+    if "seed" in conf and not grid:  # the grid's seed shuffles the grid: one for the study
         kwargs["seed"] = trial_seed(conf.seed, number)
-    if conf.get("_target_") == GRID and conf.get("search_space") is None:
+    if grid and conf.get("search_space") is None:
         kwargs["search_space"] = grid_of(space)
     return instantiate(conf, **kwargs)
 
@@ -332,6 +335,7 @@ class StudyRunner:
             try:
                 value = ret.return_value
             except Exception as e:  # the job raised: the trial failed, the study stops
+                _no_grid_stop(study)
                 study.tell(trial.number, state=_state("FAIL"))
                 failed = failed or e
                 continue
@@ -342,6 +346,7 @@ class StudyRunner:
 
     def _tell(self, study: Any, number: int, value: Any) -> None:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        _no_grid_stop(study)
         if ok:
             study.tell(number, float(value))
         else:  # no finite value of trainer.monitor: a failed trial, the study goes on
@@ -365,6 +370,7 @@ class StudyRunner:
             self._tell(study, trial.number, trial_value(run_dir, self.metric, self.mode))
             return []
         if status == "failed":
+            _no_grid_stop(study)
             study.tell(trial.number, state=_state("FAIL"))
             return []
         extra = ["resume=auto", *(["hydra.output_subdir=null"] if status else [])]
@@ -382,6 +388,16 @@ class StudyRunner:
         text = yaml.safe_dump({"name": "optuna", "best_params": dict(best.params),
                                "best_value": best.value}, sort_keys=False)  # fmt: skip
         atomic_write_text(self.sweep_dir / RESULTS, text)
+
+
+def _no_grid_stop(study: Any) -> None:
+    """GridSampler's ``after_trial`` calls ``study.stop()`` once the grid is done, which
+    raises outside ``study.optimize``; here the study stops at the grid's size itself
+    (:meth:`StudyRunner.n_trials`), so a grid trial is told by a sampler without it."""
+    from optuna.samplers import GridSampler, RandomSampler
+
+    if isinstance(study.sampler, GridSampler):
+        study.sampler = RandomSampler()
 
 
 def _state(name: str) -> Any:

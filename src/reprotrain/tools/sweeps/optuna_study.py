@@ -186,12 +186,19 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
     return study
 
 
+def open_journal(path: Path) -> Any:
+    """The journal storage at ``path`` (created when absent): what ``optuna.load_study``
+    takes as ``storage=`` to open the study."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+
+
 def storage_trials(journal: Path, study_name: str | None) -> dict[int, dict[str, Any]]:
     """The study's trials as its journal holds them (``optuna.load_study``):
     {number: {params, value, state}}."""
     import optuna
-
-    from reprotrain.tools.sweeps.optuna_sweeper import open_journal
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_journal(journal)

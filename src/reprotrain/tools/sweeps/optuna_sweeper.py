@@ -40,11 +40,10 @@ from reprotrain.quoting import hydra_value
 from reprotrain.repro.seeding import stable_hash
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text
+from reprotrain.tools.sweeps.optuna_study import JOURNAL, open_journal, trial_value
 
 log = logging.getLogger(__name__)
 
-#: The study's default storage, in the sweep directory (archived with it).
-JOURNAL = "study.journal"
 #: best_params / best_value, from the storage (the name hydra-optuna-sweeper used).
 RESULTS = "optimization_results.yaml"
 GRID = "optuna.samplers.GridSampler"
@@ -193,21 +192,9 @@ def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
     directory, a URL (``sqlite:///study.db``, any database optuna takes) or a journal path."""
     if storage and "://" in storage:
         return storage, storage
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
     path = Path(storage) if storage else Path(sweep_dir) / JOURNAL
     path.parent.mkdir(parents=True, exist_ok=True)
-    backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
-    return JournalStorage(backend), (JOURNAL if not storage else str(path))
-
-
-def open_journal(path: Path) -> Any:
-    """The journal storage at ``path``, for ``optuna.load_study`` (and tests)."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
-    return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+    return open_journal(path), (JOURNAL if not storage else str(path))
 
 
 # -------------------------------------------------------------------------- the study
@@ -356,8 +343,6 @@ class StudyRunner:
     def _continue_trial(self, study: Any, trial: Any, fixed: list[str]) -> list:
         """A trial a killed study left RUNNING: told from its run if that finished, else
         re-launched into its own run directory with ``resume=auto``."""
-        from reprotrain.tools.sweeps.optuna_study import trial_value
-
         overrides = self._overrides(fixed, trial.params)
         run_dir = Path(self.job_dir(overrides, trial.number))
         status = None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +205,14 @@ class StudyRunner:
     runs a batch of jobs numbered from ``first`` and returns their ``JobReturn`` s;
     ``job_dir(overrides, number)`` is where that job writes its run."""
 
-    def __init__(self, settings: Mapping[str, Any], config: DictConfig, launch, job_dir,
-                 validate=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        config: DictConfig,
+        launch: Callable[[list[list[str]], int], Sequence[Any]],
+        job_dir: Callable[[list[str], int], Path],
+        validate: Callable[[list[list[str]]], None] | None = None,
+    ) -> None:
         self.settings = dict(settings)
         self.config = config
         self.launch = launch
@@ -282,7 +288,7 @@ class StudyRunner:
                     "hydra.sweeper.params and command-line ranges"
                 )
 
-    def run(self, arguments: Sequence[str]) -> list:
+    def run(self, arguments: Sequence[str]) -> list[Any]:
         """The whole study: finish what a killed one left running, then ask for the rest."""
         from optuna.trial import TrialState
 
@@ -391,7 +397,7 @@ def _state(name: str) -> Any:
     return TrialState[name]
 
 
-def job_dir_of(config_loader, master: DictConfig, overrides: list[str], number: int) -> Path:
+def job_dir_of(config_loader: Any, master: DictConfig, overrides: list[str], number: int) -> Path:
     """Where the launcher puts job ``number`` with ``overrides`` (``hydra.sweep.subdir``)."""
     cfg = config_loader.load_sweep_config(master, list(overrides))
     with open_dict(cfg):

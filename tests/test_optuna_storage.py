@@ -148,6 +148,19 @@ def test_one_sampler_for_the_whole_study_would_not_continue_the_same(tmp_path, m
     assert params[0][:3] == params[1][:3] and params[0][3:] != params[1][3:]
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_optunas_own_plots_open_the_study_from_its_journal(tmp_path):
+    import matplotlib
+    import optuna
+
+    matplotlib.use("Agg")
+    runner(tmp_path, FakeLauncher(), n_trials=3).run(FIXED)
+    journal = impl.open_journal(tmp_path / impl.JOURNAL)
+    study = optuna.load_study(study_name="smoke", storage=journal)
+    ax = optuna.visualization.matplotlib.plot_optimization_history(study)
+    assert len(ax.collections[0].get_offsets()) == 3, "one point per trial"
+
+
 def test_a_trial_killed_after_its_run_finished_is_told_from_its_record(tmp_path):
     killed = tmp_path / "killed"
     with pytest.raises(Killed):

@@ -208,6 +208,23 @@ def test_continuing_refuses_what_would_not_be_the_same_study(tmp_path):
     assert sorted(more.jobs) == [2, 3] and len(stored(tmp_path)) == 4
 
 
+def test_the_command_lines_ranges_join_the_search_space_and_win_over_the_file():
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    space, fixed = impl.search_space(SPACE, [
+        "experiment=smoke", "optimizer.lr=interval(0.001,0.1)", "trainer.epochs=range(1,4)",
+        "+model.width=tag(int,interval(8,64))", "optimizer=choice(sgd,adamw)",
+    ])  # fmt: skip
+    assert fixed == ["experiment=smoke"]
+    assert space["optimizer.lr"] == FloatDistribution(0.001, 0.1), "the command line wins"
+    assert space["optimizer.weight_decay"] == CategoricalDistribution([0.0, 0.0005])
+    assert space["trainer.epochs"] == IntDistribution(1, 3), "range: Hydra's values, 4 excluded"
+    assert space["+model.width"] == IntDistribution(8, 64)
+    assert space["optimizer"] == CategoricalDistribution(["sgd", "adamw"])
+    with pytest.raises(impl.StudyError, match="choices are numbers, booleans or text"):
+        impl.search_space(None, ["x=choice([1],[2])"])
+
+
 def test_overrides_read_back_as_the_suggested_values():
     import yaml
 

@@ -345,6 +345,7 @@ NOT_KEYS = {
     "hydra.sweeper.sampler.seed": "a key of hydra/sweeper=optuna, not of the default sweeper",
     "hydra.sweeper.storage": "a key of hydra/sweeper=optuna, not of the default sweeper",
     "hydra.sweeper.n_trials": "a key of hydra/sweeper=optuna, not of the default sweeper",
+    "hydra.sweeper.resume": "a key of hydra/sweeper=optuna, not of the default sweeper",
 }
 
 

@@ -1,11 +1,10 @@
 """hydra/sweeper=optuna: a seeded study runs the same trials twice and finds the same best;
-what cannot work is refused in one line; study.json records the study; it archives like a
-sweep."""
+the example's TPE looks at earlier results; what cannot work is refused in one line;
+study.json records the study; it archives like a sweep (its journal too)."""
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import tarfile
@@ -15,7 +14,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.utils import instantiate
+from omegaconf import read_write
 
 from conftest import MICRO, REPO, TINY, base_env
 from reprotrain import preflight
@@ -38,38 +37,61 @@ def compose_study(*overrides: str):
         GlobalHydra.instance().clear()
 
 
-def ask_and_tell(cfg, n_trials: int = 12) -> tuple[list[dict], dict]:
-    """What hydra-optuna-sweeper does with this config (its own search-space parser, one
-    trial asked and told at a time), on a synthetic objective: (trials' params, best)."""
+def ask_and_tell(cfg, sweep_dir: Path, n_trials: int = 12, score=None) -> tuple[list[dict], dict]:
+    """What the sweeper does with this config (its own search-space parser, one trial asked
+    and told at a time, its storage in ``sweep_dir``), on a synthetic objective and without
+    training: (trials' params, best params)."""
     import optuna
-    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+    from omegaconf import OmegaConf
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space, _ = create_params_from_overrides(
-        [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
+    from reprotrain.tools.sweeps import optuna_sweeper
+    from test_optuna_storage import FakeLauncher, objective
+
+    settings = OmegaConf.to_container(cfg.hydra.sweeper, resolve=True)
+    settings["n_trials"] = n_trials  # past the start-up trials: TPE proper at the end
+    with read_write(cfg):
+        cfg.hydra.sweep.dir = str(sweep_dir)
+    launch = FakeLauncher(score=score or objective)
+    runner = optuna_sweeper.StudyRunner(
+        settings, cfg, launch=launch, job_dir=lambda overrides, n: sweep_dir / str(n)
     )
-    study = optuna.create_study(
-        sampler=instantiate(cfg.hydra.sweeper.sampler), direction=cfg.hydra.sweeper.direction
-    )
-    for _ in range(n_trials):  # past the 10 random start-up trials: TPE proper at the end
-        trial = study.ask(fixed_distributions=space)
-        p = trial.params
-        study.tell(trial, -((math.log10(p["optimizer.lr"]) + 1) ** 2) - p["optimizer.weight_decay"])
+    runner.run(list(cfg.hydra.overrides.task))
+    journal = optuna_sweeper.open_journal(sweep_dir / "study.journal")
+    study = optuna.load_study(study_name=runner.study_name, storage=journal)
     return [t.params for t in study.trials], study.best_params
 
 
-def test_the_example_study_is_seeded_from_seed_base_and_repeats_its_trials():
+def test_the_example_study_is_seeded_from_seed_base_and_repeats_its_trials(tmp_path):
     cfg = compose_study(*SEARCH)
-    assert cfg.hydra.sweeper.sampler.seed is None, "the plugin's sampler has no seed"
-    assert cfg.hydra.sweeper.direction.name == "minimize", "the plugin's default direction"
+    assert cfg.hydra.sweeper.sampler.seed is None, "optuna's samplers have no seed"
+    assert cfg.hydra.sweeper.direction is None, "the sweeper's default: nobody chose one"
     optuna_study.prepare(cfg)
     assert cfg.hydra.sweeper.sampler.seed == cfg.seed.base
     assert cfg.hydra.sweeper.direction == "maximize", "smoke monitors val_acc, max"
-    first, second = ask_and_tell(cfg), ask_and_tell(cfg)
+    first, second = ask_and_tell(cfg, tmp_path / "a"), ask_and_tell(cfg, tmp_path / "b")
     assert first == second, "the same study twice: the same trials, the same best"
     other = compose_study(*SEARCH, "seed.base=1")
     optuna_study.prepare(other)
-    assert ask_and_tell(other)[0] != first[0], "control: the seed decides the trials"
+    assert ask_and_tell(other, tmp_path / "c")[0][0] != first[0][0], "control: the seed decides"
+
+
+def test_the_example_uses_tpe_for_real_later_proposals_depend_on_earlier_results(tmp_path):
+    """Was: 8 trials with TPE's n_startup_trials at 10, every trial a random start-up one."""
+    cfg = compose_study(*SEARCH)
+    sampler, n_trials = cfg.hydra.sweeper.sampler, cfg.hydra.sweeper.n_trials
+    assert sampler._target_ == "optuna.samplers.TPESampler"
+    assert 0 < sampler.n_startup_trials < n_trials, "some trials are TPE's own proposals"
+    optuna_study.prepare(cfg)
+    start = sampler.n_startup_trials
+    good, _ = ask_and_tell(cfg, tmp_path / "good", n_trials)
+    again, _ = ask_and_tell(cfg, tmp_path / "again", n_trials)
+    from test_optuna_storage import objective
+
+    bad, _ = ask_and_tell(cfg, tmp_path / "bad", n_trials, score=lambda p: -objective(p))
+    assert good == again, "the same seed and the same results: the same proposals"
+    assert good[:start] == bad[:start], "the start-up trials do not look at results"
+    differ = sum(good[i] != bad[i] for i in range(start, n_trials))
+    assert differ >= (n_trials - start) / 2, f"the later ones do: {differ} of {n_trials - start}"
 
 
 def test_an_explicit_sampler_seed_is_kept():
@@ -91,7 +113,6 @@ def test_an_explicit_sampler_seed_is_kept():
             ],
             "set hydra.sweeper.direction=minimize",
         ),
-        ([*SEARCH, "hydra.sweeper.storage=sqlite:///study.db"], "SQLAlchemy<2"),
         (["experiment=smoke", "hydra/sweeper=optuna"], "no search space"),
     ],
 )
@@ -123,7 +144,8 @@ def settings(**sampler) -> dict:
     return {
         "sweeper": optuna_study.OPTUNA_SWEEPER, "study_name": "smoke", "direction": "maximize",
         "metric": "val_acc", "metric_mode": "max", "n_trials": 3, "n_jobs": 1,
-        "storage": None, "sampler": {"class": "optuna.samplers.TPESampler", **sampler},
+        "storage": None, "optuna_storage": "study.journal",
+        "sampler": {"class": "optuna.samplers.TPESampler", **sampler},
         "seed_from": None, "search_space": {"optimizer.lr": "interval(0.01, 1)"},
     }  # fmt: skip
 
@@ -173,6 +195,7 @@ def test_the_same_study_twice_runs_the_same_trials_and_finds_the_same_best(tmp_p
         (t["params"], t["value"]) for t in b["trials"]
     ]
     assert a["best"] == b["best"] and a["optuna_best_agrees"] and a["repeatable"]
+    assert a["storage_agrees"] and b["storage_agrees"], "the journal holds the same trials"
     assert len({json.dumps(t["params"]) for t in a["trials"]}) == 3, "three distinct trials"
     for t in a["trials"]:  # each trial is a full run record
         run = tmp_path / "a" / t["job"]
@@ -191,6 +214,7 @@ def test_the_same_study_twice_runs_the_same_trials_and_finds_the_same_best(tmp_p
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert any(n.endswith("sweep/study.json") for n in names)
+    assert any(n.endswith("sweep/study.journal") for n in names), "the study's storage too"
     assert sum(n.endswith("/run.json") for n in names) == 3
     # ... and replays: every trial with its recorded parameters, bit for bit
     proc = subprocess.run(

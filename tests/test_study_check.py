@@ -75,6 +75,31 @@ def test_a_replayed_value_that_moved_is_a_difference_only_when_bits_are_promised
                for x in differences(study, sweep, replay, values=False))  # fmt: skip
 
 
+def test_a_journal_that_holds_other_trials_is_a_difference(tmp_path):
+    """The study's storage is checked against the runs too: study.json and the runs edited
+    to agree with each other still disagree with study.journal."""
+    from test_optuna_storage import FIXED, SPACE, FakeLauncher, runner
+
+    sweep = tmp_path / "study"
+    runner(sweep, FakeLauncher(), n_trials=3).run(FIXED)  # the journal of a 3-trial study
+    import optuna
+
+    from reprotrain.tools.sweeps.optuna_sweeper import open_journal
+
+    trials = optuna.load_study(study_name="smoke", storage=open_journal(
+        sweep / "study.journal")).trials  # fmt: skip
+    for t in trials:
+        fake_trial(sweep, t.number, t.params, [t.value], "completed")
+    record = {**settings(seed=7), "study_name": "smoke", "search_space": SPACE}
+    study = optuna_study.write_study(sweep, record)
+    assert study["storage_agrees"] is True and differences(study, sweep) == []
+    rows = [{"epoch": 0, "val_acc": 0.99}]  # a better trial 1, in its run and in study.json
+    (sweep / "1" / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    forged = optuna_study.write_study(sweep, record)
+    assert forged["storage_agrees"] is False
+    assert any("does not hold the archived trials" in x for x in differences(forged, sweep))
+
+
 # ------------------------------------------------------ a real study, forged and trimmed
 
 

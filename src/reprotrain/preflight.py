@@ -44,7 +44,13 @@ from reprotrain.config import (
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import hashseed
-from reprotrain.sweep_checks import check_sweep, check_sweep_overrides, sweep_values
+from reprotrain.sweep_checks import (
+    check_continued_study,
+    check_sweep,
+    check_sweep_overrides,
+    continues_study,
+    sweep_values,
+)
 
 _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
 
@@ -154,10 +160,24 @@ def compose_all(argv: list[str]) -> list | bool:
                 composed.append(cfg)
                 check_monitor(cfg)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
-        raise ReprotrainError(_yaml_error(e) or _one_line(e)) from None
+        raise ReprotrainError(
+            _yaml_error(e) or not_in_defaults(e, args.overrides) or _one_line(e)
+        ) from None
     finally:
         GlobalHydra.instance().clear()
     return composed
+
+
+def not_in_defaults(e: BaseException, overrides: list[str]) -> str | None:
+    """``hparams_search=smoke_optuna`` (no ``+``) for a group the defaults list does not
+    name: Hydra's "No match in the defaults list", as the override that works."""
+    found = re.match(r"Could not override '([^']+)'\. No match in the defaults list", str(e))
+    if found is None:
+        return None
+    group = found.group(1)
+    given = next((o for o in overrides if o.partition("=")[0] == group), f"{group}=<option>")
+    return (f"{given}: {group} is not in the defaults list of conf/train.yaml, so it is added, "
+            f"not overridden: write +{given}")  # fmt: skip
 
 
 def refuse_sweep_without_multirun(overrides: list[str]) -> None:
@@ -247,6 +267,9 @@ def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None
     resume = values.get("resume", resume)
     if "--multirun" in argv or "-m" in argv:
         sweep_dir = values.get("hydra.sweep.dir")
+        if continues_study(values):  # hydra.sweeper.resume=true: the study's own dir
+            check_continued_study(sweep_dir)
+            return
         if sweep_dir is not None and "${" not in sweep_dir:
             check_creatable(sweep_dir, "hydra.sweep.dir")
             run_dirs.refuse_used_sweep_dir(Path(os.path.expanduser(sweep_dir)))
@@ -481,7 +504,7 @@ def claim_explicit_sweep_dir(argv: list[str]) -> None:
     from reprotrain.run import directory as run_dirs
 
     sweep_dir = _explicit_dir(argv, "hydra.sweep.dir")
-    if _multirun(argv) and sweep_dir is not None:
+    if _multirun(argv) and sweep_dir is not None and not continues_study(_override_values(argv)):
         run_dirs.claim_sweep_dir(sweep_dir)
 
 

@@ -10,7 +10,7 @@ refusal that left a "claimed by" ``multirun.yaml`` behind in an explicit
   basic sweeper, which cannot sample a range, it is one line;
 - ``hydra.sweeper.params.K=<sweep>`` unquoted is Hydra's own config swept, which Hydra does
   not do: one line showing the form that works;
-- an Optuna study's direction, storage, search space, ``n_trials`` / ``n_jobs``, and a
+- an Optuna study's direction, search space, ``n_trials`` / ``n_jobs``, and a
   searched ``repro`` (the determinism level is fixed per process before any trial starts;
   ``repro=portable`` re-executes the process) are checked here (:func:`check_study`).
 
@@ -20,13 +20,16 @@ callback runs :func:`check_study` again on the config the sweeper is built from.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.errors import ReprotrainError
 
-OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+#: The framework's own sweeper (src/hydra_plugins/reprotrain_optuna_sweeper), on optuna 5.
+OPTUNA_SWEEPER = "hydra_plugins.reprotrain_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 #: A search range that works from the command line, shown in refusals.
 EXAMPLE = "'optimizer.lr=tag(log,interval(0.01,1))'"
 
@@ -69,13 +72,6 @@ def check_study(config: DictConfig, cli_sweeps: list[str] | None = None) -> None
             f"hydra.sweeper.direction={direction} but trainer.monitor_mode={mode}: a trial's "
             f"value is the best {config.trainer.monitor} of its run; set "
             f"hydra.sweeper.direction={mode}imize (or '${{trainer.monitor_mode}}imize')"
-        )
-    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
-    if storage:
-        raise ReprotrainError(
-            f"hydra.sweeper.storage={storage}: optuna 2's SQL storage needs SQLAlchemy<2 and "
-            "the lock holds SQLAlchemy 2; leave storage null (every trial is recorded in the "
-            "sweep directory, and study.json summarises the study)"
         )
     for key in ("n_trials", "n_jobs"):
         value = OmegaConf.select(config, f"hydra.sweeper.{key}", default=None)
@@ -134,3 +130,29 @@ def check_sweep(config: DictConfig, overrides: list[str]) -> None:
             )
         return
     check_study(config, [o.get_key_element() for o in sweeps])
+
+
+#: The sweep directory's record of the sweep (Hydra writes it when the sweep starts).
+SWEEP_RECORD = "multirun.yaml"
+
+
+def continues_study(values: dict[str, str | None]) -> bool:
+    """Whether the command line (``{key: value}``) continues a study in its sweep directory
+    (``hydra.sweeper.resume=true``, what ``make resume RUN=<sweep dir>`` passes)."""
+    return str(values.get("hydra.sweeper.resume")).lower() == "true"
+
+
+def check_continued_study(sweep_dir: str | None) -> None:
+    """A study is continued in its own directory: given, and holding the sweep's record.
+    (The study itself, its storage, direction and search space, is checked by the sweeper.)"""
+    if sweep_dir is None or "${" in sweep_dir:
+        raise ReprotrainError(
+            "hydra.sweeper.resume=true continues the study in hydra.sweep.dir: give its "
+            "directory (hydra.sweep.dir=multirun/<name>/<stamp>), or make resume RUN=<it>"
+        )
+    path = Path(sweep_dir).expanduser()
+    if not (path / SWEEP_RECORD).is_file():
+        raise ReprotrainError(
+            f"hydra.sweeper.resume=true: {path} holds no sweep ({SWEEP_RECORD}), so there is "
+            "no study to continue; start it without hydra.sweeper.resume"
+        )

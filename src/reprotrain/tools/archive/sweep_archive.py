@@ -4,7 +4,7 @@ Layout (the single-run layout of ``tools/archive/archive.py``, with ``sweep/`` f
 
     <top>/sweep/<job>/...          each run directory (checkpoints left out)
     <top>/sweep/summary.json ...   the sweep summary and multirun.yaml (an Optuna study's
-                                   study.json too), as they were
+                                   study.json and study.journal too), as they were
     <top>/source/ env/             the code every run ran (one commit + diff: all runs must
                                    share them) and the lock, as for one run
     <top>/archive.json             ``"kind": "sweep"`` and the list of jobs
@@ -40,8 +40,9 @@ from reprotrain.tools.archive.pack import (
 
 SWEEP = "sweep"
 KIND = "sweep"
-#: An Optuna study also leaves study.json (tools/sweeps/optuna_study.py) and the plugin's
-#: optimization_results.yaml; its trials are ordinary run directories.
+#: An Optuna study also leaves study.json (tools/sweeps/optuna_study.py), the sweeper's
+#: optimization_results.yaml and its storage, study.journal (optuna.load_study opens it);
+#: its trials are ordinary run directories.
 SWEEP_FILES = (
     "summary.json",
     "summary.md",
@@ -49,6 +50,7 @@ SWEEP_FILES = (
     "multirun.yaml",
     "study.json",
     "optimization_results.yaml",
+    "study.journal",
 )
 
 

@@ -12,7 +12,9 @@ deleted: the runs matched, and the claim about them was never looked at.
   (``tools/sweeps/optuna_study.summarise_study``, the code that wrote it) and lists every
   way ``study.json`` differs: a trial it names that is not there, a trial that is there but
   not named, another parameter, value or status, another best, ``n_trials`` trials
-  promised but fewer archived, and the plugin's ``optimization_results.yaml`` disagreeing.
+  promised but fewer archived, the sweeper's ``optimization_results.yaml`` disagreeing,
+  and the study's journal (``study.journal``, read with ``optuna.load_study``) holding
+  other trials than the archived runs.
 
 The replay calls it on the replayed runs (bitwise: the values must match too) and on the
 archived runs (statistical mode, where re-run values legitimately move: the record must
@@ -118,7 +120,8 @@ def differences(
     the same. Empty: the record holds."""
     from reprotrain.tools.sweeps import optuna_study
 
-    settings = {k: study.get(k) for k in ("storage", "search_space", "metric", "metric_mode")}
+    keys = ("storage", "optuna_storage", "study_name", "search_space", "metric", "metric_mode")
+    settings = {k: study.get(k) for k in keys}
     settings["sampler"] = study["sampler"]
     here = optuna_study.summarise_study(Path(archived), settings)
     recorded = {t["job"]: t for t in study["trials"]}
@@ -132,6 +135,9 @@ def differences(
     results = Path(archived) / optuna_study.OPTUNA_RESULTS
     if results.is_file() and here.get("optuna_best_agrees") is False:
         out.append(f"{optuna_study.OPTUNA_RESULTS} does not agree with the best archived run")
+    if here.get("storage_agrees") is False:
+        out.append(f"the study's storage ({optuna_study.JOURNAL}) does not hold the archived "
+                   "trials (their parameters, values and states)")  # fmt: skip
     if replay is None:
         return out
     metric, mode = settings["metric"], settings["metric_mode"]

@@ -2,6 +2,10 @@
 
     python -m reprotrain.tools.runs.resume <run dir> [overrides...]
 
+An Optuna study's sweep directory (``multirun/<name>/<stamp>``) continues the study instead:
+its finished trials kept, a killed trial resumed in its run directory, the rest asked
+(``tools/sweeps/optuna_study.continue_command``).
+
 The recorded ``config.resolved.yaml`` becomes the primary config (under the same schema,
 so extra overrides are still type-checked), the run directory stays the same, and
 ``resume=auto`` picks the newest valid checkpoint. Extra overrides are allowed, but the
@@ -34,6 +38,7 @@ from reprotrain.run.mutex import refuse_if_held
 from reprotrain.run.readers import read_config, read_run_json, read_text
 from reprotrain.run.record import RESOLVED_CONFIG, RUN_JSON
 from reprotrain.tools import cli
+from reprotrain.tools.sweeps import optuna_study
 
 __all__ = ["PRIMARY", "main", "resume_command", "resume_hint"]
 
@@ -182,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv)  # --nproc may come after the overrides
     refuse_group_choices(args.overrides)
     run_dir = args.run_dir.expanduser().resolve()
+    if optuna_study.is_study_dir(run_dir):  # a killed Optuna study: continue the study
+        cmd = optuna_study.continue_command(run_dir, args.overrides)
+        return run_forwarding_signals(cmd, {"PYTHONHASHSEED": "0", **os.environ})
     check_run_dir(run_dir)
     refuse_if_held(run_dir)  # a live run owns it: touch nothing
     record = read_run_json(run_dir)

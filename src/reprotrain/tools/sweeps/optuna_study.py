@@ -1,8 +1,13 @@
 """An Optuna study (``hydra/sweeper=optuna``): seeded, checked, and recorded in ``study.json``.
 
-Closes: the sampler's own randomness (hydra-optuna-sweeper's samplers have no seed by
-default, so two runs of one study would try different trials), a study that optimises the
-wrong way, and a search whose trials and winner live only in a terminal.
+Closes: the sampler's own randomness (optuna's samplers have no seed by default, so two runs
+of one study would try different trials), a study that optimises the wrong way, and a
+search whose trials and winner live only in a terminal.
+
+The sweeper is the framework's own (``src/hydra_plugins/reprotrain_optuna_sweeper``, the
+study in ``optuna_sweeper.py``): the study lives in ``<sweep dir>/study.journal``, which
+``optuna.load_study`` and optuna-dashboard open, and a killed study continues with
+``make resume RUN=<sweep dir>`` (:func:`continue_command`).
 
 Before the study starts (:func:`prepare`, from the sweep callback's ``on_multirun_start``,
 which sees the config the sweeper is then built from):
@@ -11,22 +16,24 @@ which sees the config the sweeper is then built from):
   twice runs the same trials and finds the same best parameters;
 - the direction follows ``trainer.monitor_mode`` unless given; a given ``direction`` that
   contradicts ``trainer.monitor_mode`` (the trial's value is the best
-  ``trainer.monitor`` of its run) is refused in one line, as are a study with no search
-  space and a SQL ``storage`` (optuna 2's needs SQLAlchemy<2; the lock holds SQLAlchemy 2).
+  ``trainer.monitor`` of its run) is refused in one line, as is a study with no search
+  space.
 
 After it (:func:`record`): ``study.json``. Each trial is a normal run directory under the
 sweep directory (the launcher runs it like any sweep job); this module reads them back, so
 the study can be summarised again from the sweep directory alone (``reprotrain summary``
-keeps working, and ``reprotrain archive`` packs ``study.json`` with the runs):
+keeps working, and ``reprotrain archive`` packs ``study.json`` and the journal with the runs):
 
 - the sampler (its class and every setting, the seed among them), the direction, the metric
-  (``trainer.monitor``) and the search space, as the sweeper ran them;
+  (``trainer.monitor``), the search space and the storage, as the sweeper ran them;
 - per trial: its number (the job number), its parameters (its overrides of the searched
   keys), its value (the best ``trainer.monitor`` in its ``metrics.jsonl``: what the trainer
   returned to Optuna) and its status;
-- the best trial, checked against the plugin's own ``optimization_results.yaml``;
-- ``repeatable``: true only for a seeded sampler and a study in memory; otherwise false,
-  with the reason.
+- the best trial, checked against the sweeper's ``optimization_results.yaml``
+  (``optuna_best_agrees``) and every trial against the study's storage
+  (``storage_agrees``: the journal, read back with ``optuna.load_study``);
+- ``repeatable``: true only for a seeded sampler and the study's own journal; otherwise
+  false, with the reason.
 """
 
 from __future__ import annotations
@@ -35,7 +42,6 @@ import json
 import logging
 import math
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +54,10 @@ from reprotrain.run.readers import read_overrides
 from reprotrain.run.record import METRICS, RUN_JSON, atomic_write_text, read_jsonl, strict_json
 
 STUDY_JSON = "study.json"
-#: Written by hydra-optuna-sweeper at the end of a study: best_params, best_value.
+#: Written by the sweeper at the end of a study, from its storage: best_params, best_value.
 OPTUNA_RESULTS = "optimization_results.yaml"
+#: The study's storage in the sweep directory (unless hydra.sweeper.storage names another).
+JOURNAL = "study.journal"
 OPTUNA_SWEEPER = sweep_checks.OPTUNA_SWEEPER
 
 
@@ -74,6 +82,7 @@ def _sweeper_settings(config: DictConfig) -> dict[str, Any]:
         "n_trials": sweeper.get("n_trials"),
         "n_jobs": sweeper.get("n_jobs"),
         "storage": sweeper.get("storage"),
+        "optuna_storage": sweeper.get("storage") or JOURNAL,
         "sampler": {"class": sampler.pop("_target_", None), **sampler},
         "seed_from": _SEEDED_FROM_BASE.get(str(config.hydra.sweep.dir)),
         "search_space": {**dict(sweeper.get("params") or {}), **command_line_space(config)},
@@ -97,8 +106,8 @@ def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
     if sampler.get("seed") is None and not str(sampler.get("class")).endswith("GridSampler"):
         return False, "the sampler has no seed (hydra.sweeper.sampler.seed=null)"
     if settings.get("storage"):
-        return False, "a storage may hold trials of earlier runs of the study"
-    return True, "seeded sampler, study in memory"
+        return False, "a storage of your own may hold trials of earlier runs of the study"
+    return True, "seeded sampler, the study's own journal in the sweep directory"
 
 
 def check_study_config(config: DictConfig) -> None:
@@ -171,7 +180,58 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
         theirs = yaml.safe_load(optuna_best.read_text()) or {}
         same_value = theirs.get("best_value") == best["value"]
         study["optuna_best_agrees"] = same_value and theirs.get("best_params") == best["params"]
+    journal = sweep_dir / JOURNAL
+    if settings.get("optuna_storage") == JOURNAL and journal.is_file():
+        study["storage_agrees"] = storage_agrees(journal, settings.get("study_name"), trials)
     return study
+
+
+def open_journal(path: Path) -> Any:
+    """The journal storage at ``path`` (created when absent): what ``optuna.load_study``
+    takes as ``storage=`` to open the study."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+
+
+def storage_trials(journal: Path, study_name: str | None) -> dict[int, dict[str, Any]]:
+    """The study's trials as its journal holds them (``optuna.load_study``):
+    {number: {params, value, state}}."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_journal(journal)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    name = study_name if study_name in names else (names[0] if len(names) == 1 else study_name)
+    study = optuna.load_study(study_name=name, storage=storage)
+    return {t.number: {"params": dict(t.params), "value": t.value, "state": t.state.name}
+            for t in study.get_trials(deepcopy=False)}  # fmt: skip
+
+
+#: A run's status, as the trial's state in the storage.
+_STATE = {"completed": "COMPLETE", "failed": "FAIL", "running": "RUNNING",
+          "interrupted": "RUNNING", "missing": "RUNNING"}  # fmt: skip
+
+
+def storage_agrees(journal: Path, study_name: str | None, trials: list[dict[str, Any]]) -> bool:
+    """Whether the journal holds the same trials as the run directories: each number with
+    the same parameters, the same value (a completed run with no finite value: failed)."""
+    try:
+        stored = storage_trials(journal, study_name)
+    except Exception:  # an unreadable or foreign journal does not agree
+        return False
+    if sorted(stored) != sorted(t["number"] for t in trials if t["number"] is not None):
+        return False
+    for t in trials:
+        theirs = stored[t["number"]]
+        state = _STATE.get(t["status"], "FAIL")
+        if state == "COMPLETE" and t["value"] is None:
+            state = "FAIL"
+        value = t["value"] if state == "COMPLETE" else None
+        if (theirs["params"], theirs["value"], theirs["state"]) != (t["params"], value, state):
+            return False
+    return True
 
 
 def write_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
@@ -198,9 +258,9 @@ def study_lines(study: dict[str, Any]) -> list[str]:
 
 
 def follow_monitor(config: DictConfig) -> None:
-    """The plugin's default direction (``Direction.minimize``, an enum: nobody chose it)
-    becomes trainer.monitor_mode's; a direction given as text is the user's, and checked."""
-    if isinstance(config.hydra.sweeper.direction, Enum):
+    """The sweeper's default direction (null: nobody chose one) becomes
+    trainer.monitor_mode's; a direction given as text is the user's, and checked."""
+    if config.hydra.sweeper.direction is None:
         with read_write(config.hydra):
             config.hydra.sweeper.direction = f"{config.trainer.monitor_mode}imize"
 
@@ -242,3 +302,37 @@ def record(config: DictConfig) -> None:
         return
     print("\n".join(study_lines(study)))
     print(f"study record: {sweep_dir / STUDY_JSON}")
+
+
+# ------------------------------------------------------------- continuing a killed study
+
+SWEEP_RECORD = sweep_checks.SWEEP_RECORD
+#: Overrides a continuation sets itself (not copied from the study's record).
+_OWN = ("hydra.sweep.dir", "hydra.sweeper.resume", "hydra.mode")
+
+
+def is_study_dir(path: Path) -> bool:
+    """A sweep directory whose ``multirun.yaml`` ran this framework's Optuna sweeper."""
+    record = Path(path) / SWEEP_RECORD
+    if not record.is_file() or (Path(path) / RUN_JSON).exists():
+        return False
+    try:
+        saved = OmegaConf.load(record)
+    except Exception:
+        return False
+    return OmegaConf.select(saved, "hydra.sweeper._target_", default=None) == OPTUNA_SWEEPER
+
+
+def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
+    """The trainer's command that continues the study in ``sweep_dir``: the command line
+    it was started with (``multirun.yaml``), into the same directory, with
+    ``hydra.sweeper.resume=true``, then ``extra`` (e.g. ``hydra.sweeper.n_trials=12``)."""
+    from reprotrain.quoting import hydra_override
+
+    saved = OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD)
+    hydra_lines = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.hydra", default=[])]
+    task = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
+    kept = [o for o in hydra_lines if o.lstrip("+~").partition("=")[0] not in _OWN]
+    return [sys.executable, "-m", "reprotrain.train", "--multirun", *kept, *task,
+            hydra_override("hydra.sweep.dir", Path(sweep_dir)), "hydra.sweeper.resume=true",
+            *extra]  # fmt: skip

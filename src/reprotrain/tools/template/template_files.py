@@ -29,6 +29,7 @@ RECORD = ".template.json"  # in a project: where it came from (like copier's ans
 # Framework paths (files or folders), relative to the repository root.
 FRAMEWORK = (
     "src/reprotrain",
+    "src/hydra_plugins",  # the framework's Hydra plugins (hydra/sweeper=optuna)
     "docs",  # the manual (a docs site): the framework's, so update-template refreshes it
     "mkdocs.yml",
     "Makefile",

@@ -1,0 +1,406 @@
+"""The study behind ``hydra/sweeper=optuna``: ask, launch, tell, on a current optuna.
+
+The Hydra plugin (``src/hydra_plugins/reprotrain_optuna_sweeper``) is a thin shell around
+:class:`StudyRunner`; the released hydra-optuna-sweeper pins optuna<3 (see docs/design.md).
+
+Closes:
+
+- **a study nobody else can open**: the study lives in an Optuna storage, by default the
+  journal file ``<sweep dir>/study.journal`` (``optuna.load_study``, optuna-dashboard and
+  ``optuna.visualization`` open it); ``hydra.sweeper.storage=sqlite:///...`` (any URL optuna
+  takes) or a journal path of your own instead;
+- **a killed study that cannot continue**: every trial is asked, launched and told through
+  that storage, so after a SIGKILL the storage holds the finished trials and the killed one
+  (still RUNNING, its parameters kept). ``hydra.sweeper.resume=true`` (``make resume
+  RUN=<sweep dir>``) keeps the finished ones, re-launches a killed trial with
+  ``resume=auto`` into its own run directory (bitwise, from its checkpoints; its ``.hydra/``
+  record left as it was), tells its value, then asks for the rest;
+- **a sampler whose state lives in one process**: a seeded sampler's generator advances with
+  every proposal, so a study continued in a new process would propose other trials than
+  the one never stopped. Each trial is asked of a fresh sampler seeded from
+  ``(seed, trial number)`` (:func:`trial_seed`); what a proposal depends on is then the
+  seed, the number and the earlier trials in the storage, in whichever process it is asked.
+  The same command twice runs the same trials, and a continued study the same trials and
+  best as the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from reprotrain.errors import ReprotrainError
+from reprotrain.quoting import hydra_value
+from reprotrain.repro.seeding import stable_hash
+from reprotrain.run.readers import read_run_json
+from reprotrain.run.record import RUN_JSON, atomic_write_text
+from reprotrain.tools.sweeps.optuna_study import JOURNAL, open_journal, trial_value
+
+log = logging.getLogger(__name__)
+
+#: best_params / best_value, from the storage (the name hydra-optuna-sweeper used).
+RESULTS = "optimization_results.yaml"
+GRID = "optuna.samplers.GridSampler"
+SWEEP_RECORD = "multirun.yaml"  # the sweep's config, as Hydra's own sweepers write it
+_PLAIN = re.compile(r"[A-Za-z_][\w.\-/]*")
+
+
+class StudyError(ReprotrainError):
+    """A study that cannot start or continue as asked; nothing was launched."""
+
+
+# ------------------------------------------------------------------------ the search space
+
+
+def distribution(override: Any) -> Any:
+    """The Optuna distribution of one parsed sweep override (None for a plain value):
+    ``interval(lo, hi)`` a float, ``tag(log, ...)`` log-uniform, ``tag(int, ...)`` an
+    integer; ``range(a, b[, step])`` Hydra's values (integers: an integer distribution);
+    ``choice(...)`` / ``a,b,c`` categorical."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    value = override.value()
+    key = override.get_key_element()
+    if isinstance(value, IntervalSweep):
+        log_scale = "log" in value.tags
+        if "int" in value.tags:
+            return IntDistribution(int(value.start), int(value.end), log=log_scale)
+        return FloatDistribution(float(value.start), float(value.end), log=log_scale)
+    if isinstance(value, RangeSweep):
+        values = list(override.sweep_iterator())
+        if not values:
+            raise StudyError(f"{override.input_line}: the range is empty; give range(lo, hi)")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            step = values[1] - values[0] if len(values) > 1 else 1
+            return IntDistribution(values[0], values[-1], step=step)
+        return CategoricalDistribution(values)
+    if isinstance(value, ChoiceSweep):
+        values = list(value.list)
+        odd = [v for v in values if not isinstance(v, bool | int | float | str) or v is None]
+        if odd:
+            raise StudyError(
+                f"{override.input_line}: Optuna's choices are numbers, booleans or text, not "
+                f"{odd[0]!r}; quote it as text ({key}=choice('...'))"
+            )
+        return CategoricalDistribution(values)
+    if override.is_sweep_override():
+        raise StudyError(
+            f"{override.input_line}: Optuna searches interval(...), range(...) and choice(...)"
+        )
+    return None
+
+
+def search_space(
+    params: Mapping[str, Any] | None, arguments: Sequence[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """(the distributions by override key, the fixed overrides) of ``hydra.sweeper.params``
+    and the command line's overrides (a command-line range joins the search space; the
+    command line wins over the file for the same key)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    lines = [f"{k}={v}" for k, v in (params or {}).items()]
+    space: dict[str, Any] = {}
+    fixed: dict[str, str] = {}
+    for line in [*lines, *arguments]:
+        override = parser.parse_override(str(line))
+        key = override.get_key_element()
+        found = distribution(override)
+        space.pop(key, None)
+        fixed.pop(key, None)
+        if found is None:
+            fixed[key] = override.input_line
+        else:
+            space[key] = found
+    return space, list(fixed.values())
+
+
+def override_text(key: str, value: Any) -> str:
+    """A suggested value as an override that Hydra (and YAML, reading it back) parses to
+    the same value: floats by ``repr`` with a decimal point, text quoted when needed."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        if e and "." not in mantissa:  # 1e-05 is text to YAML; 1.0e-05 is a float
+            text = f"{mantissa}.0e{exponent}"
+    elif isinstance(value, int):
+        text = str(value)
+    else:
+        text = str(value) if _PLAIN.fullmatch(str(value)) else hydra_value(str(value))
+    return f"{key}={text}"
+
+
+def grid_of(space: Mapping[str, Any]) -> dict[str, list]:
+    """GridSampler's grid: every value of each searched key (no interval: a grid has none)."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    grid: dict[str, list] = {}
+    for key, dist in space.items():
+        if isinstance(dist, CategoricalDistribution):
+            grid[key] = list(dist.choices)
+        elif isinstance(dist, IntDistribution) and not dist.log:
+            grid[key] = list(range(dist.low, dist.high + 1, dist.step))
+        else:
+            raise StudyError(
+                f"hydra/sweeper/sampler=grid cannot search {key} (an interval has no grid); "
+                f"give its values: {key}=choice(...) or range(...)"
+            )
+    return grid
+
+
+# ------------------------------------------------------------------ samplers and storage
+
+
+def trial_seed(seed: int | None, number: int) -> int | None:
+    """The seed of the sampler that proposes trial ``number`` (NumPy's range: 32 bits)."""
+    if seed is None:
+        return None
+    return stable_hash("optuna-sampler", int(seed), int(number)) % (2**32)
+
+
+def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str, Any]) -> Any:
+    """A fresh sampler for trial ``number``: the configured one, its seed per trial (a
+    grid's stays the study's: it orders the grid; which unvisited point comes next then
+    depends on the storage alone)."""
+    from hydra.utils import instantiate
+
+    conf = OmegaConf.create(OmegaConf.to_container(OmegaConf.create(dict(sampler)), resolve=True))
+    kwargs: dict[str, Any] = {}
+    grid = conf.get("_target_") == GRID
+    if "seed" in conf and not grid:  # the grid's seed shuffles the grid: one for the study
+        kwargs["seed"] = trial_seed(conf.seed, number)
+    if grid and conf.get("search_space") is None:
+        kwargs["search_space"] = grid_of(space)
+    return instantiate(conf, **kwargs)
+
+
+def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
+    """(the Optuna storage, how study.json names it): the journal file in the sweep
+    directory, a URL (``sqlite:///study.db``, any database optuna takes) or a journal path."""
+    if storage and "://" in storage:
+        return storage, storage
+    path = Path(storage) if storage else Path(sweep_dir) / JOURNAL
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open_journal(path), (JOURNAL if not storage else str(path))
+
+
+# -------------------------------------------------------------------------- the study
+
+
+class StudyRunner:
+    """One study: ``settings`` are ``hydra.sweeper``'s values; ``launch(overrides, first)``
+    runs a batch of jobs numbered from ``first`` and returns their ``JobReturn`` s;
+    ``job_dir(overrides, number)`` is where that job writes its run."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        config: DictConfig,
+        launch: Callable[[list[list[str]], int], Sequence[Any]],
+        job_dir: Callable[[list[str], int], Path],
+        validate: Callable[[list[list[str]]], None] | None = None,
+    ) -> None:
+        self.settings = dict(settings)
+        self.config = config
+        self.launch = launch
+        self.job_dir = job_dir
+        self.validate = validate or (lambda batch: None)
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.metric = str(OmegaConf.select(config, "trainer.monitor", default="val_loss"))
+        self.mode = str(OmegaConf.select(config, "trainer.monitor_mode", default="min"))
+
+    # -- settings ---------------------------------------------------------------------
+    @property
+    def direction(self) -> str:
+        return str(self.settings.get("direction") or f"{self.mode}imize")
+
+    @property
+    def study_name(self) -> str:
+        return str(self.settings.get("study_name") or OmegaConf.select(
+            self.config, "name", default=None) or "study")  # fmt: skip
+
+    def n_trials(self, space: Mapping[str, Any]) -> int:
+        n = int(self.settings.get("n_trials") or 1)
+        sampler = self.settings.get("sampler") or {}
+        if sampler.get("_target_") == GRID and sampler.get("search_space") is None:
+            n = min(n, math.prod(len(v) for v in grid_of(space).values()))
+        return n
+
+    # -- the study --------------------------------------------------------------------
+    def open_study(self, space: Mapping[str, Any]) -> Any:
+        """Create the study in its storage, or (``resume``) load the one there, checked."""
+        import optuna
+        from optuna.exceptions import DuplicatedStudyError
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage, named = storage_of(self.settings.get("storage"), self.sweep_dir)
+        self.storage_name = named
+        sampler = make_sampler(self.settings["sampler"], 0, space)
+        if not self.settings.get("resume"):
+            try:
+                return optuna.create_study(
+                    storage=storage,
+                    sampler=sampler,
+                    study_name=self.study_name,
+                    direction=self.direction,
+                )
+            except DuplicatedStudyError:
+                raise StudyError(
+                    f"{named} already holds a study named {self.study_name}: continue it with "
+                    "hydra.sweeper.resume=true (make resume RUN=<its sweep dir>), or choose "
+                    "another hydra.sweeper.study_name"
+                ) from None
+        try:
+            study = optuna.load_study(study_name=self.study_name, storage=storage,
+                                      sampler=sampler)  # fmt: skip
+        except KeyError:
+            raise StudyError(
+                f"hydra.sweeper.resume=true, but {named} holds no study named "
+                f"{self.study_name}: nothing to continue (start it without resume)"
+            ) from None
+        self._check_continued(study, space)
+        return study
+
+    def _check_continued(self, study: Any, space: Mapping[str, Any]) -> None:
+        stored = study.direction.name.lower()
+        if stored != self.direction:
+            raise StudyError(f"the study {self.study_name} was run to {stored}, this continuation "
+                             f"would {self.direction}; continue it as it started")  # fmt: skip
+        for trial in study.get_trials(deepcopy=False):
+            if dict(trial.distributions) != dict(space):
+                theirs = ", ".join(sorted(trial.distributions))
+                raise StudyError(
+                    f"the search space differs from the one the study {self.study_name} ran "
+                    f"(trial {trial.number} searched {theirs}); continue it with the same "
+                    "hydra.sweeper.params and command-line ranges"
+                )
+
+    def run(self, arguments: Sequence[str]) -> list[Any]:
+        """The whole study: finish what a killed one left running, then ask for the rest."""
+        from optuna.trial import TrialState
+
+        space, fixed = search_space(self.settings.get("params"), arguments)
+        if not space:
+            raise StudyError("hydra/sweeper=optuna has no search space")
+        study = self.open_study(space)
+        if not self.settings.get("resume"):  # a continuation keeps the record of the start
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(self.config, self.sweep_dir / SWEEP_RECORD)
+        returns: list = []
+        running = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+        for trial in running:
+            returns += self._continue_trial(study, trial, fixed)
+        total = self.n_trials(space)
+        batch_size = max(1, int(self.settings.get("n_jobs") or 1))
+        while (asked := len(study.get_trials(deepcopy=False))) < total:
+            trials = [self._ask(study, space) for _ in range(min(batch_size, total - asked))]
+            returns += self._launch(study, trials, fixed)
+        self._write_results(study)
+        return returns
+
+    def _ask(self, study: Any, space: Mapping[str, Any]) -> Any:
+        number = len(study.get_trials(deepcopy=False))
+        study.sampler = make_sampler(self.settings["sampler"], number, space)
+        return study.ask(fixed_distributions=dict(space))
+
+    def _overrides(self, fixed: list[str], params: Mapping[str, Any]) -> list[str]:
+        return [*fixed, *(override_text(k, v) for k, v in params.items())]
+
+    def _launch(self, study: Any, trials: list, fixed: list[str], extra=()) -> list:
+        batch = [[*self._overrides(fixed, t.params), *extra] for t in trials]
+        self.validate(batch)
+        returns = list(self.launch(batch, trials[0].number))
+        failed = None
+        for trial, ret in zip(trials, returns, strict=True):
+            try:
+                value = ret.return_value
+            except Exception as e:  # the job raised: the trial failed, the study stops
+                _no_grid_stop(study)
+                study.tell(trial.number, state=_state("FAIL"))
+                failed = failed or e
+                continue
+            self._tell(study, trial.number, value)
+        if failed is not None:
+            raise failed
+        return returns
+
+    def _tell(self, study: Any, number: int, value: Any) -> None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        _no_grid_stop(study)
+        if ok:
+            study.tell(number, float(value))
+        else:  # no finite value of trainer.monitor: a failed trial, the study goes on
+            log.warning("trial %d: no finite %s (%r), told as failed", number, self.metric, value)
+            study.tell(number, state=_state("FAIL"))
+
+    def _continue_trial(self, study: Any, trial: Any, fixed: list[str]) -> list:
+        """A trial a killed study left RUNNING: told from its run if that finished, else
+        re-launched into its own run directory with ``resume=auto``."""
+        overrides = self._overrides(fixed, trial.params)
+        run_dir = Path(self.job_dir(overrides, trial.number))
+        status = None
+        if (run_dir / RUN_JSON).is_file():
+            try:
+                status = read_run_json(run_dir).get("status")
+            except ReprotrainError:
+                status = None
+        if status == "completed":
+            self._tell(study, trial.number, trial_value(run_dir, self.metric, self.mode))
+            return []
+        if status == "failed":
+            _no_grid_stop(study)
+            study.tell(trial.number, state=_state("FAIL"))
+            return []
+        extra = ["resume=auto", *(["hydra.output_subdir=null"] if status else [])]
+        print(f"optuna study {self.study_name}: continuing trial {trial.number} in {run_dir}",
+              flush=True)  # fmt: skip
+        return self._launch(study, [trial], fixed, extra)
+
+    def _write_results(self, study: Any) -> None:
+        import yaml
+
+        try:
+            best = study.best_trial
+        except ValueError:  # no completed trial
+            return
+        text = yaml.safe_dump({"name": "optuna", "best_params": dict(best.params),
+                               "best_value": best.value}, sort_keys=False)  # fmt: skip
+        atomic_write_text(self.sweep_dir / RESULTS, text)
+
+
+def _no_grid_stop(study: Any) -> None:
+    """GridSampler's ``after_trial`` calls ``study.stop()`` once the grid is done, which
+    raises outside ``study.optimize``; here the study stops at the grid's size itself
+    (:meth:`StudyRunner.n_trials`), so a grid trial is told by a sampler without it."""
+    from optuna.samplers import GridSampler, RandomSampler
+
+    if isinstance(study.sampler, GridSampler):
+        study.sampler = RandomSampler()
+
+
+def _state(name: str) -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState[name]
+
+
+def job_dir_of(config_loader: Any, master: DictConfig, overrides: list[str], number: int) -> Path:
+    """Where the launcher puts job ``number`` with ``overrides`` (``hydra.sweep.subdir``)."""
+    cfg = config_loader.load_sweep_config(master, list(overrides))
+    with open_dict(cfg):
+        cfg.hydra.job.id = number
+        cfg.hydra.job.num = number
+    return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)

@@ -7,6 +7,7 @@ and the run with the callback would train other weights than the run without.
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -41,3 +42,23 @@ class RandomDrawing(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs_seen = state["epochs_seen"]
+
+
+class LossHistory(Callback):
+    """Every epoch's train_loss (state), written as loss_history.json at the end."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_epoch_end(self, ctx, row) -> None:
+        self.values.append(row["train_loss"])
+
+    def on_end(self, ctx, final_metrics) -> None:
+        if ctx.is_main:
+            (ctx.run_dir / "loss_history.json").write_text(json.dumps(self.values))
+
+    def state_dict(self) -> dict:
+        return {"values": list(self.values)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values = list(state["values"])

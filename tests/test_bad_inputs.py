@@ -71,9 +71,9 @@ class Row:
 
 
 def tool(name: str, *args) -> Callable[[Path], list[str]]:
-    """argv for ``python -m reprotrain.tools.<subject>.<name> args...``; a callable arg gets
-    the dir."""
-    module = tool_module(name)
+    """argv for ``python -m reprotrain.tools.<subject>.<name> args...`` (``report`` lives in
+    the run-directory package: ``reprotrain.run.report``); a callable arg gets the dir."""
+    module = "reprotrain.run.report" if name == "report" else tool_module(name)
     return lambda d: [PY, "-m", module, *[_arg(a, d) for a in args]]
 
 

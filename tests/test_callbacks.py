@@ -57,15 +57,15 @@ def test_only_callbacks_with_state_are_a_part_and_they_round_trip():
 
 def test_the_group_is_built_by_target_and_a_bad_key_is_one_line():
     node = OmegaConf.create(
-        {"summary": {"_target_": "starter.callbacks.ModelSummary", "max_depth": 2}, "off": None}
+        {"noise": {"_target_": "callback_user_code.RandomDrawing"}, "off": None}
     )
     built = build_callbacks(node)
-    assert list(built) == ["summary"] and built["summary"].max_depth == 2
-    bad = OmegaConf.create({"_target_": "starter.callbacks.ModelSummary", "max_dept": 2})
-    with pytest.raises(ComponentError, match=r"callbacks\.summary.*max_dept"):
-        check_node(bad, "callbacks.summary")
+    assert list(built) == ["noise"] and built["noise"].epochs_seen == 0
+    bad = OmegaConf.create({"_target_": "callback_user_code.RandomDrawing", "seed": 2})
+    with pytest.raises(ComponentError, match=r"callbacks\.noise.*seed"):
+        check_node(bad, "callbacks.noise")
     with pytest.raises(ComponentError, match=r"callbacks\.x has no _target_"):
-        build_callbacks(OmegaConf.create({"x": {"max_depth": 1}}))
+        build_callbacks(OmegaConf.create({"x": {"seed": 1}}))
 
 
 RUN = [
@@ -75,7 +75,8 @@ RUN = [
     "trainer.checkpoint_every_steps=1",
     "model.dropout=0.3",
 ]  # fmt: skip  (dropout draws from the `train` stream)
-DRAWING = ["callbacks=default", "+callbacks.noise._target_=callback_user_code.RandomDrawing"]
+DRAWING = ["+callbacks.noise._target_=callback_user_code.RandomDrawing",
+           "+callbacks.history._target_=callback_user_code.LossHistory"]  # fmt: skip
 
 
 def env():
@@ -97,10 +98,8 @@ def test_callbacks_change_no_bits_and_a_callback_with_state_resumes_bitwise(tmp_
     assert entry["bitwise_guarantee"] is True
     assert run_json(run)["final_weights_sha256"] == run_json(none)["final_weights_sha256"]
     assert run_json(run)["components"]["callbacks"] == {
-        "model_summary": "starter.callbacks.ModelSummary",
-        "metric_history": "starter.callbacks.MetricHistory",
         "noise": "callback_user_code.RandomDrawing",
+        "history": "callback_user_code.LossHistory",
     }
-    history = json.loads((run / "metric_history.json").read_text())
-    losses = [row["train_loss"] for row in jsonl(none / "metrics.jsonl")]
-    assert history == {"monitor": "train_loss", "values": losses, "best": min(losses)}
+    history = json.loads((run / "loss_history.json").read_text())
+    assert history == [row["train_loss"] for row in jsonl(none / "metrics.jsonl")]

@@ -105,7 +105,7 @@ def test_a_step_with_state_is_its_own_checkpoint_part_and_resumes_bitwise(reduct
     whole = Harness(make, reduction=reduction, microbatch_size=4).run(6)
     first = Harness(make, reduction=reduction, microbatch_size=4).run(3)
     data = first.checkpoint()
-    assert "step" in torch.load(__import__("io").BytesIO(data), weights_only=True)
+    assert "user_step" in torch.load(__import__("io").BytesIO(data), weights_only=True)
     rest = Harness.resumed(data, make, reduction=reduction, microbatch_size=4).run(3)
     assert int(rest.user_step.updates) == int(whole.user_step.updates) == 6
     assert rest.bits()[0] == whole.bits()[0]

@@ -12,7 +12,7 @@ import io
 import pytest
 import torch
 
-from conftest import assert_ok, jsonl, run_json, train
+from conftest import REPO, assert_ok, jsonl, run_json, train
 from starter.steps import EMA, SAM, keep_batchnorm_statistics
 from step_harness import Harness, batch, tiny_model
 
@@ -164,3 +164,18 @@ def test_the_rooms_callbacks_summarise_the_model_and_keep_a_metric_history(tmp_p
     assert again.values == [0.5, 0.7, 0.6] and again.best == 0.7
     again.on_end(ctx, {})
     assert '"best": 0.7' in (tmp_path / "metric_history.json").read_text()
+
+
+def test_callbacks_default_composes_and_every_key_binds():
+    """conf/callbacks/default.yaml names the room's callbacks with keys they take."""
+    from hydra import compose, initialize_config_dir
+
+    from reprotrain.components import build_callbacks, check_node
+    from reprotrain.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=smoke", "callbacks=default"])
+    for name, node in cfg.callbacks.items():
+        check_node(node, f"callbacks.{name}")
+    assert sorted(build_callbacks(cfg.callbacks)) == ["metric_history", "model_summary"]

@@ -87,7 +87,7 @@ def build_loggers(
     is not). ``start_step``: the global step a resumed run continues from; TensorBoard
     rewrites its event files from ``history`` (the record up to that step), so curves have
     neither gaps nor doubles. ``report``: draws report.md and curves.png of a run dir into a
-    folder (``tools.runs.report.write_report``), for MLflow's and W&B's artifacts at the
+    folder (``run.report.write_report``), for MLflow's and W&B's artifacts at the
     end; without it, the ones ``make report`` already wrote are attached. Non-zero ranks get
     an empty ``Loggers``.
     """

@@ -210,6 +210,13 @@ SLOW = {
     # runs), test_write_once.py's already-completed resume.
     "test_world_size_invariance.py::test_resume_on_a_world_size_that_does_not_divide_k_is_refused",
     "test_resume_edges.py::test_completed_run_says_already_completed_and_rewrites_nothing",
+    # Issues 34 and 38 (2026-12-02, AMD EPYC Zen 3: make test took 9 min 24 s): second tests
+    # of a promise. Siblings: the purity check's in-process tests (each impurity found and
+    # named, test_sample_purity.py); the strict refusal of an unverifiable resume
+    # (test_resume_replay.py) and the audit's own tests; the first pty test of the bar.
+    "test_sample_purity.py::test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flagged_at_warn",
+    "test_resume_audit.py::test_strict_refuses_a_resume_that_cannot_be_bitwise_then_the_flag_records_why",
+    "test_epoch_bar.py::test_on_a_pseudo_terminal_a_stops_lines_go_above_the_open_bar_and_it_is_erased",
 }
 
 

@@ -251,7 +251,8 @@ def test_each_kind_of_hidden_state_is_verified_bitwise_or_a_named_mismatch(tmp_p
     later = killed_at(tmp_path / "later", 3, *overrides)
     assert_ok(resumed(later, *overrides))
     (entry,) = run_json(later)["resumes"]
-    same = final(later) == final(ref)
-    assert entry["bitwise_guarantee"] is same, entry  # never bitwise with other weights
-    if not same:
-        assert ", differ: " in entry["verified"] and entry["replay"]["first_difference"]
+    if entry["bitwise_guarantee"]:  # never bitwise with other weights
+        assert final(later) == final(ref) and entry["verified"].endswith(", identical")
+    else:  # a named difference (the weights may still agree: the run can end before the
+        # difference matters, e.g. the closure's lr for a step that never runs)
+        assert ", differ: " in entry["verified"] and entry["replay"]["first_difference"], entry

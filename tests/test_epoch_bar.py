@@ -116,6 +116,9 @@ def test_a_log_record_while_the_bar_is_open_is_a_whole_line_above_it(monkeypatch
     monkeypatch.setattr(log, "handlers", [handler])
     monkeypatch.setattr(log, "propagate", False)
     monkeypatch.setattr(log, "level", logging.DEBUG)
+    # An earlier in-process Hydra run's logging config (disable_existing_loggers) may have
+    # disabled the logger in this worker: the suite's order must not decide the test.
+    monkeypatch.setattr(log, "disabled", False)
     bar = EpochBar(enabled=True, stream=term)
     bar.start(epoch=1, total=3, done=0)
     assert log.handlers != [handler]  # redirected while open

@@ -250,34 +250,29 @@ def measure_portable(setup: TrainSetup, root: Path, log=print) -> dict:
 def measure_replay(setup: TrainSetup, root: Path, log=print) -> dict:
     """A resume's replay against the interval it replays, measured in the same pair of runs.
 
-    Each repeat trains ``setup.epochs`` epochs with checkpoints at epoch ends and stops
-    after the second (``trainer.stop_at_global_step``, exit 75: how a preemption ends), then
-    resumes. The resume replays epoch 2 from the epoch-1 checkpoint and compares the state
-    with the epoch-2 one; its ``replay.seconds`` (the steps, epoch 2's validation and the
-    comparison) over epoch 2's training ``seconds`` in metrics.jsonl is the figure: what
-    verifying a resume costs per checkpoint interval.
+    Each repeat trains with checkpoints at epoch ends and stops after epoch 2
+    (``trainer.stop_after_epoch=2``), then resumes it for the rest of the schedule
+    (``trainer.stop_after_epoch=0``). The resume replays epoch 2 from the epoch-1 checkpoint
+    and compares the state with the epoch-2 one; its ``replay.seconds`` (the steps, epoch 2's
+    validation and the comparison) over epoch 2's training ``seconds`` in metrics.jsonl is
+    the figure: what verifying a resume costs per checkpoint interval.
     """
     fresh = Counter(root)
     interval, replay = [], []
-    steps = -(-int(setup.num_train * 0.9) // setup.batch_size)  # the selfcheck 0.1 val split
     for _ in range(setup.repeats):
         run_dir = fresh("replay")
         epochs = f"trainer.epochs={max(setup.epochs, 3)}"  # the stop must not be the end
         overrides = template_overrides(setup, "strict", "logger=none", epochs)
         base = [sys.executable, "-m", "reprotrain.train", *overrides, f"hydra.run.dir={run_dir}"]
-        proc = subprocess.run([*base, f"trainer.stop_at_global_step={2 * steps}"],
-                              env=child_env(), capture_output=True, text=True)  # fmt: skip
-        if proc.returncode != 75:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise BenchRunError(
-                f"exit {proc.returncode} (75 expected): replay run\n" + "\n".join(tail)
-            )
-        run_checked([*base, "resume=auto"])
+        run_checked([*base, "trainer.stop_after_epoch=2"])
+        run_checked([*base, "resume=auto", "trainer.stop_after_epoch=0"])
         entry = json.loads((run_dir / "run.json").read_text())["resumes"][-1]
-        if not entry["replay"].get("identical"):
-            raise BenchRunError(f"the measured resume was not verified: {entry['verified']}")
         rows = read_jsonl(run_dir / "metrics.jsonl")
-        interval.append(next(r["seconds"] for r in rows if r["epoch"] == 2))
+        first, second = rows[0]["global_step"], rows[1]["global_step"]
+        got = (entry["replay"].get("first_step"), entry["replay"].get("last_step"))
+        if not entry["replay"].get("identical") or got != (first + 1, second):
+            raise BenchRunError(f"the measured resume did not replay epoch 2: {entry['verified']}")
+        interval.append(rows[1]["seconds"])
         replay.append(entry["replay"]["seconds"])
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         log(f"  replay {replay[-1]:.2f} s / interval {interval[-1]:.2f} s")

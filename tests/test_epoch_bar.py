@@ -115,10 +115,12 @@ def test_a_log_record_while_the_bar_is_open_is_a_whole_line_above_it(monkeypatch
     log = logging.getLogger("reprotrain")
     monkeypatch.setattr(log, "handlers", [handler])
     monkeypatch.setattr(log, "propagate", False)
-    monkeypatch.setattr(log, "level", logging.DEBUG)
-    # An earlier in-process Hydra run's logging config (disable_existing_loggers) may have
-    # disabled the logger in this worker: the suite's order must not decide the test.
+    # The suite's order must not decide the test: an earlier in-process run may have
+    # disabled the logger (Hydra's disable_existing_loggers) or set a level whose answer
+    # logging caches (setLevel clears that cache, assigning .level does not).
     monkeypatch.setattr(log, "disabled", False)
+    monkeypatch.setattr(log, "level", log.level)  # put back afterwards
+    log.setLevel(logging.DEBUG)
     bar = EpochBar(enabled=True, stream=term)
     bar.start(epoch=1, total=3, done=0)
     assert log.handlers != [handler]  # redirected while open

@@ -154,9 +154,13 @@ def train_in_process(world: int, microbatch_collate: int, steps: int = 6) -> lis
     shared = ThreadReducer(world)
     out: dict[int, list] = {}
 
-    def rank(r: int) -> None:
+    models = {}
+    for r in range(world):  # before the threads: they would share the global generator
         torch.manual_seed(0)
-        model = TokenNet(num_classes=4, hidden=16)
+        models[r] = TokenNet(num_classes=4, hidden=16)
+
+    def rank(r: int) -> None:
+        model = models[r]
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         state = TrainerState(model, opt, sched, torch.amp.GradScaler("cpu", enabled=False), CPU)

@@ -174,10 +174,7 @@ class Resume:
         data = (record.data.get("data_fingerprint"), self.data_now)
         imported = (record.data.get("imported_code"), imported_code())
         entry = resume_entry(self.point, env, device, container, unrestored, code=code,
-                             data=data, imported=imported)  # fmt: skip
-        entry["verified"] = verified["line"]
-        entry["replay"] = {k: v for k, v in verified.items() if k != "line"}
-        entry["bitwise_guarantee"] = entry["bitwise_guarantee"] and bool(verified.get("identical"))
+                             data=data, imported=imported, verified=verified)  # fmt: skip
         record.update(resumes=[*record.data.get("resumes", []), entry])
         record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,

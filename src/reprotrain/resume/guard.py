@@ -235,14 +235,17 @@ def resume_entry(
     code: tuple[str | None, str] | None = None,
     data: tuple[dict | None, dict | None] | None = None,
     imported: tuple[dict | None, dict] | None = None,
+    verified: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee: an
     environment or code that differs (``mismatch``; ``code`` is (the run's start
     ``code_sha256``, this process's), ``data`` (the run's start data fingerprint, this
     resume's)) or state the checkpoint could not restore
     (``unrestored``, from the resume audit; ``audited: false`` for a checkpoint written
-    before the audit existed)."""
+    before the audit existed), and the replay's verdict (``verified``: ``start.Resume.verify``;
+    without an identical replay the resume is never bitwise)."""
     unrestored = list(unrestored or [])
+    verified = verified or {"line": "not verified", "identical": None}
     if "audit" not in point.state:
         unrestored.append(
             f"{point.path.name} was written before the resume audit: state outside the "
@@ -275,7 +278,10 @@ def resume_entry(
             k: env[k] for k in ("python", "torch", "cuda", "cudnn", "device", "num_threads")
         },
         "code_sha256": code[1] if code is not None else None,
-        "bitwise_guarantee": not mismatch and not unrestored,
+        # Only a replay that found the state identical lets a resume claim the bits.
+        "bitwise_guarantee": not mismatch and not unrestored and bool(verified.get("identical")),
+        "verified": verified["line"],
+        "replay": {k: v for k, v in verified.items() if k != "line"},
         "mismatch": mismatch,
         "unrestored": unrestored,
         "audited": "audit" in point.state,

@@ -99,8 +99,8 @@ train: $(STAMP) ## one run: make train ARGS="experiment=smoke [task=mixup] [trai
 test: $(STAMP) ## the test suite (CPU, offline), without the slow marker, on every core
 	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile
 
-test-slow: $(STAMP) ## the slow tests only: DDP layouts, launcher sweeps (CI runs both)
-	$(PY) -m pytest -q -m slow
+test-slow: $(STAMP) ## the slow tests only: DDP layouts, launcher sweeps (CI runs both), on every core
+	$(PY) -m pytest -q -m slow -n auto --dist loadfile
 
 lint: $(STAMP) ## ruff lint + format check
 	$(VENV)/bin/ruff check .

@@ -38,6 +38,8 @@ def test_resume_that_extends_the_schedule_is_recorded_and_reproduces_bitwise(tmp
     entry = record["resumes"][-1]
     assert entry["global_step"] == 8
     assert entry["overrides"]["trainer.epochs"] == {"from": 1, "to": 2}
+    # the steps before the extension replayed under the schedule they ran with (1 epoch)
+    assert entry["bitwise_guarantee"] is True and entry["verified"].endswith("identical")
     assert record["experiment_id"] != first_id  # follows the config that ran
     assert record["experiment_id"].startswith(record["config_sha256"][:8])
     out = tmp_path / "archives"

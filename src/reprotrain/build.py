@@ -108,6 +108,15 @@ def build_training(
                       train_seed=train_seed, user_step=user_step)  # fmt: skip
 
 
+def schedule_for(scheduler_cfg: DictConfig, optimizer: Any, steps_per_epoch: int) -> Any:
+    """epochs -> the ``scheduler`` group's schedule over that many epochs on ``optimizer``:
+    a resume that extends ``trainer.epochs`` replays the steps before it under the schedule
+    they ran with (``Trainer.replay_state``)."""
+    return lambda epochs: build_scheduler(
+        scheduler_cfg, optimizer, total_steps=steps_per_epoch * epochs
+    )
+
+
 def callbacks_for(node: Any, device: torch.device) -> Callbacks:
     """The ``callbacks`` group's callbacks by name (none when it is null), built after the
     model under whatever the caller seeded: a callback's construction draws no stream."""

@@ -18,9 +18,11 @@ flag is read before every checkpoint, so none holds weights a non-finite step pr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +32,7 @@ from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
+from reprotrain.errors import ReprotrainError
 from reprotrain.hashing import losses_sha256, state_sha256
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
@@ -87,11 +90,13 @@ class Trainer:
         *,
         logger_cfg: Any,
         report: Any = None,
+        schedule_for: Callable[[int], Any] | None = None,
     ) -> None:
         self.runner, self.pipeline, self.saver = runner, pipeline, saver
         self.record, self.stop, self.dist = record, stop, dist
         self.settings, self.guard = settings, guard
         self.logger_cfg, self.report = logger_cfg, report
+        self.schedule_for = schedule_for  # epochs -> the lr schedule over that many epochs
         self.run_dir = record.run_dir
         self.loop: LoopState = runner.state.loop
         self.alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
@@ -127,14 +132,23 @@ class Trainer:
             log.info("top ops (%s):\n%s", self.profiler.table_path, self.profiler.stop())
         return self.finish()
 
-    def replay_state(self, target: tuple[int, int]) -> dict | None:
+    def replay_state(self, target: tuple[int, int], epochs: int | None = None,
+                     from_start: bool = False) -> dict | None:  # fmt: skip
         """Re-run the steps from the loop state's position to ``target`` (``(epoch,
         epoch_step)`` of a checkpoint) exactly as the run took them, evaluations and epoch
         ends included, writing nothing; the checkpoint the state then makes (None on a rank
         that writes none). A signal during the replay stops the run without a checkpoint:
-        the one replayed towards is newer."""
+        the one replayed towards is newer.
+
+        ``epochs``: the run's length when it took those steps, when this resume extends
+        ``trainer.epochs``: they are replayed under the schedule they ran with (``from_start``:
+        the state is the run's start, not a loaded checkpoint)."""
         state, self.quiet, self.target = self.loop, True, target
         self.feed = StepFeed(_Silent(), state)
+        settings, scheduler = self.settings, self.runner.state.scheduler
+        if epochs is not None and epochs != settings.epochs:
+            self.settings = dataclasses.replace(settings, epochs=epochs)
+            self.runner.state.scheduler = self.past_schedule(epochs, from_start)
         try:
             with determinism.nondeterminism_alerts([]):
                 while (state.epoch, state.epoch_step) < target:
@@ -144,6 +158,22 @@ class Trainer:
             return self.saver.payload()
         finally:
             self.quiet, self.feed, self.target = False, None, None
+            self.settings, self.runner.state.scheduler = settings, scheduler
+
+    def past_schedule(self, epochs: int, from_start: bool) -> Any:
+        """The lr schedule over ``epochs`` at the state's position. Building a scheduler sets
+        the optimizer's lr to its first step's: from the run's start that is what the run
+        had; from a loaded checkpoint, its scheduler state and lrs are put back."""
+        if self.schedule_for is None:
+            raise ReprotrainError("this trainer cannot rebuild the schedule to replay under")
+        optimizer, current = self.runner.state.optimizer, self.runner.state.scheduler
+        lrs = [group["lr"] for group in optimizer.param_groups]
+        past = self.schedule_for(epochs)
+        if not from_start:
+            past.load_state_dict(current.state_dict())
+            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr
+        return past
 
     def run_epoch(self, until: int | None = None) -> dict:
         """One epoch of counter-based batches from ``(epoch, step)``, then its end; the row.

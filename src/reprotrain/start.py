@@ -199,7 +199,10 @@ class Resume:
         last = self.point.state["loop"]["global_step"]
         log.info("verifying the resume: replaying steps %d..%d from %s", first, last, name)
         t0 = time.perf_counter()
-        replayed = replay_state(replay.position(self.point.state))
+        # Steps taken before a resume that extends trainer.epochs ran under the old schedule.
+        epochs = self.point.state["config"]["trainer"]["epochs"]
+        replayed = replay_state(replay.position(self.point.state), epochs=epochs,
+                                from_start=begin_state is None)  # fmt: skip
         seconds = time.perf_counter() - t0
         difference = replay.first_difference(self.point.state, replayed) if replayed else None
         if dist is not None:

@@ -37,7 +37,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from reprotrain import launchers, preflight, provenance
-from reprotrain.build import build_data, build_training, callbacks_for, components_record
+from reprotrain.build import (
+    build_data,
+    build_training,
+    callbacks_for,
+    components_record,
+    schedule_for,
+)
 from reprotrain.config import TrainerSettings, microbatches_per_step, validate
 from reprotrain.data import worker_death
 from reprotrain.data.purity import check_samples
@@ -125,7 +131,9 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         gather=reduction.checkpoint,
     )  # fmt: skip
     trainer = Trainer(runner, pipeline, saver, record, stop, dist, settings.loop, settings.guard,
-                      logger_cfg=cfg.logger, report=write_report)  # fmt: skip
+                      logger_cfg=cfg.logger, report=write_report,
+                      schedule_for=schedule_for(cfg.scheduler, state.optimizer,
+                                                pipeline.steps_per_epoch))  # fmt: skip
     # A resume replays the steps since the checkpoint before its own and compares the bits.
     start.restore(state, record, env=env, device=device, container=container, dist=dist,
                   replay_state=trainer.replay_state)  # fmt: skip

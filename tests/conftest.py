@@ -217,6 +217,16 @@ SLOW = {
     "test_sample_purity.py::test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flagged_at_warn",
     "test_resume_audit.py::test_strict_refuses_a_resume_that_cannot_be_bitwise_then_the_flag_records_why",
     "test_epoch_bar.py::test_on_a_pseudo_terminal_a_stops_lines_go_above_the_open_bar_and_it_is_erased",
+    # make test at 5 min 43 s on the Zen 3 (2026-12-02, third session): second tests of a
+    # promise. Siblings: test_resume.py's SIGKILL resumes (their record says what the replay
+    # found), the callbacks' in-process guard and round-trip tests, the bar's in-process
+    # whole-line test, bisect's digest tests, the starter's step that repeats bitwise.
+    "test_resume_replay.py::test_a_private_counter_resumed_from_the_first_checkpoint_is_replayed_and_bitwise",
+    "test_callbacks.py::test_callbacks_change_no_bits_and_a_callback_with_state_resumes_bitwise",
+    "test_epoch_bar.py::test_on_a_pseudo_terminal_every_log_line_is_whole_and_no_bar_is_left",
+    "test_bisect.py::test_thread_counts_name_the_first_divergent_step_and_an_aten_op_in_a_module",
+    "test_bisect.py::test_a_difference_made_before_the_traced_step_is_walked_back_to_its_op",
+    "test_user_experiments.py::test_two_fresh_runs_are_identical[regression]",
 }
 
 

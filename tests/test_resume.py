@@ -73,6 +73,11 @@ def test_sigkill_then_resume_is_bitwise_equal(tmp_path, reference_run, spec):
     assert resumes[0]["code_sha256"] == run_json(run_dir)["code_sha256"]  # compared: the same
     expected_step = {"step:5": 3, "after-save:8": 8, "in-save:12": 9}[spec]
     assert resumes[0]["global_step"] == expected_step
+    before = {"step:5": "the run's start", "after-save:8": "step-00000006.pt",
+              "in-save:12": "step-00000008.pt"}[spec]  # fmt: skip
+    first = {"step:5": 1, "after-save:8": 7, "in-save:12": 9}[spec]
+    line = f"steps {first}..{expected_step} replayed from {before}, identical"
+    assert resumes[0]["verified"] == line  # how the bits were established
 
 
 def test_sigkill_on_the_loader_path_with_two_workers(tmp_path, reference_run):

@@ -32,7 +32,6 @@ from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
-from reprotrain.errors import ReprotrainError
 from reprotrain.hashing import losses_sha256, state_sha256
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
@@ -89,8 +88,8 @@ class Trainer:
         guard: GuardSettings,
         *,
         logger_cfg: Any,
+        schedule_for: Callable[[int], Any],
         report: Any = None,
-        schedule_for: Callable[[int], Any] | None = None,
     ) -> None:
         self.runner, self.pipeline, self.saver = runner, pipeline, saver
         self.record, self.stop, self.dist = record, stop, dist
@@ -164,8 +163,6 @@ class Trainer:
         """The lr schedule over ``epochs`` at the state's position. Building a scheduler sets
         the optimizer's lr to its first step's: from the run's start that is what the run
         had; from a loaded checkpoint, its scheduler state and lrs are put back."""
-        if self.schedule_for is None:
-            raise ReprotrainError("this trainer cannot rebuild the schedule to replay under")
         optimizer, current = self.runner.state.optimizer, self.runner.state.scheduler
         lrs = [group["lr"] for group in optimizer.param_groups]
         past = self.schedule_for(epochs)

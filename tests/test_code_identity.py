@@ -142,3 +142,20 @@ def test_a_module_imported_from_outside_src_is_digested_and_an_edit_is_named(tmp
         f"code: imported from outside src/ and changed since the run started: {key}"
     ]
     assert imported_differences(None, start)[0].startswith("code: the run's start recorded no")
+
+
+def test_a_reproduce_names_a_module_from_outside_src_that_the_rerun_imports_otherwise():
+    """A reproduce's re-run runs the archived src/ with PYTHONPATH set to it alone, so a
+    module the archived run imported from elsewhere is gone or other there: NOT COMPARABLE
+    with the module named, compared by the same function a resume uses."""
+    import inspect
+
+    from reprotrain.resume.guard import imported_differences
+    from reprotrain.tools.reproduce import reproduce
+
+    archived = {"/home/me/layers.py": "a" * 64}
+    assert imported_differences(archived, {}, "from the archived run's") == [
+        "code: imported from outside src/ and changed from the archived run's: /home/me/layers.py"
+    ]
+    assert imported_differences(archived, dict(archived), "from the archived run's") == []
+    assert "imported_differences(" in inspect.getsource(reproduce._rerun)

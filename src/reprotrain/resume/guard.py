@@ -302,10 +302,13 @@ def data_differences(at_start: dict | None, now: dict | None) -> list[str]:
     return []
 
 
-def imported_differences(at_start: dict | None, now: dict) -> list[str]:
+def imported_differences(
+    at_start: dict | None, now: dict, since: str = "since the run started"
+) -> list[str]:
     """Modules imported from outside the snapshot paths (``PYTHONPATH``, links) at the run's
-    start against this resume's (``provenance.imported_code``): each changed, added or gone
-    file by name."""
+    start against this process's (``provenance.imported_code``): each changed, added or gone
+    file by name. A resume compares with its own run's start, a reproduce's re-run with the
+    archived run (``since="from the archived run's"``)."""
     if at_start is None:
         return ["code: the run's start recorded no imported_code, so modules imported from "
                 "outside src/ were not compared"]  # fmt: skip
@@ -313,7 +316,7 @@ def imported_differences(at_start: dict | None, now: dict) -> list[str]:
     if not changed:
         return []
     shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-    return [f"code: imported from outside src/ and changed since the run started: {shown}"]
+    return [f"code: imported from outside src/ and changed {since}: {shown}"]
 
 
 def code_differences(at_start: str | None, now: str) -> list[str]:

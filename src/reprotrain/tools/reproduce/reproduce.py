@@ -90,6 +90,7 @@ from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
+from reprotrain.resume.guard import imported_differences
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
@@ -432,6 +433,10 @@ def _rerun(
     current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
     blocking, info = environment_differences(record, current)
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
+    if "imported_code" in record:  # modules from outside src/: the archive holds none of them
+        reasons += imported_differences(
+            record["imported_code"], new_record.get("imported_code") or {}, "from the archived run's"
+        )
     if data_problem:
         reasons.append(data_problem)
     reasons += [f"environment-derived value: {d}" for d in env_values]

@@ -434,9 +434,8 @@ def _rerun(
     blocking, info = environment_differences(record, current)
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
     if "imported_code" in record:  # modules from outside src/: the archive holds none of them
-        reasons += imported_differences(
-            record["imported_code"], new_record.get("imported_code") or {}, "from the archived run's"
-        )
+        now = new_record.get("imported_code") or {}
+        reasons += imported_differences(record["imported_code"], now, "from the archived run's")
     if data_problem:
         reasons.append(data_problem)
     reasons += [f"environment-derived value: {d}" for d in env_values]

@@ -4,6 +4,9 @@ in order, in reverse order, and in a loader worker, under the same per-sample se
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +114,7 @@ def test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flag
     """Its bits changed with num_workers and across a resume while the record promised
     them (issue 34). Strict refuses in one line naming the generator; warn goes on, and the
     record and a resume's line say that nothing is promised."""
-    from conftest import assert_ok, base_env, run_json, train
+    from conftest import REPO, assert_ok, base_env, run_json, train
 
     user = ["dataset._target_=numpy_user_code.PrivateRngImages", "trainer.pipeline=loader"]
     env = base_env(PYTHONPATH=str(Path(__file__).parent))
@@ -121,9 +124,19 @@ def test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flag
     assert "samples are not a pure function of their key" in line
     assert "transform attribute `rng` (Random)" in line
     warned = tmp_path / "warn"
-    assert_ok(train(warned, *user, "repro=warn", "trainer.checkpoint_every_steps=3", env=env))
+    killed = train(warned, *user, "repro=warn", "trainer.checkpoint_every_steps=3", env=env,
+                   fault="step:5")  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     purity = run_json(warned)["sample_purity"]
     assert purity["pure"] is False and "`rng`" in purity["reason"]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(warned)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert_ok(resumed)
+    (entry,) = run_json(warned)["resumes"]
+    assert entry["bitwise_guarantee"] is False
+    assert any("samples are not a pure function of their key" in u for u in entry["unrestored"])
     pure = tmp_path / "pure"
     assert_ok(train(pure, "dataset._target_=numpy_user_code.RngImages", "trainer.pipeline=loader",
                     env=env))  # fmt: skip

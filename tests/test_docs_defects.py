@@ -20,7 +20,9 @@ def test_help_lists_the_groups_hydra_searchpath_adds_such_as_experiment_selfchec
     from hydra.core.global_hydra import GlobalHydra
 
     from reprotrain import helptext
+    from reprotrain.config import register_configs
 
+    register_configs()  # what the entry point does before Hydra composes (or lists) anything
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         loader = GlobalHydra.instance().config_loader()
         groups = helptext.config_groups(loader, "train", [])

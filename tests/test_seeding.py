@@ -24,7 +24,7 @@ def test_stable_hash_is_the_same_in_processes_with_different_hash_seeds():
             text=True,
             check=True,
         ).stdout
-        for s in ("1", "2", "3")
+        for s in ("1", "2")  # this process runs under a third (make test's 0)
     }
     assert outs == {f"{stable_hash('x', 42, 'init')}\n"}
 

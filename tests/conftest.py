@@ -233,6 +233,9 @@ SLOW = {
     # config, outside its identity (test_tags_local_presets.py).
     "test_user_experiments.py::test_regression_records_rmse_and_r2_and_no_accuracy",
     "test_tags_local_presets.py::test_a_runs_tags_are_in_its_run_json",
+    # The data kind of issue 34 end to end (sibling: test_code_identity.py's unit test of
+    # the kept fingerprint and the named change).
+    "test_template.py::test_images_edited_between_a_kill_and_the_resume_are_named_and_never_re_recorded",
 }
 
 

@@ -224,3 +224,43 @@ def test_bad_image_folders_are_one_line(tmp_path, case):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in proc.stderr
     assert run_json(tmp_path / "run")["status"] == "failed"
+
+
+def test_images_edited_between_a_kill_and_the_resume_are_named_and_never_re_recorded(tmp_path):
+    """Issue 34's data kind: image files edited after a SIGKILL. The start's fingerprint
+    stays in run.json; under strict the resume is refused in one line (the replay from the
+    checkpoint before runs on the new pixels and differs), at repro=warn it goes on,
+    recorded as not bitwise, with the data change named."""
+    import shutil
+
+    from PIL import Image
+
+    data = write_folder(tmp_path / "data")
+    runs = {}
+    for level in ("strict", "warn"):
+        root = tmp_path / level / "data"
+        shutil.copytree(data, root)
+        run = tmp_path / level / "run"
+        overrides = (*FOLDER, f"dataset.root={root}", "trainer.num_workers=0", f"repro={level}")
+        killed = train(run, *overrides, fault="step:5", micro=False)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        at_start = run_json(run)["data_fingerprint"]
+        for png in sorted((root / "train").rglob("*.png")):  # every training image, edited
+            img = Image.open(png)
+            Image.eval(img, lambda v: 255 - v).save(png)
+        runs[level] = (run, overrides, at_start)
+
+    run, overrides, at_start = runs["strict"]
+    before = (run / "run.json").read_bytes()
+    refused = train(run, *overrides, "resume=auto", micro=False)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert len([ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]) == 1
+    assert (run / "run.json").read_bytes() == before
+
+    run, overrides, at_start = runs["warn"]
+    assert_ok(train(run, *overrides, "resume=auto", micro=False))
+    record = run_json(run)
+    assert record["data_fingerprint"] == at_start  # never silently re-recorded
+    (entry,) = record["resumes"]
+    assert entry["bitwise_guarantee"] is False
+    assert any(m.startswith("data: the dataset changed") for m in entry["mismatch"])

@@ -4,6 +4,8 @@ a resume under other code keeps going but its history line does not promise the 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,18 +146,31 @@ def test_a_module_imported_from_outside_src_is_digested_and_an_edit_is_named(tmp
     assert imported_differences(None, start)[0].startswith("code: the run's start recorded no")
 
 
-def test_a_reproduce_names_a_module_from_outside_src_that_the_rerun_imports_otherwise():
-    """A reproduce's re-run runs the archived src/ with PYTHONPATH set to it alone, so a
-    module the archived run imported from elsewhere is gone or other there: NOT COMPARABLE
-    with the module named, compared by the same function a resume uses."""
-    import inspect
+@pytest.mark.slow
+def test_a_reproduce_names_a_module_the_archived_run_imported_from_outside_src(tmp_path):
+    """Code on the run's PYTHONPATH (here a sitecustomize.py, which Python runs at every
+    start) is in no archive, and a reproduce's re-run never gets the archived PYTHONPATH:
+    its re-run imports other code, so the verdict is NOT COMPARABLE with the module named,
+    by the same comparison a resume makes (issue 34.4)."""
+    from conftest import MICRO, REPO, TINY, assert_ok, base_env, run_json, tool_module, train
 
-    from reprotrain.resume.guard import imported_differences
-    from reprotrain.tools.reproduce import reproduce
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "sitecustomize.py").write_text("SCALE = 1.0  # imported at every start\n")
+    run = tmp_path / "run"
+    assert_ok(train(run, *MICRO, *TINY, micro=False, env=base_env(PYTHONPATH=str(outside))))
+    assert str(outside / "sitecustomize.py") in run_json(run)["imported_code"]
 
-    archived = {"/home/me/layers.py": "a" * 64}
-    assert imported_differences(archived, {}, "from the archived run's") == [
-        "code: imported from outside src/ and changed from the archived run's: /home/me/layers.py"
-    ]
-    assert imported_differences(archived, dict(archived), "from the archived run's") == []
-    assert "imported_differences(" in inspect.getsource(reproduce._rerun)
+    def tool(name: str, *args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", tool_module(name), *args]
+        return subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+
+    assert_ok(tool("archive", str(run), "--out-dir", str(tmp_path / "archives")))
+    (archive,) = (tmp_path / "archives").glob("*.tar.gz")
+    proc = tool("reproduce", str(archive), "--trust", "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = proc.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("NOT COMPARABLE")
+    assert "imported from outside src/ and changed from the archived run's" in verdict
+    assert "sitecustomize.py" in verdict

@@ -35,6 +35,7 @@ CONTRADICTIONS = [
     ({"resumes": [{"global_step": 5, "mismatch": [1]}]}, "resumes[0].mismatch is a list"),
     ({"git": {"commit": "c", "not_archived": 3}}, "git.not_archived is 3, not a list of strings"),
     ({"status": "done"}, "status 'done' is not one of running, completed"),
+    ({"imported_code": {"/x/m.py": 5}}, "imported_code is a dict, not an object of {file: sha256}"),
 ]  # fmt: skip
 VALID = {
     "status": "completed",

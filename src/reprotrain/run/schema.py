@@ -71,6 +71,7 @@ def _list_of(kind: type) -> Callable[[Any], bool]:
 
 
 STRINGS = Form("a list of strings", _list_of(str))
+DIGESTS = Form("an object of {file: sha256}", _mapping(lambda x: isinstance(x, str)))
 OBJECTS = Form("a list of objects", _list_of(dict))
 NESTED = Form("an object of objects", _mapping(lambda x: isinstance(x, dict)))
 
@@ -102,6 +103,7 @@ FIELDS: dict[str, Form] = {
     "code_sha256": _nullable(STRING),
     "data_fingerprint": _nullable(OBJECT),
     "data_fingerprint.sha256": _nullable(STRING),
+    "imported_code": _nullable(DIGESTS),
     "lock_sha256": _nullable(STRING),
     "epochs_completed": _nullable(COUNT),
     "resumes": OBJECTS,

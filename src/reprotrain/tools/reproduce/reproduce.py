@@ -433,7 +433,7 @@ def _rerun(
     current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
     blocking, info = environment_differences(record, current)
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
-    if "imported_code" in record:  # modules from outside src/: the archive holds none of them
+    if record.get("imported_code") is not None:  # outside src/: no archive holds them
         now = new_record.get("imported_code") or {}
         reasons += imported_differences(record["imported_code"], now, "from the archived run's")
     if data_problem:

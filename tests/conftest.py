@@ -82,6 +82,22 @@ def train(
     )
 
 
+def resume(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``make resume RUN=run_dir`` in a fresh process, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir), *overrides],
+        cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+def tool(name: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``python -m reprotrain.tools.<name>`` in a fresh process (e.g. ``reproduce.reproduce``)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"reprotrain.tools.{name}", *args],
+        cwd=cwd, env=base_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
 def run_json(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "run.json").read_text())
 

@@ -4,13 +4,11 @@ a resume under other code keeps going but its history line does not promise the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_ok, base_env, run_json, train
+from conftest import MICRO, TINY, assert_ok, base_env, run_json, tool, train
 from reprotrain.repro.gitinfo import code_sha256
 from reprotrain.resume.guard import code_differences
 
@@ -152,8 +150,6 @@ def test_a_reproduce_names_a_module_the_archived_run_imported_from_outside_src(t
     start) is in no archive, and a reproduce's re-run never gets the archived PYTHONPATH:
     its re-run imports other code, so the verdict is NOT COMPARABLE with the module named,
     by the same comparison a resume makes (issue 34.4)."""
-    from conftest import MICRO, REPO, TINY, assert_ok, base_env, run_json, tool_module, train
-
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "sitecustomize.py").write_text("SCALE = 1.0  # imported at every start\n")
@@ -161,14 +157,10 @@ def test_a_reproduce_names_a_module_the_archived_run_imported_from_outside_src(t
     assert_ok(train(run, *MICRO, *TINY, micro=False, env=base_env(PYTHONPATH=str(outside))))
     assert str(outside / "sitecustomize.py") in run_json(run)["imported_code"]
 
-    def tool(name: str, *args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", tool_module(name), *args]
-        return subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
-
-    assert_ok(tool("archive", str(run), "--out-dir", str(tmp_path / "archives")))
+    assert_ok(tool("archive.archive", str(run), "--out-dir", str(tmp_path / "archives")))
     (archive,) = (tmp_path / "archives").glob("*.tar.gz")
-    proc = tool("reproduce", str(archive), "--trust", "--runs-dir", str(tmp_path / "runs"))
+    runs = str(tmp_path / "runs")
+    proc = tool("reproduce.reproduce", str(archive), "--trust", "--runs-dir", runs)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdict = proc.stdout.strip().splitlines()[-1]
     assert verdict.startswith("NOT COMPARABLE")

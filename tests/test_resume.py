@@ -20,6 +20,7 @@ from conftest import (
     base_env,
     jsonl,
     metrics_without_timings,
+    resume,
     run_json,
     train,
 )
@@ -27,13 +28,6 @@ from reprotrain.errors import CheckpointError
 from reprotrain.repro import checkpoint
 
 CKPT_EVERY = "trainer.checkpoint_every_steps=3"
-
-
-def resume(run_dir, *overrides, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir), *overrides],
-        cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
 
 
 def assert_same_as_reference(run_dir, reference):

@@ -3,20 +3,11 @@ and a completed run that stays as it was."""
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_ok, base_env, jsonl, run_json, train
-
-
-def tool(name: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", f"reprotrain.tools.{name}", *args],
-        cwd=cwd, env=base_env(), capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+from conftest import assert_ok, jsonl, run_json, tool, train
 
 
 def snapshot(run_dir: Path) -> dict[str, bytes]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +112,7 @@ def test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flag
     """Its bits changed with num_workers and across a resume while the record promised
     them (issue 34). Strict refuses in one line naming the generator; warn goes on, and the
     record and a resume's line say that nothing is promised."""
-    from conftest import REPO, assert_ok, base_env, run_json, train
+    from conftest import assert_ok, base_env, resume, run_json, train
 
     user = ["dataset._target_=numpy_user_code.PrivateRngImages", "trainer.pipeline=loader"]
     env = base_env(PYTHONPATH=str(Path(__file__).parent))
@@ -129,11 +127,7 @@ def test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flag
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     purity = run_json(warned)["sample_purity"]
     assert purity["pure"] is False and "`rng`" in purity["reason"]
-    resumed = subprocess.run(
-        [sys.executable, "-m", "reprotrain.tools.runs.resume", str(warned)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert_ok(resumed)
+    assert_ok(resume(warned, env=env))
     (entry,) = run_json(warned)["resumes"]
     assert entry["bitwise_guarantee"] is False
     assert any("samples are not a pure function of their key" in u for u in entry["unrestored"])

@@ -50,6 +50,7 @@ from reprotrain.resume.guard import (
     ResumePoint,
     check_unrestored,
     find_resume_point,
+    input_differences,
     resume_entry,
 )
 from reprotrain.run import record as rec
@@ -168,13 +169,17 @@ class Resume:
         purity = record.data.get("sample_purity") or {}
         if purity.get("pure") is False:  # found at this run's start (data/purity.py)
             unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
-        check_unrestored(self.point, unrestored, container, record.run_dir)
+        # What the run reads that changed since it started: the suspects a refusal names.
+        code = code_now()
+        inputs = input_differences(
+            code=(record.data.get("code_sha256"), code),
+            imported=(record.data.get("imported_code"), imported_code()),
+            data=(record.data.get("data_fingerprint"), self.data_now),
+        )
+        check_unrestored(self.point, unrestored, container, record.run_dir, inputs)
         rewrite_history(record.run_dir, state)
-        code = (record.data.get("code_sha256"), code_now())
-        data = (record.data.get("data_fingerprint"), self.data_now)
-        imported = (record.data.get("imported_code"), imported_code())
-        entry = resume_entry(self.point, env, device, container, unrestored, code=code,
-                             data=data, imported=imported, verified=verified)  # fmt: skip
+        entry = resume_entry(self.point, env, device, container, unrestored, inputs=inputs,
+                             code_sha256=code, verified=verified)  # fmt: skip
         record.update(resumes=[*record.data.get("resumes", []), entry])
         record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,

@@ -202,10 +202,16 @@ def _changes(recorded: dict, current: dict) -> dict[str, tuple[Any, Any]]:
 
 
 def check_unrestored(
-    point: ResumePoint, unrestored: list[str], current: dict, run_dir: Path
+    point: ResumePoint,
+    unrestored: list[str],
+    current: dict,
+    run_dir: Path,
+    inputs: list[str] | None = None,
 ) -> None:
     """Under ``repro=strict`` a resume that cannot be bitwise is refused in one line, with
-    run.json and the resolved config put back as they were, unless the user allowed it."""
+    run.json and the resolved config put back as they were, unless the user allowed it.
+    ``inputs`` (:func:`input_differences`): what the run reads that changed since it
+    started; when there is any, the line names it as the likely cause, not the state."""
     if not unrestored:
         return
     for line in unrestored:
@@ -219,10 +225,14 @@ def check_unrestored(
             if data is not None:
                 atomic_write_bytes(run_dir / name, data)
     more = f" (and {len(unrestored) - 1} more)" if len(unrestored) > 1 else ""
+    fix = (
+        f"what the run reads changed since it started ({'; '.join(inputs)}): put it back"
+        if inputs
+        else "give the object state_dict()/load_state_dict() that cover it"
+    )
     raise ResumeError(
         f"refusing to resume {point.path.name} under repro=strict: {unrestored[0]}{more}; "
-        "give the object state_dict()/load_state_dict() that cover it, or pass "
-        "trainer.allow_unrestored_state=true (recorded as not bitwise)"
+        f"{fix}, or pass trainer.allow_unrestored_state=true (recorded as not bitwise)"
     )
 
 
@@ -232,15 +242,14 @@ def resume_entry(
     device: torch.device,
     current: dict,
     unrestored: list[str] | None = None,
-    code: tuple[str | None, str] | None = None,
-    data: tuple[dict | None, dict | None] | None = None,
-    imported: tuple[dict | None, dict] | None = None,
+    inputs: list[str] | None = None,
+    code_sha256: str | None = None,
     verified: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run.json history line for this resume, with any lost bitwise guarantee: an
-    environment or code that differs (``mismatch``; ``code`` is (the run's start
-    ``code_sha256``, this process's), ``data`` (the run's start data fingerprint, this
-    resume's)) or state the checkpoint could not restore
+    environment that differs, or code or data that changed (``mismatch``; ``inputs`` from
+    :func:`input_differences`; ``code_sha256``: this process's) or state the checkpoint
+    could not restore
     (``unrestored``, from the resume audit; ``audited: false`` for a checkpoint written
     before the audit existed), and the replay's verdict (``verified``: ``start.Resume.verify``;
     without an identical replay the resume is never bitwise)."""
@@ -252,10 +261,7 @@ def resume_entry(
             "state_dicts was not checked"
         )
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
-    mismatch = comparability.differences(point.state["env"], env, invariant)
-    mismatch += code_differences(*code) if code is not None else []
-    mismatch += data_differences(*data) if data is not None else []
-    mismatch += imported_differences(*imported) if imported is not None else []
+    mismatch = comparability.differences(point.state["env"], env, invariant) + list(inputs or [])
     if mismatch:
         msg = (
             f"checkpoint written with different {'; '.join(mismatch)}: bitwise equality "
@@ -277,7 +283,7 @@ def resume_entry(
         "environment": {
             k: env[k] for k in ("python", "torch", "cuda", "cudnn", "device", "num_threads")
         },
-        "code_sha256": code[1] if code is not None else None,
+        "code_sha256": code_sha256,
         # Only a replay that found the state identical lets a resume claim the bits.
         "bitwise_guarantee": not mismatch and not unrestored and bool(verified.get("identical")),
         "verified": verified["line"],
@@ -286,6 +292,17 @@ def resume_entry(
         "unrestored": unrestored,
         "audited": "audit" in point.state,
     }
+
+
+def input_differences(
+    code: tuple[str | None, str],
+    imported: tuple[dict | None, dict],
+    data: tuple[dict | None, dict | None],
+) -> list[str]:
+    """What a run reads that changed since it started, each as (the start's, now): its
+    source (``code_sha256``), modules from outside src/ (``imported_code``) and its data
+    (the fingerprint). One line per change; none when all are the same."""
+    return [*code_differences(*code), *imported_differences(*imported), *data_differences(*data)]
 
 
 def data_differences(at_start: dict | None, now: dict | None) -> list[str]:

@@ -8,11 +8,10 @@ one before it).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, read_jsonl
+from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, parse_json_object, read_jsonl
 
 TIMING_KEYS = ("seconds", "images_per_s")
 
@@ -75,9 +74,13 @@ def compare_runs(reference: Path, candidate: Path, epochs: int | None = None) ->
             )
             return result
     if epochs is None and result.identical:
-        ra = json.loads((Path(reference) / RUN_JSON).read_text())
-        rb = json.loads((Path(candidate) / RUN_JSON).read_text())
+        ra, rb = (_record(Path(d) / RUN_JSON) for d in (reference, candidate))
         if ra.get("final_weights_sha256") != rb.get("final_weights_sha256"):
             result.identical = False
             result.reasons.append("final_weights_sha256 differs")
     return result
+
+
+def _record(path: Path) -> dict:
+    """run.json, parsed within bounds (run/bounded.py): a hostile one is one RecordError line."""
+    return parse_json_object(path.read_text(), str(path))

@@ -1,0 +1,139 @@
+"""A hostile record is one line before any trust decision, and what a record names is escaped
+in the files a tool writes as on the terminal (``run/bounded.py``, ``shown.py``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from reprotrain.errors import RecordError
+from reprotrain.run import bounded, report
+from reprotrain.run.readers import parse_json_object, parse_jsonl, parse_yaml_config, read_overrides
+from reprotrain.tools.reproduce import reproduce as repro
+from test_archive_limits import refused
+from test_bad_inputs import archive, members
+from test_report import fake_run
+
+
+def alias_bomb(levels: int) -> str:
+    """Billion laughs: each level is nine aliases of the one before."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+DEEP = 200_000
+HOSTILE_YAML = {
+    # 9**6 = 531,441 leaves: past the bound, yet small enough that the code before the bound
+    # expanded it (slowly) instead of hanging this test.
+    "alias bomb": (alias_bomb(6), "alias bomb"),
+    "recursive alias": ("a: &a [x, *a]\n", "recursive alias"),
+    "deep nesting": ("a: " + "[" * DEEP + "]" * DEEP + "\n", "nested more than 100"),
+    "100k-digit integer": ("seed: " + "9" * 100_000 + "\n", "integer of 100000 digits"),
+}
+HOSTILE_JSON = {
+    "deep nesting": ('{"a": ' + "[" * DEEP + "]" * DEEP + "}", "nested more than 100"),
+    "100k-digit integer": ('{"seed": ' + "9" * 100_000 + "}", "integer of 100000 digits"),
+}
+
+
+def one_line(e: pytest.ExceptionInfo, label: str, why: str) -> None:
+    text = str(e.value)
+    assert "\n" not in text and text.startswith(label) and why in text, text
+
+
+@pytest.mark.parametrize("kind", HOSTILE_YAML)
+def test_a_hostile_config_is_one_record_error(kind):
+    text, why = HOSTILE_YAML[kind]
+    with pytest.raises(RecordError) as e:
+        parse_yaml_config(text, "config.resolved.yaml")
+    one_line(e, "config.resolved.yaml", why)
+
+
+@pytest.mark.parametrize("kind", HOSTILE_JSON)
+def test_hostile_json_in_run_json_or_a_jsonl_row_is_one_record_error(kind):
+    text, why = HOSTILE_JSON[kind]
+    with pytest.raises(RecordError) as e:
+        parse_json_object(text, "run.json")
+    one_line(e, "run.json", why)
+    with pytest.raises(RecordError) as e:
+        parse_jsonl('{"epoch": 1}\n' + text + "\n", "metrics.jsonl")
+    one_line(e, "metrics.jsonl line 2", why)
+
+
+def test_the_billion_laughs_is_refused_from_its_graph_at_once():
+    start = time.perf_counter()
+    with pytest.raises(RecordError, match="alias bomb"):
+        parse_yaml_config(alias_bomb(9), "config.resolved.yaml")  # 9**10 nodes expanded
+    assert time.perf_counter() - start < 5, "composed, not expanded"
+
+
+def test_aliases_within_bounds_and_plain_records_still_read():
+    cfg = parse_yaml_config("base: &b {lr: 0.1}\nopt: *b\nseed: 18446744073709551615\n", "c")
+    assert cfg.opt.lr == 0.1 and cfg.seed == 2**64 - 1
+    assert parse_json_object('{"a": [[1, 2]], "s": 18446744073709551615}', "r")["a"] == [[1, 2]]
+    assert bounded.load_json("NaN", "x") != bounded.load_json("NaN", "x")  # lenient on NaN
+
+
+def test_hostile_overrides_yaml_is_one_record_error(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(alias_bomb(6))
+    with pytest.raises(RecordError, match="alias bomb"):
+        read_overrides(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["alias bomb", "recursive alias", "100k-digit integer"])
+def test_reproduce_refuses_a_hostile_archived_config_in_one_line(kind, tmp_path, capsys):
+    archive(members(**{"run/config.resolved.yaml": HOSTILE_YAML[kind][0]}))(tmp_path)
+    line = refused(tmp_path / "a.tar.gz", tmp_path, capsys)
+    assert HOSTILE_YAML[kind][1] in line and "config.resolved.yaml" in line, line
+
+
+@pytest.mark.parametrize("rel", ["run/run.json", "run/metrics.jsonl", "run/fingerprints.jsonl"])
+def test_reproduce_refuses_deep_json_in_an_archived_record_in_one_line(rel, tmp_path, capsys):
+    archive(members(**{rel: HOSTILE_JSON["deep nesting"][0] + "\n"}))(tmp_path)
+    line = refused(tmp_path / "a.tar.gz", tmp_path, capsys)
+    assert "nested more than 100" in line and rel.split("/")[1] in line, line
+
+
+def test_report_of_a_deep_run_json_is_one_line_and_exit_2(tmp_path, capsys):
+    run = fake_run(tmp_path / "run")
+    (run / "run.json").write_text(HOSTILE_JSON["deep nesting"][0])
+    assert report.main([str(run)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "nested more than 100" in err[0], err
+
+
+HOSTILE_NAME = "val_\x1b[31mred\u202eevil\u200b\x07\r"
+
+
+def test_report_md_and_the_terminal_show_a_metric_name_escaped(tmp_path, capsys):
+    run = fake_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({**r, HOSTILE_NAME: 0.5}) + "\n" for r in rows)
+    )
+    assert report.main([str(run)]) == 0
+    md = (run / "report.md").read_text()
+    out = capsys.readouterr()
+    for raw in ("\x1b", "\u202e", "\u200b", "\x07", "\r"):
+        assert raw not in md and raw not in out.err and raw not in out.out, repr(raw)
+    assert "\\x1b[31mred\\u202eevil\\u200b\\x07\\r" in md
+    # matplotlib's own warning about the name's glyphs is shown, escaped, not swallowed
+    warned = [x for x in out.err.splitlines() if x.startswith("warning: ")]
+    assert warned and any("\\x1b" in x for x in warned), out.err
+
+
+def test_warnings_shown_prints_each_third_party_warning_once_escaped(capsys):
+    import warnings
+
+    from reprotrain.shown import warnings_shown
+
+    with warnings_shown():
+        for _ in range(3):
+            warnings.warn("Glyph 27 (\x1b) missing\r\x07", UserWarning, stacklevel=1)
+    err = capsys.readouterr().err
+    assert err == "warning: UserWarning: Glyph 27 (\\x1b) missing\\r\\x07\n", repr(err)

@@ -18,7 +18,6 @@ from reprotrain.data import purity
 from reprotrain.data.pipeline import SeededSamples
 
 
-
 class Images(Dataset):
     """A pure dataset: every draw comes from the seeded globals."""
 

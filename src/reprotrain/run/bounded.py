@@ -29,7 +29,7 @@ MAX_DEPTH = 100
 #: Digits of one integer (a 64-bit seed has 20).
 MAX_DIGITS = 100
 #: Nodes of a YAML document once its aliases are expanded.
-MAX_NODES = 100_000
+MAX_NODES = 50_000
 _LONG_INT = re.compile(rf"[-+]?[0-9_]{{{MAX_DIGITS + 1},}}")
 
 

@@ -79,8 +79,15 @@ class OnlyInWorkerOne(Images):
 
 
 class WallClock(Images):
+    """Reads the clock on its first call (a start time): the same in every later draw of
+    one process, different in every run and in every worker."""
+
+    def __init__(self) -> None:
+        self.start = None
+
     def __getitem__(self, i: int):
-        return torch.tensor([float(i), time.time()], dtype=torch.float64)
+        self.start = time.time() if self.start is None else self.start
+        return torch.tensor([float(i), self.start], dtype=torch.float64)
 
 
 class NoisyTransform:
@@ -132,6 +139,16 @@ def test_a_dataset_impure_only_in_worker_1_is_found_there():
 
 def test_a_dataset_that_reads_the_wall_clock_differs_between_two_draws():
     got = verdict(WallClock())
+    assert not got.pure and "loader worker 0 (num_workers 0 vs 2)" in got.reason, got.reason
+
+
+class EveryCallClock(Images):
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i), time.time()], dtype=torch.float64)
+
+
+def test_a_dataset_that_reads_the_clock_at_every_call_differs_in_the_main_process():
+    got = verdict(EveryCallClock())
     assert not got.pure and "second draw in the main process" in got.reason, got.reason
 
 

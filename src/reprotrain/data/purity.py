@@ -9,24 +9,29 @@ process (worker id, pid) breaks that without an error: the bits then depend on
 ``num_workers`` and on the history of calls, and a resume cannot reproduce them. No list of
 attributes can find every such source, so the check compares bytes instead, where samples
 are drawn: a few keys spread over the epoch (first, last and between) are drawn in the main
-process twice (in order, then reversed), then in every one of ``max(2,
+process twice (in order, then reversed), and in every one of ``max(2,
 trainer.num_workers)`` loader workers twice: first, and again after that worker has served
-64 more samples of the epoch. Every draw of a key must give the same bytes, so a private
-generator or the wall clock (two draws differ), ``num_workers`` 0 vs N or a worker's id (the
-main draw and a worker's differ), and a counter, a warm-up or a cache in a worker (a
-worker's first and later draws differ) each refuse the run under strict, naming the key(s).
+64 more samples of the epoch. The workers start from the dataset as it was before the main
+process drew (what a first call sets, the clock it reads, is set afresh in each). Every
+draw of a key must give the same bytes, so a private generator or the wall clock (two draws
+differ), ``num_workers`` 0 vs N, a worker's id or state set on first use (the main draw
+and a worker's differ), and a counter, a warm-up or a cache in a worker (a worker's first
+and later draws differ) each refuse the run under strict, naming the key(s).
 Where they differ, the dataset's and transform's attributes that changed during the draws are
 named when there are any (a generator or a counter), else the process is (a sample that
 reads which process it is in).
 
 Not found: a warm-up that starts after more than 64 samples in a worker, a clock coarser than
-the time between two draws, an impurity at none of the keys. The cost is ``2 × 4`` samples
+the time between two draws, an impurity at none of the keys, a value read once when the
+dataset is built (the clock or a file at construction: the same in every draw of one run;
+two runs compared bit for bit, ``make verify``, find it). The cost is ``2 × 4`` samples
 in the main process and ``2 × 4 + 64`` in each worker, plus one start of the workers per run
 (about a second).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -79,22 +84,28 @@ def check(
     warmup: int = WARMUP, fill: list | None = None,
 ) -> PurityVerdict:  # fmt: skip
     """Draw ``dataset[key]`` for each key in the main process (in order, then in reverse),
-    then in each of ``workers`` loader workers twice: first, and again after the worker has
-    served ``warmup`` more samples (``fill``, cycled; default: the keys). Every draw of a key
-    must give the same bytes: main vs main (a private generator, the clock), main vs a
-    worker's first draw (``num_workers`` 0 vs N, the process), a worker's first vs later
-    draw (state the worker keeps: a counter, a warm-up, a cache). ``owners``: the objects
-    whose attributes may hold the state (``{"dataset": ..., "transform": ...}``), named
-    when one changed."""
+    and in each of ``workers`` loader workers twice: first, and again after the worker has
+    served ``warmup`` more samples (``fill``, cycled; default: the keys). The workers start
+    from the dataset as it is before the main process draws (state set on a first call, the
+    clock read then, is set afresh in each). Every draw of a key must give the same bytes:
+    main vs main (a private generator, the clock), main vs a worker's first draw
+    (``num_workers`` 0 vs N, the process, state set on first use), a worker's first vs
+    later draw (state the worker keeps: a counter, a warm-up, a cache). ``owners``: the
+    objects whose attributes may hold the state (``{"dataset": ..., "transform": ...}``),
+    named when one changed."""
     digest = Digester()
     before = {name: _attribute_digests(obj, digest) for name, obj in owners.items()}
+    pending = _start_workers(dataset, keys, workers, warmup, fill or keys)  # forked now
     fresh = [digest(dataset[k]) for k in keys]
     again = [digest(dataset[k]) for k in reversed(keys)][::-1]
     changed = _changed(owners, before, digest)
     verdict = partial(_verdict, keys, workers, warmup, changed)
-    if bad := _differ(keys, fresh, again):
-        return verdict(bad, "its second draw in the main process")
-    served = _worker_draws(dataset, keys, workers, warmup, fill or keys, digest)
+    try:
+        if bad := _differ(keys, fresh, again):
+            return verdict(bad, "its second draw in the main process")
+        served = _worker_draws(pending, workers, digest)
+    finally:
+        _stop(pending)
     for w in range(workers):
         first, later = served[w]
         if bad := _differ(keys, fresh, first):
@@ -132,12 +143,12 @@ class _Tagged(Dataset):
         return tag, get_worker_info().id, (None if tag == "warm" else sample)
 
 
-def _worker_draws(
-    dataset: Dataset, keys: list, workers: int, warmup: int, fill: list, digest: Digester
-) -> list[tuple[list[str], list[str]]]:
-    """Per worker, (first draw, later draw) digests of ``keys``. One sample per fetch, so
-    the loader hands index ``j`` to worker ``j % workers``: each worker's own sequence is
-    keys, ``warmup`` fill keys, keys; the worker id that comes back is checked."""
+def _start_workers(
+    dataset: Dataset, keys: list, workers: int, warmup: int, fill: list
+) -> Iterator[tuple[str, int, Any]]:
+    """The checking loader's iterator, its workers started (from the dataset as it is now).
+    One sample per fetch, so the loader hands index ``j`` to worker ``j % workers``: each
+    worker's own sequence is keys, ``warmup`` fill keys, keys."""
     from reprotrain.data.pipeline import seed_worker
 
     own = [("first", k) for k in keys]
@@ -153,8 +164,22 @@ def _worker_draws(
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(0),
     )  # fmt: skip  (no global draw)
+    return iter(loader)
+
+
+def _stop(pending: Iterator) -> None:
+    shutdown = getattr(pending, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _worker_draws(
+    pending: Iterator[tuple[str, int, Any]], workers: int, digest: Digester
+) -> list[tuple[list[str], list[str]]]:
+    """Per worker, (first draw, later draw) digests of the keys; the worker id that comes
+    back with each sample is checked against the order the loader hands them out in."""
     drawn: dict[tuple[int, str], list[str]] = {}
-    for j, (tag, wid, sample) in enumerate(loader):
+    for j, (tag, wid, sample) in enumerate(pending):
         if wid != j % workers:
             raise RuntimeError(f"sample {j} came from worker {wid}, not {j % workers}")
         if tag != "warm":

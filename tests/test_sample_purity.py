@@ -232,4 +232,26 @@ def test_a_run_whose_samples_keep_their_own_rng_is_refused_under_strict_and_flag
     assert_ok(train(pure, "dataset._target_=numpy_user_code.RngImages", "trainer.pipeline=loader",
                     env=env))  # fmt: skip
     found = run_json(pure)["sample_purity"]
+    assert found["workers"] == 2 and len(found["keys"]) == 4
     assert found["pure"] is True and found["keys_checked"] == 4 and found["reason"] is None
+
+
+@pytest.mark.slow
+def test_a_warm_up_at_2_workers_refuses_a_strict_run_in_one_line_naming_the_keys(tmp_path):
+    """Issue 45: an augmentation that warms up after 30 samples, at num_workers=2, passed
+    the check (3 keys, worker 0 only) while 0 and 2 workers gave other bits."""
+    from conftest import base_env, run_json, train
+
+    user = ["dataset._target_=numpy_user_code.WarmUpImages", "trainer.pipeline=loader",
+            "trainer.num_workers=2"]  # fmt: skip
+    env = base_env(PYTHONPATH=str(Path(__file__).parent))
+    strict = train(tmp_path / "strict", *user, env=env)
+    assert strict.returncode == 2, strict.stderr[-2000:]
+    assert "Traceback" not in strict.stderr
+    (line,) = [ln for ln in strict.stderr.splitlines() if ln.startswith("error:")]
+    assert "samples are not a pure function of their key" in line
+    assert f"after {purity.WARMUP} more samples" in line and "(0, 0)" in line, line
+    warned = train(tmp_path / "warn", *user, "repro=warn", env=env)
+    assert warned.returncode == 0, warned.stderr[-2000:]
+    found = run_json(tmp_path / "warn")["sample_purity"]
+    assert found["pure"] is False and found["workers"] == 2, found

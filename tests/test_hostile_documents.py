@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,11 +92,15 @@ def test_reproduce_refuses_a_hostile_archived_config_in_one_line(kind, tmp_path,
     assert HOSTILE_YAML[kind][1] in line and "config.resolved.yaml" in line, line
 
 
+@pytest.mark.parametrize("kind", HOSTILE_JSON)
 @pytest.mark.parametrize("rel", ["run/run.json", "run/metrics.jsonl", "run/fingerprints.jsonl"])
-def test_reproduce_refuses_deep_json_in_an_archived_record_in_one_line(rel, tmp_path, capsys):
-    archive(members(**{rel: HOSTILE_JSON["deep nesting"][0] + "\n"}))(tmp_path)
+def test_reproduce_refuses_hostile_json_in_an_archived_record_in_one_line(
+    rel, kind, tmp_path, capsys
+):
+    text, why = HOSTILE_JSON[kind]
+    archive(members(**{rel: text + "\n"}))(tmp_path)
     line = refused(tmp_path / "a.tar.gz", tmp_path, capsys)
-    assert "nested more than 100" in line and rel.split("/")[1] in line, line
+    assert why in line and rel.split("/")[1] in line, line
 
 
 def test_report_of_a_deep_run_json_is_one_line_and_exit_2(tmp_path, capsys):
@@ -109,21 +114,42 @@ def test_report_of_a_deep_run_json_is_one_line_and_exit_2(tmp_path, capsys):
 HOSTILE_NAME = "val_\x1b[31mred\u202eevil\u200b\x07\r"
 
 
-def test_report_md_and_the_terminal_show_a_metric_name_escaped(tmp_path, capsys):
-    run = fake_run(tmp_path / "run")
+def run_with_hostile_metric(run_dir: Path) -> Path:
+    """A fake run whose every epoch row and final metrics log HOSTILE_NAME."""
+    run = fake_run(run_dir)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     (run / "metrics.jsonl").write_text(
         "".join(json.dumps({**r, HOSTILE_NAME: 0.5}) + "\n" for r in rows)
     )
-    assert report.main([str(run)]) == 0
-    md = (run / "report.md").read_text()
-    out = capsys.readouterr()
+    record = json.loads((run / "run.json").read_text())
+    record["final_metrics"] = {**rows[-1], HOSTILE_NAME: 0.5}
+    (run / "run.json").write_text(json.dumps(record))
+    return run
+
+
+def assert_escaped(written: str, out) -> None:
+    """No raw control or invisible character in the file or on the terminal, and
+    matplotlib's own warning about the name's glyphs shown escaped, not swallowed."""
     for raw in ("\x1b", "\u202e", "\u200b", "\x07", "\r"):
-        assert raw not in md and raw not in out.err and raw not in out.out, repr(raw)
-    assert "\\x1b[31mred\\u202eevil\\u200b\\x07\\r" in md
-    # matplotlib's own warning about the name's glyphs is shown, escaped, not swallowed
+        assert raw not in written and raw not in out.err and raw not in out.out, repr(raw)
+    assert "\\x1b[31mred\\u202eevil\\u200b\\x07\\r" in written
     warned = [x for x in out.err.splitlines() if x.startswith("warning: ")]
     assert warned and any("\\x1b" in x for x in warned), out.err
+
+
+def test_report_md_and_the_terminal_show_a_metric_name_escaped(tmp_path, capsys):
+    run = run_with_hostile_metric(tmp_path / "run")
+    assert report.main([str(run)]) == 0
+    assert_escaped((run / "report.md").read_text(), capsys.readouterr())
+
+
+def test_summary_md_and_the_terminal_show_a_metric_name_escaped(tmp_path, capsys):
+    from reprotrain.tools.sweeps import sweep_summary
+
+    for job in ("0", "1"):
+        run_with_hostile_metric(tmp_path / "sweep" / job)
+    assert sweep_summary.main([str(tmp_path / "sweep")]) == 0
+    assert_escaped((tmp_path / "sweep" / "summary.md").read_text(), capsys.readouterr())
 
 
 def test_warnings_shown_prints_each_third_party_warning_once_escaped(capsys):

@@ -167,6 +167,7 @@ def test_at_strict_an_impure_dataset_is_one_line_naming_the_keys_at_warn_it_is_r
     purity.check_samples(pipeline, "warn", record)
     found = record["sample_purity"]
     assert found["pure"] is False and found["workers"] == 2 and "worker 1" in found["reason"]
+    assert found["not_promised"] == purity.NOT_PROMISED  # recorded as not bitwise
 
 
 def test_a_private_generator_of_the_dataset_is_found_and_named():
@@ -255,3 +256,4 @@ def test_a_warm_up_at_2_workers_refuses_a_strict_run_in_one_line_naming_the_keys
     assert warned.returncode == 0, warned.stderr[-2000:]
     found = run_json(tmp_path / "warn")["sample_purity"]
     assert found["pure"] is False and found["workers"] == 2, found
+    assert "a bitwise resume" in found["not_promised"]

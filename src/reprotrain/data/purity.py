@@ -66,6 +66,8 @@ def _first(samples: list) -> Any:
     return samples[0]
 
 
+#: What an impure sample takes away, recorded with it (and a resume's entry says so again).
+NOT_PROMISED = ["the same bits at any trainer.num_workers", "a bitwise resume"]
 #: Keys drawn, spread over the epoch (first, last and between).
 KEYS = 4
 #: Samples each checking worker serves between its two draws of the keys.
@@ -244,7 +246,10 @@ def check_samples(pipeline: Any, level: str, record: Any) -> None:
         slices = {"keys_checked": 0, "pure": None, "reason": "in-memory tensors: slices"}
         record.update(sample_purity=slices)
         return
-    record.update(sample_purity=verdict.as_record())
+    found = verdict.as_record()
+    if not verdict.pure:  # the record claims nothing the check refuted
+        found["not_promised"] = NOT_PROMISED
+    record.update(sample_purity=found)
     if verdict.pure:
         return
     if level in ("strict", "portable"):

@@ -33,6 +33,8 @@ HOSTILE_YAML = {
     "recursive alias": ("a: &a [x, *a]\n", "recursive alias"),
     "deep nesting": ("a: " + "[" * DEEP + "]" * DEEP + "\n", "nested more than 100"),
     "100k-digit integer": ("seed: " + "9" * 100_000 + "\n", "integer of 100000 digits"),
+    "tagged integer": ('seed: !!int "' + "9" * 100_000 + '"\n', "integer of 100000 digits"),
+    "base-60 integer": ("seed: 1" + ":59" * 40_000 + "\n", "integer of 120001 digits"),
 }
 HOSTILE_JSON = {
     "deep nesting": ('{"a": ' + "[" * DEEP + "]" * DEEP + "}", "nested more than 100"),

@@ -15,7 +15,6 @@ hundred nodes, nested under 10 deep; the largest integer a record holds is a 64-
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import yaml
@@ -30,7 +29,7 @@ MAX_DEPTH = 100
 MAX_DIGITS = 100
 #: Nodes of a YAML document once its aliases are expanded.
 MAX_NODES = 50_000
-_LONG_INT = re.compile(rf"[-+]?[0-9_]{{{MAX_DIGITS + 1},}}")
+_INT = "tag:yaml.org,2002:int"  # plain decimal, hex, octal, base 60, or tagged !!int
 
 
 def _parse_int(text: str) -> int:
@@ -111,7 +110,7 @@ def check_yaml(text: str, label: str) -> None:
         if level > MAX_DEPTH:
             raise RecordError(_deep(label))
         if isinstance(node, yaml.ScalarNode):
-            if node.style is None and _LONG_INT.fullmatch(node.value):
+            if node.tag == _INT and len(node.value.lstrip("+-")) > MAX_DIGITS:
                 raise RecordError(
                     f"{label}: an integer of {len(node.value)} digits (at most {MAX_DIGITS}); "
                     "not a record this tool wrote"

@@ -42,28 +42,27 @@ HOSTILE_JSON = {
 }
 
 
-def one_line(e: pytest.ExceptionInfo, label: str, why: str) -> None:
-    text = str(e.value)
-    assert "\n" not in text and text.startswith(label) and why in text, text
+def refused_in_one_line(parse, text: str, label: str, why: str, named: str = "") -> None:
+    """``parse(text, label)`` raises one RecordError line that starts with ``named`` (the
+    label, or the label and line) and says ``why``."""
+    with pytest.raises(RecordError) as e:
+        parse(text, label)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(named or label) and why in line, line
 
 
 @pytest.mark.parametrize("kind", HOSTILE_YAML)
 def test_a_hostile_config_is_one_record_error(kind):
     text, why = HOSTILE_YAML[kind]
-    with pytest.raises(RecordError) as e:
-        parse_yaml_config(text, "config.resolved.yaml")
-    one_line(e, "config.resolved.yaml", why)
+    refused_in_one_line(parse_yaml_config, text, "config.resolved.yaml", why)
 
 
 @pytest.mark.parametrize("kind", HOSTILE_JSON)
 def test_hostile_json_in_run_json_or_a_jsonl_row_is_one_record_error(kind):
     text, why = HOSTILE_JSON[kind]
-    with pytest.raises(RecordError) as e:
-        parse_json_object(text, "run.json")
-    one_line(e, "run.json", why)
-    with pytest.raises(RecordError) as e:
-        parse_jsonl('{"epoch": 1}\n' + text + "\n", "metrics.jsonl")
-    one_line(e, "metrics.jsonl line 2", why)
+    refused_in_one_line(parse_json_object, text, "run.json", why)
+    rows = '{"epoch": 1}\n' + text + "\n"
+    refused_in_one_line(parse_jsonl, rows, "metrics.jsonl", why, "metrics.jsonl line 2")
 
 
 def test_the_billion_laughs_is_refused_from_its_graph_at_once():

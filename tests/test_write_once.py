@@ -29,7 +29,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO, TINY, assert_ok, base_env, resume, run_json, train
+import conftest
+from conftest import REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain.errors import CheckpointError, ReprotrainError
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint
@@ -103,8 +104,10 @@ def test_a_completed_run_is_never_reopened_from_an_older_checkpoint(old_run):
     ckpts = checkpoint.list_step_checkpoints(old_run / "checkpoints")
     older = [p for p in ckpts if torch.load(p, weights_only=True)["loop"]["epoch_step"]]
     assert older, "the reference run keeps mid-epoch checkpoints"
-    for refused in (train(old_run, hydra_override("resume", older[0])),
-                    resume(old_run, hydra_override("resume", older[-1]), "trainer.epochs=3")):  # fmt: skip
+    through_train = train(old_run, hydra_override("resume", older[0]))
+    last = hydra_override("resume", older[-1])
+    through_resume = conftest.resume(old_run, last, "trainer.epochs=3")
+    for refused in (through_train, through_resume):
         line = one_error(refused)
         assert "is a completed run" in line and "never reopened" in line, line
         assert "fork it into a new directory" in line, line

@@ -106,16 +106,17 @@ class Callbacks:
         self.lr_set_by = lr_set_by
 
     def call(self, hook: str, ctx: CallbackContext, *args: Any) -> None:
+        watched = self.lr_set_by is not None and hook != "on_end"  # after on_end: no step
         for name, callback in self.callbacks.items():
-            before = _lrs(ctx.optimizer)
+            before = _lrs(ctx.optimizer) if watched else None
             with rng_guard(self.device):
                 getattr(callback, hook)(ctx, *args)
-            if self.lr_set_by is not None and hook != "on_end" and _lrs(ctx.optimizer) != before:
+            if watched and (after := _lrs(ctx.optimizer)) != before:
                 raise ReprotrainError(
                     f"callback {name} changed the lr in {hook} ({before[0]:.6g} -> "
-                    f"{_lrs(ctx.optimizer)[0]:.6g}), but the schedule {self.lr_set_by} sets the "
-                    "lr after every step and would overwrite it: use scheduler=none (the "
-                    "callbacks own the lr) or scheduler=plateau (it scales the lr they set)"
+                    f"{after[0]:.6g}), but the schedule {self.lr_set_by} sets the lr after "
+                    "every step and would overwrite it: use scheduler=none (the callbacks own "
+                    "the lr) or scheduler=plateau (it scales the lr they set)"
                 )
 
     def state_dict(self) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def refuse_reopening(point: ResumePoint, record: dict, run_dir: Path) -> None:
     back to running, cut its metrics.jsonl and drop its best.pt. Refused before anything is
     written; the older checkpoint can seed a fork into a new directory."""
     loop = point.state["loop"]
-    ended = record.get("epochs_completed")
+    ended = record.get("epochs_completed") or len(read_jsonl(run_dir / METRICS))
     if loop.get("epoch_step", loop.get("step")) == 0 and loop["epoch"] - 1 == ended:
         return
     raise ResumeError(

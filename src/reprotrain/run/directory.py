@@ -18,10 +18,10 @@ The rule: a directory holding a ``run.json`` is only ever continued, never resta
   or any run is refused: sweeps go to a new directory;
 - a directory that holds checkpoints but no ``run.json`` (a record lost, or checkpoints
   copied in) is refused for every start: a fresh run would overwrite or prune them, and
-  nothing says whose they are; so is one that holds any other file a run writes
-  (``metrics.jsonl``, ``fingerprints.jsonl``, ``config.resolved.yaml``, ``environment.txt``,
-  ``git.diff``) but no ``run.json``: a start would overwrite someone's record. (The trainer
-  writes ``run.json`` before any of them, so no run of its own leaves them without it.)
+  nothing says whose they are; so is one that holds any other file a run leaves
+  (``RUN_FILES``: ``metrics.jsonl``, ``config.resolved.yaml``, ``fingerprints.jsonl``, ...)
+  but no ``run.json``: a start would overwrite someone's record. (The trainer writes
+  ``run.json`` before any of them, so no run of its own leaves them without it.)
 
 Of two sweeps started at once into one explicit ``hydra.sweep.dir`` (both pass the look
 above), exactly one may proceed: :func:`claim_sweep_dir` creates ``multirun.yaml``
@@ -50,10 +50,12 @@ from reprotrain.run.record import (
 )
 
 SWEEP_RECORD = "multirun.yaml"  # Hydra writes it into the sweep dir when a sweep starts
-# The files a start writes beside run.json (provenance.py, the loop): found without a
-# run.json, they are someone's record a start would overwrite. Hydra's own ``.hydra/`` and
-# log are not among them: Hydra writes them before the trainer looks.
-RUN_FILES = (METRICS, FINGERPRINTS, RESOLVED_CONFIG, "environment.txt", "git.diff")
+# What a run leaves beside run.json (provenance.py, the loop, the default logger, make
+# report / make eval): found without a run.json, it is someone's record a start would
+# overwrite or mix with. Hydra's own ``.hydra/`` and log are not among them: Hydra writes
+# them before the trainer looks.
+RUN_FILES = (METRICS, FINGERPRINTS, RESOLVED_CONFIG, "environment.txt", "git.diff",
+             "tensorboard", "report.md", "curves.png", "eval.json", "evals")  # fmt: skip
 
 
 class RunDirUsed(ResumeError):

@@ -86,3 +86,10 @@ class TwoArgumentScheduler:
 
     def load_state_dict(self, state: dict) -> None:
         """No state."""
+
+
+class EpochScheduler(TwoArgumentScheduler):
+    """An old-style scheduler whose step() needs the epoch: not a metric to be given."""
+
+    def step(self, epoch) -> None:
+        """Would need the epoch number."""

@@ -100,6 +100,8 @@ def test_a_scheduler_the_trainer_cannot_drive_is_refused_in_preflight(monkeypatc
         _check("scheduler=plateau", "scheduler.mode=min")
     with pytest.raises(ReprotrainError, match=r"its step\(\) needs metrics, other"):
         _check("scheduler=constant", "scheduler._target_=callback_user_code.TwoArgumentScheduler")
+    with pytest.raises(ReprotrainError, match=r"its step\(\) needs epoch; the trainer"):
+        _check("scheduler=constant", "scheduler._target_=callback_user_code.EpochScheduler")
 
 
 def _ctx(optimizer) -> CallbackContext:

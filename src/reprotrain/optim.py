@@ -11,7 +11,8 @@ Three kinds of schedule, told apart by what their ``step`` takes (:func:`kind`):
 - **per step** (``step()``): stepped after every optimizer step. It sets the lr from the
   step count, so an lr a callback set would be overwritten at the next step: a callback that
   changes the lr under one is refused in one line (``callbacks.Callbacks.call``);
-- **on the metric** (``step(metrics)``, ``ReduceLROnPlateau``; ``scheduler=plateau``):
+- **on the metric** (``step(metrics)``, ``ReduceLROnPlateau``; ``scheduler=plateau``; a
+  ``step`` that needs any other value is refused at preflight):
   :class:`MetricSchedule` steps it once per epoch in which ``trainer.monitor`` was computed,
   with that value, after validation and before the epoch's checkpoint (its state is in it).
   It scales the lr the optimizer has, so a callback's change persists;
@@ -143,8 +144,9 @@ def kind(scheduler: Any) -> str:
 
 def for_loop(scheduler: Any) -> Any:
     """The built scheduler as the loop drives it: one whose ``step`` takes the metric
-    wrapped in :class:`MetricSchedule`, any other as it is."""
-    return MetricSchedule(scheduler) if len(required_step_args(scheduler)) == 1 else scheduler
+    (``step(metrics)``, torch's name) wrapped in :class:`MetricSchedule`, any other as it
+    is (one that needs another value is refused at preflight: :func:`check_schedule`)."""
+    return MetricSchedule(scheduler) if required_step_args(scheduler) == ["metrics"] else scheduler
 
 
 def unwrapped(scheduler: Any) -> Any:
@@ -166,11 +168,11 @@ def check_schedule(scheduler: Any, target: str, monitor: str, monitor_mode: str)
     ``trainer.monitor`` does."""
     scheduler = unwrapped(scheduler)
     needed = required_step_args(scheduler)
-    if len(needed) > 1:
+    if needed not in ([], ["metrics"]):
         return (
             f"scheduler {target}: its step() needs {', '.join(needed)}; the trainer steps a "
             "scheduler with nothing (after every optimizer step) or with the monitored metric "
-            "(at epoch end, like ReduceLROnPlateau): wrap it in one that does"
+            "(step(metrics), at epoch end, like ReduceLROnPlateau): wrap it in one that does"
         )
     mode = getattr(scheduler, "mode", None)
     if needed and mode in ("min", "max") and mode != monitor_mode:

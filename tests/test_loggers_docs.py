@@ -96,10 +96,22 @@ def free_port() -> int:
 
 def get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=30) as response:
             return response.status, response.read().decode(errors="replace")
     except OSError:
         return 0, ""
+
+
+def poll(url: str, proc: subprocess.Popen, expected: str, seconds: float = 240) -> str:
+    """The page at ``url`` once it holds ``expected`` (the server starts in about half a
+    minute on an idle machine), or what it last said when the time is up."""
+    deadline, body = time.monotonic() + seconds, ""
+    while time.monotonic() < deadline and proc.poll() is None:
+        status, body = get(url)
+        if status == 200 and expected in body:
+            break
+        time.sleep(1)
+    return body
 
 
 @pytest.mark.slow
@@ -116,21 +128,17 @@ def test_the_mlflow_ui_line_starts_and_serves_the_projects_store(tmp_path: Path)
     port = free_port()
     venv_bin = f"{Path(sys.executable).parent}/"
     line = ui_line().replace(".venv/bin/", venv_bin) + f" --host 127.0.0.1 --port {port}"
-    proc = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=tmp_path, env=base_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    log = tmp_path / "ui.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=tmp_path, env=base_env(),
+                                stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
     try:
-        deadline, (status, page) = time.monotonic() + 180, (0, "")
-        while time.monotonic() < deadline and proc.poll() is None and status != 200:
-            time.sleep(1)
-            status, page = get(f"http://127.0.0.1:{port}/")
-        assert status == 200 and "<title>MLflow</title>" in page, (
-            proc.poll(),
-            proc.stdout.read()[-3000:] if proc.poll() is not None else "",
-        )
+        page = poll(f"http://127.0.0.1:{port}/", proc, "<title>MLflow</title>")
+        assert "<title>MLflow</title>" in page, (proc.poll(), log.read_text()[-3000:])
         api = f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=50"
-        status, listed = get(api)
-        assert status == 200 and '"pasted"' in listed, listed[:2000]
+        listed = poll(api, proc, '"pasted"')
+        assert '"pasted"' in listed, (listed[:2000], log.read_text()[-3000:])
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -1,7 +1,7 @@
 """MLflow: one tracking store per project, a sweep as a parent run with its runs as children.
 
 The store is ``sqlite:///<project root>/mlruns.db`` unless ``logger.mlflow_tracking_uri`` says
-otherwise (mlflow-skinny + sqlalchemy + alembic, no server; MLflow 3 refuses the old
+otherwise (mlflow + sqlalchemy + alembic, no server; MLflow 3 refuses the old
 ``./mlruns`` file store by default), with artifacts in ``<project root>/mlartifacts``. Browse it
 with ``mlflow ui --backend-store-uri sqlite:///mlruns.db`` from the project root.
 

@@ -172,66 +172,50 @@ def job_run_names(uri: str) -> list[str]:
     return sorted(jobs["tags.mlflow.runName"])
 
 
-def test_sweep_runs_are_named_by_their_swept_values_in_mlflow_and_wandb(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow", reason="make install EXTRAS=mlflow,wandb")
-    pytest.importorskip("wandb", reason="make install EXTRAS=mlflow,wandb")
-    from reprotrain.loggers.mlflow_sink import start_sweep_run
-    from test_loggers_stores import wandb_records
-
-    monkeypatch.chdir(tmp_path)  # the project root
-    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # never reach W&B's servers
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    cfg = LoggerConfig(mlflow=True, wandb=True, wandb_mode="offline", mlflow_tracking_uri=uri)
-    sweep = tmp_path / "multirun" / "selfcheck" / "s"
-    start_sweep_run(cfg, sweep, "selfcheck", TASK)
-    for number, (lr, seed) in enumerate([(0.1, 0), (0.2, 0)]):
-        log_a_run(cfg, *sweep_job(sweep, number, lr, seed))
-    assert job_run_names(uri) == ["optimizer.lr=0.1 seed.base=0", "optimizer.lr=0.2 seed.base=0"]
-    names = []
-    for number in (0, 1):
-        (log,) = (sweep / str(number) / "wandb").glob("offline-run-*/*.wandb")
-        run = next(r.run for r in wandb_records(log) if r.WhichOneof("record_type") == "run")
-        names.append((run.display_name, run.run_group))
-    assert names == [("optimizer.lr=0.1 seed.base=0", "s"), ("optimizer.lr=0.2 seed.base=0", "s")]
-
-
-def test_a_single_run_keeps_its_path_as_its_name(tmp_path, monkeypatch):
-    from reprotrain.loggers.params import run_name
-
-    monkeypatch.chdir(tmp_path)
-    run = tmp_path / "outputs" / "smoke" / "2026-01-01_00-00-00"
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "overrides.yaml").write_text("- experiment=smoke\n")
-    assert run_name(run, tmp_path) == "outputs/smoke/2026-01-01_00-00-00"
-
-
-def test_mlflow_experiments_open_in_the_training_view_of_the_locked_ui(tmp_path):
-    """MLflow 3's UI opens an experiment without ``mlflow.experimentKind`` in its GenAI view;
-    the tag's value is the one the locked UI's own code names its training kind."""
-    mlflow = pytest.importorskip("mlflow", reason="make install EXTRAS=mlflow")
+def test_mlflow_names_a_sweeps_runs_by_their_swept_values_in_its_training_view(
+    tmp_path, monkeypatch
+):
+    """Children named ``optimizer.lr=0.1 seed.base=0`` (they were "0", "1"), read with
+    ``mlflow.search_runs``; the experiment tagged ``mlflow.experimentKind`` with the value
+    the locked UI's own code names its training kind (MLflow 3 opens an experiment without
+    it in its GenAI view), a new experiment and one made before the tag alike. W&B gets
+    the same names (``run_name``): read from its offline runs in the slow sweep test."""
+    pytest.importorskip("mlflow", reason="make install EXTRAS=mlflow")
+    import mlflow
     from mlflow.tracking import MlflowClient
 
-    from reprotrain.loggers.mlflow_sink import EXPERIMENT_KIND, KIND_TAG
+    from reprotrain.loggers.mlflow_sink import EXPERIMENT_KIND, KIND_TAG, start_sweep_run
 
     ui = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
     bundle = "".join(p.read_text(errors="replace") for p in ui.glob("main.*.js"))
     assert KIND_TAG in bundle
     assert re.search(rf'CUSTOM_MODEL_DEVELOPMENT="{EXPERIMENT_KIND}"', bundle)
+    monkeypatch.chdir(tmp_path)  # the project root
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     client = MlflowClient(uri)
     old = client.create_experiment("older", artifact_location=(tmp_path / "a").as_uri())
     cfg = LoggerConfig(mlflow=True, mlflow_tracking_uri=uri)
-    job, record = sweep_job(tmp_path / "sweep", 0, 0.1, 0)
-    for name in ("selfcheck", "older"):  # a new experiment, and one made before the tag
-        with build_loggers(
-            replace(cfg, mlflow_experiment=name), job, {**record, "started_at": name}
-        ):
-            pass
-    for name in ("selfcheck", "older"):
-        assert client.get_experiment_by_name(name).tags[KIND_TAG] == EXPERIMENT_KIND
+    sweep = tmp_path / "multirun" / "selfcheck" / "s"
+    start_sweep_run(cfg, sweep, "selfcheck", TASK)
+    for number, (lr, seed) in enumerate([(0.1, 0), (0.2, 0)]):
+        log_a_run(cfg, *sweep_job(sweep, number, lr, seed))
+    assert job_run_names(uri) == ["optimizer.lr=0.1 seed.base=0", "optimizer.lr=0.2 seed.base=0"]
+    single = tmp_path / "outputs" / "r"
+    with build_loggers(replace(cfg, mlflow_experiment="older"), single, {"started_at": "o"}):
+        pass
+    assert client.get_experiment_by_name("selfcheck").tags[KIND_TAG] == EXPERIMENT_KIND
     assert client.get_experiment(old).tags[KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_a_sweeps_job_is_named_by_its_swept_values_and_a_single_run_by_its_path(tmp_path):
+    from reprotrain.loggers.params import run_name
+
+    job, _ = sweep_job(tmp_path / "multirun" / "x" / "s", 3, 0.2, 1)
+    assert run_name(job, tmp_path) == "optimizer.lr=0.2 seed.base=1"
+    run = tmp_path / "outputs" / "smoke" / "2026-01-01_00-00-00"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- experiment=smoke\n")
+    assert run_name(run, tmp_path) == "outputs/smoke/2026-01-01_00-00-00"
 
 
 # ------------------------------------------------------------------------ end to end
@@ -268,7 +252,9 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
     shown = []
     for job in sweep_jobs(sweep):
         (log,) = (job / "wandb").glob("offline-run-*/*.wandb")
-        shown.append(next(r.run.display_name for r in wandb_records(log) if r.HasField("run")))
+        run = next(r.run for r in wandb_records(log) if r.HasField("run"))
+        shown.append(run.display_name)
+        assert run.run_group == sweep.name
         acc = EventAccumulator(str(job / "tensorboard"))
         acc.Reload()
         hp = acc.PluginTagToContent(metadata.PLUGIN_NAME)

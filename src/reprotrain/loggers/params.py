@@ -66,7 +66,7 @@ def override_key(override: str) -> str:
 
 def _chosen(key: str) -> bool:
     """An override that is a choice about the run: not where it is logged, not Hydra's own."""
-    return key.split(".")[0] not in ("logger", "hydra")
+    return key.replace("/", ".").split(".")[0] not in ("logger", "hydra")
 
 
 def run_overrides(run_dir: Path) -> list[str]:

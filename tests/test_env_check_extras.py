@@ -28,7 +28,7 @@ def root(tmp_path: Path) -> Path:
     write_lock(tmp_path / "requirements-dev.lock", {"pytest": "8.0"})
     write_lock(
         tmp_path / "requirements-mlflow.lock",
-        {"mlflow-skinny": "3.1", "sqlalchemy": "2.0", "pyyaml": "6.0"},
+        {"mlflow": "3.1", "sqlalchemy": "2.0", "pyyaml": "6.0"},
     )
     return tmp_path
 
@@ -42,7 +42,7 @@ BASE = {"torch": "2.0", "pyyaml": "6.0", "pytest": "8.0"}
 
 
 def test_an_extra_installed_from_its_lock_is_locked_not_drift(root: Path, monkeypatch) -> None:
-    result = drift(root, {**BASE, "mlflow-skinny": "3.1", "sqlalchemy": "2.0"}, monkeypatch)
+    result = drift(root, {**BASE, "mlflow": "3.1", "sqlalchemy": "2.0"}, monkeypatch)
     assert result["status"] == "ok", result
     assert result["locks"] == ["requirements.lock", "requirements-dev.lock",
                                "requirements-mlflow.lock"]  # fmt: skip
@@ -59,9 +59,9 @@ def test_without_extras_nothing_changes(root: Path, monkeypatch) -> None:
 def test_an_extra_installed_by_hand_at_other_versions_or_in_part_is_drift(
     root: Path, monkeypatch
 ) -> None:
-    by_hand = drift(root, {**BASE, "mlflow-skinny": "3.2", "sqlalchemy": "2.0"}, monkeypatch)
-    assert by_hand["different"] == [{"name": "mlflow-skinny", "locked": "3.1", "installed": "3.2"}]
-    in_part = drift(root, {**BASE, "mlflow-skinny": "3.1"}, monkeypatch)
+    by_hand = drift(root, {**BASE, "mlflow": "3.2", "sqlalchemy": "2.0"}, monkeypatch)
+    assert by_hand["different"] == [{"name": "mlflow", "locked": "3.1", "installed": "3.2"}]
+    in_part = drift(root, {**BASE, "mlflow": "3.1"}, monkeypatch)
     assert in_part["missing"] == ["sqlalchemy"]
 
 
@@ -129,4 +129,4 @@ def test_the_mlflow_extra_installs_from_its_lock_alone_into_a_fresh_venv(tmp_pat
     probe = "import mlflow, sqlalchemy, alembic; print(mlflow.__version__)"
     out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == lf.parse_lock(lock).entries["mlflow-skinny"].version
+    assert out.stdout.strip() == lf.parse_lock(lock).entries["mlflow"].version

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REFERENCE, REPO, assert_ok, base_env, jsonl, run_json, train
+from conftest import MICRO, REFERENCE, REPO, assert_ok, base_env, jsonl, run_json, train
 from reprotrain.loggers import LoggerConfig, build_loggers
 from reprotrain.loggers.mlflow_sink import PARENT_JSON, end_sweep_run, start_sweep_run
+from reprotrain.metric_names import split_of
 
 INSTALL = "optional extra not installed: make install EXTRAS=mlflow,wandb"
 mlflow = pytest.importorskip("mlflow", reason=INSTALL)
@@ -121,18 +122,35 @@ def test_tensorboard_has_hparams_config_text_and_test_metrics_as_scalars(logged_
     assert [e.step for e in acc.Scalars("final/test_loss")] == [16]  # the last global step
     hp = acc.PluginTagToContent(metadata.PLUGIN_NAME)
     start = metadata.parse_session_start_info_plugin_data(hp[metadata.SESSION_START_INFO_TAG])
+    # The hyperparameters are the run's overrides (typed from the resolved config), not the
+    # whole flattened config (79 columns before, repro.level and the callbacks among them).
+    overrides = [o for o in MICRO + REFERENCE if not o.startswith("logger")]
+    keys = {o.partition("=")[0] for o in overrides}
+    assert set(start.hparams) == keys | {"group"}
     assert start.hparams["trainer.batch_size"].number_value == 64
-    assert start.hparams["repro.level"].string_value == "strict"
+    assert start.hparams["experiment"].string_value == "selfcheck"
+    assert start.hparams["group"].string_value == " ".join(sorted(overrides))
     end = metadata.parse_session_end_info_plugin_data(hp[metadata.SESSION_END_INFO_TAG])
     assert end.status == api_pb2.STATUS_SUCCESS
-    # The HParams table's columns: the final metrics, not every scalar tag (step/*, epoch/*)
+    # The HParams table's columns: the best monitored value and the final val/test metrics,
+    # not every scalar tag (step/*, epoch/*), nor final/epoch, final/global_step, final/lr.
     exp = metadata.parse_experiment_plugin_data(hp[metadata.EXPERIMENT_TAG])
-    columns = {m.name.tag for m in exp.metric_infos}
-    assert columns == {f"final/{k}" for k, v in final.items() if v is not None}
-    assert not {t for t in acc.Tags()["scalars"] if not t.startswith("final/")} & columns
+    columns = [m.name.tag for m in exp.metric_infos]
+    shown = [k for k, v in final.items() if split_of(k) in ("val", "test") and v is not None]
+    outcomes = {f"final/{k}" for k in shown}
+    assert columns[0] == "best/val_acc" and set(columns[1:]) == outcomes
+    assert {"final/test_acc", "final/val_acc"} <= outcomes
+    rows = jsonl(run_dir / "metrics.jsonl")
+    assert [e.value for e in acc.Scalars("best/val_acc")] == [
+        pytest.approx(max(r["val_acc"] for r in rows))
+    ]
+    assert not {t for t in acc.Tags()["scalars"] if t.startswith(("step/", "epoch/"))} & set(
+        columns
+    )
     infos = {h.name: h.type for h in exp.hparam_infos}
     assert infos["trainer.batch_size"] == api_pb2.DATA_TYPE_FLOAT64
-    assert infos["repro.level"] == api_pb2.DATA_TYPE_STRING and set(infos) == set(start.hparams)
+    assert infos["experiment"] == api_pb2.DATA_TYPE_STRING and set(infos) == set(start.hparams)
+    assert not any(h.differs for h in exp.hparam_infos)  # one run: nothing was swept
     texts = acc.Tensors("config/text_summary")
     assert b"batch_size: 64" in texts[0].tensor_proto.string_val[0]
 
@@ -253,11 +271,6 @@ def test_one_tensorboard_logdir_shows_runs_and_sweeps(tmp_path: Path, monkeypatc
 
 @pytest.mark.slow
 def test_a_hydra_multirun_logs_a_parent_and_one_child_per_job(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from conftest import MICRO, REPO
-
     uri = uri_in(tmp_path)
     cmd = [sys.executable, "-m", "reprotrain.train", "--multirun", *MICRO, "trainer.epochs=1",
            "seed.base=0,1", "logger=mlflow", f"logger.mlflow_tracking_uri={uri}",
@@ -270,7 +283,7 @@ def test_a_hydra_multirun_logs_a_parent_and_one_child_per_job(tmp_path: Path) ->
     parent = json.loads((tmp_path / "sweep" / PARENT_JSON).read_text())["run_id"]
     exps = [e.experiment_id for e in client.search_experiments()]
     kids = client.search_runs(exps, filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
-    assert sorted(r.info.run_name for r in kids) == ["0", "1"]
+    assert sorted(r.info.run_name for r in kids) == ["seed.base=0", "seed.base=1"]
     assert all(r.info.status == "FINISHED" for r in kids)
     assert client.get_run(parent).info.status == "FINISHED"
     assert "summary.md" in {a.path for a in client.list_artifacts(parent)}

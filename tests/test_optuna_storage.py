@@ -161,6 +161,23 @@ def test_optunas_own_plots_open_the_study_from_its_journal(tmp_path):
     assert len(ax.collections[0].get_offsets()) == 3, "one point per trial"
 
 
+def test_the_study_names_its_metric_and_each_trial_its_run_directory(tmp_path):
+    """What optuna-dashboard and Optuna's plots read: the objective's name (not "Objective
+    0") and, per trial, where its run is (a continued trial keeps the one it had)."""
+    import optuna
+
+    with pytest.raises(Killed):
+        runner(tmp_path, FakeLauncher(kill_at=2), n_trials=4).run(FIXED)
+    runner(tmp_path, FakeLauncher(), n_trials=4, resume=True).run(FIXED)
+    journal = impl.open_journal(tmp_path / impl.JOURNAL)
+    study = optuna.load_study(study_name="smoke", storage=journal)
+    assert study.metric_names == ["val_acc"]
+    assert "value_val_acc" in study.trials_dataframe().columns  # not "value"
+    assert [t.user_attrs for t in study.trials] == [
+        {"run_dir": str(tmp_path / str(n))} for n in range(4)
+    ]
+
+
 def test_a_trial_killed_after_its_run_finished_is_told_from_its_record(tmp_path):
     killed = tmp_path / "killed"
     with pytest.raises(Killed):

@@ -43,8 +43,11 @@ from reprotrain.loggers.mlflow_sink import ReportHook
 from reprotrain.loggers.params import (
     RESOLVED_CONFIG,
     hparam_values,
+    monitor_of,
     relative_name,
     run_params,
+    sweep_dir_of,
+    swept_keys,
 )
 from reprotrain.loggers.settings import (
     EXTRAS_INSTALL,
@@ -127,6 +130,8 @@ def _tensorboard(cfg: Any, run_dir: Path, start_step: int, params: dict, history
         history,
         hparams=hparam_values(run_dir),
         config_text=config.read_text() if config.is_file() else "",
+        monitor=monitor_of(run_dir),
+        swept=swept_keys(sweep_dir_of(run_dir)),
     )
     root = project_root()
     if cfg.tensorboard_index and run_dir.resolve().is_relative_to(root):

@@ -1,15 +1,19 @@
 """MLflow: one tracking store per project, a sweep as a parent run with its runs as children.
 
 The store is ``sqlite:///<project root>/mlruns.db`` unless ``logger.mlflow_tracking_uri`` says
-otherwise (mlflow-skinny + sqlalchemy + alembic, no server; MLflow 3 refuses the old
+otherwise (mlflow + sqlalchemy + alembic, no server; MLflow 3 refuses the old
 ``./mlruns`` file store by default), with artifacts in ``<project root>/mlartifacts``. Browse it
 with ``mlflow ui --backend-store-uri sqlite:///mlruns.db`` from the project root.
 
 One MLflow run per run directory, through ``MlflowClient`` (no global active run):
 
 - params: the flattened resolved config (``config.<key>``) and run.json's identity fields;
+- name: a sweep's run is named by its swept values (``optimizer.lr=0.05 seed.base=0``), a
+  single run by its path below the project root (``loggers.params.run_name``);
 - tags: ``reprotrain.run_dir``, ``reprotrain.experiment_id``, ``reprotrain.config_sha256``,
   ``repro.level``, ``mlflow.source.git.commit``, and ``mlflow.parentRunId`` for a sweep's run;
+  the experiment: ``mlflow.experimentKind=custom_model_development`` (MLflow 3's training
+  view, not its GenAI one);
 - metrics: ``step/train_loss`` and ``step/lr`` at every global step, ``epoch/<metric>`` at
   each epoch's last global step, ``final/<metric>`` (final and test metrics) at the last;
 - artifacts at the end: config.resolved.yaml, run.json, metrics.jsonl, report.md and
@@ -43,6 +47,7 @@ from reprotrain.loggers.params import (
     record_files,
     relative_name,
     run_key,
+    run_name,
 )
 from reprotrain.loggers.settings import (
     MLFLOW_ARTIFACTS,
@@ -58,6 +63,11 @@ PARENT_JSON = "mlflow_parent_run.json"
 #: Files of a sweep dir attached to the parent run at the end.
 SWEEP_ARTIFACTS = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
 STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
+#: MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, prompts);
+#: ``custom_model_development`` is its training view (runs, params, metric charts): the
+#: value the UI's own code (mlflow/server/js) names its model-training experiment kind.
+KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
 _PARAMS_BATCH = 100  # ... and on params
 #: What the report hook is: (run_dir, out_dir) -> (report.md, curves.png or None).
@@ -87,16 +97,21 @@ def client_for(cfg: Any):
 
 
 def experiment_id(client, name: str, uri: str) -> str:
-    """The experiment's id, created on first use; a local store keeps its artifacts beside
-    the database (``mlartifacts/``), a server decides for itself."""
+    """The experiment's id, created on first use, tagged as model training
+    (:data:`EXPERIMENT_KIND`; an experiment without a kind gets it); a local store keeps
+    its artifacts beside the database (``mlartifacts/``), a server decides for itself."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if KIND_TAG not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     location = None
     if uri.startswith("sqlite:///"):
         location = (Path(uri[len("sqlite:///") :]).resolve().parent / MLFLOW_ARTIFACTS).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(
+            name, artifact_location=location, tags={KIND_TAG: EXPERIMENT_KIND}
+        )
     except Exception:  # another process of the same sweep created it first
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -182,7 +197,7 @@ class MLflowSink(Backend):
             tags["mlflow.source.git.commit"] = str(ident["git.commit"])
         if parent is not None:
             tags["mlflow.parentRunId"] = parent["run_id"]
-        name = self.run_dir.name if parent else relative_name(self.run_dir, project_root())
+        name = run_name(self.run_dir, project_root())
         run = self.client.create_run(exp_id, run_name=name, tags=tags)
         self.run_id = run.info.run_id
         log_params(self.client, self.run_id, params)

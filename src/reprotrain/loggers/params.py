@@ -59,13 +59,99 @@ def run_params(run_dir: Path, record: dict[str, Any]) -> dict[str, str]:
     return params
 
 
+def override_key(override: str) -> str:
+    """The key (or config group) an override sets: ``+optimizer.lr=0.1`` -> ``optimizer.lr``."""
+    return override.partition("=")[0].lstrip("+~")
+
+
+def _chosen(key: str) -> bool:
+    """An override that is a choice about the run: not where it is logged, not Hydra's own."""
+    return key.replace("/", ".").split(".")[0] not in ("logger", "hydra")
+
+
+def run_overrides(run_dir: Path) -> list[str]:
+    """The run's own overrides as Hydra recorded them (``.hydra/overrides.yaml``), less the
+    ``logger`` ones: what was chosen for this run on top of its config ([] when none)."""
+    from reprotrain.run.readers import read_overrides
+
+    return [o for o in read_overrides(run_dir) or [] if _chosen(override_key(o))]
+
+
+def sweep_record_overrides(sweep_dir: Path) -> list[str] | None:
+    """The overrides a sweep was started with, from its ``multirun.yaml``: the command
+    line's (``optimizer.lr=0.05,0.2``, ``seed.base=0,1``) and an Optuna search space
+    (``hydra.sweeper.params``) as ``key=value``; None without a readable record."""
+    from omegaconf import OmegaConf
+
+    record = Path(sweep_dir) / MULTIRUN_YAML
+    try:
+        saved = OmegaConf.load(record)
+    except Exception:  # absent, or only the "claimed by" comment so far
+        return None
+    overrides = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
+    params = OmegaConf.select(saved, "hydra.sweeper.params", default=None) or {}
+    return overrides + [f"{k}={v}" for k, v in params.items()]
+
+
+def swept_keys(sweep_dir: Path | None) -> set[str]:
+    """The keys a sweep varies: its value lists, ranges and search space (not a key set
+    to one value for every job, nor where it logs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, keys = OverridesParser.create(), set()
+    for text in (sweep_record_overrides(sweep_dir) if sweep_dir else None) or []:
+        try:
+            (override,) = parser.parse_overrides([text])
+        except Exception:  # a form Hydra expands only against the config tree: not a key
+            continue
+        if override.is_sweep_override() and _chosen(override.key_or_group):
+            keys.add(override.key_or_group)
+    return keys
+
+
+def is_seed(key: str) -> bool:
+    return key == "seed" or key.startswith("seed.")
+
+
+def config_group(overrides: list[str]) -> str:
+    """The configuration a run is one seed of: its overrides less the seeds, sorted."""
+    return " ".join(sorted(o for o in overrides if not is_seed(override_key(o))))
+
+
+def run_name(run_dir: Path, root: Path) -> str:
+    """A tracker's name for the run. A sweep's job: its values of the swept keys
+    (``optimizer.lr=0.05 seed.base=0``), else its own overrides, else its number; a single
+    run: its path below the project root (``outputs/<name>/<stamp>``)."""
+    sweep = sweep_dir_of(run_dir)
+    if sweep is None:
+        return relative_name(run_dir, root)
+    overrides, swept = run_overrides(run_dir), swept_keys(sweep)
+    chosen = [o for o in overrides if override_key(o) in swept] or overrides
+    return " ".join(sorted(chosen)) or Path(run_dir).name
+
+
 def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
-    """The flattened resolved config with the types TensorBoard's HParams tab can show:
-    numbers and booleans stay numbers and booleans, everything else becomes text."""
+    """HParams' hyperparameters: each key the run's overrides set, with its resolved value
+    (numbers and booleans stay so; a config group chosen by name, ``experiment=smoke``, is
+    its option's name), and ``group``: the overrides less the seeds, so the seeds of one
+    configuration sort together. Not the whole config: the keys nobody chose crowd out the
+    ones that were."""
+    flat, overrides = flatten(resolved_config(run_dir)), run_overrides(run_dir)
     out: dict[str, bool | int | float | str] = {}
-    for k, v in flatten(resolved_config(run_dir)).items():
-        out[k] = v if isinstance(v, bool | int | float | str) else str(v)
+    for text in overrides:
+        value = flat.get(override_key(text), text.partition("=")[2])
+        out[override_key(text)] = (
+            value if isinstance(value, bool | int | float | str) else str(value)
+        )
+    out["group"] = config_group(overrides)
     return out
+
+
+def monitor_of(run_dir: Path) -> tuple[str, str] | None:
+    """(``trainer.monitor``, ``trainer.monitor_mode``) of the run's resolved config."""
+    trainer = resolved_config(run_dir).get("trainer") or {}
+    monitor = trainer.get("monitor")
+    return (str(monitor), str(trainer.get("monitor_mode", "max"))) if monitor else None
 
 
 def run_key(run_dir: Path, record: dict[str, Any]) -> str:

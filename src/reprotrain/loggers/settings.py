@@ -26,7 +26,7 @@ BACKENDS = ("tensorboard", "mlflow", "wandb")
 #: The optional extra each backend needs (``requirements-<extra>.lock``); none for TensorBoard,
 #: which is in the runtime lock.
 EXTRA_OF = {"mlflow": "mlflow", "wandb": "wandb"}
-#: mlflow-skinny has no SQL store of its own; sqlalchemy + alembic give it the SQLite one.
+#: The local SQLite store needs sqlalchemy + alembic beside mlflow (all in the mlflow extra).
 LOCAL_STORE_MODULES = ("mlflow", "sqlalchemy", "alembic")
 MLFLOW_DB = "mlruns.db"
 MLFLOW_ARTIFACTS = "mlartifacts"

@@ -7,10 +7,15 @@ What a run writes (tags):
 - ``epoch/<metric>``: each metrics.jsonl row at the epoch's last global step (``epoch/epoch``
   too), so both share the step axis;
 - ``final/<metric>``: the final and test metrics as scalars, at the last global step;
-- HParams: the flattened resolved config as the session's hyperparameters, the session's end
-  status at close, and with the final metrics the experiment summary that names the
-  table's columns: the hyperparameters and the ``final/*`` metrics (without it TensorBoard
-  makes a column of every scalar tag, ``step/*`` and ``epoch/*`` included);
+- ``best/<monitor>``: the best ``trainer.monitor`` value over the epochs (what best.pt holds
+  and an Optuna trial's objective), at the last global step;
+- HParams: the keys the run's overrides set as the session's hyperparameters (not the whole
+  config: ``loggers.params.hparam_values``), with ``group``, the overrides less the seeds, so
+  the seeds of one configuration sort together; the session's end status at close; and with
+  the final metrics the experiment summary that names the table's columns: those
+  hyperparameters (a swept key marked as differing) and, as metrics, ``best/<monitor>`` and
+  the final val/test metrics (not the epoch, step or lr; without it TensorBoard makes a
+  column of every scalar tag, ``step/*`` and ``epoch/*`` included);
 - text: ``run`` (identity fields of run.json), ``config`` (config.resolved.yaml),
   ``final_metrics`` (a table).
 
@@ -23,11 +28,14 @@ the run dir, archived with it. A run dir outside the project root gets no link.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
 
+from reprotrain import metric_names
 from reprotrain.loggers.fanout import Backend, History, numeric
+from reprotrain.loggers.params import is_seed
 from reprotrain.loggers.settings import require_module
 
 log = logging.getLogger("reprotrain")
@@ -47,6 +55,8 @@ class TensorBoardSink(Backend):
         hparams: dict[str, bool | int | float | str] | None = None,
         config_text: str = "",
         group: str = "",
+        monitor: tuple[str, str] | None = None,
+        swept: set[str] | frozenset[str] = frozenset(),
     ) -> None:
         require_module("tensorboard", "tensorboard")
         from torch.utils.tensorboard import SummaryWriter
@@ -54,6 +64,8 @@ class TensorBoardSink(Backend):
         self.log_dir = Path(log_dir)
         self.last_step = start_step
         self.hparams = dict(hparams or {})
+        self.monitor, self.swept = monitor, set(swept)
+        self.best: float | None = None  # the best monitored value so far
         if start_step:
             # A resume: what an earlier attempt wrote may stop short of the checkpoint
             # (unflushed when killed) or run past it. Start the stream again from the record.
@@ -85,11 +97,20 @@ class TensorBoardSink(Backend):
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
         self.writer.add_scalar("epoch/epoch", epoch, global_step)
+        self._track_best(row)
         for key, value in row.items():
             if value is not None:
                 self.writer.add_scalar(f"epoch/{key}", value, global_step)
         self.last_step = max(self.last_step, global_step)
         self.writer.flush()
+
+    def _track_best(self, row: dict[str, float | None]) -> None:
+        """The best monitored value so far (the first finite one, then only a better one)."""
+        value = row.get(self.monitor[0]) if self.monitor else None
+        if value is None or not math.isfinite(value):
+            return
+        if self.best is None or metric_names.better(value, self.best, self.monitor[1]):
+            self.best = value
 
     def log_final(self, metrics: dict[str, float | None]) -> None:
         for key, value in sorted(metrics.items()):
@@ -97,9 +118,14 @@ class TensorBoardSink(Backend):
                 self.writer.add_scalar(f"final/{key}", value, self.last_step)
         rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(metrics.items()))
         self.writer.add_text("final_metrics", "| metric | value |\n|---|---|\n" + rows, 0)
+        tags = []
+        if self.monitor and self.best is not None:
+            tags.append(f"best/{self.monitor[0]}")
+            self.writer.add_scalar(tags[-1], self.best, self.last_step)
+        shown = [k for k, v in metrics.items() if v is not None and _val_or_test(k)]
+        tags += [f"final/{k}" for k in sorted(shown, key=metric_names.sort_key)]
         if self.hparams:
-            tags = [f"final/{k}" for k, v in sorted(metrics.items()) if v is not None]
-            self.writer.file_writer.add_summary(experiment(self.hparams, tags))
+            self.writer.file_writer.add_summary(experiment(self.hparams, tags, self.swept))
 
     def close(self, status: str) -> None:
         self.writer.file_writer.add_summary(session_end(status))
@@ -123,9 +149,19 @@ def session_start(hparams: dict[str, bool | int | float | str], group: str = "")
     return _summary(Summary, metadata, metadata.SESSION_START_INFO_TAG, data)
 
 
-def experiment(hparams: dict[str, bool | int | float | str], metric_tags: list[str]):
+def _val_or_test(key: str) -> bool:
+    """A val or test outcome (``best_test_acc`` too): not a train metric, nor bookkeeping."""
+    return metric_names.split_of(key) in ("val", "test")
+
+
+def experiment(
+    hparams: dict[str, bool | int | float | str],
+    metric_tags: list[str],
+    swept: set[str] | frozenset[str] = frozenset(),
+):
     """The HParams plugin's experiment summary: the table's columns, the hyperparameters
-    (with their types) and the metrics (``final/*``), instead of every scalar tag."""
+    (with their types; the ``swept`` ones, and ``group`` when any is, marked as differing)
+    and the metrics, instead of every scalar tag."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
@@ -138,8 +174,12 @@ def experiment(hparams: dict[str, bool | int | float | str], metric_tags: list[s
             else api_pb2.DATA_TYPE_STRING
         )
 
+    differing = set(swept) | ({"group"} if any(not is_seed(k) for k in swept) else set())
     exp = api_pb2.Experiment(
-        hparam_infos=[api_pb2.HParamInfo(name=k, type=kind(v)) for k, v in hparams.items()],
+        hparam_infos=[
+            api_pb2.HParamInfo(name=k, type=kind(v), differs=k in differing)
+            for k, v in hparams.items()
+        ],
         metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags],
     )
     data = plugin_data_pb2.HParamsPluginData(experiment=exp)

@@ -6,8 +6,9 @@ accident and a run without an account still works: offline, no login, no network
 later with ``wandb sync <run_dir>/wandb/offline-run-*``. The key is read by wandb itself and
 never recorded. The run id is derived from the run dir, so a resumed run continues the same
 W&B run (``resume="allow"``); a sweep's runs share a ``group`` (the sweep dir's name). The
-run's name is its path below the project root (``outputs/smoke/<stamp>``), as in MLflow and
-TensorBoard, so two runs of one config (one experiment id) are told apart.
+run's name is as in MLflow: a single run's path below the project root
+(``outputs/smoke/<stamp>``), so two runs of one config (one experiment id) are told apart; a
+sweep's run, its swept values in the sweep's group (``optimizer.lr=0.05 seed.base=0``).
 
 At the end the run gets the same files as MLflow's artifacts: config.resolved.yaml,
 run.json, metrics.jsonl, and report.md and curves.png drawn from the run dir; they are in
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Backend
-from reprotrain.loggers.params import record_files, relative_name, run_key, sweep_dir_of
+from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir_of
 from reprotrain.loggers.settings import project_root, require_module
 
 
@@ -59,7 +60,7 @@ class WandBSink(Backend):
         self.run = wandb.init(
             project=cfg.wandb_project,
             entity=cfg.wandb_entity or None,
-            name=relative_name(run_dir, project_root()),
+            name=run_name(run_dir, project_root()),
             id=run_key(run_dir, record),
             resume="allow",
             dir=str(run_dir),

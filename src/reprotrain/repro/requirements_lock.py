@@ -41,7 +41,7 @@ DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
 #: ``requirements-<extra>.in`` (constrained by the runtime and dev locks, and by the extras
 #: before it, so every lock agrees) and a hashed ``requirements-<extra>.lock``. An extra
 #: counts as installed when its head package is; then its whole lock is expected.
-EXTRAS: dict[str, str] = {"mlflow": "mlflow-skinny", "wandb": "wandb"}
+EXTRAS: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb"}
 
 
 def extra_pair(extra: str) -> tuple[str, str]:

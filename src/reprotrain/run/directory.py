@@ -146,12 +146,27 @@ def claim_sweep_dir(sweep_dir: Path) -> None:
         os.close(fd)
 
 
+def sweep_jobs(sweep_dir: Path) -> list[Path]:
+    """The run directories of a sweep, sorted: each directory below ``sweep_dir`` that holds
+    a ``run.json`` (a job, ``<sweep>/<n>/``), never one inside a run directory. What a run
+    keeps below itself is not a run: W&B's copy of the record
+    (``<job>/wandb/offline-run-*/files/record/run.json``) counted as a second run doubled a
+    sweep's "runs done" and pooled the copies into a summary group of their own. The one
+    discovery of a sweep's runs: progress, summary, compare, archive and reproduce."""
+    sweep_dir, jobs = Path(sweep_dir), []
+    for root, dirs, files in os.walk(sweep_dir):
+        if RUN_JSON in files:
+            jobs.append(Path(root))
+            dirs.clear()  # nothing below a run directory is another run
+    return sorted(jobs)
+
+
 def refuse_used_sweep_dir(sweep_dir: Path) -> None:
     """Refuse a sweep into a directory that already holds a sweep or any run."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         return
-    runs = [p.parent for p in sweep_dir.rglob(RUN_JSON)]
+    runs = sweep_jobs(sweep_dir)
     if runs or (sweep_dir / SWEEP_RECORD).exists():
         held = f"{len(runs)} run(s)" if runs else f"a {SWEEP_RECORD}"
         raise RunDirUsed(

@@ -24,6 +24,7 @@ from pathlib import Path
 from reprotrain.errors import ArchiveError
 from reprotrain.progress import Progress, say
 from reprotrain.repro import gitinfo
+from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.archive import snapshot
@@ -57,7 +58,7 @@ SWEEP_FILES = (
 def is_sweep_dir(path: Path) -> bool:
     """A directory without its own run.json that holds run directories below it."""
     path = Path(path)
-    return path.is_dir() and not (path / RUN_JSON).exists() and any(path.rglob(RUN_JSON))
+    return path.is_dir() and not (path / RUN_JSON).exists() and bool(sweep_jobs(path))
 
 
 def is_sweep_archive(checked: CheckedArchive) -> bool:
@@ -65,7 +66,7 @@ def is_sweep_archive(checked: CheckedArchive) -> bool:
 
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
-    return sorted(p.parent for p in Path(sweep_dir).rglob(RUN_JSON))
+    return sweep_jobs(sweep_dir)
 
 
 def _shared_code(records: dict[Path, dict], diffs: dict[Path, str]) -> tuple[dict, str]:

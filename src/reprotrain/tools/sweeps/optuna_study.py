@@ -50,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from reprotrain import sweep_checks
 from reprotrain.errors import ReprotrainError
 from reprotrain.run.bounded import load_yaml
+from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_overrides
 from reprotrain.run.record import (
     METRICS,
@@ -170,7 +171,7 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
     """study.json's contents, from the sweep directory and the sweeper's settings."""
     sweep_dir = Path(sweep_dir)
     jobs = sorted(
-        (p.parent for p in sweep_dir.rglob(RUN_JSON)),
+        sweep_jobs(sweep_dir),
         key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
     )
     trials = [_trial(job, sweep_dir, settings) for job in jobs]

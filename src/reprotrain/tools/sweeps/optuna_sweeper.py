@@ -8,7 +8,9 @@ Closes:
 - **a study nobody else can open**: the study lives in an Optuna storage, by default the
   journal file ``<sweep dir>/study.journal`` (``optuna.load_study``, optuna-dashboard and
   ``optuna.visualization`` open it); ``hydra.sweeper.storage=sqlite:///...`` (any URL optuna
-  takes) or a journal path of your own instead;
+  takes) or a journal path of your own instead; the study names its objective
+  (``set_metric_names([trainer.monitor])``) and each trial carries its run directory as the
+  user attribute ``run_dir``, so those tools say what was optimised and where each run is;
 - **a killed study that cannot continue**: every trial is asked, launched and told through
   that storage, so after a SIGKILL the storage holds the finished trials and the killed one
   (still RUNNING, its parameters kept). ``hydra.sweeper.resume=true`` (``make resume
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 
 #: best_params / best_value, from the storage (the name hydra-optuna-sweeper used).
 RESULTS = "optimization_results.yaml"
+RUN_DIR_ATTR = "run_dir"  # a trial's user attribute: its run directory
 GRID = "optuna.samplers.GridSampler"
 SWEEP_RECORD = "multirun.yaml"  # the sweep's config, as Hydra's own sweepers write it
 _PLAIN = re.compile(r"[A-Za-z_][\w.\-/]*")
@@ -251,12 +254,14 @@ class StudyRunner:
         sampler = make_sampler(self.settings["sampler"], 0, space)
         if not self.settings.get("resume"):
             try:
-                return optuna.create_study(
+                study = optuna.create_study(
                     storage=storage,
                     sampler=sampler,
                     study_name=self.study_name,
                     direction=self.direction,
                 )
+                name_metric(study, self.metric)
+                return study
             except DuplicatedStudyError:
                 raise StudyError(
                     f"{named} already holds a study named {self.study_name}: continue it with "
@@ -266,6 +271,7 @@ class StudyRunner:
         try:
             study = optuna.load_study(study_name=self.study_name, storage=storage,
                                       sampler=sampler)  # fmt: skip
+            name_metric(study, self.metric)
         except KeyError:
             raise StudyError(
                 f"hydra.sweeper.resume=true, but {named} holds no study named "
@@ -322,6 +328,7 @@ class StudyRunner:
     def _launch(self, study: Any, trials: list, fixed: list[str], extra=()) -> list:
         batch = [[*self._overrides(fixed, t.params), *extra] for t in trials]
         self.validate(batch)
+        self._note_run_dirs(trials, batch)
         returns = list(self.launch(batch, trials[0].number))
         failed = None
         for trial, ret in zip(trials, returns, strict=True):
@@ -336,6 +343,16 @@ class StudyRunner:
         if failed is not None:
             raise failed
         return returns
+
+    def _note_run_dirs(self, trials: list, batch: list[list[str]]) -> None:
+        """Each asked trial's run directory as its user attribute ``run_dir``, before it
+        runs, so Optuna's own tools (``load_study``, the dashboard) lead to the run. A
+        continued trial already has it (it is a ``FrozenTrial`` here, not written again)."""
+        from optuna.trial import Trial
+
+        for trial, overrides in zip(trials, batch, strict=True):
+            if isinstance(trial, Trial):
+                trial.set_user_attr(RUN_DIR_ATTR, str(self.job_dir(overrides, trial.number)))
 
     def _tell(self, study: Any, number: int, value: Any) -> None:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -379,6 +396,18 @@ class StudyRunner:
         text = yaml.safe_dump({"name": "optuna", "best_params": dict(best.params),
                                "best_value": best.value}, sort_keys=False)  # fmt: skip
         atomic_write_text(self.sweep_dir / RESULTS, text)
+
+
+def name_metric(study: Any, metric: str) -> None:
+    """The objective's name (``trainer.monitor``) in the study, so Optuna's plots and
+    ``trials_dataframe`` say ``val_acc``, not "Objective Value"."""
+    import warnings
+
+    from optuna.exceptions import ExperimentalWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # set_metric_names: since 3.2
+        study.set_metric_names([metric])
 
 
 def _no_grid_stop(study: Any) -> None:

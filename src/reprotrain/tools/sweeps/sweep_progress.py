@@ -20,6 +20,8 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from reprotrain.loggers.params import sweep_record_overrides
+from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.record import RUN_JSON
 
 SWEEP_RECORD = "multirun.yaml"
@@ -29,13 +31,9 @@ def sweep_total(sweep_dir: Path, sweeper: DictConfig | None) -> int | None:
     """How many runs the sweep starts (None when it cannot be told, e.g. a glob sweep)."""
     if sweeper is not None and "n_trials" in sweeper:
         return int(sweeper.n_trials)
-    record = Path(sweep_dir) / SWEEP_RECORD
-    if not record.is_file():
+    overrides = sweep_record_overrides(sweep_dir)
+    if overrides is None:
         return None
-    saved = OmegaConf.load(record)
-    overrides = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
-    params = OmegaConf.select(saved, "hydra.sweeper.params", default=None) or {}
-    overrides += [f"{k}={v}" for k, v in params.items()]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         sizes = [len(list(o.sweep_string_iterator())) for o in parsed if o.is_sweep_override()]
@@ -46,9 +44,9 @@ def sweep_total(sweep_dir: Path, sweeper: DictConfig | None) -> int | None:
 
 def runs_done(sweep_dir: Path) -> int:
     done = 0
-    for path in Path(sweep_dir).rglob(RUN_JSON):
+    for job in sweep_jobs(sweep_dir):
         try:
-            status = json.loads(path.read_text()).get("status")
+            status = json.loads((job / RUN_JSON).read_text()).get("status")
         except (OSError, ValueError):
             continue
         done += status not in (None, "running")

@@ -42,6 +42,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 from reprotrain.run.bounded import load_json
+from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_overrides
 from reprotrain.run.record import (
     METRICS,
@@ -167,8 +168,8 @@ def _load_json(path: Path) -> Any:
 def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
     """Every run under the sweep dir, plus a note per run.json that could not be read."""
     jobs, problems = [], []
-    for path in sorted(Path(sweep_dir).rglob(RUN_JSON)):
-        run_dir = path.parent
+    for run_dir in sweep_jobs(sweep_dir):
+        path = run_dir / RUN_JSON
         try:
             record = _load_json(path)
             if not isinstance(record, dict):
@@ -503,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.sweep_dir} is a run directory, not a sweep; give the sweep directory "
                 "(multirun/...), or make report RUN=<run> for one run"
             )
-        if not any(args.sweep_dir.rglob(RUN_JSON)):
+        if not sweep_jobs(args.sweep_dir):
             raise ReprotrainError(f"no {RUN_JSON} under {args.sweep_dir}; is this a sweep dir?")
         summary = write_summary(args.sweep_dir)
     except ReprotrainError as e:

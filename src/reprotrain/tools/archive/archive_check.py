@@ -32,6 +32,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.shown import shown
 from reprotrain.run import schema as run_schema
 from reprotrain.run.readers import (
     completion_problem,
@@ -302,6 +303,7 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     why = completion_problem(record, len(fingerprints))
     if why is not None:
         raise ReproduceRefused(f"{label} {why}: an inconsistent record is not replayed")
+    check_config_identity(record, cfg, checked.label("run/config.resolved.yaml"))
     metrics = parse_jsonl(checked.text("run/metrics.jsonl"), checked.label("run/metrics.jsonl"))
     if any(not _is_int(row.get("epoch")) for row in metrics):
         raise ReproduceRefused(f"{checked.label('run/metrics.jsonl')}: a row has no epoch")
@@ -310,6 +312,27 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     checked.record, checked.config = record, cfg
     checked.fingerprints, checked.metrics = fingerprints, metrics
     return checked
+
+
+def check_config_identity(record: dict, cfg: Any, label: str) -> None:
+    """The archived config must be the one its record names: ``config_sha256`` of
+    ``config.resolved.yaml`` (the trainer writes both together, fresh or resumed) equal to
+    run.json's. An archive that contradicts itself (a callback added to the config, a
+    value edited) is refused before anything runs: there is no one run to reproduce."""
+    from omegaconf import OmegaConf
+
+    from reprotrain.config import config_sha256
+
+    recorded = record.get("config_sha256")
+    if recorded is None:  # a record older than the field: nothing to hold the config to
+        return
+    here = config_sha256(OmegaConf.to_container(cfg))
+    if here != recorded:
+        raise ReproduceRefused(
+            f"{label} hashes to config_sha256 {here[:12]}, but run.json records "
+            f"{shown(recorded, 20)}: the archive contradicts itself (the config or the record "
+            "was edited); nothing was run"
+        )
 
 
 def _is_int(value: Any) -> bool:

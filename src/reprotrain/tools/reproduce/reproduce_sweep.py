@@ -54,7 +54,7 @@ from reprotrain.tools.archive.sweep_archive import SWEEP
 from reprotrain.tools.debugging.bisect import bisect_command
 from reprotrain.tools.reproduce import rerun, study_check, trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
-from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
@@ -101,6 +101,8 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
         label = view.label(f"{base}/run.json")
         view.record = parse_record(view.text("run/run.json"), label, run_schema.REPLAY)
         view.config = parse_yaml_config(view.text("run/config.resolved.yaml"), base)
+        archive_check.check_config_identity(view.record, view.config,
+                                            f"{base}/config.resolved.yaml")  # fmt: skip
         out.append((str(rel), view))
     return out
 
@@ -225,7 +227,8 @@ def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: i
 def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
     diverged = []
     for job in jobs:
-        result = compare_runs(top / SWEEP / job.name, new_sweep / job.name)
+        archived, replayed = top / SWEEP / job.name, new_sweep / job.name
+        result = with_metrics(compare_runs(archived, replayed), archived, replayed)
         if not result.identical:
             diverged.append((job.name, result.verdict()))
     report["diverged"] = [{"job": j, "verdict": v} for j, v in diverged]

@@ -22,7 +22,9 @@ An Optuna study's ``study.json`` is part of what is reproduced: read and shape-c
 anything re-runs (malformed: exit 2), then recomputed from the archived and the replayed runs
 (``tools/reproduce/study_check.py``). A trial it names that is missing, another best, another
 value (where bits are promised) is a difference: DIVERGED (1), or INCONSISTENT in statistical
-mode. Each job's ``.hydra/overrides.yaml`` must be a list of overrides, also checked first.
+mode. So is ``summary.json`` (each group's statistics and the objective, recomputed from the
+archived runs), and in bitwise mode every job's metrics.jsonl rows and ``final_metrics``.
+Each job's ``.hydra/overrides.yaml`` must be a list of overrides, also checked first.
 
 The report is ``reproduction.json`` in the new sweep directory.
 """
@@ -46,7 +48,7 @@ from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
 from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
-from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso, to_strict_json
 from reprotrain.shown import say, shown
 from reprotrain.tools.archive import archive_check
 from reprotrain.tools.archive.archive_check import CheckedArchive
@@ -197,6 +199,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, 
         code, verdict = _bitwise(top, new_sweep, plan.jobs, report)
     if study is not None:
         code, verdict = _study_verdict(study, top, new_sweep, statistical, code, verdict, report)
+    code, verdict = _summary_verdict(top / SWEEP, statistical, code, verdict, report)
     verdict += f" [trust {verdict_trust.rule}]"
     report |= {"verdict": verdict, "exit_code": code}
     atomic_write_text(new_sweep / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -222,6 +225,48 @@ def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: i
         say(f"study    ... and {len(found) - 10} more (reproduction.json)")
     head = compare_sweeps.INCONSISTENT if statistical else "DIVERGED"
     return 1, f"{head}: study.json does not hold ({len(found)} difference(s)): {found[0]}"
+
+
+def summary_differences(sweep: Path) -> list[str]:
+    """Every way the archived ``summary.json`` (each group's statistics, the objective)
+    differs from the summary recomputed from the archived runs (``sweep_summary.summarize``,
+    the code that wrote it); empty when it holds or there is none."""
+    from reprotrain.tools.sweeps import sweep_summary
+
+    path = sweep / sweep_summary.SUMMARY_JSON
+    if not path.is_file():
+        return []
+    try:
+        said = parse_json_object(path.read_text(), "summary.json")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return [f"summary.json cannot be read ({e})"]
+    here, _ = to_strict_json(sweep_summary.summarize(sweep))  # its JSON form, as written
+    here = json.loads(json.dumps(here))
+    out = []
+    if said.get("objective") != here.get("objective"):
+        out.append(f"summary.json objective {shown(said.get('objective'), 120)}, the archived "
+                   f"runs give {shown(here.get('objective'), 120)}")  # fmt: skip
+    theirs = {g.get("label"): g for g in said.get("groups") or [] if isinstance(g, dict)}
+    for group in here["groups"]:
+        said_group = theirs.get(group["label"]) or {}
+        for metric, stats in group["metrics"].items():
+            if (said_group.get("metrics") or {}).get(metric) != stats:
+                out.append(f"summary.json group {shown(group['label'], 60)} {shown(metric)}: "
+                           "not what the archived runs give")  # fmt: skip
+    return out
+
+
+def _summary_verdict(sweep: Path, statistical: bool, code: int, verdict: str,
+                     report: dict) -> tuple[int, str]:  # fmt: skip
+    """The verdict, demoted when summary.json does not hold for the archived runs."""
+    found = summary_differences(sweep)
+    report["summary_differences"] = found
+    for line in found[:10]:
+        say(f"summary  {line}")
+    if not found or code == 1:
+        return code, verdict
+    head = compare_sweeps.INCONSISTENT if statistical else "DIVERGED"
+    return 1, f"{head}: summary.json does not hold ({len(found)} difference(s)): {found[0]}"
 
 
 def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:

@@ -13,8 +13,9 @@ deleted: the runs matched, and the claim about them was never looked at.
   way ``study.json`` differs: a trial it names that is not there, a trial that is there but
   not named, another parameter, value or status, another best, ``n_trials`` trials
   promised but fewer archived, the sweeper's ``optimization_results.yaml`` disagreeing,
-  and the study's journal (``study.journal``, read with ``optuna.load_study``) holding
-  other trials than the archived runs.
+  the study's journal (``study.journal``, read with ``optuna.load_study``) holding
+  other trials than the archived runs, and the sampler (its seed among its settings) other
+  than the one the sweep's own ``multirun.yaml`` says it ran with.
 
 The replay calls it on the replayed runs (bitwise: the values must match too) and on the
 archived runs (statistical mode, where re-run values legitimately move: the record must
@@ -135,6 +136,7 @@ def differences(
     results = Path(archived) / optuna_study.OPTUNA_RESULTS
     if results.is_file() and here.get("optuna_best_agrees") is False:
         out.append(f"{optuna_study.OPTUNA_RESULTS} does not agree with the best archived run")
+    out += sampler_differences(study, Path(archived))
     if here.get("storage_agrees") is False:
         out.append(f"the study's storage ({optuna_study.JOURNAL}) does not hold the archived "
                    "trials (their parameters, values and states)")  # fmt: skip
@@ -153,6 +155,34 @@ def differences(
         out += _compare_best(study.get("best"), optuna_study.best_trial(
             list(replayed.values()), mode), ("job", "value"), "the replayed runs")  # fmt: skip
     return list(dict.fromkeys(out))
+
+
+def sampler_differences(study: dict[str, Any], archived: Path) -> list[str]:
+    """study.json's sampler (class and every setting, the seed among them) against the one
+    the sweep ran with, as its own record says: ``hydra.sweeper.sampler`` in the archived
+    ``multirun.yaml``. A forged seed is a difference; a sweep without that record says so."""
+    from omegaconf import OmegaConf
+
+    from reprotrain.errors import RecordError
+    from reprotrain.run.readers import parse_yaml_config
+    from reprotrain.tools.sweeps.optuna_study import SWEEP_RECORD
+
+    path = archived / SWEEP_RECORD
+    if not path.is_file():
+        return [f"the archive has no {SWEEP_RECORD}: study.json's sampler cannot be checked"]
+    try:
+        record = parse_yaml_config(path.read_text(), SWEEP_RECORD)
+        ran = OmegaConf.to_container(record.hydra.sweeper.sampler)
+    except (RecordError, OSError, UnicodeDecodeError, AttributeError, ValueError) as e:
+        return [f"{SWEEP_RECORD} holds no readable hydra.sweeper.sampler ({e})"]
+    if not isinstance(ran, dict):
+        return [f"{SWEEP_RECORD}: hydra.sweeper.sampler is not a mapping"]
+    ran = {"class": ran.pop("_target_", None), **ran}
+    said = study["sampler"]
+    return [f"sampler {shown(k, 40)}: {shown(said.get(k), 60)} in study.json, "
+            f"{shown(ran.get(k), 60)} in {SWEEP_RECORD} (what the sweep ran with)"
+            for k in sorted(set(said) | set(ran), key=str)
+            if not _same(said.get(k), ran.get(k))]  # fmt: skip
 
 
 def _status(record: Path) -> str | None:

@@ -97,6 +97,9 @@ NPROC  ?= 1
 # (SLURM's warning) reaches the workers like SIGTERM/SIGINT, with time to checkpoint.
 EXIT_FILE ?=
 RT = $(VENV)/bin/reprotrain --exit-line $(if $(value EXIT_FILE),--exit-file $(call q,EXIT_FILE)) $(if $(value ARGS),--args $(call q,ARGS))
+# A run directory that came from an archive is built only under a trust rule (docs:
+# archive-and-reproduce.md, "Runs from an archive"): TRUST=1 or TRUSTED_SIGNERS=<file>.
+TRUST_ARGS = $(if $(call on,TRUST),--trust) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS))
 # A command that is not `reprotrain`, with ARGS split the same way (never expanded).
 WITH_ARGS = $(PY_ANY) -c 'import os, shlex, sys; os.execvp(sys.argv[2], sys.argv[2:] + shlex.split(sys.argv[1]))' $(call q,ARGS)
 
@@ -145,7 +148,8 @@ sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.pn
 
 resume: $(STAMP) ## continue an interrupted run in place (its world size; invariant runs: any NPROC dividing k): make resume RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
-	$(RT) resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(call q,NPROC))
+	$(call check_switches,TRUST)
+	$(RT) resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(call q,NPROC)) $(TRUST_ARGS)
 
 archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
@@ -159,11 +163,13 @@ reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=arc
 
 bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }
-	$(RT) bisect $(call q,A) $(call q,B)
+	$(call check_switches,TRUST)
+	$(RT) bisect $(call q,A) $(call q,B) $(TRUST_ARGS)
 
 compare: $(STAMP) ## statistical verdict between two sweeps: make compare A=<sweep> B=<sweep> [MARGIN=x] [METRIC=val_acc]
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two sweep directories: make compare A=<sweep> B=<sweep>" >&2; exit 2; }
-	$(RT) compare $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC))
+	$(call check_switches,TRUST)
+	$(RT) compare $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(TRUST_ARGS)
 
 # The framework's own benchmarks, drills and GPU check live in the template, not in a project
 # made from it (docs/project-layout.md): there, the target says so in one line.
@@ -180,12 +186,14 @@ gpu-check: ## one-shot GPU check (one JSON); fails in one line without CUDA
 
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
-	$(RT) report $(call q,RUN)
+	$(call check_switches,TRUST)
+	$(RT) report $(call q,RUN) $(TRUST_ARGS)
 
 eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs/... [CKPT=last|best|path]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
 	$(check_args)
-	$(RT) eval $(call q,RUN) --checkpoint $(if $(value CKPT),$(call q,CKPT),last)
+	$(call check_switches,TRUST)
+	$(RT) eval $(call q,RUN) --checkpoint $(if $(value CKPT),$(call q,CKPT),last) $(TRUST_ARGS)
 
 bench: ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(call in_template,scripts/bench.py)

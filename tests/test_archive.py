@@ -441,6 +441,51 @@ def test_a_config_that_no_longer_matches_its_config_sha256_is_refused(archived, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_run_extracted_from_an_archive_is_built_only_under_trust(archived, tmp_path):
+    """``reproduce --verify-only --extract-dir D`` marks what it extracts; ``eval`` of the
+    extracted run then needs the trust decision reproduce makes: a config whose model
+    ``_target_`` runs a command is refused in one line and nothing runs; the archive's own
+    config (composed from this checkout's conf/) is built under rule (a)."""
+    _, archive, _ = archived
+    marker = tmp_path / "PWNED"
+
+    def hostile(data: bytes) -> bytes:
+        cfg = OmegaConf.create(data.decode())
+        cfg.model = {"_target_": "reprotrain.tools.runs.resume.run_forwarding_signals",
+                     "cmd": ["touch", str(marker)], "env": {}}  # fmt: skip
+        return OmegaConf.to_yaml(cfg).encode()
+
+    changed = edited(archive, tmp_path, "run/config.resolved.yaml", hostile)
+    for name, source in (("hostile", changed), ("own", archive)):
+        dest = tmp_path / name
+        proc = tool("reproduce.reproduce", str(source), "--verify-only", "--extract-dir",
+                    str(dest), cwd=tmp_path)  # fmt: skip
+        assert_ok(proc)
+        (top,) = dest.iterdir()
+        assert (top / "from-archive.json").is_file() and (top / "run/from-archive.json").is_file()
+        proc = subprocess.run([sys.executable, "-m", "reprotrain", "eval", str(top / "run")],
+                              cwd=tmp_path, env=base_env(), capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+        if name == "hostile":
+            assert "came from an archive" in errors[0] and "TRUST=1" in errors[0]
+        else:  # trusted by rule (a); the archive holds no checkpoint to evaluate
+            assert "trust" in proc.stderr and "(a) 1 run config(s)" in proc.stderr
+            assert "has no step checkpoints" in errors[0]
+    assert not marker.exists()
+
+
+def test_eval_of_a_model_that_is_not_a_module_is_one_line(archived):
+    run_dir, _, _ = archived
+    proc = subprocess.run([sys.executable, "-m", "reprotrain", "eval", str(run_dir),
+                           "model._target_=collections.OrderedDict"], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "collections.OrderedDict does not build a torch.nn.Module" in line
+
+
 @pytest.mark.slow  # its unit: test_comparability.py (the kernel families)
 def test_a_kernel_variable_set_for_the_replay_is_not_comparable_and_named(archived, tmp_path):
     """ONEDNN_DEFAULT_FPMATH_MODE=BF16 changes a conv run's bits; it was recorded nowhere, so

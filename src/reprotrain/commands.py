@@ -388,7 +388,33 @@ def split_args(text: str) -> list[str]:
     try:
         return shlex.split(text)
     except ValueError as e:
-        raise ValueError(f"ARGS={text}: {e}; quote a whole value, e.g. ARGS=\"name='a b'\"") from None
+        hint = "quote a whole value, e.g. ARGS=\"name='a b'\""
+        raise ValueError(f"ARGS={text}: {e}; {hint}") from None
+
+
+#: Commands that build from (or read) a run directory and whose own parser has no trust
+#: options: ``--trust`` / ``--trusted-signers`` are read here, and a run from an archive is
+#: refused unless a trust rule holds (``tools/reproduce/run_trust.py``). eval and bisect
+#: take the options themselves.
+GATED = ("report", "compare", "resume", "train")
+
+
+def _gated(command: Command, argv: list[str]) -> int:
+    """``command.run(argv)``, after the archive trust decision for a gated command."""
+    if command.name not in GATED or argv[:1] in (["-h"], ["--help"]):
+        return command.run(argv)
+    from reprotrain.errors import ReprotrainError
+    from reprotrain.tools.reproduce import run_trust
+
+    trust, signers, argv = run_trust.pop_arguments(argv)
+    # train builds its own composed config; only the checkpoint it resumes is the run's
+    given = [a for a in argv if a.startswith("resume=")] if command.name == "train" else argv
+    try:
+        run_trust.require_trust(run_trust.paths_in(given), trust, signers)
+    except ReprotrainError as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr, flush=True)
+        return e.exit_code
+    return command.run(argv)
 
 
 def _options(argv: list[str]) -> tuple[Path | None, bool, list[str]]:
@@ -445,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_USAGE
     else:
         command = COMMANDS[argv[0]]
-        code = command.run(argv[1:])
+        code = _gated(command, argv[1:])
         if code and exit_line:
             print(f"reprotrain {command.name}: exit {code} ({command.meaning(code)})",
                   file=sys.stderr, flush=True)  # fmt: skip

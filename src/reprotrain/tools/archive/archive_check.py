@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import lzma
 import os
 import re
@@ -32,7 +33,6 @@ from typing import Any
 from omegaconf import DictConfig
 
 from reprotrain.errors import RecordError, ReproduceRefused
-from reprotrain.shown import shown
 from reprotrain.run import schema as run_schema
 from reprotrain.run.readers import (
     completion_problem,
@@ -53,10 +53,14 @@ from reprotrain.safetar import (
     read_members,
     unsafe_reason,
 )
+from reprotrain.shown import shown
 
 MANIFEST = "MANIFEST.sha256"
 SIGNATURE = MANIFEST + ".sig"
 ARCHIVE_JSON = "archive.json"
+#: Written by :func:`extract` into the top folder and every run directory it extracts: a
+#: run from an archive is built only under a trust rule (``tools/reproduce/run_trust.py``).
+MARKER = "from-archive.json"
 #: Members read into memory during the hashing pass (all small, all data, never code).
 RECORD_FILES = (
     "run/run.json",
@@ -363,6 +367,7 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
     try:
         root.mkdir()
         _write_members(checked, dest, root)
+        mark_extracted(root, checked.path)
     except tarfile.FilterError as e:
         _remove(dest, created)
         raise ReproduceRefused(f"unsafe member ({e}); nothing extracted") from None
@@ -400,6 +405,17 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
                     written += len(chunk)
                     out.write(chunk)
             os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
+
+
+def mark_extracted(top: Path, archive: Path) -> None:
+    """:data:`MARKER` in the extraction's top folder and in every run directory under it,
+    so each is known to come from ``archive`` wherever it is moved (replacing a member of
+    that name: the archive does not get to say it is not from an archive)."""
+    from reprotrain.run.record import atomic_write_text
+
+    text = json.dumps({"archive": str(archive), "built_only_under_a_trust_rule": True}) + "\n"
+    for folder in [top, *sorted(r.parent for r in top.rglob("run.json"))]:
+        atomic_write_text(folder / MARKER, text)
 
 
 def _remove(dest: Path, created: list[Path]) -> None:

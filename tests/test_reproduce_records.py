@@ -94,7 +94,8 @@ def study_sweep(tmp_path) -> tuple[Path, dict]:
     fake_trial(sweep, 0, {"optimizer.lr": 0.5}, [0.2, 0.4], "completed")
     fake_trial(sweep, 1, {"optimizer.lr": 0.05}, [0.6, 0.5], "completed")
     sampler = {"_target_": "optuna.samplers.TPESampler", "seed": 3}
-    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"sweeper": {"sampler": sampler}}}))
+    record = {"hydra": {"sweeper": {"sampler": sampler}}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(record))
     study = optuna_study.write_study(sweep, settings(seed=3))
     return sweep, study
 

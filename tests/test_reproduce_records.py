@@ -108,7 +108,24 @@ def test_a_forged_sampler_seed_is_a_difference(study_sweep):
         "sampler seed: 4 in study.json, 3 in multirun.yaml (what the sweep ran with)"
     ]
     (sweep / "multirun.yaml").unlink()
-    assert "cannot be checked" in sampler_differences(study, sweep)[0]
+    assert sampler_differences(forged, sweep) == [], "no record of it: the re-run decides"
+
+
+def test_the_sampler_run_again_must_propose_the_archived_trials(tmp_path):
+    """A forged seed in study.json and in multirun.yaml alike: the trials in the study's
+    journal are not what that sampler proposes."""
+    from reprotrain.tools.reproduce.study_check import proposal_differences
+    from test_optuna_storage import FIXED, SPACE, FakeLauncher, runner
+
+    sweep = tmp_path / "study"
+    runner(sweep, FakeLauncher(), n_trials=4, n_jobs=2).run(FIXED)  # a journal, 2 batches
+    record = {**settings(seed=7, n_startup_trials=2), "search_space": SPACE, "n_jobs": 2}
+    assert proposal_differences(record, sweep) == []
+    forged = {**record, "sampler": {**record["sampler"], "seed": 8}}
+    (line,) = proposal_differences(forged, sweep)
+    assert line.startswith("trial 0: the sampler of study.json (seed 8) proposes")
+    evil = {**record, "sampler": {**record["sampler"], "class": "os.system"}}
+    assert "not an optuna.samplers class" in proposal_differences(evil, sweep)[0]
 
 
 def test_a_forged_summary_is_a_difference(study_sweep, tmp_path):

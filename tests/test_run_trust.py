@@ -127,3 +127,20 @@ def test_eval_prints_metric_names_escaped(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\u202e" not in out
     assert "test_\\x1b[31macc" in out
+
+
+def test_eval_takes_overrides_after_its_options(monkeypatch, tmp_path, capsys):
+    """``make eval RUN=r ARGS=a=b`` runs ``eval r --checkpoint last a=b``: the override was
+    an "unrecognized argument" after --checkpoint."""
+    from reprotrain.tools.runs import eval as evaluation
+
+    seen = {}
+
+    def fake(run_dir, which, overrides):
+        seen.update(which=which, overrides=overrides)
+        return {"metrics": {}, "checkpoint": "c.pt", "global_step": 1}
+
+    monkeypatch.setattr(evaluation, "evaluate_run", fake)
+    argv = [str(tmp_path), "--checkpoint", "last", "trainer.eval_batch_size=8"]
+    assert evaluation.main(argv) == 0
+    assert seen == {"which": "last", "overrides": ["trainer.eval_batch_size=8"]}

@@ -403,6 +403,8 @@ def _gated(command: Command, argv: list[str]) -> int:
     """``command.run(argv)``, after the archive trust decision for a gated command."""
     if command.name not in GATED or argv[:1] in (["-h"], ["--help"]):
         return command.run(argv)
+    if command.name == "train" and not any(a.startswith("resume=") for a in argv):
+        return command.run(argv)  # a fresh run builds its own composed config
     from reprotrain.errors import ReprotrainError
     from reprotrain.tools.reproduce import run_trust
 

@@ -62,3 +62,34 @@ class LossHistory(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.values = list(state["values"])
+
+
+class LrDecay(Callback):
+    """Sets the lr itself: a tenth of it after every epoch (what docs/callbacks.md offers)."""
+
+    def on_epoch_end(self, ctx, row) -> None:
+        for group in ctx.optimizer.param_groups:
+            group["lr"] = group["lr"] * 0.1
+
+
+class TwoArgumentScheduler:
+    """A scheduler whose step() needs two values: nothing the trainer could give it."""
+
+    def __init__(self, optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self, metrics, other) -> None:
+        """Would need a second value besides the monitored metric."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """No state."""
+
+
+class EpochScheduler(TwoArgumentScheduler):
+    """An old-style scheduler whose step() needs the epoch: not a metric to be given."""
+
+    def step(self, epoch) -> None:
+        """Would need the epoch number."""

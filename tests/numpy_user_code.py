@@ -102,6 +102,20 @@ class PrivateRngImages(NoisyImages):
         return x.float() / 255 + (self.rng.random() if train else 0.0), y
 
 
+class WarmUpImages(NoisyImages):
+    """``NoisyImages`` whose augmentation warms up: stronger after its 30th call in a
+    process (each loader worker counts its own calls), otherwise seeded as it should be."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.calls = 0
+
+    def transform(self, sample: Any, train: bool) -> Any:
+        self.calls += 1
+        x, y = sample
+        return x.float() / 255 * (1.5 if self.calls > 30 else 1.0), y
+
+
 class NumpyMixup(Classification):
     """Mixup written the usual way: global ``np.random.beta`` and ``random.random``."""
 

@@ -568,6 +568,10 @@ TRAIN = [
         "holds 1 checkpoint file(s) (step-00000003.pt, ...) but no run.json", orphan_checkpoints),
     Row("train/resume-auto-over-checkpoints-without-run-json",
         train("experiment=selfcheck", "resume=auto"), "but no run.json", orphan_checkpoints),
+    # Issue 45, point 6: another run's files without its run.json are never trained over.
+    Row("train/fresh-run-over-another-runs-metrics-and-config", train("experiment=selfcheck"),
+        "holds metrics.jsonl, config.resolved.yaml but no run.json",
+        run_dir(None, run__metrics_dot_jsonl='{"epoch": 1}\n')),
     Row("train/resume-auto-into-a-completed-run-with-another-config",
         train("experiment=selfcheck", "seed.base=7", "resume=auto"),
         "config differs from the recorded one in seed.base (42 -> 7)",

@@ -2,6 +2,7 @@
 uninterrupted reference (``reference_run``: the micro config, checkpoints every 3 steps;
 8 steps per epoch, 16 in all)."""
 
+import json
 import os
 import pickle
 import shutil
@@ -183,6 +184,9 @@ def test_extending_epochs_is_allowed(tmp_path, reference_run):
 
 def test_other_torch_version_is_warned_and_recorded(tmp_path, reference_run):
     run_dir = copy_of(reference_run, tmp_path)
+    record = run_json(run_dir)  # as a stop after step 15 leaves it: a completed run is
+    record["status"] = "interrupted"  # never reopened from an older checkpoint (issue 45)
+    (run_dir / "run.json").write_text(json.dumps(record))
     ckpt = run_dir / "checkpoints" / "step-00000015.pt"
     state = checkpoint.load(ckpt)
     state["env"]["torch"] = "1.0.0"

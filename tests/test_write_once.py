@@ -6,6 +6,9 @@ leaves behind is exactly what was there, bytes and modification times, ``.hydra/
 - of two sweeps started at once into one directory, one runs and one is refused before it
   writes anything;
 - a directory holding checkpoints but no ``run.json`` is refused for any start;
+- a completed run is never reopened from an older checkpoint of its own (``train
+  resume=<ckpt>``, ``reprotrain resume``), and a directory holding another run's files
+  (metrics, config, fingerprints) but no ``run.json`` is never trained into (issue 45.6);
 - ``make eval`` evaluates only checkpoints of the run (pruning's guard);
 - ``make train NPROC=<bad>`` and an unbalanced quote in ``ARGS`` are one ``error:`` line.
 
@@ -26,8 +29,10 @@ import pytest
 import torch
 import yaml
 
+import conftest
 from conftest import REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain.errors import CheckpointError, ReprotrainError
+from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint
 from reprotrain.run import directory as run_dirs
 from reprotrain.tools.runs import eval as evaluation
@@ -91,6 +96,40 @@ def test_a_dir_with_checkpoints_but_no_run_json_is_refused_for_any_start(tmp_pat
             run_dirs.refuse_reuse(run, resume)
     (run / "run.json").write_text('{"status": "interrupted"}')
     run_dirs.refuse_reuse(run, "auto")  # with its record it is a run: resume continues it
+
+
+def test_a_completed_run_is_never_reopened_from_an_older_checkpoint(old_run):
+    """Before: status back to running, metrics.jsonl cut to one row, best.pt deleted."""
+    before = snapshot(old_run)
+    ckpts = checkpoint.list_step_checkpoints(old_run / "checkpoints")
+    older = [p for p in ckpts if torch.load(p, weights_only=True)["loop"]["epoch_step"]]
+    assert older, "the reference run keeps mid-epoch checkpoints"
+    through_train = train(old_run, hydra_override("resume", older[0]))
+    last = hydra_override("resume", older[-1])
+    through_resume = conftest.resume(old_run, last, "trainer.epochs=3")
+    for refused in (through_train, through_resume):
+        line = one_error(refused)
+        assert "is a completed run" in line and "never reopened" in line, line
+        assert "fork it into a new directory" in line, line
+        assert snapshot(old_run) == before, "a refused reopening rewrote something"
+
+
+def test_a_dir_with_another_runs_files_but_no_run_json_is_never_trained_into(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "val_acc": 0.9}\n')
+    (run / "config.resolved.yaml").write_text("name: someone\n")
+    before = snapshot(run)
+    line = one_error(train(run, *TINY))
+    assert "holds metrics.jsonl, config.resolved.yaml but no run.json" in line, line
+    assert snapshot(run) == before, "a refused start wrote into the directory"
+    for name in run_dirs.RUN_FILES:  # each alone is refused, for every start
+        alone = tmp_path / name.replace(".", "_")
+        alone.mkdir()
+        (alone / name).write_text("x")
+        for how in (None, "auto", "/elsewhere.pt"):
+            with pytest.raises(run_dirs.RunDirUsed, match=rf"holds {name} but no run\.json"):
+                run_dirs.refuse_reuse(alone, how)
 
 
 def test_a_sweep_dir_is_claimed_by_exactly_one_of_many_at_once(tmp_path):

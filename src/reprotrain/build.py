@@ -28,7 +28,8 @@ from reprotrain.config import ModelSettings, PipelineSettings, StepSettings, che
 from reprotrain.data.datasets import build_dataset
 from reprotrain.data.pipeline import build_pipeline
 from reprotrain.engine import StepRunner, TrainerState
-from reprotrain.optim import param_groups
+from reprotrain.optim import kind as schedule_kind
+from reprotrain.optim import param_groups, unwrapped
 from reprotrain.reduction import Reduction
 from reprotrain.repro.seeding import Seeds
 
@@ -117,16 +118,20 @@ def schedule_for(scheduler_cfg: DictConfig, optimizer: Any, steps_per_epoch: int
     )
 
 
-def callbacks_for(node: Any, device: torch.device) -> Callbacks:
+def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Callbacks:
     """The ``callbacks`` group's callbacks by name (none when it is null), built after the
-    model under whatever the caller seeded: a callback's construction draws no stream."""
-    return Callbacks(build_callbacks(node), device)
+    model under whatever the caller seeded: a callback's construction draws no stream.
+    ``scheduler``: the run's, which decides whether a callback may set the lr."""
+    per_step = scheduler is not None and schedule_kind(scheduler) == "step"
+    return Callbacks(build_callbacks(node), device,
+                     lr_set_by=qualname(scheduler) if per_step else None)  # fmt: skip
 
 
 def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any) -> dict:
     """The classes that actually ran, and the optimizer's parameter groups."""
     state = runner.state
-    names = {k: qualname(getattr(state, k)) for k in ("model", "optimizer", "scheduler")}
+    names = {k: qualname(getattr(state, k)) for k in ("model", "optimizer")}
+    names["scheduler"] = qualname(unwrapped(state.scheduler))  # ReduceLROnPlateau, not its driver
     return names | {
         "task": qualname(runner.task),
         "step": qualname(runner.user_step),

@@ -22,6 +22,12 @@ A callback with state gives ``state_dict()``/``load_state_dict()``: the callback
 part of the trainer's state (``TrainerState.callbacks``), so their state is checkpointed,
 restored on resume and compared bit for bit by the resume's replay like the model's.
 
+A callback that sets the lr (``ctx.optimizer.param_groups[i]["lr"]``) owns it under
+``scheduler=none``, and under a schedule stepped on the metric (``scheduler=plateau``: it
+scales the lr the callback set); under a per-step schedule, which sets the lr after every
+step and would silently overwrite it, the change is refused in one line naming the callback
+and the hook (``optim.py`` has the three kinds).
+
 Closes: a callback that changes the run's bits by drawing randomness. Every hook runs inside
 a guard that restores python's, NumPy's and torch's global generators (CPU and the
 training GPU) after it, so a callback that samples, shuffles or builds a tensor with
@@ -39,6 +45,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from reprotrain.errors import ReprotrainError
 
 
 @dataclass
@@ -90,13 +98,26 @@ class Callbacks:
 
     optional = True  # a checkpoint written before callbacks existed loads without the part
 
-    def __init__(self, callbacks: dict[str, Callback], device: torch.device) -> None:
+    def __init__(self, callbacks: dict[str, Callback], device: torch.device,
+                 lr_set_by: str | None = None) -> None:  # fmt: skip
         self.callbacks, self.device = callbacks, device
+        # The per-step schedule that sets the lr after every step (optim.kind "step"), or
+        # None (scheduler=none, or one stepped on the metric): who a callback's lr meets.
+        self.lr_set_by = lr_set_by
 
     def call(self, hook: str, ctx: CallbackContext, *args: Any) -> None:
-        for callback in self.callbacks.values():
+        watched = self.lr_set_by is not None and hook != "on_end"  # after on_end: no step
+        for name, callback in self.callbacks.items():
+            before = _lrs(ctx.optimizer) if watched else None
             with rng_guard(self.device):
                 getattr(callback, hook)(ctx, *args)
+            if watched and (after := _lrs(ctx.optimizer)) != before:
+                raise ReprotrainError(
+                    f"callback {name} changed the lr in {hook} ({before[0]:.6g} -> "
+                    f"{after[0]:.6g}), but the schedule {self.lr_set_by} sets the lr after "
+                    "every step and would overwrite it: use scheduler=none (the callbacks own "
+                    "the lr) or scheduler=plateau (it scales the lr they set)"
+                )
 
     def state_dict(self) -> dict[str, Any]:
         return {name: cb.state_dict() for name, cb in self.callbacks.items() if _stateful(cb)}
@@ -111,6 +132,10 @@ class Callbacks:
 
     def __bool__(self) -> bool:
         return bool(self.callbacks)
+
+
+def _lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [float(group["lr"]) for group in optimizer.param_groups]
 
 
 def _stateful(callback: Any) -> bool:

@@ -226,9 +226,16 @@ def check(cfg: DictConfig) -> None:
         return build("optimizer", node, params=[torch.nn.Parameter(torch.zeros(2))])
 
     optimizer = build_naming_key("optimizer", cfg.optimizer, dry_optimizer)
-    build_naming_key(
+    scheduler = build_naming_key(
         "scheduler", cfg.scheduler, lambda node: build_scheduler(node, optimizer, total_steps=10)
     )
+    from reprotrain.optim import check_schedule
+
+    trainer = cfg.trainer
+    refused = check_schedule(scheduler, str(cfg.scheduler["_target_"]), trainer.monitor,
+                             trainer.monitor_mode)  # fmt: skip
+    if refused is not None:
+        raise ComponentError(refused)
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and "_target_" in node:
             check_node(node, f"callbacks.{name}")
@@ -286,11 +293,14 @@ def build(group: str, node: DictConfig, *args: Any, **supplied: Any) -> Any:
 
 
 def build_scheduler(node: DictConfig, optimizer: Any, total_steps: int) -> Any:
-    """Schedulers get ``optimizer``, and ``total_steps`` when their callable takes it."""
+    """Schedulers get ``optimizer``, and ``total_steps`` when their callable takes it; one
+    whose ``step`` takes the metric comes wrapped to be stepped on it (``optim.for_loop``)."""
+    from reprotrain.optim import for_loop
+
     target = locate(str(node["_target_"]), "scheduler")
     names, var_kw, _ = accepted(target)
     extra = {"total_steps": total_steps} if "total_steps" in names or var_kw else {}
-    return build("scheduler", node, optimizer, **extra)
+    return for_loop(build("scheduler", node, optimizer, **extra))
 
 
 def build_callbacks(node: Any) -> dict[str, Any]:

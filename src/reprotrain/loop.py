@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from reprotrain import events, launchers
+from reprotrain import events, launchers, optim
 from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
@@ -299,6 +299,7 @@ class Trainer:
         value, previous_best = row.get(settings.monitor), state.best
         improved = state.improved(value, settings.monitor_mode)
         state.count_stale(value, previous_best, settings)
+        optim.epoch_end(runner.state.scheduler, value)  # ReduceLROnPlateau: on the monitor
         if state.early_stopped is not None and not self.quiet:
             log.info(
                 "early stopping: %(monitor)s has not improved for %(patience)d evaluated "

@@ -1,15 +1,32 @@
-"""Parameter groups for the optimizer, and the project's per-step lr schedules.
+"""Parameter groups for the optimizer, and the project's lr schedules.
 
-The schedules are ``LambdaLR`` over the global step: their only state is the step count, so
-a resumed run continues exactly, and extending ``trainer.epochs`` on resume simply stretches
-the schedule to the new total (``OneCycleLR`` would refuse to step past its original total).
-Use them from YAML as ``_target_: reprotrain.optim.<name>`` with ``_partial_: true``; any
-``torch.optim.lr_scheduler`` class works the same way.
+The per-step schedules are ``LambdaLR`` over the global step: their only state is the step
+count, so a resumed run continues exactly, and extending ``trainer.epochs`` on resume simply
+stretches the schedule to the new total (``OneCycleLR`` would refuse to step past its
+original total). Use them from YAML as ``_target_: reprotrain.optim.<name>`` with
+``_partial_: true``; any ``torch.optim.lr_scheduler`` class works the same way.
+
+Three kinds of schedule, told apart by what their ``step`` takes (:func:`kind`):
+
+- **per step** (``step()``): stepped after every optimizer step. It sets the lr from the
+  step count, so an lr a callback set would be overwritten at the next step: a callback that
+  changes the lr under one is refused in one line (``callbacks.Callbacks.call``);
+- **on the metric** (``step(metrics)``, ``ReduceLROnPlateau``; ``scheduler=plateau``; a
+  ``step`` that needs any other value is refused at preflight):
+  :class:`MetricSchedule` steps it once per epoch in which ``trainer.monitor`` was computed,
+  with that value, after validation and before the epoch's checkpoint (its state is in it).
+  It scales the lr the optimizer has, so a callback's change persists;
+- **none** (``scheduler=none``, :class:`NoSchedule`): nothing sets the lr but the optimizer's
+  config and the callbacks: a callback owns it.
+
+The optimizer's param groups hold the lr in every case, so it is checkpointed and restored.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,3 +78,107 @@ def cosine(
 
 def constant(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+class NoSchedule:
+    """``scheduler=none``: the lr is the optimizer's as configured, changed only by what the
+    run's callbacks set (which then persists); nothing to checkpoint beyond the optimizer."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self) -> None:
+        """After each optimizer step: the lr stays what it is."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """No state: the lr is restored with the optimizer's param groups."""
+
+
+class MetricSchedule:
+    """A scheduler whose ``step`` takes the monitored value (``ReduceLROnPlateau``), as the
+    loop drives it: ``step()`` after each optimizer step does nothing; ``epoch_end(value)``
+    steps it with ``trainer.monitor``'s value of the epoch (None: not computed this epoch,
+    ``trainer.eval_every``: not stepped, so it counts evaluated epochs like early stopping).
+    The loop calls it before the epoch's checkpoint, which so holds its state (best, bad
+    epochs, cooldown); a resume's replay calls it where the run did."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def step(self) -> None:
+        """After each optimizer step: nothing (the schedule moves on epoch ends)."""
+
+    def epoch_end(self, value: float | None) -> None:
+        if value is not None:
+            self.scheduler.step(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+
+def required_step_args(scheduler: Any) -> list[str]:
+    """The arguments ``scheduler.step`` cannot do without (a metric-driven one: one)."""
+    try:
+        params = inspect.signature(scheduler.step).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: assume step()
+        return []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in positional and p.default is p.empty]
+
+
+def kind(scheduler: Any) -> str:
+    """``"none"``, ``"metric"`` (stepped on the monitored value at epoch end) or ``"step"``
+    (stepped after every optimizer step, setting the lr)."""
+    if isinstance(scheduler, NoSchedule):
+        return "none"
+    if isinstance(scheduler, MetricSchedule):
+        return "metric"
+    return "step"
+
+
+def for_loop(scheduler: Any) -> Any:
+    """The built scheduler as the loop drives it: one whose ``step`` takes the metric
+    (``step(metrics)``, torch's name) wrapped in :class:`MetricSchedule`, any other as it
+    is (one that needs another value is refused at preflight: :func:`check_schedule`)."""
+    return MetricSchedule(scheduler) if required_step_args(scheduler) == ["metrics"] else scheduler
+
+
+def unwrapped(scheduler: Any) -> Any:
+    """The user's scheduler (a :class:`MetricSchedule`'s own), for its name and checks."""
+    return scheduler.scheduler if isinstance(scheduler, MetricSchedule) else scheduler
+
+
+def epoch_end(scheduler: Any, value: float | None) -> None:
+    """At an epoch's end, after validation: a metric-driven schedule steps on ``value``
+    (``trainer.monitor``'s); a per-step one has already moved."""
+    if isinstance(scheduler, MetricSchedule):
+        scheduler.epoch_end(value)
+
+
+def check_schedule(scheduler: Any, target: str, monitor: str, monitor_mode: str) -> str | None:
+    """At preflight: why ``scheduler`` (built as the loop drives it: :func:`for_loop`)
+    cannot be driven (one line), or None. A ``step`` that needs more than the monitored
+    value has nothing to be given; a metric-driven one must improve the way
+    ``trainer.monitor`` does."""
+    scheduler = unwrapped(scheduler)
+    needed = required_step_args(scheduler)
+    if needed not in ([], ["metrics"]):
+        return (
+            f"scheduler {target}: its step() needs {', '.join(needed)}; the trainer steps a "
+            "scheduler with nothing (after every optimizer step) or with the monitored metric "
+            "(step(metrics), at epoch end, like ReduceLROnPlateau): wrap it in one that does"
+        )
+    mode = getattr(scheduler, "mode", None)
+    if needed and mode in ("min", "max") and mode != monitor_mode:
+        return (
+            f"scheduler.mode={mode} but it steps on trainer.monitor={monitor}, which is "
+            f"better when {'higher' if monitor_mode == 'max' else 'lower'} "
+            f"(trainer.monitor_mode={monitor_mode}); set scheduler.mode={monitor_mode}"
+        )
+    return None

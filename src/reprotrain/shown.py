@@ -12,6 +12,9 @@ the output (``ESC[8m``). Nothing a command prints from a record reaches the term
 - :func:`safe_line` is a whole line that must stay one line: the same escapes, no cut.
 - :func:`say` prints a line through :func:`safe_line` (what reproduce, compare, bisect,
   report and summary print with).
+- :func:`warnings_shown` catches the warnings a third-party library raises on values from a
+  record (matplotlib's ``Glyph 27 (\x1b) missing`` names the character raw) and prints each
+  as one escaped ``warning:`` line on stderr.
 
 A multi-line text a command builds on purpose (a Markdown table) escapes each value with
 :func:`shown` and keeps its own newlines.
@@ -21,9 +24,12 @@ from __future__ import annotations
 
 import sys
 import unicodedata
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
-__all__ = ["LIMIT", "LINE_LIMIT", "safe_line", "say", "shown"]
+__all__ = ["LIMIT", "LINE_LIMIT", "safe_line", "say", "shown", "warnings_shown"]
 
 #: Characters of one value shown before it is cut, and of one line.
 LIMIT = 200
@@ -67,3 +73,20 @@ def safe_line(text: Any, limit: int = LINE_LIMIT) -> str:
 def say(text: Any = "", file: TextIO | None = None, flush: bool = False) -> None:
     """``print`` one line through :func:`safe_line`."""
     print(safe_line(text), file=file or sys.stdout, flush=flush)
+
+
+@contextmanager
+def warnings_shown() -> Iterator[None]:
+    """Warnings raised inside the block are printed once each on stderr through :func:`say`
+    (``warning: Category: message``), escaped, instead of reaching the terminal raw."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            yield
+        finally:
+            seen: set[tuple[str, str]] = set()
+            for w in caught:
+                key = (w.category.__name__, str(w.message))
+                if key not in seen:
+                    seen.add(key)
+                    say(f"warning: {key[0]}: {shown(key[1])}", file=sys.stderr)

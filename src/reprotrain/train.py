@@ -118,7 +118,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         device=device, reduction=reduction, train_seed=seeds.train,
     )  # fmt: skip
     state = runner.state
-    state.callbacks = callbacks_for(cfg.callbacks, device)  # conf/callbacks/: hooks, in state
+    state.callbacks = callbacks_for(cfg.callbacks, device, state.scheduler)  # conf/callbacks/
     record.update(components=components_record(settings.model, runner, dataset))
     state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist)
 

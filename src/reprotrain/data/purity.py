@@ -7,19 +7,33 @@ its transform draw only from those. A private ``random.Random(0)`` drawn in
 ``__getitem__``, a counter, a cache that changes what comes out, or anything that reads the
 process (worker id, pid) breaks that without an error: the bits then depend on
 ``num_workers`` and on the history of calls, and a resume cannot reproduce them. No list of
-attributes can find every such source, so the check compares bytes instead: each of a few
-keys is drawn in the main process, then again in the reverse order, then once more in a
-loader worker (a fresh process, as ``trainer.num_workers > 0`` runs it), and every draw
-must give the same bytes. Where they differ, the dataset's and transform's attributes that
-changed during the draws are named when there are any (a generator or a counter), else the
-process is (a sample that reads which process it is in).
+attributes can find every such source, so the check compares bytes instead, where samples
+are drawn: a few keys spread over the epoch (first, last and between) are drawn in the main
+process twice (in order, then reversed), and in every one of ``max(2,
+trainer.num_workers)`` loader workers twice: first, and again after that worker has served
+64 more samples of the epoch. The workers start from the dataset as it was before the main
+process drew (what a first call sets, the clock it reads, is set afresh in each). Every
+draw of a key must give the same bytes, so a private generator or the wall clock (two draws
+differ), ``num_workers`` 0 vs N, a worker's id or state set on first use (the main draw
+and a worker's differ), and a counter, a warm-up or a cache in a worker (a worker's first
+and later draws differ) each refuse the run under strict, naming the key(s).
+Where they differ, the dataset's and transform's attributes that changed during the draws are
+named when there are any (a generator or a counter), else the process is (a sample that
+reads which process it is in).
 
-The cost is ``3 × n`` samples and one worker start per run (about a second).
+Not found: a warm-up that starts after more than 64 samples in a worker, a clock coarser than
+the time between two draws, an impurity at none of the keys, a value read once when the
+dataset is built (the clock or a file at construction: the same in every draw of one run;
+two runs compared bit for bit, ``make verify``, find it). The cost is ``2 × 4`` samples
+in the main process and ``2 × 4 + 64`` in each worker, plus one start of the workers per run
+(about a second).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,45 +44,149 @@ from reprotrain.resume.audit import Digester, describe, instance_attributes
 
 @dataclass(frozen=True)
 class PurityVerdict:
-    """Whether the samples drawn were pure; ``reason``: one line naming what differed."""
+    """Whether the samples drawn were pure; ``reason``: one line naming the key(s) and the
+    draw that differed."""
 
-    checked: int  # keys drawn (each three times)
+    checked: int  # keys drawn
     pure: bool
     reason: str | None = None
+    keys: tuple = ()  # the keys, (epoch, index)
+    workers: int = 0  # loader workers that drew each key twice
+    warmup: int = 0  # samples each worker served between its two draws
 
     def as_record(self) -> dict[str, Any]:
-        return {"keys_checked": self.checked, "pure": self.pure, "reason": self.reason}
+        return {
+            "keys_checked": self.checked, "keys": [list(k) for k in self.keys],
+            "workers": self.workers, "warmup_per_worker": self.warmup, "pure": self.pure,
+            "reason": self.reason,
+        }  # fmt: skip
 
 
 def _first(samples: list) -> Any:
     return samples[0]
 
 
-def check(dataset: Dataset, keys: list, owners: dict[str, Any]) -> PurityVerdict:
-    """Draw ``dataset[key]`` for each key three times (in order, in reverse, in a loader
-    worker) and compare the bytes. ``owners``: the objects whose attributes may hold the
-    state (``{"dataset": ..., "transform": ...}``), named when one changed."""
+#: What an impure sample takes away, recorded with it (and a resume's entry says so again).
+NOT_PROMISED = ["the same bits at any trainer.num_workers", "a bitwise resume"]
+#: Keys drawn, spread over the epoch (first, last and between).
+KEYS = 4
+#: Samples each checking worker serves between its two draws of the keys.
+WARMUP = 64
+
+
+def spread(n: int, k: int = KEYS) -> list[int]:
+    """``k`` indices spread evenly over ``range(n)``, first and last included."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(j * (n - 1) / (k - 1)) for j in range(k)})
+
+
+def check(
+    dataset: Dataset, keys: list, owners: dict[str, Any], workers: int = 2,
+    warmup: int = WARMUP, fill: list | None = None,
+) -> PurityVerdict:  # fmt: skip
+    """Draw ``dataset[key]`` for each key in the main process (in order, then in reverse),
+    and in each of ``workers`` loader workers twice: first, and again after the worker has
+    served ``warmup`` more samples (``fill``, cycled; default: the keys). The workers start
+    from the dataset as it is before the main process draws (state set on a first call, the
+    clock read then, is set afresh in each). Every draw of a key must give the same bytes:
+    main vs main (a private generator, the clock), main vs a worker's first draw
+    (``num_workers`` 0 vs N, the process, state set on first use), a worker's first vs
+    later draw (state the worker keeps: a counter, a warm-up, a cache). ``owners``: the
+    objects whose attributes may hold the state (``{"dataset": ..., "transform": ...}``),
+    named when one changed."""
     digest = Digester()
     before = {name: _attribute_digests(obj, digest) for name, obj in owners.items()}
-    first = [digest(dataset[k]) for k in keys]
+    pending = _start_workers(dataset, keys, workers, warmup, fill or keys)  # forked now
+    fresh = [digest(dataset[k]) for k in keys]
     again = [digest(dataset[k]) for k in reversed(keys)][::-1]
     changed = _changed(owners, before, digest)
-    for key, a, b in zip(keys, first, again, strict=True):
-        if a != b:
-            return PurityVerdict(len(keys), False, _reason(key, "a second draw", changed))
+    verdict = partial(_verdict, keys, workers, warmup, changed)
+    try:
+        if bad := _differ(keys, fresh, again):
+            return verdict(bad, "its second draw in the main process")
+        served = _worker_draws(pending, workers, digest)
+    finally:
+        _stop(pending)
+    for w in range(workers):
+        first, later = served[w]
+        if bad := _differ(keys, fresh, first):
+            return verdict(bad, f"its draw in loader worker {w} (num_workers 0 vs {workers})")
+        if bad := _differ(keys, first, later):
+            return verdict(bad, f"its draw in loader worker {w} after {warmup} more samples")
+    return verdict([], "")
+
+
+def _differ(keys: list, a: list[str], b: list[str]) -> list:
+    return [k for k, x, y in zip(keys, a, b, strict=True) if x != y]
+
+
+def _verdict(
+    keys: list, workers: int, warmup: int, changed: list[str], bad: list, where: str
+) -> PurityVerdict:
+    reason = _reason(bad, where, changed) if bad else None
+    return PurityVerdict(len(keys), not bad, reason, tuple(keys), workers, warmup)
+
+
+class _Tagged(Dataset):
+    """``(tag, key)`` -> ``(tag, worker id, sample)``; a warm-up sample is drawn, not sent."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[str, Any]) -> tuple[str, int, Any]:
+        from torch.utils.data import get_worker_info
+
+        tag, key = item
+        sample = self.dataset[key]
+        return tag, get_worker_info().id, (None if tag == "warm" else sample)
+
+
+def _start_workers(
+    dataset: Dataset, keys: list, workers: int, warmup: int, fill: list
+) -> Iterator[tuple[str, int, Any]]:
+    """The checking loader's iterator, its workers started (from the dataset as it is now).
+    One sample per fetch, so the loader hands index ``j`` to worker ``j % workers``: each
+    worker's own sequence is keys, ``warmup`` fill keys, keys."""
+    from reprotrain.data.pipeline import seed_worker
+
+    own = [("first", k) for k in keys]
+    own += [("warm", fill[t % len(fill)]) for t in range(warmup)]
+    own += [("later", k) for k in keys]
+    order = [(tag, key) for item in own for tag, key in [item] * workers]
     loader = DataLoader(
-        dataset,
+        _Tagged(dataset),
         batch_size=1,
-        sampler=keys,
-        num_workers=1,
+        sampler=order,
+        num_workers=workers,
         collate_fn=_first,
+        worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(0),
     )  # fmt: skip  (no global draw)
-    in_worker = [digest(sample) for sample in loader]
-    for key, a, b in zip(keys, first, in_worker, strict=True):
-        if a != b:
-            return PurityVerdict(len(keys), False, _reason(key, "a loader worker", changed))
-    return PurityVerdict(len(keys), True)
+    return iter(loader)
+
+
+def _stop(pending: Iterator) -> None:
+    shutdown = getattr(pending, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _worker_draws(
+    pending: Iterator[tuple[str, int, Any]], workers: int, digest: Digester
+) -> list[tuple[list[str], list[str]]]:
+    """Per worker, (first draw, later draw) digests of the keys; the worker id that comes
+    back with each sample is checked against the order the loader hands them out in."""
+    drawn: dict[tuple[int, str], list[str]] = {}
+    for j, (tag, wid, sample) in enumerate(pending):
+        if wid != j % workers:
+            raise RuntimeError(f"sample {j} came from worker {wid}, not {j % workers}")
+        if tag != "warm":
+            drawn.setdefault((wid, tag), []).append(digest(sample))
+    return [(drawn[(w, "first")], drawn[(w, "later")]) for w in range(workers)]
 
 
 def _attribute_digests(obj: Any, digest: Digester) -> dict[str, str]:
@@ -88,26 +206,30 @@ def _changed(owners: dict[str, Any], before: dict[str, dict[str, str]], digest: 
     return out
 
 
-def _reason(key: Any, where: str, changed: list[str]) -> str:
+def _reason(keys: list, where: str, changed: list[str]) -> str:
     suspect = "; ".join(changed) if changed else "no attribute changed: it depends on the process"
+    named = ", ".join(map(str, keys))
     return (
-        f"sample {key} differs between its first draw and {where} under the same seed "
-        f"({suspect}): draw randomness from the seeded globals or a transform's `rng`, not "
-        "from state of your own"
+        f"sample(s) {named} differ between a fresh draw and {where} under the same seed "
+        f"({suspect}): draw randomness from the seeded globals or a transform's `rng`, "
+        "not from state of your own, the clock or a file that changes"
     )
 
 
-def check_pipeline(pipeline: Any, n: int = 3) -> PurityVerdict | None:
-    """:func:`check` on the first ``n`` samples of a loader pipeline's training split; None
-    where samples cannot hold state of their own (an in-memory tensor split: slices)."""
+def check_pipeline(pipeline: Any, n: int = KEYS) -> PurityVerdict | None:
+    """:func:`check` on ``n`` keys spread over a loader pipeline's training split, drawn in
+    ``max(2, trainer.num_workers)`` workers; None where samples cannot hold state of their
+    own (an in-memory tensor split: slices)."""
     from reprotrain.data.pipeline import SeededSamples
 
     train = getattr(pipeline, "train_set", None)
     if not isinstance(train, SeededSamples) or len(train) == 0:
         return None
-    keys = [(0, i) for i in range(min(n, len(train)))]
+    keys = [(0, i) for i in spread(len(train), n)]
+    fill = [(0, i) for i in spread(len(train), WARMUP)]  # the warm-up: the epoch's samples
+    workers = max(2, getattr(pipeline, "num_workers", 0) or 0)
     owner = getattr(train.transform, "__self__", train.transform)  # a SampleData's method
-    return check(train, keys, {"dataset": train.base, "transform": owner})
+    return check(train, keys, {"dataset": train.base, "transform": owner}, workers, fill=fill)
 
 
 def check_samples(pipeline: Any, level: str, record: Any) -> None:
@@ -124,7 +246,10 @@ def check_samples(pipeline: Any, level: str, record: Any) -> None:
         slices = {"keys_checked": 0, "pure": None, "reason": "in-memory tensors: slices"}
         record.update(sample_purity=slices)
         return
-    record.update(sample_purity=verdict.as_record())
+    found = verdict.as_record()
+    if not verdict.pure:  # the record claims nothing the check refuted
+        found["not_promised"] = NOT_PROMISED
+    record.update(sample_purity=found)
     if verdict.pure:
         return
     if level in ("strict", "portable"):

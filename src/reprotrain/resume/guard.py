@@ -26,6 +26,7 @@ import torch
 from reprotrain.config import is_identity, without_plain_step
 from reprotrain.dotted import flatten
 from reprotrain.errors import CheckpointError, ResumeError
+from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint, comparability
 from reprotrain.run.record import (
     CHECKPOINTS,
@@ -110,6 +111,8 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         for name in (RUN_JSON, RESOLVED_CONFIG)
     }
     completed = not point.forked and record is not None and record.get("status") == "completed"
+    if completed:
+        refuse_reopening(point, record, run_dir)
     if completed and (why := already_completed(point.state["loop"], current["trainer"])):
         raise AlreadyCompleted(f"{run_dir} is already completed ({why}); nothing to resume")
     if checkpoint_writer():
@@ -119,6 +122,24 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         ):
             log.warning(note)  # a kill between step-N.pt and best.pt  # fmt: skip
     return point
+
+
+def refuse_reopening(point: ResumePoint, record: dict, run_dir: Path) -> None:
+    """A completed run is written once: it continues (``trainer.epochs=<more>``) only from
+    the checkpoint it ended with, never from an older one of its own, which would set it
+    back to running, cut its metrics.jsonl and drop its best.pt. Refused before anything is
+    written; the older checkpoint can seed a fork into a new directory."""
+    loop = point.state["loop"]
+    ended = record.get("epochs_completed") or len(read_jsonl(run_dir / METRICS))
+    if loop.get("epoch_step", loop.get("step")) == 0 and loop["epoch"] - 1 == ended:
+        return
+    raise ResumeError(
+        f"{run_dir} is a completed run ({ended} epoch(s)) and {point.path.name} is not the "
+        f"checkpoint it ended with (it is at epoch {loop['epoch']} step "
+        f"{loop.get('epoch_step', loop.get('step'))}); a completed run is never reopened: "
+        f"fork it into a new directory with {hydra_override('resume', point.path)} "
+        "hydra.run.dir=<new dir>"
+    )
 
 
 def already_completed(loop: dict, trainer: dict) -> str | None:

@@ -18,7 +18,10 @@ The rule: a directory holding a ``run.json`` is only ever continued, never resta
   or any run is refused: sweeps go to a new directory;
 - a directory that holds checkpoints but no ``run.json`` (a record lost, or checkpoints
   copied in) is refused for every start: a fresh run would overwrite or prune them, and
-  nothing says whose they are.
+  nothing says whose they are; so is one that holds any other file a run leaves
+  (``RUN_FILES``: ``metrics.jsonl``, ``config.resolved.yaml``, ``fingerprints.jsonl``, ...)
+  but no ``run.json``: a start would overwrite someone's record. (The trainer writes
+  ``run.json`` before any of them, so no run of its own leaves them without it.)
 
 Of two sweeps started at once into one explicit ``hydra.sweep.dir`` (both pass the look
 above), exactly one may proceed: :func:`claim_sweep_dir` creates ``multirun.yaml``
@@ -38,9 +41,21 @@ from pathlib import Path
 
 from reprotrain.errors import ResumeError
 from reprotrain.quoting import resume_hint
-from reprotrain.run.record import CHECKPOINTS, RUN_JSON
+from reprotrain.run.record import (
+    CHECKPOINTS,
+    FINGERPRINTS,
+    METRICS,
+    RESOLVED_CONFIG,
+    RUN_JSON,
+)
 
 SWEEP_RECORD = "multirun.yaml"  # Hydra writes it into the sweep dir when a sweep starts
+# What a run leaves beside run.json (provenance.py, the loop, the default logger, make
+# report / make eval): found without a run.json, it is someone's record a start would
+# overwrite or mix with. Hydra's own ``.hydra/`` and log are not among them: Hydra writes
+# them before the trainer looks.
+RUN_FILES = (METRICS, FINGERPRINTS, RESOLVED_CONFIG, "environment.txt", "git.diff",
+             "tensorboard", "report.md", "curves.png", "eval.json", "evals")  # fmt: skip
 
 
 class RunDirUsed(ResumeError):
@@ -62,6 +77,7 @@ def refuse_reuse(run_dir: Path, resume: str | None) -> None:
     run_dir = Path(run_dir)
     if not (run_dir / RUN_JSON).is_file():
         refuse_orphan_checkpoints(run_dir)
+        refuse_stray_run_files(run_dir)
         return
     if resume == "auto":
         return
@@ -93,6 +109,17 @@ def refuse_orphan_checkpoints(run_dir: Path) -> None:
             f"{run_dir} holds {len(held)} checkpoint file(s) ({held[0]}, ...) but no {RUN_JSON}; "
             "a run never starts over checkpoints it did not record: choose another "
             "hydra.run.dir (fork one of them there with resume=<path to a checkpoint>)"
+        )
+
+
+def refuse_stray_run_files(run_dir: Path) -> None:
+    """Refuse any start in a directory that holds a run's files (``RUN_FILES``) but no
+    ``run.json``: someone's metrics or config that a start would overwrite."""
+    held = [name for name in RUN_FILES if os.path.lexists(Path(run_dir) / name)]
+    if held:
+        raise RunDirUsed(
+            f"{run_dir} holds {', '.join(held)} but no {RUN_JSON}; a run never starts over "
+            "another run's files: choose another hydra.run.dir (or move those files away)"
         )
 
 

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import RecordError
 from reprotrain.run import schema as run_schema
+from reprotrain.run.bounded import load_yaml
 from reprotrain.run.record import DAMAGED_HINT, parse_json_object, parse_jsonl
 
 __all__ = [
@@ -44,7 +45,7 @@ def parse_yaml_config(text: str, label: str) -> DictConfig:
     """A YAML mapping as a DictConfig, or RecordError naming the file, line and problem."""
     try:
         # OmegaConf.create("text") would make {"text": None}: check the YAML's own type.
-        shape = yaml.safe_load(text)
+        shape = load_yaml(text, label)  # bounded: aliases, depth, digits (run/bounded.py)
         if not isinstance(shape, dict):
             found = "nothing" if shape is None else type(shape).__name__
             raise RecordError(f"{label}: expected a YAML mapping at the top level, found {found}")
@@ -104,5 +105,8 @@ def read_overrides(run_dir: Path) -> list[str] | None:
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return None
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = load_yaml(read_text(path), str(path))
+    except yaml.YAMLError as e:
+        raise RecordError(f"{path}: YAML syntax error ({str(e).splitlines()[0]})") from None
     return [str(o) for o in data] if isinstance(data, list) else []

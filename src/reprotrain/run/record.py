@@ -29,6 +29,7 @@ from typing import Any
 from reprotrain import events
 from reprotrain.errors import RecordError
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
+from reprotrain.run.bounded import load_json
 
 RUN_JSON = "run.json"
 METRICS = "metrics.jsonl"
@@ -141,7 +142,7 @@ def parse_json_object(text: str, label: str) -> dict[str, Any]:
     """A JSON object, or RecordError naming line and column. Lenient on NaN (records
     written before strict JSON carry it); writers, not readers, enforce strictness."""
     try:
-        data = json.loads(text)
+        data = load_json(text, label)
     except json.JSONDecodeError as e:
         raise RecordError(
             f"{label}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); {DAMAGED_HINT}"
@@ -190,7 +191,8 @@ class RunRecord:
 
     @classmethod
     def load(cls, run_dir: Path) -> RunRecord:
-        return cls(run_dir, json.loads((Path(run_dir) / RUN_JSON).read_text()))
+        path = Path(run_dir) / RUN_JSON
+        return cls(run_dir, parse_json_object(path.read_text(), str(path)))
 
     def update(self, **fields: Any) -> None:
         if "status" in fields and fields["status"] not in STATUSES:

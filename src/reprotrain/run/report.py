@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.run.bounded import load_json
 from reprotrain.run.readers import check_shapes
 from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
-from reprotrain.shown import say, shown
+from reprotrain.shown import say, shown, warnings_shown
 
 REPORT_MD = "report.md"
 CURVES_PNG = "curves.png"
@@ -50,7 +51,7 @@ class RunView:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())  # lenient: NaN written by older runs is read
+        return load_json(path.read_text(), str(path))  # lenient on NaN (older runs); bounded
     except json.JSONDecodeError as e:
         raise ReprotrainError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -160,7 +161,7 @@ def _cell(row: dict[str, Any], key: str) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [
-        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(shown(h, CELL_LIMIT) for h in header) + " |",  # metric names too
         "|" + "|".join("---" for _ in header) + "|",
         *("| " + " | ".join(shown(c, CELL_LIMIT) for c in r) + " |" for r in rows),
     ]
@@ -310,7 +311,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path
     png_path = None
     if view.metrics:
         png_path = out_dir / CURVES_PNG
-        atomic_write_bytes(png_path, plot_run(curves(view)))
+        with warnings_shown():  # matplotlib names a metric name's characters raw
+            atomic_write_bytes(png_path, plot_run(curves(view)))
     md_path = out_dir / REPORT_MD
     text = render_markdown(view, png_path.name if png_path else None)
     atomic_write_bytes(md_path, text.encode())

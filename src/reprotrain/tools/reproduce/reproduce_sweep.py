@@ -47,6 +47,7 @@ from reprotrain.errors import ReproduceRefused
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
+from reprotrain.run.bounded import load_yaml
 from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso, to_strict_json
 from reprotrain.shown import say, shown
@@ -116,7 +117,7 @@ def check_overrides(checked: CheckedArchive, rel: str) -> None:
     if data is None:
         return
     try:
-        overrides = yaml.safe_load(data.decode("utf-8"))
+        overrides = load_yaml(data.decode("utf-8"), checked.label(rel))  # bounded
     except (UnicodeDecodeError, yaml.YAMLError):
         overrides = None
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):

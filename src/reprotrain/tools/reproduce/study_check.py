@@ -29,7 +29,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from reprotrain.errors import ReproduceRefused
+from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.run.bounded import load_json
 from reprotrain.run.readers import parse_json_object
 from reprotrain.shown import shown
 from reprotrain.tools.archive.archive_check import CheckedArchive
@@ -248,10 +249,8 @@ def proposal_differences(study: dict[str, Any], archived: Path) -> list[str]:
 
 
 def _status(record: Path) -> str | None:
-    import json
-
     try:
-        status = json.loads(record.read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
+        status = load_json(record.read_text(), str(record)).get("status")  # bounded
+    except (OSError, ValueError, AttributeError, RecordError):
         return None
     return status if isinstance(status, str) else None

@@ -10,12 +10,10 @@ another ``final_metrics`` is a divergence that names the field, never IDENTICAL.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprotrain.run.readers import read_run_json
-from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, read_jsonl
+from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, parse_json_object, read_jsonl
 from reprotrain.shown import shown
 
 TIMING_KEYS = ("seconds", "images_per_s")
@@ -81,10 +79,14 @@ def with_metrics(result: Comparison, a: Path, b: Path, epochs: int | None = None
         return result
     if epochs is not None:
         return result
-    final = [read_run_json(Path(d)).get("final_metrics") or {} for d in (a, b)]
+    final = [_record(Path(d) / RUN_JSON).get("final_metrics") or {} for d in (a, b)]
     if final[0] != final[1]:
-        keys = sorted(k for k in {**final[0], **final[1]} if final[0].get(k) != final[1].get(k))
-        first = ", ".join(_field_text(k, final[0].get(k), final[1].get(k)) for k in keys[:3])
+        if not all(isinstance(f, dict) for f in final):
+            first = _field_text("final_metrics", *final)
+        else:
+            keys = sorted(str(k) for k in {**final[0], **final[1]}
+                          if final[0].get(k) != final[1].get(k))  # fmt: skip
+            first = ", ".join(_field_text(k, final[0].get(k), final[1].get(k)) for k in keys[:3])
         result.identical = False
         result.reasons.append(f"weights match but final_metrics differ: {first}")
     return result
@@ -116,9 +118,13 @@ def compare_runs(reference: Path, candidate: Path, epochs: int | None = None) ->
             )
             return result
     if epochs is None and result.identical:
-        ra = json.loads((Path(reference) / RUN_JSON).read_text())
-        rb = json.loads((Path(candidate) / RUN_JSON).read_text())
+        ra, rb = (_record(Path(d) / RUN_JSON) for d in (reference, candidate))
         if ra.get("final_weights_sha256") != rb.get("final_weights_sha256"):
             result.identical = False
             result.reasons.append("final_weights_sha256 differs")
     return result
+
+
+def _record(path: Path) -> dict:
+    """run.json, parsed within bounds (run/bounded.py): a hostile one is one RecordError line."""
+    return parse_json_object(path.read_text(), str(path))

@@ -38,7 +38,6 @@ keeps working, and ``reprotrain archive`` packs ``study.json`` and the journal w
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -50,8 +49,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from reprotrain import sweep_checks
 from reprotrain.errors import ReprotrainError
+from reprotrain.run.bounded import load_yaml
 from reprotrain.run.readers import read_overrides
-from reprotrain.run.record import METRICS, RUN_JSON, atomic_write_text, read_jsonl, strict_json
+from reprotrain.run.record import (
+    METRICS,
+    RUN_JSON,
+    atomic_write_text,
+    parse_json_object,
+    read_jsonl,
+    strict_json,
+)
 
 STUDY_JSON = "study.json"
 #: Written by the sweeper at the end of a study, from its storage: best_params, best_value.
@@ -147,7 +154,8 @@ def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, An
         key, _, value = str(line).partition("=")
         if key.lstrip("+~") in searched:
             params[key.lstrip("+~")] = yaml.safe_load(value) if value else value
-    record = json.loads((job / RUN_JSON).read_text()) if (job / RUN_JSON).is_file() else {}
+    path = job / RUN_JSON
+    record = parse_json_object(path.read_text(), str(path)) if path.is_file() else {}
     rel = job.relative_to(sweep_dir).as_posix()
     return {
         "number": int(job.name) if job.name.isdigit() else None,
@@ -177,7 +185,7 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
     }
     optuna_best = sweep_dir / OPTUNA_RESULTS
     if optuna_best.is_file() and best is not None:
-        theirs = yaml.safe_load(optuna_best.read_text()) or {}
+        theirs = load_yaml(optuna_best.read_text(), str(optuna_best)) or {}  # bounded
         same_value = theirs.get("best_value") == best["value"]
         study["optuna_best_agrees"] = same_value and theirs.get("best_params") == best["params"]
     journal = sweep_dir / JOURNAL

@@ -41,6 +41,7 @@ from reprotrain.config import NON_IDENTITY_PREFIXES, is_identity
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
 from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
+from reprotrain.run.bounded import load_json
 from reprotrain.run.readers import read_overrides
 from reprotrain.run.record import (
     METRICS,
@@ -50,7 +51,7 @@ from reprotrain.run.record import (
     atomic_write_text,
     read_jsonl,
 )
-from reprotrain.shown import say, shown
+from reprotrain.shown import say, shown, warnings_shown
 from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 
@@ -158,7 +159,7 @@ class Job:
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())  # lenient: older records may hold NaN literals
+        return load_json(path.read_text(), str(path))  # lenient on NaN; bounded
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: {e}") from None
 
@@ -437,7 +438,8 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
     sweep_dir = Path(sweep_dir)
     jobs, problems = find_jobs(sweep_dir)
     summary = summarize(sweep_dir, jobs, problems)
-    png = sweep_png(summary, jobs)
+    with warnings_shown():  # matplotlib names a group's or metric's characters raw
+        png = sweep_png(summary, jobs)
     if png is not None:
         atomic_write_bytes(sweep_dir / SUMMARY_PNG, png)
     else:

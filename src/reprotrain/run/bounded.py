@@ -1,0 +1,137 @@
+"""JSON and YAML from a run or an archive, parsed within bounds before anything trusts them.
+
+Closes: a hostile document turning a reader into a stall or a traceback before any trust
+decision. A YAML alias bomb (nine aliases of nine aliases of ...) is a few hundred bytes that
+expand to billions of nodes once OmegaConf copies them (``reproduce`` grew past 1.6 GB); a
+recursive alias (``&a [*a]``) is a cycle; JSON or YAML nested 200,000 deep, and an integer of
+100,000 digits, end in ``RecursionError`` / ``ValueError`` tracebacks. Every reader of
+``run.json``, ``metrics.jsonl``, ``fingerprints.jsonl``, ``config.resolved.yaml``,
+``.hydra/overrides.yaml`` and the study files parses through here, so each of those is one
+``RecordError`` line naming the file and the bound, checked on the node graph before a value
+is built. The bounds are far above what the trainer writes (a resolved config is a few
+hundred nodes, nested under 10 deep; the largest integer a record holds is a 64-bit seed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from reprotrain.errors import RecordError
+
+__all__ = ["MAX_DEPTH", "MAX_DIGITS", "MAX_NODES", "check_yaml", "load_json", "load_yaml"]
+
+#: Nesting levels a record may have (lists and mappings).
+MAX_DEPTH = 100
+#: Digits of one integer (a 64-bit seed has 20).
+MAX_DIGITS = 100
+#: Nodes of a YAML document once its aliases are expanded.
+MAX_NODES = 50_000
+_INT = "tag:yaml.org,2002:int"  # plain decimal, hex, octal, base 60, or tagged !!int
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise _TooBig(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_DIGITS})")
+    return int(text)
+
+
+class _TooBig(ValueError):
+    """A bound was crossed (the message says which)."""
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests lists and dicts (iterative: a deep value cannot recurse)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                return level
+            todo += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def load_json(text: str | bytes, label: str) -> Any:
+    """``json.loads`` within bounds (lenient on NaN, as the readers are): a nesting deeper
+    than :data:`MAX_DEPTH` or an integer longer than :data:`MAX_DIGITS` is a one-line
+    ``RecordError`` naming ``label``; a syntax error stays ``json.JSONDecodeError``."""
+    try:
+        data = json.loads(text, parse_int=_parse_int)
+    except json.JSONDecodeError:
+        raise  # the caller words a syntax error (it knows the file's role)
+    except RecursionError:
+        raise RecordError(_deep(label)) from None
+    except ValueError as e:  # _TooBig, or Python's own int limit
+        why = str(e).splitlines()[0]
+        raise RecordError(f"{label}: {why}; not a record this tool wrote") from None
+    if _depth(data) > MAX_DEPTH:
+        raise RecordError(_deep(label))
+    return data
+
+
+def _deep(label: str) -> str:
+    return f"{label}: nested more than {MAX_DEPTH} levels deep; not a record this tool wrote"
+
+
+def check_yaml(text: str, label: str) -> None:
+    """Refuse, in one ``RecordError`` line, a YAML text whose node graph is cyclic (a
+    recursive alias), nests deeper than :data:`MAX_DEPTH`, expands (aliases counted each time
+    they are used) to more than :data:`MAX_NODES` nodes, or holds an integer longer than
+    :data:`MAX_DIGITS`. Composing the graph is linear in the text; nothing is expanded."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise RecordError(_deep(label)) from None
+    if root is None:
+        return
+    sizes: dict[int, int] = {}
+    todo: list[tuple[Any, int, bool]] = [(root, 1, False)]
+    open_nodes: set[int] = set()
+    while todo:
+        node, level, done = todo.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
+            if sizes[key] > MAX_NODES:
+                raise RecordError(
+                    f"{label}: expands to more than {MAX_NODES:,} nodes through its aliases "
+                    "(an alias bomb); not a record this tool wrote"
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise RecordError(f"{label}: a recursive alias (a node contains itself)")
+        if level > MAX_DEPTH:
+            raise RecordError(_deep(label))
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag == _INT and len(node.value.lstrip("+-")) > MAX_DIGITS:
+                raise RecordError(
+                    f"{label}: an integer of {len(node.value)} digits (at most {MAX_DIGITS}); "
+                    "not a record this tool wrote"
+                )
+            sizes[key] = 1
+            continue
+        open_nodes.add(key)
+        todo.append((node, level, True))
+        todo += [(c, level + 1, False) for c in _children(node)]
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def load_yaml(text: str, label: str) -> Any:
+    """``yaml.safe_load`` after :func:`check_yaml`; a syntax error is a ``yaml.YAMLError``
+    for the caller to word (it knows the file's role)."""
+    check_yaml(text, label)
+    return yaml.safe_load(text)

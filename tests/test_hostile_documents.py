@@ -1,0 +1,165 @@
+"""A hostile record is one line before any trust decision, and what a record names is escaped
+in the files a tool writes as on the terminal (``run/bounded.py``, ``shown.py``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from reprotrain.errors import RecordError
+from reprotrain.run import bounded, report
+from reprotrain.run.readers import parse_json_object, parse_jsonl, parse_yaml_config, read_overrides
+from test_archive_limits import refused
+from test_bad_inputs import archive, members
+from test_report import fake_run
+
+
+def alias_bomb(levels: int) -> str:
+    """Billion laughs: each level is nine aliases of the one before."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+DEEP = 200_000
+HOSTILE_YAML = {
+    # About 74,000 nodes expanded (9**4 lists of 9): past the bound, yet small enough that
+    # the code before the bound expanded it (slowly) instead of hanging this test.
+    "alias bomb": (alias_bomb(4), "alias bomb"),
+    "recursive alias": ("a: &a [x, *a]\n", "recursive alias"),
+    "deep nesting": ("a: " + "[" * DEEP + "]" * DEEP + "\n", "nested more than 100"),
+    "100k-digit integer": ("seed: " + "9" * 100_000 + "\n", "integer of 100000 digits"),
+    "tagged integer": ('seed: !!int "' + "9" * 100_000 + '"\n', "integer of 100000 digits"),
+    "base-60 integer": ("seed: 1" + ":59" * 40_000 + "\n", "integer of 120001 digits"),
+}
+HOSTILE_JSON = {
+    "deep nesting": ('{"a": ' + "[" * DEEP + "]" * DEEP + "}", "nested more than 100"),
+    "100k-digit integer": ('{"seed": ' + "9" * 100_000 + "}", "integer of 100000 digits"),
+}
+
+
+def refused_in_one_line(parse, text: str, label: str, why: str, named: str = "") -> None:
+    """``parse(text, label)`` raises one RecordError line that starts with ``named`` (the
+    label, or the label and line) and says ``why``."""
+    with pytest.raises(RecordError) as e:
+        parse(text, label)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(named or label) and why in line, line
+
+
+@pytest.mark.parametrize("kind", HOSTILE_YAML)
+def test_a_hostile_config_is_one_record_error(kind):
+    text, why = HOSTILE_YAML[kind]
+    refused_in_one_line(parse_yaml_config, text, "config.resolved.yaml", why)
+
+
+@pytest.mark.parametrize("kind", HOSTILE_JSON)
+def test_hostile_json_in_run_json_or_a_jsonl_row_is_one_record_error(kind):
+    text, why = HOSTILE_JSON[kind]
+    refused_in_one_line(parse_json_object, text, "run.json", why)
+    rows = '{"epoch": 1}\n' + text + "\n"
+    refused_in_one_line(parse_jsonl, rows, "metrics.jsonl", why, "metrics.jsonl line 2")
+
+
+def test_the_billion_laughs_is_refused_from_its_graph_at_once():
+    start = time.perf_counter()
+    with pytest.raises(RecordError, match="alias bomb"):
+        parse_yaml_config(alias_bomb(9), "config.resolved.yaml")  # 9**10 nodes expanded
+    assert time.perf_counter() - start < 5, "composed, not expanded"
+
+
+def test_aliases_within_bounds_and_plain_records_still_read():
+    cfg = parse_yaml_config("base: &b {lr: 0.1}\nopt: *b\nseed: 18446744073709551615\n", "c")
+    assert cfg.opt.lr == 0.1 and cfg.seed == 2**64 - 1
+    assert parse_json_object('{"a": [[1, 2]], "s": 18446744073709551615}', "r")["a"] == [[1, 2]]
+    assert bounded.load_json("NaN", "x") != bounded.load_json("NaN", "x")  # lenient on NaN
+
+
+def test_hostile_overrides_yaml_is_one_record_error(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(alias_bomb(4))
+    with pytest.raises(RecordError, match="alias bomb"):
+        read_overrides(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["alias bomb", "recursive alias", "100k-digit integer"])
+def test_reproduce_refuses_a_hostile_archived_config_in_one_line(kind, tmp_path, capsys):
+    archive(members(**{"run/config.resolved.yaml": HOSTILE_YAML[kind][0]}))(tmp_path)
+    line = refused(tmp_path / "a.tar.gz", tmp_path, capsys)
+    assert HOSTILE_YAML[kind][1] in line and "config.resolved.yaml" in line, line
+
+
+@pytest.mark.parametrize("kind", HOSTILE_JSON)
+@pytest.mark.parametrize("rel", ["run/run.json", "run/metrics.jsonl", "run/fingerprints.jsonl"])
+def test_reproduce_refuses_hostile_json_in_an_archived_record_in_one_line(
+    rel, kind, tmp_path, capsys
+):
+    text, why = HOSTILE_JSON[kind]
+    archive(members(**{rel: text + "\n"}))(tmp_path)
+    line = refused(tmp_path / "a.tar.gz", tmp_path, capsys)
+    assert why in line and rel.split("/")[1] in line, line
+
+
+def test_report_of_a_deep_run_json_is_one_line_and_exit_2(tmp_path, capsys):
+    run = fake_run(tmp_path / "run")
+    (run / "run.json").write_text(HOSTILE_JSON["deep nesting"][0])
+    assert report.main([str(run)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "nested more than 100" in err[0], err
+
+
+HOSTILE_NAME = "val_\x1b[31mred\u202eevil\u200b\x07\r"
+
+
+def run_with_hostile_metric(run_dir: Path) -> Path:
+    """A fake run whose every epoch row and final metrics log HOSTILE_NAME."""
+    run = fake_run(run_dir)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({**r, HOSTILE_NAME: 0.5}) + "\n" for r in rows)
+    )
+    record = json.loads((run / "run.json").read_text())
+    record["final_metrics"] = {**rows[-1], HOSTILE_NAME: 0.5}
+    (run / "run.json").write_text(json.dumps(record))
+    return run
+
+
+def assert_escaped(written: str, out) -> None:
+    """No raw control or invisible character in the file or on the terminal, and
+    matplotlib's own warning about the name's glyphs shown escaped, not swallowed."""
+    for raw in ("\x1b", "\u202e", "\u200b", "\x07", "\r"):
+        assert raw not in written and raw not in out.err and raw not in out.out, repr(raw)
+    assert "\\x1b[31mred\\u202eevil\\u200b\\x07\\r" in written
+    warned = [x for x in out.err.splitlines() if x.startswith("warning: ")]
+    assert warned and any("\\x1b" in x for x in warned), out.err
+
+
+def test_report_md_and_the_terminal_show_a_metric_name_escaped(tmp_path, capsys):
+    run = run_with_hostile_metric(tmp_path / "run")
+    assert report.main([str(run)]) == 0
+    assert_escaped((run / "report.md").read_text(), capsys.readouterr())
+
+
+def test_summary_md_and_the_terminal_show_a_metric_name_escaped(tmp_path, capsys):
+    from reprotrain.tools.sweeps import sweep_summary
+
+    for job in ("0", "1"):
+        run_with_hostile_metric(tmp_path / "sweep" / job)
+    assert sweep_summary.main([str(tmp_path / "sweep")]) == 0
+    assert_escaped((tmp_path / "sweep" / "summary.md").read_text(), capsys.readouterr())
+
+
+def test_warnings_shown_prints_each_third_party_warning_once_escaped(capsys):
+    import warnings
+
+    from reprotrain.shown import warnings_shown
+
+    with warnings_shown():
+        for _ in range(3):
+            warnings.warn("Glyph 27 (\x1b) missing\r\x07", UserWarning, stacklevel=1)
+    err = capsys.readouterr().err
+    assert err == "warning: UserWarning: Glyph 27 (\\x1b) missing\\r\\x07\n", repr(err)

@@ -144,3 +144,21 @@ def test_a_forged_summary_is_a_difference(study_sweep, tmp_path):
     shutil.rmtree(sweep / "1")
     (sweep / "summary.json").unlink()
     assert summary_differences(sweep) == [], "no summary: nothing claimed"
+
+
+def test_a_summary_group_or_statistic_the_runs_do_not_give_is_a_difference(study_sweep):
+    """What summary.json claims is checked; a statistic it lacks (a later version's) is not
+    a claim."""
+    sweep, _ = study_sweep
+    for job in ("0", "1"):
+        (sweep / job / "run.json").write_text(json.dumps(
+            {"status": "completed", "final_metrics": {"val_acc": 0.5 + int(job) / 10},
+             "seeds": {"base": int(job)}}))  # fmt: skip
+    sweep_summary.write_summary(sweep)
+    summary = json.loads((sweep / "summary.json").read_text())
+    del summary["groups"][0]["metrics"]["val_acc"]["mean"]  # a statistic not claimed
+    (sweep / "summary.json").write_text(json.dumps(summary))
+    assert summary_differences(sweep) == []
+    summary["groups"].append({**summary["groups"][0], "label": "lr=9"})
+    (sweep / "summary.json").write_text(json.dumps(summary))
+    assert summary_differences(sweep) == ["summary.json group lr=9 is not in the archived runs"]

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from reprotrain import safetar
-from reprotrain.errors import ReproduceRefused
+from reprotrain.errors import ReproduceRefused, ReprotrainError
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
@@ -228,10 +228,19 @@ def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: i
     return 1, f"{head}: study.json does not hold ({len(found)} difference(s)): {found[0]}"
 
 
+def _claims_differ(said: Any, here: Any) -> bool:
+    """Whether what ``said`` claims differs from ``here``: mappings key by key over the keys
+    both hold (a statistic a later version adds is no claim of the record's), else equality."""
+    if isinstance(said, dict) and isinstance(here, dict):
+        return any(_claims_differ(v, here[k]) for k, v in said.items() if k in here)
+    return said != here
+
+
 def summary_differences(sweep: Path) -> list[str]:
-    """Every way the archived ``summary.json`` (each group's statistics, the objective)
-    differs from the summary recomputed from the archived runs (``sweep_summary.summarize``,
-    the code that wrote it); empty when it holds or there is none."""
+    """Every way the archived ``summary.json`` (its groups, each group's statistics, the
+    objective) differs from the summary recomputed from the archived runs
+    (``sweep_summary.summarize``, the code that wrote it); empty when it holds or there is
+    none."""
     from reprotrain.tools.sweeps import sweep_summary
 
     path = sweep / sweep_summary.SUMMARY_JSON
@@ -239,21 +248,27 @@ def summary_differences(sweep: Path) -> list[str]:
         return []
     try:
         said = parse_json_object(path.read_text(), "summary.json")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return [f"summary.json cannot be read ({e})"]
+    except (OSError, UnicodeDecodeError, ValueError, ReprotrainError) as e:
+        return [f"summary.json cannot be read ({shown(e, 200)})"]
     here, _ = to_strict_json(sweep_summary.summarize(sweep))  # its JSON form, as written
     here = json.loads(json.dumps(here))
     out = []
-    if said.get("objective") != here.get("objective"):
+    if _claims_differ(said.get("objective"), here.get("objective")):
         out.append(f"summary.json objective {shown(said.get('objective'), 120)}, the archived "
                    f"runs give {shown(here.get('objective'), 120)}")  # fmt: skip
     theirs = {g.get("label"): g for g in said.get("groups") or [] if isinstance(g, dict)}
-    for group in here["groups"]:
-        said_group = theirs.get(group["label"]) or {}
-        for metric, stats in group["metrics"].items():
-            if (said_group.get("metrics") or {}).get(metric) != stats:
-                out.append(f"summary.json group {shown(group['label'], 60)} {shown(metric)}: "
-                           "not what the archived runs give")  # fmt: skip
+    ours = {g["label"]: g for g in here["groups"]}
+    for label in sorted(set(ours) - set(theirs), key=str):
+        out.append(f"group {shown(label, 60)} of the archived runs is not in summary.json")
+    for label, group in theirs.items():
+        if label not in ours:
+            out.append(f"summary.json group {shown(label, 60)} is not in the archived runs")
+            continue
+        metrics = group.get("metrics") if isinstance(group.get("metrics"), dict) else {}
+        for metric, stats in metrics.items():
+            if _claims_differ(stats, ours[label]["metrics"].get(metric)):
+                out.append(f"summary.json group {shown(label, 60)} {shown(metric)}: not what "
+                           "the archived runs give")  # fmt: skip
     return out
 
 

@@ -21,10 +21,18 @@ SIGN            ?=
 TRUSTED_SIGNERS ?=
 TRUST           ?=
 
+# A variable given on the command line is exported to every recipe's environment, which
+# makes Make expand it (a `$(shell ...)` in it would run): none is; recipes pass each one as
+# an argument, quoted with q. (PYTHONHASHSEED, exported below, stays the one exception.)
+unexport $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+
 # A variable's text, single-quoted for the shell and never expanded by Make or the shell:
-# `make resume "RUN=/tmp/x;touch /tmp/PWNED"` passes that string as one argument, inert.
-# (ARGS stays unquoted on purpose: it is a list of overrides, split on spaces.)
-q = '$(subst ','\'',$(value $(1)))'
+# `make resume "RUN=/tmp/x;touch /tmp/PWNED"` passes that string as one argument, inert, and
+# so does `make eval 'CKPT=$(shell touch C)'` ($(value ...): Make never expands it either).
+# A newline (which would end the recipe line) travels as "$RT_NEWLINE", a newline.
+q = '$(subst $(NL),'"$$RT_NEWLINE"',$(subst ','\'',$(value $(1))))'
+# ARGS is a list of overrides: `reprotrain --args TEXT` splits TEXT into words as the shell
+# would (quotes kept, src/reprotrain/commands.py), but never expands or runs any of it.
 
 # A switch, read as people write it: 1/yes/true/on (any case shown) is on, 0/no/false/off or
 # empty is off, anything else is one error: line (exit 2) before the job runs. Every switch
@@ -38,8 +46,8 @@ on = $(if $(filter $(SWITCH_ON),$(call switch_text,$(1))),1)
 switch_bad = $(or $(word 2,$(call switch_text,$(1))),$(filter-out $(SWITCH_ON) $(SWITCH_OFF),$(call switch_text,$(1))))
 check_switches = @$(foreach v,$(1),$(if $(call switch_bad,$(v)),printf 'error: %s=%s is not a switch; write %s=1 (or yes/true/on) to turn it on; %s=0 (or no/false/off) or nothing leaves it off\n' $(v) $(call q,$(v)) $(v) $(v) >&2; exit 2;)) :
 
-# ARGS is split by the shell on purpose; a quote left open in it would be a /bin/sh syntax
-# error. `sh -n` parses the text (never runs it): an unbalanced ARGS is one error: line.
+# ARGS is split into words (quotes kept); a quote left open in it cannot be split. `sh -n`
+# parses the text (never runs it): an unbalanced ARGS is one error: line before the job.
 check_args = @$(SHELL) -nc ': '$(call q,ARGS) 2>/dev/null || { printf 'error: ARGS=%s has a quote that is not closed; quote a whole value, e.g. ARGS="name=\047a b\047"\n' $(call q,ARGS) >&2; exit 2; }
 
 # Hash randomisation is fixed at interpreter start; the entry point also re-execs itself
@@ -71,12 +79,12 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 EXTRAS ?=
 KNOWN_EXTRAS := mlflow wandb
 comma := ,
-EXTRA_NAMES = $(strip $(subst $(comma), ,$(EXTRAS)))
+EXTRA_NAMES = $(strip $(subst $(comma), ,$(value EXTRAS)))
 
 install: $(STAMP) ## build .venv from the hashed locks (no-op when unchanged) [EXTRAS=mlflow,wandb]
 ifneq ($(EXTRA_NAMES),)
-	@test -z "$(filter-out $(KNOWN_EXTRAS),$(EXTRA_NAMES))" || { echo "error: unknown extra in EXTRAS=$(EXTRAS); choose from: $(KNOWN_EXTRAS)" >&2; exit 2; }
-	$(PY) -m pip install --quiet --require-hashes --no-deps $(foreach e,$(EXTRA_NAMES),-r requirements-$(e).lock)
+	@test -z $(if $(filter-out $(KNOWN_EXTRAS),$(EXTRA_NAMES)),x) || { printf 'error: unknown extra in EXTRAS=%s; choose from: $(KNOWN_EXTRAS)\n' $(call q,EXTRAS) >&2; exit 2; }
+	$(PY) -m pip install --quiet --require-hashes --no-deps $(foreach e,$(filter $(KNOWN_EXTRAS),$(EXTRA_NAMES)),-r requirements-$(e).lock)
 endif
 
 NPROC  ?= 1
@@ -88,11 +96,16 @@ NPROC  ?= 1
 # overrides are checked once before torchrun starts, so a typo is one line, not N. SIGUSR2
 # (SLURM's warning) reaches the workers like SIGTERM/SIGINT, with time to checkpoint.
 EXIT_FILE ?=
-RT = $(VENV)/bin/reprotrain --exit-line $(if $(value EXIT_FILE),--exit-file $(call q,EXIT_FILE))
+RT = $(VENV)/bin/reprotrain --exit-line $(if $(value EXIT_FILE),--exit-file $(call q,EXIT_FILE)) $(if $(value ARGS),--args $(call q,ARGS))
+# A run directory that came from an archive is built only under a trust rule (docs:
+# archive-and-reproduce.md, "Runs from an archive"): TRUST=1 or TRUSTED_SIGNERS=<file>.
+TRUST_ARGS = $(if $(call on,TRUST),--trust) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS))
+# A command that is not `reprotrain`, with ARGS split the same way (never expanded).
+WITH_ARGS = $(PY_ANY) -c 'import os, shlex, sys; os.execvp(sys.argv[2], sys.argv[2:] + shlex.split(sys.argv[1]))' $(call q,ARGS)
 
 train: $(STAMP) ## one run: make train ARGS="experiment=smoke [task=mixup] [trainer.microbatch_size=32]" [NPROC=2: torchrun DDP]
 	$(check_args)
-	$(RT) train --nproc $(call q,NPROC) $(ARGS)
+	$(RT) train --nproc $(call q,NPROC)
 
 # The default tier is mostly process start-up on one core each: one pytest worker per core
 # (pytest-xdist), a test file's tests kept together so its fixtures train once.
@@ -127,74 +140,82 @@ docs-check: docs ## the built site in a headless browser: every image loads, eve
 
 verify: $(STAMP) ## same config twice in fresh processes; exit 0 only if bitwise identical [NPROC=N] [NPROC_B=M: invariant runs] [KILL=1: b SIGKILLed + resumed]
 	$(call check_switches,KILL)
-	$(RT) verify --nproc $(NPROC) $(if $(value NPROC_B),--nproc-b $(NPROC_B)) $(if $(call on,KILL),--kill) $(ARGS)
+	$(RT) verify --nproc $(call q,NPROC) $(if $(value NPROC_B),--nproc-b $(call q,NPROC_B)) $(if $(call on,KILL),--kill)
 
 sweep: $(STAMP) ## Hydra multirun over seed.base=$(SEEDS) + summary.json/.md/.png [ARGS="hydra/sweeper=optuna ...": a seeded search]
 	$(check_args)
-	$(RT) sweep $(if $(filter command line environment,$(origin SEEDS)),--seeds $(call q,SEEDS)) $(ARGS)
+	$(RT) sweep $(if $(filter command line environment,$(origin SEEDS)),--seeds $(call q,SEEDS))
 
 resume: $(STAMP) ## continue an interrupted run in place (its world size; invariant runs: any NPROC dividing k): make resume RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make resume RUN=outputs/<run>" >&2; exit 2; }
-	$(RT) resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(NPROC)) $(ARGS)
+	$(call check_switches,TRUST)
+	$(RT) resume $(call q,RUN) $(if $(filter command line,$(origin NPROC)),--nproc $(call q,NPROC)) $(TRUST_ARGS)
 
 archive: $(STAMP) ## pack a run or a whole sweep: make archive RUN=outputs/...|multirun/... [WITH_CKPT=1] [ALLOW_INCOMPLETE=1] [SIGN=~/.ssh/id_ed25519]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make archive RUN=outputs/<run>" >&2; exit 2; }
 	$(call check_switches,WITH_CKPT ALLOW_INCOMPLETE)
-	$(RT) archive $(call q,RUN) $(if $(call on,WITH_CKPT),--with-checkpoint) $(if $(call on,ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN)) $(ARGS)
+	$(RT) archive $(call q,RUN) $(if $(call on,WITH_CKPT),--with-checkpoint) $(if $(call on,ALLOW_INCOMPLETE),--allow-incomplete) $(if $(value SIGN),--sign $(call q,SIGN))
 
 reproduce: $(STAMP) ## replay an archive and compare: make reproduce ARCHIVE=archives/x.tar.gz [EPOCHS=1] [TOL=0.02] [ALLOW_DATA_DRIFT=1] [TRUSTED_SIGNERS=file] [TRUST=1] [MODE=statistical MARGIN=x]
 	@test -n $(call q,ARCHIVE) || { echo "error: give the archive: make reproduce ARCHIVE=archives/<file>.tar.gz" >&2; exit 2; }
 	$(call check_switches,ALLOW_DATA_DRIFT TRUST)
-	$(RT) reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(call on,ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(call on,TRUST),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(RT) reproduce $(call q,ARCHIVE) $(if $(value EPOCHS),--epochs $(call q,EPOCHS)) $(if $(value TOL),--tolerance $(call q,TOL)) $(if $(call on,ALLOW_DATA_DRIFT),--allow-data-drift) $(if $(value TRUSTED_SIGNERS),--trusted-signers $(call q,TRUSTED_SIGNERS)) $(if $(call on,TRUST),--trust) $(if $(value MODE),--mode $(call q,MODE)) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC))
 
 bisect: $(STAMP) ## first divergent step, then op and module: make bisect A=<run dir> B=<run dir>
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two run directories: make bisect A=<run> B=<run>" >&2; exit 2; }
-	$(RT) bisect $(call q,A) $(call q,B) $(ARGS)
+	$(call check_switches,TRUST)
+	$(RT) bisect $(call q,A) $(call q,B) $(TRUST_ARGS)
 
 compare: $(STAMP) ## statistical verdict between two sweeps: make compare A=<sweep> B=<sweep> [MARGIN=x] [METRIC=val_acc]
 	@test -n $(call q,A) -a -n $(call q,B) || { echo "error: give two sweep directories: make compare A=<sweep> B=<sweep>" >&2; exit 2; }
-	$(RT) compare $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(ARGS)
+	$(call check_switches,TRUST)
+	$(RT) compare $(call q,A) $(call q,B) $(if $(value MARGIN),--margin $(call q,MARGIN)) $(if $(value METRIC),--metric $(call q,METRIC)) $(TRUST_ARGS)
 
 # The framework's own benchmarks, drills and GPU check live in the template, not in a project
 # made from it (docs/project-layout.md): there, the target says so in one line.
 in_template = @test -e $(1) || { echo "error: make $@ lives in the reprotrain template ($(1) is not in a project); run it in a checkout of the template (make selfcheck checks the framework here)" >&2; exit 2; }
 
 selfcheck: $(STAMP) ## the framework checks itself here: its own tiny job twice, one SIGKILLed + resumed, bitwise identical
-	$(PY) -m reprotrain.selfcheck $(ARGS)
+	$(check_args)
+	$(WITH_ARGS) $(PY) -m reprotrain.selfcheck
 
 gpu-check: ## one-shot GPU check (one JSON); fails in one line without CUDA
 	$(call in_template,scripts/gpu_check.sh)
-	bash scripts/gpu_check.sh $(ARGS)
+	$(check_args)
+	$(WITH_ARGS) bash scripts/gpu_check.sh
 
 report: $(STAMP) ## write report.md + curves.png into a run dir: make report RUN=outputs/...
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make report RUN=outputs/<run>" >&2; exit 2; }
-	$(RT) report $(call q,RUN) $(ARGS)
+	$(call check_switches,TRUST)
+	$(RT) report $(call q,RUN) $(TRUST_ARGS)
 
 eval: $(STAMP) ## evaluate a checkpoint on the test split: make eval RUN=outputs/... [CKPT=last|best|path]
 	@test -n $(call q,RUN) || { echo "error: give the run directory: make eval RUN=outputs/<run>" >&2; exit 2; }
 	$(check_args)
-	$(RT) eval $(call q,RUN) --checkpoint $(if $(CKPT),$(call q,CKPT),last) $(ARGS)
+	$(call check_switches,TRUST)
+	$(RT) eval $(call q,RUN) --checkpoint $(if $(value CKPT),$(call q,CKPT),last) $(TRUST_ARGS)
 
 bench: ## side-by-side ratios -> outputs/bench/<stamp>/bench.md (ARGS="--full" | "--device cuda")
 	$(call in_template,scripts/bench.py)
 	@$(MAKE) --no-print-directory install
-	$(RT) bench $(ARGS)
+	$(RT) bench
 
 # repro=portable's claim on CPUs nobody here has: the probe natively and under qemu-user
 # (Debian: apt-get install qemu-user) as each of CPUS; a CPU without AVX2 must be refused.
 CPUS ?= Haswell-v4,EPYC-Rome-v2
 portable-probe: $(STAMP) ## repro=portable's bits natively and on emulated CPUs (qemu-user) vs the pin [CPUS=Haswell-v4,EPYC-Rome-v2]
 	$(call in_template,scripts/portable_probe.py)
-	$(PY) scripts/portable_probe.py --cpus $(call q,CPUS) $(ARGS)
+	$(check_args)
+	$(WITH_ARGS) $(PY) scripts/portable_probe.py --cpus $(call q,CPUS)
 
 drill: ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random moments, resume, compare [NPROC=2]
 	$(call in_template,scripts/kill_resume_trials.py)
 	@$(MAKE) --no-print-directory install
-	$(RT) drill --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(NPROC) $(ARGS)
+	$(RT) drill --trials $(if $(value TRIALS),$(call q,TRIALS),5) --nproc $(call q,NPROC)
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
-	@test -n "$(NAME)" -a -n "$(DEST)" || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }
-	@$(PYTHON) src/reprotrain/tools/template/new_project.py "$(NAME)" "$(DEST)"
+	@test -n $(call q,NAME) -a -n $(call q,DEST) || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }
+	@$(PYTHON) src/reprotrain/tools/template/new_project.py $(call q,NAME) $(call q,DEST)
 
 TEMPLATE ?=
 update-template: ## in a project: merge the template's framework fixes since .template.json's commit [TEMPLATE=path|url]
@@ -249,6 +270,9 @@ define NL
 
 
 endef
+# q's newline: the recipe's shell reads it from the environment (a line break in a recipe
+# line would end it).
+export RT_NEWLINE = $(NL)
 lock: $(STAMP) ## recompile the universal hashed locks (runtime, dev, extras) from the .in files (network), record sidecars
 	$(UV_COMPILE) -o requirements.lock requirements.in
 	$(UV_COMPILE) -o requirements-dev.lock requirements-dev.in
@@ -256,10 +280,10 @@ lock: $(STAMP) ## recompile the universal hashed locks (runtime, dev, extras) fr
 	$(RECORD_LOCKS)
 
 upgrade: $(STAMP) ## upgrade one package in the locks: make upgrade PKG=numpy
-	@test -n "$(PKG)" || { echo "error: name the package: make upgrade PKG=<name>"; exit 2; }
-	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements.lock requirements.in
-	$(UV_COMPILE) --upgrade-package $(PKG) -o requirements-dev.lock requirements-dev.in
-	$(foreach e,$(KNOWN_EXTRAS),$(UV_COMPILE) --upgrade-package $(PKG) -o requirements-$(e).lock requirements-$(e).in$(NL))
+	@test -n $(call q,PKG) || { echo "error: name the package: make upgrade PKG=<name>"; exit 2; }
+	$(UV_COMPILE) --upgrade-package $(call q,PKG) -o requirements.lock requirements.in
+	$(UV_COMPILE) --upgrade-package $(call q,PKG) -o requirements-dev.lock requirements-dev.in
+	$(foreach e,$(KNOWN_EXTRAS),$(UV_COMPILE) --upgrade-package $(call q,PKG) -o requirements-$(e).lock requirements-$(e).in$(NL))
 	$(RECORD_LOCKS)
 
 check-lock: ## validate the locks offline: pinned, hashed, no local paths, fresh, every platform complete
@@ -280,9 +304,9 @@ docker-build: check-lock ## build the image reprotrain:<commit>-<lock sha256[:12
 docker-train: ## train in the image (one GPU when the nvidia runtime is there; GPUS=all|none|cdi, SHM=2g): make docker-train ARGS=...
 	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-build
 	mkdir -p data outputs
-	docker run --rm $(DOCKER_GPUS) --shm-size $(SHM) --user $$(id -u):$$(id -g) -e HOME=/tmp \
-		-v "$(CURDIR)/data:/app/data" -v "$(CURDIR)/outputs:/app/outputs" $(IMAGE) $(ARGS)
+	$(WITH_ARGS) docker run --rm $(DOCKER_GPUS) --shm-size $(call q,SHM) --user $$(id -u):$$(id -g) -e HOME=/tmp \
+		-v "$(CURDIR)/data:/app/data" -v "$(CURDIR)/outputs:/app/outputs" $(IMAGE)
 
 docker-test: check-lock ## run the test suite inside the image (test stage, dev lock)
 	$(DOCKER_BUILD) --target test -t $(IMAGE)-test .
-	docker run --rm $(IMAGE)-test $(ARGS)
+	$(WITH_ARGS) docker run --rm $(IMAGE)-test

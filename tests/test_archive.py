@@ -394,6 +394,98 @@ def test_environment_difference_is_not_comparable(archived, tmp_path):
     assert "tolerance 0.02" in proc.stdout
 
 
+def test_forged_metrics_and_final_metrics_diverge_naming_the_field(archived, tmp_path):
+    """metrics.jsonl and final_metrics rewritten (a better metric, the manifest regenerated):
+    the weights still match, and the verdict is DIVERGED naming the forged field, not
+    REPRODUCED with the difference listed under it."""
+    _, archive, _ = archived
+    top = unpack(archive, tmp_path / "forged")
+    rows = [json.loads(x) for x in (top / "run/metrics.jsonl").read_text().splitlines()]
+    key = next(k for k in rows[-1] if k.startswith(("test_", "val_")))
+    rows[-1][key] = 0.0123
+    (top / "run/metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    forged = repack(top, tmp_path / "forged.tar.gz")
+    proc = tool("reproduce.reproduce", str(forged), "--trust", "--runs-dir",
+                str(tmp_path / "runs"), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = last_line(proc.stdout)
+    assert verdict.startswith(f"DIVERGED at epoch {rows[-1]['epoch']}") and key in verdict
+    assert "0.0123" in verdict
+
+    changed = edited(archive, tmp_path / "final", "run/run.json", edit_run_json(
+        **{f"final_metrics__{key}": 0.0123}))  # fmt: skip
+    proc = tool("reproduce.reproduce", str(changed), "--trust", "--runs-dir",
+                str(tmp_path / "runs2"), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"final_metrics differ: {key} 0.0123 vs" in last_line(proc.stdout)
+
+
+def test_a_config_that_no_longer_matches_its_config_sha256_is_refused(archived, tmp_path):
+    """A callback added to the archived config (manifest regenerated): the archive
+    contradicts itself, so nothing runs, trusted or not: one line, exit 2."""
+    _, archive, _ = archived
+    marker = tmp_path / "PWNED"
+
+    def add_callback(data: bytes) -> bytes:
+        cfg = OmegaConf.create(data.decode())
+        cfg.callbacks = [*(cfg.get("callbacks") or []),
+                         {"_target_": "os.system", "command": f"touch {marker}"}]  # fmt: skip
+        return OmegaConf.to_yaml(cfg).encode()
+
+    changed = edited(archive, tmp_path, "run/config.resolved.yaml", add_callback)
+    proc = tool("reproduce.reproduce", str(changed), "--trust", "--runs-dir",
+                str(tmp_path / "runs"), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and not marker.exists(), proc.stdout[-2000:] + proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "config_sha256" in line and "contradicts itself" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_extracted_from_an_archive_is_built_only_under_trust(archived, tmp_path):
+    """``reproduce --verify-only --extract-dir D`` marks what it extracts; ``eval`` of the
+    extracted run then needs the trust decision reproduce makes: a config whose model
+    ``_target_`` runs a command is refused in one line and nothing runs; the archive's own
+    config (composed from this checkout's conf/) is built under rule (a)."""
+    _, archive, _ = archived
+    marker = tmp_path / "PWNED"
+
+    def hostile(data: bytes) -> bytes:
+        cfg = OmegaConf.create(data.decode())
+        cfg.model = {"_target_": "reprotrain.tools.runs.resume.run_forwarding_signals",
+                     "cmd": ["touch", str(marker)], "env": {}}  # fmt: skip
+        return OmegaConf.to_yaml(cfg).encode()
+
+    changed = edited(archive, tmp_path, "run/config.resolved.yaml", hostile)
+    for name, source in (("hostile", changed), ("own", archive)):
+        dest = tmp_path / name
+        proc = tool("reproduce.reproduce", str(source), "--verify-only", "--extract-dir",
+                    str(dest), cwd=tmp_path)  # fmt: skip
+        assert_ok(proc)
+        (top,) = dest.iterdir()
+        assert (top / "from-archive.json").is_file() and (top / "run/from-archive.json").is_file()
+        proc = subprocess.run([sys.executable, "-m", "reprotrain", "eval", str(top / "run")],
+                              cwd=tmp_path, env=base_env(), capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+        if name == "hostile":
+            assert "came from an archive" in errors[0] and "TRUST=1" in errors[0]
+        else:  # trusted by rule (a); the archive holds no checkpoint to evaluate
+            assert "trust" in proc.stderr and "(a) 1 run config(s)" in proc.stderr
+            assert "has no step checkpoints" in errors[0]
+    assert not marker.exists()
+
+
+def test_eval_of_a_model_that_is_not_a_module_is_one_line(archived):
+    run_dir, _, _ = archived
+    proc = subprocess.run([sys.executable, "-m", "reprotrain", "eval", str(run_dir),
+                           "model._target_=collections.OrderedDict"], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "collections.OrderedDict does not build a torch.nn.Module" in line
+
+
 @pytest.mark.slow  # its unit: test_comparability.py (the kernel families)
 def test_a_kernel_variable_set_for_the_replay_is_not_comparable_and_named(archived, tmp_path):
     """ONEDNN_DEFAULT_FPMATH_MODE=BF16 changes a conv run's bits; it was recorded nowhere, so

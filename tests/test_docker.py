@@ -445,4 +445,4 @@ def test_make_targets_declared_and_offline() -> None:
         assert not re.search(
             r"pip-compile|uv pip|--record-files|pip install|docker|curl|wget", recipes[offline]
         )
-    assert "--upgrade-package $(PKG)" in recipes["upgrade"]
+    assert "--upgrade-package $(call q,PKG)" in recipes["upgrade"]  # PKG is data, quoted

@@ -86,6 +86,26 @@ def test_a_stopped_archive_leaves_no_staging_dir_or_temp_tar(tmp_path, repo, job
     assert leftovers(out, tmp_path / "tmp") == []
 
 
+@pytest.mark.parametrize("where", ["reprotrain.tools.archive.snapshot:build",
+                                   "reprotrain.tools.archive.pack:_normalise"])  # fmt: skip
+def test_a_sigkilled_archive_leaves_nothing_behind(tmp_path, repo, job_config, where):
+    """Was: SIGKILL (no ``finally`` runs) left the `.archive-*` staging dir until the next
+    archive into that directory. The archiver's reaper, a process of its own session,
+    removes it and the temp tar once the archiver is gone."""
+    import time
+
+    run = fake_run(tmp_path, repo, job_config)
+    out = tmp_path / "archives"
+    out.mkdir()
+    proc = stopped(tmp_path, "SIGKILL", where, "archive.archive", str(run), "--out-dir",
+                   str(out), "--repo", str(repo))  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while leftovers(out) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(out, tmp_path / "tmp") == []
+
+
 @pytest.mark.parametrize("failing", ["tarfile.TarFile.addfile", "shutil.copy2"])
 def test_a_full_disk_during_archive_names_the_path(tmp_path, repo, job_config, capsys,
                                                    monkeypatch, failing):  # fmt: skip

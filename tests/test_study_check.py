@@ -90,7 +90,7 @@ def test_a_journal_that_holds_other_trials_is_a_difference(tmp_path):
         sweep / "study.journal")).trials  # fmt: skip
     for t in trials:
         fake_trial(sweep, t.number, t.params, [t.value], "completed")
-    record = {**settings(seed=7), "study_name": "smoke", "search_space": SPACE}
+    record = {**settings(seed=7, n_startup_trials=2), "study_name": "smoke", "search_space": SPACE}
     study = optuna_study.write_study(sweep, record)
     assert study["storage_agrees"] is True and differences(study, sweep) == []
     rows = [{"epoch": 0, "val_acc": 0.99}]  # a better trial 1, in its run and in study.json

@@ -9,6 +9,7 @@ resumes it and compares it with the uninterrupted run a.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -28,7 +29,8 @@ def make_n(*args: str) -> str:
     env = {k: v for k, v in base_env().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     proc = subprocess.run(["make", "--no-print-directory", "-n", "verify", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
-    return next(line for line in proc.stdout.splitlines() if "bin/reprotrain " in line)
+    line = next(line for line in proc.stdout.splitlines() if "bin/reprotrain " in line)
+    return " ".join(shlex.split(line))  # each variable arrives quoted (the Makefile's q)
 
 
 def test_make_verify_passes_nproc_nproc_b_and_kill_to_the_tool():

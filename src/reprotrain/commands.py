@@ -16,7 +16,9 @@ INCONSISTENT (1) from a typo (2) calls ``reprotrain <command>`` directly. For th
 targets, two options before the command keep the code: ``--exit-file PATH`` writes the job's
 exit code (0 too) to PATH, one integer on one line, and ``--exit-line`` prints one line
 ``reprotrain <command>: exit N (<meaning>)`` on stderr when the code is not 0. The Make
-recipes pass both (``make compare ... EXIT_FILE=rc.txt``).
+recipes pass both (``make compare ... EXIT_FILE=rc.txt``), and ``--args TEXT``: Make's
+``ARGS``, split into words as the shell would (quotes kept) but never expanded, so no Make
+variable reaches a shell as code.
 
 This module imports nothing heavy: a job's module is imported only when that job runs, so
 ``reprotrain --help`` answers at once.
@@ -368,6 +370,8 @@ def usage() -> str:
         "options (before the command; what the Make targets pass):",
         "  --exit-file PATH  write the command's exit code (0 too) to PATH, one line",
         "  --exit-line       on a non-zero exit, one stderr line: reprotrain <cmd>: exit N (...)",
+        "  --args TEXT       append TEXT's words to the command's arguments (make's ARGS): split",
+        "                    as the shell would, quotes kept, nothing expanded or run",
         "",
         "make exits 2 whenever a recipe fails: scripts and CI call `reprotrain <command>`",
         "directly, or read EXIT_FILE (make compare A=.. B=.. EXIT_FILE=rc.txt). See docs/cli.md.",
@@ -375,9 +379,49 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def split_args(text: str) -> list[str]:
+    """``--args TEXT`` (Make's ``ARGS``) as words: split as the shell splits them, quotes
+    kept (``name='a b'`` is one word), but never expanded: ``$(...)``, backticks, ``$HOME``
+    and ``;`` are text. An unclosed quote is a ValueError (one line)."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        hint = "quote a whole value, e.g. ARGS=\"name='a b'\""
+        raise ValueError(f"ARGS={text}: {e}; {hint}") from None
+
+
+#: Commands that build from (or read) a run directory and whose own parser has no trust
+#: options: ``--trust`` / ``--trusted-signers`` are read here, and a run from an archive is
+#: refused unless a trust rule holds (``tools/reproduce/run_trust.py``). eval and bisect
+#: take the options themselves.
+GATED = ("report", "compare", "resume", "train")
+
+
+def _gated(command: Command, argv: list[str]) -> int:
+    """``command.run(argv)``, after the archive trust decision for a gated command."""
+    if command.name not in GATED or argv[:1] in (["-h"], ["--help"]):
+        return command.run(argv)
+    if command.name == "train" and not any(a.startswith("resume=") for a in argv):
+        return command.run(argv)  # a fresh run builds its own composed config
+    from reprotrain.errors import ReprotrainError
+    from reprotrain.tools.reproduce import run_trust
+
+    trust, signers, argv = run_trust.pop_arguments(argv)
+    # train builds its own composed config; only the checkpoint it resumes is the run's
+    given = [a for a in argv if a.startswith("resume=")] if command.name == "train" else argv
+    try:
+        run_trust.require_trust(run_trust.paths_in(given), trust, signers)
+    except ReprotrainError as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr, flush=True)
+        return e.exit_code
+    return command.run(argv)
+
+
 def _options(argv: list[str]) -> tuple[Path | None, bool, list[str]]:
-    exit_file, exit_line = None, False
-    while argv and argv[0].startswith("--exit-"):
+    exit_file, exit_line, extra = None, False, []
+    while argv and argv[0].startswith(("--exit-", "--args")):
         arg = argv.pop(0)
         if arg == "--exit-line":
             exit_line = True
@@ -385,9 +429,13 @@ def _options(argv: list[str]) -> tuple[Path | None, bool, list[str]]:
             exit_file = Path(argv.pop(0)).expanduser()
         elif arg.startswith("--exit-file="):
             exit_file = Path(arg.partition("=")[2]).expanduser()
+        elif arg == "--args" and argv:
+            extra += split_args(argv.pop(0))
+        elif arg.startswith("--args="):
+            extra += split_args(arg.partition("=")[2])
         else:
             raise ValueError(f"{arg}: unknown option (see reprotrain --help)")
-    return exit_file, exit_line, argv
+    return exit_file, exit_line, [*argv, *extra]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -425,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_USAGE
     else:
         command = COMMANDS[argv[0]]
-        code = command.run(argv[1:])
+        code = _gated(command, argv[1:])
         if code and exit_line:
             print(f"reprotrain {command.name}: exit {code} ({command.meaning(code)})",
                   file=sys.stderr, flush=True)  # fmt: skip

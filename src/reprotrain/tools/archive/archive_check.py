@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import lzma
 import os
 import re
@@ -52,10 +53,14 @@ from reprotrain.safetar import (
     read_members,
     unsafe_reason,
 )
+from reprotrain.shown import shown
 
 MANIFEST = "MANIFEST.sha256"
 SIGNATURE = MANIFEST + ".sig"
 ARCHIVE_JSON = "archive.json"
+#: Written by :func:`extract` into the top folder and every run directory it extracts: a
+#: run from an archive is built only under a trust rule (``tools/reproduce/run_trust.py``).
+MARKER = "from-archive.json"
 #: Members read into memory during the hashing pass (all small, all data, never code).
 RECORD_FILES = (
     "run/run.json",
@@ -302,6 +307,7 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     why = completion_problem(record, len(fingerprints))
     if why is not None:
         raise ReproduceRefused(f"{label} {why}: an inconsistent record is not replayed")
+    check_config_identity(record, cfg, checked.label("run/config.resolved.yaml"))
     metrics = parse_jsonl(checked.text("run/metrics.jsonl"), checked.label("run/metrics.jsonl"))
     if any(not _is_int(row.get("epoch")) for row in metrics):
         raise ReproduceRefused(f"{checked.label('run/metrics.jsonl')}: a row has no epoch")
@@ -310,6 +316,27 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     checked.record, checked.config = record, cfg
     checked.fingerprints, checked.metrics = fingerprints, metrics
     return checked
+
+
+def check_config_identity(record: dict, cfg: Any, label: str) -> None:
+    """The archived config must be the one its record names: ``config_sha256`` of
+    ``config.resolved.yaml`` (the trainer writes both together, fresh or resumed) equal to
+    run.json's. An archive that contradicts itself (a callback added to the config, a
+    value edited) is refused before anything runs: there is no one run to reproduce."""
+    from omegaconf import OmegaConf
+
+    from reprotrain.config import config_sha256
+
+    recorded = record.get("config_sha256")
+    if recorded is None:  # a record older than the field: nothing to hold the config to
+        return
+    here = config_sha256(OmegaConf.to_container(cfg))
+    if here != recorded:
+        raise ReproduceRefused(
+            f"{label} hashes to config_sha256 {here[:12]}, but run.json records "
+            f"{shown(recorded, 20)}: the archive contradicts itself (the config or the record "
+            "was edited); nothing was run"
+        )
 
 
 def _is_int(value: Any) -> bool:
@@ -340,6 +367,7 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
     try:
         root.mkdir()
         _write_members(checked, dest, root)
+        mark_extracted(root, checked.path)
     except tarfile.FilterError as e:
         _remove(dest, created)
         raise ReproduceRefused(f"unsafe member ({e}); nothing extracted") from None
@@ -377,6 +405,17 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
                     written += len(chunk)
                     out.write(chunk)
             os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
+
+
+def mark_extracted(top: Path, archive: Path) -> None:
+    """:data:`MARKER` in the extraction's top folder and in every run directory under it,
+    so each is known to come from ``archive`` wherever it is moved (replacing a member of
+    that name: the archive does not get to say it is not from an archive)."""
+    from reprotrain.run.record import atomic_write_text
+
+    text = json.dumps({"archive": str(archive), "built_only_under_a_trust_rule": True}) + "\n"
+    for folder in [top, *sorted(r.parent for r in top.rglob("run.json"))]:
+        atomic_write_text(folder / MARKER, text)
 
 
 def _remove(dest: Path, created: list[Path]) -> None:

@@ -112,27 +112,70 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_staging(out_dir: Path) -> list[Path]:
-    """Remove the staging dirs (``.archive-<pid>-*``) that a killed ``make archive`` (SIGKILL:
-    no ``finally`` ran) left in ``out_dir``; a live archiver's are kept. Returns them."""
+    """Remove the staging dirs and temp tars (``.archive-<pid>-*``) that a killed ``make
+    archive`` whose reaper was killed too (a whole cgroup at once) left in ``out_dir``; a
+    live archiver's are kept. Returns them."""
     removed = []
     for path in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
         pid = path.name[len(STAGING_PREFIX) :].partition("-")[0]
-        if path.is_dir() and not path.is_symlink() and pid.isdigit() and not _alive(int(pid)):
+        if path.is_symlink() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
     return removed
+
+
+#: The reaper: blocks on its stdin, the read end of a pipe whose write end only the
+#: archiver holds. The archiver writes one byte when it cleaned up itself; EOF without it
+#: means the archiver died (SIGKILL: no ``finally`` ran), and the reaper removes its
+#: ``.archive-<pid>-*`` (the staging dir and the temp tar).
+_REAPER = (
+    "import glob, os, shutil, sys\n"
+    "if not os.read(0, 1):\n"
+    "    for p in glob.glob(sys.argv[1]):\n"
+    "        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)\n"
+)
+
+
+@contextlib.contextmanager
+def _reaper(out_dir: Path) -> Iterator[None]:
+    """A process of its own session (a Ctrl-C or a process-group kill does not reach it)
+    that removes this archiver's staging dir and temp tar if this process is killed."""
+    read, write = os.pipe()
+    pattern = str(Path(out_dir) / f"{STAGING_PREFIX}{os.getpid()}-*")
+    with open(os.devnull, "wb") as quiet:
+        proc = subprocess.Popen([sys.executable, "-S", "-c", _REAPER, pattern], stdin=read,
+                                stdout=quiet, stderr=quiet, start_new_session=True)  # fmt: skip
+    os.close(read)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.write(write, b"x")  # cleaned up here: nothing for the reaper to do
+        os.close(write)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
 
 
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
     """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
-    ends (a stop signal included, under :func:`stop_signals.raising`); a failed write
-    (a full disk) becomes one line that names the file and the archive."""
+    ends (a stop signal included, under :func:`stop_signals.raising`; a SIGKILL by the
+    reaper, :func:`_reaper`); a failed write (a full disk) becomes one line that names the
+    file and the archive."""
     staging = None
     try:
         remove_stale_staging(out_dir)
-        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out_dir))
-        yield staging
+        with _reaper(out_dir):
+            staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-",
+                                            dir=out_dir))  # fmt: skip
+            try:
+                yield staging
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     except OSError as e:
         # a copy names (source, destination): the file that could not be written is the second
         where = e.filename2 or e.filename or (staging or out_dir)
@@ -140,9 +183,6 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
             f"writing {target} failed at {where}: {e.strerror or e}; nothing written "
             f"(free space in {out_dir}, or give --out-dir on a larger disk)"
         ) from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
@@ -159,7 +199,9 @@ def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
         signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{top}.", suffix=".tar.gz.tmp", dir=target.parent)
+        # named like the staging dir, so the reaper and the next archive know whose it is
+        prefix = f"{STAGING_PREFIX}{os.getpid()}-{top}."
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tar.gz.tmp", dir=target.parent)
         os.close(fd)
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(root, arcname=top, filter=_normalise)

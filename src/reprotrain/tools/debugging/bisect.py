@@ -66,6 +66,7 @@ from reprotrain.shown import say
 from reprotrain.tools import cli
 from reprotrain.tools.debugging.state_diff import state_differences
 from reprotrain.tools.debugging.trace_diff import Finding, first_difference, first_digest_difference
+from reprotrain.tools.reproduce import run_trust
 from reprotrain.tools.runs import resume
 from reprotrain.tools.runs.run_diff import compare_runs
 
@@ -521,7 +522,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("a", type=cli.user_path, help="run directory A")
     p.add_argument("b", type=cli.user_path, help="run directory B")
     p.add_argument("--max-replay-steps", type=int, default=1000)
+    run_trust.add_arguments(p)
     args = p.parse_args(argv)
+    # A run from an archive is replayed only under a trust rule (its config is code).
+    run_trust.require_trust([args.a, args.b], args.trust, args.trusted_signers)
     a, b = _check_run(args.a), _check_run(args.b)
     if a == b:
         raise ReprotrainError("A and B are the same run directory; give two runs")

@@ -47,7 +47,8 @@ Steps, each of which can stop the replay:
    ``<runs-dir>/<stamp>/`` with a ``reproduction.json`` beside its ``run.json``.
    ``--epochs N`` re-runs only the first N epochs (``trainer.stop_after_epoch=N``, same LR
    schedule); an interrupted archive (``ALLOW_INCOMPLETE=1``) compares its completed epochs.
-7. **Compare** per-epoch fingerprints and final weights (``tools/runs/run_diff.py``).
+7. **Compare** per-epoch fingerprints, final weights, every metrics.jsonl row and
+   ``final_metrics`` (``tools/runs/run_diff.py``): any difference is DIVERGED, naming the field.
 
 Verdict (last line, naming the trust rule that let the code run) and exit code:
 
@@ -121,7 +122,7 @@ from reprotrain.tools.reproduce.rerun import (
     rerun_env,
     run_legs,
 )
-from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 from reprotrain.tools.sweeps import compare_sweeps
 
 __all__ = [
@@ -440,7 +441,7 @@ def _rerun(
         reasons.append(data_problem)
     reasons += [f"environment-derived value: {d}" for d in env_values]
     PHASES("compare")
-    result = compare_runs(run, new_run, epochs=epochs)
+    result = with_metrics(compare_runs(run, new_run, epochs=epochs), run, new_run, epochs)
     if partial_archive and not result.identical:
         reasons.append(partial_archive)
     lines, within = tolerance_report(result.metric_diffs, args.tolerance)

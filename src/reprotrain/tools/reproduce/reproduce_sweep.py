@@ -22,7 +22,9 @@ An Optuna study's ``study.json`` is part of what is reproduced: read and shape-c
 anything re-runs (malformed: exit 2), then recomputed from the archived and the replayed runs
 (``tools/reproduce/study_check.py``). A trial it names that is missing, another best, another
 value (where bits are promised) is a difference: DIVERGED (1), or INCONSISTENT in statistical
-mode. Each job's ``.hydra/overrides.yaml`` must be a list of overrides, also checked first.
+mode. So is ``summary.json`` (each group's statistics and the objective, recomputed from the
+archived runs), and in bitwise mode every job's metrics.jsonl rows and ``final_metrics``.
+Each job's ``.hydra/overrides.yaml`` must be a list of overrides, also checked first.
 
 The report is ``reproduction.json`` in the new sweep directory.
 """
@@ -41,13 +43,13 @@ from typing import Any
 import yaml
 
 from reprotrain import safetar
-from reprotrain.errors import ReproduceRefused
+from reprotrain.errors import ReproduceRefused, ReprotrainError
 from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
 from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
-from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso, to_strict_json
 from reprotrain.shown import say, shown
 from reprotrain.tools.archive import archive_check
 from reprotrain.tools.archive.archive_check import CheckedArchive
@@ -55,7 +57,7 @@ from reprotrain.tools.archive.sweep_archive import SWEEP
 from reprotrain.tools.debugging.bisect import bisect_command
 from reprotrain.tools.reproduce import rerun, study_check, trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
-from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
@@ -102,6 +104,8 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
         label = view.label(f"{base}/run.json")
         view.record = parse_record(view.text("run/run.json"), label, run_schema.REPLAY)
         view.config = parse_yaml_config(view.text("run/config.resolved.yaml"), base)
+        archive_check.check_config_identity(view.record, view.config,
+                                            f"{base}/config.resolved.yaml")  # fmt: skip
         out.append((str(rel), view))
     return out
 
@@ -196,6 +200,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, 
         code, verdict = _bitwise(top, new_sweep, plan.jobs, report)
     if study is not None:
         code, verdict = _study_verdict(study, top, new_sweep, statistical, code, verdict, report)
+    code, verdict = _summary_verdict(top / SWEEP, statistical, code, verdict, report)
     verdict += f" [trust {verdict_trust.rule}]"
     report |= {"verdict": verdict, "exit_code": code}
     atomic_write_text(new_sweep / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -223,10 +228,68 @@ def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: i
     return 1, f"{head}: study.json does not hold ({len(found)} difference(s)): {found[0]}"
 
 
+def _claims_differ(said: Any, here: Any) -> bool:
+    """Whether what ``said`` claims differs from ``here``: mappings key by key over the keys
+    both hold (a statistic a later version adds is no claim of the record's), else equality."""
+    if isinstance(said, dict) and isinstance(here, dict):
+        return any(_claims_differ(v, here[k]) for k, v in said.items() if k in here)
+    return said != here
+
+
+def summary_differences(sweep: Path) -> list[str]:
+    """Every way the archived ``summary.json`` (its groups, each group's statistics, the
+    objective) differs from the summary recomputed from the archived runs
+    (``sweep_summary.summarize``, the code that wrote it); empty when it holds or there is
+    none."""
+    from reprotrain.tools.sweeps import sweep_summary
+
+    path = sweep / sweep_summary.SUMMARY_JSON
+    if not path.is_file():
+        return []
+    try:
+        said = parse_json_object(path.read_text(), "summary.json")
+    except (OSError, UnicodeDecodeError, ValueError, ReprotrainError) as e:
+        return [f"summary.json cannot be read ({shown(e, 200)})"]
+    here, _ = to_strict_json(sweep_summary.summarize(sweep))  # its JSON form, as written
+    here = json.loads(json.dumps(here))
+    out = []
+    if _claims_differ(said.get("objective"), here.get("objective")):
+        out.append(f"summary.json objective {shown(said.get('objective'), 120)}, the archived "
+                   f"runs give {shown(here.get('objective'), 120)}")  # fmt: skip
+    theirs = {g.get("label"): g for g in said.get("groups") or [] if isinstance(g, dict)}
+    ours = {g["label"]: g for g in here["groups"]}
+    for label in sorted(set(ours) - set(theirs), key=str):
+        out.append(f"group {shown(label, 60)} of the archived runs is not in summary.json")
+    for label, group in theirs.items():
+        if label not in ours:
+            out.append(f"summary.json group {shown(label, 60)} is not in the archived runs")
+            continue
+        metrics = group.get("metrics") if isinstance(group.get("metrics"), dict) else {}
+        for metric, stats in metrics.items():
+            if _claims_differ(stats, ours[label]["metrics"].get(metric)):
+                out.append(f"summary.json group {shown(label, 60)} {shown(metric)}: not what "
+                           "the archived runs give")  # fmt: skip
+    return out
+
+
+def _summary_verdict(sweep: Path, statistical: bool, code: int, verdict: str,
+                     report: dict) -> tuple[int, str]:  # fmt: skip
+    """The verdict, demoted when summary.json does not hold for the archived runs."""
+    found = summary_differences(sweep)
+    report["summary_differences"] = found
+    for line in found[:10]:
+        say(f"summary  {line}")
+    if not found or code == 1:
+        return code, verdict
+    head = compare_sweeps.INCONSISTENT if statistical else "DIVERGED"
+    return 1, f"{head}: summary.json does not hold ({len(found)} difference(s)): {found[0]}"
+
+
 def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
     diverged = []
     for job in jobs:
-        result = compare_runs(top / SWEEP / job.name, new_sweep / job.name)
+        archived, replayed = top / SWEEP / job.name, new_sweep / job.name
+        result = with_metrics(compare_runs(archived, replayed), archived, replayed)
         if not result.identical:
             diverged.append((job.name, result.verdict()))
     report["diverged"] = [{"job": j, "verdict": v} for j, v in diverged]

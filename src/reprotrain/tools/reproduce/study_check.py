@@ -13,8 +13,10 @@ deleted: the runs matched, and the claim about them was never looked at.
   way ``study.json`` differs: a trial it names that is not there, a trial that is there but
   not named, another parameter, value or status, another best, ``n_trials`` trials
   promised but fewer archived, the sweeper's ``optimization_results.yaml`` disagreeing,
-  and the study's journal (``study.journal``, read with ``optuna.load_study``) holding
-  other trials than the archived runs.
+  the study's journal (``study.journal``, read with ``optuna.load_study``) holding
+  other trials than the archived runs, the sampler (its seed among its settings) other
+  than the one the sweep's own ``multirun.yaml`` says it ran with, and the sampler run
+  again (:func:`proposal_differences`) proposing other trials than the archived ones.
 
 The replay calls it on the replayed runs (bitwise: the values must match too) and on the
 archived runs (statistical mode, where re-run values legitimately move: the record must
@@ -136,6 +138,8 @@ def differences(
     results = Path(archived) / optuna_study.OPTUNA_RESULTS
     if results.is_file() and here.get("optuna_best_agrees") is False:
         out.append(f"{optuna_study.OPTUNA_RESULTS} does not agree with the best archived run")
+    out += sampler_differences(study, Path(archived))
+    out += proposal_differences(study, Path(archived))
     if here.get("storage_agrees") is False:
         out.append(f"the study's storage ({optuna_study.JOURNAL}) does not hold the archived "
                    "trials (their parameters, values and states)")  # fmt: skip
@@ -154,6 +158,94 @@ def differences(
         out += _compare_best(study.get("best"), optuna_study.best_trial(
             list(replayed.values()), mode), ("job", "value"), "the replayed runs")  # fmt: skip
     return list(dict.fromkeys(out))
+
+
+def sampler_differences(study: dict[str, Any], archived: Path) -> list[str]:
+    """study.json's sampler (class and every setting, the seed among them) against the one
+    the sweep ran with, as its own record says: ``hydra.sweeper.sampler`` in the archived
+    ``multirun.yaml``. A forged seed is a difference (and, without that record, still one
+    when the sampler is run again: :func:`proposal_differences`)."""
+    from omegaconf import OmegaConf
+
+    from reprotrain.errors import RecordError
+    from reprotrain.run.readers import parse_yaml_config
+    from reprotrain.tools.sweeps.optuna_study import SWEEP_RECORD
+
+    path = archived / SWEEP_RECORD
+    if not path.is_file():  # nothing records the sampler but study.json: the re-run decides
+        return []
+    try:
+        record = parse_yaml_config(path.read_text(), SWEEP_RECORD)
+    except (RecordError, OSError, UnicodeDecodeError) as e:
+        return [f"{SWEEP_RECORD} cannot be read ({shown(e, 200)})"]
+    node = OmegaConf.select(record, "hydra.sweeper.sampler", default=None)
+    if node is None:  # not written by the sweeper: nothing to hold study.json to
+        return []
+    ran = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+    if not isinstance(ran, dict):
+        return [f"{SWEEP_RECORD}: hydra.sweeper.sampler is not a mapping"]
+    ran = {"class": ran.pop("_target_", None), **ran}
+    said = study["sampler"]
+    return [f"sampler {shown(k, 40)}: {shown(said.get(k), 60)} in study.json, "
+            f"{shown(ran.get(k), 60)} in {SWEEP_RECORD} (what the sweep ran with)"
+            for k in sorted(set(said) | set(ran), key=str)
+            if not _same(said.get(k), ran.get(k))]  # fmt: skip
+
+
+def _batches(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def proposal_differences(study: dict[str, Any], archived: Path) -> list[str]:
+    """The sampler run again: a fresh study asks a fresh sampler of study.json's class and
+    settings, seeded per trial as the sweeper seeds it (``optuna_sweeper.make_sampler``), in
+    the sweeper's batches of ``n_jobs``, told each archived result as the study was; every
+    trial of the archived journal must be what it proposes. So a seed (or any setting) that
+    is not the one the trials came from is a difference, whatever the records say. Only an
+    ``optuna.samplers`` class is built (the archive's ``class`` is code); a study without its
+    own journal, an unseeded or grid sampler is not re-run (study.json says why already)."""
+    import optuna
+
+    from reprotrain.tools.sweeps.optuna_study import JOURNAL
+    from reprotrain.tools.sweeps.optuna_sweeper import make_sampler, open_journal
+
+    settings = dict(study["sampler"])
+    cls = settings.pop("class", None)
+    name = cls.rsplit(".", 1)[-1] if isinstance(cls, str) else ""
+    journal = archived / JOURNAL
+    if study.get("storage") or not journal.is_file() or settings.get("seed") is None:
+        return []
+    if not (cls == f"optuna.samplers.{name}" and isinstance(getattr(optuna.samplers, name, None),
+                                                             type)):  # fmt: skip
+        return [f"sampler {shown(cls, 80)} is not an optuna.samplers class: its proposals were "
+                "not re-run"]  # fmt: skip
+    if name == "GridSampler":
+        return []
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        stored = optuna.load_study(
+            study_name=study.get("study_name"), storage=open_journal(journal)
+        ).get_trials(deepcopy=False)
+        replay = optuna.create_study(direction=str(study.get("direction")))
+    except Exception as e:  # a foreign journal: storage_agrees says it does not hold
+        return [f"the sampler was not re-run: {type(e).__name__}: {shown(e, 120)}"]
+    n_jobs = study.get("n_jobs") if isinstance(study.get("n_jobs"), int) else 1
+    for batch in _batches(sorted(stored, key=lambda t: t.number), max(1, n_jobs)):
+        asked = []
+        for trial in batch:
+            replay.sampler = make_sampler({"_target_": cls, **settings}, trial.number,
+                                          trial.distributions)  # fmt: skip
+            asked.append(replay.ask(fixed_distributions=dict(trial.distributions)))
+        for new, trial in zip(asked, batch, strict=True):
+            if new.params != trial.params:
+                return [f"trial {trial.number}: the sampler of study.json (seed "
+                        f"{shown(settings['seed'], 20)}) proposes {shown(new.params, 120)}, the "
+                        f"archived trial ran {shown(trial.params, 120)}"]  # fmt: skip
+            if trial.state.name == "COMPLETE":
+                replay.tell(new.number, trial.value)
+            else:
+                replay.tell(new.number, state=optuna.trial.TrialState.FAIL)
+    return []
 
 
 def _status(record: Path) -> str | None:

@@ -26,6 +26,8 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.repro import checkpoint
 from reprotrain.run import record as rec
 from reprotrain.run.readers import read_run_json
+from reprotrain.shown import say, shown
+from reprotrain.tools.reproduce import run_trust
 
 
 class EvalError(ReprotrainError):
@@ -144,7 +146,14 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     data = from_trainer(PipelineSettings, cfg.trainer)
     _, pipeline = build_data(cfg.dataset, cfg.model.get("num_classes"), data, seeds, device,
                              channels_last=cfg.trainer.channels_last)  # fmt: skip
-    model = build_model(cfg.model, device, cfg.trainer.channels_last)
+    try:
+        model = build_model(cfg.model, device, cfg.trainer.channels_last)
+    except AttributeError:  # the build itself succeeded (its failures are ComponentError):
+        # what it built has no ``.to``: not a torch.nn.Module
+        raise EvalError(
+            f"model._target_ {shown(cfg.model.get('_target_'), 120)} does not build a "
+            "torch.nn.Module; evaluate a run whose model is one"
+        ) from None
     load_weights(model, state, path)
     task = build_task(cfg.task, cfg.get("loss"))
     weights, evaluated_with = evaluation_weights(cfg.get("step"), model, state, path)
@@ -189,16 +198,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="the run directory")
     parser.add_argument("--checkpoint", default="last", help="last (default) | best | <path>")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the recorded config")
-    args = parser.parse_args(argv)
+    run_trust.add_arguments(parser)
+    args = parser.parse_intermixed_args(argv)  # overrides after --checkpoint (make eval ARGS=)
     try:
+        # A run from an archive is built only under a trust rule (nothing imported before).
+        run_trust.require_trust([args.run_dir.expanduser()], args.trust, args.trusted_signers)
         result = evaluate_run(args.run_dir.expanduser(), args.checkpoint, args.overrides)
     except ReprotrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    shown = " ".join(f"{k}={v!r}" for k, v in result["metrics"].items())
-    print(f"{shown} ({result['checkpoint']})")
+    metrics = " ".join(f"{shown(k, 80)}={shown(repr(v), 80)}" for k, v in result["metrics"].items())
+    say(f"{metrics} ({result['checkpoint']})")  # names and paths escaped: the run's own text
     kept = result_path(args.run_dir, Path(result["checkpoint"]), result["global_step"])
-    print(f"wrote {kept} (and {args.run_dir / EVAL_JSON}, the latest)")
+    say(f"wrote {kept} (and {args.run_dir / EVAL_JSON}, the latest)")
     return 0
 
 

@@ -3,7 +3,9 @@
 Used by ``make verify`` and ``make reproduce``. The first divergence is named by epoch and,
 when the step losses tell, by the first step whose loss differs (the loss of step ``s`` is
 computed before update ``s``, so a differing loss pins the divergence to that step or the
-one before it).
+one before it). :func:`with_metrics` then holds the records to the same standard as the
+weights: equal weights with another metrics.jsonl row (a value, a row more or less) or
+another ``final_metrics`` is a divergence that names the field, never IDENTICAL.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, parse_json_object, read_jsonl
+from reprotrain.shown import shown
 
 TIMING_KEYS = ("seconds", "images_per_s")
 
@@ -37,15 +40,56 @@ class Comparison:
 def metric_differences(a: list[dict], b: list[dict]) -> dict[int, dict[str, tuple[float, float]]]:
     """{epoch: {metric: (a, b)}} for every metric that differs, timings aside."""
     out: dict[int, dict[str, tuple[float, float]]] = {}
-    for ra, rb in zip(a, b, strict=False):
+    for i, (ra, rb) in enumerate(zip(a, b, strict=False)):
         diff = {
             k: (ra.get(k), rb.get(k))
             for k in sorted(set(ra) | set(rb))
             if k not in TIMING_KEYS and ra.get(k) != rb.get(k)
         }
         if diff:
-            out[ra["epoch"]] = diff
+            epoch = ra.get("epoch")
+            out[epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else i] = diff
     return out
+
+
+def _field_text(name: str, a: object, b: object) -> str:
+    return f"{shown(name)} {shown(a, 40)} vs {shown(b, 40)}"
+
+
+def with_metrics(result: Comparison, a: Path, b: Path, epochs: int | None = None) -> Comparison:
+    """The records must match as the weights do: equal weights with a metrics.jsonl row
+    that differs (a value, a row more or less: a task's state a resume lost, or a record
+    rewritten) or, over the whole run, another ``final_metrics``, is a divergence naming
+    the first field that differs (``a``'s value first)."""
+    if not result.identical:
+        return result
+    rows = [read_jsonl(Path(d) / METRICS) for d in (a, b)]
+    if epochs is None and len(rows[0]) != len(rows[1]):
+        result.identical = False
+        result.reasons.append(f"weights match but {METRICS} has {len(rows[0])} vs "
+                              f"{len(rows[1])} rows")  # fmt: skip
+        return result
+    if result.metric_diffs:
+        epoch = min(result.metric_diffs)
+        diffs = result.metric_diffs[epoch]
+        first = ", ".join(_field_text(k, *v) for k, v in list(diffs.items())[:3])
+        result.identical, result.divergent_epoch = False, epoch
+        result.reasons.append(f"weights match but metrics differ ({first}; epoch {epoch} of "
+                              f"{METRICS})")  # fmt: skip
+        return result
+    if epochs is not None:
+        return result
+    final = [_record(Path(d) / RUN_JSON).get("final_metrics") or {} for d in (a, b)]
+    if final[0] != final[1]:
+        if not all(isinstance(f, dict) for f in final):
+            first = _field_text("final_metrics", *final)
+        else:
+            keys = sorted(str(k) for k in {**final[0], **final[1]}
+                          if final[0].get(k) != final[1].get(k))  # fmt: skip
+            first = ", ".join(_field_text(k, final[0].get(k), final[1].get(k)) for k in keys[:3])
+        result.identical = False
+        result.reasons.append(f"weights match but final_metrics differ: {first}")
+    return result
 
 
 def compare_runs(reference: Path, candidate: Path, epochs: int | None = None) -> Comparison:

@@ -45,7 +45,7 @@ from reprotrain.run.record import CHECKPOINTS, RUN_JSON
 from reprotrain.tools import cli
 from reprotrain.tools.debugging.bisect import bisect_command
 from reprotrain.tools.runs.resume import trainer_launcher
-from reprotrain.tools.runs.run_diff import Comparison, compare_runs
+from reprotrain.tools.runs.run_diff import Comparison, compare_runs, with_metrics
 
 _OWN = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
 
@@ -152,26 +152,6 @@ def check_world_sizes_first(overrides: list[str], nproc: int, nproc_b: int) -> N
         return
     if not all(OmegaConf.select(c, "trainer.world_size_invariant") is True for c in composed):
         raise not_invariant(nproc, nproc_b)
-
-
-def with_metrics(result: Comparison, a: Path, b: Path) -> Comparison:
-    """The same config twice must also log the same metrics: equal weights with a metric
-    that differs (a task's state a resume lost) is a divergence, not IDENTICAL."""
-    if not result.identical:
-        return result
-    final = [read_run_json(d).get("final_metrics") or {} for d in (a, b)]
-    if result.metric_diffs:
-        epoch = min(result.metric_diffs)
-        names = ", ".join(sorted(result.metric_diffs[epoch]))
-        result.identical, result.divergent_epoch = False, epoch
-        result.reasons.append(f"weights match but metrics differ ({names})")
-    elif final[0] != final[1]:
-        names = ", ".join(
-            sorted(k for k in {**final[0], **final[1]} if final[0].get(k) != final[1].get(k))
-        )
-        result.identical = False
-        result.reasons.append(f"weights match but final metrics differ ({names})")
-    return result
 
 
 def final_state_difference(a: Path, b: Path) -> str | None:

@@ -1,0 +1,144 @@
+"""Every Make variable is data: quoted with the Makefile's ``q`` (``$(value ...)``, so Make
+never expands a ``$(shell ...)`` in it either) or validated to its type, and ``ARGS`` is
+split into words by ``reprotrain --args`` without being expanded. A canary file that any
+expansion would create must never appear, and a failing inner command fails ``make``."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, base_env
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def make(*args: str, dry: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in base_env().items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    cmd = ["make", "-s", "--no-print-directory", "-C", str(REPO), *(["-n"] if dry else []), *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _venv_ready() -> bool:
+    """Never let a test install the venv: real runs only while its stamp is up to date."""
+    stamp = subprocess.run(["make", "-q", ".venv/.installed"], cwd=REPO, capture_output=True)
+    return stamp.returncode == 0
+
+
+needs_venv = pytest.mark.skipif(not _venv_ready(), reason="needs an installed .venv")
+
+
+def hostile(canary: Path) -> list[str]:
+    """Values that would create ``canary`` if Make or the shell expanded them."""
+    return [
+        f"1; touch {canary}",
+        f"$(shell touch {canary})",
+        f"`touch {canary}`",
+        f"$$(touch {canary})",
+        f"x' ; touch {canary}; '",
+        f"a\nb; touch {canary}",
+    ]
+
+
+#: (target, variable, the target's other variables, the option that receives the value)
+CASES = [
+    ("verify", "NPROC", [], "--nproc"),
+    ("verify", "NPROC_B", [], "--nproc-b"),
+    ("eval", "CKPT", ["RUN=r"], "--checkpoint"),
+    ("resume", "RUN", [], "resume"),
+    ("resume", "NPROC", ["RUN=r"], "--nproc"),
+    ("drill", "NPROC", [], "--nproc"),
+]
+
+
+def recipe_argv(stdout: str) -> list[str]:
+    (line,) = [x for x in stdout.replace("\\\n", " ").splitlines() if "bin/reprotrain " in x]
+    # the newline travels as "$RT_NEWLINE", as the recipe's shell reads it
+    return shlex.split(line.replace('"$RT_NEWLINE"', '"\n"'))
+
+
+@pytest.mark.parametrize(("target", "variable", "rest", "option"), CASES)
+def test_a_variable_reaches_its_job_as_one_inert_argument(target, variable, rest, option, tmp_path):
+    canary = tmp_path / "C"
+    for value in hostile(canary):
+        proc = make(target, f"{variable}={value}", *rest)
+        assert not canary.exists(), f"{variable}={value!r} ran a command"
+        argv = recipe_argv(proc.stdout)
+        assert argv[argv.index(option) + 1] == value, proc.stdout
+
+
+def test_args_is_split_into_words_but_never_expanded(tmp_path):
+    canary = tmp_path / "C"
+    text = f"name='a b' $(shell touch {canary}) `touch {canary}` ;touch {canary} $$HOME"
+    proc = make("train", f"ARGS={text}")
+    assert not canary.exists()
+    argv = recipe_argv(proc.stdout)
+    assert argv[argv.index("--args") + 1] == text
+    from reprotrain.commands import split_args
+
+    words = split_args(text)
+    assert words[0] == "name=a b" and "`touch" in words and "$$HOME" in words
+
+
+def test_commands_append_the_args_words_after_the_command():
+    from reprotrain.commands import _options
+
+    _, _, argv = _options(["--exit-line", "--args", "x='1 2' $(id)", "train", "--nproc", "1"])
+    assert argv == ["train", "--nproc", "1", "x=1 2", "$(id)"]
+
+
+@pytest.mark.parametrize("variable", ["NAME", "DEST"])
+def test_new_project_names_are_data(variable, tmp_path):
+    canary = tmp_path / "C"
+    other = "DEST=" + str(tmp_path / "d") if variable == "NAME" else "NAME=mylab"
+    for value in hostile(canary):
+        proc = make("new-project", f"{variable}={value}", other)
+        assert not canary.exists(), f"{variable}={value!r} ran a command"
+        (line,) = [x for x in proc.stdout.splitlines() if "new_project.py" in x]
+        argv = shlex.split(line.replace('"$RT_NEWLINE"', '"\n"'))
+        assert value in argv[-2:]
+
+
+@needs_venv
+def test_unknown_extras_are_refused_as_data(tmp_path):
+    canary = tmp_path / "C"
+    for value in hostile(canary):
+        proc = make("install", f"EXTRAS={value}", dry=False)
+        assert not canary.exists(), f"EXTRAS={value!r} ran a command"
+        assert proc.returncode == 2 and "error: unknown extra in EXTRAS=" in proc.stderr
+
+
+@needs_venv
+def test_a_failing_job_fails_make_and_runs_nothing_after_it(tmp_path):
+    """``make verify "NPROC=1; touch C"`` made make exit 0 (the shell ran touch after the
+    failed verify): now verify gets the whole text, refuses it in one line, make fails."""
+    canary = tmp_path / "C"
+    proc = make("verify", f"NPROC=1; touch {canary}", dry=False)
+    assert proc.returncode == 2 and not canary.exists()
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "--nproc" in errors[0], proc.stderr
+
+
+@needs_venv
+def test_a_run_dir_with_a_newline_is_one_argument_not_a_syntax_error(tmp_path):
+    """``make resume RUN=$'a\\nb'`` was a /bin/sh syntax error (the newline ended the line)."""
+    proc = make("resume", f"RUN={tmp_path}/a\nb", dry=False)
+    assert proc.returncode == 2 and "Syntax error" not in proc.stderr
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "no such run directory" in errors[0], proc.stderr
+
+
+@needs_venv
+def test_no_command_line_variable_is_expanded_into_a_recipes_environment(tmp_path):
+    """Make exports command-line variables to recipes, expanding them: any variable at all
+    (one the Makefile never names, too) with ``$(shell ...)`` ran it before the job."""
+    canary = tmp_path / "C"
+    proc = make("report", f"RUN={tmp_path}/none", f"FOO=$(shell touch {canary})",
+                f"NPROC=$(shell touch {canary})", dry=False)  # fmt: skip
+    assert proc.returncode == 2 and not canary.exists()
+    proc = make("drill", f"NPROC=$(shell touch {canary})")  # its recursive make runs under -n
+    assert not canary.exists()

@@ -30,6 +30,7 @@ from reprotrain.data.pipeline import build_pipeline
 from reprotrain.engine import StepRunner, TrainerState
 from reprotrain.optim import param_groups
 from reprotrain.reduction import Reduction
+from reprotrain.repro import precision as float_math
 from reprotrain.repro.seeding import Seeds
 
 
@@ -94,7 +95,7 @@ def build_training(
     scheduler = build_scheduler(scheduler_cfg, optimizer, total_steps=total_steps)
     scaler = torch.amp.GradScaler(
         device.type, init_scale=settings.amp_init_scale,
-        enabled=(step_settings.amp, step_settings.amp_dtype) == (True, "fp16"),
+        enabled=float_math.uses_grad_scaler(step_settings.precision),
     )  # fmt: skip
     model, forward = reduction.prepare(model)
     if settings.compile:

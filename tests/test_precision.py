@@ -65,7 +65,7 @@ def test_a_misspelt_precision_fails_at_compose_time():
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["experiment=selfcheck", "trainer.precision=bf16"])
-    with pytest.raises(ReprotrainError, match="trainer.precision"):
+    with pytest.raises(ReprotrainError, match=r"trainer\.precision"):
         validate(cfg, 1)
 
 

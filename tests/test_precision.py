@@ -124,3 +124,14 @@ def test_a_changed_precision_is_one_line_of_the_comparability_rule():
     # A record from before the key: its runs were 32-true on the CPU (TF32 only ever on a GPU
     # at repro=fast): "not recorded" counts as a difference, never as a silent match.
     assert "not recorded" in comparability.precision_difference({}, {"precision": "32-true"})
+
+
+def test_the_reference_experiment_runs_tf32_channels_last_at_strict():
+    """docs/gpus.md, "The reference GPU setting": the reference job's default on CUDA."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=cifar10_resnet18"])
+    assert (cfg.trainer.device, cfg.trainer.precision) == ("cuda", "tf32")
+    assert cfg.trainer.channels_last is True and cfg.repro.level == "strict"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        default = compose("train", overrides=["experiment=smoke"])
+    assert default.trainer.precision == "32-true"  # everywhere else: full float32

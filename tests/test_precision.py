@@ -135,3 +135,16 @@ def test_the_reference_experiment_runs_tf32_channels_last_at_strict():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         default = compose("train", overrides=["experiment=smoke"])
     assert default.trainer.precision == "32-true"  # everywhere else: full float32
+
+
+def test_help_shows_the_precision_key_and_every_choice():
+    import subprocess
+    import sys
+
+    from conftest import REPO, base_env
+
+    proc = subprocess.run([sys.executable, "-m", "reprotrain.train", "--help"], cwd=REPO,
+                          env=base_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert "precision: 32-true" in proc.stdout  # the config's default
+    assert " | ".join(precision.PRECISIONS) in proc.stdout  # the choices, in the examples

@@ -120,3 +120,41 @@ def test_on_the_cpu_the_reference_figures_are_skipped_with_the_reason(tmp_path):
     assert "CUDA only" in out["reference"]["skipped"]
     assert "CUDA only" in out["strict_cost"]["skipped"]
     assert "skipped" in markdown_table(table_rows(out))
+
+
+def test_the_reference_figures_run_the_reference_job_and_the_bare_loop_at_its_setting(
+    tmp_path, monkeypatch
+):
+    """P1/P3 on the reference model: both sides at ResNet-18, batch 512, tf32 and
+    channels_last, strict and fast interleaved; the recipe projected from strict."""
+    calls: list[list[str]] = []
+    rates = {"template": 30_000.0, "bare": 32_000.0}
+
+    def fake_run_checked(cmd, timeout=1800, drop_env=()):
+        calls.append(cmd)
+        if "-m" in cmd:  # the template: a run directory
+            run_dir = Path(next(a for a in cmd if a.startswith("hydra.run.dir="))[14:])
+            path, rate = run_dir / "metrics.jsonl", rates["template"]
+        else:
+            path, rate = Path(next(a for a in cmd if a.startswith("--out="))[6:]), rates["bare"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{"epoch": 1, "images_per_s": 1.0}, {"epoch": 2, "images_per_s": rate}]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    monkeypatch.setattr(reference_model, "run_checked", fake_run_checked)
+    setup = reference_model.ReferenceSetup(repeats=1)
+    result = reference_model.measure_reference(setup, tmp_path, log=lambda m: None)
+    templates = [c for c in calls if "-m" in c]
+    bares = [c for c in calls if "-m" not in c]
+    assert len(templates) == len(bares) == 2
+    for cmd in templates:
+        assert {"experiment=cifar10_resnet18", "dataset=synthetic", "trainer.batch_size=512",
+                "trainer.precision=tf32", "trainer.channels_last=true"} <= set(cmd)  # fmt: skip
+    for cmd in bares:
+        assert {"--model=resnet18", "--batch-size=512", "--precision=tf32",
+                "--channels-last"} <= set(cmd)  # fmt: skip
+    assert {a for c in calls for a in c if "level" in a} >= {"repro.level=strict",
+                                                           "--level=fast"}  # fmt: skip
+    assert result["P1"]["strict"]["ratio"] == pytest.approx(30_000 / 32_000)
+    assert result["P3"]["ratio"] == pytest.approx(1.0)
+    assert result["recipe"]["seconds"] == pytest.approx(30 * 45_000 / 30_000)

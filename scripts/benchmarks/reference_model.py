@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.stats import compare, interleave
-from benchmarks.training import Counter, run_checked, steady_images_per_s
+from benchmarks.training import Counter, _logged, run_checked, steady_images_per_s
 from reprotrain.run.record import read_jsonl
 
 TARGET_STRICT_OVER_FAST = 1.10
@@ -75,9 +75,9 @@ def bare_run(setup: ReferenceSetup, out: Path, level: str) -> float:
 def measure_reference(setup: ReferenceSetup, root: Path, log=print) -> dict:
     """P1 (template / bare) and P3 (strict / fast step time) on the reference model at its
     precision, interleaved; the projected reference recipe from the strict template."""
-    fresh = Counter(root)
+    fresh, levels = Counter(root), ("strict", "fast")
     sides = {}
-    for level in ("strict", "fast"):
+    for level in levels:
         sides[f"template_{level}"] = lambda lv=level: _logged(
             log, f"reference template {lv}", template_run(setup, fresh(f"ref-template-{lv}"), lv)
         )
@@ -89,8 +89,7 @@ def measure_reference(setup: ReferenceSetup, root: Path, log=print) -> dict:
     return {
         "setting": f"ResNet-18, batch {setup.batch_size}, {setup.precision}"
         + (", channels_last" if setup.channels_last else ""),
-        "P1": {lv: compare(values[f"template_{lv}"], values[f"bare_{lv}"]) for lv in ("strict",
-                                                                                  "fast")},
+        "P1": {lv: compare(values[f"template_{lv}"], values[f"bare_{lv}"]) for lv in levels},
         # step time strict / fast = images/s fast / images/s strict, paired per repeat
         "P3": compare(values["template_fast"], values["template_strict"]),
         "recipe": {
@@ -101,11 +100,6 @@ def measure_reference(setup: ReferenceSetup, root: Path, log=print) -> dict:
         },
         "raw_images_per_s": values,
     }  # fmt: skip
-
-
-def _logged(log, label: str, value: float) -> float:
-    log(f"  {label:<28} {value:10.1f} images/s")
-    return value
 
 
 #: (precision, deterministic, cuDNN benchmark, channels_last) rows of the strict-cost table.

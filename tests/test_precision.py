@@ -148,3 +148,26 @@ def test_help_shows_the_precision_key_and_every_choice():
     assert proc.returncode == 0, proc.stderr[-1000:]
     assert "precision: 32-true" in proc.stdout  # the config's default
     assert " | ".join(precision.PRECISIONS) in proc.stdout  # the choices, in the examples
+
+
+def test_a_resume_under_another_precision_is_refused_naming_the_key():
+    from reprotrain.resume.guard import config_differences
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        a = compose("train", overrides=["experiment=selfcheck"])
+        b = compose("train", overrides=["experiment=selfcheck", "trainer.precision=tf32"])
+    from omegaconf import OmegaConf
+
+    recorded, current = (OmegaConf.to_container(c, resolve=True) for c in (a, b))
+    assert config_differences(recorded, current) == ["trainer.precision"]
+
+
+def test_a_reproduce_whose_rerun_recorded_another_precision_is_not_comparable():
+    from reprotrain.tools.reproduce.rerun import environment_differences
+
+    recorded = {"repro": {"precision": "32-true", "tf32_matmul": False, "tf32_cudnn": False}}
+    rerun = {"repro": {"precision": "tf32", "tf32_matmul": True, "tf32_cudnn": True}}
+    blocking, _ = environment_differences(recorded, rerun)
+    assert "precision: 32-true -> tf32 (trainer.precision): not the same float math" in blocking
+    assert environment_differences(recorded, recorded)[0] == []  # the same: nothing said
+    assert environment_differences(recorded, {})[0] == []  # a preview applies no precision

@@ -20,7 +20,7 @@ take torch's ``float32_matmul_precision`` as leave to round matmuls on CPUs that
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reprotrain.errors import ReprotrainError
 
@@ -48,6 +48,16 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 
     name = AUTOCAST.get(check(precision))
     return None if name is None else getattr(torch, name)
+
+
+def recorded(trainer: Any) -> str:
+    """The precision a recorded ``trainer`` config ran at, for tools that evaluate an older
+    run: records from before the key kept ``amp`` (bf16 unless ``amp_dtype: fp16``)."""
+    if trainer.get("precision") is not None:
+        return check(trainer["precision"])
+    if not trainer.get("amp"):
+        return "32-true"
+    return "16-mixed" if trainer.get("amp_dtype") == "fp16" else "bf16-mixed"
 
 
 def autocast(precision: str) -> tuple[bool, str]:

@@ -139,8 +139,9 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     check_belongs(state, path, own_seeds)
     if which == "best":
         check_best(state, path, run_dir, cfg)
+    precision = float_math.recorded(cfg.trainer)  # a run recorded before the key: its amp
     determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory,
-                      cfg.trainer.precision)  # fmt: skip
+                      precision)  # fmt: skip
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
     seeds = Seeds(**state["seeds"])
     data = from_trainer(PipelineSettings, cfg.trainer)
@@ -153,7 +154,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     with weights:
         metrics = evaluate(
             task, model, pipeline.eval_batches("test"), prefix="test", device=device,
-            amp=float_math.autocast(cfg.trainer.precision),
+            amp=float_math.autocast(precision),
             global_step=state["loop"]["global_step"], train_seed=seeds.train,
         )  # fmt: skip
     result = {

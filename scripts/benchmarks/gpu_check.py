@@ -218,14 +218,14 @@ def check_precision(work: Path, budget: Budget, job: list[str], pair: list[str] 
         runs = [work / f"precision-{precision}-{twin}" for twin in ("a", "b")]
         failed = None
         for run_dir in runs:
-            cmd = train_cmd(run_dir, *job, *FULL_SIZE, "trainer.epochs=2",
+            cmd = train_cmd(run_dir, *job, *FULL_SIZE, *TWO_EPOCHS,  # as the verify pair
                             f"trainer.precision={precision}")  # fmt: skip
             rc, out = run(cmd, budget.timeout(120), log=run_dir.with_suffix(".log"))
             if rc != 0:
                 failed = f"exit {rc}: {last_line(out)}"
                 break
         rows[precision] = {"failed": failed} if failed else precision_row(runs)
-    result: dict = {"job": [*job, *FULL_SIZE, "trainer.epochs=2"], "rows": rows}
+    result: dict = {"job": [*job, *FULL_SIZE, *TWO_EPOCHS], "rows": rows}
     default = rows.get(DEFAULT_PRECISION, {})
     if "images_per_s" in default:
         train_images = NUM_TRAIN * 0.9  # the synthetic data's 10% validation split

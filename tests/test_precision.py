@@ -178,3 +178,12 @@ def test_eval_reads_the_precision_of_a_run_recorded_before_the_key():
     assert precision.recorded({"amp": False, "amp_dtype": "bf16"}) == "32-true"
     assert precision.recorded({"amp": True, "amp_dtype": "bf16"}) == "bf16-mixed"
     assert precision.recorded({"amp": True, "amp_dtype": "fp16"}) == "16-mixed"
+
+
+def test_a_flag_that_does_not_read_back_as_set_stops_the_run(monkeypatch):
+    """Something that overrides torch's flags (a library, a sitecustomize) is caught where
+    the precision is applied, not recorded as the choice."""
+    real = precision.effective
+    monkeypatch.setattr(precision, "effective", lambda p: {**real(p), "tf32_cudnn": False})
+    with pytest.raises(ReprotrainError, match="cuDNN=False after setting them"):
+        precision.apply("tf32")

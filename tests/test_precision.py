@@ -29,7 +29,8 @@ def restore_torch_globals():
     determinism.apply("fast", threads)
     precision.apply("32-true")
     torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.benchmark = False
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, False
 
 
 @pytest.mark.parametrize("level", ["strict", "fast"])

@@ -21,6 +21,10 @@ both paths. Figures (see docs/performance.md):
   invariant  world-size-invariant / plain DDP step time, same W, micro-batch and threads
              per rank (torchrun: 2 ranks x 1 thread on CPU/gloo; on CUDA/NCCL one rank per
              GPU, at most 2)
+  reference  CUDA: P1 and P3 on the reference model (ResNet-18, batch 512, tf32,
+             channels_last) and the projected 30-epoch reference recipe at strict
+  strict_cost  CUDA: a ResNet-18 step's images/s per precision x deterministic x cuDNN
+             benchmark x layout (benchmarks/reference_model.py)
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import reference_model
 from benchmarks.checkpoint_cost import CheckpointSetup, measure_p5
 from benchmarks.invariance_cost import InvariantSetup, measure_invariant
 from benchmarks.pipelines import PipelineSetup, measure_p2, measure_p4
@@ -49,7 +54,8 @@ from benchmarks.training import (
     measure_replay,
 )
 
-FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "replay", "invariant")
+FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "replay", "invariant",
+           *reference_model.FIGURES)  # fmt: skip
 TINY = dict(widths=(16, 32, 64), convs_per_stage=1)  # the smoke suite's P5 model
 
 
@@ -201,6 +207,17 @@ def main(argv: list[str] | None = None) -> int:
             results["invariant"] = measure_invariant(
                 sizes["invariant"], out_dir / "runs-invariant", log
             )
+        results.update(
+            reference_model.measure(
+                args.only,
+                args.device,
+                args.threads,
+                name,
+                args.repeats,
+                out_dir / "runs-reference",
+                log,
+            )
+        )
     except BenchRunError as e:
         print(f"error: a measured run failed: {e}", file=sys.stderr)
         return 1

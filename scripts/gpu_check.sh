@@ -2,12 +2,13 @@
 # One-shot GPU check: bash scripts/gpu_check.sh [--wheels DIR] [--out DIR] [--budget SECONDS]
 #
 # For any machine with one CUDA GPU and no network. Prints ONE JSON on stdout (progress on
-# stderr): verify at strict (the framework's 11.0M-param self-check net, 50k synthetic
-# images, 2 epochs, twice),
-# a resume after SIGKILL compared bit for bit, images/s at strict/fast/bf16/channels_last
-# and the projected 30-epoch time, bench.py --device cuda P1/P2/P3, the world-size-invariant
-# / plain DDP step-time ratio (bench.py --only invariant, NCCL), pytest -m gpu.
-# See scripts/benchmarks/gpu_check.py. About 7-9 minutes on an H200 (budget: 540 s).
+# stderr), in the order that finds bugs first: pytest -m gpu; the reference job (ResNet-18,
+# strict at its setting: tf32, channels_last; 50k synthetic images, 2 epochs) twice and a
+# resume after SIGKILL, compared bit for bit; twins at each trainer.precision (final
+# loss/accuracy, images/s, the projected 30-epoch recipe); bench.py --device cuda (P1/P3 on
+# the bench net and the reference model, the strict-cost table); the world-size-invariant /
+# plain DDP step-time ratio (bench.py --only invariant, NCCL). A section left without time
+# is recorded as skipped. See scripts/benchmarks/gpu_check.py. Budget: 540 s on one H200.
 #
 # Missing hydra-core / omegaconf / antlr4 are installed offline from a wheels folder
 # (--wheels DIR, else $WHEELS, else shared/wheels or wheels/ in the repo) into a private

@@ -105,7 +105,7 @@ def test_every_trainer_key_is_owned_by_exactly_one_settings_part():
     from reprotrain.config import TrainerSettings
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["trainer.batch_size=64", "trainer.amp=true"])
+        cfg = compose("train", overrides=["trainer.batch_size=64", "trainer.precision=tf32"])
     parts = {p.name: p for p in fields(TrainerSettings)}
     settings = TrainerSettings.from_config(cfg.trainer)
     owners: dict[str, list[str]] = {key: [] for key in cfg.trainer}
@@ -114,7 +114,7 @@ def test_every_trainer_key_is_owned_by_exactly_one_settings_part():
             owners.setdefault(key.name, []).append(name)
             assert getattr(getattr(settings, name), key.name) == cfg.trainer[key.name]
     assert {k: v for k, v in owners.items() if len(v) != 1} == {}
-    assert (settings.pipeline.batch_size, settings.step.amp) == (64, True)  # values land
+    assert (settings.pipeline.batch_size, settings.step.precision) == (64, "tf32")  # values land
 
 
 def test_the_trainer_schema_is_made_from_the_settings_so_each_key_is_declared_once():

@@ -20,6 +20,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.repro import determinism
 from reprotrain.repro.checkpoint import list_step_checkpoints, load
 from reprotrain.repro.device import cuda_unavailable_reason
+from reprotrain.repro.precision import PRECISIONS
 
 WHY_NOT = cuda_unavailable_reason()
 pytestmark = [
@@ -67,16 +68,44 @@ def test_kill_and_resume_on_cuda_is_bitwise_equal(tmp_path, cuda_reference):
     )  # fmt: skip
     assert_ok(resumed)
     same_bits(cuda_reference, run_dir)
-    assert run_json(run_dir)["resumes"][0]["bitwise_guarantee"] is True
+    entry = run_json(run_dir)["resumes"][0]
+    assert entry["bitwise_guarantee"] is True, resume_reasons(entry)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_amp_twins_are_bitwise_equal_on_cuda(tmp_path, dtype):
-    amp = (CUDA, "trainer.amp=true", f"trainer.amp_dtype={dtype}")
+def resume_reasons(entry: dict) -> str:
+    """What a resume entry names as the reasons it is not bitwise: the assertion's message."""
+    return (
+        f"mismatch={entry.get('mismatch')} unrestored={entry.get('unrestored')} "
+        f"replay={entry.get('replay')} verified={entry.get('verified')!r}"
+    )
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_twins_are_bitwise_equal_on_cuda_at_every_precision(tmp_path, precision):
+    """repro=strict promises the bits at the precision chosen: TF32 and autocast are
+    deterministic run to run on one GPU. The flags are read back and recorded."""
+    chosen = (CUDA, f"trainer.precision={precision}")
     a, b = tmp_path / "a", tmp_path / "b"
-    assert_ok(train(a, *amp))
-    assert_ok(train(b, *amp))
+    assert_ok(train(a, *chosen))
+    assert_ok(train(b, *chosen))
     same_bits(a, b)
+    flags = run_json(a)["repro"]
+    assert flags["precision"] == precision and flags["deterministic_algorithms"] is True
+    assert flags["tf32_matmul"] is flags["tf32_cudnn"] is (precision == "tf32")
+
+
+def test_tf32_changes_the_bits_on_cuda(tmp_path, cuda_reference):
+    """On a GPU with TF32 units (compute capability 8.0+) tf32 is another computation than
+    32-true: its run differs from the strict 32-true reference (so the two are compared as
+    two precisions, never as twins)."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("no TF32 before compute capability 8.0: tf32 is 32-true here")
+    run_dir = tmp_path / "tf32"
+    assert_ok(train(run_dir, CUDA, CKPT_EVERY, "trainer.precision=tf32"))
+    assert (
+        run_json(run_dir)["final_weights_sha256"]
+        != run_json(cuda_reference)["final_weights_sha256"]
+    )
 
 
 @pytest.fixture

@@ -222,10 +222,10 @@ def test_resume_of_a_non_run_directory_is_one_line(tmp_path):
 
 
 def test_fp16_grad_scaler_state_survives_a_kill(tmp_path):
-    """fp16 autocast (CPU here) with loss scaling. The scale starts too high (2**20) and
+    """16-mixed: fp16 autocast (CPU here) with loss scaling. The scale starts too high (2**20) and
     halves on each overflowing step, which is skipped; a resume that forgot the GradScaler
     state would restart at 2**20, skip steps again and end with different weights."""
-    amp = ("trainer.amp=true", "trainer.amp_dtype=fp16", "trainer.amp_init_scale=1048576")
+    amp = ("trainer.precision=16-mixed", "trainer.amp_init_scale=1048576")
     reference = tmp_path / "ref"
     assert_ok(train(reference, CKPT_EVERY, *amp))
     state = checkpoint.load(checkpoint.list_step_checkpoints(reference / "checkpoints")[-1])

@@ -30,8 +30,11 @@ from reprotrain.selfcheck.net import TinyConvNet
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # selfcheck/conf/dataset/selfcheck_images.yaml
 
 
-def set_level(level: str, threads: int, fill_uninitialized_memory: bool) -> None:
-    """The flags a determinism level means in plain PyTorch (see repro/determinism.py)."""
+def set_level(
+    level: str, threads: int, fill_uninitialized_memory: bool, precision: str = "32-true"
+) -> None:
+    """The flags a determinism level and a ``trainer.precision`` mean in plain PyTorch (see
+    repro/determinism.py, repro/precision.py): TF32 is the precision's, not the level's."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(threads)
     deterministic = level in ("strict", "warn")
@@ -40,9 +43,18 @@ def set_level(level: str, threads: int, fill_uninitialized_memory: bool) -> None
     torch.utils.deterministic.fill_uninitialized_memory = fill
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic
-    torch.backends.cuda.matmul.allow_tf32 = not deterministic
-    torch.backends.cudnn.allow_tf32 = not deterministic
-    torch.set_float32_matmul_precision("highest" if deterministic else "high")
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+
+def build_model(name: str, widths: list[int], convs_per_stage: int) -> nn.Module:
+    """The self-check net, or the reference model (``resnet18``: conf/model/resnet18.yaml)."""
+    if name == "resnet18":
+        from starter.resnet import CifarResNet  # the user's room: the reference model
+
+        return CifarResNet(widths=[64, 128, 256, 512], blocks=[2, 2, 2, 2], num_classes=10)
+    return TinyConvNet(widths, convs_per_stage=convs_per_stage)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,10 +69,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--widths", default="16,32,64")
     p.add_argument("--convs-per-stage", type=int, default=1)
+    p.add_argument("--model", choices=("selfcheck", "resnet18"), default="selfcheck")
+    p.add_argument("--precision", choices=("32-true", "tf32", "bf16-mixed"), default="32-true")
+    p.add_argument("--channels-last", action="store_true", help="NHWC model and batches")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
 
-    set_level(args.level, args.threads, not args.no_fill)
+    set_level(args.level, args.threads, not args.no_fill, args.precision)
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16,
+                              enabled=args.precision == "bf16-mixed")  # fmt: skip
     device = torch.device(args.device)
     x, y, _, _ = make_images(args.num_train, args.num_test, 1234, 48.0)
     x, y = x.to(device), y.to(device)
@@ -69,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     widths = [int(v) for v in args.widths.split(",")]
-    model = TinyConvNet(widths, convs_per_stage=args.convs_per_stage).to(device)
+    model = build_model(args.model, widths, args.convs_per_stage).to(device, memory_format=layout)
     steps = len(y) // args.batch_size
     opt = torch.optim.SGD(
         model.parameters(), lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4
@@ -91,9 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         for step in range(steps):
             idx = order[step * args.batch_size : (step + 1) * args.batch_size]
             xb = normalize(augment_batch(x[idx], 7, epoch, step), mean, std)
-            yb = y[idx]
-            logits = model(xb)
-            loss = loss_fn(logits, yb)
+            xb, yb = xb.contiguous(memory_format=layout), y[idx]
+            with autocast:
+                logits = model(xb)
+                loss = loss_fn(logits, yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -2,20 +2,25 @@
 
     bash scripts/gpu_check.sh [--wheels DIR] [--out DIR] [--budget SECONDS]
 
-On one CUDA GPU, in this order (each section has a timeout, and the whole run a budget,
-540 s by default, so a slow section is recorded as skipped instead of running over):
+On one CUDA GPU, in the order that finds bugs first (each section has a timeout, and the
+whole run a budget, 540 s by default, so a section left without time is recorded as
+skipped instead of running over):
 
-1. ``verify``: the framework's own job at reference size (``experiment=selfcheck`` with the
-   wide 11.0M-parameter net, batch 512, SGD, one-cycle, strict) on its synthetic 3x32x32
-   images at 50000/10000, 2 epochs, twice in fresh processes through
-   ``python -m reprotrain.tools.runs.verify``: identical bits or not.
-2. ``resume_after_kill``: the same config SIGKILLed mid-epoch 2
-   (``tests/faults.py step:N``), resumed with ``resume=auto``, compared with a run
-   of the verify pair: identical bits or not.
-3. ``throughput``: train images/s (epoch 2 of 2) of that net at strict, fast, bf16
-   autocast, channels_last and both; the projected time of 30 epochs at that size.
-4. ``bench``: ``scripts/bench.py --device cuda`` P1/P2/P3 (levels strict and fast).
-5. ``pytest_gpu``: ``pytest -m gpu``.
+1. ``pytest_gpu``: ``pytest -m gpu`` (tests/test_gpu.py: twins at every precision, kill and
+   resume through the resume tool, the CUDA determinism alerts).
+2. ``verify``: the reference job (``experiment=cifar10_resnet18 dataset=synthetic``,
+   ResNet-18 at batch 512, at its own setting: strict, tf32, channels_last; 50000/10000
+   images, 2 epochs) twice in fresh processes through ``python -m reprotrain.tools.runs.verify``:
+   identical bits or not. A checkout without that experiment uses the framework's own job
+   (``experiment=selfcheck``, the wide 11.0M-parameter net) at the same setting.
+3. ``resume_after_kill``: the same job SIGKILLed mid-epoch 2 (``tests/faults.py step:N``),
+   resumed with ``resume=auto``, compared with a run of the verify pair.
+4. ``precision``: twins of the same job at each ``trainer.precision`` (tf32: the verify
+   pair): identical or not, the final test loss and accuracy of each twin, train images/s
+   (epoch 2), and the projected 30 epochs of the reference recipe at the default setting.
+   docs/gpus.md cites this table for what a precision costs in accuracy.
+5. ``bench``: ``scripts/bench.py --device cuda`` P1/P2/P3 and, on CUDA, P1/P3 on the
+   reference model and the strict-cost table (precision x deterministic x benchmark x layout).
 6. ``invariant``: ``scripts/bench.py --device cuda --only invariant``: step time of a
    ``trainer.world_size_invariant`` run / a plain DDP run of the self-check job, same world
    size (one NCCL rank per GPU, at most 2: W=1 on a one-GPU machine) and micro-batch size.
@@ -38,36 +43,38 @@ import torch
 
 from benchmarks.training import child_env, steady_images_per_s
 from reprotrain.paths import REPO_ROOT
+from reprotrain.repro.precision import PRECISIONS
 from reprotrain.run.record import read_jsonl
 from reprotrain.selfcheck.net import WIDE
 from reprotrain.tools.runs.run_diff import compare_runs
 
 NUM_TRAIN = 50_000  # a typical small image benchmark's training set
 FULL_SIZE = [f"dataset.num_train={NUM_TRAIN}", "dataset.num_test=10000"]
-THROUGHPUT_DATA = ["dataset.num_train=25000", "dataset.num_test=2000", "trainer.epochs=2"]
-# The framework's own job (src/reprotrain/selfcheck) at reference size, on the GPU: never the
-# user's model or data, so a project that replaced them still has a working GPU check.
-REFERENCE = [
+#: The reference job (the user's room: conf/experiment/cifar10_resnet18.yaml) on synthetic
+#: CIFAR-shaped data, at its own setting (strict, tf32, channels_last on CUDA).
+REFERENCE_JOB = ["experiment=cifar10_resnet18", "dataset=synthetic", "trainer.device=cuda"]
+#: Where a project replaced that experiment: the framework's own job at reference size and
+#: the same setting, so a GPU check still runs.
+SELFCHECK_JOB = [
     "experiment=selfcheck",
     f"model.widths=[{','.join(map(str, WIDE['widths']))}]",
     f"model.convs_per_stage={WIDE['convs_per_stage']}",
     "trainer.device=cuda",
     "trainer.batch_size=512",
-    "repro.level=strict",
+    "trainer.precision=tf32",
+    "trainer.channels_last=true",
 ]
+DEFAULT_PRECISION = "tf32"  # the reference job's (conf/experiment/cifar10_resnet18.yaml)
 BATCH = 512
 REFERENCE_EPOCHS = 30
 TWO_EPOCHS = ["trainer.epochs=2", "trainer.checkpoint_every_steps=40"]  # a mid-epoch ckpt
-THROUGHPUT = {  # name -> extra overrides; strict comes from the verify run
-    "fast": ["repro.level=fast"],
-    "bf16": ["trainer.amp=true", "trainer.amp_dtype=bf16"],
-    "channels_last": ["trainer.channels_last=true"],
-    "bf16_channels_last": [
-        "trainer.amp=true",
-        "trainer.amp_dtype=bf16",
-        "trainer.channels_last=true",
-    ],
-}
+
+
+def reference_job() -> list[str]:
+    """The reference experiment where this checkout has it, else the self-check job."""
+    if (REPO_ROOT / "conf" / "experiment" / "cifar10_resnet18.yaml").is_file():
+        return [*REFERENCE_JOB, "repro.level=strict"]
+    return [*SELFCHECK_JOB, "repro.level=strict"]
 
 
 class Budget:
@@ -116,8 +123,8 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def check_verify(work: Path, budget: Budget) -> dict:
-    overrides = [*REFERENCE, *FULL_SIZE, *TWO_EPOCHS]
+def check_verify(work: Path, budget: Budget, job: list[str]) -> dict:
+    overrides = [*job, *FULL_SIZE, *TWO_EPOCHS]
     cmd = [sys.executable, "-m", "reprotrain.tools.runs.verify", *overrides]
     t0 = time.monotonic()
     rc, out = run(cmd, budget.timeout(240), log=work / "verify.log")
@@ -137,12 +144,12 @@ def check_verify(work: Path, budget: Budget) -> dict:
     return result
 
 
-def check_resume(work: Path, budget: Budget, reference_run: str | None) -> dict:
+def check_resume(work: Path, budget: Budget, job: list[str], reference_run: str | None) -> dict:
     if reference_run is None:
         return {"skipped": "no completed verify run to compare with"}
     steps_per_epoch = NUM_TRAIN // BATCH
     kill_at = steps_per_epoch + steps_per_epoch // 3  # epoch 2, after a mid-epoch checkpoint
-    overrides = [*REFERENCE, *FULL_SIZE, *TWO_EPOCHS]
+    overrides = [*job, *FULL_SIZE, *TWO_EPOCHS]
     run_dir = work / "resume"
     t0 = time.monotonic()
     train = train_cmd(run_dir, *overrides)  # [python, -m, reprotrain.train, ...]
@@ -174,37 +181,61 @@ def epoch2_images_per_s(run_dir: Path) -> float:
     return steady_images_per_s(read_jsonl(Path(run_dir) / "metrics.jsonl"))
 
 
-def check_throughput(work: Path, budget: Budget, strict_run: str | None) -> dict:
-    """Images/s per option; a rejected override (option not in this version) is skipped."""
-    result: dict = {}
-    if strict_run:
-        result["strict"] = round(epoch2_images_per_s(Path(strict_run)), 1)
-    for name, extra in THROUGHPUT.items():
-        if budget.left() < 60:
-            result[name] = {"skipped": "time budget"}
+def final_metrics(run_dir: Path) -> dict:
+    """The twin's final weights digest, test loss and accuracy, and epoch-2 images/s."""
+    record = json.loads((Path(run_dir) / "run.json").read_text())
+    final = record.get("final_metrics") or {}
+    return {
+        "weights": record.get("final_weights_sha256"),
+        "test_loss": final.get("test_loss"),
+        "test_acc": final.get("test_acc"),
+        "images_per_s": round(epoch2_images_per_s(Path(run_dir)), 1),
+    }
+
+
+def precision_row(runs: list[Path]) -> dict:
+    """One precision's twins: identical bits or not, and each twin's final numbers."""
+    a, b = (final_metrics(r) for r in runs)
+    return {
+        "identical": a["weights"] == b["weights"] and a["weights"] is not None,
+        "test_loss": [a["test_loss"], b["test_loss"]],
+        "test_acc": [a["test_acc"], b["test_acc"]],
+        "images_per_s": max(a["images_per_s"], b["images_per_s"]),
+    }
+
+
+def check_precision(work: Path, budget: Budget, job: list[str], pair: list[str] | None) -> dict:
+    """Twins of the reference job at each ``trainer.precision`` (the verify pair is the
+    default's): the accuracy each precision costs, measured, and whether its twins are
+    bitwise; the projected reference recipe (30 epochs, training only) at the default."""
+    rows: dict = {}
+    if pair:
+        rows[DEFAULT_PRECISION] = precision_row([Path(r) for r in pair])
+    for precision in (p for p in PRECISIONS if p != DEFAULT_PRECISION):
+        if budget.left() < 90:
+            rows[precision] = {"skipped": "time budget"}
             continue
-        run_dir = work / f"throughput-{name}"
-        rc, out = run(
-            train_cmd(run_dir, *REFERENCE, *THROUGHPUT_DATA, *extra),
-            budget.timeout(120),
-            log=work / f"throughput-{name}.log",
-        )
-        if rc == 0:
-            result[name] = round(epoch2_images_per_s(run_dir), 1)
-        elif rc == 2 and "error:" in out:
-            result[name] = {"skipped": last_line(out)}
-        else:
-            result[name] = {"failed": f"exit {rc}: {last_line(out)}"}
-    measured = {k: v for k, v in result.items() if isinstance(v, float)}
-    if "strict" in measured:
-        per_epoch = {k: NUM_TRAIN / v for k, v in measured.items()}
+        runs = [work / f"precision-{precision}-{twin}" for twin in ("a", "b")]
+        failed = None
+        for run_dir in runs:
+            cmd = train_cmd(run_dir, *job, *FULL_SIZE, *TWO_EPOCHS,  # as the verify pair
+                            f"trainer.precision={precision}")  # fmt: skip
+            rc, out = run(cmd, budget.timeout(120), log=run_dir.with_suffix(".log"))
+            if rc != 0:
+                failed = f"exit {rc}: {last_line(out)}"
+                break
+        rows[precision] = {"failed": failed} if failed else precision_row(runs)
+    result: dict = {"job": [*job, *FULL_SIZE, *TWO_EPOCHS], "rows": rows}
+    default = rows.get(DEFAULT_PRECISION, {})
+    if "images_per_s" in default:
+        train_images = NUM_TRAIN * 0.9  # the synthetic data's 10% validation split
         result["projected_reference_recipe"] = {
             "epochs": REFERENCE_EPOCHS,
-            "strict_minutes": round(REFERENCE_EPOCHS * per_epoch["strict"] / 60, 1),
-            "fastest": min(per_epoch, key=per_epoch.get),
-            "fastest_minutes": round(REFERENCE_EPOCHS * min(per_epoch.values()) / 60, 1),
-            "note": f"training steps only ({NUM_TRAIN} images/epoch at the measured images/s); "
-            "eval, checkpoints and start-up excluded",
+            "setting": f"strict, {DEFAULT_PRECISION}, channels_last",
+            "seconds": round(REFERENCE_EPOCHS * train_images / default["images_per_s"], 1),
+            "target_seconds": 60,
+            "note": f"training steps only ({int(train_images)} images/epoch at the measured "
+            "epoch-2 images/s); eval, checkpoints and start-up excluded",
         }
     return result
 
@@ -217,17 +248,17 @@ def check_bench(work: Path, budget: Budget) -> dict:
         sys.executable,
         str(REPO_ROOT / "scripts" / "bench.py"),
         "--device=cuda",
-        "--only=P1,P2,P3",
+        "--only=P1,P3,reference,strict_cost",
         "--levels=strict,fast",
-        "--repeats=2",
+        "--repeats=1",  # one pair per ratio: the budget's; make bench --device cuda repeats
         f"--out={out_dir}",
     ]
-    rc, out = run(cmd, budget.timeout(240), log=work / "bench.log")
+    rc, out = run(cmd, budget.timeout(200), log=work / "bench.log")
     if rc != 0:
         return {"failed": f"exit {rc}: {last_line(out)}"}
     data = json.loads((out_dir / "bench.json").read_text())
     summary: dict = {"bench_json": str(out_dir / "bench.json")}
-    for fig in ("P1", "P2", "P3"):
+    for fig in ("P1", "P3"):
         summary[fig] = {
             k: {
                 "ratio": round(v["ratio"], 3),
@@ -237,6 +268,15 @@ def check_bench(work: Path, budget: Budget) -> dict:
             for k, v in data.get(fig, {}).items()
             if isinstance(v, dict) and "ratio" in v
         }
+    reference = data.get("reference") or {}
+    if "P3" in reference:
+        summary["reference"] = {
+            "setting": reference["setting"],
+            "P1": {k: round(v["ratio"], 3) for k, v in reference["P1"].items()},
+            "P3_strict_over_fast": round(reference["P3"]["ratio"], 3),
+            "projected_recipe_seconds": round(reference["recipe"]["seconds"], 1),
+        }
+    summary["strict_cost"] = (data.get("strict_cost") or {}).get("rows")
     return summary
 
 
@@ -272,12 +312,13 @@ def check_invariant(work: Path, budget: Budget) -> dict:
 def check_pytest(work: Path, budget: Budget) -> dict:
     if budget.left() < 30:
         return {"skipped": "time budget"}
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-    rc, out = run(cmd, budget.timeout(150), log=work / "pytest-gpu.log")
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider"]
+    rc, out = run(cmd, budget.timeout(180), log=work / "pytest-gpu.log")
     if "Unknown marker" in out:  # --strict-markers and no test suite with GPU tests yet
         return {"skipped": "no `gpu` marker registered in this checkout", "exit": rc}
     # 5: nothing selected (no test carries the gpu marker), not a failure
-    return {"exit": rc, "passed": rc in (0, 5), "summary": last_line(out)}
+    failed = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    return {"exit": rc, "passed": rc in (0, 5), "summary": last_line(out), "failed": failed}
 
 
 def gpu_info() -> dict:
@@ -307,24 +348,25 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     report: dict = {"gpu": gpu_info(), "work_dir": str(work)}
 
-    say("verify (11.0M-param self-check net, 50k synthetic, 2 epochs, strict, twice)")
-    report["verify"] = check_verify(work, budget)
-    first_run = report["verify"].get("runs", [None])[0]
-    say("resume after a kill")
-    trusted = first_run if report["verify"]["identical"] else None  # else nothing to match
-    report["resume_after_kill"] = check_resume(work, budget, trusted)
-    say("throughput: strict / fast / bf16 / channels_last")
-    report["throughput"] = check_throughput(work, budget, first_run)
-    say("bench.py --device cuda (P1, P2, P3)")
-    report["bench"] = check_bench(work, budget)
     say("pytest -m gpu")
     report["pytest_gpu"] = check_pytest(work, budget)
+    job = reference_job()
+    say(f"verify: {' '.join(job)}, 50k synthetic, 2 epochs, twice")
+    report["verify"] = check_verify(work, budget, job)
+    pair = report["verify"].get("runs") if report["verify"]["identical"] else None
+    say("resume after a kill")
+    report["resume_after_kill"] = check_resume(work, budget, job, pair[0] if pair else None)
+    say("precision: twins at each trainer.precision (final loss/accuracy, images/s)")
+    report["precision"] = check_precision(work, budget, job, pair)
+    say("bench.py --device cuda (P1, P2, P3, the reference model, the strict-cost table)")
+    report["bench"] = check_bench(work, budget)
     say("bench.py --device cuda --only invariant (invariant / plain DDP step time)")
     report["invariant"] = check_invariant(work, budget)
 
     report["ok"] = bool(
         report["verify"]["identical"]
         and report["resume_after_kill"].get("identical")
+        and all(r.get("identical", True) for r in report["precision"]["rows"].values())
         and "failed" not in report["bench"]
         and "failed" not in report["invariant"]
         and report["pytest_gpu"].get("passed", True)

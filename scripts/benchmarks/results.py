@@ -39,8 +39,10 @@ def _row(figure: str, measure: str, result: dict, a: str, b: str, unit: str, **k
 
 def table_rows(results: dict) -> list[dict]:
     """The bench.md rows, from the bench.json content (missing figures are skipped)."""
+    from benchmarks.reference_model import reference_rows
+
     figures = (_p1_rows, _p2_rows, _p3_rows, _portable_rows, _p4_rows, _p5_rows, _logger_rows,
-               _replay_rows, _invariant_rows)  # fmt: skip
+               _replay_rows, _invariant_rows, reference_rows)  # fmt: skip
     return [row for figure in figures for row in figure(results)]
 
 

@@ -31,6 +31,7 @@ from reprotrain.engine import StepRunner, TrainerState
 from reprotrain.optim import kind as schedule_kind
 from reprotrain.optim import param_groups, unwrapped
 from reprotrain.reduction import Reduction
+from reprotrain.repro import precision as float_math
 from reprotrain.repro.seeding import Seeds
 
 
@@ -95,7 +96,7 @@ def build_training(
     scheduler = build_scheduler(scheduler_cfg, optimizer, total_steps=total_steps)
     scaler = torch.amp.GradScaler(
         device.type, init_scale=settings.amp_init_scale,
-        enabled=(step_settings.amp, step_settings.amp_dtype) == (True, "fp16"),
+        enabled=float_math.uses_grad_scaler(step_settings.precision),
     )  # fmt: skip
     model, forward = reduction.prepare(model)
     if settings.compile:

@@ -26,6 +26,7 @@ from omegaconf import II, MISSING, DictConfig
 from reprotrain.dotted import flatten
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
+from reprotrain.repro.precision import PRECISIONS
 
 
 @dataclass
@@ -153,15 +154,18 @@ class ModelSettings:
     compile: bool = False  # torch.compile the model (mode below); compile time is reported
     compile_mode: str = "default"
     no_decay_norm_bias: bool = False  # put biases and norm weights (ndim <= 1) in a wd=0 group
-    amp_init_scale: float = 65536.0  # fp16 only: GradScaler's starting loss scale
+    amp_init_scale: float = 65536.0  # 16-mixed only: GradScaler's starting loss scale
 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """What one optimizer step needs: autocast, clipping, the micro-batch size."""
+    """What one optimizer step needs: its precision (autocast), clipping, the micro-batch
+    size."""
 
-    amp: bool = False  # autocast (bf16 by default); fp16 uses the GradScaler
-    amp_dtype: str = "bf16"  # bf16 | fp16
+    # The float math (repro/precision.py): 32-true | tf32 | bf16-mixed | 16-mixed. TF32 for
+    # CUDA matmuls and cuDNN convolutions, or autocast (16-mixed: with the GradScaler).
+    # Recorded and compared; repro=strict promises bits at each one.
+    precision: str = "32-true"
     grad_clip_norm: float = 0.0  # 0: off; else clip the global L2 norm (and guard it)
     # Samples per micro-batch: the step's (per-rank) batch is split into pieces of this
     # size whose gradients accumulate before one optimizer step. None: one piece.
@@ -253,7 +257,7 @@ def register_configs() -> None:
 CHOICES = {
     "repro.level": ("strict", "warn", "fast", "portable"),
     "trainer.pipeline": ("auto", "device", "loader"),
-    "trainer.amp_dtype": ("bf16", "fp16"),
+    "trainer.precision": PRECISIONS,
     "trainer.monitor_mode": ("max", "min"),
     "trainer.on_nonfinite": ("stop", "warn"),
 }

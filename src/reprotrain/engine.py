@@ -36,6 +36,7 @@ from reprotrain.config import StepSettings
 from reprotrain.errors import ReprotrainError
 from reprotrain.reduction import Local, Reduction
 from reprotrain.repro import op_trace
+from reprotrain.repro import precision as float_math
 from reprotrain.repro.seeding import microbatch_seed, scoped_globals
 from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
 from reprotrain.step import PlainStep, Step
@@ -55,9 +56,11 @@ class NonFiniteError(ReprotrainError):
 
 
 def autocast(device: torch.device, enabled: bool, dtype: str):
+    """Autocast to torch's ``dtype`` (``bfloat16``, ``float16``) when ``enabled``: the
+    ``(enabled, dtype)`` of ``precision.autocast(trainer.precision)``."""
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
 
 
 class StepRunner:
@@ -102,7 +105,8 @@ class StepRunner:
 
     @property
     def amp(self) -> tuple[bool, str]:
-        return self.settings.amp, self.settings.amp_dtype
+        """(autocast on, its dtype) for ``trainer.precision`` (``repro/precision.py``)."""
+        return float_math.autocast(self.settings.precision)
 
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
         """One optimizer step by the user's step object; (the first ``gradients()`` call's
@@ -221,7 +225,7 @@ def evaluate(
     *,
     prefix: str,
     device: torch.device,
-    amp: tuple[bool, str] = (False, "bf16"),
+    amp: tuple[bool, str] = (False, "float32"),
     global_step: int = 0,
     train_seed: int = 0,
 ) -> dict[str, float]:

@@ -100,11 +100,14 @@ def write_environment_text(run_dir: Path) -> None:
 
 
 def experiment_id(record: dict, device: torch.device) -> str:
-    """<config sha[:8]>-<commit>[+dirty]-<device>: follows the config that ran."""
+    """<config sha[:8]>-<commit>[+dirty]-<device>-<precision>: follows the config that ran
+    (the precision, ``trainer.precision``, is in the config sha too; shown for the reader)."""
     git = record["git"]
     dirty = "+dirty" if git.get("dirty") else ""
+    precision = (record.get("repro") or {}).get("precision")
     return (
         f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{environment.device_slug(device)}"
+        + (f"-{precision}" if precision else "")  # a record from before the key: none
     )
 
 

@@ -83,8 +83,9 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     # --- controls: determinism level, seeds, device, environment ---------------------------
     settings = TrainerSettings.from_config(cfg.trainer)  # each part goes to what reads it
     flags = determinism.apply(
-        cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory
-    )
+        cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory,
+        settings.step.precision,
+    )  # fmt: skip
     seeds = start.seeds(cfg.seed)
     device = start.device(record, settings.run.device, settings.run.allow_device_change,
                           dist.local_rank if dist.enabled else None)  # fmt: skip

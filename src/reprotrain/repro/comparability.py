@@ -27,6 +27,12 @@ the same bits here. What must match, and why:
   BLAS library and workspace sizes torch really uses, and torch's fp16/bf16
   reduced-precision-reduction flags.
 
+The float math (``trainer.precision``: 32-true, tf32, bf16-mixed, 16-mixed) is part of the
+rule too, from the runs' ``repro`` records (:func:`precision_difference`): TF32 rounding and
+autocast are deterministic on one GPU, but two precisions are two computations. A resume
+under another precision is refused by the config check before this rule is asked; a
+reproduce or a comparison of two records says it in one line.
+
 Not part of the rule: how many GPUs are visible, which one (ordinal, UUID) is used, MIG mode
 on its own (the SM count carries it), memory, the OS/kernel string. Those come back from
 ``notes`` for the record. A field missing from an older record is "not recorded" and counts
@@ -225,6 +231,22 @@ def differences(
     if device_type(recorded_env) == "cuda" and device_type(current_env) == "cuda":
         out += _compare(CUDA_RULE, recorded_env, current_env)
     return out + _bits_env_differences(recorded_env, current_env, steering=True)
+
+
+def precision_difference(recorded_repro: dict | None, current_repro: dict | None) -> str | None:
+    """One line when two runs' ``trainer.precision`` differ (their run.json ``repro``:
+    the choice and the TF32 flags read back), else None. A record from before the key has
+    no precision: "not recorded", a difference (on a GPU its repro=fast ran TF32)."""
+    a, b = recorded_repro or {}, current_repro or {}
+    keys = ("precision", "tf32_matmul", "tf32_cudnn")
+    before = tuple(a.get(k, MISSING) for k in keys)
+    after = tuple(b.get(k, MISSING) for k in keys)
+    if before == after:
+        return None
+    return (
+        f"precision: {_show(before[0])} -> {_show(after[0])} (trainer.precision): not the "
+        "same float math"
+    )
 
 
 def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool) -> list[str]:

@@ -1,9 +1,11 @@
 """Determinism levels: strict, warn, fast, portable.
 
 Closes: cuDNN algorithm choice (benchmark off, deterministic on), nondeterministic CUDA
-kernels (``torch.use_deterministic_algorithms``), TF32 rounding, and the CPU intra-op thread
-count, which changes reduction order (a tiny conv net's weights differ after 3 steps between
-1 and 2 threads).
+kernels (``torch.use_deterministic_algorithms``), and the CPU intra-op thread count, which
+changes reduction order (a tiny conv net's weights differ after 3 steps between 1 and 2
+threads). The float math (TF32, autocast) is not the level's: ``trainer.precision``
+(``repro/precision.py``) chooses it, applied here with the level, and strict promises bits
+at the precision chosen.
 
 ``CUBLAS_WORKSPACE_CONFIG`` no longer guards anything: torch 2.14 removed the check that made
 a cuBLAS call under deterministic algorithms raise when the variable was unset
@@ -35,6 +37,7 @@ from contextlib import contextmanager
 import torch
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.repro import precision as float_math
 
 log = logging.getLogger("reprotrain")
 
@@ -43,10 +46,17 @@ LEVELS = ("strict", "warn", "fast", "portable")
 DETERMINISTIC = ("strict", "warn", "portable")
 
 
-def apply(level: str, num_threads: int, fill_uninitialized_memory: bool = True) -> dict:
-    """Apply a determinism level globally; returns the effective flags for run.json."""
+def apply(
+    level: str,
+    num_threads: int,
+    fill_uninitialized_memory: bool = True,
+    precision: str = float_math.DEFAULT,
+) -> dict:
+    """Apply a determinism level and a ``trainer.precision`` globally; returns the
+    effective flags for run.json."""
     if level not in LEVELS:
         raise ValueError(f"unknown repro level {level!r}")
+    float_math.check(precision)
     if level == "portable":
         require_portable_dispatch()
     cublas_workspace()
@@ -58,10 +68,8 @@ def apply(level: str, num_threads: int, fill_uninitialized_memory: bool = True) 
     )
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic
-    torch.backends.cuda.matmul.allow_tf32 = not deterministic
-    torch.backends.cudnn.allow_tf32 = not deterministic
-    torch.set_float32_matmul_precision("highest" if deterministic else "high")
-    return effective_flags(level)
+    float_math.apply(precision)
+    return effective_flags(level, precision)
 
 
 def require_portable_dispatch() -> None:
@@ -98,7 +106,7 @@ def cublas_workspace() -> str:
     return value
 
 
-def effective_flags(level: str) -> dict:
+def effective_flags(level: str, precision: str = float_math.DEFAULT) -> dict:
     """What torch reports is in force now (read back, not what we meant to set)."""
     return {
         "level": level,
@@ -107,9 +115,7 @@ def effective_flags(level: str) -> dict:
         "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        **float_math.effective(precision),
         "num_threads": torch.get_num_threads(),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "pythonhashseed": os.environ.get("PYTHONHASHSEED"),

@@ -55,6 +55,10 @@ LEVEL = Form(
     "a level name (strict, warn, fast, portable, ...)",
     lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", v) is not None,
 )
+PRECISION = Form(
+    "a precision name (32-true, tf32, bf16-mixed, 16-mixed, ...)",
+    lambda v: isinstance(v, str) and re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", v) is not None,
+)
 HASHSEED = Form(
     "an integer in 0..4294967295",
     lambda v: (_is_int(v, 0) and v <= 4294967295) or (isinstance(v, str) and v.isdigit()),
@@ -85,6 +89,7 @@ FIELDS: dict[str, Form] = {
     **{f"seeds.{s}": _nullable(INTEGER) for s in ("init", "data", "augment", "train")},
     "repro": OBJECT,
     "repro.level": LEVEL,
+    "repro.precision": _nullable(PRECISION),  # absent from records before issue 44
     "repro.pythonhashseed": _nullable(HASHSEED),
     "world_size": POSITIVE,
     "ranks": OBJECTS,

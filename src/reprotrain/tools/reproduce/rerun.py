@@ -86,6 +86,9 @@ def environment_differences(recorded: dict, current: dict) -> tuple[list[str], l
     renv, cenv = recorded.get("environment") or {}, current.get("environment") or {}
     invariant = recorded.get("world_size_invariant") is True  # bits on any world size
     blocking = comparability.differences(renv, cenv, invariant)  # the one rule resume uses
+    if "repro" in current:  # the re-run's own record (a preview has applied no precision)
+        changed = comparability.precision_difference(recorded.get("repro"), current["repro"])
+        blocking += [changed] if changed else []
     if recorded.get("lock_sha256") != current.get("lock_sha256"):
         blocking.append(
             f"lock_sha256: recorded {str(recorded.get('lock_sha256'))[:12]}, this checkout's "

@@ -122,6 +122,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     from reprotrain.engine import evaluate
     from reprotrain.repro import determinism
     from reprotrain.repro import device as devices
+    from reprotrain.repro import precision as float_math
     from reprotrain.repro.seeding import Seeds
 
     config_file = run_dir / rec.RESOLVED_CONFIG
@@ -140,7 +141,9 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     check_belongs(state, path, own_seeds)
     if which == "best":
         check_best(state, path, run_dir, cfg)
-    determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory)
+    precision = float_math.recorded(cfg.trainer)  # a run recorded before the key: its amp
+    determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory,
+                      precision)  # fmt: skip
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
     seeds = Seeds(**state["seeds"])
     data = from_trainer(PipelineSettings, cfg.trainer)
@@ -160,7 +163,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     with weights:
         metrics = evaluate(
             task, model, pipeline.eval_batches("test"), prefix="test", device=device,
-            amp=(cfg.trainer.amp, cfg.trainer.amp_dtype),
+            amp=float_math.autocast(precision),
             global_step=state["loop"]["global_step"], train_seed=seeds.train,
         )  # fmt: skip
     result = {

@@ -102,9 +102,14 @@ def check_nproc(nproc: int, recorded: int, overrides: list[str], record: dict) -
 
 
 def primary_config_text(run_dir: Path) -> str:
+    """The recorded config under the framework's wiring (``reprotrain``: the schema, the
+    hydra callbacks and help), as conf/train.yaml composes it: the resumed trainer then runs
+    the same code as the run it continues, so its ``imported_code`` matches the run's start
+    (with only the schema, Hydra's callback modules were not imported, and a resume with
+    Hydra installed outside site-packages was recorded as not bitwise)."""
     return (
-        "# Written by `make resume`: the recorded config under the reprotrain schema.\n"
-        "defaults:\n  - train_schema\n  - _self_\n\n" + read_text(run_dir / RESOLVED_CONFIG)
+        "# Written by `make resume`: the recorded config under the reprotrain wiring.\n"
+        "defaults:\n  - reprotrain\n  - _self_\n\n" + read_text(run_dir / RESOLVED_CONFIG)
     )
 
 

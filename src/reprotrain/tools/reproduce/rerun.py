@@ -170,9 +170,12 @@ def imported_from(source: Path, env: dict[str, str]) -> Path:
 
 
 def _config_yaml(text: str) -> str:
+    """The archived config under the framework's wiring, as a run composes it (see
+    ``tools.runs.resume.primary_config_text``): the re-run imports the same Hydra modules
+    as the archived run, so their ``imported_code`` compares like for like."""
     return (
-        "# Written by `make reproduce`: the archived config under the reprotrain schema.\n"
-        "defaults:\n  - train_schema\n  - _self_\n\n" + text
+        "# Written by `make reproduce`: the archived config under the reprotrain wiring.\n"
+        "defaults:\n  - reprotrain\n  - _self_\n\n" + text
     )
 
 

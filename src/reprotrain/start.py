@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from reprotrain.config import config_sha256
 from reprotrain.errors import ResumeError
 from reprotrain.hashing import file_sha256, state_sha256
 from reprotrain.provenance import (
@@ -110,9 +111,11 @@ class Fork(Fresh):
         )
         write_environment_text(record.run_dir)
 
-    def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
+    def restore(self, state: TrainerState, record: rec.RunRecord, *, device: torch.device,
+                container: dict, **_: Any) -> None:  # fmt: skip
         state.load_state_dict(self.point.state)
         record.update(imported_code=imported_code())
+        record_extension(record, self.point, container, device)
         rewrite_history(record.run_dir, state)
         log.info("forked from %s", self.point.path)
 
@@ -181,7 +184,7 @@ class Resume:
         entry = resume_entry(self.point, env, device, container, unrestored, inputs=inputs,
                              code_sha256=code, verified=verified)  # fmt: skip
         record.update(resumes=[*record.data.get("resumes", []), entry])
-        record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
+        record_extension(record, self.point, container, device)  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,
                  state.loop.epoch, state.loop.epoch_step)  # fmt: skip
 
@@ -245,6 +248,22 @@ def begin(resume: str | None, run_dir: Path, container: dict) -> Start:
     if point is None:
         return Fresh()
     return Fork(point) if point.forked else Resume(point)
+
+
+def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
+                     device: torch.device) -> None:  # fmt: skip
+    """The identity of the config that runs on: a resume (or fork) that extends
+    ``trainer.epochs`` appends ``{"trainer.epochs": <before>, "global_step": <where>}`` to
+    ``extended_from``, which enters ``config_sha256`` and so ``experiment_id``: the stretched
+    schedule is not the longer run from scratch, and never shares its id."""
+    extended = list(record.data.get("extended_from") or [])
+    before = point.state["config"]["trainer"]["epochs"]
+    if before != container["trainer"]["epochs"]:
+        extended.append({"trainer.epochs": before,
+                         "global_step": point.state["loop"]["global_step"]})  # fmt: skip
+        record.update(extended_from=extended)
+    record.update(config_sha256=config_sha256(container, extended or None))
+    record.update(experiment_id=experiment_id(record.data, device))
 
 
 def rewrite_history(run_dir: Path, state: TrainerState) -> None:

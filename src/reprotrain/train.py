@@ -137,6 +137,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     # A resume replays the steps since the checkpoint before its own and compares the bits.
     start.restore(state, record, env=env, device=device, container=container, dist=dist,
                   replay_state=trainer.replay_state)  # fmt: skip
+    meta["config_sha256"] = record["config_sha256"]  # a resume's extension enters it
 
     # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
     with trainer.bar:  # closed before a stop's or an error's lines are written

@@ -166,9 +166,10 @@ class Resume:
         re-runs steps writing nothing), then load the checkpoint, audit, record."""
         verified = self.verify(state, record, container, dist, replay_state)
         state.load_state_dict(self.point.state)  # after a verified replay: the same bits
-        unrestored = [verified["line"]] if verified.get("identical") is False else []
-        # What the checkpoint could not restore, named (the audit's suspects).
-        unrestored += state.audit.unrestored()
+        # What the checkpoint could not restore, named first (the audit's paths: the cause a
+        # refusal names), then the replay's difference (its effect).
+        unrestored = state.audit.unrestored()
+        unrestored += [verified["line"]] if verified.get("identical") is False else []
         purity = record.data.get("sample_purity") or {}
         if purity.get("pure") is False:  # found at this run's start (data/purity.py)
             unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")

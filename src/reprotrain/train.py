@@ -120,7 +120,8 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     state = runner.state
     state.callbacks = callbacks_for(cfg.callbacks, device)  # conf/callbacks/: hooks, in state
     record.update(components=components_record(settings.model, runner, dataset))
-    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist)
+    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist,
+                              trainer_state=state)  # fmt: skip
 
     # --- start: seed the `train` stream (a resume or fork then restores the state) ---------
     seed_globals(seeds.train)  # what an Exact resume re-derives (its checkpoint has no rng)

@@ -39,6 +39,7 @@ from reprotrain.profiling import StepProfiler
 from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
+from reprotrain.resume.continuation import FILE, Continuation, record_verdict
 from reprotrain.run import record as rec
 from reprotrain.state import LoopState
 
@@ -105,6 +106,8 @@ class Trainer:
         self.profiler: StepProfiler | None = None
         self.quiet = False  # replaying: no checkpoint, row, log line, logger value or event
         self.saved_at: int | None = None  # the global step of the last checkpoint (or replayed)
+        # The steps since the last checkpoint, for a resume to compare (rank 0 writes them).
+        self.continuation = Continuation(self.run_dir / FILE if dist.is_main else None)
         self.callbacks = runner.state.callbacks or Callbacks({}, runner.state.loop.device)
 
     # ---------------------------------------------------------------------------- the loop
@@ -146,6 +149,7 @@ class Trainer:
         state, self.quiet = self.loop, True
         self.feed = StepFeed(_Silent(), state)
         settings, scheduler = self.settings, self.runner.state.scheduler
+        continuation, self.continuation = self.continuation, Continuation(None)
         if epochs is not None and epochs != settings.epochs:
             self.settings = dataclasses.replace(settings, epochs=epochs)
             self.runner.state.scheduler = self.past_schedule(epochs, from_start)
@@ -158,7 +162,7 @@ class Trainer:
                     self.run_epoch(until=target[1] if state.epoch == target[0] else None)
             return self.saver.payload()
         finally:
-            self.quiet, self.feed = False, None
+            self.quiet, self.feed, self.continuation = False, None, continuation
             self.settings, self.runner.state.scheduler = settings, scheduler
 
     def past_schedule(self, epochs: int, from_start: bool) -> Any:
@@ -191,16 +195,20 @@ class Trainer:
         t0 = time.perf_counter()
         for step, batch in batches:
             bad |= train_step(self.runner, step, batch)
+            self.continuation.add(state.global_step, state.progress.step_losses[-1], batch)
             due = state.global_step % self.guard.nonfinite_check_every == 0
             if (due or self.saves_at(state.global_step)) and self.dist.all_reduce_any(bool(bad)):
                 nonfinite(state, self.guard.on_nonfinite)
                 bad.zero_()
+            if due:
+                self.log_steps()  # the device was just read: no extra sync
             self.after_step(step + 1)
             if until is not None and state.epoch_step == until:
                 return {}
         seconds = time.perf_counter() - t0
         if self.dist.all_reduce_any(bool(bad)):
             nonfinite(state, self.guard.on_nonfinite)
+        self.log_steps()  # this rank's step losses, before the reduction makes them global
         self.runner.reduction.end_epoch(state.progress)  # the epoch's losses and sums, global
         self.feed.flush()
         trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
@@ -260,6 +268,7 @@ class Trainer:
         self.feed.close("interrupted")
         if self.saved_at != self.loop.global_step:  # an epoch end's stop: written already
             self.save(hook=self.cadence_due())
+        self.log_steps(stopped=True)
         self.record.update(
             status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=self.stop.signal_name
         )
@@ -332,7 +341,19 @@ class Trainer:
             self.callback("on_checkpoint", path)
         self.saved_at = self.loop.global_step
         if not self.quiet:
+            self.log_steps()
             self.saver.save(best=best, model_state=model_state)
+            self.continuation.restart()  # the steps up to here are in the checkpoint
+
+    def log_steps(self, stopped: bool = False) -> None:
+        """The steps since the last host read, appended to the continuation file (and, after
+        a resume, compared with the interrupted run's: the verdict into the record once
+        every step it logged was recomputed, or the run ``stopped`` first)."""
+        if self.quiet:
+            return
+        self.continuation.flush()
+        if (verdict := self.continuation.verdict(stopped)) is not None:
+            record_verdict(self.record, verdict, self.continuation.claim)
 
     def callback(self, hook: str, *args: Any) -> None:
         """Every callback's ``hook`` (each inside the RNG guard: callbacks.py)."""
@@ -348,6 +369,7 @@ class Trainer:
     def finish(self) -> float | None:
         """Test once (last weights, then best), mark the run completed; the monitored best."""
         state, settings = self.loop, self.settings
+        self.log_steps(stopped=True)
         final = self.final_metrics()
         self.record.update(
             status="completed",

@@ -161,9 +161,11 @@ class Resume:
 
     def restore(self, state: TrainerState, record: rec.RunRecord, *, env: dict,
                 device: torch.device, container: dict, dist: Any = None,
-                replay_state: Any = None) -> None:  # fmt: skip
+                replay_state: Any = None, continuation: Any = None) -> None:  # fmt: skip
         """Replay up to the checkpoint and compare (``replay_state``: the trainer's, which
-        re-runs steps writing nothing), then load the checkpoint, audit, record."""
+        re-runs steps writing nothing), then load the checkpoint, audit, record; what the
+        interrupted run logged after the checkpoint is read into ``continuation``
+        (``resume/continuation.py``), compared as the resumed run recomputes it."""
         verified = self.verify(state, record, container, dist, replay_state)
         state.load_state_dict(self.point.state)  # after a verified replay: the same bits
         # What the checkpoint could not restore, named first (the audit's paths: the cause a
@@ -184,6 +186,12 @@ class Resume:
         rewrite_history(record.run_dir, state)
         entry = resume_entry(self.point, env, device, container, unrestored, inputs=inputs,
                              code_sha256=code, verified=verified)  # fmt: skip
+        entry["state_paths_compared"] = state.audit.compared if state.audit else None
+        if continuation is not None:
+            continuation.load(self.point.state["loop"]["global_step"])
+            entry["continuation"] = continuation.entry(entry["bitwise_guarantee"])
+            # The bits are claimed only once the continuation it logged is compared too.
+            entry["bitwise_guarantee"] &= continuation.steps is None
         record.update(resumes=[*record.data.get("resumes", []), entry])
         record_extension(record, self.point, container, device)  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,
@@ -213,7 +221,10 @@ class Resume:
         replayed = replay_state(replay.position(self.point.state), epochs=epochs,
                                 from_start=begin_state is None)  # fmt: skip
         seconds = time.perf_counter() - t0
-        difference = replay.first_difference(self.point.state, replayed) if replayed else None
+        # The audit's digests are compared after the restore, against this process's own
+        # construction (``ResumeAudit.unrestored``): the replay may run another schedule.
+        difference = (replay.first_difference(_less_audit(self.point.state), _less_audit(replayed))
+                      if replayed else None)  # fmt: skip
         if dist is not None:
             difference = dist.broadcast_object(difference)
         line = replay.verdict(name, first, last, difference)
@@ -265,6 +276,10 @@ def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
         record.update(extended_from=extended)
     record.update(config_sha256=config_sha256(container, extended or None))
     record.update(experiment_id=experiment_id(record.data, device))
+
+
+def _less_audit(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k != "audit"}
 
 
 def rewrite_history(run_dir: Path, state: TrainerState) -> None:

@@ -137,7 +137,8 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
                                                 pipeline.steps_per_epoch))  # fmt: skip
     # A resume replays the steps since the checkpoint before its own and compares the bits.
     start.restore(state, record, env=env, device=device, container=container, dist=dist,
-                  replay_state=trainer.replay_state)  # fmt: skip
+                  replay_state=trainer.replay_state,
+                  continuation=trainer.continuation)  # fmt: skip
     meta["config_sha256"] = record["config_sha256"]  # a resume's extension enters it
 
     # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----

@@ -298,6 +298,7 @@ class ResumeAudit:
         self.restorable = {"task": hasattr(task, "load_state_dict")}
         self.digest = Digester()
         self.recorded: dict[str, Any] | None = None
+        self.compared: int | None = None  # how many paths the last comparison covered
         self.baseline = self._attributes()
 
     def _watched(self) -> dict[str, Any]:
@@ -363,7 +364,9 @@ class ResumeAudit:
         now, lines = self._attributes(), []
         changed = {k: tuple(v) for k, v in self.recorded.get("changed", {}).items()}
         removed = set(self.recorded.get("removed", []))
-        for key in sorted(set(changed) | set(now) | set(self.baseline)):
+        keys = sorted(set(changed) | set(now) | set(self.baseline))
+        self.compared = len(keys)
+        for key in keys:
             want = changed.get(key, None if key in removed else self.baseline.get(key))
             got = now.get(key)
             if (want and want[0]) == (got and got[0]):

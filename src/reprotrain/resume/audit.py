@@ -175,14 +175,14 @@ def instance_attributes(obj: Any) -> dict[str, Any]:
 
 def module_attributes(module: nn.Module) -> dict[str, Any]:
     """A module's own attributes, private ones included (``self._calls = 0``), and its
-    non-persistent buffers (``buffer `seen```: no state_dict holds them); torch's
+    non-persistent buffers (``seen [non-persistent buffer]``: no state_dict holds them); torch's
     bookkeeping and the caches torch, DDP and compile set on modules lazily left out."""
     attrs = instance_attributes(module)
     found = {k: v for k, v in attrs.items()
              if k not in _MODULE_INTERNALS and not k.startswith(_TORCH_CACHES)}  # fmt: skip
     for name in sorted(getattr(module, "_non_persistent_buffers_set", ())):
         if module._buffers.get(name) is not None:
-            found[f"buffer `{name}`"] = module._buffers[name]
+            found[f"{name} [non-persistent buffer]"] = module._buffers[name]
     return found
 
 

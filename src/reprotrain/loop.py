@@ -370,6 +370,7 @@ class Trainer:
         """Test once (last weights, then best), mark the run completed; the monitored best."""
         state, settings = self.loop, self.settings
         self.log_steps(stopped=True)
+        self.continuation.close()
         final = self.final_metrics()
         self.record.update(
             status="completed",

@@ -6,8 +6,9 @@ lands later (a counter acting every N steps) passes it. So the run also keeps wh
 held on the device while the step runs (no host sync per step) and appended to
 ``continuation.jsonl`` in the run directory at the points the loop already reads the device:
 the non-finite check (every ``trainer.nonfinite_check_every`` steps), the epoch's end and
-each checkpoint. Each checkpoint starts the file again. A SIGKILL loses at most the steps
-since the last of these points; a SIGTERM's checkpoint keeps none (it is the checkpoint).
+each checkpoint. Each checkpoint starts the file again, and a completed run removes it. A
+SIGKILL loses at most the steps since the last of these points; a SIGTERM's checkpoint
+keeps none (it is the checkpoint).
 
 A resume reads the steps the interrupted run logged after its checkpoint; as the resumed
 run recomputes them it compares each, at the same points, and the resume's record says what
@@ -113,6 +114,11 @@ class Continuation:
         if self.path is not None:
             self.flush()
             rec.atomic_write_text(self.path, "")
+
+    def close(self) -> None:
+        """At the run's end: nothing is left to continue, so no file is left either."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
     def _compare(self, line: dict) -> None:
         want = self.expected.pop(line["global_step"], None)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from reprotrain import batches
 from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
@@ -40,7 +41,7 @@ def batch_digest(batch: Any) -> torch.Tensor:
     """Two sums per tensor of the batch, on its device (no host sync): all values, and the
     per-sample sums weighted by the sample's place (a reordered batch differs)."""
     parts: list[torch.Tensor] = []
-    for t in _tensors(batch):
+    for t in batches.leaves(batch):
         flat = t.detach().reshape(t.shape[0] if t.dim() else 1, -1)
         wide = torch.float32 if t.device.type == "mps" else torch.float64  # mps: no float64
         rows = flat.sum(dim=1, dtype=wide)
@@ -50,17 +51,6 @@ def batch_digest(batch: Any) -> torch.Tensor:
         return torch.zeros(0)
     device = parts[0].device
     return torch.stack([p.to(device) for p in parts])
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch] if not (batch.is_sparse or batch.is_meta) else []
-    if isinstance(batch, dict):
-        return [t for key in sorted(batch, key=str) for t in _tensors(batch[key])]
-    if isinstance(batch, list | tuple):
-        return [t for item in batch for t in _tensors(item)]
-    parts = getattr(batch, "parts", None)  # batches.MicroBatches
-    return _tensors(list(parts)) if parts is not None else []
 
 
 def _hex(values: list[float]) -> list[str]:

@@ -15,6 +15,7 @@ import itertools
 import torch
 from torch import Tensor
 
+from reprotrain.api import Step
 from reprotrain.selfcheck.net import TinyConvNet
 
 CALLS = 0  # a module-level counter (ModuleCounterNet)
@@ -212,3 +213,19 @@ class CountingSGD(torch.optim.SGD):
                     if p.grad is not None:
                         p.grad.mul_(2)
         return super().step(closure)
+
+
+class CountingStep(Step):
+    """A user step whose public ``calls`` scales every gradient (no state_dict holds it)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, runner, batch) -> None:
+        self.calls += 1
+        runner.gradients(batch)
+        with torch.no_grad():
+            for p in runner.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1 + 0.1 * self.calls)
+        runner.apply()

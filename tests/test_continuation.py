@@ -113,3 +113,17 @@ def test_a_resume_that_extends_the_epochs_has_its_own_config_hash_and_id(tmp_pat
     extended = record["config_sha256"]
     record_extension(record, again, three, torch.device("cpu"))
     assert record["config_sha256"] == extended and len(record["extended_from"]) == 1
+
+
+def test_steps_a_resume_runs_otherwise_by_design_are_not_compared(tmp_path):
+    """A resume extending trainer.epochs runs the steps after its checkpoint under the
+    stretched schedule: they are not compared, and the record says why."""
+    path = tmp_path / FILE
+    logged(path, {4: 0.5}, BATCH)
+    resumed = Continuation(path)
+    resumed.load(after=3)
+    said = resumed.entry(claim=True, not_comparable="not compared: this resume extends it")
+    assert said == {"compared": 0, "reason": "not compared: this resume extends it"}
+    resumed.add(4, torch.tensor(0.75), BATCH)
+    resumed.flush()
+    assert resumed.verdict(stopped=True) is None and resumed.difference is None

@@ -339,6 +339,19 @@ def test_state_acting_after_the_replayed_interval_is_caught_by_the_continuation(
     assert entry["unrestored"][-1].startswith("the continuation differs")
 
 
+def test_a_refusal_names_the_unrestored_attribute_not_only_the_tensor_it_changed(tmp_path):
+    """The step's `calls` scales every gradient: replayed from step-3.pt the weights at
+    step 4 differ, and the refusal names the cause (the attribute) first, not the tensor."""
+    step = ["step._target_=hidden_state_user_code.CountingStep"]
+    run = tmp_path / "run"
+    assert later(run, *step, fault="step:5").returncode == -signal.SIGKILL
+    refused = later(run, *step, "resume=auto")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "under repro=strict: step attribute `calls` (int) is not in its state_dict()" in error
+    assert "(and 1 more)" in error  # the replay's difference at model.…, its effect
+
+
 LATER_KINDS = {
     "a private counter acting later": (
         ["model._target_=hidden_state_user_code.LaterCounterNet"], "model attribute `_calls`"

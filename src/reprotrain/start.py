@@ -189,13 +189,29 @@ class Resume:
         entry["state_paths_compared"] = state.audit.compared if state.audit else None
         if continuation is not None:
             continuation.load(self.point.state["loop"]["global_step"])
-            entry["continuation"] = continuation.entry(entry["bitwise_guarantee"])
+            entry["continuation"] = continuation.entry(
+                entry["bitwise_guarantee"], self.not_comparable(container, env)
+            )
             # The bits are claimed only once the continuation it logged is compared too.
             entry["bitwise_guarantee"] &= continuation.steps is None
         record.update(resumes=[*record.data.get("resumes", []), entry])
         record_extension(record, self.point, container, device)  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,
                  state.loop.epoch, state.loop.epoch_step)  # fmt: skip
+
+    def not_comparable(self, container: dict, env: dict) -> str | None:
+        """Why the steps the interrupted run logged after its checkpoint are not this
+        resume's to compare, or None: a stretched schedule or another world size computes
+        them otherwise by design."""
+        before = self.point.state["config"]["trainer"]["epochs"]
+        if before != container["trainer"]["epochs"]:
+            return (f"not compared: this resume extends trainer.epochs ({before} -> "
+                    f"{container['trainer']['epochs']}), so the steps after the checkpoint "
+                    "run under another schedule")  # fmt: skip
+        saved = (self.point.state.get("env") or {}).get("world_size", 1)
+        if saved != env.get("world_size", 1):
+            return f"not compared: the world size changed ({saved} -> {env.get('world_size', 1)})"
+        return None
 
     def verify(self, state: TrainerState, record: rec.RunRecord, container: dict, dist: Any,
                replay_state: Any) -> dict[str, Any]:  # fmt: skip

@@ -145,12 +145,16 @@ class Continuation:
         self.done = not found
         rec.atomic_write_text(self.path, "")
 
-    def entry(self, claim: bool) -> dict[str, Any]:
+    def entry(self, claim: bool, not_comparable: str | None = None) -> dict[str, Any]:
         """The resume record's ``continuation`` at the restore: what will be compared (the
-        bitwise claim waits for it), or why nothing can be."""
+        bitwise claim waits for it), or why nothing can be (``not_comparable``: this resume
+        runs those steps otherwise, e.g. under a stretched schedule)."""
         self.claim = claim
         if self.path is None:
             return {"compared": 0, "reason": "compared by rank 0"}
+        if not_comparable is not None:
+            self.expected, self.steps, self.done = {}, None, True
+            return {"compared": 0, "reason": not_comparable}
         if self.steps is None:
             return {
                 "compared": 0,

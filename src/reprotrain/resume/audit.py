@@ -7,13 +7,17 @@ drawn from outside the framework's seeded scopes. At every checkpoint ``ResumeAu
 records a digest of
 
 - each instance attribute of the task, the dataset (its transforms are attributes of it),
-  the user's step object (``step`` group) and every module of the model, that changed
-  since construction (a module's public
-  attributes only: parameters and buffers are the model's ``state_dict``), and
+  the user's step object (``step`` group), each callback, the optimizer and the scheduler
+  (their own: what torch's base classes keep is in their ``state_dict``), with a
+  function's closure cells (a ``LambdaLR`` lambda's count), and of every module of the
+  model (private attributes and non-persistent buffers included: parameters and
+  persistent buffers are the model's ``state_dict``), that changed since construction;
+- the data globals of the user modules whose classes or functions the run uses (a
+  ``CALLS`` counter at module level, a global written at validation), and
 - the global RNG states (python, numpy, torch CPU and the training GPU),
 
 and after a resume has restored every part, it recomputes them: each difference is one line
-naming the object and the attribute, e.g. ``task attribute `preds` (list, 250 items) is not
+naming the path (owner and attribute), e.g. ``task attribute `preds` (list, 250 items) is not
 in its state_dict(): this resume cannot be bitwise``. Attributes that are caches rebuilt
 on use (a per-device copy of constants) are declared by the class in ``cache_attributes``
 and left out.

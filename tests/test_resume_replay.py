@@ -339,9 +339,11 @@ def test_state_acting_after_the_replayed_interval_is_caught_by_the_continuation(
     assert entry["unrestored"][-1].startswith("the continuation differs")
 
 
+@pytest.mark.slow
 def test_a_refusal_names_the_unrestored_attribute_not_only_the_tensor_it_changed(tmp_path):
     """The step's `calls` scales every gradient: replayed from step-3.pt the weights at
-    step 4 differ, and the refusal names the cause (the attribute) first, not the tensor."""
+    step 4 differ, and the refusal names the cause (the attribute) first, not the tensor.
+    (Slow sibling of the private counter's refusal above, which names `_calls` first.)"""
     step = ["step._target_=hidden_state_user_code.CountingStep"]
     run = tmp_path / "run"
     assert later(run, *step, fault="step:5").returncode == -signal.SIGKILL

@@ -19,10 +19,9 @@ from reprotrain.api import Callback
 class RandomDrawing(Callback):
     def __init__(self) -> None:
         self.epochs_seen = 0
-        self.draws: list[float] = []
 
-    def _draw(self) -> None:
-        self.draws.append(random.random() + float(np.random.rand()) + float(torch.rand(())))
+    def _draw(self) -> float:  # drawn, not kept (kept, it would be state to checkpoint)
+        return random.random() + float(np.random.rand()) + float(torch.rand(()))
 
     def on_start(self, ctx) -> None:
         self._draw()
@@ -93,3 +92,70 @@ class EpochScheduler(TwoArgumentScheduler):
 
     def step(self, epoch) -> None:
         """Would need the epoch number."""
+
+
+class FreezeFirst(Callback):
+    """Set-up in ``on_start``: the first convolution frozen (no state to checkpoint). A
+    resume's replay must run it too, or it trains the frozen layer."""
+
+    def on_start(self, ctx) -> None:
+        first = next(m for m in ctx.model.modules() if isinstance(m, torch.nn.Conv2d))
+        for p in first.parameters():
+            p.requires_grad_(False)
+
+
+class CheckpointCounter(Callback):
+    """Counts ``on_checkpoint`` calls, with a complete ``state_dict``: a preemption that
+    called the hook once more than an uninterrupted run would end with another count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_checkpoint(self, ctx, path) -> None:
+        self.count += 1
+
+    def on_end(self, ctx, final_metrics) -> None:
+        if ctx.is_main:
+            (ctx.run_dir / "checkpoint_count.json").write_text(json.dumps(self.count))
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+
+
+class EpochEnds(Callback):
+    """An attribute changed in ``on_epoch_end`` that its ``state_dict`` leaves out."""
+
+    def __init__(self) -> None:
+        self.ends = 0
+        self.kept: list[int] = []
+
+    def on_epoch_end(self, ctx, row) -> None:
+        self.ends += 1
+
+    def state_dict(self) -> dict:
+        return {"kept": list(self.kept)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kept = list(state["kept"])
+
+
+class EditWeights(Callback):
+    """Edits the weights: +1 on every bias at each epoch end (before the checkpoint), x2 on
+    the last layer's bias at the end (after the last checkpoint)."""
+
+    def on_epoch_end(self, ctx, row) -> None:
+        with torch.no_grad():
+            for name, p in ctx.model.named_parameters():
+                if name.endswith("bias"):
+                    p.add_(1.0)
+
+    def on_end(self, ctx, final_metrics) -> None:
+        with torch.no_grad():
+            last_bias(ctx.model).mul_(2)
+
+
+def last_bias(model: torch.nn.Module) -> torch.Tensor:
+    return [p for name, p in model.named_parameters() if name.endswith("bias")][-1]

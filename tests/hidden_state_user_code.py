@@ -15,6 +15,7 @@ import itertools
 import torch
 from torch import Tensor
 
+from reprotrain.api import Step
 from reprotrain.selfcheck.net import TinyConvNet
 
 CALLS = 0  # a module-level counter (ModuleCounterNet)
@@ -102,3 +103,129 @@ def counting_lambda_lr(optimizer: torch.optim.Optimizer, total_steps: int):
         return 1.0 / (1 + 0.3 * calls[0])
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# --- state whose effect lands after the interval a resume replays (issue 45) ----------------
+# Each acts once, at its ACT_AT-th training forward (or step): killed after a later
+# checkpoint, the replay of the interval before it matches bit for bit, and only a
+# comparison of the state itself (the resume audit's digests) or of the continuation (the
+# steps the killed run logged after its checkpoint) can tell the resume is not bitwise.
+ACT_AT = 5
+VALIDATED = 0  # a module global written at validation (ValidationGlobalNet)
+
+
+class _Later(TinyConvNet):
+    """The test net times 1.5 when ``self.count()`` reaches ACT_AT while training."""
+
+    def count(self) -> int:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = super().forward(x)
+        return out * 1.5 if self.training and self.count() == ACT_AT else out
+
+
+class LaterCounterNet(_Later):
+    """A private counter acting every ACT_AT forwards (here: once)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._calls = 0
+
+    def count(self) -> int:
+        self._calls += 1
+        return self._calls
+
+
+class LaterBufferNet(_Later):
+    """A non-persistent buffer counting forwards."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.int64), persistent=False)
+
+    def count(self) -> int:
+        self.seen += 1
+        return int(self.seen)
+
+
+class ValidationGlobalNet(TinyConvNet):
+    """Validation sets a module global; every later training forward is scaled by it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        global VALIDATED
+        out = super().forward(x)
+        if not self.training:
+            VALIDATED = 1
+            return out
+        return out * (1 + 0.5 * VALIDATED)
+
+
+def _counter():
+    calls = [0]
+
+    def tick() -> int:
+        calls[0] += 1
+        return calls[0]
+
+    return tick
+
+
+_tick = _counter()  # a function global: code to the audit; its closure hides a count
+
+
+class HiddenClosureNet(_Later):
+    """A count no digest reaches (a module-level function's closure): only the comparison
+    of the continuation (the steps after the checkpoint) sees the resume differ."""
+
+    def count(self) -> int:
+        return _tick()
+
+
+class CountingLoss(torch.nn.CrossEntropyLoss):
+    """A loss module with a private counter, doubling its ACT_AT-th loss."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._calls = 0
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        loss = super().forward(logits, target)
+        if torch.is_grad_enabled():
+            self._calls += 1
+            return loss * 2 if self._calls == ACT_AT else loss
+        return loss
+
+
+class CountingSGD(torch.optim.SGD):
+    """An optimizer with a private step counter, doubling its ACT_AT-th step's gradients."""
+
+    def __init__(self, params, **kw) -> None:
+        super().__init__(params, **kw)
+        self._steps = 0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self._steps += 1
+        if self._steps == ACT_AT:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(2)
+        return super().step(closure)
+
+
+class CountingStep(Step):
+    """A user step whose public ``calls`` scales every gradient (no state_dict holds it)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, runner, batch) -> None:
+        self.calls += 1
+        runner.gradients(batch)
+        with torch.no_grad():
+            for p in runner.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1 + 0.1 * self.calls)
+        runner.apply()

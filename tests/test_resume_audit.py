@@ -9,17 +9,22 @@ run would silently count 1 step's scores where the uninterrupted one counts 3.
 from __future__ import annotations
 
 import signal
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import callback_user_code
+import hidden_state_user_code as hidden
 from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
 from numpy_user_code import PredictionList, RestoredPredictionList
+from reprotrain.callbacks import Callbacks
 from reprotrain.data.base import InMemoryImages
 from reprotrain.repro.seeding import seed_globals
 from reprotrain.resume.audit import ResumeAudit
+from reprotrain.selfcheck.net import TinyConvNet
 
 CPU = torch.device("cpu")
 
@@ -92,6 +97,128 @@ def test_unchanged_objects_and_declared_caches_are_not_reported():
     first = started(dataset=data)
     data._device_stats(CPU)  # a cache filled on first use, declared in cache_attributes
     assert resumed(first.state_dict(), dataset=Images(mean=[0.5], std=[0.5])) == []
+
+
+# --- everything reachable from the run's objects (issue 45) ---------------------------------
+
+
+class Task:
+    """A task holding its loss module (as the built-in tasks do)."""
+
+    def __init__(self, loss: nn.Module) -> None:
+        self.loss_fn = loss
+
+
+def parts(model=None, loss=None, optimizer=torch.optim.SGD, lr_lambda=None, callbacks=None):
+    """One process's run objects, built as a run builds them, and its audit."""
+    model = model or TinyConvNet(widths=[4])
+    opt = optimizer(model.parameters(), lr=0.1, momentum=0.9)
+    if lr_lambda is None:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    else:
+        sched = lr_lambda(opt, 10)
+    cbs = Callbacks(callbacks or {}, CPU)
+    state = SimpleNamespace(optimizer=opt, scheduler=sched, callbacks=cbs)
+    task = Task(loss or nn.CrossEntropyLoss())
+    audit = ResumeAudit(task, None, model, CPU, trainer_state=state)
+    seed_globals(0)
+    return SimpleNamespace(model=model, opt=opt, sched=sched, task=task, cbs=cbs, audit=audit)
+
+
+def trained(run: SimpleNamespace, steps: int = 4) -> None:
+    """``steps`` optimizer steps and epoch ends, as a run between two checkpoints."""
+    for _ in range(steps):
+        run.opt.zero_grad()
+        out = run.model(torch.ones(2, 3, 8, 8))
+        run.task.loss_fn(out, torch.tensor([0, 1])).backward()
+        run.opt.step()
+        run.sched.step()
+        for callback in run.cbs.callbacks.values():
+            callback.on_epoch_end(None, {})
+
+
+def restored(saved: SimpleNamespace, again: SimpleNamespace) -> list[str]:
+    """What a fresh process finds after restoring every state_dict of ``saved``'s run."""
+    recorded = saved.audit.state_dict()
+    again.model.load_state_dict(saved.model.state_dict())
+    again.opt.load_state_dict(saved.opt.state_dict())
+    again.sched.load_state_dict(saved.sched.state_dict())
+    if again.cbs.has_state():
+        again.cbs.load_state_dict(saved.cbs.state_dict())
+    again.audit.load_state_dict(recorded)
+    return again.audit.unrestored()
+
+
+KINDS = {
+    "a private counter acting later": (
+        {"model": lambda: hidden.LaterCounterNet(widths=[4])}, "model attribute `_calls` (int)"
+    ),
+    "a non-persistent buffer": (
+        {"model": lambda: hidden.LaterBufferNet(widths=[4])},
+        "model attribute `seen [non-persistent buffer]` (Tensor [])",
+    ),
+    "a loss module's private counter": (
+        {"loss": hidden.CountingLoss}, "task attribute `loss_fn` (CountingLoss)"
+    ),
+    "an optimizer's private counter": (
+        {"optimizer": lambda: hidden.CountingSGD}, "optimizer attribute `_steps` (int)"
+    ),
+    "a LambdaLR closure's count": (
+        {"lr_lambda": lambda: hidden.counting_lambda_lr}, "scheduler attribute `lr_lambdas`"
+    ),
+    "a callback attribute changed in on_epoch_end": (
+        {"callbacks": lambda: {"ends": callback_user_code.EpochEnds()}},
+        "callback `ends` attribute `ends` (int)",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_state_no_state_dict_holds_is_named_by_its_path(kind):
+    """The issue's false claims: state whose effect lands after the replayed interval. The
+    checkpointing process's digests differ from the restored process's at its path."""
+    made, path = KINDS[kind]
+
+    def build() -> SimpleNamespace:
+        return parts(**{k: make() for k, make in made.items()})
+
+    first = build()
+    trained(first)
+    lines = restored(first, build())
+    assert lines and lines[0].startswith(path), lines
+    assert lines[0].endswith("this resume cannot be bitwise")
+
+
+def test_a_module_global_written_at_validation_is_named():
+    first = parts(model=hidden.ValidationGlobalNet(widths=[4]))
+    first.model.eval()
+    first.model(torch.ones(1, 3, 8, 8))  # validation sets hidden_state_user_code.VALIDATED
+    recorded = first.audit.state_dict()
+    hidden.VALIDATED = 0  # a fresh process imports the module anew
+    again = parts(model=hidden.ValidationGlobalNet(widths=[4]))
+    again.audit.load_state_dict(recorded)
+    assert again.audit.unrestored() == [
+        "global `hidden_state_user_code.VALIDATED` (int) is not in any state_dict(): "
+        "this resume cannot be bitwise"
+    ]
+
+
+def test_torch_state_the_state_dicts_restore_is_not_reported():
+    """Momentum, the schedule, a callback's complete state_dict, torch's lazily set
+    attributes (a stepped optimizer's, a patched step): all restored, nothing named."""
+
+    def build() -> SimpleNamespace:
+        counter = callback_user_code.CheckpointCounter()
+        return parts(model=nn.Sequential(nn.Conv2d(3, 2, 3), nn.Flatten(), nn.LazyLinear(2)),
+                     callbacks={"count": counter})  # fmt: skip
+
+    first = build()
+    trained(first)
+    first.cbs.callbacks["count"].on_checkpoint(None, None)
+    again = build()
+    again.model(torch.ones(2, 3, 8, 8))  # the lazy layer built, as the replay would
+    assert restored(first, again) == []
+    assert again.audit.compared > 0
 
 
 # --- the trainer ---------------------------------------------------------------------------

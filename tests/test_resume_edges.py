@@ -33,6 +33,8 @@ def test_resume_that_extends_the_schedule_is_recorded_and_reproduces_bitwise(tmp
     assert entry["bitwise_guarantee"] is True and entry["verified"].endswith("identical")
     assert record["experiment_id"] != first_id  # follows the config that ran
     assert record["experiment_id"].startswith(record["config_sha256"][:8])
+    # the schedule was stretched mid-run: not the 2-epoch run from scratch's identity
+    assert record["extended_from"] == [{"trainer.epochs": 1, "global_step": 8}]
     out = tmp_path / "archives"
     assert_ok(tool("archive.archive", str(run), "--out-dir", str(out)))
     archive = next(out.glob("*.tar.gz"))

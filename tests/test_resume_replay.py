@@ -10,6 +10,7 @@ recorded as not bitwise otherwise. Never "bitwise" with other weights.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import signal
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, assert_ok, base_env, run_json, train
+from reprotrain.hashing import state_sha256
 from reprotrain.repro import checkpoint
 from reprotrain.resume.replay import first_difference, position, replay_start, verdict
 
@@ -190,14 +192,15 @@ def test_a_private_counter_a_checkpoint_cannot_restore_is_a_named_mismatch_refus
     tmp_path,
 ):
     """Replayed from step-1.pt, `_calls` starts at 0 instead of 1: the weights at step 2
-    differ from step-2.pt, and the resume says where, instead of claiming the bits."""
+    differ from step-2.pt, and the refusal names the attribute that caused it."""
     run = killed_at(tmp_path / "run", 3, *COUNTER)
     before = {name: (run / name).read_bytes() for name in ("run.json", "config.resolved.yaml")}
     refused = resumed(run, *COUNTER)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
-    assert "steps 2..2 replayed from step-00000001.pt, differ: model." in error, error
-    assert "elements differ" in error and "repro=strict" in error
+    # The cause first (the attribute no state_dict holds), not the tensor it then changed.
+    assert "model attribute `_calls` (int) is not in the model's state_dict()" in error, error
+    assert "repro=strict" in error
     assert {name: (run / name).read_bytes() for name in before} == before
 
 
@@ -212,7 +215,8 @@ def test_allowed_or_unverified_resumes_are_recorded_as_not_bitwise(tmp_path, cou
     (entry,) = run_json(run)["resumes"]
     assert entry["bitwise_guarantee"] is False and entry["replay"]["identical"] is False
     assert entry["verified"].startswith("steps 2..2 replayed from step-00000001.pt, differ: model.")
-    assert entry["unrestored"][0] == entry["verified"]
+    assert entry["unrestored"][0].startswith("model attribute `_calls`")
+    assert entry["unrestored"][-1] == entry["verified"]
     assert final(run) != final(counter_reference)  # the record was right not to claim the bits
 
     assert_ok(resumed(unverified, *COUNTER, "trainer.verify_resume=false"))
@@ -256,3 +260,145 @@ def test_each_kind_of_hidden_state_is_verified_bitwise_or_a_named_mismatch(tmp_p
     else:  # a named difference (the weights may still agree: the run can end before the
         # difference matters, e.g. the closure's lr for a step that never runs)
         assert ", differ: " in entry["verified"] and entry["replay"]["first_difference"], entry
+
+
+# --- the continuation, the state, the run's own life (issue 45) ------------------------------
+
+# Two epochs of 3 steps; checkpoints every 2 steps (and at each epoch end: steps 2, 3, 4, 6);
+# every step's loss logged (trainer.nonfinite_check_every=1), so a SIGKILL as step 5 ends
+# leaves step-4.pt, and step 5 in continuation.jsonl for the resume to compare.
+LATER = [*RUN, "trainer.epochs=2", "trainer.checkpoint_every_steps=2",
+         "trainer.nonfinite_check_every=1"]  # fmt: skip
+LIFE = [
+    "+callbacks.freeze._target_=callback_user_code.FreezeFirst",
+    "+callbacks.count._target_=callback_user_code.CheckpointCounter",
+    "+callbacks.edit._target_=callback_user_code.EditWeights",
+]
+
+
+def later(run_dir, *overrides: str, fault: str | None = None):
+    return train(run_dir, *LATER, *overrides, micro=False, env=env(), fault=fault)
+
+
+def uninterrupted_checkpoints(epochs: int, steps: int, every: int) -> int:
+    """How many checkpoints (so on_checkpoint calls) an uninterrupted run writes."""
+    cadence = [s for s in range(1, epochs * steps + 1) if s % every == 0 and s % steps != 0]
+    return len(cadence) + epochs
+
+
+def test_the_replay_runs_the_runs_own_life_and_a_preemption_calls_no_extra_hook(tmp_path):
+    """SIGTERM after step 1 (no checkpoint there in an uninterrupted run: no on_checkpoint),
+    resumed, SIGKILLed as step 5 ends, resumed under strict: the replay of step 4 runs
+    on_start (the frozen layer stays frozen: identical, not refused), step 5 is compared
+    with what the killed run logged, the count of checkpoints is an uninterrupted run's,
+    and final_weights_sha256 is of the weights the run ends with (on_end's edit)."""
+    run = tmp_path / "run"
+    assert later(run, *LIFE, fault="sigterm:1").returncode == 75
+    assert later(run, *LIFE, "resume=auto", fault="step:5").returncode == -signal.SIGKILL
+    assert_ok(later(run, *LIFE, "resume=auto"))
+    first, entry = run_json(run)["resumes"]
+    assert first["bitwise_guarantee"] is True
+    assert entry["verified"] == "steps 4..4 replayed from step-00000003.pt, identical"
+    assert entry["continuation"] == {"steps": [5, 5], "compared": 1, "identical": True,
+                                     "first_difference": None}  # fmt: skip
+    assert entry["bitwise_guarantee"] is True and entry["state_paths_compared"] > 0
+    count = json.loads((run / "checkpoint_count.json").read_text())
+    assert count == uninterrupted_checkpoints(epochs=2, steps=3, every=2)
+    saved = checkpoint.load(checkpoint.list_step_checkpoints(run / "checkpoints")[-1])["model"]
+    fingerprint = [json.loads(line) for line in (run / "fingerprints.jsonl").open()][-1]
+    assert fingerprint["weights_sha256"] == state_sha256(saved)  # the epoch end's edit in
+    saved[[k for k in saved if k.endswith("bias")][-1]] *= 2  # on_end's edit
+    assert run_json(run)["final_weights_sha256"] == state_sha256(saved)
+
+
+@pytest.mark.slow
+def test_the_runs_own_life_resumed_ends_with_the_uninterrupted_bits(tmp_path):
+    """Slow sibling: the same interruptions end with the uninterrupted run's weights and count."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert_ok(later(ref, *LIFE))
+    assert later(run, *LIFE, fault="sigterm:1").returncode == 75
+    assert later(run, *LIFE, "resume=auto", fault="step:5").returncode == -signal.SIGKILL
+    assert_ok(later(run, *LIFE, "resume=auto"))
+    assert final(run) == final(ref)
+    for name in ("checkpoint_count.json", "fingerprints.jsonl"):
+        assert (run / name).read_text() == (ref / name).read_text()
+
+
+def test_state_acting_after_the_replayed_interval_is_caught_by_the_continuation(tmp_path):
+    """A count no digest reaches (a module function's closure) acts at step 5: the replay of
+    step 4 is identical and the audit blind, but step 5's loss differs from the one the
+    killed run logged, so the resume is recorded as not bitwise, naming the step."""
+    model = ["model._target_=hidden_state_user_code.HiddenClosureNet"]
+    run = tmp_path / "run"
+    assert later(run, *model, fault="step:5").returncode == -signal.SIGKILL
+    assert_ok(later(run, *model, "resume=auto"))
+    (entry,) = run_json(run)["resumes"]
+    assert entry["verified"] == "steps 4..4 replayed from step-00000003.pt, identical"
+    assert entry["continuation"]["identical"] is False and entry["bitwise_guarantee"] is False
+    assert entry["continuation"]["first_difference"].startswith("step 5: the loss differs")
+    assert entry["unrestored"][-1].startswith("the continuation differs")
+
+
+@pytest.mark.slow
+def test_a_refusal_names_the_unrestored_attribute_not_only_the_tensor_it_changed(tmp_path):
+    """The step's `calls` scales every gradient: replayed from step-3.pt the weights at
+    step 4 differ, and the refusal names the cause (the attribute) first, not the tensor.
+    (Slow sibling of the private counter's refusal above, which names `_calls` first.)"""
+    step = ["step._target_=hidden_state_user_code.CountingStep"]
+    run = tmp_path / "run"
+    assert later(run, *step, fault="step:5").returncode == -signal.SIGKILL
+    refused = later(run, *step, "resume=auto")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "under repro=strict: step attribute `calls` (int) is not in its state_dict()" in error
+    assert "(and 1 more)" in error  # the replay's difference at model.…, its effect
+
+
+LATER_KINDS = {
+    "a private counter acting later": (
+        ["model._target_=hidden_state_user_code.LaterCounterNet"], "model attribute `_calls`"
+    ),
+    "a non-persistent buffer": (
+        ["model._target_=hidden_state_user_code.LaterBufferNet"],
+        "model attribute `seen [non-persistent buffer]`",
+    ),
+    "a module global written at validation": (
+        ["model._target_=hidden_state_user_code.ValidationGlobalNet"],
+        "global `hidden_state_user_code.VALIDATED`",
+    ),
+    "a loss module's private counter": (
+        ["loss._target_=hidden_state_user_code.CountingLoss"], "task attribute `loss_fn`"
+    ),
+    "an optimizer's private counter": (
+        ["optimizer._target_=hidden_state_user_code.CountingSGD"], "optimizer attribute `_steps`"
+    ),
+    "a LambdaLR closure": (
+        ["scheduler=constant", "scheduler._target_=hidden_state_user_code.counting_lambda_lr"],
+        "scheduler attribute `lr_lambdas`",
+    ),
+    "a callback attribute changed in on_epoch_end": (
+        ["+callbacks.ends._target_=callback_user_code.EpochEnds"],
+        "callback `ends` attribute `ends`",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(LATER_KINDS))
+def test_state_whose_effect_lands_later_is_refused_under_strict_and_never_bitwise(tmp_path, kind):
+    """The issue's false claims, end to end: killed after the 4th checkpoint, each resume
+    was recorded bitwise (the replayed interval matched) with other final weights. Now the
+    state's own digests differ at its path: strict refuses in one line naming it; warn
+    continues, recorded as not bitwise."""
+    overrides, path = LATER_KINDS[kind]
+    run = tmp_path / "run"
+    assert later(run, *overrides, fault="step:5").returncode == -signal.SIGKILL
+    before = {name: (run / name).read_bytes() for name in ("run.json", "config.resolved.yaml")}
+    refused = later(run, *overrides, "resume=auto")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert f"under repro=strict: {path}" in error, error
+    assert {name: (run / name).read_bytes() for name in before} == before
+    assert_ok(later(run, *overrides, "resume=auto", "trainer.allow_unrestored_state=true"))
+    (entry,) = run_json(run)["resumes"]
+    assert entry["bitwise_guarantee"] is False and entry["unrestored"][0].startswith(path)

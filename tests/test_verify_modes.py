@@ -162,3 +162,33 @@ def test_verify_kill_at_two_processes_kills_every_rank_and_resumes_on_two(tmp_pa
     assert "IDENTICAL (world size 2 vs 2; b SIGKILLed and resumed from global step" in proc.stdout
     (entry,) = run_json(run_dirs(tmp_path)[1])["resumes"]
     assert entry["bitwise_guarantee"] is True
+
+
+@pytest.mark.slow
+def test_verify_kills_after_each_chosen_step_and_resumes_after_each(tmp_path):
+    """A model counting its forwards in a private attribute: killed after its first
+    checkpoint only, a resume replays from the start and rebuilds the count (IDENTICAL,
+    tests/test_resume_replay.py); killed after step 2 and again after step 4 (issue 45),
+    the second resume starts from a checkpoint that lacks it, and run b diverges from run a,
+    recorded as not bitwise (allowed here, so that verify compares)."""
+    counter = ["model._target_=hidden_state_user_code.PrivateCounterNet",
+               "trainer.allow_unrestored_state=true"]  # fmt: skip
+    cmd = [sys.executable, "-m", "reprotrain.tools.runs.verify", "--out-dir", str(tmp_path),
+           "--kill", "--kill-after-steps", "2,4"]  # fmt: skip
+    proc = subprocess.run([*cmd, *KILLABLE, *counter], cwd=REPO, env=user_env(),
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("SIGKILLed after its first checkpoint at or past step") == 2
+    verdict = next(line for line in proc.stdout.splitlines() if line.startswith("DIVERGED"))
+    assert "recorded as not bitwise" in verdict
+    first, second = run_json(run_dirs(tmp_path)[1])["resumes"]
+    assert second["global_step"] >= 4 and second["global_step"] > first["global_step"]
+
+
+def test_kill_after_steps_goes_with_kill_and_takes_increasing_steps(tmp_path):
+    cases = ((["--kill-after-steps", "4"], "goes with --kill"),
+             (["--kill", "--kill-after-steps", "6,2"], "positive and increasing"))  # fmt: skip
+    for args, said in cases:
+        proc = run_verify(tmp_path, *args, *KILLABLE)
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -6,17 +6,18 @@
 A callback subclasses :class:`Callback` and overrides any of four hooks:
 
 - ``on_start(ctx)``: once per training process, after a resume's restore and replay (set-up,
-  a model summary);
+  a model summary); a resume's replay runs it first too;
 - ``on_epoch_end(ctx, row)``: after an epoch's metrics row (validation included), before
-  its checkpoint, so what the callback keeps is in that checkpoint;
-- ``on_checkpoint(ctx, path)``: after each step checkpoint is written (``path``);
-- ``on_end(ctx, final_metrics)``: once, when the run completes.
+  its fingerprint and checkpoint, so what the callback keeps (or edits) is in both;
+- ``on_checkpoint(ctx, path)``: before each step checkpoint is written (``path``), where an
+  uninterrupted run writes one (a preemption's checkpoint elsewhere calls none);
+- ``on_end(ctx, final_metrics)``: once, when the run completes, on the last weights.
 
 ``ctx`` (:class:`CallbackContext`) hands the bare model, the optimizer, the loop position,
 the run directory and ``replaying``: a resume re-runs the interval before its checkpoint to
-prove its bits (docs/resume.md) and calls ``on_epoch_end`` and ``on_checkpoint`` there too,
-so a callback's state evolves as it did; skip side effects (printing, files) when
-``ctx.replaying`` is true.
+prove its bits (docs/resume.md) and calls ``on_start``, ``on_epoch_end`` and
+``on_checkpoint`` there too, so a callback's state evolves as it did; skip side effects
+(printing, files) when ``ctx.replaying`` is true.
 
 A callback with state gives ``state_dict()``/``load_state_dict()``: the callbacks are one
 part of the trainer's state (``TrainerState.callbacks``), so their state is checkpointed,
@@ -66,13 +67,15 @@ class Callback:
     """The base of a callback: four hooks that do nothing, and no state."""
 
     def on_start(self, ctx: CallbackContext) -> None:
-        """Once per training process, after the restore (and a resume's replay)."""
+        """Once per training process, after the restore (and a resume's replay, which runs
+        it first too: ``ctx.replaying``)."""
 
     def on_epoch_end(self, ctx: CallbackContext, row: dict[str, Any]) -> None:
         """After the epoch's metrics row, before its checkpoint (also while replaying)."""
 
     def on_checkpoint(self, ctx: CallbackContext, path: Path) -> None:
-        """After a step checkpoint is written (also while replaying: ``path`` not written)."""
+        """Before a step checkpoint is written where an uninterrupted run writes one (also
+        while replaying: ``path`` not written)."""
 
     def on_end(self, ctx: CallbackContext, final_metrics: dict[str, Any]) -> None:
         """Once, when the run completes, with run.json's ``final_metrics``."""

@@ -470,8 +470,13 @@ def without_plain_step(container: dict) -> dict:
     return container
 
 
-def config_sha256(container: dict) -> str:
+def config_sha256(container: dict, extended_from: list[dict] | None = None) -> str:
     """sha256 of the resolved config (sorted dotted keys), identity keys only; the plain
-    ``step`` (what every run did before the ``step`` group existed) is left out."""
+    ``step`` (what every run did before the ``step`` group existed) is left out.
+    ``extended_from``: a resumed run's ``trainer.epochs`` extensions (run.json's
+    ``extended_from``): its schedule was stretched mid-run, so it is another computation
+    than the same config run from scratch, and hashes apart from it."""
     ident = {k: v for k, v in flatten(without_plain_step(container)).items() if is_identity(k)}
+    if extended_from:
+        ident["extended_from"] = extended_from
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()

@@ -18,6 +18,7 @@ flag is read before every checkpoint, so none holds weights a non-finite step pr
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import signal
@@ -32,12 +33,13 @@ from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
 from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
-from reprotrain.hashing import losses_sha256, state_sha256
+from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
 from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
+from reprotrain.resume.continuation import FILE, Continuation, record_verdict
 from reprotrain.run import record as rec
 from reprotrain.state import LoopState
 
@@ -103,7 +105,9 @@ class Trainer:
         self.feed: StepFeed | None = None
         self.profiler: StepProfiler | None = None
         self.quiet = False  # replaying: no checkpoint, row, log line, logger value or event
-        self.target: tuple[int, int] | None = None  # the position a replay runs to
+        self.saved_at: int | None = None  # the global step of the last checkpoint (or replayed)
+        # The steps since the last checkpoint, for a resume to compare (rank 0 writes them).
+        self.continuation = Continuation(self.run_dir / FILE if dist.is_main else None)
         self.callbacks = runner.state.callbacks or Callbacks({}, runner.state.loop.device)
 
     # ---------------------------------------------------------------------------- the loop
@@ -142,21 +146,23 @@ class Trainer:
         ``epochs``: the run's length when it took those steps, when this resume extends
         ``trainer.epochs``: they are replayed under the schedule they ran with (``from_start``:
         the state is the run's start, not a loaded checkpoint)."""
-        state, self.quiet, self.target = self.loop, True, target
+        state, self.quiet = self.loop, True
         self.feed = StepFeed(_Silent(), state)
         settings, scheduler = self.settings, self.runner.state.scheduler
+        continuation, self.continuation = self.continuation, Continuation(None)
         if epochs is not None and epochs != settings.epochs:
             self.settings = dataclasses.replace(settings, epochs=epochs)
             self.runner.state.scheduler = self.past_schedule(epochs, from_start)
         try:
+            # The run's own life: its on_start (set-up such as freezing a layer) ran before
+            # these steps; the hooks between are called where the run called them (``save``).
+            self.callback("on_start")
             with determinism.nondeterminism_alerts([]):
                 while (state.epoch, state.epoch_step) < target:
                     self.run_epoch(until=target[1] if state.epoch == target[0] else None)
-            # The run called on_checkpoint before writing the checkpoint replayed towards.
-            self.callback("on_checkpoint", checkpoint.step_path(self.saver.dir, state.global_step))
             return self.saver.payload()
         finally:
-            self.quiet, self.feed, self.target = False, None, None
+            self.quiet, self.feed, self.continuation = False, None, continuation
             self.settings, self.runner.state.scheduler = settings, scheduler
 
     def past_schedule(self, epochs: int, from_start: bool) -> Any:
@@ -189,16 +195,20 @@ class Trainer:
         t0 = time.perf_counter()
         for step, batch in batches:
             bad |= train_step(self.runner, step, batch)
+            self.continuation.add(state.global_step, state.progress.step_losses[-1], batch)
             due = state.global_step % self.guard.nonfinite_check_every == 0
             if (due or self.saves_at(state.global_step)) and self.dist.all_reduce_any(bool(bad)):
                 nonfinite(state, self.guard.on_nonfinite)
                 bad.zero_()
+            if due:
+                self.log_steps()  # the device was just read: no extra sync
             self.after_step(step + 1)
             if until is not None and state.epoch_step == until:
                 return {}
         seconds = time.perf_counter() - t0
         if self.dist.all_reduce_any(bool(bad)):
             nonfinite(state, self.guard.on_nonfinite)
+        self.log_steps()  # this rank's step losses, before the reduction makes them global
         self.runner.reduction.end_epoch(state.progress)  # the epoch's losses and sums, global
         self.feed.flush()
         trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
@@ -231,9 +241,15 @@ class Trainer:
         if not self.quiet:
             events.fire("step", global_step=state.global_step)
         self.stop_if_asked(self.stop_at_reached() and mid_epoch)
-        every = self.settings.checkpoint_every_steps
-        if every and state.global_step % every == 0 and mid_epoch:
+        if self.cadence_due():
             self.save()
+
+    def cadence_due(self) -> bool:
+        """Whether an uninterrupted run writes a cadence checkpoint after this step (every
+        ``trainer.checkpoint_every_steps`` steps, mid-epoch: the epoch's end writes its own)."""
+        every, state = self.settings.checkpoint_every_steps, self.loop
+        mid_epoch = 0 < state.epoch_step < self.pipeline.steps_per_epoch
+        return bool(every) and state.global_step % every == 0 and mid_epoch
 
     def stop_if_asked(self, asked: bool) -> None:
         """The one place a run stops early: a signal on any rank, or ``asked`` (the same on
@@ -250,7 +266,9 @@ class Trainer:
         stop_at = self.settings.stop_at_global_step
         self.stop.signal_name = self.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
         self.feed.close("interrupted")
-        self.save()
+        if self.saved_at != self.loop.global_step:  # an epoch end's stop: written already
+            self.save(hook=self.cadence_due())
+        self.log_steps(stopped=True)
         self.record.update(
             status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=self.stop.signal_name
         )
@@ -277,6 +295,9 @@ class Trainer:
         if self.pipeline.has_split("val") and (state.epoch % settings.eval_every == 0 or last):
             row.update(evaluate_split(runner, self.pipeline, "val"))
         state.metrics.append(row)
+        # What a callback keeps (or edits in the weights) goes into this epoch's fingerprint
+        # and checkpoint.
+        self.callback("on_epoch_end", row)
         cpu_state = {k: v.detach().to("cpu") for k, v in runner.state.model.state_dict().items()}
         losses = state.progress.losses()
         state.fingerprints.append(
@@ -305,24 +326,35 @@ class Trainer:
                 "early stopping: %(monitor)s has not improved for %(patience)d evaluated "
                 "epochs; best %(best)s at epoch %(best_epoch)s", state.early_stopped,
             )  # fmt: skip
-        self.callback("on_epoch_end", row)  # what a callback keeps goes into this checkpoint
         state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
         self.save(best=improved, model_state=cpu_state)
         if not self.quiet:
             events.fire("after-save", global_step=state.global_step)
         return row
 
-    def save(self, best: bool = False, model_state: dict | None = None) -> None:
-        """The callbacks' ``on_checkpoint``, then the checkpoint. A replay writes none and
-        calls the hook where the run did, except at the position it replays to
-        (``replay_state`` calls it there once, last)."""
+    def save(self, best: bool = False, model_state: dict | None = None, hook: bool = True) -> None:
+        """The callbacks' ``on_checkpoint``, then the checkpoint. ``hook``: whether an
+        uninterrupted run writes a checkpoint here (a cadence step, an epoch end); a stop's
+        checkpoint anywhere else calls no hook, so a callback counting checkpoints is the
+        uninterrupted run's. A replay writes none and calls the hook where the run did."""
         path = checkpoint.step_path(self.saver.dir, self.loop.global_step)
+        if hook:
+            self.callback("on_checkpoint", path)
+        self.saved_at = self.loop.global_step
+        if not self.quiet:
+            self.log_steps()
+            self.saver.save(best=best, model_state=model_state)
+            self.continuation.restart()  # the steps up to here are in the checkpoint
+
+    def log_steps(self, stopped: bool = False) -> None:
+        """The steps since the last host read, appended to the continuation file (and, after
+        a resume, compared with the interrupted run's: the verdict into the record once
+        every step it logged was recomputed, or the run ``stopped`` first)."""
         if self.quiet:
-            if (self.loop.epoch, self.loop.epoch_step) != self.target:
-                self.callback("on_checkpoint", path)
             return
-        self.callback("on_checkpoint", path)
-        self.saver.save(best=best, model_state=model_state)
+        self.continuation.flush()
+        if (verdict := self.continuation.verdict(stopped)) is not None:
+            record_verdict(self.record, verdict, self.continuation.claim)
 
     def callback(self, hook: str, *args: Any) -> None:
         """Every callback's ``hook`` (each inside the RNG guard: callbacks.py)."""
@@ -338,11 +370,12 @@ class Trainer:
     def finish(self) -> float | None:
         """Test once (last weights, then best), mark the run completed; the monitored best."""
         state, settings = self.loop, self.settings
+        self.log_steps(stopped=True)
+        self.continuation.close()
         final = self.final_metrics()
         self.record.update(
             status="completed",
             finished_at=rec.now_iso(),
-            final_weights_sha256=state.fingerprints[-1]["weights_sha256"],
             final_metrics=final,
             epochs_completed=len(state.metrics),
             partial=len(state.metrics) < settings.epochs,
@@ -353,6 +386,8 @@ class Trainer:
         )
         self.feed.loggers.log_final(final)
         self.callback("on_end", final)
+        # The weights the run ends with: after the last epoch's hooks and on_end's.
+        self.record.update(final_weights_sha256=weights_sha256(self.runner.state.model))
         self.feed.close("completed")
         shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
         log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)
@@ -367,14 +402,28 @@ class Trainer:
         final.update(evaluate_split(runner, self.pipeline, "test"))
         best_path = self.run_dir / rec.CHECKPOINTS / "best.pt"
         if state.best_epoch not in (None, state.metrics[-1]["epoch"]) and best_path.is_file():
-            best_state = checkpoint.load(best_path)
-            runner.state.model.load_state_dict(best_state["model"])
-            user_step = best_state.get("user_step", best_state.get("step"))
-            if user_step is not None and runner.state.user_step is not None:  # its EMA weights
-                runner.state.user_step.load_state_dict(user_step)
+            best_state, last = checkpoint.load(best_path), self.weights()
+            self.load_weights(best_state)
             best = evaluate_split(runner, self.pipeline, "test")
             final.update({f"best_{k}": v for k, v in best.items()}, best_epoch=state.best_epoch)
+            self.load_weights(last)  # the run ends with its last weights, not the best
         return final
+
+    def weights(self) -> dict:
+        """A copy of the model's weights and the user's step's state, as a checkpoint holds them."""
+        state = self.runner.state
+        saved = {"model": copy.deepcopy(state.model.state_dict())}
+        if hasattr(state.user_step, "state_dict"):
+            saved["user_step"] = copy.deepcopy(state.user_step.state_dict())
+        return saved
+
+    def load_weights(self, saved: dict) -> None:
+        """The model's weights and the user's step's state (its EMA weights) of a checkpoint."""
+        state = self.runner.state
+        state.model.load_state_dict(saved["model"])
+        user_step = saved.get("user_step", saved.get("step"))
+        if user_step is not None and state.user_step is not None:
+            state.user_step.load_state_dict(user_step)
 
 
 def evaluate_split(runner: StepRunner, pipeline: Any, split: str) -> dict:

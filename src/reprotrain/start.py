@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from reprotrain.config import config_sha256
 from reprotrain.errors import ResumeError
 from reprotrain.hashing import file_sha256, state_sha256
 from reprotrain.provenance import (
@@ -110,9 +111,11 @@ class Fork(Fresh):
         )
         write_environment_text(record.run_dir)
 
-    def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
+    def restore(self, state: TrainerState, record: rec.RunRecord, *, device: torch.device,
+                container: dict, **_: Any) -> None:  # fmt: skip
         state.load_state_dict(self.point.state)
         record.update(imported_code=imported_code())
+        record_extension(record, self.point, container, device)
         rewrite_history(record.run_dir, state)
         log.info("forked from %s", self.point.path)
 
@@ -158,14 +161,17 @@ class Resume:
 
     def restore(self, state: TrainerState, record: rec.RunRecord, *, env: dict,
                 device: torch.device, container: dict, dist: Any = None,
-                replay_state: Any = None) -> None:  # fmt: skip
+                replay_state: Any = None, continuation: Any = None) -> None:  # fmt: skip
         """Replay up to the checkpoint and compare (``replay_state``: the trainer's, which
-        re-runs steps writing nothing), then load the checkpoint, audit, record."""
+        re-runs steps writing nothing), then load the checkpoint, audit, record; what the
+        interrupted run logged after the checkpoint is read into ``continuation``
+        (``resume/continuation.py``), compared as the resumed run recomputes it."""
         verified = self.verify(state, record, container, dist, replay_state)
         state.load_state_dict(self.point.state)  # after a verified replay: the same bits
-        unrestored = [verified["line"]] if verified.get("identical") is False else []
-        # What the checkpoint could not restore, named (the audit's suspects).
-        unrestored += state.audit.unrestored()
+        # What the checkpoint could not restore, named first (the audit's paths: the cause a
+        # refusal names), then the replay's difference (its effect).
+        unrestored = state.audit.unrestored()
+        unrestored += [verified["line"]] if verified.get("identical") is False else []
         purity = record.data.get("sample_purity") or {}
         if purity.get("pure") is False:  # found at this run's start (data/purity.py)
             unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
@@ -180,10 +186,32 @@ class Resume:
         rewrite_history(record.run_dir, state)
         entry = resume_entry(self.point, env, device, container, unrestored, inputs=inputs,
                              code_sha256=code, verified=verified)  # fmt: skip
+        entry["state_paths_compared"] = state.audit.compared if state.audit else None
+        if continuation is not None:
+            continuation.load(self.point.state["loop"]["global_step"])
+            entry["continuation"] = continuation.entry(
+                entry["bitwise_guarantee"], self.not_comparable(container, env)
+            )
+            # The bits are claimed only once the continuation it logged is compared too.
+            entry["bitwise_guarantee"] &= continuation.steps is None
         record.update(resumes=[*record.data.get("resumes", []), entry])
-        record.update(experiment_id=experiment_id(record.data, device))  # the config that runs
+        record_extension(record, self.point, container, device)  # the config that runs
         log.info("resumed from %s at epoch %d step %d", self.point.path.name,
                  state.loop.epoch, state.loop.epoch_step)  # fmt: skip
+
+    def not_comparable(self, container: dict, env: dict) -> str | None:
+        """Why the steps the interrupted run logged after its checkpoint are not this
+        resume's to compare, or None: a stretched schedule or another world size computes
+        them otherwise by design."""
+        before = self.point.state["config"]["trainer"]["epochs"]
+        if before != container["trainer"]["epochs"]:
+            return (f"not compared: this resume extends trainer.epochs ({before} -> "
+                    f"{container['trainer']['epochs']}), so the steps after the checkpoint "
+                    "run under another schedule")  # fmt: skip
+        saved = (self.point.state.get("env") or {}).get("world_size", 1)
+        if saved != env.get("world_size", 1):
+            return f"not compared: the world size changed ({saved} -> {env.get('world_size', 1)})"
+        return None
 
     def verify(self, state: TrainerState, record: rec.RunRecord, container: dict, dist: Any,
                replay_state: Any) -> dict[str, Any]:  # fmt: skip
@@ -209,7 +237,10 @@ class Resume:
         replayed = replay_state(replay.position(self.point.state), epochs=epochs,
                                 from_start=begin_state is None)  # fmt: skip
         seconds = time.perf_counter() - t0
-        difference = replay.first_difference(self.point.state, replayed) if replayed else None
+        # The audit's digests are compared after the restore, against this process's own
+        # construction (``ResumeAudit.unrestored``): the replay may run another schedule.
+        difference = (replay.first_difference(_less_audit(self.point.state), _less_audit(replayed))
+                      if replayed else None)  # fmt: skip
         if dist is not None:
             difference = dist.broadcast_object(difference)
         line = replay.verdict(name, first, last, difference)
@@ -245,6 +276,26 @@ def begin(resume: str | None, run_dir: Path, container: dict) -> Start:
     if point is None:
         return Fresh()
     return Fork(point) if point.forked else Resume(point)
+
+
+def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
+                     device: torch.device) -> None:  # fmt: skip
+    """The identity of the config that runs on: a resume (or fork) that extends
+    ``trainer.epochs`` appends ``{"trainer.epochs": <before>, "global_step": <where>}`` to
+    ``extended_from``, which enters ``config_sha256`` and so ``experiment_id``: the stretched
+    schedule is not the longer run from scratch, and never shares its id."""
+    extended = list(record.data.get("extended_from") or [])
+    before = point.state["config"]["trainer"]["epochs"]
+    if before != container["trainer"]["epochs"]:
+        extended.append({"trainer.epochs": before,
+                         "global_step": point.state["loop"]["global_step"]})  # fmt: skip
+        record.update(extended_from=extended)
+    record.update(config_sha256=config_sha256(container, extended or None))
+    record.update(experiment_id=experiment_id(record.data, device))
+
+
+def _less_audit(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k != "audit"}
 
 
 def rewrite_history(run_dir: Path, state: TrainerState) -> None:

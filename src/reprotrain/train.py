@@ -121,7 +121,8 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     state = runner.state
     state.callbacks = callbacks_for(cfg.callbacks, device, state.scheduler)  # conf/callbacks/
     record.update(components=components_record(settings.model, runner, dataset))
-    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist)
+    state.audit = ResumeAudit(runner.task, dataset, state.model, device, state.user_step, dist,
+                              trainer_state=state)  # fmt: skip
 
     # --- start: seed the `train` stream (a resume or fork then restores the state) ---------
     seed_globals(seeds.train)  # what an Exact resume re-derives (its checkpoint has no rng)
@@ -137,7 +138,9 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
                                                 pipeline.steps_per_epoch))  # fmt: skip
     # A resume replays the steps since the checkpoint before its own and compares the bits.
     start.restore(state, record, env=env, device=device, container=container, dist=dist,
-                  replay_state=trainer.replay_state)  # fmt: skip
+                  replay_state=trainer.replay_state,
+                  continuation=trainer.continuation)  # fmt: skip
+    meta["config_sha256"] = record["config_sha256"]  # a resume's extension enters it
 
     # --- loop and record: epochs, checkpoints on cadence and on signals, the test split ----
     with trainer.bar:  # closed before a stop's or an error's lines are written

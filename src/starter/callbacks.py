@@ -41,7 +41,7 @@ class ModelSummary(Callback):
         return out
 
     def on_start(self, ctx) -> None:
-        if not ctx.is_main:
+        if not ctx.is_main or ctx.replaying:  # a resume's replay runs on_start too
             return
         rows = self.rows(ctx.model)
         width = max(len(name) for name, _, _ in rows)

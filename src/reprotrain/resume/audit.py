@@ -7,13 +7,17 @@ drawn from outside the framework's seeded scopes. At every checkpoint ``ResumeAu
 records a digest of
 
 - each instance attribute of the task, the dataset (its transforms are attributes of it),
-  the user's step object (``step`` group) and every module of the model, that changed
-  since construction (a module's public
-  attributes only: parameters and buffers are the model's ``state_dict``), and
+  the user's step object (``step`` group), each callback, the optimizer and the scheduler
+  (their own: what torch's base classes keep is in their ``state_dict``), with a
+  function's closure cells (a ``LambdaLR`` lambda's count), and of every module of the
+  model (private attributes and non-persistent buffers included: parameters and
+  persistent buffers are the model's ``state_dict``), that changed since construction;
+- the data globals of the user modules whose classes or functions the run uses (a
+  ``CALLS`` counter at module level, a global written at validation), and
 - the global RNG states (python, numpy, torch CPU and the training GPU),
 
 and after a resume has restored every part, it recomputes them: each difference is one line
-naming the object and the attribute, e.g. ``task attribute `preds` (list, 250 items) is not
+naming the path (owner and attribute), e.g. ``task attribute `preds` (list, 250 items) is not
 in its state_dict(): this resume cannot be bitwise``. Attributes that are caches rebuilt
 on use (a per-device copy of constants) are declared by the class in ``cache_attributes``
 and left out.
@@ -24,10 +28,17 @@ broadcast so every rank takes the same decision.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
+import os
 import random
 import struct
+import sys
+import sysconfig
 import types
+import typing
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +50,11 @@ from reprotrain.repro import rng
 
 # torch's own bookkeeping on every module (parameters, buffers, hooks, training flag).
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+# Caches torch, DDP and torch.compile set on modules lazily.
+_TORCH_CACHES = ("_torch", "_dynamo", "_ddp", "_compiled", "_orig_mod", "_is_full_backward")
+# A module's code, not its state: what module_globals leaves out.
+_CODE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+         functools.partial, logging.Logger, typing.TypeVar)  # fmt: skip
 _MAX_DEPTH = 6
 _BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is unchanged
 BITWISE = "this resume cannot be bitwise"
@@ -58,8 +74,11 @@ class Digester:
     """sha256 of a value's content, stable across processes: tensors and arrays by bytes,
     containers recursively, generators by state, other objects by their attributes."""
 
-    def __init__(self) -> None:
+    def __init__(self, refs: dict[int, str] | None = None) -> None:
         self._tensors: dict[int, tuple[torch.Tensor, int, str]] = {}
+        # Objects digested by name where another one holds them (a scheduler's optimizer,
+        # a callback's model): their state is compared where they are owners.
+        self.refs = refs or {}
 
     def __call__(self, value: Any) -> str:
         h = hashlib.sha256()
@@ -84,15 +103,22 @@ class Digester:
         if isinstance(value, np.generic):
             h.update(repr(value.item()).encode())
             return
-        if isinstance(value, types.FunctionType | types.BuiltinFunctionType | type):
+        if isinstance(value, types.BuiltinFunctionType | type):
             h.update(getattr(value, "__qualname__", "").encode())  # code, not state
             return
         if isinstance(value, types.MethodType):
             h.update(value.__func__.__qualname__.encode())
             return
+        if depth and id(value) in self.refs:
+            h.update(f"ref {self.refs[id(value)]}".encode())
+            return
         if id(value) in seen or depth > _MAX_DEPTH:
             return
         seen = seen | {id(value)}
+        if isinstance(value, types.FunctionType):  # its code by name, its closure's state
+            h.update(value.__qualname__.encode())
+            self._feed(h, closure_cells(value), depth + 1, seen)
+            return
         if isinstance(value, random.Random):
             self._feed(h, value.getstate(), depth + 1, seen)
         elif isinstance(value, np.random.Generator):
@@ -114,7 +140,9 @@ class Digester:
             for item in sorted(self(v) for v in value):
                 h.update(item.encode())
         elif isinstance(value, nn.Module):
-            self._feed(h, module_attributes(value), depth + 1, seen)
+            for path, module in value.named_modules():
+                self._feed(h, path, depth + 1, seen)
+                self._feed(h, module_attributes(module), depth + 1, seen)
             self._feed(h, dict(value.state_dict()), depth + 1, seen)
         elif hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
             self._feed(h, instance_attributes(value), depth + 1, seen)
@@ -150,10 +178,99 @@ def instance_attributes(obj: Any) -> dict[str, Any]:
 
 
 def module_attributes(module: nn.Module) -> dict[str, Any]:
-    """A module's own public attributes (``self.calls = 0``): torch's bookkeeping and the
-    private caches torch, DDP and compile set on modules lazily (``_...``) left out."""
+    """A module's own attributes, private ones included (``self._calls = 0``), and its
+    non-persistent buffers (``seen [non-persistent buffer]``: no state_dict holds them); torch's
+    bookkeeping and the caches torch, DDP and compile set on modules lazily left out."""
     attrs = instance_attributes(module)
-    return {k: v for k, v in attrs.items() if k not in _MODULE_INTERNALS and k[0] != "_"}
+    found = {k: v for k, v in attrs.items()
+             if k not in _MODULE_INTERNALS and not k.startswith(_TORCH_CACHES)}  # fmt: skip
+    for name in sorted(getattr(module, "_non_persistent_buffers_set", ())):
+        if module._buffers.get(name) is not None:
+            found[f"{name} [non-persistent buffer]"] = module._buffers[name]
+    return found
+
+
+def closure_cells(function: types.FunctionType) -> dict[str, Any]:
+    """What a function's closure holds, by free variable name (a ``LambdaLR`` lambda's count)."""
+    cells = function.__closure__ or ()
+    found = {}
+    for name, cell in zip(function.__code__.co_freevars, cells, strict=True):
+        try:
+            found[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            found[name] = None
+    return found
+
+
+@functools.cache
+def torch_own_attributes(base: type) -> frozenset[str]:
+    """The attributes torch's own ``base`` (Optimizer, LRScheduler) sets on an instance,
+    lazily included (a scheduler patches its optimizer's ``step``): their ``state_dict``
+    restores what of them is state; a subclass's own (a user's private counter) are what
+    the audit watches."""
+    param = nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    param.grad = torch.zeros(1)
+    optimizer.step()
+    scheduler.step()
+    optimizer.load_state_dict(optimizer.state_dict())
+    scheduler.load_state_dict(scheduler.state_dict())
+    if base is torch.optim.Optimizer:
+        return frozenset(optimizer.__dict__)
+    return frozenset(scheduler.__dict__) - {"lr_lambdas"}
+
+
+def own_attributes(obj: Any) -> dict[str, Any]:
+    """``instance_attributes`` less what torch's optimizer or scheduler base keeps itself."""
+    attrs = instance_attributes(obj)
+    for base in (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler):
+        if isinstance(obj, base):
+            skip = torch_own_attributes(base)
+            return {k: v for k, v in attrs.items() if k not in skip}
+    return attrs
+
+
+def module_globals(objects: list[Any]) -> dict[str, Any]:
+    """``{"module.NAME": value}``: the data globals of the user modules whose classes (or
+    functions) these objects are: ``CALLS = 0`` at module level that a forward counts.
+    Modules of the standard library, site-packages and the framework are left out, and so
+    are the code a module defines (functions, classes, imported modules) and its loggers."""
+    names: set[str] = set()
+    for obj in objects:
+        for kind in (type(obj), obj):
+            name = getattr(kind, "__module__", None)
+            if isinstance(name, str):
+                names.add(name)
+    found: dict[str, Any] = {}
+    for name in sorted(names):
+        module = sys.modules.get(name)
+        if module is None or not _user_module(module):
+            continue
+        for key, value in vars(module).items():
+            if key.startswith("__") or isinstance(value, _CODE):
+                continue
+            found[f"{name}.{key}"] = value
+    return found
+
+
+def _user_module(module: types.ModuleType) -> bool:
+    if module.__name__.split(".")[0] in ("reprotrain", "torch", "numpy"):
+        return False
+    file = getattr(module, "__file__", None)
+    if not file:
+        return False
+    real = os.path.realpath(file)
+    parts = Path(real).parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not any(real.startswith(root + os.sep) for root in _stdlib_roots())
+
+
+@functools.cache
+def _stdlib_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")})
 
 
 class ResumeAudit:
@@ -174,27 +291,50 @@ class ResumeAudit:
         device: torch.device,
         step: Any = None,
         dist: Dist | None = None,
+        trainer_state: Any = None,
     ) -> None:
         self.owners = {"task": task, "dataset": dataset, "step": step}
         self.dist = dist or Dist()
         self.model, self.device = model, torch.device(device)
+        # The optimizer, scheduler and callbacks, read at each digest (a replay may swap the
+        # scheduler for the one the steps ran with).
+        self.trainer_state = trainer_state
         self.restorable = {"task": hasattr(task, "load_state_dict")}
         self.digest = Digester()
         self.recorded: dict[str, Any] | None = None
+        self.compared: int | None = None  # how many paths the last comparison covered
         self.baseline = self._attributes()
 
+    def _watched(self) -> dict[str, Any]:
+        """Every owner by the name its lines carry: the task, the dataset, the step, the
+        optimizer, the scheduler and each callback (``callback `name```)."""
+        owners = {k: v for k, v in self.owners.items() if v is not None}
+        state = self.trainer_state
+        if state is not None:
+            owners |= {"optimizer": state.optimizer, "scheduler": state.scheduler}
+            for name, callback in getattr(state.callbacks, "callbacks", {}).items():
+                owners[f"callback `{name}`"] = callback
+        return owners
+
     def _attributes(self) -> dict[str, tuple[str, str]]:
-        """``{"task attribute `preds`": (digest, description)}`` for every watched one."""
-        found: dict[str, tuple[str, str]] = {}
-        for owner, obj in self.owners.items():
-            if obj is None:
-                continue
-            for name, value in instance_attributes(obj).items():
-                found[f"{owner} attribute `{name}`"] = (self.digest(value), describe(value))
-        for path, module in self.model.named_modules():
+        """``{"task attribute `preds`": (digest, description)}`` for every watched one: the
+        owners' attributes (a closure's cells within), every module's (private ones and
+        non-persistent buffers included), the user modules' globals."""
+        owners = self._watched()
+        digest, found = self.digest, {}
+        digest.refs = {id(obj): name for name, obj in owners.items()} | {id(self.model): "model"}
+        for owner, obj in owners.items():
+            for name, value in own_attributes(obj).items():
+                found[f"{owner} attribute `{name}`"] = (digest(value), describe(value))
+        modules = dict(self.model.named_modules())
+        for path, module in modules.items():
             for name, value in module_attributes(module).items():
                 where = f"{path}.{name}" if path else name
-                found[f"model attribute `{where}`"] = (self.digest(value), describe(value))
+                found[f"model attribute `{where}`"] = (digest(value), describe(value))
+        users = [*owners.values(), *modules.values()]
+        users += list(getattr(owners.get("scheduler"), "lr_lambdas", ()))
+        for name, value in module_globals(users).items():
+            found[f"global `{name}`"] = (digest(value), describe(value))
         return found
 
     def _rngs(self) -> dict[str, str]:
@@ -211,7 +351,7 @@ class ResumeAudit:
         now = self._attributes()
         changed = {k: list(v) for k, v in now.items() if self.baseline.get(k) != v}
         gone = [k for k in self.baseline if k not in now]
-        return {"version": 1, "changed": changed, "removed": gone, "rngs": self._rngs()}
+        return {"version": 2, "changed": changed, "removed": gone, "rngs": self._rngs()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.recorded = state
@@ -228,15 +368,18 @@ class ResumeAudit:
         now, lines = self._attributes(), []
         changed = {k: tuple(v) for k, v in self.recorded.get("changed", {}).items()}
         removed = set(self.recorded.get("removed", []))
-        for key in sorted(set(changed) | set(now) | set(self.baseline)):
+        keys = sorted(set(changed) | set(now) | set(self.baseline))
+        self.compared = len(keys)
+        for key in keys:
             want = changed.get(key, None if key in removed else self.baseline.get(key))
             got = now.get(key)
             if (want and want[0]) == (got and got[0]):
                 continue
             shown = (want or got)[1]
             owner = key.split(" ", 1)[0]
-            where = "its state_dict()" if owner != "model" else "the model's state_dict()"
-            lines.append(f"{key} ({shown}) is not in {where}: {BITWISE}")
+            where = {"model": "the model's state_dict()", "global": "any state_dict()"}
+            lines.append(f"{key} ({shown}) is not in {where.get(owner, 'its state_dict()')}: "
+                         f"{BITWISE}")  # fmt: skip
         for name, digest in self._rngs().items():
             if digest != self.recorded.get("rngs", {}).get(name, digest):
                 lines.append(

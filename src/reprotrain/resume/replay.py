@@ -4,7 +4,8 @@ Before a resume continues from checkpoint k, the run goes back to the checkpoint
 (or to its own start when k is the first), re-runs the steps up to k as the run did, and
 compares the whole state it reaches with what k holds, bit for bit: model, optimizer,
 scheduler, GradScaler, loop position and history, the epoch's partial sums, the RNG states,
-the task's and the step's ``state_dict()`` and the resume audit's digests. Only an identical
+the task's, the step's and the callbacks' ``state_dict()`` (the resume audit's digests are
+compared after the restore, ``audit.py``). Only an identical
 state lets the resume record ``bitwise_guarantee: true``; a difference is named by its first
 entry (``model.fc.weight: 12 of 640 elements differ``).
 

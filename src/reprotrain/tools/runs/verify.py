@@ -19,7 +19,10 @@ world size asked for is an error, never a verdict.
 
 ``--kill`` (``make verify KILL=1``) is the honest test of resume for the user's own code:
 run b is SIGKILLed (its whole process group) as soon as its first checkpoint is on disk,
-resumed with ``make resume``, and compared with the uninterrupted run a bit for bit. The
+resumed with ``make resume``, and compared with the uninterrupted run a bit for bit;
+``--kill-after-steps 30,70`` (``ARGS="--kill-after-steps 30,70"``) kills it after its first
+checkpoint at or past each of those global steps instead, resuming it after each: state
+whose effect lands after a later checkpoint diverges there. The
 verdict line also names the step it resumed from and whether the resume recorded itself as
 bitwise (``resumes[].bitwise_guarantee``).
 
@@ -28,6 +31,7 @@ The run directories are chosen here, so ``hydra.run.dir`` and ``--multirun`` are
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import signal
@@ -72,42 +76,63 @@ def _env() -> dict[str, str]:
 
 
 def run_killed_then_resumed(
-    overrides: list[str], run_dir: Path, nproc: int = 1, poll_s: float = 0.02
+    overrides: list[str],
+    run_dir: Path,
+    nproc: int = 1,
+    poll_s: float = 0.02,
+    after_steps: tuple[int, ...] = (0,),
 ) -> tuple[int, str | None]:
-    """Run b under a SIGKILL after its first checkpoint, then ``make resume`` it.
+    """Run b under a SIGKILL after its first checkpoint at or past each of ``after_steps``
+    (global steps; 0: its first checkpoint), resumed with ``make resume`` after each kill and
+    at last left to complete.
 
     The kill goes to the trainer's whole process group (torchrun's agent, its ranks, the
-    loader workers), as a node failure would. A run that ends before any checkpoint is
+    loader workers), as a node failure would. A run that ends before the checkpoint is
     written, or completes before the kill lands, proves nothing about resume: an error.
     """
+    resume = [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir),
+              "--nproc", str(nproc)]  # fmt: skip
     cmd = [*trainer_launcher(nproc), *overrides, hydra_override("hydra.run.dir", run_dir)]
-    print(f"$ {' '.join(cmd[1:])}   # SIGKILLed after its first checkpoint", flush=True)
+    killed_at = 0
+    for step in after_steps:
+        print(f"$ {' '.join(cmd[1:])}   # SIGKILLed after its first checkpoint at or past "
+              f"step {max(step, killed_at + 1)}", flush=True)  # fmt: skip
+        rc, killed_at = _killed_after(cmd, run_dir, max(step, killed_at + 1), poll_s)
+        if rc is not None:
+            return rc, None  # the trainer failed on its own: its error line was shown
+        cmd = resume
+    print(f"$ {' '.join(resume[1:])}", flush=True)
+    return cli.run_forwarding_errors(resume, env=_env())
+
+
+def _killed_after(
+    cmd: list[str], run_dir: Path, step: int, poll_s: float
+) -> tuple[int | None, int]:
+    """``cmd`` SIGKILLed once a step checkpoint at or past global ``step`` is on disk:
+    (None, that checkpoint's step), or (the exit status, 0) when it failed on its own."""
     proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
     ckpts = run_dir / CHECKPOINTS
-    while proc.poll() is None and not checkpoint.list_step_checkpoints(ckpts):
+
+    def newest() -> int:
+        found = checkpoint.list_step_checkpoints(ckpts)
+        return (checkpoint.step_of(found[-1]) or 0) if found else 0
+
+    while proc.poll() is None and newest() < step:
         time.sleep(poll_s)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     rc = proc.wait()
     if rc == 0:
         raise ReprotrainError(
-            f"run b in {run_dir} completed before the kill landed; checkpoint mid-run "
-            "(e.g. trainer.checkpoint_every_steps=2) so --kill has a run to interrupt"
+            f"run b in {run_dir} completed before the kill after step {step} landed; "
+            "checkpoint mid-run (e.g. trainer.checkpoint_every_steps=2), or kill earlier, "
+            "so --kill has a run to interrupt"
         )
     if rc != -signal.SIGKILL:
-        return rc, None  # the trainer failed on its own: its error line was shown
-    if not checkpoint.list_step_checkpoints(ckpts):
+        return rc, 0
+    if newest() < step:
         raise ReprotrainError(f"run b in {run_dir} died before writing a checkpoint")
-    resume = [
-        sys.executable,
-        "-m",
-        "reprotrain.tools.runs.resume",
-        str(run_dir),
-        "--nproc",
-        str(nproc),
-    ]
-    print(f"$ {' '.join(resume[1:])}", flush=True)
-    return cli.run_forwarding_errors(resume, env=_env())
+    return None, newest()
 
 
 def recorded_world_size(run_dir: Path, asked: int) -> int:
@@ -197,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc-b", type=_positive, default=None, help="processes of run b")
     p.add_argument("--kill", action="store_true", help="SIGKILL run b after its first "
                    "checkpoint, resume it, compare")  # fmt: skip
+    p.add_argument("--kill-after-steps", type=_steps, default=None, metavar="S1,S2,...",
+                   help="with --kill: SIGKILL b after its first checkpoint at or past each "
+                   "global step, resuming it after each")  # fmt: skip
     args, overrides = p.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--") and o != "--multirun"]
     if unknown:
@@ -207,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ReprotrainError(
                 f"--out-dir {args.out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
             )
+    if args.kill_after_steps and not args.kill:
+        p.error("--kill-after-steps goes with --kill (make verify KILL=1)")
     nproc_b = args.nproc if args.nproc_b is None else args.nproc_b
     check_world_sizes_first(overrides, args.nproc, nproc_b)
     base = args.out_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
@@ -215,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     if rc == 0:
         check_world_sizes(dirs[0], args.nproc, nproc_b)
         if args.kill:
-            rc, error_line = run_killed_then_resumed(overrides, dirs[1], nproc_b)
+            rc, error_line = run_killed_then_resumed(
+                overrides, dirs[1], nproc_b, after_steps=args.kill_after_steps or (0,)
+            )
         else:
             rc, error_line = run_once(overrides, dirs[1], nproc_b)
     if rc != 0:
@@ -235,6 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     if not result.identical:
         print(f"first divergent op: {bisect_command(*dirs)}")
     return 0 if result.identical else 1
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    """``30,70``: global steps in increasing order."""
+    try:
+        steps = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of steps like 30,70") from None
+    if any(s < 1 for s in steps) or list(steps) != sorted(set(steps)):
+        raise argparse.ArgumentTypeError(f"{text!r}: steps are positive and increasing")
+    return steps
 
 
 def _positive(text: str) -> int:

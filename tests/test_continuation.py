@@ -1,0 +1,129 @@
+"""A resume compares its continuation, and a resume that stretches the schedule has its own
+identity (issue 45).
+
+In process: the steps a run logs after its checkpoint (src/reprotrain/resume/continuation.py),
+read back by a resume and compared as it recomputes them; ``record_extension`` (start.py).
+The trainer end to end: tests/test_resume_replay.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from reprotrain.config import config_sha256
+from reprotrain.resume.continuation import FILE, Continuation, batch_digest, record_verdict
+from reprotrain.resume.guard import ResumePoint
+from reprotrain.run.record import RunRecord
+from reprotrain.start import record_extension
+
+
+def logged(path, losses: dict[int, float], batch) -> Continuation:
+    """A run that took ``losses`` (global step -> loss) on ``batch`` and wrote them."""
+    run = Continuation(path)
+    for step, loss in losses.items():
+        run.add(step, torch.tensor(loss), batch)
+    run.flush()
+    return run
+
+
+BATCH = (torch.arange(12.0).reshape(3, 4), torch.tensor([0, 1, 2]))
+
+
+def test_steps_after_the_checkpoint_are_compared_and_the_first_difference_is_named(tmp_path):
+    path = tmp_path / FILE
+    logged(path, {5: 0.5, 6: 0.25, 7: 0.125}, BATCH)
+    with open(path, "a") as f:
+        f.write('{"global_step": 8, "lo')  # cut by the SIGKILL: left out
+    resumed = Continuation(path)
+    resumed.load(after=5)  # the checkpoint is step 5's: 6 and 7 are the continuation
+    assert resumed.steps == (6, 7) and path.read_text() == ""  # the file starts again
+    assert resumed.entry(claim=True)["steps"] == [6, 7]
+    resumed.add(6, torch.tensor(0.25), BATCH)
+    resumed.flush()
+    assert resumed.verdict() is None  # step 7 still to come
+    resumed.add(7, torch.tensor(0.1250001), BATCH)
+    resumed.flush()
+    verdict = resumed.verdict()
+    assert verdict["identical"] is False and verdict["compared"] == 2
+    assert verdict["first_difference"] == (
+        f"step 7: the loss differs ({(0.125).hex()} in the interrupted run, "
+        f"{float(torch.tensor(0.1250001)).hex()} now)"
+    )
+    assert [json.loads(line)["global_step"] for line in path.read_text().splitlines()] == [6, 7]
+
+
+def test_a_reordered_batch_is_named_and_the_digest_needs_no_host_read(tmp_path):
+    path = tmp_path / FILE
+    logged(path, {3: 1.0}, BATCH)
+    resumed = Continuation(path)
+    resumed.load(after=2)
+    swapped = (BATCH[0][[1, 0, 2]], BATCH[1])  # the same samples, another order
+    resumed.add(3, torch.tensor(1.0), swapped)
+    resumed.flush()
+    assert resumed.verdict()["first_difference"].startswith("step 3: the batch differs")
+    assert batch_digest(BATCH).device == BATCH[0].device
+
+
+def test_identical_steps_let_the_resume_claim_the_bits_and_nothing_logged_says_so(tmp_path):
+    record = RunRecord(tmp_path, {"resumes": [{"bitwise_guarantee": False, "unrestored": []}]})
+    path = tmp_path / FILE
+    logged(path, {4: 0.5}, BATCH)
+    resumed = Continuation(path)
+    resumed.load(after=3)
+    resumed.entry(claim=True)
+    resumed.add(4, torch.tensor(0.5), BATCH)
+    resumed.flush()
+    record_verdict(record, resumed.verdict(), resumed.claim)
+    (entry,) = record["resumes"]
+    assert entry["bitwise_guarantee"] is True and entry["continuation"]["compared"] == 1
+
+    empty = Continuation(tmp_path / "other.jsonl")
+    empty.load(after=4)
+    said = empty.entry(claim=True)
+    assert said["compared"] == 0 and "logged no step after its checkpoint" in said["reason"]
+    assert empty.verdict(stopped=True) is None
+
+
+def test_a_run_stopped_before_recomputing_every_step_says_which_were_not(tmp_path):
+    path = tmp_path / FILE
+    logged(path, {4: 0.5, 5: 0.5}, BATCH)
+    resumed = Continuation(path)
+    resumed.load(after=3)
+    resumed.add(4, torch.tensor(0.5), BATCH)
+    resumed.flush()
+    verdict = resumed.verdict(stopped=True)
+    assert verdict["identical"] is True and verdict["compared"] == 1
+    assert verdict["reason"] == "the resumed run stopped before recomputing steps 5..5"
+
+
+def test_a_resume_that_extends_the_epochs_has_its_own_config_hash_and_id(tmp_path):
+    """2 -> 3 epochs mid-run is not a 3-epoch run from scratch: `extended_from` enters the
+    config's sha256 and so the experiment id; a second resume keeps it."""
+    two = {"trainer": {"epochs": 2}, "model": {"width": 4}}
+    three = {"trainer": {"epochs": 3}, "model": {"width": 4}}
+    record = RunRecord(tmp_path, {"git": {"short": "abc"}, "config_sha256": config_sha256(three)})
+    point = ResumePoint(tmp_path / "step-8.pt", {"config": two, "loop": {"global_step": 8}})
+    record_extension(record, point, three, torch.device("cpu"))
+    assert record["extended_from"] == [{"trainer.epochs": 2, "global_step": 8}]
+    assert record["config_sha256"] not in (config_sha256(three), config_sha256(two))
+    assert record["experiment_id"].startswith(record["config_sha256"][:8])
+    again = ResumePoint(tmp_path / "step-12.pt", {"config": three, "loop": {"global_step": 12}})
+    extended = record["config_sha256"]
+    record_extension(record, again, three, torch.device("cpu"))
+    assert record["config_sha256"] == extended and len(record["extended_from"]) == 1
+
+
+def test_steps_a_resume_runs_otherwise_by_design_are_not_compared(tmp_path):
+    """A resume extending trainer.epochs runs the steps after its checkpoint under the
+    stretched schedule: they are not compared, and the record says why."""
+    path = tmp_path / FILE
+    logged(path, {4: 0.5}, BATCH)
+    resumed = Continuation(path)
+    resumed.load(after=3)
+    said = resumed.entry(claim=True, not_comparable="not compared: this resume extends it")
+    assert said == {"compared": 0, "reason": "not compared: this resume extends it"}
+    resumed.add(4, torch.tensor(0.75), BATCH)
+    resumed.flush()
+    assert resumed.verdict(stopped=True) is None and resumed.difference is None

@@ -88,6 +88,17 @@ def test_a_config_that_does_not_hash_to_its_record_is_refused():
     check_config_identity({}, OmegaConf.create(forged), "x")  # a record older than the field
 
 
+def test_an_extended_runs_config_is_held_to_its_own_hash():
+    """A resume that extended trainer.epochs hashes with its ``extended_from``: the archive
+    of such a run is consistent, and the same config without the extension is not it."""
+    container = {"model": {"_target_": "m.M"}, "trainer": {"epochs": 3}}
+    extended = [{"trainer.epochs": 2, "global_step": 8}]
+    record = {"config_sha256": config_sha256(container, extended), "extended_from": extended}
+    check_config_identity(record, OmegaConf.create(container), "run/config.resolved.yaml")
+    with pytest.raises(ReproduceRefused, match="the archive contradicts itself"):
+        check_config_identity({**record, "extended_from": None}, OmegaConf.create(container), "x")
+
+
 @pytest.fixture
 def study_sweep(tmp_path) -> tuple[Path, dict]:
     sweep = tmp_path / "study"

@@ -321,7 +321,8 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
 def check_config_identity(record: dict, cfg: Any, label: str) -> None:
     """The archived config must be the one its record names: ``config_sha256`` of
     ``config.resolved.yaml`` (the trainer writes both together, fresh or resumed) equal to
-    run.json's. An archive that contradicts itself (a callback added to the config, a
+    run.json's, with the record's ``extended_from`` (a resume that extended
+    ``trainer.epochs`` hashes apart). An archive that contradicts itself (a callback added to the config, a
     value edited) is refused before anything runs: there is no one run to reproduce."""
     from omegaconf import OmegaConf
 
@@ -330,7 +331,7 @@ def check_config_identity(record: dict, cfg: Any, label: str) -> None:
     recorded = record.get("config_sha256")
     if recorded is None:  # a record older than the field: nothing to hold the config to
         return
-    here = config_sha256(OmegaConf.to_container(cfg))
+    here = config_sha256(OmegaConf.to_container(cfg), record.get("extended_from") or None)
     if here != recorded:
         raise ReproduceRefused(
             f"{label} hashes to config_sha256 {here[:12]}, but run.json records "

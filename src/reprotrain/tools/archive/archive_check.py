@@ -322,8 +322,9 @@ def check_config_identity(record: dict, cfg: Any, label: str) -> None:
     """The archived config must be the one its record names: ``config_sha256`` of
     ``config.resolved.yaml`` (the trainer writes both together, fresh or resumed) equal to
     run.json's, with the record's ``extended_from`` (a resume that extended
-    ``trainer.epochs`` hashes apart). An archive that contradicts itself (a callback added to the config, a
-    value edited) is refused before anything runs: there is no one run to reproduce."""
+    ``trainer.epochs`` hashes apart). An archive that contradicts itself (a callback added
+    to the config, a value edited) is refused before anything runs: there is no one run to
+    reproduce."""
     from omegaconf import OmegaConf
 
     from reprotrain.config import config_sha256

@@ -259,7 +259,7 @@ def test_deleting_the_users_models_and_data_leaves_selfcheck_and_tools_working(t
 # that outgrows its budget is a decision to take on purpose: raise it here and in
 # docs/project-layout.md, or move the weight back into the template.
 BUDGET = {
-    "framework package": 25_000,  # src/reprotrain: one copy, refreshed by update-template
+    "framework package": 27_000,  # src/reprotrain: one copy, refreshed by update-template
     "framework docs": 6_000,  # docs/, mkdocs.yml
     "user room": 1_500,  # src/<name>/
     "config": 800,  # conf/
@@ -267,9 +267,9 @@ BUDGET = {
     "tooling": 2_000,  # Makefile, Dockerfile, CI, pyproject, .in files, README, LICENSE...
     # Generated, never read by hand: the four hashed universal locks (runtime, dev, and the
     # mlflow/wandb extras) with their .sha256 and .files sidecars.
-    "locks": 9_000,
+    "locks": 11_000,
 }
-TOTAL_BUDGET = 40_000
+TOTAL_BUDGET = 47_000
 
 
 def part_of(rel: str, package: str) -> str:

@@ -120,7 +120,7 @@ def measure_strict_cost(device: str, batch: int = 512, steps: int = 25, warm: in
     """Images/s of one ResNet-18 train step per row of ``STRICT_COST_ROWS``."""
     if device != "cuda":
         return {"skipped": "CUDA only (TF32, cuDNN and the layout are GPU choices)"}
-    from starter.resnet import CifarResNet  # the user's room: the reference model
+    from benchmarks.bare_loop import build_model  # conf/model/resnet18.yaml, as a run builds it
 
     before = _flags()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -130,7 +130,7 @@ def measure_strict_cost(device: str, batch: int = 512, steps: int = 25, warm: in
             _set(precision, det, benchmark)
             torch.manual_seed(0)
             layout = torch.channels_last if cl else torch.contiguous_format
-            model = CifarResNet([64, 128, 256, 512], [2, 2, 2, 2], 10)
+            model = build_model("resnet18", [], 0)
             model = model.to("cuda", memory_format=layout)
             ips = _step_rate(model, precision, layout, batch, steps, warm)
             row = {"precision": precision, "deterministic": det, "cudnn_benchmark": benchmark,

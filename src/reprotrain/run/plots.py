@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,7 @@ class RunCurves:
     steps: list[int] = field(default_factory=list)  # per-step x (may be empty)
     step_loss: list[Any] = field(default_factory=list)
     step_lr: list[Any] = field(default_factory=list)
+    overrides: str = ""  # the run's hyperparameters as given, shown under the title
 
 
 def _epoch_axis(ax: Any, epochs: list[int], epoch_steps: list[int]) -> None:
@@ -196,7 +198,10 @@ def plot_run(c: RunCurves) -> bytes:
             ax.legend(fontsize=8, frameon=False)
         else:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle(f"{c.title}\n{c.subtitle}", fontsize=10, x=0.01, ha="left")
+    given = (
+        textwrap.wrap(f"overrides: {c.overrides}", 30 * (2 + len(others))) if c.overrides else []
+    )
+    fig.suptitle("\n".join([c.title, *given, c.subtitle]), fontsize=10, x=0.01, ha="left")
     return _png(fig)
 
 

@@ -96,7 +96,7 @@ def test_a_group_of_one_run_shows_no_spread(tmp_path: Path) -> None:
     fake_job(tmp_path, 1, ["optimizer.lr=0.2", "seed.base=0"], 0, {"test_acc": 0.7})
     ss.write_summary(tmp_path)
     md = (tmp_path / "summary.md").read_text()
-    assert "| optimizer.lr=0.1 | 1/1 | 0.5000 (n=1) |" in md and "± 0.0000" not in md
+    assert "| optimizer.lr=0.1 | seed.base=0 | completed | 0.5000 |" in md and "± 0.0000" not in md
 
 
 def test_a_nan_seed_or_nan_metric_keeps_the_summary_and_writes_strict_json(
@@ -321,6 +321,7 @@ def test_a_one_seed_study_shows_each_runs_value_without_statistics_per_group(
     assert len(runs) == 2 + 3 and sum("| failed |" in line for line in runs) == 1
     assert "mean across seeds" not in notes[0] and "one run" in notes[0]
     assert "across seeds" not in md.split("![")[1].split("]")[0]  # the image's alt text
+    assert "(n=1)" not in md  # each value is the run's own, in one table
 
 
 def test_a_group_of_several_seeds_still_has_its_statistics_beside_one_of_one(tmp_path) -> None:

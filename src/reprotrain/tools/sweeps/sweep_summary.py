@@ -12,10 +12,14 @@ intervals, never one number pooled over learning rates. Writes into the sweep di
 
 - ``summary.json``: strict JSON (a NaN metric is ``null`` and its path is listed in
   ``nonfinite``); ``groups`` holds each group's runs, statistics and per-epoch curves.
-- ``summary.md``: one headline table (a row per group), then each group's runs.
+- ``summary.md``: one headline table (a row per group), then each group's runs, with their
+  statistics where the group has two runs or more. When every group is one run (an Optuna
+  study of one seed), one table of the runs instead: no mean, std or interval of one value.
+  An Optuna study's trials (``study.json``) come first, by the objective, best first.
 - ``summary.png``: per epoch, each group's mean across seeds with a ±1 std band and each
-  seed as a faint line. (The band is the spread, not the CI: with 2-3 seeds a t interval
-  is 4-13 std wide and would cover every panel; the CIs are in the tables.)
+  seed as a faint line (one run per group: that run). (The band is the spread, not the CI:
+  with 2-3 seeds a t interval is 4-13 std wide and would cover every panel; the CIs are in
+  the tables.) Labels show long decimals to 4 significant digits; summary.json keeps them.
 
 Statistics use the finite values; how many runs were non-finite or did not complete is
 reported next to them. Also runs as a Hydra callback when a ``--multirun`` ends, where it
@@ -382,9 +386,9 @@ def trials_table(study: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
-def _headline(summary: dict[str, Any], metrics: list[str], single: bool) -> list[str]:
+def _headline(summary: dict[str, Any], metrics: list[str]) -> list[str]:
     """A row per group: its runs and, per metric, mean ± std (n) (one run: its value)."""
-    heads = [m if single else f"{m} mean ± std" for m in metrics]
+    heads = [f"{m} mean ± std" for m in metrics]
     out = [_row(["group", "runs", *heads]), "|---" * (len(metrics) + 2) + "|"]
     for g in summary["groups"]:
         cells = [short_numbers(g["label"]), f"{g['n_completed']}/{g['n_runs']}"]
@@ -405,8 +409,9 @@ def _headline(summary: dict[str, Any], metrics: list[str], single: bool) -> list
 
 
 def _runs_table(summary: dict[str, Any], metrics: list[str]) -> list[str]:
-    """One group of one run each: a single table of the runs, no per-group statistics."""
-    out = ["", "## Runs", "", _row(["group", "seed", "status", *metrics]),
+    """Groups of one run each: a single table of the runs (each one's final values), no
+    statistics."""
+    out = ["## Runs", "", _row(["group", "seed", "status", *metrics]),
            "|---" * (len(metrics) + 3) + "|"]  # fmt: skip
     for r in summary["runs"]:
         seed = " ".join(r["seed_overrides"]) or _fmt(r["seed"])
@@ -466,10 +471,12 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
     if study is not None:
         out += trials_table(study)
     if png_name:
-        what = "each group's run per epoch" if single else "per-epoch mean ± 1 std across seeds"
-        out += [f"![{what}, per group]({png_name})", ""]
-    out += _headline(summary, metrics, single)
-    out += _runs_table(summary, metrics) if single else _group_sections(summary, metrics)
+        what = "value of each group's one run" if single else "mean ± 1 std across seeds"
+        out += [f"![per-epoch {what}, per group]({png_name})", ""]
+    if single:  # a row per run is a row per group: one table
+        out += _runs_table(summary, metrics)
+    else:
+        out += _headline(summary, metrics) + _group_sections(summary, metrics)
     if summary.get("unreadable"):
         out += ["", "Unreadable run records: " + "; ".join(map(shown, summary["unreadable"]))]
     return "\n".join(out) + "\n"

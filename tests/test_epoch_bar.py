@@ -228,3 +228,25 @@ def test_in_a_pipe_the_log_has_whole_lines_and_no_bar(tmp_path):
     assert "\r" not in out and "\x1b[" not in out and not BAR_FRAME.search(out)
     logged = (tmp_path / "run" / "train.log").read_text().splitlines()
     assert logged and all(line in proc.stdout.splitlines() for line in logged if line.strip())
+
+
+@pytest.mark.parametrize("kind", ["device", "loader"])
+@pytest.mark.parametrize("limit", [0, 2])
+def test_an_evaluation_bars_total_is_the_batches_the_split_yields(kind, limit):
+    from reprotrain.data.base import InMemoryTensors
+    from reprotrain.data.pipeline import build_pipeline
+    from reprotrain.repro.seeding import Seeds
+
+    class Tensors(InMemoryTensors):
+        def load_samples(self):
+            return (torch.arange(40.0), torch.zeros(40)), (torch.arange(27.0), torch.zeros(27))
+
+    data = Tensors()
+    seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
+    pipeline = build_pipeline(kind, data.splits(), data, 0, batch_size=10, eval_batch_size=8,
+                              device=torch.device("cpu"), seeds=seeds,
+                              limit_eval_batches=limit)  # fmt: skip
+    splits = [s for s in ("val", "test") if pipeline.has_split(s)]
+    assert "test" in splits
+    for split in splits:
+        assert pipeline.eval_steps(split) == len(list(pipeline.eval_batches(split))), split

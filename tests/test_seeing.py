@@ -47,6 +47,7 @@ def test_the_start_shows_the_overrides_and_the_resolved_config_once(reference_ru
     trainer = " ".join(line for line in shown if line.startswith(("  trainer ", " " * 6)))
     assert f"epochs={resolved['trainer']['epochs']}" in trainer
     assert f"batch_size={resolved['trainer']['batch_size']}" in trainer
+    assert all(len(line) <= 100 for line in shown if line.startswith("  "))  # wrapped
 
 
 def test_the_compact_config_names_the_target_first_dots_nested_keys_and_escapes_values():

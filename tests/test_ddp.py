@@ -99,8 +99,12 @@ def outputs_listing() -> set[str]:
 def test_ddp_run_makes_one_run_dir_with_world_size_2_and_is_repeatable(tmp_path):
     before = outputs_listing()
     a, b = tmp_path / "a", tmp_path / "b"
-    assert_ok(torchrun_one_node(a))
+    first = torchrun_one_node(a)
+    assert_ok(first)
     assert_ok(torchrun_one_node(b))
+    # The start's overrides and config: rank 0's, once on the console and once in the log.
+    assert (first.stdout + first.stderr).count("config (resolved;") == 1
+    assert (a / "train.log").read_text().count("overrides: ") == 1
     assert sorted(p.parent.name for p in tmp_path.rglob("run.json")) == ["a", "b"]
     assert outputs_listing() == before  # no per-rank ${now:} directories appeared
     ra, rb = run_json(a), run_json(b)

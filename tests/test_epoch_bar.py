@@ -47,6 +47,40 @@ def test_on_a_terminal_the_bar_shows_the_mean_loss_of_the_last_steps(monkeypatch
     assert "epoch 3" in out and "loss=2" in out
 
 
+def test_the_bar_says_which_epoch_of_how_many():
+    term = Terminal()
+    bar = EpochBar(enabled=True, stream=term, epochs=3)
+    bar.start(epoch=2, total=4, done=0)
+    assert "epoch 2/3:" in term.getvalue()
+    bar.close()
+
+
+def test_an_evaluation_shows_its_batches_on_a_terminal_and_erases_its_bar():
+    """One frame per batch counted on the host (k/N of the split's batches), no frame
+    before the first batch, none left after the last: the epoch's log line comes next."""
+    term = Terminal()
+    bar = EpochBar(enabled=True, stream=term, epochs=2)
+    batches = bar.evaluating("val", iter(["a", "b", "c"]), total=3)
+    assert term.getvalue() == ""  # nothing drawn before the evaluation runs
+    seen, counted = [], []
+    for batch in batches:
+        seen.append(batch)
+        counted.append(bar._bar.tqdm.n)  # the batches done before this one
+    assert seen == ["a", "b", "c"] and counted == [0, 1, 2] and not bar.is_open
+    out = term.getvalue()
+    assert re.search(r"val: +\d+%.*0/3", out)
+    assert [line for line in screen(out) if line] == []
+
+
+def test_off_a_terminal_or_with_progress_off_an_evaluation_is_its_batches_untouched():
+    batches = iter([1, 2])
+    for bar in (
+        EpochBar(enabled=True, stream=io.StringIO()),
+        EpochBar(enabled=False, stream=Terminal()),
+    ):
+        assert bar.evaluating("test", batches, total=2) is batches
+
+
 def test_off_a_terminal_the_bar_writes_nothing_and_reads_no_loss(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
@@ -133,15 +167,22 @@ def test_a_log_record_while_the_bar_is_open_is_a_whole_line_above_it(monkeypatch
     assert "below the handler's level" not in term.getvalue()
 
 
-def run_on_a_pty(run_dir, *overrides: str, fault: str | None = None) -> tuple[int, list[str]]:
+def run_on_a_pty(
+    run_dir, *overrides: str, fault: str | None = None, evaluates: bool = False
+) -> tuple[int, list[str]]:
     """A real training run with stdout and stderr on one pty (a user's shell), progress on:
-    (exit code, the screen it leaves)."""
+    (exit code, the screen it leaves). ``evaluates``: the val and test evaluations drew
+    their bars too."""
     args = [*overrides, "trainer.progress=true", f"hydra.run.dir={run_dir}"]
     cmd = faults.command(fault, "reprotrain.train", *args) if fault else [
         sys.executable, "-m", "reprotrain.train", *args]  # fmt: skip
     code, output = on_a_pty(cmd, cwd=REPO, env=base_env(), timeout=240)
-    assert re.search(r"epoch 1: +\d+%\|", output), f"no bar was drawn: nothing was tested\n{output}"
+    assert re.search(r"epoch 1/\d+: +\d+%\|", output), (
+        f"no bar was drawn: nothing was tested\n{output}"
+    )
     assert "0it [" not in output  # the bar opens with its epoch, not before the first lines
+    for split in ("val", "test") if evaluates else ():
+        assert re.search(rf"\r{split}: +\d+%\|", output), f"no {split} bar was drawn\n{output}"
     return code, [line for line in screen(output) if line]
 
 
@@ -156,11 +197,12 @@ def assert_whole_lines_and_no_bar(run_dir, shown: list[str]) -> None:
 
 
 def test_on_a_pseudo_terminal_every_log_line_is_whole_and_no_bar_is_left(tmp_path, reference_run):
-    """Two epochs with a bar each (the second shows the loss, read at step 10): after
+    """Two epochs with a bar each (the second shows the loss, read at step 10), and a bar
+    for each evaluation (val, test): after
     replaying the redraws and erasures, every line of train.log is whole on the screen
     (``logging to``, the epoch lines), no frame is left, and the weights are the reference
     run's, trained in a pipe (progress draws from no random stream)."""
-    code, shown = run_on_a_pty(tmp_path / "run", *MICRO, *REFERENCE)
+    code, shown = run_on_a_pty(tmp_path / "run", *MICRO, *REFERENCE, evaluates=True)
     assert code == 0, shown[-20:]
     assert_whole_lines_and_no_bar(tmp_path / "run", shown)
     weights = [r["weights_sha256"] for r in jsonl(tmp_path / "run" / "fingerprints.jsonl")]
@@ -186,3 +228,25 @@ def test_in_a_pipe_the_log_has_whole_lines_and_no_bar(tmp_path):
     assert "\r" not in out and "\x1b[" not in out and not BAR_FRAME.search(out)
     logged = (tmp_path / "run" / "train.log").read_text().splitlines()
     assert logged and all(line in proc.stdout.splitlines() for line in logged if line.strip())
+
+
+@pytest.mark.parametrize("kind", ["device", "loader"])
+@pytest.mark.parametrize("limit", [0, 2])
+def test_an_evaluation_bars_total_is_the_batches_the_split_yields(kind, limit):
+    from reprotrain.data.base import InMemoryTensors
+    from reprotrain.data.pipeline import build_pipeline
+    from reprotrain.repro.seeding import Seeds
+
+    class Tensors(InMemoryTensors):
+        def load_samples(self):
+            return (torch.arange(40.0), torch.zeros(40)), (torch.arange(27.0), torch.zeros(27))
+
+    data = Tensors()
+    seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
+    pipeline = build_pipeline(kind, data.splits(), data, 0, batch_size=10, eval_batch_size=8,
+                              device=torch.device("cpu"), seeds=seeds,
+                              limit_eval_batches=limit)  # fmt: skip
+    splits = [s for s in ("val", "test") if pipeline.has_split(s)]
+    assert "test" in splits
+    for split in splits:
+        assert pipeline.eval_steps(split) == len(list(pipeline.eval_batches(split))), split

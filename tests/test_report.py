@@ -185,3 +185,36 @@ def test_report_of_a_real_training_run(tmp_path: Path) -> None:
     steps = report.step_series(report.load_run(run))[0]
     assert steps == list(range(1, record["final_metrics"]["global_step"] + 1))
     assert_png(run / "curves.png")
+
+
+def test_report_and_curves_title_carry_the_runs_overrides(tmp_path: Path, monkeypatch) -> None:
+    """A sweep job's own values (.hydra/overrides.yaml) under report.md's title and in the
+    curves' title; a run without that file: its recorded command line without Hydra's
+    settings; neither: said so."""
+    from matplotlib.figure import Figure
+
+    titles: list[str] = []
+    real = Figure.suptitle
+    monkeypatch.setattr(
+        Figure, "suptitle", lambda fig, t, **kw: (titles.append(t), real(fig, t, **kw))[1]
+    )
+    run = fake_run(tmp_path / "job")
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text("- optimizer.lr=0.05\n- seed.base=1\n")
+    assert report.main([str(run)]) == 0
+    md = (run / "report.md").read_text()
+    assert "**Overrides** (the hyperparameters given): `optimizer.lr=0.05` `seed.base=1`" in md
+    assert "overrides: optimizer.lr=0.05 seed.base=1" in titles[-1]
+
+    plain = fake_run(tmp_path / "plain")
+    record = json.loads((plain / "run.json").read_text())
+    record["command"] = ["python", "-m", "reprotrain.train", "experiment=smoke",
+                         "optimizer.lr=0.2", "hydra.run.dir=outputs/x"]  # fmt: skip
+    (plain / "run.json").write_text(json.dumps(record))
+    assert report.main([str(plain)]) == 0
+    assert "`experiment=smoke` `optimizer.lr=0.2`\n" in (plain / "report.md").read_text()
+    assert "overrides: experiment=smoke optimizer.lr=0.2" in titles[-1]
+
+    bare = fake_run(tmp_path / "bare")
+    assert report.main([str(bare)]) == 0
+    assert "the hyperparameters given): not recorded" in (bare / "report.md").read_text()

@@ -4,7 +4,8 @@
 import json
 import subprocess
 
-from conftest import REPO, assert_ok, base_env, run_json, train
+from conftest import MICRO, REFERENCE, REPO, assert_ok, base_env, run_json, train
+from reprotrain.config_view import config_lines
 from reprotrain.repro.jsonsafe import strict_loads
 
 
@@ -28,6 +29,40 @@ def test_first_line_names_the_run_dir_and_last_says_where_things_are(reference_r
     assert f"run dir: {reference_run}" in log[0]
     assert "experiment " in log[1] and "repro=strict" in log[1] and "device cpu" in log[1]
     assert "checkpoints in" in log[-1] and "make report" in log[-1]
+
+
+def test_the_start_shows_the_overrides_and_the_resolved_config_once(reference_run):
+    """After the identity line: the command line's overrides, then one line per config group
+    (wrapped), every group of config.resolved.yaml, with the values the run used."""
+    import yaml
+
+    text = (reference_run / "train.log").read_text()
+    assert text.count("overrides: ") == 1 and text.count("config (resolved;") == 1
+    assert f"overrides: {' '.join([*MICRO, *REFERENCE])}\n" in text
+    resolved = yaml.safe_load((reference_run / "config.resolved.yaml").read_text())
+    shown = text.split("config (resolved;", 1)[1].splitlines()
+    assert str(reference_run / "config.resolved.yaml") in shown[0]
+    groups = [line.split()[0] for line in shown[1:] if line.startswith("  ") and line[2] != " "]
+    assert groups[: len(resolved)] == list(resolved)
+    trainer = " ".join(line for line in shown if line.startswith(("  trainer ", " " * 6)))
+    assert f"epochs={resolved['trainer']['epochs']}" in trainer
+    assert f"batch_size={resolved['trainer']['batch_size']}" in trainer
+    assert all(len(line) <= 100 for line in shown if line.startswith("  "))  # wrapped
+
+
+def test_the_compact_config_names_the_target_first_dots_nested_keys_and_escapes_values():
+    lines = config_lines(
+        {
+            "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.05},
+            "nested": {"a": {"b": 1}, "empty": "", "none": None, "list": [1, 2]},
+            "name": "x\n[reprotrain][INFO] - fake",
+        },
+        width=60,
+    )
+    assert lines[0].split() == ["optimizer", "torch.optim.SGD", "lr=0.05"]
+    assert lines[1].split() == ["nested", "a.b=1", "empty=''", "none=null", "list=[1,2]"]
+    assert lines[2].split()[:2] == ["name", "x\\n[reprotrain][INFO]"] and len(lines) == 3
+    assert all(len(line) <= 60 for line in lines)
 
 
 def test_nonfinite_loss_stops_in_one_line_with_status_failed(tmp_path):

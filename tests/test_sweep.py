@@ -96,7 +96,7 @@ def test_a_group_of_one_run_shows_no_spread(tmp_path: Path) -> None:
     fake_job(tmp_path, 1, ["optimizer.lr=0.2", "seed.base=0"], 0, {"test_acc": 0.7})
     ss.write_summary(tmp_path)
     md = (tmp_path / "summary.md").read_text()
-    assert "| optimizer.lr=0.1 | 1/1 | 0.5000 (n=1) |" in md and "± 0.0000" not in md
+    assert "| optimizer.lr=0.1 | seed.base=0 | completed | 0.5000 |" in md and "± 0.0000" not in md
 
 
 def test_a_nan_seed_or_nan_metric_keeps_the_summary_and_writes_strict_json(
@@ -271,3 +271,90 @@ def test_an_interval_stays_inside_the_metrics_range(tmp_path: Path) -> None:
     assert ss.describe([0.0, 0.0, 0.1])["ci95"][0] < 0  # the raw t interval did reach below 0
     loss = ss.describe([2.3, 2.3, 2.4], (0.0, float("inf")))
     assert loss["ci95_clipped"] is False
+
+
+# An Optuna sampler's draws, as the job's overrides spell them.
+DRAWN = ("0.012345678901234567", "0.23456789012345678", "0.0034567890123456789")
+
+
+def optuna_study_of_one_seed(sweep: Path) -> None:
+    """Three trials of one seed each, drawn learning rates, and the study.json Optuna's
+    record leaves (trial 2 failed: no value)."""
+    trials = []
+    for num, (lr, acc) in enumerate(zip(DRAWN, (0.61, 0.83, 0.4), strict=True)):
+        status = "failed" if num == 2 else "completed"
+        overrides = ["experiment=selfcheck", f"optimizer.lr={lr}", f"optimizer.weight_decay={lr}"]
+        fake_job(sweep, num, overrides, 0, {"val_acc": acc}, status=status)
+        trials.append({"number": num, "job": str(num), "value": None if num == 2 else acc,
+                       "params": {"optimizer.lr": float(lr)}, "status": status})  # fmt: skip
+    study = {"metric": "val_acc", "metric_mode": "max", "direction": "maximize", "trials": trials}
+    (sweep / "study.json").write_text(json.dumps(study))
+
+
+def test_an_optuna_study_lists_its_trials_by_the_objective_best_first(tmp_path: Path) -> None:
+    optuna_study_of_one_seed(tmp_path)
+    ss.write_summary(tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    table = md.split("## Optuna trials, by val_acc (max, best first)\n\n")[1].split("\n\n")[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["| 1", "| 0", "| 2"]  # 0.83, 0.61, then the failed one
+    assert [r[1] for r in rows] == ["0.2346", "0.01235", "0.003457"]  # 4 significant digits
+    assert rows[2][2:4] == ["—", "failed"]
+    summary = strict_loads((tmp_path / "summary.json").read_text())
+    assert any(DRAWN[0] in g["label"] for g in summary["groups"])  # every digit kept there
+
+
+def test_a_one_seed_study_shows_each_runs_value_without_statistics_per_group(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """n=1 per group: no "mean ± std" heading, no mean/std/CI rows per group, no per-group
+    sections; one table of the runs; the plot's note does not speak of a mean across seeds."""
+    optuna_study_of_one_seed(tmp_path)
+    notes = []
+    real = plots.plot_sweep
+    monkeypatch.setattr(plots, "plot_sweep", lambda *a: (notes.append(a[3]), real(*a))[1])
+    ss.write_summary(tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    assert "mean ± std" not in md and "**mean**" not in md and "95% CI" not in md
+    assert "One run per group" in md and md.count("\n## ") == 2  # the trials, the runs
+    runs = md.split("## Runs\n\n")[1].splitlines()
+    assert len(runs) == 2 + 3 and sum("| failed |" in line for line in runs) == 1
+    assert "mean across seeds" not in notes[0] and "one run" in notes[0]
+    assert "across seeds" not in md.split("![")[1].split("]")[0]  # the image's alt text
+    assert "(n=1)" not in md  # each value is the run's own, in one table
+
+
+def test_a_group_of_several_seeds_still_has_its_statistics_beside_one_of_one(tmp_path) -> None:
+    lr_sweep(tmp_path)
+    fake_job(tmp_path, 6, ["experiment=selfcheck", "optimizer.lr=0.3", "seed.base=0"], 0,
+             {"test_acc": 0.5})  # fmt: skip
+    ss.write_summary(tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    sections = md.split("\n## ")[1:]
+    assert [s.splitlines()[0] for s in sections] == [
+        "optimizer.lr=0.1", "optimizer.lr=0.2", "optimizer.lr=0.3"]  # fmt: skip
+    assert all("**95% CI**" in s for s in sections[:2]) and "**mean**" not in sections[2]
+
+
+def test_the_legend_of_long_drawn_values_fits_in_the_figure(tmp_path: Path, monkeypatch) -> None:
+    """Six groups named by two 17-digit draws each: the labels are shortened and the legend
+    (wrapped, fewer columns) lies inside the figure."""
+    for num in range(6):
+        lr, wd = f"0.0{num + 1}2345678901234567", f"0.000{num + 1}2345678901234567"
+        overrides = [f"optimizer.lr={lr}", f"optimizer.weight_decay={wd}", "seed.base=0"]
+        fake_job(tmp_path, num, overrides, 0, {"test_acc": 0.5 + num / 20})
+    figures = []
+    real = plots._png
+    monkeypatch.setattr(plots, "_png", lambda fig: (figures.append(fig), real(fig))[1])
+    ss.write_summary(tmp_path)
+    (fig,) = figures
+    (legend,) = fig.legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts[0] == "optimizer.lr=0.01235 optimizer.weight_decay=0.0001235  (n=1)"
+    box, page = legend.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0, (box, page)
+
+
+def test_long_decimals_are_shortened_and_other_text_is_left_alone() -> None:
+    text = "lr=0.012345678901234567 wd=1.5e-05 seed.base=3 v1.2.12345 x=-2.000001 n=0.1234"
+    assert ss.short_numbers(text) == "lr=0.01235 wd=1.5e-05 seed.base=3 v1.2.12345 x=-2 n=0.1234"

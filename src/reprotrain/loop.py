@@ -101,7 +101,7 @@ class Trainer:
         self.run_dir = record.run_dir
         self.loop: LoopState = runner.state.loop
         self.alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
-        self.bar = EpochBar(settings.progress)
+        self.bar = EpochBar(settings.progress, epochs=settings.epochs)
         self.feed: StepFeed | None = None
         self.profiler: StepProfiler | None = None
         self.quiet = False  # replaying: no checkpoint, row, log line, logger value or event
@@ -293,7 +293,9 @@ class Trainer:
         }
         last = state.epoch == settings.epochs or state.epoch == settings.stop_after_epoch
         if self.pipeline.has_split("val") and (state.epoch % settings.eval_every == 0 or last):
-            row.update(evaluate_split(runner, self.pipeline, "val"))
+            row.update(
+                evaluate_split(runner, self.pipeline, "val", None if self.quiet else self.bar)
+            )
         state.metrics.append(row)
         # What a callback keeps (or edits in the weights) goes into this epoch's fingerprint
         # and checkpoint.
@@ -399,12 +401,12 @@ class Trainer:
         """Last epoch's row plus the test split, evaluated once: last weights, then best."""
         state, runner = self.loop, self.runner
         final = {k: v for k, v in state.metrics[-1].items() if k not in ("seconds", "images_per_s")}
-        final.update(evaluate_split(runner, self.pipeline, "test"))
+        final.update(evaluate_split(runner, self.pipeline, "test", self.bar))
         best_path = self.run_dir / rec.CHECKPOINTS / "best.pt"
         if state.best_epoch not in (None, state.metrics[-1]["epoch"]) and best_path.is_file():
             best_state, last = checkpoint.load(best_path), self.weights()
             self.load_weights(best_state)
-            best = evaluate_split(runner, self.pipeline, "test")
+            best = evaluate_split(runner, self.pipeline, "test", self.bar)
             final.update({f"best_{k}": v for k, v in best.items()}, best_epoch=state.best_epoch)
             self.load_weights(last)  # the run ends with its last weights, not the best
         return final
@@ -426,14 +428,19 @@ class Trainer:
             state.user_step.load_state_dict(user_step)
 
 
-def evaluate_split(runner: StepRunner, pipeline: Any, split: str) -> dict:
+def evaluate_split(
+    runner: StepRunner, pipeline: Any, split: str, bar: EpochBar | None = None
+) -> dict:
     """``<split>_<name>`` of the task's metrics with the bare model's weights, or the ones
-    the user's step swaps in (``evaluation_weights``: EMA)."""
+    the user's step swaps in (``evaluation_weights``: EMA); ``bar``: its progress, shown."""
     state, user_step = runner.state, runner.user_step
+    batches = pipeline.eval_batches(split)
+    if bar is not None and bar.enabled:
+        batches = bar.evaluating(split, batches, pipeline.eval_steps(split))
     weights = getattr(user_step, "evaluation_weights", None)
     with weights(state.model) if weights is not None else contextlib.nullcontext():
         return evaluate(
-            runner.task, state.model, pipeline.eval_batches(split), prefix=split,
+            runner.task, state.model, batches, prefix=split,
             device=state.loop.device, amp=runner.amp, global_step=state.loop.global_step,
             train_seed=runner.train_seed,
         )  # fmt: skip

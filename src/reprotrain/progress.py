@@ -31,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO, TypeVar
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 MIB = 1024 * 1024
+T = TypeVar("T")
 
 
 def on_terminal(stream: TextIO) -> bool:
@@ -223,14 +224,24 @@ class EpochBar:
     the run's first lines. It closes itself after the epoch's last step, erasing its last
     frame, so the epoch's log line is never drawn beside a 100% bar; ``close`` (idempotent)
     ends one a stop or an error left open. While it is open, log records go above it
-    (:func:`logs_above_bars`).
+    (:func:`logs_above_bars`). ``epochs``: the run's length, shown as ``epoch k/N``.
+
+    An evaluation draws its own bar in the same place (:meth:`evaluating`), one batch at a
+    time, counted on the host: no read from the device.
     """
 
-    def __init__(self, enabled: bool, every: int = 10, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        every: int = 10,
+        stream: TextIO | None = None,
+        epochs: int | None = None,
+    ) -> None:
         self._stream = stream if stream is not None else sys.stderr
         # One bar per job: torchrun's ranks share the terminal, and two bars would tear.
         self.enabled = bool(enabled) and on_terminal(self._stream) and _rank() == 0
         self.every = every
+        self.epochs = epochs
         self._bar: _OpenBar | None = None
 
     @property
@@ -241,7 +252,8 @@ class EpochBar:
         """Epoch ``epoch`` of ``total`` steps, ``done`` of them already run (a resume)."""
         self.close()
         if self.enabled and done < total:
-            self._bar = _OpenBar(self._stream, total=total, initial=done, desc=f"epoch {epoch}")
+            of = f"/{self.epochs}" if self.epochs else ""
+            self._bar = _OpenBar(self._stream, total=total, initial=done, desc=f"epoch {epoch}{of}")
 
     def step(self, progress: Any, global_step: int) -> None:
         """One step done; every ``every`` global steps, the mean loss of the last ones."""
@@ -256,6 +268,21 @@ class EpochBar:
 
             recent = torch.stack(progress.step_losses[-self.every :]).float().mean()
             bar.set_postfix(loss=f"{recent.item():.4g}")
+
+    def evaluating(self, split: str, batches: Iterable[T], total: int | None = None) -> Iterable[T]:
+        """``batches`` of an evaluation of ``split`` (``total`` of them, when known), with a
+        bar on a terminal; off a terminal, ``batches`` themselves (nothing added)."""
+        return self._counted(split, batches, total) if self.enabled else batches
+
+    def _counted(self, split: str, batches: Iterable[T], total: int | None) -> Iterator[T]:
+        self.close()
+        for batch in batches:
+            if self._bar is None:  # opens with the first batch: no empty frame
+                self._bar = _OpenBar(self._stream, total=total, desc=split, unit="batch")
+            yield batch
+            if self._bar is not None:
+                self._bar.tqdm.update(1)
+        self.close()  # erased before the line that reports the evaluation
 
     def close(self) -> None:
         if self._bar is not None:

@@ -45,6 +45,7 @@ from reprotrain.build import (
     schedule_for,
 )
 from reprotrain.config import TrainerSettings, microbatches_per_step, validate
+from reprotrain.config_view import start_banner, task_overrides
 from reprotrain.data import worker_death
 from reprotrain.data.purity import check_samples
 from reprotrain.distributed import Dist, init_from_env
@@ -103,6 +104,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         "experiment %s | repro=%s | seeds %s | device %s | world size %d",
         record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size,
     )  # fmt: skip
+    log.info("%s", start_banner(container, task_overrides(), run_dir / rec.RESOLVED_CONFIG))
 
     # --- build: data, then model (from the `init` stream), optimizer, schedule, task -------
     dataset, pipeline = build_data(

@@ -129,6 +129,11 @@ class _Base:
     def has_split(self, split: str) -> bool:
         return self.eval_splits.get(split) is not None
 
+    def eval_steps(self, split: str) -> int:
+        """How many batches :meth:`eval_batches` yields for ``split`` (its progress bar's total)."""
+        steps = -(-len(self.eval_splits[split]) // self.eval_batch_size)
+        return min(steps, self.limit_eval_batches) if self.limit_eval_batches else steps
+
     def _rank_share(self, batch: Batch) -> Batch:
         """This rank's samples of a global batch that was drawn and transformed whole."""
         if self.world_size == 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,7 @@ class RunCurves:
     steps: list[int] = field(default_factory=list)  # per-step x (may be empty)
     step_loss: list[Any] = field(default_factory=list)
     step_lr: list[Any] = field(default_factory=list)
+    overrides: str = ""  # the run's hyperparameters as given, shown under the title
 
 
 def _epoch_axis(ax: Any, epochs: list[int], epoch_steps: list[int]) -> None:
@@ -196,7 +198,10 @@ def plot_run(c: RunCurves) -> bytes:
             ax.legend(fontsize=8, frameon=False)
         else:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle(f"{c.title}\n{c.subtitle}", fontsize=10, x=0.01, ha="left")
+    given = (
+        textwrap.wrap(f"overrides: {c.overrides}", 30 * (2 + len(others))) if c.overrides else []
+    )
+    fig.suptitle("\n".join([c.title, *given, c.subtitle]), fontsize=10, x=0.01, ha="left")
     return _png(fig)
 
 
@@ -216,10 +221,29 @@ class Band:
 def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> bytes:
     """One panel per metric (``cols`` per row); per group a mean line, a band, and faint
     per-seed lines (up to 10 seeds; more would hide the mean). One legend for the figure."""
+    return _png(sweep_figure(title, panels, cols, band_note))
+
+
+#: Characters of a 9-point legend label per inch of figure (a conservative average width).
+LEGEND_CHARS_PER_INCH = 12
+
+
+def legend_layout(labels: list[str], width_in: float) -> tuple[list[str], int]:
+    """Labels wrapped to the figure's width, and as many columns as fit side by side (at most
+    4): a legend below the panels that is never wider than the figure."""
+    room = max(20, int(width_in * LEGEND_CHARS_PER_INCH) - 6)  # 6: the line sample and gap
+    wrapped = [textwrap.fill(label, room) for label in labels]
+    widest = max((len(line) for w in wrapped for line in w.splitlines()), default=1) + 6
+    return wrapped, max(1, min(len(labels), 4, (room + 6) // widest))
+
+
+def sweep_figure(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> Figure:
+    """:func:`plot_sweep`'s figure."""
     names = list(panels)
     cols = max(1, min(cols, len(names)))
     rows = math.ceil(len(names) / cols)
-    fig = Figure(figsize=(max(6.0 * cols, 8.0), 4.0 * rows + 1.0), layout="constrained")
+    width = max(6.0 * cols, 8.0)
+    fig = Figure(figsize=(width, 4.0 * rows + 1.0), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     colours = [f"C{i}" for i in range(10)]
     handles: dict[str, Any] = {}
@@ -254,15 +278,16 @@ def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: 
     for ax in axes[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(f"{title}\n{band_note}", fontsize=10, x=0.01, ha="left")
+    labels, ncols = legend_layout(list(handles), width)
     fig.legend(
         list(handles.values()),
-        list(handles),
+        labels,
         loc="outside lower center",
-        ncols=min(len(handles), 4),
+        ncols=ncols,
         frameon=False,
         fontsize=9,
     )
-    return _png(fig)
+    return fig
 
 
 def _ylabel(metric: str) -> str:

@@ -2,11 +2,14 @@
 
     python -m reprotrain.run.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
 
-Reads only run.json, metrics.jsonl and fingerprints.jsonl, so an archived or copied run
-can be re-plotted without the code, the data or a GPU that produced it. Per-step losses come
-from the fingerprints (per-step lr too, when the trainer recorded ``step_lrs``). Missing
-pieces (no evaluation, an unfinished epoch, a NaN loss) are drawn as gaps and written as
-``—`` or ``NaN``, never a crash. A missing or corrupt record is one ``error:`` line, exit 2.
+Reads only run.json, metrics.jsonl and fingerprints.jsonl (and the run's overrides from
+``.hydra/overrides.yaml`` when it has one), so an archived or copied run can be re-plotted
+without the code, the data or a GPU that produced it. The overrides are the run's
+hyperparameters as given: report.md names them under its title, and the curves' title too.
+Per-step losses come from the fingerprints (per-step lr too, when the trainer recorded
+``step_lrs``). Missing pieces (no evaluation, an unfinished epoch, a NaN loss) are drawn as
+gaps and written as ``—`` or ``NaN``, never a crash. A missing or corrupt record is one
+``error:`` line, exit 2.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.run.bounded import load_json
-from reprotrain.run.readers import check_shapes
+from reprotrain.run.readers import check_shapes, read_overrides
 from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
 from reprotrain.shown import say, shown, warnings_shown
 
@@ -74,6 +77,33 @@ def load_run(run_dir: Path) -> RunView:
     )
 
 
+#: Arguments of a recorded command that are not the run's hyperparameters.
+NOT_HYPERPARAMETERS = ("hydra.", "--", "resume=")
+
+
+def run_overrides(view: RunView) -> list[str] | None:
+    """The run's overrides: its ``.hydra/overrides.yaml`` (a sweep job's own values), else
+    the command line run.json records without Hydra's settings; None when neither is
+    recorded (or the file cannot be read)."""
+    try:
+        overrides = read_overrides(view.run_dir)
+    except ReprotrainError:
+        overrides = None
+    if overrides is not None:
+        return overrides
+    command = view.record.get("command")
+    if not isinstance(command, list) or "-m" not in command:
+        return None
+    args = command[command.index("-m") + 2 :]  # after `python -m <module>`
+    return [str(a) for a in args if not str(a).startswith(NOT_HYPERPARAMETERS)]
+
+
+def overrides_text(overrides: list[str] | None) -> str:
+    if overrides is None:
+        return "not recorded"
+    return " ".join(overrides) or "none (the defaults)"
+
+
 def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
@@ -118,6 +148,7 @@ def curves(view: RunView):
         title=f"{rec.get('name', 'run')} · {rec.get('experiment_id', view.run_dir.name)}"
         f" · {rec.get('status', 'unknown status')}",
         subtitle=f"seed {seeds.get('base', '?')} · repro={level} · {view.run_dir}",
+        overrides=overrides_text(run_overrides(view)),
         epochs=epochs,
         epoch_steps=epoch_steps,
         epoch_series={k: [r.get(k) for r in rows] for k in keys},
@@ -272,6 +303,9 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
         "(run.json, metrics.jsonl, fingerprints.jsonl).",
         "",
     ]
+    overrides = run_overrides(view)
+    given = " ".join(f"`{shown(o)}`" for o in overrides or []) or overrides_text(overrides)
+    out += [f"**Overrides** (the hyperparameters given): {given}", ""]
     if png_name:
         names = [metric_label(n) for n in metric_names({k: 0 for r in view.metrics for k in r})]
         plotted = ", ".join(["loss", *(shown(n) for n in names if n != "loss")])

@@ -12,10 +12,14 @@ intervals, never one number pooled over learning rates. Writes into the sweep di
 
 - ``summary.json``: strict JSON (a NaN metric is ``null`` and its path is listed in
   ``nonfinite``); ``groups`` holds each group's runs, statistics and per-epoch curves.
-- ``summary.md``: one headline table (a row per group), then each group's runs.
+- ``summary.md``: one headline table (a row per group), then each group's runs, with their
+  statistics where the group has two runs or more. When every group is one run (an Optuna
+  study of one seed), one table of the runs instead: no mean, std or interval of one value.
+  An Optuna study's trials (``study.json``) come first, by the objective, best first.
 - ``summary.png``: per epoch, each group's mean across seeds with a ±1 std band and each
-  seed as a faint line. (The band is the spread, not the CI: with 2-3 seeds a t interval
-  is 4-13 std wide and would cover every panel; the CIs are in the tables.)
+  seed as a faint line (one run per group: that run). (The band is the spread, not the CI:
+  with 2-3 seeds a t interval is 4-13 std wide and would cover every panel; the CIs are in
+  the tables.) Labels show long decimals to 4 significant digits; summary.json keeps them.
 
 Statistics use the finite values; how many runs were non-finite or did not complete is
 reported next to them. Also runs as a Hydra callback when a ``--multirun`` ends, where it
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -335,27 +340,59 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(shown(c, 500) for c in cells) + " |"
 
 
-def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
-    metrics: list[str] = summary["metric_names"]
-    out = [f"# Sweep summary: {shown(summary['sweep_dir'])}", ""]
-    out += [
-        f"Grouped by {summary['grouped_by']}.",
-        "Mean ± std over the completed runs' finite values (n: how many); non-finite: the run"
-        " diverged; absent: the run has no such value (e.g. no best_test_* when the best epoch"
-        " was the last). 95% CI: t interval of the mean, cut to the metric's range.",
-        "",
-    ]
-    goal = summary.get("objective")
-    if goal:
-        best = f"; best group: {shown(goal['best_group'])}" if goal["best_group"] else ""
-        out += [f"Objective: {shown(goal['metric'])} ({goal['mode']}, trainer.monitor){best}.",
-                ""]  # fmt: skip
-    if png_name:
-        out += [f"![per-epoch mean ± 1 std across seeds, per group]({png_name})", ""]
-    out.append(_row(["group", "runs", *(f"{m} mean ± std" for m in metrics)]))
-    out.append("|---" * (len(metrics) + 2) + "|")
+#: A decimal with more digits than a reader takes in (``0.012345678901234567``, what an
+#: Optuna sampler draws): shown to :data:`DIGITS` significant digits in labels and tables.
+_LONG_NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d{5,}(?:[eE][-+]?\d+)?(?![\w.])")
+DIGITS = 4
+
+
+def short_numbers(text: str) -> str:
+    """``text`` with each long decimal cut to :data:`DIGITS` significant digits (summary.json
+    keeps them whole)."""
+    return _LONG_NUMBER.sub(lambda m: f"{float(m.group()):.{DIGITS}g}", text)
+
+
+def one_run_each(summary: dict[str, Any]) -> bool:
+    """Every group is one run (an Optuna study of one seed): no mean, spread or interval."""
+    return all(g["n_runs"] <= 1 for g in summary["groups"])
+
+
+def read_study(sweep_dir: Path) -> dict[str, Any] | None:
+    """The sweep's study.json (an Optuna study: ``optuna_study.record``), or None."""
+    path = Path(sweep_dir) / optuna_study.STUDY_JSON
+    try:
+        study = _load_json(path) if path.is_file() else None
+    except ValueError:  # a summary without the trials table beats no summary
+        return None
+    return study if isinstance(study, dict) and isinstance(study.get("trials"), list) else None
+
+
+def trials_table(study: dict[str, Any]) -> list[str]:
+    """The study's trials, best value first (unfinished or valueless trials last), one column
+    per searched key."""
+    metric, mode = str(study.get("metric", "value")), str(study.get("metric_mode", "max"))
+    trials = [t for t in study["trials"] if isinstance(t, dict)]
+    keys = sorted({k for t in trials for k in (t.get("params") or {})})
+    valued = sorted((t for t in trials if _finite(t.get("value"))),
+                    key=lambda t: t["value"], reverse=mode == "max")  # fmt: skip
+    ranked = valued + [t for t in trials if not _finite(t.get("value"))]
+    out = [f"## Optuna trials, by {shown(metric)} ({mode}, best first)", "",
+           _row(["trial", *keys, metric, "status", "run"]),
+           "|---" * (len(keys) + 4) + "|"]  # fmt: skip
+    for t in ranked:
+        params = t.get("params") or {}
+        values = [short_numbers(str(params[k])) if k in params else "—" for k in keys]
+        cells = [_fmt(t.get("number")), *values, _fmt(t.get("value")), str(t.get("status"))]
+        out.append(_row([*cells, str(t.get("job", "—"))]))
+    return [*out, ""]
+
+
+def _headline(summary: dict[str, Any], metrics: list[str]) -> list[str]:
+    """A row per group: its runs and, per metric, mean ± std (n) (one run: its value)."""
+    heads = [f"{m} mean ± std" for m in metrics]
+    out = [_row(["group", "runs", *heads]), "|---" * (len(metrics) + 2) + "|"]
     for g in summary["groups"]:
-        cells = [g["label"], f"{g['n_completed']}/{g['n_runs']}"]
+        cells = [short_numbers(g["label"]), f"{g['n_completed']}/{g['n_runs']}"]
         for m in metrics:
             s = g["metrics"][m]
             text = "—" if s["mean"] is None else f"{s['mean']:.4f}"
@@ -369,8 +406,26 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
             text += ")"
             cells.append(text)
         out.append(_row(cells))
+    return out
+
+
+def _runs_table(summary: dict[str, Any], metrics: list[str]) -> list[str]:
+    """Groups of one run each: a single table of the runs (each one's final values), no
+    statistics."""
+    out = ["## Runs", "", _row(["group", "seed", "status", *metrics]),
+           "|---" * (len(metrics) + 3) + "|"]  # fmt: skip
+    for r in summary["runs"]:
+        seed = " ".join(r["seed_overrides"]) or _fmt(r["seed"])
+        cells = [short_numbers(r["group"]), seed, r["status"], *(_fmt(r[m]) for m in metrics)]
+        out.append(_row(cells))
+    return out
+
+
+def _group_sections(summary: dict[str, Any], metrics: list[str]) -> list[str]:
+    """Per group its runs; the statistics below them where there are two runs or more."""
+    out: list[str] = []
     for g in summary["groups"]:
-        out += ["", f"## {shown(g['label'])}", ""]
+        out += ["", f"## {shown(short_numbers(g['label']))}", ""]
         failed = {s: n for s, n in g["statuses"].items() if s != "completed"}
         if failed:
             out += [
@@ -383,9 +438,46 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
         for r in g["runs"]:
             seed = " ".join(r["seed_overrides"]) or _fmt(r["seed"])
             out.append(_row([seed, r["status"], *(_fmt(r[m]) for m in metrics)]))
+        if g["n_completed"] < 2:  # one value: its mean, min and max are itself, no std or CI
+            continue
         for stat in ("mean", "std", "min", "max"):
             out.append(_row([f"**{stat}**", "", *(_fmt(g["metrics"][m][stat]) for m in metrics)]))
         out.append(_row(["**95% CI**", "", *(_ci(g["metrics"][m]) for m in metrics)]))
+    return out
+
+
+def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
+    metrics: list[str] = summary["metric_names"]
+    single = one_run_each(summary)
+    out = [f"# Sweep summary: {shown(summary['sweep_dir'])}", ""]
+    if single:
+        how = (
+            "One run per group: each value is that run's (no mean, spread or interval across"
+            " seeds); non-finite: the run diverged; absent: the run has no such value."
+        )
+    else:
+        how = (
+            "Mean ± std over the completed runs' finite values (n: how many); non-finite: the"
+            " run diverged; absent: the run has no such value (e.g. no best_test_* when the best"
+            " epoch was the last). 95% CI: t interval of the mean, cut to the metric's range."
+        )
+    out += [f"Grouped by {summary['grouped_by']}.", how, ""]
+    goal = summary.get("objective")
+    if goal:
+        group = short_numbers(str(goal["best_group"]))
+        best = f"; best group: {shown(group)}" if goal["best_group"] else ""
+        out += [f"Objective: {shown(goal['metric'])} ({goal['mode']}, trainer.monitor){best}.",
+                ""]  # fmt: skip
+    study = read_study(Path(summary["sweep_dir"]))
+    if study is not None:
+        out += trials_table(study)
+    if png_name:
+        what = "value of each group's one run" if single else "mean ± 1 std across seeds"
+        out += [f"![per-epoch {what}, per group]({png_name})", ""]
+    if single:  # a row per run is a row per group: one table
+        out += _runs_table(summary, metrics)
+    else:
+        out += _headline(summary, metrics) + _group_sections(summary, metrics)
     if summary.get("unreadable"):
         out += ["", "Unreadable run records: " + "; ".join(map(shown, summary["unreadable"]))]
     return "\n".join(out) + "\n"
@@ -402,7 +494,7 @@ def sweep_png(summary: dict[str, Any], jobs: list[Job]) -> bytes | None:
             epochs = [p["epoch"] for p in points]
             panels.setdefault(metric, []).append(
                 Band(
-                    label=g["label"],
+                    label=short_numbers(g["label"]),
                     epochs=epochs,
                     mean=[p["mean"] for p in points],
                     lo=[_shift(p["mean"], p["std"], -1) for p in points],
@@ -414,12 +506,14 @@ def sweep_png(summary: dict[str, Any], jobs: list[Job]) -> bytes | None:
     if not panels:
         return None
     n_loss = sum(m.endswith("_loss") for m in panels)
+    note = (
+        "line: each group's one run (one seed: no mean or spread across seeds)"
+        if one_run_each(summary)
+        else "line: mean across seeds · band: ±1 std across seeds · faint: each seed"
+        " (95% CIs of the final metrics are in summary.md)"
+    )
     return plot_sweep(
-        f"Sweep: {summary['sweep_dir']}",
-        panels,
-        max(n_loss, len(panels) - n_loss),
-        "line: mean across seeds · band: ±1 std across seeds · faint: each seed"
-        " (95% CIs of the final metrics are in summary.md)",
+        f"Sweep: {summary['sweep_dir']}", panels, max(n_loss, len(panels) - n_loss), note
     )
 
 

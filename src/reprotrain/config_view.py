@@ -1,0 +1,87 @@
+"""What a run was started with, readable at a glance: its overrides and a compact config.
+
+Printed once at a run's start (rank 0's log: the console and ``train.log``), before the
+first step::
+
+    overrides: experiment=smoke optimizer.lr=0.05
+    config (resolved; in full: outputs/smoke/.../config.resolved.yaml):
+      dataset    starter.synthetic.Synthetic num_train=4096 num_test=1024 ...
+      optimizer  torch.optim.SGD lr=0.05 momentum=0.9 nesterov=True weight_decay=0.0005
+      trainer    device=cpu keep_checkpoints=3 ... epochs=2
+                 eval_every=1 ...
+
+One line per config group (a ``_target_`` first, bare; ``_partial_`` left out; nested keys
+dotted), wrapped at :data:`WIDTH` columns; the file it names holds the same values in full.
+The config shown is the one the run records (``secrets.redact``: an ``oc.env`` value is its
+digest, never the secret). Values are escaped (``shown``): a config value cannot print a
+fake line.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from reprotrain.shown import shown
+
+#: Columns of a config line before it wraps.
+WIDTH = 100
+
+
+def task_overrides() -> list[str]:
+    """The command line's overrides, as Hydra parsed them (none outside a Hydra app)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def _items(value: Any, prefix: str = "") -> list[str]:
+    """``key=value`` for each leaf of a mapping, nested keys dotted."""
+    if not isinstance(value, dict):
+        return [f"{prefix}={_text(value)}"] if prefix else [_text(value)]
+    out: list[str] = []
+    for key, sub in value.items():
+        if key == "_partial_":
+            continue
+        if key == "_target_" and not prefix:
+            out.insert(0, _text(sub))  # the component's class, named first and bare
+            continue
+        out += _items(sub, f"{prefix}.{key}" if prefix else str(key))
+    return out
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value == "":
+        return "''"
+    if isinstance(value, list):
+        return "[" + ",".join(_text(v) for v in value) + "]"
+    return shown(value, 80)
+
+
+def config_lines(container: dict[str, Any], width: int = WIDTH) -> list[str]:
+    """One line per top-level key of the resolved config (wrapped), indented by two."""
+    pad = max((len(str(k)) for k in container), default=0) + 2
+    lines: list[str] = []
+    for key, value in container.items():
+        text = " ".join(_items(value)) or "{}"
+        lead = f"  {shown(key):<{pad}}"
+        lines += textwrap.wrap(
+            text, width, initial_indent=lead, subsequent_indent=" " * len(lead),
+            break_long_words=False, break_on_hyphens=False,
+        )  # fmt: skip
+    return lines
+
+
+def start_banner(container: dict[str, Any], overrides: list[str], resolved: Path) -> str:
+    """The run's overrides and its compact resolved config, as one log message."""
+    given = " ".join(shown(o) for o in overrides) or "none (the defaults)"
+    head = [f"overrides: {given}", f"config (resolved; in full: {shown(resolved)}):"]
+    return "\n".join(head + config_lines(container))
+
+
+__all__ = ["WIDTH", "config_lines", "start_banner", "task_overrides"]

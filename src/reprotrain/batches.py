@@ -100,7 +100,9 @@ def batch_size(batch: Batch) -> int:
 
 def to_device(batch: Batch, device: torch.device, non_blocking: bool = True) -> Batch:
     """The same structure with every tensor on ``device``."""
-    return _map(lambda t: t.to(device, non_blocking=non_blocking), batch)
+    return _map(
+        lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking), batch
+    )
 
 
 def narrow(batch: Batch, start: int, length: int) -> Batch:
@@ -113,10 +115,10 @@ def take(batch: Batch, index: torch.Tensor | int) -> Batch:
     return _map(lambda t: t[index], batch)
 
 
-def microbatch_count(batch: Batch, microbatch_size: int | None) -> int:
+def microbatch_count(batch: Batch, microbatch_size: int | None, n: int | None = None) -> int:
     """How many micro-batches a step's ``batch`` holds: a ``MicroBatches``' own, else its
-    samples in pieces of ``microbatch_size`` (None: one piece; it divides the batch, as
-    ``config.check_layout`` checks)."""
+    samples (``n``, when the caller has counted them) in pieces of ``microbatch_size`` (None:
+    one piece; it divides the batch, as ``config.check_layout`` checks)."""
     if isinstance(batch, MicroBatches):
         sizes = {batch_size(part) for part in batch}
         if len(sizes) != 1:
@@ -125,7 +127,7 @@ def microbatch_count(batch: Batch, microbatch_size: int | None) -> int:
                 "must hold trainer.microbatch_size samples"
             )
         return len(batch)
-    n = batch_size(batch)
+    n = batch_size(batch) if n is None else n
     return n // (microbatch_size or n)
 
 

@@ -90,6 +90,7 @@ class StepRunner:
         self.user_step = user_step or PlainStep()
         self.global_step = 0
         self.samples = 0  # this rank's samples in the current step's batch
+        self._batch: Any = None
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
         self._applied = False
@@ -111,6 +112,7 @@ class StepRunner:
         """One optimizer step by the user's step object; (the first ``gradients()`` call's
         loss and metric sums, the gradient norm of ``apply()`` or None), on the device."""
         self.global_step, self.samples = global_step, batches.batch_size(batch)
+        self._batch = batch  # counted: gradients() of this batch need not count it again
         self._first, self._norm, self._applied = None, None, False
         self.user_step(self, batch)
         name = type(self.user_step).__name__
@@ -132,8 +134,8 @@ class StepRunner:
         on the device; the first call of a step is the one recorded."""
         state, device, reduction = self.state, self.state.loop.device, self.reduction
         global_step = self.global_step
-        n = batches.batch_size(batch)
-        k = batches.microbatch_count(batch, self.settings.microbatch_size)  # k divides n
+        n = self.samples if batch is self._batch else batches.batch_size(batch)
+        k = batches.microbatch_count(batch, self.settings.microbatch_size, n)  # k divides n
         size = n // k
         weight = reduction.loss_weight(size, n)
         sums = reduction.accumulator(state.model, k, device)
@@ -215,7 +217,9 @@ class NonFiniteFlags:
         losses, norms = self.progress.step_losses[self.checked :], self.norms
         self.checked, self.norms = len(self.progress.step_losses), []
         finite = [torch.stack(values).isfinite().all() for values in (losses, norms) if values]
-        return bool(finite) and not bool(torch.stack(finite).all())
+        if not finite:
+            return False
+        return not bool(finite[0] if len(finite) == 1 else finite[0] & finite[1])
 
 
 def nonfinite(state: LoopState, on_nonfinite: str) -> None:

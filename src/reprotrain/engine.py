@@ -17,9 +17,8 @@ nothing drawn in one micro-batch moves what the next one sees.
 No per-step host sync: the step returns device tensors; losses and metric sums accumulate
 on the device and are read once per epoch; the non-finite guard reads the losses (and the
 gradient norms when clipping) since its last read every ``trainer.nonfinite_check_every``
-steps (``NonFiniteFlags``). The per-step losses are gathered
-as one tensor at the epoch end: the fingerprint's float64 values are the same bits as a
-per-step ``loss.item()``.
+steps (``NonFiniteFlags``). The per-step losses are gathered as one tensor at the epoch
+end: the fingerprint's float64 values are the same bits as a per-step ``loss.item()``.
 """
 
 from __future__ import annotations

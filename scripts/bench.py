@@ -18,6 +18,7 @@ both paths. Figures (see docs/performance.md):
   logger  default logger / logger=none (skipped while the config has no logger group)
   replay  a resume's replay (steps, validation, the comparison) / the checkpoint interval it
           replays (one epoch), seconds, measured in the same pair of runs
+  overhead  template - bare loop on a null model, microseconds of template work per step
   invariant  world-size-invariant / plain DDP step time, same W, micro-batch and threads
              per rank (torchrun: 2 ranks x 1 thread on CPU/gloo; on CUDA/NCCL one rank per
              GPU, at most 2)
@@ -43,6 +44,7 @@ import torch
 from benchmarks import reference_model
 from benchmarks.checkpoint_cost import CheckpointSetup, measure_p5
 from benchmarks.invariance_cost import InvariantSetup, measure_invariant
+from benchmarks.overhead import OverheadSetup, measure_overhead
 from benchmarks.pipelines import PipelineSetup, measure_p2, measure_p4
 from benchmarks.results import markdown_table, table_rows, write_outputs
 from benchmarks.training import (
@@ -54,7 +56,7 @@ from benchmarks.training import (
     measure_replay,
 )
 
-FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "replay", "invariant",
+FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "replay", "invariant", "overhead",
            *reference_model.FIGURES)  # fmt: skip
 TINY = dict(widths=(16, 32, 64), convs_per_stage=1)  # the smoke suite's P5 model
 
@@ -75,6 +77,7 @@ def suite(name: str, device: str, threads: int) -> dict:
             "checkpoint": CheckpointSetup(device, 64, **TINY, repeats=1),
             "logger_repeats": 1,
             "invariant": InvariantSetup(device, ranks, 1, 2, 256, 64, 64, 16, repeats=1),
+            "overhead": OverheadSetup(device, steps=50, epochs=2, repeats=1),
         }
     if name == "quick":
         return {
@@ -84,6 +87,7 @@ def suite(name: str, device: str, threads: int) -> dict:
             "checkpoint": CheckpointSetup(device, steps_per_repeat=10 if gpu else 1, repeats=2),
             "logger_repeats": 2,
             "invariant": InvariantSetup(device, ranks, 1, 3, 16384 if gpu else 3072, 256, *step, 3),
+            "overhead": OverheadSetup(device, steps=1000, epochs=3, repeats=3),
         }
     return {  # full
         "train": TrainSetup(device, threads, 5, 50_000 if gpu else 4096, 1024, repeats=5),
@@ -92,6 +96,7 @@ def suite(name: str, device: str, threads: int) -> dict:
         "checkpoint": CheckpointSetup(device, steps_per_repeat=20 if gpu else 2, repeats=5),
         "logger_repeats": 5,
         "invariant": InvariantSetup(device, ranks, 1, 5, 50_000 if gpu else 4096, 1024, *step, 5),
+        "overhead": OverheadSetup(device, steps=2000, epochs=4, repeats=5),
     }
 
 
@@ -156,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes["train"].repeats = sizes["pipelines"].repeats = args.repeats
         sizes["checkpoint"].repeats = sizes["augment"]["repeats"] = args.repeats
         sizes["logger_repeats"] = sizes["invariant"].repeats = args.repeats
+        sizes["overhead"].repeats = args.repeats
     if args.levels:
         sizes["train"].levels = args.levels
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -207,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             results["invariant"] = measure_invariant(
                 sizes["invariant"], out_dir / "runs-invariant", log
             )
+        if "overhead" in args.only:
+            log("overhead: template vs bare loop on a null model, us of template work per step")
+            overhead_root = out_dir / "runs-overhead"
+            results["overhead"] = measure_overhead(sizes["overhead"], overhead_root, log)
         results.update(
             reference_model.measure(
                 args.only,

@@ -18,7 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from reprotrain.engine import StepRunner, StepSettings, TrainerState, nonfinite, train_step
+from reprotrain.engine import (
+    NonFiniteFlags,
+    StepRunner,
+    StepSettings,
+    TrainerState,
+    nonfinite,
+    train_step,
+)
 from reprotrain.hashing import state_sha256
 from reprotrain.reduction import Exact, Local, Reduction
 from reprotrain.repro import checkpoint
@@ -75,8 +82,10 @@ class Harness:
         loop = self.state.loop
         start = loop.epoch_step
         self.runner.forward.train()
+        flags = NonFiniteFlags(loop.progress)
         for s in range(start, start + steps):  # the Trainer's epoch, guard read every step
-            if bool(train_step(self.runner, s, batch(s))):
+            flags.add(train_step(self.runner, s, batch(s)))
+            if flags.read():
                 nonfinite(loop, "stop")
         return self
 

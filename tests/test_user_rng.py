@@ -13,6 +13,8 @@ import random
 import signal
 import subprocess
 import sys
+from contextlib import nullcontext
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ import torch
 from torch import nn
 
 from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
+from reprotrain.data import pipeline
+from reprotrain.data.base import InMemoryImages, InMemoryTensors
 from reprotrain.data.pipeline import SeededCollate, SeededSamples, keyed_items
 from reprotrain.engine import StepRunner, StepSettings, TrainerState, evaluate
 from reprotrain.repro.seeding import scoped_globals
@@ -29,6 +33,7 @@ from reprotrain.tasks.base import StepContext
 USER = ["experiment=selfcheck", *TINY]
 NOISY = ["dataset._target_=numpy_user_code.NoisyImages", "trainer.pipeline=loader"]
 MIXUP = ["task._target_=numpy_user_code.NumpyMixup"]
+IMAGES = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.long))
 
 
 def user_env(**extra: str) -> dict[str, str]:
@@ -58,6 +63,60 @@ def test_scoped_globals_seeds_python_numpy_and_torch_and_puts_them_back():
         assert _draw_all() == first
     with scoped_globals(43):
         assert _draw_all() != first
+
+
+def _numpy_state() -> tuple:
+    _, key, pos, has_gauss, cached = np.random.get_state()
+    return key.tobytes(), pos, has_gauss, cached
+
+
+@pytest.mark.parametrize("outer_normals", [0, 1, 2], ids=["fresh", "cached-gaussian", "even"])
+@pytest.mark.parametrize(
+    "block",
+    [lambda: None, lambda: np.random.normal(), lambda: np.random.normal(size=2),
+     lambda: np.random.rand(5), lambda: np.random.set_state(np.random.get_state())],
+    ids=["nothing", "one-normal", "two-normals", "uniform", "set-state"],
+)  # fmt: skip
+def test_numpy_comes_back_whole_with_its_cached_gaussian(outer_normals, block):
+    """numpy's global state is saved by its words, not get_state (scoped_globals runs per
+    micro-batch): its position and the legacy cached Gaussian come back exactly too, and
+    the draws after the block are the ones that would have come without it."""
+    np.random.seed(7)
+    np.random.normal(size=outer_normals)  # one leaves a Gaussian cached in the RandomState
+    before = _numpy_state()
+    expected = np.random.normal(size=3)
+    np.random.set_state(("MT19937", np.frombuffer(before[0], np.uint32), *before[1:]))
+    with scoped_globals(42):
+        block()
+    assert _numpy_state() == before
+    assert np.array_equal(np.random.normal(size=3), expected)
+
+
+class _NoisyTensors(InMemoryTensors):
+    def batch_transform(self, batch, key):
+        x, y = batch
+        return x + float(np.random.normal()), y
+
+
+def test_a_datasets_own_batch_transform_runs_seeded_the_frameworks_own_unguarded(monkeypatch):
+    """The RNG guard around a batch transform is for a dataset's own ``batch_transform``; the
+    framework's (``InMemoryTensors``, ``InMemoryImages``: counter-based draws only) skip it."""
+    on_device = pipeline.DevicePipeline._on_device
+    where = SimpleNamespace(augment_seed=5, device=torch.device("cpu"), channels_last=False)
+    where.dataset, batch, key = _NoisyTensors(), (torch.zeros(2), torch.zeros(2)), (5, 1, 0)
+    np.random.seed(1)
+    first = on_device(where, batch, key)[0]
+    np.random.seed(2)  # whatever ran before: the draw depends on the key alone
+    assert torch.equal(on_device(where, batch, key)[0], first)
+    guarded = []
+    monkeypatch.setattr(pipeline, "scoped_globals", lambda *a: guarded.append(a) or nullcontext())
+    images = InMemoryImages(mean=[0.5] * 3, std=[0.25] * 3)
+    for where.dataset, own in ((InMemoryTensors(), batch), (images, IMAGES)):
+        on_device(where, own, key)
+    assert guarded == []
+    where.dataset = _NoisyTensors()
+    on_device(where, (torch.zeros(2), torch.zeros(2)), key)
+    assert len(guarded) == 1  # the dataset's own transform is guarded
 
 
 class _Numpy:

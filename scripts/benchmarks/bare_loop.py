@@ -10,6 +10,10 @@ it leaves out is the template: Hydra, the run record, checkpoints, fingerprints,
 and eval. Loss and correct counts stay on the device and are read once per epoch. Each epoch
 appends ``{"epoch", "images_per_s", ...}`` to ``--out``, timed like the template: training
 steps only, the clock stopped after the device has finished.
+
+``--null``: the null model of the overhead figure (``benchmarks/overhead.py``): the selfcheck
+job with ``model=selfcheck_null dataset.augment=false`` by hand (``NullNet``, no augmentation,
+the template's own ``reprotrain.optim.onecycle`` schedule), so a step is almost all loop work.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import torch
 from torch import nn
 
 from reprotrain.data.augment import augment_batch, normalize
+from reprotrain.optim import onecycle
 from reprotrain.selfcheck.images import make_images
-from reprotrain.selfcheck.net import TinyConvNet
+from reprotrain.selfcheck.net import NullNet, TinyConvNet
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # selfcheck/conf/dataset/selfcheck_images.yaml
 
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", choices=("selfcheck", "resnet18"), default="selfcheck")
     p.add_argument("--precision", choices=("32-true", "tf32", "bf16-mixed"), default="32-true")
     p.add_argument("--channels-last", action="store_true", help="NHWC model and batches")
+    p.add_argument("--null", action="store_true", help="the null model, no augmentation")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
 
@@ -92,14 +98,18 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     widths = [int(v) for v in args.widths.split(",")]
-    model = build_model(args.model, widths, args.convs_per_stage).to(device, memory_format=layout)
+    model = NullNet() if args.null else build_model(args.model, widths, args.convs_per_stage)
+    model = model.to(device, memory_format=layout)
     steps = len(y) // args.batch_size
     opt = torch.optim.SGD(
         model.parameters(), lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4
     )
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=0.2, total_steps=steps * args.epochs, pct_start=0.25, cycle_momentum=False
-    )
+    if args.null:  # the template's own schedule: its per-step cost is the user's choice
+        sched = onecycle(opt, steps * args.epochs, 0.25)
+    else:
+        sched = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=0.2, total_steps=steps * args.epochs, pct_start=0.25, cycle_momentum=False
+        )
     loss_fn = nn.CrossEntropyLoss()
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -113,8 +123,9 @@ def main(argv: list[str] | None = None) -> None:
         order = torch.randperm(len(y), generator=g).to(device)
         for step in range(steps):
             idx = order[step * args.batch_size : (step + 1) * args.batch_size]
-            xb = normalize(augment_batch(x[idx], 7, epoch, step), mean, std)
-            xb, yb = xb.contiguous(memory_format=layout), y[idx]
+            xb = x[idx] if args.null else augment_batch(x[idx], 7, epoch, step)
+            xb = normalize(xb, mean, std).contiguous(memory_format=layout)
+            yb = y[idx]
             with autocast:
                 logits = model(xb)
                 loss = loss_fn(logits, yb)
@@ -132,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             "epoch": epoch,
             "images_per_s": seen / seconds,
             "seconds": seconds,
+            "steps": steps,
             "train_loss": loss_sum.item() / seen,
             "train_acc": correct.item() / seen,
         }

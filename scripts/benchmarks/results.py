@@ -13,6 +13,7 @@ TARGETS = {  # issue 11's targets, shown next to the measurement
     "P3 strict/fast": "<= 1.05 on a GPU",
     "P5": "<= 0.02 on a GPU",
     "invariant": "<= 1.15 at W=2",
+    "overhead": "<= 100 us (2-core CPU)",
 }
 
 
@@ -42,7 +43,7 @@ def table_rows(results: dict) -> list[dict]:
     from benchmarks.reference_model import reference_rows
 
     figures = (_p1_rows, _p2_rows, _p3_rows, _portable_rows, _p4_rows, _p5_rows, _logger_rows,
-               _replay_rows, _invariant_rows, reference_rows)  # fmt: skip
+               _replay_rows, _invariant_rows, _overhead_rows, reference_rows)  # fmt: skip
     return [row for figure in figures for row in figure(results)]
 
 
@@ -222,6 +223,25 @@ def _invariant_rows(results: dict) -> list[dict]:
         row["sides"] += " images/s"
         rows.append(row)
     return rows
+
+
+def _us(value: float) -> str:
+    return f"{value:.0f} us"
+
+
+def _overhead_rows(results: dict) -> list[dict]:
+    """The template's work per step on a null model, in microseconds (not a ratio)."""
+    r = results.get("overhead")
+    if not r:
+        return []
+    measure = (f"template - bare loop per step, null model (batch {r['batch_size']}, "
+               f"{r['threads']} thread), microseconds")  # fmt: skip
+    sides = (f"template {_us(r['template_us_per_step'])} / bare {_us(r['bare_us_per_step'])} "
+             f"per step ({r['ratio']:.2f}x)")  # fmt: skip
+    repeats = str(len(r["paired_us_per_step"]))
+    return [{"figure": "overhead", "measure": measure, "ratio": _us(r["us_per_step"]),
+             "best": _us(r["best_us_per_step"]), "sides": sides, "repeats": repeats,
+             "target": TARGETS["overhead"]}]  # fmt: skip
 
 
 COLUMNS = ("figure", "measure", "ratio", "best", "sides", "repeats", "target")

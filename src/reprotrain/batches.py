@@ -24,8 +24,23 @@ from reprotrain.errors import ReprotrainError
 Batch = Any  # a pytree of tensors
 
 
+def _flat(batch: Batch) -> bool:
+    """A non-empty tuple or list of plain tensors, the common batch: its leaves are its
+    items, in order, so the functions below skip pytree's walk (a step calls several)."""
+    return (
+        type(batch) in (tuple, list) and bool(batch) and all(type(t) is torch.Tensor for t in batch)
+    )
+
+
+def _map(fn: Any, batch: Batch) -> Batch:
+    """``pytree.tree_map(fn, batch)``, without the walk for a flat batch."""
+    return type(batch)(map(fn, batch)) if _flat(batch) else pytree.tree_map(fn, batch)
+
+
 def leaves(batch: Batch) -> list[torch.Tensor]:
     """The batch's tensors in a fixed (pytree) order; anything else is refused in one line."""
+    if _flat(batch):
+        return list(batch)
     found = pytree.tree_leaves(batch)
     for leaf in found:
         if not isinstance(leaf, torch.Tensor):
@@ -85,23 +100,25 @@ def batch_size(batch: Batch) -> int:
 
 def to_device(batch: Batch, device: torch.device, non_blocking: bool = True) -> Batch:
     """The same structure with every tensor on ``device``."""
-    return pytree.tree_map(lambda t: t.to(device, non_blocking=non_blocking), batch)
+    return _map(
+        lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking), batch
+    )
 
 
 def narrow(batch: Batch, start: int, length: int) -> Batch:
     """Samples ``start .. start+length`` of every tensor (views, no copy)."""
-    return pytree.tree_map(lambda t: t.narrow(0, start, length), batch)
+    return _map(lambda t: t.narrow(0, start, length), batch)
 
 
 def take(batch: Batch, index: torch.Tensor | int) -> Batch:
     """Samples ``index`` (a tensor of positions, or one position) of every tensor."""
-    return pytree.tree_map(lambda t: t[index], batch)
+    return _map(lambda t: t[index], batch)
 
 
-def microbatch_count(batch: Batch, microbatch_size: int | None) -> int:
+def microbatch_count(batch: Batch, microbatch_size: int | None, n: int | None = None) -> int:
     """How many micro-batches a step's ``batch`` holds: a ``MicroBatches``' own, else its
-    samples in pieces of ``microbatch_size`` (None: one piece; it divides the batch, as
-    ``config.check_layout`` checks)."""
+    samples (``n``, when the caller has counted them) in pieces of ``microbatch_size`` (None:
+    one piece; it divides the batch, as ``config.check_layout`` checks)."""
     if isinstance(batch, MicroBatches):
         sizes = {batch_size(part) for part in batch}
         if len(sizes) != 1:
@@ -110,7 +127,7 @@ def microbatch_count(batch: Batch, microbatch_size: int | None) -> int:
                 "must hold trainer.microbatch_size samples"
             )
         return len(batch)
-    n = batch_size(batch)
+    n = batch_size(batch) if n is None else n
     return n // (microbatch_size or n)
 
 

@@ -91,6 +91,17 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def all_reduce_flags(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag True on every rank if it is True on any rank: ``all_reduce_any`` of
+        several flags in one all-reduce (the loop's sync point: non-finite, stop signal)."""
+        if not self.enabled:
+            return tuple(bool(f) for f in flags)
+        t = torch.tensor(
+            [1 if f else 0 for f in flags], dtype=torch.int32, device=self._comm_device
+        )
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(bool(v) for v in t.tolist())
+
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over every rank, in place (the identity on one process)."""
         if self.enabled:

@@ -14,11 +14,11 @@ evaluation batch from ``(train seed, global step, batch, "eval", split)``. Dropo
 ``np.random.beta`` or ``random.random()`` draw a pure function of those counters, and
 nothing drawn in one micro-batch moves what the next one sees.
 
-No per-step host sync: the step returns device tensors; losses, metric sums and the
-non-finite guard accumulate on the device and are read once per epoch (and every
-``trainer.nonfinite_check_every`` steps for the guard). The per-step losses are gathered
-as one tensor at the epoch end: the fingerprint's float64 values are the same bits as a
-per-step ``loss.item()``.
+No per-step host sync: the step returns device tensors; losses and metric sums accumulate
+on the device and are read once per epoch; the non-finite guard reads the losses (and the
+gradient norms when clipping) since its last read every ``trainer.nonfinite_check_every``
+steps (``NonFiniteFlags``). The per-step losses are gathered as one tensor at the epoch
+end: the fingerprint's float64 values are the same bits as a per-step ``loss.item()``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from reprotrain.step import PlainStep, Step
 from reprotrain.tasks.base import StepContext, StepOutput
 
 __all__ = [
-    "EpochProgress", "LoopState", "NonFiniteError", "StepRunner", "StepSettings", "TrainerState"
+    "EpochProgress", "LoopState", "NonFiniteError", "NonFiniteFlags", "StepRunner", "StepSettings",
+    "TrainerState",
 ]  # fmt: skip
 
 
@@ -90,6 +91,8 @@ class StepRunner:
         self.reduction = reduction or Local()
         self.user_step = user_step or PlainStep()
         self.global_step = 0
+        self.samples = 0  # this rank's samples in the current step's batch
+        self._batch: Any = None
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
         self._applied = False
@@ -111,7 +114,8 @@ class StepRunner:
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
         """One optimizer step by the user's step object; (the first ``gradients()`` call's
         loss and metric sums, the gradient norm of ``apply()`` or None), on the device."""
-        self.global_step = global_step
+        self.global_step, self.samples = global_step, batches.batch_size(batch)
+        self._batch = batch  # counted: gradients() of this batch need not count it again
         self._first, self._norm, self._applied = None, None, False
         self.user_step(self, batch)
         name = type(self.user_step).__name__
@@ -133,8 +137,8 @@ class StepRunner:
         on the device; the first call of a step is the one recorded."""
         state, device, reduction = self.state, self.state.loop.device, self.reduction
         global_step = self.global_step
-        n = batches.batch_size(batch)
-        k = batches.microbatch_count(batch, self.settings.microbatch_size)  # k divides n
+        n = self.samples if batch is self._batch else batches.batch_size(batch)
+        k = batches.microbatch_count(batch, self.settings.microbatch_size, n)  # k divides n
         size = n // k
         weight = reduction.loss_weight(size, n)
         sums = reduction.accumulator(state.model, k, device)
@@ -180,19 +184,45 @@ class StepRunner:
         return norm
 
 
-def train_step(runner: StepRunner, step: int, batch: Any) -> torch.Tensor:
+def train_step(runner: StepRunner, step: int, batch: Any) -> torch.Tensor | None:
     """Step ``step`` of the epoch: one optimizer step at the loop state's position, added
-    to the epoch's progress, the position moved on. The step's non-finite flag (loss, or
-    gradient norm when clipping) as a device tensor: no host sync here."""
+    to the epoch's progress, the position moved on. The gradient norm when clipping (a
+    device tensor), else None: the non-finite guard reads it with the step's loss at the
+    loop's sync points (:class:`NonFiniteFlags`), so there is no host sync and no op here
+    beyond the user's step and the epoch's sums."""
     state = runner.state.loop
     lr = runner.state.optimizer.param_groups[0]["lr"]
     with op_trace.step(state.global_step, batch):  # make bisect: per-op hashes, if asked
         loss, sums, norm = runner.step(batch, state.global_step)
-    state.progress.add(loss, sums, runner.reduction.samples(batches.batch_size(batch)), lr)
-    bad = ~torch.isfinite(loss) if norm is None else ~(loss.isfinite() & norm.isfinite())
+    state.progress.add(loss, sums, runner.reduction.samples(runner.samples), lr)
     state.global_step += 1
     state.epoch_step = step + 1
-    return bad
+    return norm
+
+
+class NonFiniteFlags:
+    """The steps not yet checked for a non-finite loss or gradient norm. The losses are the
+    epoch's own record (``progress.step_losses``, on the device), the norms (clipping) are
+    kept here; :meth:`read` checks all of them in one host read, at the loop's sync points
+    (every ``trainer.nonfinite_check_every`` steps, before every checkpoint, at the epoch's
+    end) instead of a flag updated on the device every step."""
+
+    def __init__(self, progress: EpochProgress) -> None:
+        self.progress, self.checked = progress, len(progress.step_losses)
+        self.norms: list[torch.Tensor] = []
+
+    def add(self, norm: torch.Tensor | None) -> None:
+        if norm is not None:
+            self.norms.append(norm)
+
+    def read(self) -> bool:
+        """Whether a step since the last read had a non-finite loss or norm (one host sync)."""
+        losses, norms = self.progress.step_losses[self.checked :], self.norms
+        self.checked, self.norms = len(self.progress.step_losses), []
+        finite = [torch.stack(values).isfinite().all() for values in (losses, norms) if values]
+        if not finite:
+            return False
+        return not bool(finite[0] if len(finite) == 1 else finite[0] & finite[1])
 
 
 def nonfinite(state: LoopState, on_nonfinite: str) -> None:

@@ -32,7 +32,14 @@ from reprotrain import events, launchers, optim
 from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
-from reprotrain.engine import StepRunner, epoch_metrics, evaluate, nonfinite, train_step
+from reprotrain.engine import (
+    NonFiniteFlags,
+    StepRunner,
+    epoch_metrics,
+    evaluate,
+    nonfinite,
+    train_step,
+)
 from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
 from reprotrain.loggers import build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
@@ -97,6 +104,7 @@ class Trainer:
         self.record, self.stop, self.dist = record, stop, dist
         self.settings, self.guard = settings, guard
         self.logger_cfg, self.report = logger_cfg, report
+        self.log_every_steps = int(logger_cfg.log_every_steps)  # a config read is ~20 us: once
         self.schedule_for = schedule_for  # epochs -> the lr schedule over that many epochs
         self.run_dir = record.run_dir
         self.loop: LoopState = runner.state.loop
@@ -182,8 +190,11 @@ class Trainer:
         """One epoch of counter-based batches from ``(epoch, step)``, then its end; the row.
         ``until``: stop after that many steps of the epoch, before its end (a replay).
 
-        The non-finite guard is an on-device flag read every ``nonfinite_check_every``
-        steps and before every checkpoint (all-reduced: every rank stops at the same step).
+        Per step, nothing runs beyond the user's step, the epoch's sums and Python
+        bookkeeping: no host sync, no collective. The loop's sync points (every
+        ``nonfinite_check_every`` steps, before every checkpoint, at the epoch's end) read
+        the non-finite guard in one host read and, under DDP, agree on it and on a stop
+        signal in one all-reduce (every rank stops at the same step).
         """
         state, steps = self.loop, self.pipeline.steps_per_epoch
         if not self.quiet:  # a replay shows no bar (it is not the run's progress)
@@ -191,23 +202,23 @@ class Trainer:
         seen_before = state.progress.seen
         batches = self.pipeline.epoch(state.epoch, state.epoch_step)
         self.runner.forward.train()
-        bad = torch.zeros((), dtype=torch.bool, device=state.device)
+        flags = NonFiniteFlags(state.progress)
+        every = self.guard.nonfinite_check_every
         t0 = time.perf_counter()
         for step, batch in batches:
-            bad |= train_step(self.runner, step, batch)
+            flags.add(train_step(self.runner, step, batch))
             self.continuation.add(state.global_step, state.progress.step_losses[-1], batch)
-            due = state.global_step % self.guard.nonfinite_check_every == 0
-            if (due or self.saves_at(state.global_step)) and self.dist.all_reduce_any(bool(bad)):
-                nonfinite(state, self.guard.on_nonfinite)
-                bad.zero_()
+            synced = None  # whether any rank saw a stop signal, at a sync point
+            due = state.global_step % every == 0
+            if due or self.saves_at(state.global_step):
+                synced = self.sync_point(flags)
             if due:
                 self.log_steps()  # the device was just read: no extra sync
-            self.after_step(step + 1)
+            self.after_step(step + 1, synced)
             if until is not None and state.epoch_step == until:
                 return {}
         seconds = time.perf_counter() - t0
-        if self.dist.all_reduce_any(bool(bad)):
-            nonfinite(state, self.guard.on_nonfinite)
+        self.sync_point(flags)
         self.log_steps()  # this rank's step losses, before the reduction makes them global
         self.runner.reduction.end_epoch(state.progress)  # the epoch's losses and sums, global
         self.feed.flush()
@@ -221,6 +232,15 @@ class Trainer:
             self.stop_if_asked(self.stop_at_reached())
         return row
 
+    def sync_point(self, flags: NonFiniteFlags) -> bool:
+        """The non-finite guard's read (``trainer.on_nonfinite``) and whether any rank saw a
+        stop signal: one host read, and under DDP one all-reduce of both."""
+        signal = self.stop.signal_name is not None
+        bad, signalled = self.dist.all_reduce_flags(flags.read(), signal)
+        if bad:
+            nonfinite(self.loop, self.guard.on_nonfinite)
+        return signalled
+
     def saves_at(self, global_step: int) -> bool:
         """Whether a checkpoint may be written after ``global_step`` (the same on all ranks)."""
         every, stop_at = self.settings.checkpoint_every_steps, self.settings.stop_at_global_step
@@ -230,17 +250,21 @@ class Trainer:
         stop_at = self.settings.stop_at_global_step
         return bool(stop_at) and self.loop.global_step == stop_at
 
-    def after_step(self, next_step: int) -> None:
-        """Progress, the loggers' per-step values, stops and the cadence checkpoint."""
+    def after_step(self, next_step: int, synced: bool | None = None) -> None:
+        """Progress, the loggers' per-step values, stops and the cadence checkpoint.
+        ``synced``: whether a stop signal reached any rank, from this step's sync point
+        (None: not one). One process reads its flag every step; under DDP a signal stops
+        the run at the next sync point, where the ranks agree on it."""
         state, mid_epoch = self.loop, next_step < self.pipeline.steps_per_epoch
         if not self.quiet:
             self.bar.step(state.progress, state.global_step)
-        self.feed.every(self.logger_cfg.log_every_steps, mid_epoch)  # DDP: a collective
+        self.feed.every(self.log_every_steps, mid_epoch)  # DDP: a collective
         if self.profiler is not None:
             self.profiler.step()
         if not self.quiet:
             events.fire("step", global_step=state.global_step)
-        self.stop_if_asked(self.stop_at_reached() and mid_epoch)
+        signalled = self.stop.signal_name is not None if not self.dist.enabled else bool(synced)
+        self.stop_if_asked(self.stop_at_reached() and mid_epoch, signalled)
         if self.cadence_due():
             self.save()
 
@@ -251,12 +275,15 @@ class Trainer:
         mid_epoch = 0 < state.epoch_step < self.pipeline.steps_per_epoch
         return bool(every) and state.global_step % every == 0 and mid_epoch
 
-    def stop_if_asked(self, asked: bool) -> None:
+    def stop_if_asked(self, asked: bool, signalled: bool | None = None) -> None:
         """The one place a run stops early: a signal on any rank, or ``asked`` (the same on
-        every rank); all-reduced, so every rank stops after the same step. A replay stops
-        on a signal only, without a checkpoint (the one it replays towards is newer)."""
+        every rank); every rank stops after the same step. ``signalled``: whether any rank
+        saw a signal, where the caller knows (else one all-reduce asks). A replay stops on
+        a signal only, without a checkpoint (the one it replays towards is newer)."""
         asked = asked and not self.quiet
-        if not self.dist.all_reduce_any(self.stop.signal_name is not None or asked):
+        if signalled is None:
+            signalled = self.dist.all_reduce_any(self.stop.signal_name is not None)
+        if not (signalled or asked):
             return
         if self.quiet:
             self.record.update(status="interrupted", interrupted_at=rec.now_iso(),

@@ -44,7 +44,7 @@ class MetricSums:
             if total is None:
                 self.sums[name] = as_sum(value).clone()
             else:
-                total += value.to(total.dtype)
+                total += value if value.dtype == total.dtype else value.to(total.dtype)
         self.samples += samples
 
     def host(self) -> dict[str, Any]:

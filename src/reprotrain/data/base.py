@@ -66,6 +66,15 @@ class Splits:
     num_classes: int | None = None  # None: the data has no classes (regression, ...)
 
 
+def draws_no_global_rng(batch_transform: Any) -> Any:
+    """Marks a framework batch transform that draws from no global RNG (its randomness
+    comes from ``counter_generator(*key)``): the pipeline runs it without the per-batch RNG
+    guard, which would only put back what nothing moved. A subclass's own
+    ``batch_transform`` is unmarked, so it runs guarded."""
+    batch_transform.draws_no_global_rng = True
+    return batch_transform
+
+
 class InMemoryTensors:
     """Base for datasets held as tensors; subclasses implement ``load_samples``.
 
@@ -90,6 +99,7 @@ class InMemoryTensors:
         """What run.json records as the data's identity (sha256 of files or of parameters)."""
         raise NotImplementedError
 
+    @draws_no_global_rng
     def batch_transform(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
         """A batch on the device -> what the task sees; ``key`` is (augment seed, epoch, step)
         when training (draw any randomness from ``counter_generator(*key)``), None in eval."""
@@ -158,6 +168,7 @@ class InMemoryImages(InMemoryTensors):
             self.num_classes = int(max(train_y.max(), test_y.max())) + 1
         return (train_x, train_y), (test_x, test_y)
 
+    @draws_no_global_rng
     def batch_transform(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
         """uint8 batch -> augmented (train only), normalised float batch."""
         from reprotrain.data.augment import augment_batch, normalize

@@ -148,10 +148,14 @@ class _Base:
     ) -> Batch:
         """A batch of in-memory tensors, moved, through the dataset's batch transform, with
         the global RNGs seeded from ``key`` (training) or ``scope`` (evaluation)."""
-        where = key if key is not None else (self.augment_seed, *scope)
-        seed = stable_hash(*where, "global")  # apart from counter_generator(*key)'s stream
-        with scoped_globals(seed, self.device):
-            batch = self.dataset.batch_transform(to_device(batch, self.device), key)
+        batch = to_device(batch, self.device)
+        if getattr(type(self.dataset).batch_transform, "draws_no_global_rng", False):
+            batch = self.dataset.batch_transform(batch, key)  # the framework's own: no draw
+        else:
+            where = key if key is not None else (self.augment_seed, *scope)
+            seed = stable_hash(*where, "global")  # apart from counter_generator(*key)'s stream
+            with scoped_globals(seed, self.device):
+                batch = self.dataset.batch_transform(batch, key)
         return channels_last(batch) if self.channels_last else batch
 
 

@@ -13,7 +13,7 @@ step: ``<dir>/step-<N>.jsonl``. ``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` asks 
 lighter record of a range of steps: one line per step in ``<dir>/digests.jsonl`` with the
 batch's sha256 and one sha256 over every op's name and output hashes, in order; two runs whose
 digests agree up to a step start that step from the same tensors (``make bisect`` walks back
-with it). Unset (every normal run), :func:`step` is a null context and costs one set lookup
+with it). Unset (every normal run), :func:`step` is a null context and costs two set lookups
 per step.
 
 Tracing runs the same kernels (a dispatch mode only observes), so a traced step produces the
@@ -138,12 +138,21 @@ def _as_int(h: torch.Tensor) -> int:
     return int(h.item())
 
 
-@contextlib.contextmanager
-def step(global_step: int, batch: Any) -> Iterator[None]:
+_UNTRACED = contextlib.nullcontext()
+
+
+def step(global_step: int, batch: Any) -> contextlib.AbstractContextManager:
     """Trace this step when ``REPROTRAIN_TRACE_STEPS`` names it, digest it when
-    ``REPROTRAIN_DIGEST_STEPS`` covers it; otherwise do nothing."""
+    ``REPROTRAIN_DIGEST_STEPS`` covers it; otherwise do nothing (one shared null context)."""
+    if global_step not in _STEPS and global_step not in _DIGEST_STEPS:
+        return _UNTRACED
+    return _step(global_step, batch)
+
+
+@contextlib.contextmanager
+def _step(global_step: int, batch: Any) -> Iterator[None]:
     traced = global_step in _STEPS
-    if not (traced or global_step in _DIGEST_STEPS) or int(os.environ.get("RANK", "0")) != 0:
+    if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
     if not traced:

@@ -55,3 +55,15 @@ class TinyConvNet(nn.Module):
 # The benchmarks' and the GPU check's model size: 11.0M parameters, like a typical reference
 # classifier, so a checkpoint or a step costs what it costs in a real run.
 WIDE = {"widths": (64, 128, 256, 512), "convs_per_stage": 4}
+
+
+class NullNet(nn.Module):
+    """The null model of ``make bench``'s overhead figure: a linear head on each image's
+    channel means, so a step is almost all framework (or bare loop) work."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+        super().__init__()
+        self.head = nn.Linear(in_channels, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x.mean(dim=(2, 3)))

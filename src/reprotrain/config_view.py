@@ -32,10 +32,13 @@ WIDTH = 100
 def task_overrides() -> list[str]:
     """The command line's overrides, as Hydra parsed them (none outside a Hydra app)."""
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
 
     if not HydraConfig.initialized():
         return []
-    return [str(o) for o in HydraConfig.get().overrides.task]
+    # Unresolved: iterating the ListConfig would resolve an `${oc.env:...}` the user typed,
+    # printing the secret the record keeps as a digest.
+    return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task)]
 
 
 def _items(value: Any, prefix: str = "") -> list[str]:

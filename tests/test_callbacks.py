@@ -4,6 +4,7 @@ by the resume's replay."""
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import signal
@@ -76,7 +77,10 @@ RUN = [
     "model.dropout=0.3",
 ]  # fmt: skip  (dropout draws from the `train` stream)
 DRAWING = ["+callbacks.noise._target_=callback_user_code.RandomDrawing",
-           "+callbacks.history._target_=callback_user_code.LossHistory"]  # fmt: skip
+           "+callbacks.history._target_=callback_user_code.LossHistory",
+           "+callbacks.steps._target_=callback_user_code.StepCounter",  # per batch, ctx.log
+           "logger=csv",  # metrics.csv, and a user's logger that draws in every hook:
+           "+logger.sinks.drawing._target_=logger_user_code.RandomDrawing"]  # fmt: skip
 
 
 def env():
@@ -84,10 +88,14 @@ def env():
 
 
 def test_callbacks_change_no_bits_and_a_callback_with_state_resumes_bitwise(tmp_path):
-    """A callback that draws from every global generator in every hook, killed after the
-    epoch-1 checkpoint and resumed: the callbacks' state is restored and replayed (the
-    replay runs on_epoch_end), and the run ends with the weights of a run without any
-    callback (the guard) and a metric history equal to that run's metrics.jsonl."""
+    """A callback that draws from every global generator in every hook (the per-batch one
+    too), and a user's logger (a ``_target_`` under ``logger.sinks``) that draws in every
+    hook, killed after the epoch-1 checkpoint and resumed: the callbacks' state is restored
+    and replayed (the replay runs on_epoch_end and the per-batch hook), and the run ends
+    with the weights of a run without any callback or logger (the guards) and a metric
+    history equal to that run's metrics.jsonl. What a callback logs (``ctx.log``) reaches
+    the loggers' epoch rows (the user's, metrics.csv), never metrics.jsonl; metrics.csv has
+    each epoch once after the resume."""
     none, run = tmp_path / "none", tmp_path / "killed"
     assert_ok(train(none, *RUN, micro=False, env=env()))
     proc = train(run, *RUN, *DRAWING, micro=False, env=env(), fault="step:4")
@@ -100,6 +108,20 @@ def test_callbacks_change_no_bits_and_a_callback_with_state_resumes_bitwise(tmp_
     assert run_json(run)["components"]["callbacks"] == {
         "noise": "callback_user_code.RandomDrawing",
         "history": "callback_user_code.LossHistory",
+        "steps": "callback_user_code.StepCounter",
     }
     history = json.loads((run / "loss_history.json").read_text())
     assert history == [row["train_loss"] for row in jsonl(none / "metrics.jsonl")]
+    assert not any("steps_seen" in row for row in jsonl(run / "metrics.jsonl"))
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert [float(r["train_loss"]) for r in rows] == history
+    # Epoch 2 ran after the resume: its count is the uninterrupted run's (3 steps an epoch).
+    # Epoch 1's row was rebuilt from the record, which holds no logged value.
+    assert rows[1]["steps_seen"] == "6.0" and rows[0]["steps_seen"] == ""
+    seen = jsonl(run / "user_logger.jsonl")
+    epochs = [e for e in seen if e["hook"] == "log_epoch"]
+    assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["row"]["steps_seen"] == 6
+    assert [e["start_step"] for e in seen if e["hook"] == "start"][-1] > 0  # the resumed one
+    assert seen[-1] == {"hook": "close", "status": "completed"}

@@ -125,3 +125,63 @@ def test_callbacks_change_no_bits_and_a_callback_with_state_resumes_bitwise(tmp_
     assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["row"]["steps_seen"] == 6
     assert [e["start_step"] for e in seen if e["hook"] == "start"][-1] > 0  # the resumed one
     assert seen[-1] == {"hook": "close", "status": "completed"}
+
+
+class _Plain(Callback):
+    pass
+
+
+class _PerBatch(Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_train_batch_end(self, ctx, step) -> None:
+        self.steps.append(step)
+        ctx.log("last_step", step)
+
+
+def test_the_per_batch_hook_is_found_once_and_only_its_callbacks_are_called():
+    """Without a callback that overrides ``on_train_batch_end`` the loop's per-step check is
+    an empty mapping (no context, no call); with one, only that callback is called, and what
+    it logs waits for the loggers' epoch row (``take_logged``), then is gone."""
+    cpu = torch.device("cpu")
+    assert not Callbacks({"plain": _Plain()}, cpu).per_batch
+    assert not Callbacks({}, cpu).per_batch
+    batchy = _PerBatch()
+    callbacks = Callbacks({"plain": _Plain(), "batchy": batchy}, cpu)
+    assert list(callbacks.per_batch) == ["batchy"]
+    plain = callbacks.callbacks["plain"]
+    plain.on_train_batch_end = lambda ctx, step: pytest.fail("a no-op hook was called")
+    for step in (1, 2):
+        callbacks.call("on_train_batch_end", CallbackContext(torch.nn.Linear(1, 1), None, 1,
+                                                             step, REPO), step)  # fmt: skip
+    assert batchy.steps == [1, 2]
+    assert callbacks.take_logged() == {"last_step": 2.0} and callbacks.take_logged() == {}
+
+
+def test_on_checkpoint_runs_before_the_file_is_written(tmp_path):
+    """The docstring's promise (issue 46): ``on_checkpoint`` sees ``path`` before the
+    checkpoint exists, so what the callback changes is in it."""
+    from types import SimpleNamespace
+
+    from reprotrain.loop import Trainer
+
+    order: list[str] = []
+    path = tmp_path / "step-00000003.pt"
+
+    class Seeing(Callback):
+        def on_checkpoint(self, ctx, p) -> None:
+            order.append(f"hook exists={p.exists()}")
+
+    trainer = SimpleNamespace(
+        loop=SimpleNamespace(global_step=3, epoch=1),
+        saver=SimpleNamespace(dir=tmp_path, save=lambda **kw: (path.touch(), order.append("save"))),
+        quiet=False, log_steps=lambda: None, continuation=SimpleNamespace(restart=lambda: None),
+        callbacks=Callbacks({"seeing": Seeing()}, torch.device("cpu")),
+        runner=SimpleNamespace(state=SimpleNamespace(model=None, optimizer=None)),
+        run_dir=tmp_path, dist=SimpleNamespace(is_main=True),
+    )  # fmt: skip
+    trainer.callback = lambda hook, *args: Trainer.callback(trainer, hook, *args)
+    Trainer.save(trainer)
+    assert order == ["hook exists=False", "save"]
+    assert "before" in Callback.on_checkpoint.__doc__.lower().split("written")[0]

@@ -38,6 +38,13 @@ class Shipped(Logger):
     def start(self, run: LoggerRun) -> None:
         self.sink = self.open(run)
 
+    def __getattr__(self, name: str) -> Any:
+        """The sink's own attributes (``run_id``, ``writer``), once it is open."""
+        sink = self.__dict__.get("sink")
+        if sink is None:
+            raise AttributeError(name)
+        return getattr(sink, name)
+
     def describe(self) -> str:
         return self.sink.describe() if self.sink is not None else self.name
 

@@ -185,3 +185,20 @@ def test_on_checkpoint_runs_before_the_file_is_written(tmp_path):
     Trainer.save(trainer)
     assert order == ["hook exists=False", "save"]
     assert "before" in Callback.on_checkpoint.__doc__.lower().split("written")[0]
+
+
+def test_the_lr_monitor_entry_sends_each_groups_lr_to_the_loggers():
+    """``callbacks=lr_monitor`` builds from its YAML entry; at an epoch's end every
+    parameter group's lr (and momentum) goes to the loggers' row, nothing to the record."""
+    node = OmegaConf.load(REPO / "conf" / "callbacks" / "lr_monitor.yaml")
+    node.lr_monitor.log_momentum = True
+    callbacks = Callbacks(build_callbacks(node), torch.device("cpu"))
+    a, b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    groups = [{"params": a.parameters()}, {"params": b.parameters(), "lr": 0.5}]
+    optimizer = torch.optim.SGD(groups, lr=0.1, momentum=0.9)
+    row = {"epoch": 1, "train_loss": 1.0}
+    callbacks.call("on_epoch_end", CallbackContext(a, optimizer, 1, 3, REPO), row)
+    assert callbacks.take_logged() == {
+        "lr/group0": 0.1, "momentum/group0": 0.9, "lr/group1": 0.5, "momentum/group1": 0.9,
+    }  # fmt: skip
+    assert row == {"epoch": 1, "train_loss": 1.0}

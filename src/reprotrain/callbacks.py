@@ -104,6 +104,22 @@ class Callback:
         """Once, when the run completes, with run.json's ``final_metrics``."""
 
 
+class LearningRateMonitor(Callback):
+    """``conf/callbacks/lr_monitor.yaml``: each parameter group's lr (and momentum, the first
+    beta for Adam) at every epoch's end, sent to the loggers with the epoch's row as
+    ``lr/group<i>`` (``momentum/group<i>``). It only reads the optimizer: no bit changes."""
+
+    def __init__(self, log_momentum: bool = False) -> None:
+        self.log_momentum = log_momentum
+
+    def on_epoch_end(self, ctx: CallbackContext, row: dict[str, Any]) -> None:
+        for i, group in enumerate(ctx.optimizer.param_groups):
+            ctx.log(f"lr/group{i}", group["lr"])
+            momentum = group.get("momentum", group.get("betas", (None,))[0])
+            if self.log_momentum and momentum is not None:
+                ctx.log(f"momentum/group{i}", momentum)
+
+
 @contextlib.contextmanager
 def rng_guard(device: torch.device) -> Iterator[None]:
     """Python's, NumPy's and torch's global generators (CPU and ``device`` when it is a GPU)
@@ -184,4 +200,4 @@ def _stateful(callback: Any) -> bool:
     return hasattr(callback, "state_dict") and hasattr(callback, "load_state_dict")
 
 
-__all__ = ["Callback", "CallbackContext", "Callbacks", "rng_guard"]
+__all__ = ["Callback", "CallbackContext", "Callbacks", "LearningRateMonitor", "rng_guard"]

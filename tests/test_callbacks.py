@@ -157,6 +157,8 @@ def test_the_per_batch_hook_is_found_once_and_only_its_callbacks_are_called():
                                                              step, REPO), step)  # fmt: skip
     assert batchy.steps == [1, 2]
     assert callbacks.take_logged() == {"last_step": 2.0} and callbacks.take_logged() == {}
+    callbacks.logged.update(last_step=3.0, train_loss=9.0)  # a name the row has: the row's
+    assert callbacks.take_logged({"train_loss": 1.0}) == {"train_loss": 1.0, "last_step": 3.0}
 
 
 def test_on_checkpoint_runs_before_the_file_is_written(tmp_path):

@@ -167,10 +167,12 @@ class Callbacks:
                     "the lr) or scheduler=plateau (it scales the lr they set)"
                 )
 
-    def take_logged(self) -> dict[str, float]:
-        """The values ``ctx.log`` collected since the last call (then none)."""
+    def take_logged(self, row: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A copy of ``row`` with the values ``ctx.log`` collected since the last call under
+        the names it lacks (the row's own values win); none are held after."""
         taken, self.logged = self.logged, {}
-        return taken
+        row = dict(row or {})
+        return row | {name: value for name, value in taken.items() if name not in row}
 
     def state_dict(self) -> dict[str, Any]:
         return {name: cb.state_dict() for name, cb in self.callbacks.items() if _stateful(cb)}

@@ -213,7 +213,7 @@ class Trainer:
         self.feed.flush()
         trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
         row = self.end_epoch(seconds, trained)
-        self.feed.epoch({**self.callbacks.take_logged(), **row})  # ctx.log: loggers only
+        self.feed.epoch(self.callbacks.take_logged(row))  # + ctx.log's: loggers only
         if not self.quiet:
             self.record.update(nondeterministic_ops=self.alerts,
                                nonfinite_events=state.nonfinite_events)  # fmt: skip

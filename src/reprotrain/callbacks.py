@@ -107,7 +107,9 @@ class Callback:
 class LearningRateMonitor(Callback):
     """``conf/callbacks/lr_monitor.yaml``: each parameter group's lr (and momentum, the first
     beta for Adam) at every epoch's end, sent to the loggers with the epoch's row as
-    ``lr/group<i>`` (``momentum/group<i>``). It only reads the optimizer: no bit changes."""
+    ``lr/group<i>`` (``momentum/group<i>``): the optimizer's current values, which the next
+    step uses (the row's ``lr`` is the one the epoch's last step used). It only reads the
+    optimizer: no bit changes."""
 
     def __init__(self, log_momentum: bool = False) -> None:
         self.log_momentum = log_momentum

@@ -1,4 +1,5 @@
-"""Experiment loggers: TensorBoard, MLflow, W&B or none, as sinks of the run record.
+"""Experiment loggers: TensorBoard, MLflow, W&B, CSV, a user's or none, as sinks of the
+run record.
 
 ``metrics.jsonl`` and ``fingerprints.jsonl`` are the truth; a logger receives copies of the
 same numbers so a run can be watched live, and nothing it does may change the bits:
@@ -15,11 +16,13 @@ same numbers so a run can be watched live, and nothing it does may change the bi
   checkpoint's step (:class:`History`) and continues from there, so every step appears
   exactly once, whatever an earlier attempt had or had not flushed before it was killed.
 
-The config group is ``conf/logger/``: each option switches one backend on, and a list
-combines them (``logger=[tensorboard,mlflow]``); ``logger=none`` switches all off. MLflow
-and W&B are optional extras (``make install EXTRAS=mlflow,wandb``, hashed locks), imported
-only when chosen. One module per backend: ``tensorboard_sink``, ``mlflow_sink``,
-``wandb_sink``; where each writes: ``settings``; what they are told: ``params``.
+The config group is ``conf/logger/``: each option is a ``_target_`` entry naming a logger
+class (``shipped``: TensorBoard, MLflow, W&B, CSV; a user's ``reprotrain.api.Logger``
+subclass under ``logger.sinks``), and a list combines them (``logger=[tensorboard,mlflow]``);
+``logger=none`` switches all off. MLflow and W&B are optional extras (``make install
+EXTRAS=mlflow,wandb``, hashed locks), imported only when chosen. One module per backend:
+``tensorboard_sink``, ``mlflow_sink``, ``wandb_sink``; their ``_target_`` classes and the CSV
+logger: ``shipped``; where each writes: ``settings``; what they are told: ``params``.
 """
 
 from __future__ import annotations

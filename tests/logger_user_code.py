@@ -54,3 +54,11 @@ class RandomDrawing(Logger):
     def close(self, status) -> None:
         self._draw()
         self._write(hook="close", status=status)
+
+
+class Unreachable(RandomDrawing):
+    """A tracker whose server is out of reach when the run starts."""
+
+    def start(self, run) -> None:
+        self._draw()
+        raise ConnectionError("tracker.example: connection refused")

@@ -83,6 +83,17 @@ def test_a_logger_that_is_no_logger_or_no_target_is_one_line(tmp_path: Path) -> 
     assert not (tmp_path / "metrics.csv").exists()
 
 
+def test_a_logger_that_cannot_start_is_switched_off_and_the_others_go_on(tmp_path, caplog):
+    cfg = LoggerConfig(csv=True, sinks={"down": {"_target_": "logger_user_code.Unreachable"}})
+    before = generators()
+    with build_loggers(cfg, tmp_path, RECORD) as lg:
+        assert lg.names == ["csv"]
+        lg.log_epoch(1, 3, {"epoch": 1, "global_step": 3, "train_loss": 0.5})
+    assert torch.equal(before[2], generators()[2])
+    assert "logger down failed in start (ConnectionError: tracker.example" in caplog.text
+    assert (tmp_path / "metrics.csv").is_file()
+
+
 def compose_logger(*overrides: str):
     register_configs()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
@@ -92,13 +103,24 @@ def compose_logger(*overrides: str):
 def test_the_shipped_loggers_are_target_entries_and_a_users_yaml_adds_one(tmp_path: Path):
     """conf/logger/<name>.yaml names each shipped logger's class; ``logger=none`` and
     ``logger=[tensorboard,mlflow,wandb]`` compose as the docs show; a user's logger joins by
-    a YAML in the user's own config folder (here a ``+logger.sinks`` override, what that
-    YAML holds), with no framework file edited."""
+    a YAML of the user's own (here in a folder on Hydra's search path, with the class of
+    tests/logger_user_code.py), built by the framework with no framework file edited."""
     for name, cls in SHIPPED.items():
         node = OmegaConf.load(REPO / "conf" / "logger" / f"{name}.yaml")[name]
         assert node["_target_"] == f"{cls.__module__}.{cls.__qualname__}"
     assert enabled_backends(compose_logger("logger=none")) == []
     every = compose_logger("logger=[tensorboard,mlflow,wandb]")
     assert enabled_backends(every) == ["tensorboard", "mlflow", "wandb"]
-    mine = compose_logger("logger=[tensorboard,csv]", "+logger.sinks.comet._target_=my.Comet")
-    assert enabled_backends(mine) == ["tensorboard", "csv", "comet"]
+    room = tmp_path / "conf"
+    (room / "logger").mkdir(parents=True)
+    (room / "logger" / "mine.yaml").write_text(
+        "sinks:\n  mine:\n    _target_: logger_user_code.RandomDrawing\n"
+    )
+    mine = compose_logger("logger=[csv,mine]", f"hydra.searchpath=[file://{room}]")
+    assert enabled_backends(mine) == ["csv", "mine"]
+    (tmp_path / "run").mkdir()
+    with build_loggers(mine, tmp_path / "run", RECORD) as lg:
+        assert lg.names == ["csv", "drawing"]
+        lg.log_epoch(1, 3, {"epoch": 1, "global_step": 3, "train_loss": 0.5})
+    assert (tmp_path / "run" / "metrics.csv").is_file()
+    assert (tmp_path / "run" / "user_logger.jsonl").is_file()

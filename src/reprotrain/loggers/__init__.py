@@ -27,6 +27,7 @@ logger: ``shipped``; where each writes: ``settings``; what they are told: ``para
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from reprotrain.loggers.fanout import (
     numeric,
     preserved_rng,
     resumed_history,
+    switched_off,
 )
 from reprotrain.loggers.mlflow_sink import ReportHook
 from reprotrain.loggers.params import run_params
@@ -107,8 +109,8 @@ def build_loggers(
         for name, entry in chosen_loggers(cfg).items():
             with preserved_rng():
                 logger = _built(name, entry)
-                logger.start(run)
-            backends.append(logger)
+                if _started(name, logger, run):
+                    backends.append(logger)
     except ReprotrainError:
         for b in backends:
             b.close("failed")
@@ -139,6 +141,22 @@ def _built(name: str, entry: Any) -> Logger:
             "reprotrain.api.Logger"
         )
     return logger
+
+
+def _started(name: str, logger: Logger, run: LoggerRun) -> bool:
+    """Start ``logger`` (config key ``name``); one that raises (a store out of reach) is switched off with one
+    warning and the run goes on, as when it fails later. A ``ReprotrainError`` (an extra
+    not installed) ends the run before its first step."""
+    try:
+        logger.start(run)
+        return True
+    except ReprotrainError:
+        raise
+    except Exception as e:  # a dashboard failing must not end the training run
+        switched_off(name, "start", e)
+        with contextlib.suppress(Exception):
+            logger.close("failed")
+        return False
 
 
 #: What the fan-out calls on a logger (``reprotrain.api.Logger`` has them all).

@@ -18,6 +18,18 @@ from typing import Any
 log = logging.getLogger("reprotrain")
 
 
+def switched_off(name: str, method: str, e: Exception) -> None:
+    """The one warning of a logger that raised: it is switched off, the run goes on."""
+    log.warning(
+        "logger %s failed in %s (%s: %s); it is switched off for the rest of this run "
+        "(metrics.jsonl is unaffected)",
+        name,
+        method,
+        type(e).__name__,
+        str(e).splitlines()[0] if str(e) else "",
+    )
+
+
 @dataclass
 class History:
     """What the record says was logged up to a resumed checkpoint's step."""
@@ -129,14 +141,7 @@ class Loggers:
                 with preserved_rng():
                     getattr(backend, method)(*args)
             except Exception as e:  # a dashboard failing must not end the training run
-                log.warning(
-                    "logger %s failed in %s (%s: %s); it is switched off for the rest of "
-                    "this run (metrics.jsonl is unaffected)",
-                    backend.name,
-                    method,
-                    type(e).__name__,
-                    str(e).splitlines()[0] if str(e) else "",
-                )
+                switched_off(backend.name, method, e)
                 self._backends.remove(backend)
                 with contextlib.suppress(Exception), preserved_rng():
                     backend.close("failed")

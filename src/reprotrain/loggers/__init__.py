@@ -144,9 +144,9 @@ def _built(name: str, entry: Any) -> Logger:
 
 
 def _started(name: str, logger: Logger, run: LoggerRun) -> bool:
-    """Start ``logger`` (config key ``name``); one that raises (a store out of reach) is switched off with one
-    warning and the run goes on, as when it fails later. A ``ReprotrainError`` (an extra
-    not installed) ends the run before its first step."""
+    """Start ``logger`` (config key ``name``); one that raises (a store out of reach) is
+    switched off with one warning and the run goes on, as when it fails later. A
+    ``ReprotrainError`` (an extra not installed) ends the run before its first step."""
     try:
         logger.start(run)
         return True

@@ -159,3 +159,22 @@ class EditWeights(Callback):
 
 def last_bias(model: torch.nn.Module) -> torch.Tensor:
     return [p for name, p in model.named_parameters() if name.endswith("bias")][-1]
+
+
+class StepCounter(Callback):
+    """The per-batch hook with state: counts the optimizer steps it saw, logs the count and
+    a draw to the run's loggers (``ctx.log``), and draws from every generator every step."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_train_batch_end(self, ctx, step) -> None:
+        self.steps += 1
+        ctx.log("steps_seen", self.steps)
+        ctx.log("noise", random.random() + float(np.random.rand()) + float(torch.rand(())))
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]

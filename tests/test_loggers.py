@@ -89,7 +89,7 @@ def test_resumed_tensorboard_is_rebuilt_from_the_record_up_to_the_checkpoint(
     assert scalars(tmp_path / "tensorboard", "epoch/val_acc") == [(4, 0.5)]
 
 
-class _Greedy(loggers.Backend):
+class _Greedy(loggers.Logger):
     """A backend that draws from every global RNG, as third-party code may."""
 
     name = "greedy"
@@ -119,14 +119,14 @@ def test_logging_leaves_every_global_rng_where_it_was() -> None:
     assert torch.equal(before[2], after[2])
 
 
-class _Broken(loggers.Backend):
+class _Broken(loggers.Logger):
     name = "broken"
 
     def log_steps(self, *args: object) -> None:
         raise ConnectionError("server went away\nsecond line")
 
 
-class _Counting(loggers.Backend):
+class _Counting(loggers.Logger):
     name = "counting"
 
     def __init__(self) -> None:
@@ -192,7 +192,7 @@ def test_logger_options_combine_as_a_list_and_none_switches_all_off() -> None:
     assert loggers.enabled_backends(both) == ["tensorboard", "mlflow", "wandb"]
     assert loggers.enabled_backends(_compose("tensorboard", "none")) == []
     options = sorted(p.stem for p in (REPO / "conf" / "logger").glob("*.yaml"))
-    assert options == ["mlflow", "none", "tensorboard", "wandb"]
+    assert options == ["csv", "mlflow", "none", "tensorboard", "wandb"]
 
 
 def test_tracker_params_carry_identity_but_no_environment_or_command(

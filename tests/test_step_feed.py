@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from reprotrain.loggers import Backend, Loggers
+from reprotrain.loggers import Logger, Loggers
 from reprotrain.loop import StepFeed
 from reprotrain.reduction import DDP, Local
 from reprotrain.state import LoopState
 
 
-class Recorder(Backend):
+class Recorder(Logger):
     name = "recorder"
 
     def __init__(self) -> None:

@@ -14,9 +14,9 @@ __version__ = "0.1.0"
 # submodule, which ``from reprotrain import events`` must import, not the face.
 FACE = (
     "Batch", "Callback", "Classification", "DataMissingError", "InMemoryImages", "InMemoryTensors",
-    "ReprotrainError", "SampleData", "Splits", "Step", "StepContext", "StepOutput", "Subset",
-    "Task", "data_root", "download_and_verify", "files_fingerprint", "load_pickle", "mean_sum",
-    "val_indices",
+    "Logger", "ReprotrainError", "SampleData", "Splits", "Step", "StepContext", "StepOutput",
+    "Subset", "Task", "data_root", "download_and_verify", "files_fingerprint", "load_pickle",
+    "mean_sum", "val_indices",
 )  # fmt: skip
 
 

@@ -8,7 +8,9 @@ room (src/starter) to this module.
 - a task: :class:`Task` (and the shipped :class:`Classification` to subclass), with
   :class:`StepContext` and :class:`StepOutput`, and :func:`mean_sum` for a mean metric;
 - an optimizer step: :class:`Step`, which declares its hooks;
-- a callback: :class:`Callback` (hooks at start, epoch end, checkpoint and end);
+- a callback: :class:`Callback` (hooks at start, per batch, epoch end, checkpoint and end);
+- a logger: :class:`Logger` (a sink of the run's numbers, named by ``_target_`` in
+  ``conf/logger/``);
 - data: :class:`InMemoryTensors`, :class:`InMemoryImages`, :class:`SampleData`,
   :class:`Splits`, :class:`Subset`, :func:`val_indices`, the ``Batch`` type,
   :func:`data_root` and :func:`files_fingerprint`;
@@ -33,6 +35,7 @@ from reprotrain.data.datasets import data_root
 from reprotrain.data.download import download_and_verify, load_pickle
 from reprotrain.errors import DataMissingError, ReprotrainError
 from reprotrain.hashing import files_fingerprint
+from reprotrain.loggers.fanout import Logger
 from reprotrain.step import Step
 from reprotrain.tasks.base import StepContext, StepOutput, Task
 from reprotrain.tasks.classification import Classification
@@ -45,6 +48,7 @@ __all__ = [
     "DataMissingError",
     "InMemoryImages",
     "InMemoryTensors",
+    "Logger",
     "ReprotrainError",
     "SampleData",
     "Splits",

@@ -224,7 +224,7 @@ class Trainer:
         self.feed.flush()
         trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
         row = self.end_epoch(seconds, trained)
-        self.feed.epoch(row)
+        self.feed.epoch(self.callbacks.take_logged(row))  # + ctx.log's: loggers only
         if not self.quiet:
             self.record.update(nondeterministic_ops=self.alerts,
                                nonfinite_events=state.nonfinite_events)  # fmt: skip
@@ -261,6 +261,8 @@ class Trainer:
         self.feed.every(self.log_every_steps, mid_epoch)  # DDP: a collective
         if self.profiler is not None:
             self.profiler.step()
+        if self.callbacks.per_batch:  # found once: no call per step without one
+            self.callback("on_train_batch_end", state.global_step)
         if not self.quiet:
             events.fire("step", global_step=state.global_step)
         signalled = self.stop.signal_name is not None if not self.dist.enabled else bool(synced)

@@ -12,37 +12,84 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("reprotrain")
 
 
-class Backend:
-    """One sink. Every method may raise: the fan-out switches the backend off."""
+def switched_off(name: str, method: str, e: Exception) -> None:
+    """The one warning of a logger that raised: it is switched off, the run goes on."""
+    log.warning(
+        "logger %s failed in %s (%s: %s); it is switched off for the rest of this run "
+        "(metrics.jsonl is unaffected)",
+        name,
+        method,
+        type(e).__name__,
+        str(e).splitlines()[0] if str(e) else "",
+    )
 
-    name = "backend"
+
+@dataclass
+class History:
+    """What the record says was logged up to a resumed checkpoint's step."""
+
+    steps: list[int]
+    series: dict[str, list[float | None]]
+    epochs: list[tuple[int, int, dict[str, Any]]]  # (epoch, global step, metrics row)
+
+
+@dataclass
+class LoggerRun:
+    """What a logger is told when the run starts (:meth:`Logger.start`)."""
+
+    run_dir: Path  # the run directory (a logger may write its own files here)
+    record: dict[str, Any]  # run.json's data as it stands: name, seed, config_sha256, ...
+    params: dict[str, Any]  # the flattened resolved config and run.json's identity fields
+    start_step: int = 0  # the global step a resumed run continues from (0: a fresh run)
+    history: History | None = None  # what was logged up to ``start_step`` (the record's)
+    settings: Any = None  # the ``logger`` config (log_every_steps, the shipped ones' keys)
+    report: Any = None  # draws report.md and curves.png of a run dir into a folder
+
+
+class Logger:
+    """The base of a logger: ``_target_`` it from ``conf/logger/`` and override what you
+    need. Every method may raise: the fan-out reports it once and switches the logger off.
+    Every call runs with the global generators restored after it, so a logger changes no
+    bit of the run. Only rank 0 has loggers."""
+
+    name = "logger"
+
+    def start(self, run: LoggerRun) -> None:
+        """Once, before any value: open the store. After a resume ``run.history`` holds
+        what the record says was logged up to ``run.start_step``."""
 
     def describe(self) -> str:
         return self.name
 
-    def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None: ...
+    def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
+        """Per-step series (``train_loss``, ``lr``) of the global ``steps`` since the last
+        call, one value per step (``None``: not available)."""
 
     def end_batch(self, global_step: int) -> None:
         """No more values for the steps up to ``global_step`` (a mid-epoch batch: its
         epoch's row comes at a later step)."""
 
-    def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None: ...
+    def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
+        """The epoch's metrics.jsonl row (numbers only) and what callbacks logged."""
 
-    def log_final(self, metrics: dict[str, float | None]) -> None: ...
+    def log_final(self, metrics: dict[str, float | None]) -> None:
+        """run.json's final metrics (final and test values), once at the end."""
 
-    def close(self, status: str) -> None: ...
+    def close(self, status: str) -> None:
+        """``completed``, ``interrupted`` or ``failed``."""
 
 
 class Loggers:
     """Fan-out to the enabled backends; every call is RNG-neutral and failure-isolated."""
 
     def __init__(
-        self, backends: list[Backend], log_every_steps: int = 0, configured: tuple[str, ...] = ()
+        self, backends: list[Logger], log_every_steps: int = 0, configured: tuple[str, ...] = ()
     ) -> None:
         self._backends = backends
         self.log_every_steps = log_every_steps
@@ -94,26 +141,10 @@ class Loggers:
                 with preserved_rng():
                     getattr(backend, method)(*args)
             except Exception as e:  # a dashboard failing must not end the training run
-                log.warning(
-                    "logger %s failed in %s (%s: %s); it is switched off for the rest of "
-                    "this run (metrics.jsonl is unaffected)",
-                    backend.name,
-                    method,
-                    type(e).__name__,
-                    str(e).splitlines()[0] if str(e) else "",
-                )
+                switched_off(backend.name, method, e)
                 self._backends.remove(backend)
                 with contextlib.suppress(Exception), preserved_rng():
                     backend.close("failed")
-
-
-@dataclass
-class History:
-    """What the record says was logged up to a resumed checkpoint's step."""
-
-    steps: list[int]
-    series: dict[str, list[float | None]]
-    epochs: list[tuple[int, int, dict[str, Any]]]  # (epoch, global step, metrics row)
 
 
 def resumed_history(

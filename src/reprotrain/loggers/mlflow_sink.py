@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reprotrain.loggers.fanout import Backend, preserved_rng
+from reprotrain.loggers.fanout import Logger, preserved_rng
 from reprotrain.loggers.params import (
     identity,
     record_files,
@@ -146,7 +146,7 @@ def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     return data
 
 
-class MLflowSink(Backend):
+class MLflowSink(Logger):
     name = "mlflow"
 
     def __init__(

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReprotrainError
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-BACKENDS = ("tensorboard", "mlflow", "wandb")
+BACKENDS = ("tensorboard", "mlflow", "wandb")  # the shipped ones that need a store or extra
+SHIPPED_KEYS = (*BACKENDS, "csv")  # the logger config's own slots (``shipped.SHIPPED``)
 #: The optional extra each backend needs (``requirements-<extra>.lock``); none for TensorBoard,
 #: which is in the runtime lock.
 EXTRA_OF = {"mlflow": "mlflow", "wandb": "wandb"}
@@ -42,13 +43,19 @@ EXTRAS_INSTALL = install_command("mlflow", "wandb")
 
 @dataclass
 class LoggerConfig:
-    """Schema of ``conf/logger/*``. One switch per backend, so a list of options merges
-    into the union of switches (a list-valued field would be replaced, not combined).
-    None of these keys is part of a run's identity (``config.NON_IDENTITY_PREFIXES``)."""
+    """Schema of ``conf/logger/*``. One key per logger, so a list of options merges into
+    the union (a list-valued field would be replaced, not combined): each shipped one has
+    its slot, a ``_target_`` node (``conf/logger/<name>.yaml``; ``true`` means the shipped
+    class with its defaults; ``false``/null: off), and a user's loggers are ``_target_``
+    nodes by name under ``sinks``. None of these keys is part of a run's identity
+    (``config.NON_IDENTITY_PREFIXES``): a logger never changes the bits."""
 
-    tensorboard: bool = False
-    mlflow: bool = False
-    wandb: bool = False
+    tensorboard: Any = False
+    mlflow: Any = False
+    wandb: Any = False
+    csv: Any = False  # metrics.csv in the run dir, one row per epoch
+    # A user's loggers: name -> _target_ node of a reprotrain.api.Logger subclass.
+    sinks: dict[str, Any] | None = field(default_factory=dict)
     # The loop hands over per-step losses and lr every this many steps (and at each epoch
     # end). 0: only at epoch ends. Larger means fewer calls, never a per-step sync.
     log_every_steps: int = 50
@@ -68,8 +75,16 @@ class LoggerConfig:
     wandb_mode: str = "auto"
 
 
+def chosen_loggers(cfg: Any) -> dict[str, Any]:
+    """The loggers that are on, by name: each ``True`` or its ``_target_`` node, the
+    shipped slots first, then ``sinks`` in config order."""
+    chosen = {name: getattr(cfg, name, False) for name in SHIPPED_KEYS}
+    chosen |= dict((getattr(cfg, "sinks", None) or {}).items())
+    return {str(name): entry for name, entry in chosen.items() if entry}
+
+
 def enabled_backends(cfg: Any) -> list[str]:
-    return [name for name in BACKENDS if bool(getattr(cfg, name))]
+    return list(chosen_loggers(cfg))
 
 
 def project_root() -> Path:
@@ -118,7 +133,9 @@ def check_logger_config(cfg: Any) -> None:
             f"logger.wandb_mode={cfg.wandb_mode!r} is not one of {', '.join(WANDB_MODES)}"
         )
     missing = [
-        b for b in enabled_backends(cfg) if any(module_absent(m) for m in modules_for(b, cfg))
+        b
+        for b in enabled_backends(cfg)
+        if b in BACKENDS and any(module_absent(m) for m in modules_for(b, cfg))
     ]
     if missing:
         extras = sorted({EXTRA_OF.get(b, b) for b in missing})

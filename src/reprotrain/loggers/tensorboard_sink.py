@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from reprotrain import metric_names
-from reprotrain.loggers.fanout import Backend, History, numeric
+from reprotrain.loggers.fanout import History, Logger, numeric
 from reprotrain.loggers.params import is_seed
 from reprotrain.loggers.settings import require_module
 
@@ -43,7 +43,7 @@ log = logging.getLogger("reprotrain")
 STATUS = {"completed": "STATUS_SUCCESS", "interrupted": "STATUS_ABORTED"}
 
 
-class TensorBoardSink(Backend):
+class TensorBoardSink(Logger):
     name = "tensorboard"
 
     def __init__(

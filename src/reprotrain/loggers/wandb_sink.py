@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reprotrain.loggers.fanout import Backend
+from reprotrain.loggers.fanout import Logger
 from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir_of
 from reprotrain.loggers.settings import project_root, require_module
 
@@ -46,7 +46,7 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online" if wandb_key_configured() else "offline"
 
 
-class WandBSink(Backend):
+class WandBSink(Logger):
     name = "wandb"
 
     def __init__(

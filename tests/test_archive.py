@@ -394,6 +394,9 @@ def test_environment_difference_is_not_comparable(archived, tmp_path):
     assert "tolerance 0.02" in proc.stdout
 
 
+# Default-tier siblings: test_reproduce_records.py::test_a_forged_metric_row_diverges_naming_
+# the_field_and_epoch and ::test_forged_final_metrics_diverge_over_the_whole_run_only.
+@pytest.mark.slow
 def test_forged_metrics_and_final_metrics_diverge_naming_the_field(archived, tmp_path):
     """metrics.jsonl and final_metrics rewritten (a better metric, the manifest regenerated):
     the weights still match, and the verdict is DIVERGED naming the forged field, not
@@ -441,6 +444,7 @@ def test_a_config_that_no_longer_matches_its_config_sha256_is_refused(archived, 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # default-tier sibling: test_run_trust.py (the rule for each command, in process)
 def test_a_run_extracted_from_an_archive_is_built_only_under_trust(archived, tmp_path):
     """``reproduce --verify-only --extract-dir D`` marks what it extracts; ``eval`` of the
     extracted run then needs the trust decision reproduce makes: a config whose model

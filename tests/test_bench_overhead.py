@@ -44,6 +44,7 @@ def test_the_figure_is_the_median_of_paired_differences_in_microseconds(tmp_path
     assert "| overhead |" in markdown_table([row])
 
 
+@pytest.mark.slow  # default-tier sibling: the arithmetic and the table row above (in process)
 def test_the_null_model_figure_reports_microseconds_per_step(tmp_path):
     """End to end on a few steps: both sides train the null model; a number comes out."""
     setup = overhead.OverheadSetup(steps=20, epochs=2, repeats=1)

@@ -204,3 +204,27 @@ def test_the_lr_monitor_entry_sends_each_groups_lr_to_the_loggers():
         "lr/group0": 0.1, "momentum/group0": 0.9, "lr/group1": 0.5, "momentum/group1": 0.9,
     }  # fmt: skip
     assert row == {"epoch": 1, "train_loss": 1.0}
+
+
+def test_early_stopping_and_model_checkpoint_entries_set_the_trainers_keys():
+    """``callbacks=[default,early_stopping]`` and ``callbacks=model_checkpoint`` are entries
+    of the group that set the trainer keys the loop reads (after ``trainer: default``, so not
+    reset by it); the command line still wins; they add no callback object."""
+    from hydra import compose, initialize_config_dir
+
+    from reprotrain.config import register_configs
+    from reprotrain.paths import CONF_DIR
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        plain = compose("train", overrides=["experiment=selfcheck"])
+        early = compose(
+            "train", overrides=["experiment=selfcheck", "callbacks=[default,early_stopping]"]
+        )
+        ckpt = compose("train", overrides=["experiment=selfcheck", "callbacks=model_checkpoint",
+                                           "trainer.keep_checkpoints=5"])  # fmt: skip
+    assert plain.trainer.early_stopping_patience == 0
+    assert early.trainer.early_stopping_patience == 3
+    assert set(early.callbacks) == {"model_summary", "metric_history"}
+    assert ckpt.trainer.keep_checkpoints == 5 and ckpt.trainer.checkpoint_every_steps == 0
+    assert ckpt.callbacks is None

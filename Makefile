@@ -23,7 +23,8 @@ TRUST           ?=
 
 # A variable given on the command line is exported to every recipe's environment, which
 # makes Make expand it (a `$(shell ...)` in it would run): none is; recipes pass each one as
-# an argument, quoted with q. (PYTHONHASHSEED, exported below, stays the one exception.)
+# an argument, quoted with q. (PYTHONHASHSEED, exported below as its typed text, is the one
+# variable exported.)
 unexport $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 
 # A variable's text, single-quoted for the shell and never expanded by Make or the shell:
@@ -53,6 +54,10 @@ check_args = @$(SHELL) -nc ': '$(call q,ARGS) 2>/dev/null || { printf 'error: AR
 # Hash randomisation is fixed at interpreter start; the entry point also re-execs itself
 # when this is missing, so plain `python -m reprotrain.train` is covered too. A value of
 # your own (`PYTHONHASHSEED=123 make train`) is kept and recorded in run.json.
+# Yours is kept as typed: a simple variable holding its text, exported without expansion.
+ifneq ($(filter command line environment,$(origin PYTHONHASHSEED)),)
+override PYTHONHASHSEED := $(value PYTHONHASHSEED)
+endif
 export PYTHONHASHSEED ?= 0
 # Must be set before the first CUDA call (cuBLAS reads it once).
 export CUBLAS_WORKSPACE_CONFIG := :4096:8
@@ -247,6 +252,12 @@ BASE_REF     = $(BASE_IMAGE)$(if $(BASE_DIGEST),@$(BASE_DIGEST))
 GIT_SHORT    = $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nogit)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
 LOCK_SHORT   = $(shell $(PY_ANY) -c "import hashlib;print(hashlib.sha256(open('requirements.lock','rb').read()).hexdigest()[:12])")
 IMAGE       ?= reprotrain:$(GIT_SHORT)-$(LOCK_SHORT)
+# IMAGE and GPUS as typed (command line or environment) are text, never expanded (IMAGE is
+# quoted), and hold only what docker takes (check_docker_names, first in each docker recipe).
+given        = $(filter command line environment,$(origin $(1)))
+IMAGE_NAME   = $(if $(call given,IMAGE),$(call q,IMAGE),$(IMAGE))
+only_chars   = $(if $(call given,$(1)),test -z "$$(printf '%s' $(call q,$(1)) | LC_ALL=C tr -d '$(2)')" || { printf 'error: %s=%s: use only letters$(comma) digits and %s\n' $(1) $(call q,$(1)) '$(subst A-Za-z0-9,,$(2))' >&2; exit 2; };)
+check_docker_names = @$(call only_chars,IMAGE,A-Za-z0-9./_:@-) $(call only_chars,GPUS,A-Za-z0-9=$(comma):._-) :
 # docker-train's GPUs. Unset: one GPU (--gpus device=0, what a single-process run uses) when
 # `docker info` lists the nvidia runtime, none otherwise. GPUS=all | GPUS=2 | GPUS=device=0,1
 # go to --gpus, in the inner quotes docker needs for a list; GPUS=none: no GPU; GPUS=cdi (all)
@@ -256,14 +267,15 @@ IMAGE       ?= reprotrain:$(GIT_SHORT)-$(LOCK_SHORT)
 GPUS        ?=
 SHM         ?= 2g
 DOCKER_NVIDIA = $(shell docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo yes)
-DOCKER_GPUS  = $(strip $(if $(GPUS),\
-                 $(if $(filter none,$(GPUS)),,\
-                 $(if $(filter cdi,$(GPUS)),--device nvidia.com/gpu=all,\
-                 $(if $(filter cdi:%,$(GPUS)),--device nvidia.com/gpu=$(patsubst cdi:%,%,$(GPUS)),\
-                 --gpus '"$(GPUS)"'))),\
+GPUS_TEXT    = $(value GPUS)
+DOCKER_GPUS  = $(strip $(if $(GPUS_TEXT),\
+                 $(if $(filter none,$(GPUS_TEXT)),,\
+                 $(if $(filter cdi,$(GPUS_TEXT)),--device nvidia.com/gpu=all,\
+                 $(if $(filter cdi:%,$(GPUS_TEXT)),--device nvidia.com/gpu=$(patsubst cdi:%,%,$(GPUS_TEXT)),\
+                 --gpus '"$(GPUS_TEXT)"'))),\
                  $(if $(DOCKER_NVIDIA),--gpus device=0)))
 DOCKER_BUILD = docker build --build-arg BASE_REF=$(BASE_REF) --build-arg BASE_DIGEST=$(BASE_DIGEST) \
-               --build-arg IMAGE_TAG=$(IMAGE) --build-arg GIT_COMMIT=$(GIT_SHORT)
+               --build-arg IMAGE_TAG=$(IMAGE_NAME) --build-arg GIT_COMMIT=$(GIT_SHORT)
 
 # One recipe line per extra lock (in order: each .in is constrained by the locks before it).
 define NL
@@ -297,16 +309,19 @@ pin-base: ## resolve BASE_IMAGE to a digest into docker/base-image.env (needs a 
 	@$(PY_ANY) scripts/pin_base.py
 
 docker-build: check-lock ## build the image reprotrain:<commit>-<lock sha256[:12]>
+	$(check_docker_names)
 	@$(if $(BASE_DIGEST),,echo "warning: base image $(BASE_IMAGE) is not pinned by digest; run make pin-base")
-	$(DOCKER_BUILD) --target runtime -t $(IMAGE) .
-	@echo "built $(IMAGE)"
+	$(DOCKER_BUILD) --target runtime -t $(IMAGE_NAME) .
+	@echo "built $(IMAGE_NAME)"
 
 docker-train: ## train in the image (one GPU when the nvidia runtime is there; GPUS=all|none|cdi, SHM=2g): make docker-train ARGS=...
-	@docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-build
+	$(check_docker_names)
+	@docker image inspect $(IMAGE_NAME) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-build
 	mkdir -p data outputs
 	$(WITH_ARGS) docker run --rm $(DOCKER_GPUS) --shm-size $(call q,SHM) --user $$(id -u):$$(id -g) -e HOME=/tmp \
-		-v "$(CURDIR)/data:/app/data" -v "$(CURDIR)/outputs:/app/outputs" $(IMAGE)
+		-v "$(CURDIR)/data:/app/data" -v "$(CURDIR)/outputs:/app/outputs" $(IMAGE_NAME)
 
 docker-test: check-lock ## run the test suite inside the image (test stage, dev lock)
-	$(DOCKER_BUILD) --target test -t $(IMAGE)-test .
-	$(WITH_ARGS) docker run --rm $(IMAGE)-test
+	$(check_docker_names)
+	$(DOCKER_BUILD) --target test -t $(IMAGE_NAME)-test .
+	$(WITH_ARGS) docker run --rm $(IMAGE_NAME)-test

@@ -142,3 +142,30 @@ def test_no_command_line_variable_is_expanded_into_a_recipes_environment(tmp_pat
     assert proc.returncode == 2 and not canary.exists()
     proc = make("drill", f"NPROC=$(shell touch {canary})")  # its recursive make runs under -n
     assert not canary.exists()
+
+
+@pytest.mark.parametrize("variable", ["IMAGE", "GPUS"])
+def test_docker_names_are_data_checked_before_docker_runs(variable, tmp_path):
+    """``make docker-train IMAGE=...`` / ``GPUS=...`` reached the shell (IMAGE unquoted, in a
+    line ``make -n`` runs too) and Make expanded them: now the text is never expanded, IMAGE
+    is quoted, and a value with anything docker would not take is one error: line, exit 2,
+    before any docker command."""
+    canary = tmp_path / "C"
+    for value in hostile(canary):
+        make("docker-train", f"{variable}={value}")  # -n: the $(MAKE) line runs even there
+        proc = make("docker-train", f"{variable}={value}", dry=False)
+        assert not canary.exists(), f"{variable}={value!r} ran a command"
+        assert proc.returncode == 2 and f"error: {variable}=" in proc.stderr, proc.stderr
+    dry = make("docker-train", "IMAGE=my/img:1.0", "GPUS=device=0,1").stdout
+    assert "'my/img:1.0'" in dry and "--gpus '\"device=0,1\"'" in dry, dry
+
+
+@needs_venv
+def test_pythonhashseed_is_exported_as_typed_never_expanded(tmp_path):
+    """The one exported variable: a value of your own reaches the job as its text; a
+    ``$(shell ...)`` in it is never run (Make exported it expanded)."""
+    canary = tmp_path / "C"
+    make("report", f"RUN={tmp_path}/none", f"PYTHONHASHSEED=$(shell touch {canary})", dry=False)
+    assert not canary.exists()
+    echo = make("--eval", "seed: ; @echo $$PYTHONHASHSEED", "seed", "PYTHONHASHSEED=77", dry=False)
+    assert echo.stdout.strip() == "77"

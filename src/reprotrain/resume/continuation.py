@@ -23,6 +23,7 @@ replayed interval).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -39,18 +40,24 @@ FILE = "continuation.jsonl"
 
 def batch_digest(batch: Any) -> torch.Tensor:
     """Two sums per tensor of the batch, on its device (no host sync): all values, and the
-    per-sample sums weighted by the sample's place (a reordered batch differs)."""
+    per-sample sums weighted by the sample's place (a reordered batch differs). Two ops a
+    tensor and one to join them: this runs every step."""
     parts: list[torch.Tensor] = []
     for t in batches.leaves(batch):
         flat = t.detach().reshape(t.shape[0] if t.dim() else 1, -1)
         wide = torch.float32 if t.device.type == "mps" else torch.float64  # mps: no float64
         rows = flat.sum(dim=1, dtype=wide)
-        place = torch.arange(1, rows.numel() + 1, dtype=rows.dtype, device=rows.device)
-        parts += [rows.sum(), (rows * place).sum()]
+        parts.append(rows @ _weights(rows.numel(), rows.dtype, rows.device))
     if not parts:
         return torch.zeros(0)
-    device = parts[0].device
-    return torch.stack([p.to(device) for p in parts])
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+@functools.lru_cache(maxsize=16)
+def _weights(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[1, place]`` per sample, as an (n, 2) matrix: ``rows @ it`` is both sums at once."""
+    place = torch.arange(1, n + 1, dtype=dtype, device=device)
+    return torch.stack([torch.ones_like(place), place], dim=1)
 
 
 def _hex(values: list[float]) -> list[str]:

@@ -72,6 +72,18 @@ def test_a_hostile_run_from_an_archive_is_refused_before_anything_runs(command, 
     assert not canary.exists()
 
 
+def test_the_resume_tools_own_entry_decides_too(tmp_path, capsys):
+    """``python -m reprotrain.tools.runs.resume`` (not only ``reprotrain resume``) refuses a
+    hostile run from an archive before composing its config."""
+    from reprotrain.tools.runs import resume
+
+    canary = tmp_path / "CANARY"
+    run = unpacked_archive(tmp_path / "d", hostile_model(canary))
+    assert resume.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "came from an archive" in err and "Traceback" not in err and not canary.exists()
+
+
 def test_a_run_moved_out_of_its_archive_keeps_the_marker(tmp_path, capsys):
     canary = tmp_path / "CANARY"
     run = unpacked_archive(tmp_path / "d", hostile_model(canary))

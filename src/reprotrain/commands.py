@@ -394,9 +394,9 @@ def split_args(text: str) -> list[str]:
 
 #: Commands that build from (or read) a run directory and whose own parser has no trust
 #: options: ``--trust`` / ``--trusted-signers`` are read here, and a run from an archive is
-#: refused unless a trust rule holds (``tools/reproduce/run_trust.py``). eval and bisect
-#: take the options themselves.
-GATED = ("report", "compare", "resume", "train")
+#: refused unless a trust rule holds (``tools/reproduce/run_trust.py``). eval, bisect and
+#: resume take the options themselves (their ``python -m`` entries decide too).
+GATED = ("report", "compare", "train")
 
 
 def _gated(command: Command, argv: list[str]) -> int:

@@ -38,6 +38,7 @@ from reprotrain.run.mutex import refuse_if_held
 from reprotrain.run.readers import read_config, read_run_json, read_text
 from reprotrain.run.record import RESOLVED_CONFIG, RUN_JSON
 from reprotrain.tools import cli
+from reprotrain.tools.reproduce import run_trust
 from reprotrain.tools.sweeps import optuna_study
 
 __all__ = ["PRIMARY", "main", "resume_command", "resume_hint"]
@@ -189,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nproc", type=int, default=None, help="processes (default: the recorded world size)"
     )
+    run_trust.add_arguments(p)
     args = p.parse_intermixed_args(argv)  # --nproc may come after the overrides
     refuse_group_choices(args.overrides)
     run_dir = args.run_dir.expanduser().resolve()
+    # The resume composes the run's own config: a run from an archive is built only under a
+    # trust rule, decided here before anything of it is read or imported.
+    run_trust.require_trust([run_dir], args.trust, args.trusted_signers)
     if optuna_study.is_study_dir(run_dir):  # a killed Optuna study: continue the study
         cmd = optuna_study.continue_command(run_dir, args.overrides)
         return run_forwarding_signals(cmd, {"PYTHONHASHSEED": "0", **os.environ})

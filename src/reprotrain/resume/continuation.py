@@ -24,6 +24,7 @@ replayed interval).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -94,7 +95,9 @@ class Continuation:
             return []
         steps = [step for step, _, _ in self.pending]
         losses = torch.stack([loss for _, loss, _ in self.pending]).double().tolist()
-        digests = [d.cpu().tolist() for _, _, d in self.pending]
+        ends = list(itertools.accumulate(d.numel() for _, _, d in self.pending))  # shapes
+        flat = torch.cat([d for _, _, d in self.pending]).cpu().tolist()
+        digests = [flat[a:b] for a, b in zip([0, *ends], ends, strict=False)]
         self.pending = []
         lines = [
             {"global_step": s, "loss": float(loss).hex(), "batch": _hex(d)}

@@ -55,7 +55,9 @@ check_args = @$(SHELL) -nc ': '$(call q,ARGS) 2>/dev/null || { printf 'error: AR
 # when this is missing, so plain `python -m reprotrain.train` is covered too. A value of
 # your own (`PYTHONHASHSEED=123 make train`) is kept and recorded in run.json.
 # Yours is kept as typed: a simple variable holding its text, exported without expansion.
-ifneq ($(filter command line environment,$(origin PYTHONHASHSEED)),)
+# given: a variable typed on the command line or taken from the environment.
+given = $(filter command line environment,$(origin $(1)))
+ifneq ($(call given,PYTHONHASHSEED),)
 override PYTHONHASHSEED := $(value PYTHONHASHSEED)
 endif
 export PYTHONHASHSEED ?= 0
@@ -254,7 +256,6 @@ LOCK_SHORT   = $(shell $(PY_ANY) -c "import hashlib;print(hashlib.sha256(open('r
 IMAGE       ?= reprotrain:$(GIT_SHORT)-$(LOCK_SHORT)
 # IMAGE and GPUS as typed (command line or environment) are text, never expanded (IMAGE is
 # quoted), and hold only what docker takes (check_docker_names, first in each docker recipe).
-given        = $(filter command line environment,$(origin $(1)))
 IMAGE_NAME   = $(if $(call given,IMAGE),$(call q,IMAGE),$(IMAGE))
 only_chars   = $(if $(call given,$(1)),test -z "$$(printf '%s' $(call q,$(1)) | LC_ALL=C tr -d '$(2)')" || { printf 'error: %s=%s: use only letters$(comma) digits and %s\n' $(1) $(call q,$(1)) '$(subst A-Za-z0-9,,$(2))' >&2; exit 2; };)
 check_docker_names = @$(call only_chars,IMAGE,A-Za-z0-9./_:@-) $(call only_chars,GPUS,A-Za-z0-9=$(comma):._-) :

@@ -94,7 +94,7 @@ def test_a_resume_keeps_the_starts_data_fingerprint_and_names_a_change():
     """Image files edited between a kill and a resume: run.json's data_fingerprint was
     overwritten with the new data's and the resume called bitwise (issue 34)."""
     from reprotrain.resume.guard import data_differences
-    from reprotrain.start import Fresh, Resume
+    from reprotrain.start.kinds import Fresh, Resume
 
     class Record:
         def __init__(self) -> None:
@@ -121,7 +121,7 @@ def test_a_module_imported_from_outside_src_is_digested_and_an_edit_is_named(tmp
     import importlib
     import sys
 
-    from reprotrain.provenance import imported_code
+    from reprotrain.start.provenance import imported_code
     from reprotrain.resume.guard import imported_differences
 
     real = tmp_path / "elsewhere" / "user_layers.py"

@@ -1,13 +1,16 @@
-"""Building a run's parts from its config: data and pipeline, model, optimizer, schedule,
-scaler, task and step. Used by the trainer and by ``make eval`` alike.
+"""The build room: every ``_target_`` of the config built here, in one fixed order: data
+and pipeline, then model, optimizer, schedule, scaler, task and step, then callbacks and the
+saver. Used by the trainer (``build``) and by ``make eval`` (``build_data``, ``build_model``).
 
 Closes: initialisation drift from build order. The model, optimizer, schedule and step are
-built in one fixed order under the ``init`` stream (the caller seeds it first), so the same
-config gives the same initial weights; the order is part of the bits.
+built under the ``init`` stream, the loop's state under ``train`` (both seeded here), so the
+same config gives the same initial weights; the order is part of the bits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -15,8 +18,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from reprotrain.callbacks import Callbacks
+from reprotrain.components import build as instantiate
 from reprotrain.components import (
-    build,
     build_callbacks,
     build_naming_key,
     build_scheduler,
@@ -24,15 +27,91 @@ from reprotrain.components import (
     build_task,
     qualname,
 )
-from reprotrain.config import ModelSettings, PipelineSettings, StepSettings, check_num_classes
-from reprotrain.data.datasets import build_dataset
+from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
 from reprotrain.data.pipeline import build_pipeline
+from reprotrain.data.purity import check_samples
 from reprotrain.engine import StepRunner, TrainerState
 from reprotrain.optim import kind as schedule_kind
 from reprotrain.optim import param_groups, unwrapped
-from reprotrain.reduction import Reduction
+from reprotrain.repro import checkpoint
 from reprotrain.repro import precision as float_math
-from reprotrain.repro.seeding import Seeds
+from reprotrain.repro.seeding import Seeds, seed_globals
+from reprotrain.resume.audit import ResumeAudit
+from reprotrain.run import record as rec
+from reprotrain.start import Run
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The config's ``_target_`` groups: the build room's input, instantiated nowhere else."""
+
+    dataset: DictConfig
+    model: DictConfig
+    optimizer: DictConfig
+    scheduler: DictConfig
+    task: DictConfig
+    loss: DictConfig | None
+    step: DictConfig
+    callbacks: DictConfig | None
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> Targets:
+        return cls(**{f.name: cfg[f.name] for f in fields(cls)})
+
+
+@dataclass
+class Parts:
+    """What the loop drives: the data, the runner over the trainer's state, the saver, and
+    the schedule over any number of epochs (a resume that extends ``trainer.epochs``)."""
+
+    dataset: Any
+    pipeline: Any
+    runner: StepRunner
+    saver: checkpoint.Saver
+    schedule_for: Callable[[int], Any]
+
+    @property
+    def state(self) -> TrainerState:
+        return self.runner.state
+
+
+def build(targets: Targets, run: Run) -> Parts:
+    """Data, then (seeding ``init``) model, optimizer, schedule, task, step, callbacks; then
+    (seeding ``train``, what an Exact resume re-derives: its checkpoint has no rng) the saver."""
+    settings, record, dist = run.settings, run.record, run.dist
+    per_collate = settings.pipeline.batch_size // run.microbatches
+    dataset, pipeline = build_data(
+        targets.dataset, targets.model.get("num_classes"), settings.pipeline, run.seeds,
+        run.device, rank=dist.rank, world_size=dist.world_size,
+        channels_last=settings.model.channels_last,
+        microbatch_collate=run.reduction.microbatch_collate(per_collate),
+    )  # fmt: skip
+    run.kind.record_data(record, dataset.fingerprint())
+    check_samples(pipeline, run.level, record)
+    seed_globals(run.seeds.init)
+    runner, schedule = build_training(targets, run, pipeline.steps_per_epoch)
+    state = runner.state
+    state.callbacks = callbacks_for(targets.callbacks, run.device, state.scheduler)
+    record.update(components=components_record(settings.model, runner, dataset))
+    state.audit = ResumeAudit(runner.task, dataset, state.model, run.device, state.user_step,
+                              dist, trainer_state=state)  # fmt: skip
+    seed_globals(run.seeds.train)
+    meta = {"config": run.container, "config_sha256": record["config_sha256"],
+            "seeds": run.seeds.as_dict(), "env": run.env}  # fmt: skip
+    keep = settings.run.keep_checkpoints
+    saver = checkpoint.Saver(run.run_dir / rec.CHECKPOINTS, state, meta, keep,
+                             gather=run.reduction.checkpoint)  # fmt: skip
+    return Parts(dataset, pipeline, runner, saver, schedule)
+
+
+def build_dataset(node: DictConfig) -> Any:
+    """The dataset ``_target_`` (cheap: files are read by ``splits``)."""
+    return instantiate("dataset", node)
+
+
+def data_fingerprint(node: DictConfig) -> dict:
+    """What run.json records as the data's identity (reproduce compares it before it trains)."""
+    return build_dataset(node).fingerprint()
 
 
 def build_data(
@@ -68,55 +147,43 @@ def build_data(
 
 def build_model(model_cfg: DictConfig, device: torch.device, channels_last: bool) -> nn.Module:
     """The model ``_target_`` on ``device`` (NHWC if asked); a refused key is named."""
-    model = build_naming_key("model", model_cfg, lambda node: build("model", node)).to(device)
+    model = build_naming_key("model", model_cfg, lambda node: instantiate("model", node)).to(device)
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
-def build_training(
-    model_cfg: DictConfig,
-    optimizer_cfg: DictConfig,
-    scheduler_cfg: DictConfig,
-    task_cfg: DictConfig,
-    loss_cfg: DictConfig | None,
-    step_cfg: DictConfig,
-    settings: ModelSettings,
-    step_settings: StepSettings,
-    *,
-    total_steps: int,
-    device: torch.device,
-    reduction: Reduction,
-    train_seed: int,
-) -> StepRunner:
-    """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task, step) and
-    the runner that drives it: the reduction's forward module, the task, the user's step.
-    Built in this order under the ``init`` stream (the order is part of the bits)."""
-    model = build_model(model_cfg, device, settings.channels_last)
-    optimizer = build("optimizer", optimizer_cfg,
-                      params=param_groups(model, settings.no_decay_norm_bias))  # fmt: skip
-    scheduler = build_scheduler(scheduler_cfg, optimizer, total_steps=total_steps)
+def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[StepRunner, Any]:
+    """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task, step), the
+    runner that drives it (the reduction's forward module, the task, the user's step) and
+    the schedule over N epochs. Built in this order under the ``init`` stream."""
+    model_settings, reduction, device = run.settings.model, run.reduction, run.device
+    model = build_model(targets.model, device, model_settings.channels_last)
+    params = param_groups(model, model_settings.no_decay_norm_bias)
+    optimizer = instantiate("optimizer", targets.optimizer, params=params)
+    schedule = schedule_for(targets.scheduler, optimizer, steps_per_epoch)
+    scheduler = schedule(run.settings.loop.epochs)
     scaler = torch.amp.GradScaler(
-        device.type, init_scale=settings.amp_init_scale,
-        enabled=float_math.uses_grad_scaler(step_settings.precision),
+        device.type, init_scale=model_settings.amp_init_scale,
+        enabled=float_math.uses_grad_scaler(run.settings.step.precision),
     )  # fmt: skip
     model, forward = reduction.prepare(model)
-    if settings.compile:
-        forward = torch.compile(forward, mode=settings.compile_mode)
-    task = build_task(task_cfg, loss_cfg)
-    user_step = build_step(step_cfg, model)
+    if model_settings.compile:
+        forward = torch.compile(forward, mode=model_settings.compile_mode)
+    task = build_task(targets.task, targets.loss)
+    user_step = build_step(targets.step, model)
     state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
                          rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
                          user_step=user_step)  # fmt: skip
-    return StepRunner(state, task, forward=forward, reduction=reduction, settings=step_settings,
-                      train_seed=train_seed, user_step=user_step)  # fmt: skip
+    runner = StepRunner(state, task, forward=forward, reduction=reduction,
+                        settings=run.settings.step, train_seed=run.seeds.train,
+                        user_step=user_step)  # fmt: skip
+    return runner, schedule
 
 
-def schedule_for(scheduler_cfg: DictConfig, optimizer: Any, steps_per_epoch: int) -> Any:
-    """epochs -> the ``scheduler`` group's schedule over that many epochs on ``optimizer``:
-    a resume that extends ``trainer.epochs`` replays the steps before it under the schedule
-    they ran with (``Trainer.replay_state``)."""
-    return lambda epochs: build_scheduler(
-        scheduler_cfg, optimizer, total_steps=steps_per_epoch * epochs
-    )
+def schedule_for(node: DictConfig, optimizer: Any, steps_per_epoch: int) -> Callable[[int], Any]:
+    """The one place the lr schedule is decided: epochs -> the ``scheduler`` group over that
+    many epochs on ``optimizer``. The run's is over ``trainer.epochs``; a resume that extends
+    them replays the steps before it under the one they ran with (``loop.past_schedule``)."""
+    return lambda epochs: build_scheduler(node, optimizer, total_steps=steps_per_epoch * epochs)
 
 
 def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Callbacks:

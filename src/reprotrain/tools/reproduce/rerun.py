@@ -53,7 +53,7 @@ PHASES = Phases(
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
     """None when the data here is the data the run saw; else a message (refusal unless
     ``allow_drift``, when it becomes a NOT COMPARABLE reason)."""
-    from reprotrain.data.datasets import data_fingerprint
+    from reprotrain.build import data_fingerprint
 
     try:
         here = data_fingerprint(dataset_cfg)

@@ -1,7 +1,4 @@
-"""How a run starts, decided once: ``Fresh``, ``Resume`` or ``Fork``.
-
-``begin()`` looks at ``resume`` and the run directory once (``resume_guard`` does the
-refusing) and returns one of three objects; each owns what differs between them:
+"""How a run starts, decided once from ``resume`` and the run directory (``begin``):
 
 =========  ===============  ======================  ===============  ===================
 start      record           seeds                   device           state
@@ -11,15 +8,9 @@ Resume     the run's own    the checkpoint's        the recorded     checkpoint,
 Fork       new, + parent    the checkpoint's        as configured    checkpoint
 =========  ===============  ======================  ===============  ===================
 
-Only ``Resume`` checks the world size against the checkpoint's and appends an entry to the
-record's ``resumes``, and only ``Resume`` proves itself: ``Resume.restore`` goes back to the
-checkpoint before its own (or the run's start), replays the steps up to it, and compares the
-state bit for bit with the checkpoint (``resume/replay.py``). Only an identical state is
-recorded as bitwise.
-
-Closes: a resume that silently starts over, or a fork that passes for a resume. The kind is
-decided once from the run directory and the checkpoint's place, and each kind writes its
-own record.
+Only ``Resume`` checks the world size, appends to the record's ``resumes`` and proves itself
+by replay (``resume/replay.py``; docs/resume.md). Closes: a resume that silently starts
+over, or a fork that passes for a resume.
 """
 
 from __future__ import annotations
@@ -35,13 +26,6 @@ import torch
 from reprotrain.config import config_sha256
 from reprotrain.errors import ResumeError
 from reprotrain.hashing import file_sha256, state_sha256
-from reprotrain.provenance import (
-    code_now,
-    experiment_id,
-    identity,
-    imported_code,
-    write_environment_text,
-)
 from reprotrain.reduction import Reduction
 from reprotrain.repro import checkpoint
 from reprotrain.repro import device as devices
@@ -55,6 +39,13 @@ from reprotrain.resume.guard import (
     resume_entry,
 )
 from reprotrain.run import record as rec
+from reprotrain.start.provenance import (
+    code_now,
+    experiment_id,
+    identity,
+    imported_code,
+    write_environment_text,
+)
 from reprotrain.state import TrainerState
 
 log = logging.getLogger("reprotrain")

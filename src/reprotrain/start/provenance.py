@@ -1,13 +1,8 @@
-"""What a run is, written into its run.json: identity, code, environment, layout.
+"""What a run is, written into its run.json at the start: identity, code, environment, layout.
 
-The trainer's record is written here at the run's start (``open_run``, ``identity``,
-``layout``); the loop adds its epochs and its end status (``loop.Trainer``). A resume keeps
-the identity the run started with and appends one entry to ``resumes``
-(``start.Resume``).
-
-Closes: code and environment drift, unrecorded. The git commit, dirty flag and diff, the
-source digest (``code_sha256``, compared at every resume), the environment, the lock's
-sha256 and any drift of the venv against it are recorded before the first step.
+Closes: code and environment drift, unrecorded. The git commit and diff, the source digest
+(``code_sha256``, compared at every resume), the environment and the lock's sha256 (and the
+venv's drift against it) are recorded before the first step.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from reprotrain.config import ReproConfig, config_sha256
+from reprotrain.config import config_sha256
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import REPO_ROOT
@@ -53,7 +48,7 @@ def identity(
     seeds: Seeds,
     flags: dict,
     env: dict,
-    repro: ReproConfig,
+    require_locked_env: bool,
     include_untracked: list[str],
 ) -> None:
     """Identity of a new run: git, environment, lock; the run.json a reproduce replays."""
@@ -63,7 +58,7 @@ def identity(
         summary = ", ".join(
             drift["missing"] + drift["extra"] + [d["name"] for d in drift["different"]]
         )
-        if repro.require_locked_env:
+        if require_locked_env:
             raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
         log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
     git, diff = gitinfo.git_info(REPO_ROOT, include_untracked=include_untracked)
@@ -107,7 +102,7 @@ def experiment_id(record: dict, device: torch.device) -> str:
     precision = (record.get("repro") or {}).get("precision")
     return (
         f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{environment.device_slug(device)}"
-        + (f"-{precision}" if precision else "")  # a record from before the key: none
+        + (f"-{precision}" if precision else "")
     )
 
 
@@ -155,6 +150,3 @@ def imported_code() -> dict[str, str]:
         with open(real, "rb") as f:
             found[name] = hashlib.sha256(f.read()).hexdigest()
     return dict(sorted(found.items()))
-
-
-__all__ = ["code_now", "experiment_id", "identity", "imported_code", "layout", "open_run"]

@@ -139,7 +139,7 @@ def test_the_batch_layout_is_checked_against_the_world_size_the_job_really_has(t
     1): a micro-batch larger than a rank's share is refused before anything is written,
     not silently truncated by the micro-batch loop."""
     from reprotrain.distributed import Dist
-    from reprotrain.train import train as run_train
+    from reprotrain.start import start
 
     overrides = ["experiment=selfcheck", "trainer.batch_size=64", "trainer.microbatch_size=16"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -148,5 +148,5 @@ def test_the_batch_layout_is_checked_against_the_world_size_the_job_really_has(t
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with pytest.raises(ReprotrainError, match=r"microbatch_size=16 does not divide the per-rank"):
-        run_train(cfg, run_dir, Dist(rank=0, world_size=8))  # 8 samples per rank
+        start(cfg, run_dir, Dist(rank=0, world_size=8))  # 8 samples per rank
     assert list(run_dir.iterdir()) == []

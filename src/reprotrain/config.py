@@ -50,11 +50,6 @@ class ReproConfig:
     require_locked_env: bool = False  # drift between .venv and the lock becomes fatal
 
 
-#: The ``step`` every run had before the group existed: a config holding exactly this is
-#: hashed without it, so identities (and resumes) of earlier runs still match.
-PLAIN_STEP = {"_target_": "reprotrain.step.PlainStep"}
-
-
 # --- the trainer's settings by concern: the one declaration of every ``trainer.*`` key -----
 # Each component takes the part it reads; the flat ``trainer`` schema (``trainer.epochs`` on
 # the command line) is made from these fields (``TrainerConfig``), so a key is declared, given
@@ -214,9 +209,8 @@ class TrainConfig:
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     loss: Any = MISSING
-    # The optimizer step (conf/step/, reprotrain/step.py); a recorded config without one
-    # (a run started before the group existed) gets the plain step it ran with.
-    step: Any = field(default_factory=lambda: dict(PLAIN_STEP))
+    # The optimizer step (conf/step/, reprotrain/step.py): the plain one unless chosen.
+    step: Any = field(default_factory=lambda: {"_target_": "reprotrain.step.PlainStep"})
     # Hooks at start, epoch end, checkpoint and end (conf/callbacks/, reprotrain/callbacks.py):
     # names to _target_ nodes; none by default.
     callbacks: Any = None
@@ -462,21 +456,12 @@ def is_identity(key: str) -> bool:
     return key not in NON_IDENTITY_KEYS and not key.startswith(NON_IDENTITY_PREFIXES)
 
 
-def without_plain_step(container: dict) -> dict:
-    """``container`` less a ``step`` that is the plain default: a config recorded before the
-    ``step`` group existed compares equal to the same config now."""
-    if container.get("step") == PLAIN_STEP:
-        return {k: v for k, v in container.items() if k != "step"}
-    return container
-
-
 def config_sha256(container: dict, extended_from: list[dict] | None = None) -> str:
-    """sha256 of the resolved config (sorted dotted keys), identity keys only; the plain
-    ``step`` (what every run did before the ``step`` group existed) is left out.
+    """sha256 of the resolved config (sorted dotted keys), identity keys only.
     ``extended_from``: a resumed run's ``trainer.epochs`` extensions (run.json's
     ``extended_from``): its schedule was stretched mid-run, so it is another computation
     than the same config run from scratch, and hashes apart from it."""
-    ident = {k: v for k, v in flatten(without_plain_step(container)).items() if is_identity(k)}
+    ident = {k: v for k, v in flatten(container).items() if is_identity(k)}
     if extended_from:
         ident["extended_from"] = extended_from
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from reprotrain.config import is_identity, without_plain_step
+from reprotrain.config import is_identity
 from reprotrain.dotted import flatten
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.quoting import hydra_override
@@ -67,7 +67,7 @@ class AlreadyCompleted(ResumeError):
 
 
 def config_differences(recorded: dict, current: dict) -> list[str]:
-    a, b = flatten(without_plain_step(recorded)), flatten(without_plain_step(current))
+    a, b = flatten(recorded), flatten(current)
     keys = sorted(set(a) | set(b))
     return [
         k
@@ -197,7 +197,7 @@ def _check_config(point: ResumePoint, current: dict) -> None:
     recorded = point.state["config"]
     diffs = config_differences(recorded, current)
     if diffs:
-        a, b = flatten(without_plain_step(recorded)), flatten(without_plain_step(current))
+        a, b = flatten(recorded), flatten(current)
         shown = ", ".join(f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in diffs)
         raise ResumeError(
             f"refusing to resume {point.path}: config differs from the recorded one in {shown}; "
@@ -213,7 +213,7 @@ def _check_config(point: ResumePoint, current: dict) -> None:
 
 def _changes(recorded: dict, current: dict) -> dict[str, tuple[Any, Any]]:
     """Config keys whose values this resume changed (where-to-look keys left out)."""
-    a, b = flatten(without_plain_step(recorded)), flatten(without_plain_step(current))
+    a, b = flatten(recorded), flatten(current)
     skip = ("resume", "dataset.root", "trainer.progress", "trainer.stop_at_global_step")
     return {
         k: (a.get(k), b.get(k))

@@ -1,19 +1,12 @@
 """User-brought code by config: resolve each ``_target_``, check its keys, build it.
 
-A model, task, optimizer, scheduler, loss, dataset or step is a YAML with
-``_target_: dotted.path`` plus keyword arguments, the Hydra convention. Optimizers and
-schedulers are ``_partial_: true``: the trainer supplies what only it knows (the parameters;
-the optimizer and, when the callable takes it, ``total_steps``); a task gets the built
-``loss`` as ``loss_fn`` when its callable takes it, a step (``reprotrain/step.py``) the bare
-``model`` when its callable takes it. Adding one is one module and one YAML; nothing here
-names a concrete class.
-
-``check`` runs at preflight, before any run directory exists: it imports every target
-(nested ones too, such as a dataset's transforms) and binds the YAML's keys against the
-callable's signature without calling it, so a typo, a missing required argument or an
-unimportable target is one line that names the group and key. Optimizers and schedulers
-are cheap and side-effect free, so preflight also builds them once against a dummy
-parameter: that turns value errors (``lr=-1``, ``betas=[0.9]``) into the same one line.
+A component is a YAML with ``_target_: dotted.path`` plus keyword arguments (Hydra's
+convention); the trainer supplies what only it knows (``SUPPLIED``: an optimizer's
+parameters, a scheduler's optimizer and ``total_steps``, a task's ``loss_fn``, a step's
+``model``) when the callable takes it. ``check`` runs at preflight, before any run directory
+exists: it imports every target and binds its keys against the signature without calling
+it, and dry-builds the cheap ones (optimizer, scheduler), so a typo or a bad value is one
+line naming the group and key (docs/bring-your-own.md).
 """
 
 from __future__ import annotations
@@ -297,9 +290,7 @@ def build_scheduler(node: DictConfig, optimizer: Any, total_steps: int) -> Any:
     whose ``step`` takes the metric comes wrapped to be stepped on it (``optim.for_loop``)."""
     from reprotrain.optim import for_loop
 
-    target = locate(str(node["_target_"]), "scheduler")
-    names, var_kw, _ = accepted(target)
-    extra = {"total_steps": total_steps} if "total_steps" in names or var_kw else {}
+    extra = {"total_steps": total_steps} if takes(node, "scheduler", "total_steps") else {}
     return for_loop(build("scheduler", node, optimizer, **extra))
 
 
@@ -327,31 +318,33 @@ def qualname(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def takes(node: DictConfig, group: str, name: str) -> bool:
+    """Whether the callable of ``node``'s ``_target_`` takes an argument ``name``."""
+    names, var_kw, _ = accepted(locate(str(node["_target_"]), group))
+    return name in names or var_kw
+
+
+def build_given(group: str, node: DictConfig, **supplied: Any) -> Any:
+    """``node`` built as a partial, then called with ``supplied``."""
+    partial = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    partial["_partial_"] = True
+    return build(group, partial, **supplied)
+
+
 def build_task(node: DictConfig, loss_node: DictConfig | None) -> Any:
     """The task ``_target_``, given the ``loss`` group's module as ``loss_fn`` when its
     callable takes that argument."""
-    target = locate(str(node["_target_"]), "task")
-    names, var_kw, _ = accepted(target)
-    supplied = {}
-    if loss_node is not None and ("loss_fn" in names or var_kw):
-        supplied["loss_fn"] = build("loss", loss_node)
-    if not supplied:
+    if not takes(node, "task", "loss_fn") or loss_node is None:
         return build("task", node)
-    partial = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
-    partial["_partial_"] = True
-    return build("task", partial, **supplied)
+    return build_given("task", node, loss_fn=build("loss", loss_node))
 
 
 def build_step(node: DictConfig, model: Any) -> Any:
     """The ``step`` ``_target_`` (``reprotrain.step.PlainStep`` by default), given the bare
     ``model`` when its callable takes that argument (an EMA of the weights needs them)."""
-    target = locate(str(node["_target_"]), "step")
-    names, var_kw, _ = accepted(target)
-    if "model" not in names and not var_kw:
+    if not takes(node, "step", "model"):
         return build("step", node)
-    partial = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
-    partial["_partial_"] = True
-    return build("step", partial, model=model)
+    return build_given("step", node, model=model)
 
 
 def declared_metrics(node: DictConfig, loss_node: DictConfig | None) -> dict[str, str]:

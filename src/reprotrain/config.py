@@ -1,14 +1,8 @@
-"""Schemas of the project-owned config groups, registered in Hydra's ConfigStore.
-
-Two kinds of config, one rule each:
-
-- Project-owned groups (``trainer``, ``repro``, ``seed``) are typed dataclasses here, so a
-  misspelt key (``trainer.epoch``), a wrong type (``trainer.epochs=abc``) or an unknown option
-  fails while Hydra composes, before any run directory exists. ``validate`` adds the range
-  checks a type cannot express.
-- User-brought code (``model``, ``task``, ``optimizer``, ``scheduler``, ``loss``, ``dataset``) is a
-  ``_target_`` plus keyword arguments, untyped here: ``components.check`` binds those keys
-  against the callable's own signature instead (see components.py).
+"""Schemas of the project-owned config groups (``trainer``, ``repro``, ``seed``), registered
+in Hydra's ConfigStore: a misspelt key, a wrong type or an unknown option fails while Hydra
+composes; ``validate`` adds the range checks a type cannot express. The ``trainer`` group is
+split by concern into frozen settings (``TrainerSettings``), built once at the run's start.
+User-brought ``_target_`` groups are untyped here: ``components.check`` binds their keys.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import II, MISSING, DictConfig
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from reprotrain.dotted import flatten
 from reprotrain.errors import ReprotrainError
@@ -50,10 +44,8 @@ class ReproConfig:
     require_locked_env: bool = False  # drift between .venv and the lock becomes fatal
 
 
-# --- the trainer's settings by concern: the one declaration of every ``trainer.*`` key -----
-# Each component takes the part it reads; the flat ``trainer`` schema (``trainer.epochs`` on
-# the command line) is made from these fields (``TrainerConfig``), so a key is declared, given
-# its type and default, exactly once.
+# --- the trainer's settings by concern: the one declaration of every ``trainer.*`` key; the
+# flat ``trainer`` schema (``TrainerConfig``) is made from these fields.
 
 
 def from_trainer(cls: type, trainer: Any) -> Any:
@@ -64,8 +56,8 @@ def from_trainer(cls: type, trainer: Any) -> Any:
 @dataclass(frozen=True)
 class RunSettings:
     """Where the run trains, how many checkpoints it keeps, and what a resume may change
-    besides the world size (``allow_unrestored_state`` is read by
-    ``resume_guard.check_unrestored`` from the resolved config it audits)."""
+    besides the world size (``resume.guard.check_unrestored`` reads
+    ``allow_unrestored_state`` from the resolved config)."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (mps: no bitwise promise)
     allow_device_change: bool = False  # resume on another device type (recorded: not bitwise)
@@ -282,13 +274,6 @@ MAX_THREADS = 4096
 SEED_MAX = (1 << 64) - 1  # seeds are 64-bit: torch.manual_seed refuses anything larger
 
 
-def _get(cfg: Any, key: str) -> Any:
-    node = cfg
-    for part in key.split("."):
-        node = node[part]
-    return node
-
-
 def _non_finite_leaves(node: Any, prefix: str) -> list[str]:
     if isinstance(node, dict | DictConfig):
         return [k for key in node for k in _non_finite_leaves(node[key], f"{prefix}.{key}")]
@@ -304,8 +289,8 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
     ranks; raises one-line ``ReprotrainError``. Preflight calls it with the world size the
     launcher announces, the trainer with the one its job has."""
     for key, allowed in CHOICES.items():
-        if _get(cfg, key) not in allowed:
-            raise ReprotrainError(f"{key}={_get(cfg, key)!r} is not one of {', '.join(allowed)}")
+        if (value := OmegaConf.select(cfg, key)) not in allowed:
+            raise ReprotrainError(f"{key}={value!r} is not one of {', '.join(allowed)}")
     device = cfg.trainer.device
     if device not in ("auto", "cpu", "cuda", "mps") and not (
         device.startswith("cuda:") and device[5:].isdigit()
@@ -314,12 +299,10 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
             f"trainer.device={device!r} is not one of auto, cpu, cuda, cuda:N, mps"
         )
     for key in POSITIVE:
-        value = _get(cfg, key)
-        if not (value > 0 and math.isfinite(value)):
+        if not ((value := OmegaConf.select(cfg, key)) > 0 and math.isfinite(value)):
             raise ReprotrainError(f"{key}={value} must be a finite number > 0")
     for key in NON_NEGATIVE:
-        value = _get(cfg, key)
-        if not (value >= 0 and math.isfinite(value)):
+        if not ((value := OmegaConf.select(cfg, key)) >= 0 and math.isfinite(value)):
             raise ReprotrainError(f"{key}={value} must be a finite number >= 0")
     if cfg.repro.num_threads > MAX_THREADS:
         raise ReprotrainError(f"repro.num_threads={cfg.repro.num_threads} is above {MAX_THREADS}")

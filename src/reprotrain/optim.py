@@ -1,25 +1,10 @@
 """Parameter groups for the optimizer, and the project's lr schedules.
 
 The per-step schedules are ``LambdaLR`` over the global step: their only state is the step
-count, so a resumed run continues exactly, and extending ``trainer.epochs`` on resume simply
-stretches the schedule to the new total (``OneCycleLR`` would refuse to step past its
-original total). Use them from YAML as ``_target_: reprotrain.optim.<name>`` with
-``_partial_: true``; any ``torch.optim.lr_scheduler`` class works the same way.
-
-Three kinds of schedule, told apart by what their ``step`` takes (:func:`kind`):
-
-- **per step** (``step()``): stepped after every optimizer step. It sets the lr from the
-  step count, so an lr a callback set would be overwritten at the next step: a callback that
-  changes the lr under one is refused in one line (``callbacks.Callbacks.call``);
-- **on the metric** (``step(metrics)``, ``ReduceLROnPlateau``; ``scheduler=plateau``; a
-  ``step`` that needs any other value is refused at preflight):
-  :class:`MetricSchedule` steps it once per epoch in which ``trainer.monitor`` was computed,
-  with that value, after validation and before the epoch's checkpoint (its state is in it).
-  It scales the lr the optimizer has, so a callback's change persists;
-- **none** (``scheduler=none``, :class:`NoSchedule`): nothing sets the lr but the optimizer's
-  config and the callbacks: a callback owns it.
-
-The optimizer's param groups hold the lr in every case, so it is checkpointed and restored.
+count, so a resume continues exactly and extending ``trainer.epochs`` stretches them. A
+schedule is driven per step, on the metric (``step(metrics)``: :class:`MetricSchedule`) or
+not at all (:class:`NoSchedule`); :func:`kind` tells which (docs/configuration.md,
+docs/bring-your-own.md).
 """
 
 from __future__ import annotations

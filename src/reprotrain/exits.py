@@ -1,10 +1,9 @@
 """How a training process ends: each failure to its exit code, recorded, then cleaned up;
 the run directory's lock, held for the process's lifetime, released on every way out.
 
-Exit codes: 0 completed; 2 user error (one line on stderr, run marked failed; also a
-non-finite loss under trainer.on_nonfinite=stop); 75 interrupted by SIGTERM, SIGINT or
-SIGUSR2 after writing a checkpoint (resume with ``resume=auto`` or ``make resume``);
-130 aborted by a second SIGINT (previous checkpoints still valid).
+0 completed; 2 user error (one line on stderr, the run marked failed; also a non-finite loss
+under trainer.on_nonfinite=stop); 75 interrupted by SIGTERM, SIGINT or SIGUSR2 after a
+checkpoint, or a killed DataLoader worker; 130 aborted by a second SIGINT.
 """
 
 from __future__ import annotations

@@ -92,15 +92,10 @@ class Fork(Fresh):
         return Seeds(**self.point.state["seeds"])
 
     def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
-        identity(record, device, **facts)
-        record.update(
-            forked_from={
-                "path": str(self.point.path),
-                "sha256": file_sha256(self.point.path),
-                "global_step": self.point.state["loop"]["global_step"],
-            }
-        )
-        write_environment_text(record.run_dir)
+        super().write_identity(record, device, **facts)
+        step = self.point.state["loop"]["global_step"]
+        record.update(forked_from={"path": str(self.point.path), "global_step": step,
+                                   "sha256": file_sha256(self.point.path)})  # fmt: skip
 
     def restore(self, state: TrainerState, record: rec.RunRecord, *, device: torch.device,
                 container: dict, **_: Any) -> None:  # fmt: skip

@@ -99,10 +99,14 @@ class Exits:
             return EXIT_ABORTED
         if isinstance(e, OSError | RuntimeError) and worker_death.is_worker_death(e):
             died = worker_death.describe(e)  # a DataLoader worker was killed: resumable
-            self.fail("interrupted", f"{died} (killed from outside, e.g. by the OOM killer); "
-                      "the run stopped at its last checkpoint: resume with "
-                      f"`{resume_hint(self.run_dir)}`", error=died,
-                      interrupted_by="DataLoader worker died")  # fmt: skip
+            self.fail(
+                "interrupted",
+                f"{died} (killed from outside, e.g. by the OOM killer); "
+                "the run stopped at its last checkpoint: resume with "
+                f"`{resume_hint(self.run_dir)}`",
+                error=died,
+                interrupted_by="DataLoader worker died",
+            )
             return EXIT_INTERRUPTED
         if isinstance(e, Exception):
             mark(self.run_dir, "failed", error=f"{type(e).__name__}: {e}")

@@ -51,13 +51,9 @@ def locate(path: str, where: str) -> Callable[..., Any]:
 
 
 def import_failure(path: str, error: BaseException) -> str:
-    """Why ``path`` could not be imported, in one clause.
-
-    When the target's own module or attribute is missing, Hydra's hint says so. When the
-    module exists but fails while it is imported (it imports a package that is not
-    installed, or raises), the original error is named with the file and line that raised
-    it: ``No module named 'sklearn'`` at ``src/starter/diabetes.py:3``.
-    """
+    """Why ``path`` could not be imported, in one clause: Hydra's hint when the target
+    itself is missing; else the error its module raised while imported, with the file and
+    line (``No module named 'sklearn'`` at ``src/starter/diabetes.py:3``)."""
     root = error
     while root.__cause__ is not None and root.__cause__ is not root:
         root = root.__cause__
@@ -244,10 +240,7 @@ def check(cfg: DictConfig) -> None:
 
 
 def build_naming_key(group: str, node: DictConfig, make: Callable[[DictConfig], Any]) -> Any:
-    """Build; on failure, find the key whose removal makes it build, and name it.
-
-    Only on failure, so a working build costs one call; a model is rebuilt a few times.
-    """
+    """Build; on failure (only), find the key whose removal makes it build, and name it."""
     try:
         return make(node)
     except ComponentError as e:
@@ -265,10 +258,8 @@ def build_naming_key(group: str, node: DictConfig, make: Callable[[DictConfig], 
 
 
 def build(group: str, node: DictConfig, *args: Any, **supplied: Any) -> Any:
-    """``instantiate`` with the trainer's arguments; failures become one line naming the group.
-
-    A ``_partial_`` node yields a partial that is then called with ``supplied``.
-    """
+    """``instantiate`` (a ``_partial_`` node: then called with ``supplied``); a failure is
+    one line naming the group."""
     try:
         obj = instantiate(node, _convert_="all")
         if OmegaConf.select(node, "_partial_", default=False):

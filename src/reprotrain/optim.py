@@ -18,11 +18,8 @@ from torch import nn
 
 
 def param_groups(model: nn.Module, no_decay_norm_bias: bool) -> list[dict]:
-    """All parameters, or two groups: biases and norm weights (ndim <= 1) get weight_decay 0.
-
-    Decaying BatchNorm scales and biases pulls them towards zero for no regularising gain;
-    the split is by shape, so it also covers a user's own norm layers.
-    """
+    """All parameters, or two groups: biases and norm weights (ndim <= 1, so a user's own
+    norm layers too) get weight_decay 0."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not no_decay_norm_bias:
         return [{"params": params}]
@@ -83,12 +80,9 @@ class NoSchedule:
 
 
 class MetricSchedule:
-    """A scheduler whose ``step`` takes the monitored value (``ReduceLROnPlateau``), as the
-    loop drives it: ``step()`` after each optimizer step does nothing; ``epoch_end(value)``
-    steps it with ``trainer.monitor``'s value of the epoch (None: not computed this epoch,
-    ``trainer.eval_every``: not stepped, so it counts evaluated epochs like early stopping).
-    The loop calls it before the epoch's checkpoint, which so holds its state (best, bad
-    epochs, cooldown); a resume's replay calls it where the run did."""
+    """A scheduler whose ``step`` takes the monitored value (``ReduceLROnPlateau``), stepped
+    by ``epoch_end(value)`` with ``trainer.monitor``'s value (None: not evaluated this epoch,
+    not stepped), before the epoch's checkpoint, which so holds its state."""
 
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler

@@ -148,10 +148,8 @@ class Resume:
     def restore(self, state: TrainerState, record: rec.RunRecord, *, env: dict,
                 device: torch.device, container: dict, dist: Any = None,
                 replay_state: Any = None, continuation: Any = None) -> None:  # fmt: skip
-        """Replay up to the checkpoint and compare (``replay_state``: the trainer's, which
-        re-runs steps writing nothing), then load the checkpoint, audit, record; what the
-        interrupted run logged after the checkpoint is read into ``continuation``
-        (``resume/continuation.py``), compared as the resumed run recomputes it."""
+        """Replay up to the checkpoint and compare (``verify``), load it, audit, record; what
+        the interrupted run logged after it is read into ``continuation`` to compare."""
         verified = self.verify(state, record, container, dist, replay_state)
         state.load_state_dict(self.point.state)  # after a verified replay: the same bits
         # What the checkpoint could not restore, named first (the audit's paths: the cause a
@@ -266,10 +264,9 @@ def begin(resume: str | None, run_dir: Path, container: dict) -> Start:
 
 def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
                      device: torch.device) -> None:  # fmt: skip
-    """The identity of the config that runs on: a resume (or fork) that extends
-    ``trainer.epochs`` appends ``{"trainer.epochs": <before>, "global_step": <where>}`` to
-    ``extended_from``, which enters ``config_sha256`` and so ``experiment_id``: the stretched
-    schedule is not the longer run from scratch, and never shares its id."""
+    """A resume (or fork) that extends ``trainer.epochs`` appends ``{"trainer.epochs":
+    <before>, "global_step": <where>}`` to ``extended_from``, part of ``config_sha256``: the
+    stretched schedule never shares the id of the longer run from scratch."""
     extended = list(record.data.get("extended_from") or [])
     before = point.state["config"]["trainer"]["epochs"]
     if before != container["trainer"]["epochs"]:

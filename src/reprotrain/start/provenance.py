@@ -123,11 +123,9 @@ def code_now() -> str:
 
 
 def imported_code() -> dict[str, str]:
-    """sha256 of each module file this process imported from outside the standard library,
-    site-packages and the snapshot paths (those are ``code_sha256``'s): a user's module on
-    ``PYTHONPATH``, or reached through a link, by the content it points at. Keyed by the path
-    relative to the repo when inside it, else absolute. Taken once the run is built, when
-    every module a component names is imported; compared at each resume."""
+    """sha256 of each module file imported from outside the standard library, site-packages
+    and ``code_sha256``'s snapshot (a user's module on ``PYTHONPATH``, a link by its target),
+    keyed by its repo-relative (else absolute) path; compared at each resume."""
     skip = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     skip |= {os.path.realpath(p) for p in skip}
     found: dict[str, str] = {}

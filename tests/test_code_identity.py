@@ -121,8 +121,8 @@ def test_a_module_imported_from_outside_src_is_digested_and_an_edit_is_named(tmp
     import importlib
     import sys
 
-    from reprotrain.start.provenance import imported_code
     from reprotrain.resume.guard import imported_differences
+    from reprotrain.start.provenance import imported_code
 
     real = tmp_path / "elsewhere" / "user_layers.py"
     real.parent.mkdir()

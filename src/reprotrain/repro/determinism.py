@@ -21,7 +21,7 @@ of whatever bytes were there before, which would differ between runs. It costs a
 allocation; ``repro.fill_uninitialized_memory=false`` turns it off and run.json records it.
 
 ``portable`` is strict plus CPU kernel dispatch pinned to paths every x86-64 CPU with AVX2
-runs alike (``hashseed.PORTABLE_ENV``). Those variables only work when the libraries load, so
+runs alike (``machine.PORTABLE_ENV``). Those variables only work when the libraries load, so
 the entry point sets them and re-execs (``hashseed.ensure_cpu_dispatch``); here they are read
 back from the libraries and a run whose levers are not in force is refused.
 """
@@ -37,6 +37,7 @@ from contextlib import contextmanager
 import torch
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.repro import machine
 from reprotrain.repro import precision as float_math
 
 log = logging.getLogger("reprotrain")
@@ -75,10 +76,8 @@ def apply(
 def require_portable_dispatch() -> None:
     """Refuse repro=portable unless its CPU levers are in force, as the libraries report
     them (torch's capability, MKL's CNR branch, oneDNN's ISA), not as we meant to set them."""
-    from reprotrain.repro import cpu_identity
-
-    identity = cpu_identity.capture()
-    if not cpu_identity.portable_in_force(identity):
+    identity = machine.capture_cpu()
+    if not machine.portable_in_force(identity):
         seen = ", ".join(
             f"{k}={identity.get(k)}" for k in ("capability", "mkl_cbwr_branch", "onednn_isa")
         )
@@ -126,9 +125,7 @@ def effective_flags(level: str, precision: str = float_math.DEFAULT) -> dict:
 
 def cpu_dispatch() -> str:
     """``portable`` when the portable CPU levers are in force (read back), else ``native``."""
-    from reprotrain.repro import cpu_identity
-
-    return "portable" if cpu_identity.portable_in_force(cpu_identity.capture()) else "native"
+    return "portable" if machine.portable_in_force(machine.capture_cpu()) else "native"
 
 
 ALERT = "does not have a deterministic implementation"

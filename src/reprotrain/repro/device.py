@@ -124,8 +124,8 @@ def resolve_for_resume(
 ) -> torch.device:
     """The device a resume or replay trains on: the recorded one, not a fresh ``auto``.
 
-    ``recorded`` is the resolved device in the run's record (None for records older than
-    this rule: then ``requested`` is resolved as for a new run). ``requested`` is the
+    ``recorded`` is the resolved device in the run's record (None: none recorded, then
+    ``requested`` is resolved as for a new run). ``requested`` is the
     current ``trainer.device``; ``auto`` means "as recorded". A different device type is
     refused in one line unless ``allow_change``; then the new device is returned and the
     caller records the resume as not bitwise (``changed_type`` tells).
@@ -185,7 +185,6 @@ def replay_spec(recorded: str | None) -> tuple[str, str | None]:
 
 
 def recorded_device(record: dict) -> str | None:
-    """The device a run recorded in run.json trained on (``environment.device.resolved``;
-    records older than this module: the device type; none: None)."""
-    dev = (record.get("environment") or {}).get("device") or {}
-    return dev.get("resolved") or dev.get("type")
+    """The device a run recorded in run.json trained on (``environment.device.resolved``),
+    or None."""
+    return ((record.get("environment") or {}).get("device") or {}).get("resolved")

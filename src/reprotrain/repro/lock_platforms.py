@@ -29,7 +29,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprotrain.repro.requirements_lock import LockEntry, ParsedLock, normalize_name
+from reprotrain.repro.requirements_lock import (
+    LockEntry,
+    ParsedLock,
+    marker_applies,
+    normalize_name,
+)
 
 FILES_SUFFIX = ".files"
 #: Published only as an sdist and pure Python (hydra-core pins it): built at install time,
@@ -184,12 +189,6 @@ def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
     return problems
 
 
-def _applies(entry: LockEntry, environment: dict[str, str]) -> bool:
-    from packaging.markers import Marker
-
-    return entry.marker is None or Marker(entry.marker).evaluate(environment)
-
-
 def check_coverage(
     entries: Iterable[LockEntry],
     files: dict[str, str],
@@ -206,7 +205,7 @@ def check_coverage(
     where = f"{platform.name} (cp{python[0]}{python[1]})"
     problems: list[str] = []
     for entry in entries:
-        if not _applies(entry, environment):
+        if not marker_applies(entry.marker, environment):
             continue
         names = [files[h] for h in entry.hashes if h in files]
         if any(n.endswith(".whl") and _wheel_tags(n) & accepted for n in names):

@@ -198,7 +198,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
                 entry.hashes.append(hm.group(2))
         if not entry.hashes:
             lock.problems.append(f"{where}: {pkg}=={entry.version} has no --hash=sha256:...")
-        if entry.marker is not None and not _marker_parses(entry.marker):
+        if entry.marker is not None and marker_applies(entry.marker) is None:
             lock.problems.append(f"{where}: {pkg}: invalid environment marker '{entry.marker}'")
         if pkg in lock.entries and lock.entries[pkg].version != entry.version:
             lock.problems.append(
@@ -208,16 +208,24 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
     return lock
 
 
-def _marker_parses(marker: str) -> bool:
-    try:
-        from packaging.markers import InvalidMarker, Marker
-    except ImportError:  # bare python3: pip will judge the marker at install time
+def marker_applies(marker: str | None, environment: dict[str, str] | None = None) -> bool | None:
+    """Whether a PEP 508 marker holds here (or in ``environment``, another host's marker
+    values); None when it does not parse. True without ``packaging`` (bare python3: pip
+    judges it at install time)."""
+    if marker is None:
         return True
     try:
-        Marker(marker)
+        from packaging.markers import InvalidMarker, Marker
+    except ImportError:
+        return True
+    try:
+        parsed = Marker(marker)
     except InvalidMarker:
-        return False
-    return True
+        return None
+    try:
+        return bool(parsed.evaluate(environment))
+    except Exception:  # a name this environment lacks: cannot be ruled out
+        return True
 
 
 def in_includes(in_path: Path) -> list[Path]:
@@ -399,38 +407,23 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
 # --------------------------------------------------------------------------- environment
 
 
+def _applicable(paths: list[Path], environment: dict[str, str] | None) -> dict[str, set[str]]:
+    """{name: allowed versions} of the locks at ``paths``, leaving out entries whose marker is
+    false here (or in ``environment``): not expected installed, as the CUDA wheels on macOS."""
+    locked: dict[str, set[str]] = {}
+    for path in paths:
+        for entry in parse_lock(path).entries.values():
+            if marker_applies(entry.marker, environment) is not False:
+                locked.setdefault(entry.name, set()).add(entry.version)
+    return locked
+
+
 def locked_versions(
     repo_root: Path, environment: dict[str, str] | None = None
 ) -> tuple[dict[str, set[str]], list[str]]:
-    """{name: allowed versions} from the runtime and dev locks that exist, and their names.
-
-    Entries whose environment marker is false here (or in ``environment``, a PEP 508 marker
-    environment standing in for another host) are left out: not expected installed, as the
-    CUDA wheels on macOS.
-    """
-    locked: dict[str, set[str]] = {}
-    used: list[str] = []
-    for lock_name, _ in DEFAULT_PAIRS:
-        path = Path(repo_root) / lock_name
-        if not path.exists():
-            continue
-        used.append(lock_name)
-        for entry in parse_lock(path).entries.values():
-            if entry.marker and not _marker_true(entry.marker, environment):
-                continue
-            locked.setdefault(entry.name, set()).add(entry.version)
-    return locked, used
-
-
-def _marker_true(marker: str, environment: dict[str, str] | None = None) -> bool:
-    try:
-        from packaging.markers import Marker
-    except ImportError:
-        return True
-    try:
-        return bool(Marker(marker).evaluate(environment))
-    except Exception:
-        return True
+    """{name: allowed versions} from the runtime and dev locks that exist, and their names."""
+    used = [name for name, _ in DEFAULT_PAIRS if (Path(repo_root) / name).exists()]
+    return _applicable([Path(repo_root) / name for name in used], environment), used
 
 
 def installed_versions() -> dict[str, str]:
@@ -527,13 +520,7 @@ def extras_versions(
     repo_root: Path, extras: list[str], environment: dict[str, str] | None = None
 ) -> dict[str, set[str]]:
     """{name: allowed versions} of the extras' locks (markers for this host)."""
-    locked: dict[str, set[str]] = {}
-    for extra in extras:
-        for entry in parse_lock(Path(repo_root) / extra_pair(extra)[0]).entries.values():
-            if entry.marker and not _marker_true(entry.marker, environment):
-                continue
-            locked.setdefault(entry.name, set()).add(entry.version)
-    return locked
+    return _applicable([Path(repo_root) / extra_pair(e)[0] for e in extras], environment)
 
 
 def env_drift(repo_root: Path) -> dict:

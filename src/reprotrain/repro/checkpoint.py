@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import pickle
 import re
 from collections.abc import Callable
@@ -101,16 +102,14 @@ def belongs(path: Path, seeds: dict | None) -> bool:
         state = load(path)
     except CheckpointError:
         return False
-    loop = state.get("loop") or {}
-    return (seeds is None or state.get("seeds") == seeds) and loop.get("global_step") == step_of(
-        path
-    )
+    at = (state.get("loop") or {}).get("global_step")
+    return (seeds is None or state.get("seeds") == seeds) and at == step_of(path)
 
 
 def is_best_of(state: dict[str, Any], best_epoch: int) -> bool:
     """Whether ``state`` is the epoch-end checkpoint of ``best_epoch`` (what best.pt holds)."""
     loop = state.get("loop") or {}
-    return loop.get("epoch") == best_epoch + 1 and loop.get("epoch_step", loop.get("step")) == 0
+    return loop.get("epoch") == best_epoch + 1 and loop.get("epoch_step") == 0
 
 
 def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None:
@@ -118,11 +117,7 @@ def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None
     best, epoch = None, None
     for row in rows:
         value = row.get(monitor)
-        if (
-            not isinstance(value, int | float)
-            or value != value
-            or value in (float("inf"), float("-inf"))
-        ):
+        if not isinstance(value, int | float) or not math.isfinite(value):
             continue
         if best is None or (value > best if mode == "max" else value < best):
             best, epoch = value, row.get("epoch")
@@ -257,8 +252,8 @@ class Saver:
         self.gather = gather
         seeds = meta.get("seeds")
         # The run's own checkpoints so far (a resume's): the only ones pruning may count.
-        self.own = [p for p in list_step_checkpoints(ckpt_dir) if belongs(p, seeds)] \
-            if is_writer() else []  # fmt: skip
+        mine = list_step_checkpoints(ckpt_dir) if is_writer() else []
+        self.own = [p for p in mine if belongs(p, seeds)]
 
     def payload(self) -> dict[str, Any] | None:
         """The checkpoint as :meth:`save` would write it now; None on a rank that writes
@@ -281,5 +276,5 @@ class Saver:
         if best:
             events.fire("before-best", global_step=step)
             save(self.dir / BEST, data)
-        self.own = prune([p for p in self.own if p != path and step_of(p) < step] + [path],
-                         self.keep)  # fmt: skip
+        older = [p for p in self.own if p != path and step_of(p) < step]
+        self.own = prune([*older, path], self.keep)

@@ -1,23 +1,12 @@
 """Which platforms the one lock installs on, checked offline from committed files.
 
-Randomness source closed here: a lock that only installs where it was compiled. The locks are
-universal (``uv pip compile --universal``): one file whose environment markers leave the CUDA
-wheels (``nvidia-*``, ``cuda-*``, ``triton``) to Linux, hashed with every file of each pinned
-release. A ``--hash`` names bytes, not a file, so nothing in the lock says *which* platform a
-hash is for. ``make lock`` therefore writes a second sidecar, ``<lock>.files``
-(``sha256  filename`` lines, the format of ``sha256sum``), from the index's file list, and this
-module answers offline:
-
-* does every hash of the lock name exactly one file of that pinned release? (``check_files``:
-  a stale or hand-edited sidecar fails here);
-* for each supported platform, does every requirement whose marker applies there have a wheel
-  whose tags that platform's pip accepts, or is it a named sdist-only pure-Python package?
-  (``check_coverage``).
-
-Supported platforms: CPython 3.11 (the Dockerfile's) on Linux x86_64 and aarch64 with glibc
-2.28 or newer (the manylinux floor of the torch wheels), and macOS 14 or newer on arm64.
-Marker evaluation and wheel tags need ``packaging`` (in the runtime lock); without it the
-coverage check reports nothing, as the other ``packaging`` checks do.
+Randomness source closed here: a lock that only installs where it was compiled. A
+``--hash`` names bytes, not a platform, so ``make lock`` writes ``<lock>.files`` (``sha256
+filename``) from the index; :func:`check_files` checks each hash names one file of its
+release, and :func:`check_coverage` that every requirement applying on a supported platform
+(CPython 3.11 on Linux x86_64/aarch64 with glibc >= 2.28, macOS 14+ arm64) has a wheel that
+platform's pip accepts, or is a named sdist-only pure-Python package. Markers and wheel tags
+need ``packaging``; without it the coverage check reports nothing.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Hashed lock files and the installed environment: the control for *environment drift*.
 
 Randomness source closed here: a run whose numerics depend on *which* torch/numpy/... build
-is installed. The lock (``uv pip compile --universal``: exact pins, environment markers, a
-sha256 for every file of each pinned release) names the one set of distributions the promise
-holds for, on every supported platform; this module answers three questions about it without
-touching the network:
-
-* is the lock itself sound? (every line pinned ``==`` and hashed, no index / find-links /
-  local path that only exists on the machine that compiled it, runtime and dev locks agree,
-  not edited after ``make lock``, not stale against its ``.in``; every marker parses, and
-  every supported platform gets a complete, hashed set: ``repro/lock_platforms.py``);
-* does the running interpreter have exactly the locked distributions? (``env_drift``);
-* which lock and which container image did this run use? (``lock_sha256``,
-  ``container_image``), for ``run.json``.
-
-Staleness: the compiler cannot write custom header lines, so ``make lock`` writes a sidecar
-``<lock>.sha256`` in ``sha256sum`` format listing the sha256 of the ``.in`` file, of every
-file it pulls in through ``-r``/``-c`` (the dev ``.in`` is constrained by the runtime lock,
-so both are recorded), and of the lock as the compiler wrote it. ``sha256sum -c`` works on it
-too. Only the standard library is required (``packaging`` is used when importable), so the
-check runs with a bare ``python3`` before any venv exists.
+is installed. The lock (``uv pip compile --universal``: exact pins, markers, a sha256 for
+every file of each pinned release) names the one set of distributions the promise holds for.
+This module answers offline: is the lock sound (pinned, hashed, no index or local path, the
+locks agreeing, not edited or stale against its ``.in``: the sidecar ``<lock>.sha256``)?
+does the interpreter hold exactly the locked distributions (``env_drift``)? which lock did
+this run use (``lock_sha256``)? docs/reproducing-elsewhere.md describes the sidecars; why
+this is not a library: docs/design.md, "Large rooms". Only the standard library is required
+(``packaging`` is used when importable): ``make check-lock`` runs before any venv exists.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Checkpoints that hold everything an exact resume needs, written atomically.
 
 Closes: resume drift. A checkpoint is the ``state_dict()`` of every Stateful part the
-trainer names (model, optimizer, scheduler, GradScaler, RNG, and the loop state: position
-``(epoch, step, global_step)`` that the counter-based data pipeline restarts from, the
-partial-epoch sums, metrics, fingerprints, best value), plus the config and seeds. Nothing
-is listed by hand, so a part added to the trainer is checkpointed by construction.
-
-Safety: always loaded with ``torch.load(weights_only=True)``; python and numpy RNG states
-are stored as plain ints/lists so that restriction never needs relaxing, and a pickle that
-tries to run code is refused. Files are ``step-XXXXXXXX.pt``; the newest is the "last"
-checkpoint, ``best.pt`` the best evaluated one.
-
-``best.pt`` never disagrees with the loop state it is restored with: it is the same bytes
-as the epoch-end checkpoint of the recorded best epoch, and a resume re-derives it from that
-checkpoint when a kill landed between the two writes (:func:`reconcile_best`). Pruning only
-ever counts, and deletes, step checkpoints that load and belong to the run (same seeds, the
-global step in the name matches the one inside): a stray ``step-99999999.pt`` is neither
-"the newest" nor deleted.
+trainer names (model, optimizer, scheduler, GradScaler, RNG, the loop state), plus the
+config and seeds: a part added to the trainer is checkpointed by construction. Always
+loaded with ``torch.load(weights_only=True)``; a pickle that asks for code is refused.
+``best.pt`` is the same bytes as the epoch-end checkpoint of the recorded best epoch, and
+a resume re-derives it when a kill landed between the two writes (:func:`reconcile_best`).
+Pruning counts and deletes only step checkpoints that load and belong to the run.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Which device a run trains on, decided once, recorded, and reused on resume and reproduce.
 
-Closes: silent device changes. ``trainer.device=auto`` used to fall back to the CPU without a
-word when the driver was too old, a container was started without ``--gpus`` or
-``CUDA_VISIBLE_DEVICES`` was empty; and resume/reproduce re-resolved ``auto`` on the new host,
-so a CPU archive replayed on a GPU machine ran on the GPU (NOT COMPARABLE instead of
-REPRODUCED) and a GPU run requeued on a CPU node carried on with only a warning.
-
-Rules:
-
-- ``cuda``/``cuda:N`` when CUDA is unusable is a one-line error that names why.
-- ``auto`` picks CUDA when usable, else the CPU with a WARNING naming why. It never picks MPS:
-  PyTorch makes no determinism promise there, so MPS is only used when asked for (on a Mac,
-  ``make train`` trains on the CPU, bitwise, and the warning names ``trainer.device=mps``).
-- The resolved device (``cuda:0``, ``cpu``) is recorded; resume and reproduce reuse it. A
-  device-*type* change on resume is refused unless asked for explicitly (then the resume is
-  recorded as not bitwise). The GPU ordinal is not identity: which GPU of a host is used
-  does not change the bits, the GPU model does (see ``repro/comparability.py``).
+Closes: silent device changes (``auto`` falling back to the CPU without a word; a resume
+or reproduce re-resolving ``auto`` on another host, so a CPU archive replayed on a GPU).
+``cuda``/``cuda:N`` where CUDA is unusable is a one-line error naming why; ``auto`` picks
+CUDA when usable, else the CPU with a WARNING naming why, and never MPS (no determinism
+promise there: MPS only when asked for). The resolved device is recorded and reused; a
+device-*type* change on resume is refused unless ``trainer.allow_device_change=true``
+(then recorded as not bitwise). The GPU ordinal is not identity, the GPU model is
+(``repro/comparability.py``). docs/gpus.md has the rules.
 """
 
 from __future__ import annotations

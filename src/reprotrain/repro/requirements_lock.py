@@ -89,10 +89,8 @@ class ParsedLock:
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash continuations and drop comments, keeping the first physical line number.
-
-    Why: the compiler writes one requirement over many lines (one ``--hash`` each).
-    """
+    """Join backslash continuations (the compiler writes one ``--hash`` a line) and drop
+    comments, keeping the first physical line number."""
     out: list[tuple[int, str]] = []
     buf: list[str] = []
     start = 0
@@ -122,12 +120,9 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
-    """Parse a hashed requirements lock and collect every line-level problem.
-
-    Why: a lock is only a lock if each line names one exact version with at least one sha256
-    and nothing that resolves differently on another machine (an index, a local folder, a
-    ``file:`` URL, an editable path).
-    """
+    """Parse a hashed lock and collect every line-level problem: each line must name one
+    exact version with a sha256 and nothing that resolves differently elsewhere (an index,
+    a local folder, a ``file:`` URL, an editable path)."""
     path = Path(path)
     if text is None:
         text = path.read_text(encoding="utf-8")
@@ -218,11 +213,8 @@ def marker_applies(marker: str | None, environment: dict[str, str] | None = None
 
 
 def in_includes(in_path: Path) -> list[Path]:
-    """Files an ``.in`` pulls in via ``-r``/``-c`` (recursively), relative to their parent.
-
-    Why: the dev lock is compiled against ``-c requirements.lock``, so it is stale when
-    either file changes; both hashes go into the sidecar.
-    """
+    """Files an ``.in`` pulls in via ``-r``/``-c`` (recursively): the dev lock is compiled
+    against ``-c requirements.lock``, so it is stale when either changes."""
     seen: list[Path] = []
 
     def walk(p: Path) -> None:
@@ -287,12 +279,8 @@ def read_record(lock_path: Path) -> dict[str, str] | None:
 
 
 def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
-    """Compare the sidecar with the files now on disk.
-
-    Why: a lock compiled from an older ``.in`` installs something other than what the
-    ``.in`` asks for, silently; and a lock edited by hand after ``make lock`` (a hash dropped,
-    an index added) is no longer what the compiler verified.
-    """
+    """Compare the sidecar with the files now on disk: a lock compiled from an older
+    ``.in``, or edited by hand after ``make lock``, is not what the compiler verified."""
     lock_path, in_path = Path(lock_path), Path(in_path)
     recorded = read_record(lock_path)
     side = sidecar_path(lock_path).name
@@ -336,11 +324,8 @@ def _in_requirements(in_path: Path) -> list[tuple[int, str]]:
 
 
 def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
-    """Every direct requirement of the ``.in`` is in the lock at a version it allows.
-
-    Why: catches a stale lock even when the sidecar was refreshed by hand. Needs
-    ``packaging``; without it this check is skipped (the sidecar check still runs).
-    """
+    """Every direct requirement of the ``.in`` is in the lock at a version it allows (a
+    stale lock whose sidecar was refreshed by hand). Skipped without ``packaging``."""
     try:
         from packaging.requirements import InvalidRequirement, Requirement
     except ImportError:  # bare python3 before the venv exists
@@ -370,11 +355,8 @@ def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
 
 
 def check_agreement(locks: list[ParsedLock]) -> list[str]:
-    """Shared packages carry the same version and hashes in every lock.
-
-    Why: ``pip install -r requirements.lock -r requirements-dev.lock`` must not depend on
-    which file pip reads first.
-    """
+    """Shared packages carry the same version and hashes in every lock, so installing
+    several locks does not depend on which file pip reads first."""
     problems = []
     for i, a in enumerate(locks):
         for b in locks[i + 1 :]:
@@ -416,10 +398,8 @@ def locked_versions(
 
 
 def installed_versions() -> dict[str, str]:
-    """{normalised name: version} of the distributions the running interpreter would import.
-
-    First one wins on duplicates, as with imports (an earlier ``sys.path`` entry shadows).
-    """
+    """{normalised name: version} of the distributions the interpreter would import (the
+    first of duplicates wins, as an earlier ``sys.path`` entry shadows)."""
     from importlib import metadata
 
     out: dict[str, str] = {}
@@ -516,13 +496,9 @@ def env_drift(repo_root: Path) -> dict:
     """Installed distributions vs ``requirements.lock`` + ``requirements-dev.lock``, plus
     the lock of every optional extra that is installed (``EXTRAS``).
 
-    Why: the lock is only a promise if the interpreter running the job matches it; the
-    trainer records this dict in ``run.json`` and ``make env-check`` fails on drift. An
-    extra installed from its lock (``make install EXTRAS=mlflow``) is locked, not drift; one
-    installed by hand at other versions, or only in part, is drift.
-    The project's own package (``pyproject.toml``'s name) is not drift when it is installed
-    editable: its code is what the run imports from the checkout (a reproduce imports the
-    archive's copy), covered by the code digest, not by the lock. Installed as a copy in
+    Recorded in ``run.json``; ``make env-check`` fails on drift. An extra installed from its
+    lock is locked; one installed by hand, or in part, is drift. The project's own package
+    is not drift when installed editable (the code digest covers it); as a copy in
     site-packages it is an extra. Returns ``{"status": "ok"|"drift"|"no-lock", "missing",
     "extra", "different", "locks", "project": {"name", "editable_from"}}``.
     """

@@ -131,13 +131,6 @@ def both_portable(recorded_env: dict, current_env: dict) -> bool:
     return cpu_dispatch(recorded_env) == cpu_dispatch(current_env) == "portable"
 
 
-def cpu_rule(recorded_env: dict, current_env: dict) -> tuple[tuple[str, Getter], ...]:
-    """The CPU fields compared for this pair of runs."""
-    if both_portable(recorded_env, current_env):
-        return CPU_DISPATCH_RULE
-    return CPU_MODEL_RULE + CPU_DISPATCH_RULE
-
-
 def _compare(rules, recorded: dict, current: dict, missing_differs: bool = True) -> list[str]:
     out = []
     for label, get in rules:
@@ -164,7 +157,9 @@ def differences(
     """
     recorded_env, current_env = recorded_env or {}, current_env or {}
     rule = [r for r in RULE if not (world_size_invariant and r[0] == "world size")]
-    rule += cpu_rule(recorded_env, current_env)
+    if not both_portable(recorded_env, current_env):
+        rule += CPU_MODEL_RULE
+    rule += CPU_DISPATCH_RULE
     out = _compare(rule, recorded_env, current_env)
     if device_type(recorded_env) == "cuda" and device_type(current_env) == "cuda":
         out += _compare(CUDA_RULE, recorded_env, current_env)

@@ -1,20 +1,14 @@
 """What machine is this: the CPU and the GPU as far as they decide the bits.
 
 Closes (as records): CPU kernel dispatch and GPU kernel choice. ATen, oneDNN and MKL each
-pick a code path for the CPU they run on, and each rounds differently; torch's capability
-label is not enough (an AMD EPYC and an Intel Xeon both report ``AVX512`` and trained the
-smoke config to different bits, issue 24). So the CPU record holds the vendor, family,
-model, stepping and name, the ISA extensions the libraries dispatch on, what each library
-chose (read back), their versions and the variables that steer them. The GPU record holds
-the model, SM count, driver and the BLAS library and workspaces torch uses.
-
-The CPU is read with the ``cpuid`` instruction where it can run (x86-64 Linux: 28 bytes of
-machine code in an executable mapping, called through ctypes): that is what the libraries
-dispatch on, while ``/proc/cpuinfo`` (the fallback) is the kernel's view, which an emulator
-or a mounted file can make another CPU's. The flag names are the kernel's, so both sources
-give the same identity on a real host. Nothing here imports torch at module level:
-``hashseed`` reads :func:`cpu_flags` before torch loads. Which fields must match is decided
-in ``repro/comparability.py``.
+pick a code path for the CPU they run on, and each rounds differently, so the CPU record
+holds the vendor, family, model, name and the ISA extensions they dispatch on (from the
+``cpuid`` instruction where it runs, else ``/proc/cpuinfo``, which an emulator or a mounted
+file can make another CPU's), what each library chose (read back), their versions and the
+variables that steer them; the GPU record the model, SM count, driver, BLAS library and
+workspaces. Why this is not a library: docs/design.md, "Large rooms". No torch at module
+level: ``hashseed`` reads :func:`cpu_flags` before torch loads. Which fields must match is
+decided in ``repro/comparability.py``.
 """
 
 from __future__ import annotations

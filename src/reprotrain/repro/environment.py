@@ -11,7 +11,6 @@ environment (WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, HF_TOKEN...) never reach a ru
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import re
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reprotrain.hashing import text_sha256
 from reprotrain.repro import machine
 
 #: Variables that change which cuBLAS/cuBLASLt kernels run (and so the bits), or the TF32
@@ -96,7 +96,7 @@ def bits_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def _recorded(name: str, value: str) -> str:
     if _SECRET_NAME.search(name):
-        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+        return "sha256:" + text_sha256(value)
     return value
 
 

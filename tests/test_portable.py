@@ -137,6 +137,19 @@ def test_a_portable_archive_reproduces_bitwise_its_replay_sets_the_levers_again(
 # ------------------------------------------------- the probe (scripts/portable_probe.py)
 
 
+def test_the_machine_identity_and_the_portable_refusal_load_without_torch():
+    """repro=portable's refusal reads the CPU's flags (``machine.cpu_flags``) before torch
+    and numpy load (a CPU without AVX2 cannot import them): the machine module, which also
+    holds the torch read-backs, imports them only inside the functions that use them."""
+    code = (
+        "import sys; from reprotrain.repro import hashseed, machine; machine.cpu_flags(); "
+        "print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    )
+    run = [sys.executable, "-c", code]
+    out = subprocess.run(run, capture_output=True, text=True, env=base_env(), timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
 def portable_probe():
     """scripts/portable_probe.py as a module (it is a template script, not a package)."""
     import importlib.util

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from reprotrain.repro import environment
+from reprotrain.repro import environment, machine
 
 H100 = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, sms=132, memory=85_028_896_768)
 A100 = dict(name="NVIDIA A100-SXM4-80GB", major=8, minor=0, sms=108, memory=85_899_345_920)
@@ -59,7 +59,7 @@ def fake_gpu_host(
     monkeypatch.setattr(
         torch.backends.cuda, "preferred_blas_library", lambda: torch._C._BlasBackend.Cublas
     )
-    monkeypatch.setattr(environment, "nvidia_smi", smi)
+    monkeypatch.setattr(machine, "nvidia_smi", smi)
 
 
 def gpu_env(monkeypatch, index: int = 0, **host) -> dict:

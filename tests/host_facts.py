@@ -12,11 +12,11 @@ documented CPUID facts (each file's ``how`` says which). So a constant that equa
 those hosts' values fails here, on the development machine, not on the next user's.
 
 Patched are the readers, never the tests' expectations: the ``cpuid`` instruction
-(``repro.cpuid.read``), ``/proc/cpuinfo`` (``repro.cpuid.proc_cpuinfo``), torch's
+(``repro.machine.cpuid_fields``), ``/proc/cpuinfo`` (``repro.machine.proc_cpuinfo``), torch's
 capability, oneDNN's ISA and version, MKL's presence, version and CNR branch
-(``repro.cpu_identity``), and ``torch.get_num_threads``, ``os.cpu_count``,
+(``repro.machine``), and ``torch.get_num_threads``, ``os.cpu_count``,
 ``os.sched_getaffinity``, ``platform.machine``, ``platform.python_version``,
-``os.getuid``/``os.geteuid``. ``test_the_host_matrix`` checks that ``cpu_identity.capture``
+``os.getuid``/``os.geteuid``. ``test_the_host_matrix`` checks that ``machine.capture_cpu``
 then returns each identity exactly. Subprocesses see the real host (their tests compare runs
 of one host with each other, which holds anywhere).
 """
@@ -38,7 +38,7 @@ HOSTS_DIR = Path(__file__).resolve().parent / "hosts"
 
 @dataclass(frozen=True)
 class HostIdentity:
-    """One host as the project reads it: its CPU (what ``cpu_identity.capture`` returns,
+    """One host as the project reads it: its CPU (what ``machine.capture_cpu`` returns,
     and the raw ``cpuid`` and ``/proc/cpuinfo`` it comes from) and its other facts."""
 
     id: str
@@ -77,17 +77,17 @@ def apply(monkeypatch: pytest.MonkeyPatch, host: HostIdentity) -> None:
     """Make ``host`` the host: patch every reader listed in the module docstring."""
     import torch
 
-    from reprotrain.repro import cpu_identity, cpuid
+    from reprotrain.repro import machine
 
     cap = host.capture
-    monkeypatch.setattr(cpuid, "read", lambda: host.cpuid)
-    monkeypatch.setattr(cpuid, "proc_cpuinfo", lambda: host.proc_cpuinfo)
+    monkeypatch.setattr(machine, "cpuid_fields", lambda: host.cpuid)
+    monkeypatch.setattr(machine, "proc_cpuinfo", lambda: host.proc_cpuinfo)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cap["capability"])
-    monkeypatch.setattr(cpu_identity, "onednn_isa", lambda: cap["onednn_isa"])
-    monkeypatch.setattr(cpu_identity, "onednn_version", lambda: cap["onednn_version"])
+    monkeypatch.setattr(machine, "onednn_isa", lambda: cap["onednn_isa"])
+    monkeypatch.setattr(machine, "onednn_version", lambda: cap["onednn_version"])
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: cap["mkl_version"] is not None)
-    monkeypatch.setattr(cpu_identity, "mkl_version", lambda: cap["mkl_version"])
-    monkeypatch.setattr(cpu_identity, "mkl_cbwr_branch", lambda: cap["mkl_cbwr_branch"])
+    monkeypatch.setattr(machine, "mkl_version", lambda: cap["mkl_version"])
+    monkeypatch.setattr(machine, "mkl_cbwr_branch", lambda: cap["mkl_cbwr_branch"])
     monkeypatch.setattr(torch, "get_num_threads", lambda: host.threads)
     monkeypatch.setattr(os, "cpu_count", lambda: host.cores)
     if hasattr(os, "sched_getaffinity"):

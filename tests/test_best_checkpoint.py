@@ -36,7 +36,7 @@ class Loop(Part):
         self.global_step = 0
 
     def state_dict(self) -> dict:
-        return {"global_step": self.global_step, "epoch": 1, "step": self.global_step}
+        return {"global_step": self.global_step, "epoch": 1, "epoch_step": self.global_step}
 
 
 def fake_checkpoint(path: Path, global_step: int, seeds: dict = SEEDS, **loop) -> bytes:
@@ -44,7 +44,7 @@ def fake_checkpoint(path: Path, global_step: int, seeds: dict = SEEDS, **loop) -
         "format_version": checkpoint.FORMAT_VERSION,
         "seeds": seeds,
         "model": {"w": torch.tensor([float(global_step)])},
-        "loop": {"global_step": global_step, "epoch": 1, "step": global_step, **loop},
+        "loop": {"global_step": global_step, "epoch": 1, "epoch_step": global_step, **loop},
     }
     data = checkpoint.serialise(state)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,8 +72,8 @@ def test_pruning_counts_and_deletes_only_checkpoints_that_load_and_belong(tmp_pa
 
 def test_reconcile_best_copies_the_best_epochs_checkpoint_or_removes_a_stale_one(tmp_path):
     ckpts = tmp_path / "checkpoints"
-    fake_checkpoint(ckpts / "best.pt", 8, epoch=2, step=0, best_epoch=1)
-    want = fake_checkpoint(checkpoint.step_path(ckpts, 16), 16, epoch=3, step=0, best_epoch=2)
+    fake_checkpoint(ckpts / "best.pt", 8, epoch=2, epoch_step=0, best_epoch=1)
+    want = fake_checkpoint(checkpoint.step_path(ckpts, 16), 16, epoch=3, epoch_step=0, best_epoch=2)
     loop = checkpoint.load(checkpoint.step_path(ckpts, 16))["loop"]
     note = checkpoint.reconcile_best(ckpts, loop)
     assert "did not hold the recorded best epoch 2; rewritten from step-00000016.pt" in note

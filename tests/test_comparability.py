@@ -120,31 +120,15 @@ def test_gpu_only_fields_do_not_matter_on_cpu_runs(monkeypatch):
         assert differences(cpu, changed(cpu, path, value)) == [], path
 
 
-# ------------------------------------------------------------------ older records
+# ------------------------------------------------------------------ missing fields
 
 
-def test_an_older_cpu_record_keeps_its_capability_in_the_device_block():
-    now = environment.capture(torch.device("cpu"))
-    old = {k: now[k] for k in ("python", "torch", "numpy", "cuda", "cudnn", "os", "machine", "env")}
-    then = another(now["cpu"]["capability"], "AVX2", "AVX512")
-    old |= {"num_threads": now["num_threads"], "device": {"type": "cpu", "capability": then}}
-    got = differences(old, now)
-    assert f"cpu capability: {then} -> {now['cpu']['capability']}" in got
-    # A record from before the CPU identity (issue 24) cannot promise bits on any CPU model.
-    assert f"CPU: not recorded -> {comparability.cpu_model(now)}" in got
-
-
-def test_an_older_gpu_record_cannot_promise_bits_it_did_not_record(h100):
-    """A checkpoint written before this rule held only torch, device type and world size."""
-    old = {"torch": h100["torch"], "device_type": "cuda", "world_size": 1}
+def test_a_record_without_a_field_cannot_promise_bits_it_did_not_record(h100):
+    """A field a record lacks is "not recorded": a difference, never shown equal."""
+    old = {"torch": h100["torch"], "device": {"type": "cuda"}, "world_size": 1}
     got = differences(old, h100)
     assert "gpu SM count: not recorded -> 132" in got and "driver: not recorded -> 580.82.07" in got
     assert not any(line.startswith(("torch", "device type", "world size")) for line in got)
-
-
-def test_an_older_record_with_the_visible_count_in_the_device_block_is_not_a_difference(h100):
-    old = changed(h100, "device.count", 8)
-    assert differences(old, h100) == []
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import torch
 import host_facts
 from conftest import MICRO, REPO, assert_ok, base_env
 from fake_cuda import H100, gpu_env
-from reprotrain.repro import comparability, cpu_identity, cpuid, environment
+from reprotrain.repro import comparability, environment, machine
 from reprotrain.repro.comparability import differences, notes
 from reprotrain.tools.reproduce import rerun
 
@@ -29,7 +29,7 @@ HOST_FACTS = pytest.mark.host_facts  # tests/host_facts.py: also run as on other
 def test_cpuinfo_gives_vendor_family_model_and_the_flags_kernels_dispatch_on():
     """Only dispatch flags: x86's smep/smx are not arm64's SME (a regex once took smep)."""
     for host in host_facts.HOSTS:  # each real /proc/cpuinfo block, and the written ones
-        got = cpu_identity.cpuinfo_fields(host.proc_cpuinfo)
+        got = machine.cpuinfo_fields(host.proc_cpuinfo)
         want = {k: host.capture[k] for k in ("vendor", "family", "model", "model_name")}
         assert {k: got[k] for k in want} == want, host.id
         assert got["isa_flags"] == host.capture["isa_flags"], host.id
@@ -42,7 +42,7 @@ def cpu_env() -> dict:
 
 
 #: Dispatch flags a CPU may have; "another" CPU gains the first one the host lacks.
-KNOWN_FLAGS = sorted(set(cpuid.FLAGS.values()))
+KNOWN_FLAGS = sorted(set(machine.CPUID_FLAGS.values()))
 
 
 def another_cpu(env: dict) -> dict:
@@ -74,7 +74,7 @@ def test_a_run_records_the_cpu_identity(cpu_env):
             "portable")  # fmt: skip
     for key in keys:
         assert key in cpu, key
-    assert set(cpu["dispatch_env"]) == set(cpu_identity.DISPATCH_ENV_VARS)
+    assert set(cpu["dispatch_env"]) == set(machine.DISPATCH_ENV_VARS)
     assert cpu["capability"] == torch.backends.cpu.get_cpu_capability()
 
 
@@ -91,7 +91,7 @@ def test_another_cpu_model_with_the_same_capability_promises_no_bits(cpu_env):
 def test_a_gpu_run_compares_the_cpu_identity_too(monkeypatch):
     """The data path (order, augmentation) runs on the CPU of a GPU run."""
     h100 = gpu_env(monkeypatch, model=H100)
-    assert h100["cpu"]["vendor"] == cpu_identity.cpu_fields()["vendor"]
+    assert h100["cpu"]["vendor"] == machine.cpu_fields()["vendor"]
     assert any(line.startswith("CPU: ") for line in differences(h100, another_cpu(h100)))
 
 
@@ -103,7 +103,7 @@ def test_a_gpu_run_compares_the_cpu_identity_too(monkeypatch):
         ("MKL CNR branch", ("mkl_cbwr_branch",)),
         ("MKL", ("mkl_version",)),
         ("oneDNN", ("onednn_version",)),
-        *((f"${n}", ("dispatch_env", n)) for n in cpu_identity.DISPATCH_ENV_VARS),
+        *((f"${n}", ("dispatch_env", n)) for n in machine.DISPATCH_ENV_VARS),
     ],
 )
 @HOST_FACTS
@@ -121,7 +121,7 @@ def portable(env: dict) -> dict:
     out = copy.deepcopy(env)
     out["cpu"].update(capability="AVX2", onednn_isa="Intel AVX2", mkl_cbwr_branch="COMPATIBLE",
                       portable=True)  # fmt: skip
-    out["cpu"]["dispatch_env"].update(cpu_identity.PORTABLE_ENV)
+    out["cpu"]["dispatch_env"].update(machine.PORTABLE_ENV)
     return out
 
 
@@ -231,7 +231,7 @@ CPU revision\t: 1
 
 
 def test_an_arm64_cpu_is_known_by_implementer_part_and_features():
-    got = cpu_identity.cpuinfo_fields(GRAVITON_CPUINFO)
+    got = machine.cpuinfo_fields(GRAVITON_CPUINFO)
     assert (got["vendor"], got["family"], got["model"]) == ("0x41", "8", "0xd4f")
     assert {"asimd", "sve", "sve2", "bf16", "i8mm"} <= set(got["isa_flags"])
 
@@ -247,5 +247,5 @@ def test_on_macos_the_brand_string_names_the_cpu(monkeypatch):
     monkeypatch.setattr("platform.system", lambda: "Darwin")
     monkeypatch.setattr("platform.machine", lambda: "arm64")
     monkeypatch.setattr(sp, "run", fake_run)
-    got = cpu_identity.cpuinfo_fields("")
+    got = machine.cpuinfo_fields("")
     assert (got["vendor"], got["model_name"], got["model"]) == ("Apple", "Apple M2 Pro", "Mac14,9")

@@ -165,5 +165,4 @@ def test_reproduce_replays_on_the_recorded_device_type(monkeypatch, no_cuda):
 def test_the_recorded_device_is_read_from_run_json():
     new = {"environment": {"device": {"type": "cuda", "resolved": "cuda:1"}}}
     assert dev.recorded_device(new) == "cuda:1"
-    assert dev.recorded_device({"environment": {"device": {"type": "cpu"}}}) == "cpu"  # older
     assert dev.recorded_device({}) is None

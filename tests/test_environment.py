@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fake_cuda import DRIVER, H100, fake_gpu_host, gpu_env, uuid_of
-from reprotrain.repro import determinism, environment
+from reprotrain.repro import determinism, environment, machine
 
 pytestmark = pytest.mark.host_facts  # tests/host_facts.py: also run as on other hosts
 
@@ -26,7 +26,7 @@ def test_cpu_identity_includes_the_simd_capability():
 
 def test_on_a_cpu_host_every_gpu_field_is_recorded_as_absent():
     env = environment.capture(torch.device("cpu"))
-    assert env["gpu"] == dict.fromkeys(environment.GPU_FIELDS)  # present, all None
+    assert env["gpu"] == dict.fromkeys(machine.GPU_FIELDS)  # present, all None
     assert set(env["gpu_env"]) == set(environment.GPU_ENV_VARS)
     assert set(environment.CUBLAS_ENV_VARS) <= set(env["gpu_env"])
     assert env["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
@@ -51,7 +51,7 @@ def test_a_gpu_run_records_the_training_gpu_and_the_cpu(monkeypatch):
     assert gpu["cublas_workspace_bytes"] == 4096 * 1024 * 8 and gpu["blas_library"] == "Cublas"
     # data order and augmentation run on the CPU: its capability is kept on GPU runs
     assert env["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
-    assert set(env["gpu"]) == set(environment.GPU_FIELDS)
+    assert set(env["gpu"]) == set(machine.GPU_FIELDS)
 
 
 def test_reduced_precision_reduction_flags_are_read_back(monkeypatch):
@@ -75,7 +75,7 @@ def test_driver_cuda_version_comes_from_torch_when_it_exposes_it(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getDriverVersion", lambda: 13000, raising=False)
     assert gpu_env(monkeypatch)["gpu"]["driver_cuda_version"] == "13.0"
     monkeypatch.delattr(torch._C, "_cuda_getDriverVersion")
-    assert environment.driver_cuda_version() is None
+    assert machine.driver_cuda_version() is None
 
 
 def test_without_nvidia_smi_the_driver_is_absent_and_mig_comes_from_the_env(monkeypatch):

@@ -16,15 +16,15 @@ import pytest
 
 import host_facts
 from conftest import REPO, base_env
-from reprotrain.repro import comparability, cpu_identity, cpuid, hashseed
+from reprotrain.repro import comparability, hashseed, machine
 
 
 @pytest.mark.parametrize("host", host_facts.HOSTS, ids=[h.id for h in host_facts.HOSTS])
 def test_each_identity_becomes_exactly_what_the_project_reads(monkeypatch, host):
     host_facts.apply(monkeypatch, host)
-    assert cpu_identity.capture() == host.capture
-    assert cpu_identity.cpu_fields()["source"] == ("cpuid" if host.cpuid else "/proc/cpuinfo")
-    flags = hashseed.cpu_flags()  # what repro=portable's refusal reads, before torch loads
+    assert machine.capture_cpu() == host.capture
+    assert machine.cpu_fields()["source"] == ("cpuid" if host.cpuid else "/proc/cpuinfo")
+    flags = machine.cpu_flags()  # what repro=portable's refusal reads, before torch loads
     if host.machine == "x86_64":
         assert ("avx2" in flags) == ("avx2" in host.capture["isa_flags"])
     else:  # no x86 flags line: portable refuses on the architecture first
@@ -49,11 +49,11 @@ def test_the_matrix_holds_the_cpus_the_template_meets():
 def test_cpuid_and_proc_cpuinfo_agree_on_a_real_host():
     """What lets a record read from ``cpuid`` compare with one read from /proc/cpuinfo:
     on a real (not emulated) Linux host both give the same identity."""
-    fields = cpuid.read()
+    fields = machine.cpuid_fields()
     if fields is None:  # not x86-64 Linux, or executable memory refused: the fallback
-        assert cpu_identity.cpu_fields()["source"] == "/proc/cpuinfo"
+        assert machine.cpu_fields()["source"] == "/proc/cpuinfo"
         return
-    assert fields == cpu_identity.cpuinfo_fields()
+    assert fields == machine.cpuinfo_fields()
 
 
 def signature(family: int, model: int, stepping: int) -> int:
@@ -86,23 +86,25 @@ def registers_of(vendor: str, sig: int, brand: str, **bits: tuple[int, int, str,
 
 def test_cpuid_decodes_family_model_and_flags_as_the_kernel_prints_them():
     """The extended family (AMD Zen: base 0xF) and extended model (Intel family 6) count."""
-    flag = {name: key for key, name in cpuid.FLAGS.items()}
+    flag = {name: key for key, name in machine.CPUID_FLAGS.items()}
     zen4 = registers_of("AuthenticAMD", signature(25, 17, 1), "AMD EPYC Test Processor",
                         a=flag["avx2"], b=flag["avx512f"], c=flag["avx512_bf16"])  # fmt: skip
-    got = cpuid.decode(zen4)
+    got = machine.decode_cpuid(zen4)
     assert (got["vendor"], got["family"], got["model"], got["stepping"]) == (
         "AuthenticAMD", "25", "17", "1",
     )  # fmt: skip
     assert got["model_name"] == "AMD EPYC Test Processor"
     assert got["isa_flags"] == ["avx2", "avx512_bf16", "avx512f"]
-    haswell = cpuid.decode(registers_of("GenuineIntel", signature(6, 60, 3), "Intel Haswell",
-                                        a=flag["fma"], b=flag["avx2"]))  # fmt: skip
+    registers = registers_of(
+        "GenuineIntel", signature(6, 60, 3), "Intel Haswell", a=flag["fma"], b=flag["avx2"]
+    )
+    haswell = machine.decode_cpuid(registers)
     assert (haswell["family"], haswell["model"]) == ("6", "60")
     assert haswell["isa_flags"] == ["avx2", "fma"]
 
 
 def test_every_flag_cpuid_knows_is_one_the_identity_records():
-    assert all(cpu_identity.X86_DISPATCH_FLAGS.match(name) for name in cpuid.FLAGS.values())
+    assert all(machine.X86_DISPATCH_FLAGS.match(name) for name in machine.CPUID_FLAGS.values())
 
 
 @pytest.mark.slow  # its unit: test_each_identity_becomes_exactly_what_the_project_reads (cpu_flags)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from reprotrain.repro.jsonsafe import strict_dumps, strict_loads, to_strict_json
+from reprotrain.run.record import strict_dumps, strict_loads, to_strict_json
 
 
 def test_non_finite_numbers_become_null_and_their_paths_are_returned() -> None:

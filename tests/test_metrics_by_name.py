@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, assert_ok, base_env
 from reprotrain import metric_names
-from reprotrain.repro.jsonsafe import strict_loads
+from reprotrain.run.record import strict_loads
 from reprotrain.tools.reproduce.reproduce import tolerance_report
 from reprotrain.tools.runs.run_diff import compare_runs
 from reprotrain.tools.sweeps import sweep_summary

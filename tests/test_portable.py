@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, base_env
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro import determinism, hashseed
+from reprotrain.repro import determinism, hashseed, machine
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -52,7 +52,7 @@ def test_a_multirun_cannot_mix_portable_with_another_level():
 def test_portable_is_refused_in_a_process_whose_dispatch_is_not_pinned(monkeypatch):
     """This pytest process loaded torch without the levers: applying portable here would
     promise what the libraries do not do."""
-    for name in hashseed.PORTABLE_ENV:
+    for name in machine.PORTABLE_ENV:
         monkeypatch.delenv(name, raising=False)
     before = determinism.effective_flags("strict")
     with pytest.raises(ReprotrainError, match="CPU dispatch is not pinned"):
@@ -72,10 +72,10 @@ def test_the_libraries_read_the_portable_levers_back():
     """What torch, MKL and oneDNN report, not what was meant: capability AVX2, MKL's CNR
     branch COMPATIBLE, oneDNN's ISA AVX2; and the record calls it portable."""
     code = (
-        "from reprotrain.repro import cpu_identity as c; i = c.capture(); "
+        "from reprotrain.repro import machine as c; i = c.capture_cpu(); "
         "print(i['capability'], i['mkl_cbwr_branch'], i['onednn_isa'], i['portable'])"
     )
-    assert probe(base_env(**hashseed.PORTABLE_ENV), code) == "AVX2 COMPATIBLE Intel AVX2 True"
+    assert probe(base_env(**machine.PORTABLE_ENV), code) == "AVX2 COMPATIBLE Intel AVX2 True"
     assert probe(base_env(), code).endswith("False")
 
 
@@ -98,10 +98,10 @@ def test_the_entry_point_refuses_portable_with_a_users_mkl_branch_in_one_line(tm
 def test_mkls_avx2_branch_holds_on_intel_only_so_portable_uses_compatible():
     """MKL honours MKL_CBWR=AVX2 on an Intel CPU; elsewhere it reads it back as AUTO
     (measured: an AMD EPYC), which is why the AVX2 row's bits differ across vendors."""
-    from reprotrain.repro import cpu_identity
+    from reprotrain.repro import machine
 
-    vendor = cpu_identity.cpuinfo_fields()["vendor"]
-    code = "from reprotrain.repro import cpu_identity as c; print(c.mkl_cbwr_branch())"
+    vendor = machine.cpuinfo_fields()["vendor"]
+    code = "from reprotrain.repro import machine as c; print(c.mkl_cbwr_branch())"
     got = probe(base_env(MKL_CBWR="AVX2"), code)
     assert got == ("AVX2" if vendor == "GenuineIntel" else "AUTO")
     assert probe(base_env(MKL_CBWR="COMPATIBLE"), code) == "COMPATIBLE"
@@ -137,6 +137,19 @@ def test_a_portable_archive_reproduces_bitwise_its_replay_sets_the_levers_again(
 # ------------------------------------------------- the probe (scripts/portable_probe.py)
 
 
+def test_the_machine_identity_and_the_portable_refusal_load_without_torch():
+    """repro=portable's refusal reads the CPU's flags (``machine.cpu_flags``) before torch
+    and numpy load (a CPU without AVX2 cannot import them): the machine module, which also
+    holds the torch read-backs, imports them only inside the functions that use them."""
+    code = (
+        "import sys; from reprotrain.repro import hashseed, machine; machine.cpu_flags(); "
+        "print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    )
+    run = [sys.executable, "-c", code]
+    out = subprocess.run(run, capture_output=True, text=True, env=base_env(), timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
 def portable_probe():
     """scripts/portable_probe.py as a module (it is a template script, not a package)."""
     import importlib.util
@@ -153,7 +166,7 @@ def portable_probe():
 def test_the_portable_probe_on_this_cpu_gives_the_pinned_hash():
     """The claim on whatever CPU runs the suite (Intel or AMD, AVX2 or AVX-512): the probe's
     every gradient, loss and weight under the portable levers equals the pin."""
-    if not X86 or "avx2" not in (hashseed.cpu_flags() or {"avx2"}):
+    if not X86 or "avx2" not in (machine.cpu_flags() or {"avx2"}):
         pytest.skip("repro=portable covers x86-64 CPUs with AVX2")
     probe = portable_probe()
     row = probe.run_one(None, timeout=300)

@@ -146,7 +146,7 @@ def test_help_exits_zero() -> None:
     [
         ("missing", "is not a directory"),
         ("no_run_json", "no run.json in"),
-        ("bad_run_json", "run.json is not valid JSON (line 1"),
+        ("bad_run_json", "run.json: invalid JSON at line 1"),
         ("bad_metrics_line", "metrics.jsonl line 2: invalid JSON"),
         ("metrics_not_objects", "metrics.jsonl line 1: expected a JSON object"),
     ],

@@ -137,4 +137,4 @@ def test_every_reader_of_a_run_dir_applies_the_schema(tmp_path):
     with pytest.raises(RecordError, match="world_size 'two' is not"):
         readers.read_run_json(run)
     with pytest.raises(RecordError, match="world_size 'two' is not"):
-        readers.check_shapes(json.loads((run / "run.json").read_text()), "r")
+        readers.parse_record((run / "run.json").read_text(), "r")

@@ -6,7 +6,7 @@ import subprocess
 
 from conftest import MICRO, REFERENCE, REPO, assert_ok, base_env, run_json, train
 from reprotrain.config_view import config_lines
-from reprotrain.repro.jsonsafe import strict_loads
+from reprotrain.run.record import strict_loads
 
 
 def test_tensorboard_has_one_point_per_step_and_logger_none_keeps_the_bits(tmp_path):

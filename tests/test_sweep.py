@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import REPO, assert_ok, base_env
-from reprotrain.repro.jsonsafe import strict_loads
+from reprotrain.run.record import strict_loads
 from reprotrain.run import plots
 from reprotrain.tools.sweeps import sweep_summary as ss
 

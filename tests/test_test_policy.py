@@ -37,9 +37,9 @@ def inner_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.Complete
 def test_a_constant_other_cpu_fails_on_that_host_and_a_derived_one_passes(tmp_path):
     """A CPU model or capability written into a test as "another" one fails on the matrix
     host that has it, here, before the next machine does."""
-    from reprotrain.repro import cpu_identity
+    from reprotrain.repro import machine
 
-    real = cpu_identity.capture()
+    real = machine.capture_cpu()
     model = next(h.capture["model_name"] for h in host_facts.HOSTS
                  if h.capture["model_name"] != real["model_name"])  # fmt: skip
     capability = next(h.capability for h in host_facts.HOSTS if h.capability != real["capability"])
@@ -48,25 +48,25 @@ def test_a_constant_other_cpu_fails_on_that_host_and_a_derived_one_passes(tmp_pa
         f"""
         import os, platform
         import pytest, torch
-        from reprotrain.repro import cpu_identity
+        from reprotrain.repro import machine
 
         pytestmark = pytest.mark.host_facts
 
         def test_constant_other_model():
-            assert cpu_identity.capture()["model_name"] != {model!r}
+            assert machine.capture_cpu()["model_name"] != {model!r}
 
         def test_constant_other_capability():
             assert torch.backends.cpu.get_cpu_capability() != {capability!r}
 
         def test_derived_other():
-            now = cpu_identity.capture()["model_name"]
+            now = machine.capture_cpu()["model_name"]
             other = f"{{now}} (another)"
             assert other != now
 
         def test_every_fact_is_faked(faked_host):
             if faked_host is None:
                 return
-            assert cpu_identity.capture() == faked_host.capture
+            assert machine.capture_cpu() == faked_host.capture
             assert torch.get_num_threads() == faked_host.threads
             assert os.cpu_count() == len(os.sched_getaffinity(0)) == faked_host.cores
             assert platform.machine() == faked_host.machine

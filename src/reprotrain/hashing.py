@@ -1,19 +1,11 @@
 """Every sha256 the project takes: of text, of files (cached), of tensors and of losses.
 
-One home for hashing, so that "the same bytes" means the same thing wherever a record,
-a lock, an archive or a resume compares them.
-
-**Files** (:func:`file_sha256`, :func:`files_fingerprint`). Randomness source closed:
-*data drift*. Two runs with the same code, lock and config can still differ if the dataset
-files on disk differ (a re-download, a truncated copy, a local edit). ``run.json`` records
-this fingerprint so a later reproduce can tell "same data" from
-"different data" before it compares a single weight.
-
-Hashing ~180 MB on every run start is wasted time, so each file's content hash is cached in
-a small JSON file keyed by (absolute path, size, mtime_ns), the same trade-off ``git status``
-makes: a file rewritten with the same size inside one timestamp tick would look unchanged,
-so (like git's "racy" entries) a file modified in the last few seconds is hashed but not
-cached.
+One home for hashing, so that "the same bytes" means the same thing wherever a record, a
+lock, an archive or a resume compares them. Files (:func:`files_fingerprint`) close *data
+drift*: the same code, lock and config on other dataset files (a re-download, a truncated
+copy) is told apart before a weight is compared. Each file's content hash is cached by
+(absolute path, size, mtime_ns), as ``git status`` does; like git's "racy" entries, a file
+modified in the last few seconds is hashed but not cached.
 """
 
 from __future__ import annotations

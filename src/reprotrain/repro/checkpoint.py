@@ -1,28 +1,19 @@
 """Checkpoints that hold everything an exact resume needs, written atomically.
 
 Closes: resume drift. A checkpoint is the ``state_dict()`` of every Stateful part the
-trainer names (model, optimizer, scheduler, GradScaler, RNG, and the loop state: position
-``(epoch, step, global_step)`` that the counter-based data pipeline restarts from, the
-partial-epoch sums, metrics, fingerprints, best value), plus the config and seeds. Nothing
-is listed by hand, so a part added to the trainer is checkpointed by construction.
-
-Safety: always loaded with ``torch.load(weights_only=True)``; python and numpy RNG states
-are stored as plain ints/lists so that restriction never needs relaxing, and a pickle that
-tries to run code is refused. Files are ``step-XXXXXXXX.pt``; the newest is the "last"
-checkpoint, ``best.pt`` the best evaluated one.
-
-``best.pt`` never disagrees with the loop state it is restored with: it is the same bytes
-as the epoch-end checkpoint of the recorded best epoch, and a resume re-derives it from that
-checkpoint when a kill landed between the two writes (:func:`reconcile_best`). Pruning only
-ever counts, and deletes, step checkpoints that load and belong to the run (same seeds, the
-global step in the name matches the one inside): a stray ``step-99999999.pt`` is neither
-"the newest" nor deleted.
+trainer names (model, optimizer, scheduler, GradScaler, RNG, the loop state), plus the
+config and seeds: a part added to the trainer is checkpointed by construction. Always
+loaded with ``torch.load(weights_only=True)``; a pickle that asks for code is refused.
+``best.pt`` is the same bytes as the epoch-end checkpoint of the recorded best epoch, and
+a resume re-derives it when a kill landed between the two writes (:func:`reconcile_best`).
+Pruning counts and deletes only step checkpoints that load and belong to the run.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import math
 import pickle
 import re
 from collections.abc import Callable
@@ -101,16 +92,14 @@ def belongs(path: Path, seeds: dict | None) -> bool:
         state = load(path)
     except CheckpointError:
         return False
-    loop = state.get("loop") or {}
-    return (seeds is None or state.get("seeds") == seeds) and loop.get("global_step") == step_of(
-        path
-    )
+    at = (state.get("loop") or {}).get("global_step")
+    return (seeds is None or state.get("seeds") == seeds) and at == step_of(path)
 
 
 def is_best_of(state: dict[str, Any], best_epoch: int) -> bool:
     """Whether ``state`` is the epoch-end checkpoint of ``best_epoch`` (what best.pt holds)."""
     loop = state.get("loop") or {}
-    return loop.get("epoch") == best_epoch + 1 and loop.get("epoch_step", loop.get("step")) == 0
+    return loop.get("epoch") == best_epoch + 1 and loop.get("epoch_step") == 0
 
 
 def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None:
@@ -118,11 +107,7 @@ def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None
     best, epoch = None, None
     for row in rows:
         value = row.get(monitor)
-        if (
-            not isinstance(value, int | float)
-            or value != value
-            or value in (float("inf"), float("-inf"))
-        ):
+        if not isinstance(value, int | float) or not math.isfinite(value):
             continue
         if best is None or (value > best if mode == "max" else value < best):
             best, epoch = value, row.get("epoch")
@@ -257,8 +242,8 @@ class Saver:
         self.gather = gather
         seeds = meta.get("seeds")
         # The run's own checkpoints so far (a resume's): the only ones pruning may count.
-        self.own = [p for p in list_step_checkpoints(ckpt_dir) if belongs(p, seeds)] \
-            if is_writer() else []  # fmt: skip
+        mine = list_step_checkpoints(ckpt_dir) if is_writer() else []
+        self.own = [p for p in mine if belongs(p, seeds)]
 
     def payload(self) -> dict[str, Any] | None:
         """The checkpoint as :meth:`save` would write it now; None on a rank that writes
@@ -281,5 +266,5 @@ class Saver:
         if best:
             events.fire("before-best", global_step=step)
             save(self.dir / BEST, data)
-        self.own = prune([p for p in self.own if p != path and step_of(p) < step] + [path],
-                         self.keep)  # fmt: skip
+        older = [p for p in self.own if p != path and step_of(p) < step]
+        self.own = prune([*older, path], self.keep)

@@ -2,42 +2,20 @@
 
 Closes: false bitwise promises and false alarms. Resume and reproduce both ask
 ``differences(recorded, current)``; an empty list means the same code and config can give
-the same bits here. What must match, and why:
+the same bits here. What must match (docs/gpus.md and README "Determinism levels" say why):
+the device type; the world size (except for a ``trainer.world_size_invariant`` run); torch,
+python, numpy and the machine architecture; the thread count and the CPU's identity for bits
+(``repro/machine.py``), on GPU runs too; on CUDA runs the GPU model and SM count, driver,
+CUDA, cuDNN, the BLAS library and workspaces, the variables that steer cuBLAS/cuDNN and the
+reduced-precision-reduction flags; every set variable of the kernel families. When both runs
+read back the portable CPU paths (``repro=portable``), the CPU model is a note, not a reason.
+When in doubt a field is compared: a false "bits promised" is worse than a statistical
+verdict. The float math (``trainer.precision``) is compared by :func:`precision_difference`.
 
-- device type; the world size (all-reduce order, per-rank batch shards), except for a
-  ``trainer.world_size_invariant`` run;
-- torch, python, numpy, the machine architecture (the kernels and the host code);
-- the intra-op thread count, and the CPU's identity for bits (``repro/cpu_identity.py``), on
-  GPU runs too (data order and augmentation are computed on the CPU; reduction order follows
-  the thread count): vendor, family, model and model name; the ISA extensions the libraries
-  dispatch on; the code paths torch (capability), oneDNN (ISA) and MKL (CNR branch) chose;
-  whether oneDNN is on; the MKL and oneDNN versions; the variables that steer dispatch.
-  Two AVX-512 CPUs of two vendors gave different bits (issue 24), so torch's capability
-  label alone is not enough; when in doubt a field is compared: a false "bits promised" is
-  worse than a statistical verdict;
-- when both runs pinned CPU dispatch to the portable paths (``repro=portable``, read back
-  as ``cpu.portable``), the CPU's vendor, model, name and ISA extensions are not compared
-  (the same bits on any x86-64 CPU with AVX2); everything else above still is;
-- on CUDA runs: the GPU model and its SM count (kernel choice and split-K / reduction
-  tiling follow the SM count, so a MIG slice differs from the full GPU), the driver,
-  CUDA and cuDNN versions, the variables that steer cuBLAS/cuBLASLt
-  (``CUBLAS_WORKSPACE_CONFIG``, ``CUBLASLT_WORKSPACE_SIZE``, ``TORCH_BLAS_PREFER_CUBLASLT``,
-  ``NVIDIA_TF32_OVERRIDE``, ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE``, and the two torch 2.14
-  also reads: ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``, ``TORCH_CUDNN_USE_HEURISTIC_MODE_B``), the
-  BLAS library and workspace sizes torch really uses, and torch's fp16/bf16
-  reduced-precision-reduction flags.
-
-The float math (``trainer.precision``: 32-true, tf32, bf16-mixed, 16-mixed) is part of the
-rule too, from the runs' ``repro`` records (:func:`precision_difference`): TF32 rounding and
-autocast are deterministic on one GPU, but two precisions are two computations. A resume
-under another precision is refused by the config check before this rule is asked; a
-reproduce or a comparison of two records says it in one line.
-
-Not part of the rule: how many GPUs are visible, which one (ordinal, UUID) is used, MIG mode
-on its own (the SM count carries it), memory, the OS/kernel string. Those come back from
-``notes`` for the record. A field missing from an older record is "not recorded" and counts
-as a difference (it cannot be shown equal); a field recorded as None means "absent" (e.g.
-no GPU) and matches another None.
+Not part of the rule (``notes``): how many GPUs are visible, which one (ordinal, UUID), MIG
+mode on its own (the SM count carries it), memory, the OS string. A field a record lacks is
+"not recorded" and counts as a difference (it cannot be shown equal); a field recorded as
+None means "absent" (e.g. no GPU) and matches another None.
 """
 
 from __future__ import annotations
@@ -45,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from reprotrain.repro.cpu_identity import DISPATCH_ENV_VARS
 from reprotrain.repro.environment import GPU_ENV_VARS, steers_bits
+from reprotrain.repro.machine import DISPATCH_ENV_VARS
 
 MISSING: Any = type("NotRecorded", (), {"__repr__": lambda self: "not recorded"})()
 
@@ -65,37 +43,14 @@ def _get(*path: str) -> Getter:
     return get
 
 
-def _first(*getters: Getter) -> Getter:
-    """The first getter that finds the field (newer layout first, then older ones)."""
-
-    def get(env: dict) -> Any:
-        for g in getters:
-            value = g(env)
-            if value is not MISSING:
-                return value
-        return MISSING
-
-    return get
-
-
-def device_type(env: dict) -> Any:
-    # run.json environment: device.type; checkpoints before this rule: device_type.
-    return _first(_get("device", "type"), _get("device_type"))(env)
-
-
-def _cpu_capability(env: dict) -> Any:
-    # Older CPU records kept the SIMD capability in device.capability.
-    value = _get("cpu", "capability")(env)
-    if value is MISSING and device_type(env) == "cpu":
-        value = _get("device", "capability")(env)
-    return value
+device_type = _get("device", "type")
 
 
 def cpu_model(env: dict) -> Any:
     """``AuthenticAMD AMD EPYC (family 25, model 17)``: the CPU model the rule compares."""
     cpu = _get("cpu")(env)
     if not isinstance(cpu, dict) or "vendor" not in cpu:
-        return MISSING  # records before issue 24 kept only the name and capability
+        return MISSING
     fields = [cpu.get(k) for k in ("vendor", "model_name", "family", "model")]
     if not any(fields):
         return None  # nothing known about this CPU (not Linux): matches only another unknown
@@ -109,26 +64,10 @@ def cpu_dispatch(env: dict) -> Any:
     return value if value is MISSING else ("portable" if value is True else "native")
 
 
-def _world_size(env: dict) -> Any:
-    # Records from before the world size was recorded come from single-process runs.
-    value = _get("world_size")(env)
-    return 1 if value is MISSING else value
-
-
-def _gpu_var(name: str) -> Getter:
-    def get(env: dict) -> Any:
-        value = _get("gpu_env", name)(env)
-        if value is MISSING and name == "CUBLAS_WORKSPACE_CONFIG" and "env" in env:
-            value = (env.get("env") or {}).get(name)  # older records: the allowlist
-        return value
-
-    return get
-
-
 #: (label, getter): compared on every run.
 RULE: tuple[tuple[str, Getter], ...] = (
     ("device type", device_type),
-    ("world size", _world_size),
+    ("world size", _get("world_size")),
     ("torch", _get("torch")),
     ("python", _get("python")),
     ("numpy", _get("numpy")),
@@ -138,7 +77,7 @@ RULE: tuple[tuple[str, Getter], ...] = (
 #: (label, getter): compared on every run: the code paths chosen, and what steers them.
 CPU_DISPATCH_RULE: tuple[tuple[str, Getter], ...] = (
     ("cpu dispatch", cpu_dispatch),
-    ("cpu capability", _cpu_capability),
+    ("cpu capability", _get("cpu", "capability")),
     ("oneDNN ISA", _get("cpu", "onednn_isa")),
     ("oneDNN enabled", _get("cpu", "mkldnn_enabled")),
     ("MKL CNR branch", _get("cpu", "mkl_cbwr_branch")),
@@ -153,7 +92,7 @@ CPU_MODEL_RULE: tuple[tuple[str, Getter], ...] = (
 )
 #: (label, getter): compared when both runs are on CUDA.
 CUDA_RULE: tuple[tuple[str, Getter], ...] = (
-    ("gpu model", _first(_get("gpu", "name"), _get("device", "name"))),
+    ("gpu model", _get("gpu", "name")),
     ("gpu SM count", _get("gpu", "sm_count")),
     ("driver", _get("gpu", "driver_version")),
     ("driver CUDA version", _get("gpu", "driver_cuda_version")),
@@ -162,7 +101,7 @@ CUDA_RULE: tuple[tuple[str, Getter], ...] = (
     ("BLAS library", _get("gpu", "blas_library")),
     ("cuBLAS workspace bytes", _get("gpu", "cublas_workspace_bytes")),
     ("cuBLASLt workspace bytes", _get("gpu", "cublaslt_workspace_bytes")),
-    *((f"${name}", _gpu_var(name)) for name in GPU_ENV_VARS),
+    *((f"${name}", _get("gpu_env", name)) for name in GPU_ENV_VARS),
     ("fp16 reduced-precision reduction", _get("matmul", "fp16_reduced_precision_reduction")),
     ("bf16 reduced-precision reduction", _get("matmul", "bf16_reduced_precision_reduction")),
 )
@@ -174,7 +113,7 @@ NOTES: tuple[tuple[str, Getter], ...] = (
     ("os", _get("os")),
     ("gpu", _get("gpu", "index")),
     ("gpu uuid", _get("gpu", "uuid")),
-    ("visible gpus", _first(_get("gpu", "visible_devices"), _get("device", "count"))),
+    ("visible gpus", _get("gpu", "visible_devices")),
     ("mig mode", _get("gpu", "mig_mode")),
     ("gpu memory", _get("gpu", "total_memory_bytes")),
     ("cpu stepping", _get("cpu", "stepping")),
@@ -190,13 +129,6 @@ def _show(value: Any) -> str:
 def both_portable(recorded_env: dict, current_env: dict) -> bool:
     """Both runs read back the portable CPU paths: the CPU model does not decide the bits."""
     return cpu_dispatch(recorded_env) == cpu_dispatch(current_env) == "portable"
-
-
-def cpu_rule(recorded_env: dict, current_env: dict) -> tuple[tuple[str, Getter], ...]:
-    """The CPU fields compared for this pair of runs."""
-    if both_portable(recorded_env, current_env):
-        return CPU_DISPATCH_RULE
-    return CPU_MODEL_RULE + CPU_DISPATCH_RULE
 
 
 def _compare(rules, recorded: dict, current: dict, missing_differs: bool = True) -> list[str]:
@@ -221,12 +153,13 @@ def differences(
     A ``trainer.world_size_invariant`` run promises its bits on any world size dividing its
     micro-batches, so the world size is not compared for it.
 
-    Takes ``environment.capture()`` dicts (run.json ``environment``, a checkpoint's
-    ``env``), including records written before this rule.
+    Takes ``environment.capture()`` dicts (run.json ``environment``, a checkpoint's ``env``).
     """
     recorded_env, current_env = recorded_env or {}, current_env or {}
     rule = [r for r in RULE if not (world_size_invariant and r[0] == "world size")]
-    rule += cpu_rule(recorded_env, current_env)
+    if not both_portable(recorded_env, current_env):
+        rule += CPU_MODEL_RULE
+    rule += CPU_DISPATCH_RULE
     out = _compare(rule, recorded_env, current_env)
     if device_type(recorded_env) == "cuda" and device_type(current_env) == "cuda":
         out += _compare(CUDA_RULE, recorded_env, current_env)
@@ -235,8 +168,7 @@ def differences(
 
 def precision_difference(recorded_repro: dict | None, current_repro: dict | None) -> str | None:
     """One line when two runs' ``trainer.precision`` differ (their run.json ``repro``:
-    the choice and the TF32 flags read back), else None. A record from before the key has
-    no precision: "not recorded", a difference (on a GPU its repro=fast ran TF32)."""
+    the choice and the TF32 flags read back), else None; a record without them differs."""
     a, b = recorded_repro or {}, current_repro or {}
     keys = ("precision", "tf32_matmul", "tf32_cudnn")
     before = tuple(a.get(k, MISSING) for k in keys)
@@ -251,8 +183,8 @@ def precision_difference(recorded_repro: dict | None, current_repro: dict | None
 
 def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool) -> list[str]:
     """``$NAME: a -> b`` for each variable of the recorded families (``environment.bits_env``)
-    that differs, those that steer the bits (``steering``) or the rest. A record from before
-    the families were recorded cannot show them equal: one line says so."""
+    that differs, those that steer the bits (``steering``) or the rest. A record without the
+    families cannot show them equal: one line says so."""
     a, b = recorded_env.get("bits_env"), current_env.get("bits_env")
     if a is None or b is None:
         return ["variables steering the kernels: not recorded"] if steering and a is not b else []

@@ -1,29 +1,15 @@
-"""Determinism levels: strict, warn, fast, portable.
+"""Determinism levels: strict, warn, fast, portable (docs/randomness.md).
 
 Closes: cuDNN algorithm choice (benchmark off, deterministic on), nondeterministic CUDA
 kernels (``torch.use_deterministic_algorithms``), and the CPU intra-op thread count, which
-changes reduction order (a tiny conv net's weights differ after 3 steps between 1 and 2
-threads). The float math (TF32, autocast) is not the level's: ``trainer.precision``
-(``repro/precision.py``) chooses it, applied here with the level, and strict promises bits
-at the precision chosen.
-
-``CUBLAS_WORKSPACE_CONFIG`` no longer guards anything: torch 2.14 removed the check that made
-a cuBLAS call under deterministic algorithms raise when the variable was unset
-(pytorch#161749); it now only sizes cuBLAS's workspace. The workspace size still decides
-which kernels cuBLAS may pick, so the project keeps setting ``:4096:8`` (before the first
-CUDA call: ``hashseed.ensure`` at the entry point, Make and the image), records the value
-as part of the run's identity, and warns when a user's own value replaces it.
-
-``fill_uninitialized_memory``: under deterministic algorithms torch fills memory returned
-by ``torch.empty`` & co. with NaN (floats) or the max integer. We keep it on at strict and
-warn: a kernel that reads memory it never wrote then yields a loud, repeatable NaN instead
-of whatever bytes were there before, which would differ between runs. It costs a fill per
-allocation; ``repro.fill_uninitialized_memory=false`` turns it off and run.json records it.
-
-``portable`` is strict plus CPU kernel dispatch pinned to paths every x86-64 CPU with AVX2
-runs alike (``hashseed.PORTABLE_ENV``). Those variables only work when the libraries load, so
-the entry point sets them and re-execs (``hashseed.ensure_cpu_dispatch``); here they are read
-back from the libraries and a run whose levers are not in force is refused.
+changes reduction order. The float math is ``trainer.precision``'s (``repro/precision.py``),
+applied here with the level. ``CUBLAS_WORKSPACE_CONFIG`` (``:4096:8``, set before the first
+CUDA call) no longer guards anything in torch 2.14 but sizes cuBLAS's workspace, which
+decides its kernels: recorded, and a user's own value warned about. At strict,
+``fill_uninitialized_memory`` stays on: a kernel reading memory it never wrote yields a
+loud, repeatable NaN. ``portable`` is strict plus CPU dispatch pinned to the paths every
+x86-64 CPU with AVX2 runs alike (``machine.PORTABLE_ENV``, set at interpreter start by
+``hashseed.ensure_cpu_dispatch``); here they are read back and a run without them refused.
 """
 
 from __future__ import annotations
@@ -37,6 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.repro import machine
 from reprotrain.repro import precision as float_math
 
 log = logging.getLogger("reprotrain")
@@ -75,10 +62,8 @@ def apply(
 def require_portable_dispatch() -> None:
     """Refuse repro=portable unless its CPU levers are in force, as the libraries report
     them (torch's capability, MKL's CNR branch, oneDNN's ISA), not as we meant to set them."""
-    from reprotrain.repro import cpu_identity
-
-    identity = cpu_identity.capture()
-    if not cpu_identity.portable_in_force(identity):
+    identity = machine.capture_cpu()
+    if not machine.portable_in_force(identity):
         seen = ", ".join(
             f"{k}={identity.get(k)}" for k in ("capability", "mkl_cbwr_branch", "onednn_isa")
         )
@@ -126,9 +111,7 @@ def effective_flags(level: str, precision: str = float_math.DEFAULT) -> dict:
 
 def cpu_dispatch() -> str:
     """``portable`` when the portable CPU levers are in force (read back), else ``native``."""
-    from reprotrain.repro import cpu_identity
-
-    return "portable" if cpu_identity.portable_in_force(cpu_identity.capture()) else "native"
+    return "portable" if machine.portable_in_force(machine.capture_cpu()) else "native"
 
 
 ALERT = "does not have a deterministic implementation"

@@ -1,21 +1,13 @@
 """Which device a run trains on, decided once, recorded, and reused on resume and reproduce.
 
-Closes: silent device changes. ``trainer.device=auto`` used to fall back to the CPU without a
-word when the driver was too old, a container was started without ``--gpus`` or
-``CUDA_VISIBLE_DEVICES`` was empty; and resume/reproduce re-resolved ``auto`` on the new host,
-so a CPU archive replayed on a GPU machine ran on the GPU (NOT COMPARABLE instead of
-REPRODUCED) and a GPU run requeued on a CPU node carried on with only a warning.
-
-Rules:
-
-- ``cuda``/``cuda:N`` when CUDA is unusable is a one-line error that names why.
-- ``auto`` picks CUDA when usable, else the CPU with a WARNING naming why. It never picks MPS:
-  PyTorch makes no determinism promise there, so MPS is only used when asked for (on a Mac,
-  ``make train`` trains on the CPU, bitwise, and the warning names ``trainer.device=mps``).
-- The resolved device (``cuda:0``, ``cpu``) is recorded; resume and reproduce reuse it. A
-  device-*type* change on resume is refused unless asked for explicitly (then the resume is
-  recorded as not bitwise). The GPU ordinal is not identity: which GPU of a host is used
-  does not change the bits, the GPU model does (see ``repro/comparability.py``).
+Closes: silent device changes (``auto`` falling back to the CPU without a word; a resume
+or reproduce re-resolving ``auto`` on another host, so a CPU archive replayed on a GPU).
+``cuda``/``cuda:N`` where CUDA is unusable is a one-line error naming why; ``auto`` picks
+CUDA when usable, else the CPU with a WARNING naming why, and never MPS (no determinism
+promise there: MPS only when asked for). The resolved device is recorded and reused; a
+device-*type* change on resume is refused unless ``trainer.allow_device_change=true``
+(then recorded as not bitwise). The GPU ordinal is not identity, the GPU model is
+(``repro/comparability.py``). docs/gpus.md has the rules.
 """
 
 from __future__ import annotations
@@ -124,8 +116,8 @@ def resolve_for_resume(
 ) -> torch.device:
     """The device a resume or replay trains on: the recorded one, not a fresh ``auto``.
 
-    ``recorded`` is the resolved device in the run's record (None for records older than
-    this rule: then ``requested`` is resolved as for a new run). ``requested`` is the
+    ``recorded`` is the resolved device in the run's record (None: none recorded, then
+    ``requested`` is resolved as for a new run). ``requested`` is the
     current ``trainer.device``; ``auto`` means "as recorded". A different device type is
     refused in one line unless ``allow_change``; then the new device is returned and the
     caller records the resume as not bitwise (``changed_type`` tells).
@@ -185,7 +177,6 @@ def replay_spec(recorded: str | None) -> tuple[str, str | None]:
 
 
 def recorded_device(record: dict) -> str | None:
-    """The device a run recorded in run.json trained on (``environment.device.resolved``;
-    records older than this module: the device type; none: None)."""
-    dev = (record.get("environment") or {}).get("device") or {}
-    return dev.get("resolved") or dev.get("type")
+    """The device a run recorded in run.json trained on (``environment.device.resolved``),
+    or None."""
+    return ((record.get("environment") or {}).get("device") or {}).get("resolved")

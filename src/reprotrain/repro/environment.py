@@ -1,36 +1,26 @@
-"""Environment and code identity for run.json.
+"""The environment record of a run (run.json ``environment``).
 
-Closes (as records): environment drift (python/torch/numpy, CUDA, cuDNN, the GPU and its
-driver, the CPU's identity and kernel dispatch, the thread count, the variables that steer
-cuBLAS and the CPU libraries) and
-code drift (git commit, branch, dirty flag; the diff is saved beside run.json).
-
-Every GPU field is always present: on a CPU host its value is None, so "recorded as absent"
-is never confused with "not recorded" (a record older than a field lacks the key). The CPU
-block is kept on GPU runs too: data order and augmentation are computed on the CPU.
-Which of these fields must match for a bitwise promise is decided in one place,
-``repro/comparability.py``.
+Closes (as a record): environment drift: python/torch/numpy, CUDA and cuDNN, the machine
+(``repro/machine.py``: the CPU's identity and kernel dispatch, the GPU and its driver), the
+thread count, the world size and the variables that steer cuBLAS and the CPU libraries.
+Which fields must match for a bitwise promise is decided in ``repro/comparability.py``.
 
 Environment variables are copied from an allowlist only, so tokens and keys in the
 environment (WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, HF_TOKEN...) never reach a run record.
-Only torch APIs are used for the GPU, plus one ``nvidia-smi`` query for what torch does not
-expose (the driver version, MIG mode) when it is on PATH.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import re
-import shutil
-import subprocess
 from typing import Any
 
 import numpy as np
 import torch
 
-from reprotrain.repro import cpu_identity
+from reprotrain.hashing import text_sha256
+from reprotrain.repro import machine
 
 #: Variables that change which cuBLAS/cuBLASLt kernels run (and so the bits), or the TF32
 #: choice behind torch's back. Recorded (None when unset) and compared.
@@ -106,7 +96,7 @@ def bits_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def _recorded(name: str, value: str) -> str:
     if _SECRET_NAME.search(name):
-        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+        return "sha256:" + text_sha256(value)
     return value
 
 
@@ -115,169 +105,12 @@ def steers_bits(name: str) -> bool:
     return name not in NOT_BITS_ENV and not name.endswith(NOT_BITS_SUFFIXES)
 
 
-#: The GPU block's keys; all None on a CPU run.
-GPU_FIELDS = (
-    "index",
-    "name",
-    "uuid",
-    "compute_capability",
-    "sm_count",
-    "total_memory_bytes",
-    "mig_mode",
-    "driver_version",
-    "driver_cuda_version",
-    "visible_devices",
-    "blas_library",
-    "cublas_workspace_bytes",
-    "cublaslt_workspace_bytes",
-    "memory_free_at_start_bytes",
-    "memory_total_at_start_bytes",
-)
-
-
-def cpu_info() -> dict[str, Any]:
-    """The CPU's identity for bits (``repro/cpu_identity.py``): vendor, family/model, model
-    name, the ISA extensions and the code paths torch, oneDNN and MKL chose, their versions
-    and the variables that steer them. Two AVX-512 CPUs of two vendors differ in the bits
-    of CPU math (data order, augmentation, a CPU run's every step)."""
-    return cpu_identity.capture()
-
-
-def device_info(device: torch.device) -> dict[str, Any]:
-    """Short device identity (type, resolved name, model, capability) for ids and reports."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return {
-            "type": "cuda",
-            "resolved": str(_indexed(device)),
-            "name": props.name,
-            "capability": f"{props.major}.{props.minor}",
-        }
-    return {
-        "type": device.type,
-        "resolved": device.type,
-        "name": _cpu_model() or platform.machine(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-    }
-
-
-def _indexed(device: torch.device) -> torch.device:
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _cpu_model() -> str | None:
-    return cpu_identity.cpu_fields()["model_name"] or platform.processor() or None
-
-
 def device_slug(device: torch.device) -> str:
     """Short device tag for experiment ids: ``cpu``, ``cuda-nvidia-h200``."""
     if device.type != "cuda":
         return device.type
     name = torch.cuda.get_device_name(device).lower()
     return "cuda-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-")
-
-
-def _bare_uuid(uuid: str) -> str:
-    return uuid.lower().removeprefix("gpu-").removeprefix("mig-")
-
-
-def nvidia_smi(*args: str) -> str | None:
-    """stdout of ``nvidia-smi args`` or None (not on PATH, failed, or hung)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def _smi_row(uuid: str) -> dict[str, str | None]:
-    """Driver version and MIG mode of the GPU with this UUID, per nvidia-smi."""
-    out = nvidia_smi("--query-gpu=uuid,driver_version,mig.mode.current", "--format=csv,noheader")
-    rows = [[c.strip() for c in line.split(",")] for line in (out or "").splitlines()]
-    rows = [r for r in rows if len(r) == 3]
-    if not rows:
-        return {"driver_version": None, "mig_mode": None}
-    # The driver is one per host; MIG mode belongs to the physical GPU (a MIG slice's own
-    # UUID is not listed here, so no match leaves it unknown unless the env says MIG).
-    match = next((r for r in rows if _bare_uuid(r[0]) == _bare_uuid(uuid)), None)
-    mig = match[2] if match and match[2] not in ("[N/A]", "N/A") else None
-    return {"driver_version": rows[0][1], "mig_mode": mig}
-
-
-def driver_cuda_version() -> str | None:
-    """The CUDA version the driver supports ("13.0"), from torch when it exposes it."""
-    get = getattr(torch._C, "_cuda_getDriverVersion", None)
-    if get is None:
-        return None
-    try:
-        v = int(get())
-    except (RuntimeError, TypeError, ValueError):
-        return None
-    return f"{v // 1000}.{(v % 1000) // 10}" if v > 0 else None
-
-
-def gpu_info(device: torch.device) -> dict[str, Any]:
-    """The training GPU's identity and free memory now; every value None off CUDA."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return dict.fromkeys(GPU_FIELDS)
-    device = _indexed(device)
-    props = torch.cuda.get_device_properties(device)
-    uuid = str(props.uuid)
-    smi = _smi_row(uuid)
-    mig = smi["mig_mode"]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    if mig is None and (uuid.startswith("MIG-") or "MIG-" in visible):
-        mig = "Enabled"
-    free, total = torch.cuda.mem_get_info(device)
-    return {
-        "index": device.index,
-        "name": props.name,
-        "uuid": uuid,
-        "compute_capability": f"{props.major}.{props.minor}",
-        "sm_count": int(props.multi_processor_count),
-        "total_memory_bytes": int(props.total_memory),
-        "mig_mode": mig,
-        "driver_version": smi["driver_version"],
-        "driver_cuda_version": driver_cuda_version(),
-        "visible_devices": torch.cuda.device_count(),
-        **blas_info(),
-        "memory_free_at_start_bytes": int(free),
-        "memory_total_at_start_bytes": int(total),
-    }
-
-
-def blas_info() -> dict[str, Any]:
-    """The BLAS library and workspace sizes torch will really use (env vars or code can set
-    them; the workspace bounds which kernels cuBLAS may pick). CUDA runs only."""
-    b = torch.backends.cuda
-    out: dict[str, Any] = {}
-    for key, get in (
-        ("blas_library", lambda: str(b.preferred_blas_library()).rsplit(".", 1)[-1]),
-        ("cublas_workspace_bytes", lambda: int(b.cublas_workspace_size())),
-        ("cublaslt_workspace_bytes", lambda: int(b.cublaslt_workspace_size())),
-    ):
-        try:
-            out[key] = get()
-        except (AttributeError, RuntimeError):
-            out[key] = None
-    return out
-
-
-def reduced_precision_flags() -> dict[str, bool]:
-    """cuBLAS may reduce fp16/bf16 GEMMs in reduced precision (torch's default: allowed);
-    the flag changes the bits of AMP runs on CUDA, so it is part of the identity."""
-    m = torch.backends.cuda.matmul
-    return {
-        "fp16_reduced_precision_reduction": bool(m.allow_fp16_reduced_precision_reduction),
-        "bf16_reduced_precision_reduction": bool(m.allow_bf16_reduced_precision_reduction),
-    }
 
 
 def world_size() -> int:
@@ -298,10 +131,10 @@ def capture(device: torch.device) -> dict[str, Any]:
         "numpy": np.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "device": device_info(device),
-        "cpu": cpu_info(),
-        "gpu": gpu_info(device),
-        "matmul": reduced_precision_flags(),
+        "device": machine.device_info(device),
+        "cpu": machine.capture_cpu(),
+        "gpu": machine.capture_gpu(device),
+        "matmul": machine.reduced_precision_flags(),
         "gpu_env": {k: os.environ.get(k) for k in GPU_ENV_VARS},
         "world_size": world_size(),
         "os": platform.platform(),
@@ -321,7 +154,7 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
     device = torch.device(device)
     if device.type != "cuda":
         return {"peak_reserved_bytes": None, "peak_allocated_bytes": None}
-    device = _indexed(device)
+    device = machine.indexed(device)
     return {
         "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
         "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),

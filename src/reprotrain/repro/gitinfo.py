@@ -1,22 +1,11 @@
 """Code identity for run.json without copying anything that was never committed.
 
 Closes (as records): code drift (commit, branch, dirty flag, the tracked diff saved beside
-run.json) while keeping secrets out of the record:
-
-- **Untracked files are never copied.** A ``conf/local_credentials.yaml`` or
-  ``src/<pkg>/_local_token.py`` is listed by name, size and sha256 only, so a later reader
-  can tell *that* something uncommitted was on disk, and whether a file they have is it.
-- **A run with untracked files under the code paths is not fully archivable**:
-  ``fully_archivable: false`` and a warning line for the trainer to log at start. The code
-  that ran may have imported them and the archive cannot contain them.
-- **Opt in explicitly.** Paths (or globs, or directory prefixes ending in ``/``) listed in
-  ``include_untracked`` are added to the diff like tracked changes; nothing else is.
-- **Remote URLs are recorded without credentials** (``https://user:token@host/...`` becomes
-  ``https://host/...``; query strings are dropped), so a token in a remote never reaches a
-  record.
-
-Inside the container there is no ``.git``: the commit the image was built from
-(``REPROTRAIN_GIT_COMMIT``) is recorded instead.
+run.json) while keeping secrets out of the record: untracked files are listed by name,
+size and sha256, never copied, and a run with untracked files under the code paths is not
+``fully_archivable`` (docs/guarantees.md); ``include_untracked`` opts paths in; remote URLs
+are recorded without credentials or query strings. Inside the container there is no
+``.git``: the commit the image was built from (``REPROTRAIN_GIT_COMMIT``) is recorded.
 """
 
 from __future__ import annotations

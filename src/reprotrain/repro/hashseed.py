@@ -16,19 +16,10 @@ import platform
 import sys
 from collections.abc import Iterable
 
+from reprotrain.repro.machine import PORTABLE_CONFLICTS, PORTABLE_ENV, cpu_flags
+
 FIXED_VALUE = "0"
 
-#: repro=portable: the code paths every x86-64 CPU with AVX2 runs alike, measured to give the
-#: same bits on an AMD EPYC (Zen 4) and an Intel Xeon with AMX (README, "Determinism levels").
-#: ATen capped at AVX2; oneDNN capped at AVX2; MKL's CNR branch COMPATIBLE (its AVX2 branch
-#: holds on Intel only: on AMD, MKL reads MKL_CBWR=AVX2 back as AUTO).
-PORTABLE_ENV = {
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_CBWR": "COMPATIBLE",
-}
-#: Set by the user, these would steer dispatch around the portable levers: refused.
-PORTABLE_CONFLICTS = ("DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 X86_64 = ("x86_64", "amd64")
 
 
@@ -67,20 +58,6 @@ def portable_problem(
         if name in env:
             mine = f"{name}={_visible(env[name])}"
             return f"repro=portable pins CPU dispatch; {mine} would steer it: unset it"
-    return None
-
-
-def cpu_flags() -> set | None:
-    """The CPU's dispatch flags: from ``cpuid`` where it runs (an emulated CPU's own), else
-    every flag of /proc/cpuinfo; None where neither is known."""
-    from reprotrain.repro import cpuid  # no torch: this runs before the re-exec
-
-    fields = cpuid.read()
-    if fields is not None:
-        return set(fields["isa_flags"])
-    for line in cpuid.proc_cpuinfo().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
     return None
 
 

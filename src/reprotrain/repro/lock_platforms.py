@@ -1,23 +1,12 @@
 """Which platforms the one lock installs on, checked offline from committed files.
 
-Randomness source closed here: a lock that only installs where it was compiled. The locks are
-universal (``uv pip compile --universal``): one file whose environment markers leave the CUDA
-wheels (``nvidia-*``, ``cuda-*``, ``triton``) to Linux, hashed with every file of each pinned
-release. A ``--hash`` names bytes, not a file, so nothing in the lock says *which* platform a
-hash is for. ``make lock`` therefore writes a second sidecar, ``<lock>.files``
-(``sha256  filename`` lines, the format of ``sha256sum``), from the index's file list, and this
-module answers offline:
-
-* does every hash of the lock name exactly one file of that pinned release? (``check_files``:
-  a stale or hand-edited sidecar fails here);
-* for each supported platform, does every requirement whose marker applies there have a wheel
-  whose tags that platform's pip accepts, or is it a named sdist-only pure-Python package?
-  (``check_coverage``).
-
-Supported platforms: CPython 3.11 (the Dockerfile's) on Linux x86_64 and aarch64 with glibc
-2.28 or newer (the manylinux floor of the torch wheels), and macOS 14 or newer on arm64.
-Marker evaluation and wheel tags need ``packaging`` (in the runtime lock); without it the
-coverage check reports nothing, as the other ``packaging`` checks do.
+Randomness source closed here: a lock that only installs where it was compiled. A
+``--hash`` names bytes, not a platform, so ``make lock`` writes ``<lock>.files`` (``sha256
+filename``) from the index; :func:`check_files` checks each hash names one file of its
+release, and :func:`check_coverage` that every requirement applying on a supported platform
+(CPython 3.11 on Linux x86_64/aarch64 with glibc >= 2.28, macOS 14+ arm64) has a wheel that
+platform's pip accepts, or is a named sdist-only pure-Python package. Markers and wheel tags
+need ``packaging``; without it the coverage check reports nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +18,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprotrain.repro.requirements_lock import LockEntry, ParsedLock, normalize_name
+from reprotrain.repro.requirements_lock import (
+    LockEntry,
+    ParsedLock,
+    marker_applies,
+    normalize_name,
+)
 
 FILES_SUFFIX = ".files"
 #: Published only as an sdist and pure Python (hydra-core pins it): built at install time,
@@ -184,12 +178,6 @@ def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
     return problems
 
 
-def _applies(entry: LockEntry, environment: dict[str, str]) -> bool:
-    from packaging.markers import Marker
-
-    return entry.marker is None or Marker(entry.marker).evaluate(environment)
-
-
 def check_coverage(
     entries: Iterable[LockEntry],
     files: dict[str, str],
@@ -206,7 +194,7 @@ def check_coverage(
     where = f"{platform.name} (cp{python[0]}{python[1]})"
     problems: list[str] = []
     for entry in entries:
-        if not _applies(entry, environment):
+        if not marker_applies(entry.marker, environment):
             continue
         names = [files[h] for h in entry.hashes if h in files]
         if any(n.endswith(".whl") and _wheel_tags(n) & accepted for n in names):

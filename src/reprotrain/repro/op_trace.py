@@ -1,23 +1,14 @@
 """Per-op hashes of chosen training steps: what ``make bisect`` compares between two runs.
 
-Closes: "the runs differ, but where?". When ``REPROTRAIN_TRACE_STEPS`` names global steps
-(0-based, comma-separated) and ``REPROTRAIN_TRACE_DIR`` a folder, :func:`step` traces those
-steps: a hash of the step's input batch first, then, for every aten op the step dispatches
-(forward, backward, optimizer), the op's name, the module it ran in (forward or backward,
-from ``torch.utils.module_tracker.ModuleTracker``), and hashes of its tensor inputs and
-outputs (the phase is ``forward``, ``backward`` or ``optimizer``; the batch row holds the
-sha256 of each batch tensor's bytes, so a reordered batch differs too). Op hashes are
-PyTorch DebugMode's ``hash_tensor_fn`` (``torch.hash_tensor`` over the exact bits,
-computed on the device; read once at the end of the step). One JSONL file per
-step: ``<dir>/step-<N>.jsonl``. ``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` asks for a
-lighter record of a range of steps: one line per step in ``<dir>/digests.jsonl`` with the
-batch's sha256 and one sha256 over every op's name and output hashes, in order; two runs whose
-digests agree up to a step start that step from the same tensors (``make bisect`` walks back
-with it). Unset (every normal run), :func:`step` is a null context and costs two set lookups
-per step.
-
-Tracing runs the same kernels (a dispatch mode only observes), so a traced step produces the
-same bits as an untraced one; ``make bisect`` checks that on the replay's losses anyway.
+Closes: "the runs differ, but where?" (docs/when-bits-differ.md). ``REPROTRAIN_TRACE_STEPS``
+(0-based global steps, comma-separated) and ``REPROTRAIN_TRACE_DIR`` make :func:`step` write
+``<dir>/step-<N>.jsonl``: the sha256 of each batch tensor's bytes, then for every aten op of
+the step (forward, backward, optimizer) its name, its module (``ModuleTracker``) and
+DebugMode's ``hash_tensor_fn`` of its tensor inputs and outputs (computed on the device,
+read once at the step's end). ``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` writes one line per
+step to ``<dir>/digests.jsonl`` instead: the batch's sha256 and one sha256 over every op's
+name and output hashes. A dispatch mode only observes, so a traced step gives the same bits;
+unset (every normal run), :func:`step` is a null context costing two set lookups a step.
 """
 
 from __future__ import annotations

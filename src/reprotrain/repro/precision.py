@@ -51,13 +51,9 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 
 
 def recorded(trainer: Any) -> str:
-    """The precision a recorded ``trainer`` config ran at, for tools that evaluate an older
-    run: records from before the key kept ``amp`` (bf16 unless ``amp_dtype: fp16``)."""
-    if trainer.get("precision") is not None:
-        return check(trainer["precision"])
-    if not trainer.get("amp"):
-        return "32-true"
-    return "16-mixed" if trainer.get("amp_dtype") == "fp16" else "bf16-mixed"
+    """The precision a recorded ``trainer`` config ran at (checked), for tools that evaluate
+    a run."""
+    return check(trainer.get("precision"))
 
 
 def autocast(precision: str) -> tuple[bool, str]:

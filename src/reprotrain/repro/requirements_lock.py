@@ -1,25 +1,14 @@
 """Hashed lock files and the installed environment: the control for *environment drift*.
 
 Randomness source closed here: a run whose numerics depend on *which* torch/numpy/... build
-is installed. The lock (``uv pip compile --universal``: exact pins, environment markers, a
-sha256 for every file of each pinned release) names the one set of distributions the promise
-holds for, on every supported platform; this module answers three questions about it without
-touching the network:
-
-* is the lock itself sound? (every line pinned ``==`` and hashed, no index / find-links /
-  local path that only exists on the machine that compiled it, runtime and dev locks agree,
-  not edited after ``make lock``, not stale against its ``.in``; every marker parses, and
-  every supported platform gets a complete, hashed set: ``repro/lock_platforms.py``);
-* does the running interpreter have exactly the locked distributions? (``env_drift``);
-* which lock and which container image did this run use? (``lock_sha256``,
-  ``container_image``), for ``run.json``.
-
-Staleness: the compiler cannot write custom header lines, so ``make lock`` writes a sidecar
-``<lock>.sha256`` in ``sha256sum`` format listing the sha256 of the ``.in`` file, of every
-file it pulls in through ``-r``/``-c`` (the dev ``.in`` is constrained by the runtime lock,
-so both are recorded), and of the lock as the compiler wrote it. ``sha256sum -c`` works on it
-too. Only the standard library is required (``packaging`` is used when importable), so the
-check runs with a bare ``python3`` before any venv exists.
+is installed. The lock (``uv pip compile --universal``: exact pins, markers, a sha256 for
+every file of each pinned release) names the one set of distributions the promise holds for.
+This module answers offline: is the lock sound (pinned, hashed, no index or local path, the
+locks agreeing, not edited or stale against its ``.in``: the sidecar ``<lock>.sha256``)?
+does the interpreter hold exactly the locked distributions (``env_drift``)? which lock did
+this run use (``lock_sha256``)? docs/reproducing-elsewhere.md describes the sidecars; why
+this is not a library: docs/design.md, "Large rooms". Only the standard library is required
+(``packaging`` is used when importable): ``make check-lock`` runs before any venv exists.
 """
 
 from __future__ import annotations
@@ -100,10 +89,8 @@ class ParsedLock:
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash continuations and drop comments, keeping the first physical line number.
-
-    Why: the compiler writes one requirement over many lines (one ``--hash`` each).
-    """
+    """Join backslash continuations (the compiler writes one ``--hash`` a line) and drop
+    comments, keeping the first physical line number."""
     out: list[tuple[int, str]] = []
     buf: list[str] = []
     start = 0
@@ -133,12 +120,9 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
-    """Parse a hashed requirements lock and collect every line-level problem.
-
-    Why: a lock is only a lock if each line names one exact version with at least one sha256
-    and nothing that resolves differently on another machine (an index, a local folder, a
-    ``file:`` URL, an editable path).
-    """
+    """Parse a hashed lock and collect every line-level problem: each line must name one
+    exact version with a sha256 and nothing that resolves differently elsewhere (an index,
+    a local folder, a ``file:`` URL, an editable path)."""
     path = Path(path)
     if text is None:
         text = path.read_text(encoding="utf-8")
@@ -198,7 +182,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
                 entry.hashes.append(hm.group(2))
         if not entry.hashes:
             lock.problems.append(f"{where}: {pkg}=={entry.version} has no --hash=sha256:...")
-        if entry.marker is not None and not _marker_parses(entry.marker):
+        if entry.marker is not None and marker_applies(entry.marker) is None:
             lock.problems.append(f"{where}: {pkg}: invalid environment marker '{entry.marker}'")
         if pkg in lock.entries and lock.entries[pkg].version != entry.version:
             lock.problems.append(
@@ -208,24 +192,29 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
     return lock
 
 
-def _marker_parses(marker: str) -> bool:
-    try:
-        from packaging.markers import InvalidMarker, Marker
-    except ImportError:  # bare python3: pip will judge the marker at install time
+def marker_applies(marker: str | None, environment: dict[str, str] | None = None) -> bool | None:
+    """Whether a PEP 508 marker holds here (or in ``environment``, another host's marker
+    values); None when it does not parse. True without ``packaging`` (bare python3: pip
+    judges it at install time)."""
+    if marker is None:
         return True
     try:
-        Marker(marker)
+        from packaging.markers import InvalidMarker, Marker
+    except ImportError:
+        return True
+    try:
+        parsed = Marker(marker)
     except InvalidMarker:
-        return False
-    return True
+        return None
+    try:
+        return bool(parsed.evaluate(environment))
+    except Exception:  # a name this environment lacks: cannot be ruled out
+        return True
 
 
 def in_includes(in_path: Path) -> list[Path]:
-    """Files an ``.in`` pulls in via ``-r``/``-c`` (recursively), relative to their parent.
-
-    Why: the dev lock is compiled against ``-c requirements.lock``, so it is stale when
-    either file changes; both hashes go into the sidecar.
-    """
+    """Files an ``.in`` pulls in via ``-r``/``-c`` (recursively): the dev lock is compiled
+    against ``-c requirements.lock``, so it is stale when either changes."""
     seen: list[Path] = []
 
     def walk(p: Path) -> None:
@@ -290,12 +279,8 @@ def read_record(lock_path: Path) -> dict[str, str] | None:
 
 
 def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
-    """Compare the sidecar with the files now on disk.
-
-    Why: a lock compiled from an older ``.in`` installs something other than what the
-    ``.in`` asks for, silently; and a lock edited by hand after ``make lock`` (a hash dropped,
-    an index added) is no longer what the compiler verified.
-    """
+    """Compare the sidecar with the files now on disk: a lock compiled from an older
+    ``.in``, or edited by hand after ``make lock``, is not what the compiler verified."""
     lock_path, in_path = Path(lock_path), Path(in_path)
     recorded = read_record(lock_path)
     side = sidecar_path(lock_path).name
@@ -339,11 +324,8 @@ def _in_requirements(in_path: Path) -> list[tuple[int, str]]:
 
 
 def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
-    """Every direct requirement of the ``.in`` is in the lock at a version it allows.
-
-    Why: catches a stale lock even when the sidecar was refreshed by hand. Needs
-    ``packaging``; without it this check is skipped (the sidecar check still runs).
-    """
+    """Every direct requirement of the ``.in`` is in the lock at a version it allows (a
+    stale lock whose sidecar was refreshed by hand). Skipped without ``packaging``."""
     try:
         from packaging.requirements import InvalidRequirement, Requirement
     except ImportError:  # bare python3 before the venv exists
@@ -373,11 +355,8 @@ def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
 
 
 def check_agreement(locks: list[ParsedLock]) -> list[str]:
-    """Shared packages carry the same version and hashes in every lock.
-
-    Why: ``pip install -r requirements.lock -r requirements-dev.lock`` must not depend on
-    which file pip reads first.
-    """
+    """Shared packages carry the same version and hashes in every lock, so installing
+    several locks does not depend on which file pip reads first."""
     problems = []
     for i, a in enumerate(locks):
         for b in locks[i + 1 :]:
@@ -399,45 +378,28 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
 # --------------------------------------------------------------------------- environment
 
 
+def _applicable(paths: list[Path], environment: dict[str, str] | None) -> dict[str, set[str]]:
+    """{name: allowed versions} of the locks at ``paths``, leaving out entries whose marker is
+    false here (or in ``environment``): not expected installed, as the CUDA wheels on macOS."""
+    locked: dict[str, set[str]] = {}
+    for path in paths:
+        for entry in parse_lock(path).entries.values():
+            if marker_applies(entry.marker, environment) is not False:
+                locked.setdefault(entry.name, set()).add(entry.version)
+    return locked
+
+
 def locked_versions(
     repo_root: Path, environment: dict[str, str] | None = None
 ) -> tuple[dict[str, set[str]], list[str]]:
-    """{name: allowed versions} from the runtime and dev locks that exist, and their names.
-
-    Entries whose environment marker is false here (or in ``environment``, a PEP 508 marker
-    environment standing in for another host) are left out: not expected installed, as the
-    CUDA wheels on macOS.
-    """
-    locked: dict[str, set[str]] = {}
-    used: list[str] = []
-    for lock_name, _ in DEFAULT_PAIRS:
-        path = Path(repo_root) / lock_name
-        if not path.exists():
-            continue
-        used.append(lock_name)
-        for entry in parse_lock(path).entries.values():
-            if entry.marker and not _marker_true(entry.marker, environment):
-                continue
-            locked.setdefault(entry.name, set()).add(entry.version)
-    return locked, used
-
-
-def _marker_true(marker: str, environment: dict[str, str] | None = None) -> bool:
-    try:
-        from packaging.markers import Marker
-    except ImportError:
-        return True
-    try:
-        return bool(Marker(marker).evaluate(environment))
-    except Exception:
-        return True
+    """{name: allowed versions} from the runtime and dev locks that exist, and their names."""
+    used = [name for name, _ in DEFAULT_PAIRS if (Path(repo_root) / name).exists()]
+    return _applicable([Path(repo_root) / name for name in used], environment), used
 
 
 def installed_versions() -> dict[str, str]:
-    """{normalised name: version} of the distributions the running interpreter would import.
-
-    First one wins on duplicates, as with imports (an earlier ``sys.path`` entry shadows).
-    """
+    """{normalised name: version} of the distributions the interpreter would import (the
+    first of duplicates wins, as an earlier ``sys.path`` entry shadows)."""
     from importlib import metadata
 
     out: dict[str, str] = {}
@@ -527,26 +489,16 @@ def extras_versions(
     repo_root: Path, extras: list[str], environment: dict[str, str] | None = None
 ) -> dict[str, set[str]]:
     """{name: allowed versions} of the extras' locks (markers for this host)."""
-    locked: dict[str, set[str]] = {}
-    for extra in extras:
-        for entry in parse_lock(Path(repo_root) / extra_pair(extra)[0]).entries.values():
-            if entry.marker and not _marker_true(entry.marker, environment):
-                continue
-            locked.setdefault(entry.name, set()).add(entry.version)
-    return locked
+    return _applicable([Path(repo_root) / extra_pair(e)[0] for e in extras], environment)
 
 
 def env_drift(repo_root: Path) -> dict:
     """Installed distributions vs ``requirements.lock`` + ``requirements-dev.lock``, plus
     the lock of every optional extra that is installed (``EXTRAS``).
 
-    Why: the lock is only a promise if the interpreter running the job matches it; the
-    trainer records this dict in ``run.json`` and ``make env-check`` fails on drift. An
-    extra installed from its lock (``make install EXTRAS=mlflow``) is locked, not drift; one
-    installed by hand at other versions, or only in part, is drift.
-    The project's own package (``pyproject.toml``'s name) is not drift when it is installed
-    editable: its code is what the run imports from the checkout (a reproduce imports the
-    archive's copy), covered by the code digest, not by the lock. Installed as a copy in
+    Recorded in ``run.json``; ``make env-check`` fails on drift. An extra installed from its
+    lock is locked; one installed by hand, or in part, is drift. The project's own package
+    is not drift when installed editable (the code digest covers it); as a copy in
     site-packages it is an extra. Returns ``{"status": "ok"|"drift"|"no-lock", "missing",
     "extra", "different", "locks", "project": {"name", "editable_from"}}``.
     """

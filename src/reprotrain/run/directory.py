@@ -1,36 +1,14 @@
-"""A run directory is written once; so is a sweep directory.
+"""A run directory is written once; so is a sweep directory (docs/run-directory.md).
 
-Closes: a fresh run started into a directory that already holds a run (``hydra.run.dir=``
-an old run, a new seed) silently replacing its ``run.json``, metrics and fingerprints while
-keeping its checkpoints, so that ``make eval`` then reports the old run's numbers as the new
-one's; and a second ``make sweep`` into the same ``hydra.sweep.dir`` replacing the first
-sweep's runs and summary.
-
-The rule: a directory holding a ``run.json`` is only ever continued, never restarted.
-
-- ``resume=null`` (a fresh run) there is refused in one line: continue it with
-  ``make resume``, fork it with ``resume=<checkpoint>`` into a new ``hydra.run.dir``, or
-  choose another directory;
-- ``resume=auto`` continues it (an empty directory, or one without a record, starts fresh:
-  what a requeued job that died before its first checkpoint needs);
-- ``resume=<path>`` continues it only when the checkpoint is this run's own;
-- a ``--multirun`` into a sweep directory that already holds a sweep (``multirun.yaml``)
-  or any run is refused: sweeps go to a new directory;
-- a directory that holds checkpoints but no ``run.json`` (a record lost, or checkpoints
-  copied in) is refused for every start: a fresh run would overwrite or prune them, and
-  nothing says whose they are; so is one that holds any other file a run leaves
-  (``RUN_FILES``: ``metrics.jsonl``, ``config.resolved.yaml``, ``fingerprints.jsonl``, ...)
-  but no ``run.json``: a start would overwrite someone's record. (The trainer writes
-  ``run.json`` before any of them, so no run of its own leaves them without it.)
-
-Of two sweeps started at once into one explicit ``hydra.sweep.dir`` (both pass the look
-above), exactly one may proceed: :func:`claim_sweep_dir` creates ``multirun.yaml``
-exclusively before Hydra writes anything, and the loser is refused with nothing written.
-
-The check looks for ``run.json``, not for an empty directory: Hydra writes ``.hydra/``
-(and opens the log) into the run directory before the trainer's code runs. So the entry
-point checks before Hydra starts (``preflight``), and the trainer checks again on rank 0
-once it holds the directory's lock (a launcher that bypasses the command line, a requeue).
+Closes: a fresh run started into a directory that already holds a run silently replacing
+its ``run.json``, metrics and fingerprints while keeping its checkpoints (``make eval`` then
+reports the old run's numbers as the new one's), and a second sweep into one
+``hydra.sweep.dir`` replacing the first. A directory holding a ``run.json`` is only ever
+continued, never restarted; one holding checkpoints or other run files (``RUN_FILES``) but
+no ``run.json`` is refused for every start; of two sweeps started at once into one
+directory, :func:`claim_sweep_dir` lets exactly one proceed. Hydra writes ``.hydra/``
+before the trainer's code runs, so the entry point checks before Hydra starts
+(``preflight``) and the trainer checks again on rank 0 once it holds the directory's lock.
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """One writer per run directory: a lock file that a run holds for its whole lifetime.
 
-Closes: two processes writing one run directory. A second ``resume=auto`` started while the
-first run is alive (the classic double requeue on a cluster) would otherwise train too, and
-both would write ``run.json``, metrics and checkpoints and both end ``completed``.
-
-How the lock is taken, and what each piece guards against:
-
-- ``RUN_DIR/.lock`` is a small JSON file naming the holder: host, pid, the pid's start time
-  from ``/proc`` (a reused pid has another start time), the boot id and pid namespace (a
-  reboot or another container on the same host), the SLURM job id and restart count, and the
-  wall-clock start. It appears atomically with its content: written to a unique temp file,
-  then ``link()``-ed to ``.lock``. ``link`` fails if ``.lock`` exists, and unlike
-  ``O_CREAT|O_EXCL`` it is atomic on every NFS version; the link count of the temp file
-  settles the case where an NFS reply was lost (the method of open(2)'s O_EXCL notes).
-- The holder keeps ``.lock`` open with ``flock(LOCK_EX)``. Liveness is never judged by flock
-  alone (Lustre mounted ``localflock`` or NFS without a lock daemon would say "free"); flock
-  serialises the *takeover* of a dead holder's lock, so two processes that both find a stale
-  lock cannot both take it.
-- A holder on this host (same boot id and pid namespace) is alive iff its pid exists with the
-  recorded start time. SIGKILL leaves the file behind; the next run takes it over with a
-  WARNING, so ``make resume`` after a crash just works.
-- A holder on another host cannot be asked. It is alive while it heartbeats: a thread
-  touches ``.lock`` every ``HEARTBEAT_S`` seconds, and a lock whose mtime is older than
-  ``stale_after_s`` (default 10 min, ``REPROTRAIN_LOCK_STALE_S``) is taken over. The age is
-  measured against this host's clock, so clocks must agree to well within that (NTP).
-- A requeued SLURM job (same ``SLURM_JOB_ID``, higher ``SLURM_RESTART_COUNT``) may land on
-  another node; SLURM runs one incarnation of a job at a time, so it takes over at once.
-
-Released (file removed, only if it is still ours) on normal exit and on exceptions. A
-refused writer raises ``RunBusyError`` (one line naming the holder) without creating,
-changing or removing anything in the run directory.
+Closes: two processes writing one run directory (a second ``resume=auto`` while the first
+run is alive, the classic double requeue, would train too and both would end ``completed``).
+``RUN_DIR/.lock`` names the holder (host, pid and its start time, boot id, pid namespace,
+SLURM job and restart count); it appears atomically by ``link()`` of a written temp file
+(atomic on every NFS version), is held open under ``flock`` (which serialises a takeover,
+never judges liveness alone), and is heartbeat by a thread so another host can tell a live
+holder from a dead one. docs/scaling-out.md has each rule and the file systems it holds on.
+A refused writer raises ``RunBusyError`` (one line naming the holder) and changes nothing.
 """
 
 from __future__ import annotations

@@ -62,11 +62,6 @@ def parse_yaml_config(text: str, label: str) -> DictConfig:
     return cfg
 
 
-def check_shapes(record: dict[str, Any], label: str) -> dict[str, Any]:
-    """``record`` if it fits the run.json schema (``repro/run_schema.py``); else RecordError."""
-    return run_schema.check(record, label)
-
-
 def read_run_json(run_dir: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The one reader of a run directory's run.json: parsed, checked against the schema,
     with the ``required`` keys (``run_schema.REPLAY`` for a replay)."""

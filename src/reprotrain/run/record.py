@@ -12,13 +12,17 @@ Closes (as records): "it lived only in a terminal". Layout::
     .hydra/, train.log    Hydra's own record and the log
 
 Every write is atomic (temp file, fsync, rename), so a kill at any instant leaves either
-the old or the new file, never a half-written one that parses.
+the old or the new file, never a half-written one that parses. Every record is strict JSON:
+a non-finite float becomes ``null`` and its path is listed (``nonfinite``), because ``NaN``
+is not JSON and strict parsers (jq, JavaScript, Go) reject the whole file.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import math
+import numbers
 import os
 import secrets
 import stat
@@ -28,7 +32,6 @@ from typing import Any
 
 from reprotrain import events
 from reprotrain.errors import RecordError
-from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
 from reprotrain.run.bounded import load_json
 
 RUN_JSON = "run.json"
@@ -120,6 +123,46 @@ def fsync_dir(path: Path) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def to_strict_json(obj: Any, path: str = "") -> tuple[Any, list[str]]:
+    """A copy of ``obj`` with every non-finite float replaced by ``None``, and their paths
+    (``metrics[3].train_loss``). Integers and booleans pass through (``True`` stays ``True``);
+    other reals (NumPy scalars) become ``float``."""
+    bad: list[str] = []
+    return _walk(obj, path, bad), bad
+
+
+def _walk(obj: Any, path: str, bad: list[str]) -> Any:
+    if isinstance(obj, bool | int | str) or obj is None:
+        return obj
+    if isinstance(obj, float | numbers.Real) and not isinstance(obj, numbers.Integral):
+        value = float(obj)
+        if math.isfinite(value):
+            return value
+        bad.append(path or "$")
+        return None
+    if isinstance(obj, numbers.Integral):  # NumPy integers
+        return int(obj)
+    if isinstance(obj, dict):
+        return {k: _walk(v, f"{path}.{k}" if path else str(k), bad) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_walk(v, f"{path}[{i}]", bad) for i, v in enumerate(obj)]
+    return obj  # anything else: json.dumps decides (and raises on what it cannot write)
+
+
+def strict_dumps(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that refuses non-finite numbers instead of writing ``NaN``."""
+    return json.dumps(obj, allow_nan=False, **kwargs)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite JSON constant {name} (strict JSON has no NaN/Infinity)")
+
+
+def strict_loads(text: str | bytes) -> Any:
+    """``json.loads`` that rejects ``NaN``, ``Infinity`` and ``-Infinity`` literals."""
+    return json.loads(text, parse_constant=_reject_constant)
 
 
 def strict_json(obj: Any, flag: str | None = "nonfinite", **kw: Any) -> str:

@@ -15,7 +15,6 @@ gaps and written as ``—`` or ``NaN``, never a crash. A missing or corrupt reco
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -23,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.run.bounded import load_json
-from reprotrain.run.readers import check_shapes, read_overrides
+from reprotrain.run.readers import read_overrides, read_run_json
 from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
 from reprotrain.shown import say, shown, warnings_shown
 
@@ -52,15 +50,6 @@ class RunView:
     fingerprints: list[dict[str, Any]]
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return load_json(path.read_text(), str(path))  # lenient on NaN (older runs); bounded
-    except json.JSONDecodeError as e:
-        raise ReprotrainError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReprotrainError(f"cannot read {path}: {e}") from None
-
-
 def load_run(run_dir: Path) -> RunView:
     """The run's record, or a one-line ``ReprotrainError`` naming what is missing."""
     run_dir = Path(run_dir)
@@ -68,10 +57,7 @@ def load_run(run_dir: Path) -> RunView:
         raise ReprotrainError(f"{run_dir} is not a directory; give a run directory (outputs/...)")
     if not (run_dir / RUN_JSON).is_file():
         raise ReprotrainError(f"no {RUN_JSON} in {run_dir}; is this a run directory?")
-    record = _read_json(run_dir / RUN_JSON)
-    if not isinstance(record, dict):
-        raise ReprotrainError(f"{run_dir / RUN_JSON} is not a JSON object")
-    check_shapes(record, str(run_dir / RUN_JSON))
+    record = read_run_json(run_dir)
     return RunView(
         run_dir, record, read_jsonl(run_dir / METRICS), read_jsonl(run_dir / FINGERPRINTS)
     )

@@ -45,7 +45,7 @@ from reprotrain import metric_names
 from reprotrain.config import NON_IDENTITY_PREFIXES, is_identity
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
-from reprotrain.repro.jsonsafe import strict_dumps, to_strict_json
+from reprotrain.run.record import strict_dumps, to_strict_json
 from reprotrain.run.bounded import load_json
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_overrides

@@ -3,7 +3,7 @@
     python scripts/capture_host.py --id amd-epyc-zen5 --how "captured natively ..." > f.json
     qemu-x86_64 -cpu Haswell-v4 .venv/bin/python scripts/capture_host.py --id ... --emulated
 
-It records what reprotrain reads to know a CPU (``repro/cpu_identity.capture``): the
+It records what reprotrain reads to know a CPU (``repro/machine.capture_cpu``): the
 ``cpuid`` fields, the first block of ``/proc/cpuinfo``, torch's capability, oneDNN's ISA,
 MKL's version and CNR branch, oneDNN's version. Under ``qemu-user`` /proc/cpuinfo is the
 host's, so ``--emulated`` writes the block from the emulated CPU's ``cpuid`` instead (and
@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from reprotrain.repro import cpu_identity, cpuid
+from reprotrain.repro import machine
 
 
 def cpuinfo_block(fields: dict) -> str:
@@ -44,8 +44,8 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    fields = cpuid.read()
-    text = cpu_identity.proc_cpuinfo()
+    fields = machine.cpuid_fields()
+    text = machine.proc_cpuinfo()
     if args.emulated:
         assert fields is not None, "cpuid is needed to know an emulated CPU"
         text = cpuinfo_block(fields)
@@ -55,7 +55,7 @@ def main() -> int:
         "machine": platform.machine(),
         "proc_cpuinfo": first_block(text),
         "cpuid": fields,
-        "capture": cpu_identity.capture(),
+        "capture": machine.capture_cpu(),
         "torch": torch.__version__,
         "pins": {},
     }

@@ -54,7 +54,7 @@ def probe(level: str = "portable") -> dict:
     ``level="strict"`` runs it on the CPU's native paths (what the levers change)."""
     import torch
 
-    from reprotrain.repro import cpu_identity, determinism
+    from reprotrain.repro import determinism, machine
     from reprotrain.selfcheck.net import TinyConvNet
 
     start = time.perf_counter()
@@ -76,7 +76,7 @@ def probe(level: str = "portable") -> dict:
         opt.step()
     for tensor in model.state_dict().values():
         digest.update(tensor.detach().contiguous().numpy().tobytes())
-    cpu = cpu_identity.capture()
+    cpu = machine.capture_cpu()
     return {
         "sha256": digest.hexdigest(),
         "cpu": f"{cpu['vendor']} {cpu['model_name']} (family {cpu['family']}, "

@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import REPO, assert_ok, base_env
-from reprotrain.run.record import strict_loads
 from reprotrain.run import plots
+from reprotrain.run.record import strict_loads
 from reprotrain.tools.sweeps import sweep_summary as ss
 
 NAN = float("nan")

@@ -45,7 +45,6 @@ from reprotrain import metric_names
 from reprotrain.config import NON_IDENTITY_PREFIXES, is_identity
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
-from reprotrain.run.record import strict_dumps, to_strict_json
 from reprotrain.run.bounded import load_json
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_overrides
@@ -56,6 +55,8 @@ from reprotrain.run.record import (
     atomic_write_bytes,
     atomic_write_text,
     read_jsonl,
+    strict_dumps,
+    to_strict_json,
 )
 from reprotrain.shown import say, shown, warnings_shown
 from reprotrain.tools.sweeps import optuna_study, sweep_progress

@@ -11,7 +11,8 @@ Times are per-rank CPU seconds of the stepping thread (``time.thread_time``): a 
 host preempts a process, and preemption is not billed as CPU time, so the split below is
 steady where wall time is not. (The side-by-side wall-clock figure is ``make bench``'s
 ``invariant`` row.) The invariant step's parts are timed by wrapping, on this rank only:
-the BatchNorm statistics hook, ``exact_sum``, ``MicroBatchNorm.end_step`` and every
+the BatchNorm statistics hook, ``exact_sum`` (each micro-batch's ``flatten`` and the
+step's ``exact_sum_flat``), ``MicroBatchNorm.end_step`` and every
 collective the reducer runs; what is left is forward, backward and the optimizer step.
 """
 
@@ -71,8 +72,8 @@ def build(
         reduction.reduce = clock.wrap("  of which collectives", reduction.reduce)
         bn = reduction.bn
         lend, collect = bn._lend, bn._collect  # the hooks around each BatchNorm forward
-        bn._lend = clock.wrap(PARTS[0], lend)
-        bn._collect = lambda record: clock.wrap(PARTS[0], collect(record))
+        bn._lend = lambda calls: clock.wrap(PARTS[0], lend(calls))
+        bn._collect = clock.wrap(PARTS[0], collect)
         bn.end_step = clock.wrap("end_step", bn.end_step)
     task = Classification()
     rank_state = reduction.checkpoints_rank_state
@@ -108,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(rank)
     n = args.batch_size // world
     batch = (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
-    original = reductions.exact_sum
-    reductions.exact_sum = clock.wrap(PARTS[1], original)  # what the step calls, this rank only
+    # what the step calls, this rank only: each micro-batch's flatten, the step's exact sum
+    original = {name: getattr(reductions, name) for name in ("flatten", "exact_sum_flat")}
+    for name, fn in original.items():
+        setattr(reductions, name, clock.wrap(PARTS[1], fn))
     per_step: dict[str, list[float]] = defaultdict(list)
     global_step = 0
     try:
@@ -130,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 if repeat:
                     per_step[name].append(spent)
     finally:
-        reductions.exact_sum = original
+        for name, fn in original.items():
+            setattr(reductions, name, fn)
     rows = report(per_step)
     for r in range(world):  # one rank at a time, rank order
         dist.barrier()

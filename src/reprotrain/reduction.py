@@ -40,7 +40,14 @@ from reprotrain.config import ReductionSettings
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.invariant.batchnorm import MicroBatchNorm
-from reprotrain.invariant.exact_sum import exact_sum, no_reduce, torch_reducer
+from reprotrain.invariant.exact_sum import (
+    Layout,
+    exact_sum_flat,
+    flatten,
+    layout_of,
+    no_reduce,
+    torch_reducer,
+)
 from reprotrain.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
 from reprotrain.tasks.metrics import as_sum
 
@@ -82,29 +89,31 @@ class FloatSum(Accumulator):
 
 class ExactSum(Accumulator):
     """Exact: each micro-batch's gradients (taken out of ``.grad``), loss and metric sums
-    kept apart, then summed exactly over every micro-batch of every rank."""
+    kept apart as flat vectors (one copy per micro-batch), then summed exactly over every
+    micro-batch of every rank."""
 
     def __init__(self, model: nn.Module, total: int, reduce, bn: MicroBatchNorm) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.total, self.reduce, self.bn = total, reduce, bn
-        self.grads: list[list[torch.Tensor]] = []
-        self.scalars: list[list[torch.Tensor]] = []
+        self.parts: list[list[torch.Tensor]] = []  # per micro-batch: flatten()'s vectors
+        self.layout: Layout | None = None
         self.names: list[str] | None = None
 
     def add(self, loss: torch.Tensor, sums: Sums, size: int) -> None:
-        self.grads.append(
-            [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        )
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         for p in self.params:
             p.grad = None
         self.names = sorted(sums) if self.names is None else self.names
-        self.scalars.append([loss.detach().float(), *(as_sum(sums[m]) for m in self.names)])
+        part = [*grads, loss.detach().float(), *(as_sum(sums[m]) for m in self.names)]
+        self.layout = self.layout or layout_of(part)
+        self.parts.append(flatten(part, self.layout))
 
     def finish(self) -> tuple[torch.Tensor, Sums]:
         # One exact sum for gradients, loss and metric sums: one MAX and one SUM all-reduce
         # per step (each tensor keeps its own scale: the bits of separate calls).
-        parts = [g + s for g, s in zip(self.grads, self.scalars, strict=True)]
-        summed = exact_sum(parts, self.total, self.reduce)
+        assert self.layout is not None
+        summed = exact_sum_flat(self.parts, self.layout, self.total, self.reduce)
+        self.parts = []
         for p, g in zip(self.params, summed, strict=False):
             p.grad = g
         self.bn.end_step(self.reduce)

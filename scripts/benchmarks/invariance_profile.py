@@ -12,7 +12,7 @@ host preempts a process, and preemption is not billed as CPU time, so the split 
 steady where wall time is not. (The side-by-side wall-clock figure is ``make bench``'s
 ``invariant`` row.) The invariant step's parts are timed by wrapping, on this rank only:
 the BatchNorm statistics hook, ``exact_sum`` (each micro-batch's ``flatten`` and the
-step's ``exact_sum_flat``), ``MicroBatchNorm.end_step`` and every
+step's ``exact_sum_stacked``), ``MicroBatchNorm.end_step`` and every
 collective the reducer runs; what is left is forward, backward and the optimizer step.
 """
 
@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.stats import median
 from reprotrain import reduction as reductions
@@ -35,6 +36,12 @@ from reprotrain.engine import StepRunner, StepSettings
 from reprotrain.selfcheck.net import TinyConvNet
 from reprotrain.state import TrainerState
 from reprotrain.tasks.classification import Classification
+
+# Dispatched ops that launch no work: allocations and the scalars Python numbers become.
+# Views (``OpOverload.is_view``: detach, view, split, select, ...) are metadata as well.
+NO_KERNEL = {"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.scalar_tensor",
+             "aten.lift_fresh", "profiler._record_function_enter_new",
+             "profiler._record_function_exit"}  # fmt: skip
 
 PARTS = ("BatchNorm statistics hook", "exact_sum (all)", "  of which collectives", "end_step")
 
@@ -83,6 +90,51 @@ def build(
                       settings=StepSettings(microbatch_size=microbatch_size))  # fmt: skip
 
 
+class OpCount(TorchDispatchMode):
+    """The aten ops dispatched inside the block: ``kernels`` (each one kernel launch or
+    more on a GPU, where a step of small tensors is launch-bound) and ``metadata`` (views
+    and allocations, host work only). Forward, backward and optimizer all count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = self.metadata = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view or str(func.overloadpacket) in NO_KERNEL:
+            self.metadata += 1
+        else:
+            self.kernels += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(model: torch.nn.Module, microbatches: int, image_size: int = 32) -> dict:
+    """Ops of one plain DDP step and one invariant step at W=1 (a one-process gloo group
+    in this process, CPU), ``microbatches`` of 2 images each, after two warm-up steps: the
+    launch counts behind the GPU figure, the same on every device. {side: {kernels,
+    metadata}}."""
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    where = Dist(rank=0, world_size=1, local_world_size=1, backend="gloo")
+    g = torch.Generator().manual_seed(0)
+    n = 2 * microbatches
+    batch = (torch.randn(n, 3, image_size, image_size, generator=g),
+             torch.randint(0, 10, (n,), generator=g))  # fmt: skip
+    counts = {}
+    try:
+        for name, invariant in (("ddp", False), ("invariant", True)):
+            runner = build(invariant, model, 2, Clock(), where)
+            for step in range(2):
+                runner.step(batch, step)
+            with OpCount() as count:
+                runner.step(batch, 2)
+            counts[name] = {"kernels": count.kernels, "metadata": count.metadata}
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+    return counts
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=128, help="the step's global batch")
@@ -110,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.batch_size // world
     batch = (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
     # what the step calls, this rank only: each micro-batch's flatten, the step's exact sum
-    original = {name: getattr(reductions, name) for name in ("flatten", "exact_sum_flat")}
+    original = {name: getattr(reductions, name) for name in ("flatten", "exact_sum_stacked")}
     for name, fn in original.items():
         setattr(reductions, name, clock.wrap(PARTS[1], fn))
     per_step: dict[str, list[float]] = defaultdict(list)

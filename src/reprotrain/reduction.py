@@ -42,10 +42,12 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.invariant.batchnorm import MicroBatchNorm
 from reprotrain.invariant.exact_sum import (
     Layout,
-    exact_sum_flat,
+    exact_sum_stacked,
     flatten,
     layout_of,
     no_reduce,
+    rows,
+    stacked,
     torch_reducer,
 )
 from reprotrain.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
@@ -89,15 +91,18 @@ class FloatSum(Accumulator):
 
 class ExactSum(Accumulator):
     """Exact: each micro-batch's gradients (taken out of ``.grad``), loss and metric sums
-    kept apart as flat vectors (one copy per micro-batch), then summed exactly over every
-    micro-batch of every rank."""
+    kept apart, copied once into row i of a ``[k, elements]`` buffer per dtype, then summed
+    exactly over every micro-batch of every rank."""
 
-    def __init__(self, model: nn.Module, total: int, reduce, bn: MicroBatchNorm) -> None:
+    def __init__(
+        self, model: nn.Module, local: int, total: int, reduce, bn: MicroBatchNorm
+    ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.total, self.reduce, self.bn = total, reduce, bn
-        self.parts: list[list[torch.Tensor]] = []  # per micro-batch: flatten()'s vectors
+        self.local, self.total, self.reduce, self.bn = local, total, reduce, bn
+        self.buffers: list[torch.Tensor] = []  # exact_sum.stacked: row i = micro-batch i
         self.layout: Layout | None = None
         self.names: list[str] | None = None
+        self.added = 0
 
     def add(self, loss: torch.Tensor, sums: Sums, size: int) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
@@ -105,15 +110,18 @@ class ExactSum(Accumulator):
             p.grad = None
         self.names = sorted(sums) if self.names is None else self.names
         part = [*grads, loss.detach().float(), *(as_sum(sums[m]) for m in self.names)]
-        self.layout = self.layout or layout_of(part)
-        self.parts.append(flatten(part, self.layout))
+        if self.layout is None:
+            self.layout = layout_of(part)
+            self.buffers = stacked(self.layout, self.local, loss.device)
+        flatten(part, self.layout, rows(self.buffers, self.added))
+        self.added += 1
 
     def finish(self) -> tuple[torch.Tensor, Sums]:
         # One exact sum for gradients, loss and metric sums: one MAX and one SUM all-reduce
         # per step (each tensor keeps its own scale: the bits of separate calls).
-        assert self.layout is not None
-        summed = exact_sum_flat(self.parts, self.layout, self.total, self.reduce)
-        self.parts = []
+        assert self.layout is not None and self.added == self.local
+        summed = exact_sum_stacked(self.buffers, self.layout, self.total, self.reduce)
+        self.buffers = []
         for p, g in zip(self.params, summed, strict=False):
             p.grad = g
         self.bn.end_step(self.reduce)
@@ -296,7 +304,7 @@ class Exact(Reduction):
 
     def accumulator(self, model: nn.Module, k: int, device: torch.device) -> Accumulator:
         assert self.bn is not None, "Exact.prepare(model) runs before the first step"
-        return ExactSum(model, k * self.world_size, self.reduce, self.bn)
+        return ExactSum(model, k, k * self.world_size, self.reduce, self.bn)
 
     def samples(self, n: int) -> int:
         return n * self.world_size

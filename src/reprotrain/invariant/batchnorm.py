@@ -126,8 +126,10 @@ class MicroBatchNorm:
                 "trainer.world_size_invariant: the BatchNorm layers' running statistics are "
                 f"in {len(kinds)} dtypes/devices; move the model to one (model.to(...))"
             )
-        if self._template is None or self._template[0].device != first.device or (
-            self._template[0].dtype != first.dtype
+        if (
+            self._template is None
+            or self._template[0].device != first.device
+            or (self._template[0].dtype != first.dtype)
         ):
             init = [t for m in self.layers for t in (torch.zeros_like(m.running_mean),
                                                      torch.ones_like(m.running_var))]  # fmt: skip

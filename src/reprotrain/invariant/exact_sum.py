@@ -38,6 +38,9 @@ from dataclasses import dataclass
 import torch
 
 HEADROOM_BITS = 62  # |sum| < 2^62 < 2^63: int64 never overflows
+# float64/int64 temporaries of at most this many elements at once (128 MB each): every
+# part at once for small vectors, one part at a time for a large model's gradients
+CHUNK = 1 << 24
 
 # reduce(tensor, op): "max" and "sum" all-reduce in place (int64: exact); "gather" returns
 # every rank's tensor concatenated along dim 0 in rank order. The identity on one process.
@@ -106,18 +109,28 @@ def _layout(signature: tuple[tuple[torch.Size, torch.dtype], ...]) -> Layout:
     return Layout(tuple(shapes), tuple(dtypes), tuple(groups))
 
 
-def flatten(part: Sequence[torch.Tensor], layout: Layout) -> list[torch.Tensor]:
-    """``part`` as one flat vector per group of ``layout`` (one copy each, detached)."""
+def stacked(layout: Layout, parts: int, device: torch.device) -> list[torch.Tensor]:
+    """Empty ``[parts, elements]`` buffers, one per group of ``layout``: row i holds part i
+    flattened (``flatten(part, layout, rows(buffers, i))``)."""
+    return [torch.empty(parts, sum(layout.sizes(g)), dtype=dtype, device=device)
+            for g, (dtype, _) in enumerate(layout.groups)]  # fmt: skip
+
+
+def rows(buffers: Sequence[torch.Tensor], i: int) -> list[torch.Tensor]:
+    """Row ``i`` of every group's buffer: where part i goes."""
+    return [buffer[i] for buffer in buffers]
+
+
+def flatten(part: Sequence[torch.Tensor], layout: Layout, out: Sequence[torch.Tensor]) -> None:
+    """Copy ``part`` into ``out``, one flat vector per group of ``layout`` (one copy per
+    group, detached, converted to the group's dtype on the way)."""
     if len(part) != len(layout.shapes) or any(
         t.numel() != s.numel() for t, s in zip(part, layout.shapes, strict=False)
     ):
         raise ValueError("exact_sum needs the same tensors (count and shapes) in every part")
-    flats = []
     with torch.no_grad():  # detached, without one detach per tensor
-        for g, (dtype, members) in enumerate(layout.groups):
-            out = torch.empty(sum(layout.sizes(g)), dtype=dtype, device=part[members[0]].device)
-            flats.append(torch.cat([part[i].reshape(-1) for i in members], out=out))
-    return flats
+        for (_, members), flat in zip(layout.groups, out, strict=True):
+            torch.cat([part[i].reshape(-1) for i in members], out=flat)
 
 
 def exact_sum(
@@ -139,27 +152,28 @@ def exact_sum(
     if not parts:
         raise ValueError("exact_sum needs at least one part on every rank")
     layout = layout_of(parts[0])
-    return exact_sum_flat([flatten(part, layout) for part in parts], layout, total_parts, reduce)
+    buffers = stacked(layout, len(parts), parts[0][0].device)
+    for i, part in enumerate(parts):
+        flatten(part, layout, rows(buffers, i))
+    return exact_sum_stacked(buffers, layout, total_parts, reduce)
 
 
-def exact_sum_flat(
-    flat_parts: Sequence[Sequence[torch.Tensor]],
+def exact_sum_stacked(
+    buffers: Sequence[torch.Tensor],
     layout: Layout,
     total_parts: int,
     reduce: Reducer = no_reduce,
 ) -> list[torch.Tensor]:
-    """:func:`exact_sum` of parts already flattened by :func:`flatten` with ``layout``
-    (what a caller that keeps k parts alive holds instead of k lists of tensors)."""
-    if not flat_parts:
-        raise ValueError("exact_sum needs at least one part on every rank")
-    device = flat_parts[0][0].device
+    """:func:`exact_sum` of parts already flattened into ``stacked`` buffers (what a caller
+    that collects k parts one at a time holds instead of k lists of tensors)."""
+    device = buffers[0].device
     n = len(layout.order)
     guard = math.ceil(math.log2(total_parts)) if total_parts > 1 else 0
 
     # 1. One exponent per tensor: |x| < 2^e for every element of every part, on every rank
     #    (the exponent of the largest magnitude; 0 for an all-zero tensor), and whether any
     #    element is not finite. One MAX all-reduce of both.
-    biggest = torch.cat([_largest(flat_parts, layout, g) for g in range(len(layout.groups))])
+    biggest = torch.cat([_largest(b, layout.sizes(g)) for g, b in enumerate(buffers)])
     bad = torch.isinf(biggest)  # NaN and inf were made inf by _largest
     exps = torch.frexp(torch.where(bad, 0.0, biggest)).exponent.to(torch.int64)
     flags = torch.cat([exps, bad.to(torch.int64)])
@@ -168,55 +182,63 @@ def exact_sum_flat(
     shifts = HEADROOM_BITS - guard - exps  # scale so that |x| * 2^shift < 2^(62 - guard)
     # A tensor with a non-finite element anywhere is NaN whatever its integers: scale 0
     # (then 0 after nan_to_num) keeps its elements from overflowing the int64 cast.
-    scale = torch.where(bad, 0.0, power_of_two(shifts))
-    unscale = torch.where(bad, math.nan, power_of_two(-shifts))
+    scale, unscale = power_of_two(torch.cat([shifts, -shifts])).split(n)
+    scale = torch.where(bad, 0.0, scale).split([len(m) for _, m in layout.groups])
+    unscale = torch.where(bad, math.nan, unscale).split([len(m) for _, m in layout.groups])
 
     # 2. Quantise every element with its tensor's shared scale and add the local parts as
     #    integers (exact, any order): one int64 bucket, one view per group.
-    sizes = [sum(layout.sizes(g)) for g in range(len(layout.groups))]
-    bucket = torch.zeros(sum(sizes), dtype=torch.int64, device=device)
-    values = bucket.split(sizes)
-    start = 0
-    for g, value in enumerate(values):
-        members = len(layout.groups[g][1])
-        per_element = _segments(layout.sizes(g), device)
-        g_scale = scale[start : start + members].index_select(0, per_element)
-        start += members
-        product = torch.empty(value.numel(), dtype=torch.float64, device=device)
-        integers = torch.empty_like(value)
-        for flats in flat_parts:
-            torch.mul(flats[g], g_scale, out=product)  # exact: a float times 2^shift
-            product.round_().nan_to_num_(0.0, 0.0, 0.0)
-            value.add_(integers.copy_(product))
+    bucket = torch.zeros(sum(b.shape[1] for b in buffers), dtype=torch.int64, device=device)
+    values = bucket.split([b.shape[1] for b in buffers])
+    for g, (buffer, value) in enumerate(zip(buffers, values, strict=True)):
+        per_element = scale[g].index_select(0, _segments(layout.sizes(g), device))
+        chunks = _chunks(buffer)
+        product = buffer.new_empty(chunks[0].shape, dtype=torch.float64)  # reused per chunk
+        integers = torch.empty_like(product, dtype=torch.int64)
+        for chunk in chunks:
+            floats, ints = product[: len(chunk)], integers[: len(chunk)]
+            torch.mul(chunk, per_element, out=floats)  # exact: a float times 2^shift
+            floats.round_().nan_to_num_(0.0, 0.0, 0.0)
+            value.add_(_add_rows(ints.copy_(floats), torch.sum))
     reduce(bucket, "sum")
 
     # 3. Back to floats once per group, to each tensor's dtype once per run of one dtype.
     out: list[torch.Tensor | None] = [None] * n
-    start = 0
     for g, value in enumerate(values):
         members = layout.groups[g][1]
-        per_element = _segments(layout.sizes(g), device)
-        back = value.to(torch.float64).mul_(
-            unscale[start : start + len(members)].index_select(0, per_element)
-        )
-        start += len(members)
+        per_element = unscale[g].index_select(0, _segments(layout.sizes(g), device))
+        back = value.to(torch.float64).mul_(per_element)
         for i, piece in zip(members, _as_dtypes(back, layout, members), strict=True):
             out[i] = piece
     return out  # type: ignore[return-value]
 
 
-def _largest(flat_parts, layout: Layout, group: int) -> torch.Tensor:
-    """Per tensor of ``group``: the largest |x| over the parts (float64), inf where any
+def _chunks(buffer: torch.Tensor) -> list[torch.Tensor]:
+    """Row blocks of ``buffer`` whose float64 copies hold at most ``CHUNK`` elements (all
+    rows at once for small vectors; one part at a time for a large model's gradients)."""
+    step = max(1, CHUNK // max(1, buffer.shape[1]))
+    return list(buffer.split(step))
+
+
+def _add_rows(block: torch.Tensor, op) -> torch.Tensor:
+    """``op`` over the rows of ``block`` (dim 0); a single row as it is."""
+    return block[0] if block.shape[0] == 1 else op(block, 0)
+
+
+def _largest(buffer: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    """Per tensor of a group: the largest |x| over the parts (float64), inf where any
     element of any part is not finite."""
-    magnitude = torch.empty_like(flat_parts[0][group])
-    scratch = torch.empty_like(magnitude)
-    for i, flats in enumerate(flat_parts):
-        if i == 0:
-            torch.abs(flats[group], out=magnitude)
-        else:
-            torch.maximum(magnitude, torch.abs(flats[group], out=scratch), out=magnitude)
-    magnitude.nan_to_num_(nan=math.inf, posinf=math.inf)  # torch.maximum propagates NaN
-    sizes = layout.sizes(group)
+    magnitude, scratch = None, None
+    for chunk in _chunks(buffer):
+        if magnitude is None:  # a fresh tensor: the first block's own
+            magnitude = _add_rows(chunk.abs(), torch.amax)  # amax and maximum keep NaN
+            continue
+        if scratch is None:
+            scratch = torch.empty_like(chunk)  # reused by every later block
+        top = _add_rows(torch.abs(chunk, out=scratch[: len(chunk)]), torch.amax)
+        torch.maximum(magnitude, top, out=magnitude)
+    assert magnitude is not None
+    magnitude.nan_to_num_(nan=math.inf, posinf=math.inf)
     pieces = [piece for piece in magnitude.split(sizes) if piece.numel()]
     largest = torch.stack(torch._foreach_max(pieces)) if pieces else magnitude.new_zeros(0)
     if len(pieces) < len(sizes):  # empty tensors: largest 0, as for an all-zero tensor

@@ -306,6 +306,8 @@ def check_invariant(work: Path, budget: Budget) -> dict:
         "world_size": r["world_size"],
         "microbatch_size": r["microbatch_size"],
         "microbatches_per_step": r["microbatches_per_step"],
+        "model_widths": r.get("widths"),
+        "ops_per_step": r.get("ops_per_step"),
     }
 
 

@@ -124,7 +124,7 @@ def ops_per_step(model: torch.nn.Module, microbatches: int, image_size: int = 32
     try:
         for name, invariant in (("ddp", False), ("invariant", True)):
             runner = build(invariant, model, 2, Clock(), where)
-            for step in range(2):
+            for step in range(2):  # warm-up: the optimizer's state, DDP's rebuilt buckets
                 runner.step(batch, step)
             with OpCount() as count:
                 runner.step(batch, 2)

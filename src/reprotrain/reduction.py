@@ -287,7 +287,9 @@ class Exact(Reduction):
 
     def __init__(self, dist: Dist | None = None) -> None:
         super().__init__(dist)
-        self.reduce = torch_reducer() if self.dist.enabled else no_reduce
+        # one process (also torchrun with one rank): its parts are all the parts, so every
+        # collective is the identity; none runs
+        self.reduce = torch_reducer() if self.dist.world_size > 1 else no_reduce
         self.bn: MicroBatchNorm | None = None
 
     def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:

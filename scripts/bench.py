@@ -55,6 +55,7 @@ from benchmarks.training import (
     measure_portable,
     measure_replay,
 )
+from reprotrain.selfcheck.net import WIDE
 
 FIGURES = ("P1", "P2", "P3", "portable", "P4", "P5", "logger", "replay", "invariant", "overhead",
            *reference_model.FIGURES)  # fmt: skip
@@ -69,6 +70,9 @@ def suite(name: str, device: str, threads: int) -> dict:
     # refuses two ranks on one GPU), so a one-GPU machine measures it at W=1.
     ranks = min(2, torch.cuda.device_count()) if gpu else 2
     step = (512, 128) if gpu else (128, 32)  # its batch and micro-batch size: k = 4 per step
+    # ... and its net: on a GPU the reference model's size (selfcheck.net.WIDE, 11.0M
+    # parameters), where the micro-batches fill the GPU; the small net on 2 CPU cores.
+    net = {"widths": WIDE["widths"], "convs_per_stage": WIDE["convs_per_stage"]} if gpu else {}
     if name == "smoke":
         return {
             "train": TrainSetup(device, threads, 2, 512, 128, 128, ("strict", "fast"), 1),
@@ -76,7 +80,7 @@ def suite(name: str, device: str, threads: int) -> dict:
             "augment": dict(batch_size=128, calls=2, repeats=1),
             "checkpoint": CheckpointSetup(device, 64, **TINY, repeats=1),
             "logger_repeats": 1,
-            "invariant": InvariantSetup(device, ranks, 1, 2, 256, 64, 64, 16, repeats=1),
+            "invariant": InvariantSetup(device, ranks, 1, 2, 256, 64, 64, 16, repeats=1, **net),
             "overhead": OverheadSetup(device, steps=50, epochs=2, repeats=1),
         }
     if name == "quick":
@@ -86,7 +90,9 @@ def suite(name: str, device: str, threads: int) -> dict:
             "augment": dict(batch_size=512, calls=50 if gpu else 20, repeats=5),
             "checkpoint": CheckpointSetup(device, steps_per_repeat=10 if gpu else 1, repeats=2),
             "logger_repeats": 2,
-            "invariant": InvariantSetup(device, ranks, 1, 3, 16384 if gpu else 3072, 256, *step, 3),
+            "invariant": InvariantSetup(
+                device, ranks, 1, 3, 16384 if gpu else 3072, 256, *step, 3, **net
+            ),
             "overhead": OverheadSetup(device, steps=1000, epochs=3, repeats=3),
         }
     return {  # full
@@ -95,7 +101,9 @@ def suite(name: str, device: str, threads: int) -> dict:
         "augment": dict(batch_size=512, calls=100 if gpu else 40, repeats=9),
         "checkpoint": CheckpointSetup(device, steps_per_repeat=20 if gpu else 2, repeats=5),
         "logger_repeats": 5,
-        "invariant": InvariantSetup(device, ranks, 1, 5, 50_000 if gpu else 4096, 1024, *step, 5),
+        "invariant": InvariantSetup(
+            device, ranks, 1, 5, 50_000 if gpu else 4096, 1024, *step, 5, **net
+        ),
         "overhead": OverheadSetup(device, steps=2000, epochs=4, repeats=5),
     }
 

@@ -39,7 +39,18 @@ def test_the_ratio_is_invariant_over_ddp_step_time_from_two_interleaved_runs(tmp
     rates = {False: [200.0, 100.0], True: [100.0, 40.0]}  # images/s; the machine slows 2x
     monkeypatch.setattr(invariance_cost, "run_checked", fake_runner(calls, rates))
     setup = InvariantSetup(world_size=2, batch_size=64, microbatch_size=16, repeats=2)
-    r = measure_invariant(setup, tmp_path / "runs", log=lambda _: None)
+    counted: list[InvariantSetup] = []
+
+    def count(s: InvariantSetup) -> dict:  # stands in for the in-process op count
+        counted.append(s)
+        sides = {
+            "ddp": {"kernels": 200, "metadata": 90},
+            "invariant": {"kernels": 210, "metadata": 120},
+        }
+        return {"microbatches_per_step": 4, "bench net": sides}
+
+    lines: list[str] = []
+    r = measure_invariant(setup, tmp_path / "runs", log=lines.append, count=count)
 
     # A, B, A, B: plain DDP then invariant, both under torchrun with 2 ranks x 1 thread
     assert ["trainer.world_size_invariant=true" in c for c in calls] == [False, True] * 2
@@ -47,6 +58,7 @@ def test_the_ratio_is_invariant_over_ddp_step_time_from_two_interleaved_runs(tmp
         assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
         assert "--nproc-per-node=2" in cmd and "experiment=selfcheck" in cmd
         assert {"trainer.microbatch_size=16", "repro.num_threads=1"} <= set(cmd)
+    assert {"model.widths=[16,32,64]", "model.convs_per_stage=1"} <= set(calls[0])
     differ = set(calls[0]) ^ set(calls[1])
     assert {a.split("=")[0] for a in differ} == {"trainer.world_size_invariant", "hydra.run.dir"}
 
@@ -56,7 +68,12 @@ def test_the_ratio_is_invariant_over_ddp_step_time_from_two_interleaved_runs(tmp
     assert len(r["runs"]["ddp"]) == len(r["runs"]["invariant"]) == 2
     assert (r["world_size"], r["microbatch_size"], r["microbatches_per_step"]) == (2, 16, 4)
 
-    (row,) = table_rows({"invariant": r})
+    row, ops = table_rows({"invariant": r})
+    assert counted == [setup]  # after the timed runs, the ops of both steps, side by side
+    assert "ratio 2.250" in lines[-2] and "ddp 200 / invariant 210 (1.050)" in lines[-1]
+    assert ops["figure"] == "invariant ops" and ops["ratio"] == "1.050"
+    assert ops["sides"] == "ddp 200 / invariant 210 ops (views and allocations: 90 / 120)"
+    assert "W=1, k=4, bench net" in ops["measure"]
     assert row["figure"] == "invariant" and row["ratio"] == "2.250"
     assert "W=2, micro-batch 16, k=4, 1 thread/rank" in row["measure"]
     assert row["sides"] == "ddp 150 / invariant 70 images/s"
@@ -101,10 +118,15 @@ def load_bench_script():
 def test_on_cuda_the_figure_uses_one_rank_per_gpu_at_most_two(monkeypatch, gpus, ranks):
     bench = load_bench_script()
     monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: gpus)
+    from reprotrain.selfcheck.net import WIDE
+
     for name in ("smoke", "quick", "full"):
         setup = bench.suite(name, "cuda", 2)["invariant"]
         assert setup.world_size == ranks and setup.device == "cuda"
-    assert bench.suite("quick", "cpu", 2)["invariant"].world_size == 2  # gloo: always 2
+        # the reference model's size, micro-batches of 128 that fill the GPU
+        assert (setup.widths, setup.convs_per_stage) == (WIDE["widths"], WIDE["convs_per_stage"])
+    cpu = bench.suite("quick", "cpu", 2)["invariant"]
+    assert cpu.world_size == 2 and cpu.widths == (16, 32, 64)  # gloo: always 2, the small net
 
 
 def test_the_gpu_check_reports_the_bench_ratio(tmp_path, monkeypatch):
@@ -116,8 +138,16 @@ def test_the_gpu_check_reports_the_bench_ratio(tmp_path, monkeypatch):
         seen.append(cmd)
         out = Path(next(a for a in cmd if a.startswith("--out=")).split("=", 1)[1])
         out.mkdir(parents=True)
+        ops = {
+            "microbatches_per_step": 4,
+            "resnet18": {
+                "ddp": {"kernels": 9, "metadata": 1},
+                "invariant": {"kernels": 8, "metadata": 2},
+            },
+        }
         figure = {"ratio": 1.5, "best_ratio": 1.4, "a_median": 300.0, "b_median": 200.0,
-                  "world_size": 1, "microbatch_size": 128, "microbatches_per_step": 4}  # fmt: skip
+                  "world_size": 1, "microbatch_size": 128, "microbatches_per_step": 4,
+                  "ops_per_step": ops}  # fmt: skip
         (out / "bench.json").write_text(json.dumps({"invariant": figure}))
         return 0, ""
 
@@ -127,4 +157,5 @@ def test_the_gpu_check_reports_the_bench_ratio(tmp_path, monkeypatch):
     assert {"--device=cuda", "--only=invariant"} <= set(cmd)
     assert result["invariant_over_ddp_step_time"] == 1.5 and result["world_size"] == 1
     assert result["ddp_images_per_s"] == 300.0 and result["invariant_images_per_s"] == 200.0
+    assert result["ops_per_step"]["resnet18"]["invariant"]["kernels"] == 8
     assert gpu_check.check_invariant(tmp_path, gpu_check.Budget(10)) == {"skipped": "time budget"}

@@ -266,7 +266,8 @@ def test_one_exact_sum_is_two_collectives_whatever_the_number_of_tensors():
     parts = gradient_like_parts(4)
     exact_sum(parts, 4, counting)
     sizes = sum(t.numel() for t in parts[0])
-    assert calls == [("max", torch.int64, 3), ("sum", torch.int64, sizes + 3)]
+    # MAX: one exponent and one non-finite flag per tensor; SUM: one integer per element
+    assert calls == [("max", torch.int64, 2 * 3), ("sum", torch.int64, sizes)]
 
 
 def test_powers_of_two_are_exact_over_the_whole_float64_range():
@@ -306,7 +307,8 @@ def test_each_micro_batch_records_the_statistics_batchnorm_computes_for_it_bit_f
     bn = MicroBatchNorm(model)
     with bn.micro_batch():
         out = model(x)
-    ((mean, var),) = bn.stats
+    (row,) = bn.stats  # one flat row per micro-batch: [mean, var] of every layer
+    mean, var = row.split(4)
     assert bits([mean, var]) == bits([reference[1].running_mean, reference[1].running_var])
     assert bits([out]) == bits([expected_out])  # normalised over the micro-batch, as plain
     h = reference[0](x).detach().double()
@@ -331,21 +333,53 @@ def test_micro_batch_forwards_leave_the_layers_own_buffers_and_momentum_even_whe
     assert bits(now) == bits(before) and layer.momentum is None
 
 
-def test_a_layer_called_twice_records_twice_and_an_eval_forward_records_nothing():
+def test_a_layer_called_twice_is_refused_in_one_line_and_an_eval_forward_records_nothing():
+    from reprotrain.errors import ReprotrainError
     from reprotrain.invariant.batchnorm import MicroBatchNorm
 
     model = _batchnorm_net()
     bn = MicroBatchNorm(model)
     x = torch.randn(4, 3, 6, 6, generator=torch.Generator().manual_seed(4))
-    with bn.micro_batch():
+    twice = r"layer '1' ran 2 times in one micro-batch"
+    with pytest.raises(ReprotrainError, match=twice), bn.micro_batch():
         model(x)
         model(x * 2)
-    assert len(bn.stats) == 1 and len(bn.stats[0]) == 4  # [mean, var] per call, in order
-    assert not torch.equal(bn.stats[0][0], bn.stats[0][2])
+    assert model[1].momentum == 0.1 and int(model[1].num_batches_tracked) == 0  # given back
+    assert bn.stats == []
     model.eval()
     with bn.micro_batch():
         model(x)
-    assert len(bn.stats) == 1
+    assert bn.stats == []
+
+
+def test_layers_that_run_out_of_their_registration_order_keep_their_own_statistics():
+    """The row is laid out by layer, not by call order: a net that runs its second
+    BatchNorm first gets each layer's own running statistics (as plain forwards would)."""
+    from reprotrain.invariant.batchnorm import MicroBatchNorm
+
+    class Swapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.late, self.early = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+
+        def forward(self, x):
+            return self.late(self.early(x) * 5 + 2)
+
+    torch.manual_seed(0)
+    model = Swapped()
+    plain = copy.deepcopy(model)
+    bn = MicroBatchNorm(model)
+    g = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        x = torch.randn(8, 3, generator=g)
+        plain(x)
+        with bn.micro_batch():
+            model(x)
+    bn.end_step()
+    for mine, want in ((model.early, plain.early), (model.late, plain.late)):
+        torch.testing.assert_close(mine.running_mean, want.running_mean)
+        torch.testing.assert_close(mine.running_var, want.running_var)
+        assert int(mine.num_batches_tracked) == 2
 
 
 def test_momentum_none_is_a_cumulative_average_over_the_micro_batches_as_in_plain_batchnorm():

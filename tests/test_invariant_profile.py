@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
-from benchmarks.invariance_profile import PARTS, Clock, report
+from benchmarks.invariance_profile import PARTS, Clock, ops_per_step, report
 
 
 def test_the_report_gives_the_paired_ratio_and_what_is_left_after_the_timed_parts():
@@ -35,3 +36,19 @@ def test_the_clock_bills_cpu_time_inside_the_wrapped_call_even_when_it_raises():
         timed(True)
     assert clock.spent["busy"] >= 0.04
     assert set(clock.spent) == {"busy"}
+
+
+def test_the_invariant_step_launches_about_as_many_kernels_as_plain_ddp_whatever_the_depth():
+    """What a GPU step of small tensors costs: one launch per op. The exact sum and the
+    BatchNorm updates run on flat vectors, so the invariant step's extra ops do not grow
+    with the number of tensors (they were 2.0x DDP's here, ~12 ops per tensor and part)."""
+    from reprotrain.selfcheck.net import TinyConvNet
+
+    extra = []
+    for convs in (1, 4):  # 11 and 38 parameter tensors, 3 and 12 BatchNorm layers
+        torch.manual_seed(0)
+        counts = ops_per_step(TinyConvNet(convs_per_stage=convs), microbatches=4)
+        ddp, inv = counts["ddp"]["kernels"], counts["invariant"]["kernels"]
+        assert inv <= 1.1 * ddp, counts
+        extra.append(inv - ddp)
+    assert extra[1] <= extra[0], extra  # deeper: no more extra ops (DDP's grow per tensor)

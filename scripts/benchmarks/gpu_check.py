@@ -23,7 +23,8 @@ skipped instead of running over):
    reference model and the strict-cost table (precision x deterministic x benchmark x layout).
 6. ``invariant``: ``scripts/bench.py --device cuda --only invariant``: step time of a
    ``trainer.world_size_invariant`` run / a plain DDP run of the self-check job, same world
-   size (one NCCL rank per GPU, at most 2: W=1 on a one-GPU machine) and micro-batch size.
+   size (one NCCL rank per GPU, at most 2: W=1 on a one-GPU machine) and micro-batch size,
+   the net at the reference model's size; with each step's op counts beside it.
 
 Exit 0 when every check that ran passed, 1 otherwise. Progress goes to stderr.
 """
@@ -306,6 +307,8 @@ def check_invariant(work: Path, budget: Budget) -> dict:
         "world_size": r["world_size"],
         "microbatch_size": r["microbatch_size"],
         "microbatches_per_step": r["microbatches_per_step"],
+        "model_widths": r.get("widths"),
+        "ops_per_step": r.get("ops_per_step"),
     }
 
 

@@ -6,7 +6,9 @@ pieces per step, k / W per rank), launched under torchrun with the same per-rank
 count (gloo on CPU, NCCL on CUDA). Only ``trainer.world_size_invariant`` differs: the
 invariant side adds per-micro-batch RNG seeding, per-micro-batch BatchNorm and the exact
 integer sum of gradients, loss and metric sums in place of DDP's float all-reduce.
-The figure is step time invariant / plain = images/s plain / images/s invariant.
+The figure is step time invariant / plain = images/s plain / images/s invariant; beside it,
+the ops each side dispatches per step (``count_ops``), which is what a GPU step of small
+tensors costs (one kernel launch each).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class InvariantSetup:
     batch_size: int = 128
     microbatch_size: int = 32
     repeats: int = 2
+    widths: tuple[int, ...] = (16, 32, 64)  # the self-check net's size (WIDE on a GPU)
+    convs_per_stage: int = 1
 
     def __post_init__(self) -> None:
         k, rest = divmod(self.batch_size, self.microbatch_size)
@@ -59,6 +63,8 @@ def side_overrides(setup: InvariantSetup, invariant: bool) -> list[str]:
         f"trainer.world_size_invariant={str(invariant).lower()}",
         f"dataset.num_train={setup.num_train}",
         f"dataset.num_test={setup.num_test}",
+        f"model.widths=[{','.join(map(str, setup.widths))}]",
+        f"model.convs_per_stage={setup.convs_per_stage}",
         "logger=none",
     ]
 
@@ -80,8 +86,30 @@ def run_side(setup: InvariantSetup, invariant: bool, run_dir: Path) -> float:
     return steady_images_per_s(read_jsonl(run_dir / "metrics.jsonl"))
 
 
-def measure_invariant(setup: InvariantSetup, root: Path, log=print) -> dict:
-    """Plain DDP, then invariant, per repeat (adjacent pairs); step time invariant / plain."""
+def count_ops(setup: InvariantSetup) -> dict:
+    """Ops of one plain DDP step and one invariant step at W=1 with the setup's k, counted
+    in this process on the CPU (``invariance_profile.ops_per_step``): the measured net and
+    the reference model (conf/model/resnet18.yaml, at 8x8 images: the ops do not depend on
+    the image size). On a GPU the step of small tensors is launch-bound, so the kernel
+    count is what its time follows there."""
+    import torch
+
+    from benchmarks.bare_loop import build_model
+    from benchmarks.invariance_profile import ops_per_step
+
+    k = setup.batch_size // setup.microbatch_size
+    torch.manual_seed(0)  # the models' initial weights: the counts do not depend on them
+    net = build_model("selfcheck", list(setup.widths), setup.convs_per_stage)
+    return {
+        "microbatches_per_step": k,
+        "bench net": ops_per_step(net, k),
+        "resnet18": ops_per_step(build_model("resnet18", [], 0), k, image_size=8),
+    }
+
+
+def measure_invariant(setup: InvariantSetup, root: Path, log=print, count=count_ops) -> dict:
+    """Plain DDP, then invariant, per repeat (adjacent pairs); step time invariant / plain;
+    then both steps' op counts (``count``), side by side."""
     fresh = Counter(root)
     runs: dict[str, list[str]] = {"ddp": [], "invariant": []}
 
@@ -104,6 +132,15 @@ def measure_invariant(setup: InvariantSetup, root: Path, log=print) -> dict:
         microbatch_size=setup.microbatch_size,
         microbatches_per_step=setup.batch_size // setup.microbatch_size,
         threads_per_rank=setup.threads_per_rank,
+        widths=list(setup.widths),
+        convs_per_stage=setup.convs_per_stage,
         runs=runs,
     )
+    log(f"  ratio {result['ratio']:.3f} (step time invariant / plain DDP, W={setup.world_size})")
+    result["ops_per_step"] = count(setup)
+    for model, sides in result["ops_per_step"].items():
+        if isinstance(sides, dict):
+            ddp, inv = sides["ddp"]["kernels"], sides["invariant"]["kernels"]
+            log(f"  ops per step (W=1, kernels) {model:<10} ddp {ddp} / invariant {inv}"
+                f" ({inv / ddp:.3f})")  # fmt: skip
     return result

@@ -11,7 +11,8 @@ Times are per-rank CPU seconds of the stepping thread (``time.thread_time``): a 
 host preempts a process, and preemption is not billed as CPU time, so the split below is
 steady where wall time is not. (The side-by-side wall-clock figure is ``make bench``'s
 ``invariant`` row.) The invariant step's parts are timed by wrapping, on this rank only:
-the BatchNorm statistics hook, ``exact_sum``, ``MicroBatchNorm.end_step`` and every
+the BatchNorm statistics hook, ``exact_sum`` (each micro-batch's ``flatten`` and the
+step's ``exact_sum_stacked``), ``MicroBatchNorm.end_step`` and every
 collective the reducer runs; what is left is forward, backward and the optimizer step.
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.stats import median
 from reprotrain import reduction as reductions
@@ -34,6 +36,12 @@ from reprotrain.engine import StepRunner, StepSettings
 from reprotrain.selfcheck.net import TinyConvNet
 from reprotrain.state import TrainerState
 from reprotrain.tasks.classification import Classification
+
+# Dispatched ops that launch no work: allocations and the scalars Python numbers become.
+# Views (``OpOverload.is_view``: detach, view, split, select, ...) are metadata as well.
+NO_KERNEL = {"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.scalar_tensor",
+             "aten.lift_fresh", "profiler._record_function_enter_new",
+             "profiler._record_function_exit"}  # fmt: skip
 
 PARTS = ("BatchNorm statistics hook", "exact_sum (all)", "  of which collectives", "end_step")
 
@@ -71,8 +79,8 @@ def build(
         reduction.reduce = clock.wrap("  of which collectives", reduction.reduce)
         bn = reduction.bn
         lend, collect = bn._lend, bn._collect  # the hooks around each BatchNorm forward
-        bn._lend = clock.wrap(PARTS[0], lend)
-        bn._collect = lambda record: clock.wrap(PARTS[0], collect(record))
+        bn._lend = lambda calls: clock.wrap(PARTS[0], lend(calls))
+        bn._collect = clock.wrap(PARTS[0], collect)
         bn.end_step = clock.wrap("end_step", bn.end_step)
     task = Classification()
     rank_state = reduction.checkpoints_rank_state
@@ -80,6 +88,51 @@ def build(
                          rng_state=rank_state, rank=reduction.rank)  # fmt: skip
     return StepRunner(state, task, forward=forward, reduction=reduction,
                       settings=StepSettings(microbatch_size=microbatch_size))  # fmt: skip
+
+
+class OpCount(TorchDispatchMode):
+    """The aten ops dispatched inside the block: ``kernels`` (each one kernel launch or
+    more on a GPU, where a step of small tensors is launch-bound) and ``metadata`` (views
+    and allocations, host work only). Forward, backward and optimizer all count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = self.metadata = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view or str(func.overloadpacket) in NO_KERNEL:
+            self.metadata += 1
+        else:
+            self.kernels += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(model: torch.nn.Module, microbatches: int, image_size: int = 32) -> dict:
+    """Ops of one plain DDP step and one invariant step at W=1 (a one-process gloo group
+    in this process, CPU), ``microbatches`` of 2 images each, after two warm-up steps: the
+    launch counts behind the GPU figure, the same on every device. {side: {kernels,
+    metadata}}."""
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    where = Dist(rank=0, world_size=1, local_world_size=1, backend="gloo")
+    g = torch.Generator().manual_seed(0)
+    n = 2 * microbatches
+    batch = (torch.randn(n, 3, image_size, image_size, generator=g),
+             torch.randint(0, 10, (n,), generator=g))  # fmt: skip
+    counts = {}
+    try:
+        for name, invariant in (("ddp", False), ("invariant", True)):
+            runner = build(invariant, model, 2, Clock(), where)
+            for step in range(2):  # warm-up: the optimizer's state, DDP's rebuilt buckets
+                runner.step(batch, step)
+            with OpCount() as count:
+                runner.step(batch, 2)
+            counts[name] = {"kernels": count.kernels, "metadata": count.metadata}
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+    return counts
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -108,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(rank)
     n = args.batch_size // world
     batch = (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
-    original = reductions.exact_sum
-    reductions.exact_sum = clock.wrap(PARTS[1], original)  # what the step calls, this rank only
+    # what the step calls, this rank only: each micro-batch's flatten, the step's exact sum
+    original = {name: getattr(reductions, name) for name in ("flatten", "exact_sum_stacked")}
+    for name, fn in original.items():
+        setattr(reductions, name, clock.wrap(PARTS[1], fn))
     per_step: dict[str, list[float]] = defaultdict(list)
     global_step = 0
     try:
@@ -130,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 if repeat:
                     per_step[name].append(spent)
     finally:
-        reductions.exact_sum = original
+        for name, fn in original.items():
+            setattr(reductions, name, fn)
     rows = report(per_step)
     for r in range(world):  # one rank at a time, rank order
         dist.barrier()

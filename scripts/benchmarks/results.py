@@ -222,6 +222,29 @@ def _invariant_rows(results: dict) -> list[dict]:
         )
         row["sides"] += " images/s"
         rows.append(row)
+        rows += _invariant_ops_rows(r.get("ops_per_step", {}))
+    return rows
+
+
+def _invariant_ops_rows(counts: dict) -> list[dict]:
+    """Beside the invariant figure: each step's kernel-launching ops (a GPU's cost for small
+    tensors), invariant / plain DDP, per model (``invariance_cost.count_ops``)."""
+    rows = []
+    for model, sides in counts.items():
+        if not isinstance(sides, dict):
+            continue
+        ddp, inv = sides["ddp"], sides["invariant"]
+        rows.append({
+            "figure": "invariant ops",
+            "measure": f"kernel-launching ops per step, world-size-invariant / plain DDP "
+                       f"(W=1, k={counts['microbatches_per_step']}, {model}, counted on CPU)",
+            "ratio": fmt(inv["kernels"] / ddp["kernels"]),
+            "best": "",
+            "sides": f"ddp {ddp['kernels']} / invariant {inv['kernels']} ops (views and "
+                     f"allocations: {ddp['metadata']} / {inv['metadata']})",
+            "repeats": "1",
+            "target": "",
+        })  # fmt: skip
     return rows
 
 

@@ -40,7 +40,16 @@ from reprotrain.config import ReductionSettings
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.invariant.batchnorm import MicroBatchNorm
-from reprotrain.invariant.exact_sum import exact_sum, no_reduce, torch_reducer
+from reprotrain.invariant.exact_sum import (
+    Layout,
+    exact_sum_stacked,
+    flatten,
+    layout_of,
+    no_reduce,
+    rows,
+    stacked,
+    torch_reducer,
+)
 from reprotrain.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
 from reprotrain.tasks.metrics import as_sum
 
@@ -82,29 +91,37 @@ class FloatSum(Accumulator):
 
 class ExactSum(Accumulator):
     """Exact: each micro-batch's gradients (taken out of ``.grad``), loss and metric sums
-    kept apart, then summed exactly over every micro-batch of every rank."""
+    kept apart, copied once into row i of a ``[k, elements]`` buffer per dtype, then summed
+    exactly over every micro-batch of every rank."""
 
-    def __init__(self, model: nn.Module, total: int, reduce, bn: MicroBatchNorm) -> None:
+    def __init__(
+        self, model: nn.Module, local: int, total: int, reduce, bn: MicroBatchNorm
+    ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.total, self.reduce, self.bn = total, reduce, bn
-        self.grads: list[list[torch.Tensor]] = []
-        self.scalars: list[list[torch.Tensor]] = []
+        self.local, self.total, self.reduce, self.bn = local, total, reduce, bn
+        self.buffers: list[torch.Tensor] = []  # exact_sum.stacked: row i = micro-batch i
+        self.layout: Layout | None = None
         self.names: list[str] | None = None
+        self.added = 0
 
     def add(self, loss: torch.Tensor, sums: Sums, size: int) -> None:
-        self.grads.append(
-            [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        )
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         for p in self.params:
             p.grad = None
         self.names = sorted(sums) if self.names is None else self.names
-        self.scalars.append([loss.detach().float(), *(as_sum(sums[m]) for m in self.names)])
+        part = [*grads, loss.detach().float(), *(as_sum(sums[m]) for m in self.names)]
+        if self.layout is None:
+            self.layout = layout_of(part)
+            self.buffers = stacked(self.layout, self.local, loss.device)
+        flatten(part, self.layout, rows(self.buffers, self.added))
+        self.added += 1
 
     def finish(self) -> tuple[torch.Tensor, Sums]:
         # One exact sum for gradients, loss and metric sums: one MAX and one SUM all-reduce
         # per step (each tensor keeps its own scale: the bits of separate calls).
-        parts = [g + s for g, s in zip(self.grads, self.scalars, strict=True)]
-        summed = exact_sum(parts, self.total, self.reduce)
+        assert self.layout is not None and self.added == self.local
+        summed = exact_sum_stacked(self.buffers, self.layout, self.total, self.reduce)
+        self.buffers = []
         for p, g in zip(self.params, summed, strict=False):
             p.grad = g
         self.bn.end_step(self.reduce)
@@ -270,7 +287,9 @@ class Exact(Reduction):
 
     def __init__(self, dist: Dist | None = None) -> None:
         super().__init__(dist)
-        self.reduce = torch_reducer() if self.dist.enabled else no_reduce
+        # one process (also torchrun with one rank): its parts are all the parts, so every
+        # collective is the identity; none runs
+        self.reduce = torch_reducer() if self.dist.world_size > 1 else no_reduce
         self.bn: MicroBatchNorm | None = None
 
     def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -287,7 +306,7 @@ class Exact(Reduction):
 
     def accumulator(self, model: nn.Module, k: int, device: torch.device) -> Accumulator:
         assert self.bn is not None, "Exact.prepare(model) runs before the first step"
-        return ExactSum(model, k * self.world_size, self.reduce, self.bn)
+        return ExactSum(model, k, k * self.world_size, self.reduce, self.bn)
 
     def samples(self, n: int) -> int:
         return n * self.world_size

@@ -9,6 +9,12 @@ statistics BatchNorm's kernel computes for the normalisation anyway, taken with 
 every rank gathers all k micro-batches' statistics once per step (exact copies, in
 micro-batch order), and each applies the k momentum updates in that order: the running
 statistics a single process would have after the k micro-batches, on every layout.
+
+Cost: the scratch buffers of one micro-batch are views of one flat vector (one copy of a
+template per micro-batch, every layer's slot in layer order), so the step's statistics are
+one ``[k, 2 x channels]`` tensor; each micro-batch's k updates run as one ``_foreach`` op
+per buffer list (one kernel launch for every layer on a GPU, the same per-tensor kernels
+on the CPU), not one op per layer.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from reprotrain.errors import ReprotrainError
 from reprotrain.invariant.exact_sum import Reducer, no_reduce
 
 _BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
@@ -29,11 +36,17 @@ class MicroBatchNorm:
     """Record micro-batch statistics of every BatchNorm in ``model``; update once per step."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.layers = [
-            m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
-        ]
-        self.stats: list[list[torch.Tensor]] = []  # per micro-batch: [mean, var] per layer
+        named = [(n, m) for n, m in model.named_modules()
+                 if isinstance(m, _BatchNorm) and m.track_running_stats]  # fmt: skip
+        self.names = [n or type(m).__name__ for n, m in named]
+        self.layers = [m for _, m in named]
+        self.slot = {m: i for i, m in enumerate(self.layers)}
+        # per training micro-batch: every layer's [mean, var] in layer order, one flat row
+        self.stats: list[torch.Tensor] = []
         self._lent: dict[nn.Module, tuple] = {}  # layer -> its own buffers and momentum
+        # (the [0, 1] row, one num_batches_tracked stand-in per layer), made once
+        self._template: tuple[torch.Tensor, list[torch.Tensor]] | None = None
+        self._scratch: list | None = None  # this micro-batch's slot views, row, stand-ins
 
     @contextmanager
     def micro_batch(self) -> Iterator[None]:
@@ -41,9 +54,10 @@ class MicroBatchNorm:
         if not self.layers:
             yield
             return
-        record: list[torch.Tensor] = []
-        hooks = [m.register_forward_pre_hook(self._lend) for m in self.layers]
-        hooks += [m.register_forward_hook(self._collect(record)) for m in self.layers]
+        calls = [0] * len(self.layers)
+        hooks = [m.register_forward_pre_hook(self._lend(calls)) for m in self.layers]
+        hooks += [m.register_forward_hook(self._collect) for m in self.layers]
+        row = None
         try:
             yield
         finally:
@@ -51,32 +65,81 @@ class MicroBatchNorm:
                 h.remove()
             for m in list(self._lent):  # a forward that raised: its layer gets its own back
                 self._give_back(m)
-        if record:  # eval-mode forwards record nothing
-            self.stats.append(record)
+            row, self._scratch = self._row, None
+        if any(calls):  # eval-mode forwards record nothing
+            self._check_once(calls)
+            self.stats.append(row)
 
-    def _lend(self, module: _BatchNorm, args: tuple) -> None:
-        """Before a training forward: scratch buffers and momentum 1, so the kernel writes
-        this micro-batch's own mean and unbiased variance there (1 * new + 0 * scratch)."""
-        if not module.training:
-            return
-        self._lent[module] = (*(getattr(module, b) for b in _BUFFERS), module.momentum)
-        module.running_mean = torch.zeros_like(module.running_mean)
-        module.running_var = torch.ones_like(module.running_var)
-        module.num_batches_tracked = torch.zeros_like(module.num_batches_tracked)
-        module.momentum = 1.0
+    def _check_once(self, calls: list[int]) -> None:
+        """One training forward of every layer per micro-batch: the k rows line up."""
+        for name, n in zip(self.names, calls, strict=True):
+            if n != 1:
+                raise ReprotrainError(
+                    f"trainer.world_size_invariant: BatchNorm layer '{name}' ran {n} times in "
+                    "one micro-batch; its running statistics are taken once per layer and "
+                    "micro-batch: call each BatchNorm once per forward (or give it "
+                    "track_running_stats=False)"
+                )
 
-    def _collect(self, record: list[torch.Tensor]):
-        def hook(module: _BatchNorm, args: tuple, output: torch.Tensor) -> None:
-            if module in self._lent:
-                record.extend([module.running_mean, module.running_var])
-                self._give_back(module)
+    def _lend(self, calls: list[int]):
+        def hook(module: _BatchNorm, args: tuple) -> None:
+            """Before a training forward: its slot of this micro-batch's scratch row and
+            momentum 1, so the kernel writes this micro-batch's own mean and unbiased
+            variance there (1 * new + 0 * scratch)."""
+            if not module.training:
+                return
+            i = self.slot[module]
+            calls[i] += 1
+            if self._scratch is None:
+                self._scratch = self._fresh_row()
+            own = module._buffers  # written directly: Module.__setattr__ costs ~10x more
+            self._lent[module] = (*(own[b] for b in _BUFFERS), module.momentum)
+            if calls[i] > 1:  # not a row any more (refused at the end of the micro-batch)
+                own["running_mean"] = torch.zeros_like(own["running_mean"])
+                own["running_var"] = torch.ones_like(own["running_var"])
+            else:
+                own["running_mean"], own["running_var"] = self._scratch[2 * i : 2 * i + 2]
+            own["num_batches_tracked"] = self._scratch[-1][i]  # a count nobody reads
+            module.momentum = 1.0
 
         return hook
 
+    def _collect(self, module: _BatchNorm, args: tuple, output: torch.Tensor) -> None:
+        if module in self._lent:
+            self._give_back(module)
+
     def _give_back(self, module: _BatchNorm) -> None:
         *buffers, module.momentum = self._lent.pop(module)
-        for name, tensor in zip(_BUFFERS, buffers, strict=True):
-            setattr(module, name, tensor)
+        module._buffers.update(zip(_BUFFERS, buffers, strict=True))
+
+    @property
+    def _row(self) -> torch.Tensor | None:
+        return None if self._scratch is None else self._scratch[-2]
+
+    def _fresh_row(self) -> list[torch.Tensor]:
+        """One copy of the template: [mean 0, var 1] per layer in layer order; returns the
+        slot views, then the whole row, then the num_batches_tracked stand-ins."""
+        first = self.layers[0].running_mean
+        kinds = {(m.running_mean.dtype, m.running_mean.device) for m in self.layers}
+        if len(kinds) > 1:
+            raise ReprotrainError(
+                "trainer.world_size_invariant: the BatchNorm layers' running statistics are "
+                f"in {len(kinds)} dtypes/devices; move the model to one (model.to(...))"
+            )
+        if (
+            self._template is None
+            or self._template[0].device != first.device
+            or (self._template[0].dtype != first.dtype)
+        ):
+            init = [t for m in self.layers for t in (torch.zeros_like(m.running_mean),
+                                                     torch.ones_like(m.running_var))]  # fmt: skip
+            counts = torch.zeros(len(self.layers), dtype=torch.long, device=first.device)
+            self._template = (torch.cat(init), list(counts.unbind()))
+        row = self._template[0].clone()
+        return [*row.split(self._sizes()), row, self._template[1]]
+
+    def _sizes(self) -> list[int]:
+        return [m.running_mean.numel() for m in self.layers for _ in range(2)]
 
     @torch.no_grad()
     def end_step(self, reduce: Reducer = no_reduce) -> None:
@@ -86,19 +149,26 @@ class MicroBatchNorm:
         if not self.layers or not self.stats:
             self.stats = []
             return
-        local = torch.stack([torch.cat(per_layer) for per_layer in self.stats])  # [k/W, 2C..]
-        every = reduce(local, "gather")  # [k, sum over layers of 2C]
+        every = reduce(torch.stack(self.stats), "gather")  # [k, sum over layers of 2C]
         self.stats = []
         for row in every.unbind(0):
-            start = 0
-            for m in self.layers:
-                c = m.running_mean.numel()
-                mean, var = row[start : start + c], row[start + c : start + 2 * c]
-                start += 2 * c
-                m.num_batches_tracked += 1
-                # momentum None: a cumulative moving average, as in torch's BatchNorm
-                factor = (
-                    m.momentum if m.momentum is not None else 1.0 / float(m.num_batches_tracked)
-                )
-                m.running_mean.mul_(1 - factor).add_(mean.to(m.running_mean.dtype), alpha=factor)
-                m.running_var.mul_(1 - factor).add_(var.to(m.running_var.dtype), alpha=factor)
+            self._update(row.split(self._sizes()))
+
+    def _update(self, stats: tuple[torch.Tensor, ...]) -> None:
+        """One micro-batch's momentum update of every layer: the ops a plain BatchNorm
+        forward applies (``x * (1 - f) + f * new``), one ``_foreach`` op per momentum."""
+        torch._foreach_add_([m.num_batches_tracked for m in self.layers], 1)
+        by_momentum: dict[float, list[int]] = {}
+        for i, m in enumerate(self.layers):
+            if m.momentum is None:  # a cumulative moving average, as in torch's BatchNorm
+                factor = 1.0 / float(m.num_batches_tracked)
+                m.running_mean.mul_(1 - factor).add_(stats[2 * i], alpha=factor)
+                m.running_var.mul_(1 - factor).add_(stats[2 * i + 1], alpha=factor)
+            else:
+                by_momentum.setdefault(m.momentum, []).append(i)
+        for factor, members in by_momentum.items():
+            buffers = [t for i in members for t in (self.layers[i].running_mean,
+                                                    self.layers[i].running_var)]  # fmt: skip
+            torch._foreach_mul_(buffers, 1 - factor)
+            torch._foreach_add_(buffers, [stats[j] for i in members for j in (2 * i, 2 * i + 1)],
+                                alpha=factor)  # fmt: skip

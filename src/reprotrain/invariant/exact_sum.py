@@ -12,11 +12,14 @@ int64, and added, locally and then by a SUM all-reduce, as integers — exactly.
 converted back once (int64 -> float64 -> the tensor's dtype). The result is a function of the
 multiset of parts alone.
 
-Cost (docs/invariance-performance.md): all of a call's tensors travel as one flat bucket, so a
-call is two collectives (a MAX of one exponent per tensor, a SUM of one int64 vector holding
-every element and the non-finite counts) and a fixed number of vectorised ops over the local
-parts, one flat vector per part, whatever the number of tensors. Each tensor keeps
-its own scale, so one call over many lists gives the bits of one call per list.
+Cost (docs/invariance-performance.md): a part is flattened once (``flatten``: one copy per
+dtype group, float32 for 16- and 32-bit floats, float64 for the rest), and everything after
+that runs on the flat vectors: a fixed number of whole-vector ops per part and per call,
+whatever the number of tensors (on a GPU each op is one kernel launch, so a step of a
+62-tensor ResNet-18 costs tens of launches, not thousands). A call is two collectives: a MAX
+of one exponent and one non-finite flag per tensor, a SUM of one int64 vector holding every
+element. Each tensor keeps its own scale, so one call over many lists gives the bits of one
+call per list.
 
 Precision: every element within 2^(62 - 24 - ceil(log2 k)) of a tensor's largest element
 (about 10^11 for k <= 8) is represented with all 24 bits of its float32 mantissa before the
@@ -30,14 +33,22 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 HEADROOM_BITS = 62  # |sum| < 2^62 < 2^63: int64 never overflows
+# float64/int64 temporaries of at most this many elements at once (128 MB each): every
+# part at once for small vectors, one part at a time for a large model's gradients
+CHUNK = 1 << 24
 
 # reduce(tensor, op): "max" and "sum" all-reduce in place (int64: exact); "gather" returns
 # every rank's tensor concatenated along dim 0 in rank order. The identity on one process.
 Reducer = Callable[[torch.Tensor, str], torch.Tensor | None]
+
+# Floats summed from a float32 flat copy: widening them is exact, and so is every product
+# with a power of two below (computed in float64); everything else goes through float64.
+_FLOAT32_GROUP = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def no_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor | None:
@@ -62,6 +73,66 @@ def torch_reducer() -> Reducer:
     return reduce
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor of a part lies once flattened: ``groups`` holds, per flat vector,
+    its dtype and the indices of its tensors (in order); tensor order within the call is
+    kept by ``order`` (group-major position -> index in the part)."""
+
+    shapes: tuple[torch.Size, ...]
+    dtypes: tuple[torch.dtype, ...]
+    groups: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(i for _, members in self.groups for i in members)
+
+    def sizes(self, group: int) -> tuple[int, ...]:
+        return tuple(self.shapes[i].numel() for i in self.groups[group][1])
+
+
+def layout_of(part: Sequence[torch.Tensor]) -> Layout:
+    """The layout of ``part`` (cached: a step passes the same shapes every time)."""
+    return _layout(tuple((t.shape, t.dtype) for t in part))
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(signature: tuple[tuple[torch.Size, torch.dtype], ...]) -> Layout:
+    shapes, dtypes = zip(*signature, strict=True) if signature else ((), ())
+    groups = []
+    for dtype in (torch.float32, torch.float64):
+        members = tuple(
+            i for i, d in enumerate(dtypes) if (d in _FLOAT32_GROUP) == (dtype == torch.float32)
+        )
+        if members:
+            groups.append((dtype, members))
+    return Layout(tuple(shapes), tuple(dtypes), tuple(groups))
+
+
+def stacked(layout: Layout, parts: int, device: torch.device) -> list[torch.Tensor]:
+    """Empty ``[parts, elements]`` buffers, one per group of ``layout``: row i holds part i
+    flattened (``flatten(part, layout, rows(buffers, i))``)."""
+    return [torch.empty(parts, sum(layout.sizes(g)), dtype=dtype, device=device)
+            for g, (dtype, _) in enumerate(layout.groups)]  # fmt: skip
+
+
+def rows(buffers: Sequence[torch.Tensor], i: int) -> list[torch.Tensor]:
+    """Row ``i`` of every group's buffer: where part i goes."""
+    return [buffer[i] for buffer in buffers]
+
+
+def flatten(part: Sequence[torch.Tensor], layout: Layout, out: Sequence[torch.Tensor]) -> None:
+    """Copy ``part`` into ``out``, one flat vector per group of ``layout`` (one copy per
+    group, detached, converted to the group's dtype on the way)."""
+    if len(part) != len(layout.shapes) or any(
+        t.numel() != s.numel() for t, s in zip(part, layout.shapes, strict=False)
+    ):
+        raise ValueError("exact_sum needs the same tensors (count and shapes) in every part")
+    with torch.no_grad():  # detached, without one detach per tensor
+        for (_, members), flat in zip(layout.groups, out, strict=True):
+            torch.cat([part[i].reshape(-1) for i in members], out=flat)
+
+
 def exact_sum(
     parts: Sequence[Sequence[torch.Tensor]],
     total_parts: int,
@@ -72,7 +143,7 @@ def exact_sum(
     ``total_parts`` is the number of parts over all ranks (k), which sets the headroom.
     Every rank must pass the same number of tensors with the same shapes and dtypes, and
     gets the same result. Two collectives per call, whatever the number of tensors: one MAX
-    of a small vector of exponents, one SUM of one flat int64 bucket.
+    of a small vector of exponents and flags, one SUM of one flat int64 bucket.
 
     Every tensor keeps its own scale, so summing a list of tensors in one call gives the
     same bits as one call per tensor: callers should pass everything a step sums (gradients,
@@ -80,45 +151,121 @@ def exact_sum(
     """
     if not parts:
         raise ValueError("exact_sum needs at least one part on every rank")
-    like = parts[0]
-    n, device = len(like), like[0].device
-    sizes = tuple(t.numel() for t in like)
-    guard = math.ceil(math.log2(total_parts)) if total_parts > 1 else 0
-    segment = _segments(sizes, device)  # [P]: the tensor each flat element belongs to
+    layout = layout_of(parts[0])
+    buffers = stacked(layout, len(parts), parts[0][0].device)
+    for i, part in enumerate(parts):
+        flatten(part, layout, rows(buffers, i))
+    return exact_sum_stacked(buffers, layout, total_parts, reduce)
 
-    # 1. One exponent per tensor: |x| < 2^e for every finite element of every part, on
-    #    every rank (the exponent of the largest magnitude; 0 for an all-zero tensor).
-    #    Part by part, so the float64 copies held at once are one part's, whatever k is.
-    magnitude = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
-    nonfinite = torch.zeros(sum(sizes), dtype=torch.bool, device=device)
-    for part in parts:
-        flat = _flatten(part, sizes)
-        finite = torch.isfinite(flat)
-        nonfinite |= ~finite
-        torch.maximum(magnitude, torch.where(finite, flat.abs(), 0.0), out=magnitude)
-    exps = torch.frexp(_per_tensor(magnitude, sizes, torch.amax)).exponent.to(torch.int64)
-    reduce(exps, "max")
+
+def exact_sum_stacked(
+    buffers: Sequence[torch.Tensor],
+    layout: Layout,
+    total_parts: int,
+    reduce: Reducer = no_reduce,
+) -> list[torch.Tensor]:
+    """:func:`exact_sum` of parts already flattened into ``stacked`` buffers (what a caller
+    that collects k parts one at a time holds instead of k lists of tensors)."""
+    device = buffers[0].device
+    n = len(layout.order)
+    guard = math.ceil(math.log2(total_parts)) if total_parts > 1 else 0
+
+    # 1. One exponent per tensor: |x| < 2^e for every element of every part, on every rank
+    #    (the exponent of the largest magnitude; 0 for an all-zero tensor), and whether any
+    #    element is not finite. One MAX all-reduce of both.
+    biggest = torch.cat([_largest(b, layout.sizes(g)) for g, b in enumerate(buffers)])
+    bad = torch.isinf(biggest)  # NaN and inf were made inf by _largest
+    exps = torch.frexp(torch.where(bad, 0.0, biggest)).exponent.to(torch.int64)
+    flags = torch.cat([exps, bad.to(torch.int64)])
+    reduce(flags, "max")
+    exps, bad = flags[:n], flags[n:] > 0
     shifts = HEADROOM_BITS - guard - exps  # scale so that |x| * 2^shift < 2^(62 - guard)
+    # A tensor with a non-finite element anywhere is NaN whatever its integers: scale 0
+    # (then 0 after nan_to_num) keeps its elements from overflowing the int64 cast.
+    scale, unscale = power_of_two(torch.cat([shifts, -shifts])).split(n)
+    scale = torch.where(bad, 0.0, scale).split([len(m) for _, m in layout.groups])
+    unscale = torch.where(bad, math.nan, unscale).split([len(m) for _, m in layout.groups])
 
     # 2. Quantise every element with its tensor's shared scale and add the local parts as
-    #    integers (exact, any order); the non-finite counts ride in the same bucket.
-    bucket = torch.zeros(sum(sizes) + n, dtype=torch.int64, device=device)
-    values, bad = bucket[: bucket.numel() - n], bucket[bucket.numel() - n :]
-    scale = power_of_two(shifts).index_select(0, segment)
-    for part in parts:
-        flat = torch.nan_to_num(_flatten(part, sizes), nan=0.0, posinf=0.0, neginf=0.0)
-        values += flat.mul_(scale).round_().to(torch.int64)
-    bad.copy_(_per_tensor(nonfinite.to(torch.int64), sizes, torch.sum))
+    #    integers (exact, any order): one int64 bucket, one view per group.
+    bucket = torch.zeros(sum(b.shape[1] for b in buffers), dtype=torch.int64, device=device)
+    values = bucket.split([b.shape[1] for b in buffers])
+    for g, (buffer, value) in enumerate(zip(buffers, values, strict=True)):
+        per_element = scale[g].index_select(0, _segments(layout.sizes(g), device))
+        chunks = _chunks(buffer)
+        product = buffer.new_empty(chunks[0].shape, dtype=torch.float64)  # reused per chunk
+        integers = torch.empty_like(product, dtype=torch.int64)
+        for chunk in chunks:
+            floats, ints = product[: len(chunk)], integers[: len(chunk)]
+            torch.mul(chunk, per_element, out=floats)  # exact: a float times 2^shift
+            floats.round_().nan_to_num_(0.0, 0.0, 0.0)
+            value.add_(_add_rows(ints.copy_(floats), torch.sum))
     reduce(bucket, "sum")
 
-    # 3. Back to floats once; a tensor with any non-finite part becomes NaN.
-    value = values.to(torch.float64).mul_(power_of_two(-shifts).index_select(0, segment))
-    value = torch.where(
-        (bad > 0).index_select(0, segment), math.nan, value
-    )  # on the device: no host sync
-    return [
-        piece.view(t.shape).to(t.dtype) for piece, t in zip(value.split(sizes), like, strict=True)
-    ]
+    # 3. Back to floats once per group, to each tensor's dtype once per run of one dtype.
+    out: list[torch.Tensor | None] = [None] * n
+    for g, value in enumerate(values):
+        members = layout.groups[g][1]
+        per_element = unscale[g].index_select(0, _segments(layout.sizes(g), device))
+        back = value.to(torch.float64).mul_(per_element)
+        for i, piece in zip(members, _as_dtypes(back, layout, members), strict=True):
+            out[i] = piece
+    return out  # type: ignore[return-value]
+
+
+def _chunks(buffer: torch.Tensor) -> list[torch.Tensor]:
+    """Row blocks of ``buffer`` whose float64 copies hold at most ``CHUNK`` elements (all
+    rows at once for small vectors; one part at a time for a large model's gradients)."""
+    step = max(1, CHUNK // max(1, buffer.shape[1]))
+    return list(buffer.split(step))
+
+
+def _add_rows(block: torch.Tensor, op) -> torch.Tensor:
+    """``op`` over the rows of ``block`` (dim 0); a single row as it is."""
+    return block[0] if block.shape[0] == 1 else op(block, 0)
+
+
+def _largest(buffer: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    """Per tensor of a group: the largest |x| over the parts (float64), inf where any
+    element of any part is not finite."""
+    magnitude, scratch = None, None
+    for chunk in _chunks(buffer):
+        if magnitude is None:  # a fresh tensor: the first block's own
+            magnitude = _add_rows(chunk.abs(), torch.amax)  # amax and maximum keep NaN
+            continue
+        if scratch is None:
+            scratch = torch.empty_like(chunk)  # reused by every later block
+        top = _add_rows(torch.abs(chunk, out=scratch[: len(chunk)]), torch.amax)
+        torch.maximum(magnitude, top, out=magnitude)
+    assert magnitude is not None
+    magnitude.nan_to_num_(nan=math.inf, posinf=math.inf)
+    pieces = [piece for piece in magnitude.split(sizes) if piece.numel()]
+    largest = torch.stack(torch._foreach_max(pieces)) if pieces else magnitude.new_zeros(0)
+    if len(pieces) < len(sizes):  # empty tensors: largest 0, as for an all-zero tensor
+        full = magnitude.new_zeros(len(sizes))
+        full[[i for i, s in enumerate(sizes) if s]] = largest
+        largest = full
+    return largest.to(torch.float64)
+
+
+def _as_dtypes(flat: torch.Tensor, layout: Layout, members: tuple[int, ...]):
+    """``flat``'s pieces as the tensors ``members`` (shape, dtype): one conversion per run
+    of consecutive tensors of one dtype, views after that."""
+    pieces: list[torch.Tensor] = []
+    start = 0
+    while start < len(members):
+        dtype = layout.dtypes[members[start]]
+        end = start
+        while end < len(members) and layout.dtypes[members[end]] == dtype:
+            end += 1
+        run = [layout.shapes[i] for i in members[start:end]]
+        lo = sum(layout.shapes[i].numel() for i in members[:start])
+        hi = lo + sum(s.numel() for s in run)
+        converted = flat[lo:hi].to(dtype)
+        pieces += [p.view(s) for p, s in zip(converted.split([s.numel() for s in run]), run,
+                                              strict=True)]  # fmt: skip
+        start = end
+    return pieces
 
 
 def power_of_two(exponents: torch.Tensor) -> torch.Tensor:
@@ -133,20 +280,8 @@ def power_of_two(exponents: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float64)
 
 
-def _per_tensor(flat: torch.Tensor, sizes: tuple[int, ...], op) -> torch.Tensor:
-    """``op`` over each tensor's slice of ``flat`` (0 for an empty tensor): n small
-    reductions, no scatter (deterministic on every device, under any determinism level)."""
-    zero = flat.new_zeros(())
-    return torch.stack([op(piece) if piece.numel() else zero for piece in flat.split(sizes)])
-
-
-def _flatten(part: Sequence[torch.Tensor], sizes: tuple[int, ...]) -> torch.Tensor:
-    if len(part) != len(sizes) or any(t.numel() != s for t, s in zip(part, sizes, strict=False)):
-        raise ValueError("exact_sum needs the same tensors (count and shapes) in every part")
-    return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in part])
-
-
 @functools.lru_cache(maxsize=16)
 def _segments(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[P]: the tensor (0..n-1) each flat element belongs to."""
     counts = torch.tensor(sizes, dtype=torch.int64, device=device)
     return torch.repeat_interleave(torch.arange(len(sizes), device=device), counts)

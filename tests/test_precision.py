@@ -15,7 +15,7 @@ import reprotrain.train as trainer
 from reprotrain.config import register_configs
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
-from reprotrain.paths import CONF_DIR
+from reprotrain import CONF_DIR
 from reprotrain.repro import comparability, determinism, precision
 from reprotrain.run.record import RUN_JSON
 

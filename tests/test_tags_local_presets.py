@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from conftest import MICRO, REPO, TINY, assert_ok, run_json, train
 from reprotrain import preflight
 from reprotrain.config import config_sha256, register_configs
-from reprotrain.paths import CONF_DIR
+from reprotrain import CONF_DIR
 
 
 def composed(*overrides: str, conf_dir=CONF_DIR):

@@ -23,7 +23,7 @@ from typing import Any, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
-from reprotrain.dotted import flatten
+from reprotrain.quoting import flatten
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
 from reprotrain.repro.precision import PRECISIONS

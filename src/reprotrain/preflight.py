@@ -42,7 +42,7 @@ from reprotrain.config import (
     validate,
 )
 from reprotrain.errors import ReprotrainError
-from reprotrain.paths import CONF_DIR
+from reprotrain import CONF_DIR
 from reprotrain.repro import hashseed
 from reprotrain.sweep_checks import (
     check_continued_study,

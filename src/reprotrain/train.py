@@ -51,7 +51,7 @@ from reprotrain.data.purity import check_samples
 from reprotrain.distributed import Dist, init_from_env
 from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.loop import Interrupted, StopFlag, Trainer
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 from reprotrain.quoting import resume_hint
 from reprotrain.reduction import for_run
 from reprotrain.repro import checkpoint, determinism, environment, secrets

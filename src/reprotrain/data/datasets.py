@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 
 
 def data_root(root: str | Path) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from reprotrain.config import is_identity, without_plain_step
-from reprotrain.dotted import flatten
+from reprotrain.quoting import flatten
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint, comparability

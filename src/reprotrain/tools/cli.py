@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import math
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 from reprotrain.errors import ReprotrainError, one_line
 from reprotrain.shown import say
@@ -70,6 +72,25 @@ def user_path(text: str) -> Path:
 
 
 user_path.__name__ = "path"
+
+
+def argtype(convert: Callable[[str], Any], ok: Callable[[Any], bool], name: str) -> Callable:
+    """An argparse type: ``convert(text)`` when ``ok`` holds for it; argparse's error names
+    the value ``name`` (``invalid positive integer value: '0'``)."""
+
+    def parse(text: str) -> Any:
+        value = convert(text)
+        if not ok(value):
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+positive_int = argtype(int, lambda v: v >= 1, "positive integer")
+positive_float = argtype(float, lambda v: math.isfinite(v) and v > 0, "finite positive number")
+non_negative_float = argtype(float, lambda v: math.isfinite(v) and v >= 0, "finite non-negative number")
 
 
 def describe_os_error(e: OSError) -> str:

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 from reprotrain.repro import gitinfo
 from reprotrain.run.readers import completion_problem, read_run_json
 from reprotrain.run.record import (

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.errors import RecordError, ReproduceRefused
 from reprotrain.run import schema as run_schema
@@ -307,7 +307,7 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     why = completion_problem(record, len(fingerprints))
     if why is not None:
         raise ReproduceRefused(f"{label} {why}: an inconsistent record is not replayed")
-    check_config_identity(record, cfg, checked.label("run/config.resolved.yaml"))
+    check_config_identity(record, OmegaConf.to_container(cfg), checked.label("run/config.resolved.yaml"))
     metrics = parse_jsonl(checked.text("run/metrics.jsonl"), checked.label("run/metrics.jsonl"))
     if any(not _is_int(row.get("epoch")) for row in metrics):
         raise ReproduceRefused(f"{checked.label('run/metrics.jsonl')}: a row has no epoch")
@@ -318,21 +318,14 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     return checked
 
 
-def check_config_identity(record: dict, cfg: Any, label: str) -> None:
-    """The archived config must be the one its record names: ``config_sha256`` of
-    ``config.resolved.yaml`` (the trainer writes both together, fresh or resumed) equal to
-    run.json's, with the record's ``extended_from`` (a resume that extended
-    ``trainer.epochs`` hashes apart). An archive that contradicts itself (a callback added
-    to the config, a value edited) is refused before anything runs: there is no one run to
-    reproduce."""
-    from omegaconf import OmegaConf
-
+def check_config_identity(record: dict, config: dict, label: str) -> None:
+    """The archived config (its container) must hash to run.json's ``config_sha256``, with
+    the record's ``extended_from``: an archive that contradicts itself (a callback added, a
+    value edited) is refused before anything runs."""
     from reprotrain.config import config_sha256
 
     recorded = record.get("config_sha256")
-    if recorded is None:  # a record older than the field: nothing to hold the config to
-        return
-    here = config_sha256(OmegaConf.to_container(cfg), record.get("extended_from") or None)
+    here = config_sha256(config, record.get("extended_from") or None)
     if here != recorded:
         raise ReproduceRefused(
             f"{label} hashes to config_sha256 {here[:12]}, but run.json records "

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprotrain.dotted import flatten
+from reprotrain.quoting import flatten
 from reprotrain.errors import ReprotrainError
 from reprotrain.quoting import hydra_override, make_assignment
 from reprotrain.repro import checkpoint, comparability, op_trace
@@ -460,8 +460,11 @@ def _within(origin: int, upto: int, max_replay: int, walk: WalkBack, a: Path) ->
 def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dict, list[str]]:
     """The config keys and environment fields that differ between the runs (into the
     report and the screen)."""
-    cfg_a = _container(read_config(a / RESOLVED_CONFIG))
-    cfg_b = _container(read_config(b / RESOLVED_CONFIG))
+    from omegaconf import OmegaConf
+
+    cfg_a, cfg_b = (
+        OmegaConf.to_container(read_config(d / RESOLVED_CONFIG), resolve=False) for d in (a, b)
+    )
     configs = config_differences(cfg_a, cfg_b)
     env = comparability.differences(
         read_run_json(a).get("environment") or {}, read_run_json(b).get("environment") or {}
@@ -503,12 +506,6 @@ def _first_finding(replays: list[Replay], steps: list[int]) -> Finding | None:
         if finding is not None:
             return finding
     return None
-
-
-def _container(cfg) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=False)
 
 
 def bisect_command(a: Path, b: Path) -> str:

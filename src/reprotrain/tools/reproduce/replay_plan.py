@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import device as devices
 from reprotrain.tools.archive.archive_check import CheckedArchive

@@ -87,7 +87,7 @@ from omegaconf import OmegaConf
 
 from reprotrain import metric_names, safetar
 from reprotrain.errors import ReproduceRefused
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
@@ -126,7 +126,7 @@ from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 from reprotrain.tools.sweeps import compare_sweeps
 
 __all__ = [
-    "MANIFEST", "Leg", "NotReplayable", "Refusal", "current_data_dir", "main", "parse_manifest",
+    "MANIFEST", "Leg", "NotReplayable", "ReproduceRefused", "current_data_dir", "main", "parse_manifest",
     "plan_replay", "reproduce",
 ]  # fmt: skip
 
@@ -137,7 +137,6 @@ ENV_INTERPOLATIONS = "env_interpolations"
 #: Recorded environment keys whose difference means identical bits are not expected.
 #: Shown when they differ, but not a reason on their own (kernel build, allowlisted vars).
 
-Refusal = ReproduceRefused  # the name the tests and older callers use
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -195,7 +194,7 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
 # ----------------------------------------------------------------------------- the re-run
 
 
-def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
+def _current_preview(record: dict, num_threads: int | None, rerun_vars: dict[str, str]) -> dict:
     """What this machine would record, before the re-run (the re-run's run.json decides)."""
     import torch
 
@@ -204,7 +203,7 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     spec, _ = devices.replay_spec(devices.recorded_device(record))
     device = devices.resolve(spec) if spec in ("auto", "cuda") else torch.device(spec)
     env = environment.capture(device)
-    env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
+    env["num_threads"] = env["num_threads"] if num_threads is None else num_threads
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
     env["bits_env"] = environment.bits_env(rerun_vars)
     recorded_env = record.get("environment") or {}
@@ -224,16 +223,16 @@ def _check_dirs(args) -> None:
     if args.extract_dir is not None:
         d = Path(args.extract_dir)
         if d.exists() and not d.is_dir():
-            raise Refusal(f"--extract-dir {d}: {os.strerror(errno.ENOTDIR)}")
+            raise ReproduceRefused(f"--extract-dir {d}: {os.strerror(errno.ENOTDIR)}")
         if d.is_dir() and any(d.iterdir()):
-            raise Refusal(f"--extract-dir {d} is not empty")
+            raise ReproduceRefused(f"--extract-dir {d} is not empty")
     for parent in (Path(args.runs_dir), *Path(args.runs_dir).parents):
         if parent.exists():
             if not parent.is_dir():
-                raise Refusal(f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
+                raise ReproduceRefused(f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
             break
     if args.trusted_signers is not None and not Path(args.trusted_signers).is_file():
-        raise Refusal(f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}")
+        raise ReproduceRefused(f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}")
 
 
 def archive_limits(args) -> safetar.Limits:
@@ -280,7 +279,7 @@ def _reproduce(args) -> int:
     sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
     if sweep:
         if args.epochs is not None:
-            raise Refusal("--epochs is for one run; a sweep is replayed in full")
+            raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
         study = reproduce_sweep.archived_study(checked)  # malformed: refused before any run
     else:
@@ -303,7 +302,7 @@ def _reproduce(args) -> int:
 def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
     """A run archive's record, checked; a refusal for what a run archive cannot do."""
     if args.mode == "statistical":
-        raise Refusal(
+        raise ReproduceRefused(
             "MODE=statistical needs a sweep archive (make archive RUN=<sweep dir>): one run is "
             "one seed, too few to judge"
         )
@@ -319,14 +318,14 @@ def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
     the ones it did not get to."""
     done = completed_epochs(checked)
     if done == 0:
-        raise Refusal("the archived run completed no epoch; there is nothing to compare")
+        raise ReproduceRefused("the archived run completed no epoch; there is nothing to compare")
     if args.epochs is not None and not 1 <= args.epochs <= done:
-        raise Refusal(f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)")
+        raise ReproduceRefused(f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)")
     complete = checked.record.get("status") == "completed"
     epochs = args.epochs if args.epochs is not None else (None if complete else done)
     until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
     if until is not None and (not isinstance(until, int) or isinstance(until, bool)):
-        raise Refusal(f"{checked.label('run/fingerprints.jsonl')}: epoch {epochs} has no "
+        raise ReproduceRefused(f"{checked.label('run/fingerprints.jsonl')}: epoch {epochs} has no "
                       "integer global_step")  # fmt: skip
     return epochs, until
 
@@ -342,9 +341,9 @@ def _replay(
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
-        raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
+        raise ReproduceRefused(f"{unresolved[0]}; set the variable the archived run read, then retry")
     # After the trust verdict: fingerprinting the data builds the dataset config (code).
-    data_problem = check_archived_data(cfg, record, args.allow_data_drift)
+    data_problem = check_archived_data(cfg.get("dataset"), record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
     status = "" if complete else f" (run {shown(record.get('status'))}: comparing those)"
     say(f"run      {shown(record.get('experiment_id'))}  seeds base={shown(seeds['base'])} "
@@ -412,7 +411,7 @@ def _rerun(
     record, cfg = job.record, job.view.config
     run, source = top / "run", top / "source"
     env = rerun_env(source, job)
-    blocking, info = environment_differences(record, _current_preview(record, cfg, env))
+    blocking, info = environment_differences(record, _current_preview(record, OmegaConf.select(cfg, "repro.num_threads"), env))
     for line in blocking + info:
         say(f"env      {line}")
     if not blocking:
@@ -423,7 +422,7 @@ def _rerun(
     config_dir = top / "rerun-config"
     where = imported_from(source, env)
     if not where.is_relative_to(source.resolve()):
-        raise Refusal(f"the re-run would import reprotrain from {where}, not the archive")
+        raise ReproduceRefused(f"the re-run would import reprotrain from {where}, not the archive")
     say(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
     failed = run_legs(job, epochs, config_dir, new_run, source, env)
     if failed is not None:
@@ -475,46 +474,15 @@ def _rerun(
     return code
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _tolerance(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _byte_size(text: str) -> int:
-    value = safetar.parse_bytes(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(text)
-    return value
-
-
-_byte_size.__name__ = "size (bytes, or with K/M/G/T)"
-_positive_float.__name__ = "finite positive number"
-_positive_int.__name__ = "positive integer"
-_tolerance.__name__ = "finite non-negative number"
+_byte_size = cli.argtype(safetar.parse_bytes, lambda v: v >= 1, "size (bytes, or with K/M/G/T)")
 
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.reproduce.reproduce", __doc__)
     p.add_argument("archive", type=cli.user_path)
-    p.add_argument("--epochs", type=_positive_int, default=None, help="compare only the first N")
-    p.add_argument("--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE)
+    p.add_argument("--epochs", type=cli.positive_int, default=None, help="compare only the first N")
+    p.add_argument("--tolerance", type=cli.non_negative_float, default=DEFAULT_TOLERANCE)
     p.add_argument("--allow-data-drift", action="store_true")
     p.add_argument("--runs-dir", type=cli.user_path, default=Path("outputs") / "reproduce")
     p.add_argument(
@@ -542,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     d = safetar.Limits()
     p.add_argument(
         "--max-members",
-        type=_positive_int,
+        type=cli.positive_int,
         default=None,
         help=f"refuse an archive with more members (default {d.max_members})",
     )
@@ -560,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--max-ratio",
-        type=_positive_float,
+        type=cli.positive_float,
         default=None,
         help=f"refuse a higher unpacked/packed ratio (default {d.max_ratio:g})",
     )
@@ -574,7 +542,7 @@ def add_sweep_arguments(p) -> None:
     p.add_argument("--mode", choices=("auto", "bitwise", "statistical"), default="auto",
                    help="sweep archives: statistical verdict (auto: where bits are not "
                    "promised)")  # fmt: skip
-    p.add_argument("--margin", type=compare_sweeps.margin_value, default=None,
+    p.add_argument("--margin", type=cli.positive_float, default=None,
                    help="equivalence margin (default: archived 95%% CI half-width)")  # fmt: skip
     p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
 

@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
 from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused, ReprotrainError
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
@@ -104,8 +105,8 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
         label = view.label(f"{base}/run.json")
         view.record = parse_record(view.text("run/run.json"), label, run_schema.REPLAY)
         view.config = parse_yaml_config(view.text("run/config.resolved.yaml"), base)
-        archive_check.check_config_identity(view.record, view.config,
-                                            f"{base}/config.resolved.yaml")  # fmt: skip
+        config = OmegaConf.to_container(view.config)
+        archive_check.check_config_identity(view.record, config, f"{base}/config.resolved.yaml")
         out.append((str(rel), view))
     return out
 
@@ -140,7 +141,7 @@ def replay(
     """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
     say(f"trust    {verdict_trust.line()}")
     # After the trust verdict: fingerprinting the data builds each dataset config (code).
-    problems = [rerun.check_archived_data(j.view.config, j.record, args.allow_data_drift)
+    problems = [rerun.check_archived_data(j.view.config.get("dataset"), j.record, args.allow_data_drift)
                 for j in plan.jobs]  # fmt: skip
     problems = [p for p in problems if p]
     say(f"sweep    {len(plan.jobs)} archived run(s)")

@@ -103,7 +103,7 @@ def _config(run: Path) -> dict:
 def this_checkouts_configs(runs: list[Path]) -> str | None:
     """Rule (a): None when every run's config is one this checkout's conf/ could compose;
     else the first problem."""
-    from reprotrain.paths import REPO_ROOT
+    from reprotrain import REPO_ROOT
     from reprotrain.tools.reproduce import config_trust
 
     targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(REPO_ROOT))

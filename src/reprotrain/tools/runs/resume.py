@@ -169,7 +169,7 @@ def refuse_group_choices(overrides: list[str]) -> None:
     """``repro=strict`` / ``model=<name>`` choose a config group, which composes a new
     config: a resume continues the recorded one (config.resolved.yaml), which has no group
     to choose. One line saying so, instead of Hydra's "No match in the defaults list"."""
-    from reprotrain.paths import CONF_DIR
+    from reprotrain import CONF_DIR
 
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     for o in overrides:

@@ -218,8 +218,8 @@ def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.runs.verify", __doc__)
     p.add_argument("--out-dir", type=cli.user_path, default=Path("outputs") / "verify")
-    p.add_argument("--nproc", type=_positive, default=1, help="processes of both runs")
-    p.add_argument("--nproc-b", type=_positive, default=None, help="processes of run b")
+    p.add_argument("--nproc", type=cli.positive_int, default=1, help="processes of both runs")
+    p.add_argument("--nproc-b", type=cli.positive_int, default=None, help="processes of run b")
     p.add_argument("--kill", action="store_true", help="SIGKILL run b after its first "
                    "checkpoint, resume it, compare")  # fmt: skip
     p.add_argument("--kill-after-steps", type=_steps, default=None, metavar="S1,S2,...",
@@ -278,16 +278,6 @@ def _steps(text: str) -> tuple[int, ...]:
     if any(s < 1 for s in steps) or list(steps) != sorted(set(steps)):
         raise argparse.ArgumentTypeError(f"{text!r}: steps are positive and increasing")
     return steps
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-_positive.__name__ = "process count (at least 1)"
 
 
 if __name__ == "__main__":

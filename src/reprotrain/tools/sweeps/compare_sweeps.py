@@ -249,16 +249,6 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
     return verdict, lines, report
 
 
-def margin_value(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(text)
-    return value
-
-
-margin_value.__name__ = "positive number"
-
-
 def verdict_line(verdict: str) -> str:
     return {
         CONSISTENT: "CONSISTENT: equivalent within the margin (not a promise of the same bits)",
@@ -274,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.sweeps.compare_sweeps", __doc__)
     p.add_argument("a", type=cli.user_path, help="reference sweep directory")
     p.add_argument("b", type=cli.user_path, help="candidate sweep directory")
-    p.add_argument("--margin", type=margin_value, default=None, help="equivalence margin")
+    p.add_argument("--margin", type=cli.positive_float, default=None, help="equivalence margin")
     p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
     args = p.parse_args(argv)
     a = read_sweep(args.a, args.metric)

@@ -102,7 +102,9 @@ def test_a_failed_extraction_removes_what_it_wrote(tmp_path, monkeypatch):
 
     monkeypatch.setattr(archive_check, "_write_members", disk_full_halfway)
     dest = tmp_path / "new" / "x"
-    with pytest.raises(repro.ReproduceRefused, match=r"metrics.jsonl: No space left on device; nothing"):
+    with pytest.raises(
+        repro.ReproduceRefused, match=r"metrics.jsonl: No space left on device; nothing"
+    ):
         archive_check.extract(checked, dest)
     assert not (tmp_path / "new").exists(), "the folders made for it are gone too"
     kept = tmp_path / "kept"

@@ -36,7 +36,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from reprotrain import launchers, preflight, provenance
+from reprotrain import REPO_ROOT, launchers, preflight, provenance
 from reprotrain.build import (
     build_data,
     build_training,
@@ -51,7 +51,6 @@ from reprotrain.data.purity import check_samples
 from reprotrain.distributed import Dist, init_from_env
 from reprotrain.errors import ReprotrainError, ResumeError
 from reprotrain.loop import Interrupted, StopFlag, Trainer
-from reprotrain import REPO_ROOT
 from reprotrain.quoting import resume_hint
 from reprotrain.reduction import for_run
 from reprotrain.repro import checkpoint, determinism, environment, secrets

@@ -49,9 +49,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from reprotrain import REPO_ROOT
 from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
-from reprotrain import REPO_ROOT
 from reprotrain.repro import gitinfo
 from reprotrain.run.readers import completion_problem, read_run_json
 from reprotrain.run.record import (
@@ -62,7 +62,7 @@ from reprotrain.run.record import (
     read_jsonl,
 )
 from reprotrain.tools import cli
-from reprotrain.tools.archive import snapshot, stop_signals, sweep_archive
+from reprotrain.tools.archive import snapshot, sweep_archive
 from reprotrain.tools.archive.archive_check import (
     ARCHIVE_JSON,
     MANIFEST,
@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sign the manifest with this ssh key (ssh-keygen -Y sign)")  # fmt: skip
     args = p.parse_args(argv)
     try:
-        with stop_signals.raising():  # a stop signal unwinds: staging and temp tar removed
+        with cli.stopping():  # a stop signal unwinds: staging and temp tar removed
             return _archive(args)
-    except stop_signals.Stopped as e:
+    except cli.Stopped as e:
         print(f"error: interrupted by {e.signal}: no archive written, nothing left behind",
               file=sys.stderr, flush=True)  # fmt: skip
         return 130

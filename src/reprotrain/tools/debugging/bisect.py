@@ -19,7 +19,7 @@
    differs, its module and phase, and whether its inputs already differed.
 5. **Walk back.** Inputs that already differed mean the difference was made earlier (a loss
    can round to the same value while the weights already differ). Bisect then starts from
-   the newest checkpoint at which both runs hold the same state (``tools/debugging/state_diff.py``;
+   the newest checkpoint at which both runs hold the same state (:func:`state_differences`;
    the start, when the initial weights agree), replays the steps up to the traced one with
    a digest per step (``repro/op_trace.py``), and traces the first step whose digest
    differs: its first differing op is one whose inputs were identical and whose outputs
@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprotrain.quoting import flatten
 from reprotrain.errors import ReprotrainError
-from reprotrain.quoting import hydra_override, make_assignment
+from reprotrain.quoting import flatten, hydra_override, make_assignment
 from reprotrain.repro import checkpoint, comparability, op_trace
+from reprotrain.resume.replay import first_difference as state_difference
 from reprotrain.run.mutex import refuse_if_held
 from reprotrain.run.readers import read_config, read_run_json
 from reprotrain.run.record import (
@@ -64,7 +64,6 @@ from reprotrain.run.record import (
 )
 from reprotrain.shown import say
 from reprotrain.tools import cli
-from reprotrain.tools.debugging.state_diff import state_differences
 from reprotrain.tools.debugging.trace_diff import Finding, first_difference, first_digest_difference
 from reprotrain.tools.reproduce import run_trust
 from reprotrain.tools.runs import resume
@@ -455,6 +454,24 @@ def _within(origin: int, upto: int, max_replay: int, walk: WalkBack, a: Path) ->
         f"{-(-last // max(1, max_replay))} would have made it precise"
     )
     return None
+
+
+#: Checkpoint keys that describe the run or record its past, not state the next step reads.
+NOT_STATE = ("format_version", "config", "config_sha256", "env", "seeds", "loop")
+
+
+def state_differences(a: Path, b: Path) -> list[str]:
+    """The training-state parts (``model``, ``optimizer``, ...) in which checkpoints ``a`` and
+    ``b`` differ bit for bit (the comparison a resume's replay uses); empty when a replay from
+    either starts from the same bits. Not compared: the run's description and the loop's
+    record of past steps, which differ *because* the state differed."""
+    sa, sb = checkpoint.load(a), checkpoint.load(b)
+    parts = sorted((set(sa) | set(sb)) - set(NOT_STATE))
+    return [
+        k
+        for k in parts
+        if k not in sa or k not in sb or state_difference({k: sa[k]}, {k: sb[k]}) is not None
+    ]
 
 
 def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dict, list[str]]:

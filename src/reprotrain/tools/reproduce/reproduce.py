@@ -85,9 +85,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from reprotrain import metric_names, safetar
+from reprotrain import REPO_ROOT, metric_names, safetar
 from reprotrain.errors import ReproduceRefused
-from reprotrain import REPO_ROOT
 from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
@@ -95,7 +94,7 @@ from reprotrain.resume.guard import imported_differences
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
-from reprotrain.tools.archive import archive_check, stop_signals, sweep_archive
+from reprotrain.tools.archive import archive_check, sweep_archive
 from reprotrain.tools.archive.archive_check import MANIFEST, CheckedArchive, parse_manifest
 from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, trust
 from reprotrain.tools.reproduce.replay_plan import (
@@ -123,11 +122,10 @@ from reprotrain.tools.reproduce.rerun import (
     run_legs,
 )
 from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
-from reprotrain.tools.sweeps import compare_sweeps
 
 __all__ = [
-    "MANIFEST", "Leg", "NotReplayable", "ReproduceRefused", "current_data_dir", "main", "parse_manifest",
-    "plan_replay", "reproduce",
+    "MANIFEST", "Leg", "NotReplayable", "ReproduceRefused", "current_data_dir", "main",
+    "parse_manifest", "plan_replay", "reproduce",
 ]  # fmt: skip
 
 DEFAULT_TOLERANCE = 0.02
@@ -136,7 +134,6 @@ DEFAULT_TOLERANCE = 0.02
 ENV_INTERPOLATIONS = "env_interpolations"
 #: Recorded environment keys whose difference means identical bits are not expected.
 #: Shown when they differ, but not a reason on their own (kernel build, allowlisted vars).
-
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -229,10 +226,14 @@ def _check_dirs(args) -> None:
     for parent in (Path(args.runs_dir), *Path(args.runs_dir).parents):
         if parent.exists():
             if not parent.is_dir():
-                raise ReproduceRefused(f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
+                raise ReproduceRefused(
+                    f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
+                )
             break
     if args.trusted_signers is not None and not Path(args.trusted_signers).is_file():
-        raise ReproduceRefused(f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}")
+        raise ReproduceRefused(
+            f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}"
+        )
 
 
 def archive_limits(args) -> safetar.Limits:
@@ -256,9 +257,9 @@ def reproduce(args) -> int:
     """The replay, with stop signals unwinding it before the re-run starts (temp dirs
     removed on the way out) and forwarded to the re-run once it has."""
     try:
-        with stop_signals.raising():
+        with cli.stopping():
             return _reproduce(args)
-    except stop_signals.Stopped as e:
+    except cli.Stopped as e:
         say(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed",
               flush=True)  # fmt: skip
         return EXIT_STOPPED
@@ -320,7 +321,9 @@ def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
     if done == 0:
         raise ReproduceRefused("the archived run completed no epoch; there is nothing to compare")
     if args.epochs is not None and not 1 <= args.epochs <= done:
-        raise ReproduceRefused(f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)")
+        raise ReproduceRefused(
+            f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)"
+        )
     complete = checked.record.get("status") == "completed"
     epochs = args.epochs if args.epochs is not None else (None if complete else done)
     until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
@@ -341,7 +344,9 @@ def _replay(
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
-        raise ReproduceRefused(f"{unresolved[0]}; set the variable the archived run read, then retry")
+        raise ReproduceRefused(
+            f"{unresolved[0]}; set the variable the archived run read, then retry"
+        )
     # After the trust verdict: fingerprinting the data builds the dataset config (code).
     data_problem = check_archived_data(cfg.get("dataset"), record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
@@ -411,7 +416,9 @@ def _rerun(
     record, cfg = job.record, job.view.config
     run, source = top / "run", top / "source"
     env = rerun_env(source, job)
-    blocking, info = environment_differences(record, _current_preview(record, OmegaConf.select(cfg, "repro.num_threads"), env))
+    blocking, info = environment_differences(
+        record, _current_preview(record, OmegaConf.select(cfg, "repro.num_threads"), env)
+    )
     for line in blocking + info:
         say(f"env      {line}")
     if not blocking:

@@ -43,9 +43,8 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from reprotrain import safetar
+from reprotrain import REPO_ROOT, safetar
 from reprotrain.errors import ReproduceRefused, ReprotrainError
-from reprotrain import REPO_ROOT
 from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
@@ -141,8 +140,10 @@ def replay(
     """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
     say(f"trust    {verdict_trust.line()}")
     # After the trust verdict: fingerprinting the data builds each dataset config (code).
-    problems = [rerun.check_archived_data(j.view.config.get("dataset"), j.record, args.allow_data_drift)
-                for j in plan.jobs]  # fmt: skip
+    drift = args.allow_data_drift
+    problems = [
+        rerun.check_archived_data(j.view.config.get("dataset"), j.record, drift) for j in plan.jobs
+    ]
     problems = [p for p in problems if p]
     say(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:

@@ -2,38 +2,17 @@
 
     python -m reprotrain.tools.debugging.bisect <run A> <run B> [--max-replay-steps 1000]
 
-1. **Records.** The per-epoch fingerprints (``tools/runs/run_diff.py``) give the first global step
-   whose loss differs (or, when every loss matches, the last update of the first epoch whose
-   weights differ). Identical records: exit 0.
-2. **What differs around the runs:** their resolved configs (key by key) and their recorded
-   environments (``repro/comparability.py``, the rule for whether bits are promised).
-3. **Replay.** The loss of step ``s`` is computed before update ``s``, so the cause is in
-   step ``s - 1`` or ``s``. Each run is forked from its newest step checkpoint at or before
-   the first of those (or from the start when it has none) by the real trainer, under its
-   own ``config.resolved.yaml`` (as ``make resume`` runs it: ``tools/runs/resume.py``), with
-   ``trainer.stop_at_global_step`` just after them and per-op hashing on for them
-   (``repro/op_trace.py``). The forks go to a temporary directory; their traces and logs to
-   ``<later run>/bisect/``. A replay whose losses do not match its own record is said so
-   (the recorded run came from another environment).
-4. **The first op.** ``tools/debugging/trace_diff.py`` names the batch, or the first op whose output
-   differs, its module and phase, and whether its inputs already differed.
-5. **Walk back.** Inputs that already differed mean the difference was made earlier (a loss
-   can round to the same value while the weights already differ). Bisect then starts from
-   the newest checkpoint at which both runs hold the same state (:func:`state_differences`;
-   the start, when the initial weights agree), replays the steps up to the traced one with
-   a digest per step (``repro/op_trace.py``), and traces the first step whose digest
-   differs: its first differing op is one whose inputs were identical and whose outputs
-   were not. Where that cannot be done, the result says why (no checkpoint early enough,
-   with the cadence that would do; the initial weights differ; the difference entered
-   between steps, outside any op).
+The records give the first differing step; the configs and environments are compared; each
+run is forked by the real trainer from its newest checkpoint before that step with per-op
+hashing (``repro/op_trace.py``), and ``trace_diff.py`` names the first op whose output
+differs. When its inputs already differed, bisect walks back from the newest checkpoint at
+which both runs hold the same state (:func:`state_differences`) with a digest per step. What
+cannot be located is said, with the reason (and the ``trainer.checkpoint_every_steps`` that
+would do). The report is ``bisect.json`` in the later run's directory. Each step:
+docs/when-bits-differ.md.
 
-When a run has no checkpoint within ``--max-replay-steps`` of the step, nothing is replayed:
-the step is still reported, with the ``trainer.checkpoint_every_steps`` that would have
-made it precise. The report is ``bisect.json`` in the later run's directory (by
-``started_at``).
-
-Exit codes: 0 identical; 1 diverged (located, as far as the records and replays allow);
-2 user error (not a run directory, a run still held by its trainer, a replay that failed).
+Exit codes: 0 identical; 1 diverged (located as far as records and replays allow); 2 user
+error.
 """
 
 from __future__ import annotations

@@ -3,74 +3,17 @@
     python -m reprotrain.tools.reproduce.reproduce archives/<id>-<run>.tar.gz [--epochs N]
         [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
-        [--repo CHECKOUT] [--max-members N] [--max-member-bytes 4G]
-        [--max-unpacked-bytes 16G] [--max-ratio 100]
 
-A sweep archive (``make archive RUN=<sweep dir>``) is replayed run by run with one verdict,
-bitwise or statistical (``--mode``, ``--margin``, ``--metric``):
-``tools/reproduce/reproduce_sweep.py``.
+In order, each able to stop the replay: check the archive before writing anything
+(``tools/archive/archive_check.py``), build the replay plan (``replay_plan.py``), decide trust
+on it (``trust.py``) before anything of it is extracted, built or resolved, check the data,
+extract, compare environment and code, re-run ``reprotrain.train`` from the archived source
+(leg by leg for a resumed run), compare every record (``tools/runs/run_diff.py``). A sweep
+archive: ``reproduce_sweep.py``. ``--verify-only`` checks and extracts; it runs nothing.
 
-Steps, each of which can stop the replay:
-
-1. **Check the archive before writing anything** (``tools/archive/archive_check.py``). Every
-   member must be a plain file or a directory under one top folder (or under ``./``, as
-   ``tar -czf x.tar.gz .`` writes it), no path both a file and a directory, within the
-   limits of ``safetar.Limits`` (member count, per-member and total size, compression
-   ratio; ``--max-*``), and every file must match ``MANIFEST.sha256``. The
-   record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
-   the verified bytes: a malformed one is refused here, exit 2.
-2. **The replay plan** (``tools/reproduce/replay_plan.py``, the same for a run and a sweep): every
-   leg's config (a resumed run's first leg is built from its resume history), what the
-   archive sets in the re-run's environment (only the GPU variables the comparability rule
-   compares, each in its form, and ``PYTHONHASHSEED``: ``tools/reproduce/replay_env.py``; anything
-   else is refused under every rule) and the record's part of the command line.
-   **Trust** (``tools/reproduce/trust.py``) on that whole plan, before extraction and before
-   anything of it is built or resolved: the archived code and configs run only if (a)
-   ``source/`` is the recorded commit of this repository, rebuilt here, with no patch, and
-   every config of the plan names only callables that commit's ``conf/`` names for the
-   same group, with no interpolation (``tools/reproduce/config_trust.py``); (b) the manifest's ssh
-   signature verifies against ``--trusted-signers``; or (c) ``--trust``. Otherwise
-   refused in one line saying how to proceed.
-3. **Data.** ``data_fingerprint`` of the recorded dataset config (this builds the dataset
-   ``_target_``, hence after trust), computed here and now, must equal the one in
-   ``run.json`` (refused unless ``--allow-data-drift``).
-4. **Extract** into a fresh directory (a temp one unless ``--extract-dir``).
-5. **Environment and code.** python/torch/numpy/CUDA/cuDNN/device/threads and the sha256 of
-   this checkout's ``requirements.lock`` against the recorded ones; the recorded commit and
-   diff against this checkout's HEAD (informational: the replay uses the archived source).
-6. **Re-run** ``python -m reprotrain.train`` with the archived ``config.resolved.yaml`` under
-   the schema, ``resume=null``, the recorded seeds (``seed.base`` pinned when it came from
-   entropy) and ``PYTHONHASHSEED``, from the archived source snapshot:
-   ``PYTHONPATH=<snapshot>/src``, cwd = the snapshot root, so ``import reprotrain`` is the
-   archived code, not this checkout (checked before the run). A run resumed with changed
-   overrides is replayed leg by leg (:func:`plan_replay`). The new run goes to
-   ``<runs-dir>/<stamp>/`` with a ``reproduction.json`` beside its ``run.json``.
-   ``--epochs N`` re-runs only the first N epochs (``trainer.stop_after_epoch=N``, same LR
-   schedule); an interrupted archive (``ALLOW_INCOMPLETE=1``) compares its completed epochs.
-7. **Compare** per-epoch fingerprints, final weights, every metrics.jsonl row and
-   ``final_metrics`` (``tools/runs/run_diff.py``): any difference is DIVERGED, naming the field.
-
-Verdict (last line, naming the trust rule that let the code run) and exit code:
-
-    0  REPRODUCED (bitwise)         every compared epoch and the final weights match
-    1  DIVERGED at epoch E (step S) first divergence, with the metric differences
-    2  refused (one line): bad/tampered/unsafe/untrusted archive, malformed record, data
-                                    drift, bad arguments, a config the archived trainer
-                                    refuses
-    3  NOT COMPARABLE               environment differs, repro level fast, nondeterministic
-                                    ops recorded, data drift allowed, a resume history that
-                                    cannot be replayed, an environment-derived value that
-                                    differs: bits are not expected to match; metrics are
-                                    judged against --tolerance (absolute, on every
-                                    train_/val_/test_<name> metric) instead
-    4  the re-run itself failed     (its log is in the new run directory)
-    75 INTERRUPTED                  SIGTERM/SIGINT/SIGHUP/SIGUSR2 reached this process: it
-                                    was passed to the re-run (which checkpoints and stops),
-                                    reproduction.json says so, the temp dir is removed;
-                                    before the re-run: nothing ran, temp dirs removed
-
-``--verify-only`` checks the members and the manifest and extracts; it runs nothing, so it
-needs no trust.
+Last line and exit code: 0 REPRODUCED (bitwise); 1 DIVERGED at epoch E (step S); 2 refused
+(one line); 3 NOT COMPARABLE (metrics judged against --tolerance); 4 the re-run failed;
+75 INTERRUPTED. Each step and verdict: docs/archive-and-reproduce.md.
 """
 
 from __future__ import annotations

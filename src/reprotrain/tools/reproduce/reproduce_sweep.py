@@ -1,32 +1,12 @@
 """``make reproduce`` of a sweep archive: replay every archived run, then one verdict.
 
-The checks are the single-run ones (``tools/reproduce/reproduce.py``), through the same code:
-every job's record is read through the run.json schema, the replay plan holds every job (each
-leg of its resume history, its environment entries; ``tools/reproduce/replay_plan.py``) and is
-trusted or refused as a whole, then the data fingerprints, then each job is re-run leg by leg
-from the archived source with its own config and seeds into ``<runs-dir>/<stamp>/<job>`` (its
-output in ``logs/job-<i>.log``), a stop signal passed on to it as for one run.
-
-The verdict:
-
-- **bitwise** (``--mode bitwise``, or ``auto`` where the comparability rule promises bits):
-  every job's fingerprints and final weights against the archived ones; 0 REPRODUCED, 1
-  DIVERGED (with the ``make bisect`` line for the first divergent job);
-- **statistical** (``--mode statistical``, or ``auto`` where bits are not promised: another
-  device, driver, CPU capability, thread count, a ``fast`` run...): per group, TOST of the
-  monitored final metric against the margin (``tools/sweeps/compare_sweeps.py``,
-  ``tools/sweeps/equivalence.py``), and the archived conclusions checked: 0 CONSISTENT,
-  1 INCONSISTENT, 3 INCONCLUSIVE.
-
-An Optuna study's ``study.json`` is part of what is reproduced: read and shape-checked before
-anything re-runs (malformed: exit 2), then recomputed from the archived and the replayed runs
-(``tools/reproduce/study_check.py``). A trial it names that is missing, another best, another
-value (where bits are promised) is a difference: DIVERGED (1), or INCONSISTENT in statistical
-mode. So is ``summary.json`` (each group's statistics and the objective, recomputed from the
-archived runs), and in bitwise mode every job's metrics.jsonl rows and ``final_metrics``.
-Each job's ``.hydra/overrides.yaml`` must be a list of overrides, also checked first.
-
-The report is ``reproduction.json`` in the new sweep directory.
+The single-run checks (``reproduce.py``) through the same code: every job in one replay plan,
+trusted or refused as a whole, each job re-run leg by leg into ``<runs-dir>/<stamp>/<job>``.
+Verdict: **bitwise** (where the comparability rule promises bits: 0 REPRODUCED, 1 DIVERGED
+with the ``make bisect`` line) or **statistical** (TOST per group: ``compare_sweeps.py``; 0
+CONSISTENT, 1 INCONSISTENT, 3 INCONCLUSIVE). ``study.json`` (``study_check.py``),
+``summary.json`` and each job's ``.hydra/overrides.yaml`` are checked too. The report is
+``reproduction.json`` in the new sweep directory.
 """
 
 from __future__ import annotations

@@ -2,20 +2,13 @@
 
     python -m reprotrain.tools.sweeps.compare_sweeps <sweep A> <sweep B> [--margin M] [--metric K]
 
-A is the reference (an archived sweep, or the claim being checked), B the candidate. Runs
-are grouped as the sweep summary groups them (Hydra overrides without ``seed`` /
-``seed.*``); two sweeps of one group each are compared with each other whatever their
-overrides (that is how a setting is checked against another). For each group, on the
-monitored final metric (``trainer.monitor`` unless ``--metric``), TOST against the margin
-(``tools/sweeps/equivalence.py``) gives CONSISTENT / INCONSISTENT / INCONCLUSIVE with both means,
-the difference, its 90% interval, the margin and n.
-
-**Conclusions.** When A has several groups, each of A's orderings that A itself supports
-(adjacent groups by mean, their 95% Welch interval excluding 0) is checked in B: the same
-sign is "conclusion holds", the other sign "does NOT hold" (INCONSISTENT).
+A is the reference, B the candidate; runs grouped as the sweep summary groups them (two
+sweeps of one group each are compared whatever their overrides). Per group, TOST on the
+monitored final metric (``equivalence.py``); each ordering A itself supports (adjacent
+groups, 95% Welch interval excluding 0) must hold in B.
 
 Exit codes: 0 CONSISTENT; 1 INCONSISTENT (a group, or a conclusion); 3 INCONCLUSIVE;
-2 user error (not a sweep, no completed run, no group in common, a metric not recorded).
+2 user error.
 """
 
 from __future__ import annotations

@@ -342,16 +342,21 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_extract_dir(dest: Path) -> Path:
+    """``dest`` if an extraction may go there: a new or empty directory."""
+    if dest.exists() and not dest.is_dir():
+        raise ReproduceRefused(f"--extract-dir {dest}: {os.strerror(errno.ENOTDIR)}")
+    if dest.exists() and any(dest.iterdir()):
+        raise ReproduceRefused(f"--extract-dir {dest} is not empty")
+    return dest
+
+
 def extract(checked: CheckedArchive, dest: Path) -> Path:
     """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty); returns
     that folder. tarfile's ``data`` filter checks each member again as a second guard, the
     bytes are counted against the limits as they stream, and a refused or failed extraction
     removes everything it wrote."""
-    dest = Path(dest)
-    if dest.exists() and not dest.is_dir():
-        raise ReproduceRefused(f"--extract-dir {dest}: {os.strerror(errno.ENOTDIR)}")
-    if dest.exists() and any(dest.iterdir()):
-        raise ReproduceRefused(f"--extract-dir {dest} is not empty")
+    dest = check_extract_dir(Path(dest))
     created = [p for p in (dest, *dest.parents) if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
     need = sum(m.size for m in checked.members.values())

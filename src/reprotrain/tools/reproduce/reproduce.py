@@ -128,9 +128,6 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
     return lines, within
 
 
-# ----------------------------------------------------------------------------- resume history
-
-
 # ----------------------------------------------------------------------------- the re-run
 
 
@@ -161,11 +158,7 @@ def _current_preview(record: dict, num_threads: int | None, rerun_vars: dict[str
 def _check_dirs(args) -> None:
     """Paths the user gave are checked before the (slow) archive checks."""
     if args.extract_dir is not None:
-        d = Path(args.extract_dir)
-        if d.exists() and not d.is_dir():
-            raise ReproduceRefused(f"--extract-dir {d}: {os.strerror(errno.ENOTDIR)}")
-        if d.is_dir() and any(d.iterdir()):
-            raise ReproduceRefused(f"--extract-dir {d} is not empty")
+        archive_check.check_extract_dir(Path(args.extract_dir))
     for parent in (Path(args.runs_dir), *Path(args.runs_dir).parents):
         if parent.exists():
             if not parent.is_dir():
@@ -188,12 +181,6 @@ def archive_limits(args) -> safetar.Limits:
         max_total_bytes=args.max_unpacked_bytes or d.max_total_bytes,
         max_ratio=args.max_ratio or d.max_ratio,
     )
-
-
-def completed_epochs(checked: CheckedArchive) -> int:
-    """Epochs the archived run finished: its fingerprints, which an interrupted run has too
-    (``epochs_completed`` is only written at the end)."""
-    return len(checked.fingerprints)
 
 
 def reproduce(args) -> int:
@@ -260,7 +247,7 @@ def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
     """(epochs compared, None: all; the global step the replay stops at, None: the end).
     An interrupted archive is compared over the epochs it completed, never as DIVERGED for
     the ones it did not get to."""
-    done = completed_epochs(checked)
+    done = len(checked.fingerprints)  # an interrupted run has them too
     if done == 0:
         raise ReproduceRefused("the archived run completed no epoch; there is nothing to compare")
     if args.epochs is not None and not 1 <= args.epochs <= done:
@@ -281,7 +268,7 @@ def _replay(
 ) -> int:
     (job,) = plan.jobs
     checked, record, cfg = job.view, job.record, job.view.config
-    done, complete = completed_epochs(checked), record.get("status") == "completed"
+    done, complete = len(checked.fingerprints), record.get("status") == "completed"
     say(f"trust    {verdict_trust.line()}")
     # Values the run read from its environment must be resolvable here (named, not shown).
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})

@@ -614,7 +614,7 @@ def test_data_check_refuses_a_different_fingerprint_unless_allowed():
     here = data_fingerprint(cfg)
     assert rerun.check_data(cfg, here, allow_drift=False) is None
     wrong = {**here, "sha256": "f" * 64}
-    with pytest.raises(repro.Refusal) as e:
+    with pytest.raises(repro.ReproduceRefused) as e:
         rerun.check_data(cfg, wrong, allow_drift=False)
     assert "f" * 64 in str(e.value) and here["sha256"] in str(e.value)
     assert "--allow-data-drift" in str(e.value)

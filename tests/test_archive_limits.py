@@ -80,7 +80,7 @@ def test_header_limits_per_member_total_and_ratio_are_overridable(tmp_path, caps
     line = refused(path, tmp_path, capsys, "--verify-only", "--max-members", "3")
     assert "more than 3 members" in line
     tight = safetar.Limits(max_ratio=2, ratio_floor_bytes=1024)
-    with pytest.raises(repro.Refusal, match="compression bomb"):
+    with pytest.raises(repro.ReproduceRefused, match="compression bomb"):
         archive_check.verify(path, tight)
 
 
@@ -102,12 +102,14 @@ def test_a_failed_extraction_removes_what_it_wrote(tmp_path, monkeypatch):
 
     monkeypatch.setattr(archive_check, "_write_members", disk_full_halfway)
     dest = tmp_path / "new" / "x"
-    with pytest.raises(repro.Refusal, match=r"metrics.jsonl: No space left on device; nothing"):
+    with pytest.raises(
+        repro.ReproduceRefused, match=r"metrics.jsonl: No space left on device; nothing"
+    ):
         archive_check.extract(checked, dest)
     assert not (tmp_path / "new").exists(), "the folders made for it are gone too"
     kept = tmp_path / "kept"
     kept.mkdir()
-    with pytest.raises(repro.Refusal):
+    with pytest.raises(repro.ReproduceRefused):
         archive_check.extract(checked, kept)
     assert kept.is_dir() and not any(kept.iterdir()), "a given empty dir stays, empty"
     monkeypatch.setattr(archive_check, "_write_members", real)
@@ -127,6 +129,6 @@ def test_extraction_is_refused_up_front_when_the_disk_has_no_room(tmp_path, monk
     real = archive_check.shutil.disk_usage
     monkeypatch.setattr(archive_check.shutil, "disk_usage",
                         lambda p: real(p)._replace(free=10))  # fmt: skip
-    with pytest.raises(repro.Refusal, match="has 10 B free; nothing extracted"):
+    with pytest.raises(repro.ReproduceRefused, match="has 10 B free; nothing extracted"):
         archive_check.extract(checked, tmp_path / "new")
     assert not (tmp_path / "new").exists()

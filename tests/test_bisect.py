@@ -13,8 +13,12 @@ import torch
 
 from conftest import REPO, assert_ok, base_env, jsonl, train
 from reprotrain.repro import checkpoint, op_trace
-from reprotrain.tools.debugging.bisect import bisect_command, nearest_checkpoint, step_losses
-from reprotrain.tools.debugging.state_diff import state_differences
+from reprotrain.tools.debugging.bisect import (
+    bisect_command,
+    nearest_checkpoint,
+    state_differences,
+    step_losses,
+)
 from reprotrain.tools.debugging.trace_diff import first_difference, first_digest_difference
 
 # One short epoch: 8 steps of 64, a step checkpoint every 2 steps (the default tier's twins).

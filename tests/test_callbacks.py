@@ -212,8 +212,8 @@ def test_early_stopping_and_model_checkpoint_entries_set_the_trainers_keys():
     reset by it); the command line still wins; they add no callback object."""
     from hydra import compose, initialize_config_dir
 
+    from reprotrain import CONF_DIR
     from reprotrain.config import register_configs
-    from reprotrain.paths import CONF_DIR
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -7,9 +7,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import REPO, assert_ok, base_env, train
+from reprotrain import CONF_DIR
 from reprotrain.config import register_configs, validate
 from reprotrain.errors import ReprotrainError
-from reprotrain.paths import CONF_DIR
 
 register_configs()
 

@@ -8,9 +8,9 @@ from hydra import compose, initialize_config_dir
 from torch import nn
 
 import reprotrain.train as trainer
+from reprotrain import CONF_DIR
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
-from reprotrain.paths import CONF_DIR
 from reprotrain.repro import determinism
 from reprotrain.run.record import RUN_JSON
 from reprotrain.selfcheck.net import TinyConvNet

@@ -36,8 +36,7 @@ ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction", "
           "reprotrain.loop", "reprotrain.start")  # fmt: skip
 # The records: what a run writes and compares, and the little they need.
 RECORDS = ("reprotrain.run", "reprotrain.hashing", "reprotrain.repro", "reprotrain.errors",
-           "reprotrain.events", "reprotrain.quoting", "reprotrain.shown",
-           "reprotrain.dotted")  # fmt: skip
+           "reprotrain.events", "reprotrain.quoting", "reprotrain.shown")  # fmt: skip
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 

@@ -17,9 +17,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import read_write
 
 from conftest import MICRO, REPO, TINY, base_env
-from reprotrain import preflight
+from reprotrain import CONF_DIR, preflight
 from reprotrain.config import register_configs
-from reprotrain.paths import CONF_DIR
 from reprotrain.tools.sweeps import optuna_study
 
 SEARCH = ["experiment=smoke", "+hparams_search=smoke_optuna"]

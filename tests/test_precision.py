@@ -12,10 +12,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import reprotrain.train as trainer
+from reprotrain import CONF_DIR
 from reprotrain.config import register_configs
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
-from reprotrain.paths import CONF_DIR
 from reprotrain.repro import comparability, determinism, precision
 from reprotrain.run.record import RUN_JSON
 

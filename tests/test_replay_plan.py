@@ -156,7 +156,7 @@ def test_every_gpu_variable_the_rule_compares_is_settable_in_its_form_only():
         assert replay_env.checked_value(name, typical.get(name, "1"), "t") is not None
         assert replay_env.checked_value(name, None, "t") is None, "recorded unset: unset"
         for bad in ("/tmp/x", "1\n", "$(id)", "1;id", ""):
-            with pytest.raises(repro.Refusal):
+            with pytest.raises(repro.ReproduceRefused):
                 replay_env.checked_value(name, bad, "t")
     assert replay_env.checked_value("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8", "t")
     env = replay_env.apply({"KEEP": "1", "NVIDIA_TF32_OVERRIDE": "1"},

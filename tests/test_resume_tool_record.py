@@ -21,8 +21,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import assert_ok, base_env, resume, run_json, train
+from reprotrain import CONF_DIR
 from reprotrain.config import register_configs
-from reprotrain.paths import CONF_DIR
 from reprotrain.run.record import RESOLVED_CONFIG
 from reprotrain.tools.runs.resume import PRIMARY, primary_config_text
 

@@ -11,9 +11,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from conftest import MICRO, REPO, TINY, assert_ok, run_json, train
-from reprotrain import preflight
+from reprotrain import CONF_DIR, preflight
 from reprotrain.config import config_sha256, register_configs
-from reprotrain.paths import CONF_DIR
 
 
 def composed(*overrides: str, conf_dir=CONF_DIR):

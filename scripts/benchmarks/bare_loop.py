@@ -62,7 +62,7 @@ def build_model(name: str, widths: list[int], convs_per_stage: int) -> nn.Module
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from reprotrain.paths import CONF_DIR
+    from reprotrain import CONF_DIR
 
     return instantiate(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
 

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.training import child_env, steady_images_per_s
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 from reprotrain.repro.precision import PRECISIONS
 from reprotrain.run.record import read_jsonl
 from reprotrain.selfcheck.net import WIDE

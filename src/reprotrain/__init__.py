@@ -6,9 +6,15 @@ a framework module (``reprotrain.repro.hashseed`` before torch) stays cheap.
 """
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
+
+# Where the repository's pieces are, found from this file (inside an archived source
+# snapshot too, which keeps the same src/ + conf/ layout).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = REPO_ROOT / "conf"
 
 # reprotrain.api's names (its __all__; a test keeps the two equal). Any other attribute is a
 # submodule, which ``from reprotrain import events`` must import, not the face.

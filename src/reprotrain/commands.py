@@ -224,7 +224,7 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
     """A job that lives in the repository's ``scripts/`` (not in the installed package)."""
 
     def run(argv: list[str]) -> int:
-        from reprotrain.paths import REPO_ROOT
+        from reprotrain import REPO_ROOT
 
         path = REPO_ROOT / "scripts" / name
         if not path.is_file():

@@ -17,9 +17,9 @@ from typing import Any, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
-from reprotrain.dotted import flatten
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, check_logger_config
+from reprotrain.quoting import flatten
 from reprotrain.repro.precision import PRECISIONS
 
 

@@ -31,7 +31,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reprotrain import components
+from reprotrain import CONF_DIR, components
 from reprotrain.config import (
     PROJECT_GROUPS,
     check_num_classes,
@@ -42,7 +42,6 @@ from reprotrain.config import (
     validate,
 )
 from reprotrain.errors import ReprotrainError
-from reprotrain.paths import CONF_DIR
 from reprotrain.repro import hashseed
 from reprotrain.sweep_checks import (
     check_continued_study,

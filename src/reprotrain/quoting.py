@@ -1,4 +1,5 @@
-"""Quoting for the three languages a path passes through: Hydra overrides, the shell, Make.
+"""Quoting for the three languages a path passes through: Hydra overrides, the shell, Make;
+and dotted keys, as overrides name them (``{"trainer": {"epochs": 30}}`` is ``trainer.epochs``).
 
 Closes: a run directory with a space, a comma, ``'``, ``~``, ``#``, ``=``, ``[``, ``(`` or a
 non-ASCII character breaking ``make resume`` (Hydra's override lexer rejects it) or, worse,
@@ -11,8 +12,23 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
-__all__ = ["hydra_override", "hydra_value", "make_assignment", "resume_hint", "shell_quote"]
+__all__ = [
+    "flatten", "hydra_override", "hydra_value", "make_assignment", "resume_hint", "shell_quote",
+]  # fmt: skip
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (with ``prefix`` before every key); lists and
+    scalars are leaves."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def hydra_value(value: str) -> str:

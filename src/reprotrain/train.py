@@ -30,12 +30,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from reprotrain import launchers, preflight
+from reprotrain import REPO_ROOT, launchers, preflight
 from reprotrain.build import Targets, build
 from reprotrain.distributed import init_from_env
 from reprotrain.exits import Exits
 from reprotrain.loop import Trainer
-from reprotrain.paths import REPO_ROOT
 from reprotrain.run import record as rec
 from reprotrain.run.report import write_report
 from reprotrain.start import start

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 
 
 def data_root(root: str | Path) -> Path:

@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from reprotrain.dotted import flatten
+from reprotrain.quoting import flatten
 
 #: Hydra writes this into every sweep directory; a run dir below one is a sweep's run.
 MULTIRUN_YAML = "multirun.yaml"

@@ -24,9 +24,8 @@ from typing import Any
 import torch
 
 from reprotrain.config import is_identity
-from reprotrain.dotted import flatten
 from reprotrain.errors import CheckpointError, ResumeError
-from reprotrain.quoting import hydra_override
+from reprotrain.quoting import flatten, hydra_override
 from reprotrain.repro import checkpoint, comparability
 from reprotrain.run.record import (
     CHECKPOINTS,

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from reprotrain import REPO_ROOT
 from reprotrain.config import config_sha256
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
-from reprotrain.paths import REPO_ROOT
 from reprotrain.reduction import Reduction
 from reprotrain.repro import device as devices
 from reprotrain.repro import environment, gitinfo, requirements_lock

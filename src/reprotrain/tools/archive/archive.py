@@ -4,38 +4,15 @@
         [--out-dir archives] [--allow-incomplete] [--force] [--repo <checkout>]
         [--sign <ssh key>]
 
-Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz`` (run name: the run dir's basename)::
+Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz``: ``run/`` (checkpoints only with
+--with-checkpoint, the final one), ``source/`` rebuilt as it ran (``git archive`` of the
+recorded commit plus the run's git.diff: ``snapshot.py``), ``env/`` (the lock, pip freeze,
+git state), ``archive.json``, ``MANIFEST.sha256`` and, with --sign, its SSH signature. The
+tar is written to a temp file and renamed, so an archive that exists is complete. A run not
+fully archivable (untracked files at training time) is archived and says so. ``RUN=<sweep
+dir>`` packs the whole sweep (``sweep_archive.py``). Layout: docs/archive-and-reproduce.md.
 
-    <top>/run/...                 the run directory (checkpoints/ left out unless
-                                  --with-checkpoint, which adds only the final step-*.pt)
-    <top>/source/...              src/, conf/, pyproject.toml, Makefile, requirements* as
-                                  they ran: `git archive <recorded commit>` + the run's
-                                  git.diff applied (tools/archive/snapshot.py)
-    <top>/env/requirements.lock   the lock as it ran (== run.json lock_sha256)
-    <top>/env/pip-freeze.txt      `python -m pip freeze` at archive time (URL credentials
-                                  redacted)
-    <top>/env/git.json            the repo's commit / dirty flag at archive time
-    <top>/env/git-archive-time.diff  uncommitted changes at archive time (when dirty)
-    <top>/archive.json            what was packed and how the source was rebuilt
-    <top>/MANIFEST.sha256         sha256 of every other member (`sha256sum -c` format)
-    <top>/MANIFEST.sha256.sig     with --sign: `ssh-keygen -Y sign -n reprotrain-archive`
-                                  over the manifest, which `make reproduce
-                                  TRUSTED_SIGNERS=<allowed signers>` verifies
-
-Why the source is rebuilt rather than copied: the working tree may have moved on since the
-run; the recorded commit plus the recorded diff is the code that produced the numbers.
-The tar is written to a temp file and renamed, so an archive that exists is complete.
-
-A run whose record says it is not fully archivable (untracked files under src/ or conf/ at
-training time, recorded by name and sha256 only) is still archived, and the summary,
-archive.json and a later reproduce say so: the archive cannot hold code that was never
-recorded.
-
-``RUN=<sweep dir>`` packs the whole sweep instead (``tools/archive/sweep_archive.py``).
-
-Exit codes: 0 written; 2 refused, in one line (not a run dir, corrupt run.json, run not
-completed without --allow-incomplete, archive exists without --force, source cannot be
-rebuilt, --out-dir not a directory, signing failed).
+Exit codes: 0 written; 2 refused, in one line.
 """
 
 from __future__ import annotations
@@ -49,9 +26,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from reprotrain import REPO_ROOT
 from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
-from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import gitinfo
 from reprotrain.run.readers import completion_problem, read_run_json
 from reprotrain.run.record import (
@@ -62,7 +39,7 @@ from reprotrain.run.record import (
     read_jsonl,
 )
 from reprotrain.tools import cli
-from reprotrain.tools.archive import snapshot, stop_signals, sweep_archive
+from reprotrain.tools.archive import snapshot, sweep_archive
 from reprotrain.tools.archive.archive_check import (
     ARCHIVE_JSON,
     MANIFEST,
@@ -274,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sign the manifest with this ssh key (ssh-keygen -Y sign)")  # fmt: skip
     args = p.parse_args(argv)
     try:
-        with stop_signals.raising():  # a stop signal unwinds: staging and temp tar removed
+        with cli.stopping():  # a stop signal unwinds: staging and temp tar removed
             return _archive(args)
-    except stop_signals.Stopped as e:
+    except cli.Stopped as e:
         print(f"error: interrupted by {e.signal}: no archive written, nothing left behind",
               file=sys.stderr, flush=True)  # fmt: skip
         return 130

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.errors import RecordError, ReproduceRefused
 from reprotrain.run import schema as run_schema
@@ -307,7 +307,9 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     why = completion_problem(record, len(fingerprints))
     if why is not None:
         raise ReproduceRefused(f"{label} {why}: an inconsistent record is not replayed")
-    check_config_identity(record, cfg, checked.label("run/config.resolved.yaml"))
+    check_config_identity(
+        record, OmegaConf.to_container(cfg), checked.label("run/config.resolved.yaml")
+    )
     metrics = parse_jsonl(checked.text("run/metrics.jsonl"), checked.label("run/metrics.jsonl"))
     if any(not _is_int(row.get("epoch")) for row in metrics):
         raise ReproduceRefused(f"{checked.label('run/metrics.jsonl')}: a row has no epoch")
@@ -318,21 +320,16 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
     return checked
 
 
-def check_config_identity(record: dict, cfg: Any, label: str) -> None:
-    """The archived config must be the one its record names: ``config_sha256`` of
-    ``config.resolved.yaml`` (the trainer writes both together, fresh or resumed) equal to
-    run.json's, with the record's ``extended_from`` (a resume that extended
-    ``trainer.epochs`` hashes apart). An archive that contradicts itself (a callback added
-    to the config, a value edited) is refused before anything runs: there is no one run to
-    reproduce."""
-    from omegaconf import OmegaConf
-
+def check_config_identity(record: dict, config: dict, label: str) -> None:
+    """The archived config (its container) must hash to run.json's ``config_sha256``, with
+    the record's ``extended_from``: an archive that contradicts itself (a callback added, a
+    value edited) is refused before anything runs."""
     from reprotrain.config import config_sha256
 
     recorded = record.get("config_sha256")
-    if recorded is None:  # a record older than the field: nothing to hold the config to
+    if recorded is None:  # a hand-made record (the tests' archives) holds no hash to check
         return
-    here = config_sha256(OmegaConf.to_container(cfg), record.get("extended_from") or None)
+    here = config_sha256(config, record.get("extended_from") or None)
     if here != recorded:
         raise ReproduceRefused(
             f"{label} hashes to config_sha256 {here[:12]}, but run.json records "
@@ -345,16 +342,21 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_extract_dir(dest: Path) -> Path:
+    """``dest`` if an extraction may go there: a new or empty directory."""
+    if dest.exists() and not dest.is_dir():
+        raise ReproduceRefused(f"--extract-dir {dest}: {os.strerror(errno.ENOTDIR)}")
+    if dest.exists() and any(dest.iterdir()):
+        raise ReproduceRefused(f"--extract-dir {dest} is not empty")
+    return dest
+
+
 def extract(checked: CheckedArchive, dest: Path) -> Path:
     """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty); returns
     that folder. tarfile's ``data`` filter checks each member again as a second guard, the
     bytes are counted against the limits as they stream, and a refused or failed extraction
     removes everything it wrote."""
-    dest = Path(dest)
-    if dest.exists() and not dest.is_dir():
-        raise ReproduceRefused(f"--extract-dir {dest}: {os.strerror(errno.ENOTDIR)}")
-    if dest.exists() and any(dest.iterdir()):
-        raise ReproduceRefused(f"--extract-dir {dest} is not empty")
+    dest = check_extract_dir(Path(dest))
     created = [p for p in (dest, *dest.parents) if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
     need = sum(m.size for m in checked.members.values())

@@ -163,7 +163,7 @@ def _reaper(out_dir: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
     """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
-    ends (a stop signal included, under :func:`stop_signals.raising`; a SIGKILL by the
+    ends (a stop signal included, under :func:`cli.stopping`; a SIGKILL by the
     reaper, :func:`_reaper`); a failed write (a full disk) becomes one line that names the
     file and the archive."""
     staging = None

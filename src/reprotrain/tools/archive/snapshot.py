@@ -10,7 +10,7 @@ tree copied instead, and the returned note says so, so the archive never claims 
 it knows.
 
 The snapshot keeps the repository layout (``src/``, ``conf/``, locks, ``pyproject.toml``,
-``Makefile``), which is what ``reprotrain.paths`` needs to find ``conf/`` from the package:
+``Makefile``), which is what ``reprotrain.REPO_ROOT`` needs to find ``conf/`` from the package:
 ``PYTHONPATH=<snapshot>/src python -m reprotrain.train`` runs the archived code as is.
 """
 

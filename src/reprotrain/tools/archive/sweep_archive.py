@@ -1,17 +1,10 @@
 """``make archive RUN=<sweep dir>``: pack a whole sweep (every run, its summary) in one archive.
 
-Layout (the single-run layout of ``tools/archive/archive.py``, with ``sweep/`` for ``run/``)::
-
-    <top>/sweep/<job>/...          each run directory (checkpoints left out)
-    <top>/sweep/summary.json ...   the sweep summary and multirun.yaml (an Optuna study's
-                                   study.json and study.journal too), as they were
-    <top>/source/ env/             the code every run ran (one commit + diff: all runs must
-                                   share them) and the lock, as for one run
-    <top>/archive.json             ``"kind": "sweep"`` and the list of jobs
-    <top>/MANIFEST.sha256 (.sig)   as for one run
-
-``make reproduce`` recognises the layout and replays every job
-(``tools/reproduce/reproduce_sweep.py``).
+The single-run layout (``archive.py``) with ``sweep/`` for ``run/``: each run directory
+(checkpoints left out), the summary and ``multirun.yaml`` (an Optuna study's ``study.json``
+and ``study.journal`` too), one ``source/`` and ``env/`` (all runs must share the commit and
+diff), ``archive.json`` (``"kind": "sweep"``, the jobs) and the manifest. ``make reproduce``
+replays every job (``reproduce_sweep.py``).
 """
 
 from __future__ import annotations

@@ -2,38 +2,17 @@
 
     python -m reprotrain.tools.debugging.bisect <run A> <run B> [--max-replay-steps 1000]
 
-1. **Records.** The per-epoch fingerprints (``tools/runs/run_diff.py``) give the first global step
-   whose loss differs (or, when every loss matches, the last update of the first epoch whose
-   weights differ). Identical records: exit 0.
-2. **What differs around the runs:** their resolved configs (key by key) and their recorded
-   environments (``repro/comparability.py``, the rule for whether bits are promised).
-3. **Replay.** The loss of step ``s`` is computed before update ``s``, so the cause is in
-   step ``s - 1`` or ``s``. Each run is forked from its newest step checkpoint at or before
-   the first of those (or from the start when it has none) by the real trainer, under its
-   own ``config.resolved.yaml`` (as ``make resume`` runs it: ``tools/runs/resume.py``), with
-   ``trainer.stop_at_global_step`` just after them and per-op hashing on for them
-   (``repro/op_trace.py``). The forks go to a temporary directory; their traces and logs to
-   ``<later run>/bisect/``. A replay whose losses do not match its own record is said so
-   (the recorded run came from another environment).
-4. **The first op.** ``tools/debugging/trace_diff.py`` names the batch, or the first op whose output
-   differs, its module and phase, and whether its inputs already differed.
-5. **Walk back.** Inputs that already differed mean the difference was made earlier (a loss
-   can round to the same value while the weights already differ). Bisect then starts from
-   the newest checkpoint at which both runs hold the same state (``tools/debugging/state_diff.py``;
-   the start, when the initial weights agree), replays the steps up to the traced one with
-   a digest per step (``repro/op_trace.py``), and traces the first step whose digest
-   differs: its first differing op is one whose inputs were identical and whose outputs
-   were not. Where that cannot be done, the result says why (no checkpoint early enough,
-   with the cadence that would do; the initial weights differ; the difference entered
-   between steps, outside any op).
+The records give the first differing step; the configs and environments are compared; each
+run is forked by the real trainer from its newest checkpoint before that step with per-op
+hashing (``repro/op_trace.py``), and ``trace_diff.py`` names the first op whose output
+differs. When its inputs already differed, bisect walks back from the newest checkpoint at
+which both runs hold the same state (:func:`state_differences`) with a digest per step. What
+cannot be located is said, with the reason (and the ``trainer.checkpoint_every_steps`` that
+would do). The report is ``bisect.json`` in the later run's directory. Each step:
+docs/when-bits-differ.md.
 
-When a run has no checkpoint within ``--max-replay-steps`` of the step, nothing is replayed:
-the step is still reported, with the ``trainer.checkpoint_every_steps`` that would have
-made it precise. The report is ``bisect.json`` in the later run's directory (by
-``started_at``).
-
-Exit codes: 0 identical; 1 diverged (located, as far as the records and replays allow);
-2 user error (not a run directory, a run still held by its trainer, a replay that failed).
+Exit codes: 0 identical; 1 diverged (located as far as records and replays allow); 2 user
+error.
 """
 
 from __future__ import annotations
@@ -48,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprotrain.dotted import flatten
 from reprotrain.errors import ReprotrainError
-from reprotrain.quoting import hydra_override, make_assignment
+from reprotrain.quoting import flatten, hydra_override, make_assignment
 from reprotrain.repro import checkpoint, comparability, op_trace
+from reprotrain.resume.replay import first_difference as state_difference
 from reprotrain.run.mutex import refuse_if_held
 from reprotrain.run.readers import read_config, read_run_json
 from reprotrain.run.record import (
@@ -64,7 +43,6 @@ from reprotrain.run.record import (
 )
 from reprotrain.shown import say
 from reprotrain.tools import cli
-from reprotrain.tools.debugging.state_diff import state_differences
 from reprotrain.tools.debugging.trace_diff import Finding, first_difference, first_digest_difference
 from reprotrain.tools.reproduce import run_trust
 from reprotrain.tools.runs import resume
@@ -457,11 +435,32 @@ def _within(origin: int, upto: int, max_replay: int, walk: WalkBack, a: Path) ->
     return None
 
 
+#: Checkpoint keys that describe the run or record its past, not state the next step reads.
+NOT_STATE = ("format_version", "config", "config_sha256", "env", "seeds", "loop")
+
+
+def state_differences(a: Path, b: Path) -> list[str]:
+    """The training-state parts (``model``, ``optimizer``, ...) in which checkpoints ``a`` and
+    ``b`` differ bit for bit (the comparison a resume's replay uses); empty when a replay from
+    either starts from the same bits. Not compared: the run's description and the loop's
+    record of past steps, which differ *because* the state differed."""
+    sa, sb = checkpoint.load(a), checkpoint.load(b)
+    parts = sorted((set(sa) | set(sb)) - set(NOT_STATE))
+    return [
+        k
+        for k in parts
+        if k not in sa or k not in sb or state_difference({k: sa[k]}, {k: sb[k]}) is not None
+    ]
+
+
 def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dict, list[str]]:
     """The config keys and environment fields that differ between the runs (into the
     report and the screen)."""
-    cfg_a = _container(read_config(a / RESOLVED_CONFIG))
-    cfg_b = _container(read_config(b / RESOLVED_CONFIG))
+    from omegaconf import OmegaConf
+
+    cfg_a, cfg_b = (
+        OmegaConf.to_container(read_config(d / RESOLVED_CONFIG), resolve=False) for d in (a, b)
+    )
     configs = config_differences(cfg_a, cfg_b)
     env = comparability.differences(
         read_run_json(a).get("environment") or {}, read_run_json(b).get("environment") or {}
@@ -503,12 +502,6 @@ def _first_finding(replays: list[Replay], steps: list[int]) -> Finding | None:
         if finding is not None:
             return finding
     return None
-
-
-def _container(cfg) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=False)
 
 
 def bisect_command(a: Path, b: Path) -> str:

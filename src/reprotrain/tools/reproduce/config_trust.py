@@ -1,30 +1,18 @@
 """Which callables an archived config may name when the archive's *code* is trusted by rule (a).
 
-Closes: an archive whose ``source/`` is an untouched commit of this repository (so the code
-is trusted) but whose ``config.resolved.yaml`` names a callable that the commit ships for
-another purpose: ``model: {_target_: reprotrain.tools.runs.resume.run_forwarding_signals, cmd:
-[sh, -c, ...]}`` runs a command, ``dataset: {_target_: builtins.open, ...}`` opens a file. A
-config ``_target_`` is code, so "same code" is not enough: the config must also be one the
-trusted commit's own configs could have composed.
+Closes: an untouched commit whose archived config names a callable the commit ships for
+another purpose (``model: {_target_: reprotrain.tools.runs.resume.run_forwarding_signals,
+cmd: [sh, -c, ...]}`` runs a command). A ``_target_`` is code, so the config must also be one
+the trusted commit's own ``conf/`` could have composed. Checked on every config of the replay
+plan before anything from it is built or resolved:
 
-The rule, checked on every config of the replay plan (the recorded config and each leg a
-resume history builds; ``tools/reproduce/replay_plan.py``) *before anything from it is built or
-resolved*:
+- every ``_target_``, at any depth, is a plain dotted name the commit's ``conf/`` names in the
+  same top-level group (an optimizer's target is not allowed as a model);
+- no value is an interpolation (``${oc.decode:...}`` could build a target this scan never
+  sees; ``${oc.env:...}`` would hand this machine's environment to the archive);
+- no top-level ``hydra`` or ``defaults`` key.
 
-- every ``_target_`` (at any depth: a dataset's list of transforms, a nested ``_args_``
-  entry) must be a plain dotted name that the trusted commit's ``conf/`` tree names inside
-  the same top-level group (``model``, ``dataset``, ...). A target the tree uses for the
-  optimizer is not allowed as a model; one it never names is not allowed anywhere;
-- no value may be an interpolation (``${...}``): a recorded config is resolved, and
-  ``${oc.decode:...}`` / ``${oc.create:...}`` could build a ``_target_`` this scan never sees,
-  while ``${oc.env:...}`` would hand this machine's environment to the archive's arguments
-  (a download URL, say). Archives of runs that read ``oc.env`` need rule (b) or (c);
-- no top-level ``hydra`` or ``defaults`` key (callbacks, launchers, logging factories).
-
-What stays the archive's choice under rule (a): the *values* of the arguments of those
-trusted callables (numbers, sizes, a dataset root, a download URL and its checksum), exactly
-as a user typing overrides for this commit could choose them. The README's threat model says
-what that allows.
+The argument *values* stay the archive's choice, as a user typing overrides could choose them.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The replay plan: everything ``make reproduce`` will run, built as data from the verified
-archive before anything of it runs, and trust-checked as one object (``tools/reproduce/trust.py``).
+archive before anything of it runs, and trust-checked as one object (``trust.py``).
 
-Closes: a part of the replay that the trust check never saw. Before this plan, the config
-check read only the final ``config.resolved.yaml`` while the first leg of a resumed run was
-built from run.json's resume history (``resumes[].overrides.<key>.from``: a ``_target_`` or a
-``${oc.env:...}`` there ran unchecked), and the re-run's environment was copied from the
-record (``PYTHONPATH``, ``GIT_TRACE``). The plan holds, per job (one for a run, one per run
-of a sweep):
-
-- every leg's config (:func:`plan_replay`) and the recorded config (its dataset is
-  fingerprinted before the re-run): :meth:`ReplayPlan.configs` yields each of them, and
-  rule (a) checks every one (``tools/reproduce/config_trust.py``);
-- what the archive sets in the re-run's environment, allowlisted and checked for form
-  (``tools/reproduce/replay_env.py``; refused under every rule);
-- the trainer overrides the record decides (seed drawn from entropy, data root, device
-  type); the rest of the command line, the working directory (the extracted ``source/``)
-  and the paths (``--runs-dir``, the extraction dir) are this user's, never the archive's.
+Closes: a part of the replay that the trust check never saw (the first leg of a resumed run
+built from run.json's resume history, the re-run's environment copied from the record). Per
+job (one for a run, one per run of a sweep) the plan holds every leg's config
+(:func:`plan_replay`) and the recorded config, each checked by rule (a)
+(:meth:`ReplayPlan.configs`, ``config_trust.py``); what the archive sets in the re-run's
+environment, allowlisted and checked for form under every rule (``replay_env.py``); and the
+trainer overrides the record decides (an entropy seed, data root, device type). The rest of
+the command line, the working directory and the paths are this user's, never the archive's.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from reprotrain.paths import REPO_ROOT
+from reprotrain import REPO_ROOT
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import device as devices
 from reprotrain.tools.archive.archive_check import CheckedArchive

@@ -3,74 +3,17 @@
     python -m reprotrain.tools.reproduce.reproduce archives/<id>-<run>.tar.gz [--epochs N]
         [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
-        [--repo CHECKOUT] [--max-members N] [--max-member-bytes 4G]
-        [--max-unpacked-bytes 16G] [--max-ratio 100]
 
-A sweep archive (``make archive RUN=<sweep dir>``) is replayed run by run with one verdict,
-bitwise or statistical (``--mode``, ``--margin``, ``--metric``):
-``tools/reproduce/reproduce_sweep.py``.
+In order, each able to stop the replay: check the archive before writing anything
+(``tools/archive/archive_check.py``), build the replay plan (``replay_plan.py``), decide trust
+on it (``trust.py``) before anything of it is extracted, built or resolved, check the data,
+extract, compare environment and code, re-run ``reprotrain.train`` from the archived source
+(leg by leg for a resumed run), compare every record (``tools/runs/run_diff.py``). A sweep
+archive: ``reproduce_sweep.py``. ``--verify-only`` checks and extracts; it runs nothing.
 
-Steps, each of which can stop the replay:
-
-1. **Check the archive before writing anything** (``tools/archive/archive_check.py``). Every
-   member must be a plain file or a directory under one top folder (or under ``./``, as
-   ``tar -czf x.tar.gz .`` writes it), no path both a file and a directory, within the
-   limits of ``safetar.Limits`` (member count, per-member and total size, compression
-   ratio; ``--max-*``), and every file must match ``MANIFEST.sha256``. The
-   record (``run.json``, ``config.resolved.yaml``, ``fingerprints.jsonl``) is parsed from
-   the verified bytes: a malformed one is refused here, exit 2.
-2. **The replay plan** (``tools/reproduce/replay_plan.py``, the same for a run and a sweep): every
-   leg's config (a resumed run's first leg is built from its resume history), what the
-   archive sets in the re-run's environment (only the GPU variables the comparability rule
-   compares, each in its form, and ``PYTHONHASHSEED``: ``tools/reproduce/replay_env.py``; anything
-   else is refused under every rule) and the record's part of the command line.
-   **Trust** (``tools/reproduce/trust.py``) on that whole plan, before extraction and before
-   anything of it is built or resolved: the archived code and configs run only if (a)
-   ``source/`` is the recorded commit of this repository, rebuilt here, with no patch, and
-   every config of the plan names only callables that commit's ``conf/`` names for the
-   same group, with no interpolation (``tools/reproduce/config_trust.py``); (b) the manifest's ssh
-   signature verifies against ``--trusted-signers``; or (c) ``--trust``. Otherwise
-   refused in one line saying how to proceed.
-3. **Data.** ``data_fingerprint`` of the recorded dataset config (this builds the dataset
-   ``_target_``, hence after trust), computed here and now, must equal the one in
-   ``run.json`` (refused unless ``--allow-data-drift``).
-4. **Extract** into a fresh directory (a temp one unless ``--extract-dir``).
-5. **Environment and code.** python/torch/numpy/CUDA/cuDNN/device/threads and the sha256 of
-   this checkout's ``requirements.lock`` against the recorded ones; the recorded commit and
-   diff against this checkout's HEAD (informational: the replay uses the archived source).
-6. **Re-run** ``python -m reprotrain.train`` with the archived ``config.resolved.yaml`` under
-   the schema, ``resume=null``, the recorded seeds (``seed.base`` pinned when it came from
-   entropy) and ``PYTHONHASHSEED``, from the archived source snapshot:
-   ``PYTHONPATH=<snapshot>/src``, cwd = the snapshot root, so ``import reprotrain`` is the
-   archived code, not this checkout (checked before the run). A run resumed with changed
-   overrides is replayed leg by leg (:func:`plan_replay`). The new run goes to
-   ``<runs-dir>/<stamp>/`` with a ``reproduction.json`` beside its ``run.json``.
-   ``--epochs N`` re-runs only the first N epochs (``trainer.stop_after_epoch=N``, same LR
-   schedule); an interrupted archive (``ALLOW_INCOMPLETE=1``) compares its completed epochs.
-7. **Compare** per-epoch fingerprints, final weights, every metrics.jsonl row and
-   ``final_metrics`` (``tools/runs/run_diff.py``): any difference is DIVERGED, naming the field.
-
-Verdict (last line, naming the trust rule that let the code run) and exit code:
-
-    0  REPRODUCED (bitwise)         every compared epoch and the final weights match
-    1  DIVERGED at epoch E (step S) first divergence, with the metric differences
-    2  refused (one line): bad/tampered/unsafe/untrusted archive, malformed record, data
-                                    drift, bad arguments, a config the archived trainer
-                                    refuses
-    3  NOT COMPARABLE               environment differs, repro level fast, nondeterministic
-                                    ops recorded, data drift allowed, a resume history that
-                                    cannot be replayed, an environment-derived value that
-                                    differs: bits are not expected to match; metrics are
-                                    judged against --tolerance (absolute, on every
-                                    train_/val_/test_<name> metric) instead
-    4  the re-run itself failed     (its log is in the new run directory)
-    75 INTERRUPTED                  SIGTERM/SIGINT/SIGHUP/SIGUSR2 reached this process: it
-                                    was passed to the re-run (which checkpoints and stops),
-                                    reproduction.json says so, the temp dir is removed;
-                                    before the re-run: nothing ran, temp dirs removed
-
-``--verify-only`` checks the members and the manifest and extracts; it runs nothing, so it
-needs no trust.
+Last line and exit code: 0 REPRODUCED (bitwise); 1 DIVERGED at epoch E (step S); 2 refused
+(one line); 3 NOT COMPARABLE (metrics judged against --tolerance); 4 the re-run failed;
+75 INTERRUPTED. Each step and verdict: docs/archive-and-reproduce.md.
 """
 
 from __future__ import annotations
@@ -85,9 +28,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from reprotrain import metric_names, safetar
+from reprotrain import REPO_ROOT, metric_names, safetar
 from reprotrain.errors import ReproduceRefused
-from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
@@ -95,7 +37,7 @@ from reprotrain.resume.guard import imported_differences
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
-from reprotrain.tools.archive import archive_check, stop_signals, sweep_archive
+from reprotrain.tools.archive import archive_check, sweep_archive
 from reprotrain.tools.archive.archive_check import MANIFEST, CheckedArchive, parse_manifest
 from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, trust
 from reprotrain.tools.reproduce.replay_plan import (
@@ -123,11 +65,10 @@ from reprotrain.tools.reproduce.rerun import (
     run_legs,
 )
 from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
-from reprotrain.tools.sweeps import compare_sweeps
 
 __all__ = [
-    "MANIFEST", "Leg", "NotReplayable", "Refusal", "current_data_dir", "main", "parse_manifest",
-    "plan_replay", "reproduce",
+    "MANIFEST", "Leg", "NotReplayable", "ReproduceRefused", "current_data_dir", "main",
+    "parse_manifest", "plan_replay", "reproduce",
 ]  # fmt: skip
 
 DEFAULT_TOLERANCE = 0.02
@@ -136,8 +77,6 @@ DEFAULT_TOLERANCE = 0.02
 ENV_INTERPOLATIONS = "env_interpolations"
 #: Recorded environment keys whose difference means identical bits are not expected.
 #: Shown when they differ, but not a reason on their own (kernel build, allowlisted vars).
-
-Refusal = ReproduceRefused  # the name the tests and older callers use
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -189,13 +128,10 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
     return lines, within
 
 
-# ----------------------------------------------------------------------------- resume history
-
-
 # ----------------------------------------------------------------------------- the re-run
 
 
-def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
+def _current_preview(record: dict, num_threads: int | None, rerun_vars: dict[str, str]) -> dict:
     """What this machine would record, before the re-run (the re-run's run.json decides)."""
     import torch
 
@@ -204,7 +140,7 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
     spec, _ = devices.replay_spec(devices.recorded_device(record))
     device = devices.resolve(spec) if spec in ("auto", "cuda") else torch.device(spec)
     env = environment.capture(device)
-    env["num_threads"] = OmegaConf.select(cfg, "repro.num_threads", default=env["num_threads"])
+    env["num_threads"] = env["num_threads"] if num_threads is None else num_threads
     env["env"] = {k: rerun_vars[k] for k in environment.ENV_ALLOWLIST if k in rerun_vars}
     env["bits_env"] = environment.bits_env(rerun_vars)
     recorded_env = record.get("environment") or {}
@@ -222,18 +158,18 @@ def _current_preview(record: dict, cfg, rerun_vars: dict[str, str]) -> dict:
 def _check_dirs(args) -> None:
     """Paths the user gave are checked before the (slow) archive checks."""
     if args.extract_dir is not None:
-        d = Path(args.extract_dir)
-        if d.exists() and not d.is_dir():
-            raise Refusal(f"--extract-dir {d}: {os.strerror(errno.ENOTDIR)}")
-        if d.is_dir() and any(d.iterdir()):
-            raise Refusal(f"--extract-dir {d} is not empty")
+        archive_check.check_extract_dir(Path(args.extract_dir))
     for parent in (Path(args.runs_dir), *Path(args.runs_dir).parents):
         if parent.exists():
             if not parent.is_dir():
-                raise Refusal(f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
+                raise ReproduceRefused(
+                    f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
+                )
             break
     if args.trusted_signers is not None and not Path(args.trusted_signers).is_file():
-        raise Refusal(f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}")
+        raise ReproduceRefused(
+            f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}"
+        )
 
 
 def archive_limits(args) -> safetar.Limits:
@@ -247,19 +183,13 @@ def archive_limits(args) -> safetar.Limits:
     )
 
 
-def completed_epochs(checked: CheckedArchive) -> int:
-    """Epochs the archived run finished: its fingerprints, which an interrupted run has too
-    (``epochs_completed`` is only written at the end)."""
-    return len(checked.fingerprints)
-
-
 def reproduce(args) -> int:
     """The replay, with stop signals unwinding it before the re-run starts (temp dirs
     removed on the way out) and forwarded to the re-run once it has."""
     try:
-        with stop_signals.raising():
+        with cli.stopping():
             return _reproduce(args)
-    except stop_signals.Stopped as e:
+    except cli.Stopped as e:
         say(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed",
               flush=True)  # fmt: skip
         return EXIT_STOPPED
@@ -280,7 +210,7 @@ def _reproduce(args) -> int:
     sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
     if sweep:
         if args.epochs is not None:
-            raise Refusal("--epochs is for one run; a sweep is replayed in full")
+            raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
         study = reproduce_sweep.archived_study(checked)  # malformed: refused before any run
     else:
@@ -303,7 +233,7 @@ def _reproduce(args) -> int:
 def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
     """A run archive's record, checked; a refusal for what a run archive cannot do."""
     if args.mode == "statistical":
-        raise Refusal(
+        raise ReproduceRefused(
             "MODE=statistical needs a sweep archive (make archive RUN=<sweep dir>): one run is "
             "one seed, too few to judge"
         )
@@ -317,16 +247,18 @@ def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
     """(epochs compared, None: all; the global step the replay stops at, None: the end).
     An interrupted archive is compared over the epochs it completed, never as DIVERGED for
     the ones it did not get to."""
-    done = completed_epochs(checked)
+    done = len(checked.fingerprints)  # an interrupted run has them too
     if done == 0:
-        raise Refusal("the archived run completed no epoch; there is nothing to compare")
+        raise ReproduceRefused("the archived run completed no epoch; there is nothing to compare")
     if args.epochs is not None and not 1 <= args.epochs <= done:
-        raise Refusal(f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)")
+        raise ReproduceRefused(
+            f"--epochs {args.epochs}: the archived run has {done} completed epoch(s)"
+        )
     complete = checked.record.get("status") == "completed"
     epochs = args.epochs if args.epochs is not None else (None if complete else done)
     until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
     if until is not None and (not isinstance(until, int) or isinstance(until, bool)):
-        raise Refusal(f"{checked.label('run/fingerprints.jsonl')}: epoch {epochs} has no "
+        raise ReproduceRefused(f"{checked.label('run/fingerprints.jsonl')}: epoch {epochs} has no "
                       "integer global_step")  # fmt: skip
     return epochs, until
 
@@ -336,15 +268,17 @@ def _replay(
 ) -> int:
     (job,) = plan.jobs
     checked, record, cfg = job.view, job.record, job.view.config
-    done, complete = completed_epochs(checked), record.get("status") == "completed"
+    done, complete = len(checked.fingerprints), record.get("status") == "completed"
     say(f"trust    {verdict_trust.line()}")
     # Values the run read from its environment must be resolvable here (named, not shown).
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
     if unresolved:
-        raise Refusal(f"{unresolved[0]}; set the variable the archived run read, then retry")
+        raise ReproduceRefused(
+            f"{unresolved[0]}; set the variable the archived run read, then retry"
+        )
     # After the trust verdict: fingerprinting the data builds the dataset config (code).
-    data_problem = check_archived_data(cfg, record, args.allow_data_drift)
+    data_problem = check_archived_data(cfg.get("dataset"), record, args.allow_data_drift)
     seeds, level = record["seeds"], record["repro"]["level"]
     status = "" if complete else f" (run {shown(record.get('status'))}: comparing those)"
     say(f"run      {shown(record.get('experiment_id'))}  seeds base={shown(seeds['base'])} "
@@ -412,7 +346,9 @@ def _rerun(
     record, cfg = job.record, job.view.config
     run, source = top / "run", top / "source"
     env = rerun_env(source, job)
-    blocking, info = environment_differences(record, _current_preview(record, cfg, env))
+    blocking, info = environment_differences(
+        record, _current_preview(record, OmegaConf.select(cfg, "repro.num_threads"), env)
+    )
     for line in blocking + info:
         say(f"env      {line}")
     if not blocking:
@@ -423,7 +359,7 @@ def _rerun(
     config_dir = top / "rerun-config"
     where = imported_from(source, env)
     if not where.is_relative_to(source.resolve()):
-        raise Refusal(f"the re-run would import reprotrain from {where}, not the archive")
+        raise ReproduceRefused(f"the re-run would import reprotrain from {where}, not the archive")
     say(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
     failed = run_legs(job, epochs, config_dir, new_run, source, env)
     if failed is not None:
@@ -475,46 +411,15 @@ def _rerun(
     return code
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _tolerance(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _byte_size(text: str) -> int:
-    value = safetar.parse_bytes(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(text)
-    return value
-
-
-_byte_size.__name__ = "size (bytes, or with K/M/G/T)"
-_positive_float.__name__ = "finite positive number"
-_positive_int.__name__ = "positive integer"
-_tolerance.__name__ = "finite non-negative number"
+_byte_size = cli.argtype(safetar.parse_bytes, lambda v: v >= 1, "size (bytes, or with K/M/G/T)")
 
 
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.reproduce.reproduce", __doc__)
     p.add_argument("archive", type=cli.user_path)
-    p.add_argument("--epochs", type=_positive_int, default=None, help="compare only the first N")
-    p.add_argument("--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE)
+    p.add_argument("--epochs", type=cli.positive_int, default=None, help="compare only the first N")
+    p.add_argument("--tolerance", type=cli.non_negative_float, default=DEFAULT_TOLERANCE)
     p.add_argument("--allow-data-drift", action="store_true")
     p.add_argument("--runs-dir", type=cli.user_path, default=Path("outputs") / "reproduce")
     p.add_argument(
@@ -542,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     d = safetar.Limits()
     p.add_argument(
         "--max-members",
-        type=_positive_int,
+        type=cli.positive_int,
         default=None,
         help=f"refuse an archive with more members (default {d.max_members})",
     )
@@ -560,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--max-ratio",
-        type=_positive_float,
+        type=cli.positive_float,
         default=None,
         help=f"refuse a higher unpacked/packed ratio (default {d.max_ratio:g})",
     )
@@ -574,7 +479,7 @@ def add_sweep_arguments(p) -> None:
     p.add_argument("--mode", choices=("auto", "bitwise", "statistical"), default="auto",
                    help="sweep archives: statistical verdict (auto: where bits are not "
                    "promised)")  # fmt: skip
-    p.add_argument("--margin", type=compare_sweeps.margin_value, default=None,
+    p.add_argument("--margin", type=cli.positive_float, default=None,
                    help="equivalence margin (default: archived 95%% CI half-width)")  # fmt: skip
     p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
 

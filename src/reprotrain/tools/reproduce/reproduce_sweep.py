@@ -1,32 +1,12 @@
 """``make reproduce`` of a sweep archive: replay every archived run, then one verdict.
 
-The checks are the single-run ones (``tools/reproduce/reproduce.py``), through the same code:
-every job's record is read through the run.json schema, the replay plan holds every job (each
-leg of its resume history, its environment entries; ``tools/reproduce/replay_plan.py``) and is
-trusted or refused as a whole, then the data fingerprints, then each job is re-run leg by leg
-from the archived source with its own config and seeds into ``<runs-dir>/<stamp>/<job>`` (its
-output in ``logs/job-<i>.log``), a stop signal passed on to it as for one run.
-
-The verdict:
-
-- **bitwise** (``--mode bitwise``, or ``auto`` where the comparability rule promises bits):
-  every job's fingerprints and final weights against the archived ones; 0 REPRODUCED, 1
-  DIVERGED (with the ``make bisect`` line for the first divergent job);
-- **statistical** (``--mode statistical``, or ``auto`` where bits are not promised: another
-  device, driver, CPU capability, thread count, a ``fast`` run...): per group, TOST of the
-  monitored final metric against the margin (``tools/sweeps/compare_sweeps.py``,
-  ``tools/sweeps/equivalence.py``), and the archived conclusions checked: 0 CONSISTENT,
-  1 INCONSISTENT, 3 INCONCLUSIVE.
-
-An Optuna study's ``study.json`` is part of what is reproduced: read and shape-checked before
-anything re-runs (malformed: exit 2), then recomputed from the archived and the replayed runs
-(``tools/reproduce/study_check.py``). A trial it names that is missing, another best, another
-value (where bits are promised) is a difference: DIVERGED (1), or INCONSISTENT in statistical
-mode. So is ``summary.json`` (each group's statistics and the objective, recomputed from the
-archived runs), and in bitwise mode every job's metrics.jsonl rows and ``final_metrics``.
-Each job's ``.hydra/overrides.yaml`` must be a list of overrides, also checked first.
-
-The report is ``reproduction.json`` in the new sweep directory.
+The single-run checks (``reproduce.py``) through the same code: every job in one replay plan,
+trusted or refused as a whole, each job re-run leg by leg into ``<runs-dir>/<stamp>/<job>``.
+Verdict: **bitwise** (where the comparability rule promises bits: 0 REPRODUCED, 1 DIVERGED
+with the ``make bisect`` line) or **statistical** (TOST per group: ``compare_sweeps.py``; 0
+CONSISTENT, 1 INCONSISTENT, 3 INCONCLUSIVE). ``study.json`` (``study_check.py``),
+``summary.json`` and each job's ``.hydra/overrides.yaml`` are checked too. The report is
+``reproduction.json`` in the new sweep directory.
 """
 
 from __future__ import annotations
@@ -41,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
-from reprotrain import safetar
+from reprotrain import REPO_ROOT, safetar
 from reprotrain.errors import ReproduceRefused, ReprotrainError
-from reprotrain.paths import REPO_ROOT
 from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
@@ -104,8 +84,8 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
         label = view.label(f"{base}/run.json")
         view.record = parse_record(view.text("run/run.json"), label, run_schema.REPLAY)
         view.config = parse_yaml_config(view.text("run/config.resolved.yaml"), base)
-        archive_check.check_config_identity(view.record, view.config,
-                                            f"{base}/config.resolved.yaml")  # fmt: skip
+        config = OmegaConf.to_container(view.config)
+        archive_check.check_config_identity(view.record, config, f"{base}/config.resolved.yaml")
         out.append((str(rel), view))
     return out
 
@@ -140,8 +120,10 @@ def replay(
     """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
     say(f"trust    {verdict_trust.line()}")
     # After the trust verdict: fingerprinting the data builds each dataset config (code).
-    problems = [rerun.check_archived_data(j.view.config, j.record, args.allow_data_drift)
-                for j in plan.jobs]  # fmt: skip
+    drift = args.allow_data_drift
+    problems = [
+        rerun.check_archived_data(j.view.config.get("dataset"), j.record, drift) for j in plan.jobs
+    ]
     problems = [p for p in problems if p]
     say(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:

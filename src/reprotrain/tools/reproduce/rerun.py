@@ -72,12 +72,12 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
     return msg
 
 
-def check_archived_data(cfg, record: dict, allow_drift: bool) -> str | None:
-    """:func:`check_data` on the archived dataset config, its root found here. Builds the
+def check_archived_data(dataset_cfg, record: dict, allow_drift: bool) -> str | None:
+    """:func:`check_data` on the archived ``dataset`` node, its root found here. Builds the
     dataset's ``_target_``: only ever called after the trust verdict."""
-    data_cfg = OmegaConf.merge(cfg.dataset, {}) if "dataset" in cfg else OmegaConf.create({})
-    if OmegaConf.select(cfg, "dataset.root", default=None) is not None:
-        data_cfg.root = str(current_data_dir(str(OmegaConf.select(cfg, "dataset.root"))))
+    data_cfg = OmegaConf.merge(dataset_cfg, {}) if dataset_cfg is not None else OmegaConf.create({})
+    if data_cfg.get("root") is not None:
+        data_cfg.root = str(current_data_dir(str(data_cfg.root)))
     return check_data(data_cfg, record.get("data_fingerprint"), allow_drift)
 
 

@@ -1,29 +1,15 @@
 """The trust decision for a run directory that came from an archive, before it is built.
 
-Closes: ``reprotrain eval`` and ``bisect`` of a run extracted from someone's archive
-(``reproduce ... --extract-dir D``) built its config ``_target_`` s with no trust decision: a
-``model._target_`` naming the package's own command runner ran ``id``. Every command that
-builds from a run directory (eval, bisect, report, compare, resume, ``train resume=<path>``)
-calls :func:`require_trust` on the paths it is given, before it instantiates or imports
-anything the run names.
-
-A path *came from an archive* when it, or a folder above it, holds the marker
-:data:`MARKER` (``archive_check.extract`` writes it into the extraction's top folder and into
-every run directory it extracts, so a run directory moved elsewhere keeps it) or is an
-archive's top folder unpacked by hand (``MANIFEST.sha256`` beside ``archive.json``). Such a
-run is built only when one of reproduce's rules holds (``tools/reproduce/trust.py``), named
-in one line on stderr:
-
-(a) **this checkout's configs**: every config of the runs names only callables this
-    checkout's ``conf/`` names under the same group, with no interpolation and no
-    ``hydra``/``defaults`` key (``tools/reproduce/config_trust.py``): the code that runs is
-    this checkout's, as for a config typed here;
-(b) **signed**: the archive folder's ``MANIFEST.sha256.sig`` verifies against
-    ``--trusted-signers`` and every file the manifest lists under it still has its sha256
-    (each run's run.json and config.resolved.yaml listed);
-(c) ``--trust`` (``TRUST=1``), after reviewing the run.
-
-Otherwise :class:`~reprotrain.errors.UntrustedArchive`: one line, nothing built.
+Closes: ``reprotrain eval`` and ``bisect`` of a run extracted from someone's archive built its
+config ``_target_`` s with no trust decision (a ``model._target_`` naming the package's own
+command runner ran ``id``). Every command that builds from a run directory calls
+:func:`require_trust` on its paths before it instantiates or imports anything the run names.
+A path came from an archive when it or a folder above holds :data:`MARKER` (written by
+``archive_check.extract`` into the extraction and every run directory in it) or is an
+archive's top folder unpacked by hand. Such a run is built only under reproduce's rules
+(``trust.py``), named in one line on stderr: (a) its configs pass ``config_trust.py``
+against this checkout's ``conf/``; (b) the archive folder's signature verifies and every
+listed file keeps its sha256; (c) ``--trust``. Otherwise one line, nothing built.
 """
 
 from __future__ import annotations
@@ -103,7 +89,7 @@ def _config(run: Path) -> dict:
 def this_checkouts_configs(runs: list[Path]) -> str | None:
     """Rule (a): None when every run's config is one this checkout's conf/ could compose;
     else the first problem."""
-    from reprotrain.paths import REPO_ROOT
+    from reprotrain import REPO_ROOT
     from reprotrain.tools.reproduce import config_trust
 
     targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(REPO_ROOT))

@@ -1,26 +1,13 @@
 """``make reproduce`` of an Optuna study archive: study.json is checked against the runs.
 
-Closes: a study record that nothing checked. A ``study.json`` forged to a false best (with
-``optimization_results.yaml`` and the manifest regenerated to match) reproduced as
-"REPRODUCED (bitwise): all 2 runs match", and so did an archive with 6 of its 8 trials
-deleted: the runs matched, and the claim about them was never looked at.
-
-- :func:`archived_study` reads ``sweep/study.json`` from the verified archive before
-  anything re-runs: absent is fine (not a study); malformed is a refusal (exit 2).
-- :func:`differences` recomputes the study (each trial's parameters, value and status, and
-  the best) from a sweep directory with the study's own settings
-  (``tools/sweeps/optuna_study.summarise_study``, the code that wrote it) and lists every
-  way ``study.json`` differs: a trial it names that is not there, a trial that is there but
-  not named, another parameter, value or status, another best, ``n_trials`` trials
-  promised but fewer archived, the sweeper's ``optimization_results.yaml`` disagreeing,
-  the study's journal (``study.journal``, read with ``optuna.load_study``) holding
-  other trials than the archived runs, the sampler (its seed among its settings) other
-  than the one the sweep's own ``multirun.yaml`` says it ran with, and the sampler run
-  again (:func:`proposal_differences`) proposing other trials than the archived ones.
-
-The replay calls it on the replayed runs (bitwise: the values must match too) and on the
-archived runs (statistical mode, where re-run values legitimately move: the record must
-still agree with the runs it was written from, and the replay must have the same trials).
+Closes: a study record that nothing checked (a ``study.json`` forged to a false best, or 6 of
+8 trials deleted, reproduced as "REPRODUCED"). :func:`archived_study` reads it before
+anything re-runs (malformed: exit 2); :func:`differences` recomputes the study from a sweep
+directory with the code that wrote it (``optuna_study.summarise_study``) and lists every way
+the record differs: trials, parameters, values, statuses, the best, missing trials, the
+sweeper's ``optimization_results.yaml``, the journal, the sampler against ``multirun.yaml``,
+and the proposals the sampler makes again (:func:`proposal_differences`). Called on the
+replayed runs (bitwise) and on the archived ones (statistical mode).
 """
 
 from __future__ import annotations

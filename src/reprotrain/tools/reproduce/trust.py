@@ -1,24 +1,11 @@
 """Whether ``make reproduce`` may run an archive's code, decided before any of it is extracted.
 
 Closes: an archive with edited ``source/`` and a regenerated ``MANIFEST.sha256`` running
-arbitrary code. The manifest proves the archive is intact, not who wrote it. The archived
-code runs only when one of these holds, and the verdict line names which:
-
-(a) **same code here**: ``source/`` is exactly ``git archive <recorded commit>`` rebuilt from
-    *this* repository (the commit must be here), and the archive carries no uncommitted
-    patch for the code (a patch inside the archive is the archive's word, not this
-    repository's), and every config of the replay plan (``tools/reproduce/replay_plan.py``: each
-    job's recorded config and every leg of its resume history) is one this commit's own
-    ``conf/`` could compose: every ``_target_`` (nested ones too) is one that commit's
-    ``conf/`` names under the same group, no value is an interpolation, no
-    ``hydra``/``defaults`` keys (``tools/reproduce/config_trust.py``);
-(b) **signed**: ``MANIFEST.sha256.sig`` verifies against an allowed-signers file the user
-    passes (``TRUSTED_SIGNERS=<file>``); the manifest hashes every other member;
-(c) **the user says so**: ``TRUST=1``, after reviewing the archive.
-
-Otherwise :class:`~reprotrain.errors.UntrustedArchive`: one line that says how to proceed.
-The plan's environment entries are checked when the plan is built, under every rule
-(``tools/reproduce/replay_env.py``).
+arbitrary code (the manifest proves the archive intact, not who wrote it). The archived code
+runs only under (a) same code here: ``source/`` is ``git archive <recorded commit>`` of this
+repository with no patch, and every config of the replay plan passes ``config_trust.py``;
+(b) ``MANIFEST.sha256.sig`` verifies against ``TRUSTED_SIGNERS=<file>``; or (c) ``TRUST=1``.
+Otherwise :class:`~reprotrain.errors.UntrustedArchive`, one line. The rules: docs/guarantees.md.
 """
 
 from __future__ import annotations

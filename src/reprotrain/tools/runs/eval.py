@@ -80,10 +80,9 @@ def load_weights(model, state: dict, path: Path) -> None:
         ) from None
 
 
-def check_best(state: dict, path: Path, run_dir: Path, cfg) -> None:
+def check_best(state: dict, path: Path, run_dir: Path, monitor: str, mode: str) -> None:
     """best.pt must be the epoch-end checkpoint of the best epoch metrics.jsonl records."""
     rows = rec.read_jsonl(run_dir / rec.METRICS)
-    monitor, mode = cfg.trainer.monitor, cfg.trainer.monitor_mode
     want = checkpoint.recorded_best_epoch(rows, monitor, mode)
     if want is None or not checkpoint.is_best_of(state, want):
         held = (state.get("loop") or {}).get("epoch", 1) - 1
@@ -106,7 +105,7 @@ def evaluation_weights(step_node, model, state: dict, path: Path):
     own = getattr(type(user_step), "evaluation_weights", None) is not Step.evaluation_weights
     if swap is None or not own:  # the base's hook: the model's own weights
         return contextlib.nullcontext(), "model weights"
-    saved = state.get("user_step", state.get("step"))  # "step": written before the rename
+    saved = state.get("user_step")
     if saved is None:
         raise EvalError(f"{path} holds no state of the run's step ({step_node['_target_']}); "
                         "give a checkpoint this run wrote")  # fmt: skip
@@ -140,8 +139,8 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     state = checkpoint.load(path)
     check_belongs(state, path, own_seeds)
     if which == "best":
-        check_best(state, path, run_dir, cfg)
-    precision = float_math.recorded(cfg.trainer)  # a run recorded before the key: its amp
+        check_best(state, path, run_dir, cfg.trainer.monitor, cfg.trainer.monitor_mode)
+    precision = float_math.check(cfg.trainer.precision)
     determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory,
                       precision)  # fmt: skip
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)

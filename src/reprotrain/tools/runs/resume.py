@@ -2,24 +2,15 @@
 
     python -m reprotrain.tools.runs.resume <run dir> [overrides...]
 
-An Optuna study's sweep directory (``multirun/<name>/<stamp>``) continues the study instead:
-its finished trials kept, a killed trial resumed in its run directory, the rest asked
-(``tools/sweeps/optuna_study.continue_command``).
-
-The recorded ``config.resolved.yaml`` becomes the primary config (under the same schema,
-so extra overrides are still type-checked), the run directory stays the same, and
-``resume=auto`` picks the newest valid checkpoint. Extra overrides are allowed, but the
-trainer refuses any that change the numbers (only ``trainer.epochs`` may grow).
-
-Any run directory name works: the path is passed to Hydra as a quoted override value
-(spaces, commas, quotes, ``~ # & = [ ( ,``, non-ASCII). The primary config is written to a
-private temporary directory, never into the run: a refused resume leaves the run directory
-exactly as it was. The trainer runs as a child process; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2
-sent to this process are forwarded to it (Ctrl-C reaches both through the terminal), and its
-exit code is this tool's exit code.
+The recorded ``config.resolved.yaml`` becomes the primary config (extra overrides still
+type-checked; the trainer refuses any that change the numbers), ``resume=auto`` picks the
+newest valid checkpoint, and the primary config is written to a private temp directory, so a
+refused resume leaves the run directory as it was. Any directory name works (quoted for
+Hydra). The trainer is a child; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to it.
+An Optuna sweep directory continues its study instead (``optuna_study.continue_command``).
 
 Exit codes: the trainer's (0 completed, 2 refused, 75 interrupted again, ...); 2 when the
-run directory is missing or its record is unreadable (one line naming the file).
+run directory is missing or its record unreadable.
 """
 
 from __future__ import annotations
@@ -169,7 +160,7 @@ def refuse_group_choices(overrides: list[str]) -> None:
     """``repro=strict`` / ``model=<name>`` choose a config group, which composes a new
     config: a resume continues the recorded one (config.resolved.yaml), which has no group
     to choose. One line saying so, instead of Hydra's "No match in the defaults list"."""
-    from reprotrain.paths import CONF_DIR
+    from reprotrain import CONF_DIR
 
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     for o in overrides:

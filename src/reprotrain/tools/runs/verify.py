@@ -3,30 +3,14 @@
     python -m reprotrain.tools.runs.verify [--out-dir outputs/verify] [--nproc N] [--nproc-b M]
                                       [--kill] experiment=smoke ...
 
-Each run gets its own directory (<out-dir>/<stamp>/a and b). Exit 0 only when every
-epoch's fingerprint (weights sha256 and step losses), the final weights and the whole state
-of the newest checkpoints match (the comparison a resume's replay uses); else
-print the first divergent epoch (and step) and the ``make bisect`` line that
-names the first divergent op, and exit 1. Exit 2 when a run was refused (the
-trainer's own one-line error is shown, not repeated) or failed.
-
-``--nproc N`` (``make verify NPROC=N``) runs both under torchrun with N processes;
-``--nproc-b M`` (``NPROC_B=M``) runs b with M instead, which a world-size-invariant config
-(``trainer.world_size_invariant=true``) promises gives the same bits (any other config is
-refused before run a starts: plain DDP changes the bits with the world size). The world sizes are
-read back from each run.json and named in the verdict line; a run that did not run at the
-world size asked for is an error, never a verdict.
-
-``--kill`` (``make verify KILL=1``) is the honest test of resume for the user's own code:
-run b is SIGKILLed (its whole process group) as soon as its first checkpoint is on disk,
-resumed with ``make resume``, and compared with the uninterrupted run a bit for bit;
-``--kill-after-steps 30,70`` (``ARGS="--kill-after-steps 30,70"``) kills it after its first
-checkpoint at or past each of those global steps instead, resuming it after each: state
-whose effect lands after a later checkpoint diverges there. The
-verdict line also names the step it resumed from and whether the resume recorded itself as
-bitwise (``resumes[].bitwise_guarantee``).
-
-The run directories are chosen here, so ``hydra.run.dir`` and ``--multirun`` are refused.
+Runs go to <out-dir>/<stamp>/a and b. Exit 0 only when every epoch's fingerprint, the final
+weights and the whole state of the newest checkpoints match (the comparison a resume's
+replay uses); else exit 1 with the first divergent epoch and step and the ``make bisect``
+line; exit 2 when a run was refused or failed. ``--nproc N`` runs both under torchrun,
+``--nproc-b M`` runs b on M (a world-size-invariant config only); the world sizes are read
+back from run.json. ``--kill`` SIGKILLs b after its first checkpoint (or after each of
+``--kill-after-steps``), resumes it and compares. ``hydra.run.dir`` and ``--multirun`` are
+refused. docs/make-targets.md.
 """
 
 from __future__ import annotations
@@ -218,8 +202,8 @@ def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.runs.verify", __doc__)
     p.add_argument("--out-dir", type=cli.user_path, default=Path("outputs") / "verify")
-    p.add_argument("--nproc", type=_positive, default=1, help="processes of both runs")
-    p.add_argument("--nproc-b", type=_positive, default=None, help="processes of run b")
+    p.add_argument("--nproc", type=cli.positive_int, default=1, help="processes of both runs")
+    p.add_argument("--nproc-b", type=cli.positive_int, default=None, help="processes of run b")
     p.add_argument("--kill", action="store_true", help="SIGKILL run b after its first "
                    "checkpoint, resume it, compare")  # fmt: skip
     p.add_argument("--kill-after-steps", type=_steps, default=None, metavar="S1,S2,...",
@@ -278,16 +262,6 @@ def _steps(text: str) -> tuple[int, ...]:
     if any(s < 1 for s in steps) or list(steps) != sorted(set(steps)):
         raise argparse.ArgumentTypeError(f"{text!r}: steps are positive and increasing")
     return steps
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-_positive.__name__ = "process count (at least 1)"
 
 
 if __name__ == "__main__":

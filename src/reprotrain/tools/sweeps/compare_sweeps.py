@@ -2,20 +2,13 @@
 
     python -m reprotrain.tools.sweeps.compare_sweeps <sweep A> <sweep B> [--margin M] [--metric K]
 
-A is the reference (an archived sweep, or the claim being checked), B the candidate. Runs
-are grouped as the sweep summary groups them (Hydra overrides without ``seed`` /
-``seed.*``); two sweeps of one group each are compared with each other whatever their
-overrides (that is how a setting is checked against another). For each group, on the
-monitored final metric (``trainer.monitor`` unless ``--metric``), TOST against the margin
-(``tools/sweeps/equivalence.py``) gives CONSISTENT / INCONSISTENT / INCONCLUSIVE with both means,
-the difference, its 90% interval, the margin and n.
-
-**Conclusions.** When A has several groups, each of A's orderings that A itself supports
-(adjacent groups by mean, their 95% Welch interval excluding 0) is checked in B: the same
-sign is "conclusion holds", the other sign "does NOT hold" (INCONSISTENT).
+A is the reference, B the candidate; runs grouped as the sweep summary groups them (two
+sweeps of one group each are compared whatever their overrides). Per group, TOST on the
+monitored final metric (``equivalence.py``); each ordering A itself supports (adjacent
+groups, 95% Welch interval excluding 0) must hold in B.
 
 Exit codes: 0 CONSISTENT; 1 INCONSISTENT (a group, or a conclusion); 3 INCONCLUSIVE;
-2 user error (not a sweep, no completed run, no group in common, a metric not recorded).
+2 user error.
 """
 
 from __future__ import annotations
@@ -249,16 +242,6 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
     return verdict, lines, report
 
 
-def margin_value(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(text)
-    return value
-
-
-margin_value.__name__ = "positive number"
-
-
 def verdict_line(verdict: str) -> str:
     return {
         CONSISTENT: "CONSISTENT: equivalent within the margin (not a promise of the same bits)",
@@ -274,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.sweeps.compare_sweeps", __doc__)
     p.add_argument("a", type=cli.user_path, help="reference sweep directory")
     p.add_argument("b", type=cli.user_path, help="candidate sweep directory")
-    p.add_argument("--margin", type=margin_value, default=None, help="equivalence margin")
+    p.add_argument("--margin", type=cli.positive_float, default=None, help="equivalence margin")
     p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
     args = p.parse_args(argv)
     a = read_sweep(args.a, args.metric)

@@ -1,39 +1,14 @@
 """An Optuna study (``hydra/sweeper=optuna``): seeded, checked, and recorded in ``study.json``.
 
-Closes: the sampler's own randomness (optuna's samplers have no seed by default, so two runs
-of one study would try different trials), a study that optimises the wrong way, and a
-search whose trials and winner live only in a terminal.
-
-The sweeper is the framework's own (``src/hydra_plugins/reprotrain_optuna_sweeper``, the
-study in ``optuna_sweeper.py``): the study lives in ``<sweep dir>/study.journal``, which
-``optuna.load_study`` and optuna-dashboard open, and a killed study continues with
-``make resume RUN=<sweep dir>`` (:func:`continue_command`).
-
-Before the study starts (:func:`prepare`, from the sweep callback's ``on_multirun_start``,
-which sees the config the sweeper is then built from):
-
-- a sampler without a seed gets ``seed.base`` (recorded as ``seed_from``): the same command
-  twice runs the same trials and finds the same best parameters;
-- the direction follows ``trainer.monitor_mode`` unless given; a given ``direction`` that
-  contradicts ``trainer.monitor_mode`` (the trial's value is the best
-  ``trainer.monitor`` of its run) is refused in one line, as is a study with no search
-  space.
-
-After it (:func:`record`): ``study.json``. Each trial is a normal run directory under the
-sweep directory (the launcher runs it like any sweep job); this module reads them back, so
-the study can be summarised again from the sweep directory alone (``reprotrain summary``
-keeps working, and ``reprotrain archive`` packs ``study.json`` and the journal with the runs):
-
-- the sampler (its class and every setting, the seed among them), the direction, the metric
-  (``trainer.monitor``), the search space and the storage, as the sweeper ran them;
-- per trial: its number (the job number), its parameters (its overrides of the searched
-  keys), its value (the best ``trainer.monitor`` in its ``metrics.jsonl``: what the trainer
-  returned to Optuna) and its status;
-- the best trial, checked against the sweeper's ``optimization_results.yaml``
-  (``optuna_best_agrees``) and every trial against the study's storage
-  (``storage_agrees``: the journal, read back with ``optuna.load_study``);
-- ``repeatable``: true only for a seeded sampler and the study's own journal; otherwise
-  false, with the reason.
+Closes: the sampler's own randomness (optuna's samplers have no seed by default; an unseeded
+one gets ``seed.base``, recorded as ``seed_from``), a study that optimises the wrong way (a
+``direction`` against ``trainer.monitor_mode`` is refused, as is an empty search space:
+:func:`prepare`), and a search whose trials and winner live only in a terminal
+(:func:`record` writes ``study.json``: the sampler and its settings, direction, metric,
+search space, storage, every trial read back from its run directory, the best checked
+against ``optimization_results.yaml`` and every trial against the journal, and
+``repeatable`` with its reason). A killed study continues with ``make resume RUN=<sweep
+dir>`` (:func:`continue_command`). The sweeper itself: ``optuna_sweeper.py``; docs/sweeps-optuna.md.
 """
 
 from __future__ import annotations

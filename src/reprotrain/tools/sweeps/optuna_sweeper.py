@@ -1,29 +1,13 @@
 """The study behind ``hydra/sweeper=optuna``: ask, launch, tell, on a current optuna.
 
 The Hydra plugin (``src/hydra_plugins/reprotrain_optuna_sweeper``) is a thin shell around
-:class:`StudyRunner`; the released hydra-optuna-sweeper pins optuna<3 (see docs/design.md).
-
-Closes:
-
-- **a study nobody else can open**: the study lives in an Optuna storage, by default the
-  journal file ``<sweep dir>/study.journal`` (``optuna.load_study``, optuna-dashboard and
-  ``optuna.visualization`` open it); ``hydra.sweeper.storage=sqlite:///...`` (any URL optuna
-  takes) or a journal path of your own instead; the study names its objective
-  (``set_metric_names([trainer.monitor])``) and each trial carries its run directory as the
-  user attribute ``run_dir``, so those tools say what was optimised and where each run is;
-- **a killed study that cannot continue**: every trial is asked, launched and told through
-  that storage, so after a SIGKILL the storage holds the finished trials and the killed one
-  (still RUNNING, its parameters kept). ``hydra.sweeper.resume=true`` (``make resume
-  RUN=<sweep dir>``) keeps the finished ones, re-launches a killed trial with
-  ``resume=auto`` into its own run directory (bitwise, from its checkpoints; its ``.hydra/``
-  record left as it was), tells its value, then asks for the rest;
-- **a sampler whose state lives in one process**: a seeded sampler's generator advances with
-  every proposal, so a study continued in a new process would propose other trials than
-  the one never stopped. Each trial is asked of a fresh sampler seeded from
-  ``(seed, trial number)`` (:func:`trial_seed`); what a proposal depends on is then the
-  seed, the number and the earlier trials in the storage, in whichever process it is asked.
-  The same command twice runs the same trials, and a continued study the same trials and
-  best as the uninterrupted one.
+:class:`StudyRunner` (why our own: docs/design.md, "Large rooms"). Closes: a study nobody
+else can open (it lives in an Optuna storage, by default ``<sweep dir>/study.journal``, each
+trial carrying its ``run_dir``); a killed study that cannot continue (asked, launched and
+told through that storage; ``make resume RUN=<sweep dir>`` keeps the finished trials and
+resumes the killed one bitwise); a sampler whose state lives in one process (each trial is
+asked of a fresh sampler seeded from ``(seed, trial number)``: :func:`trial_seed`, so a
+continued study proposes what the uninterrupted one would have).
 """
 
 from __future__ import annotations

@@ -2,28 +2,13 @@
 
     python -m reprotrain.tools.sweeps.sweep_summary multirun/<name>/<stamp>
 
-Every numeric ``train_`` / ``val_`` / ``test_<name>`` metric the runs logged is summarised
-(accuracy and loss, a regression's rmse and r2, a user task's own), and the monitored one
-(``trainer.monitor``, from the runs' resolved config) is the sweep's objective: the best
-group by its mean is named. Runs are grouped by their Hydra overrides with every ``seed`` /
-``seed.*`` override removed, read from each job's ``.hydra/overrides.yaml``:
-``optimizer.lr=0.1,0.2`` x 3 seeds gives two groups of three, and two means with their own
-intervals, never one number pooled over learning rates. Writes into the sweep directory:
-
-- ``summary.json``: strict JSON (a NaN metric is ``null`` and its path is listed in
-  ``nonfinite``); ``groups`` holds each group's runs, statistics and per-epoch curves.
-- ``summary.md``: one headline table (a row per group), then each group's runs, with their
-  statistics where the group has two runs or more. When every group is one run (an Optuna
-  study of one seed), one table of the runs instead: no mean, std or interval of one value.
-  An Optuna study's trials (``study.json``) come first, by the objective, best first.
-- ``summary.png``: per epoch, each group's mean across seeds with a ±1 std band and each
-  seed as a faint line (one run per group: that run). (The band is the spread, not the CI:
-  with 2-3 seeds a t interval is 4-13 std wide and would cover every panel; the CIs are in
-  the tables.) Labels show long decimals to 4 significant digits; summary.json keeps them.
-
-Statistics use the finite values; how many runs were non-finite or did not complete is
-reported next to them. Also runs as a Hydra callback when a ``--multirun`` ends, where it
-never raises: a summary problem must not turn a finished sweep into a failure.
+Every numeric ``train_``/``val_``/``test_<name>`` metric is summarised; ``trainer.monitor`` is
+the objective and the best group by its mean is named. Runs are grouped by their Hydra
+overrides without ``seed``/``seed.*`` (never one number pooled over learning rates). Writes
+``summary.json`` (strict JSON; NaN is ``null``, listed in ``nonfinite``), ``summary.md`` and
+``summary.png`` (each group's mean per epoch with a ±1 std band: the spread, not the CI).
+Also a Hydra callback at the end of a ``--multirun``, where it never raises: a summary
+problem must not fail a finished sweep. docs/sweeps-optuna.md.
 """
 
 from __future__ import annotations

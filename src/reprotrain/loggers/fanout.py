@@ -13,7 +13,10 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reprotrain.loggers.settings import LoggerSettings
 
 log = logging.getLogger("reprotrain")
 
@@ -48,7 +51,7 @@ class LoggerRun:
     params: dict[str, Any]  # the flattened resolved config and run.json's identity fields
     start_step: int = 0  # the global step a resumed run continues from (0: a fresh run)
     history: History | None = None  # what was logged up to ``start_step`` (the record's)
-    settings: Any = None  # the ``logger`` config (log_every_steps, the shipped ones' keys)
+    settings: LoggerSettings | None = None  # the ``logger`` node, read once
     report: Any = None  # draws report.md and curves.png of a run dir into a folder
 
 

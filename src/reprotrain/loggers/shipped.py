@@ -73,8 +73,8 @@ class TensorBoardLogger(Shipped):
     def open(self, run: LoggerRun) -> Logger:
         from reprotrain.loggers.tensorboard_sink import TensorBoardSink, link_run
 
-        cfg, run_dir = run.settings, Path(run.run_dir)
-        log_dir = run_dir / cfg.tensorboard_dir
+        settings, run_dir = run.settings, Path(run.run_dir)
+        log_dir = run_dir / settings.tensorboard_dir
         config = run_dir / RESOLVED_CONFIG
         sink = TensorBoardSink(
             log_dir,
@@ -87,8 +87,8 @@ class TensorBoardLogger(Shipped):
             swept=swept_keys(sweep_dir_of(run_dir)),
         )
         root = project_root()
-        if cfg.tensorboard_index and run_dir.resolve().is_relative_to(root):
-            link_run(root / cfg.tensorboard_index, relative_name(run_dir, root), log_dir)
+        if settings.tensorboard_index and run_dir.resolve().is_relative_to(root):
+            link_run(root / settings.tensorboard_index, relative_name(run_dir, root), log_dir)
         return sink
 
 
@@ -100,8 +100,8 @@ class MLflowLogger(Shipped):
     def open(self, run: LoggerRun) -> Logger:
         from reprotrain.loggers.mlflow_sink import MLflowSink
 
-        return MLflowSink(run.settings, Path(run.run_dir), run.record, run.params, run.report,
-                          run.start_step)  # fmt: skip
+        run_dir = Path(run.run_dir)
+        return MLflowSink(run.settings, run_dir, run.record, run.params, run.report, run.start_step)
 
 
 class WandBLogger(Shipped):

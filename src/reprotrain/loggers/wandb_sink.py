@@ -1,18 +1,7 @@
-"""Weights & Biases: a run under ``<run_dir>/wandb``, offline unless a key is configured.
-
-``wandb_mode=auto`` (the default) is online only when the user configured a key
-(``WANDB_API_KEY`` or ``wandb login``'s netrc entry), so nothing leaves the machine by
-accident and a run without an account still works: offline, no login, no network, synced
-later with ``wandb sync <run_dir>/wandb/offline-run-*``. The key is read by wandb itself and
-never recorded. The run id is derived from the run dir, so a resumed run continues the same
-W&B run (``resume="allow"``); a sweep's runs share a ``group`` (the sweep dir's name). The
-run's name is as in MLflow: a single run's path below the project root
-(``outputs/smoke/<stamp>``), so two runs of one config (one experiment id) are told apart; a
-sweep's run, its swept values in the sweep's group (``optimizer.lr=0.05 seed.base=0``).
-
-At the end the run gets the same files as MLflow's artifacts: config.resolved.yaml,
-run.json, metrics.jsonl, and report.md and curves.png drawn from the run dir; they are in
-the run's Files tab (``run.save``) and in one artifact of type ``run-record``, versioned.
+"""Weights & Biases: a run under ``<run_dir>/wandb``, offline unless a key is configured
+(``wandb_mode=auto``: nothing leaves the machine by accident; the key is read by wandb itself
+and never recorded). The run id is derived from the run dir, so a resumed run continues the
+same W&B run (``resume="allow"``); names, groups and files as in docs/loggers.md.
 """
 
 from __future__ import annotations
@@ -26,7 +15,7 @@ from typing import Any
 
 from reprotrain.loggers.fanout import Logger
 from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir_of
-from reprotrain.loggers.settings import project_root, require_module
+from reprotrain.loggers.settings import LoggerSettings, project_root, require_module
 
 
 def wandb_key_configured() -> bool:
@@ -50,16 +39,21 @@ class WandBSink(Logger):
     name = "wandb"
 
     def __init__(
-        self, cfg: Any, run_dir: Path, record: dict[str, Any], params: dict, report: Any = None
+        self,
+        settings: LoggerSettings,
+        run_dir: Path,
+        record: dict[str, Any],
+        params: dict,
+        report: Any = None,
     ) -> None:
         wandb = require_module("wandb", "wandb")
-        self.mode = resolve_wandb_mode(cfg.wandb_mode)
+        self.mode = resolve_wandb_mode(settings.wandb_mode)
         self.run_dir, self.report, self.key = Path(run_dir), report, run_key(run_dir, record)
         sweep = sweep_dir_of(run_dir)
         self._open: tuple[int, dict[str, float]] | None = None  # (step, its row so far)
         self.run = wandb.init(
-            project=cfg.wandb_project,
-            entity=cfg.wandb_entity or None,
+            project=settings.wandb_project,
+            entity=settings.wandb_entity or None,
             name=run_name(run_dir, project_root()),
             id=run_key(run_dir, record),
             resume="allow",

@@ -20,7 +20,9 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -44,6 +46,7 @@ from reprotrain.config import (
 from reprotrain.errors import ReprotrainError
 from reprotrain.paths import CONF_DIR
 from reprotrain.repro import hashseed
+from reprotrain.repro import secrets as env_secrets
 from reprotrain.sweep_checks import (
     check_continued_study,
     check_sweep,
@@ -52,6 +55,8 @@ from reprotrain.sweep_checks import (
     sweep_values,
 )
 
+#: The composed config as the run records it, computed on demand (``secrets.redact``).
+Redacted = Callable[[], dict]
 _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
 
 
@@ -146,19 +151,19 @@ def compose_all(argv: list[str]) -> list | bool:
             if args.multirun:  # the sweeper and its search space, before anything is written
                 first = compose(config_name=config_name, overrides=variants[0],
                                 return_hydra_config=True)  # fmt: skip
-                check_sweep(first, args.overrides)
+                check_sweep(first.hydra.sweeper, first.trainer, args.overrides)
             for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
-                check_schema_keys(cfg)
-                check_text_lists(cfg)
+                check_schema_keys({group: cfg[group] for group in PROJECT_GROUPS})
+                check_text_lists({key: cfg.get(key) for key in TEXT_LISTS})
                 validate(cfg, launch_world_size())
                 if cfg.repro.level == "portable":  # before any user code imports torch: a
                     hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
                 components.check(cfg)
-                check_loss(cfg)
-                check_data_settings(cfg)
+                check_loss(cfg.get("loss"), class_count(cfg.model, cfg.dataset))
+                check_data_settings(cfg.dataset, cfg.trainer, cfg.model.get("num_classes"))
                 composed.append(cfg)
-                check_monitor(cfg)
+                check_monitor(cfg.task, cfg.get("loss"), cfg.trainer)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
         raise ReprotrainError(
             _yaml_error(e) or not_in_defaults(e, args.overrides) or _one_line(e)
@@ -193,15 +198,12 @@ def refuse_sweep_without_multirun(overrides: list[str]) -> None:
             )
 
 
-def check_data_settings(cfg) -> None:
-    """What the trainer would otherwise refuse only after loading the data (with a run
-    directory, a ``failed`` run.json and log lines already written), refused here from the
-    config and the dataset's class alone: a ``dataset.std`` with a zero, ``dataset.mean``
-    and ``dataset.std`` of different lengths, ``trainer.num_workers`` on the device
-    pipeline, and ``model.num_classes`` against the classes the dataset declares (its
-    ``num_classes`` key, that argument's default, or its class attribute). What only the
-    data can tell (the channel count) stays the trainer's check."""
-    node = cfg.dataset
+def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any) -> None:
+    """What the trainer would refuse only after loading the data (a run dir and a ``failed``
+    run.json already written), refused from the ``dataset`` node and its class alone: a
+    ``std`` with a zero, ``mean``/``std`` of different lengths, ``trainer.num_workers`` on the
+    device pipeline, ``model.num_classes`` (``num_classes``) against the classes the dataset
+    declares. What only the data can tell (the channel count) stays the trainer's check."""
     mean, std = node.get("mean"), node.get("std")
     if _numbers(std):
         check_std(std)
@@ -212,9 +214,9 @@ def check_data_settings(cfg) -> None:
         )
     cls = components.locate(str(node["_target_"]), "dataset")
     in_memory = getattr(cls, "in_memory", False) is True
-    check_workers(cfg.trainer.pipeline, cfg.trainer.num_workers, in_memory=in_memory,
-                  target=str(node["_target_"]))  # fmt: skip
-    check_num_classes(cfg.model.get("num_classes"), declared_num_classes(cls, node))
+    target = str(node["_target_"])
+    check_workers(trainer.pipeline, trainer.num_workers, in_memory=in_memory, target=target)
+    check_num_classes(num_classes, declared_num_classes(cls, node))
 
 
 def _numbers(value) -> bool:
@@ -335,13 +337,14 @@ def _path_max(existing: str) -> int:
         return 4096
 
 
-def check_schema_keys(cfg) -> None:
-    """``+trainer.epoch=3`` slips past the struct schema (``+`` adds keys): refuse it here."""
+def check_schema_keys(groups: dict[str, DictConfig]) -> None:
+    """``+trainer.epoch=3`` slips past the struct schema (``+`` adds keys): refuse it here.
+    ``groups``: the config's node of each of ``PROJECT_GROUPS``."""
     from dataclasses import fields
 
-    for group, schema in PROJECT_GROUPS.items():
-        known = {f.name for f in fields(schema)}
-        extra = sorted(set(cfg[group]) - known)
+    for group, node in groups.items():
+        known = {f.name for f in fields(PROJECT_GROUPS[group])}
+        extra = sorted(set(node) - known)
         if extra:
             raise ReprotrainError(
                 f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
@@ -353,10 +356,9 @@ def check_schema_keys(cfg) -> None:
 TEXT_LISTS = ("tags", "include_untracked")
 
 
-def check_text_lists(cfg) -> None:
-    """``tags`` / ``include_untracked`` hold text, one label or path per item."""
-    for key in TEXT_LISTS:
-        value = cfg.get(key)
+def check_text_lists(values: dict[str, Any]) -> None:
+    """``tags`` / ``include_untracked`` (``{key: value}``) hold text, one label or path each."""
+    for key, value in values.items():
         if value is None:
             continue
         if not isinstance(value, ListConfig):
@@ -370,17 +372,17 @@ def check_text_lists(cfg) -> None:
                 )
 
 
-def check_monitor(cfg) -> None:
+def check_monitor(task: DictConfig, loss: Any, trainer: DictConfig) -> None:
     """``trainer.monitor`` must name a metric the task logs (``train_``/``val_`` + a name in
     its ``metrics``), and ``trainer.monitor_mode`` the direction the task declares for it."""
-    declared = components.declared_metrics(cfg.task, cfg.get("loss"))
-    monitor, mode = cfg.trainer.monitor, cfg.trainer.monitor_mode
+    declared = components.declared_metrics(task, loss)
+    monitor, mode = trainer.monitor, trainer.monitor_mode
     known = {
         f"{split}_{name}": better for split in ("val", "train") for name, better in declared.items()
     }
     if monitor not in known:
         raise ReprotrainError(
-            f"trainer.monitor={monitor} is not a metric of task {cfg.task._target_}; "
+            f"trainer.monitor={monitor} is not a metric of task {task._target_}; "
             f"it logs: {', '.join(known)}"
         )
     if known[monitor] != mode:
@@ -391,18 +393,22 @@ def check_monitor(cfg) -> None:
         )
 
 
-def check_loss(cfg) -> None:
-    """Build the loss once and check a class-weighted loss's ``weight`` against the class
-    count the config names (``model.num_classes``, else ``dataset.num_classes``)."""
-    if not isinstance(cfg.get("loss"), DictConfig) or "_target_" not in cfg.loss:
-        return
-    classes = None
-    for key in ("model.num_classes", "dataset.num_classes"):
-        value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+def class_count(*nodes: DictConfig) -> int | None:
+    """The first positive ``num_classes`` of ``nodes`` (``model``, then ``dataset``)."""
+    for node in nodes:
+        value = OmegaConf.select(
+            node, "num_classes", default=None, throw_on_resolution_failure=False
+        )
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            classes = value
-            break
-    components.check_loss(cfg.loss, classes)
+            return value
+    return None
+
+
+def check_loss(loss: Any, classes: int | None) -> None:
+    """Build the ``loss`` node once and check a class-weighted loss's ``weight`` against the
+    class count the config names (:func:`class_count`)."""
+    if isinstance(loss, DictConfig) and "_target_" in loss:
+        components.check_loss(loss, classes)
 
 
 _checked = False
@@ -427,9 +433,10 @@ def cli_check() -> None:
         if composed is not False:
             # repro=portable: re-exec with its levers set, before anything is decided or written
             hashseed.ensure_cpu_dispatch([cfg.repro.level for cfg in composed])
-            resume = OmegaConf.select(composed[0], "resume", default=None)
+            first = composed[0]
+            resume = OmegaConf.select(first, "resume", default=None)
             explicit_run_dir_is_free(argv, resume)
-            sys.argv += resume_before_hydra(argv, composed[0])
+            sys.argv += resume_before_hydra(argv, resume, lambda: env_secrets.redact(first)[0])
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
         # resume_guard.AlreadyCompleted (exit 0): nothing to do, and nothing written. Told
@@ -460,7 +467,7 @@ def _explicit_dir(argv: list[str], key: str) -> Path | None:
 NO_RUN_DIR = Path(os.devnull)
 
 
-def resume_before_hydra(argv: list[str], cfg) -> list[str]:
+def resume_before_hydra(argv: list[str], resume: str | None, redacted: Redacted) -> list[str]:
     """Decide a resume the way the trainer will, reading only, before Hydra writes anything.
 
     A refused resume (``resume=auto`` with a changed config, a ``resume=<path>`` that is not
@@ -468,21 +475,21 @@ def resume_before_hydra(argv: list[str], cfg) -> list[str]:
     exit leave the run directory byte for byte as it was, ``.hydra/`` included. Returns
     the overrides to add for Hydra: ``hydra.output_subdir=null`` when the run continues a
     recorded run. The trainer decides again under the run's lock (the directory may change
-    in between); this is the early, read-only look."""
+    in between); this is the early, read-only look. ``resume``: the composed config's value;
+    ``redacted()``: the composed config as the run records it (``secrets.redact``), read only
+    when a resume is judged."""
     if _multirun(argv):
         return []
-    resume = OmegaConf.select(cfg, "resume", default=None)
     run_dir = _explicit_dir(argv, "hydra.run.dir")
     if resume is None or (resume == "auto" and run_dir is None):
         return []  # a fresh start (``auto`` in a new stamped directory starts fresh)
     import logging
 
-    from reprotrain.repro import secrets as env_secrets
     from reprotrain.resume.guard import find_resume_point
     from reprotrain.run import record as rec
 
     try:
-        container, _ = env_secrets.redact(cfg)
+        container = redacted()
     except OmegaConfBaseException:  # a value only Hydra's runtime resolves: the trainer decides
         return []
     logger, writer = logging.getLogger("reprotrain"), rec.is_writer()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reprotrain.loggers.fanout import Logger, preserved_rng
+from reprotrain.loggers.fanout import Logger, LoggerRun, preserved_rng
 from reprotrain.loggers.params import (
     identity,
     record_files,
@@ -122,35 +122,26 @@ def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     return data
 
 
-class MLflowSink(Logger):
+class MLflowLogger(Logger):
     name = "mlflow"
 
-    def __init__(
-        self,
-        settings: LoggerSettings,
-        run_dir: Path,
-        record: dict[str, Any],
-        params: dict[str, str],
-        report: ReportHook | None = None,
-        start_step: int = 0,
-    ) -> None:
+    def start(self, run: LoggerRun) -> None:
         from mlflow.entities import Metric
 
         self._Metric = Metric
-        self.run_dir = Path(run_dir).resolve()
-        self.report = report
-        self.client, self.uri = client_for(settings)
+        self.run_dir, self.report = Path(run.run_dir).resolve(), run.report
+        self.client, self.uri = client_for(run.settings)
         parent = find_parent(self.run_dir, self.uri)
         if parent is not None:
             exp_id = parent["experiment_id"]
         else:
-            name = settings.mlflow_experiment or str(record.get("name") or "reprotrain")
+            name = run.settings.mlflow_experiment or str(run.record.get("name") or "reprotrain")
             exp_id = experiment_id(self.client, name, self.uri)
-        key = run_key(self.run_dir, record)
+        key = run_key(self.run_dir, run.record)
         found = self.client.search_runs(
             [exp_id], filter_string=f"tags.`reprotrain.run_key` = '{key}'", max_results=1
         )
-        self.last_step = start_step  # a resumed run's final metrics still land on its last step
+        self.last_step = run.start_step  # a resumed run's final metrics land on its last step
         self.logged = {"step": 0, "epoch": 0}  # what an earlier attempt already logged
         if found:
             self.run_id = found[0].info.run_id
@@ -161,7 +152,7 @@ class MLflowSink(Logger):
                 history = self.client.get_metric_history(self.run_id, key)
                 self.logged[kind] = max((m.step for m in history), default=0)
             return
-        ident = identity(record)
+        ident = identity(run.record)
         tags = {
             "reprotrain.run_key": key,
             "reprotrain.run_dir": str(self.run_dir),
@@ -174,9 +165,8 @@ class MLflowSink(Logger):
         if parent is not None:
             tags["mlflow.parentRunId"] = parent["run_id"]
         name = run_name(self.run_dir, project_root())
-        run = self.client.create_run(exp_id, run_name=name, tags=tags)
-        self.run_id = run.info.run_id
-        log_params(self.client, self.run_id, params)
+        self.run_id = self.client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+        log_params(self.client, self.run_id, run.params)
 
     def describe(self) -> str:
         return f"mlflow ({shown_uri(self.uri)}, run {self.run_id})"

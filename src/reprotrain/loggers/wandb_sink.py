@@ -11,11 +11,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from reprotrain.loggers.fanout import Logger
+from reprotrain.loggers.fanout import Logger, LoggerRun
 from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir_of
-from reprotrain.loggers.settings import LoggerSettings, project_root, require_module
+from reprotrain.loggers.settings import project_root, require_module
 
 
 def wandb_key_configured() -> bool:
@@ -35,32 +34,26 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online" if wandb_key_configured() else "offline"
 
 
-class WandBSink(Logger):
+class WandBLogger(Logger):
     name = "wandb"
 
-    def __init__(
-        self,
-        settings: LoggerSettings,
-        run_dir: Path,
-        record: dict[str, Any],
-        params: dict,
-        report: Any = None,
-    ) -> None:
+    def start(self, run: LoggerRun) -> None:
         wandb = require_module("wandb", "wandb")
-        self.mode = resolve_wandb_mode(settings.wandb_mode)
-        self.run_dir, self.report, self.key = Path(run_dir), report, run_key(run_dir, record)
+        self.mode = resolve_wandb_mode(run.settings.wandb_mode)
+        run_dir = Path(run.run_dir)
+        self.run_dir, self.report, self.key = run_dir, run.report, run_key(run_dir, run.record)
         sweep = sweep_dir_of(run_dir)
         self._open: tuple[int, dict[str, float]] | None = None  # (step, its row so far)
         self.run = wandb.init(
-            project=settings.wandb_project,
-            entity=settings.wandb_entity or None,
+            project=run.settings.wandb_project,
+            entity=run.settings.wandb_entity or None,
             name=run_name(run_dir, project_root()),
-            id=run_key(run_dir, record),
+            id=self.key,
             resume="allow",
             dir=str(run_dir),
             mode=self.mode,
             group=sweep.name if sweep else None,
-            config=params,
+            config=run.params,
         )
 
     def describe(self) -> str:

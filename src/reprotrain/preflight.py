@@ -1,17 +1,10 @@
 """Check the command line before Hydra starts a run, so a bad override is one clear line.
 
-Hydra itself reports composition errors over several lines and ends with a hint about
-HYDRA_FULL_ERROR; a user who typed ``trainer.epoch=3`` deserves one line that names the
-problem and what to do. This composes the config exactly as the run would (every value of
-a ``--multirun`` sweep included), applies the schema's range checks, and raises
-``ReprotrainError`` on the first problem. Nothing is written: no run directory exists yet.
-
-It is also where everything that can refuse a start is decided, because Hydra writes
-``.hydra/`` into the run directory (and ``multirun.yaml`` into a sweep directory) before the
-trainer's code runs: data settings the trainer would refuse only after loading the data
-(:func:`check_data_settings`), a resume (:func:`resume_before_hydra`, read only), a used or
-busy run directory. The one write is the last step: a ``--multirun`` into an explicit
-``hydra.sweep.dir`` claims it (:func:`claim_explicit_sweep_dir`).
+Composes the config as the run would (every value of a ``--multirun`` sweep), applies the
+schema's checks and everything else that can refuse a start (data settings, a resume, a used
+or busy run directory), raising ``ReprotrainError`` on the first problem, all before Hydra
+writes ``.hydra/`` or ``multirun.yaml``. The one write is last: a ``--multirun`` into an
+explicit ``hydra.sweep.dir`` claims it (:func:`claim_explicit_sweep_dir`).
 """
 
 from __future__ import annotations
@@ -61,15 +54,13 @@ _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir ag
 
 
 def register_resolvers() -> None:
-    """``${run_suffix:}``: random hex so two runs started in the same second get two dirs;
-    ``${run_stamp:}`` (the same in every torchrun rank) and ``${cores_per_job:}``."""
-    from reprotrain import launchers  # also silences the preset/schema deprecation warning
+    """``${run_suffix:}`` (random hex: two runs started in one second get two dirs), the
+    launchers' ``${run_stamp:}`` and ``${cores_per_job:}``, and the help's groups."""
+    from reprotrain import helptext, launchers  # launchers silences the presets' warning
 
     launchers.register_resolvers()
     if not OmegaConf.has_resolver("run_suffix"):
         OmegaConf.register_new_resolver("run_suffix", lambda: _SUFFIX, use_cache=True)
-    from reprotrain import helptext
-
     helptext.register_resolver()
 
 
@@ -133,7 +124,8 @@ def check(argv: list[str]) -> str | bool | None:
 
 
 def compose_all(argv: list[str]) -> list | bool:
-    """Every variant's composed and checked config (False for Hydra's informational modes)."""
+    """Every variant's composed and checked config (False for Hydra's informational modes);
+    each check gets the nodes it reads."""
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
         return False  # Hydra's own informational modes: nothing runs
@@ -267,7 +259,7 @@ def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None
 
     values = _override_values(argv)
     resume = values.get("resume", resume)
-    if "--multirun" in argv or "-m" in argv:
+    if _multirun(argv):
         sweep_dir = values.get("hydra.sweep.dir")
         if continues_study(values):  # hydra.sweeper.resume=true: the study's own dir
             check_continued_study(sweep_dir)
@@ -415,12 +407,9 @@ _checked = False
 
 
 def cli_check() -> None:
-    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line.
-
-    Everything that can refuse a start is decided here, before Hydra writes ``.hydra/``
-    into a run directory or ``multirun.yaml`` into a sweep directory; a run that continues
-    a recorded run gets ``hydra.output_subdir=null`` added (its ``.hydra/`` is the record of
-    how it started and is never rewritten)."""
+    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line. A run
+    that continues a recorded run gets ``hydra.output_subdir=null`` added (its ``.hydra/``
+    records how it started and is never rewritten)."""
     global _checked
     register_configs()
     register_resolvers()
@@ -439,9 +428,8 @@ def cli_check() -> None:
             sys.argv += resume_before_hydra(argv, resume, lambda: env_secrets.redact(first)[0])
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
-        # resume_guard.AlreadyCompleted (exit 0): nothing to do, and nothing written. Told
-        # apart by its code, not its class: importing resume_guard would import torch, and a
-        # typo must fail in a second.
+        # resume.guard's AlreadyCompleted (exit 0): nothing to do, nothing written. Told by
+        # its code, not its class: importing resume.guard imports torch.
         if e.exit_code == 0:
             print(str(e), file=sys.stderr)
             sys.exit(0)
@@ -468,15 +456,11 @@ NO_RUN_DIR = Path(os.devnull)
 
 
 def resume_before_hydra(argv: list[str], resume: str | None, redacted: Redacted) -> list[str]:
-    """Decide a resume the way the trainer will, reading only, before Hydra writes anything.
-
-    A refused resume (``resume=auto`` with a changed config, a ``resume=<path>`` that is not
-    a checkpoint, a run with checkpoints but no record, ...) and the "already completed"
-    exit leave the run directory byte for byte as it was, ``.hydra/`` included. Returns
-    the overrides to add for Hydra: ``hydra.output_subdir=null`` when the run continues a
-    recorded run. The trainer decides again under the run's lock (the directory may change
-    in between); this is the early, read-only look. ``resume``: the composed config's value;
-    ``redacted()``: the composed config as the run records it (``secrets.redact``), read only
+    """Decide a resume as the trainer will, reading only, so a refused resume or the "already
+    completed" exit leaves the run directory (``.hydra/`` included) byte for byte as it was;
+    the trainer decides again under the run's lock. Returns the overrides to add for Hydra:
+    ``hydra.output_subdir=null`` when the run continues a recorded run. ``resume``: the
+    composed config's value; ``redacted()``: the config as the run records it, read only
     when a resume is judged."""
     if _multirun(argv):
         return []

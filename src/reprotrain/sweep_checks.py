@@ -1,21 +1,10 @@
 """A ``--multirun`` is checked whole before anything is written: its sweeper and search space.
 
-Closes: a sweep or study refused only once Hydra had started it (a traceback, or a one-line
-refusal that left a "claimed by" ``multirun.yaml`` behind in an explicit
-``hydra.sweep.dir``, so the corrected command into the same directory was refused as
-"already holds a sweep"), and the search-space forms that preflight could not read:
-
-- ``optimizer.lr=interval(0.01,1)`` / ``tag(log,interval(...))`` on the command line is an
-  Optuna search range: preflight composes its two ends (:func:`sweep_values`); under the
-  basic sweeper, which cannot sample a range, it is one line;
-- ``hydra.sweeper.params.K=<sweep>`` unquoted is Hydra's own config swept, which Hydra does
-  not do: one line showing the form that works;
-- an Optuna study's direction, search space, ``n_trials`` / ``n_jobs``, and a
-  searched ``repro`` (the determinism level is fixed per process before any trial starts;
-  ``repro=portable`` re-executes the process) are checked here (:func:`check_study`).
-
-``preflight`` calls :func:`check_sweep` before it claims the sweep directory; the sweep
-callback runs :func:`check_study` again on the config the sweeper is built from.
+Closes: a sweep or study refused only once Hydra had started it (a traceback, or a refusal
+that left a "claimed by" ``multirun.yaml`` in an explicit ``hydra.sweep.dir``), a range
+(``interval(0.01,1)``) under the basic sweeper, a sweep of Hydra's own config, and an Optuna
+study's direction, search space, ``n_trials``/``n_jobs`` or a searched ``repro``
+(:func:`check_study`; the sweep callback runs it again on the sweeper's config).
 """
 
 from __future__ import annotations

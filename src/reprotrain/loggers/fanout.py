@@ -1,9 +1,6 @@
-"""The object the training loop talks to: a fan-out to the enabled backends.
-
-Every call into a backend is RNG-neutral (:func:`preserved_rng`) and failure-isolated (a
-backend that raises is reported once and switched off: losing a dashboard must not lose a
-training run). After a resume, :func:`resumed_history` gives the numbers the record says were
-logged up to the checkpoint, so a backend can rebuild its stream without gaps or doubles.
+"""The object the training loop talks to: a fan-out to the enabled loggers, every call
+RNG-neutral (:func:`preserved_rng`) and failure-isolated (a logger that raises is reported
+once and switched off); :func:`resumed_history` rebuilds what was logged before a resume.
 """
 
 from __future__ import annotations

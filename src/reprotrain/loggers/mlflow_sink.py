@@ -103,11 +103,6 @@ def log_params(client, run_id: str, params: dict[str, str]) -> None:
         client.log_batch(run_id, params=items[i : i + _PARAMS_BATCH])
 
 
-def find_parent(run_dir: Path, uri: str) -> dict[str, str] | None:
-    """The sweep parent run this run dir belongs to, if its sweep logs to the same store."""
-    return read_parent(Path(run_dir).resolve().parent, uri)
-
-
 def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     """The parent run a sweep dir records (``mlflow_parent_run.json``) for this store."""
     path = Path(sweep_dir) / PARENT_JSON
@@ -131,7 +126,7 @@ class MLflowLogger(Logger):
         self._Metric = Metric
         self.run_dir, self.report = Path(run.run_dir).resolve(), run.report
         self.client, self.uri = client_for(run.settings)
-        parent = find_parent(self.run_dir, self.uri)
+        parent = read_parent(self.run_dir.parent, self.uri)  # a sweep's, in the same store
         if parent is not None:
             exp_id = parent["experiment_id"]
         else:

@@ -1,9 +1,6 @@
-"""What a tracker is told about a run: parameters, tags, its stable key, its sweep.
-
-Secrets: nothing from the environment is sent. Parameters are the resolved config (which
-records ``${oc.env:...}`` values as the interpolation, never the value: ``repro/secrets.py``)
-and the identity fields of ``run.json``; ``run.json["environment"]`` and the command line are
-never sent. Tracker credentials are read by the trackers from their own env vars.
+"""What a tracker is told about a run: parameters, tags, its stable key, its sweep. Nothing
+from the environment: the resolved config (``oc.env`` values as their interpolation,
+``repro/secrets.py``) and run.json's identity fields, never its environment or command line.
 """
 
 from __future__ import annotations

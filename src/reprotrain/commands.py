@@ -239,8 +239,6 @@ def shell_completion(argv: list[str]) -> int:
     ``reprotrain -sc query=bash`` for each <TAB>. Command names complete here; the overrides
     of ``train`` and ``sweep`` are Hydra's own completion of the trainer (groups, keys,
     values); other commands complete file names (the shell's default)."""
-    import re
-
     action = argv[0] if argv else ""
     shell = action.partition("=")[2]
     if action.startswith(("install=", "uninstall=", "query=")) and shell not in SHELLS:

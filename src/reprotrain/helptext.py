@@ -22,13 +22,9 @@ def _is_internal(option: str) -> bool:
 def config_groups(
     loader: Any, config_name: str | None = None, overrides: list[str] | None = None
 ) -> dict[str, list[str]]:
-    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too.
-
-    With ``config_name`` (the primary config) and the command line's ``overrides``, the
-    listing includes what ``hydra.searchpath`` adds (the framework's own
-    ``experiment=selfcheck`` in ``pkg://reprotrain.selfcheck.conf``); Hydra's loader sees
-    only the primary config's folder without them.
-    """
+    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too;
+    with ``config_name`` and the command line's ``overrides``, what ``hydra.searchpath``
+    adds too (the framework's ``experiment=selfcheck``)."""
     from hydra.core.object_type import ObjectType
 
     def options_of(group: str, kind: Any) -> list[str]:
@@ -66,12 +62,9 @@ def _chosen(value: Any) -> set[str]:
 
 
 def format_groups(groups: dict[str, list[str]], choices: dict[str, Any]) -> str:
-    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose.
-
-    A group absent from ``choices`` gets no mark at all: Hydra does not record a
-    multi-option choice (``logger=[tensorboard,mlflow]``) there, and "none chosen" would be
-    wrong. A group present with ``None`` (``debug: null``) is marked "(none chosen)".
-    """
+    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose. A
+    group absent from ``choices`` (a list choice, ``logger=[a,b]``) gets no mark; one chosen
+    as ``None`` (``debug: null``) is marked "(none chosen)"."""
     width = max((len(g) for g in groups), default=0)
     lines = []
     for group, options in groups.items():

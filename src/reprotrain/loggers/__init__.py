@@ -67,15 +67,10 @@ def build_loggers(
     report: ReportHook | None = None,
 ) -> Loggers:
     """The loggers the ``logger`` node (a ``LoggerConfig`` or its DictConfig) chooses, read
-    once into :class:`LoggerSettings`, each built from its ``_target_`` (``True``: the
-    shipped class) and started; non-zero ranks get an empty ``Loggers``.
-
-    ``record``: run.json's data (its identity fields are sent as parameters). ``start_step``:
-    the global step a resumed run continues from, ``history`` the record up to it (TensorBoard
-    and CSV rewrite their files from it: no gaps, no doubles). ``report`` draws report.md and
-    curves.png of a run dir into a folder (``run.report.write_report``) for MLflow's and W&B's
-    artifacts; without it the ones ``make report`` wrote are attached.
-    """
+    once into :class:`LoggerSettings`, built from their ``_target_`` and started (rank 0
+    only). ``record``: run.json's data; ``start_step``/``history``: where a resumed run
+    continues and what was logged up to it; ``report``: draws report.md and curves.png for
+    the trackers' artifacts (:data:`ReportHook`)."""
     settings = check_extras(LoggerSettings.of(node))
     if _rank() != 0:
         return Loggers([], settings.log_every_steps, tuple(settings.backends))
@@ -143,11 +138,8 @@ LOGGER_METHODS = ("start", "describe", "log_steps", "end_batch", "log_epoch", "l
 
 def _rank() -> int:
     """Rank of this process: torch.distributed when initialised, else the launcher's env."""
-    try:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except ImportError:  # pragma: no cover - torch is a hard dependency
-        pass
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
     return int(os.environ.get("RANK", "0") or 0)

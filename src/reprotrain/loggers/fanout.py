@@ -101,11 +101,8 @@ class Loggers:
         return [b.name for b in self._backends]
 
     def log_steps(self, global_steps: list[int], series: dict[str, list[float | None]]) -> None:
-        """Per-step values of the steps since the last call (e.g. train_loss, lr).
-
-        Every series has one value per entry of ``global_steps``; ``None`` or non-finite
-        values are skipped by backends that cannot store them.
-        """
+        """Per-step values (train_loss, lr) of the steps since the last call, one per entry
+        of ``global_steps``; a backend that cannot store ``None`` or non-finite skips it."""
         for key, values in series.items():
             if len(values) != len(global_steps):
                 raise ValueError(f"series {key!r}: {len(values)} values, {len(global_steps)} steps")

@@ -33,12 +33,9 @@ EXTRAS_INSTALL = install_command("mlflow", "wandb")
 
 @dataclass
 class LoggerConfig:
-    """Schema of ``conf/logger/*``. One key per logger, so a list of options merges into
-    the union (a list-valued field would be replaced, not combined): each shipped one has
-    its slot, a ``_target_`` node (``conf/logger/<name>.yaml``; ``true`` means the shipped
-    class with its defaults; ``false``/null: off), and a user's loggers are ``_target_``
-    nodes by name under ``sinks``. None of these keys is part of a run's identity
-    (``config.NON_IDENTITY_PREFIXES``): a logger never changes the bits."""
+    """Schema of ``conf/logger/*``: one key per logger (a ``_target_`` node, ``true`` for the
+    shipped class, ``false``/null: off; a user's under ``sinks``), so a list of options
+    merges into the union. No key is part of a run's identity: a logger changes no bit."""
 
     tensorboard: Any = False
     mlflow: Any = False

@@ -114,8 +114,7 @@ class TensorBoardLogger(Logger):
 
 def session_start(hparams: dict[str, bool | int | float | str]):
     """The HParams plugin's session-start summary: one run's hyperparameter values."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
     for key, value in hparams.items():
@@ -125,8 +124,7 @@ def session_start(hparams: dict[str, bool | int | float | str]):
             info.hparams[key].number_value = float(value)
         else:
             info.hparams[key].string_value = str(value)
-    data = plugin_data_pb2.HParamsPluginData(session_start_info=info)
-    return _summary(Summary, metadata, metadata.SESSION_START_INFO_TAG, data)
+    return _plugin_summary("SESSION_START_INFO_TAG", session_start_info=info)
 
 
 def _val_or_test(key: str) -> bool:
@@ -142,8 +140,7 @@ def experiment(
     """The HParams plugin's experiment summary: the table's columns, the hyperparameters
     (with their types; the ``swept`` ones, and ``group`` when any is, marked as differing)
     and the metrics, instead of every scalar tag."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import api_pb2
 
     def kind(value: object) -> int:
         if isinstance(value, bool):
@@ -155,33 +152,31 @@ def experiment(
         )
 
     differing = set(swept) | ({"group"} if any(not is_seed(k) for k in swept) else set())
-    exp = api_pb2.Experiment(
-        hparam_infos=[
-            api_pb2.HParamInfo(name=k, type=kind(v), differs=k in differing)
-            for k, v in hparams.items()
-        ],
-        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags],
-    )
-    data = plugin_data_pb2.HParamsPluginData(experiment=exp)
-    return _summary(Summary, metadata, metadata.EXPERIMENT_TAG, data)
+    infos = [
+        api_pb2.HParamInfo(name=k, type=kind(v), differs=k in differing) for k, v in hparams.items()
+    ]
+    metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags]
+    exp = api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics)
+    return _plugin_summary("EXPERIMENT_TAG", experiment=exp)
 
 
 def session_end(status: str):
     """The HParams plugin's session-end summary: completed, interrupted or failed."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
     code = api_pb2.Status.Value(STATUS.get(status, "STATUS_FAILURE"))
     info = plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=time.time())
-    data = plugin_data_pb2.HParamsPluginData(session_end_info=info)
-    return _summary(Summary, metadata, metadata.SESSION_END_INFO_TAG, data)
+    return _plugin_summary("SESSION_END_INFO_TAG", session_end_info=info)
 
 
-def _summary(summary_cls, metadata, tag: str, data):
-    value = summary_cls.Value(
-        tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR
-    )
-    return summary_cls(value=[value])
+def _plugin_summary(tag: str, **data: object):
+    """One summary of the HParams plugin; ``tag``: the name of its tag in ``metadata``."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    content = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(**data))
+    value = Summary.Value(tag=getattr(metadata, tag), metadata=content, tensor=metadata.NULL_TENSOR)
+    return Summary(value=[value])
 
 
 def link_run(index_dir: Path, name: str, log_dir: Path) -> Path | None:

@@ -2,12 +2,9 @@
 
 Closes: ``${oc.env:MIRROR_URL}`` (or a token passed the same way) resolved in clear into
 ``config.resolved.yaml``, the checkpoints, ``run.json`` and every archive. The run uses the
-value; the record keeps the interpolation text (a resume or replay resolves it again) and
-the value's sha256 (:func:`env_value_differences`). Environment-derived leaves are found by
-resolving a second time with ``oc.env`` answering a random canary: every leaf that then
-carries it depends on the environment, directly, inside a string or through another key.
-A sha256 of a short or guessable value can be found by trying candidates; values typed on
-the command line or written in YAML are not secrets by this rule (docs/guarantees.md).
+value; the record keeps the interpolation text and the value's sha256 (docs/guarantees.md).
+A leaf depends on the environment when, resolved a second time with ``oc.env`` answering a
+random canary, it carries the canary (directly, inside a string or through another key).
 """
 
 from __future__ import annotations

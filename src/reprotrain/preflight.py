@@ -250,10 +250,9 @@ def _override_values(argv: list[str]) -> dict[str, str]:
 
 
 def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None:
-    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, that already
-    holds a run this command would restart (``run/directory.py``), or that cannot be a
-    directory (a path through a file, a name over the filesystem's limit); the same for a
-    sweep into a used ``hydra.sweep.dir``. ``resume``: the composed config's value."""
+    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, that holds a
+    run this command would restart, or that cannot be a directory; the same for a used
+    ``hydra.sweep.dir`` (``run/directory.py``). ``resume``: the composed config's value."""
     from reprotrain.run import directory as run_dirs
     from reprotrain.run.mutex import refuse_if_held
 
@@ -450,8 +449,7 @@ def _explicit_dir(argv: list[str], key: str) -> Path | None:
     return Path(os.path.expanduser(value))
 
 
-#: Where a run with the default (stamped, new) run directory looks for its own record: a
-#: path that holds nothing, so a ``resume=<checkpoint>`` is judged as a fork into a new dir.
+#: A new stamped run dir holds no record: ``resume=<checkpoint>`` there is a fork.
 NO_RUN_DIR = Path(os.devnull)
 
 

@@ -40,9 +40,8 @@ PARENT_JSON = "mlflow_parent_run.json"
 #: Files of a sweep dir attached to the parent run at the end.
 SWEEP_ARTIFACTS = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
 STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
-#: MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, prompts);
-#: ``custom_model_development`` is its training view (runs, params, metric charts): the
-#: value the UI's own code (mlflow/server/js) names its model-training experiment kind.
+#: Without this tag MLflow 3's UI opens an experiment in its GenAI view; this value (the UI's
+#: own name, mlflow/server/js) opens its training view (runs, params, metric charts).
 KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call

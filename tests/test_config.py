@@ -67,7 +67,7 @@ def test_defaults_compose_and_validate():
     from reprotrain.preflight import check_data_settings  # before a run (the pipeline: in one)
 
     with pytest.raises(ReprotrainError, match="pipeline=loader"):
-        check_data_settings(smoke)
+        check_data_settings(smoke.dataset, smoke.trainer, smoke.model.get("num_classes"))
 
 
 def test_help_still_works():

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
-from reprotrain.loggers import History, LoggerConfig, build_loggers, enabled_backends
+from reprotrain.loggers import History, LoggerConfig, LoggerSettings, build_loggers
 from reprotrain.loggers.shipped import SHIPPED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,16 +108,16 @@ def test_the_shipped_loggers_are_target_entries_and_a_users_yaml_adds_one(tmp_pa
     for name, cls in SHIPPED.items():
         node = OmegaConf.load(REPO / "conf" / "logger" / f"{name}.yaml")[name]
         assert node["_target_"] == f"{cls.__module__}.{cls.__qualname__}"
-    assert enabled_backends(compose_logger("logger=none")) == []
+    assert LoggerSettings.of(compose_logger("logger=none")).backends == []
     every = compose_logger("logger=[tensorboard,mlflow,wandb]")
-    assert enabled_backends(every) == ["tensorboard", "mlflow", "wandb"]
+    assert LoggerSettings.of(every).backends == ["tensorboard", "mlflow", "wandb"]
     room = tmp_path / "conf"
     (room / "logger").mkdir(parents=True)
     (room / "logger" / "mine.yaml").write_text(
         "sinks:\n  mine:\n    _target_: logger_user_code.RandomDrawing\n"
     )
     mine = compose_logger("logger=[csv,mine]", f"hydra.searchpath=[file://{room}]")
-    assert enabled_backends(mine) == ["csv", "mine"]
+    assert LoggerSettings.of(mine).backends == ["csv", "mine"]
     (tmp_path / "run").mkdir()
     with build_loggers(mine, tmp_path / "run", RECORD) as lg:
         assert lg.names == ["csv", "drawing"]

@@ -15,7 +15,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from reprotrain import loggers
 from reprotrain.errors import ReprotrainError
-from reprotrain.loggers import EXTRAS_INSTALL, LoggerConfig, Loggers, build_loggers, run_params
+from reprotrain.loggers import (
+    EXTRAS_INSTALL,
+    LoggerConfig,
+    Loggers,
+    LoggerSettings,
+    build_loggers,
+    run_params,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = {
@@ -164,7 +171,7 @@ def test_missing_optional_extra_is_one_line_naming_the_locked_install(monkeypatc
     monkeypatch.setattr(settings, "module_absent", lambda module: module in ("mlflow", "wandb"))
     for backend in ("mlflow", "wandb"):
         with pytest.raises(ReprotrainError) as e:
-            loggers.check_logger_config(LoggerConfig(**{backend: True}))
+            loggers.check_extras(LoggerSettings.of(LoggerConfig(**{backend: True})))
         msg = str(e.value)
         assert "\n" not in msg and f"logger={backend}" in msg
         assert f"make install EXTRAS={backend}" in msg
@@ -172,9 +179,9 @@ def test_missing_optional_extra_is_one_line_naming_the_locked_install(monkeypatc
 
 def test_bad_values_fail_in_one_line() -> None:
     with pytest.raises(ReprotrainError, match="log_every_steps=-1 must be >= 0"):
-        loggers.check_logger_config(LoggerConfig(log_every_steps=-1))
+        LoggerSettings.of(LoggerConfig(log_every_steps=-1))
     with pytest.raises(ReprotrainError, match="wandb_mode='cloud' is not one of"):
-        loggers.check_logger_config(LoggerConfig(wandb_mode="cloud"))
+        LoggerSettings.of(LoggerConfig(wandb_mode="cloud"))
 
 
 def _compose(*options: str):
@@ -186,11 +193,14 @@ def _compose(*options: str):
 
 
 def test_logger_options_combine_as_a_list_and_none_switches_all_off() -> None:
-    assert loggers.enabled_backends(_compose("tensorboard")) == ["tensorboard"]
-    assert loggers.enabled_backends(_compose("tensorboard", "mlflow")) == ["tensorboard", "mlflow"]
+    assert LoggerSettings.of(_compose("tensorboard")).backends == ["tensorboard"]
+    assert LoggerSettings.of(_compose("tensorboard", "mlflow")).backends == [
+        "tensorboard",
+        "mlflow",
+    ]
     both = _compose("wandb", "tensorboard", "mlflow")
-    assert loggers.enabled_backends(both) == ["tensorboard", "mlflow", "wandb"]
-    assert loggers.enabled_backends(_compose("tensorboard", "none")) == []
+    assert LoggerSettings.of(both).backends == ["tensorboard", "mlflow", "wandb"]
+    assert LoggerSettings.of(_compose("tensorboard", "none")).backends == []
     options = sorted(p.stem for p in (REPO / "conf" / "logger").glob("*.yaml"))
     assert options == ["csv", "mlflow", "none", "tensorboard", "wandb"]
 

@@ -126,7 +126,7 @@ def test_a_study_that_cannot_work_is_refused_in_one_line_before_any_trial(overri
 def test_a_basic_sweep_is_left_alone():
     cfg = compose_study("experiment=smoke")
     optuna_study.prepare(cfg)  # no refusal, nothing set
-    assert not optuna_study.is_optuna(cfg)
+    assert not optuna_study.is_optuna(cfg.hydra.sweeper)
 
 
 def fake_trial(sweep: Path, number: int, params: dict, val_accs: list[float], status: str):

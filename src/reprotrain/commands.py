@@ -1,27 +1,10 @@
 """``reprotrain <command>``: one entry point for every job, each with its documented exit code.
 
-    reprotrain train experiment=smoke          # one run (Hydra overrides, as make train ARGS=)
-    reprotrain compare multirun/a multirun/b   # 0 CONSISTENT, 1 INCONSISTENT, 2 error, 3 ...
-    reprotrain <command> --help                # the job's own help
-
-Each command runs the job's own module (``reprotrain.tools...``) with the rest of the command
-line, unchanged, and exits with that job's exit code: ``reprotrain bisect`` is ``python -m
-reprotrain.tools.debugging.bisect``, code for code. ``train`` and ``sweep`` start the trainer
-(``python -m reprotrain.train``, under torchrun with ``--nproc N``) as a child, forward
-SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 to it (Ctrl-C reaches both through the terminal) and
-exit with its code.
-
-Make turns every failing recipe into its own exit 2, so a script or CI job that needs to tell
-INCONSISTENT (1) from a typo (2) calls ``reprotrain <command>`` directly. For the Make
-targets, two options before the command keep the code: ``--exit-file PATH`` writes the job's
-exit code (0 too) to PATH, one integer on one line, and ``--exit-line`` prints one line
-``reprotrain <command>: exit N (<meaning>)`` on stderr when the code is not 0. The Make
-recipes pass both (``make compare ... EXIT_FILE=rc.txt``), and ``--args TEXT``: Make's
-``ARGS``, split into words as the shell would (quotes kept) but never expanded, so no Make
-variable reaches a shell as code.
-
-This module imports nothing heavy: a job's module is imported only when that job runs, so
-``reprotrain --help`` answers at once.
+Each command runs its job's module with the rest of the command line and exits with that
+job's code (``reprotrain bisect`` is ``python -m reprotrain.tools.debugging.bisect``); ``train``
+and ``sweep`` start the trainer as a child and forward signals to it. ``--exit-file``,
+``--exit-line`` and ``--args`` keep the code through Make (docs/cli.md). Nothing heavy is
+imported until a job runs, so ``reprotrain --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -108,12 +91,6 @@ def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str
     return value, rest
 
 
-def split_nproc(args: Sequence[str]) -> tuple[str, list[str]]:
-    """(``--nproc``'s text, the other arguments); ``"1"`` when it is not given."""
-    nproc, rest = pop_option(args, "--nproc", "1")
-    return str(nproc), rest
-
-
 def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
     """The trainer as a child (torchrun when ``nproc_text`` is above 1); its exit code.
 
@@ -136,8 +113,8 @@ def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
 
 def train(argv: list[str]) -> int:
     """``reprotrain train [--nproc N] [overrides...]``: ``--help`` is the trainer's."""
-    nproc, rest = split_nproc(argv)
-    return run_trainer(rest, nproc)
+    nproc, rest = pop_option(argv, "--nproc", "1")
+    return run_trainer(rest, str(nproc))
 
 
 DEFAULT_SEEDS = "0,1,2"
@@ -150,7 +127,7 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
     ``seed.base=0,1,2`` (``make sweep``'s default); a search (``hydra/sweeper=optuna``,
     ``+hparams_search=...``, ``hydra.sweeper.params...``) or a ``seed.base`` override of
     your own gets no seed list added: a search would take the list for a parameter."""
-    nproc, rest = split_nproc(argv)
+    nproc, rest = pop_option(argv, "--nproc", "1")
     seeds, args = pop_option(rest, "--seeds", None)
     keys = [a.lstrip("+~").partition("=")[0] for a in args]
     own_seed = "seed.base" in keys
@@ -180,7 +157,7 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
     if seeds is None and not own_seed and not search:
         seeds = DEFAULT_SEEDS
     multirun = [] if "--multirun" in args or "-m" in args else ["--multirun"]
-    return nproc, [*multirun, *([f"seed.base={seeds}"] if seeds else []), *args]
+    return str(nproc), [*multirun, *([f"seed.base={seeds}"] if seeds else []), *args]
 
 
 def check_seed_list(text: str, name: str) -> None:
@@ -262,8 +239,6 @@ def shell_completion(argv: list[str]) -> int:
     ``reprotrain -sc query=bash`` for each <TAB>. Command names complete here; the overrides
     of ``train`` and ``sweep`` are Hydra's own completion of the trainer (groups, keys,
     values); other commands complete file names (the shell's default)."""
-    import re
-
     action = argv[0] if argv else ""
     shell = action.partition("=")[2]
     if action.startswith(("install=", "uninstall=", "query=")) and shell not in SHELLS:

@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.loggers import LoggerConfig, check_logger_config
+from reprotrain.loggers import LoggerConfig, LoggerSettings, check_extras
 from reprotrain.quoting import flatten
 from reprotrain.repro.precision import PRECISIONS
 
@@ -313,7 +313,7 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
         if value is not None and not 0 <= value <= SEED_MAX:
             raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
     check_layout(cfg.trainer, world_size)
-    check_logger_config(cfg.logger)
+    check_extras(LoggerSettings.of(cfg.logger))
     for group in USER_GROUPS:
         bad = _non_finite_leaves(cfg[group], group)
         if bad:

@@ -1,20 +1,8 @@
-"""What a run was started with, readable at a glance: its overrides and a compact config.
-
-Printed once at a run's start (rank 0's log: the console and ``train.log``), before the
-first step::
-
-    overrides: experiment=smoke optimizer.lr=0.05
-    config (resolved; in full: outputs/smoke/.../config.resolved.yaml):
-      dataset    starter.synthetic.Synthetic num_train=4096 num_test=1024 ...
-      optimizer  torch.optim.SGD lr=0.05 momentum=0.9 nesterov=True weight_decay=0.0005
-      trainer    device=cpu keep_checkpoints=3 ... epochs=2
-                 eval_every=1 ...
-
-One line per config group (a ``_target_`` first, bare; ``_partial_`` left out; nested keys
-dotted), wrapped at :data:`WIDTH` columns; the file it names holds the same values in full.
-The config shown is the one the run records (``secrets.redact``: an ``oc.env`` value is its
-digest, never the secret). Values are escaped (``shown``): a config value cannot print a
-fake line.
+"""What a run was started with, at a glance: its overrides and a compact config, printed once
+at a run's start (docs/seeing-a-run.md). One line per config group (a ``_target_`` first,
+bare; ``_partial_`` left out; nested keys dotted), wrapped at :data:`WIDTH` columns. The
+config shown is the one the run records (``secrets.redact``: an ``oc.env`` value never
+shows), and values are escaped (``shown``): a config value cannot print a fake line.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """``--help`` that lists the config groups a user can choose from, and nothing internal.
 
-Hydra's ``$APP_CONFIG_GROUPS`` lists every ConfigStore entry of a group, including the
-``<group>_schema`` nodes that only type the group's YAML files; a user who picks one gets a
-config with no values. The help template (``conf/hydra/help/reprotrain.yaml``) calls the
-``${reprotrain_config_groups:}`` resolver instead, which asks Hydra's own config loader for
-the groups and options (so a new ``conf/<group>/<option>.yaml`` shows up without editing
-anything) and leaves out the schemas. Options chosen by the current command line are marked.
+Hydra's ``$APP_CONFIG_GROUPS`` lists every ConfigStore entry, the ``<group>_schema`` nodes
+included (picking one gives a config with no values). The help template
+(``conf/hydra/help/reprotrain.yaml``) calls the ``${reprotrain_config_groups:}`` resolver
+instead: Hydra's loader's groups and options, schemas left out, chosen ones marked.
 """
 
 from __future__ import annotations
@@ -24,13 +22,9 @@ def _is_internal(option: str) -> bool:
 def config_groups(
     loader: Any, config_name: str | None = None, overrides: list[str] | None = None
 ) -> dict[str, list[str]]:
-    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too.
-
-    With ``config_name`` (the primary config) and the command line's ``overrides``, the
-    listing includes what ``hydra.searchpath`` adds (the framework's own
-    ``experiment=selfcheck`` in ``pkg://reprotrain.selfcheck.conf``); Hydra's loader sees
-    only the primary config's folder without them.
-    """
+    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too;
+    with ``config_name`` and the command line's ``overrides``, what ``hydra.searchpath``
+    adds too (the framework's ``experiment=selfcheck``)."""
     from hydra.core.object_type import ObjectType
 
     def options_of(group: str, kind: Any) -> list[str]:
@@ -68,12 +62,9 @@ def _chosen(value: Any) -> set[str]:
 
 
 def format_groups(groups: dict[str, list[str]], choices: dict[str, Any]) -> str:
-    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose.
-
-    A group absent from ``choices`` gets no mark at all: Hydra does not record a
-    multi-option choice (``logger=[tensorboard,mlflow]``) there, and "none chosen" would be
-    wrong. A group present with ``None`` (``debug: null``) is marked "(none chosen)".
-    """
+    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose. A
+    group absent from ``choices`` (a list choice, ``logger=[a,b]``) gets no mark; one chosen
+    as ``None`` (``debug: null``) is marked "(none chosen)"."""
     width = max((len(g) for g in groups), default=0)
     lines = []
     for group, options in groups.items():
@@ -104,16 +95,9 @@ def _resolve(*, _root_: Any) -> str:
     gh = GlobalHydra.instance()
     if not gh.is_initialized():  # pragma: no cover - only reachable outside Hydra's --help
         return "  (config groups are listed when run through Hydra's --help)"
-    try:
-        choices = dict(_root_.hydra.runtime.choices)
-    except Exception:  # pragma: no cover - older Hydra without runtime.choices
-        choices = {}
-    try:
-        config_name = _root_.hydra.job.config_name
-        overrides = list(_root_.hydra.overrides.hydra)
-    except Exception:  # pragma: no cover - a Hydra config without them
-        config_name, overrides = None, []
-    return format_groups(config_groups(gh.config_loader(), config_name, overrides), choices)
+    hydra = _root_.hydra
+    groups = config_groups(gh.config_loader(), hydra.job.config_name, list(hydra.overrides.hydra))
+    return format_groups(groups, dict(hydra.runtime.choices))
 
 
 def register_resolver() -> None:

@@ -1,25 +1,10 @@
-"""What a run started by a Hydra launcher (joblib, submitit) needs from the trainer.
-
-Closes three gaps between "one process on my machine" and "a launcher fanned it out":
-
-- **Threads per parallel job.** The intra-op thread count changes reduction order (the
-  bits), and N jobs x T threads beyond the cores only slows everything down. The
-  ``${cores_per_job:}`` resolver gives each job ``cores // parallel jobs on this node``
-  (joblib's ``n_jobs``, or torchrun's ranks per node), decided in the config and therefore
-  recorded in ``config.resolved.yaml`` and ``run.json`` like any other thread count.
-- **Requeue = same command again.** A submitit job that is preempted or about to time out
-  gets SIGUSR2; submitit's own handler re-pickles the job and requeues it, and the requeued
-  job reruns the same overrides in the same job directory (the sweep dir's ``${now:}`` is
-  cached in the pickled config). ``launched_by_submitit`` lets the trainer default to
-  ``resume=auto`` there, and ``submitit_requeue_handler`` lets its own SIGUSR2 handling
-  (finish the step, checkpoint) hand over to submitit afterwards.
-- **Quiet presets.** ``conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml`` carry
-  the plugins' own names, so ``hydra/launcher=joblib`` selects the preset; Hydra then
-  validates each against the plugin's schema of the same name (typos fail) and warns that
-  this matching is deprecated. The warning is silenced for those three files only.
-
-Importing this module is cheap (no torch): ``preflight`` registers the resolver before it
-composes anything.
+"""What a run started by a Hydra launcher (joblib, submitit) needs from the trainer
+(docs/scaling-out.md): ``${cores_per_job:}`` threads per parallel job (recorded like any
+thread count: they change the bits); a submitit requeue reruns the same command, so
+``resume`` defaults to ``auto`` there and the trainer's SIGUSR2 handling hands over to
+submitit's afterwards; the presets in ``conf/hydra/launcher/`` carry the plugins' names, and
+Hydra's deprecation warning for that match is silenced for those files only. Cheap to import
+(no torch): preflight registers the resolvers before it composes anything.
 """
 
 from __future__ import annotations
@@ -56,13 +41,9 @@ def _hydra_launcher() -> Any:
 
 
 def parallel_jobs_on_this_node(cores: int | None = None) -> int:
-    """How many training processes share this node's cores right now.
-
-    torchrun's ranks per node (``LOCAL_WORLD_SIZE``) first, since that is the process that
-    trains; else joblib's ``n_jobs`` (negative values count back from the cores, as in
-    joblib: -1 = all cores); else 1 (basic launcher, or one submitit/SLURM job per
-    allocation, whose CPU share the affinity mask already reflects).
-    """
+    """How many training processes share this node's cores: torchrun's ranks per node, else
+    joblib's ``n_jobs`` (negative counts back from the cores, -1 = all), else 1 (one job per
+    allocation, whose share the affinity mask already reflects)."""
     cores = available_cores() if cores is None else cores
     local_world = os.environ.get("LOCAL_WORLD_SIZE")
     if local_world:
@@ -88,13 +69,8 @@ _STAMP: str | None = None
 
 
 def run_stamp() -> str:
-    """``${run_stamp:}``: ``<date>_<time>-<6 hex>``, the same string in every torchrun rank.
-
-    Hydra makes the run directory in every rank before the trainer runs; built from
-    ``${now:}`` and a per-process random suffix, each rank would make its own (and leave
-    stray directories). Rank 0's stamp is shared through the torchrun agent's key-value
-    store, so all ranks compute one directory. Without torchrun it is just now + random hex.
-    """
+    """``${run_stamp:}``: ``<date>_<time>-<6 hex>``, rank 0's in every torchrun rank, so the
+    ranks (each of which makes the run directory before the trainer runs) agree on one."""
     global _STAMP
     if _STAMP is None:
         mine = f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{secrets.token_hex(3)}"
@@ -103,12 +79,9 @@ def run_stamp() -> str:
 
 
 def agree_across_ranks(key: str, value: str) -> str:
-    """Rank 0's ``value`` in every rank of a torchrun job, before any process group exists.
-
-    Uses the agent's TCPStore (MASTER_ADDR:MASTER_PORT under torchrun); the first value set
-    for this job id wins, so workers restarted by torchrun get the same answer. Outside
-    torchrun: ``value`` itself.
-    """
+    """Rank 0's ``value`` in every rank of a torchrun job, before any process group exists,
+    through the agent's TCPStore (the first value set for this job id wins, so restarted
+    workers get the same answer). Outside torchrun: ``value`` itself."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return value
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -152,23 +125,15 @@ def launched_by_submitit() -> bool:
 
 
 def default_resume(resume: str | None) -> str | None:
-    """``resume`` as configured, except null becomes ``auto`` inside a submitit job.
-
-    A requeued job reruns the very same command; with ``auto`` it continues from the newest
-    checkpoint in its (unchanged) job directory, and a first start finds none and starts
-    fresh. Outside submitit nothing changes.
-    """
+    """``resume`` as configured, except null becomes ``auto`` inside a submitit job: a
+    requeued job reruns the same command and continues from its newest checkpoint."""
     return "auto" if resume is None and launched_by_submitit() else resume
 
 
 def submitit_requeue_handler() -> Callable[[int, Any], Any] | None:
-    """submitit's SIGUSR2 handler (checkpoint the job pickle, requeue, exit), if installed.
-
-    Read it *before* installing the trainer's own handler. After the trainer has finished
-    its step, written its checkpoint, marked the run interrupted and released the run lock,
-    calling ``handler(signal.SIGUSR2, None)`` requeues the job (``scontrol requeue`` on
-    SLURM, a restart on the local executor) and exits; it returns on ranks other than 0.
-    """
+    """submitit's SIGUSR2 handler (requeue, exit), if installed: read it before installing
+    the trainer's own, and call ``handler(signal.SIGUSR2, None)`` once the checkpoint is
+    written and the run lock released (it returns on ranks other than 0)."""
     handler = signal.getsignal(signal.SIGUSR2)
     if callable(handler) and getattr(handler, "__module__", "").startswith("submitit"):
         return handler
@@ -176,14 +141,9 @@ def submitit_requeue_handler() -> Callable[[int, Any], Any] | None:
 
 
 def die_with_parent() -> bool:
-    """Under torchrun, make this worker die the moment its agent dies (Linux only).
-
-    torchrun starts each worker in a session of its own, so SIGKILL to the torchrun process
-    group (a crashed node, a scheduler killing the job, ``kill -9 -PGID``) kills the agent but
-    not the workers: they train on as orphans, holding the run lock and writing the run
-    directory. ``PR_SET_PDEATHSIG`` has the kernel send them SIGKILL when the agent exits.
-    Call it first thing in the entry point; returns whether it was armed.
-    """
+    """Under torchrun, make this worker die the moment its agent dies (Linux only): workers
+    run in sessions of their own, so a SIGKILL to torchrun's group would leave them training
+    on as orphans holding the run lock. ``PR_SET_PDEATHSIG``; returns whether it was armed."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return False
     import ctypes

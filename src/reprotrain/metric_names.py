@@ -1,11 +1,6 @@
-"""Which recorded keys are a run's outcome metrics, by name, whatever the task logs.
-
-A task logs ``<split>_<name>`` for every name in its ``metrics`` (``loss``, ``acc``,
-``rmse``, ``r2``, a user's ``f1``, ...), and a run's final metrics add ``best_test_<name>``
-when best.pt is not the last epoch. Everything else in a metrics row or in
-``final_metrics`` (``epoch``, ``global_step``, ``lr``, ``seconds``, ``images_per_s``,
-``best_epoch``) is bookkeeping, not an outcome. No torch here: sweep summaries run as a
-Hydra callback and from the command line.
+"""Which recorded keys are a run's outcome metrics, by name: ``<split>_<name>`` for every name
+a task logs, and ``best_test_<name>``; everything else (``epoch``, ``lr``, ``seconds``, ...)
+is bookkeeping. No torch here: sweep summaries run as a Hydra callback.
 """
 
 from __future__ import annotations

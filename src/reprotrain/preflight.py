@@ -1,17 +1,10 @@
 """Check the command line before Hydra starts a run, so a bad override is one clear line.
 
-Hydra itself reports composition errors over several lines and ends with a hint about
-HYDRA_FULL_ERROR; a user who typed ``trainer.epoch=3`` deserves one line that names the
-problem and what to do. This composes the config exactly as the run would (every value of
-a ``--multirun`` sweep included), applies the schema's range checks, and raises
-``ReprotrainError`` on the first problem. Nothing is written: no run directory exists yet.
-
-It is also where everything that can refuse a start is decided, because Hydra writes
-``.hydra/`` into the run directory (and ``multirun.yaml`` into a sweep directory) before the
-trainer's code runs: data settings the trainer would refuse only after loading the data
-(:func:`check_data_settings`), a resume (:func:`resume_before_hydra`, read only), a used or
-busy run directory. The one write is the last step: a ``--multirun`` into an explicit
-``hydra.sweep.dir`` claims it (:func:`claim_explicit_sweep_dir`).
+Composes the config as the run would (every value of a ``--multirun`` sweep), applies the
+schema's checks and everything else that can refuse a start (data settings, a resume, a used
+or busy run directory), raising ``ReprotrainError`` on the first problem, all before Hydra
+writes ``.hydra/`` or ``multirun.yaml``. The one write is last: a ``--multirun`` into an
+explicit ``hydra.sweep.dir`` claims it (:func:`claim_explicit_sweep_dir`).
 """
 
 from __future__ import annotations
@@ -20,7 +13,9 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -43,6 +38,7 @@ from reprotrain.config import (
 )
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import hashseed
+from reprotrain.repro import secrets as env_secrets
 from reprotrain.sweep_checks import (
     check_continued_study,
     check_sweep,
@@ -51,19 +47,19 @@ from reprotrain.sweep_checks import (
     sweep_values,
 )
 
+#: The composed config as the run records it, computed on demand (``secrets.redact``).
+Redacted = Callable[[], dict]
 _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir agrees
 
 
 def register_resolvers() -> None:
-    """``${run_suffix:}``: random hex so two runs started in the same second get two dirs;
-    ``${run_stamp:}`` (the same in every torchrun rank) and ``${cores_per_job:}``."""
-    from reprotrain import launchers  # also silences the preset/schema deprecation warning
+    """``${run_suffix:}`` (random hex: two runs started in one second get two dirs), the
+    launchers' ``${run_stamp:}`` and ``${cores_per_job:}``, and the help's groups."""
+    from reprotrain import helptext, launchers  # launchers silences the presets' warning
 
     launchers.register_resolvers()
     if not OmegaConf.has_resolver("run_suffix"):
         OmegaConf.register_new_resolver("run_suffix", lambda: _SUFFIX, use_cache=True)
-    from reprotrain import helptext
-
     helptext.register_resolver()
 
 
@@ -127,7 +123,8 @@ def check(argv: list[str]) -> str | bool | None:
 
 
 def compose_all(argv: list[str]) -> list | bool:
-    """Every variant's composed and checked config (False for Hydra's informational modes)."""
+    """Every variant's composed and checked config (False for Hydra's informational modes);
+    each check gets the nodes it reads."""
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
         return False  # Hydra's own informational modes: nothing runs
@@ -145,19 +142,19 @@ def compose_all(argv: list[str]) -> list | bool:
             if args.multirun:  # the sweeper and its search space, before anything is written
                 first = compose(config_name=config_name, overrides=variants[0],
                                 return_hydra_config=True)  # fmt: skip
-                check_sweep(first, args.overrides)
+                check_sweep(first.hydra.sweeper, first.trainer, args.overrides)
             for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
-                check_schema_keys(cfg)
-                check_text_lists(cfg)
+                check_schema_keys({group: cfg[group] for group in PROJECT_GROUPS})
+                check_text_lists({key: cfg.get(key) for key in TEXT_LISTS})
                 validate(cfg, launch_world_size())
                 if cfg.repro.level == "portable":  # before any user code imports torch: a
                     hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
                 components.check(cfg)
-                check_loss(cfg)
-                check_data_settings(cfg)
+                check_loss(cfg.get("loss"), class_count(cfg.model, cfg.dataset))
+                check_data_settings(cfg.dataset, cfg.trainer, cfg.model.get("num_classes"))
                 composed.append(cfg)
-                check_monitor(cfg)
+                check_monitor(cfg.task, cfg.get("loss"), cfg.trainer)
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as e:
         raise ReprotrainError(
             _yaml_error(e) or not_in_defaults(e, args.overrides) or _one_line(e)
@@ -192,15 +189,12 @@ def refuse_sweep_without_multirun(overrides: list[str]) -> None:
             )
 
 
-def check_data_settings(cfg) -> None:
-    """What the trainer would otherwise refuse only after loading the data (with a run
-    directory, a ``failed`` run.json and log lines already written), refused here from the
-    config and the dataset's class alone: a ``dataset.std`` with a zero, ``dataset.mean``
-    and ``dataset.std`` of different lengths, ``trainer.num_workers`` on the device
-    pipeline, and ``model.num_classes`` against the classes the dataset declares (its
-    ``num_classes`` key, that argument's default, or its class attribute). What only the
-    data can tell (the channel count) stays the trainer's check."""
-    node = cfg.dataset
+def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any) -> None:
+    """What the trainer would refuse only after loading the data (a run dir and a ``failed``
+    run.json already written), refused from the ``dataset`` node and its class alone: a
+    ``std`` with a zero, ``mean``/``std`` of different lengths, ``trainer.num_workers`` on the
+    device pipeline, ``model.num_classes`` (``num_classes``) against the classes the dataset
+    declares. What only the data can tell (the channel count) stays the trainer's check."""
     mean, std = node.get("mean"), node.get("std")
     if _numbers(std):
         check_std(std)
@@ -211,9 +205,9 @@ def check_data_settings(cfg) -> None:
         )
     cls = components.locate(str(node["_target_"]), "dataset")
     in_memory = getattr(cls, "in_memory", False) is True
-    check_workers(cfg.trainer.pipeline, cfg.trainer.num_workers, in_memory=in_memory,
-                  target=str(node["_target_"]))  # fmt: skip
-    check_num_classes(cfg.model.get("num_classes"), declared_num_classes(cls, node))
+    target = str(node["_target_"])
+    check_workers(trainer.pipeline, trainer.num_workers, in_memory=in_memory, target=target)
+    check_num_classes(num_classes, declared_num_classes(cls, node))
 
 
 def _numbers(value) -> bool:
@@ -255,16 +249,15 @@ def _override_values(argv: list[str]) -> dict[str, str]:
 
 
 def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None:
-    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, that already
-    holds a run this command would restart (``run/directory.py``), or that cannot be a
-    directory (a path through a file, a name over the filesystem's limit); the same for a
-    sweep into a used ``hydra.sweep.dir``. ``resume``: the composed config's value."""
+    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, that holds a
+    run this command would restart, or that cannot be a directory; the same for a used
+    ``hydra.sweep.dir`` (``run/directory.py``). ``resume``: the composed config's value."""
     from reprotrain.run import directory as run_dirs
     from reprotrain.run.mutex import refuse_if_held
 
     values = _override_values(argv)
     resume = values.get("resume", resume)
-    if "--multirun" in argv or "-m" in argv:
+    if _multirun(argv):
         sweep_dir = values.get("hydra.sweep.dir")
         if continues_study(values):  # hydra.sweeper.resume=true: the study's own dir
             check_continued_study(sweep_dir)
@@ -334,13 +327,14 @@ def _path_max(existing: str) -> int:
         return 4096
 
 
-def check_schema_keys(cfg) -> None:
-    """``+trainer.epoch=3`` slips past the struct schema (``+`` adds keys): refuse it here."""
+def check_schema_keys(groups: dict[str, DictConfig]) -> None:
+    """``+trainer.epoch=3`` slips past the struct schema (``+`` adds keys): refuse it here.
+    ``groups``: the config's node of each of ``PROJECT_GROUPS``."""
     from dataclasses import fields
 
-    for group, schema in PROJECT_GROUPS.items():
-        known = {f.name for f in fields(schema)}
-        extra = sorted(set(cfg[group]) - known)
+    for group, node in groups.items():
+        known = {f.name for f in fields(PROJECT_GROUPS[group])}
+        extra = sorted(set(node) - known)
         if extra:
             raise ReprotrainError(
                 f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
@@ -352,10 +346,9 @@ def check_schema_keys(cfg) -> None:
 TEXT_LISTS = ("tags", "include_untracked")
 
 
-def check_text_lists(cfg) -> None:
-    """``tags`` / ``include_untracked`` hold text, one label or path per item."""
-    for key in TEXT_LISTS:
-        value = cfg.get(key)
+def check_text_lists(values: dict[str, Any]) -> None:
+    """``tags`` / ``include_untracked`` (``{key: value}``) hold text, one label or path each."""
+    for key, value in values.items():
         if value is None:
             continue
         if not isinstance(value, ListConfig):
@@ -369,17 +362,17 @@ def check_text_lists(cfg) -> None:
                 )
 
 
-def check_monitor(cfg) -> None:
+def check_monitor(task: DictConfig, loss: Any, trainer: DictConfig) -> None:
     """``trainer.monitor`` must name a metric the task logs (``train_``/``val_`` + a name in
     its ``metrics``), and ``trainer.monitor_mode`` the direction the task declares for it."""
-    declared = components.declared_metrics(cfg.task, cfg.get("loss"))
-    monitor, mode = cfg.trainer.monitor, cfg.trainer.monitor_mode
+    declared = components.declared_metrics(task, loss)
+    monitor, mode = trainer.monitor, trainer.monitor_mode
     known = {
         f"{split}_{name}": better for split in ("val", "train") for name, better in declared.items()
     }
     if monitor not in known:
         raise ReprotrainError(
-            f"trainer.monitor={monitor} is not a metric of task {cfg.task._target_}; "
+            f"trainer.monitor={monitor} is not a metric of task {task._target_}; "
             f"it logs: {', '.join(known)}"
         )
     if known[monitor] != mode:
@@ -390,30 +383,31 @@ def check_monitor(cfg) -> None:
         )
 
 
-def check_loss(cfg) -> None:
-    """Build the loss once and check a class-weighted loss's ``weight`` against the class
-    count the config names (``model.num_classes``, else ``dataset.num_classes``)."""
-    if not isinstance(cfg.get("loss"), DictConfig) or "_target_" not in cfg.loss:
-        return
-    classes = None
-    for key in ("model.num_classes", "dataset.num_classes"):
-        value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+def class_count(*nodes: DictConfig) -> int | None:
+    """The first positive ``num_classes`` of ``nodes`` (``model``, then ``dataset``)."""
+    for node in nodes:
+        value = OmegaConf.select(
+            node, "num_classes", default=None, throw_on_resolution_failure=False
+        )
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            classes = value
-            break
-    components.check_loss(cfg.loss, classes)
+            return value
+    return None
+
+
+def check_loss(loss: Any, classes: int | None) -> None:
+    """Build the ``loss`` node once and check a class-weighted loss's ``weight`` against the
+    class count the config names (:func:`class_count`)."""
+    if isinstance(loss, DictConfig) and "_target_" in loss:
+        components.check_loss(loss, classes)
 
 
 _checked = False
 
 
 def cli_check() -> None:
-    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line.
-
-    Everything that can refuse a start is decided here, before Hydra writes ``.hydra/``
-    into a run directory or ``multirun.yaml`` into a sweep directory; a run that continues
-    a recorded run gets ``hydra.output_subdir=null`` added (its ``.hydra/`` is the record of
-    how it started and is never rewritten)."""
+    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line. A run
+    that continues a recorded run gets ``hydra.output_subdir=null`` added (its ``.hydra/``
+    records how it started and is never rewritten)."""
     global _checked
     register_configs()
     register_resolvers()
@@ -426,14 +420,14 @@ def cli_check() -> None:
         if composed is not False:
             # repro=portable: re-exec with its levers set, before anything is decided or written
             hashseed.ensure_cpu_dispatch([cfg.repro.level for cfg in composed])
-            resume = OmegaConf.select(composed[0], "resume", default=None)
+            first = composed[0]
+            resume = OmegaConf.select(first, "resume", default=None)
             explicit_run_dir_is_free(argv, resume)
-            sys.argv += resume_before_hydra(argv, composed[0])
+            sys.argv += resume_before_hydra(argv, resume, lambda: env_secrets.redact(first)[0])
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
-        # resume_guard.AlreadyCompleted (exit 0): nothing to do, and nothing written. Told
-        # apart by its code, not its class: importing resume_guard would import torch, and a
-        # typo must fail in a second.
+        # resume.guard's AlreadyCompleted (exit 0): nothing to do, nothing written. Told by
+        # its code, not its class: importing resume.guard imports torch.
         if e.exit_code == 0:
             print(str(e), file=sys.stderr)
             sys.exit(0)
@@ -454,34 +448,29 @@ def _explicit_dir(argv: list[str], key: str) -> Path | None:
     return Path(os.path.expanduser(value))
 
 
-#: Where a run with the default (stamped, new) run directory looks for its own record: a
-#: path that holds nothing, so a ``resume=<checkpoint>`` is judged as a fork into a new dir.
+#: A new stamped run dir holds no record: ``resume=<checkpoint>`` there is a fork.
 NO_RUN_DIR = Path(os.devnull)
 
 
-def resume_before_hydra(argv: list[str], cfg) -> list[str]:
-    """Decide a resume the way the trainer will, reading only, before Hydra writes anything.
-
-    A refused resume (``resume=auto`` with a changed config, a ``resume=<path>`` that is not
-    a checkpoint, a run with checkpoints but no record, ...) and the "already completed"
-    exit leave the run directory byte for byte as it was, ``.hydra/`` included. Returns
-    the overrides to add for Hydra: ``hydra.output_subdir=null`` when the run continues a
-    recorded run. The trainer decides again under the run's lock (the directory may change
-    in between); this is the early, read-only look."""
+def resume_before_hydra(argv: list[str], resume: str | None, redacted: Redacted) -> list[str]:
+    """Decide a resume as the trainer will, reading only, so a refused resume or the "already
+    completed" exit leaves the run directory (``.hydra/`` included) byte for byte as it was;
+    the trainer decides again under the run's lock. Returns the overrides to add for Hydra:
+    ``hydra.output_subdir=null`` when the run continues a recorded run. ``resume``: the
+    composed config's value; ``redacted()``: the config as the run records it, read only
+    when a resume is judged."""
     if _multirun(argv):
         return []
-    resume = OmegaConf.select(cfg, "resume", default=None)
     run_dir = _explicit_dir(argv, "hydra.run.dir")
     if resume is None or (resume == "auto" and run_dir is None):
         return []  # a fresh start (``auto`` in a new stamped directory starts fresh)
     import logging
 
-    from reprotrain.repro import secrets as env_secrets
     from reprotrain.resume.guard import find_resume_point
     from reprotrain.run import record as rec
 
     try:
-        container, _ = env_secrets.redact(cfg)
+        container = redacted()
     except OmegaConfBaseException:  # a value only Hydra's runtime resolves: the trainer decides
         return []
     logger, writer = logging.getLogger("reprotrain"), rec.is_writer()

@@ -1,21 +1,10 @@
 """A ``--multirun`` is checked whole before anything is written: its sweeper and search space.
 
-Closes: a sweep or study refused only once Hydra had started it (a traceback, or a one-line
-refusal that left a "claimed by" ``multirun.yaml`` behind in an explicit
-``hydra.sweep.dir``, so the corrected command into the same directory was refused as
-"already holds a sweep"), and the search-space forms that preflight could not read:
-
-- ``optimizer.lr=interval(0.01,1)`` / ``tag(log,interval(...))`` on the command line is an
-  Optuna search range: preflight composes its two ends (:func:`sweep_values`); under the
-  basic sweeper, which cannot sample a range, it is one line;
-- ``hydra.sweeper.params.K=<sweep>`` unquoted is Hydra's own config swept, which Hydra does
-  not do: one line showing the form that works;
-- an Optuna study's direction, search space, ``n_trials`` / ``n_jobs``, and a
-  searched ``repro`` (the determinism level is fixed per process before any trial starts;
-  ``repro=portable`` re-executes the process) are checked here (:func:`check_study`).
-
-``preflight`` calls :func:`check_sweep` before it claims the sweep directory; the sweep
-callback runs :func:`check_study` again on the config the sweeper is built from.
+Closes: a sweep or study refused only once Hydra had started it (a traceback, or a refusal
+that left a "claimed by" ``multirun.yaml`` in an explicit ``hydra.sweep.dir``), a range
+(``interval(0.01,1)``) under the basic sweeper, a sweep of Hydra's own config, and an Optuna
+study's direction, search space, ``n_trials``/``n_jobs`` or a searched ``repro``
+(:func:`check_study`; the sweep callback runs it again on the sweeper's config).
 """
 
 from __future__ import annotations
@@ -24,7 +13,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from reprotrain.errors import ReprotrainError
 
@@ -34,8 +23,9 @@ OPTUNA_SWEEPER = "hydra_plugins.reprotrain_optuna_sweeper.optuna_sweeper.OptunaS
 EXAMPLE = "'optimizer.lr=tag(log,interval(0.01,1))'"
 
 
-def is_optuna(config: DictConfig) -> bool:
-    return OmegaConf.select(config, "hydra.sweeper._target_", default=None) == OPTUNA_SWEEPER
+def is_optuna(sweeper: DictConfig | None) -> bool:
+    """Whether the ``hydra.sweeper`` node is the framework's Optuna sweeper."""
+    return sweeper is not None and sweeper.get("_target_") == OPTUNA_SWEEPER
 
 
 def sweep_values(override: Override) -> list[str]:
@@ -58,30 +48,28 @@ def _level_searched(key: str) -> ReprotrainError:
     )
 
 
-def check_study(config: DictConfig, cli_sweeps: list[str] | None = None) -> None:
+def check_study(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) -> None:
     """Refuse, in one line, an Optuna study that cannot run here (before any trial runs).
-    ``cli_sweeps``: the keys the command line sweeps (also searched by the sweeper)."""
-    if cli_sweeps is None:
-        task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
-        parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
-        cli_sweeps = [o.get_key_element() for o in parsed if o.is_sweep_override()]
-    mode = str(config.trainer.monitor_mode)
-    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    ``sweeper``, ``trainer``: the config's nodes; ``overrides``: the command line's (the
+    keys it sweeps are searched by the sweeper too)."""
+    parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
+    cli_sweeps = [o.get_key_element() for o in parsed if o.is_sweep_override()]
+    mode = str(trainer.monitor_mode)
+    direction = sweeper.get("direction")
     if isinstance(direction, str) and direction != f"{mode}imize":
         raise ReprotrainError(
             f"hydra.sweeper.direction={direction} but trainer.monitor_mode={mode}: a trial's "
-            f"value is the best {config.trainer.monitor} of its run; set "
+            f"value is the best {trainer.monitor} of its run; set "
             f"hydra.sweeper.direction={mode}imize (or '${{trainer.monitor_mode}}imize')"
         )
     for key in ("n_trials", "n_jobs"):
-        value = OmegaConf.select(config, f"hydra.sweeper.{key}", default=None)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value < 1):  # fmt: skip
+        value = sweeper.get(key)
+        if value is not None and (type(value) is not int or value < 1):
             raise ReprotrainError(
                 f"hydra.sweeper.{key}={value}: give a positive whole number "
                 f"(hydra.sweeper.{key}={8 if key == 'n_trials' else 1})"
             )
-    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    params = sweeper.get("params") or {}
     searched = [str(k) for k in params] + list(cli_sweeps)
     if not searched:
         raise ReprotrainError(
@@ -111,25 +99,23 @@ def check_sweep_overrides(overrides: list[str]) -> None:
                 f"as {name}'s own override with hydra/sweeper=optuna: '{name}={value}' "
                 f"(e.g. {EXAMPLE})"
             )
-        raise ReprotrainError(f"{o.input_line}: Hydra does not sweep its own config ({key}); "
-                              "give it one value")  # fmt: skip
+        raise ReprotrainError(
+            f"{o.input_line}: Hydra does not sweep its own config ({key}); give it one value"
+        )
 
 
-def check_sweep(config: DictConfig, overrides: list[str]) -> None:
-    """A ``--multirun``'s sweeper and search space (``config``: its first variant, composed
+def check_sweep(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) -> None:
+    """A ``--multirun``'s sweeper and search space (the nodes of its first variant, composed
     with the hydra node), refused in one line before Hydra writes anything."""
-    sweeps = [o for o in OverridesParser.create().parse_overrides(overrides)
-              if o.is_sweep_override()]  # fmt: skip
-    optuna = is_optuna(config)
-    if not optuna:
-        ranges = [o for o in sweeps if isinstance(o.value(), IntervalSweep)]
-        if ranges:
+    if is_optuna(sweeper):
+        check_study(sweeper, trainer, overrides)
+        return
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override() and isinstance(o.value(), IntervalSweep):
             raise ReprotrainError(
-                f"{ranges[0].input_line} is a search range, which only Optuna samples: add "
+                f"{o.input_line} is a search range, which only Optuna samples: add "
                 "hydra/sweeper=optuna, or list the values (e.g. optimizer.lr=0.01,0.1)"
             )
-        return
-    check_study(config, [o.get_key_element() for o in sweeps])
 
 
 #: The sweep directory's record of the sweep (Hydra writes it when the sweep starts).

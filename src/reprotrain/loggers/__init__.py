@@ -1,28 +1,8 @@
-"""Experiment loggers: TensorBoard, MLflow, W&B, CSV, a user's or none, as sinks of the
-run record.
-
-``metrics.jsonl`` and ``fingerprints.jsonl`` are the truth; a logger receives copies of the
-same numbers so a run can be watched live, and nothing it does may change the bits:
-
-- it gets python numbers the loop has already synced (in batches, at the logging cadence
-  and at epoch ends), so it never adds a host sync per step to the hot path;
-- the global RNGs (python, NumPy, torch CPU) are saved before and restored after every
-  call into a backend, because third-party code may draw from them (run ids, sampling)
-  and the `train` stream would then diverge from a run without that logger;
-- a backend that fails mid-run (network, full disk) is reported once and switched off:
-  losing a dashboard must not lose a training run;
-- only rank 0 logs; every other rank gets a no-op, so N processes do not write N copies;
-- after a resume, TensorBoard's event stream is rebuilt from the record up to the
-  checkpoint's step (:class:`History`) and continues from there, so every step appears
-  exactly once, whatever an earlier attempt had or had not flushed before it was killed.
-
-The config group is ``conf/logger/``: each option is a ``_target_`` entry naming a logger
-class (``shipped``: TensorBoard, MLflow, W&B, CSV; a user's ``reprotrain.api.Logger``
-subclass under ``logger.sinks``), and a list combines them (``logger=[tensorboard,mlflow]``);
-``logger=none`` switches all off. MLflow and W&B are optional extras (``make install
-EXTRAS=mlflow,wandb``, hashed locks), imported only when chosen. One module per backend:
-``tensorboard_sink``, ``mlflow_sink``, ``wandb_sink``; their ``_target_`` classes and the CSV
-logger: ``shipped``; where each writes: ``settings``; what they are told: ``params``.
+"""Experiment loggers (TensorBoard, MLflow, W&B, CSV, a user's): sinks fed copies of the run
+record's numbers, on rank 0 only, each call RNG-neutral and failure-isolated, so no logger
+changes a bit (docs/loggers.md). One module per backend (``tensorboard_sink``, ``mlflow_sink``,
+``wandb_sink``); their ``_target_`` classes: ``shipped``; their settings: ``settings``; what
+they are told: ``params``; the fan-out the loop talks to: ``fanout``.
 """
 
 from __future__ import annotations
@@ -52,9 +32,8 @@ from reprotrain.loggers.settings import (
     EXTRAS_INSTALL,
     SHIPPED_KEYS,
     LoggerConfig,
-    check_logger_config,
-    chosen_loggers,
-    enabled_backends,
+    LoggerSettings,
+    check_extras,
 )
 from reprotrain.loggers.shipped import SHIPPED, CSVLogger
 from reprotrain.loggers.wandb_sink import resolve_wandb_mode, wandb_key_configured
@@ -66,10 +45,10 @@ __all__ = [
     "Logger",
     "LoggerConfig",
     "LoggerRun",
+    "LoggerSettings",
     "Loggers",
     "build_loggers",
-    "check_logger_config",
-    "enabled_backends",
+    "check_extras",
     "numeric",
     "preserved_rng",
     "resolve_wandb_mode",
@@ -80,33 +59,27 @@ __all__ = [
 
 
 def build_loggers(
-    cfg: Any,
+    node: Any,
     run_dir: Path,
     record: dict[str, Any],
     start_step: int = 0,
     history: History | None = None,
     report: ReportHook | None = None,
 ) -> Loggers:
-    """The loggers chosen in ``cfg`` (a ``LoggerConfig`` or the ``logger`` DictConfig),
-    each built from its ``_target_`` (``True``: the shipped class) and started.
-
-    ``record`` is run.json's data (identity fields are sent as parameters; the environment
-    is not). ``start_step``: the global step a resumed run continues from; TensorBoard and
-    CSV rewrite their files from ``history`` (the record up to that step), so curves have
-    neither gaps nor doubles. ``report``: draws report.md and curves.png of a run dir into a
-    folder (``run.report.write_report``), for MLflow's and W&B's artifacts at the
-    end; without it, the ones ``make report`` already wrote are attached. Non-zero ranks get
-    an empty ``Loggers``.
-    """
-    check_logger_config(cfg)
+    """The loggers the ``logger`` node (a ``LoggerConfig`` or its DictConfig) chooses, read
+    once into :class:`LoggerSettings`, built from their ``_target_`` and started (rank 0
+    only). ``record``: run.json's data; ``start_step``/``history``: where a resumed run
+    continues and what was logged up to it; ``report``: draws report.md and curves.png for
+    the trackers' artifacts (:data:`ReportHook`)."""
+    settings = check_extras(LoggerSettings.of(node))
     if _rank() != 0:
-        return Loggers([], cfg.log_every_steps, tuple(enabled_backends(cfg)))
+        return Loggers([], settings.log_every_steps, tuple(settings.backends))
     run_dir = Path(run_dir)
-    run = LoggerRun(run_dir, record, run_params(run_dir, record), start_step, history, cfg,
-                    report)  # fmt: skip
+    params = run_params(run_dir, record)
+    run = LoggerRun(run_dir, record, params, start_step, history, settings, report)
     backends: list[Logger] = []
     try:
-        for name, entry in chosen_loggers(cfg).items():
+        for name, entry in settings.chosen:
             with preserved_rng():
                 logger = _built(name, entry)
                 if _started(name, logger, run):
@@ -117,7 +90,7 @@ def build_loggers(
         raise
     if backends:
         log.info("logging to %s", ", ".join(b.describe() for b in backends))
-    return Loggers(backends, cfg.log_every_steps, tuple(enabled_backends(cfg)))
+    return Loggers(backends, settings.log_every_steps, tuple(settings.backends))
 
 
 def _built(name: str, entry: Any) -> Logger:
@@ -165,11 +138,8 @@ LOGGER_METHODS = ("start", "describe", "log_steps", "end_batch", "log_epoch", "l
 
 def _rank() -> int:
     """Rank of this process: torch.distributed when initialised, else the launcher's env."""
-    try:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except ImportError:  # pragma: no cover - torch is a hard dependency
-        pass
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
     return int(os.environ.get("RANK", "0") or 0)

@@ -1,9 +1,6 @@
-"""The object the training loop talks to: a fan-out to the enabled backends.
-
-Every call into a backend is RNG-neutral (:func:`preserved_rng`) and failure-isolated (a
-backend that raises is reported once and switched off: losing a dashboard must not lose a
-training run). After a resume, :func:`resumed_history` gives the numbers the record says were
-logged up to the checkpoint, so a backend can rebuild its stream without gaps or doubles.
+"""The object the training loop talks to: a fan-out to the enabled loggers, every call
+RNG-neutral (:func:`preserved_rng`) and failure-isolated (a logger that raises is reported
+once and switched off); :func:`resumed_history` rebuilds what was logged before a resume.
 """
 
 from __future__ import annotations
@@ -13,7 +10,10 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reprotrain.loggers.settings import LoggerSettings
 
 log = logging.getLogger("reprotrain")
 
@@ -48,7 +48,7 @@ class LoggerRun:
     params: dict[str, Any]  # the flattened resolved config and run.json's identity fields
     start_step: int = 0  # the global step a resumed run continues from (0: a fresh run)
     history: History | None = None  # what was logged up to ``start_step`` (the record's)
-    settings: Any = None  # the ``logger`` config (log_every_steps, the shipped ones' keys)
+    settings: LoggerSettings | None = None  # the ``logger`` node, read once
     report: Any = None  # draws report.md and curves.png of a run dir into a folder
 
 
@@ -101,11 +101,8 @@ class Loggers:
         return [b.name for b in self._backends]
 
     def log_steps(self, global_steps: list[int], series: dict[str, list[float | None]]) -> None:
-        """Per-step values of the steps since the last call (e.g. train_loss, lr).
-
-        Every series has one value per entry of ``global_steps``; ``None`` or non-finite
-        values are skipped by backends that cannot store them.
-        """
+        """Per-step values (train_loss, lr) of the steps since the last call, one per entry
+        of ``global_steps``; a backend that cannot store ``None`` or non-finite skips it."""
         for key, values in series.items():
             if len(values) != len(global_steps):
                 raise ValueError(f"series {key!r}: {len(values)} values, {len(global_steps)} steps")

@@ -1,33 +1,11 @@
-"""MLflow: one tracking store per project, a sweep as a parent run with its runs as children.
+"""MLflow: one tracking store per project, one MLflow run per run directory (through
+``MlflowClient``, no global active run), a sweep as a parent run with its runs as children
+(what is logged: docs/loggers.md).
 
-The store is ``sqlite:///<project root>/mlruns.db`` unless ``logger.mlflow_tracking_uri`` says
-otherwise (mlflow + sqlalchemy + alembic, no server; MLflow 3 refuses the old
-``./mlruns`` file store by default), with artifacts in ``<project root>/mlartifacts``. Browse it
-with ``mlflow ui --backend-store-uri sqlite:///mlruns.db`` from the project root.
-
-One MLflow run per run directory, through ``MlflowClient`` (no global active run):
-
-- params: the flattened resolved config (``config.<key>``) and run.json's identity fields;
-- name: a sweep's run is named by its swept values (``optimizer.lr=0.05 seed.base=0``), a
-  single run by its path below the project root (``loggers.params.run_name``);
-- tags: ``reprotrain.run_dir``, ``reprotrain.experiment_id``, ``reprotrain.config_sha256``,
-  ``repro.level``, ``mlflow.source.git.commit``, and ``mlflow.parentRunId`` for a sweep's run;
-  the experiment: ``mlflow.experimentKind=custom_model_development`` (MLflow 3's training
-  view, not its GenAI one);
-- metrics: ``step/train_loss`` and ``step/lr`` at every global step, ``epoch/<metric>`` at
-  each epoch's last global step, ``final/<metric>`` (final and test metrics) at the last;
-- artifacts at the end: config.resolved.yaml, run.json, metrics.jsonl, report.md and
-  curves.png (drawn from the run dir by the report hook the entry point hands over, else
-  attached when ``make report`` already wrote them).
-
-A resumed run finds its MLflow run again by the ``reprotrain.run_key`` tag and continues it.
-
-Sweeps: the Hydra sweep callback calls :func:`start_sweep_run` before the first job (a parent
-run named after the sweep dir; its id goes into ``<sweep_dir>/mlflow_parent_run.json``) and
-:func:`end_sweep_run` after the last (the sweep summary as artifacts, the parent's status).
-A run whose parent dir holds that file becomes a child (``mlflow.parentRunId``) in the
-parent's experiment. The file holds ids and a sha256 of the store URI, never the URI (a
-server URI may carry credentials).
+A resumed run finds its MLflow run again by the ``reprotrain.run_key`` tag. The Hydra sweep
+callback calls :func:`start_sweep_run` before the first job (its id goes into
+``<sweep_dir>/mlflow_parent_run.json``, with a sha256 of the store URI, never the URI: a
+server URI may carry credentials) and :func:`end_sweep_run` after the last.
 """
 
 from __future__ import annotations
@@ -41,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reprotrain.loggers.fanout import Logger, preserved_rng
+from reprotrain.loggers.fanout import Logger, LoggerRun, preserved_rng
 from reprotrain.loggers.params import (
     identity,
     record_files,
@@ -51,8 +29,7 @@ from reprotrain.loggers.params import (
 )
 from reprotrain.loggers.settings import (
     MLFLOW_ARTIFACTS,
-    mlflow_uri,
-    modules_for,
+    LoggerSettings,
     project_root,
     require_module,
 )
@@ -63,9 +40,8 @@ PARENT_JSON = "mlflow_parent_run.json"
 #: Files of a sweep dir attached to the parent run at the end.
 SWEEP_ARTIFACTS = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
 STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
-#: MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, prompts);
-#: ``custom_model_development`` is its training view (runs, params, metric charts): the
-#: value the UI's own code (mlflow/server/js) names its model-training experiment kind.
+#: Without this tag MLflow 3's UI opens an experiment in its GenAI view; this value (the UI's
+#: own name, mlflow/server/js) opens its training view (runs, params, metric charts).
 KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
@@ -86,14 +62,13 @@ def shown_uri(uri: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-def client_for(cfg: Any):
+def client_for(settings: LoggerSettings):
     """(MlflowClient, uri) for the configured store; one-line error if the extra is absent."""
-    for module in modules_for("mlflow", cfg):
+    for module in settings.modules_for("mlflow"):
         require_module(module, "mlflow")
     from mlflow.tracking import MlflowClient
 
-    uri = mlflow_uri(cfg)
-    return MlflowClient(tracking_uri=uri), uri
+    return MlflowClient(tracking_uri=settings.mlflow_uri), settings.mlflow_uri
 
 
 def experiment_id(client, name: str, uri: str) -> str:
@@ -127,11 +102,6 @@ def log_params(client, run_id: str, params: dict[str, str]) -> None:
         client.log_batch(run_id, params=items[i : i + _PARAMS_BATCH])
 
 
-def find_parent(run_dir: Path, uri: str) -> dict[str, str] | None:
-    """The sweep parent run this run dir belongs to, if its sweep logs to the same store."""
-    return read_parent(Path(run_dir).resolve().parent, uri)
-
-
 def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     """The parent run a sweep dir records (``mlflow_parent_run.json``) for this store."""
     path = Path(sweep_dir) / PARENT_JSON
@@ -146,35 +116,26 @@ def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     return data
 
 
-class MLflowSink(Logger):
+class MLflowLogger(Logger):
     name = "mlflow"
 
-    def __init__(
-        self,
-        cfg: Any,
-        run_dir: Path,
-        record: dict[str, Any],
-        params: dict[str, str],
-        report: ReportHook | None = None,
-        start_step: int = 0,
-    ) -> None:
+    def start(self, run: LoggerRun) -> None:
         from mlflow.entities import Metric
 
         self._Metric = Metric
-        self.run_dir = Path(run_dir).resolve()
-        self.report = report
-        self.client, self.uri = client_for(cfg)
-        parent = find_parent(self.run_dir, self.uri)
+        self.run_dir, self.report = Path(run.run_dir).resolve(), run.report
+        self.client, self.uri = client_for(run.settings)
+        parent = read_parent(self.run_dir.parent, self.uri)  # a sweep's, in the same store
         if parent is not None:
             exp_id = parent["experiment_id"]
         else:
-            name = cfg.mlflow_experiment or str(record.get("name") or "reprotrain")
+            name = run.settings.mlflow_experiment or str(run.record.get("name") or "reprotrain")
             exp_id = experiment_id(self.client, name, self.uri)
-        key = run_key(self.run_dir, record)
+        key = run_key(self.run_dir, run.record)
         found = self.client.search_runs(
             [exp_id], filter_string=f"tags.`reprotrain.run_key` = '{key}'", max_results=1
         )
-        self.last_step = start_step  # a resumed run's final metrics still land on its last step
+        self.last_step = run.start_step  # a resumed run's final metrics land on its last step
         self.logged = {"step": 0, "epoch": 0}  # what an earlier attempt already logged
         if found:
             self.run_id = found[0].info.run_id
@@ -185,7 +146,7 @@ class MLflowSink(Logger):
                 history = self.client.get_metric_history(self.run_id, key)
                 self.logged[kind] = max((m.step for m in history), default=0)
             return
-        ident = identity(record)
+        ident = identity(run.record)
         tags = {
             "reprotrain.run_key": key,
             "reprotrain.run_dir": str(self.run_dir),
@@ -198,9 +159,8 @@ class MLflowSink(Logger):
         if parent is not None:
             tags["mlflow.parentRunId"] = parent["run_id"]
         name = run_name(self.run_dir, project_root())
-        run = self.client.create_run(exp_id, run_name=name, tags=tags)
-        self.run_id = run.info.run_id
-        log_params(self.client, self.run_id, params)
+        self.run_id = self.client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+        log_params(self.client, self.run_id, run.params)
 
     def describe(self) -> str:
         return f"mlflow ({shown_uri(self.uri)}, run {self.run_id})"
@@ -246,16 +206,17 @@ class MLflowSink(Logger):
                 self.client.log_artifact(self.run_id, str(path))
 
 
-def start_sweep_run(cfg: Any, sweep_dir: Path, name: str, overrides: list[str]) -> str | None:
-    """Before a sweep's first job: its parent run (when ``logger.mlflow`` is on). Returns the
-    parent's run id; a failure is a warning (a dashboard must not stop a sweep)."""
-    if not getattr(cfg, "mlflow", False):
+def start_sweep_run(node: Any, sweep_dir: Path, name: str, overrides: list[str]) -> str | None:
+    """Before a sweep's first job: its parent run (when the ``logger`` node turns mlflow on).
+    Returns the parent's run id; a failure is a warning (a dashboard must not stop a sweep)."""
+    if not getattr(node, "mlflow", False):
         return None
     sweep_dir = Path(sweep_dir).resolve()
     try:
         with preserved_rng():
-            client, uri = client_for(cfg)
-            exp_id = experiment_id(client, cfg.mlflow_experiment or name, uri)
+            settings = LoggerSettings.of(node)
+            client, uri = client_for(settings)
+            exp_id = experiment_id(client, settings.mlflow_experiment or name, uri)
             run = client.create_run(
                 exp_id,
                 run_name=relative_name(sweep_dir, project_root()),
@@ -275,14 +236,14 @@ def start_sweep_run(cfg: Any, sweep_dir: Path, name: str, overrides: list[str]) 
         return None
 
 
-def end_sweep_run(cfg: Any, sweep_dir: Path, completed: bool = True) -> None:
+def end_sweep_run(node: Any, sweep_dir: Path, completed: bool = True) -> None:
     """After a sweep's last job: the summary files as the parent's artifacts, its status."""
-    if not getattr(cfg, "mlflow", False):
+    if not getattr(node, "mlflow", False):
         return
     sweep_dir = Path(sweep_dir).resolve()
     try:
         with preserved_rng():
-            client, uri = client_for(cfg)
+            client, uri = client_for(LoggerSettings.of(node))
             parent = read_parent(sweep_dir, uri)
             if parent is None:
                 return

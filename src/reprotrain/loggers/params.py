@@ -1,9 +1,6 @@
-"""What a tracker is told about a run: parameters, tags, its stable key, its sweep.
-
-Secrets: nothing from the environment is sent. Parameters are the resolved config (which
-records ``${oc.env:...}`` values as the interpolation, never the value: ``repro/secrets.py``)
-and the identity fields of ``run.json``; ``run.json["environment"]`` and the command line are
-never sent. Tracker credentials are read by the trackers from their own env vars.
+"""What a tracker is told about a run: parameters, tags, its stable key, its sweep. Nothing
+from the environment: the resolved config (``oc.env`` values as their interpolation,
+``repro/secrets.py``) and run.json's identity fields, never its environment or command line.
 """
 
 from __future__ import annotations
@@ -132,10 +129,8 @@ def run_name(run_dir: Path, root: Path) -> str:
 
 def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
     """HParams' hyperparameters: each key the run's overrides set, with its resolved value
-    (numbers and booleans stay so; a config group chosen by name, ``experiment=smoke``, is
-    its option's name), and ``group``: the overrides less the seeds, so the seeds of one
-    configuration sort together. Not the whole config: the keys nobody chose crowd out the
-    ones that were."""
+    (a group chosen by name: its option's name), and ``group``: the overrides less the seeds.
+    Not the whole config: the keys nobody chose would crowd out the ones that were."""
     flat, overrides = flatten(resolved_config(run_dir)), run_overrides(run_dir)
     out: dict[str, bool | int | float | str] = {}
     for text in overrides:

@@ -1,15 +1,5 @@
-"""The ``logger`` config group's schema and its checks (no backend is imported here).
-
-Where things go by default (all relative to the project root, the directory the run was
-started from, where ``outputs/`` and ``multirun/`` live):
-
-- TensorBoard: event files in ``<run_dir>/tensorboard`` (archived with the run), and one link
-  per run in ``tb/`` (``tb/outputs/<name>/<stamp>``, ``tb/multirun/<name>/<sweep>/<n>``), so
-  ``tensorboard --logdir tb`` shows single runs and sweeps side by side;
-- MLflow: one tracking store for the project, ``sqlite:///<root>/mlruns.db`` with artifacts
-  in ``<root>/mlartifacts``: ``mlflow ui --backend-store-uri sqlite:///mlruns.db``;
-- W&B: ``<run_dir>/wandb``, offline unless a key is configured.
-"""
+"""The ``logger`` config group: its schema, and the frozen settings the loggers get, read
+once from it (where each backend writes: docs/loggers.md). No backend is imported here."""
 
 from __future__ import annotations
 
@@ -43,12 +33,9 @@ EXTRAS_INSTALL = install_command("mlflow", "wandb")
 
 @dataclass
 class LoggerConfig:
-    """Schema of ``conf/logger/*``. One key per logger, so a list of options merges into
-    the union (a list-valued field would be replaced, not combined): each shipped one has
-    its slot, a ``_target_`` node (``conf/logger/<name>.yaml``; ``true`` means the shipped
-    class with its defaults; ``false``/null: off), and a user's loggers are ``_target_``
-    nodes by name under ``sinks``. None of these keys is part of a run's identity
-    (``config.NON_IDENTITY_PREFIXES``): a logger never changes the bits."""
+    """Schema of ``conf/logger/*``: one key per logger (a ``_target_`` node, ``true`` for the
+    shipped class, ``false``/null: off; a user's under ``sinks``), so a list of options
+    merges into the union. No key is part of a run's identity: a logger changes no bit."""
 
     tensorboard: Any = False
     mlflow: Any = False
@@ -75,36 +62,81 @@ class LoggerConfig:
     wandb_mode: str = "auto"
 
 
-def chosen_loggers(cfg: Any) -> dict[str, Any]:
-    """The loggers that are on, by name: each ``True`` or its ``_target_`` node, the
-    shipped slots first, then ``sinks`` in config order."""
-    chosen = {name: getattr(cfg, name, False) for name in SHIPPED_KEYS}
-    chosen |= dict((getattr(cfg, "sinks", None) or {}).items())
-    return {str(name): entry for name, entry in chosen.items() if entry}
-
-
-def enabled_backends(cfg: Any) -> list[str]:
-    return list(chosen_loggers(cfg))
-
-
 def project_root() -> Path:
     """Where ``outputs/`` and ``multirun/`` are: the directory runs are started from
     (``hydra.job.chdir=false``, so the working directory)."""
     return Path.cwd().resolve()
 
 
-def mlflow_uri(cfg: Any, root: Path | None = None) -> str:
-    """The tracking URI a run uses: the configured one, else the project's SQLite store."""
-    if cfg.mlflow_tracking_uri:
-        return str(cfg.mlflow_tracking_uri)
-    return f"sqlite:///{(root or project_root()) / MLFLOW_DB}"
+@dataclass(frozen=True)
+class LoggerSettings:
+    """The ``logger`` node read once (:meth:`of`): what every logger is told."""
+
+    chosen: tuple[tuple[str, Any], ...] = ()  # (name, True or its _target_ node), config order
+    log_every_steps: int = 50
+    tensorboard_dir: str = "tensorboard"
+    tensorboard_index: str = "tb"
+    mlflow_uri: str = ""  # the store a run uses: the configured URI, else the project's
+    mlflow_experiment: str = ""
+    wandb_project: str = "reprotrain"
+    wandb_entity: str = ""
+    wandb_mode: str = "auto"
+
+    @classmethod
+    def of(cls, node: Any, root: Path | None = None) -> LoggerSettings:
+        """Read the ``logger`` node (a ``LoggerConfig`` or its DictConfig) once, range-checked
+        (one-line ``ReprotrainError``). ``root``: the project root the default MLflow store
+        lives in (:func:`project_root`)."""
+        if node.log_every_steps < 0:
+            raise ReprotrainError(f"logger.log_every_steps={node.log_every_steps} must be >= 0")
+        if node.wandb_mode not in WANDB_MODES:
+            raise ReprotrainError(
+                f"logger.wandb_mode={node.wandb_mode!r} is not one of {', '.join(WANDB_MODES)}"
+            )
+        chosen = {name: getattr(node, name, False) for name in SHIPPED_KEYS}
+        chosen |= dict((getattr(node, "sinks", None) or {}).items())
+        uri = node.mlflow_tracking_uri or f"sqlite:///{(root or project_root()) / MLFLOW_DB}"
+        return cls(
+            chosen=tuple((str(name), entry) for name, entry in chosen.items() if entry),
+            log_every_steps=int(node.log_every_steps),
+            tensorboard_dir=str(node.tensorboard_dir),
+            tensorboard_index=str(node.tensorboard_index),
+            mlflow_uri=str(uri),
+            mlflow_experiment=str(node.mlflow_experiment),
+            wandb_project=str(node.wandb_project),
+            wandb_entity=str(node.wandb_entity),
+            wandb_mode=str(node.wandb_mode),
+        )
+
+    @property
+    def backends(self) -> list[str]:
+        """The names of the loggers that are on: the shipped slots first, then ``sinks``."""
+        return [name for name, _ in self.chosen]
+
+    def modules_for(self, backend: str) -> list[str]:
+        """The importable modules a backend needs with these settings."""
+        if backend == "mlflow" and self.mlflow_uri.startswith("sqlite:"):
+            return list(LOCAL_STORE_MODULES)
+        return [backend]
 
 
-def modules_for(backend: str, cfg: Any) -> list[str]:
-    """The importable modules a backend needs with this config."""
-    if backend == "mlflow" and mlflow_uri(cfg).startswith("sqlite:"):
-        return list(LOCAL_STORE_MODULES)
-    return [backend]
+def check_extras(settings: LoggerSettings) -> LoggerSettings:
+    """``settings``, once every chosen backend's optional extra is importable (no backend is
+    imported: cheap, so preflight runs it before a run dir exists); else one line naming
+    the install command."""
+    missing = [
+        b
+        for b in settings.backends
+        if b in BACKENDS and any(module_absent(m) for m in settings.modules_for(b))
+    ]
+    if missing:
+        extras = sorted({EXTRA_OF.get(b, b) for b in missing})
+        raise ReprotrainError(
+            f"logger={','.join(missing)} needs an optional package that is not installed; "
+            f"install the locked extra with `{install_command(*extras)}` or choose "
+            "logger=tensorboard/none"
+        )
+    return settings
 
 
 def module_absent(module: str) -> bool:
@@ -119,28 +151,3 @@ def require_module(module: str, backend: str) -> Any:
             f"extra with `{install_command(EXTRA_OF.get(backend, backend))}`"
         )
     return importlib.import_module(module)
-
-
-def check_logger_config(cfg: Any) -> None:
-    """Range checks and optional-extra availability; one-line ``ReprotrainError``.
-
-    Cheap (no backend is imported), so preflight can call it before a run dir exists.
-    """
-    if cfg.log_every_steps < 0:
-        raise ReprotrainError(f"logger.log_every_steps={cfg.log_every_steps} must be >= 0")
-    if cfg.wandb_mode not in WANDB_MODES:
-        raise ReprotrainError(
-            f"logger.wandb_mode={cfg.wandb_mode!r} is not one of {', '.join(WANDB_MODES)}"
-        )
-    missing = [
-        b
-        for b in enabled_backends(cfg)
-        if b in BACKENDS and any(module_absent(m) for m in modules_for(b, cfg))
-    ]
-    if missing:
-        extras = sorted({EXTRA_OF.get(b, b) for b in missing})
-        raise ReprotrainError(
-            f"logger={','.join(missing)} needs an optional package that is not installed; "
-            f"install the locked extra with `{install_command(*extras)}` or choose "
-            "logger=tensorboard/none"
-        )

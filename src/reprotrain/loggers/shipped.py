@@ -1,9 +1,6 @@
-"""The shipped loggers as ``_target_`` classes (``conf/logger/*.yaml``): TensorBoard, MLflow
-and W&B, each opening its sink at :meth:`Logger.start` from the ``logger`` settings (where
-it writes: ``settings``), and the CSV logger (``metrics.csv``, one row per epoch).
-
-A user's logger is the same kind of thing: a :class:`reprotrain.api.Logger` subclass named
-by ``_target_`` in a YAML of the user's own (docs/loggers.md).
+"""The shipped loggers by their key in the ``logger`` config (``conf/logger/*.yaml`` names
+each by ``_target_``), and the CSV logger (``metrics.csv``, one row per epoch). A user's
+logger is the same kind of thing: a ``reprotrain.api.Logger`` subclass (docs/loggers.md).
 """
 
 from __future__ import annotations
@@ -15,104 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Logger, LoggerRun, numeric
-from reprotrain.loggers.params import (
-    RESOLVED_CONFIG,
-    hparam_values,
-    monitor_of,
-    relative_name,
-    sweep_dir_of,
-    swept_keys,
-)
-from reprotrain.loggers.settings import project_root
-
-
-class Shipped(Logger):
-    """A shipped backend: its sink is opened at ``start`` and every call is handed on."""
-
-    def __init__(self) -> None:
-        self.sink: Logger | None = None
-
-    def open(self, run: LoggerRun) -> Logger:
-        raise NotImplementedError
-
-    def start(self, run: LoggerRun) -> None:
-        self.sink = self.open(run)
-
-    def __getattr__(self, name: str) -> Any:
-        """The sink's own attributes (``run_id``, ``writer``), once it is open."""
-        sink = self.__dict__.get("sink")
-        if sink is None:
-            raise AttributeError(name)
-        return getattr(sink, name)
-
-    def describe(self) -> str:
-        return self.sink.describe() if self.sink is not None else self.name
-
-    def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
-        self.sink.log_steps(steps, series)
-
-    def end_batch(self, global_step: int) -> None:
-        self.sink.end_batch(global_step)
-
-    def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
-        self.sink.log_epoch(epoch, global_step, row)
-
-    def log_final(self, metrics: dict[str, float | None]) -> None:
-        self.sink.log_final(metrics)
-
-    def close(self, status: str) -> None:
-        if self.sink is not None:
-            self.sink.close(status)
-
-
-class TensorBoardLogger(Shipped):
-    """Event files in ``<run_dir>/<logger.tensorboard_dir>``, a link in ``tb/``."""
-
-    name = "tensorboard"
-
-    def open(self, run: LoggerRun) -> Logger:
-        from reprotrain.loggers.tensorboard_sink import TensorBoardSink, link_run
-
-        cfg, run_dir = run.settings, Path(run.run_dir)
-        log_dir = run_dir / cfg.tensorboard_dir
-        config = run_dir / RESOLVED_CONFIG
-        sink = TensorBoardSink(
-            log_dir,
-            run.start_step,
-            run.params,
-            run.history,
-            hparams=hparam_values(run_dir),
-            config_text=config.read_text() if config.is_file() else "",
-            monitor=monitor_of(run_dir),
-            swept=swept_keys(sweep_dir_of(run_dir)),
-        )
-        root = project_root()
-        if cfg.tensorboard_index and run_dir.resolve().is_relative_to(root):
-            link_run(root / cfg.tensorboard_index, relative_name(run_dir, root), log_dir)
-        return sink
-
-
-class MLflowLogger(Shipped):
-    """The project's MLflow store (``logger.mlflow_tracking_uri``)."""
-
-    name = "mlflow"
-
-    def open(self, run: LoggerRun) -> Logger:
-        from reprotrain.loggers.mlflow_sink import MLflowSink
-
-        return MLflowSink(run.settings, Path(run.run_dir), run.record, run.params, run.report,
-                          run.start_step)  # fmt: skip
-
-
-class WandBLogger(Shipped):
-    """W&B in ``<run_dir>/wandb``, offline unless a key is configured."""
-
-    name = "wandb"
-
-    def open(self, run: LoggerRun) -> Logger:
-        from reprotrain.loggers.wandb_sink import WandBSink
-
-        return WandBSink(run.settings, Path(run.run_dir), run.record, run.params, run.report)
+from reprotrain.loggers.mlflow_sink import MLflowLogger
+from reprotrain.loggers.tensorboard_sink import TensorBoardLogger
+from reprotrain.loggers.wandb_sink import WandBLogger
 
 
 class CSVLogger(Logger):

@@ -1,28 +1,6 @@
-"""TensorBoard: event files in ``<run_dir>/tensorboard``, linked from the project's ``tb/``.
-
-What a run writes (tags):
-
-- ``step/train_loss``, ``step/lr``: one point per optimizer step, at its global step (the lr
-  that step used);
-- ``epoch/<metric>``: each metrics.jsonl row at the epoch's last global step (``epoch/epoch``
-  too), so both share the step axis;
-- ``final/<metric>``: the final and test metrics as scalars, at the last global step;
-- ``best/<monitor>``: the best ``trainer.monitor`` value over the epochs (what best.pt holds
-  and an Optuna trial's objective), at the last global step;
-- HParams: the keys the run's overrides set as the session's hyperparameters (not the whole
-  config: ``loggers.params.hparam_values``), with ``group``, the overrides less the seeds, so
-  the seeds of one configuration sort together; the session's end status at close; and with
-  the final metrics the experiment summary that names the table's columns: those
-  hyperparameters (a swept key marked as differing) and, as metrics, ``best/<monitor>`` and
-  the final val/test metrics (not the epoch, step or lr; without it TensorBoard makes a
-  column of every scalar tag, ``step/*`` and ``epoch/*`` included);
-- text: ``run`` (identity fields of run.json), ``config`` (config.resolved.yaml),
-  ``final_metrics`` (a table).
-
-The project-level ``tb/`` folder holds one link per run named after its path below the
-project root (``tb/outputs/<name>/<stamp>``, ``tb/multirun/<name>/<sweep>/<n>``), so one
-``tensorboard --logdir tb`` covers single runs and sweeps; the event files themselves stay in
-the run dir, archived with it. A run dir outside the project root gets no link.
+"""TensorBoard: event files in ``<run_dir>/<logger.tensorboard_dir>``, linked from the project's
+``tb/`` (``tb/outputs/<name>/<stamp>``), so one ``tensorboard --logdir tb`` covers runs and
+sweeps. The tags, HParams and text it writes: docs/loggers.md.
 """
 
 from __future__ import annotations
@@ -34,56 +12,58 @@ import time
 from pathlib import Path
 
 from reprotrain import metric_names
-from reprotrain.loggers.fanout import History, Logger, numeric
-from reprotrain.loggers.params import is_seed
-from reprotrain.loggers.settings import require_module
+from reprotrain.loggers.fanout import Logger, LoggerRun, numeric
+from reprotrain.loggers.params import (
+    RESOLVED_CONFIG,
+    hparam_values,
+    is_seed,
+    monitor_of,
+    relative_name,
+    sweep_dir_of,
+    swept_keys,
+)
+from reprotrain.loggers.settings import project_root, require_module
 
 log = logging.getLogger("reprotrain")
 
 STATUS = {"completed": "STATUS_SUCCESS", "interrupted": "STATUS_ABORTED"}
 
 
-class TensorBoardSink(Logger):
+class TensorBoardLogger(Logger):
     name = "tensorboard"
 
-    def __init__(
-        self,
-        log_dir: Path,
-        start_step: int,
-        params: dict[str, str],
-        history: History | None = None,
-        hparams: dict[str, bool | int | float | str] | None = None,
-        config_text: str = "",
-        group: str = "",
-        monitor: tuple[str, str] | None = None,
-        swept: set[str] | frozenset[str] = frozenset(),
-    ) -> None:
+    def start(self, run: LoggerRun) -> None:
         require_module("tensorboard", "tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log_dir = Path(log_dir)
-        self.last_step = start_step
-        self.hparams = dict(hparams or {})
-        self.monitor, self.swept = monitor, set(swept)
+        settings, run_dir = run.settings, Path(run.run_dir)
+        self.log_dir = run_dir / settings.tensorboard_dir
+        self.last_step = run.start_step
+        self.hparams = hparam_values(run_dir)
+        self.monitor, self.swept = monitor_of(run_dir), swept_keys(sweep_dir_of(run_dir))
         self.best: float | None = None  # the best monitored value so far
-        if start_step:
+        if run.start_step:
             # A resume: what an earlier attempt wrote may stop short of the checkpoint
             # (unflushed when killed) or run past it. Start the stream again from the record.
             for old in self.log_dir.glob("events.out.tfevents.*"):
                 old.unlink()
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
-        ident = {k: v for k, v in params.items() if k.startswith("run.")}
+        ident = {k: v for k, v in run.params.items() if k.startswith("run.")}
         table = "\n".join(f"| {k[4:]} | `{v}` |" for k, v in sorted(ident.items()))
         self.writer.add_text("run", "| field | value |\n|---|---|\n" + table, 0)
-        if config_text:
-            indented = "\n".join("    " + line for line in config_text.splitlines())
+        config = run_dir / RESOLVED_CONFIG
+        if config.is_file():
+            indented = "\n".join("    " + line for line in config.read_text().splitlines())
             self.writer.add_text("config", indented, 0)  # markdown: indented = code block
-        if hparams:
-            self.writer.file_writer.add_summary(session_start(hparams, group))
-        if start_step and history is not None:
-            self.log_steps(history.steps, history.series)
-            for epoch, global_step, row in history.epochs:
+        if self.hparams:
+            self.writer.file_writer.add_summary(session_start(self.hparams))
+        if run.start_step and run.history is not None:
+            self.log_steps(run.history.steps, run.history.series)
+            for epoch, global_step, row in run.history.epochs:
                 self.log_epoch(epoch, global_step, numeric(row, skip=("epoch", "global_step")))
+        root = project_root()
+        if settings.tensorboard_index and run_dir.resolve().is_relative_to(root):
+            link_run(root / settings.tensorboard_index, relative_name(run_dir, root), self.log_dir)
 
     def describe(self) -> str:
         return f"tensorboard ({self.log_dir})"
@@ -132,12 +112,11 @@ class TensorBoardSink(Logger):
         self.writer.close()
 
 
-def session_start(hparams: dict[str, bool | int | float | str], group: str = ""):
+def session_start(hparams: dict[str, bool | int | float | str]):
     """The HParams plugin's session-start summary: one run's hyperparameter values."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
-    info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time(), group_name=group)
+    info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
     for key, value in hparams.items():
         if isinstance(value, bool):
             info.hparams[key].bool_value = value
@@ -145,8 +124,7 @@ def session_start(hparams: dict[str, bool | int | float | str], group: str = "")
             info.hparams[key].number_value = float(value)
         else:
             info.hparams[key].string_value = str(value)
-    data = plugin_data_pb2.HParamsPluginData(session_start_info=info)
-    return _summary(Summary, metadata, metadata.SESSION_START_INFO_TAG, data)
+    return _plugin_summary("SESSION_START_INFO_TAG", session_start_info=info)
 
 
 def _val_or_test(key: str) -> bool:
@@ -162,8 +140,7 @@ def experiment(
     """The HParams plugin's experiment summary: the table's columns, the hyperparameters
     (with their types; the ``swept`` ones, and ``group`` when any is, marked as differing)
     and the metrics, instead of every scalar tag."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import api_pb2
 
     def kind(value: object) -> int:
         if isinstance(value, bool):
@@ -175,33 +152,31 @@ def experiment(
         )
 
     differing = set(swept) | ({"group"} if any(not is_seed(k) for k in swept) else set())
-    exp = api_pb2.Experiment(
-        hparam_infos=[
-            api_pb2.HParamInfo(name=k, type=kind(v), differs=k in differing)
-            for k, v in hparams.items()
-        ],
-        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags],
-    )
-    data = plugin_data_pb2.HParamsPluginData(experiment=exp)
-    return _summary(Summary, metadata, metadata.EXPERIMENT_TAG, data)
+    infos = [
+        api_pb2.HParamInfo(name=k, type=kind(v), differs=k in differing) for k, v in hparams.items()
+    ]
+    metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags]
+    exp = api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics)
+    return _plugin_summary("EXPERIMENT_TAG", experiment=exp)
 
 
 def session_end(status: str):
     """The HParams plugin's session-end summary: completed, interrupted or failed."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
     code = api_pb2.Status.Value(STATUS.get(status, "STATUS_FAILURE"))
     info = plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=time.time())
-    data = plugin_data_pb2.HParamsPluginData(session_end_info=info)
-    return _summary(Summary, metadata, metadata.SESSION_END_INFO_TAG, data)
+    return _plugin_summary("SESSION_END_INFO_TAG", session_end_info=info)
 
 
-def _summary(summary_cls, metadata, tag: str, data):
-    value = summary_cls.Value(
-        tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR
-    )
-    return summary_cls(value=[value])
+def _plugin_summary(tag: str, **data: object):
+    """One summary of the HParams plugin; ``tag``: the name of its tag in ``metadata``."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    content = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(**data))
+    value = Summary.Value(tag=getattr(metadata, tag), metadata=content, tensor=metadata.NULL_TENSOR)
+    return Summary(value=[value])
 
 
 def link_run(index_dir: Path, name: str, log_dir: Path) -> Path | None:
@@ -220,7 +195,6 @@ def link_run(index_dir: Path, name: str, log_dir: Path) -> Path | None:
             return None
         link.symlink_to(target, target_is_directory=True)
     except OSError as e:
-        log.warning("tensorboard: cannot link %s -> %s (%s); the run is not in %s", link,
-                    target, e, index_dir)  # fmt: skip
+        log.warning("tensorboard: cannot link %s -> %s (%s); not in %s", link, target, e, index_dir)
         return None
     return link

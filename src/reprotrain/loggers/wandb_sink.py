@@ -1,18 +1,7 @@
-"""Weights & Biases: a run under ``<run_dir>/wandb``, offline unless a key is configured.
-
-``wandb_mode=auto`` (the default) is online only when the user configured a key
-(``WANDB_API_KEY`` or ``wandb login``'s netrc entry), so nothing leaves the machine by
-accident and a run without an account still works: offline, no login, no network, synced
-later with ``wandb sync <run_dir>/wandb/offline-run-*``. The key is read by wandb itself and
-never recorded. The run id is derived from the run dir, so a resumed run continues the same
-W&B run (``resume="allow"``); a sweep's runs share a ``group`` (the sweep dir's name). The
-run's name is as in MLflow: a single run's path below the project root
-(``outputs/smoke/<stamp>``), so two runs of one config (one experiment id) are told apart; a
-sweep's run, its swept values in the sweep's group (``optimizer.lr=0.05 seed.base=0``).
-
-At the end the run gets the same files as MLflow's artifacts: config.resolved.yaml,
-run.json, metrics.jsonl, and report.md and curves.png drawn from the run dir; they are in
-the run's Files tab (``run.save``) and in one artifact of type ``run-record``, versioned.
+"""Weights & Biases: a run under ``<run_dir>/wandb``, offline unless a key is configured
+(``wandb_mode=auto``: nothing leaves the machine by accident; the key is read by wandb itself
+and never recorded). The run id is derived from the run dir, so a resumed run continues the
+same W&B run (``resume="allow"``); names, groups and files as in docs/loggers.md.
 """
 
 from __future__ import annotations
@@ -22,9 +11,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from reprotrain.loggers.fanout import Logger
+from reprotrain.loggers.fanout import Logger, LoggerRun
 from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir_of
 from reprotrain.loggers.settings import project_root, require_module
 
@@ -46,27 +34,26 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online" if wandb_key_configured() else "offline"
 
 
-class WandBSink(Logger):
+class WandBLogger(Logger):
     name = "wandb"
 
-    def __init__(
-        self, cfg: Any, run_dir: Path, record: dict[str, Any], params: dict, report: Any = None
-    ) -> None:
+    def start(self, run: LoggerRun) -> None:
         wandb = require_module("wandb", "wandb")
-        self.mode = resolve_wandb_mode(cfg.wandb_mode)
-        self.run_dir, self.report, self.key = Path(run_dir), report, run_key(run_dir, record)
+        self.mode = resolve_wandb_mode(run.settings.wandb_mode)
+        run_dir = Path(run.run_dir)
+        self.run_dir, self.report, self.key = run_dir, run.report, run_key(run_dir, run.record)
         sweep = sweep_dir_of(run_dir)
         self._open: tuple[int, dict[str, float]] | None = None  # (step, its row so far)
         self.run = wandb.init(
-            project=cfg.wandb_project,
-            entity=cfg.wandb_entity or None,
+            project=run.settings.wandb_project,
+            entity=run.settings.wandb_entity or None,
             name=run_name(run_dir, project_root()),
-            id=run_key(run_dir, record),
+            id=self.key,
             resume="allow",
             dir=str(run_dir),
             mode=self.mode,
             group=sweep.name if sweep else None,
-            config=params,
+            config=run.params,
         )
 
     def describe(self) -> str:

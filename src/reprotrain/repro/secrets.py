@@ -1,23 +1,10 @@
 """Config values read from the environment are recorded as the interpolation, not the value.
 
-Closes: ``dataset.url='${oc.env:MIRROR_URL}'`` (or a token passed the same way) being
-resolved in clear into ``config.resolved.yaml``, the checkpoints, ``run.json`` and so into
-every archive. The run still *uses* the value; the record keeps
-
-- the interpolation text (``${oc.env:MIRROR_URL}``) where the value would have been, so a
-  resume or a replay resolves it again from its own environment, and
-- ``sha256`` of the value, so that replay can tell whether it got the same value
-  (:func:`env_value_differences`) without the record ever holding it.
-
-Which leaves came from the environment is found by resolving the config a second time with
-``oc.env`` answering a random canary: every leaf whose value then contains the canary
-depends on the environment, directly (``${oc.env:X}``), inside a string
-(``https://${oc.env:HOST}/data``) or through another key (``b: ${a}``).
-
-Limits: a sha256 of a short or guessable value (a 6-digit PIN, a dictionary word) can be
-found by trying candidates; the record hides a value, it cannot make a weak one strong.
-Values that reach the config without ``oc.env`` (typed on the command line, written in a
-YAML file) are not secrets by this rule and are recorded as they are.
+Closes: ``${oc.env:MIRROR_URL}`` (or a token passed the same way) resolved in clear into
+``config.resolved.yaml``, the checkpoints, ``run.json`` and every archive. The run uses the
+value; the record keeps the interpolation text and the value's sha256 (docs/guarantees.md).
+A leaf depends on the environment when, resolved a second time with ``oc.env`` answering a
+random canary, it carries the canary (directly, inside a string or through another key).
 """
 
 from __future__ import annotations
@@ -32,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["env_value_differences", "env_value_digests", "redact", "redact_env_interpolations"]
+__all__ = ["env_value_differences", "redact"]
 
 _PROBE_RESOLVER = "reprotrain_env_probe"
 _CANARY = f"reprotrain-env-canary-{_random.token_hex(8)}"
@@ -116,20 +103,11 @@ def redact(cfg: DictConfig) -> tuple[dict, dict[str, dict]]:
     return _walk(real, raw, probe, "", digests), digests
 
 
-def redact_env_interpolations(cfg: DictConfig) -> dict:
-    """The resolved config for records: ``oc.env`` values replaced by their interpolation."""
-    return redact(cfg)[0]
-
-
-def env_value_digests(cfg: DictConfig) -> dict[str, dict]:
-    """{dotted key: {interpolation, sha256 of the value}} for run.json."""
-    return redact(cfg)[1]
-
-
-def env_value_differences(recorded_cfg: DictConfig | dict, digests: dict[str, dict]) -> list[str]:
+def env_value_differences(recorded: DictConfig | dict, digests: dict[str, dict]) -> list[str]:
     """For a replay: each recorded environment-derived value that is missing here or hashes
-    differently (one line each, naming the key and the interpolation, never a value)."""
-    cfg = recorded_cfg if isinstance(recorded_cfg, DictConfig) else OmegaConf.create(recorded_cfg)
+    differently (one line each, naming the key and the interpolation, never a value).
+    ``recorded``: the recorded config, whose interpolations resolve here."""
+    cfg = recorded if isinstance(recorded, DictConfig) else OmegaConf.create(recorded)
     out = []
     for key, entry in sorted((digests or {}).items()):
         interpolation = entry.get("interpolation", "?")

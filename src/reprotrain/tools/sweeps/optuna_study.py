@@ -96,7 +96,7 @@ def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
 def check_study_config(config: DictConfig) -> None:
     """Refuse, in one line, a study that cannot run here (before any trial runs):
     ``sweep_checks.check_study``, which preflight already ran on the command line."""
-    sweep_checks.check_study(config)
+    sweep_checks.check_study(config.hydra.sweeper, config.trainer, config.hydra.overrides.task)
 
 
 def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
@@ -261,7 +261,7 @@ def seed_sampler(config: DictConfig) -> None:
 
 def prepare(config: DictConfig) -> None:
     """``on_multirun_start`` of an Optuna study: refuse (one line, exit 2) or seed it."""
-    if not is_optuna(config):
+    if not is_optuna(OmegaConf.select(config, "hydra.sweeper")):
         return
     try:
         check_study_config(config)
@@ -276,7 +276,7 @@ def prepare(config: DictConfig) -> None:
 
 def record(config: DictConfig) -> None:
     """``on_multirun_end`` of an Optuna study: write study.json and say what it found."""
-    if not is_optuna(config):
+    if not is_optuna(OmegaConf.select(config, "hydra.sweeper")):
         return
     sweep_dir = Path(config.hydra.sweep.dir)
     try:

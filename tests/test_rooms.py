@@ -1,0 +1,88 @@
+"""The whole config is a parameter of at most a few functions (issue 47): everything else takes
+what it uses (a node, a frozen settings object, the redacted container, a few values).
+
+A parameter is the whole config when it is named ``cfg``, or is typed ``DictConfig`` (also
+``"DictConfig"``, ``DictConfig | None``) under a name that is not one of a node's: a top-level
+key of the schema (``dataset``, ``trainer``, ``logger``, ...), a Hydra node (``sweeper``,
+``sampler``, ``launcher``), ``node`` or a name ending ``_cfg`` / ``_node``. Signatures on one
+line or many are the same to the parser. Hydra's callback hooks (``on_job_end(config, ...)``)
+are not counted: Hydra, not the framework, chooses what they are given.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from conftest import REPO
+
+SRC = REPO / "src" / "reprotrain"
+MOST = 10
+HYDRA_NODES = ("sweeper", "sampler", "launcher", "hydra")
+
+
+def node_names() -> set[str]:
+    from reprotrain.config import TrainConfig
+
+    return {f.name for f in dataclasses.fields(TrainConfig)} | {*HYDRA_NODES, "node"}
+
+
+def typed_dict_config(annotation: ast.expr | None) -> bool:
+    """``DictConfig``, ``"DictConfig"`` or a union with it (not ``dict[str, DictConfig]``)."""
+    if annotation is None:
+        return False
+    text = ast.unparse(annotation).strip("'\"")
+    return any(part.strip().strip("'\"") == "DictConfig" for part in text.split("|"))
+
+
+def takes_whole_config(arg: ast.arg, nodes: set[str]) -> bool:
+    if arg.arg == "cfg":
+        return True
+    name = arg.arg
+    is_node = name in nodes or name.endswith(("_cfg", "_node"))
+    return typed_dict_config(arg.annotation) and not is_node
+
+
+def hydra_hooks() -> set[str]:
+    from hydra.experimental.callback import Callback
+
+    return {name for name in vars(Callback) if name.startswith("on_")}
+
+
+def whole_config_functions(root: Path = SRC) -> list[str]:
+    nodes, hooks, found = node_names(), hydra_hooks(), []
+    for path in sorted(root.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name in hooks:
+                continue
+            args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+            hits = [a.arg for a in args if takes_whole_config(a, nodes)]
+            if hits:
+                found.append(f"{path.relative_to(root)}:{fn.lineno} {fn.name}({hits[0]})")
+    return found
+
+
+def test_the_whole_config_is_a_parameter_of_at_most_ten_functions() -> None:
+    found = whole_config_functions()
+    assert len(found) <= MOST, (
+        f"{len(found)} functions take the whole config (at most {MOST}); pass what they use:\n"
+        + "\n".join(found)
+    )
+
+
+def test_the_count_sees_each_form_of_a_whole_config_parameter(tmp_path: Path) -> None:
+    """The counter is not blind: one-line and multi-line signatures, ``cfg`` untyped,
+    ``DictConfig`` under another name, quoted or in a union; a node or a dict of nodes is not
+    counted."""
+    (tmp_path / "m.py").write_text(
+        "def a(cfg): ...\n"
+        "def b(\n    x: int,\n    config: 'DictConfig',\n) -> None: ...\n"
+        "def c(recorded: DictConfig | dict): ...\n"
+        "class K:\n    def d(self, *, master: DictConfig | None = None): ...\n"
+        "def e(dataset: DictConfig, model_cfg: DictConfig, node: DictConfig): ...\n"
+        "def f(groups: dict[str, DictConfig], settings: object): ...\n"
+        "def on_job_end(config: DictConfig): ...\n"
+    )
+    found = whole_config_functions(tmp_path)
+    assert [f.split(" ")[1] for f in found] == ["a(cfg)", "b(config)", "c(recorded)", "d(master)"]

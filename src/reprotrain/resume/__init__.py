@@ -1,1 +1,85 @@
-"""Resuming a run: what a resume point must match (guard), what it restores (audit)."""
+"""Resuming a run, in one place; the start room calls two entries (docs/resume.md):
+
+- :func:`find_resume_point` (``guard.py``): decide: None for a fresh start, else the
+  checkpoint to continue from (``forked`` when it is another run's), after the refusals;
+- :func:`restore`: replay up to the checkpoint and compare (``replay.py``), load it, compare
+  the audit's digests (``audit.py``) and the inputs, refuse or record the resume.
+
+Closes: a resume that drifts silently, and one recorded as bitwise that is not.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reprotrain.resume.guard import (
+    AlreadyCompleted,
+    ResumePoint,
+    check_unrestored,
+    find_resume_point,
+    input_differences,
+    resume_entry,
+)
+from reprotrain.resume.replay import verify
+from reprotrain.run import record as rec
+
+log = logging.getLogger("reprotrain")
+
+__all__ = ["AlreadyCompleted", "ResumePoint", "find_resume_point", "restore", "rewrite_history"]
+
+
+def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *, env: dict,
+            device: torch.device, container: dict, dist: Any = None, replay_state: Any = None,
+            continuation: Any = None) -> None:  # fmt: skip
+    """Replay up to ``point`` and compare, load it, audit, guard and append the resume to the
+    record's ``resumes``. ``now``: this process's ``code_sha256``, ``imported_code`` and
+    ``data_fingerprint``; ``continuation``: what the interrupted run logged after the point."""
+    verified = verify(point, state, record.data, record.run_dir, container, dist, replay_state)
+    state.load_state_dict(point.state)  # after a verified replay: the same bits
+    # What the checkpoint could not restore, named first (the audit's paths: the cause a
+    # refusal names), then the replay's difference (its effect).
+    unrestored = state.audit.unrestored()
+    unrestored += [verified["line"]] if verified.get("identical") is False else []
+    purity = record.data.get("sample_purity") or {}
+    if purity.get("pure") is False:  # found at this run's start (data/purity.py)
+        unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
+    inputs = input_differences(record.data, now)  # the suspects a refusal names
+    check_unrestored(point, unrestored, container, record.run_dir, inputs)
+    rewrite_history(record.run_dir, state)
+    entry = resume_entry(point, env, device, container, unrestored, inputs, now["code_sha256"],
+                         verified)  # fmt: skip
+    entry["state_paths_compared"] = state.audit.compared
+    if continuation is not None:
+        continuation.load(point.state["loop"]["global_step"])
+        entry["continuation"] = continuation.entry(
+            entry["bitwise_guarantee"], not_comparable(point, container, env)
+        )
+        # The bits are claimed only once the continuation it logged is compared too.
+        entry["bitwise_guarantee"] &= continuation.steps is None
+    record.update(resumes=[*record.data.get("resumes", []), entry])
+    log.info("resumed from %s at epoch %d step %d", point.path.name, state.loop.epoch,
+             state.loop.epoch_step)  # fmt: skip
+
+
+def not_comparable(point: ResumePoint, container: dict, env: dict) -> str | None:
+    """Why the steps the interrupted run logged after its checkpoint are not this resume's to
+    compare (a stretched schedule or another world size computes them otherwise), or None."""
+    before, after = point.state["config"]["trainer"]["epochs"], container["trainer"]["epochs"]
+    if before != after:
+        return (f"not compared: this resume extends trainer.epochs ({before} -> {after}), so "
+                "the steps after the checkpoint run under another schedule")  # fmt: skip
+    saved, world = point.state["env"]["world_size"], env["world_size"]
+    if saved != world:
+        return f"not compared: the world size changed ({saved} -> {world})"
+    return None
+
+
+def rewrite_history(run_dir: Path, state: Any) -> None:
+    """metrics.jsonl and the fingerprints as the checkpoint has them (the files may have run
+    ahead of it: killed after writing them)."""
+    rec.write_jsonl(run_dir / rec.METRICS, state.loop.metrics)
+    rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.loop.fingerprints)

@@ -1,38 +1,27 @@
 """A resume proves its bits by replay: re-run the interval before the checkpoint, compare.
 
-Before a resume continues from checkpoint k, the run goes back to the checkpoint before k
-(or to its own start when k is the first), re-runs the steps up to k as the run did, and
-compares the whole state it reaches with what k holds, bit for bit: model, optimizer,
-scheduler, GradScaler, loop position and history, the epoch's partial sums, the RNG states,
-the task's, the step's and the callbacks' ``state_dict()`` (the resume audit's digests are
-compared after the restore, ``audit.py``). Only an identical
-state lets the resume record ``bitwise_guarantee: true``; a difference is named by its first
-entry (``model.fc.weight: 12 of 640 elements differ``).
-
-Why a replay and not a list: user objects keep state everywhere (a non-persistent buffer, a
-private counter, a closure in a scheduler, a dataset's own generator in a loader worker).
-No inventory of it is complete; re-executing and comparing needs none. A replay from the
-run's start rebuilds every such state exactly, so the resumed run continues with it; a
-replay from an earlier checkpoint starts from the state that checkpoint could restore, so
-state it could not restore shows up as a difference at k.
-
-:func:`first_difference` is the one comparison of two checkpoint states: the resume's
-replay, ``make verify KILL=1`` and ``make drill`` all use it.
-
-Closes: a resume recorded as bitwise with other weights. The claim is a comparison, with its
-evidence (``verified: steps 40..60 replayed from step-00000040.pt, identical``) in run.json.
+Only an identical state lets the resume record ``bitwise_guarantee: true``; a difference is
+named by its first entry. Why a replay and not a list, and what it covers: docs/resume.md.
+:func:`first_difference` is the one comparison of two checkpoint states (the resume's replay,
+``make verify KILL=1``, ``make drill``). Closes: a resume recorded as bitwise with other weights.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reprotrain.errors import CheckpointError
+from reprotrain.hashing import file_sha256
 from reprotrain.repro import checkpoint
+from reprotrain.run import record as rec
+
+log = logging.getLogger("reprotrain")
 
 # Checkpoint entries that are not state: what the run was started with (compared by the
 # resume guard: config, seeds, environment) and the file format.
@@ -43,15 +32,13 @@ TIMINGS = frozenset({"seconds", "images_per_s"})
 
 def position(state: dict[str, Any]) -> tuple[int, int]:
     """A checkpoint's place in the loop: ``(epoch, epoch_step)`` of its next step."""
-    loop = state["loop"]
-    return loop["epoch"], loop.get("epoch_step", loop.get("step"))
+    return state["loop"]["epoch"], state["loop"]["epoch_step"]
 
 
 def first_difference(saved: dict[str, Any], replayed: dict[str, Any]) -> str | None:
-    """The first entry in which two checkpoint states differ bit for bit, as one line
-    (``optimizer.state.3.momentum_buffer: 7 of 64 elements differ (max |a-b| 2.4e-07)``);
-    None when every entry is identical. Tensors compare by dtype, shape and bytes (NaN equals
-    NaN with the same bits), floats by their IEEE bits, everything else by value."""
+    """The first entry in which two checkpoint states differ bit for bit, as one line; None
+    when identical. Tensors by dtype, shape and bytes, floats by their IEEE bits, the rest by
+    value."""
     a = {k: v for k, v in saved.items() if k not in META}
     b = {k: v for k, v in replayed.items() if k not in META}
     return _difference(a, b, "")
@@ -91,24 +78,20 @@ def _tensor_difference(a: Any, b: Any, where: str) -> str | None:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return f"{where}: {_shown(a)} in the checkpoint, {_shown(b)} in the replay"
     if a.dtype != b.dtype or a.shape != b.shape:
-        return (
-            f"{where}: {a.dtype} {list(a.shape)} in the checkpoint, "
-            f"{b.dtype} {list(b.shape)} in the replay"
-        )
+        return (f"{where}: {a.dtype} {list(a.shape)} in the checkpoint, "
+                f"{b.dtype} {list(b.shape)} in the replay")  # fmt: skip
     x, y = _bytes(a), _bytes(b)
     if torch.equal(x, y):
         return None
     if a.is_floating_point() and a.numel():
         differ = (x.reshape(a.numel(), -1) != y.reshape(a.numel(), -1)).any(dim=1).sum().item()
         gap = (a.detach().cpu().double() - b.detach().cpu().double()).abs().nan_to_num(nan=0.0)
-        return (
-            f"{where}: {differ} of {a.numel()} elements differ (max |a-b| {gap.max().item():.3g})"
-        )
+        most = gap.max().item()
+        return f"{where}: {differ} of {a.numel()} elements differ (max |a-b| {most:.3g})"
     return f"{where}: {list(a.shape)} {a.dtype} values differ"
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes (a flat uint8 view on the CPU)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
 
@@ -118,11 +101,10 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else f"{type(value).__name__} ({text[:40]}...)"
 
 
-def replay_start(
-    point_path: Path, point_state: dict[str, Any], ckpt_dir: Path
-) -> tuple[Path, dict[str, Any]] | None:
-    """Where a replay of ``point_state`` starts: the newest of the run's own step
-    checkpoints before it that loads (same seeds); None: the run's own start."""
+def replay_start(point_path: Path, point_state: dict[str, Any],
+                 ckpt_dir: Path) -> tuple[Path, dict[str, Any]] | None:  # fmt: skip
+    """The newest of the run's own step checkpoints before ``point_state`` that loads (same
+    seeds); None: the run's own start."""
     target, seeds = position(point_state), point_state.get("seeds")
     for path in reversed(checkpoint.list_step_checkpoints(ckpt_dir)):
         if path.resolve() == Path(point_path).resolve():
@@ -136,10 +118,62 @@ def replay_start(
     return None
 
 
+def start_of(point: Any, record: dict, run_dir: Path) -> tuple[str, dict | None] | str:
+    """(name, state) a replay starts from: the checkpoint before ``point``, else the run's
+    start (None: the state as built, or the fork's parent checkpoint); a string says why none."""
+    found = replay_start(point.path, point.state, run_dir / rec.CHECKPOINTS)
+    if found is not None:
+        return found[0].name, found[1]
+    parent = record.get("forked_from")
+    if parent is None:
+        return "the run's start", None
+    path = Path(parent["path"])
+    if not path.is_file() or file_sha256(path) != parent.get("sha256"):
+        return (f"no checkpoint before {point.path.name} is kept and the checkpoint "
+                f"the run was forked from ({path}) is gone or changed")  # fmt: skip
+    return f"the fork's parent {path.name}", checkpoint.load(path)
+
+
+def verify(point: Any, state: Any, record: dict, run_dir: Path, container: dict, dist: Any,
+           replay_state: Any) -> dict[str, Any]:  # fmt: skip
+    """Restore the checkpoint before ``point`` (or keep the run's start, which ``state`` is),
+    replay up to it and compare; the evidence for the record. Every rank replays (a
+    collective under DDP); rank 0 compares and its verdict is broadcast."""
+    if not (container.get("trainer") or {}).get("verify_resume", True):
+        return {"line": "not verified (trainer.verify_resume=false)", "identical": None}
+    if replay_state is None:
+        return {"line": "not verified (no replay for this entry point)", "identical": None}
+    start = start_of(point, record, run_dir)
+    if isinstance(start, str):
+        return {"line": f"not verified ({start})", "identical": None}
+    name, begin_state = start
+    if begin_state is not None:
+        state.load_state_dict(begin_state)
+    first, last = state.loop.global_step + 1, point.state["loop"]["global_step"]
+    log.info("verifying the resume: replaying steps %d..%d from %s", first, last, name)
+    t0 = time.perf_counter()
+    # Steps taken before a resume that extends trainer.epochs ran under the old schedule.
+    epochs = point.state["config"]["trainer"]["epochs"]
+    replayed = replay_state(position(point.state), epochs=epochs, from_start=begin_state is None)
+    seconds = time.perf_counter() - t0
+    # The audit's digests are compared after the restore, against this process's own
+    # construction (``ResumeAudit.unrestored``): the replay may run another schedule.
+    difference = (first_difference(_less_audit(point.state), _less_audit(replayed))
+                  if replayed else None)  # fmt: skip
+    if dist is not None:
+        difference = dist.broadcast_object(difference)
+    line = verdict(name, first, last, difference)
+    (log.info if difference is None else log.warning)("resume %s", line)
+    return {"line": line, "identical": difference is None, "from": name, "first_step": first,
+            "last_step": last, "seconds": round(seconds, 3),
+            "first_difference": difference}  # fmt: skip
+
+
+def _less_audit(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k != "audit"}
+
+
 def verdict(start: str, first: int, last: int, difference: str | None) -> str:
     """The record's one line of evidence for a replay."""
     steps = f"steps {first}..{last} replayed from {start}"
     return f"{steps}, identical" if difference is None else f"{steps}, differ: {difference}"
-
-
-__all__ = ["first_difference", "position", "replay_start", "verdict"]

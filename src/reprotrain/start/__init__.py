@@ -1,8 +1,5 @@
-"""The run's start: validated config, identity, record, controls, layout, decided once.
-
-``start()`` runs the stage in order and returns a :class:`Run`, what every later stage reads:
-the kind of start (``Fresh``, ``Resume`` or ``Fork``, ``kinds.py``), the record (identity in
-``provenance.py``), the frozen settings, the seeds, device, environment and reduction.
+"""The run's start: validated config, the kind of start (``kinds.py``), record and identity
+(``provenance.py``), controls and layout, decided once into the :class:`Run` later stages read.
 
 Closes: determinism, seeds and threads set before anything is built; the config's identity
 (``config_sha256``, ``oc.env`` values as digests) written before the first step.
@@ -55,8 +52,7 @@ class Run:
         return self.record.run_dir
 
     def restore(self, state: TrainerState, trainer: Any, saver: Any) -> None:
-        """Fresh: record the initial weights; a resume replays the steps since the checkpoint
-        before its own and compares the bits, then loads it (``kinds.Resume.restore``)."""
+        """Fresh: record the initial weights; Resume: ``reprotrain.resume.restore``."""
         self.kind.restore(state, self.record, env=self.env, device=self.device,
                           container=self.container, dist=self.dist,
                           replay_state=trainer.replay_state,

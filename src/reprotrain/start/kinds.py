@@ -134,8 +134,7 @@ class Resume:
     def restore(self, state: TrainerState, record: rec.RunRecord, *, container: dict,
                 device: torch.device, **run: Any) -> None:  # fmt: skip
         """Replay, load, audit and record (``resume.restore``); then the config that runs."""
-        now = {"code_sha256": code_now(), "imported_code": imported_code(),
-               "data_fingerprint": self.data_now}  # fmt: skip
+        now = {**code_now(), "data_fingerprint": self.data_now}
         resume.restore(self.point, state, record, now, container=container, device=device, **run)
         record_extension(record, self.point, container, device)
 

@@ -1,8 +1,7 @@
 """What a run is, written into its run.json at the start: identity, code, environment, layout.
 
-Closes: code and environment drift, unrecorded. The git commit and diff, the source digest
-(``code_sha256``, compared at every resume), the environment and the lock's sha256 (and the
-venv's drift against it) are recorded before the first step.
+Closes: code and environment drift, unrecorded (git, ``code_sha256``, the lock and the venv's
+drift against it, recorded before the first step; the code compared at every resume).
 """
 
 from __future__ import annotations
@@ -40,24 +39,15 @@ def open_run(record: rec.RunRecord, container: dict, env_values: dict) -> None:
     rec.atomic_write_text(record.run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
 
 
-def identity(
-    record: rec.RunRecord,
-    device: torch.device,
-    *,
-    name: str,
-    seeds: Seeds,
-    flags: dict,
-    env: dict,
-    require_locked_env: bool,
-    include_untracked: list[str],
-) -> None:
+def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: Seeds,
+             flags: dict, env: dict, require_locked_env: bool,
+             include_untracked: list[str]) -> None:  # fmt: skip
     """Identity of a new run: git, environment, lock; the run.json a reproduce replays."""
     run_dir = record.run_dir
     drift = requirements_lock.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
-        summary = ", ".join(
-            drift["missing"] + drift["extra"] + [d["name"] for d in drift["different"]]
-        )
+        summary = ", ".join([*drift["missing"], *drift["extra"],
+                             *(d["name"] for d in drift["different"])])  # fmt: skip
         if require_locked_env:
             raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
         log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
@@ -96,36 +86,33 @@ def write_environment_text(run_dir: Path) -> None:
 
 def experiment_id(record: dict, device: torch.device) -> str:
     """<config sha[:8]>-<commit>[+dirty]-<device>-<precision>: follows the config that ran
-    (the precision, ``trainer.precision``, is in the config sha too; shown for the reader)."""
-    git = record["git"]
+    (the precision is in the config sha too; shown for the reader)."""
+    git, slug = record["git"], environment.device_slug(device)
     dirty = "+dirty" if git.get("dirty") else ""
     precision = (record.get("repro") or {}).get("precision")
-    return (
-        f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{environment.device_slug(device)}"
-        + (f"-{precision}" if precision else "")
-    )
+    tail = f"-{precision}" if precision else ""
+    return f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{slug}{tail}"
 
 
 def layout(record: rec.RunRecord, dist: Dist, device: torch.device, reduction: Reduction,
            microbatches: int) -> None:  # fmt: skip
     """World size, backend, every rank's device and threads (a collective under DDP), and
     how the ranks combine a step of ``microbatches`` micro-batches."""
-    me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads()}
-    me["host"] = socket.gethostname()
+    me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads(),
+          "host": socket.gethostname()}  # fmt: skip
     record.update(world_size=dist.world_size, backend=dist.backend,
                   ranks=dist.all_gather_objects(me))  # fmt: skip
     record.update(**reduction.record(microbatches))
 
 
-def code_now() -> str:
-    """This process's source digest (compared with the run start's at a resume)."""
-    return gitinfo.code_sha256(REPO_ROOT)
+def code_now() -> dict:
+    """This process's ``code_sha256`` and ``imported_code`` (compared at a resume)."""
+    return {"code_sha256": gitinfo.code_sha256(REPO_ROOT), "imported_code": imported_code()}
 
 
 def imported_code() -> dict[str, str]:
     """sha256 of each module file imported from outside the standard library, site-packages
-    and ``code_sha256``'s snapshot (a user's module on ``PYTHONPATH``, a link by its target),
-    keyed by its repo-relative (else absolute) path; compared at each resume."""
+    and ``code_sha256``'s snapshot (a module on ``PYTHONPATH``, a link by its target)."""
     skip = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     skip |= {os.path.realpath(p) for p in skip}
     found: dict[str, str] = {}

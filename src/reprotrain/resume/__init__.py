@@ -16,15 +16,8 @@ from typing import Any
 
 import torch
 
-from reprotrain.resume.guard import (
-    AlreadyCompleted,
-    ResumePoint,
-    check_unrestored,
-    find_resume_point,
-    input_differences,
-    resume_entry,
-)
-from reprotrain.resume.replay import verify
+from reprotrain.resume import guard, replay
+from reprotrain.resume.guard import AlreadyCompleted, ResumePoint, find_resume_point
 from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
@@ -38,7 +31,7 @@ def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *,
     """Replay up to ``point`` and compare, load it, audit, guard and append the resume to the
     record's ``resumes``. ``now``: this process's ``code_sha256``, ``imported_code`` and
     ``data_fingerprint``; ``continuation``: what the interrupted run logged after the point."""
-    verified = verify(point, state, record.data, record.run_dir, container, dist, replay_state)
+    verified = replay.verify(point, state, record, container, dist, replay_state)
     state.load_state_dict(point.state)  # after a verified replay: the same bits
     # What the checkpoint could not restore, named first (the audit's paths: the cause a
     # refusal names), then the replay's difference (its effect).
@@ -47,11 +40,11 @@ def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *,
     purity = record.data.get("sample_purity") or {}
     if purity.get("pure") is False:  # found at this run's start (data/purity.py)
         unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
-    inputs = input_differences(record.data, now)  # the suspects a refusal names
-    check_unrestored(point, unrestored, container, record.run_dir, inputs)
+    inputs = guard.input_differences(record.data, now)  # the suspects a refusal names
+    guard.check_unrestored(point, unrestored, container, record.run_dir, inputs)
     rewrite_history(record.run_dir, state)
-    entry = resume_entry(point, env, device, container, unrestored, inputs, now["code_sha256"],
-                         verified)  # fmt: skip
+    code = now["code_sha256"]
+    entry = guard.resume_entry(point, env, device, container, unrestored, inputs, code, verified)
     entry["state_paths_compared"] = state.audit.compared
     if continuation is not None:
         continuation.load(point.state["loop"]["global_step"])

@@ -20,16 +20,7 @@ from reprotrain.dotted import flatten
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import checkpoint, comparability
-from reprotrain.run.record import (
-    CHECKPOINTS,
-    METRICS,
-    RESOLVED_CONFIG,
-    RUN_JSON,
-    atomic_write_bytes,
-    is_writer,
-    now_iso,
-    read_jsonl,
-)
+from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
 
@@ -67,12 +58,12 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         return None
     record = _recorded(run_dir)
     if resume == "auto":
-        path, state, skipped = checkpoint.latest_valid(run_dir / CHECKPOINTS)
+        path, state, skipped = checkpoint.latest_valid(run_dir / rec.CHECKPOINTS)
         for reason in skipped:
             log.warning("%s; falling back to the previous checkpoint", reason)
         if path is None:
             if skipped:
-                raise CheckpointError(f"no valid checkpoint in {run_dir / CHECKPOINTS}")
+                raise CheckpointError(f"no valid checkpoint in {run_dir / rec.CHECKPOINTS}")
             _refuse_fresh_start_over(run_dir, record)
             return None
         if record is None:
@@ -83,7 +74,7 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         point = ResumePoint(path, state, skipped)
     else:
         path = Path(resume).expanduser().resolve()
-        inside = path.parent == (run_dir / CHECKPOINTS).resolve()
+        inside = path.parent == (run_dir / rec.CHECKPOINTS).resolve()
         if not inside and record is not None:
             raise ResumeError(
                 f"resume={path} belongs to another run, and {run_dir} already holds a run; "
@@ -93,16 +84,16 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
     _check_config(point, current)
     point.files_before = {
         name: (run_dir / name).read_bytes() if (run_dir / name).is_file() else None
-        for name in (RUN_JSON, RESOLVED_CONFIG)
+        for name in (rec.RUN_JSON, rec.RESOLVED_CONFIG)
     }
     completed = not point.forked and record is not None and record.get("status") == "completed"
     if completed:
         refuse_reopening(point, record, run_dir)
     if completed and (why := already_completed(point.state["loop"], current["trainer"])):
         raise AlreadyCompleted(f"{run_dir} is already completed ({why}); nothing to resume")
-    if is_writer():
-        checkpoint.remove_partial_writes(run_dir / CHECKPOINTS)
-        note = None if point.forked else checkpoint.reconcile_best(run_dir / CHECKPOINTS,
+    if rec.is_writer():
+        checkpoint.remove_partial_writes(run_dir / rec.CHECKPOINTS)
+        note = None if point.forked else checkpoint.reconcile_best(run_dir / rec.CHECKPOINTS,
                                                                    point.state["loop"])  # fmt: skip
         if note:
             log.warning(note)  # a kill between step-N.pt and best.pt
@@ -113,7 +104,7 @@ def refuse_reopening(point: ResumePoint, record: dict, run_dir: Path) -> None:
     """A completed run continues only from the checkpoint it ended with, never from an older
     one (which would set it back to running, cut its metrics and drop its best.pt)."""
     loop = point.state["loop"]
-    ended = record.get("epochs_completed") or len(read_jsonl(run_dir / METRICS))
+    ended = record.get("epochs_completed") or len(rec.read_jsonl(run_dir / rec.METRICS))
     if loop["epoch_step"] == 0 and loop["epoch"] - 1 == ended:
         return
     raise ResumeError(
@@ -144,7 +135,7 @@ def already_completed(loop: dict, trainer: dict) -> str | None:
 
 
 def _recorded(run_dir: Path) -> dict | None:
-    path = run_dir / RUN_JSON
+    path = run_dir / rec.RUN_JSON
     if not path.is_file():
         return None
     try:
@@ -157,10 +148,10 @@ def _refuse_fresh_start_over(run_dir: Path, record: dict | None) -> None:
     """resume=auto without a checkpoint: fresh only if nothing was recorded yet."""
     if record is None:
         return
-    done = record.get("epochs_completed") or len(read_jsonl(run_dir / METRICS))
+    done = record.get("epochs_completed") or len(rec.read_jsonl(run_dir / rec.METRICS))
     if record.get("status") == "completed" or done:
         raise ResumeError(
-            f"no checkpoint in {run_dir / CHECKPOINTS} to resume from, and the run already "
+            f"no checkpoint in {run_dir / rec.CHECKPOINTS} to resume from, and the run already "
             f"recorded {done or 'its'} epoch(s); start a new run in a new directory"
         )
 
@@ -203,10 +194,10 @@ def check_unrestored(point: ResumePoint, unrestored: list[str], current: dict, r
     strict = (current.get("repro") or {}).get("level") == "strict"
     if not strict or trainer.get("allow_unrestored_state"):
         return
-    if is_writer():
+    if rec.is_writer():
         for name, data in point.files_before.items():
             if data is not None:
-                atomic_write_bytes(run_dir / name, data)
+                rec.atomic_write_bytes(run_dir / name, data)
     more = f" (and {len(unrestored) - 1} more)" if len(unrestored) > 1 else ""
     fix = (
         f"what the run reads changed since it started ({'; '.join(inputs)}): put it back"
@@ -232,7 +223,7 @@ def resume_entry(point: ResumePoint, env: dict, device: torch.device, current: d
                     "uninterrupted run is no longer guaranteed", "; ".join(mismatch))  # fmt: skip
     loop = point.state["loop"]
     return {
-        "at": now_iso(),
+        "at": rec.now_iso(),
         "overrides": _changes(point.state["config"], current),
         "checkpoint": point.path.name,
         "epoch": loop["epoch"],

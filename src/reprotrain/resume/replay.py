@@ -118,13 +118,13 @@ def replay_start(point_path: Path, point_state: dict[str, Any],
     return None
 
 
-def start_of(point: Any, record: dict, run_dir: Path) -> tuple[str, dict | None] | str:
+def start_of(point: Any, record: rec.RunRecord) -> tuple[str, dict | None] | str:
     """(name, state) a replay starts from: the checkpoint before ``point``, else the run's
     start (None: the state as built, or the fork's parent checkpoint); a string says why none."""
-    found = replay_start(point.path, point.state, run_dir / rec.CHECKPOINTS)
+    found = replay_start(point.path, point.state, record.run_dir / rec.CHECKPOINTS)
     if found is not None:
         return found[0].name, found[1]
-    parent = record.get("forked_from")
+    parent = record.data.get("forked_from")
     if parent is None:
         return "the run's start", None
     path = Path(parent["path"])
@@ -134,7 +134,7 @@ def start_of(point: Any, record: dict, run_dir: Path) -> tuple[str, dict | None]
     return f"the fork's parent {path.name}", checkpoint.load(path)
 
 
-def verify(point: Any, state: Any, record: dict, run_dir: Path, container: dict, dist: Any,
+def verify(point: Any, state: Any, record: rec.RunRecord, container: dict, dist: Any,
            replay_state: Any) -> dict[str, Any]:  # fmt: skip
     """Restore the checkpoint before ``point`` (or keep the run's start, which ``state`` is),
     replay up to it and compare; the evidence for the record. Every rank replays (a
@@ -143,7 +143,7 @@ def verify(point: Any, state: Any, record: dict, run_dir: Path, container: dict,
         return {"line": "not verified (trainer.verify_resume=false)", "identical": None}
     if replay_state is None:
         return {"line": "not verified (no replay for this entry point)", "identical": None}
-    start = start_of(point, record, run_dir)
+    start = start_of(point, record)
     if isinstance(start, str):
         return {"line": f"not verified ({start})", "identical": None}
     name, begin_state = start

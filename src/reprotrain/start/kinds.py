@@ -30,13 +30,7 @@ from reprotrain.repro import device as devices
 from reprotrain.repro.seeding import Seeds, resolve_seeds
 from reprotrain.resume import ResumePoint
 from reprotrain.run import record as rec
-from reprotrain.start.provenance import (
-    code_now,
-    experiment_id,
-    identity,
-    imported_code,
-    write_environment_text,
-)
+from reprotrain.start import provenance
 from reprotrain.state import TrainerState
 
 log = logging.getLogger("reprotrain")
@@ -60,8 +54,8 @@ class Fresh:
         """A new run sets its world size."""
 
     def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
-        identity(record, device, **facts)
-        write_environment_text(record.run_dir)
+        provenance.identity(record, device, **facts)
+        provenance.write_environment_text(record.run_dir)
 
     def record_data(self, record: rec.RunRecord, fingerprint: dict) -> None:
         record.update(data_fingerprint=fingerprint)
@@ -69,7 +63,7 @@ class Fresh:
     def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
         """Nothing to restore: record the initial weights (built from the ``init`` stream)."""
         record.update(initial_weights_sha256=state_sha256(state.model.state_dict()),
-                      imported_code=imported_code())  # fmt: skip
+                      imported_code=provenance.imported_code())  # fmt: skip
 
 
 @dataclass
@@ -90,7 +84,7 @@ class Fork(Fresh):
     def restore(self, state: TrainerState, record: rec.RunRecord, *, device: torch.device,
                 container: dict, **_: Any) -> None:  # fmt: skip
         state.load_state_dict(self.point.state)
-        record.update(imported_code=imported_code())
+        record.update(imported_code=provenance.imported_code())
         record_extension(record, self.point, container, device)
         resume.rewrite_history(record.run_dir, state)
         log.info("forked from %s", self.point.path)
@@ -134,7 +128,7 @@ class Resume:
     def restore(self, state: TrainerState, record: rec.RunRecord, *, container: dict,
                 device: torch.device, **run: Any) -> None:  # fmt: skip
         """Replay, load, audit and record (``resume.restore``); then the config that runs."""
-        now = {**code_now(), "data_fingerprint": self.data_now}
+        now = {**provenance.code_now(), "data_fingerprint": self.data_now}
         resume.restore(self.point, state, record, now, container=container, device=device, **run)
         record_extension(record, self.point, container, device)
 
@@ -161,4 +155,4 @@ def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
                          "global_step": point.state["loop"]["global_step"]})  # fmt: skip
         record.update(extended_from=extended)
     record.update(config_sha256=config_sha256(container, extended or None))
-    record.update(experiment_id=experiment_id(record.data, device))
+    record.update(experiment_id=provenance.experiment_id(record.data, device))

@@ -41,10 +41,10 @@ def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *,
     if purity.get("pure") is False:  # found at this run's start (data/purity.py)
         unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
     inputs = guard.input_differences(record.data, now)  # the suspects a refusal names
-    guard.check_unrestored(point, unrestored, container, record.run_dir, inputs)
+    guard.check_unrestored(point, unrestored, container, inputs)
     rewrite_history(record.run_dir, state)
     code = now["code_sha256"]
-    entry = guard.resume_entry(point, env, device, container, unrestored, inputs, code, verified)
+    entry = guard.resume_entry(point, env, container, unrestored, inputs, code, verified)
     entry["state_paths_compared"] = state.audit.compared
     if continuation is not None:
         continuation.load(point.state["loop"]["global_step"])

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from reprotrain.config import is_identity
 from reprotrain.dotted import flatten
 from reprotrain.errors import CheckpointError, ResumeError
@@ -36,7 +34,7 @@ class ResumePoint:
     skipped: list[str] = field(default_factory=list)
     forked: bool = False  # a checkpoint of another run: this run dir starts a new record
     # run.json and the resolved config before this resume wrote: a refusal puts them back.
-    files_before: dict[str, bytes | None] = field(default_factory=dict)
+    files_before: dict[Path, bytes | None] = field(default_factory=dict)
 
 
 class AlreadyCompleted(ResumeError):
@@ -48,22 +46,22 @@ class AlreadyCompleted(ResumeError):
 def config_differences(recorded: dict, current: dict) -> list[str]:
     a, b = flatten(recorded), flatten(current)
     allowed = (*MAY_DIFFER, "trainer.epochs")
-    return [k for k in sorted(set(a) | set(b))
-            if is_identity(k) and k not in allowed and a.get(k) != b.get(k)]  # fmt: skip
+    keys = [k for k in sorted(set(a) | set(b)) if is_identity(k) and k not in allowed]
+    return [k for k in keys if a.get(k) != b.get(k)]
 
 
 def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> ResumePoint | None:
     """None for a fresh start; else the checkpoint to continue from, after the guards."""
     if resume is None:
         return None
-    record = _recorded(run_dir)
+    record, ckpts = _recorded(run_dir), run_dir / rec.CHECKPOINTS
     if resume == "auto":
-        path, state, skipped = checkpoint.latest_valid(run_dir / rec.CHECKPOINTS)
+        path, state, skipped = checkpoint.latest_valid(ckpts)
         for reason in skipped:
             log.warning("%s; falling back to the previous checkpoint", reason)
         if path is None:
             if skipped:
-                raise CheckpointError(f"no valid checkpoint in {run_dir / rec.CHECKPOINTS}")
+                raise CheckpointError(f"no valid checkpoint in {ckpts}")
             _refuse_fresh_start_over(run_dir, record)
             return None
         if record is None:
@@ -74,7 +72,7 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         point = ResumePoint(path, state, skipped)
     else:
         path = Path(resume).expanduser().resolve()
-        inside = path.parent == (run_dir / rec.CHECKPOINTS).resolve()
+        inside = path.parent == ckpts.resolve()
         if not inside and record is not None:
             raise ResumeError(
                 f"resume={path} belongs to another run, and {run_dir} already holds a run; "
@@ -82,19 +80,16 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
             )
         point = ResumePoint(path, checkpoint.load(path), forked=not inside)
     _check_config(point, current)
-    point.files_before = {
-        name: (run_dir / name).read_bytes() if (run_dir / name).is_file() else None
-        for name in (rec.RUN_JSON, rec.RESOLVED_CONFIG)
-    }
+    files = (run_dir / rec.RUN_JSON, run_dir / rec.RESOLVED_CONFIG)
+    point.files_before = {f: f.read_bytes() if f.is_file() else None for f in files}
     completed = not point.forked and record is not None and record.get("status") == "completed"
     if completed:
         refuse_reopening(point, record, run_dir)
     if completed and (why := already_completed(point.state["loop"], current["trainer"])):
         raise AlreadyCompleted(f"{run_dir} is already completed ({why}); nothing to resume")
     if rec.is_writer():
-        checkpoint.remove_partial_writes(run_dir / rec.CHECKPOINTS)
-        note = None if point.forked else checkpoint.reconcile_best(run_dir / rec.CHECKPOINTS,
-                                                                   point.state["loop"])  # fmt: skip
+        checkpoint.remove_partial_writes(ckpts)
+        note = None if point.forked else checkpoint.reconcile_best(ckpts, point.state["loop"])
         if note:
             log.warning(note)  # a kill between step-N.pt and best.pt
     return point
@@ -104,7 +99,7 @@ def refuse_reopening(point: ResumePoint, record: dict, run_dir: Path) -> None:
     """A completed run continues only from the checkpoint it ended with, never from an older
     one (which would set it back to running, cut its metrics and drop its best.pt)."""
     loop = point.state["loop"]
-    ended = record.get("epochs_completed") or len(rec.read_jsonl(run_dir / rec.METRICS))
+    ended = _epochs_done(record, run_dir)
     if loop["epoch_step"] == 0 and loop["epoch"] - 1 == ended:
         return
     raise ResumeError(
@@ -144,11 +139,15 @@ def _recorded(run_dir: Path) -> dict | None:
         raise ResumeError(f"{path} is unreadable ({e}); it cannot be resumed") from None
 
 
+def _epochs_done(record: dict, run_dir: Path) -> int:
+    return record.get("epochs_completed") or len(rec.read_jsonl(run_dir / rec.METRICS))
+
+
 def _refuse_fresh_start_over(run_dir: Path, record: dict | None) -> None:
     """resume=auto without a checkpoint: fresh only if nothing was recorded yet."""
     if record is None:
         return
-    done = record.get("epochs_completed") or len(rec.read_jsonl(run_dir / rec.METRICS))
+    done = _epochs_done(record, run_dir)
     if record.get("status") == "completed" or done:
         raise ResumeError(
             f"no checkpoint in {run_dir / rec.CHECKPOINTS} to resume from, and the run already "
@@ -174,16 +173,17 @@ def _check_config(point: ResumePoint, current: dict) -> None:
         )
 
 
-def _changes(recorded: dict, current: dict) -> dict[str, tuple[Any, Any]]:
+def _changes(recorded: dict, current: dict) -> dict[str, dict[str, Any]]:
     """``{key: {"from", "to"}}`` this resume changed (where-to-look keys left out)."""
     a, b = flatten(recorded), flatten(current)
     skip = ("resume", "dataset.root", "trainer.progress", "trainer.stop_at_global_step")
-    return {k: {"from": a.get(k), "to": b.get(k)} for k in sorted(set(a) | set(b))
-            if k not in skip and not k.startswith("logger.") and a.get(k) != b.get(k)}  # fmt: skip
+    keys = [k for k in sorted(set(a) | set(b)) if k not in skip and not k.startswith("logger.")]
+    return {k: {"from": a.get(k), "to": b.get(k)} for k in keys if a.get(k) != b.get(k)}
 
 
-def check_unrestored(point: ResumePoint, unrestored: list[str], current: dict, run_dir: Path,
-                     inputs: list[str]) -> None:  # fmt: skip
+def check_unrestored(
+    point: ResumePoint, unrestored: list[str], current: dict, inputs: list[str]
+) -> None:
     """Under ``repro=strict`` a resume that cannot be bitwise is refused in one line (run.json
     and the config put back) unless allowed; a changed input is named as the likely cause."""
     if not unrestored:
@@ -195,32 +195,29 @@ def check_unrestored(point: ResumePoint, unrestored: list[str], current: dict, r
     if not strict or trainer.get("allow_unrestored_state"):
         return
     if rec.is_writer():
-        for name, data in point.files_before.items():
+        for path, data in point.files_before.items():
             if data is not None:
-                rec.atomic_write_bytes(run_dir / name, data)
+                rec.atomic_write_bytes(path, data)
     more = f" (and {len(unrestored) - 1} more)" if len(unrestored) > 1 else ""
-    fix = (
-        f"what the run reads changed since it started ({'; '.join(inputs)}): put it back"
-        if inputs
-        else "give the object state_dict()/load_state_dict() that cover it"
-    )
+    fix = "give the object state_dict()/load_state_dict() that cover it"
+    if inputs:
+        fix = f"what the run reads changed since it started ({'; '.join(inputs)}): put it back"
     raise ResumeError(
         f"refusing to resume {point.path.name} under repro=strict: {unrestored[0]}{more}; "
         f"{fix}, or pass trainer.allow_unrestored_state=true (recorded as not bitwise)"
     )
 
 
-def resume_entry(point: ResumePoint, env: dict, device: torch.device, current: dict,
-                 unrestored: list[str], inputs: list[str], code_sha256: str,
-                 verified: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def resume_entry(point: ResumePoint, env: dict, current: dict, unrestored: list[str],
+                 inputs: list[str], code_sha256: str, verified: dict) -> dict:  # fmt: skip
     """The run.json history line for this resume: a differing environment or input
     (``mismatch``), state not restored (``unrestored``) and the replay's verdict; only an
     identical replay with neither lets it claim the bits."""
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
     mismatch = comparability.differences(point.state["env"], env, invariant) + inputs
     if mismatch:
-        log.warning("checkpoint written with different %s: bitwise equality with an "
-                    "uninterrupted run is no longer guaranteed", "; ".join(mismatch))  # fmt: skip
+        lost = "bitwise equality with an uninterrupted run is no longer guaranteed"
+        log.warning("checkpoint written with different %s: %s", "; ".join(mismatch), lost)
     loop = point.state["loop"]
     return {
         "at": rec.now_iso(),
@@ -246,9 +243,10 @@ def resume_entry(point: ResumePoint, env: dict, device: torch.device, current: d
 def input_differences(start: dict, now: dict) -> list[str]:
     """What the run reads that changed since it started, one line each: ``code_sha256``,
     ``imported_code`` and ``data_fingerprint`` as the run's start recorded them and ``now``."""
-    return [*code_differences(start.get("code_sha256"), now["code_sha256"]),
-            *imported_differences(start.get("imported_code"), now["imported_code"]),
-            *data_differences(start.get("data_fingerprint"), now["data_fingerprint"])]  # fmt: skip
+    code = code_differences(start.get("code_sha256"), now["code_sha256"])
+    imported = imported_differences(start.get("imported_code"), now["imported_code"])
+    data = data_differences(start.get("data_fingerprint"), now["data_fingerprint"])
+    return code + imported + data
 
 
 def data_differences(at_start: dict | None, now: dict | None) -> list[str]:
@@ -257,18 +255,19 @@ def data_differences(at_start: dict | None, now: dict | None) -> list[str]:
     if before is None:
         return ["data: the run's start recorded no data fingerprint, so its data was not compared"]
     if before != after:
-        return [f"data: the dataset changed since the run started (fingerprint sha256 "
-                f"{before[:12]} -> {str(after)[:12]})"]  # fmt: skip
+        changed = f"fingerprint sha256 {before[:12]} -> {str(after)[:12]}"
+        return [f"data: the dataset changed since the run started ({changed})"]
     return []
 
 
-def imported_differences(at_start: dict | None, now: dict,
-                         since: str = "since the run started") -> list[str]:  # fmt: skip
+def imported_differences(
+    at_start: dict | None, now: dict, since: str = "since the run started"
+) -> list[str]:
     """Modules imported from outside the snapshot paths (``provenance.imported_code``) at the
     start against now, each changed, added or gone file by name (also a reproduce's re-run)."""
     if at_start is None:
-        return ["code: the run's start recorded no imported_code, so modules imported from "
-                "outside src/ were not compared"]  # fmt: skip
+        unseen = "so modules imported from outside src/ were not compared"
+        return [f"code: the run's start recorded no imported_code, {unseen}"]
     changed = sorted(k for k in set(at_start) | set(now) if at_start.get(k) != now.get(k))
     if not changed:
         return []
@@ -281,6 +280,7 @@ def code_differences(at_start: str | None, now: str) -> list[str]:
     if at_start is None:
         return ["code: the run's start recorded no code_sha256, so its code was not compared"]
     if at_start != now:
-        return [f"code: the source (src/, conf/, pyproject.toml, Makefile, the locks) changed "
-                f"since the run started (code_sha256 {at_start[:12]} -> {now[:12]})"]  # fmt: skip
+        source = "the source (src/, conf/, pyproject.toml, Makefile, the locks)"
+        digest = f"code_sha256 {at_start[:12]} -> {now[:12]}"
+        return [f"code: {source} changed since the run started ({digest})"]
     return []

@@ -19,7 +19,8 @@ import torch
 from reprotrain.errors import CheckpointError
 from reprotrain.hashing import file_sha256
 from reprotrain.repro import checkpoint
-from reprotrain.run import record as rec
+from reprotrain.resume.guard import ResumePoint
+from reprotrain.run.record import CHECKPOINTS, RunRecord
 
 log = logging.getLogger("reprotrain")
 
@@ -78,8 +79,8 @@ def _tensor_difference(a: Any, b: Any, where: str) -> str | None:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return f"{where}: {_shown(a)} in the checkpoint, {_shown(b)} in the replay"
     if a.dtype != b.dtype or a.shape != b.shape:
-        return (f"{where}: {a.dtype} {list(a.shape)} in the checkpoint, "
-                f"{b.dtype} {list(b.shape)} in the replay")  # fmt: skip
+        shapes = f"{a.dtype} {list(a.shape)} in the checkpoint, {b.dtype} {list(b.shape)}"
+        return f"{where}: {shapes} in the replay"
     x, y = _bytes(a), _bytes(b)
     if torch.equal(x, y):
         return None
@@ -101,8 +102,9 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else f"{type(value).__name__} ({text[:40]}...)"
 
 
-def replay_start(point_path: Path, point_state: dict[str, Any],
-                 ckpt_dir: Path) -> tuple[Path, dict[str, Any]] | None:  # fmt: skip
+def replay_start(
+    point_path: Path, point_state: dict[str, Any], ckpt_dir: Path
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest of the run's own step checkpoints before ``point_state`` that loads (same
     seeds); None: the run's own start."""
     target, seeds = position(point_state), point_state.get("seeds")
@@ -118,10 +120,10 @@ def replay_start(point_path: Path, point_state: dict[str, Any],
     return None
 
 
-def start_of(point: Any, record: rec.RunRecord) -> tuple[str, dict | None] | str:
+def start_of(point: ResumePoint, record: RunRecord) -> tuple[str, dict | None] | str:
     """(name, state) a replay starts from: the checkpoint before ``point``, else the run's
     start (None: the state as built, or the fork's parent checkpoint); a string says why none."""
-    found = replay_start(point.path, point.state, record.run_dir / rec.CHECKPOINTS)
+    found = replay_start(point.path, point.state, record.run_dir / CHECKPOINTS)
     if found is not None:
         return found[0].name, found[1]
     parent = record.data.get("forked_from")
@@ -129,13 +131,14 @@ def start_of(point: Any, record: rec.RunRecord) -> tuple[str, dict | None] | str
         return "the run's start", None
     path = Path(parent["path"])
     if not path.is_file() or file_sha256(path) != parent.get("sha256"):
-        return (f"no checkpoint before {point.path.name} is kept and the checkpoint "
-                f"the run was forked from ({path}) is gone or changed")  # fmt: skip
+        gone = f"the checkpoint the run was forked from ({path}) is gone or changed"
+        return f"no checkpoint before {point.path.name} is kept and {gone}"
     return f"the fork's parent {path.name}", checkpoint.load(path)
 
 
-def verify(point: Any, state: Any, record: rec.RunRecord, container: dict, dist: Any,
-           replay_state: Any) -> dict[str, Any]:  # fmt: skip
+def verify(
+    point: ResumePoint, state: Any, record: RunRecord, container: dict, dist: Any, replay_state: Any
+) -> dict[str, Any]:
     """Restore the checkpoint before ``point`` (or keep the run's start, which ``state`` is),
     replay up to it and compare; the evidence for the record. Every rank replays (a
     collective under DDP); rank 0 compares and its verdict is broadcast."""
@@ -158,15 +161,15 @@ def verify(point: Any, state: Any, record: rec.RunRecord, container: dict, dist:
     seconds = time.perf_counter() - t0
     # The audit's digests are compared after the restore, against this process's own
     # construction (``ResumeAudit.unrestored``): the replay may run another schedule.
-    difference = (first_difference(_less_audit(point.state), _less_audit(replayed))
-                  if replayed else None)  # fmt: skip
+    difference = None
+    if replayed:
+        difference = first_difference(_less_audit(point.state), _less_audit(replayed))
     if dist is not None:
         difference = dist.broadcast_object(difference)
     line = verdict(name, first, last, difference)
     (log.info if difference is None else log.warning)("resume %s", line)
-    return {"line": line, "identical": difference is None, "from": name, "first_step": first,
-            "last_step": last, "seconds": round(seconds, 3),
-            "first_difference": difference}  # fmt: skip
+    found = {"line": line, "identical": difference is None, "from": name, "first_step": first}
+    return found | {"last_step": last, "seconds": round(seconds, 3), "first_difference": difference}
 
 
 def _less_audit(state: dict) -> dict:

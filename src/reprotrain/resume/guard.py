@@ -117,16 +117,11 @@ def already_completed(loop: dict, trainer: dict) -> str | None:
     done = loop["epoch"] - 1
     if loop.get("early_stopped"):
         return f"early stopping ended it after epoch {done}"
-    target = trainer["epochs"]
-    if trainer.get("stop_after_epoch"):
-        target = min(target, trainer["stop_after_epoch"])
-    if target <= done:
-        return f"{done} of {trainer['epochs']} epochs done" + (
-            f", trainer.stop_after_epoch={trainer['stop_after_epoch']}"
-            if trainer.get("stop_after_epoch") and done < trainer["epochs"]
-            else ""
-        )
-    return None
+    epochs, stop = trainer["epochs"], trainer.get("stop_after_epoch")
+    if (min(epochs, stop) if stop else epochs) > done:
+        return None
+    why = f", trainer.stop_after_epoch={stop}" if stop and done < epochs else ""
+    return f"{done} of {epochs} epochs done{why}"
 
 
 def _recorded(run_dir: Path) -> dict | None:

@@ -1,9 +1,5 @@
-"""Resuming a run, in one place; the start room calls two entries (docs/resume.md):
-
-- :func:`find_resume_point` (``guard.py``): decide: None for a fresh start, else the
-  checkpoint to continue from (``forked`` when it is another run's), after the refusals;
-- :func:`restore`: replay up to the checkpoint and compare (``replay.py``), load it, compare
-  the audit's digests (``audit.py``) and the inputs, refuse or record the resume.
+"""Resuming a run, one entry each way: :func:`find_resume_point` decides (``guard.py``),
+:func:`restore` replays (``replay.py``), loads, audits (``audit.py``), guards and records.
 
 Closes: a resume that drifts silently, and one recorded as bitwise that is not.
 """
@@ -13,8 +9,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from reprotrain.resume import guard, replay
 from reprotrain.resume.guard import AlreadyCompleted, ResumePoint, find_resume_point
@@ -26,11 +20,10 @@ __all__ = ["AlreadyCompleted", "ResumePoint", "find_resume_point", "restore", "r
 
 
 def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *, env: dict,
-            device: torch.device, container: dict, dist: Any = None, replay_state: Any = None,
+            container: dict, dist: Any = None, replay_state: Any = None,
             continuation: Any = None) -> None:  # fmt: skip
-    """Replay up to ``point`` and compare, load it, audit, guard and append the resume to the
-    record's ``resumes``. ``now``: this process's ``code_sha256``, ``imported_code`` and
-    ``data_fingerprint``; ``continuation``: what the interrupted run logged after the point."""
+    """Replay up to ``point``, load it, audit, guard, append to ``resumes``. ``now``: this
+    process's ``code_sha256``, ``imported_code`` and ``data_fingerprint``."""
     verified = replay.verify(point, state, record, container, dist, replay_state)
     state.load_state_dict(point.state)  # after a verified replay: the same bits
     # What the checkpoint could not restore, named first (the audit's paths: the cause a
@@ -59,8 +52,7 @@ def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *,
 
 
 def not_comparable(point: ResumePoint, container: dict, env: dict) -> str | None:
-    """Why the steps the interrupted run logged after its checkpoint are not this resume's to
-    compare (a stretched schedule or another world size computes them otherwise), or None."""
+    """Why the steps logged after the checkpoint are not this resume's to compare, or None."""
     before, after = point.state["config"]["trainer"]["epochs"], container["trainer"]["epochs"]
     if before != after:
         return (f"not compared: this resume extends trainer.epochs ({before} -> {after}), so "
@@ -72,7 +64,6 @@ def not_comparable(point: ResumePoint, container: dict, env: dict) -> str | None
 
 
 def rewrite_history(run_dir: Path, state: Any) -> None:
-    """metrics.jsonl and the fingerprints as the checkpoint has them (the files may have run
-    ahead of it: killed after writing them)."""
+    """metrics.jsonl and the fingerprints as the checkpoint has them (a kill may leave more)."""
     rec.write_jsonl(run_dir / rec.METRICS, state.loop.metrics)
     rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.loop.fingerprints)

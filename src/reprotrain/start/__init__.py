@@ -129,7 +129,7 @@ class Resume:
                 device: torch.device, **run: Any) -> None:  # fmt: skip
         """Replay, load, audit and record (``resume.restore``); then the config that runs."""
         now = {**provenance.code_now(), "data_fingerprint": self.data_now}
-        resume.restore(self.point, state, record, now, container=container, device=device, **run)
+        resume.restore(self.point, state, record, now, container=container, **run)
         record_extension(record, self.point, container, device)
 
 

@@ -1,10 +1,6 @@
-"""A resume that proves what it claims: what the checkpoint could not restore, named.
+"""What a checkpoint could not restore, named: digests of the state no ``state_dict()``
+holds, taken at each checkpoint and compared after a restore (what is watched: docs/resume.md).
 
-At every checkpoint ``ResumeAudit`` records digests of the state no ``state_dict()`` holds
-(the owners' and modules' attributes, closures' cells, user modules' globals, the global RNG
-states; the list is in docs/resume.md) that changed since construction; after a restore it
-recomputes them and names each difference by its path. Caches rebuilt on use are declared
-by the class in ``cache_attributes``. Rank 0's verdict is broadcast under DDP.
 Closes: a resume recorded as bitwise that is not.
 """
 
@@ -129,8 +125,7 @@ class Digester:
             self._feed(h, instance_attributes(value), depth + 1, seen)
 
     def _tensor(self, t: torch.Tensor) -> str:
-        """A tensor's content digest; a big one unchanged (same object and version) is not
-        hashed again (a dataset held in memory)."""
+        """A tensor's content digest; a big one unchanged (same object and version) is kept."""
         if t.is_sparse or t.is_quantized or t.is_meta:
             return f"{t.dtype}{list(t.shape)}:{t.layout}"
         big = t.numel() * t.element_size() > _BIG_TENSOR
@@ -158,8 +153,7 @@ def instance_attributes(obj: Any) -> dict[str, Any]:
 
 
 def module_attributes(module: nn.Module) -> dict[str, Any]:
-    """A module's own attributes (private ones included) and non-persistent buffers, less
-    torch's bookkeeping and lazy caches."""
+    """A module's own attributes and non-persistent buffers, less torch's bookkeeping."""
     attrs = instance_attributes(module)
     found = {k: v for k, v in attrs.items()
              if k not in _MODULE_INTERNALS and not k.startswith(_TORCH_CACHES)}  # fmt: skip
@@ -182,8 +176,7 @@ def closure_cells(function: types.FunctionType) -> dict[str, Any]:
 
 @functools.cache
 def torch_own_attributes(base: type) -> frozenset[str]:
-    """The attributes torch's own ``base`` (Optimizer, LRScheduler) sets on an instance, lazy
-    ones included: its ``state_dict`` restores them; a subclass's own are what is watched."""
+    """The attributes torch's ``base`` (Optimizer, LRScheduler) sets, lazy ones included."""
     param = nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -208,8 +201,7 @@ def own_attributes(obj: Any) -> dict[str, Any]:
 
 
 def module_globals(objects: list[Any]) -> dict[str, Any]:
-    """``{"module.NAME": value}``: the data globals (not code, not loggers) of the user
-    modules (not stdlib, site-packages or the framework) whose classes or functions these are."""
+    """``{"module.NAME": value}``: the data globals of the user modules these objects are of."""
     names = {getattr(kind, "__module__", None) for obj in objects for kind in (type(obj), obj)}
     names = {name for name in names if isinstance(name, str)}
     found: dict[str, Any] = {}
@@ -241,8 +233,8 @@ def _stdlib_roots() -> tuple[str, ...]:
 
 
 class ResumeAudit:
-    """Digests taken at construction (built before any restore or step), recorded in each
-    checkpoint (``state_dict``) and compared after a restore (``unrestored``)."""
+    """Digests taken at construction (before any restore or step), recorded at each checkpoint
+    and compared after a restore (``unrestored``); rank 0's verdict, broadcast."""
 
     def __init__(self, task: Any, dataset: Any, model: nn.Module, device: torch.device,
                  step: Any = None, dist: Dist | None = None,

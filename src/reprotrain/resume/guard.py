@@ -1,8 +1,6 @@
-"""Before: choosing the checkpoint to resume from and refusing a resume that would drift.
-After the restore: refusing or recording one that cannot be bitwise (docs/resume.md).
+"""The checkpoint to resume from, and the refusals and records of one that would drift.
 
-Closes: resume drift from a changed config, a corrupt newest checkpoint, another
-environment, code or data; a resume recorded as bitwise that cannot be.
+Closes: resume drift (config, checkpoint, environment, code, data; docs/resume.md).
 """
 
 from __future__ import annotations
@@ -205,9 +203,8 @@ def check_unrestored(
 
 def resume_entry(point: ResumePoint, env: dict, current: dict, unrestored: list[str],
                  inputs: list[str], code_sha256: str, verified: dict) -> dict:  # fmt: skip
-    """The run.json history line for this resume: a differing environment or input
-    (``mismatch``), state not restored (``unrestored``) and the replay's verdict; only an
-    identical replay with neither lets it claim the bits."""
+    """The run.json history line for this resume: bitwise only with an identical replay, no
+    ``mismatch`` (environment, inputs) and nothing ``unrestored``."""
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
     mismatch = comparability.differences(point.state["env"], env, invariant) + inputs
     if mismatch:

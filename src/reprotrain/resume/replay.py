@@ -1,9 +1,7 @@
-"""A resume proves its bits by replay: re-run the interval before the checkpoint, compare.
+"""A resume proves its bits by replay: re-run the interval before the checkpoint, compare
+(docs/resume.md); :func:`first_difference` is the one comparison of two checkpoint states.
 
-Only an identical state lets the resume record ``bitwise_guarantee: true``; a difference is
-named by its first entry. Why a replay and not a list, and what it covers: docs/resume.md.
-:func:`first_difference` is the one comparison of two checkpoint states (the resume's replay,
-``make verify KILL=1``, ``make drill``). Closes: a resume recorded as bitwise with other weights.
+Closes: a resume recorded as bitwise with other weights.
 """
 
 from __future__ import annotations
@@ -37,9 +35,7 @@ def position(state: dict[str, Any]) -> tuple[int, int]:
 
 
 def first_difference(saved: dict[str, Any], replayed: dict[str, Any]) -> str | None:
-    """The first entry in which two checkpoint states differ bit for bit, as one line; None
-    when identical. Tensors by dtype, shape and bytes, floats by their IEEE bits, the rest by
-    value."""
+    """The first entry in which two states differ bit for bit, as one line; None if none."""
     a = {k: v for k, v in saved.items() if k not in META}
     b = {k: v for k, v in replayed.items() if k not in META}
     return _difference(a, b, "")
@@ -139,9 +135,8 @@ def start_of(point: ResumePoint, record: RunRecord) -> tuple[str, dict | None] |
 def verify(
     point: ResumePoint, state: Any, record: RunRecord, container: dict, dist: Any, replay_state: Any
 ) -> dict[str, Any]:
-    """Restore the checkpoint before ``point`` (or keep the run's start, which ``state`` is),
-    replay up to it and compare; the evidence for the record. Every rank replays (a
-    collective under DDP); rank 0 compares and its verdict is broadcast."""
+    """Restore the checkpoint before ``point`` (or keep the run's start), replay up to it and
+    compare: the record's evidence. Every rank replays; rank 0's verdict is broadcast."""
     if not (container.get("trainer") or {}).get("verify_resume", True):
         return {"line": "not verified (trainer.verify_resume=false)", "identical": None}
     if replay_state is None:

@@ -1,7 +1,6 @@
 """What a run is, written into its run.json at the start: identity, code, environment, layout.
 
-Closes: code and environment drift, unrecorded (git, ``code_sha256``, the lock and the venv's
-drift against it, recorded before the first step; the code compared at every resume).
+Closes: code and environment drift, unrecorded (recorded before the first step).
 """
 
 from __future__ import annotations

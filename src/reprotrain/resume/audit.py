@@ -217,19 +217,23 @@ def module_globals(objects: list[Any]) -> dict[str, Any]:
 
 
 def _user_module(module: types.ModuleType) -> bool:
-    if module.__name__.split(".")[0] in ("reprotrain", "torch", "numpy"):
-        return False
     file = getattr(module, "__file__", None)
-    real = os.path.realpath(file) if file else None
-    if not real or {"site-packages", "dist-packages"} & set(Path(real).parts):
-        return False
-    return not any(real.startswith(root + os.sep) for root in _stdlib_roots())
+    ours = module.__name__.split(".")[0] in ("reprotrain", "torch", "numpy")
+    return bool(file) and not ours and not installed(file)
+
+
+def installed(file: str) -> bool:
+    """A file of the standard library or of an installed package, by its path or its target."""
+    real = os.path.realpath(file)
+    if {"site-packages", "dist-packages"} & {*Path(file).parts, *Path(real).parts}:
+        return True
+    return any(p.startswith(root + os.sep) for root in _installed_roots() for p in (file, real))
 
 
 @functools.cache
-def _stdlib_roots() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    return tuple({os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")})
+def _installed_roots() -> frozenset[str]:
+    paths = [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    return frozenset({*paths, *map(os.path.realpath, paths)})
 
 
 class ResumeAudit:

@@ -5,12 +5,10 @@ Closes: code and environment drift, unrecorded (recorded before the first step).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
 import sys
-import sysconfig
 from pathlib import Path
 
 import torch
@@ -19,11 +17,13 @@ from omegaconf import OmegaConf
 from reprotrain.config import config_sha256
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
+from reprotrain.hashing import file_sha256
 from reprotrain.paths import REPO_ROOT
 from reprotrain.reduction import Reduction
 from reprotrain.repro import device as devices
 from reprotrain.repro import environment, gitinfo, requirements_lock
 from reprotrain.repro.seeding import Seeds
+from reprotrain.resume.audit import installed
 from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
@@ -112,25 +112,18 @@ def code_now() -> dict:
 def imported_code() -> dict[str, str]:
     """sha256 of each module file imported from outside the standard library, site-packages
     and ``code_sha256``'s snapshot (a module on ``PYTHONPATH``, a link by its target)."""
-    skip = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    skip |= {os.path.realpath(p) for p in skip}
     found: dict[str, str] = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if not file or not os.path.isfile(file):
-            continue
+        if not file or not os.path.isfile(file) or installed(file):
+            continue  # installed packages are the lock's
         real = os.path.realpath(file)
-        parts = Path(file).parts + Path(real).parts
-        if any(p in ("site-packages", "dist-packages") or p.startswith("torchinductor")
-               for p in parts):  # fmt: skip
-            continue  # installed packages (the lock) and torch.compile's generated kernels
-        if any(path.startswith(root + os.sep) for root in skip for path in (file, real)):
-            continue
+        if any(p.startswith("torchinductor") for p in Path(file).parts + Path(real).parts):
+            continue  # torch.compile's generated kernels
         name = os.path.abspath(file)
         if name.startswith(str(REPO_ROOT) + os.sep):
             name = os.path.relpath(name, REPO_ROOT)
             if gitinfo.in_snapshot(Path(name).as_posix()):
                 continue  # in code_sha256
-        with open(real, "rb") as f:
-            found[name] = hashlib.sha256(f.read()).hexdigest()
+        found[name] = file_sha256(Path(real))
     return dict(sorted(found.items()))

@@ -63,19 +63,16 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
             _refuse_fresh_start_over(run_dir, record)
             return None
         if record is None:
-            raise ResumeError(
-                f"{run_dir} has checkpoints but no run.json; fork one into a new run dir with "
-                f"resume=<path to a checkpoint>"
-            )
+            fork = "fork one into a new run dir with resume=<path to a checkpoint>"
+            raise ResumeError(f"{run_dir} has checkpoints but no run.json; {fork}")
         point = ResumePoint(path, state, skipped)
     else:
         path = Path(resume).expanduser().resolve()
         inside = path.parent == ckpts.resolve()
         if not inside and record is not None:
-            raise ResumeError(
-                f"resume={path} belongs to another run, and {run_dir} already holds a run; "
-                "fork into a new, empty run dir (hydra.run.dir=<new dir>)"
-            )
+            held = f"{run_dir} already holds a run"
+            fix = "fork into a new, empty run dir (hydra.run.dir=<new dir>)"
+            raise ResumeError(f"resume={path} belongs to another run, and {held}; {fix}")
         point = ResumePoint(path, checkpoint.load(path), forked=not inside)
     _check_config(point, current)
     files = (run_dir / rec.RUN_JSON, run_dir / rec.RESOLVED_CONFIG)
@@ -142,10 +139,9 @@ def _refuse_fresh_start_over(run_dir: Path, record: dict | None) -> None:
         return
     done = _epochs_done(record, run_dir)
     if record.get("status") == "completed" or done:
-        raise ResumeError(
-            f"no checkpoint in {run_dir / rec.CHECKPOINTS} to resume from, and the run already "
-            f"recorded {done or 'its'} epoch(s); start a new run in a new directory"
-        )
+        where = f"no checkpoint in {run_dir / rec.CHECKPOINTS} to resume from"
+        why = f"the run already recorded {done or 'its'} epoch(s)"
+        raise ResumeError(f"{where}, and {why}; start a new run in a new directory")
 
 
 def _check_config(point: ResumePoint, current: dict) -> None:
@@ -154,16 +150,13 @@ def _check_config(point: ResumePoint, current: dict) -> None:
     if diffs:
         a, b = flatten(recorded), flatten(current)
         shown = ", ".join(f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in diffs)
-        raise ResumeError(
-            f"refusing to resume {point.path}: config differs from the recorded one in {shown}; "
-            "start a new run instead (only trainer.epochs may be extended)"
-        )
-    done = point.state["loop"]["epoch"] - 1
-    if current["trainer"]["epochs"] < done:
-        raise ResumeError(
-            f"trainer.epochs={current['trainer']['epochs']} is below the {done} epochs "
-            f"already completed in {point.path}"
-        )
+        differs = f"config differs from the recorded one in {shown}"
+        fix = "start a new run instead (only trainer.epochs may be extended)"
+        raise ResumeError(f"refusing to resume {point.path}: {differs}; {fix}")
+    done, epochs = point.state["loop"]["epoch"] - 1, current["trainer"]["epochs"]
+    if epochs < done:
+        completed = f"the {done} epochs already completed in {point.path}"
+        raise ResumeError(f"trainer.epochs={epochs} is below {completed}")
 
 
 def _changes(recorded: dict, current: dict) -> dict[str, dict[str, Any]]:

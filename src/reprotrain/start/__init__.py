@@ -43,7 +43,6 @@ class Fresh:
         return rec.RunRecord(run_dir)
 
     def seeds(self, seed_cfg: Any) -> Seeds:
-        """The named streams from ``seed`` (``seed.base`` or entropy, per-stream pins)."""
         return resolve_seeds(seed_cfg)
 
     def device(self, record: rec.RunRecord, requested: str, allow_change: bool,
@@ -55,7 +54,6 @@ class Fresh:
 
     def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
         provenance.identity(record, device, **facts)
-        provenance.write_environment_text(record.run_dir)
 
     def record_data(self, record: rec.RunRecord, fingerprint: dict) -> None:
         record.update(data_fingerprint=fingerprint)
@@ -149,10 +147,9 @@ def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
     """A resume (or fork) that extends ``trainer.epochs`` appends to ``extended_from``, part
     of ``config_sha256``: a stretched schedule never shares the longer run's id."""
     extended = list(record.data.get("extended_from") or [])
-    before = point.state["config"]["trainer"]["epochs"]
+    before, step = point.state["config"]["trainer"]["epochs"], point.state["loop"]["global_step"]
     if before != container["trainer"]["epochs"]:
-        extended.append({"trainer.epochs": before,
-                         "global_step": point.state["loop"]["global_step"]})  # fmt: skip
+        extended.append({"trainer.epochs": before, "global_step": step})
         record.update(extended_from=extended)
     record.update(config_sha256=config_sha256(container, extended or None))
     record.update(experiment_id=provenance.experiment_id(record.data, device))
@@ -198,7 +195,7 @@ def start(cfg: DictConfig, run_dir: Path, dist: Dist) -> Run:
     log.info("run dir: %s", run_dir)  # after the refusals: a refused resume writes nothing
     record = kind.open_record(run_dir)
     provenance.open_run(record, container, env_values)
-    stop = StopFlag()
+    stop = StopFlag()  # the signal handlers, from here on
     settings = TrainerSettings.from_config(cfg.trainer)  # each part goes to what reads it
     repro = cfg.repro
     flags = determinism.apply(repro.level, repro.num_threads, repro.fill_uninitialized_memory,

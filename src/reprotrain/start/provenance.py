@@ -41,7 +41,10 @@ def open_run(record: rec.RunRecord, container: dict, env_values: dict) -> None:
 def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: Seeds,
              flags: dict, env: dict, require_locked_env: bool,
              include_untracked: list[str]) -> None:  # fmt: skip
-    """Identity of a new run: git, environment, lock; the run.json a reproduce replays."""
+    """Identity of a new run: git, environment, lock; the run.json a reproduce replays. Also
+    torch's own environment report (environment.txt), for a human reading the run directory."""
+    from torch.utils import collect_env
+
     run_dir = record.run_dir
     drift = requirements_lock.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
@@ -55,6 +58,7 @@ def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: S
         log.warning(warning)
     if diff:
         rec.atomic_write_text(run_dir / "git.diff", diff)
+    rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
     record.update(
         run_dir=str(run_dir.resolve()),
         name=name,
@@ -74,13 +78,6 @@ def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: S
         resumes=[],
     )
     record.update(experiment_id=experiment_id(record.data, device))
-
-
-def write_environment_text(run_dir: Path) -> None:
-    """torch's own environment report, for a human reading the run directory."""
-    from torch.utils import collect_env
-
-    rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
 
 
 def experiment_id(record: dict, device: torch.device) -> str:

@@ -1,7 +1,6 @@
-"""Resuming a run, one entry each way: :func:`find_resume_point` decides (``guard.py``),
-:func:`restore` replays (``replay.py``), loads, audits (``audit.py``), guards and records.
-
-Closes: a resume that drifts silently, and one recorded as bitwise that is not.
+"""Resuming a run: :func:`find_resume_point` decides (``guard.py``), :func:`restore` replays
+(``replay.py``), loads, audits (``audit.py``), guards and records. Closes: a resume that
+drifts silently, and one recorded as bitwise that is not.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ __all__ = ["AlreadyCompleted", "ResumePoint", "find_resume_point", "restore", "r
 def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *, env: dict,
             container: dict, dist: Any = None, replay_state: Any = None,
             continuation: Any = None) -> None:  # fmt: skip
-    """Replay up to ``point``, load it, audit, guard, append to ``resumes``. ``now``: this
-    process's ``code_sha256``, ``imported_code`` and ``data_fingerprint``."""
+    """Replay up to ``point``, load, audit, guard, record; ``now``: this process's inputs."""
     verified = replay.verify(point, state, record, container, dist, replay_state)
     state.load_state_dict(point.state)  # after a verified replay: the same bits
     # What the checkpoint could not restore, named first (the audit's paths: the cause a

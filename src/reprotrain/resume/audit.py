@@ -1,7 +1,5 @@
-"""What a checkpoint could not restore, named: digests of the state no ``state_dict()``
-holds, taken at each checkpoint and compared after a restore (what is watched: docs/resume.md).
-
-Closes: a resume recorded as bitwise that is not.
+"""What a checkpoint could not restore, named: digests of the state no ``state_dict()`` holds
+(docs/resume.md). Closes: a resume recorded as bitwise that is not.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ _CODE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
 _MAX_DEPTH = 6
 _BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is unchanged
 BITWISE = "this resume cannot be bitwise"
+_HELD_BY = {"model": "the model's state_dict()", "global": "any state_dict()"}  # by owner
 
 
 def describe(value: Any) -> str:
@@ -237,8 +236,7 @@ def _installed_roots() -> frozenset[str]:
 
 
 class ResumeAudit:
-    """Digests taken at construction (before any restore or step), recorded at each checkpoint
-    and compared after a restore (``unrestored``); rank 0's verdict, broadcast."""
+    """Digests at construction (before any restore or step), at each checkpoint, after a restore."""
 
     def __init__(self, task: Any, dataset: Any, model: nn.Module, device: torch.device,
                  step: Any = None, dist: Dist | None = None,
@@ -317,10 +315,8 @@ class ResumeAudit:
             if (want and want[0]) == (got and got[0]):
                 continue
             shown = (want or got)[1]
-            owner = key.split(" ", 1)[0]
-            where = {"model": "the model's state_dict()", "global": "any state_dict()"}
-            lines.append(f"{key} ({shown}) is not in {where.get(owner, 'its state_dict()')}: "
-                         f"{BITWISE}")  # fmt: skip
+            where = _HELD_BY.get(key.split(" ", 1)[0], "its state_dict()")
+            lines.append(f"{key} ({shown}) is not in {where}: {BITWISE}")
         drawn = "was drawn from outside the framework's seeded scopes and is not re-derived"
         for name, digest in self._rngs().items():
             if digest != self.recorded["rngs"][name]:

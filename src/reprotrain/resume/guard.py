@@ -1,5 +1,4 @@
 """The checkpoint to resume from, and the refusals and records of one that would drift.
-
 Closes: resume drift (config, checkpoint, environment, code, data; docs/resume.md).
 """
 
@@ -91,8 +90,7 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
 
 
 def refuse_reopening(point: ResumePoint, record: dict, run_dir: Path) -> None:
-    """A completed run continues only from the checkpoint it ended with, never from an older
-    one (which would set it back to running, cut its metrics and drop its best.pt)."""
+    """A completed run continues only from the checkpoint it ended with, never an older one."""
     loop = point.state["loop"]
     ended = _epochs_done(record, run_dir)
     if loop["epoch_step"] == 0 and loop["epoch"] - 1 == ended:
@@ -107,8 +105,7 @@ def refuse_reopening(point: ResumePoint, record: dict, run_dir: Path) -> None:
 
 
 def already_completed(loop: dict, trainer: dict) -> str | None:
-    """Why a completed run has nothing left to run under the resume's ``trainer``, or None
-    when it raises what stopped it (early stopping ends it for good)."""
+    """Why a completed run has nothing left to run under ``trainer``, or None (it asks more)."""
     done = loop["epoch"] - 1
     if loop.get("early_stopped"):
         return f"early stopping ended it after epoch {done}"
@@ -170,8 +167,7 @@ def _changes(recorded: dict, current: dict) -> dict[str, dict[str, Any]]:
 def check_unrestored(
     point: ResumePoint, unrestored: list[str], current: dict, inputs: list[str]
 ) -> None:
-    """Under ``repro=strict`` a resume that cannot be bitwise is refused in one line (run.json
-    and the config put back) unless allowed; a changed input is named as the likely cause."""
+    """Under ``repro=strict`` a resume that cannot be bitwise is refused (run.json put back)."""
     if not unrestored:
         return
     for line in unrestored:
@@ -196,8 +192,7 @@ def check_unrestored(
 
 def resume_entry(point: ResumePoint, env: dict, current: dict, unrestored: list[str],
                  inputs: list[str], code_sha256: str, verified: dict) -> dict:  # fmt: skip
-    """The run.json history line for this resume: bitwise only with an identical replay, no
-    ``mismatch`` (environment, inputs) and nothing ``unrestored``."""
+    """The run.json history line for this resume, with whether it keeps the bits."""
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
     mismatch = comparability.differences(point.state["env"], env, invariant) + inputs
     if mismatch:
@@ -226,8 +221,7 @@ def resume_entry(point: ResumePoint, env: dict, current: dict, unrestored: list[
 
 
 def input_differences(start: dict, now: dict) -> list[str]:
-    """What the run reads that changed since it started, one line each: ``code_sha256``,
-    ``imported_code`` and ``data_fingerprint`` as the run's start recorded them and ``now``."""
+    """What the run reads (code, imported code, data) that changed since it started."""
     code = code_differences(start.get("code_sha256"), now["code_sha256"])
     imported = imported_differences(start.get("imported_code"), now["imported_code"])
     data = data_differences(start.get("data_fingerprint"), now["data_fingerprint"])
@@ -248,8 +242,7 @@ def data_differences(at_start: dict | None, now: dict | None) -> list[str]:
 def imported_differences(
     at_start: dict | None, now: dict, since: str = "since the run started"
 ) -> list[str]:
-    """Modules imported from outside the snapshot paths (``provenance.imported_code``) at the
-    start against now, each changed, added or gone file by name (also a reproduce's re-run)."""
+    """Each module from outside the snapshot (``imported_code``) changed, added or gone."""
     if at_start is None:
         unseen = "so modules imported from outside src/ were not compared"
         return [f"code: the run's start recorded no imported_code, {unseen}"]

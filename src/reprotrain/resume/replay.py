@@ -1,7 +1,5 @@
 """A resume proves its bits by replay: re-run the interval before the checkpoint, compare
-(docs/resume.md); :func:`first_difference` is the one comparison of two checkpoint states.
-
-Closes: a resume recorded as bitwise with other weights.
+(docs/resume.md). Closes: a resume recorded as bitwise with other weights.
 """
 
 from __future__ import annotations
@@ -101,8 +99,7 @@ def _shown(value: Any) -> str:
 def replay_start(
     point_path: Path, point_state: dict[str, Any], ckpt_dir: Path
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The newest of the run's own step checkpoints before ``point_state`` that loads (same
-    seeds); None: the run's own start."""
+    """The newest own step checkpoint before ``point_state`` that loads; None: the start."""
     target, seeds = position(point_state), point_state.get("seeds")
     for path in reversed(checkpoint.list_step_checkpoints(ckpt_dir)):
         if path.resolve() == Path(point_path).resolve():
@@ -117,8 +114,7 @@ def replay_start(
 
 
 def start_of(point: ResumePoint, record: RunRecord) -> tuple[str, dict | None] | str:
-    """(name, state) a replay starts from: the checkpoint before ``point``, else the run's
-    start (None: the state as built, or the fork's parent checkpoint); a string says why none."""
+    """(name, state) a replay starts from (state None: as built); a string says why none."""
     found = replay_start(point.path, point.state, record.run_dir / CHECKPOINTS)
     if found is not None:
         return found[0].name, found[1]
@@ -135,8 +131,7 @@ def start_of(point: ResumePoint, record: RunRecord) -> tuple[str, dict | None] |
 def verify(
     point: ResumePoint, state: Any, record: RunRecord, container: dict, dist: Any, replay_state: Any
 ) -> dict[str, Any]:
-    """Restore the checkpoint before ``point`` (or keep the run's start), replay up to it and
-    compare: the record's evidence. Every rank replays; rank 0's verdict is broadcast."""
+    """Replay up to ``point`` and compare: the record's evidence (rank 0's verdict, broadcast)."""
     if not (container.get("trainer") or {}).get("verify_resume", True):
         return {"line": "not verified (trainer.verify_resume=false)", "identical": None}
     if replay_state is None:

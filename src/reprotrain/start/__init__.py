@@ -1,10 +1,8 @@
-"""The run's start: validated config, how the run starts (``Fresh``, ``Resume`` or ``Fork``,
-decided once by ``begin``), record and identity (``provenance.py``), controls and layout,
-in the :class:`Run` later stages read. The resume's own logic is ``reprotrain.resume``.
+"""The run's start: the config validated, ``Fresh``, ``Resume`` or ``Fork`` decided once
+(``begin``), record and identity (``provenance.py``), controls and layout: the :class:`Run`.
 
 Closes: determinism, seeds and threads set before anything is built; the config's identity
-(``config_sha256``, ``oc.env`` values as digests) written before the first step; a resume
-that silently starts over, or a fork that passes for a resume.
+written before the first step; a resume that starts over, or a fork passing for a resume.
 """
 
 from __future__ import annotations
@@ -144,8 +142,7 @@ def begin(resume_cfg: str | None, run_dir: Path, container: dict) -> Start:
 
 def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
                      device: torch.device) -> None:  # fmt: skip
-    """A resume (or fork) that extends ``trainer.epochs`` appends to ``extended_from``, part
-    of ``config_sha256``: a stretched schedule never shares the longer run's id."""
+    """An extended ``trainer.epochs`` enters ``extended_from`` and so ``config_sha256``."""
     extended = list(record.data.get("extended_from") or [])
     before, step = point.state["config"]["trainer"]["epochs"], point.state["loop"]["global_step"]
     if before != container["trainer"]["epochs"]:

@@ -1,6 +1,5 @@
 """What a run is, written into its run.json at the start: identity, code, environment, layout.
-
-Closes: code and environment drift, unrecorded (recorded before the first step).
+Closes: code and environment drift, unrecorded.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ log = logging.getLogger("reprotrain")
 
 
 def open_run(record: rec.RunRecord, container: dict, env_values: dict) -> None:
-    """Mark the run running under this config (its sha256, labels, ``oc.env`` digests) and
-    write the resolved config: the run's identity, fresh or resumed."""
+    """Mark the run running under this config (sha256, labels, ``oc.env`` digests); write it."""
     record.update(status="running", config_sha256=config_sha256(container))
     record.update(tags=list(container.get("tags") or []))  # labels, not identity
     record.update(env_interpolations=env_values)
@@ -41,8 +39,7 @@ def open_run(record: rec.RunRecord, container: dict, env_values: dict) -> None:
 def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: Seeds,
              flags: dict, env: dict, require_locked_env: bool,
              include_untracked: list[str]) -> None:  # fmt: skip
-    """Identity of a new run: git, environment, lock; the run.json a reproduce replays. Also
-    torch's own environment report (environment.txt), for a human reading the run directory."""
+    """A new run's identity (git, environment, lock) and torch's report, environment.txt."""
     from torch.utils import collect_env
 
     run_dir = record.run_dir
@@ -81,8 +78,7 @@ def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: S
 
 
 def experiment_id(record: dict, device: torch.device) -> str:
-    """<config sha[:8]>-<commit>[+dirty]-<device>-<precision>: follows the config that ran
-    (the precision is in the config sha too; shown for the reader)."""
+    """<config sha[:8]>-<commit>[+dirty]-<device>-<precision>: follows the config that ran."""
     git, slug = record["git"], environment.device_slug(device)
     dirty = "+dirty" if git.get("dirty") else ""
     precision = (record.get("repro") or {}).get("precision")
@@ -92,8 +88,7 @@ def experiment_id(record: dict, device: torch.device) -> str:
 
 def layout(record: rec.RunRecord, dist: Dist, device: torch.device, reduction: Reduction,
            microbatches: int) -> None:  # fmt: skip
-    """World size, backend, every rank's device and threads (a collective under DDP), and
-    how the ranks combine a step of ``microbatches`` micro-batches."""
+    """World size, backend, every rank's device and threads (a collective), the reduction."""
     me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads(),
           "host": socket.gethostname()}  # fmt: skip
     record.update(world_size=dist.world_size, backend=dist.backend,
@@ -107,8 +102,7 @@ def code_now() -> dict:
 
 
 def imported_code() -> dict[str, str]:
-    """sha256 of each module file imported from outside the standard library, site-packages
-    and ``code_sha256``'s snapshot (a module on ``PYTHONPATH``, a link by its target)."""
+    """sha256 of each module imported from outside installed packages and the snapshot."""
     found: dict[str, str] = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)

@@ -34,8 +34,7 @@ def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *,
     inputs = guard.input_differences(record.data, now)  # the suspects a refusal names
     guard.check_unrestored(point, unrestored, container, inputs)
     rewrite_history(record.run_dir, state)
-    code = now["code_sha256"]
-    entry = guard.resume_entry(point, env, container, unrestored, inputs, code, verified)
+    entry = guard.resume_entry(point, env, container, unrestored, inputs, now, verified)
     entry["state_paths_compared"] = state.audit.compared
     if continuation is not None:
         continuation.load(point.state["loop"]["global_step"])

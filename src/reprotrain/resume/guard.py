@@ -19,8 +19,7 @@ from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
 
-# Besides the non-identity keys, options that change how the run executes, not its numbers
-# (trainer.epochs is checked on its own: it may only grow).
+# Options that change how the run executes, not its numbers (trainer.epochs may only grow).
 MAY_DIFFER = ("trainer.num_workers", "trainer.checkpoint_every_steps", "trainer.keep_checkpoints")
 
 
@@ -191,7 +190,7 @@ def check_unrestored(
 
 
 def resume_entry(point: ResumePoint, env: dict, current: dict, unrestored: list[str],
-                 inputs: list[str], code_sha256: str, verified: dict) -> dict:  # fmt: skip
+                 inputs: list[str], now: dict, verified: dict) -> dict:  # fmt: skip
     """The run.json history line for this resume, with whether it keeps the bits."""
     invariant = bool((point.state["config"].get("trainer") or {}).get("world_size_invariant"))
     mismatch = comparability.differences(point.state["env"], env, invariant) + inputs
@@ -210,7 +209,7 @@ def resume_entry(point: ResumePoint, env: dict, current: dict, unrestored: list[
         "environment": {
             k: env[k] for k in ("python", "torch", "cuda", "cudnn", "device", "num_threads")
         },
-        "code_sha256": code_sha256,
+        "code_sha256": now["code_sha256"],
         "bitwise_guarantee": not mismatch and not unrestored and bool(verified.get("identical")),
         "verified": verified["line"],
         "replay": {k: v for k, v in verified.items() if k != "line"},

@@ -32,10 +32,10 @@ def position(state: dict[str, Any]) -> tuple[int, int]:
     return state["loop"]["epoch"], state["loop"]["epoch_step"]
 
 
-def first_difference(saved: dict[str, Any], replayed: dict[str, Any]) -> str | None:
+def first_difference(saved: dict, replayed: dict, skip: frozenset[str] = META) -> str | None:
     """The first entry in which two states differ bit for bit, as one line; None if none."""
-    a = {k: v for k, v in saved.items() if k not in META}
-    b = {k: v for k, v in replayed.items() if k not in META}
+    a = {k: v for k, v in saved.items() if k not in skip}
+    b = {k: v for k, v in replayed.items() if k not in skip}
     return _difference(a, b, "")
 
 
@@ -149,21 +149,15 @@ def verify(
     epochs = point.state["config"]["trainer"]["epochs"]
     replayed = replay_state(position(point.state), epochs=epochs, from_start=begin_state is None)
     seconds = time.perf_counter() - t0
-    # The audit's digests are compared after the restore, against this process's own
-    # construction (``ResumeAudit.unrestored``): the replay may run another schedule.
-    difference = None
-    if replayed:
-        difference = first_difference(_less_audit(point.state), _less_audit(replayed))
+    # The audit's digests are compared after the restore (``ResumeAudit.unrestored``),
+    # against this process's construction: the replay may run another schedule.
+    difference = first_difference(point.state, replayed, META | {"audit"}) if replayed else None
     if dist is not None:
         difference = dist.broadcast_object(difference)
     line = verdict(name, first, last, difference)
     (log.info if difference is None else log.warning)("resume %s", line)
     found = {"line": line, "identical": difference is None, "from": name, "first_step": first}
     return found | {"last_step": last, "seconds": round(seconds, 3), "first_difference": difference}
-
-
-def _less_audit(state: dict) -> dict:
-    return {k: v for k, v in state.items() if k != "audit"}
 
 
 def verdict(start: str, first: int, last: int, difference: str | None) -> str:

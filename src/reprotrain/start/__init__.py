@@ -175,9 +175,8 @@ class Run:
 
     def restore(self, state: TrainerState, trainer: Any, saver: Any) -> None:
         """Fresh: record the initial weights; Resume: ``reprotrain.resume.restore``."""
-        self.kind.restore(state, self.record, env=self.env, device=self.device,
-                          container=self.container, dist=self.dist,
-                          replay_state=trainer.replay_state,
+        self.kind.restore(state, self.record, env=self.env, device=self.device, dist=self.dist,
+                          container=self.container, replay_state=trainer.replay_state,
                           continuation=trainer.continuation)  # fmt: skip
         saver.meta["config_sha256"] = self.record["config_sha256"]  # a resume's extension
 
@@ -203,12 +202,10 @@ def start(cfg: DictConfig, run_dir: Path, dist: Dist) -> Run:
     env = environment.capture(device)
     reduction = for_run(settings.reduction, dist)
     kind.check_world_size(reduction, settings.reduction.allow_world_size_change)
-    kind.write_identity(
-        record, device, seeds=seeds, flags=flags, env=env,
-        require_locked_env=repro.require_locked_env,
-        name=OmegaConf.to_container(cfg, resolve=False)["name"],  # an oc.env stays text
-        include_untracked=list(cfg.include_untracked),
-    )  # fmt: skip
+    name = OmegaConf.to_container(cfg, resolve=False)["name"]  # an oc.env stays text
+    kind.write_identity(record, device, seeds=seeds, flags=flags, env=env, name=name,
+                        require_locked_env=repro.require_locked_env,
+                        include_untracked=list(cfg.include_untracked))  # fmt: skip
     k = microbatches_per_step(settings.pipeline.batch_size, settings.step.microbatch_size)
     provenance.layout(record, dist, device, reduction, k)
     log.info("experiment %s | repro=%s | seeds %s | device %s | world size %d",

@@ -89,10 +89,9 @@ def experiment_id(record: dict, device: torch.device) -> str:
 def layout(record: rec.RunRecord, dist: Dist, device: torch.device, reduction: Reduction,
            microbatches: int) -> None:  # fmt: skip
     """World size, backend, every rank's device and threads (a collective), the reduction."""
-    me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads(),
-          "host": socket.gethostname()}  # fmt: skip
-    record.update(world_size=dist.world_size, backend=dist.backend,
-                  ranks=dist.all_gather_objects(me))  # fmt: skip
+    me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads()}
+    ranks = dist.all_gather_objects(me | {"host": socket.gethostname()})
+    record.update(world_size=dist.world_size, backend=dist.backend, ranks=ranks)
     record.update(**reduction.record(microbatches))
 
 

@@ -94,7 +94,7 @@ def test_a_resume_keeps_the_starts_data_fingerprint_and_names_a_change():
     """Image files edited between a kill and a resume: run.json's data_fingerprint was
     overwritten with the new data's and the resume called bitwise (issue 34)."""
     from reprotrain.resume.guard import data_differences
-    from reprotrain.start.kinds import Fresh, Resume
+    from reprotrain.start import Fresh, Resume
 
     class Record:
         def __init__(self) -> None:

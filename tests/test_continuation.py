@@ -16,7 +16,7 @@ from reprotrain.config import config_sha256
 from reprotrain.resume.continuation import FILE, Continuation, batch_digest, record_verdict
 from reprotrain.resume.guard import ResumePoint
 from reprotrain.run.record import RunRecord
-from reprotrain.start.kinds import record_extension
+from reprotrain.start import record_extension
 
 
 def logged(path, losses: dict[int, float], batch) -> Continuation:

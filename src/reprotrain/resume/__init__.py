@@ -1,1 +1,66 @@
-"""Resuming a run: what a resume point must match (guard), what it restores (audit)."""
+"""Resuming a run: :func:`find_resume_point` decides (``guard.py``), :func:`restore` replays
+(``replay.py``), loads, audits (``audit.py``), guards and records. Closes: a resume that
+drifts silently, and one recorded as bitwise that is not.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from reprotrain.resume import guard, replay
+from reprotrain.resume.guard import AlreadyCompleted, ResumePoint, find_resume_point
+from reprotrain.run import record as rec
+
+log = logging.getLogger("reprotrain")
+
+__all__ = ["AlreadyCompleted", "ResumePoint", "find_resume_point", "restore", "rewrite_history"]
+
+
+def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *, env: dict,
+            container: dict, dist: Any = None, replay_state: Any = None,
+            continuation: Any = None) -> None:  # fmt: skip
+    """Replay up to ``point``, load, audit, guard, record; ``now``: this process's inputs."""
+    verified = replay.verify(point, state, record, container, dist, replay_state)
+    state.load_state_dict(point.state)  # after a verified replay: the same bits
+    # What the checkpoint could not restore, named first (the audit's paths: the cause a
+    # refusal names), then the replay's difference (its effect).
+    unrestored = state.audit.unrestored()
+    unrestored += [verified["line"]] if verified.get("identical") is False else []
+    purity = record.data.get("sample_purity") or {}
+    if purity.get("pure") is False:  # found at this run's start (data/purity.py)
+        unrestored.append(f"samples are not a pure function of their key ({purity['reason']})")
+    inputs = guard.input_differences(record.data, now)  # the suspects a refusal names
+    guard.check_unrestored(point, unrestored, container, inputs)
+    rewrite_history(record.run_dir, state)
+    entry = guard.resume_entry(point, env, container, unrestored, inputs, now, verified)
+    entry["state_paths_compared"] = state.audit.compared
+    if continuation is not None:
+        continuation.load(point.state["loop"]["global_step"])
+        entry["continuation"] = continuation.entry(
+            entry["bitwise_guarantee"], not_comparable(point, container, env)
+        )
+        # The bits are claimed only once the continuation it logged is compared too.
+        entry["bitwise_guarantee"] &= continuation.steps is None
+    record.update(resumes=[*record.data.get("resumes", []), entry])
+    log.info("resumed from %s at epoch %d step %d", point.path.name, state.loop.epoch,
+             state.loop.epoch_step)  # fmt: skip
+
+
+def not_comparable(point: ResumePoint, container: dict, env: dict) -> str | None:
+    """Why the steps logged after the checkpoint are not this resume's to compare, or None."""
+    before, after = point.state["config"]["trainer"]["epochs"], container["trainer"]["epochs"]
+    if before != after:
+        return (f"not compared: this resume extends trainer.epochs ({before} -> {after}), so "
+                "the steps after the checkpoint run under another schedule")  # fmt: skip
+    saved, world = point.state["env"]["world_size"], env["world_size"]
+    if saved != world:
+        return f"not compared: the world size changed ({saved} -> {world})"
+    return None
+
+
+def rewrite_history(run_dir: Path, state: Any) -> None:
+    """metrics.jsonl and the fingerprints as the checkpoint has them (a kill may leave more)."""
+    rec.write_jsonl(run_dir / rec.METRICS, state.loop.metrics)
+    rec.write_jsonl(run_dir / rec.FINGERPRINTS, state.loop.fingerprints)

@@ -1,29 +1,5 @@
-"""A resume that proves what it claims: what the checkpoint could not restore, named.
-
-Closes: a resume recorded as bitwise that is not. A checkpoint holds every ``state_dict()``
-the trainer knows of; user objects also keep state elsewhere (a task's list of predictions,
-a metric object, a counter on the model, a dataset's own generator) and global RNGs may be
-drawn from outside the framework's seeded scopes. At every checkpoint ``ResumeAudit``
-records a digest of
-
-- each instance attribute of the task, the dataset (its transforms are attributes of it),
-  the user's step object (``step`` group), each callback, the optimizer and the scheduler
-  (their own: what torch's base classes keep is in their ``state_dict``), with a
-  function's closure cells (a ``LambdaLR`` lambda's count), and of every module of the
-  model (private attributes and non-persistent buffers included: parameters and
-  persistent buffers are the model's ``state_dict``), that changed since construction;
-- the data globals of the user modules whose classes or functions the run uses (a
-  ``CALLS`` counter at module level, a global written at validation), and
-- the global RNG states (python, numpy, torch CPU and the training GPU),
-
-and after a resume has restored every part, it recomputes them: each difference is one line
-naming the path (owner and attribute), e.g. ``task attribute `preds` (list, 250 items) is not
-in its state_dict(): this resume cannot be bitwise``. Attributes that are caches rebuilt
-on use (a per-device copy of constants) are declared by the class in ``cache_attributes``
-and left out.
-
-The digests are rank 0's (the rank that writes the checkpoint); under DDP its verdict is
-broadcast so every rank takes the same decision.
+"""What a checkpoint could not restore, named: digests of the state no ``state_dict()`` holds
+(docs/resume.md). Closes: a resume recorded as bitwise that is not.
 """
 
 from __future__ import annotations
@@ -58,6 +34,7 @@ _CODE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
 _MAX_DEPTH = 6
 _BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is unchanged
 BITWISE = "this resume cannot be bitwise"
+_HELD_BY = {"model": "the model's state_dict()", "global": "any state_dict()"}  # by owner
 
 
 def describe(value: Any) -> str:
@@ -71,14 +48,13 @@ def describe(value: Any) -> str:
 
 
 class Digester:
-    """sha256 of a value's content, stable across processes: tensors and arrays by bytes,
-    containers recursively, generators by state, other objects by their attributes."""
+    """sha256 of a value's content, stable across processes (objects by their attributes)."""
 
-    def __init__(self, refs: dict[int, str] | None = None) -> None:
+    def __init__(self) -> None:
         self._tensors: dict[int, tuple[torch.Tensor, int, str]] = {}
         # Objects digested by name where another one holds them (a scheduler's optimizer,
         # a callback's model): their state is compared where they are owners.
-        self.refs = refs or {}
+        self.refs: dict[int, str] = {}
 
     def __call__(self, value: Any) -> str:
         h = hashlib.sha256()
@@ -148,8 +124,7 @@ class Digester:
             self._feed(h, instance_attributes(value), depth + 1, seen)
 
     def _tensor(self, t: torch.Tensor) -> str:
-        """A tensor's content digest; a big one unchanged since last time (same object, same
-        version counter) is not hashed again (a dataset held in memory)."""
+        """A tensor's content digest; a big one unchanged (same object and version) is kept."""
         if t.is_sparse or t.is_quantized or t.is_meta:
             return f"{t.dtype}{list(t.shape)}:{t.layout}"
         big = t.numel() * t.element_size() > _BIG_TENSOR
@@ -166,8 +141,7 @@ class Digester:
 
 
 def instance_attributes(obj: Any) -> dict[str, Any]:
-    """An object's instance attributes (``__dict__`` and ``__slots__``), less the caches
-    its class declares in ``cache_attributes``."""
+    """``__dict__`` and ``__slots__``, less the class's ``cache_attributes``."""
     skip = set(getattr(type(obj), "cache_attributes", ()))
     found = {k: v for k, v in getattr(obj, "__dict__", {}).items() if k not in skip}
     for cls in type(obj).__mro__:
@@ -178,9 +152,7 @@ def instance_attributes(obj: Any) -> dict[str, Any]:
 
 
 def module_attributes(module: nn.Module) -> dict[str, Any]:
-    """A module's own attributes, private ones included (``self._calls = 0``), and its
-    non-persistent buffers (``seen [non-persistent buffer]``: no state_dict holds them); torch's
-    bookkeeping and the caches torch, DDP and compile set on modules lazily left out."""
+    """A module's own attributes and non-persistent buffers, less torch's bookkeeping."""
     attrs = instance_attributes(module)
     found = {k: v for k, v in attrs.items()
              if k not in _MODULE_INTERNALS and not k.startswith(_TORCH_CACHES)}  # fmt: skip
@@ -192,9 +164,8 @@ def module_attributes(module: nn.Module) -> dict[str, Any]:
 
 def closure_cells(function: types.FunctionType) -> dict[str, Any]:
     """What a function's closure holds, by free variable name (a ``LambdaLR`` lambda's count)."""
-    cells = function.__closure__ or ()
     found = {}
-    for name, cell in zip(function.__code__.co_freevars, cells, strict=True):
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=True):
         try:
             found[name] = cell.cell_contents
         except ValueError:  # an empty cell
@@ -204,10 +175,7 @@ def closure_cells(function: types.FunctionType) -> dict[str, Any]:
 
 @functools.cache
 def torch_own_attributes(base: type) -> frozenset[str]:
-    """The attributes torch's own ``base`` (Optimizer, LRScheduler) sets on an instance,
-    lazily included (a scheduler patches its optimizer's ``step``): their ``state_dict``
-    restores what of them is state; a subclass's own (a user's private counter) are what
-    the audit watches."""
+    """The attributes torch's ``base`` (Optimizer, LRScheduler) sets, lazy ones included."""
     param = nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -232,16 +200,9 @@ def own_attributes(obj: Any) -> dict[str, Any]:
 
 
 def module_globals(objects: list[Any]) -> dict[str, Any]:
-    """``{"module.NAME": value}``: the data globals of the user modules whose classes (or
-    functions) these objects are: ``CALLS = 0`` at module level that a forward counts.
-    Modules of the standard library, site-packages and the framework are left out, and so
-    are the code a module defines (functions, classes, imported modules) and its loggers."""
-    names: set[str] = set()
-    for obj in objects:
-        for kind in (type(obj), obj):
-            name = getattr(kind, "__module__", None)
-            if isinstance(name, str):
-                names.add(name)
+    """``{"module.NAME": value}``: the data globals of the user modules these objects are of."""
+    names = {getattr(kind, "__module__", None) for obj in objects for kind in (type(obj), obj)}
+    names = {name for name in names if isinstance(name, str)}
     found: dict[str, Any] = {}
     for name in sorted(names):
         module = sys.modules.get(name)
@@ -255,59 +216,44 @@ def module_globals(objects: list[Any]) -> dict[str, Any]:
 
 
 def _user_module(module: types.ModuleType) -> bool:
-    if module.__name__.split(".")[0] in ("reprotrain", "torch", "numpy"):
-        return False
     file = getattr(module, "__file__", None)
-    if not file:
-        return False
+    ours = module.__name__.split(".")[0] in ("reprotrain", "torch", "numpy")
+    return bool(file) and not ours and not installed(file)
+
+
+def installed(file: str) -> bool:
+    """A file of the standard library or of an installed package, by its path or its target."""
     real = os.path.realpath(file)
-    parts = Path(real).parts
-    if "site-packages" in parts or "dist-packages" in parts:
-        return False
-    return not any(real.startswith(root + os.sep) for root in _stdlib_roots())
+    if {"site-packages", "dist-packages"} & {*Path(file).parts, *Path(real).parts}:
+        return True
+    return any(p.startswith(root + os.sep) for root in _installed_roots() for p in (file, real))
 
 
 @functools.cache
-def _stdlib_roots() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    return tuple({os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")})
+def _installed_roots() -> frozenset[str]:
+    paths = [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    return frozenset({*paths, *map(os.path.realpath, paths)})
 
 
 class ResumeAudit:
-    """Digests of what a checkpoint restores and what it cannot, recorded and compared.
+    """Digests at construction (before any restore or step), at each checkpoint, after a restore."""
 
-    Built once the task, dataset and model exist (before any restore or step): that is
-    "construction". ``state_dict()`` is the checkpoint's ``audit`` entry; after a restore,
-    ``load_state_dict`` keeps the recorded entry and ``unrestored()`` compares.
-    """
-
-    optional = True  # checkpoints written before the audit have no entry
-
-    def __init__(
-        self,
-        task: Any,
-        dataset: Any,
-        model: nn.Module,
-        device: torch.device,
-        step: Any = None,
-        dist: Dist | None = None,
-        trainer_state: Any = None,
-    ) -> None:
+    def __init__(self, task: Any, dataset: Any, model: nn.Module, device: torch.device,
+                 step: Any = None, dist: Dist | None = None,
+                 trainer_state: Any = None) -> None:  # fmt: skip
         self.owners = {"task": task, "dataset": dataset, "step": step}
         self.dist = dist or Dist()
         self.model, self.device = model, torch.device(device)
         # The optimizer, scheduler and callbacks, read at each digest (a replay may swap the
         # scheduler for the one the steps ran with).
         self.trainer_state = trainer_state
-        self.restorable = {"task": hasattr(task, "load_state_dict")}
         self.digest = Digester()
         self.recorded: dict[str, Any] | None = None
         self.compared: int | None = None  # how many paths the last comparison covered
         self.baseline = self._attributes()
 
     def _watched(self) -> dict[str, Any]:
-        """Every owner by the name its lines carry: the task, the dataset, the step, the
-        optimizer, the scheduler and each callback (``callback `name```)."""
+        """Every owner by the name its lines carry (``callback `name``` for a callback)."""
         owners = {k: v for k, v in self.owners.items() if v is not None}
         state = self.trainer_state
         if state is not None:
@@ -317,9 +263,7 @@ class ResumeAudit:
         return owners
 
     def _attributes(self) -> dict[str, tuple[str, str]]:
-        """``{"task attribute `preds`": (digest, description)}`` for every watched one: the
-        owners' attributes (a closure's cells within), every module's (private ones and
-        non-persistent buffers included), the user modules' globals."""
+        """``{"task attribute `preds`": (digest, description)}`` for every watched path."""
         owners = self._watched()
         digest, found = self.digest, {}
         digest.refs = {id(obj): name for name, obj in owners.items()} | {id(self.model): "model"}
@@ -339,12 +283,8 @@ class ResumeAudit:
 
     def _rngs(self) -> dict[str, str]:
         state = rng.capture(self.device)
-        return {
-            "python": self.digest(state["python"]),
-            "numpy": self.digest(state["numpy"]),
-            "torch": self.digest(state["torch_cpu"]),
-            "cuda": self.digest(state["cuda"]),
-        }
+        named = {"python": "python", "numpy": "numpy", "torch": "torch_cpu", "cuda": "cuda"}
+        return {name: self.digest(state[key]) for name, key in named.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Changed-since-construction attributes (digest, description) and RNG digests."""
@@ -357,8 +297,7 @@ class ResumeAudit:
         self.recorded = state
 
     def unrestored(self) -> list[str]:
-        """One line per difference between the checkpoint's digests and the restored state
-        (rank 0's verdict, the same on every rank); [] when everything matches."""
+        """One line per difference from the checkpoint's digests (rank 0's, on every rank)."""
         lines = self._compare() if self.dist.is_main else []
         return self.dist.broadcast_object(lines)
 
@@ -366,8 +305,8 @@ class ResumeAudit:
         if self.recorded is None:
             return []
         now, lines = self._attributes(), []
-        changed = {k: tuple(v) for k, v in self.recorded.get("changed", {}).items()}
-        removed = set(self.recorded.get("removed", []))
+        changed = {k: tuple(v) for k, v in self.recorded["changed"].items()}
+        removed = set(self.recorded["removed"])
         keys = sorted(set(changed) | set(now) | set(self.baseline))
         self.compared = len(keys)
         for key in keys:
@@ -376,14 +315,10 @@ class ResumeAudit:
             if (want and want[0]) == (got and got[0]):
                 continue
             shown = (want or got)[1]
-            owner = key.split(" ", 1)[0]
-            where = {"model": "the model's state_dict()", "global": "any state_dict()"}
-            lines.append(f"{key} ({shown}) is not in {where.get(owner, 'its state_dict()')}: "
-                         f"{BITWISE}")  # fmt: skip
+            where = _HELD_BY.get(key.split(" ", 1)[0], "its state_dict()")
+            lines.append(f"{key} ({shown}) is not in {where}: {BITWISE}")
+        drawn = "was drawn from outside the framework's seeded scopes and is not re-derived"
         for name, digest in self._rngs().items():
-            if digest != self.recorded.get("rngs", {}).get(name, digest):
-                lines.append(
-                    f"the global {name} RNG was drawn from outside the framework's seeded "
-                    f"scopes and is not re-derived on resume: {BITWISE}"
-                )
+            if digest != self.recorded["rngs"][name]:
+                lines.append(f"the global {name} RNG {drawn} on resume: {BITWISE}")
         return lines

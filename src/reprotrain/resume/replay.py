@@ -1,38 +1,24 @@
-"""A resume proves its bits by replay: re-run the interval before the checkpoint, compare.
-
-Before a resume continues from checkpoint k, the run goes back to the checkpoint before k
-(or to its own start when k is the first), re-runs the steps up to k as the run did, and
-compares the whole state it reaches with what k holds, bit for bit: model, optimizer,
-scheduler, GradScaler, loop position and history, the epoch's partial sums, the RNG states,
-the task's, the step's and the callbacks' ``state_dict()`` (the resume audit's digests are
-compared after the restore, ``audit.py``). Only an identical
-state lets the resume record ``bitwise_guarantee: true``; a difference is named by its first
-entry (``model.fc.weight: 12 of 640 elements differ``).
-
-Why a replay and not a list: user objects keep state everywhere (a non-persistent buffer, a
-private counter, a closure in a scheduler, a dataset's own generator in a loader worker).
-No inventory of it is complete; re-executing and comparing needs none. A replay from the
-run's start rebuilds every such state exactly, so the resumed run continues with it; a
-replay from an earlier checkpoint starts from the state that checkpoint could restore, so
-state it could not restore shows up as a difference at k.
-
-:func:`first_difference` is the one comparison of two checkpoint states: the resume's
-replay, ``make verify KILL=1`` and ``make drill`` all use it.
-
-Closes: a resume recorded as bitwise with other weights. The claim is a comparison, with its
-evidence (``verified: steps 40..60 replayed from step-00000040.pt, identical``) in run.json.
+"""A resume proves its bits by replay: re-run the interval before the checkpoint, compare
+(docs/resume.md). Closes: a resume recorded as bitwise with other weights.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reprotrain.errors import CheckpointError
+from reprotrain.hashing import file_sha256
 from reprotrain.repro import checkpoint
+from reprotrain.resume.guard import ResumePoint
+from reprotrain.run.record import CHECKPOINTS, RunRecord
+
+log = logging.getLogger("reprotrain")
 
 # Checkpoint entries that are not state: what the run was started with (compared by the
 # resume guard: config, seeds, environment) and the file format.
@@ -43,17 +29,13 @@ TIMINGS = frozenset({"seconds", "images_per_s"})
 
 def position(state: dict[str, Any]) -> tuple[int, int]:
     """A checkpoint's place in the loop: ``(epoch, epoch_step)`` of its next step."""
-    loop = state["loop"]
-    return loop["epoch"], loop.get("epoch_step", loop.get("step"))
+    return state["loop"]["epoch"], state["loop"]["epoch_step"]
 
 
-def first_difference(saved: dict[str, Any], replayed: dict[str, Any]) -> str | None:
-    """The first entry in which two checkpoint states differ bit for bit, as one line
-    (``optimizer.state.3.momentum_buffer: 7 of 64 elements differ (max |a-b| 2.4e-07)``);
-    None when every entry is identical. Tensors compare by dtype, shape and bytes (NaN equals
-    NaN with the same bits), floats by their IEEE bits, everything else by value."""
-    a = {k: v for k, v in saved.items() if k not in META}
-    b = {k: v for k, v in replayed.items() if k not in META}
+def first_difference(saved: dict, replayed: dict, skip: frozenset[str] = META) -> str | None:
+    """The first entry in which two states differ bit for bit, as one line; None if none."""
+    a = {k: v for k, v in saved.items() if k not in skip}
+    b = {k: v for k, v in replayed.items() if k not in skip}
     return _difference(a, b, "")
 
 
@@ -91,24 +73,20 @@ def _tensor_difference(a: Any, b: Any, where: str) -> str | None:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return f"{where}: {_shown(a)} in the checkpoint, {_shown(b)} in the replay"
     if a.dtype != b.dtype or a.shape != b.shape:
-        return (
-            f"{where}: {a.dtype} {list(a.shape)} in the checkpoint, "
-            f"{b.dtype} {list(b.shape)} in the replay"
-        )
+        shapes = f"{a.dtype} {list(a.shape)} in the checkpoint, {b.dtype} {list(b.shape)}"
+        return f"{where}: {shapes} in the replay"
     x, y = _bytes(a), _bytes(b)
     if torch.equal(x, y):
         return None
     if a.is_floating_point() and a.numel():
         differ = (x.reshape(a.numel(), -1) != y.reshape(a.numel(), -1)).any(dim=1).sum().item()
         gap = (a.detach().cpu().double() - b.detach().cpu().double()).abs().nan_to_num(nan=0.0)
-        return (
-            f"{where}: {differ} of {a.numel()} elements differ (max |a-b| {gap.max().item():.3g})"
-        )
+        most = gap.max().item()
+        return f"{where}: {differ} of {a.numel()} elements differ (max |a-b| {most:.3g})"
     return f"{where}: {list(a.shape)} {a.dtype} values differ"
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes (a flat uint8 view on the CPU)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
 
@@ -121,8 +99,7 @@ def _shown(value: Any) -> str:
 def replay_start(
     point_path: Path, point_state: dict[str, Any], ckpt_dir: Path
 ) -> tuple[Path, dict[str, Any]] | None:
-    """Where a replay of ``point_state`` starts: the newest of the run's own step
-    checkpoints before it that loads (same seeds); None: the run's own start."""
+    """The newest own step checkpoint before ``point_state`` that loads; None: the start."""
     target, seeds = position(point_state), point_state.get("seeds")
     for path in reversed(checkpoint.list_step_checkpoints(ckpt_dir)):
         if path.resolve() == Path(point_path).resolve():
@@ -136,10 +113,54 @@ def replay_start(
     return None
 
 
+def start_of(point: ResumePoint, record: RunRecord) -> tuple[str, dict | None] | str:
+    """(name, state) a replay starts from (state None: as built); a string says why none."""
+    found = replay_start(point.path, point.state, record.run_dir / CHECKPOINTS)
+    if found is not None:
+        return found[0].name, found[1]
+    parent = record.data.get("forked_from")
+    if parent is None:
+        return "the run's start", None
+    path = Path(parent["path"])
+    if not path.is_file() or file_sha256(path) != parent.get("sha256"):
+        gone = f"the checkpoint the run was forked from ({path}) is gone or changed"
+        return f"no checkpoint before {point.path.name} is kept and {gone}"
+    return f"the fork's parent {path.name}", checkpoint.load(path)
+
+
+def verify(
+    point: ResumePoint, state: Any, record: RunRecord, container: dict, dist: Any, replay_state: Any
+) -> dict[str, Any]:
+    """Replay up to ``point`` and compare: the record's evidence (rank 0's verdict, broadcast)."""
+    if not (container.get("trainer") or {}).get("verify_resume", True):
+        return {"line": "not verified (trainer.verify_resume=false)", "identical": None}
+    if replay_state is None:
+        return {"line": "not verified (no replay for this entry point)", "identical": None}
+    start = start_of(point, record)
+    if isinstance(start, str):
+        return {"line": f"not verified ({start})", "identical": None}
+    name, begin_state = start
+    if begin_state is not None:
+        state.load_state_dict(begin_state)
+    first, last = state.loop.global_step + 1, point.state["loop"]["global_step"]
+    log.info("verifying the resume: replaying steps %d..%d from %s", first, last, name)
+    t0 = time.perf_counter()
+    # Steps taken before a resume that extends trainer.epochs ran under the old schedule.
+    epochs = point.state["config"]["trainer"]["epochs"]
+    replayed = replay_state(position(point.state), epochs=epochs, from_start=begin_state is None)
+    seconds = time.perf_counter() - t0
+    # The audit's digests are compared after the restore (``ResumeAudit.unrestored``),
+    # against this process's construction: the replay may run another schedule.
+    difference = first_difference(point.state, replayed, META | {"audit"}) if replayed else None
+    if dist is not None:
+        difference = dist.broadcast_object(difference)
+    line = verdict(name, first, last, difference)
+    (log.info if difference is None else log.warning)("resume %s", line)
+    found = {"line": line, "identical": difference is None, "from": name, "first_step": first}
+    return found | {"last_step": last, "seconds": round(seconds, 3), "first_difference": difference}
+
+
 def verdict(start: str, first: int, last: int, difference: str | None) -> str:
     """The record's one line of evidence for a replay."""
     steps = f"steps {first}..{last} replayed from {start}"
     return f"{steps}, identical" if difference is None else f"{steps}, differ: {difference}"
-
-
-__all__ = ["first_difference", "position", "replay_start", "verdict"]

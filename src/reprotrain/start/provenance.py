@@ -1,18 +1,13 @@
 """What a run is, written into its run.json at the start: identity, code, environment, layout.
-
-Closes: code and environment drift, unrecorded. The git commit and diff, the source digest
-(``code_sha256``, compared at every resume), the environment and the lock's sha256 (and the
-venv's drift against it) are recorded before the first step.
+Closes: code and environment drift, unrecorded.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
 import sys
-import sysconfig
 from pathlib import Path
 
 import torch
@@ -22,42 +17,36 @@ from reprotrain import REPO_ROOT
 from reprotrain.config import config_sha256
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
+from reprotrain.hashing import file_sha256
 from reprotrain.reduction import Reduction
 from reprotrain.repro import device as devices
 from reprotrain.repro import environment, gitinfo, requirements_lock
 from reprotrain.repro.seeding import Seeds
+from reprotrain.resume.audit import installed
 from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
 
 
 def open_run(record: rec.RunRecord, container: dict, env_values: dict) -> None:
-    """Mark the run running under this config (its sha256, labels, ``oc.env`` digests) and
-    write the resolved config: the run's identity, fresh or resumed."""
+    """Mark the run running under this config (sha256, labels, ``oc.env`` digests); write it."""
     record.update(status="running", config_sha256=config_sha256(container))
     record.update(tags=list(container.get("tags") or []))  # labels, not identity
     record.update(env_interpolations=env_values)
     rec.atomic_write_text(record.run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
 
 
-def identity(
-    record: rec.RunRecord,
-    device: torch.device,
-    *,
-    name: str,
-    seeds: Seeds,
-    flags: dict,
-    env: dict,
-    require_locked_env: bool,
-    include_untracked: list[str],
-) -> None:
-    """Identity of a new run: git, environment, lock; the run.json a reproduce replays."""
+def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: Seeds,
+             flags: dict, env: dict, require_locked_env: bool,
+             include_untracked: list[str]) -> None:  # fmt: skip
+    """A new run's identity (git, environment, lock) and torch's report, environment.txt."""
+    from torch.utils import collect_env
+
     run_dir = record.run_dir
     drift = requirements_lock.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
-        summary = ", ".join(
-            drift["missing"] + drift["extra"] + [d["name"] for d in drift["different"]]
-        )
+        summary = ", ".join([*drift["missing"], *drift["extra"],
+                             *(d["name"] for d in drift["different"])])  # fmt: skip
         if require_locked_env:
             raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
         log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
@@ -66,6 +55,7 @@ def identity(
         log.warning(warning)
     if diff:
         rec.atomic_write_text(run_dir / "git.diff", diff)
+    rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
     record.update(
         run_dir=str(run_dir.resolve()),
         name=name,
@@ -87,64 +77,43 @@ def identity(
     record.update(experiment_id=experiment_id(record.data, device))
 
 
-def write_environment_text(run_dir: Path) -> None:
-    """torch's own environment report, for a human reading the run directory."""
-    from torch.utils import collect_env
-
-    rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
-
-
 def experiment_id(record: dict, device: torch.device) -> str:
-    """<config sha[:8]>-<commit>[+dirty]-<device>-<precision>: follows the config that ran
-    (the precision, ``trainer.precision``, is in the config sha too; shown for the reader)."""
-    git = record["git"]
+    """<config sha[:8]>-<commit>[+dirty]-<device>-<precision>: follows the config that ran."""
+    git, slug = record["git"], environment.device_slug(device)
     dirty = "+dirty" if git.get("dirty") else ""
     precision = (record.get("repro") or {}).get("precision")
-    return (
-        f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{environment.device_slug(device)}"
-        + (f"-{precision}" if precision else "")
-    )
+    tail = f"-{precision}" if precision else ""
+    return f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{slug}{tail}"
 
 
 def layout(record: rec.RunRecord, dist: Dist, device: torch.device, reduction: Reduction,
            microbatches: int) -> None:  # fmt: skip
-    """World size, backend, every rank's device and threads (a collective under DDP), and
-    how the ranks combine a step of ``microbatches`` micro-batches."""
+    """World size, backend, every rank's device and threads (a collective), the reduction."""
     me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads()}
-    me["host"] = socket.gethostname()
-    record.update(world_size=dist.world_size, backend=dist.backend,
-                  ranks=dist.all_gather_objects(me))  # fmt: skip
+    ranks = dist.all_gather_objects(me | {"host": socket.gethostname()})
+    record.update(world_size=dist.world_size, backend=dist.backend, ranks=ranks)
     record.update(**reduction.record(microbatches))
 
 
-def code_now() -> str:
-    """This process's source digest (compared with the run start's at a resume)."""
-    return gitinfo.code_sha256(REPO_ROOT)
+def code_now() -> dict:
+    """This process's ``code_sha256`` and ``imported_code`` (compared at a resume)."""
+    return {"code_sha256": gitinfo.code_sha256(REPO_ROOT), "imported_code": imported_code()}
 
 
 def imported_code() -> dict[str, str]:
-    """sha256 of each module file imported from outside the standard library, site-packages
-    and ``code_sha256``'s snapshot (a user's module on ``PYTHONPATH``, a link by its target),
-    keyed by its repo-relative (else absolute) path; compared at each resume."""
-    skip = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    skip |= {os.path.realpath(p) for p in skip}
+    """sha256 of each module imported from outside installed packages and the snapshot."""
     found: dict[str, str] = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if not file or not os.path.isfile(file):
-            continue
+        if not file or not os.path.isfile(file) or installed(file):
+            continue  # installed packages are the lock's
         real = os.path.realpath(file)
-        parts = Path(file).parts + Path(real).parts
-        if any(p in ("site-packages", "dist-packages") or p.startswith("torchinductor")
-               for p in parts):  # fmt: skip
-            continue  # installed packages (the lock) and torch.compile's generated kernels
-        if any(path.startswith(root + os.sep) for root in skip for path in (file, real)):
-            continue
+        if any(p.startswith("torchinductor") for p in Path(file).parts + Path(real).parts):
+            continue  # torch.compile's generated kernels
         name = os.path.abspath(file)
         if name.startswith(str(REPO_ROOT) + os.sep):
             name = os.path.relpath(name, REPO_ROOT)
             if gitinfo.in_snapshot(Path(name).as_posix()):
                 continue  # in code_sha256
-        with open(real, "rb") as f:
-            found[name] = hashlib.sha256(f.read()).hexdigest()
+        found[name] = file_sha256(Path(real))
     return dict(sorted(found.items()))

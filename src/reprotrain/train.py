@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 
 from reprotrain import REPO_ROOT, launchers, preflight
 from reprotrain.build import Targets, build
-from reprotrain.distributed import init_from_env
+from reprotrain.distributed import Dist, init_from_env
 from reprotrain.exits import Exits
 from reprotrain.loop import Trainer
 from reprotrain.run import record as rec
@@ -42,9 +42,27 @@ from reprotrain.start import start
 log = logging.getLogger("reprotrain")
 
 
+def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
+    """One run in a claimed directory: started, built, fitted (errors raise; ``main`` turns
+    them into exit codes)."""
+    # start: config validated, kind decided, record opened, controls set, identity
+    run = start(cfg, run_dir, dist)
+    # build: data, then model (from the `init` stream), optimizer, schedule, task, saver
+    parts = build(Targets.of(cfg), run)
+    trainer = Trainer(parts.runner, parts.pipeline, parts.saver, run.record, run.stop, dist,
+                      run.settings.loop, run.settings.guard, logger_cfg=cfg.logger,
+                      report=write_report, schedule_for=parts.schedule_for)  # fmt: skip
+    # A resume replays the steps since the checkpoint before its own and compares the bits.
+    run.restore(parts.state, trainer, parts.saver)
+
+    # loop and record: epochs, checkpoints on cadence and on signals, the test split
+    with trainer.bar:  # closed before a stop's or an error's lines are written
+        return trainer.fit()
+
+
 @hydra.main(config_path=str(REPO_ROOT / "conf"), config_name="train", version_base="1.3")
-def train(cfg: DictConfig) -> float | None:
-    """One run: its directory claimed, started, built, fitted; each way it can end is an
+def main(cfg: DictConfig) -> float | None:
+    """Hydra's entry: the run directory claimed, then ``train``; each way it can end is an
     exit code (``exits.Exits``)."""
     preflight.register_resolvers()  # joblib/submitit workers never ran cli()
     with Exits(Path(HydraConfig.get().runtime.output_dir)) as ends:
@@ -55,20 +73,7 @@ def train(cfg: DictConfig) -> float | None:
             log.setLevel(logging.WARNING)  # one log: rank 0's
         cfg.resume = launchers.default_resume(cfg.resume)  # auto inside a submitit job
         ends.claim(run_dir, cfg.resume)
-
-        # start: config validated, kind decided, record opened, controls set, identity
-        run = start(cfg, run_dir, dist)
-        # build: data, then model (from the `init` stream), optimizer, schedule, task, saver
-        parts = build(Targets.of(cfg), run)
-        trainer = Trainer(parts.runner, parts.pipeline, parts.saver, run.record, run.stop, dist,
-                          run.settings.loop, run.settings.guard, logger_cfg=cfg.logger,
-                          report=write_report, schedule_for=parts.schedule_for)  # fmt: skip
-        # A resume replays the steps since the checkpoint before its own and compares the bits.
-        run.restore(parts.state, trainer, parts.saver)
-
-        # loop and record: epochs, checkpoints on cadence and on signals, the test split
-        with trainer.bar:  # closed before a stop's or an error's lines are written
-            return trainer.fit()
+        return train(cfg, run_dir, dist)
 
 
 def cli() -> None:
@@ -76,7 +81,7 @@ def cli() -> None:
     launchers.die_with_parent()
     hashseed.ensure()
     preflight.cli_check()
-    train()
+    main()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import json
 import torch
 
 from reprotrain.config import config_sha256
-from reprotrain.resume.continuation import FILE, Continuation, batch_digest, record_verdict
+from reprotrain.resume.continuation import FILE, Continuation, batch_rows, record_verdict
 from reprotrain.resume.guard import ResumePoint
 from reprotrain.run.record import RunRecord
 from reprotrain.start import record_extension
@@ -63,7 +63,7 @@ def test_a_reordered_batch_is_named_and_the_digest_needs_no_host_read(tmp_path):
     resumed.add(3, torch.tensor(1.0), swapped)
     resumed.flush()
     assert resumed.verdict()["first_difference"].startswith("step 3: the batch differs")
-    assert batch_digest(BATCH).device == BATCH[0].device
+    assert all(rows.device == BATCH[0].device for rows in batch_rows(BATCH))
 
 
 def test_identical_steps_let_the_resume_claim_the_bits_and_nothing_logged_says_so(tmp_path):

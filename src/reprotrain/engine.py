@@ -63,8 +63,11 @@ def autocast(device: torch.device, enabled: bool, dtype: str):
     """Autocast to torch's ``dtype`` (``bfloat16``, ``float16``) when ``enabled``: the
     ``(enabled, dtype)`` of ``precision.autocast(trainer.precision)``."""
     if not enabled:
-        return contextlib.nullcontext()
+        return _NO_AUTOCAST
     return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+_NO_AUTOCAST = contextlib.nullcontext()  # one shared null context: nothing to build per use
 
 
 class StepRunner:

@@ -21,7 +21,7 @@ and on a CPU run it is skipped with a warning.
 
 :class:`Scoped` is the per-block form for the training step: every global RNG seeded for
 one micro-batch (or evaluation batch) and put back afterwards, the guarantee of
-``seeding.scoped_globals`` at under half its cost (it runs once per micro-batch).
+``seeding.scoped_globals`` at about half its cost (it runs once per micro-batch).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _cuda_state(state: dict[str, Any], device: torch.device) -> torch.Tensor | N
 # same MT19937 ``init_by_array`` as Python's over the seed's 32-bit words, behind many
 # small array ops: a spare Python ``Random`` computes the words, copied into numpy's
 # generator, once that is checked to give ``np.random.seed``'s state. In a training step
-# these routes cost about a third of ``scoped_globals``'s (measured around a null model's
+# these routes cost about half of ``scoped_globals``'s (measured around a null model's
 # forward and backward, where the general routes' Python and array ops run cold).
 _PY_BYTES = 4 + 624 * 4
 _MT_BYTES = 624 * 4 + 4  # numpy's ``uint32_t key[624]; int pos``

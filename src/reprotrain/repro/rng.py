@@ -219,6 +219,7 @@ class Scoped:
         self, seed: int, device: torch.device | None = None, words: tuple[int, int] | None = None
     ) -> None:
         self.seed, self.words = seed, words
+        device = torch.device(device) if isinstance(device, str) else device
         self.cuda = device if device is not None and device.type == "cuda" else None
 
     def __enter__(self) -> None:

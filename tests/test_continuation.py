@@ -13,7 +13,7 @@ import json
 import torch
 
 from reprotrain.config import config_sha256
-from reprotrain.resume.continuation import FILE, Continuation, batch_digest, record_verdict
+from reprotrain.resume.continuation import FILE, Continuation, batch_rows, digests, record_verdict
 from reprotrain.resume.guard import ResumePoint
 from reprotrain.run.record import RunRecord
 from reprotrain.start import record_extension
@@ -63,7 +63,23 @@ def test_a_reordered_batch_is_named_and_the_digest_needs_no_host_read(tmp_path):
     resumed.add(3, torch.tensor(1.0), swapped)
     resumed.flush()
     assert resumed.verdict()["first_difference"].startswith("step 3: the batch differs")
-    assert batch_digest(BATCH).device == BATCH[0].device
+    assert all(rows.device == BATCH[0].device for rows in batch_rows(BATCH))
+
+
+def test_a_steps_digest_does_not_depend_on_the_steps_digested_with_it():
+    """The digest is digested at the host read for every pending step at once (one sum per
+    tensor per step before that): exact integer sums, so a step flushed alone (a resume's
+    first read after a checkpoint) gets the bits it got among others; any changed value
+    changes it."""
+    other = (BATCH[0] * 3.5 - 1, BATCH[1].flip(0))
+    alone = [digests([batch_rows(b)])[0] for b in (BATCH, other, BATCH)]
+    assert digests([batch_rows(b) for b in (BATCH, other, BATCH)]) == alone
+    assert alone[0] == alone[2] != alone[1]
+    nudged = BATCH[0].clone()
+    nudged[2, 3] = torch.nextafter(nudged[2, 3], torch.tensor(100.0))  # one ulp
+    assert digests([batch_rows((nudged, BATCH[1]))])[0] != alone[0]
+    scalar = (torch.tensor(2.0), torch.tensor([1.0, 2.0]))  # rows of another length
+    assert digests([batch_rows(scalar), batch_rows(BATCH)])[1] == alone[0]
 
 
 def test_identical_steps_let_the_resume_claim_the_bits_and_nothing_logged_says_so(tmp_path):

@@ -185,3 +185,73 @@ def test_restore_without_cuda_state_never_touches_cuda(monkeypatch, device):
     cuda = FakeCuda(monkeypatch, 1)
     rng.restore(rng.capture(torch.device("cpu")), torch.device(device))
     assert cuda.sets == [] and cuda.gets == []
+
+
+# --- rng.Scoped: the per-micro-batch guard, the states of seeding.scoped_globals ------------
+
+
+def _all_states() -> tuple:
+    """Every global RNG's whole state: python's (with its cached gauss), numpy's legacy one
+    (with its cached Gaussian), torch's CPU generator."""
+    _, key, pos, has_gauss, cached = np.random.get_state()
+    return random.getstate(), (key.tobytes(), pos, has_gauss, cached), torch.get_rng_state()
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def _everything() -> tuple:
+    """A block drawing from every global RNG, Gaussians included (numpy caches one)."""
+    return (random.random(), random.gauss(0, 1), float(np.random.normal()),
+            float(np.random.rand()), float(torch.rand(())))  # fmt: skip
+
+
+def _outer(kind: str) -> None:
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    if kind == "cached":  # an odd number of Gaussians drawn outside: both caches hold one
+        np.random.normal(), random.gauss(0, 1)
+
+
+@pytest.mark.parametrize("outer", ["fresh", "cached"])
+@pytest.mark.parametrize(
+    "block",
+    [lambda: None, _everything, lambda: np.random.set_state(np.random.get_state())],
+    ids=["nothing", "draws", "set-state"],
+)
+@pytest.mark.parametrize("route", ["fast", "general"])
+def test_scoped_gives_the_states_of_scoped_globals(monkeypatch, outer, block, route):
+    """Inside: the draws ``scoped_globals`` gives for the seed; after: every state as it was
+    (the cached Gaussians too), by the copied-words routes and by the general ones."""
+    from reprotrain.repro.seeding import scoped_globals, stable_hash
+
+    if route == "general":  # a Python whose objects are laid out otherwise
+        monkeypatch.setattr(rng, "_PY_AT", None)
+        monkeypatch.setattr(rng, "_SPARE_AT", None)
+    for seed in (1, 2**40 + 5, stable_hash("any", 7)):
+        _outer(outer)
+        before = _all_states()
+        with scoped_globals(seed):
+            block()
+            expected = _everything()
+        assert _same(_all_states(), before)
+        with rng.Scoped(seed, torch.device("cpu")):
+            block()
+            assert _everything() == expected
+        assert _same(_all_states(), before)
+    if route == "fast":  # numpy was seeded from the spare's words (checked once)
+        assert rng._SPARE_CHECKED[id(np.random.get_bit_generator())] is True
+
+
+def test_scoped_seeds_numpy_through_numpy_where_the_spare_cannot(monkeypatch):
+    """A seed whose numpy words have a zero high word: Python's key would be one word, so
+    numpy seeds itself; the draws are still ``scoped_globals``'s."""
+    from reprotrain.repro import seeding
+
+    words = lambda seed: np.array([seed & 0xFFFFFFFF, 0], dtype=np.uint32)  # noqa: E731
+    monkeypatch.setattr(seeding, "numpy_seed_words", words)
+    monkeypatch.setattr(rng, "numpy_seed_words", words)
+    with seeding.scoped_globals(12345):
+        expected = float(np.random.rand())
+    with rng.Scoped(12345):
+        assert float(np.random.rand()) == expected

@@ -35,9 +35,9 @@ from reprotrain import batches, events
 from reprotrain.config import StepSettings
 from reprotrain.errors import ReprotrainError
 from reprotrain.reduction import Local, Reduction
-from reprotrain.repro import op_trace
+from reprotrain.repro import op_trace, rng
 from reprotrain.repro import precision as float_math
-from reprotrain.repro.seeding import microbatch_seed, scoped_globals
+from reprotrain.repro.seeding import microbatch_seed
 from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
 from reprotrain.step import PlainStep, Step
 from reprotrain.tasks.base import StepContext, StepOutput
@@ -56,12 +56,18 @@ class NonFiniteError(ReprotrainError):
         self.record = {"nonfinite_events": [event]}  # what run.json keeps of the failure
 
 
+SEED_STEPS = 64  # steps whose micro-batch seeds are derived together (StepRunner.seeded)
+
+
 def autocast(device: torch.device, enabled: bool, dtype: str):
     """Autocast to torch's ``dtype`` (``bfloat16``, ``float16``) when ``enabled``: the
     ``(enabled, dtype)`` of ``precision.autocast(trainer.precision)``."""
     if not enabled:
-        return contextlib.nullcontext()
+        return _NO_AUTOCAST
     return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+_NO_AUTOCAST = contextlib.nullcontext()  # one shared null context: nothing to build per use
 
 
 class StepRunner:
@@ -96,6 +102,7 @@ class StepRunner:
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
         self._applied = False
+        self._seeds: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}
 
     @property
     def model(self) -> nn.Module:
@@ -125,10 +132,18 @@ class StepRunner:
         loss, sums = self._first
         return loss.detach(), sums, self._norm
 
-    def seeded(self, global_step: int, index: int):
-        """The global RNGs for micro-batch ``index`` (global over ranks), restored after."""
-        seed = microbatch_seed(self.train_seed, global_step, index)
-        return scoped_globals(seed, self.state.loop.device)
+    def seeded(self, global_step: int, index: int) -> rng.Scoped:
+        """The global RNGs for micro-batch ``index`` (global over ranks), restored after.
+        Its seeds (two SHA-256 each) are derived for the next ``SEED_STEPS`` steps at once."""
+        seeds = self._seeds.get((global_step, index))
+        if seeds is None:
+            if len(self._seeds) > 16 * SEED_STEPS:  # steps left behind (a replay, a resume)
+                self._seeds.clear()
+            for step in range(global_step, global_step + SEED_STEPS):
+                seed = microbatch_seed(self.train_seed, step, index)
+                self._seeds[step, index] = (seed, rng.numpy_words(seed))
+            seeds = self._seeds[global_step, index]
+        return rng.Scoped(seeds[0], self.state.loop.device, seeds[1])
 
     def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
         """Zero the gradients; forward and backward every micro-batch of this rank's
@@ -268,7 +283,7 @@ def evaluate(
             device, global_step=global_step, eval_batch=i, train_seed=train_seed, training=False
         )
         seed = microbatch_seed(train_seed, global_step, i, "eval", prefix)
-        with scoped_globals(seed, device), autocast(device, *amp):
+        with rng.Scoped(seed, device), autocast(device, *amp):
             sums = task.evaluation_step(model, batch, ctx)
         totals.add(sums, batches.batch_size(batch))
     if not totals.samples:

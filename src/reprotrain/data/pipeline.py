@@ -144,11 +144,14 @@ class _Base:
         return take(batch, torch.tensor(rows, device=self.device))
 
     def _on_device(
-        self, batch: Batch, key: tuple[int, int, int] | None, scope: tuple = ()
-    ) -> Batch:
-        """A batch of in-memory tensors, moved, through the dataset's batch transform, with
-        the global RNGs seeded from ``key`` (training) or ``scope`` (evaluation)."""
-        batch = to_device(batch, self.device)
+        self, batch: Batch, key: tuple[int, int, int] | None, scope: tuple = (),
+        moved: bool = False,
+    ) -> Batch:  # fmt: skip
+        """A batch of in-memory tensors, moved (unless ``moved``: gathered on the device),
+        through the dataset's batch transform, with the global RNGs seeded from ``key``
+        (training) or ``scope`` (evaluation)."""
+        if not moved:
+            batch = to_device(batch, self.device)
         if getattr(type(self.dataset).batch_transform, "draws_no_global_rng", False):
             batch = self.dataset.batch_transform(batch, key)  # the framework's own: no draw
         else:
@@ -174,11 +177,13 @@ class DevicePipeline(_Base):
         }
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
-        epoch = self.data_epoch(epoch)
+        epoch, steps = self.data_epoch(epoch), self.steps_per_epoch
         order = epoch_order(self.n, self.data_seed, epoch).to(self.device)
-        for step in range(start_step, self.steps_per_epoch):
-            idx = order[step * self.batch_size : (step + 1) * self.batch_size]
-            batch = self._on_device(take(self.train, idx), (self.augment_seed, epoch, step))
+        # Step s's sample indices, for the whole epoch at once (views, one call).
+        rows = order[: steps * self.batch_size].view(steps, self.batch_size).unbind(0)
+        for step in range(start_step, steps):
+            batch = take(self.train, rows[step])  # gathered on the device: nothing to move
+            batch = self._on_device(batch, (self.augment_seed, epoch, step), moved=True)
             yield step, self._rank_share(batch)
 
     def eval_batches(self, split: str) -> Iterator[Batch]:

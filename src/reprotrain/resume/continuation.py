@@ -3,8 +3,9 @@
 A replay proves the interval *before* the checkpoint a resume starts from; state whose effect
 lands later (a counter acting every N steps) passes it. So the run also keeps what it did
 *after* each checkpoint: every step's loss (its float64 bits) and a digest of its batch,
-held on the device while the step runs (no host sync per step) and appended to
-``continuation.jsonl`` in the run directory at the points the loop already reads the device:
+held on the device while the step runs (no host sync per step: the loss and one sum per
+batch tensor) and digested and appended to ``continuation.jsonl`` in the run directory, all
+pending steps at once, at the points the loop already reads the device:
 the non-finite check (every ``trainer.nonfinite_check_every`` steps), the epoch's end and
 each checkpoint. Each checkpoint starts the file again, and a completed run removes it. A
 SIGKILL loses at most the steps since the last of these points; a SIGTERM's checkpoint
@@ -24,7 +25,6 @@ replayed interval).
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import logging
 from pathlib import Path
@@ -39,30 +39,56 @@ log = logging.getLogger("reprotrain")
 FILE = "continuation.jsonl"
 
 
-def batch_digest(batch: Any) -> torch.Tensor:
-    """Two sums per tensor of the batch, on its device (no host sync): all values, and the
-    per-sample sums weighted by the sample's place (a reordered batch differs). Two ops a
-    tensor and one to join them: this runs every step."""
-    parts: list[torch.Tensor] = []
+def batch_rows(batch: Any) -> list[torch.Tensor]:
+    """Each tensor's per-sample sums, on its device (no host sync): one op a tensor, all
+    that runs every step; :func:`digests` turns the rows of many steps into their digests
+    at the next host read."""
+    rows = []
     for t in batches.leaves(batch):
-        flat = t.detach().reshape(t.shape[0] if t.dim() else 1, -1)
         wide = torch.float32 if t.device.type == "mps" else torch.float64  # mps: no float64
-        rows = flat.sum(dim=1, dtype=wide)
-        parts.append(rows @ _weights(rows.numel(), rows.dtype, rows.device))
-    if not parts:
-        return torch.zeros(0)
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+        t = t.detach() if t.requires_grad else t
+        if t.dim() > 1:
+            rows.append(t.sum(dim=tuple(range(1, t.dim())), dtype=wide))
+        else:  # a sample is one value (or the tensor is one): the values themselves
+            rows.append(t.reshape(-1).to(wide, copy=True))
+    return rows
+
+
+def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
+    """Each step's batch digest from its :func:`batch_rows`: per tensor, two sums of the rows'
+    bit patterns, all values and weighted by the sample's place (a reordered batch differs).
+    Integer sums (16-bit pieces in int64: exact for any batch under 2**24 samples), so a
+    step's digest never depends on which other steps share the computation; a few ops and
+    one host read per row length, for any number of steps."""
+    flat = [rows for step in steps for rows in step]
+    sums: list[tuple[int, int]] = [(0, 0)] * len(flat)
+    by_length: dict[int, list[int]] = {}
+    for i, rows in enumerate(flat):
+        by_length.setdefault(rows.numel(), []).append(i)
+    for n, which in by_length.items():
+        stacked = torch.stack([flat[i] for i in which])  # (steps, n) of one dtype
+        pieces = stacked.view(torch.int16).reshape(len(which), n, -1).to(torch.int64)
+        weighted = pieces * _places(n, pieces.device)
+        host = torch.cat([pieces.sum(dim=1), weighted.sum(dim=1)], dim=1).cpu().tolist()
+        width = pieces.shape[2]
+        for i, values in zip(which, host, strict=True):
+            sums[i] = (_join(values[:width]), _join(values[width:]))
+    out, at = [], 0
+    for step in steps:
+        out.append([hex(v) for pair in sums[at : at + len(step)] for v in pair])
+        at += len(step)
+    return out
 
 
 @functools.lru_cache(maxsize=16)
-def _weights(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``[1, place]`` per sample, as an (n, 2) matrix: ``rows @ it`` is both sums at once."""
-    place = torch.arange(1, n + 1, dtype=dtype, device=device)
-    return torch.stack([torch.ones_like(place), place], dim=1)
+def _places(n: int, device: torch.device) -> torch.Tensor:
+    """Each sample's place ``1..n``, shaped to weigh ``(steps, n, pieces)``."""
+    return torch.arange(1, n + 1, dtype=torch.int64, device=device).view(1, n, 1)
 
 
-def _hex(values: list[float]) -> list[str]:
-    return [float(v).hex() for v in values]
+def _join(pieces: list[int]) -> int:
+    """The sums of 16-bit pieces put back in their places: one exact integer."""
+    return sum(v << (16 * j) for j, v in enumerate(pieces))
 
 
 class Continuation:
@@ -73,51 +99,60 @@ class Continuation:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.pending: list[tuple[int, torch.Tensor, list[torch.Tensor]]] = []
         self.expected: dict[int, dict] = {}  # global step -> the interrupted run's line
         self.steps: tuple[int, int] | None = None  # first and last expected step
         self.compared = 0
         self.difference: str | None = None
         self.claim = False  # the resume's bitwise verdict before the continuation
         self.done = True  # nothing left to compare
+        self._file: Any = None  # the file, open for appending between checkpoints
 
     # ------------------------------------------------------------------------- the run
 
     def add(self, global_step: int, loss: torch.Tensor, batch: Any) -> None:
-        """Step ``global_step``'s loss and batch digest, kept on the device."""
+        """Step ``global_step``'s loss and its batch's rows (:func:`batch_rows`), kept on
+        the device."""
         if self.path is not None:
-            self.pending.append((global_step, loss.detach(), batch_digest(batch)))
+            self.pending.append((global_step, loss.detach(), batch_rows(batch)))
 
     def flush(self) -> list[dict]:
-        """Write the pending steps (one host read for all) and compare them with the
-        interrupted run's; the lines written."""
+        """Write the pending steps (their losses in one host read, their batch digests in
+        one per row length) and compare them with the interrupted run's; the lines written."""
         if self.path is None or not self.pending:
             return []
         steps = [step for step, _, _ in self.pending]
         losses = torch.stack([loss for _, loss, _ in self.pending]).double().tolist()
-        ends = list(itertools.accumulate(d.numel() for _, _, d in self.pending))  # shapes
-        flat = torch.cat([d for _, _, d in self.pending]).cpu().tolist()
-        digests = [flat[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+        batch = digests([rows for _, _, rows in self.pending])
         self.pending = []
         lines = [
-            {"global_step": s, "loss": float(loss).hex(), "batch": _hex(d)}
-            for s, loss, d in zip(steps, losses, digests, strict=True)
+            {"global_step": s, "loss": float(loss).hex(), "batch": d}
+            for s, loss, d in zip(steps, losses, batch, strict=True)
         ]
         for line in lines:
             self._compare(line)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(line) + "\n" for line in lines))
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        self._file.write("".join(json.dumps(line) + "\n" for line in lines))
+        self._file.flush()  # in the file before the next step: a SIGKILL keeps these lines
         return lines
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def restart(self) -> None:
         """At a checkpoint: the steps up to it are in the checkpoint; the file starts again."""
         if self.path is not None:
             self.flush()
+            self._close_file()
             rec.atomic_write_text(self.path, "")
 
     def close(self) -> None:
         """At the run's end: nothing is left to continue, so no file is left either."""
         if self.path is not None:
+            self._close_file()
             self.path.unlink(missing_ok=True)
 
     def _compare(self, line: dict) -> None:
@@ -153,6 +188,7 @@ class Continuation:
         self.expected = found
         self.steps = (min(found), max(found)) if found else None
         self.done = not found
+        self._close_file()
         rec.atomic_write_text(self.path, "")
 
     def entry(self, claim: bool, not_comparable: str | None = None) -> dict[str, Any]:
@@ -209,4 +245,4 @@ def record_verdict(record: rec.RunRecord, verdict: dict[str, Any], claim: bool) 
     record.update(resumes=[*resumes[:-1], entry])
 
 
-__all__ = ["FILE", "Continuation", "batch_digest", "record_verdict"]
+__all__ = ["FILE", "Continuation", "batch_rows", "digests", "record_verdict"]

@@ -22,7 +22,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from reprotrain.data.base import SampleImages, Splits, Subset, val_indices
-from reprotrain.data.datasets import data_root
+from reprotrain.data.download import data_root
 from reprotrain.errors import DataMissingError, ReprotrainError
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")

@@ -8,9 +8,12 @@ line naming the group and key (docs/bring-your-own.md).
 from __future__ import annotations
 
 import inspect
+import os
+import traceback
 from collections.abc import Callable
 from typing import Any
 
+import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -76,26 +79,17 @@ def _first_line(e: BaseException) -> str:
 
 def _raised_at(e: BaseException) -> str | None:
     """``file:line`` of ``e``'s innermost frame outside importlib and Hydra."""
-    import os
-    import traceback
-
     if isinstance(e, SyntaxError) and e.filename and e.lineno:
-        frame = (e.filename, e.lineno)
+        name, line = e.filename, e.lineno
     else:
-        import hydra
-
-        hydra_dir = os.path.dirname(hydra.__file__)
+        skip = ("<", os.path.dirname(hydra.__file__))
+        tb = traceback.extract_tb(e.__traceback__)
         frames = [
-            f
-            for f in traceback.extract_tb(e.__traceback__)
-            if not f.filename.startswith("<")
-            and "importlib" not in f.filename
-            and not f.filename.startswith(hydra_dir)
+            f for f in tb if not f.filename.startswith(skip) and "importlib" not in f.filename
         ]
         if not frames:
             return None
-        frame = (frames[-1].filename, frames[-1].lineno)
-    name, line = frame
+        name, line = frames[-1].filename, frames[-1].lineno
     rel = os.path.relpath(name)
     return f"{name if rel.startswith('..') else rel}:{line}"
 

@@ -38,14 +38,10 @@ def data_root(root: str | Path) -> Path:
     return root if root.is_absolute() else REPO_ROOT / root
 
 
-def md5_of(path: Path) -> str:
-    with open(path, "rb") as f:  # md5: the published integrity check, not security
-        return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
-
-
 def verify_md5(archive: Path, md5: str) -> None:
     """Refuse an archive whose md5 differs (the user decides: delete or replace it)."""
-    got = md5_of(archive)
+    with open(archive, "rb") as f:  # md5: the published integrity check, not security
+        got = hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
     if got != md5.lower():
         raise DataMissingError(
             f"the file at {archive} is corrupt (expected md5 {md5}, got {got}); "
@@ -86,8 +82,7 @@ def download(
                     out.write(chunk)
                     progress.update(len(chunk))
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            # URLError, HTTPError, socket timeouts and disk errors are all OSError; a
-            # malformed URL is a ValueError; a truncated HTTP body is an HTTPException.
+            # OSError: URLError, HTTPError, timeouts, disk; ValueError: a malformed URL
             raise not_found(f"{url}: {exc}") from exc
         got = digest.hexdigest()
         if got != md5.lower():

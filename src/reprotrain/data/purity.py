@@ -76,7 +76,7 @@ def check(
             return verdict(bad, "its second draw in the main process")
         served = _worker_draws(pending, workers, digest)
     finally:
-        _stop(pending)
+        getattr(pending, "_shutdown_workers", lambda: None)()
     for w in range(workers):
         first, later = served[w]
         if bad := _differ(keys, fresh, first):
@@ -129,12 +129,6 @@ def _start_workers(
     return iter(DataLoader(_Tagged(dataset), batch_size=1, sampler=order, num_workers=workers,
                            collate_fn=_first, worker_init_fn=seed_worker,
                            generator=no_global_draw))  # fmt: skip
-
-
-def _stop(pending: Iterator) -> None:
-    shutdown = getattr(pending, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
 
 
 def _worker_draws(

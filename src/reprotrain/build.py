@@ -73,8 +73,7 @@ class Parts:
 
 
 def build(targets: Targets, run: Run) -> Parts:
-    """Data, then (seeding ``init``) model to callbacks, then (seeding ``train``, which an
-    Exact resume re-derives: its checkpoint has no rng) the saver."""
+    """Data, then model to callbacks under ``init``, then the saver under ``train``."""
     settings, record, dist = run.settings, run.record, run.dist
     per_collate = settings.pipeline.batch_size // run.microbatches
     dataset, pipeline = build_data(
@@ -136,8 +135,7 @@ def build_model(model_cfg: DictConfig, device: torch.device, channels_last: bool
 
 
 def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[StepRunner, Any]:
-    """The trainer's state and the runner that drives it, built in this order under the
-    ``init`` stream, and the schedule over N epochs."""
+    """The trainer's state and its runner, in this order under ``init``; the schedule."""
     model_settings, reduction, device = run.settings.model, run.reduction, run.device
     model = build_model(targets.model, device, model_settings.channels_last)
     params = param_groups(model, model_settings.no_decay_norm_bias)
@@ -169,8 +167,7 @@ def schedule_for(node: DictConfig, optimizer: Any, steps_per_epoch: int) -> Call
 
 
 def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Callbacks:
-    """The ``callbacks`` group by name (a construction draws no stream); ``scheduler``: the
-    run's, which decides whether a callback may set the lr."""
+    """The ``callbacks`` group; ``scheduler`` decides whether a callback may set the lr."""
     per_step = scheduler is not None and schedule_kind(scheduler) == "step"
     return Callbacks(build_callbacks(node), device,
                      lr_set_by=qualname(scheduler) if per_step else None)  # fmt: skip

@@ -50,8 +50,7 @@ def locate(path: str, where: str) -> Callable[..., Any]:
 
 
 def import_failure(path: str, error: BaseException) -> str:
-    """Why ``path`` could not be imported, in one clause: Hydra's hint when the target itself
-    is missing, else the error its module raised, with the file and line."""
+    """Why ``path`` could not be imported, in one clause (the module's error, file and line)."""
     root = error
     while root.__cause__ is not None and root.__cause__ is not root:
         root = root.__cause__
@@ -136,8 +135,7 @@ def refuse_list_for_tensor(target: Callable[..., Any], node: Any, key: str, wher
 
 
 def bound_names(target: Callable[..., Any], n_args: int, keys: list[str], where: str) -> set[str]:
-    """The parameters a node's ``_args_`` and keys bind (``bind_partial``: nothing called);
-    one line when they cannot bind (too many ``_args_``, a positional-only key)."""
+    """The parameters a node's ``_args_`` and keys bind (nothing called), or one line why not."""
     if (sig := _signature(target)) is None:
         return set(keys)
     try:
@@ -240,8 +238,7 @@ def build_naming_key(group: str, node: DictConfig, make: Callable[[DictConfig], 
 
 
 def build(group: str, node: DictConfig, *args: Any, **supplied: Any) -> Any:
-    """``instantiate`` (a ``_partial_`` node then called with ``supplied``); a failure is one
-    line naming the group."""
+    """``instantiate`` (a ``_partial_`` then called with ``supplied``); failures name the group."""
     try:
         obj = instantiate(node, _convert_="all")
         if OmegaConf.select(node, "_partial_", default=False):
@@ -268,8 +265,7 @@ def build_scheduler(node: DictConfig, optimizer: Any, total_steps: int) -> Any:
 
 
 def build_callbacks(node: Any) -> dict[str, Any]:
-    """The ``callbacks`` group: names to ``_target_`` nodes (a null entry, switched off by
-    an override, is skipped)."""
+    """The ``callbacks`` group: names to ``_target_`` nodes (a null entry is skipped)."""
     if node is None:
         return {}
     if not isinstance(node, DictConfig):

@@ -284,8 +284,7 @@ def launch_world_size() -> int:
 
 def check_workers(pipeline: str, num_workers: int, *, in_memory: bool | None,
                   target: str = "the dataset") -> None:  # fmt: skip
-    """Loader workers need the loader pipeline: refused on ``device``, and on ``auto`` for an
-    in-memory dataset (``in_memory``: None while not known)."""
+    """Loader workers need the loader pipeline (``in_memory``: None while not known)."""
     if not num_workers:
         return
     if pipeline == "device":

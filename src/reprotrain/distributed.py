@@ -174,8 +174,7 @@ def init_from_env(device_pref: str = "auto") -> Dist:
 
 
 def export_submitit_tasks() -> bool:
-    """Map a submitit job's tasks onto torchrun's variables (DDP without torchrun); GPUs
-    stay all visible: local rank r uses ``cuda:r``."""
+    """Map a submitit job's tasks onto torchrun's variables (local rank r uses ``cuda:r``)."""
     if not launched_by_submitit():
         return False
     from submitit import JobEnvironment

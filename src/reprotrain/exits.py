@@ -50,8 +50,7 @@ class Exits:
         sys.exit(code)
 
     def claim(self, run_dir: Path, resume: str | None) -> None:
-        """Rank 0 locks the run directory and refuses to reuse a written one; every rank gets
-        the verdict."""
+        """Rank 0 locks the run directory and refuses a written one; every rank gets the verdict."""
         refused = None
         if self.dist.is_main:
             try:

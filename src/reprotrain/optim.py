@@ -108,8 +108,7 @@ def kind(scheduler: Any) -> str:
 
 
 def for_loop(scheduler: Any) -> Any:
-    """The built scheduler as the loop drives it: one whose ``step(metrics)`` takes the metric
-    wrapped in :class:`MetricSchedule`, any other as it is."""
+    """The scheduler as the loop drives it: a ``step(metrics)`` one in :class:`MetricSchedule`."""
     return MetricSchedule(scheduler) if required_step_args(scheduler) == ["metrics"] else scheduler
 
 

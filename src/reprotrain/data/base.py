@@ -190,8 +190,7 @@ class SampleData:
 
 
 class SampleImages(SampleData):
-    """(image, label) samples through torchvision transforms (``train_transform`` ends in a
-    float tensor; ``eval_transform`` is deterministic)."""
+    """(image, label) samples through torchvision transforms (``eval_transform``: deterministic)."""
 
     train_transform: Any = None
     eval_transform: Any = None

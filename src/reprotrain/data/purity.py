@@ -172,8 +172,7 @@ def _reason(keys: list, where: str, changed: list[str]) -> str:
 
 
 def check_pipeline(pipeline: Any, n: int = KEYS) -> PurityVerdict | None:
-    """:func:`check` on ``n`` keys spread over a loader pipeline's training split; None for
-    an in-memory split (slices hold no state of their own)."""
+    """:func:`check` on a loader pipeline's training split; None for in-memory slices."""
     from reprotrain.data.pipeline import SeededSamples
 
     train = getattr(pipeline, "train_set", None)

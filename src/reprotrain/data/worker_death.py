@@ -20,8 +20,7 @@ TRANSPORT_ERRORS = (ConnectionResetError, BrokenPipeError, EOFError)
 
 
 def is_worker_death(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch's report of a dead DataLoader worker, or a reset socket while
-    a worker has in fact been killed by a signal."""
+    """Whether ``exc`` reports a dead DataLoader worker (or a reset socket of a killed one)."""
     text = str(exc)
     if isinstance(exc, TRANSPORT_ERRORS):
         return _killed_worker_soon() is not None

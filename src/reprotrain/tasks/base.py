@@ -109,7 +109,6 @@ class Task:
         return self.training_step(model, batch, ctx).sums
 
     def compute(self, sums: dict[str, Any]) -> dict[str, float]:
-        """The logged values of a split from its summed metrics (CPU tensors) and
-        ``sums["samples"]`` (an int)."""
+        """The logged values of a split from its summed metrics and ``sums["samples"]``."""
         n = sums[SAMPLES]
         return {name: float(sums[name]) / n for name in self.metrics}

@@ -52,8 +52,7 @@ def read_slots(slots: torch.Tensor, samples: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cumulative (true positives, false positives) at each distinct score, from the highest
-    down: scikit-learn's ``_binary_clf_curve``, in exact integers."""
+    """Cumulative (tp, fp) at each distinct score, highest first, in exact integers (sklearn's)."""
     order = np.argsort(-scores.astype(np.float64), kind="stable")
     s, y = scores[order], labels[order].astype(np.int64)
     last = np.r_[np.flatnonzero(np.diff(s.astype(np.float64)) != 0), len(s) - 1]

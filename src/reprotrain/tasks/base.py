@@ -68,10 +68,8 @@ class StepContext:
         evaluation: ``(train seed, global step, eval batch, "eval")``. For numpy:
         ``np.random.default_rng(ctx.seed)``."""
         if self._seed is None:
-            if self.training:
-                self._seed = stable_hash(self.train_seed, self.global_step, self.microbatch)
-            else:
-                self._seed = stable_hash(self.train_seed, self.global_step, self.eval_batch, "eval")
+            index = (self.microbatch,) if self.training else (self.eval_batch, "eval")
+            self._seed = stable_hash(self.train_seed, self.global_step, *index)
         return self._seed
 
     @property
@@ -79,8 +77,7 @@ class StepContext:
         """A CPU ``torch.Generator`` seeded with ``seed``: draw on the CPU, move the result to
         ``device``, so the draws never depend on the device type."""
         if self._generator is None:
-            self._generator = torch.Generator(device="cpu")
-            self._generator.manual_seed(self.seed)
+            self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
         return self._generator
 
     @property

@@ -50,10 +50,7 @@ class Dist:
 
     def barrier(self) -> None:
         if self.enabled:
-            if self.backend == "nccl":
-                dist.barrier(device_ids=[self.device.index])
-            else:
-                dist.barrier()
+            dist.barrier(device_ids=[self.device.index] if self.backend == "nccl" else None)
 
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         """Rank ``src``'s ``obj`` on every rank (any picklable value, e.g. the run dir)."""

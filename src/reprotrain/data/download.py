@@ -136,15 +136,13 @@ def extract_dir(archive: Path, root: Path, top: str, required: list[str], what: 
                 f"cannot extract {archive} ({why}); delete it and re-download"
             ) from exc
         staged = tmp / top
-        if not _complete(staged, required):
-            missing = [n for n in required if not (staged / n).is_file()]
+        if missing := [n for n in required if not (staged / n).is_file()]:
             raise DataMissingError(
                 f"{archive} lacks {top}/{', '.join(missing)}; it is not the {what}, "
                 f"delete it and put the official {archive.name} in {root}/"
             )
         if target.exists() and not _complete(target, required):
-            # A partial copy left by hand; the verified archive supersedes it. Move it into
-            # our temp dir (removed below) rather than deleting it in place.
+            # A partial copy left by hand, superseded: into our temp dir (removed below).
             os.replace(target, tmp / "stale")
         try:
             os.rename(staged, target)

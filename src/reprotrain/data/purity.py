@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -70,31 +69,22 @@ def check(
     fresh = [digest(dataset[k]) for k in keys]
     again = [digest(dataset[k]) for k in reversed(keys)][::-1]
     changed = _changed(owners, before, digest)
-    verdict = partial(_verdict, keys, workers, warmup, changed)
     try:
-        if bad := _differ(keys, fresh, again):
-            return verdict(bad, "its second draw in the main process")
-        served = _worker_draws(pending, workers, digest)
+        found = [(_differ(keys, fresh, again), "its second draw in the main process")]
+        served = [] if found[0][0] else _worker_draws(pending, workers, digest)
     finally:
         getattr(pending, "_shutdown_workers", lambda: None)()
-    for w in range(workers):
-        first, later = served[w]
-        if bad := _differ(keys, fresh, first):
-            return verdict(bad, f"its draw in loader worker {w} (num_workers 0 vs {workers})")
-        if bad := _differ(keys, first, later):
-            return verdict(bad, f"its draw in loader worker {w} after {warmup} more samples")
-    return verdict([], "")
+    for w, (first, later) in enumerate(served):
+        where = f"its draw in loader worker {w}"
+        found.append((_differ(keys, fresh, first), f"{where} (num_workers 0 vs {workers})"))
+        found.append((_differ(keys, first, later), f"{where} after {warmup} more samples"))
+    bad, where = next(((bad, where) for bad, where in found if bad), ([], ""))
+    reason = _reason(bad, where, changed) if bad else None
+    return PurityVerdict(len(keys), not bad, reason, tuple(keys), workers, warmup)
 
 
 def _differ(keys: list, a: list[str], b: list[str]) -> list:
     return [k for k, x, y in zip(keys, a, b, strict=True) if x != y]
-
-
-def _verdict(
-    keys: list, workers: int, warmup: int, changed: list[str], bad: list, where: str
-) -> PurityVerdict:
-    reason = _reason(bad, where, changed) if bad else None
-    return PurityVerdict(len(keys), not bad, reason, tuple(keys), workers, warmup)
 
 
 class _Tagged(Dataset):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import hydra
+from hydra._internal.utils import _locate
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -38,8 +39,6 @@ class ComponentError(ReprotrainError):
 
 def locate(path: str, where: str) -> Callable[..., Any]:
     """Import ``a.b.C`` (or ``a.b.fn``); one line naming ``where`` when it cannot be found."""
-    from hydra._internal.utils import _locate
-
     try:
         target = _locate(path)
     except Exception as e:  # ImportError, AttributeError, or an error inside the module

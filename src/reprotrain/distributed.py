@@ -20,6 +20,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.launchers import available_cores, launched_by_submitit
 
 T = TypeVar("T")
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:

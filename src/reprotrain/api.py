@@ -31,8 +31,7 @@ from reprotrain.data.base import (
     Subset,
     val_indices,
 )
-from reprotrain.data.datasets import data_root
-from reprotrain.data.download import download_and_verify, load_pickle
+from reprotrain.data.download import data_root, download_and_verify, load_pickle
 from reprotrain.errors import DataMissingError, ReprotrainError
 from reprotrain.hashing import files_fingerprint
 from reprotrain.loggers.fanout import Logger

@@ -1,10 +1,8 @@
-"""The build room: every ``_target_`` of the config built here, in one fixed order: data
-and pipeline, then model, optimizer, schedule, scaler, task and step, then callbacks and the
-saver. Used by the trainer (``build``) and by ``make eval`` (``build_data``, ``build_model``).
+"""The build room: every ``_target_`` of the config built here, in one fixed order (data,
+model, optimizer, schedule, scaler, task, step, callbacks, saver).
 
-Closes: initialisation drift from build order. The model, optimizer, schedule and step are
-built under the ``init`` stream, the loop's state under ``train`` (both seeded here), so the
-same config gives the same initial weights; the order is part of the bits.
+Closes: initialisation drift from build order: the model, optimizer, schedule and step are
+built under the ``init`` stream, the loop's state under ``train``; the order is in the bits.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ class Targets:
 
 @dataclass
 class Parts:
-    """What the loop drives: the data, the runner over the trainer's state, the saver, and
-    the schedule over any number of epochs (a resume that extends ``trainer.epochs``)."""
+    """What the loop drives; ``schedule_for(epochs)``: the schedule over that many epochs."""
 
     dataset: Any
     pipeline: Any
@@ -76,8 +73,7 @@ class Parts:
 
 
 def build(targets: Targets, run: Run) -> Parts:
-    """Data, then (seeding ``init``) model, optimizer, schedule, task, step, callbacks; then
-    (seeding ``train``, what an Exact resume re-derives: its checkpoint has no rng) the saver."""
+    """Data, then model to callbacks under ``init``, then the saver under ``train``."""
     settings, record, dist = run.settings, run.record, run.dist
     per_collate = settings.pipeline.batch_size // run.microbatches
     dataset, pipeline = build_data(
@@ -115,33 +111,20 @@ def data_fingerprint(node: DictConfig) -> dict:
 
 
 def build_data(
-    dataset_cfg: DictConfig,
-    num_classes: int | None,
-    settings: PipelineSettings,
-    seeds: Seeds,
-    device: torch.device,
-    *,
-    rank: int = 0,
-    world_size: int = 1,
-    channels_last: bool = False,
-    microbatch_collate: int = 0,
-):
-    """The dataset ``_target_`` and the pipeline that serves it (device or DataLoader);
-    ``num_classes`` is the model's declared class count (None: not declared), checked
-    against the dataset's. ``microbatch_collate``: samples per collate call (the
-    reduction's ``microbatch_collate``; 0: a rank's share of each step at once)."""
-    dataset = build_dataset(dataset_cfg)
+    node: DictConfig, num_classes: int | None, settings: PipelineSettings, seeds: Seeds,
+    device: torch.device, **layout: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The dataset and the pipeline that serves it; ``num_classes``: the model's (None: not
+    declared), checked against the dataset's. ``layout``: the pipeline's ``rank``,
+    ``world_size``, ``channels_last`` and ``microbatch_collate`` (defaults: one process)."""
+    dataset = build_dataset(node)
     splits = dataset.splits()
     check_num_classes(num_classes, splits.num_classes)
-    pipeline = build_pipeline(
-        settings.pipeline, splits, dataset, settings.num_workers,
-        batch_size=settings.batch_size, eval_batch_size=settings.eval_batch_size,
-        device=device, seeds=seeds, channels_last=channels_last,
-        limit_train_steps=settings.limit_train_steps,
-        limit_eval_batches=settings.limit_eval_batches,
-        overfit_batches=settings.overfit_batches,
-        rank=rank, world_size=world_size, microbatch_collate=microbatch_collate,
-    )  # fmt: skip
+    limits = ("batch_size", "eval_batch_size", "limit_train_steps", "limit_eval_batches",
+              "overfit_batches")  # fmt: skip
+    kw = {name: getattr(settings, name) for name in limits}
+    pipeline = build_pipeline(settings.pipeline, splits, dataset, settings.num_workers,
+                              device=device, seeds=seeds, **kw, **layout)  # fmt: skip
     return dataset, pipeline
 
 
@@ -152,9 +135,7 @@ def build_model(model_cfg: DictConfig, device: torch.device, channels_last: bool
 
 
 def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[StepRunner, Any]:
-    """The trainer's state (model, optimizer, schedule, scaler, loop, rng, task, step), the
-    runner that drives it (the reduction's forward module, the task, the user's step) and
-    the schedule over N epochs. Built in this order under the ``init`` stream."""
+    """The trainer's state and its runner, in this order under ``init``; the schedule."""
     model_settings, reduction, device = run.settings.model, run.reduction, run.device
     model = build_model(targets.model, device, model_settings.channels_last)
     params = param_groups(model, model_settings.no_decay_norm_bias)
@@ -180,16 +161,13 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
 
 
 def schedule_for(node: DictConfig, optimizer: Any, steps_per_epoch: int) -> Callable[[int], Any]:
-    """The one place the lr schedule is decided: epochs -> the ``scheduler`` group over that
-    many epochs on ``optimizer``. The run's is over ``trainer.epochs``; a resume that extends
-    them replays the steps before it under the one they ran with (``loop.past_schedule``)."""
+    """The one place the lr schedule is decided: epochs -> the ``scheduler`` over that many
+    epochs (a resume that extends them replays the past under the old: ``loop.past_schedule``)."""
     return lambda epochs: build_scheduler(node, optimizer, total_steps=steps_per_epoch * epochs)
 
 
 def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Callbacks:
-    """The ``callbacks`` group's callbacks by name (none when it is null), built after the
-    model under whatever the caller seeded: a callback's construction draws no stream.
-    ``scheduler``: the run's, which decides whether a callback may set the lr."""
+    """The ``callbacks`` group; ``scheduler`` decides whether a callback may set the lr."""
     per_step = scheduler is not None and schedule_kind(scheduler) == "step"
     return Callbacks(build_callbacks(node), device,
                      lr_set_by=qualname(scheduler) if per_step else None)  # fmt: skip

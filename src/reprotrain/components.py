@@ -1,20 +1,20 @@
 """User-brought code by config: resolve each ``_target_``, check its keys, build it.
 
-A component is a YAML with ``_target_: dotted.path`` plus keyword arguments (Hydra's
-convention); the trainer supplies what only it knows (``SUPPLIED``: an optimizer's
-parameters, a scheduler's optimizer and ``total_steps``, a task's ``loss_fn``, a step's
-``model``) when the callable takes it. ``check`` runs at preflight, before any run directory
-exists: it imports every target and binds its keys against the signature without calling
-it, and dry-builds the cheap ones (optimizer, scheduler), so a typo or a bad value is one
+``check`` runs at preflight, before any run directory exists: it imports and binds every
+target without calling it and dry-builds the cheap ones, so a typo or a bad value is one
 line naming the group and key (docs/bring-your-own.md).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import traceback
 from collections.abc import Callable
 from typing import Any
 
+import hydra
+from hydra._internal.utils import _locate
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -39,8 +39,6 @@ class ComponentError(ReprotrainError):
 
 def locate(path: str, where: str) -> Callable[..., Any]:
     """Import ``a.b.C`` (or ``a.b.fn``); one line naming ``where`` when it cannot be found."""
-    from hydra._internal.utils import _locate
-
     try:
         target = _locate(path)
     except Exception as e:  # ImportError, AttributeError, or an error inside the module
@@ -51,9 +49,7 @@ def locate(path: str, where: str) -> Callable[..., Any]:
 
 
 def import_failure(path: str, error: BaseException) -> str:
-    """Why ``path`` could not be imported, in one clause: Hydra's hint when the target
-    itself is missing; else the error its module raised while imported, with the file and
-    line (``No module named 'sklearn'`` at ``src/starter/diabetes.py:3``)."""
+    """Why ``path`` could not be imported, in one clause (the module's error, file and line)."""
     root = error
     while root.__cause__ is not None and root.__cause__ is not root:
         root = root.__cause__
@@ -80,37 +76,32 @@ def _first_line(e: BaseException) -> str:
 
 
 def _raised_at(e: BaseException) -> str | None:
-    """``file:line`` of the innermost frame of ``e`` outside the import machinery and
-    Hydra (relative to the working directory when under it); a SyntaxError's own place."""
-    import os
-    import traceback
-
+    """``file:line`` of ``e``'s innermost frame outside importlib and Hydra."""
     if isinstance(e, SyntaxError) and e.filename and e.lineno:
-        frame = (e.filename, e.lineno)
+        name, line = e.filename, e.lineno
     else:
-        import hydra
-
-        hydra_dir = os.path.dirname(hydra.__file__)
+        skip = ("<", os.path.dirname(hydra.__file__))
+        tb = traceback.extract_tb(e.__traceback__)
         frames = [
-            f
-            for f in traceback.extract_tb(e.__traceback__)
-            if not f.filename.startswith("<")
-            and "importlib" not in f.filename
-            and not f.filename.startswith(hydra_dir)
+            f for f in tb if not f.filename.startswith(skip) and "importlib" not in f.filename
         ]
         if not frames:
             return None
-        frame = (frames[-1].filename, frames[-1].lineno)
-    name, line = frame
+        name, line = frames[-1].filename, frames[-1].lineno
     rel = os.path.relpath(name)
     return f"{name if rel.startswith('..') else rel}:{line}"
 
 
+def _signature(target: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a signature: accept anything
+        return None
+
+
 def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
     """(parameter names, takes **kwargs, required names) of a callable."""
-    try:
-        sig = inspect.signature(target)
-    except (TypeError, ValueError):  # builtins without a signature: accept anything
+    if (sig := _signature(target)) is None:
         return [], True, []
     names, var_kw, required = [], False, []
     for p in sig.parameters.values():
@@ -126,13 +117,10 @@ def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
 def refuse_list_for_tensor(target: Callable[..., Any], node: Any, key: str, where: str) -> None:
     """A YAML list given to a parameter annotated as a tensor (``CrossEntropyLoss(weight=)``)
     is refused by name: the callable would fail only when built, after the run began."""
-    value = node[key]
-    if not isinstance(value, ListConfig | list):
+    value, sig = node[key], _signature(target)
+    if not isinstance(value, ListConfig | list) or sig is None:
         return
-    try:
-        param = inspect.signature(target).parameters.get(key)
-    except (TypeError, ValueError):
-        return
+    param = sig.parameters.get(key)
     if param is None or param.annotation is param.empty:
         return
     text = str(param.annotation)
@@ -146,11 +134,8 @@ def refuse_list_for_tensor(target: Callable[..., Any], node: Any, key: str, wher
 
 
 def bound_names(target: Callable[..., Any], n_args: int, keys: list[str], where: str) -> set[str]:
-    """The parameters a node's ``_args_`` and keys bind (``Signature.bind_partial``: nothing
-    is called); one line when they cannot bind (too many ``_args_``, a positional-only key)."""
-    try:
-        sig = inspect.signature(target)
-    except (TypeError, ValueError):  # no signature: accept anything
+    """The parameters a node's ``_args_`` and keys bind (nothing called), or one line why not."""
+    if (sig := _signature(target)) is None:
         return set(keys)
     try:
         bound = sig.bind_partial(*[None] * n_args, **dict.fromkeys(keys))
@@ -161,12 +146,8 @@ def bound_names(target: Callable[..., Any], n_args: int, keys: list[str], where:
 
 def check_node(node: Any, where: str, supplied: tuple[str, ...] | None = None) -> None:
     """Import and bind one ``_target_`` node and every nested one, without calling any.
-
-    ``supplied``: what the trainer passes a top-level group's callable. A nested
-    ``_partial_: true`` node (``supplied`` None: a dataset's ``collate``, a transform
-    factory) is called later by code the config cannot see, so its required parameters
-    may stay unbound: only its keys are checked (``bind_partial``), not what is missing.
-    """
+    ``supplied``: what the trainer passes a top-level group's callable; a nested
+    ``_partial_`` node (``supplied`` None) has only its keys checked, not what is missing."""
     if isinstance(node, ListConfig | list):
         for i, item in enumerate(node):
             check_node(item, f"{where}[{i}]")
@@ -220,10 +201,8 @@ def check(cfg: DictConfig) -> None:
     )
     from reprotrain.optim import check_schedule
 
-    trainer = cfg.trainer
-    refused = check_schedule(scheduler, str(cfg.scheduler["_target_"]), trainer.monitor,
-                             trainer.monitor_mode)  # fmt: skip
-    if refused is not None:
+    target, trainer = str(cfg.scheduler["_target_"]), cfg.trainer
+    if refused := check_schedule(scheduler, target, trainer.monitor, trainer.monitor_mode):
         raise ComponentError(refused)
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and "_target_" in node:
@@ -258,8 +237,7 @@ def build_naming_key(group: str, node: DictConfig, make: Callable[[DictConfig], 
 
 
 def build(group: str, node: DictConfig, *args: Any, **supplied: Any) -> Any:
-    """``instantiate`` (a ``_partial_`` node: then called with ``supplied``); a failure is
-    one line naming the group."""
+    """``instantiate`` (a ``_partial_`` then called with ``supplied``); failures name the group."""
     try:
         obj = instantiate(node, _convert_="all")
         if OmegaConf.select(node, "_partial_", default=False):
@@ -286,8 +264,7 @@ def build_scheduler(node: DictConfig, optimizer: Any, total_steps: int) -> Any:
 
 
 def build_callbacks(node: Any) -> dict[str, Any]:
-    """The ``callbacks`` group: a mapping of names to ``_target_`` nodes, each built as it
-    is (a null entry, as an override leaves it to switch one off, is skipped)."""
+    """The ``callbacks`` group: names to ``_target_`` nodes (a null entry is skipped)."""
     if node is None:
         return {}
     if not isinstance(node, DictConfig):
@@ -323,24 +300,21 @@ def build_given(group: str, node: DictConfig, **supplied: Any) -> Any:
 
 
 def build_task(node: DictConfig, loss_node: DictConfig | None) -> Any:
-    """The task ``_target_``, given the ``loss`` group's module as ``loss_fn`` when its
-    callable takes that argument."""
+    """The task, given the ``loss`` group's module as ``loss_fn`` when it takes one."""
     if not takes(node, "task", "loss_fn") or loss_node is None:
         return build("task", node)
     return build_given("task", node, loss_fn=build("loss", loss_node))
 
 
 def build_step(node: DictConfig, model: Any) -> Any:
-    """The ``step`` ``_target_`` (``reprotrain.step.PlainStep`` by default), given the bare
-    ``model`` when its callable takes that argument (an EMA of the weights needs them)."""
+    """The ``step``, given the bare ``model`` when it takes one (an EMA of the weights)."""
     if not takes(node, "step", "model"):
         return build("step", node)
     return build_given("step", node, model=model)
 
 
 def declared_metrics(node: DictConfig, loss_node: DictConfig | None) -> dict[str, str]:
-    """``{name: "min" | "max"}`` the task logs: its class's ``metrics``, read without
-    building it when the class declares them (else from a built instance)."""
+    """``{name: "min" | "max"}`` the task logs: its class's ``metrics`` (else an instance's)."""
     target = locate(str(node["_target_"]), "task")
     metrics = getattr(target, "metrics", None)
     if not isinstance(metrics, dict):
@@ -363,10 +337,8 @@ CLASS_WEIGHTED = ("CrossEntropyLoss", "NLLLoss", "MultiMarginLoss")
 
 
 def check_loss(node: DictConfig, num_classes: int | None) -> None:
-    """Preflight of a torch loss (``torch.nn.*Loss``: small and side-effect free, unlike a
-    user's loss that may load a network): build it once and, when it is class-weighted,
-    check its ``weight`` against the class count and run it once on zeros, so a wrong
-    ``weight`` is one line before anything is written."""
+    """Preflight of a torch loss (``torch.nn.*Loss``: side-effect free, unlike a user's):
+    built once and, when class-weighted, its ``weight`` checked and run once on zeros."""
     import torch
 
     target = locate(str(node["_target_"]), "loss")

@@ -1,8 +1,6 @@
-"""Schemas of the project-owned config groups (``trainer``, ``repro``, ``seed``), registered
-in Hydra's ConfigStore: a misspelt key, a wrong type or an unknown option fails while Hydra
-composes; ``validate`` adds the range checks a type cannot express. The ``trainer`` group is
-split by concern into frozen settings (``TrainerSettings``), built once at the run's start.
-User-brought ``_target_`` groups are untyped here: ``components.check`` binds their keys.
+"""Schemas of the project-owned config groups, registered in Hydra's ConfigStore (a misspelt
+key or wrong type fails while Hydra composes); ``validate`` adds the range checks; ``trainer``
+is split by concern into frozen settings. ``_target_`` groups: ``components.check``.
 """
 
 from __future__ import annotations
@@ -27,25 +25,19 @@ from reprotrain.repro.precision import PRECISIONS
 class SeedConfig:
     base: int | None = 42
     from_entropy: bool = False  # draw base from os.urandom and record it (seed=entropy)
-    # Per-stream overrides; null means "derived from base".
     init: int | None = None
     data: int | None = None
     augment: int | None = None
-    train: int | None = None
+    train: int | None = None  # per-stream overrides; null: derived from base
 
 
 @dataclass
 class ReproConfig:
     level: str = "strict"  # strict | warn | fast | portable (strict + x86-64-wide CPU paths)
-    # CPU intra-op threads: cores // processes per node (DDP ranks, joblib jobs). They change
-    # the reduction order, so the resolved number is recorded and compared on reproduce.
+    # CPU intra-op threads: cores // processes per node; recorded (they change reduction order)
     num_threads: int = II("cores_per_job:")
     fill_uninitialized_memory: bool = True  # see README: deterministic NaN fill of torch.empty
     require_locked_env: bool = False  # drift between .venv and the lock becomes fatal
-
-
-# --- the trainer's settings by concern: the one declaration of every ``trainer.*`` key; the
-# flat ``trainer`` schema (``TrainerConfig``) is made from these fields.
 
 
 def from_trainer(cls: type, trainer: Any) -> Any:
@@ -55,45 +47,33 @@ def from_trainer(cls: type, trainer: Any) -> Any:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Where the run trains, how many checkpoints it keeps, and what a resume may change
-    besides the world size (``resume.guard.check_unrestored`` reads
-    ``allow_unrestored_state`` from the resolved config)."""
+    """Where the run trains, the checkpoints it keeps, what a resume may change."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (mps: no bitwise promise)
     allow_device_change: bool = False  # resume on another device type (recorded: not bitwise)
     keep_checkpoints: int = 3
-    # Resume under repro=strict although the resume audit found state the checkpoint cannot
-    # restore (a task's list, a consumed global RNG): recorded as not bitwise.
-    allow_unrestored_state: bool = False
-    # A resume first replays the steps since the checkpoint before (or the run's start) and
-    # compares the state with its checkpoint bit for bit (docs/resume.md); false skips it,
-    # recorded as "not verified" (never bitwise). Costs at most one checkpoint interval.
-    verify_resume: bool = True
+    allow_unrestored_state: bool = False  # resume despite unrestorable state (not bitwise)
+    verify_resume: bool = True  # replay the last interval and compare bits (docs/resume.md)
 
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    """How the data pipeline serves batches: which path, how many, how big, how shortened."""
+    """How the data pipeline serves batches: which path, how big, how shortened."""
 
     pipeline: str = "auto"  # auto: device for in-memory tensors, loader for file datasets
     num_workers: int = 0  # loader pipeline only; never changes the bits
     batch_size: int = 512  # global batch, samples per optimizer step
     eval_batch_size: int = 1024
-    # Debug presets (conf/debug/): shorten or repeat the loop; all 0 = off.
-    limit_train_steps: int = 0  # steps per epoch (the schedule spans the shortened run)
+    limit_train_steps: int = 0  # conf/debug/ (0: off): steps per epoch, the schedule spans them
     limit_eval_batches: int = 0  # batches per evaluation pass
     overfit_batches: int = 0  # every epoch repeats the first N batches of epoch 1
 
 
 @dataclass(frozen=True)
 class ReductionSettings:
-    """How the ranks combine a step (``reduction.for_run``), and whether a resume may change
-    the world size (the reduction's ``resume_check``)."""
+    """How the ranks combine a step (``reduction.for_run``); may a resume change the world?"""
 
-    # The same bits on any world size dividing the micro-batches per step (batch_size /
-    # microbatch_size): fixed micro-batches, per-micro-batch RNG and BatchNorm statistics,
-    # exact (int64 fixed-point) sums in place of DDP's all-reduce. See README.
-    world_size_invariant: bool = False
+    world_size_invariant: bool = False  # same bits on any world size dividing microbatches
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
     allow_world_size_change: bool = False  # resume under another world size (not bitwise)
 
@@ -107,18 +87,11 @@ class LoopSettings:
     monitor: str = "val_acc"  # metrics.jsonl key that picks best.pt and is the sweep objective
     monitor_mode: str = "max"  # max | min
     checkpoint_every_steps: int = 0  # 0: only at epoch ends
-    # Checkpoint and exit 75 (status interrupted) after this global step: how reproduce
-    # replays a resume history leg by leg. 0: off.
-    stop_at_global_step: int = 0
-    # Stop (status completed, partial) after this epoch without changing the schedule, so
-    # the first epochs of a long run can be spot-checked bit for bit. 0: run all epochs.
-    stop_after_epoch: int = 0
+    stop_at_global_step: int = 0  # checkpoint and exit 75 after this step (0: off)
+    stop_after_epoch: int = 0  # end (completed) after this epoch, the schedule unchanged
     progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
     profile_steps: int = 0  # torch.profiler trace of N steps (after 1 warm-up) in the run dir
-    # Early stopping: stop after this many evaluated epochs in a row whose trainer.monitor
-    # did not beat the best by more than early_stopping_min_delta (0: off). Recorded in
-    # run.json (`early_stopped`), kept in the checkpoint (a resume continues the count).
-    early_stopping_patience: int = 0
+    early_stopping_patience: int = 0  # evaluations without improvement before a stop (0: off)
     early_stopping_min_delta: float = 0.0  # in the monitored metric's units
 
 
@@ -127,15 +100,12 @@ class GuardSettings:
     """The non-finite guard: what a NaN/inf does, and how often the flag is read."""
 
     on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf loss (or grad norm) does
-    # Steps between host reads of the on-device guard flag (also read before every
-    # checkpoint): one read per k steps instead of a sync per step on a GPU.
-    nonfinite_check_every: int = 10
+    nonfinite_check_every: int = 10  # steps between host reads of the device's guard flag
 
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """How the model, its optimizer and its forward are built; ``channels_last`` is the
-    memory format of the model and, so that they match, of the pipeline's batches."""
+    """How the model, its optimizer and its forward are built."""
 
     channels_last: bool = False  # NHWC memory format for model and batches
     compile: bool = False  # torch.compile the model (mode below); compile time is reported
@@ -146,23 +116,16 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class StepSettings:
-    """What one optimizer step needs: its precision (autocast), clipping, the micro-batch
-    size."""
+    """What one optimizer step needs: precision, clipping, the micro-batch size."""
 
-    # The float math (repro/precision.py): 32-true | tf32 | bf16-mixed | 16-mixed. TF32 for
-    # CUDA matmuls and cuDNN convolutions, or autocast (16-mixed: with the GradScaler).
-    # Recorded and compared; repro=strict promises bits at each one.
-    precision: str = "32-true"
+    precision: str = "32-true"  # 32-true | tf32 | bf16-mixed | 16-mixed (repro/precision.py)
     grad_clip_norm: float = 0.0  # 0: off; else clip the global L2 norm (and guard it)
-    # Samples per micro-batch: the step's (per-rank) batch is split into pieces of this
-    # size whose gradients accumulate before one optimizer step. None: one piece.
-    microbatch_size: int | None = None
+    microbatch_size: int | None = None  # samples per gradient-accumulation piece; None: one
 
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """``trainer.*`` split by concern, built once by ``from_config``; each part goes to the
-    component that reads it, never the whole."""
+    """``trainer.*`` split by concern; each part goes to the component that reads it."""
 
     run: RunSettings
     pipeline: PipelineSettings
@@ -179,8 +142,7 @@ class TrainerSettings:
 
 
 def trainer_schema() -> type:
-    """The flat ``trainer`` group's schema, made from the settings' fields (their names,
-    types and defaults): what Hydra checks a ``trainer.*`` override against."""
+    """The flat ``trainer`` group's schema, made from the settings' fields."""
     columns = []
     for part in get_type_hints(TrainerSettings).values():
         hints = get_type_hints(part)
@@ -201,16 +163,12 @@ class TrainConfig:
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     loss: Any = MISSING
-    # The optimizer step (conf/step/, reprotrain/step.py): the plain one unless chosen.
     step: Any = field(default_factory=lambda: {"_target_": "reprotrain.step.PlainStep"})
-    # Hooks at start, epoch end, checkpoint and end (conf/callbacks/, reprotrain/callbacks.py):
-    # names to _target_ nodes; none by default.
-    callbacks: Any = None
+    callbacks: Any = None  # names to _target_ nodes (conf/callbacks/)
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING
-    # Untracked files (paths or folders, relative to the repo) whose contents may be copied
-    # into git.diff and archives. Every other untracked file is recorded by name and sha256.
+    # Untracked paths whose contents may go into git.diff and archives (others: name, sha256)
     include_untracked: list[str] = field(default_factory=list)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     name: str = "run"  # experiment name, part of the run directory name
@@ -285,9 +243,7 @@ def _non_finite_leaves(node: Any, prefix: str) -> list[str]:
 
 
 def validate(cfg: DictConfig | Any, world_size: int) -> None:
-    """Range checks a dataclass type cannot express, and the batch layout on ``world_size``
-    ranks; raises one-line ``ReprotrainError``. Preflight calls it with the world size the
-    launcher announces, the trainer with the one its job has."""
+    """Range checks a type cannot express, and the batch layout on ``world_size`` ranks."""
     for key, allowed in CHOICES.items():
         if (value := OmegaConf.select(cfg, key)) not in allowed:
             raise ReprotrainError(f"{key}={value!r} is not one of {', '.join(allowed)}")
@@ -328,9 +284,7 @@ def launch_world_size() -> int:
 
 def check_workers(pipeline: str, num_workers: int, *, in_memory: bool | None,
                   target: str = "the dataset") -> None:  # fmt: skip
-    """Loader workers need the loader pipeline: refused on ``trainer.pipeline=device``, and
-    on ``auto`` for an in-memory dataset (``in_memory``: None while it is not known). Called
-    by preflight (from the dataset's class) and once at run time by the pipeline builder."""
+    """Loader workers need the loader pipeline (``in_memory``: None while not known)."""
     if not num_workers:
         return
     if pipeline == "device":
@@ -345,8 +299,7 @@ def check_workers(pipeline: str, num_workers: int, *, in_memory: bool | None,
 
 
 def check_num_classes(given: int | None, actual: int | None) -> None:
-    """``model.num_classes`` (None: not set) against the classes the dataset has or
-    declares (None: not known yet)."""
+    """``model.num_classes`` against the dataset's classes (None on either side: unknown)."""
     if given is not None and actual is not None and given != actual:
         raise ReprotrainError(
             f"model.num_classes={given} but the dataset has {actual} classes; "
@@ -366,8 +319,7 @@ def microbatches_per_step(batch_size: int, microbatch_size: int | None) -> int:
 
 
 def check_divisible(global_batch: int, world_size: int) -> None:
-    """The global batch splits evenly over the ranks (``distributed.shard_global_batch``
-    relies on it); checked here, before anything is built or written."""
+    """The global batch splits evenly over the ranks (``distributed.shard_global_batch``)."""
     if global_batch % world_size:
         raise ReprotrainError(
             f"trainer.batch_size={global_batch} (the global batch) is not divisible by the "
@@ -376,8 +328,7 @@ def check_divisible(global_batch: int, world_size: int) -> None:
 
 
 def check_layout(trainer: Any, world_size: int) -> None:
-    """The one check of how a step's batch splits: global batch over ranks, each rank's
-    share into micro-batches, and (world-size invariant) the micro-batches over ranks."""
+    """The one check of how a step's batch splits over ranks and into micro-batches."""
     batch, micro = trainer.batch_size, trainer.microbatch_size
     if micro is not None and not 0 < micro <= batch:
         raise ReprotrainError(
@@ -409,17 +360,14 @@ def check_layout(trainer: Any, world_size: int) -> None:
         )
 
 
-# Keys that say where or how to look, not what to compute: left out of config_sha256 so a
-# resumed or relocated run keeps its identity (data identity is the data fingerprint).
-# Loggers are sinks: they never change the bits (tested), so they are not identity either.
+# Where or how to look, not what to compute: out of config_sha256 (loggers never change bits).
 NON_IDENTITY_KEYS = (
     "resume",
     "dataset.root",
     "trainer.progress",
     "trainer.stop_after_epoch",
     "trainer.num_workers",
-    # The device's identity lives in run.json's environment, compared by comparability.py.
-    "trainer.device",
+    "trainer.device",  # the device's identity: run.json's environment
     "trainer.allow_device_change",
     "trainer.profile_steps",
     "trainer.stop_at_global_step",
@@ -429,8 +377,6 @@ NON_IDENTITY_KEYS = (
     "include_untracked",
     "tags",
 )
-
-
 NON_IDENTITY_PREFIXES = ("logger.",)
 
 
@@ -440,10 +386,8 @@ def is_identity(key: str) -> bool:
 
 
 def config_sha256(container: dict, extended_from: list[dict] | None = None) -> str:
-    """sha256 of the resolved config (sorted dotted keys), identity keys only.
-    ``extended_from``: a resumed run's ``trainer.epochs`` extensions (run.json's
-    ``extended_from``): its schedule was stretched mid-run, so it is another computation
-    than the same config run from scratch, and hashes apart from it."""
+    """sha256 of the resolved config's identity keys; ``extended_from``: a resume's
+    ``trainer.epochs`` extensions (a stretched schedule is another computation)."""
     ident = {k: v for k, v in flatten(container).items() if is_identity(k)}
     if extended_from:
         ident["extended_from"] = extended_from

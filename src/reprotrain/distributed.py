@@ -1,22 +1,8 @@
 """Helpers the training loop uses under ``torchrun``: one process group, rank-0 decisions.
 
-Closes, for many processes, what one process gets for free:
-
-- **One run directory.** Each rank composes its own Hydra config, and ``${now:}`` (and the
-  random run suffix) differ per rank; rank 0's choice is broadcast (``broadcast_object``).
-- **Same step, same data.** Each step's *global* batch is the same slice of the same
-  ``(data seed, epoch)`` order as on one process; rank r takes its contiguous part
-  (``shard_global_batch``), so what a global step sees does not depend on the world size.
-- **Stop together.** A signal may reach one rank only; ``all_reduce_any`` lets every rank
-  agree to stop after the same step, so the checkpoint is consistent.
-- **Every rank's RNG.** ``gather_objects`` brings each rank's RNG state to rank 0, which
-  writes them all into the checkpoint; on resume each rank restores its own entry
-  (``scatter_objects`` when only rank 0 read the file).
-- **Threads per rank.** The intra-op thread count changes reduction order, so it is decided
-  from the config (default ``threads_per_rank``) and recorded, never left to torch.
-
-World size 1 without ``torchrun`` creates no process group: every helper degrades to the
-single-process answer, so the loop has one code path.
+Closes, for many processes: one run directory, the same global batch per step, stopping
+together, every rank's RNG in the checkpoint (docs/scaling-out.md). World size 1 without
+``torchrun`` creates no process group: every helper gives the single-process answer.
 """
 
 from __future__ import annotations
@@ -65,10 +51,7 @@ class Dist:
 
     def barrier(self) -> None:
         if self.enabled:
-            if self.backend == "nccl":
-                dist.barrier(device_ids=[self.device.index])
-            else:
-                dist.barrier()
+            dist.barrier(device_ids=[self.device.index] if self.backend == "nccl" else None)
 
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         """Rank ``src``'s ``obj`` on every rank (any picklable value, e.g. the run dir)."""
@@ -79,21 +62,12 @@ class Dist:
         return box[0]
 
     def all_reduce_any(self, flag: bool) -> bool:
-        """True on every rank if it is True on any rank (a stop signal seen by one rank).
-
-        Costs one all-reduce of a single int plus a host sync (``.item()``) per call: on a
-        GPU that sync stops the host from queueing the next step before this one finishes,
-        so call it every k steps (the same steps on every rank) when steps are short.
-        """
-        if not self.enabled:
-            return bool(flag)
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        """True on every rank if it is True on any rank (a stop signal seen by one rank); a
+        host sync per call: call it every k steps (the same steps on every rank)."""
+        return self.all_reduce_flags(flag)[0]
 
     def all_reduce_flags(self, *flags: bool) -> tuple[bool, ...]:
-        """Each flag True on every rank if it is True on any rank: ``all_reduce_any`` of
-        several flags in one all-reduce (the loop's sync point: non-finite, stop signal)."""
+        """Each flag True on every rank if it is True on any rank, in one all-reduce."""
         if not self.enabled:
             return tuple(bool(f) for f in flags)
         t = torch.tensor(
@@ -118,7 +92,7 @@ class Dist:
         return out
 
     def all_gather_objects(self, obj: T) -> list[T]:
-        """Every rank's ``obj`` on every rank (e.g. per-rank device and threads for run.json)."""
+        """Every rank's ``obj`` on every rank."""
         if not self.enabled:
             return [obj]
         out: list[Any] = [None] * self.world_size
@@ -169,12 +143,9 @@ def _env_int(name: str, default: int) -> int:
 
 
 def init_from_env(device_pref: str = "auto") -> Dist:
-    """Join the process group ``torchrun`` describes in the environment, if any.
-
-    ``device_pref`` is ``trainer.device``: auto | cpu | cuda. With several ranks, CUDA means
-    one GPU per local rank and ``nccl``; the CPU means ``gloo``. Without torchrun (no
-    ``WORLD_SIZE``, or 1) no process group is created.
-    """
+    """Join the process group ``torchrun`` describes in the environment, if any: CUDA
+    (``device_pref``, ``trainer.device``) means one GPU per local rank and ``nccl``, the CPU
+    ``gloo``."""
     if "WORLD_SIZE" not in os.environ:
         export_submitit_tasks()
     world = _env_int("WORLD_SIZE", 1)
@@ -197,20 +168,11 @@ def init_from_env(device_pref: str = "auto") -> Dist:
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"device_id": device} if use_cuda else {}
         dist.init_process_group(backend=backend, init_method="env://", **kwargs)
-    return Dist(
-        rank=rank,
-        world_size=world,
-        local_rank=local_rank,
-        local_world_size=local_world,
-        backend=backend,
-        device=device,
-    )
+    return Dist(rank, world, local_rank, local_world, backend, device)
 
 
 def export_submitit_tasks() -> bool:
-    """Map a submitit job's tasks (``tasks_per_node`` x ``nodes``, one process each) onto
-    torchrun's variables, so ``hydra/launcher=submitit_slurm`` with several tasks trains with
-    DDP without torchrun. GPUs stay all visible: local rank r uses ``cuda:r``."""
+    """Map a submitit job's tasks onto torchrun's variables (local rank r uses ``cuda:r``)."""
     if not launched_by_submitit():
         return False
     from submitit import JobEnvironment
@@ -223,15 +185,9 @@ def export_submitit_tasks() -> bool:
 
 
 def shard_global_batch(positions: T, rank: int, world_size: int) -> T:
-    """Rank ``rank``'s share of one step's global batch: the one place that decides it.
-
-    ``positions`` lists the global batch's samples (their dataset indices, or ``range(B)``
-    over a batch already drawn and transformed whole); the result is the same kind (a
-    tensor, list or range) holding this rank's entries. Today that is a contiguous part, so
-    the union over ranks, in rank order, is exactly the batch a single process trains on.
-    Both pipelines call this and nothing else, so a different rule (whole micro-batches per
-    rank) is a change here alone.
-    """
+    """Rank ``rank``'s share of one step's global batch, the one place that decides it: a
+    contiguous part of ``positions`` (indices, a tensor or a range), so the union over ranks
+    in rank order is the batch a single process trains on."""
     n = len(positions)  # type: ignore[arg-type]
     check_divisible(n, world_size)
     per = n // world_size

@@ -1,9 +1,5 @@
-"""How a training process ends: each failure to its exit code, recorded, then cleaned up;
-the run directory's lock, held for the process's lifetime, released on every way out.
-
-0 completed; 2 user error (one line on stderr, the run marked failed; also a non-finite loss
-under trainer.on_nonfinite=stop); 75 interrupted by SIGTERM, SIGINT or SIGUSR2 after a
-checkpoint, or a killed DataLoader worker; 130 aborted by a second SIGINT.
+"""How a training process ends: each failure to its exit code (docs/cli.md), recorded, then
+cleaned up; the run directory's lock released on every way out.
 """
 
 from __future__ import annotations
@@ -30,9 +26,8 @@ EXIT_ABORTED = 130
 
 
 class Exits:
-    """``with Exits(run_dir) as ends:`` around the whole process: the run directory (rank 0's
-    once broadcast), the world and the run dir's lock, set as they are made, are what its
-    exits mark, release and destroy; an error it does not know is marked and re-raised."""
+    """``with Exits(run_dir) as ends:`` around the whole process: the run dir, world and lock,
+    set as they are made, are what its exits mark, release and destroy."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -55,8 +50,7 @@ class Exits:
         sys.exit(code)
 
     def claim(self, run_dir: Path, resume: str | None) -> None:
-        """Rank 0 locks the run directory and refuses to reuse one that is written
-        (``run/directory.refuse_reuse``); every rank gets the verdict."""
+        """Rank 0 locks the run directory and refuses a written one; every rank gets the verdict."""
         refused = None
         if self.dist.is_main:
             try:
@@ -99,21 +93,18 @@ class Exits:
             return EXIT_ABORTED
         if isinstance(e, OSError | RuntimeError) and worker_death.is_worker_death(e):
             died = worker_death.describe(e)  # a DataLoader worker was killed: resumable
-            self.fail(
-                "interrupted",
-                f"{died} (killed from outside, e.g. by the OOM killer); "
-                "the run stopped at its last checkpoint: resume with "
-                f"`{resume_hint(self.run_dir)}`",
-                error=died,
-                interrupted_by="DataLoader worker died",
+            message = (
+                f"{died} (killed from outside, e.g. by the OOM killer); the run stopped "
+                f"at its last checkpoint: resume with `{resume_hint(self.run_dir)}`"
             )
+            self.fail("interrupted", message, error=died, interrupted_by="DataLoader worker died")
             return EXIT_INTERRUPTED
         if isinstance(e, Exception):
             mark(self.run_dir, "failed", error=f"{type(e).__name__}: {e}")
         return None
 
     def fail(self, status: str, message: str, **fields: Any) -> None:
-        """Mark the run (``error``: ``message`` unless given), log and print one line."""
+        """Mark the run, log and print one line."""
         mark(self.run_dir, status, **{"error": message, **fields})
         log_error(message)
         self.error(message)
@@ -137,8 +128,7 @@ def mark(run_dir: Path, status: str, **fields: Any) -> None:
 
 
 def log_error(message: str) -> None:
-    """The error into train.log too; a log that cannot be written (a full disk) stays quiet
-    rather than printing logging's own traceback."""
+    """The error into train.log too; a log that cannot be written (a full disk) stays quiet."""
     raising, logging.raiseExceptions = logging.raiseExceptions, False
     try:
         log.error(message)

@@ -1,10 +1,6 @@
-"""Parameter groups for the optimizer, and the project's lr schedules.
-
-The per-step schedules are ``LambdaLR`` over the global step: their only state is the step
-count, so a resume continues exactly and extending ``trainer.epochs`` stretches them. A
-schedule is driven per step, on the metric (``step(metrics)``: :class:`MetricSchedule`) or
-not at all (:class:`NoSchedule`); :func:`kind` tells which (docs/configuration.md,
-docs/bring-your-own.md).
+"""Parameter groups for the optimizer, and the project's lr schedules: ``LambdaLR`` over the
+global step (a resume continues exactly), driven per step, on the metric or not at all
+(:func:`kind`; docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ from torch import nn
 
 
 def param_groups(model: nn.Module, no_decay_norm_bias: bool) -> list[dict]:
-    """All parameters, or two groups: biases and norm weights (ndim <= 1, so a user's own
-    norm layers too) get weight_decay 0."""
+    """All parameters, or two groups: biases and norm weights (ndim <= 1) get weight_decay 0."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not no_decay_norm_bias:
         return [{"params": params}]
@@ -41,9 +36,7 @@ def onecycle(
     optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float = 0.25
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup to the optimizer's lr over ``warmup_fraction`` of all steps, cosine to 0."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: _factor(step, total_steps, warmup_fraction, 0.0)
-    )
+    return cosine(optimizer, total_steps, warmup_fraction)
 
 
 def cosine(
@@ -63,8 +56,7 @@ def constant(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.Lambd
 
 
 class NoSchedule:
-    """``scheduler=none``: the lr is the optimizer's as configured, changed only by what the
-    run's callbacks set (which then persists); nothing to checkpoint beyond the optimizer."""
+    """``scheduler=none``: the lr is the optimizer's, changed only by the run's callbacks."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -81,18 +73,13 @@ class NoSchedule:
 
 class MetricSchedule:
     """A scheduler whose ``step`` takes the monitored value (``ReduceLROnPlateau``), stepped
-    by ``epoch_end(value)`` with ``trainer.monitor``'s value (None: not evaluated this epoch,
-    not stepped), before the epoch's checkpoint, which so holds its state."""
+    by :func:`epoch_end` before the epoch's checkpoint, which so holds its state."""
 
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
 
     def step(self) -> None:
         """After each optimizer step: nothing (the schedule moves on epoch ends)."""
-
-    def epoch_end(self, value: float | None) -> None:
-        if value is not None:
-            self.scheduler.step(value)
 
     def state_dict(self) -> dict[str, Any]:
         return self.scheduler.state_dict()
@@ -112,8 +99,7 @@ def required_step_args(scheduler: Any) -> list[str]:
 
 
 def kind(scheduler: Any) -> str:
-    """``"none"``, ``"metric"`` (stepped on the monitored value at epoch end) or ``"step"``
-    (stepped after every optimizer step, setting the lr)."""
+    """``"none"``, ``"metric"`` (stepped at epoch end) or ``"step"`` (after every step)."""
     if isinstance(scheduler, NoSchedule):
         return "none"
     if isinstance(scheduler, MetricSchedule):
@@ -122,9 +108,7 @@ def kind(scheduler: Any) -> str:
 
 
 def for_loop(scheduler: Any) -> Any:
-    """The built scheduler as the loop drives it: one whose ``step`` takes the metric
-    (``step(metrics)``, torch's name) wrapped in :class:`MetricSchedule`, any other as it
-    is (one that needs another value is refused at preflight: :func:`check_schedule`)."""
+    """The scheduler as the loop drives it: a ``step(metrics)`` one in :class:`MetricSchedule`."""
     return MetricSchedule(scheduler) if required_step_args(scheduler) == ["metrics"] else scheduler
 
 
@@ -134,17 +118,15 @@ def unwrapped(scheduler: Any) -> Any:
 
 
 def epoch_end(scheduler: Any, value: float | None) -> None:
-    """At an epoch's end, after validation: a metric-driven schedule steps on ``value``
-    (``trainer.monitor``'s); a per-step one has already moved."""
-    if isinstance(scheduler, MetricSchedule):
-        scheduler.epoch_end(value)
+    """At an epoch's end: a metric-driven schedule steps on ``value`` (``trainer.monitor``'s;
+    None: not evaluated this epoch); a per-step one has already moved."""
+    if isinstance(scheduler, MetricSchedule) and value is not None:
+        scheduler.scheduler.step(value)
 
 
 def check_schedule(scheduler: Any, target: str, monitor: str, monitor_mode: str) -> str | None:
-    """At preflight: why ``scheduler`` (built as the loop drives it: :func:`for_loop`)
-    cannot be driven (one line), or None. A ``step`` that needs more than the monitored
-    value has nothing to be given; a metric-driven one must improve the way
-    ``trainer.monitor`` does."""
+    """At preflight: why ``scheduler`` cannot be driven (one line), or None: its ``step`` needs
+    more than the metric, or it improves the other way than ``trainer.monitor``."""
     scheduler = unwrapped(scheduler)
     needed = required_step_args(scheduler)
     if needed not in ([], ["metrics"]):

@@ -1,15 +1,9 @@
-"""Counter-based augmentation: random crop 32 (zero padding 4) and horizontal flip.
+"""Counter-based augmentation of whole uint8 batches: random crop (zero padding 4) and flip.
 
-Closes: augmentation randomness. The crop offsets and flips of step ``s`` in epoch ``e``
-come from a generator seeded with ``(augment seed, e, s)``, so they do not depend on how
-many steps ran before, on worker count, or on the device; resuming at ``(e, s)`` replays
-them exactly. Applied to whole uint8 batches on the training device.
-
-Two implementations of the same function: ``reference_augment_batch`` is the readable
-specification (one fancy-index gather per pixel, then a flip); ``augment_batch`` is what
-the pipelines call, a strided-window pick that moves the same bytes about 3x faster on CPU.
-Both only copy pixels (no arithmetic), so they agree bit for bit; tests/test_augment.py
-checks that on random batches and ``make bench`` (P4) measures the speed-up.
+Closes: augmentation randomness: step ``s`` of epoch ``e`` draws from a generator seeded
+with ``(augment seed, e, s)``, whatever ran before, the workers or the device.
+``reference_augment_batch`` is the readable specification ``augment_batch`` (about 3x
+faster) equals bit for bit (tests/test_augment.py; ``make bench`` P4).
 """
 
 from __future__ import annotations
@@ -23,11 +17,8 @@ PAD = 4
 
 
 def _draws(x: torch.Tensor, seed: int, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Crop offsets [B,2] in 0..2*PAD and flip flags [B] for ``(seed, epoch, step)``.
-
-    The draw order (offsets, then flips) is part of the recorded bits: changing it changes
-    every augmented batch and so every run's fingerprint.
-    """
+    """Crop offsets [B,2] in 0..2*PAD and flip flags [B] for ``(seed, epoch, step)``; the
+    draw order (offsets, then flips) is part of the recorded bits."""
     b = x.shape[0]
     g = counter_generator(seed, epoch, step)
     offsets = torch.randint(0, 2 * PAD + 1, (b, 2), generator=g).to(x.device)
@@ -38,10 +29,9 @@ def _draws(x: torch.Tensor, seed: int, epoch: int, step: int) -> tuple[torch.Ten
 def augment_batch(x: torch.Tensor, seed: int, epoch: int, step: int) -> torch.Tensor:
     """Crop+flip a uint8 batch [B,C,H,W]; a pure function of (x, seed, epoch, step).
 
-    Every (row, column) offset's window is a strided view of the padded batch (``unfold``),
-    so a crop is one pick per sample instead of one index per pixel. A flipped crop at
-    column offset ``ox`` is the unflipped-image crop of the mirrored padded batch at
-    ``2*PAD - ox`` (the padding is symmetric), so the flip is folded into that same pick.
+    Each offset's window is a strided view of the padded batch (``unfold``): one pick per
+    sample. A flipped crop at column ``ox`` is the mirrored padded batch's crop at
+    ``2*PAD - ox`` (the padding is symmetric), so the flip is folded into that pick.
     """
     b, _, h, w = x.shape
     offsets, flips = _draws(x, seed, epoch, step)

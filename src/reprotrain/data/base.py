@@ -1,22 +1,12 @@
 """What a dataset ``_target_`` returns, and the validation split every dataset shares.
 
-A sample, and so a batch, is a pytree of tensors: ``(x, y)``, ``{"image": x, "label": y}``,
-``((tokens, lengths), y)``... (see ``reprotrain.batches``). Two kinds of dataset, chosen by
-where the data lives, not by a flag:
+A sample, and so a batch, is a pytree of tensors. Two kinds of dataset, by where the data
+lives: ``InMemoryTensors`` (each split one pytree, samples first; ``InMemoryImages`` for
+uint8 images) and ``SampleData`` (map-style, one sample per index; ``SampleImages`` for
+torchvision transforms). Subclass one and point a YAML at it (docs/bring-your-own.md).
 
-- ``InMemoryTensors``: every split is one pytree of tensors with the samples first. Batches
-  are gathers of it (on the training device when the pipeline is ``device``), served as they
-  are: no scaling, no reshape, no augmentation unless the dataset's ``batch_transform`` asks.
-  ``InMemoryImages`` is the uint8-image case: counter-based crop+flip and normalisation.
-- ``SampleData``: map-style datasets that return one sample per index (files, variable-length
-  sequences); ``transform`` runs per sample under a counter-based seed and a ``collate`` (from
-  the YAML) builds the batch. ``SampleImages`` is the torchvision-transform case.
-
-Bring your own by subclassing one of them in one module and pointing a YAML at it.
-
-Closes: validation-split drift. ``val_indices`` depends only on the number of training
-samples and the fraction, never on ``seed.base``, so every run of a seed sweep validates on
-the same samples and its val metric measures training variance alone.
+Closes: validation-split drift: ``val_indices`` depends on the sample count and fraction
+alone, never on ``seed.base``, so a seed sweep validates every run on the same samples.
 """
 
 from __future__ import annotations
@@ -67,21 +57,15 @@ class Splits:
 
 
 def draws_no_global_rng(batch_transform: Any) -> Any:
-    """Marks a framework batch transform that draws from no global RNG (its randomness
-    comes from ``counter_generator(*key)``): the pipeline runs it without the per-batch RNG
-    guard, which would only put back what nothing moved. A subclass's own
-    ``batch_transform`` is unmarked, so it runs guarded."""
+    """Marks a framework batch transform that draws from no global RNG: the pipeline runs it
+    without the per-batch RNG guard (a subclass's own ``batch_transform`` runs guarded)."""
     batch_transform.draws_no_global_rng = True
     return batch_transform
 
 
 class InMemoryTensors:
-    """Base for datasets held as tensors; subclasses implement ``load_samples``.
-
-    Served exactly as loaded. ``batch_transform`` is the one place a subclass changes a
-    batch (on the training device, on the whole global batch of a step, before it is split
-    between ranks); the default changes nothing.
-    """
+    """Base for datasets held as tensors; subclasses implement ``load_samples``. Served as
+    loaded; ``batch_transform`` (on the device, on a step's whole global batch) may change it."""
 
     in_memory = True
     augment = False
@@ -123,11 +107,8 @@ def _check_samples(samples: Batch, split: str) -> int:
 
 class InMemoryImages(InMemoryTensors):
     """uint8 images ``[N, C, H, W]`` and int labels; subclasses implement ``load_tensors``.
-
-    ``mean``/``std`` (per channel, on the 0..1 scale) normalise batches on the device;
-    ``augment`` turns on the counter-based random crop (pad 4) + horizontal flip. Anything
-    but uint8 images is refused (use ``InMemoryTensors`` for features, tokens, ...).
-    """
+    ``mean``/``std`` (per channel, 0..1 scale) normalise on the device; ``augment``: the
+    counter-based crop + flip."""
 
     # A per-device copy of mean/std made on first use: not state (the resume audit skips it).
     cache_attributes: tuple[str, ...] = ("_stats",)
@@ -189,15 +170,9 @@ class InMemoryImages(InMemoryTensors):
 class SampleData:
     """Base for map-style data: ``splits`` returns datasets whose item ``i`` is one sample.
 
-    ``transform(sample, train)`` runs in the loader's workers with torch's, python's and
-    numpy's global generators seeded from (augment seed, epoch, index) and restored after
-    (``pipeline.SeededSamples``), so any randomness drawn there is independent of workers
-    and resumable; ``transform(sample, train, rng)`` is also handed a seeded
-    ``numpy.random.Generator``. ``collate`` (a callable from the YAML: list of samples ->
-    batch) builds each batch; the default stacks. It runs under a per-batch seed, and a
-    collate with a ``ctx`` parameter is handed the batch's ``pipeline.CollateContext``
-    (``ctx.generator``...). Under ``trainer.world_size_invariant=true`` it builds one
-    micro-batch per call (padding and draws then never depend on the world size).
+    ``transform(sample, train[, rng])`` runs with the global generators seeded per (augment
+    seed, epoch, index); ``collate`` (from the YAML; default: stack) runs under a per-batch
+    seed, handed ``ctx`` when it takes one (docs/randomness.md, docs/bring-your-own.md).
     """
 
     in_memory = False
@@ -215,10 +190,7 @@ class SampleData:
 
 
 class SampleImages(SampleData):
-    """File images: (image, label) samples through torchvision transforms.
-
-    ``train_transform`` must end in a float tensor; ``eval_transform`` must be deterministic.
-    """
+    """(image, label) samples through torchvision transforms (``eval_transform``: deterministic)."""
 
     train_transform: Any = None
     eval_transform: Any = None

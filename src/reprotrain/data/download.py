@@ -1,15 +1,8 @@
-"""Fetch, check and unpack a dataset archive without trusting it; read its pickles safely.
+"""Where a dataset's files live; fetch, check and unpack its archive without trusting it;
+read its pickles safely. Names no dataset (docs/bring-your-own.md).
 
-What a dataset module needs to bring a published archive onto disk and into tensors, with
-none of the usual holes: a half-downloaded file that looks complete after a crash
-(:func:`download` streams to a temp file and renames only a verified one), a tampered or
-truncated archive (:func:`verify_md5`), an archive that writes outside its directory or
-plants links (:func:`extract_dir`: every member is checked before a byte is written, and the
-directory appears by one rename), and a pickle that runs code (:func:`restricted_load`: only
-the globals on an allowlist resolve). Every failure a user can fix raises
-:class:`~reprotrain.errors.DataMissingError` with one line that says what to do.
-
-The dataset module names the files, the url and the checksum; this module names no dataset.
+Closes: a half-downloaded file that looks complete, a tampered archive, members outside the
+directory or links, a pickle that runs code. Each fixable failure is one ``DataMissingError``.
 """
 
 from __future__ import annotations
@@ -31,40 +24,24 @@ from typing import IO, Any
 import numpy as np
 
 from reprotrain.errors import DataMissingError, one_line
+from reprotrain.paths import REPO_ROOT
 from reprotrain.progress import Progress
 from reprotrain.safetar import unsafe_reason
 
-__all__ = [
-    "NUMPY_ARRAY_GLOBALS",
-    "RefusedGlobal",
-    "download",
-    "download_and_verify",
-    "extract_dir",
-    "load_pickle",
-    "md5_of",
-    "restricted_load",
-    "verify_md5",
-]
-
 log = logging.getLogger(__name__)
-
 _CHUNK = 1 << 20
 
 
-# --------------------------------------------------------------------------------------------
-# Checksum and download
-# --------------------------------------------------------------------------------------------
-
-
-def md5_of(path: Path) -> str:
-    with open(path, "rb") as f:  # md5: the published integrity check, not security
-        return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
+def data_root(root: str | Path) -> Path:
+    """Relative roots resolve against the repository, not the (per-run) working directory."""
+    root = Path(root)
+    return root if root.is_absolute() else REPO_ROOT / root
 
 
 def verify_md5(archive: Path, md5: str) -> None:
-    """Refuse an archive whose md5 differs: a truncated or tampered file must never be
-    extracted, and the user must decide whether to delete or replace it."""
-    got = md5_of(archive)
+    """Refuse an archive whose md5 differs (the user decides: delete or replace it)."""
+    with open(archive, "rb") as f:  # md5: the published integrity check, not security
+        got = hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
     if got != md5.lower():
         raise DataMissingError(
             f"the file at {archive} is corrupt (expected md5 {md5}, got {got}); "
@@ -73,28 +50,17 @@ def verify_md5(archive: Path, md5: str) -> None:
 
 
 def _download_progress(name: str, response: Any) -> Progress:
-    """Bytes received of ``Content-Length`` (when the server says it): a bar on a terminal,
-    else a log line per tenth, so a 170 MB download is never a silent minute."""
+    """Bytes of ``Content-Length``: a bar on a terminal, else a log line per tenth."""
     length = response.headers.get("Content-Length") if response.headers else None
     total = int(length) if length and str(length).isdigit() else None
     return Progress(f"download {name}", total, in_bytes=True, emit=log.info)
 
 
 def download(
-    url: str,
-    final: Path,
-    md5: str,
-    timeout_s: float,
-    not_found: Callable[[str], DataMissingError],
+    url: str, final: Path, md5: str, timeout_s: float, not_found: Callable[[str], DataMissingError]
 ) -> None:
-    """Download ``url`` to ``final``, atomically, or raise ``not_found(reason)``.
-
-    Bytes go to a temp file next to ``final`` (same filesystem, so the rename is atomic) and
-    the md5 is computed while streaming; only a verified file is renamed to the final name,
-    so an interrupted or corrupt download never looks like a valid archive on the next run.
-    ``timeout_s`` is the socket timeout per blocking operation: a stalled server fails the
-    job instead of hanging it.
-    """
+    """Download ``url`` to ``final`` or raise ``not_found(reason)``: streamed through the md5
+    to a temp file beside it, renamed only when verified. ``timeout_s``: per socket call."""
     root = final.parent
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -116,8 +82,7 @@ def download(
                     out.write(chunk)
                     progress.update(len(chunk))
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            # URLError, HTTPError, socket timeouts and disk errors are all OSError; a
-            # malformed URL is a ValueError; a truncated HTTP body is an HTTPException.
+            # OSError: URLError, HTTPError, timeouts, disk; ValueError: a malformed URL
             raise not_found(f"{url}: {exc}") from exc
         got = digest.hexdigest()
         if got != md5.lower():
@@ -131,22 +96,13 @@ def download(
             tmp.unlink()
 
 
-# --------------------------------------------------------------------------------------------
-# Safe extraction
-# --------------------------------------------------------------------------------------------
-
-
 def _complete(directory: Path, required: Iterable[str]) -> bool:
     return all((directory / name).is_file() for name in required)
 
 
 def _checked_members(tf: tarfile.TarFile, archive: Path, top: str) -> list[tarfile.TarInfo]:
-    """Every member must be a directory or regular file under ``top/``.
-
-    Anything else (absolute path, ``..``, symlink, hard link, device, fifo) refuses the whole
-    archive before a single byte is written: a mirror or a hand-made archive must not be able
-    to write outside the data root or plant links that later reads would follow.
-    """
+    """Every member a directory or regular file under ``top/``; anything else (absolute,
+    ``..``, a link, a device) refuses the whole archive before a byte is written."""
     members = []
     for m in tf.getmembers():
         parts = PurePosixPath(m.name).parts
@@ -165,13 +121,8 @@ def _checked_members(tf: tarfile.TarFile, archive: Path, top: str) -> list[tarfi
 
 
 def extract_dir(archive: Path, root: Path, top: str, required: list[str], what: str) -> None:
-    """Extract ``archive`` (a .tar.gz holding ``top/``) so that ``root/top`` holds ``required``.
-
-    Extraction goes to a temp dir in ``root``, then ``top`` is renamed into place: the rename
-    is the commit point, so a crash mid-extraction leaves only a hidden ``.<top>-extract-*``
-    temp dir, never a ``root/top`` that looks complete but is not. ``what`` names the archive
-    in the message when it lacks a required file ("the <what>").
-    """
+    """Extract ``archive`` (a .tar.gz holding ``top/``) so that ``root/top`` holds ``required``:
+    into a temp dir, then one rename (the commit point). ``what`` names a wrong archive."""
     target = root / top
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{top}-extract-"))
     try:
@@ -185,15 +136,13 @@ def extract_dir(archive: Path, root: Path, top: str, required: list[str], what: 
                 f"cannot extract {archive} ({why}); delete it and re-download"
             ) from exc
         staged = tmp / top
-        if not _complete(staged, required):
-            missing = [n for n in required if not (staged / n).is_file()]
+        if missing := [n for n in required if not (staged / n).is_file()]:
             raise DataMissingError(
                 f"{archive} lacks {top}/{', '.join(missing)}; it is not the {what}, "
                 f"delete it and put the official {archive.name} in {root}/"
             )
         if target.exists() and not _complete(target, required):
-            # A partial copy left by hand; the verified archive supersedes it. Move it into
-            # our temp dir (removed below) rather than deleting it in place.
+            # A partial copy left by hand, superseded: into our temp dir (removed below).
             os.replace(target, tmp / "stale")
         try:
             os.rename(staged, target)
@@ -205,14 +154,8 @@ def extract_dir(archive: Path, root: Path, top: str, required: list[str], what: 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# --------------------------------------------------------------------------------------------
-# Restricted unpickling
-# --------------------------------------------------------------------------------------------
-
-
 def _latin1_encode(obj: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-    """Stand-in for ``codecs.encode``: protocol-2 pickles from Python 3 store ``bytes`` as
-    ``_codecs.encode(text, 'latin1')``; no other codec (zlib, base64, ...) is needed."""
+    """``codecs.encode`` for latin1 only: how protocol-2 pickles store ``bytes``."""
     if not isinstance(obj, str) or encoding.lower().replace("-", "") != "latin1":
         raise pickle.UnpicklingError(f"codecs.encode({type(obj).__name__}, {encoding!r})")
     return obj.encode("latin1", errors)
@@ -246,12 +189,8 @@ class RefusedGlobal(pickle.UnpicklingError):
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the allowlisted globals.
-
-    A pickle is a program: ``find_class`` is the only way it can reach callables, so an
-    allowlist here means a file can build dicts, lists and arrays and nothing else
-    (``os.system`` via ``__reduce__`` is refused before it is even looked up).
-    """
+    """Resolves only the allowlisted globals: ``find_class`` is a pickle's only way to reach
+    a callable, so ``os.system`` via ``__reduce__`` is refused before it is looked up."""
 
     def __init__(self, f: IO[bytes], allowed: Mapping[tuple[str, str], Any], **kw: Any) -> None:
         super().__init__(f, **kw)
@@ -273,10 +212,6 @@ def restricted_load(
     return _RestrictedUnpickler(f, allowed, encoding=encoding).load()
 
 
-# --------------------------------------------------------------------------------------------
-# The face's two helpers (reprotrain.api)
-# --------------------------------------------------------------------------------------------
-
 _download = download  # the helper's ``download`` argument is the yes/no
 
 
@@ -293,14 +228,9 @@ def download_and_verify(
     download: bool = True,
     timeout_s: float = 30.0,
 ) -> Path:
-    """``root/top`` holding every file in ``required``, fetched if it does not yet.
-
-    An archive already at ``root/archive_name`` is md5-checked; else it is downloaded from
-    ``url`` (when ``download``), streamed through the md5 and renamed into place only when
-    it matches; then it is extracted safely (members checked, a temp dir renamed into place).
-    ``not_found(reason)`` makes the one-line error for data that is absent and cannot be
-    fetched; a corrupt or unsafe archive raises :class:`DataMissingError` itself.
-    """
+    """``root/top`` holding every file in ``required``, fetched if it does not yet: an archive
+    at ``root/archive_name`` is md5-checked, else downloaded (when ``download``), then
+    extracted safely. ``not_found(reason)``: the error for data absent and not fetchable."""
     root = Path(root)
     target = root / top
     if _complete(target, required):
@@ -323,9 +253,8 @@ def load_pickle(
     allowed: Mapping[tuple[str, str], Any] = NUMPY_ARRAY_GLOBALS,
     fix: str = "",
 ) -> Any:
-    """Unpickle the file at ``path`` resolving only ``allowed`` globals (numpy arrays by
-    default): a pickle that names anything else is refused before it runs, in one line
-    (``fix`` says what to do). Other failures (a truncated file) raise as they are."""
+    """Unpickle ``path`` resolving only ``allowed`` globals (numpy arrays by default); any
+    other is refused in one line (``fix``: what to do). Other failures raise as they are."""
     try:
         with open(path, "rb") as f:
             return restricted_load(f, allowed, encoding=encoding)

@@ -1,18 +1,13 @@
-"""Your own images: a directory in torchvision's ImageFolder layout, one per split.
+"""Your own images in torchvision's ImageFolder layout: ``ROOT/{train,test}/<class>/*.png``.
 
-    ROOT/train/<class>/*.png|jpg    ROOT/test/<class>/*.png|jpg
-
-Classes are the sorted folder names of ``train`` (``test`` must have the same ones). Images
-may differ in size; the YAML's transforms bring them to one. Decoding uses Pillow, as
-torchvision's ImageFolder does (no hidden randomness); the per-sample train transforms are made
-counter-based by the loader pipeline (see ``pipeline.SeededSamples``).
-
-Closes (as a record): data drift. The fingerprint is the sha256 of every file (relative path,
-size, content), cached per file (``hashing.files_fingerprint``).
+Classes are ``train``'s sorted folder names (``test`` has the same). Closes (as a record):
+data drift: the fingerprint is the sha256 of every file's relative path and content.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -22,8 +17,9 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from reprotrain.data.base import SampleImages, Splits, Subset, val_indices
-from reprotrain.data.datasets import data_root
+from reprotrain.data.download import data_root
 from reprotrain.errors import DataMissingError, ReprotrainError
+from reprotrain.hashing import files_fingerprint
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 SPLITS = ("train", "test")
@@ -118,22 +114,12 @@ class ImageFolderData(SampleImages):
         return Splits(Subset(train, tr), val, ImageFiles(found["test"]), len(self.classes))
 
     def fingerprint(self) -> dict:
-        from reprotrain.hashing import files_fingerprint
-
         if not self.root.is_dir():
             return {"kind": "files", "sha256": None, "missing": [str(self.root)]}
         files = sorted(p for p in self.root.rglob("*") if p.is_file() and p.name[0] != ".")
         # Relative paths enter the hash, so moving a file to another class changes it.
         cache = self.root / ".fingerprint-cache.json"
-        sha = files_fingerprint(files, cache_file=cache if _writable(self.root) else None)
+        sha = files_fingerprint(files, cache_file=cache if os.access(self.root, os.W_OK) else None)
         rel = "\n".join(str(p.relative_to(self.root)) for p in files)
-        import hashlib
-
         combined = hashlib.sha256(f"{sha}\n{rel}".encode()).hexdigest()
         return {"kind": "files", "sha256": combined, "num_files": len(files)}
-
-
-def _writable(path: Path) -> bool:
-    import os
-
-    return os.access(path, os.W_OK)

@@ -1,39 +1,16 @@
 """Samples are a pure function of their key, checked by drawing them twice.
 
-Closes (as a check): randomness or state a dataset keeps for itself. The framework seeds
-every global RNG per sample from ``(augment seed, epoch, index)`` (``SeededSamples``), so a
-sample is the same in any worker, in any order, after any resume, provided the dataset and
-its transform draw only from those. A private ``random.Random(0)`` drawn in
-``__getitem__``, a counter, a cache that changes what comes out, or anything that reads the
-process (worker id, pid) breaks that without an error: the bits then depend on
-``num_workers`` and on the history of calls, and a resume cannot reproduce them. No list of
-attributes can find every such source, so the check compares bytes instead, where samples
-are drawn: a few keys spread over the epoch (first, last and between) are drawn in the main
-process twice (in order, then reversed), and in every one of ``max(2,
-trainer.num_workers)`` loader workers twice: first, and again after that worker has served
-64 more samples of the epoch. The workers start from the dataset as it was before the main
-process drew (what a first call sets, the clock it reads, is set afresh in each). Every
-draw of a key must give the same bytes, so a private generator or the wall clock (two draws
-differ), ``num_workers`` 0 vs N, a worker's id or state set on first use (the main draw
-and a worker's differ), and a counter, a warm-up or a cache in a worker (a worker's first
-and later draws differ) each refuse the run under strict, naming the key(s).
-Where they differ, the dataset's and transform's attributes that changed during the draws are
-named when there are any (a generator or a counter), else the process is (a sample that
-reads which process it is in).
-
-Not found: a warm-up that starts after more than 64 samples in a worker, a clock coarser than
-the time between two draws, an impurity at none of the keys, a value read once when the
-dataset is built (the clock or a file at construction: the same in every draw of one run;
-two runs compared bit for bit, ``make verify``, find it). The cost is ``2 × 4`` samples
-in the main process and ``2 × 4 + 64`` in each worker, plus one start of the workers per run
-(about a second).
+Closes (as a check): randomness or state a dataset keeps for itself (a private generator, a
+counter, a cache, the process it runs in). A few keys spread over the epoch are drawn twice
+in the main process and twice in each of ``max(2, trainer.num_workers)`` loader workers
+(the second after ``WARMUP`` more samples); every draw must give the same bytes. What it
+finds, what it cannot, and its cost: docs/randomness.md, docs/resume.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -44,8 +21,7 @@ from reprotrain.resume.audit import Digester, describe, instance_attributes
 
 @dataclass(frozen=True)
 class PurityVerdict:
-    """Whether the samples drawn were pure; ``reason``: one line naming the key(s) and the
-    draw that differed."""
+    """Whether the samples drawn were pure; ``reason``: the key(s) and draw that differed."""
 
     checked: int  # keys drawn
     pure: bool
@@ -55,11 +31,9 @@ class PurityVerdict:
     warmup: int = 0  # samples each worker served between its two draws
 
     def as_record(self) -> dict[str, Any]:
-        return {
-            "keys_checked": self.checked, "keys": [list(k) for k in self.keys],
-            "workers": self.workers, "warmup_per_worker": self.warmup, "pure": self.pure,
-            "reason": self.reason,
-        }  # fmt: skip
+        keys, warmup = [list(k) for k in self.keys], self.warmup
+        return {"keys_checked": self.checked, "keys": keys, "workers": self.workers,
+                "warmup_per_worker": warmup, "pure": self.pure, "reason": self.reason}  # fmt: skip
 
 
 def _first(samples: list) -> Any:
@@ -85,47 +59,32 @@ def check(
     dataset: Dataset, keys: list, owners: dict[str, Any], workers: int = 2,
     warmup: int = WARMUP, fill: list | None = None,
 ) -> PurityVerdict:  # fmt: skip
-    """Draw ``dataset[key]`` for each key in the main process (in order, then in reverse),
-    and in each of ``workers`` loader workers twice: first, and again after the worker has
-    served ``warmup`` more samples (``fill``, cycled; default: the keys). The workers start
-    from the dataset as it is before the main process draws (state set on a first call, the
-    clock read then, is set afresh in each). Every draw of a key must give the same bytes:
-    main vs main (a private generator, the clock), main vs a worker's first draw
-    (``num_workers`` 0 vs N, the process, state set on first use), a worker's first vs
-    later draw (state the worker keeps: a counter, a warm-up, a cache). ``owners``: the
-    objects whose attributes may hold the state (``{"dataset": ..., "transform": ...}``),
-    named when one changed."""
+    """Draw each key in the main process (in order, then reversed) and in each of ``workers``
+    loader workers (forked before the main draws) first and after ``warmup`` more samples
+    (``fill``, cycled); every draw of a key must give the same bytes. ``owners``: the
+    objects whose attributes may hold the state, named when one changed."""
     digest = Digester()
     before = {name: _attribute_digests(obj, digest) for name, obj in owners.items()}
     pending = _start_workers(dataset, keys, workers, warmup, fill or keys)  # forked now
     fresh = [digest(dataset[k]) for k in keys]
     again = [digest(dataset[k]) for k in reversed(keys)][::-1]
     changed = _changed(owners, before, digest)
-    verdict = partial(_verdict, keys, workers, warmup, changed)
     try:
-        if bad := _differ(keys, fresh, again):
-            return verdict(bad, "its second draw in the main process")
-        served = _worker_draws(pending, workers, digest)
+        found = [(_differ(keys, fresh, again), "its second draw in the main process")]
+        served = [] if found[0][0] else _worker_draws(pending, workers, digest)
     finally:
-        _stop(pending)
-    for w in range(workers):
-        first, later = served[w]
-        if bad := _differ(keys, fresh, first):
-            return verdict(bad, f"its draw in loader worker {w} (num_workers 0 vs {workers})")
-        if bad := _differ(keys, first, later):
-            return verdict(bad, f"its draw in loader worker {w} after {warmup} more samples")
-    return verdict([], "")
+        getattr(pending, "_shutdown_workers", lambda: None)()
+    for w, (first, later) in enumerate(served):
+        where = f"its draw in loader worker {w}"
+        found.append((_differ(keys, fresh, first), f"{where} (num_workers 0 vs {workers})"))
+        found.append((_differ(keys, first, later), f"{where} after {warmup} more samples"))
+    bad, where = next(((bad, where) for bad, where in found if bad), ([], ""))
+    reason = _reason(bad, where, changed) if bad else None
+    return PurityVerdict(len(keys), not bad, reason, tuple(keys), workers, warmup)
 
 
 def _differ(keys: list, a: list[str], b: list[str]) -> list:
     return [k for k, x, y in zip(keys, a, b, strict=True) if x != y]
-
-
-def _verdict(
-    keys: list, workers: int, warmup: int, changed: list[str], bad: list, where: str
-) -> PurityVerdict:
-    reason = _reason(bad, where, changed) if bad else None
-    return PurityVerdict(len(keys), not bad, reason, tuple(keys), workers, warmup)
 
 
 class _Tagged(Dataset):
@@ -148,38 +107,24 @@ class _Tagged(Dataset):
 def _start_workers(
     dataset: Dataset, keys: list, workers: int, warmup: int, fill: list
 ) -> Iterator[tuple[str, int, Any]]:
-    """The checking loader's iterator, its workers started (from the dataset as it is now).
-    One sample per fetch, so the loader hands index ``j`` to worker ``j % workers``: each
-    worker's own sequence is keys, ``warmup`` fill keys, keys."""
+    """The checking loader's iterator, its workers started: one sample per fetch, so index
+    ``j`` goes to worker ``j % workers``, whose sequence is keys, ``warmup`` fill keys, keys."""
     from reprotrain.data.pipeline import seed_worker
 
     own = [("first", k) for k in keys]
     own += [("warm", fill[t % len(fill)]) for t in range(warmup)]
     own += [("later", k) for k in keys]
     order = [(tag, key) for item in own for tag, key in [item] * workers]
-    loader = DataLoader(
-        _Tagged(dataset),
-        batch_size=1,
-        sampler=order,
-        num_workers=workers,
-        collate_fn=_first,
-        worker_init_fn=seed_worker,
-        generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip  (no global draw)
-    return iter(loader)
-
-
-def _stop(pending: Iterator) -> None:
-    shutdown = getattr(pending, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    no_global_draw = torch.Generator().manual_seed(0)
+    return iter(DataLoader(_Tagged(dataset), batch_size=1, sampler=order, num_workers=workers,
+                           collate_fn=_first, worker_init_fn=seed_worker,
+                           generator=no_global_draw))  # fmt: skip
 
 
 def _worker_draws(
     pending: Iterator[tuple[str, int, Any]], workers: int, digest: Digester
 ) -> list[tuple[list[str], list[str]]]:
-    """Per worker, (first draw, later draw) digests of the keys; the worker id that comes
-    back with each sample is checked against the order the loader hands them out in."""
+    """Per worker, (first draw, later draw) digests of the keys, each worker id checked."""
     drawn: dict[tuple[int, str], list[str]] = {}
     for j, (tag, wid, sample) in enumerate(pending):
         if wid != j % workers:
@@ -217,9 +162,7 @@ def _reason(keys: list, where: str, changed: list[str]) -> str:
 
 
 def check_pipeline(pipeline: Any, n: int = KEYS) -> PurityVerdict | None:
-    """:func:`check` on ``n`` keys spread over a loader pipeline's training split, drawn in
-    ``max(2, trainer.num_workers)`` workers; None where samples cannot hold state of their
-    own (an in-memory tensor split: slices)."""
+    """:func:`check` on a loader pipeline's training split; None for in-memory slices."""
     from reprotrain.data.pipeline import SeededSamples
 
     train = getattr(pipeline, "train_set", None)
@@ -233,10 +176,8 @@ def check_pipeline(pipeline: Any, n: int = KEYS) -> PurityVerdict | None:
 
 
 def check_samples(pipeline: Any, level: str, record: Any) -> None:
-    """The run start's check: ``record["sample_purity"]`` says what was drawn and found.
-    Under strict (and portable) an impure sample refuses the run in one line; at the other
-    levels the run goes on, warned and recorded: neither independence from
-    ``trainer.num_workers`` nor a bitwise resume is promised (a resume's line says so)."""
+    """The run start's check, recorded as ``sample_purity``: an impure sample refuses the run
+    under strict and portable; at the other levels it is warned and recorded."""
     import logging
 
     from reprotrain.errors import ReprotrainError

@@ -1,17 +1,9 @@
 """A DataLoader worker killed from outside (the OOM killer's usual pick) ends the run cleanly.
 
-Closes: a SIGKILLed worker turning into a traceback, a run marked ``failed`` although its
-checkpoints are intact, and then a process that never exits: the surviving workers ignore
-SIGTERM (``pipeline.seed_worker``: stop signals are the main process's business), so the
-interpreter's exit, which terminates daemonic children with SIGTERM and joins them, waits
-forever.
-
-What happens instead: the run is marked ``interrupted`` (its last checkpoint, written
-atomically before the worker died, is where ``make resume`` continues, bitwise as if never
-stopped), one ``error:`` line names the worker and says how to resume, the remaining
-workers are killed outright, and the process exits 75. No new checkpoint is written: the
-worker's death is reported asynchronously (torch's SIGCHLD handler), possibly in the middle
-of a step, so the state at that moment is not a step boundary.
+Closes: a traceback, a run marked ``failed`` although its checkpoints are intact, and a
+process that never exits (the surviving workers ignore SIGTERM, and the interpreter's exit
+SIGTERMs and joins them). The run is marked ``interrupted`` and exits 75 without a new
+checkpoint: the death is reported asynchronously, not at a step boundary.
 """
 
 from __future__ import annotations
@@ -20,16 +12,15 @@ import atexit
 import multiprocessing
 import signal
 import threading
+import time
 
-#: What the main process may see first when a worker dies while handing over a batch: the
-#: socket that carries the batch's shared-memory handles is reset, before torch's SIGCHLD
-#: handler reports the death.
+#: What the main process may see before torch's SIGCHLD handler when a worker dies while
+#: handing over a batch: the socket carrying its shared-memory handles is reset.
 TRANSPORT_ERRORS = (ConnectionResetError, BrokenPipeError, EOFError)
 
 
 def is_worker_death(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch's report of a DataLoader worker that died, or a reset of the
-    worker's socket while a worker has in fact been killed by a signal."""
+    """Whether ``exc`` reports a dead DataLoader worker (or a reset socket of a killed one)."""
     text = str(exc)
     if isinstance(exc, TRANSPORT_ERRORS):
         return _killed_worker_soon() is not None
@@ -52,11 +43,8 @@ def killed_worker() -> str | None:
 
 
 def _killed_worker_soon(wait_s: float = 2.0) -> str | None:
-    """:func:`killed_worker`, waiting up to ``wait_s`` seconds for the exit status: the
-    reset socket can reach the main process a moment before the killed worker is reapable
-    (seen on a loaded 2-core host: the run ended as "failed" instead of "interrupted")."""
-    import time
-
+    """:func:`killed_worker`, waiting up to ``wait_s`` for the exit status: the reset socket
+    can come a moment before the worker is reapable (seen on a loaded 2-core host)."""
     deadline = time.monotonic() + wait_s
     while (found := killed_worker()) is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -70,10 +58,8 @@ def describe(exc: BaseException) -> str:
 
 
 def stop_workers() -> None:
-    """SIGKILL every daemonic child (the loader's workers) so the exit cannot hang on them.
-
-    torch's SIGCHLD handler would raise "worker killed" at the first death, mid-loop, and
-    leave the others alive: it is put back to the default first (main thread only)."""
+    """SIGKILL every daemonic child (the loader's workers) so the exit cannot hang on them;
+    torch's SIGCHLD handler (it would raise at the first death) is reset first."""
     children = [c for c in multiprocessing.active_children() if c.daemon]
     if not children:
         return
@@ -85,7 +71,5 @@ def stop_workers() -> None:
         child.join(timeout=5)
 
 
-# Workers ignore SIGTERM, and the interpreter's exit terminates daemonic children with
-# SIGTERM and then joins them: kill any still alive first (atexit runs last-in, first-out,
-# and multiprocessing registered its own handler before this module was imported).
+# Before multiprocessing's own exit handler, registered earlier (atexit runs last-in first-out).
 atexit.register(stop_workers)

@@ -1,13 +1,7 @@
-"""Tasks: what one (micro-)batch computes. The seam between the framework and the user.
+"""Tasks: what one (micro-)batch computes, the seam between the framework and the user.
 
-A task is a small object, built from ``conf/task/<name>.yaml``, with a training step and an
-evaluation step over one batch. It returns the loss to back-propagate and named metric
-*sums* (device tensors); the framework adds the sums up, reduces them across ranks and calls
-``task.compute`` once per epoch or split to turn them into the logged values. See
-``base.py`` for the protocol, ``classification.py``, ``binary.py`` and ``regression.py`` for
-the shipped tasks, ``confusion.py`` and ``ranking.py`` for metrics that are not means (F1,
-confusion matrix, AUROC, average precision; exact over a split), and the README's "Bring
-your own task".
+``base.py`` holds the protocol; the shipped tasks and the exact split metrics (F1, AUROC,
+average precision) are beside it; docs/task.md shows how to bring your own.
 """
 
 from reprotrain.tasks.base import StepContext, StepOutput, Task

@@ -1,19 +1,13 @@
 """The task protocol: what one (micro-)batch computes, and what the framework does around it.
 
-A task owns the step's arithmetic: forward the model on a batch, return the loss to
-back-propagate and named metric sums. The framework owns everything around it: autocast,
-GradScaler, ``zero_grad``, backward, clipping, optimizer and scheduler steps, micro-batch
-accumulation and DDP gradient sync, the non-finite guard, adding the sums on the device,
-reducing them across ranks, checkpointing partial sums, and logging ``train_<name>``,
-``val_<name>``, ``test_<name>`` for every name in ``metrics``.
+A task forwards the model on a batch and returns the loss to back-propagate and named metric
+sums. The framework owns the rest (autocast, backward, clipping, optimizer and scheduler
+steps, micro-batches, DDP, the non-finite guard, adding and reducing the sums, logging
+``train_``/``val_``/``test_<name>`` for every name in ``metrics``; docs/task.md).
 
-Closes: task randomness. A step that draws (mixup, random masking, a sampled auxiliary
-loss) draws from ``ctx.generator`` (torch), ``ctx.numpy_generator`` (numpy) or ``ctx.seed``,
-counter-based streams keyed by ``(train seed, global step, micro-batch index)``: the same
-draws after any resume, with any ``num_workers``, never from hidden global state. Each is
-created on first use, so a task that does not draw costs nothing. A step that draws from
-the global RNGs instead (``np.random.beta``, ``random.random``, ``torch.rand``) is covered
-too: the engine seeds them from the same counters around every micro-batch.
+Closes: task randomness: a step draws from ``ctx.generator``, ``ctx.numpy_generator`` or
+``ctx.seed``, keyed by ``(train seed, global step, micro-batch)`` and made on first use;
+the global RNGs are seeded from the same counters around every micro-batch.
 """
 
 from __future__ import annotations
@@ -38,19 +32,13 @@ class StepOutput(NamedTuple):
 class StepContext:
     """What the framework tells a step: where it runs and which (micro-)batch it is.
 
-    One meaning per field:
-
     - ``training``: True in a training step, False in evaluation.
-    - ``global_step``: training: the optimizer step this micro-batch belongs to (0 for the
-      first step of the run); evaluation: the step the weights come from.
-    - ``microbatch``: training: the *global* index of this micro-batch within the step,
-      counted over every rank (rank r of W runs ``r*k .. r*k + k-1`` of the step's ``k*W``),
-      so it names the same samples on any world size; always 0 in evaluation.
-    - ``microbatches``: training: the micro-batches in the step over all ranks (``k*W``);
-      1 in evaluation.
-    - ``eval_batch``: evaluation: the batch's index within the split; always 0 in training.
-    - ``train_seed``: the ``train`` stream's seed, which ``seed`` and the generators derive
-      from together with the indices above.
+    - ``global_step``: the optimizer step (0 first); in evaluation, the weights' step.
+    - ``microbatch``: the *global* index of this micro-batch in the step over every rank
+      (rank r of W runs ``r*k .. r*k + k-1``): the same samples on any world size; 0 in eval.
+    - ``microbatches``: the micro-batches in the step over all ranks (``k*W``); 1 in eval.
+    - ``eval_batch``: the batch's index within the split in evaluation; 0 in training.
+    - ``train_seed``: the ``train`` stream's seed, from which ``seed`` derives.
     """
 
     __slots__ = ("_generator", "_seed", "device", "global_step", "microbatch", "microbatches")
@@ -80,42 +68,32 @@ class StepContext:
         evaluation: ``(train seed, global step, eval batch, "eval")``. For numpy:
         ``np.random.default_rng(ctx.seed)``."""
         if self._seed is None:
-            if self.training:
-                self._seed = stable_hash(self.train_seed, self.global_step, self.microbatch)
-            else:
-                self._seed = stable_hash(self.train_seed, self.global_step, self.eval_batch, "eval")
+            index = (self.microbatch,) if self.training else (self.eval_batch, "eval")
+            self._seed = stable_hash(self.train_seed, self.global_step, *index)
         return self._seed
 
     @property
     def generator(self) -> torch.Generator:
-        """A fresh CPU ``torch.Generator`` seeded with ``seed``; draw on the CPU and move the
-        (small) result to ``device``, as the data path does, so the draws never depend on
-        the device type."""
+        """A CPU ``torch.Generator`` seeded with ``seed``: draw on the CPU, move the result to
+        ``device``, so the draws never depend on the device type."""
         if self._generator is None:
-            self._generator = torch.Generator(device="cpu")
-            self._generator.manual_seed(self.seed)
+            self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
         return self._generator
 
     @property
     def numpy_generator(self) -> np.random.Generator:
-        """A fresh ``numpy.random.Generator`` seeded with ``seed`` (``default_rng(seed)``):
-        e.g. ``lam = ctx.numpy_generator.beta(a, a)`` for mixup."""
+        """``numpy.random.default_rng(seed)``: e.g. ``lam = ctx.numpy_generator.beta(a, a)``."""
         if self._numpy_generator is None:
             self._numpy_generator = np.random.default_rng(self.seed)
         return self._numpy_generator
 
 
 class Task:
-    """Base class of a task. Subclass it, override ``training_step`` (and, if evaluation
-    differs, ``evaluation_step``), and declare what ``compute`` returns in ``metrics``.
-
-    ``metrics`` maps each logged name to the direction that is better (``"min"`` or
-    ``"max"``): ``trainer.monitor`` and ``trainer.monitor_mode`` are checked against it
-    before the run. The default ``compute`` reports each declared name as a per-sample
-    mean, ``sums[name] / sums["samples"]``.
-
-    A task that keeps state across steps (an EMA of something, a curriculum position)
-    gives it ``state_dict``/``load_state_dict``; the trainer then checkpoints it.
+    """Base class of a task: override ``training_step`` (and ``evaluation_step`` if it
+    differs) and declare in ``metrics`` each logged name and which way is better (``"min"``
+    or ``"max"``; ``trainer.monitor`` is checked against it). The default ``compute`` gives
+    ``sums[name] / sums["samples"]``. State kept across steps goes in
+    ``state_dict``/``load_state_dict``, which the trainer checkpoints.
     """
 
     metrics: ClassVar[dict[str, str]] = {"loss": "min"}
@@ -128,7 +106,6 @@ class Task:
         return self.training_step(model, batch, ctx).sums
 
     def compute(self, sums: dict[str, Any]) -> dict[str, float]:
-        """The logged values of a split from its summed metrics (CPU tensors) and
-        ``sums["samples"]`` (an int)."""
+        """The logged values of a split from its summed metrics and ``sums["samples"]``."""
         n = sums[SAMPLES]
         return {name: float(sums[name]) / n for name in self.metrics}

@@ -1,8 +1,4 @@
-"""Binary classification with the metrics of imbalanced data: AUROC, average precision, F1.
-
-Every metric is exact over the split (``ranking.py``, ``confusion.py``): the same on 1 or N
-processes and after a mid-epoch resume, because what the steps add up is integers.
-"""
+"""Binary classification with the metrics of imbalanced data, each exact over the split."""
 
 from __future__ import annotations
 
@@ -19,15 +15,10 @@ from reprotrain.tasks.ranking import auroc, average_precision, read_slots, score
 
 
 class BinaryClassification(Task):
-    """``model(inputs) -> one logit per sample`` (``[B]`` or ``[B, 1]``), labels 0/1.
-
-    Logs ``loss`` (the ``loss`` group's, ``BCEWithLogitsLoss`` by default, on float
-    labels), ``acc`` (logit > 0), ``auroc``, ``ap`` (average precision), ``f1``,
-    ``precision``, ``recall`` (of class 1), ``f1_macro``, ``f1_micro`` and the confusion
-    counts ``tn fp fn tp``. The batch carries each sample's index in its split (``index``:
-    a position or a dict key); ``num_samples`` is at least the largest split's size (the
-    AUROC slots, 8 bytes each).
-    """
+    """``model(inputs) -> one logit per sample``, labels 0/1 (``BCEWithLogitsLoss`` by
+    default); ``acc`` is logit > 0, ``precision``/``recall``/``f1`` of class 1. The batch
+    carries each sample's index in its split (``index``); ``num_samples`` is at least the
+    largest split's size."""
 
     metrics: ClassVar[dict[str, str]] = {
         "loss": "min", "acc": "max", "auroc": "max", "ap": "max", "f1": "max",

@@ -1,5 +1,4 @@
-"""Classification: a loss on logits (cross-entropy by default), top-1 accuracy, and (with
-``ClassificationF1``) F1 macro/micro from the split's confusion matrix (``confusion.py``)."""
+"""Classification: a loss on logits (cross-entropy by default), top-1 accuracy, F1."""
 
 from __future__ import annotations
 
@@ -15,12 +14,8 @@ from reprotrain.tasks.metrics import SAMPLES, mean_sum
 
 
 class Classification(Task):
-    """``model(inputs) -> logits [B, C]``; logs ``loss`` (the mean of ``loss_fn``) and ``acc``.
-
-    ``loss_fn`` is the ``loss`` config group, supplied by the trainer. The batch is
-    ``(inputs, targets)`` by default; ``inputs``/``targets`` name other positions or dict
-    keys (``task.inputs=image task.targets=label`` for a dict batch).
-    """
+    """``model(inputs) -> logits [B, C]``; logs ``loss`` (``loss_fn``: the ``loss`` group)
+    and ``acc``. ``inputs``/``targets``: the batch's positions or dict keys."""
 
     metrics: ClassVar[dict[str, str]] = {"loss": "min", "acc": "max"}
 
@@ -55,9 +50,8 @@ class Classification(Task):
 
 
 class ClassificationF1(Classification):
-    """``Classification`` plus ``f1_macro`` and ``f1_micro``, exact over the split: each batch
-    adds its ``[C, C]`` confusion counts (``num_classes`` = C); ``confusion_matrix(sums)``
-    gives the matrix itself (rows: true class, columns: predicted)."""
+    """``Classification`` plus ``f1_macro`` and ``f1_micro`` from the split's ``[C, C]``
+    confusion counts (``confusion_matrix(sums)``: rows true class, columns predicted)."""
 
     metrics: ClassVar[dict[str, str]] = {
         "loss": "min", "acc": "max", "f1_macro": "max", "f1_micro": "max"
@@ -75,21 +69,8 @@ class ClassificationF1(Classification):
         super().__init__(loss_fn, inputs, targets)
         self.num_classes = num_classes
 
-    def training_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> StepOutput:
-        x, y = self.split(batch)
-        logits = model(x)
-        loss = self.loss_fn(logits.float(), y)
-        return StepOutput(loss, self.sums_with_confusion(logits.detach(), loss, y))
-
-    def evaluation_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> dict:
-        x, y = self.split(batch)
-        logits = model(x).float()
-        return self.sums_with_confusion(logits, self.loss_fn(logits, y), y)
-
-    def sums_with_confusion(
-        self, logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor
-    ) -> dict:
-        sums = self.sums(logits, loss, y)
+    def sums(self, logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor) -> dict:
+        sums = super().sums(logits, loss, y)
         sums["confusion"] = confusion_counts(logits.argmax(1), y, self.num_classes)
         return sums
 

@@ -1,12 +1,8 @@
 """Confusion matrix, precision, recall and F1 (binary, macro, micro): exact over a split.
 
-Closes: metrics that are not means of per-batch values. A batch adds its confusion matrix,
-integer counts in int64, to the split's running sum; the framework adds those on the device,
-all-reduces them across ranks and checkpoints the partial sum mid-epoch like any metric sum.
-Integer addition is exact in any order, so the matrix is the same on 1 or N processes and
-after a mid-epoch resume, and ``f1_scores`` turns it into the same numbers scikit-learn
-computes from the split's predictions (``zero_division=0``: a class never predicted and never
-present scores 0 and still counts in the macro mean, as in scikit-learn with ``labels=``).
+Closes: metrics that are not means of per-batch values: each batch adds int64 counts (exact
+in any order, on any world size, across a resume); ``f1_scores`` gives scikit-learn's numbers
+(``zero_division=0``, every class in the macro mean as with ``labels=``).
 """
 
 from __future__ import annotations
@@ -16,9 +12,8 @@ import torch
 
 
 def confusion_counts(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """``[C, C]`` int64 counts: row = true class, column = predicted class (scikit-learn's
-    layout). An accumulating ``index_put_`` on the device: no host sync, and integer adds
-    are exact in any order (deterministic on CUDA too)."""
+    """``[C, C]`` int64 counts, row = true class, column = predicted (scikit-learn's layout),
+    by an accumulating ``index_put_`` on the device (no host sync; exact on CUDA too)."""
     target, pred = target.reshape(-1).long(), pred.reshape(-1).long()
     cells = (target * num_classes + pred).to(pred.device)
     counts = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=pred.device)
@@ -43,8 +38,7 @@ def per_class(confusion: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def f1_scores(confusion: torch.Tensor) -> dict[str, float]:
-    """``f1_macro`` (the unweighted mean over classes) and ``f1_micro`` (pooled counts: the
-    accuracy for single-label data) of a split's confusion matrix."""
+    """``f1_macro`` (mean over classes) and ``f1_micro`` (pooled counts) of a split."""
     m = confusion.long()
     _, _, f1 = per_class(m)
     tp, total = m.diagonal().sum(), m.sum()

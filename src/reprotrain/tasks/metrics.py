@@ -1,11 +1,5 @@
-"""Metric sums: the on-device form every task metric takes between steps.
-
-A task returns *sums* over its (micro-)batch, never means: the framework adds them on the
-device (no host sync per step), all-reduces them across ranks once per epoch, checkpoints
-the partial sums for a mid-epoch resume, and hands the totals to ``task.compute`` at the
-end of an epoch or split. Means are ``sum / samples``; metrics that are not per-sample
-means (R², F1, ...) are exact functions of the right sums (see regression.py). Floating
-sums are float64 (float32 on mps, which has no float64), integer sums int64.
+"""Metric sums: the on-device form every task metric takes between steps (docs/task.md).
+Floating sums are float64 (float32 on mps, which has none), integer sums int64.
 """
 
 from __future__ import annotations
@@ -16,8 +10,7 @@ SAMPLES = "samples"  # reserved: the framework counts the samples of a split its
 
 
 def sum_dtype(device: torch.device) -> torch.dtype:
-    """float64 where the device has it: a float64 sum of float32 values is exact enough
-    to be the same number as a python float accumulation."""
+    """float64 where the device has it (a python float accumulation's number)."""
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 

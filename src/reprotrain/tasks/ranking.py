@@ -1,22 +1,10 @@
 """AUROC and average precision, exact over a split, on 1 or N processes, across a resume.
 
-Closes: ranking metrics computed from a part of the split. AUROC and average precision are
-functions of every (score, label) pair of a split at once; they are not sums, and a list of
-predictions kept in the task is neither checkpointed mid-epoch nor gathered across ranks.
-Here each sample owns one slot of a fixed-size int64 vector, chosen by its sample index
-(which the batch carries). A batch writes its samples' slots, every other slot stays 0, so
-the framework's running sum of these vectors is the whole split: added on the device, all-
-reduced across ranks (each sample is on one rank: a sum with zeros is the union), saved with
-the partial sums at a mid-epoch checkpoint, restored, all exactly, because the slots hold
-integers: ``(float32 bits of the score) << 2 | label << 1 | 1`` (the low bit: "seen").
-
-``auroc`` and ``average_precision`` then read the split's scores once, on the CPU. AUROC is
-the exact rank statistic (ties count one half) as a ratio of integers, rounded once;
-average precision is scikit-learn's step-wise sum, each term a ratio of integers, summed
-with ``math.fsum``. Both equal scikit-learn's values on the same scores to the last bit or
-within its own floating-point rounding (``tests/test_exact_metrics.py``).
-
-Cost: 8 bytes per sample of the largest split, in the metric sums and in every checkpoint.
+Closes: ranking metrics computed from a part of the split. Each sample owns one int64 slot,
+chosen by its sample index: ``(float32 bits of the score) << 2 | label << 1 | 1``. A batch
+writes its samples' slots, all others 0, so the metric sum of the slot vectors is the whole
+split, exactly, added, all-reduced and checkpointed like any sum (8 bytes per sample). The
+metrics equal scikit-learn's (``tests/test_exact_metrics.py``).
 """
 
 from __future__ import annotations
@@ -32,12 +20,9 @@ from reprotrain.errors import ReprotrainError
 def score_slots(
     scores: torch.Tensor, labels: torch.Tensor, index: torch.Tensor, num_samples: int
 ) -> torch.Tensor:
-    """The batch's contribution to the split's slot vector (int64 ``[num_samples]``).
-
-    ``scores``: one float per sample (a logit or a probability; only the order matters);
-    ``labels``: 0/1; ``index``: each sample's index in its split (or dataset), below
-    ``num_samples``. Runs on the device without a host sync.
-    """
+    """The batch's int64 ``[num_samples]`` slot vector (on the device, no host sync):
+    ``scores`` one float per sample (only the order matters), ``labels`` 0/1, ``index``
+    each sample's index in its split, below ``num_samples``."""
     bits = scores.detach().float().reshape(-1).contiguous().view(torch.int32).long()
     bits = bits & 0xFFFFFFFF  # the float's 32 bits as a non-negative int64
     code = (bits << 2) | (labels.reshape(-1).long().clamp(0, 1) << 1) | 1
@@ -49,11 +34,8 @@ def score_slots(
 
 
 def read_slots(slots: torch.Tensor, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """(scores float32, labels int64) of every sample the split wrote, in slot order.
-
-    ``samples`` is the split's sample count: a slot written twice (a sample index that
-    repeats within a split) or an index out of range is refused in one line.
-    """
+    """(scores float32, labels int64) of every sample the split wrote, in slot order; a slot
+    written twice or out of range (the count differs from ``samples``) is refused."""
     codes = slots.detach().cpu().long().numpy()
     seen = (codes & 1) == 1
     if int(seen.sum()) != samples:
@@ -70,8 +52,7 @@ def read_slots(slots: torch.Tensor, samples: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cumulative (true positives, false positives) at each distinct score, from the highest
-    down: scikit-learn's ``_binary_clf_curve``, in exact integers."""
+    """Cumulative (tp, fp) at each distinct score, highest first, in exact integers (sklearn's)."""
     order = np.argsort(-scores.astype(np.float64), kind="stable")
     s, y = scores[order], labels[order].astype(np.int64)
     last = np.r_[np.flatnonzero(np.diff(s.astype(np.float64)) != 0), len(s) - 1]
@@ -81,8 +62,8 @@ def _curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting
-    one half. NaN when the split holds only one class."""
+    """P(score of a positive > score of a negative), ties one half, as a ratio of integers
+    rounded once. NaN when the split holds only one class."""
     if len(scores) == 0:
         return math.nan
     tps, fps = _curve(scores, labels)
@@ -96,8 +77,8 @@ def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Σ over distinct thresholds of (recall step) x precision, as scikit-learn defines it.
-    NaN when the split holds no positive."""
+    """scikit-learn's Σ (recall step) x precision, each term a ratio of integers, summed with
+    ``math.fsum``. NaN when the split holds no positive."""
     if len(scores) == 0:
         return math.nan
     tps, fps = _curve(scores, labels)

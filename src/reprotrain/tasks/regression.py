@@ -1,9 +1,6 @@
-"""Regression: a loss on real-valued predictions (MSE by default), RMSE and R² over a split.
-
-RMSE and R² are exact over the whole split, not means of per-batch values: each batch adds
-the sums they are functions of (squared error, Σy, Σy² per output, in float64), and
-``compute`` applies the formulas once to the totals. With several outputs, R² is the mean
-of the per-output R² (scikit-learn's ``uniform_average``) and RMSE pools every value.
+"""Regression: a loss on real-valued predictions (MSE by default), RMSE and R² exact over a
+split from its sums (squared error, Σy, Σy² per output). Several outputs: R² is the mean of
+the per-output R² (scikit-learn's ``uniform_average``), RMSE pools every value.
 """
 
 from __future__ import annotations

@@ -155,10 +155,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
             continue
         pkg = normalize_name(m.group(1))
         entry = LockEntry(
-            name=pkg,
-            version=m.group(3),
-            marker=(m.group(4) or "")[1:].strip() or None,
-            line=lineno,
+            name=pkg, version=m.group(3), marker=(m.group(4) or "")[1:].strip() or None, line=lineno
         )
         for tok in hash_tokens:
             hm = _HASH_RE.match(tok)

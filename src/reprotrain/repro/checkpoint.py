@@ -42,15 +42,6 @@ def snapshot(parts: Stateful | dict[str, Stateful], meta: dict[str, Any]) -> dic
     return {"format_version": FORMAT_VERSION, **meta, **state}
 
 
-def restore(parts: Stateful | dict[str, Stateful], state: dict[str, Any]) -> None:
-    """Load every part from ``state``, in the order given (rng last keeps draws exact)."""
-    if not isinstance(parts, dict):
-        parts.load_state_dict(state)
-        return
-    for name, part in parts.items():
-        part.load_state_dict(state[name])
-
-
 def step_path(ckpt_dir: Path, global_step: int) -> Path:
     return Path(ckpt_dir) / f"step-{global_step:08d}.pt"
 

@@ -62,7 +62,6 @@ class LockEntry:
     version: str
     hashes: list[str] = field(default_factory=list)
     marker: str | None = None
-    line: int = 0
 
 
 @dataclass
@@ -71,7 +70,6 @@ class ParsedLock:
 
     path: Path
     entries: dict[str, LockEntry] = field(default_factory=dict)
-    options: list[tuple[int, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
@@ -125,9 +123,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
         tokens = line.split()
         first = tokens[0]
         if first.startswith("-"):
-            opt = first.split("=", 1)[0]
-            lock.options.append((lineno, line))
-            if opt in _MACHINE_OPTIONS:
+            if first.split("=", 1)[0] in _MACHINE_OPTIONS:
                 lock.problems.append(
                     f"{where}: '{line[:80]}' names an index or local path; locks are compiled "
                     "with --no-emit-index-url --no-emit-find-links (run make lock)"
@@ -155,7 +151,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
             continue
         pkg = normalize_name(m.group(1))
         entry = LockEntry(
-            name=pkg, version=m.group(3), marker=(m.group(4) or "")[1:].strip() or None, line=lineno
+            name=pkg, version=m.group(3), marker=(m.group(4) or "")[1:].strip() or None
         )
         for tok in hash_tokens:
             hm = _HASH_RE.match(tok)
@@ -272,28 +268,19 @@ def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
         ]
     problems: list[str] = []
     expected = expected_record(lock_path, in_path)
+    stale = f"{lock_path.name} is stale"
     for fname, digest in expected.items():
         if fname == lock_path.name:
             if recorded.get(fname) != digest:
-                problems.append(
-                    f"{lock_path.name} was edited after make lock (sha256 differs from {side}); "
-                    "regenerate it with make lock"
-                )
+                edited = f"{lock_path.name} was edited after make lock (sha256 differs from {side})"
+                problems.append(f"{edited}; regenerate it with make lock")
         elif fname not in recorded:
-            problems.append(
-                f"{lock_path.name} is stale: {fname} is not recorded in {side}; run make lock"
-            )
+            problems.append(f"{stale}: {fname} is not recorded in {side}; run make lock")
         elif recorded[fname] != digest:
-            problems.append(
-                f"{lock_path.name} is stale: {fname} changed since the lock was compiled; "
-                "run make lock"
-            )
-    for fname in recorded:
-        if fname not in expected:
-            problems.append(
-                f"{lock_path.name} is stale: {side} records {fname}, which {in_path.name} "
-                "no longer uses; run make lock"
-            )
+            problems.append(f"{stale}: {fname} changed since the lock was compiled; run make lock")
+    for fname in [f for f in recorded if f not in expected]:
+        gone = f"{side} records {fname}, which {in_path.name} no longer uses"
+        problems.append(f"{stale}: {gone}; run make lock")
     return problems
 
 

@@ -18,11 +18,11 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ResumeError
+from reprotrain.run.record import now_iso
 
 log = logging.getLogger("reprotrain")
 
@@ -104,7 +104,7 @@ class Holder:
         return cls(
             host=socket.gethostname(),
             pid=pid,
-            started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            started_at=now_iso(),
             pid_start=proc_start_ticks(pid),
             boot_id=_read("/proc/sys/kernel/random/boot_id"),
             pid_ns=_pid_namespace(),

@@ -143,13 +143,7 @@ def fmt(key: str, v: Any) -> str:
         return f"{100 * v:.2f}%"
     if key in ("epoch", "global_step") or isinstance(v, int):
         return str(v)
-    if key == "seconds":
-        return f"{v:.1f}"
-    if key == "images_per_s":
-        return f"{v:.0f}"
-    if key == "lr":
-        return f"{v:.4g}"
-    return f"{v:.4f}"
+    return format(v, {"seconds": ".1f", "images_per_s": ".0f", "lr": ".4g"}.get(key, ".4f"))
 
 
 def _cell(row: dict[str, Any], key: str) -> str:

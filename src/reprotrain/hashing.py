@@ -46,11 +46,6 @@ def _read_cache(cache_file: Path | None) -> dict[str, dict]:
     return entries if isinstance(entries, dict) else {}
 
 
-def _write_cache(cache_file: Path, entries: dict[str, dict]) -> None:
-    text = json.dumps({"version": _CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True)
-    atomic_write_text(Path(cache_file), text + "\n")
-
-
 def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
     """Hex sha256 over each file's base name, size and content sha256, in sorted order (not
     the caller's, nor where the dataset is stored); ``cache_file``: content hashes reused."""
@@ -80,7 +75,8 @@ def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
                 dirty = True
         overall.update(f"{path.name}\0{st.st_size}\0{content}\n".encode())
     if cache_file is not None and dirty:
-        _write_cache(Path(cache_file), cache)
+        text = json.dumps({"version": _CACHE_VERSION, "entries": cache}, indent=1, sort_keys=True)
+        atomic_write_text(Path(cache_file), text + "\n")
     return overall.hexdigest()
 
 

@@ -58,13 +58,6 @@ def save(path: Path, data: bytes, global_step: int | None = None) -> None:
     atomic_write_bytes(path, data)
 
 
-def prune(paths: list[Path], keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` of ``paths`` (oldest first); returns the kept ones."""
-    for path in paths[:-keep]:
-        path.unlink(missing_ok=True)
-    return paths[-keep:]
-
-
 def step_of(path: Path) -> int | None:
     m = _STEP_FILE.match(Path(path).name)
     return int(m.group(1)) if m else None
@@ -239,5 +232,7 @@ class Saver:
         if best:
             events.fire("before-best", global_step=step)
             save(self.dir / BEST, data)
-        older = [p for p in self.own if p != path and step_of(p) < step]
-        self.own = prune([*older, path], self.keep)
+        own = [*(p for p in self.own if p != path and step_of(p) < step), path]  # oldest first
+        for stale in own[: -self.keep]:  # all but the newest K
+            stale.unlink(missing_ok=True)
+        self.own = own[-self.keep :]

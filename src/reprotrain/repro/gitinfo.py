@@ -185,7 +185,8 @@ def code_sha256(repo: Path) -> str:
         walked = [top] if top.is_file() else _files_through_links(top)
         files += [p for p in walked if in_snapshot(p.relative_to(repo).as_posix())]
     for path in sorted(files, key=lambda p: p.relative_to(repo).as_posix()):
-        content, size = _content_sha256(path)  # None over the size limit
+        real = Path(os.path.realpath(path))  # a symlink: what an import reads through it
+        content, size = _sha256(real) if real.is_file() else (None, 0)  # None over the limit
         digest.update(f"{path.relative_to(repo).as_posix()}\0{content or size}\n".encode())
     return digest.hexdigest()
 
@@ -201,12 +202,6 @@ def _files_through_links(top: Path) -> list[Path]:
         seen.add(real)
         out += [Path(dirpath) / f for f in filenames if (Path(dirpath) / f).is_file()]
     return out
-
-
-def _content_sha256(path: Path) -> tuple[str | None, int]:
-    """sha256 and size of what ``path`` holds (a symlink: its target's content)."""
-    real = Path(os.path.realpath(path))
-    return _sha256(real) if real.is_file() else (None, 0)
 
 
 def archivability_warning(info: dict) -> str | None:

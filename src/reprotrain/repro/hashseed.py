@@ -101,13 +101,7 @@ def _reexec(argv: list[str] | None) -> None:
     sys.stderr.flush()
     if args and args[0] == "-c":  # `python -c`: nothing to re-exec; children inherit the value
         return
-    os.execv(sys.executable, [sys.executable, *_module_argv(args)])
-
-
-def _module_argv(args: list[str]) -> list[str]:
-    """Rebuild the command line: ``python -m pkg.mod args`` keeps its ``-m`` form."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name:
-        name = spec.name.removesuffix(".__main__")
-        return ["-m", name, *args[1:]]
-    return list(args)
+    if spec is not None and spec.name:  # ``python -m pkg.mod args`` keeps its ``-m`` form
+        args = ["-m", spec.name.removesuffix(".__main__"), *args[1:]]
+    os.execv(sys.executable, [sys.executable, *args])

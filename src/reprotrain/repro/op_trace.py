@@ -28,11 +28,6 @@ BATCH = "batch"  # the ``op`` of a trace's first row: the hash of the step's inp
 UNINITIALISED = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty")
 
 
-def _steps_from_env() -> frozenset[int]:
-    text = os.environ.get(STEPS_VAR, "").strip()
-    return frozenset(int(s) for s in text.split(",") if s.strip()) if text else frozenset()
-
-
 def _digest_steps_from_env() -> range:
     text = os.environ.get(DIGEST_VAR, "").strip()
     if not text:
@@ -41,7 +36,8 @@ def _digest_steps_from_env() -> range:
     return range(int(first), int(last or first) + 1)
 
 
-_STEPS = _steps_from_env()  # read once at import: the loop pays a set lookup per step
+# Read once at import: the loop pays a set lookup per step.
+_STEPS = frozenset(int(s) for s in os.environ.get(STEPS_VAR, "").split(",") if s.strip())
 _DIGEST_STEPS = _digest_steps_from_env()
 
 

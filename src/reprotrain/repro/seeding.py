@@ -52,11 +52,9 @@ def resolve_seeds(seed_cfg) -> Seeds:
         base, source = int.from_bytes(os.urandom(4), "little"), "entropy"
     else:
         base, source = int(seed_cfg.base), "config"
+    pinned = {name: getattr(seed_cfg, name) for name in STREAMS}
     streams = {
-        name: int(getattr(seed_cfg, name))
-        if getattr(seed_cfg, name) is not None
-        else stable_hash(SEED_SALT, base, name)
-        for name in STREAMS
+        k: stable_hash(SEED_SALT, base, k) if v is None else int(v) for k, v in pinned.items()
     }
     return Seeds(base=base, source=source, **streams)
 

@@ -208,12 +208,6 @@ class Band:
     runs: list[list[Any]] = field(default_factory=list)  # each seed's values, for thin lines
 
 
-def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> bytes:
-    """One panel per metric (``cols`` per row); per group a mean line, a band, and faint
-    per-seed lines (up to 10 seeds). One legend for the figure."""
-    return _png(sweep_figure(title, panels, cols, band_note))
-
-
 #: Characters of a 9-point legend label per inch of figure (a conservative average width).
 LEGEND_CHARS_PER_INCH = 12
 
@@ -226,8 +220,9 @@ def legend_layout(labels: list[str], width_in: float) -> tuple[list[str], int]:
     return wrapped, max(1, min(len(labels), 4, (room + 6) // widest))
 
 
-def sweep_figure(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> Figure:
-    """:func:`plot_sweep`'s figure."""
+def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> bytes:
+    """One panel per metric (``cols`` per row); per group a mean line, a band, and faint
+    per-seed lines (up to 10 seeds). One legend for the figure."""
     names = list(panels)
     cols = max(1, min(cols, len(names)))
     rows = math.ceil(len(names) / cols)
@@ -270,7 +265,7 @@ def sweep_figure(title: str, panels: dict[str, list[Band]], cols: int, band_note
     labels, ncols = legend_layout(list(handles), width)
     where = "outside lower center"
     fig.legend(list(handles.values()), labels, loc=where, ncols=ncols, frameon=False, fontsize=9)
-    return fig
+    return _png(fig)
 
 
 def _ylabel(metric: str) -> str:

@@ -80,7 +80,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself, durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_in_place(path: Path, data: bytes) -> None:
@@ -92,14 +96,6 @@ def write_in_place(path: Path, data: bytes) -> None:
         f.truncate()
         f.flush()
         os.fsync(f.fileno())
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -245,15 +245,11 @@ def epoch_columns(rows: list[dict[str, Any]]) -> list[str]:
     return cols + sorted(present - set(cols))
 
 
-def _has_diff(run_dir: Path) -> bool:
-    diff = run_dir / "git.diff"
-    return diff.is_file() and diff.stat().st_size > 0
-
-
 def render_markdown(view: RunView, png_name: str | None) -> str:
     from reprotrain.run.plots import metric_label, metric_names
 
-    rec = view.record
+    rec, diff = view.record, view.run_dir / "git.diff"
+    diff_written = diff.is_file() and diff.stat().st_size > 0
     title = shown(rec.get("experiment_id") or view.run_dir.name)
     out = [
         f"# Run report: {title}",
@@ -274,7 +270,7 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
     out += [
         "## Identity",
         "",
-        *_table(["field", "value"], identity_rows(rec, len(view.metrics), _has_diff(view.run_dir))),
+        *_table(["field", "value"], identity_rows(rec, len(view.metrics), diff_written)),
     ]
     final = rec.get("final_metrics") or (view.metrics[-1] if view.metrics else {})
     out += ["", "## Final metrics", ""]

@@ -47,8 +47,7 @@ def _read_cache(cache_file: Path | None) -> dict[str, dict]:
 
 
 def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
-    """Hex sha256 over each file's base name, size and content sha256, in sorted order (not
-    the caller's, nor where the dataset is stored); ``cache_file``: content hashes reused."""
+    """Hex sha256 over each file's base name, size and content sha256 (sorted; cached)."""
     files = sorted((Path(p) for p in paths), key=lambda p: (p.name, str(p)))
     cache = _read_cache(cache_file)
     dirty = False

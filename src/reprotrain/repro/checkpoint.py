@@ -92,8 +92,7 @@ def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None
 
 
 def reconcile_best(ckpt_dir: Path, loop: dict[str, Any]) -> str | None:
-    """Make best.pt agree with the resumed loop state (copied from the recorded best epoch's
-    checkpoint, else removed); a one-line note when it had to."""
+    """Make best.pt agree with the resumed loop state; a one-line note when it had to."""
     ckpt_dir = Path(ckpt_dir)
     best, want = ckpt_dir / BEST, loop.get("best_epoch")
     if want is None:

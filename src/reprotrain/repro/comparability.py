@@ -150,8 +150,7 @@ def differences(
 
 
 def precision_difference(recorded_repro: dict | None, current_repro: dict | None) -> str | None:
-    """One line when two runs' ``trainer.precision`` (run.json ``repro``: the choice and the
-    TF32 flags read back) differ, else None."""
+    """One line when two runs' ``trainer.precision`` (run.json ``repro``) differ, else None."""
     a, b = recorded_repro or {}, current_repro or {}
     keys = ("precision", "tf32_matmul", "tf32_cudnn")
     before = tuple(a.get(k, MISSING) for k in keys)
@@ -193,8 +192,7 @@ def notes(recorded_env: dict, current_env: dict) -> list[str]:
 
 
 def cpu_key(env: dict) -> dict[str, str]:
-    """What decides a run's CPU bits, by the rule's labels (machine, threads, the CPU fields
-    compared for it); pinned-hash tests are keyed by it."""
+    """What decides a run's CPU bits, by the rule's labels (pinned-hash tests are keyed by it)."""
     env = env or {}
     portable = cpu_dispatch(env) == "portable"
     host = tuple(r for r in RULE if r[0] in ("machine", "thread count"))

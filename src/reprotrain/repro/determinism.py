@@ -33,8 +33,7 @@ def apply(
     fill_uninitialized_memory: bool = True,
     precision: str = float_math.DEFAULT,
 ) -> dict:
-    """Apply a determinism level and a ``trainer.precision`` globally; returns the
-    effective flags for run.json."""
+    """Apply a determinism level and a ``trainer.precision``; return the effective flags."""
     if level not in LEVELS:
         raise ValueError(f"unknown repro level {level!r}")
     float_math.check(precision)
@@ -68,8 +67,7 @@ def require_portable_dispatch() -> None:
 
 
 def cublas_workspace() -> str:
-    """Set the project's cuBLAS workspace unless the user chose one; warn if they did (the
-    workspace decides cuBLAS's kernels)."""
+    """Set the project's cuBLAS workspace unless the user chose one (warned: it decides kernels)."""
     value = os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     if value != CUBLAS_WORKSPACE:
         why = "recorded, but runs with the two values are not comparable bit for bit"

@@ -72,8 +72,7 @@ def _cuda(index: int | None, asked: str) -> torch.device:
 
 
 def resolve(requested: str, local_rank: int | None = None) -> torch.device:
-    """``trainer.device`` -> the device this process trains on, always with a GPU ordinal
-    (``local_rank``, under DDP, when the spec names none)."""
+    """``trainer.device`` -> this process's device, with a GPU ordinal (DDP: ``local_rank``)."""
     kind, index = _parse(requested)
     if index is None:
         index = local_rank

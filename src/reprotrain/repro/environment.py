@@ -113,8 +113,7 @@ def world_size() -> int:
 
 
 def capture(device: torch.device) -> dict[str, Any]:
-    """The environment record of a run on ``device`` (after the level is applied, before
-    training: the GPU's free memory at start)."""
+    """The environment record of a run on ``device`` (after the level, before training)."""
     device = torch.device(device)
     return {
         "python": platform.python_version(),

@@ -54,8 +54,7 @@ def portable_problem(
 
 
 def refuse_portable_here() -> None:
-    """Raise ``ReprotrainError`` (one line) where repro=portable cannot hold; imports nothing
-    heavy (numpy and torch need more than some CPUs have)."""
+    """One-line ``ReprotrainError`` where repro=portable cannot hold; imports nothing heavy."""
     from reprotrain.errors import ReprotrainError
 
     problem = portable_problem(cpu_flags=cpu_flags())

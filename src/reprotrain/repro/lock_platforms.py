@@ -20,6 +20,7 @@ from reprotrain.repro.requirements_lock import (
     marker_applies,
     normalize_name,
     read_sha256sum,
+    sidecar_path,
 )
 
 FILES_SUFFIX = ".files"
@@ -97,19 +98,15 @@ PLATFORMS: tuple[Platform, ...] = (
 )
 
 
-def files_path(lock_path: Path) -> Path:
-    return Path(str(lock_path) + FILES_SUFFIX)
-
-
 def read_files(lock_path: Path) -> dict[str, str] | None:
     """``{sha256: file name}`` from ``<lock>.files``; None when absent."""
-    rows = read_sha256sum(files_path(lock_path), r"\S+")
+    rows = read_sha256sum(sidecar_path(lock_path, FILES_SUFFIX), r"\S+")
     return None if rows is None else dict(rows)
 
 
 def write_files(lock_path: Path, files: dict[str, str]) -> Path:
     """Write ``<lock>.files``, sorted by file name so a re-lock diffs line by line."""
-    path = files_path(lock_path)
+    path = sidecar_path(lock_path, FILES_SUFFIX)
     lines = sorted(files.items(), key=lambda kv: (kv[1], kv[0]))
     path.write_text("".join(f"{h}  {name}\n" for h, name in lines), encoding="utf-8")
     return path
@@ -137,7 +134,7 @@ def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
     """Every hash of the lock names one file of its own release in ``<lock>.files``, which
     lists nothing else (coverage is judged from those names)."""
     name = lock.path.name
-    side = files_path(lock.path).name
+    side = sidecar_path(lock.path, FILES_SUFFIX).name
     if files is None:
         return [f"{name}: no {side} (the file behind each hash); run make lock"]
     problems: list[str] = []
@@ -235,8 +232,7 @@ def fetch_files(
     page: Callable[[str, float], dict[str, str]] = _index_page,
     timeout: float = 60.0,
 ) -> dict[str, str]:
-    """{sha256: file name} for every hash of ``lock``, from the index (``make lock``);
-    ``LookupError`` names the first hash it does not list."""
+    """{sha256: file name} of every hash of ``lock`` from the index (``LookupError``: unlisted)."""
     out: dict[str, str] = {}
     for entry in lock.entries.values():
         listed = page(f"{index_url.rstrip('/')}/{entry.name}/", timeout)

@@ -74,8 +74,7 @@ class ParsedLock:
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash continuations (the compiler writes one ``--hash`` a line) and drop
-    comments, keeping the first physical line number."""
+    """Backslash continuations joined, comments dropped; each with its first line number."""
     out: list[tuple[int, str]] = []
     buf: list[str] = []
     start = 0
@@ -218,8 +217,8 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def sidecar_path(lock_path: Path) -> Path:
-    return Path(str(lock_path) + SIDECAR_SUFFIX)
+def sidecar_path(lock_path: Path, suffix: str = SIDECAR_SUFFIX) -> Path:
+    return Path(str(lock_path) + suffix)
 
 
 def expected_record(lock_path: Path, in_path: Path) -> dict[str, str]:
@@ -338,8 +337,7 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
 
 
 def _applicable(paths: list[Path], environment: dict[str, str] | None) -> dict[str, set[str]]:
-    """{name: allowed versions} of the locks at ``paths`` whose marker holds here (or in
-    ``environment``): the CUDA wheels are not expected on macOS."""
+    """{name: allowed versions} of locks whose marker holds (here, or in ``environment``)."""
     locked: dict[str, set[str]] = {}
     for path in paths:
         for entry in parse_lock(path).entries.values():
@@ -357,8 +355,7 @@ def locked_versions(
 
 
 def installed_versions() -> dict[str, str]:
-    """{normalised name: version} of the distributions the interpreter would import (the
-    first of duplicates wins, as on ``sys.path``)."""
+    """{normalised name: version} of what the interpreter would import (first on ``sys.path``)."""
     from importlib import metadata
 
     out: dict[str, str] = {}
@@ -394,8 +391,7 @@ def project_name(repo_root: Path) -> str | None:
 
 
 def editable_source(name: str) -> str | None:
-    """Where distribution ``name`` is installed editable from (PEP 610 ``direct_url.json``),
-    or None: not installed, or a copy in site-packages."""
+    """Where ``name`` is installed editable from (PEP 610 ``direct_url.json``), or None."""
     import json
     from importlib import metadata
     from urllib.parse import unquote, urlparse
@@ -430,8 +426,7 @@ def compare_env(
 
 
 def env_drift(repo_root: Path) -> dict:
-    """Installed distributions vs the runtime and dev locks plus the lock of every installed
-    extra (docs/reproducing-elsewhere.md); recorded in run.json, ``make env-check``."""
+    """Installed distributions vs the locks, extras included (docs/reproducing-elsewhere.md)."""
     repo_root = Path(repo_root)
     locked, used = locked_versions(repo_root)
     if not used:

@@ -221,8 +221,7 @@ def legend_layout(labels: list[str], width_in: float) -> tuple[list[str], int]:
 
 
 def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> bytes:
-    """One panel per metric (``cols`` per row); per group a mean line, a band, and faint
-    per-seed lines (up to 10 seeds). One legend for the figure."""
+    """One panel per metric; per group a mean line, a band and faint per-seed lines (up to 10)."""
     names = list(panels)
     cols = max(1, min(cols, len(names)))
     rows = math.ceil(len(names) / cols)

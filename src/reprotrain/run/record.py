@@ -103,8 +103,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def to_strict_json(obj: Any, path: str = "") -> tuple[Any, list[str]]:
-    """A copy of ``obj`` with every non-finite float ``None``, and their paths
-    (``metrics[3].train_loss``); NumPy scalars become ``float``/``int``."""
+    """A copy of ``obj`` with non-finite floats ``None``, and their paths (``metrics[3].loss``)."""
     bad: list[str] = []
     return _walk(obj, path, bad), bad
 
@@ -158,8 +157,7 @@ DAMAGED_HINT = "the run record is damaged; restore it from a copy or start a new
 
 
 def parse_json_object(text: str, label: str) -> dict[str, Any]:
-    """A JSON object, or RecordError naming line and column (lenient on NaN: writers, not
-    readers, enforce strictness)."""
+    """A JSON object, or RecordError naming line and column (lenient on NaN: writers are strict)."""
     try:
         data = load_json(text, label)
     except json.JSONDecodeError as e:

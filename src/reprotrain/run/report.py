@@ -166,8 +166,7 @@ def _code(v: Any) -> str:
 
 
 def git_state(git: dict[str, Any], diff_written: bool | None) -> str:
-    """The code's state in one phrase; git.diff named only when ``diff_written`` (a
-    non-empty one is in the run directory; None: not known)."""
+    """The code's state in one phrase; git.diff named only when ``diff_written`` (None: unknown)."""
     if not git.get("dirty"):
         return "clean"
     untracked = [u for u in git.get("untracked") or [] if not u.get("included")]

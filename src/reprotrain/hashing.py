@@ -1,11 +1,8 @@
 """Every sha256 the project takes: of text, of files (cached), of tensors and of losses.
 
-One home for hashing, so that "the same bytes" means the same thing wherever a record, a
-lock, an archive or a resume compares them. Files (:func:`files_fingerprint`) close *data
-drift*: the same code, lock and config on other dataset files (a re-download, a truncated
-copy) is told apart before a weight is compared. Each file's content hash is cached by
-(absolute path, size, mtime_ns), as ``git status`` does; like git's "racy" entries, a file
-modified in the last few seconds is hashed but not cached.
+One home, so "the same bytes" means one thing everywhere. Files close *data drift*; a file's
+hash is cached by (absolute path, size, mtime_ns), as ``git status`` does, and like git's
+"racy" entries a file modified in the last few seconds is hashed but not cached.
 """
 
 from __future__ import annotations
@@ -23,15 +20,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = [
-    "file_sha256",
-    "files_fingerprint",
-    "losses_sha256",
-    "state_sha256",
-    "text_sha256",
-    "weights_sha256",
-]
-
 _CACHE_VERSION = 1
 # Files modified this recently are not cached: their mtime could still be shared with a
 # later same-size rewrite on filesystems with coarse timestamps.
@@ -45,10 +33,7 @@ def file_sha256(path: Path) -> str:
 
 
 def _read_cache(cache_file: Path | None) -> dict[str, dict]:
-    """Load the per-file hash cache; a missing or unreadable cache is simply empty.
-
-    The cache is an optimisation only, so a corrupt one must never fail a run.
-    """
+    """The per-file hash cache; empty when missing or unreadable (it must never fail a run)."""
     if cache_file is None:
         return {}
     try:
@@ -61,23 +46,8 @@ def _read_cache(cache_file: Path | None) -> dict[str, dict]:
     return entries if isinstance(entries, dict) else {}
 
 
-def _write_cache(cache_file: Path, entries: dict[str, dict]) -> None:
-    """Atomically, so a crash or a concurrent run never leaves half a JSON file behind."""
-    text = json.dumps({"version": _CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True)
-    atomic_write_text(Path(cache_file), text + "\n")
-
-
 def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
-    """Return a hex sha256 over ``paths``: for each file, its name, size and content sha256.
-
-    Files are taken in sorted order (by name, then full path) so the fingerprint does not
-    depend on the order the caller listed them in. Only the base name enters the hash, not
-    the directory, so the same dataset fingerprints the same wherever it is stored.
-
-    With ``cache_file``, content hashes are reused for files whose (absolute path, size,
-    mtime_ns) are unchanged since they were hashed, and the cache is updated atomically.
-    A missing file raises ``FileNotFoundError``.
-    """
+    """Hex sha256 over each file's base name, size and content sha256 (sorted; cached)."""
     files = sorted((Path(p) for p in paths), key=lambda p: (p.name, str(p)))
     cache = _read_cache(cache_file)
     dirty = False
@@ -104,16 +74,14 @@ def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
                 dirty = True
         overall.update(f"{path.name}\0{st.st_size}\0{content}\n".encode())
     if cache_file is not None and dirty:
-        _write_cache(Path(cache_file), cache)
+        text = json.dumps({"version": _CACHE_VERSION, "entries": cache}, indent=1, sort_keys=True)
+        atomic_write_text(Path(cache_file), text + "\n")
     return overall.hexdigest()
 
 
 def text_sha256(text: str) -> str:
     """Hex sha256 of ``text`` as UTF-8."""
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-# Tensors and losses: how a run proves it matched another. Closes nothing by itself.
 
 
 def state_sha256(state: dict[str, torch.Tensor]) -> str:
@@ -129,12 +97,10 @@ def state_sha256(state: dict[str, torch.Tensor]) -> str:
 
 
 def weights_sha256(model: nn.Module) -> str:
-    """sha256 of every parameter *and buffer* in ``model.state_dict()`` (BatchNorm's running
-    statistics included)."""
+    """sha256 of every parameter *and buffer* in ``model.state_dict()``."""
     return state_sha256(model.state_dict())
 
 
 def losses_sha256(losses: list[float]) -> str:
-    """sha256 of the step losses as exact float64 bytes, so verify can point at the first
-    step whose loss differs."""
+    """sha256 of the step losses as exact float64 bytes."""
     return hashlib.sha256(struct.pack(f"<{len(losses)}d", *losses)).hexdigest()

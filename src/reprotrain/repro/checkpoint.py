@@ -1,12 +1,8 @@
 """Checkpoints that hold everything an exact resume needs, written atomically.
 
-Closes: resume drift. A checkpoint is the ``state_dict()`` of every Stateful part the
-trainer names (model, optimizer, scheduler, GradScaler, RNG, the loop state), plus the
-config and seeds: a part added to the trainer is checkpointed by construction. Always
-loaded with ``torch.load(weights_only=True)``; a pickle that asks for code is refused.
-``best.pt`` is the same bytes as the epoch-end checkpoint of the recorded best epoch, and
-a resume re-derives it when a kill landed between the two writes (:func:`reconcile_best`).
-Pruning counts and deletes only step checkpoints that load and belong to the run.
+Closes: resume drift. A checkpoint is the ``state_dict()`` of every Stateful part the trainer
+names, plus the config and seeds; loaded with ``weights_only=True``. ``best.pt`` and pruning:
+docs/run-directory.md.
 """
 
 from __future__ import annotations
@@ -38,22 +34,12 @@ class Stateful(Protocol):
 
 
 def snapshot(parts: Stateful | dict[str, Stateful], meta: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint: the trainer state's ``state_dict()`` (one key per part) or each
-    named part's ``state_dict()`` under its name, plus ``meta``."""
+    """The checkpoint: each part's ``state_dict()`` under its name, plus ``meta``."""
     if isinstance(parts, dict):
         state = {k: p.state_dict() for k, p in parts.items()}
     else:
         state = parts.state_dict()
     return {"format_version": FORMAT_VERSION, **meta, **state}
-
-
-def restore(parts: Stateful | dict[str, Stateful], state: dict[str, Any]) -> None:
-    """Load every part from ``state``, in the order given (rng last keeps draws exact)."""
-    if not isinstance(parts, dict):
-        parts.load_state_dict(state)
-        return
-    for name, part in parts.items():
-        part.load_state_dict(state[name])
 
 
 def step_path(ckpt_dir: Path, global_step: int) -> Path:
@@ -72,22 +58,13 @@ def save(path: Path, data: bytes, global_step: int | None = None) -> None:
     atomic_write_bytes(path, data)
 
 
-def prune(paths: list[Path], keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` of ``paths`` (oldest first); returns the kept ones.
-    best.pt is never among them."""
-    for path in paths[:-keep]:
-        path.unlink(missing_ok=True)
-    return paths[-keep:]
-
-
 def step_of(path: Path) -> int | None:
     m = _STEP_FILE.match(Path(path).name)
     return int(m.group(1)) if m else None
 
 
 def belongs(path: Path, seeds: dict | None) -> bool:
-    """Whether ``path`` is a step checkpoint of the run with ``seeds``: it loads, holds
-    those seeds, and the global step inside is the one in its name."""
+    """Whether ``path`` loads, holds ``seeds`` and the global step its name says."""
     try:
         state = load(path)
     except CheckpointError:
@@ -115,13 +92,7 @@ def recorded_best_epoch(rows: list[dict], monitor: str, mode: str) -> int | None
 
 
 def reconcile_best(ckpt_dir: Path, loop: dict[str, Any]) -> str | None:
-    """Make best.pt agree with the resumed loop state; a one-line note when it had to.
-
-    A kill between writing ``step-N.pt`` and ``best.pt`` leaves best.pt one improvement
-    behind the record; the epoch-end checkpoint of the recorded best epoch holds exactly the
-    bytes best.pt should, so it is copied (atomically). With no such checkpoint left, the
-    stale best.pt is removed rather than kept disagreeing.
-    """
+    """Make best.pt agree with the resumed loop state; a one-line note when it had to."""
     ckpt_dir = Path(ckpt_dir)
     best, want = ckpt_dir / BEST, loop.get("best_epoch")
     if want is None:
@@ -141,7 +112,7 @@ def reconcile_best(ckpt_dir: Path, loop: dict[str, Any]) -> str | None:
                 atomic_write_bytes(best, path.read_bytes())
                 return (
                     f"{best} did not hold the recorded best epoch {want}; rewritten from "
-                    f"{path.name}"
+                    + path.name
                 )
         except CheckpointError:
             continue
@@ -176,8 +147,7 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 
 def _unreadable(path: Path, e: Exception) -> CheckpointError:
-    """Why ``torch.load(path, weights_only=True)`` failed, as one line: code the pickle names,
-    a file that is no checkpoint at all (not what torch.save writes), or a damaged one."""
+    """Why ``torch.load(path, weights_only=True)`` failed, as one line."""
     text = str(e)
     names_code = isinstance(e, pickle.UnpicklingError) and "global" in text.lower()
     if not names_code and not isinstance(e, OSError) and not _starts_as_torch_save(path):
@@ -194,8 +164,7 @@ def _unreadable(path: Path, e: Exception) -> CheckpointError:
 
 
 def _starts_as_torch_save(path: Path) -> bool:
-    """torch.save writes a zip (legacy: a pickle, whose first byte is the PROTO opcode); the
-    first bytes say so even when the file was cut short or tampered with."""
+    """A zip or a pickle (PROTO opcode) by its first bytes, as torch.save writes."""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -223,12 +192,9 @@ def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
 
 
 class Saver:
-    """Writes step checkpoints (newest K kept, never fewer than 2) and best.pt; serialises
-    each state once. The checkpoint before the last is always kept: a resume from the last
-    replays from it (``resume/replay.py``).
-
-    ``gather`` turns this rank's snapshot into the checkpoint (under DDP: every rank's RNG
-    states and partial sums on rank 0, a collective every rank runs; see reduction.py)."""
+    """Writes step checkpoints (newest K kept, never fewer than 2: a resume from the last
+    replays from the one before) and best.pt. ``gather``: a collective turning this rank's
+    snapshot into the checkpoint under DDP (reduction.py)."""
 
     def __init__(
         self,
@@ -246,8 +212,7 @@ class Saver:
         self.own = [p for p in mine if belongs(p, seeds)]
 
     def payload(self) -> dict[str, Any] | None:
-        """The checkpoint as :meth:`save` would write it now; None on a rank that writes
-        none. A collective under DDP: every rank calls it."""
+        """The checkpoint as :meth:`save` would write it now (None on other ranks); a collective."""
         state = snapshot(self.parts, self.meta)
         if self.gather is not None:
             state = self.gather(state)
@@ -266,5 +231,7 @@ class Saver:
         if best:
             events.fire("before-best", global_step=step)
             save(self.dir / BEST, data)
-        older = [p for p in self.own if p != path and step_of(p) < step]
-        self.own = prune([*older, path], self.keep)
+        own = [*(p for p in self.own if p != path and step_of(p) < step), path]  # oldest first
+        for stale in own[: -self.keep]:  # all but the newest K
+            stale.unlink(missing_ok=True)
+        self.own = own[-self.keep :]

@@ -1,21 +1,9 @@
 """The one rule for when two environments may promise identical bits.
 
 Closes: false bitwise promises and false alarms. Resume and reproduce both ask
-``differences(recorded, current)``; an empty list means the same code and config can give
-the same bits here. What must match (docs/gpus.md and README "Determinism levels" say why):
-the device type; the world size (except for a ``trainer.world_size_invariant`` run); torch,
-python, numpy and the machine architecture; the thread count and the CPU's identity for bits
-(``repro/machine.py``), on GPU runs too; on CUDA runs the GPU model and SM count, driver,
-CUDA, cuDNN, the BLAS library and workspaces, the variables that steer cuBLAS/cuDNN and the
-reduced-precision-reduction flags; every set variable of the kernel families. When both runs
-read back the portable CPU paths (``repro=portable``), the CPU model is a note, not a reason.
-When in doubt a field is compared: a false "bits promised" is worse than a statistical
-verdict. The float math (``trainer.precision``) is compared by :func:`precision_difference`.
-
-Not part of the rule (``notes``): how many GPUs are visible, which one (ordinal, UUID), MIG
-mode on its own (the SM count carries it), memory, the OS string. A field a record lacks is
-"not recorded" and counts as a difference (it cannot be shown equal); a field recorded as
-None means "absent" (e.g. no GPU) and matches another None.
+``differences(recorded, current)``; empty: the same code and config can give the same bits
+here. What is compared, what is only a note, and why: docs/gpus.md. When in doubt a field is
+compared; a field a record lacks is "not recorded" and differs, one recorded None matches None.
 """
 
 from __future__ import annotations
@@ -105,8 +93,7 @@ CUDA_RULE: tuple[tuple[str, Getter], ...] = (
     ("fp16 reduced-precision reduction", _get("matmul", "fp16_reduced_precision_reduction")),
     ("bf16 reduced-precision reduction", _get("matmul", "bf16_reduced_precision_reduction")),
 )
-#: Variables the rule already compares on their own (the CPU dispatch and GPU ones): not
-#: named twice by the family comparison.
+#: Variables the rule compares on their own: not named twice by the family comparison.
 _RULED = frozenset((*DISPATCH_ENV_VARS, *GPU_ENV_VARS))
 #: (label, getter): shown, never a reason on its own.
 NOTES: tuple[tuple[str, Getter], ...] = (
@@ -148,13 +135,9 @@ def _compare(rules, recorded: dict, current: dict, missing_differs: bool = True)
 def differences(
     recorded_env: dict, current_env: dict, world_size_invariant: bool = False
 ) -> list[str]:
-    """What rules out identical bits between the recorded environment and this one, as
-    one-liners ``"gpu model: NVIDIA H100 -> NVIDIA A100"``; empty: a bitwise promise holds.
-    A ``trainer.world_size_invariant`` run promises its bits on any world size dividing its
-    micro-batches, so the world size is not compared for it.
-
-    Takes ``environment.capture()`` dicts (run.json ``environment``, a checkpoint's ``env``).
-    """
+    """What rules out identical bits between two ``environment.capture()`` dicts, as
+    one-liners ``"gpu model: NVIDIA H100 -> NVIDIA A100"`` (a ``world_size_invariant`` run:
+    the world size not compared)."""
     recorded_env, current_env = recorded_env or {}, current_env or {}
     rule = [r for r in RULE if not (world_size_invariant and r[0] == "world size")]
     if not both_portable(recorded_env, current_env):
@@ -167,8 +150,7 @@ def differences(
 
 
 def precision_difference(recorded_repro: dict | None, current_repro: dict | None) -> str | None:
-    """One line when two runs' ``trainer.precision`` differ (their run.json ``repro``:
-    the choice and the TF32 flags read back), else None; a record without them differs."""
+    """One line when two runs' ``trainer.precision`` (run.json ``repro``) differ, else None."""
     a, b = recorded_repro or {}, current_repro or {}
     keys = ("precision", "tf32_matmul", "tf32_cudnn")
     before = tuple(a.get(k, MISSING) for k in keys)
@@ -182,9 +164,8 @@ def precision_difference(recorded_repro: dict | None, current_repro: dict | None
 
 
 def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool) -> list[str]:
-    """``$NAME: a -> b`` for each variable of the recorded families (``environment.bits_env``)
-    that differs, those that steer the bits (``steering``) or the rest. A record without the
-    families cannot show them equal: one line says so."""
+    """``$NAME: a -> b`` for each differing variable of ``bits_env`` that steers the bits
+    (``steering``) or not; a record without them says "not recorded"."""
     a, b = recorded_env.get("bits_env"), current_env.get("bits_env")
     if a is None or b is None:
         return ["variables steering the kernels: not recorded"] if steering and a is not b else []
@@ -197,8 +178,7 @@ def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool)
 
 
 def notes(recorded_env: dict, current_env: dict) -> list[str]:
-    """Differences worth showing that do not affect the bits (OS string, which and how many
-    GPUs, MIG mode, memory, allowlisted variables outside the rule)."""
+    """Differences worth showing that do not affect the bits."""
     recorded_env, current_env = recorded_env or {}, current_env or {}
     notes_rule = NOTES + (CPU_MODEL_RULE if both_portable(recorded_env, current_env) else ())
     out = _compare(notes_rule, recorded_env, current_env, missing_differs=False)
@@ -212,9 +192,7 @@ def notes(recorded_env: dict, current_env: dict) -> list[str]:
 
 
 def cpu_key(env: dict) -> dict[str, str]:
-    """What decides a run's CPU bits, by the rule's labels: machine, thread count and every
-    CPU field the rule compares for this run (a portable run: not the CPU model). Two runs
-    of one lock with equal keys may promise bits; pinned-hash tests are keyed by it."""
+    """What decides a run's CPU bits, by the rule's labels (pinned-hash tests are keyed by it)."""
     env = env or {}
     portable = cpu_dispatch(env) == "portable"
     host = tuple(r for r in RULE if r[0] in ("machine", "thread count"))

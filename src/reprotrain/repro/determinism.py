@@ -1,15 +1,9 @@
-"""Determinism levels: strict, warn, fast, portable (docs/randomness.md).
+"""Determinism levels: strict, warn, fast, portable (docs/randomness.md, docs/gpus.md).
 
-Closes: cuDNN algorithm choice (benchmark off, deterministic on), nondeterministic CUDA
-kernels (``torch.use_deterministic_algorithms``), and the CPU intra-op thread count, which
-changes reduction order. The float math is ``trainer.precision``'s (``repro/precision.py``),
-applied here with the level. ``CUBLAS_WORKSPACE_CONFIG`` (``:4096:8``, set before the first
-CUDA call) no longer guards anything in torch 2.14 but sizes cuBLAS's workspace, which
-decides its kernels: recorded, and a user's own value warned about. At strict,
-``fill_uninitialized_memory`` stays on: a kernel reading memory it never wrote yields a
-loud, repeatable NaN. ``portable`` is strict plus CPU dispatch pinned to the paths every
-x86-64 CPU with AVX2 runs alike (``machine.PORTABLE_ENV``, set at interpreter start by
-``hashseed.ensure_cpu_dispatch``); here they are read back and a run without them refused.
+Closes: cuDNN algorithm choice, nondeterministic CUDA kernels, and the CPU thread count
+(reduction order); the float math (``repro/precision.py``) is applied with the level. At
+strict, ``fill_uninitialized_memory`` stays on (a read of unwritten memory is a loud NaN);
+``portable``'s CPU levers are read back here and a run without them refused.
 """
 
 from __future__ import annotations
@@ -39,8 +33,7 @@ def apply(
     fill_uninitialized_memory: bool = True,
     precision: str = float_math.DEFAULT,
 ) -> dict:
-    """Apply a determinism level and a ``trainer.precision`` globally; returns the
-    effective flags for run.json."""
+    """Apply a determinism level and a ``trainer.precision``; return the effective flags."""
     if level not in LEVELS:
         raise ValueError(f"unknown repro level {level!r}")
     float_math.check(precision)
@@ -60,8 +53,7 @@ def apply(
 
 
 def require_portable_dispatch() -> None:
-    """Refuse repro=portable unless its CPU levers are in force, as the libraries report
-    them (torch's capability, MKL's CNR branch, oneDNN's ISA), not as we meant to set them."""
+    """Refuse repro=portable unless its CPU levers are in force, as the libraries report them."""
     identity = machine.capture_cpu()
     if not machine.portable_in_force(identity):
         seen = ", ".join(
@@ -75,18 +67,12 @@ def require_portable_dispatch() -> None:
 
 
 def cublas_workspace() -> str:
-    """Set the project's cuBLAS workspace unless the user chose one; warn if they did.
-
-    The value sizes cuBLAS's workspace, which decides the kernels it may pick: a run with
-    another value is a different environment (recorded, and compared on resume/reproduce).
-    """
+    """Set the project's cuBLAS workspace unless the user chose one (warned: it decides kernels)."""
     value = os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     if value != CUBLAS_WORKSPACE:
+        why = "recorded, but runs with the two values are not comparable bit for bit"
         log.warning(
-            "CUBLAS_WORKSPACE_CONFIG=%s replaces the project's %s: recorded, but runs with "
-            "the two values are not comparable bit for bit",
-            value,
-            CUBLAS_WORKSPACE,
+            "CUBLAS_WORKSPACE_CONFIG=%s replaces the project's %s: %s", value, CUBLAS_WORKSPACE, why
         )
     return value
 
@@ -124,12 +110,8 @@ def is_nondeterminism_alert(message: str) -> bool:
 
 @contextmanager
 def nondeterminism_alerts(sink: list[str]) -> Iterator[None]:
-    """Handle torch's nondeterminism alerts for the duration of a training loop.
-
-    At warn torch only warns: each distinct alert is appended to ``sink`` as it happens (so a
-    run.json update mid-run sees it); every other warning is shown as usual. At strict torch
-    raises deep inside an op: that becomes a one-line ``ReprotrainError``.
-    """
+    """Torch's nondeterminism alerts during a loop: at warn each distinct one appended to
+    ``sink`` as it happens; at strict a one-line ``ReprotrainError``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("always", message=f".*{ALERT}")
         shown = warnings.showwarning

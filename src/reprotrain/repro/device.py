@@ -1,13 +1,8 @@
 """Which device a run trains on, decided once, recorded, and reused on resume and reproduce.
 
-Closes: silent device changes (``auto`` falling back to the CPU without a word; a resume
-or reproduce re-resolving ``auto`` on another host, so a CPU archive replayed on a GPU).
-``cuda``/``cuda:N`` where CUDA is unusable is a one-line error naming why; ``auto`` picks
-CUDA when usable, else the CPU with a WARNING naming why, and never MPS (no determinism
-promise there: MPS only when asked for). The resolved device is recorded and reused; a
-device-*type* change on resume is refused unless ``trainer.allow_device_change=true``
-(then recorded as not bitwise). The GPU ordinal is not identity, the GPU model is
-(``repro/comparability.py``). docs/gpus.md has the rules.
+Closes: silent device changes (``auto`` falling back to the CPU without a word, or
+re-resolved on another host). ``auto`` never picks MPS; a device-type change on resume is
+refused unless ``trainer.allow_device_change=true``. The rules: docs/gpus.md.
 """
 
 from __future__ import annotations
@@ -77,10 +72,7 @@ def _cuda(index: int | None, asked: str) -> torch.device:
 
 
 def resolve(requested: str, local_rank: int | None = None) -> torch.device:
-    """``trainer.device`` -> the device this process trains on, always with a GPU ordinal.
-
-    ``local_rank`` (DDP) picks the GPU when the spec names none: rank r trains on cuda:r.
-    """
+    """``trainer.device`` -> this process's device, with a GPU ordinal (DDP: ``local_rank``)."""
     kind, index = _parse(requested)
     if index is None:
         index = local_rank
@@ -109,19 +101,10 @@ def bitwise_caveat(device: torch.device) -> str | None:
 
 
 def resolve_for_resume(
-    recorded: str | None,
-    requested: str,
-    allow_change: bool,
-    local_rank: int | None = None,
+    recorded: str | None, requested: str, allow_change: bool, local_rank: int | None = None
 ) -> torch.device:
-    """The device a resume or replay trains on: the recorded one, not a fresh ``auto``.
-
-    ``recorded`` is the resolved device in the run's record (None: none recorded, then
-    ``requested`` is resolved as for a new run). ``requested`` is the
-    current ``trainer.device``; ``auto`` means "as recorded". A different device type is
-    refused in one line unless ``allow_change``; then the new device is returned and the
-    caller records the resume as not bitwise (``changed_type`` tells).
-    """
+    """The device a resume or replay trains on: the recorded one (``auto``: as recorded); a
+    device-type change only with ``allow_change`` (the caller records it as not bitwise)."""
     if recorded is None:
         return resolve(requested, local_rank)
     old_kind, old_index = _parse(recorded)
@@ -162,9 +145,8 @@ def changed_type(recorded: str | None, device: torch.device) -> bool:
 
 
 def replay_spec(recorded: str | None) -> tuple[str, str | None]:
-    """For reproduce: the ``trainer.device`` override that replays on the recorded device
-    type, and a NOT COMPARABLE reason when this host cannot (a CUDA run replayed where
-    CUDA is unusable runs on the CPU instead of failing)."""
+    """For reproduce: the ``trainer.device`` that replays on the recorded device type, and a
+    NOT COMPARABLE reason when this host cannot (then on the CPU)."""
     if recorded is None:
         return "auto", None
     kind, _ = _parse(recorded)
@@ -177,6 +159,5 @@ def replay_spec(recorded: str | None) -> tuple[str, str | None]:
 
 
 def recorded_device(record: dict) -> str | None:
-    """The device a run recorded in run.json trained on (``environment.device.resolved``),
-    or None."""
+    """The device run.json records (``environment.device.resolved``), or None."""
     return ((record.get("environment") or {}).get("device") or {}).get("resolved")

@@ -1,12 +1,8 @@
 """The environment record of a run (run.json ``environment``).
 
-Closes (as a record): environment drift: python/torch/numpy, CUDA and cuDNN, the machine
-(``repro/machine.py``: the CPU's identity and kernel dispatch, the GPU and its driver), the
-thread count, the world size and the variables that steer cuBLAS and the CPU libraries.
-Which fields must match for a bitwise promise is decided in ``repro/comparability.py``.
-
-Environment variables are copied from an allowlist only, so tokens and keys in the
-environment (WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, HF_TOKEN...) never reach a run record.
+Closes (as a record): environment drift (versions, the machine, threads, world size, the
+variables that steer the kernels); what must match: ``repro/comparability.py``. Variables
+are copied from an allowlist only: no token (WANDB_API_KEY, HF_TOKEN...) reaches a record.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ CUBLAS_ENV_VARS = (
     "NVIDIA_TF32_OVERRIDE",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
 )
-#: Two more that torch 2.14's CUDA library reads and that steer kernel choice: the shared
-#: cuBLAS/cuBLASLt workspace, and cuDNN's heuristic mode.
+#: Two more that torch 2.14 reads: the shared cuBLAS/cuBLASLt workspace, cuDNN's heuristics.
 GPU_ENV_VARS = (
     *CUBLAS_ENV_VARS,
     "TORCH_CUBLASLT_UNIFIED_WORKSPACE",
@@ -53,19 +48,15 @@ ENV_ALLOWLIST = (
     "REPROTRAIN_IMAGE_DIGEST",
 )
 
-#: Families of variables the kernel libraries and torch read (issue 34: a user's own
-#: ``ONEDNN_DEFAULT_FPMATH_MODE=BF16`` changed a conv run's bits and was recorded nowhere).
-#: Recorded whole, by family, not from a fixed list: any member may steer the math.
+#: Families of variables the kernel libraries and torch read, recorded whole: any member may
+#: steer the math (``ONEDNN_DEFAULT_FPMATH_MODE=BF16`` did).
 BITS_ENV_PREFIXES = (
     "ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "GOMP_", "OPENBLAS_", "ATEN_", "TORCH_",
     "PYTORCH_", "CUBLAS_", "CUDNN_", "CUDA_", "NCCL_",
 )  # fmt: skip
 BITS_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE",)
-#: Members of those families that do not decide the bits: which GPUs are visible, the thread
-#: pools' sizes (the thread count that ran is read back from torch and compared; torchrun
-#: sets ``OMP_NUM_THREADS=1`` in its workers), torchrun's error handling, and where things
-#: are installed or cached.
-#: Recorded, shown as notes, never a reason.
+#: Members that do not decide the bits (visible GPUs, thread pools: the count that ran is
+#: compared; torchrun's error handling; install and cache paths): notes, never a reason.
 NOT_BITS_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
@@ -122,8 +113,7 @@ def world_size() -> int:
 
 
 def capture(device: torch.device) -> dict[str, Any]:
-    """The environment record of a run on ``device`` (call it after the determinism level
-    is applied and before training, so the GPU's free memory is that at start)."""
+    """The environment record of a run on ``device`` (after the level, before training)."""
     device = torch.device(device)
     return {
         "python": platform.python_version(),
@@ -146,11 +136,8 @@ def capture(device: torch.device) -> dict[str, Any]:
 
 
 def peak_memory(device: torch.device) -> dict[str, int | None]:
-    """Peak GPU memory of this process, for run.json at the end (None values off CUDA).
-
-    cuDNN picks another algorithm when its workspace does not fit, which changes the bits;
-    a peak close to the total that was free at start points at that.
-    """
+    """Peak GPU memory of this process, for run.json (None off CUDA): a peak near the free
+    total at start points at cuDNN choosing another algorithm for lack of workspace."""
     device = torch.device(device)
     if device.type != "cuda":
         return {"peak_reserved_bytes": None, "peak_allocated_bytes": None}
@@ -162,15 +149,8 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
 
 
 def container_image() -> dict | None:
-    """``{"image", "digest", "base", "git_commit"}`` from the Dockerfile's env; None outside.
-
-    Why: inside the image the environment *is* the image; its tag (``reprotrain:<commit>-
-    <lock sha256[:12]>``) and the digest of the base it was built ``FROM`` are what another
-    machine needs to rebuild or pull it. ``digest`` is the base image digest (the only digest
-    known at build time) and is None when the base was not pinned (``make pin-base`` not run);
-    ``base`` is the base reference, ``git_commit`` the commit the image was built from
-    (``.git`` is not copied into the image).
-    """
+    """``{"image", "digest", "base", "git_commit"}`` from the Dockerfile's env; None outside
+    (docs/reproducing-elsewhere.md). ``digest``: the base image's, None when not pinned."""
     image = os.environ.get("REPROTRAIN_IMAGE", "").strip()
     if not image:
         return None

@@ -1,11 +1,8 @@
 """Code identity for run.json without copying anything that was never committed.
 
-Closes (as records): code drift (commit, branch, dirty flag, the tracked diff saved beside
-run.json) while keeping secrets out of the record: untracked files are listed by name,
-size and sha256, never copied, and a run with untracked files under the code paths is not
-``fully_archivable`` (docs/guarantees.md); ``include_untracked`` opts paths in; remote URLs
-are recorded without credentials or query strings. Inside the container there is no
-``.git``: the commit the image was built from (``REPROTRAIN_GIT_COMMIT``) is recorded.
+Closes (as records): code drift, keeping secrets out (docs/guarantees.md): untracked files
+by name, size and sha256 only, remote URLs without credentials; in the container (no
+``.git``) the commit the image was built from (``REPROTRAIN_GIT_COMMIT``).
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-#: What an archive's source snapshot holds (top-level names / globs). An untracked file
-#: under one of these is code the run may have used that an archive would not carry.
+#: What an archive's source snapshot holds (top-level names / globs).
 SNAPSHOT_PATHS: tuple[str, ...] = (
     "src",
     "conf",
@@ -30,8 +26,7 @@ SNAPSHOT_PATHS: tuple[str, ...] = (
     "requirements*.in",
 )
 _SKIP_PARTS = ("__pycache__", ".egg-info")
-#: Untracked files larger than this are listed with their size but not hashed: an
-#: un-ignored dataset or checkpoint must not add minutes to every run start.
+#: Untracked files larger than this are listed by size, not hashed (an un-ignored dataset).
 HASH_LIMIT_BYTES = 64 << 20
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@]*@)")
@@ -45,9 +40,8 @@ def run_git(
     timeout: float | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """``git -C <repo> <args>`` with its output captured: the one git runner of the package
-    (standard library only, so ``make new-project`` can use it before any venv). A failing
-    git is a return code to check, not an exception; a missing git raises ``OSError``."""
+    """``git -C <repo> <args>``, output captured: the one git runner (standard library only,
+    for ``make new-project``). Failure is a return code; a missing git raises ``OSError``."""
     return subprocess.run(
         ["git", "-C", str(repo), *args],
         input=input,
@@ -80,8 +74,7 @@ def in_snapshot(rel: str) -> bool:
 
 
 def scrub_url(url: str) -> str:
-    """A remote URL without user, password or token: scheme://host/path (scp-style
-    ``git@host:path`` is kept: the user there is an account name, not a secret)."""
+    """A remote URL without user, password, token or query (scp-style ``git@host:path`` kept)."""
     url = url.strip()
     m = _URL_USERINFO.match(url)
     if m:
@@ -127,12 +120,8 @@ def _opted_in(rel: str, patterns: Sequence[str]) -> bool:
 
 
 def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, str]:
-    """(record, diff text). The diff holds tracked changes against HEAD and, only for paths
-    matched by ``include_untracked``, the contents of those untracked files.
-
-    Record keys: commit, short, branch, dirty, remotes, untracked ([{path, size, sha256,
-    included}]), fully_archivable, not_archived (untracked snapshot paths left out).
-    """
+    """(record, diff text): tracked changes against HEAD, plus the untracked files matched
+    by ``include_untracked``; ``not_archived``: untracked snapshot paths left out."""
     repo = Path(repo)
     commit = _git(repo, "rev-parse", "HEAD")
     if commit is None:
@@ -186,12 +175,8 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
 
 
 def code_sha256(repo: Path) -> str:
-    """One digest of the code a run imports: every file under the snapshot paths (tracked or
-    not, ``__pycache__`` and build metadata skipped; through symlinks, by the content they
-    point at), by relative path and content; a file over ``HASH_LIMIT_BYTES`` by path and
-    size. Needs no git, so it holds in a container too. Compared at each resume: a resume
-    under other code cannot promise the uninterrupted run's bits, and its history line
-    says so."""
+    """One digest of every file under the snapshot paths (tracked or not, through symlinks),
+    by relative path and content (over ``HASH_LIMIT_BYTES``: size). Needs no git."""
     repo = Path(repo)
     digest = hashlib.sha256()
     tops = sorted(p for p in repo.iterdir() if in_snapshot(p.name)) if repo.is_dir() else []
@@ -200,14 +185,14 @@ def code_sha256(repo: Path) -> str:
         walked = [top] if top.is_file() else _files_through_links(top)
         files += [p for p in walked if in_snapshot(p.relative_to(repo).as_posix())]
     for path in sorted(files, key=lambda p: p.relative_to(repo).as_posix()):
-        content, size = _content_sha256(path)  # None over the size limit
+        real = Path(os.path.realpath(path))  # a symlink: what an import reads through it
+        content, size = _sha256(real) if real.is_file() else (None, 0)  # None over the limit
         digest.update(f"{path.relative_to(repo).as_posix()}\0{content or size}\n".encode())
     return digest.hexdigest()
 
 
 def _files_through_links(top: Path) -> list[Path]:
-    """Every file under ``top``, through symlinked directories too (each real directory once:
-    a link loop ends), by the path the code is imported under."""
+    """Every file under ``top``, through symlinked directories (each real one once)."""
     out, seen = [], set()
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
         real = os.path.realpath(dirpath)
@@ -217,13 +202,6 @@ def _files_through_links(top: Path) -> list[Path]:
         seen.add(real)
         out += [Path(dirpath) / f for f in filenames if (Path(dirpath) / f).is_file()]
     return out
-
-
-def _content_sha256(path: Path) -> tuple[str | None, int]:
-    """sha256 and size of what ``path`` holds, a symlink's target's content (what an import
-    reads), not the link's text: an edit of a linked module changes the code digest."""
-    real = Path(os.path.realpath(path))
-    return _sha256(real) if real.is_file() else (None, 0)
 
 
 def archivability_warning(info: dict) -> str | None:

@@ -1,12 +1,8 @@
 """Controls that only work at interpreter start: PYTHONHASHSEED and CPU kernel dispatch.
 
-Closes: str/bytes hash randomisation, which changes set and dict-of-set iteration order
-between processes (and so anything built by iterating a set of strings); and, for
-``repro=portable``, CPU kernel dispatch (ATen's capability, oneDNN's ISA, MKL's CNR branch),
-which the libraries read from the environment once, when they load. A running interpreter
-cannot change either: ``ensure`` and ``ensure_cpu_dispatch`` re-exec the current command
-with the variables set (Make and the Dockerfile also export PYTHONHASHSEED). This module
-imports nothing heavy: it runs before torch is imported.
+Closes: str/bytes hash randomisation (set iteration order between processes) and, for
+``repro=portable``, CPU kernel dispatch, which the libraries read once, when they load: the
+current command is re-executed with the variables set. Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -24,11 +20,8 @@ X86_64 = ("x86_64", "amd64")
 
 
 def ensure(argv: list[str] | None = None) -> None:
-    """Re-exec this interpreter with PYTHONHASHSEED fixed, unless it already is.
-
-    A numeric value chosen by the user is kept (and recorded); unset or ``random`` is
-    replaced by ``FIXED_VALUE``. Also sets CUBLAS_WORKSPACE_CONFIG before torch is imported.
-    """
+    """Re-exec with PYTHONHASHSEED fixed (a user's number kept; unset or ``random``:
+    ``FIXED_VALUE``); set CUBLAS_WORKSPACE_CONFIG before torch is imported."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if os.environ.get("PYTHONHASHSEED", "random").isdigit():
         return
@@ -39,8 +32,7 @@ def ensure(argv: list[str] | None = None) -> None:
 def portable_problem(
     env: dict[str, str] | None = None, machine: str | None = None, cpu_flags: set | None = None
 ) -> str | None:
-    """Why repro=portable cannot run here (one line), or None. ``cpu_flags``: the flags of
-    /proc/cpuinfo (None: unknown, e.g. not Linux; torch's capability is checked later)."""
+    """Why repro=portable cannot run here (one line), or None (``cpu_flags`` None: unknown)."""
     env = os.environ if env is None else env
     machine = (machine or platform.machine()).lower()
     if machine not in X86_64:
@@ -62,9 +54,7 @@ def portable_problem(
 
 
 def refuse_portable_here() -> None:
-    """Raise ``ReprotrainError`` (one line) where repro=portable cannot hold on this CPU or
-    with this environment; import nothing heavy (numpy and torch need more than some CPUs
-    have, so this must come first)."""
+    """One-line ``ReprotrainError`` where repro=portable cannot hold; imports nothing heavy."""
     from reprotrain.errors import ReprotrainError
 
     problem = portable_problem(cpu_flags=cpu_flags())
@@ -73,15 +63,13 @@ def refuse_portable_here() -> None:
 
 
 def _visible(value: str) -> str:
-    """An environment value as typed, or quoted with its escapes when it holds a newline or
-    another control character (so the refusal stays one line)."""
+    """An environment value as typed, or ``repr`` when not printable (one line)."""
     return value if value.isprintable() else repr(value)
 
 
 def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) -> None:
-    """For repro=portable, re-exec with ``PORTABLE_ENV`` in place before torch loads again;
-    raise ``ReprotrainError`` (one line) where portable cannot hold. ``levels``: the
-    ``repro.level`` of every run this command starts (each variant of a ``--multirun``)."""
+    """For repro=portable, re-exec with ``PORTABLE_ENV`` before torch loads again (one-line
+    ``ReprotrainError`` where it cannot hold); ``levels``: of every run this command starts."""
     from reprotrain.errors import ReprotrainError
 
     levels = set(levels)
@@ -112,13 +100,7 @@ def _reexec(argv: list[str] | None) -> None:
     sys.stderr.flush()
     if args and args[0] == "-c":  # `python -c`: nothing to re-exec; children inherit the value
         return
-    os.execv(sys.executable, [sys.executable, *_module_argv(args)])
-
-
-def _module_argv(args: list[str]) -> list[str]:
-    """Rebuild the command line: ``python -m pkg.mod args`` keeps its ``-m`` form."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name:
-        name = spec.name.removesuffix(".__main__")
-        return ["-m", name, *args[1:]]
-    return list(args)
+    if spec is not None and spec.name:  # ``python -m pkg.mod args`` keeps its ``-m`` form
+        args = ["-m", spec.name.removesuffix(".__main__"), *args[1:]]
+    os.execv(sys.executable, [sys.executable, *args])

@@ -1,12 +1,8 @@
 """Which platforms the one lock installs on, checked offline from committed files.
 
-Randomness source closed here: a lock that only installs where it was compiled. A
-``--hash`` names bytes, not a platform, so ``make lock`` writes ``<lock>.files`` (``sha256
-filename``) from the index; :func:`check_files` checks each hash names one file of its
-release, and :func:`check_coverage` that every requirement applying on a supported platform
-(CPython 3.11 on Linux x86_64/aarch64 with glibc >= 2.28, macOS 14+ arm64) has a wheel that
-platform's pip accepts, or is a named sdist-only pure-Python package. Markers and wheel tags
-need ``packaging``; without it the coverage check reports nothing.
+Closes: a lock that only installs where it was compiled. A ``--hash`` names bytes, not a
+platform, so ``make lock`` writes ``<lock>.files``; the supported platforms and the checks
+are in docs/reproducing-elsewhere.md. Without ``packaging`` the coverage check reports nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +19,8 @@ from reprotrain.repro.requirements_lock import (
     ParsedLock,
     marker_applies,
     normalize_name,
+    read_sha256sum,
+    sidecar_path,
 )
 
 FILES_SUFFIX = ".files"
@@ -100,26 +98,15 @@ PLATFORMS: tuple[Platform, ...] = (
 )
 
 
-def files_path(lock_path: Path) -> Path:
-    return Path(str(lock_path) + FILES_SUFFIX)
-
-
 def read_files(lock_path: Path) -> dict[str, str] | None:
     """``{sha256: file name}`` from ``<lock>.files``; None when absent."""
-    path = files_path(lock_path)
-    if not path.exists():
-        return None
-    out: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^([0-9a-f]{64})\s+\*?(\S+)$", line.strip())
-        if m:
-            out[m.group(1)] = m.group(2)
-    return out
+    rows = read_sha256sum(sidecar_path(lock_path, FILES_SUFFIX), r"\S+")
+    return None if rows is None else dict(rows)
 
 
 def write_files(lock_path: Path, files: dict[str, str]) -> Path:
     """Write ``<lock>.files``, sorted by file name so a re-lock diffs line by line."""
-    path = files_path(lock_path)
+    path = sidecar_path(lock_path, FILES_SUFFIX)
     lines = sorted(files.items(), key=lambda kv: (kv[1], kv[0]))
     path.write_text("".join(f"{h}  {name}\n" for h, name in lines), encoding="utf-8")
     return path
@@ -144,13 +131,10 @@ def _wheel_tags(filename: str) -> set[str]:
 
 
 def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
-    """Every hash of the lock names one file of its own release in ``<lock>.files``, and the
-    sidecar lists nothing else.
-
-    Why: coverage is judged from those names, so a sidecar from an older lock must fail.
-    """
+    """Every hash of the lock names one file of its own release in ``<lock>.files``, which
+    lists nothing else (coverage is judged from those names)."""
     name = lock.path.name
-    side = files_path(lock.path).name
+    side = sidecar_path(lock.path, FILES_SUFFIX).name
     if files is None:
         return [f"{name}: no {side} (the file behind each hash); run make lock"]
     problems: list[str] = []
@@ -220,9 +204,6 @@ def check_lock_platforms(lock: ParsedLock) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- make lock (network)
-
-
 def _index_page(url: str, timeout: float) -> dict[str, str]:
     """{sha256: file name} of one project page of a simple index (PEP 691 JSON or PEP 503)."""
     request = urllib.request.Request(
@@ -251,10 +232,7 @@ def fetch_files(
     page: Callable[[str, float], dict[str, str]] = _index_page,
     timeout: float = 60.0,
 ) -> dict[str, str]:
-    """{sha256: file name} for every hash of ``lock``, read from the index (``make lock``).
-
-    Raises ``LookupError`` naming the first hash the index does not list.
-    """
+    """{sha256: file name} of every hash of ``lock`` from the index (``LookupError``: unlisted)."""
     out: dict[str, str] = {}
     for entry in lock.entries.values():
         listed = page(f"{index_url.rstrip('/')}/{entry.name}/", timeout)

@@ -1,14 +1,8 @@
 """What machine is this: the CPU and the GPU as far as they decide the bits.
 
-Closes (as records): CPU kernel dispatch and GPU kernel choice. ATen, oneDNN and MKL each
-pick a code path for the CPU they run on, and each rounds differently, so the CPU record
-holds the vendor, family, model, name and the ISA extensions they dispatch on (from the
-``cpuid`` instruction where it runs, else ``/proc/cpuinfo``, which an emulator or a mounted
-file can make another CPU's), what each library chose (read back), their versions and the
-variables that steer them; the GPU record the model, SM count, driver, BLAS library and
-workspaces. Why this is not a library: docs/design.md, "Large rooms". No torch at module
-level: ``hashseed`` reads :func:`cpu_flags` before torch loads. Which fields must match is
-decided in ``repro/comparability.py``.
+Closes (as records): CPU kernel dispatch and GPU kernel choice (docs/gpus.md; why no
+library: docs/design.md, "Large rooms"). No torch at module level: ``hashseed`` reads
+:func:`cpu_flags` before torch loads. Which fields must match: ``repro/comparability.py``.
 """
 
 from __future__ import annotations
@@ -27,42 +21,28 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# ---- the cpuid instruction ----------------------------------------------------------------
-
 # push rbx; mov r8, rdx; mov eax, edi; mov ecx, esi; cpuid;
 # mov [r8], eax; mov [r8+4], ebx; mov [r8+8], ecx; mov [r8+12], edx; pop rbx; ret
 # (System V: leaf in edi, subleaf in esi, the 16-byte result buffer in rdx.)
 _CODE = bytes.fromhex("534989d089f889f10fa241890041895804418948084189500c5bc3")
 
-#: (leaf, subleaf, register, bit) -> the kernel's flag name, for the flags the CPU kernel
-#: libraries dispatch on (``X86_DISPATCH_FLAGS``).
+#: (leaf, subleaf, register) -> "bit:flag ..." for the flags the CPU kernel libraries
+#: dispatch on (``X86_DISPATCH_FLAGS``), by the kernel's flag names.
+_CPUID_BITS = {
+    (1, 0, "ecx"): "12:fma 29:f16c",
+    (7, 0, "ebx"): "5:avx2 16:avx512f 17:avx512dq 21:avx512ifma 26:avx512pf 27:avx512er "
+    "28:avx512cd 30:avx512bw 31:avx512vl",
+    (7, 0, "ecx"): "1:avx512vbmi 6:avx512_vbmi2 11:avx512_vnni 12:avx512_bitalg "
+    "14:avx512_vpopcntdq",
+    (7, 0, "edx"): "2:avx512_4vnniw 3:avx512_4fmaps 8:avx512_vp2intersect 22:amx_bf16 "
+    "23:avx512_fp16 24:amx_tile 25:amx_int8",
+    (7, 1, "eax"): "4:avx_vnni 5:avx512_bf16 21:amx_fp16",
+}
+#: (leaf, subleaf, register, bit) -> flag name.
 CPUID_FLAGS: dict[tuple[int, int, str, int], str] = {
-    (1, 0, "ecx", 12): "fma",
-    (1, 0, "ecx", 29): "f16c",
-    (7, 0, "ebx", 5): "avx2",
-    (7, 0, "ebx", 16): "avx512f",
-    (7, 0, "ebx", 17): "avx512dq",
-    (7, 0, "ebx", 21): "avx512ifma",
-    (7, 0, "ebx", 26): "avx512pf",
-    (7, 0, "ebx", 27): "avx512er",
-    (7, 0, "ebx", 28): "avx512cd",
-    (7, 0, "ebx", 30): "avx512bw",
-    (7, 0, "ebx", 31): "avx512vl",
-    (7, 0, "ecx", 1): "avx512vbmi",
-    (7, 0, "ecx", 6): "avx512_vbmi2",
-    (7, 0, "ecx", 11): "avx512_vnni",
-    (7, 0, "ecx", 12): "avx512_bitalg",
-    (7, 0, "ecx", 14): "avx512_vpopcntdq",
-    (7, 0, "edx", 2): "avx512_4vnniw",
-    (7, 0, "edx", 3): "avx512_4fmaps",
-    (7, 0, "edx", 8): "avx512_vp2intersect",
-    (7, 0, "edx", 22): "amx_bf16",
-    (7, 0, "edx", 23): "avx512_fp16",
-    (7, 0, "edx", 24): "amx_tile",
-    (7, 0, "edx", 25): "amx_int8",
-    (7, 1, "eax", 4): "avx_vnni",
-    (7, 1, "eax", 5): "avx512_bf16",
-    (7, 1, "eax", 21): "amx_fp16",
+    (*word, int(bit)): name
+    for word, table in _CPUID_BITS.items()
+    for bit, name in (item.split(":") for item in table.split())
 }
 _REGS = ("eax", "ebx", "ecx", "edx")
 
@@ -95,12 +75,8 @@ def registers(leaf: int, subleaf: int = 0) -> dict[str, int] | None:
 
 
 def decode_cpuid(ask: Any) -> dict[str, Any]:
-    """The identity fields from a register reader ``ask(leaf, subleaf) -> {reg: int}``.
-
-    Pure, so a test can feed it documented register values. Family and model follow the
-    vendors' rule for the displayed values (extended family added when the base is 0xF,
-    extended model prepended for families 6 and 0xF), as the kernel prints them.
-    """
+    """The identity fields from a register reader ``ask(leaf, subleaf) -> {reg: int}`` (pure:
+    tests feed it documented values). Family and model as the kernel displays them."""
     top = ask(0, 0)
     vendor = struct.pack("<III", top["ebx"], top["edx"], top["ecx"]).decode("ascii", "replace")
     sig = ask(1, 0)["eax"]
@@ -148,22 +124,15 @@ def cpuid_fields() -> dict[str, Any] | None:
     return decode_cpuid(registers)
 
 
-# ---- the CPU's identity ---------------------------------------------------------------
-
-#: Variables that steer which CPU kernels run (ATen, oneDNN, MKL). Recorded, None when unset,
-#: and compared. The thread pools' sizes are compared as the thread count torch reports, not
-#: as variables (torchrun sets ``OMP_NUM_THREADS=1`` in its workers).
-DISPATCH_ENV_VARS = (
-    "ATEN_CPU_CAPABILITY",
-    "ONEDNN_MAX_CPU_ISA",
-    "DNNL_MAX_CPU_ISA",
-    "MKL_CBWR",
-    "MKL_ENABLE_INSTRUCTIONS",
+#: Variables that steer which CPU kernels run (ATen, oneDNN, MKL): recorded (None when unset)
+#: and compared. Thread pools are compared as torch's thread count (torchrun sets
+#: ``OMP_NUM_THREADS=1`` in its workers).
+_DISPATCH_VARS = (
+    "ATEN_CPU_CAPABILITY ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA MKL_CBWR MKL_ENABLE_INSTRUCTIONS"
 )
-#: repro=portable: the code paths every x86-64 CPU with AVX2 runs alike, measured to give the
-#: same bits on an AMD EPYC (Zen 4) and an Intel Xeon with AMX (README, "Determinism levels").
-#: ATen capped at AVX2; oneDNN capped at AVX2; MKL's CNR branch COMPATIBLE (its AVX2 branch
-#: holds on Intel only: on AMD, MKL reads MKL_CBWR=AVX2 back as AUTO).
+DISPATCH_ENV_VARS = tuple(_DISPATCH_VARS.split())
+#: repro=portable: the code paths every x86-64 CPU with AVX2 runs alike (README, "Determinism
+#: levels"). MKL's CNR branch is COMPATIBLE: on AMD, MKL reads MKL_CBWR=AVX2 back as AUTO.
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -180,22 +149,11 @@ X86_DISPATCH_FLAGS = re.compile(r"^(avx2|avx_vnni.*|fma|f16c|avx512.*|amx.*)$")
 ARM_DISPATCH_FLAGS = re.compile(r"^(asimd.*|sve.*|sme.*|bf16|i8mm)$")
 
 # mkl_cbwr.h: the branch codes mkl_cbwr_get(MKL_CBWR_BRANCH) returns.
-_MKL_BRANCHES = {
-    0: "OFF",
-    1: "BRANCH_OFF",
-    2: "AUTO",
-    3: "COMPATIBLE",
-    4: "SSE2",
-    6: "SSSE3",
-    7: "SSE4_1",
-    8: "SSE4_2",
-    9: "AVX",
-    10: "AVX2",
-    11: "AVX512_MIC",
-    12: "AVX512",
-    13: "AVX512_MIC_E1",
-    14: "AVX512_E1",
-}
+_BRANCH_CODES = (
+    "0:OFF 1:BRANCH_OFF 2:AUTO 3:COMPATIBLE 4:SSE2 6:SSSE3 7:SSE4_1 8:SSE4_2 9:AVX 10:AVX2 "
+    "11:AVX512_MIC 12:AVX512 13:AVX512_MIC_E1 14:AVX512_E1"
+)
+_MKL_BRANCHES = {int(code): name for code, name in (c.split(":") for c in _BRANCH_CODES.split())}
 _MKL_STRICT = 0x10000
 
 
@@ -208,8 +166,7 @@ def proc_cpuinfo() -> str:
 
 
 def cpu_fields() -> dict[str, Any]:
-    """Vendor, family, model, stepping, model name and dispatch flags of this CPU, with
-    ``source``: ``cpuid`` where it can run, else ``/proc/cpuinfo`` (or ``platform``)."""
+    """This CPU's identity fields, with ``source``: ``cpuid`` where it runs, else /proc/cpuinfo."""
     fields = cpuid_fields()
     if fields is not None:
         return {**fields, "source": "cpuid"}
@@ -217,8 +174,7 @@ def cpu_fields() -> dict[str, Any]:
 
 
 def cpu_flags() -> set | None:
-    """The CPU's dispatch flags: from ``cpuid`` where it runs (an emulated CPU's own), else
-    every flag of /proc/cpuinfo; None where neither is known. Imports no torch."""
+    """The CPU's dispatch flags (``cpuid``, else every /proc/cpuinfo flag; None: unknown)."""
     fields = cpuid_fields()
     if fields is not None:
         return set(fields["isa_flags"])
@@ -229,8 +185,7 @@ def cpu_flags() -> set | None:
 
 
 def cpuinfo_fields(text: str | None = None) -> dict[str, Any]:
-    """Vendor, family, model, stepping, model name and dispatch flags of the first CPU in
-    ``/proc/cpuinfo`` (Linux); on other systems what ``platform`` knows, the rest None."""
+    """The identity fields of the first CPU in /proc/cpuinfo (else what ``platform`` knows)."""
     if text is None:
         text = proc_cpuinfo()
     if not text and platform.system() == "Darwin":
@@ -262,8 +217,7 @@ def _macos_fields() -> dict[str, Any]:
 
     def sysctl(name: str) -> str | None:
         try:
-            out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True,
-                                 timeout=10)  # fmt: skip
+            out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout.strip() or None if out.returncode == 0 else None
@@ -300,8 +254,7 @@ def mkl_version() -> str | None:
 
 
 def mkl_cbwr_branch() -> str | None:
-    """The CNR branch MKL really uses (``MKL_CBWR`` as MKL read it: a branch MKL cannot
-    honour on this CPU reads back as AUTO). None where torch has no MKL."""
+    """The CNR branch MKL really uses (one it cannot honour reads back as AUTO); None: no MKL."""
     lib = _libtorch_cpu()
     get = getattr(lib, "mkl_serv_cbwr_get", None) if lib is not None else None
     if get is None:
@@ -330,9 +283,8 @@ def onednn_version() -> str | None:
 
 @functools.cache
 def onednn_isa() -> str | None:
-    """The ISA oneDNN dispatches to, as its verbose header names it (``Intel AVX2``): one
-    convolution of zeros (no random number drawn) under ``torch.backends.mkldnn.verbose``,
-    stdout redirected to a file. Cached: the header is printed once a process."""
+    """The ISA oneDNN dispatches to (``Intel AVX2``), from its verbose header around one
+    convolution of zeros (no random draw). Cached: the header is printed once a process."""
     import torch
 
     if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
@@ -367,8 +319,7 @@ def portable_in_force(identity: dict[str, Any]) -> bool:
 
 
 def capture_cpu() -> dict[str, Any]:
-    """The CPU identity of this process, for run.json ``environment.cpu``; ``portable``:
-    every lever of ``repro=portable`` is in force and read back."""
+    """The CPU identity of this process, for run.json ``environment.cpu``."""
     import torch
 
     cpu = cpu_fields()
@@ -388,26 +339,13 @@ def capture_cpu() -> dict[str, Any]:
     return identity
 
 
-# ---- the GPU's identity -------------------------------------------------------------------
-
 #: The GPU block's keys; all None on a CPU run, so "absent" is never "not recorded".
-GPU_FIELDS = (
-    "index",
-    "name",
-    "uuid",
-    "compute_capability",
-    "sm_count",
-    "total_memory_bytes",
-    "mig_mode",
-    "driver_version",
-    "driver_cuda_version",
-    "visible_devices",
-    "blas_library",
-    "cublas_workspace_bytes",
-    "cublaslt_workspace_bytes",
-    "memory_free_at_start_bytes",
-    "memory_total_at_start_bytes",
+_GPU_KEYS = (
+    "index name uuid compute_capability sm_count total_memory_bytes mig_mode driver_version "
+    "driver_cuda_version visible_devices blas_library cublas_workspace_bytes "
+    "cublaslt_workspace_bytes memory_free_at_start_bytes memory_total_at_start_bytes"
 )
+GPU_FIELDS = tuple(_GPU_KEYS.split())
 
 
 def indexed(device: Any) -> Any:
@@ -486,8 +424,7 @@ def driver_cuda_version() -> str | None:
 
 
 def blas_info() -> dict[str, Any]:
-    """The BLAS library and workspace sizes torch will really use (env vars or code can set
-    them; the workspace bounds which kernels cuBLAS may pick). CUDA runs only."""
+    """The BLAS library and workspace sizes torch will really use (CUDA runs only)."""
     import torch
 
     b = torch.backends.cuda
@@ -538,8 +475,7 @@ def capture_gpu(device: Any) -> dict[str, Any]:
 
 
 def reduced_precision_flags() -> dict[str, bool]:
-    """cuBLAS may reduce fp16/bf16 GEMMs in reduced precision (torch's default: allowed);
-    the flag changes the bits of AMP runs on CUDA, so it is part of the identity."""
+    """Whether cuBLAS may reduce fp16/bf16 GEMMs in reduced precision (AMP bits on CUDA)."""
     import torch
 
     m = torch.backends.cuda.matmul

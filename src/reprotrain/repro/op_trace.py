@@ -1,14 +1,9 @@
 """Per-op hashes of chosen training steps: what ``make bisect`` compares between two runs.
 
 Closes: "the runs differ, but where?" (docs/when-bits-differ.md). ``REPROTRAIN_TRACE_STEPS``
-(0-based global steps, comma-separated) and ``REPROTRAIN_TRACE_DIR`` make :func:`step` write
-``<dir>/step-<N>.jsonl``: the sha256 of each batch tensor's bytes, then for every aten op of
-the step (forward, backward, optimizer) its name, its module (``ModuleTracker``) and
-DebugMode's ``hash_tensor_fn`` of its tensor inputs and outputs (computed on the device,
-read once at the step's end). ``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` writes one line per
-step to ``<dir>/digests.jsonl`` instead: the batch's sha256 and one sha256 over every op's
-name and output hashes. A dispatch mode only observes, so a traced step gives the same bits;
-unset (every normal run), :func:`step` is a null context costing two set lookups a step.
+(0-based, comma-separated) writes ``<REPROTRAIN_TRACE_DIR>/step-<N>.jsonl``,
+``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` a line per step to ``digests.jsonl``. A dispatch
+mode only observes (same bits); unset, :func:`step` is a shared null context.
 """
 
 from __future__ import annotations
@@ -33,11 +28,6 @@ BATCH = "batch"  # the ``op`` of a trace's first row: the hash of the step's inp
 UNINITIALISED = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty")
 
 
-def _steps_from_env() -> frozenset[int]:
-    text = os.environ.get(STEPS_VAR, "").strip()
-    return frozenset(int(s) for s in text.split(",") if s.strip()) if text else frozenset()
-
-
 def _digest_steps_from_env() -> range:
     text = os.environ.get(DIGEST_VAR, "").strip()
     if not text:
@@ -46,7 +36,8 @@ def _digest_steps_from_env() -> range:
     return range(int(first), int(last or first) + 1)
 
 
-_STEPS = _steps_from_env()  # read once at import: the loop pays a set lookup per step
+# Read once at import: the loop pays a set lookup per step.
+_STEPS = frozenset(int(s) for s in os.environ.get(STEPS_VAR, "").split(",") if s.strip())
 _DIGEST_STEPS = _digest_steps_from_env()
 
 
@@ -67,8 +58,7 @@ def _hashes(tree: Any) -> list[torch.Tensor]:
 
 
 def batch_sha256(batch: Any) -> list[str]:
-    """sha256 of each tensor's bytes, in order: unlike an order-free hash, a batch holding
-    the same samples in another order hashes differently (data order is what it checks)."""
+    """sha256 of each tensor's bytes, in order (data order is what it checks)."""
     import hashlib
 
     out = []
@@ -94,8 +84,7 @@ class OpHashMode(TorchDispatchMode):
         self.backward_seen = False
 
     def module(self) -> str:
-        """The innermost module running now (the longest qualified name), without the root
-        class name: ``layer3.1.conv2``; ``-`` outside any module (e.g. the optimizer)."""
+        """The innermost module running now (``layer3.1.conv2``); ``-`` outside any module."""
         names = [n for n in self.tracker.parents if n != "Global"]
         if not names:
             return "-"
@@ -113,28 +102,16 @@ class OpHashMode(TorchDispatchMode):
         backward = self.tracker.is_bw
         self.backward_seen |= backward
         phase = "backward" if backward else "optimizer" if self.backward_seen else "forward"
-        self.rows.append(
-            {
-                "op": str(func),
-                "module": self.module(),
-                "phase": phase,
-                "inputs": inputs,
-                "outputs": _hashes(out),
-            }
-        )
+        row = {"op": str(func), "module": self.module(), "phase": phase, "inputs": inputs}
+        self.rows.append({**row, "outputs": _hashes(out)})
         return out
-
-
-def _as_int(h: torch.Tensor) -> int:
-    return int(h.item())
 
 
 _UNTRACED = contextlib.nullcontext()
 
 
 def step(global_step: int, batch: Any) -> contextlib.AbstractContextManager:
-    """Trace this step when ``REPROTRAIN_TRACE_STEPS`` names it, digest it when
-    ``REPROTRAIN_DIGEST_STEPS`` covers it; otherwise do nothing (one shared null context)."""
+    """Trace or digest this step when the variables name it; else a shared null context."""
     if global_step not in _STEPS and global_step not in _DIGEST_STEPS:
         return _UNTRACED
     return _step(global_step, batch)
@@ -165,8 +142,8 @@ def _step(global_step: int, batch: Any) -> Iterator[None]:
         for i, row in enumerate(rows):
             row = {**row, "index": i - 1}  # the batch row is -1; ops count from 0
             if row["op"] != BATCH:
-                row["inputs"] = [_as_int(h) for h in row["inputs"]]
-                row["outputs"] = [_as_int(h) for h in row["outputs"]]
+                row["inputs"] = [int(h.item()) for h in row["inputs"]]
+                row["outputs"] = [int(h.item()) for h in row["outputs"]]
             f.write(json.dumps(row) + "\n")
 
 
@@ -182,7 +159,7 @@ def digest(global_step: int, batch: Any) -> Iterator[None]:
     h = hashlib.sha256()
     for row in mode.rows:
         if compares_output(row["op"]):
-            h.update(f"{row['op']}|{[_as_int(x) for x in row['outputs']]}\n".encode())
+            h.update(f"{row['op']}|{[int(x.item()) for x in row['outputs']]}\n".encode())
     out_dir = Path(os.environ[DIR_VAR])
     out_dir.mkdir(parents=True, exist_ok=True)
     line = {"step": global_step, "batch": batch_hashes, "ops": len(mode.rows)}

@@ -1,21 +1,8 @@
 """The float math a run uses: ``trainer.precision``, its own choice, apart from determinism.
 
-    32-true     float32 everywhere; TF32 off for CUDA matmuls and cuDNN convolutions
-    tf32        float32 storage; CUDA matmuls and cuDNN convolutions round inputs to TF32
-    bf16-mixed  autocast to bfloat16 (TF32 off for what stays float32)
-    16-mixed    autocast to float16 with the GradScaler (TF32 off for what stays float32)
-
-Closes: the rounding of float32 math chosen behind the run's back. TF32 is deterministic
-run to run on one GPU, so ``repro=strict`` promises bits at *every* precision: the level
-decides the algorithms (deterministic kernels, no cuDNN benchmark), this key the rounding.
-The choice is applied here once per process (:func:`apply`), read back from torch (not as
-meant), recorded in run.json (``repro.precision`` and the flags), part of the config's
-identity (``config_sha256``, the experiment id) and of the comparability rule: a resume or
-reproduce under another precision is not bitwise (``comparability.precision_difference``).
-
-On the CPU only the mixed precisions change the math: TF32 is a CUDA (and cuDNN) format, and
-the CPU libraries are held to IEEE float32 under every precision (oneDNN would otherwise
-take torch's ``float32_matmul_precision`` as leave to round matmuls on CPUs that can).
+Closes: the rounding of float32 math chosen behind the run's back. 32-true, tf32, bf16-mixed
+and 16-mixed (docs/gpus.md): applied once per process, read back, recorded, and part of the
+config's identity and of the comparability rule. The CPU libraries stay IEEE float32.
 """
 
 from __future__ import annotations
@@ -51,14 +38,12 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 
 
 def recorded(trainer: Any) -> str:
-    """The precision a recorded ``trainer`` config ran at (checked), for tools that evaluate
-    a run."""
+    """The precision a recorded ``trainer`` config ran at (checked)."""
     return check(trainer.get("precision"))
 
 
 def autocast(precision: str) -> tuple[bool, str]:
-    """(autocast on, torch's dtype name) for ``engine.autocast``; a dict lookup (per
-    micro-batch), the value checked by the config schema and :func:`apply`."""
+    """(autocast on, torch's dtype name): a dict lookup per micro-batch, checked elsewhere."""
     name = AUTOCAST.get(precision)
     return name is not None, name or "float32"
 
@@ -69,9 +54,9 @@ def uses_grad_scaler(precision: str) -> bool:
 
 
 def apply(precision: str) -> dict:
-    """Set the TF32 flags ``precision`` means (closes: TF32 rounding of CUDA matmuls and
-    cuDNN convolutions, and oneDNN's reduced-precision fp32 matmuls on the CPU); return
-    what torch reports is in force."""
+    """Set the TF32 flags ``precision`` means; return what torch reports is in force.
+
+    Closes: TF32 rounding of CUDA matmuls and cuDNN convolutions, oneDNN's on the CPU."""
     import torch
 
     tf32 = check(precision) == "tf32"

@@ -1,14 +1,10 @@
 """Hashed lock files and the installed environment: the control for *environment drift*.
 
-Randomness source closed here: a run whose numerics depend on *which* torch/numpy/... build
-is installed. The lock (``uv pip compile --universal``: exact pins, markers, a sha256 for
-every file of each pinned release) names the one set of distributions the promise holds for.
-This module answers offline: is the lock sound (pinned, hashed, no index or local path, the
-locks agreeing, not edited or stale against its ``.in``: the sidecar ``<lock>.sha256``)?
-does the interpreter hold exactly the locked distributions (``env_drift``)? which lock did
-this run use (``lock_sha256``)? docs/reproducing-elsewhere.md describes the sidecars; why
-this is not a library: docs/design.md, "Large rooms". Only the standard library is required
-(``packaging`` is used when importable): ``make check-lock`` runs before any venv exists.
+Closes: a run whose numerics depend on which build of torch/numpy/... is installed. Answers
+offline: is the lock sound, does the interpreter hold exactly it (``env_drift``), which lock
+did a run use (``lock_sha256``)? docs/reproducing-elsewhere.md; why not a library:
+docs/design.md, "Large rooms". Standard library only (``make check-lock`` runs before any
+venv); ``packaging`` is used when importable.
 """
 
 from __future__ import annotations
@@ -26,9 +22,7 @@ DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
     (RUNTIME_LOCK, "requirements.in"),
     (DEV_LOCK, "requirements-dev.in"),
 )
-#: Optional extras, ``make install EXTRAS=mlflow,wandb``: {extra: its head package}. Each has
-#: ``requirements-<extra>.in`` (constrained by the runtime and dev locks, and by the extras
-#: before it, so every lock agrees) and a hashed ``requirements-<extra>.lock``. An extra
+#: Optional extras, ``make install EXTRAS=mlflow,wandb``: {extra: its head package}. An extra
 #: counts as installed when its head package is; then its whole lock is expected.
 EXTRAS: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb"}
 
@@ -40,9 +34,8 @@ def extra_pair(extra: str) -> tuple[str, str]:
 
 #: Every lock ``make lock`` compiles and ``make check-lock`` validates, in compile order.
 ALL_PAIRS: tuple[tuple[str, str], ...] = DEFAULT_PAIRS + tuple(extra_pair(e) for e in EXTRAS)
-#: The installer itself: compared when a lock pins it (the dev lock does), but not drift when
-#: no lock does (the runtime image's venv keeps the pip that ``python -m venv`` bootstrapped,
-#: and pip takes no part in the computation).
+#: The installer: compared when a lock pins it, not drift when none does (the runtime image's
+#: venv keeps the pip ``python -m venv`` bootstrapped; pip takes no part in the computation).
 INSTALLER = "pip"
 SIDECAR_SUFFIX = ".sha256"
 
@@ -51,14 +44,8 @@ _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;=
 _FILE_URL_RE = re.compile(r"\bfile:/", re.IGNORECASE)
 _HASH_RE = re.compile(r"^--hash=(sha256):([0-9a-f]{64})$")
 # Options that make a lock depend on where it was compiled (index, local wheel folder).
-_MACHINE_OPTIONS = (
-    "--index-url",
-    "--extra-index-url",
-    "--find-links",
-    "--trusted-host",
-    "--no-index",
-    "-i",
-    "-f",
+_MACHINE_OPTIONS = frozenset(
+    ["--index-url", "--extra-index-url", "--find-links", "--trusted-host", "--no-index", "-i", "-f"]
 )
 
 
@@ -69,13 +56,12 @@ def normalize_name(name: str) -> str:
 
 @dataclass
 class LockEntry:
-    """One pinned distribution of a lock (why: the unit both checks and drift compare)."""
+    """One pinned distribution of a lock."""
 
     name: str  # normalised
     version: str
     hashes: list[str] = field(default_factory=list)
     marker: str | None = None
-    line: int = 0
 
 
 @dataclass
@@ -84,13 +70,11 @@ class ParsedLock:
 
     path: Path
     entries: dict[str, LockEntry] = field(default_factory=dict)
-    options: list[tuple[int, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash continuations (the compiler writes one ``--hash`` a line) and drop
-    comments, keeping the first physical line number."""
+    """Backslash continuations joined, comments dropped; each with its first line number."""
     out: list[tuple[int, str]] = []
     buf: list[str] = []
     start = 0
@@ -120,9 +104,8 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
-    """Parse a hashed lock and collect every line-level problem: each line must name one
-    exact version with a sha256 and nothing that resolves differently elsewhere (an index,
-    a local folder, a ``file:`` URL, an editable path)."""
+    """Parse a hashed lock, collecting every line-level problem (unpinned, unhashed, or
+    resolving differently elsewhere: an index, a local folder, a ``file:`` URL, an editable)."""
     path = Path(path)
     if text is None:
         text = path.read_text(encoding="utf-8")
@@ -139,9 +122,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
         tokens = line.split()
         first = tokens[0]
         if first.startswith("-"):
-            opt = first.split("=", 1)[0]
-            lock.options.append((lineno, line))
-            if opt in _MACHINE_OPTIONS:
+            if first.split("=", 1)[0] in _MACHINE_OPTIONS:
                 lock.problems.append(
                     f"{where}: '{line[:80]}' names an index or local path; locks are compiled "
                     "with --no-emit-index-url --no-emit-find-links (run make lock)"
@@ -169,10 +150,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
             continue
         pkg = normalize_name(m.group(1))
         entry = LockEntry(
-            name=pkg,
-            version=m.group(3),
-            marker=(m.group(4) or "")[1:].strip() or None,
-            line=lineno,
+            name=pkg, version=m.group(3), marker=(m.group(4) or "")[1:].strip() or None
         )
         for tok in hash_tokens:
             hm = _HASH_RE.match(tok)
@@ -193,9 +171,8 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
 
 
 def marker_applies(marker: str | None, environment: dict[str, str] | None = None) -> bool | None:
-    """Whether a PEP 508 marker holds here (or in ``environment``, another host's marker
-    values); None when it does not parse. True without ``packaging`` (bare python3: pip
-    judges it at install time)."""
+    """Whether a PEP 508 marker holds here (or in ``environment``); None: it does not parse.
+    True without ``packaging`` (pip judges it at install time)."""
     if marker is None:
         return True
     try:
@@ -213,8 +190,7 @@ def marker_applies(marker: str | None, environment: dict[str, str] | None = None
 
 
 def in_includes(in_path: Path) -> list[Path]:
-    """Files an ``.in`` pulls in via ``-r``/``-c`` (recursively): the dev lock is compiled
-    against ``-c requirements.lock``, so it is stale when either changes."""
+    """Files an ``.in`` pulls in via ``-r``/``-c``, recursively."""
     seen: list[Path] = []
 
     def walk(p: Path) -> None:
@@ -241,8 +217,8 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def sidecar_path(lock_path: Path) -> Path:
-    return Path(str(lock_path) + SIDECAR_SUFFIX)
+def sidecar_path(lock_path: Path, suffix: str = SIDECAR_SUFFIX) -> Path:
+    return Path(str(lock_path) + suffix)
 
 
 def expected_record(lock_path: Path, in_path: Path) -> dict[str, str]:
@@ -265,22 +241,23 @@ def write_record(lock_path: Path, in_path: Path) -> Path:
     return out
 
 
+def read_sha256sum(path: Path, name: str = r".+") -> list[tuple[str, str]] | None:
+    """(sha256, name) of each line of a ``sha256sum``-format file; None when it is absent."""
+    if not Path(path).exists():
+        return None
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    found = (re.match(rf"^([0-9a-f]{{64}})\s+\*?({name})$", line.strip()) for line in lines)
+    return [(m.group(1), m.group(2).strip()) for m in found if m]
+
+
 def read_record(lock_path: Path) -> dict[str, str] | None:
     """Parse a sidecar; None when absent."""
-    side = sidecar_path(lock_path)
-    if not side.exists():
-        return None
-    out: dict[str, str] = {}
-    for line in side.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^([0-9a-f]{64})\s+\*?(.+)$", line.strip())
-        if m:
-            out[m.group(2).strip()] = m.group(1)
-    return out
+    rows = read_sha256sum(sidecar_path(lock_path))
+    return None if rows is None else {name: digest for digest, name in rows}
 
 
 def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
-    """Compare the sidecar with the files now on disk: a lock compiled from an older
-    ``.in``, or edited by hand after ``make lock``, is not what the compiler verified."""
+    """Compare the sidecar with the files on disk (a lock from an older ``.in``, or edited)."""
     lock_path, in_path = Path(lock_path), Path(in_path)
     recorded = read_record(lock_path)
     side = sidecar_path(lock_path).name
@@ -290,48 +267,33 @@ def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
         ]
     problems: list[str] = []
     expected = expected_record(lock_path, in_path)
+    stale = f"{lock_path.name} is stale"
     for fname, digest in expected.items():
         if fname == lock_path.name:
             if recorded.get(fname) != digest:
-                problems.append(
-                    f"{lock_path.name} was edited after make lock (sha256 differs from {side}); "
-                    "regenerate it with make lock"
-                )
+                edited = f"{lock_path.name} was edited after make lock (sha256 differs from {side})"
+                problems.append(f"{edited}; regenerate it with make lock")
         elif fname not in recorded:
-            problems.append(
-                f"{lock_path.name} is stale: {fname} is not recorded in {side}; run make lock"
-            )
+            problems.append(f"{stale}: {fname} is not recorded in {side}; run make lock")
         elif recorded[fname] != digest:
-            problems.append(
-                f"{lock_path.name} is stale: {fname} changed since the lock was compiled; "
-                "run make lock"
-            )
-    for fname in recorded:
-        if fname not in expected:
-            problems.append(
-                f"{lock_path.name} is stale: {side} records {fname}, which {in_path.name} "
-                "no longer uses; run make lock"
-            )
+            problems.append(f"{stale}: {fname} changed since the lock was compiled; run make lock")
+    for fname in [f for f in recorded if f not in expected]:
+        gone = f"{side} records {fname}, which {in_path.name} no longer uses"
+        problems.append(f"{stale}: {gone}; run make lock")
     return problems
 
 
-def _in_requirements(in_path: Path) -> list[tuple[int, str]]:
-    return [
-        (n, line)
-        for n, line in _logical_lines(Path(in_path).read_text(encoding="utf-8"))
-        if not line.startswith("-")
-    ]
-
-
 def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
-    """Every direct requirement of the ``.in`` is in the lock at a version it allows (a
-    stale lock whose sidecar was refreshed by hand). Skipped without ``packaging``."""
+    """Every direct requirement of the ``.in`` is locked at a version it allows (a stale lock
+    whose sidecar was refreshed by hand). Skipped without ``packaging``."""
     try:
         from packaging.requirements import InvalidRequirement, Requirement
     except ImportError:  # bare python3 before the venv exists
         return []
     problems = []
-    for lineno, line in _in_requirements(in_path):
+    for lineno, line in _logical_lines(Path(in_path).read_text(encoding="utf-8")):
+        if line.startswith("-"):
+            continue
         try:
             req = Requirement(line)
         except InvalidRequirement:
@@ -355,8 +317,7 @@ def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
 
 
 def check_agreement(locks: list[ParsedLock]) -> list[str]:
-    """Shared packages carry the same version and hashes in every lock, so installing
-    several locks does not depend on which file pip reads first."""
+    """Shared packages carry the same version and hashes in every lock."""
     problems = []
     for i, a in enumerate(locks):
         for b in locks[i + 1 :]:
@@ -375,12 +336,8 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- environment
-
-
 def _applicable(paths: list[Path], environment: dict[str, str] | None) -> dict[str, set[str]]:
-    """{name: allowed versions} of the locks at ``paths``, leaving out entries whose marker is
-    false here (or in ``environment``): not expected installed, as the CUDA wheels on macOS."""
+    """{name: allowed versions} of locks whose marker holds (here, or in ``environment``)."""
     locked: dict[str, set[str]] = {}
     for path in paths:
         for entry in parse_lock(path).entries.values():
@@ -398,8 +355,7 @@ def locked_versions(
 
 
 def installed_versions() -> dict[str, str]:
-    """{normalised name: version} of the distributions the interpreter would import (the
-    first of duplicates wins, as an earlier ``sys.path`` entry shadows)."""
+    """{normalised name: version} of what the interpreter would import (first on ``sys.path``)."""
     from importlib import metadata
 
     out: dict[str, str] = {}
@@ -423,8 +379,7 @@ def _same_version(a: str, b: str) -> bool:
 
 
 def project_name(repo_root: Path) -> str | None:
-    """The project's own distribution, ``[project].name`` of its ``pyproject.toml``
-    (``reprotrain`` in the template, the user's package in a project made from it)."""
+    """The project's own distribution: ``[project].name`` of its ``pyproject.toml``."""
     import tomllib
 
     try:
@@ -436,9 +391,7 @@ def project_name(repo_root: Path) -> str | None:
 
 
 def editable_source(name: str) -> str | None:
-    """Where distribution ``name`` is installed editable from (PEP 610 ``direct_url.json``:
-    what ``make install``'s ``pip install -e .`` records), or None: not installed, or not
-    editable (a copy in site-packages)."""
+    """Where ``name`` is installed editable from (PEP 610 ``direct_url.json``), or None."""
     import json
     from importlib import metadata
     from urllib.parse import unquote, urlparse
@@ -456,11 +409,8 @@ def editable_source(name: str) -> str | None:
 def compare_env(
     locked: dict[str, set[str]], installed: dict[str, str], project: str | None = None
 ) -> dict:
-    """Pure comparison behind ``env_drift`` (testable with fake installed sets). ``project``:
-    the project's own distribution, installed editable next to the locked set: never drift.
-
-    A local version label counts (``2.14.1+cpu`` is not ``2.14.1``: a different build).
-    """
+    """Pure comparison behind ``env_drift``; ``project`` (installed editable) is never drift.
+    A local version label counts: ``2.14.1+cpu`` is not ``2.14.1``."""
     own = normalize_name(project) if project else None
     locked = {normalize_name(k): v for k, v in locked.items() if normalize_name(k) != own}
     installed = {normalize_name(k): v for k, v in installed.items() if normalize_name(k) != own}
@@ -475,39 +425,19 @@ def compare_env(
     return {"status": status, "missing": missing, "extra": extra, "different": different}
 
 
-def installed_extras(repo_root: Path, installed: dict[str, str] | None = None) -> list[str]:
-    """The optional extras whose head package is installed and whose lock exists."""
-    installed = installed_versions() if installed is None else installed
-    return [
-        extra
-        for extra, head in EXTRAS.items()
-        if normalize_name(head) in installed and (Path(repo_root) / extra_pair(extra)[0]).is_file()
-    ]
-
-
-def extras_versions(
-    repo_root: Path, extras: list[str], environment: dict[str, str] | None = None
-) -> dict[str, set[str]]:
-    """{name: allowed versions} of the extras' locks (markers for this host)."""
-    return _applicable([Path(repo_root) / extra_pair(e)[0] for e in extras], environment)
-
-
 def env_drift(repo_root: Path) -> dict:
-    """Installed distributions vs ``requirements.lock`` + ``requirements-dev.lock``, plus
-    the lock of every optional extra that is installed (``EXTRAS``).
-
-    Recorded in ``run.json``; ``make env-check`` fails on drift. An extra installed from its
-    lock is locked; one installed by hand, or in part, is drift. The project's own package
-    is not drift when installed editable (the code digest covers it); as a copy in
-    site-packages it is an extra. Returns ``{"status": "ok"|"drift"|"no-lock", "missing",
-    "extra", "different", "locks", "project": {"name", "editable_from"}}``.
-    """
-    locked, used = locked_versions(Path(repo_root))
+    """Installed distributions vs the locks, extras included (docs/reproducing-elsewhere.md)."""
+    repo_root = Path(repo_root)
+    locked, used = locked_versions(repo_root)
     if not used:
         return {"status": "no-lock", "missing": [], "extra": [], "different": [], "locks": []}
     installed = installed_versions()
-    extras = installed_extras(repo_root, installed)
-    for name, versions in extras_versions(Path(repo_root), extras).items():
+    extras = [
+        extra
+        for extra, head in EXTRAS.items()
+        if normalize_name(head) in installed and (repo_root / extra_pair(extra)[0]).is_file()
+    ]
+    for name, versions in _applicable([repo_root / extra_pair(e)[0] for e in extras], None).items():
         locked.setdefault(name, set()).update(versions)
     project = project_name(repo_root)
     source = editable_source(project) if project else None

@@ -1,16 +1,8 @@
-"""Named random streams derived from one base seed.
+"""Named random streams derived from one base seed (the table: docs/randomness.md).
 
-Closes: Python ``random``, NumPy's global RNG and torch's CPU/CUDA global RNGs (seeded from
-the ``init`` stream before the model is built and from ``train`` before the loop), and the
-data-order / augmentation randomness (``data`` and ``augment`` feed counter-based generators:
-each draw is a pure function of ``(stream seed, epoch, step)``, never of hidden state).
-
-Closes too: global RNGs drawn from by user code during training. ``scoped_globals(seed)``
-seeds python ``random``, numpy's global RNG and torch's CPU (and the training GPU's)
-generator for one block (one sample's transform, one micro-batch, one evaluation batch) and
-puts every one back afterwards, so a user's ``np.random.normal`` or ``random.random`` in a
-transform or a task draws a pure function of the counters, and nothing leaks between blocks.
-
+Closes: Python ``random``, NumPy's global RNG, torch's CPU/CUDA global RNGs (seeded from the
+``init`` and ``train`` streams), data order and augmentation (``data``/``augment`` feed
+counter-based generators), and global RNGs drawn from by user code (:func:`scoped_globals`).
 Derivation uses SHA-256, not Python's ``hash()``, which is salted per process.
 """
 
@@ -60,11 +52,9 @@ def resolve_seeds(seed_cfg) -> Seeds:
         base, source = int.from_bytes(os.urandom(4), "little"), "entropy"
     else:
         base, source = int(seed_cfg.base), "config"
+    pinned = {name: getattr(seed_cfg, name) for name in STREAMS}
     streams = {
-        name: int(getattr(seed_cfg, name))
-        if getattr(seed_cfg, name) is not None
-        else stable_hash(SEED_SALT, base, name)
-        for name in STREAMS
+        k: stable_hash(SEED_SALT, base, k) if v is None else int(v) for k, v in pinned.items()
     }
     return Seeds(base=base, source=source, **streams)
 
@@ -77,19 +67,16 @@ def seed_globals(seed: int) -> None:
 
 
 def counter_generator(seed: int, *counters: int) -> torch.Generator:
-    """A fresh CPU generator for ``(seed, *counters)``: same inputs, same draws, anywhere.
-
-    Always on the CPU so the sample order and augmentation do not depend on the device
-    the model trains on; draws are tiny and copied to the device afterwards.
-    """
+    """A fresh CPU generator for ``(seed, *counters)``: same inputs, same draws, on any device
+    the model trains on (draws are tiny and copied there afterwards)."""
     g = torch.Generator(device="cpu")
     g.manual_seed(stable_hash(seed, *counters))
     return g
 
 
 def numpy_seed_words(seed: int) -> np.ndarray:
-    """The legacy numpy seed (two 32-bit words) for ``seed``: all 63 bits kept, so no two
-    samples' streams collide the way ``seed % 2**32`` would over millions of samples."""
+    """The legacy numpy seed (two 32-bit words) for ``seed``: all 63 bits kept (``seed % 2**32``
+    would collide over millions of samples)."""
     derived = stable_hash(seed, "numpy")
     return np.array([derived & 0xFFFFFFFF, derived >> 32], dtype=np.uint32)
 
@@ -98,11 +85,8 @@ def numpy_seed_words(seed: int) -> np.ndarray:
 def scoped_globals(seed: int, device: torch.device | None = None) -> Iterator[None]:
     """Every global RNG seeded from ``seed`` for the block, then restored as it was.
 
-    Closes: python ``random``, numpy's global RNG (``np.random.*``), torch's CPU generator
-    and, when ``device`` is a GPU, its CUDA generator. torch and python take ``seed`` itself,
-    numpy a derived seed (``numpy_seed_words``). This runs once per micro-batch and per
-    batch transform, so each state is saved and put back by its cheapest exact route
-    (:func:`save_numpy_global`, the generators' own ``get_state``).
+    Closes: python ``random``, numpy's global RNG (``numpy_seed_words``), torch's CPU and the
+    training GPU's generator; once per micro-batch, so each is saved by its cheapest exact route.
     """
     cuda = [device] if device is not None and torch.device(device).type == "cuda" else []
     py_state, np_state = random.getstate(), save_numpy_global()

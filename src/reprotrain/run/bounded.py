@@ -1,15 +1,8 @@
 """JSON and YAML from a run or an archive, parsed within bounds before anything trusts them.
 
-Closes: a hostile document turning a reader into a stall or a traceback before any trust
-decision. A YAML alias bomb (nine aliases of nine aliases of ...) is a few hundred bytes that
-expand to billions of nodes once OmegaConf copies them (``reproduce`` grew past 1.6 GB); a
-recursive alias (``&a [*a]``) is a cycle; JSON or YAML nested 200,000 deep, and an integer of
-100,000 digits, end in ``RecursionError`` / ``ValueError`` tracebacks. Every reader of
-``run.json``, ``metrics.jsonl``, ``fingerprints.jsonl``, ``config.resolved.yaml``,
-``.hydra/overrides.yaml`` and the study files parses through here, so each of those is one
-``RecordError`` line naming the file and the bound, checked on the node graph before a value
-is built. The bounds are far above what the trainer writes (a resolved config is a few
-hundred nodes, nested under 10 deep; the largest integer a record holds is a 64-bit seed).
+Closes: a hostile document (an alias bomb, a recursive alias, deep nesting, a huge integer)
+turning a reader into a stall or a traceback before any trust decision (docs/cli.md). The
+bounds are far above what the trainer writes (a few hundred nodes, a 64-bit seed).
 """
 
 from __future__ import annotations
@@ -56,9 +49,7 @@ def _depth(value: Any) -> int:
 
 
 def load_json(text: str | bytes, label: str) -> Any:
-    """``json.loads`` within bounds (lenient on NaN, as the readers are): a nesting deeper
-    than :data:`MAX_DEPTH` or an integer longer than :data:`MAX_DIGITS` is a one-line
-    ``RecordError`` naming ``label``; a syntax error stays ``json.JSONDecodeError``."""
+    """``json.loads`` within bounds (lenient on NaN); a syntax error stays ``JSONDecodeError``."""
     try:
         data = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError:
@@ -78,10 +69,8 @@ def _deep(label: str) -> str:
 
 
 def check_yaml(text: str, label: str) -> None:
-    """Refuse, in one ``RecordError`` line, a YAML text whose node graph is cyclic (a
-    recursive alias), nests deeper than :data:`MAX_DEPTH`, expands (aliases counted each time
-    they are used) to more than :data:`MAX_NODES` nodes, or holds an integer longer than
-    :data:`MAX_DIGITS`. Composing the graph is linear in the text; nothing is expanded."""
+    """Refuse, in one ``RecordError`` line, a YAML node graph that is cyclic or crosses a bound
+    (aliases counted each time they are used); composing is linear, nothing is expanded."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError:
@@ -131,7 +120,6 @@ def _children(node: Any) -> list[Any]:
 
 
 def load_yaml(text: str, label: str) -> Any:
-    """``yaml.safe_load`` after :func:`check_yaml`; a syntax error is a ``yaml.YAMLError``
-    for the caller to word (it knows the file's role)."""
+    """``yaml.safe_load`` after :func:`check_yaml`; a syntax error stays ``yaml.YAMLError``."""
     check_yaml(text, label)
     return yaml.safe_load(text)

@@ -1,14 +1,8 @@
 """A run directory is written once; so is a sweep directory (docs/run-directory.md).
 
-Closes: a fresh run started into a directory that already holds a run silently replacing
-its ``run.json``, metrics and fingerprints while keeping its checkpoints (``make eval`` then
-reports the old run's numbers as the new one's), and a second sweep into one
-``hydra.sweep.dir`` replacing the first. A directory holding a ``run.json`` is only ever
-continued, never restarted; one holding checkpoints or other run files (``RUN_FILES``) but
-no ``run.json`` is refused for every start; of two sweeps started at once into one
-directory, :func:`claim_sweep_dir` lets exactly one proceed. Hydra writes ``.hydra/``
-before the trainer's code runs, so the entry point checks before Hydra starts
-(``preflight``) and the trainer checks again on rank 0 once it holds the directory's lock.
+Closes: a fresh run replacing the records of one already in its directory, and a second
+sweep into one ``hydra.sweep.dir``. Checked before Hydra starts (``preflight``) and again by
+the trainer once it holds the directory's lock.
 """
 
 from __future__ import annotations
@@ -19,19 +13,11 @@ from pathlib import Path
 
 from reprotrain.errors import ResumeError
 from reprotrain.quoting import resume_hint
-from reprotrain.run.record import (
-    CHECKPOINTS,
-    FINGERPRINTS,
-    METRICS,
-    RESOLVED_CONFIG,
-    RUN_JSON,
-)
+from reprotrain.run.record import CHECKPOINTS, FINGERPRINTS, METRICS, RESOLVED_CONFIG, RUN_JSON
 
 SWEEP_RECORD = "multirun.yaml"  # Hydra writes it into the sweep dir when a sweep starts
-# What a run leaves beside run.json (provenance.py, the loop, the default logger, make
-# report / make eval): found without a run.json, it is someone's record a start would
-# overwrite or mix with. Hydra's own ``.hydra/`` and log are not among them: Hydra writes
-# them before the trainer looks.
+# What a run leaves beside run.json: found without one, someone's record a start would
+# overwrite. Not Hydra's ``.hydra/`` and log: Hydra writes them before the trainer looks.
 RUN_FILES = (METRICS, FINGERPRINTS, RESOLVED_CONFIG, "environment.txt", "git.diff",
              "tensorboard", "report.md", "curves.png", "eval.json", "evals")  # fmt: skip
 
@@ -75,8 +61,7 @@ def refuse_reuse(run_dir: Path, resume: str | None) -> None:
 
 
 def refuse_orphan_checkpoints(run_dir: Path) -> None:
-    """Refuse any start in a directory whose ``checkpoints/`` holds files but that has no
-    ``run.json``: nothing says which run they belong to, and a start would overwrite them."""
+    """Refuse any start where ``checkpoints/`` holds files but there is no ``run.json``."""
     ckpts = Path(run_dir) / CHECKPOINTS
     try:
         held = sorted(p.name for p in ckpts.iterdir())
@@ -91,8 +76,7 @@ def refuse_orphan_checkpoints(run_dir: Path) -> None:
 
 
 def refuse_stray_run_files(run_dir: Path) -> None:
-    """Refuse any start in a directory that holds a run's files (``RUN_FILES``) but no
-    ``run.json``: someone's metrics or config that a start would overwrite."""
+    """Refuse any start where a run's files (``RUN_FILES``) lie but no ``run.json``."""
     held = [name for name in RUN_FILES if os.path.lexists(Path(run_dir) / name)]
     if held:
         raise RunDirUsed(
@@ -102,11 +86,8 @@ def refuse_stray_run_files(run_dir: Path) -> None:
 
 
 def claim_sweep_dir(sweep_dir: Path) -> None:
-    """Create ``sweep_dir/multirun.yaml`` exclusively (``O_CREAT|O_EXCL``), or refuse: the
-    claim that makes one of two sweeps started at once into one directory the only one; the
-    other writes nothing. Hydra then writes the sweep's config over the claim. Call after
-    every other check (a refusal after the claim would leave the directory counted as used).
-    """
+    """Create ``sweep_dir/multirun.yaml`` exclusively, or refuse: of two sweeps started at
+    once only one proceeds. Call after every other check (a later refusal leaves it used)."""
     sweep_dir = Path(sweep_dir)
     refuse_used_sweep_dir(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -118,19 +99,17 @@ def claim_sweep_dir(sweep_dir: Path) -> None:
             "same time; choose another hydra.sweep.dir (or leave it at its default)"
         ) from None
     try:
-        os.write(fd, f"# claimed by {socket.gethostname()} pid {os.getpid()}; Hydra writes "
-                     "the sweep's config here when it starts\n".encode())  # fmt: skip
+        who = f"{socket.gethostname()} pid {os.getpid()}"
+        note = f"# claimed by {who}; Hydra writes the sweep's config here when it starts\n"
+        os.write(fd, note.encode())
     finally:
         os.close(fd)
 
 
 def sweep_jobs(sweep_dir: Path) -> list[Path]:
-    """The run directories of a sweep, sorted: each directory below ``sweep_dir`` that holds
-    a ``run.json`` (a job, ``<sweep>/<n>/``), never one inside a run directory. What a run
-    keeps below itself is not a run: W&B's copy of the record
-    (``<job>/wandb/offline-run-*/files/record/run.json``) counted as a second run doubled a
-    sweep's "runs done" and pooled the copies into a summary group of their own. The one
-    discovery of a sweep's runs: progress, summary, compare, archive and reproduce."""
+    """The run directories of a sweep, sorted: each one below ``sweep_dir`` holding a
+    ``run.json``, never one inside a run directory (W&B keeps a copy of the record there).
+    The one discovery of a sweep's runs."""
     sweep_dir, jobs = Path(sweep_dir), []
     for root, dirs, files in os.walk(sweep_dir):
         if RUN_JSON in files:

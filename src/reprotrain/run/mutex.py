@@ -1,13 +1,8 @@
 """One writer per run directory: a lock file that a run holds for its whole lifetime.
 
-Closes: two processes writing one run directory (a second ``resume=auto`` while the first
-run is alive, the classic double requeue, would train too and both would end ``completed``).
-``RUN_DIR/.lock`` names the holder (host, pid and its start time, boot id, pid namespace,
-SLURM job and restart count); it appears atomically by ``link()`` of a written temp file
-(atomic on every NFS version), is held open under ``flock`` (which serialises a takeover,
-never judges liveness alone), and is heartbeat by a thread so another host can tell a live
-holder from a dead one. docs/scaling-out.md has each rule and the file systems it holds on.
-A refused writer raises ``RunBusyError`` (one line naming the holder) and changes nothing.
+Closes: two processes writing one run directory (a second ``resume=auto`` while the first is
+alive). ``RUN_DIR/.lock`` names the holder, appears atomically by ``link()``, is held under
+``flock`` and heartbeat; docs/scaling-out.md has each rule and the file systems it holds on.
 """
 
 from __future__ import annotations
@@ -23,11 +18,11 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ResumeError
+from reprotrain.run.record import now_iso
 
 log = logging.getLogger("reprotrain")
 
@@ -50,11 +45,8 @@ os.register_at_fork(after_in_child=_drop_held_fds_in_child)
 
 
 class RunBusyError(ResumeError):
-    """Another live process writes this run directory; nothing here was touched.
-
-    A ``ResumeError`` so the entry point reports it in one line without marking the other
-    run's ``run.json`` as failed.
-    """
+    """Another live process writes this run directory; nothing here was touched (a
+    ``ResumeError``: one line, and the other run's ``run.json`` is not marked failed)."""
 
 
 def _read(path: str) -> str | None:
@@ -112,7 +104,7 @@ class Holder:
         return cls(
             host=socket.gethostname(),
             pid=pid,
-            started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            started_at=now_iso(),
             pid_start=proc_start_ticks(pid),
             boot_id=_read("/proc/sys/kernel/random/boot_id"),
             pid_ns=_pid_namespace(),
@@ -193,8 +185,6 @@ class RunMutex:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
-    # -- public -----------------------------------------------------------------------------
-
     def acquire(self) -> RunMutex:
         """Take the lock, or raise ``RunBusyError`` naming the live holder."""
         if not self.run_dir.is_dir():
@@ -249,8 +239,6 @@ class RunMutex:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    # -- internals --------------------------------------------------------------------------
-
     def _refusal(self, holder: Holder | None) -> RunBusyError:
         who = holder.describe() if holder else "a process whose lock file cannot be read"
         return RunBusyError(
@@ -261,12 +249,7 @@ class RunMutex:
     def _create(self) -> bool:
         """Publish our lock file atomically with its content; False if one exists."""
         tmp = self.run_dir / f"{LOCK_NAME}.{self.me.host}.{self.me.pid}.{self.me.token}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, self.me.to_json().encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self._write_new(tmp)
         try:
             os.link(tmp, self.path)
         except OSError as e:
@@ -286,16 +269,20 @@ class RunMutex:
 
     def _create_excl(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._write_new(self.path)
         except FileExistsError:
             return False
+        self._hold()
+        return True
+
+    def _write_new(self, path: Path) -> None:
+        """Create ``path`` (``O_EXCL``) holding our record, fsynced."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, self.me.to_json().encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._hold()
-        return True
 
     def _hold(self) -> None:
         """Open our lock and flock it; a takeover candidate may hold the flock for a moment."""
@@ -362,11 +349,9 @@ class RunMutex:
         self._fd = fd
         _HELD_FDS.add(fd)
         self.took_over = dead
+        who = dead.describe()
         log.warning(
-            "taking over the lock of %s from a dead writer (%s): %s",
-            self.run_dir,
-            dead.describe(),
-            reason,
+            "taking over the lock of %s from a dead writer (%s): %s", self.run_dir, who, reason
         )
         return True
 
@@ -400,11 +385,8 @@ def held_by(run_dir: Path | str, stale_after_s: float = STALE_AFTER_S) -> Holder
 
 
 def refuse_if_held(run_dir: Path | str) -> None:
-    """Raise ``RunBusyError`` if a live run holds ``run_dir`` (cheap pre-check, no writes).
-
-    Call before anything writes into an explicit run directory (Hydra's ``.hydra/``, the
-    resume tool's ``.hydra/resume.yaml``); ``RunMutex.acquire`` stays the real guard.
-    """
+    """Raise ``RunBusyError`` if a live run holds ``run_dir``: a pre-check before anything
+    writes there (Hydra's ``.hydra/``); ``RunMutex.acquire`` stays the real guard."""
     holder = held_by(run_dir)
     if holder is not None:
         raise RunMutex(run_dir)._refusal(holder)

@@ -1,9 +1,7 @@
 """PNG figures of a run and of a sweep, drawn from plain numbers (no training objects).
 
-Matplotlib is driven through its object API on an Agg canvas, never ``pyplot``: no global
-figure state, no GUI backend picked from the environment (a headless cluster node and a
-laptop draw the same file), and nothing left open after a call. Inputs may hold ``None``
-or NaN (a diverged loss, an epoch without evaluation); those become gaps, never errors.
+Matplotlib's object API on an Agg canvas, never ``pyplot``: no global figure state, no GUI
+backend picked from the environment. ``None`` or NaN inputs become gaps, never errors.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def _png(fig: Figure) -> bytes:
 
 
 def _style(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.set_title(title, fontsize=11, loc="left")
     ax.grid(True, alpha=0.3, linewidth=0.6)
     ax.spines[["top", "right"]].set_visible(False)
@@ -52,9 +49,8 @@ def _maybe_log(ax: Any, values: Sequence[float]) -> None:
         from matplotlib.ticker import FuncFormatter, LogLocator
 
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
@@ -111,8 +107,7 @@ def _epoch_axis(ax: Any, epochs: list[int], epoch_steps: list[int]) -> None:
 
 
 def metric_names(series: dict[str, Any]) -> list[str]:
-    """The task's metric names in ``train_<name>``/``val_<name>``/``test_<name>`` keys,
-    loss first, then as they first appear."""
+    """The task's metric names in ``<split>_<name>`` keys, loss first, then as they appear."""
     names: list[str] = []
     for key in series:
         split, _, name = key.partition("_")
@@ -126,8 +121,7 @@ def metric_label(name: str) -> str:
 
 
 def plot_run(c: RunCurves) -> bytes:
-    """Loss, each other metric the task logs, and learning rate against the global step
-    (epoch on the top axis)."""
+    """Loss, each other metric, and learning rate against the global step (epochs on top)."""
     others = [n for n in metric_names(c.epoch_series) if n != "loss"]
     fig = Figure(figsize=(5 * (2 + len(others)), 4.8), layout="constrained")
     ax_loss, *ax_metrics, ax_lr = fig.subplots(1, 2 + len(others), squeeze=False).ravel()
@@ -142,18 +136,13 @@ def plot_run(c: RunCurves) -> bytes:
         faint = dict(alpha=0.3, lw=0.7) if window > 1 else dict(alpha=0.9, lw=1.0)
         ax_loss.plot(c.steps, raw, color=TRAIN, label="train, per step", **faint)
         if window > 1:
-            ax_loss.plot(
-                c.steps,
-                smooth(raw, window),
-                color=TRAIN,
-                lw=1.6,
-                label=f"train, mean of last {window} steps",
-            )
+            label = f"train, mean of last {window} steps"
+            ax_loss.plot(c.steps, smooth(raw, window), color=TRAIN, lw=1.6, label=label)
         loss_values += raw
         bad = [s for s, v in zip(c.steps, raw, strict=True) if not math.isfinite(v)]
         if bad:  # a gap alone is easy to miss: mark where the loss stopped being a number
-            ax_loss.axvline(bad[0], color="#d62728", ls="--", lw=1.2,
-                            label=f"first non-finite loss (step {bad[0]})")  # fmt: skip
+            label = f"first non-finite loss (step {bad[0]})"
+            ax_loss.axvline(bad[0], color="#d62728", ls="--", lw=1.2, label=label)
     for split, colour in SPLIT_COLOURS.items():
         ys = [_f(v) for v in c.epoch_series.get(f"{split}_loss", [])]
         if any(math.isfinite(v) for v in ys):
@@ -185,8 +174,10 @@ def plot_run(c: RunCurves) -> bytes:
         if any(math.isfinite(v) for v in lrs):
             # Points only: a line between epoch ends would invent the schedule in between.
             ax_lr.plot(ex, lrs, color="#9467bd", marker="o", ms=6, lw=0, label="end of epoch")
-            ax_lr.text(0.5, 0.02, "per-step lr not recorded", transform=ax_lr.transAxes,
-                       ha="center", fontsize=8, color="0.4")  # fmt: skip
+            note = "per-step lr not recorded"
+            ax_lr.text(
+                0.5, 0.02, note, transform=ax_lr.transAxes, ha="center", fontsize=8, color="0.4"
+            )
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     _style(ax_lr, xlabel, "learning rate", "Learning rate")
 
@@ -198,9 +189,8 @@ def plot_run(c: RunCurves) -> bytes:
             ax.legend(fontsize=8, frameon=False)
         else:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
-    given = (
-        textwrap.wrap(f"overrides: {c.overrides}", 30 * (2 + len(others))) if c.overrides else []
-    )
+    width = 30 * (2 + len(others))
+    given = textwrap.wrap(f"overrides: {c.overrides}", width) if c.overrides else []
     fig.suptitle("\n".join([c.title, *given, c.subtitle]), fontsize=10, x=0.01, ha="left")
     return _png(fig)
 
@@ -218,27 +208,20 @@ class Band:
     runs: list[list[Any]] = field(default_factory=list)  # each seed's values, for thin lines
 
 
-def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> bytes:
-    """One panel per metric (``cols`` per row); per group a mean line, a band, and faint
-    per-seed lines (up to 10 seeds; more would hide the mean). One legend for the figure."""
-    return _png(sweep_figure(title, panels, cols, band_note))
-
-
 #: Characters of a 9-point legend label per inch of figure (a conservative average width).
 LEGEND_CHARS_PER_INCH = 12
 
 
 def legend_layout(labels: list[str], width_in: float) -> tuple[list[str], int]:
-    """Labels wrapped to the figure's width, and as many columns as fit side by side (at most
-    4): a legend below the panels that is never wider than the figure."""
+    """Labels wrapped to the figure's width, and as many columns (at most 4) as fit in it."""
     room = max(20, int(width_in * LEGEND_CHARS_PER_INCH) - 6)  # 6: the line sample and gap
     wrapped = [textwrap.fill(label, room) for label in labels]
     widest = max((len(line) for w in wrapped for line in w.splitlines()), default=1) + 6
     return wrapped, max(1, min(len(labels), 4, (room + 6) // widest))
 
 
-def sweep_figure(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> Figure:
-    """:func:`plot_sweep`'s figure."""
+def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: str) -> bytes:
+    """One panel per metric; per group a mean line, a band and faint per-seed lines (up to 10)."""
     names = list(panels)
     cols = max(1, min(cols, len(names)))
     rows = math.ceil(len(names) / cols)
@@ -279,15 +262,9 @@ def sweep_figure(title: str, panels: dict[str, list[Band]], cols: int, band_note
         ax.set_visible(False)
     fig.suptitle(f"{title}\n{band_note}", fontsize=10, x=0.01, ha="left")
     labels, ncols = legend_layout(list(handles), width)
-    fig.legend(
-        list(handles.values()),
-        labels,
-        loc="outside lower center",
-        ncols=ncols,
-        frameon=False,
-        fontsize=9,
-    )
-    return fig
+    where = "outside lower center"
+    fig.legend(list(handles.values()), labels, loc=where, ncols=ncols, frameon=False, fontsize=9)
+    return _png(fig)
 
 
 def _ylabel(metric: str) -> str:

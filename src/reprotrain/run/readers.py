@@ -1,10 +1,7 @@
 """Read a run's record files, or fail in one line that names the file (and line).
 
-Closes: a corrupt ``run.json``, a ``config.resolved.yaml`` with a syntax error or a truncated
-``fingerprints.jsonl`` turning ``make archive`` / ``make resume`` / ``make reproduce`` into a
-traceback, or worse into exit 1 (which ``reproduce`` reserves for DIVERGED). The parsers take
-text, so the same checks run on files in a run directory and on members of an archive that
-has not been extracted.
+Closes: a corrupt record turning ``make archive`` / ``resume`` / ``reproduce`` into a
+traceback or exit 1 (DIVERGED). The parsers take text: archive members are checked unextracted.
 """
 
 from __future__ import annotations
@@ -63,8 +60,7 @@ def parse_yaml_config(text: str, label: str) -> DictConfig:
 
 
 def read_run_json(run_dir: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The one reader of a run directory's run.json: parsed, checked against the schema,
-    with the ``required`` keys (``run_schema.REPLAY`` for a replay)."""
+    """The one reader of a run directory's run.json, checked against the schema."""
     path = Path(run_dir) / "run.json"
     return run_schema.check(parse_json_object(read_text(path), str(path)), str(path), required)
 
@@ -79,24 +75,20 @@ def read_config(path: Path) -> DictConfig:
 
 
 def completion_problem(record: dict[str, Any], fingerprint_rows: int | None) -> str | None:
-    """Why a record that says ``completed`` cannot be (its status hand-edited from
-    ``interrupted``, say), or None. ``fingerprint_rows``: None when not known."""
+    """Why a record that says ``completed`` cannot be (hand-edited), or None."""
     if record.get("status") != "completed":
         return None
     done = record.get("epochs_completed")
     if not isinstance(done, int) or isinstance(done, bool):
-        return (
-            "says completed but records no epochs_completed (the trainer writes both at the "
-            "end; was the status edited?)"
-        )
+        why = "the trainer writes both at the end; was the status edited?"
+        return f"says completed but records no epochs_completed ({why})"
     if fingerprint_rows is not None and done != fingerprint_rows:
         return f"says completed with {done} epoch(s) but fingerprints.jsonl has {fingerprint_rows}"
     return None
 
 
 def read_overrides(run_dir: Path) -> list[str] | None:
-    """The run's Hydra overrides (``.hydra/overrides.yaml``) as text; None when the run has
-    none recorded (a run gathered by hand)."""
+    """The run's Hydra overrides (``.hydra/overrides.yaml``); None when none are recorded."""
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return None

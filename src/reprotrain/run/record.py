@@ -1,20 +1,8 @@
 """The run directory: the one reader/writer of run.json and its sibling files.
 
-Closes (as records): "it lived only in a terminal". Layout::
-
-    run.json              identity, seeds, determinism, env, git, data, weights, status
-    config.resolved.yaml  the composed config with every interpolation resolved
-    metrics.jsonl         one line per epoch
-    fingerprints.jsonl    one line per epoch: weights sha256 + step losses and their sha256
-    checkpoints/          step-XXXXXXXX.pt (last K) and best.pt
-    git.diff              uncommitted changes (only when the tree is dirty)
-    environment.txt       torch.utils.collect_env output
-    .hydra/, train.log    Hydra's own record and the log
-
-Every write is atomic (temp file, fsync, rename), so a kill at any instant leaves either
-the old or the new file, never a half-written one that parses. Every record is strict JSON:
-a non-finite float becomes ``null`` and its path is listed (``nonfinite``), because ``NaN``
-is not JSON and strict parsers (jq, JavaScript, Go) reject the whole file.
+Closes (as records): "it lived only in a terminal" (layout: docs/run-directory.md). Every
+write is atomic (temp, fsync, rename); every record is strict JSON (a non-finite float
+becomes ``null``, its path listed in ``nonfinite``: jq, JavaScript and Go reject ``NaN``).
 """
 
 from __future__ import annotations
@@ -40,8 +28,6 @@ FINGERPRINTS = "fingerprints.jsonl"
 RESOLVED_CONFIG = "config.resolved.yaml"
 CHECKPOINTS = "checkpoints"
 STATUSES = ("running", "completed", "failed", "interrupted")
-
-
 _writer = True  # False on DDP ranks > 0: rank 0 is the one writer of the run directory
 
 
@@ -60,8 +46,7 @@ def now_iso() -> str:
 
 
 def refuse_special(path: Path) -> None:
-    """A FIFO, a device, a socket or a directory at ``path`` is never replaced by a record
-    (the rename would put a regular file where ``/dev/full`` or a pipe was): OSError."""
+    """OSError for a FIFO, a device, a socket or a directory at ``path``: never replaced."""
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
@@ -71,11 +56,8 @@ def refuse_special(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """The project's one atomic writer: temp file, fsync, rename, fsync the directory.
-
-    The temp file is created with mode 0666 so the kernel applies the user's umask, as for
-    any ordinary file (mkstemp's 0600 would make records unreadable to a team).
-    """
+    """The project's one atomic writer: temp file, fsync, rename, fsync the directory. The
+    temp file is mode 0666 so the user's umask applies (mkstemp's 0600 would hide records)."""
     if not _writer:
         return
     path = Path(path)
@@ -98,12 +80,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself, durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_in_place(path: Path, data: bytes) -> None:
-    """Last resort when the disk is full: overwrite ``path`` in its own blocks (not atomic;
-    used only to record a failure, so run.json does not keep saying ``running``)."""
+    """Disk full: overwrite ``path`` in its own blocks (not atomic; only to record a failure)."""
     if not _writer:
         return
     with open(path, "r+b" if Path(path).exists() else "wb") as f:
@@ -113,22 +98,12 @@ def write_in_place(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
 def to_strict_json(obj: Any, path: str = "") -> tuple[Any, list[str]]:
-    """A copy of ``obj`` with every non-finite float replaced by ``None``, and their paths
-    (``metrics[3].train_loss``). Integers and booleans pass through (``True`` stays ``True``);
-    other reals (NumPy scalars) become ``float``."""
+    """A copy of ``obj`` with non-finite floats ``None``, and their paths (``metrics[3].loss``)."""
     bad: list[str] = []
     return _walk(obj, path, bad), bad
 
@@ -182,8 +157,7 @@ DAMAGED_HINT = "the run record is damaged; restore it from a copy or start a new
 
 
 def parse_json_object(text: str, label: str) -> dict[str, Any]:
-    """A JSON object, or RecordError naming line and column. Lenient on NaN (records
-    written before strict JSON carry it); writers, not readers, enforce strictness."""
+    """A JSON object, or RecordError naming line and column (lenient on NaN: writers are strict)."""
     try:
         data = load_json(text, label)
     except json.JSONDecodeError as e:
@@ -196,8 +170,8 @@ def parse_json_object(text: str, label: str) -> dict[str, Any]:
 
 
 def parse_jsonl(text: str, label: str, *, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
-    """One JSON object per line, or RecordError naming the line. ``torn_tail_ok``: a last
-    line that does not parse (a run killed mid-write) is dropped instead."""
+    """One JSON object per line, or RecordError naming the line; ``torn_tail_ok`` drops a last
+    line that does not parse (a run killed mid-write)."""
     lines = text.splitlines()
     rows = []
     for n, line in enumerate(lines, start=1):
@@ -213,8 +187,7 @@ def parse_jsonl(text: str, label: str, *, torn_tail_ok: bool = False) -> list[di
 
 
 def read_jsonl(path: Path, *, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
-    """The one reader of metrics.jsonl / fingerprints.jsonl: [] when the file is absent,
-    RecordError (one line, naming file and line) when it cannot be read."""
+    """The one reader of metrics.jsonl / fingerprints.jsonl ([] when absent)."""
     path = Path(path)
     if not path.exists():
         return []

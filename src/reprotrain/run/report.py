@@ -2,13 +2,7 @@
 
     python -m reprotrain.run.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
 
-Reads only run.json, metrics.jsonl and fingerprints.jsonl (and the run's overrides from
-``.hydra/overrides.yaml`` when it has one), so an archived or copied run can be re-plotted
-without the code, the data or a GPU that produced it. The overrides are the run's
-hyperparameters as given: report.md names them under its title, and the curves' title too.
-Per-step losses come from the fingerprints (per-step lr too, when the trainer recorded
-``step_lrs``). Missing pieces (no evaluation, an unfinished epoch, a NaN loss) are drawn as
-gaps and written as ``—`` or ``NaN``, never a crash. A missing or corrupt record is one
+What it reads and how gaps show: docs/seeing-a-run.md. A missing or corrupt record is one
 ``error:`` line, exit 2.
 """
 
@@ -35,11 +29,7 @@ CELL_LIMIT = 500
 HEAD_COLUMNS = ["epoch", "global_step"]
 SPLITS = ("train", "val", "test")
 TAIL_COLUMNS = ["lr", "seconds", "images_per_s"]
-HEADERS = {
-    "global_step": "step",
-    "images_per_s": "img/s",
-    "seconds": "s",
-}
+HEADERS = {"global_step": "step", "images_per_s": "img/s", "seconds": "s"}
 
 
 @dataclass
@@ -58,9 +48,8 @@ def load_run(run_dir: Path) -> RunView:
     if not (run_dir / RUN_JSON).is_file():
         raise ReprotrainError(f"no {RUN_JSON} in {run_dir}; is this a run directory?")
     record = read_run_json(run_dir)
-    return RunView(
-        run_dir, record, read_jsonl(run_dir / METRICS), read_jsonl(run_dir / FINGERPRINTS)
-    )
+    metrics, fingerprints = read_jsonl(run_dir / METRICS), read_jsonl(run_dir / FINGERPRINTS)
+    return RunView(run_dir, record, metrics, fingerprints)
 
 
 #: Arguments of a recorded command that are not the run's hyperparameters.
@@ -68,9 +57,8 @@ NOT_HYPERPARAMETERS = ("hydra.", "--", "resume=")
 
 
 def run_overrides(view: RunView) -> list[str] | None:
-    """The run's overrides: its ``.hydra/overrides.yaml`` (a sweep job's own values), else
-    the command line run.json records without Hydra's settings; None when neither is
-    recorded (or the file cannot be read)."""
+    """The run's overrides: ``.hydra/overrides.yaml``, else the command line run.json records
+    without Hydra's settings; None when neither can be read."""
     try:
         overrides = read_overrides(view.run_dir)
     except ReprotrainError:
@@ -144,11 +132,6 @@ def curves(view: RunView):
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Markdown
-# --------------------------------------------------------------------------------------------
-
-
 def fmt(key: str, v: Any) -> str:
     if v is None:
         return "—"
@@ -160,13 +143,7 @@ def fmt(key: str, v: Any) -> str:
         return f"{100 * v:.2f}%"
     if key in ("epoch", "global_step") or isinstance(v, int):
         return str(v)
-    if key == "seconds":
-        return f"{v:.1f}"
-    if key == "images_per_s":
-        return f"{v:.0f}"
-    if key == "lr":
-        return f"{v:.4g}"
-    return f"{v:.4f}"
+    return format(v, {"seconds": ".1f", "images_per_s": ".0f", "lr": ".4g"}.get(key, ".4f"))
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
@@ -189,12 +166,7 @@ def _code(v: Any) -> str:
 
 
 def git_state(git: dict[str, Any], diff_written: bool | None) -> str:
-    """The code's state in one phrase; it names git.diff only when the run directory has one.
-
-    ``diff_written``: a non-empty git.diff is in the run directory (None: not known).
-    A tree dirty only by untracked files has no diff: those are in run.json by name and
-    sha256.
-    """
+    """The code's state in one phrase; git.diff named only when ``diff_written`` (None: unknown)."""
     if not git.get("dirty"):
         return "clean"
     untracked = [u for u in git.get("untracked") or [] if not u.get("included")]
@@ -272,15 +244,11 @@ def epoch_columns(rows: list[dict[str, Any]]) -> list[str]:
     return cols + sorted(present - set(cols))
 
 
-def _has_diff(run_dir: Path) -> bool:
-    diff = run_dir / "git.diff"
-    return diff.is_file() and diff.stat().st_size > 0
-
-
 def render_markdown(view: RunView, png_name: str | None) -> str:
     from reprotrain.run.plots import metric_label, metric_names
 
-    rec = view.record
+    rec, diff = view.record, view.run_dir / "git.diff"
+    diff_written = diff.is_file() and diff.stat().st_size > 0
     title = shown(rec.get("experiment_id") or view.run_dir.name)
     out = [
         f"# Run report: {title}",
@@ -301,7 +269,7 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
     out += [
         "## Identity",
         "",
-        *_table(["field", "value"], identity_rows(rec, len(view.metrics), _has_diff(view.run_dir))),
+        *_table(["field", "value"], identity_rows(rec, len(view.metrics), diff_written)),
     ]
     final = rec.get("final_metrics") or (view.metrics[-1] if view.metrics else {})
     out += ["", "## Final metrics", ""]
@@ -346,9 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         "from its records alone.",
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory")
-    parser.add_argument(
-        "--out", type=Path, default=None, help="write here instead of into RUN_DIR (read-only runs)"
-    )
+    out_help = "write here instead of into RUN_DIR (read-only runs)"
+    parser.add_argument("--out", type=Path, default=None, help=out_help)
     args = parser.parse_args(argv)
     try:
         md, png = write_report(args.run_dir, args.out)

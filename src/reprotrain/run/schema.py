@@ -1,13 +1,8 @@
-"""The one schema of run.json, checked by every reader (``run/readers.read_run_json``,
-``make archive``, ``make reproduce`` of a run or a sweep).
+"""The one schema of run.json, checked by every reader (docs/archive-and-reproduce.md).
 
-Closes: a record that contradicts itself being archived and replayed (``world_size: "two"``
-or ``0``, ``seeds: null``, ``ranks: 7`` beside ``world_size: 1``), or crashing a tool with a
-traceback (``environment.gpu_env: [1]`` was an AttributeError and exit 1, the code that
-means DIVERGED). Each field has one expected form, checked where it is present: records
-older than a field lack it and stay readable, and keys this schema does not name (a newer
-``environment.cpu`` block, say) are accepted as they are. What a use needs on top
-(a replay needs ``seeds.base`` and ``repro.level``) is asked for with ``required``.
+Closes: a record that contradicts itself being archived and replayed, or crashing a tool
+with a traceback. Each field has one form, checked where present (unknown keys are kept);
+what a use needs on top (a replay: ``seeds.base``, ``repro.level``) is asked with ``required``.
 """
 
 from __future__ import annotations
@@ -182,8 +177,7 @@ def relations(record: dict) -> list[str]:
 
 
 def check(record: Any, label: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``record`` when it is a run.json with the ``required`` keys; else RecordError, one
-    line naming the file and the (first three) problems."""
+    """``record`` when it is a run.json with the ``required`` keys; else a one-line RecordError."""
     found = problems(record, required)
     if found:
         shown = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")

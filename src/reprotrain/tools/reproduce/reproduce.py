@@ -35,7 +35,7 @@ from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, sweep_archive
 from reprotrain.tools.archive.archive_check import CheckedArchive
-from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, trust
+from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, study_check, trust
 from reprotrain.tools.reproduce.replay_plan import JobPlan, NotReplayable, ReplayPlan
 from reprotrain.tools.reproduce.rerun import (
     EXIT_DIVERGED,
@@ -181,7 +181,9 @@ def _reproduce(args) -> int:
         if args.epochs is not None:
             raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
-        study = reproduce_sweep.archived_study(checked)  # malformed: refused before any run
+        study = study_check.archived_study(
+            checked, reproduce_sweep.read_member
+        )  # malformed: refused before any run
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)

@@ -1,22 +1,9 @@
 """One command-line wrapper for every tool: ``--help`` works, every user error is one line.
 
-Closes: tools that crash on ``--help`` (or take it for a run directory) and user errors that
-surface as tracebacks. A tool's ``main`` is decorated with :func:`entry_point`; it builds its
-parser with :func:`parser`. Then:
-
-- ``--help`` prints usage and exits 0 (argparse's own behaviour, kept);
-- a usage error (unknown option, bad value) is one ``error: ...`` line, exit 2;
-- a :class:`~reprotrain.errors.ReprotrainError` is one ``error: <message>`` line, exit 2
-  (control characters in it made visible: ``tools/shown.py``);
-- an ``OSError`` (a user path that is missing, a file where a directory is expected, no
-  permission, disk full) is one line naming the path and the errno text, exit 2;
-- anything else is a bug and keeps its traceback.
-
-And stop signals unwind like Ctrl-C inside :func:`stopping` (SIGTERM, SIGHUP and SIGUSR2 end
-a Python process at once by default, skipping every ``finally``: ``make archive`` left its
-staging dir and ``*.tar.gz.tmp``, ``make reproduce`` its temp extraction): each raises
-:class:`Stopped` (a ``KeyboardInterrupt``, so no ``except Exception`` swallows it) where the
-process is, and the cleanup on the way out runs.
+Closes: tools that crash on ``--help`` and user errors as tracebacks. A usage error, a
+``ReprotrainError`` or an ``OSError`` is one ``error:`` line, exit 2; anything else is a bug
+and keeps its traceback. Inside :func:`stopping`, SIGTERM, SIGHUP and SIGUSR2 unwind like
+Ctrl-C (:class:`Stopped`), so cleanup runs. docs/cli.md.
 """
 
 from __future__ import annotations

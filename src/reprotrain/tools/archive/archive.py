@@ -4,13 +4,9 @@
         [--out-dir archives] [--allow-incomplete] [--force] [--repo <checkout>]
         [--sign <ssh key>]
 
-Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz``: ``run/`` (checkpoints only with
---with-checkpoint, the final one), ``source/`` rebuilt as it ran (``git archive`` of the
-recorded commit plus the run's git.diff: ``snapshot.py``), ``env/`` (the lock, pip freeze,
-git state), ``archive.json``, ``MANIFEST.sha256`` and, with --sign, its SSH signature. The
-tar is written to a temp file and renamed, so an archive that exists is complete. A run not
-fully archivable (untracked files at training time) is archived and says so. ``RUN=<sweep
-dir>`` packs the whole sweep (``sweep_archive.py``). Layout: docs/archive-and-reproduce.md.
+Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz`` (temp file, then renamed: an archive
+that exists is complete); ``RUN=<sweep dir>`` packs the whole sweep. Layout:
+docs/archive-and-reproduce.md.
 
 Exit codes: 0 written; 2 refused, in one line.
 """

@@ -1,17 +1,9 @@
 """Check an archive completely *before* anything is extracted, then extract it safely.
 
-Closes: an unsafe member (absolute, ``..``, link, device) writing outside the target; a
-changed, missing or extra member (``MANIFEST.sha256``); a malformed record whose manifest
-matches (no ``run/run.json``, invalid JSON, no seeds, a YAML syntax error) crashing the replay
-with exit 1, the code reserved for DIVERGED. Every one of these is one line and exit 2.
-
-Archives a user can make are read too: the layout ``<top>/MANIFEST.sha256`` that ``make
-archive`` writes, and the ``./MANIFEST.sha256`` layout of ``cd <top> && tar -czf x.tar.gz .``
-(``./`` prefixes are normalised away; the member set must still match the manifest).
-
-The record files are kept in memory from the one pass that hashes them, so the trust
-decision (``tools/reproduce/trust.py``) and the record checks run on the verified bytes, with
-nothing on disk yet.
+Closes: an unsafe member writing outside the target; a changed, missing or extra member
+(``MANIFEST.sha256``, at ``<top>/`` or ``./``); a malformed record crashing the replay with
+exit 1 (DIVERGED's code). Each is one line, exit 2. Records stay in memory from the hashing
+pass, so trust and record checks run on verified bytes.
 """
 
 from __future__ import annotations

@@ -2,14 +2,9 @@
 
     python -m reprotrain.tools.debugging.bisect <run A> <run B> [--max-replay-steps 1000]
 
-The records give the first differing step; the configs and environments are compared; each
-run is forked by the real trainer from its newest checkpoint before that step with per-op
-hashing (``repro/op_trace.py``), and ``trace_diff.py`` names the first op whose output
-differs. When its inputs already differed, bisect walks back from the newest checkpoint at
-which both runs hold the same state (:func:`state_differences`) with a digest per step. What
-cannot be located is said, with the reason (and the ``trainer.checkpoint_every_steps`` that
-would do). The report is ``bisect.json`` in the later run's directory. Each step:
-docs/when-bits-differ.md.
+Forks each run from its newest checkpoint before the first differing step with per-op
+hashing, names the first op whose output differs, and walks back when its inputs already
+differed. Report: ``bisect.json`` in the later run. Each step: docs/when-bits-differ.md.
 
 Exit codes: 0 identical; 1 diverged (located as far as records and replays allow); 2 user
 error.

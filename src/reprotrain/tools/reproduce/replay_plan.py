@@ -1,14 +1,8 @@
-"""The replay plan: everything ``make reproduce`` will run, built as data from the verified
-archive before anything of it runs, and trust-checked as one object (``trust.py``).
+"""The replay plan: everything ``make reproduce`` will run, as data, trust-checked as one object.
 
-Closes: a part of the replay that the trust check never saw (the first leg of a resumed run
-built from run.json's resume history, the re-run's environment copied from the record). Per
-job (one for a run, one per run of a sweep) the plan holds every leg's config
-(:func:`plan_replay`) and the recorded config, each checked by rule (a)
-(:meth:`ReplayPlan.configs`, ``config_trust.py``); what the archive sets in the re-run's
-environment, allowlisted and checked for form under every rule (``replay_env.py``); and the
-trainer overrides the record decides (an entropy seed, data root, device type). The rest of
-the command line, the working directory and the paths are this user's, never the archive's.
+Closes: a part of the replay the trust check never saw. Per job: every leg's config, the
+re-run's environment (``replay_env.py``) and the overrides the record decides; the rest of the
+command line and the paths are this user's. docs/guarantees.md.
 """
 
 from __future__ import annotations

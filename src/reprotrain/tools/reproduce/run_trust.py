@@ -1,15 +1,8 @@
 """The trust decision for a run directory that came from an archive, before it is built.
 
-Closes: ``reprotrain eval`` and ``bisect`` of a run extracted from someone's archive built its
-config ``_target_`` s with no trust decision (a ``model._target_`` naming the package's own
-command runner ran ``id``). Every command that builds from a run directory calls
-:func:`require_trust` on its paths before it instantiates or imports anything the run names.
-A path came from an archive when it or a folder above holds :data:`MARKER` (written by
-``archive_check.extract`` into the extraction and every run directory in it) or is an
-archive's top folder unpacked by hand. Such a run is built only under reproduce's rules
-(``trust.py``), named in one line on stderr: (a) its configs pass ``config_trust.py``
-against this checkout's ``conf/``; (b) the archive folder's signature verifies and every
-listed file keeps its sha256; (c) ``--trust``. Otherwise one line, nothing built.
+Closes: ``eval`` and ``bisect`` building an extracted run's ``_target_`` s untrusted. A path
+under :data:`MARKER` (or an archive's top folder) is built only under reproduce's rules
+(a)/(b)/(c), named on stderr; otherwise one line, nothing built. docs/guarantees.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """``make reproduce`` of an Optuna study archive: study.json is checked against the runs.
 
-Closes: a study record that nothing checked (a ``study.json`` forged to a false best, or 6 of
-8 trials deleted, reproduced as "REPRODUCED"). :func:`archived_study` reads it before
-anything re-runs (malformed: exit 2); :func:`differences` recomputes the study from a sweep
-directory with the code that wrote it (``optuna_study.summarise_study``) and lists every way
-the record differs: trials, parameters, values, statuses, the best, missing trials, the
-sweeper's ``optimization_results.yaml``, the journal, the sampler against ``multirun.yaml``,
-and the proposals the sampler makes again (:func:`proposal_differences`). Called on the
-replayed runs (bitwise) and on the archived ones (statistical mode).
+Closes: a study record nothing checked (a forged best, deleted trials). :func:`differences`
+recomputes the study with the code that wrote it and lists every way the record differs.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """``make eval RUN=dir [CKPT=last|best|path] [ARGS=...]``: a checkpoint on the test split.
 
-Rebuilds the run's data pipeline and model from its recorded config, applies its recorded
-determinism level and thread count on its recorded device, loads the checkpoint
-(``weights_only=True``), and evaluates the test split exactly as the trainer's final
-evaluation does, with the weights the run's step evaluates with (an EMA step's shadow,
-restored from the checkpoint). The final checkpoint (``last``, the default) therefore
-reproduces ``run.json["final_metrics"]``'s ``test_loss``/``test_acc`` bit for bit. Prints
-the metrics and writes ``evals/<checkpoint>-step<N>.json`` into the run directory, one per
-checkpoint evaluated (evaluating another checkpoint never overwrites an earlier result), and
-the same result as ``eval.json`` (the latest evaluation). ``ARGS`` are dotted overrides
-of the recorded config (e.g. ``trainer.eval_batch_size=256``; such a change may change the
-bits).
+Rebuilds the run from its recorded config and evaluates as the trainer's final evaluation
+does (``last`` reproduces ``final_metrics`` bit for bit); writes ``evals/<ckpt>-step<N>.json``
+and ``eval.json``. ``ARGS``: dotted overrides (may change the bits). docs/make-targets.md.
 """
 
 from __future__ import annotations

@@ -2,12 +2,7 @@
 
     python -m reprotrain.tools.runs.resume <run dir> [overrides...]
 
-The recorded ``config.resolved.yaml`` becomes the primary config (extra overrides still
-type-checked; the trainer refuses any that change the numbers), ``resume=auto`` picks the
-newest valid checkpoint, and the primary config is written to a private temp directory, so a
-refused resume leaves the run directory as it was. Any directory name works (quoted for
-Hydra). The trainer is a child; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to it.
-An Optuna sweep directory continues its study instead (``optuna_study.continue_command``).
+An Optuna sweep directory continues its study instead. docs/resume.md.
 
 Exit codes: the trainer's (0 completed, 2 refused, 75 interrupted again, ...); 2 when the
 run directory is missing or its record unreadable.

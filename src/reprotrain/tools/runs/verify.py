@@ -3,14 +3,9 @@
     python -m reprotrain.tools.runs.verify [--out-dir outputs/verify] [--nproc N] [--nproc-b M]
                                       [--kill] experiment=smoke ...
 
-Runs go to <out-dir>/<stamp>/a and b. Exit 0 only when every epoch's fingerprint, the final
-weights and the whole state of the newest checkpoints match (the comparison a resume's
-replay uses); else exit 1 with the first divergent epoch and step and the ``make bisect``
-line; exit 2 when a run was refused or failed. ``--nproc N`` runs both under torchrun,
-``--nproc-b M`` runs b on M (a world-size-invariant config only); the world sizes are read
-back from run.json. ``--kill`` SIGKILLs b after its first checkpoint (or after each of
-``--kill-after-steps``), resumes it and compares. ``hydra.run.dir`` and ``--multirun`` are
-refused. docs/make-targets.md.
+Exit 0 only when fingerprints, final weights and the newest checkpoints' state match; 1 with
+the first divergent epoch and the ``make bisect`` line; 2 when a run was refused or failed.
+docs/make-targets.md.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
     python -m reprotrain.tools.sweeps.compare_sweeps <sweep A> <sweep B> [--margin M] [--metric K]
 
-A is the reference, B the candidate; runs grouped as the sweep summary groups them (two
-sweeps of one group each are compared whatever their overrides). Per group, TOST on the
-monitored final metric (``equivalence.py``); each ordering A itself supports (adjacent
-groups, 95% Welch interval excluding 0) must hold in B.
+Per group, TOST on the monitored final metric; each ordering A supports must hold in B.
+docs/when-bits-differ.md.
 
 Exit codes: 0 CONSISTENT; 1 INCONSISTENT (a group, or a conclusion); 3 INCONCLUSIVE;
 2 user error.

@@ -1,14 +1,8 @@
 """An Optuna study (``hydra/sweeper=optuna``): seeded, checked, and recorded in ``study.json``.
 
-Closes: the sampler's own randomness (optuna's samplers have no seed by default; an unseeded
-one gets ``seed.base``, recorded as ``seed_from``), a study that optimises the wrong way (a
-``direction`` against ``trainer.monitor_mode`` is refused, as is an empty search space:
-:func:`prepare`), and a search whose trials and winner live only in a terminal
-(:func:`record` writes ``study.json``: the sampler and its settings, direction, metric,
-search space, storage, every trial read back from its run directory, the best checked
-against ``optimization_results.yaml`` and every trial against the journal, and
-``repeatable`` with its reason). A killed study continues with ``make resume RUN=<sweep
-dir>`` (:func:`continue_command`). The sweeper itself: ``optuna_sweeper.py``; docs/sweeps-optuna.md.
+Closes: the sampler's own randomness (unseeded: ``seed.base``, recorded as ``seed_from``), a
+study that optimises against ``trainer.monitor_mode``, and a search whose trials and winner
+live only in a terminal (:func:`record`). docs/sweeps-optuna.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The study behind ``hydra/sweeper=optuna``: ask, launch, tell, on a current optuna.
 
-The Hydra plugin (``src/hydra_plugins/reprotrain_optuna_sweeper``) is a thin shell around
-:class:`StudyRunner` (why our own: docs/design.md, "Large rooms"). Closes: a study nobody
-else can open (it lives in an Optuna storage, by default ``<sweep dir>/study.journal``, each
-trial carrying its ``run_dir``); a killed study that cannot continue (asked, launched and
-told through that storage; ``make resume RUN=<sweep dir>`` keeps the finished trials and
-resumes the killed one bitwise); a sampler whose state lives in one process (each trial is
-asked of a fresh sampler seeded from ``(seed, trial number)``: :func:`trial_seed`, so a
-continued study proposes what the uninterrupted one would have).
+Closes: a study nobody else can open (an Optuna storage, each trial carrying its ``run_dir``),
+a killed study that cannot continue, and a sampler whose state lives in one process (a fresh
+sampler per trial, seeded by :func:`trial_seed`). Why our own: docs/design.md, "Large rooms".
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def fake_run(tmp_path: Path, repo: Path, config: str, diff: str = "") -> Path:
 
 @pytest.fixture
 def archived(tmp_path, repo, job_config, monkeypatch) -> Path:
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     path, _ = arch.build(fake_run(tmp_path, repo, job_config), tmp_path / "out", repo=repo)
     return path
 
@@ -278,7 +278,7 @@ def test_a_signature_by_a_key_not_trusted_or_over_another_manifest_is_refused(
 def test_a_patch_carried_by_the_archive_is_not_rule_a(tmp_path, repo, job_config, capsys,
                                                       monkeypatch):  # fmt: skip
     """source/ == commit + run/git.diff, but the diff is the archive's word, not this repo's."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     marker = tmp_path / "PWNED"
     (repo / "src/reprotrain/__init__.py").write_text(
         BENIGN + f"open({str(marker)!r}, 'w').write('pwned')\n"
@@ -318,7 +318,7 @@ def test_a_commit_this_repository_lacks_is_not_rule_a(archived, tmp_path, capsys
 def test_archive_sign_writes_a_signature_that_verifies(tmp_path, repo, job_config, keys,
                                                       monkeypatch, capsys):  # fmt: skip
     """`make archive SIGN=key` end to end: the signature member checks out under rule b."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     run = fake_run(tmp_path, repo, job_config)
     path, meta = arch.build(run, tmp_path / "o", repo=repo, sign_key=keys["alice"])
     assert meta["signed"]
@@ -338,7 +338,7 @@ def archived_config(tmp_path: Path, repo: Path, job_config: str, monkeypatch, **
     """An untouched archive of a commit here whose config replaces the given groups."""
     import yaml
 
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     cfg = yaml.safe_load(job_config)
     cfg.update(groups)
     run = fake_run(tmp_path, repo, yaml.safe_dump(cfg))
@@ -485,7 +485,7 @@ def fake_sweep_archive(tmp_path: Path, repo_dir: Path, config: str, study: dict 
         shutil.move(src, sweep / str(n))
     if study is not None:
         (sweep / "study.json").write_text(json.dumps(study))
-    monkeypatch.setattr(sweep_archive, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     path, _ = sweep_archive.build(sweep, tmp_path / "out", repo=repo_dir)
     return path
 
@@ -531,7 +531,7 @@ def test_a_killed_archivers_staging_dir_is_removed_by_the_next_archive(
     out = tmp_path / "out"
     stale = out / f".archive-{dead_pid()}-x1y2"
     (stale / "run").mkdir(parents=True)
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     arch.build(fake_run(tmp_path, repo, job_config), out, repo=repo)
     assert not stale.exists()
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
@@ -546,7 +546,7 @@ def test_a_full_disk_while_archiving_names_the_file_being_written(
     def full(src, dst, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
 
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     monkeypatch.setattr(arch.shutil, "copy2", full)
     run = fake_run(tmp_path, repo, job_config)
     with pytest.raises(ReprotrainError) as failed:

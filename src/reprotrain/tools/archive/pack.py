@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -22,14 +23,10 @@ from pathlib import Path
 from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
 from reprotrain.progress import Phases, say
-from reprotrain.run.record import (
-    CHECKPOINTS,
-)
-from reprotrain.tools.archive import signing
-from reprotrain.tools.archive.archive_check import (
-    MANIFEST,
-    manifest_text,
-)
+from reprotrain.repro import gitinfo
+from reprotrain.run.record import CHECKPOINTS, atomic_write_text
+from reprotrain.tools.archive import signing, snapshot
+from reprotrain.tools.archive.archive_check import MANIFEST, manifest_text
 
 FORMAT_VERSION = 1
 #: Packing, in order, after the refusals (progress lines on stdout: ``archive [2/4] ...``).
@@ -79,6 +76,41 @@ def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
             continue  # an atomic write in flight
         out.append((path, rel.as_posix()))
     return out
+
+
+def copy_run(run_dir: Path, dest: Path, with_checkpoint: bool) -> None:
+    for path, rel in run_members(run_dir, with_checkpoint):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest / rel)
+
+
+def target_path(out_dir: Path, top: str, force: bool, repo: Path, commit: str | None) -> Path:
+    """``<out_dir>/<top>.tar.gz``; refused when it exists (without ``force``) or ``repo`` lacks
+    the recorded commit, before anything is written."""
+    target = out_dir / f"{top}.tar.gz"
+    check_out_dir(out_dir)
+    if target.exists() and not force:
+        raise ArchiveError(f"{target} exists; pass --force to overwrite it")
+    if snapshot.is_git_repo(repo) and commit:
+        snapshot.check_commit(repo, commit)
+    return target
+
+
+def source_and_env(root: Path, repo: Path, commit: str | None, diff: str):
+    """``source/`` (the snapshot) and ``env/`` (lock, pip freeze, git state); returns (the
+    snapshot, the lock's sha256 or None, git now, its diff now)."""
+    PHASES("snapshot the source")
+    snap = snapshot.build(repo, commit, diff, root / "source")
+    lock = root / "source" / "requirements.lock"
+    lock_sha = file_sha256(lock) if lock.is_file() else None
+    if lock.is_file():
+        (root / "env").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(lock, root / "env" / "requirements.lock")
+    PHASES("record the environment")
+    now_git, now_diff = gitinfo.git_info(repo)
+    atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
+    atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
+    return snap, lock_sha, now_git, now_diff
 
 
 def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -26,12 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.errors import RecordError, ReproduceRefused
 from reprotrain.run import schema as run_schema
-from reprotrain.run.readers import (
-    completion_problem,
-    parse_jsonl,
-    parse_record,
-    parse_yaml_config,
-)
+from reprotrain.run.readers import completion_problem, parse_jsonl, parse_record, parse_yaml_config
 from reprotrain.safetar import (
     ArchiveLimitError,
     Budget,

@@ -26,11 +26,7 @@ from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.reproduce import replay_env
-from reprotrain.tools.reproduce.replay_plan import (
-    JobPlan,
-    Leg,
-    current_data_dir,
-)
+from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, current_data_dir
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
 

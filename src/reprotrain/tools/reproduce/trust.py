@@ -105,10 +105,7 @@ def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
 
 
 def decide(
-    plan: ReplayPlan,
-    repo: Path,
-    trusted_signers: Path | None = None,
-    trust: bool = False,
+    plan: ReplayPlan, repo: Path, trusted_signers: Path | None = None, trust: bool = False
 ) -> Verdict:
     """The first rule that holds for the whole plan, in the order a, b, c; else
     UntrustedArchive. Every job of a plan shares the archive's source and signature."""

@@ -186,8 +186,7 @@ def result_path(run_dir: Path, checkpoint_path: Path, global_step: int) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.runs.eval",
-        description=__doc__.split("\n\n")[0],
+        prog="python -m reprotrain.tools.runs.eval", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("run_dir", type=Path, help="the run directory")
     parser.add_argument("--checkpoint", default="last", help="last (default) | best | <path>")

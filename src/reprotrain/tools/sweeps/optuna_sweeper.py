@@ -46,11 +46,7 @@ def distribution(override: Any) -> Any:
     integer; ``range(a, b[, step])`` Hydra's values (integers: an integer distribution);
     ``choice(...)`` / ``a,b,c`` categorical."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-    from optuna.distributions import (
-        CategoricalDistribution,
-        FloatDistribution,
-        IntDistribution,
-    )
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     value = override.value()
     key = override.get_key_element()

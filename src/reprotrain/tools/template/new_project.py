@@ -140,8 +140,7 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
         old_license = lic.read_text(encoding="utf-8") if lic.is_file() else None
         (dest / "LICENSE").write_text(license_text(name, old_license), encoding="utf-8")
         tf.write_record(
-            dest,
-            {"template": location, "commit": commit, "package": name, "template_package": old},
+            dest, {"template": location, "commit": commit, "package": name, "template_package": old}
         )
         _git(dest, "init", "-q")
         _git(dest, "add", "-A")

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, base_env
+from reprotrain.config import config_sha256
 from reprotrain.errors import ReprotrainError
 from reprotrain.hashing import file_sha256
 from reprotrain.tools.archive import archive as arch
@@ -98,6 +99,7 @@ def fake_run(tmp_path: Path, repo: Path, config: str, diff: str = "") -> Path:
         "git": {"commit": commit, "short": commit[:8], "dirty": bool(diff)},
         "data_fingerprint": {"sha256": "0" * 64},
         "epochs_completed": 1,
+        "config_sha256": config_sha256(yaml.safe_load(config)),  # as the trainer writes it
     }
     (run / "run.json").write_text(json.dumps(record))
     (run / "config.resolved.yaml").write_text(config)
@@ -299,6 +301,9 @@ def test_a_config_naming_an_outside_callable_is_not_rule_a(archived, tmp_path, r
     top = unpack(archived, tmp_path / "u")
     cfg = top / "run/config.resolved.yaml"
     cfg.write_text(cfg.read_text() + "evil:\n  _target_: os.system\n  command: touch PWNED\n")
+    record = json.loads((top / "run/run.json").read_text())  # the forger re-hashes it too
+    record["config_sha256"] = config_sha256(yaml.safe_load(cfg.read_text()))
+    (top / "run/run.json").write_text(json.dumps(record))
     changed = repack(top, tmp_path / "cfg.tar.gz")
     rc = reproduce(changed, tmp_path, repo)
     line = one_error_line(capsys.readouterr().err)
@@ -547,7 +552,7 @@ def test_a_full_disk_while_archiving_names_the_file_being_written(
         raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
 
     monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
-    monkeypatch.setattr(arch.shutil, "copy2", full)
+    monkeypatch.setattr(shutil, "copy2", full)
     run = fake_run(tmp_path, repo, job_config)
     with pytest.raises(ReprotrainError) as failed:
         arch.build(run, tmp_path / "out", repo=repo)

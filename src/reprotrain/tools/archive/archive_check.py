@@ -308,14 +308,14 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
 
 
 def check_config_identity(record: dict, config: dict, label: str) -> None:
-    """The archived config (its container) must hash to run.json's ``config_sha256``, with
-    the record's ``extended_from``: an archive that contradicts itself (a callback added, a
-    value edited) is refused before anything runs."""
+    """The archived config must hash to run.json's ``config_sha256`` (with ``extended_from``):
+    an archive that contradicts itself is refused before anything runs."""
     from reprotrain.config import config_sha256
 
     recorded = record.get("config_sha256")
-    if recorded is None:  # a hand-made record (the tests' archives) holds no hash to check
-        return
+    if not isinstance(recorded, str):
+        raise ReproduceRefused(f"{label}: run.json records no config_sha256 to check it against;"
+                               " the record was edited or damaged; nothing was run")  # fmt: skip
     here = config_sha256(config, record.get("extended_from") or None)
     if here != recorded:
         raise ReproduceRefused(

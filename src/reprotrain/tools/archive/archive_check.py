@@ -123,10 +123,8 @@ class CheckedArchive:
 
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Read the decompressed stream (gzip, bz2, xz or none) to its end, so its checksum is
-    checked (tarfile stops at the first bad header and would report a corrupt archive as
-    merely missing members); a stream that inflates past the size or ratio limits is
-    refused as soon as it does (``safetar.open_stream``)."""
+    """Read the decompressed stream to its end, so its checksum is checked; past the
+    size or ratio limits it is refused as soon as it inflates (``safetar.open_stream``)."""
     kind = compression(archive).replace("none", "tar")
     try:
         with open_stream(archive, limits) as stream:
@@ -194,8 +192,8 @@ def _top_name(archive: Path, prefix: str) -> str:
 
 
 def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
-    """Every file member hashes to its manifest line; none missing, none extra; within the
-    size limits. Reads the record files into memory on the way. Nothing is written."""
+    """Every file member hashes to its manifest line, none missing or extra, within the limits;
+    the record files read into memory. Nothing is written."""
     archive = Path(archive)
     if not archive.exists():
         raise ReproduceRefused(f"{archive}: no such archive")
@@ -339,10 +337,8 @@ def check_extract_dir(dest: Path) -> Path:
 
 
 def extract(checked: CheckedArchive, dest: Path) -> Path:
-    """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty); returns
-    that folder. tarfile's ``data`` filter checks each member again as a second guard, the
-    bytes are counted against the limits as they stream, and a refused or failed extraction
-    removes everything it wrote."""
+    """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty) and return it;
+    second guard: tarfile's ``data`` filter; a failed extraction removes what it wrote."""
     dest = check_extract_dir(Path(dest))
     created = [p for p in (dest, *dest.parents) if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
@@ -399,9 +395,8 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
 
 
 def mark_extracted(top: Path, archive: Path) -> None:
-    """:data:`MARKER` in the extraction's top folder and in every run directory under it,
-    so each is known to come from ``archive`` wherever it is moved (replacing a member of
-    that name: the archive does not get to say it is not from an archive)."""
+    """:data:`MARKER` in the top folder and every run directory under it (replacing a member
+    of that name: the archive does not get to say it is not from an archive)."""
     from reprotrain.run.record import atomic_write_text
 
     text = json.dumps({"archive": str(archive), "built_only_under_a_trust_rule": True}) + "\n"

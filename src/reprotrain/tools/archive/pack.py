@@ -144,9 +144,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_staging(out_dir: Path) -> list[Path]:
-    """Remove the staging dirs and temp tars (``.archive-<pid>-*``) that a killed ``make
-    archive`` whose reaper was killed too (a whole cgroup at once) left in ``out_dir``; a
-    live archiver's are kept. Returns them."""
+    """Remove staging dirs and temp tars (``.archive-<pid>-*``) of killed archivers; a live
+    archiver's are kept. Returns them."""
     removed = []
     for path in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
         pid = path.name[len(STAGING_PREFIX) :].partition("-")[0]
@@ -174,8 +173,7 @@ _REAPER = (
 
 @contextlib.contextmanager
 def _reaper(out_dir: Path) -> Iterator[None]:
-    """A process of its own session (a Ctrl-C or a process-group kill does not reach it)
-    that removes this archiver's staging dir and temp tar if this process is killed."""
+    """A process of its own session: removes the staging dir and temp tar if this one is killed."""
     read, write = os.pipe()
     pattern = str(Path(out_dir) / f"{STAGING_PREFIX}{os.getpid()}-*")
     with open(os.devnull, "wb") as quiet:
@@ -194,10 +192,8 @@ def _reaper(out_dir: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
-    """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
-    ends (a stop signal included, under :func:`cli.stopping`; a SIGKILL by the
-    reaper, :func:`_reaper`); a failed write (a full disk) becomes one line that names the
-    file and the archive."""
+    """A hidden temp dir in ``out_dir`` removed however the block ends (SIGKILL: :func:`_reaper`);
+    a failed write becomes one line naming the file and the archive."""
     staging = None
     try:
         remove_stale_staging(out_dir)
@@ -218,9 +214,8 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
 
 
 def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
-    """Write ``MANIFEST.sha256`` over every file under ``root`` (signed when a key is given),
-    then pack ``root`` as ``target`` atomically (a temp file, renamed). Returns the number of
-    files in the manifest. Shared by run and sweep archives."""
+    """``MANIFEST.sha256`` over ``root`` (signed given a key), then ``root`` packed as ``target``
+    atomically. Returns the number of files in the manifest."""
     digests = {
         p.relative_to(root).as_posix(): file_sha256(p)
         for p in sorted(root.rglob("*"))

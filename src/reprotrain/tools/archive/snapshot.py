@@ -58,8 +58,7 @@ def is_git_repo(repo: Path) -> bool:
 
 
 def check_commit(repo: Path, commit: object) -> None:
-    """SnapshotError unless ``commit`` is a full object id that ``repo`` has (checked before
-    anything is written, so a refused archive leaves nothing behind)."""
+    """SnapshotError unless ``repo`` has the full object id ``commit`` (before any write)."""
     if not gitinfo.is_commit_id(commit):
         # Only a full hex id reaches git: a recorded "commit" is data, never an option.
         raise SnapshotError(f"recorded commit {str(commit)[:80]!r} is not a git object id")
@@ -71,11 +70,8 @@ def check_commit(repo: Path, commit: object) -> None:
 
 
 def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
-    """``git archive <commit>`` of the snapshot paths into ``dest``, then ``git apply`` diff.
-
-    Only the hunks that touch snapshot paths are applied (a diff of README.md or tests/
-    belongs to the record in ``run/git.diff``, not to the code that ran).
-    """
+    """``git archive <commit>`` of the snapshot paths into ``dest``, then the diff's hunks that
+    touch them (``git apply``)."""
     repo, dest = Path(repo), Path(dest)
     check_commit(repo, commit)
     listed = _git(repo, "ls-tree", "-r", "--name-only", commit)

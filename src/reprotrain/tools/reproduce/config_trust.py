@@ -40,9 +40,7 @@ def targets_in(node: Any) -> set[str]:
 
 
 def trusted_conf_dirs(source: Path) -> list[Path]:
-    """The config trees of a source checkout: ``conf/``, the framework's packaged configs
-    (``reprotrain.conf.FRAMEWORK_CONF_DIRS``, where the source has them) and every ``pkg://``
-    entry of its primary config's ``hydra.searchpath`` (a package's own, under ``src/``)."""
+    """``conf/``, the framework's packaged configs and the primary's ``pkg://`` searchpath."""
     dirs = [Path(source) / "conf"]
     dirs += [Path(source) / d for d in FRAMEWORK_CONF_DIRS if (Path(source) / d).is_dir()]
     try:
@@ -59,12 +57,8 @@ def trusted_conf_dirs(source: Path) -> list[Path]:
 
 
 def conf_targets(*conf_dirs: Path) -> dict[str, set[str]]:
-    """{top-level group: every ``_target_`` the YAML files of ``conf_dirs`` place under it}.
-
-    ``conf/<group>/*.yaml`` lands under ``<group>`` (or its ``# @package``), ``_global_``
-    files (experiments, debug presets) and the primary config under their own top-level
-    keys. Unparseable files name nothing.
-    """
+    """{top-level group: every ``_target_`` the YAML files of ``conf_dirs`` place under it}
+    (``# @package`` and ``_global_`` files followed; unparseable files name nothing)."""
     out: dict[str, set[str]] = {}
     files = [(Path(d), f) for d in conf_dirs for f in sorted(Path(d).rglob("*.yaml"))]
     for conf_dir, path in files:

@@ -65,9 +65,7 @@ def hashseed(record: dict, where: str) -> str:
 
 
 def archive_env(record: dict, where: str) -> dict[str, str | None]:
-    """What the archive sets in the re-run's environment, every entry checked: the recorded
-    ``environment.gpu_env`` (and a ``CUBLAS_WORKSPACE_CONFIG`` recorded in
-    ``environment.env``), plus ``PYTHONHASHSEED``. None values are unset."""
+    """What the archive sets in the re-run's environment, every entry checked; None: unset."""
     environment = record.get("environment") or {}
     recorded = environment.get("env") or {}
     gpu_env = environment.get("gpu_env") or {}

@@ -215,8 +215,8 @@ def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
 
 
 def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
-    """(epochs compared, global step the replay stops at); None: all, the end. An interrupted
-    run is compared over the epochs it completed."""
+    """(epochs compared, global step to stop at); None: all, the end. An interrupted run is
+    compared over the epochs it completed."""
     done = len(checked.fingerprints)  # an interrupted run has them too
     if done == 0:
         raise ReproduceRefused("the archived run completed no epoch; there is nothing to compare")

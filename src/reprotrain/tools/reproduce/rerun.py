@@ -47,8 +47,8 @@ PHASES = Phases(
 
 
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
-    """None when the data here is the data the run saw; else a message (refusal unless
-    ``allow_drift``, when it becomes a NOT COMPARABLE reason)."""
+    """None when the data here is what the run saw; else the message (a NOT COMPARABLE reason
+    under ``allow_drift``, else refused)."""
     from reprotrain.build import data_fingerprint
 
     try:
@@ -69,8 +69,7 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
 
 
 def check_archived_data(dataset_cfg, record: dict, allow_drift: bool) -> str | None:
-    """:func:`check_data` on the archived ``dataset`` node, its root found here. Builds the
-    dataset's ``_target_``: only ever called after the trust verdict."""
+    """:func:`check_data` on the archived ``dataset``; builds its ``_target_``: after trust only."""
     data_cfg = OmegaConf.merge(dataset_cfg, {}) if dataset_cfg is not None else OmegaConf.create({})
     if data_cfg.get("root") is not None:
         data_cfg.root = str(current_data_dir(str(data_cfg.root)))
@@ -122,9 +121,7 @@ def rerun_command(
     config_name: str = PRIMARY,
     leg: Leg | None = None,
 ) -> list[str]:
-    """The trainer command for one leg: every path quoted for Hydra; ``resume=null`` on a
-    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited;
-    the record's own part (seed, data root, device) from the plan."""
+    """The trainer command for one leg; ``resume=null`` on a fresh leg, never the archive's."""
     overrides = [hydra_override("hydra.run.dir", run_dir)]
     overrides.append("resume=auto" if leg is not None and leg.resume else "resume=null")
     overrides += job.overrides
@@ -139,8 +136,7 @@ def rerun_command(
 
 
 def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
-    """This user's environment, the archive's checked entries (``tools/reproduce/replay_env.py``),
-    then what the replay itself needs, last so nothing from the archive replaces it."""
+    """This user's environment, the archive's checked entries, then the replay's own, last."""
     env = replay_env.apply(dict(os.environ), job.env)
     env["PYTHONPATH"] = str(source / "src")  # replaces, never extends: no other reprotrain
     # The snapshot is not a checkout: keep git from finding an enclosing repo's HEAD.
@@ -149,8 +145,7 @@ def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
 
 
 def imported_from(source: Path, env: dict[str, str]) -> Path:
-    """Where ``import reprotrain`` resolves for the re-run (must be inside the snapshot).
-    The first thing from the archive that executes: only called after the trust verdict."""
+    """Where ``import reprotrain`` resolves for the re-run (runs archive code: after trust)."""
     out = subprocess.run(
         [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
         cwd=source,
@@ -166,9 +161,7 @@ def imported_from(source: Path, env: dict[str, str]) -> Path:
 
 
 def _config_yaml(text: str) -> str:
-    """The archived config under the framework's wiring, as a run composes it (see
-    ``tools.runs.resume.primary_config_text``): the re-run imports the same Hydra modules
-    as the archived run, so their ``imported_code`` compares like for like."""
+    """The archived config under the framework's wiring, as a run composes it."""
     return (
         "# Written by `make reproduce`: the archived config under the reprotrain wiring.\n"
         "defaults:\n  - reprotrain\n  - _self_\n\n" + text
@@ -191,11 +184,8 @@ def extraction_dir(args, prefix: str) -> Iterator[Path]:
 
 
 class SignalForwarder:
-    """Stop signals sent to ``make reproduce`` are remembered and passed to the re-run.
-
-    The re-run gets a session of its own, so a terminal's Ctrl-C reaches it once, through
-    here, like a ``kill`` does; on Linux it is also told to get SIGTERM (checkpoint and
-    stop) if this process dies without forwarding anything (SIGKILL)."""
+    """Stop signals sent to ``make reproduce`` passed to the re-run (its own session; on Linux
+    it gets SIGTERM if this process dies)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
@@ -271,8 +261,7 @@ def run_legs(
     prefix: str = PRIMARY,
     log=None,
 ) -> int | None:
-    """Run each leg of the job's replay into ``new_run`` (output to ``log``, else the
-    terminal); an exit code when one fails or a stop signal came, else None."""
+    """Run each leg into ``new_run``; an exit code when one fails or a stop came, else None."""
     out = log or sys.stdout
     for i, leg in enumerate(job.legs):
         if FORWARD.received:

@@ -56,8 +56,7 @@ def diff_paths(diff: str) -> list[str]:
 
 
 def config_problems(plan: ReplayPlan, source: Path, commit: str) -> list[str]:
-    """What in any config of the plan the trusted commit's own configs would not compose,
-    each prefixed with the config it is in."""
+    """What in any config of the plan the trusted commit's configs would not compose."""
     targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(source))
     found = []
     for label, raw in plan.configs():
@@ -107,8 +106,7 @@ def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
 def decide(
     plan: ReplayPlan, repo: Path, trusted_signers: Path | None = None, trust: bool = False
 ) -> Verdict:
-    """The first rule that holds for the whole plan, in the order a, b, c; else
-    UntrustedArchive. Every job of a plan shares the archive's source and signature."""
+    """The first rule that holds for the whole plan (a, b, c); else UntrustedArchive."""
     ok, why = same_code_here(plan, repo)
     checked = plan.jobs[0].view
     if ok:

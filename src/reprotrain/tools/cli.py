@@ -60,8 +60,7 @@ def parser(module: str, doc: str | None, **kwargs) -> argparse.ArgumentParser:
 
 
 def user_path(text: str) -> Path:
-    """An argparse type: a path as typed, with ``~`` expanded (Make passes it quoted, so the
-    shell never did)."""
+    """An argparse type: a path with ``~`` expanded (Make passes it quoted)."""
     return Path(text).expanduser()
 
 
@@ -69,8 +68,7 @@ user_path.__name__ = "path"
 
 
 def argtype(convert: Callable[[str], Any], ok: Callable[[Any], bool], name: str) -> Callable:
-    """An argparse type: ``convert(text)`` when ``ok`` holds for it; argparse's error names
-    the value ``name`` (``invalid positive integer value: '0'``)."""
+    """An argparse type: ``convert(text)`` when ``ok`` holds; errors name the value ``name``."""
 
     def parse(text: str) -> Any:
         value = convert(text)
@@ -133,11 +131,8 @@ def report(e: BaseException) -> int:
 
 
 def entry_point(main: Callable[..., int]) -> Callable[..., int]:
-    """Decorate a tool's ``main(argv=None) -> int`` with the rules in the module docstring.
-
-    ``SystemExit`` from argparse (``--help``) is returned as an exit code, so in-process
-    callers (tests) get an int back as they do for every other outcome.
-    """
+    """Decorate a tool's ``main(argv=None) -> int`` with the module docstring's rules;
+    argparse's ``SystemExit`` (``--help``) is returned as an int."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
@@ -163,11 +158,8 @@ def entry_point(main: Callable[..., int]) -> Callable[..., int]:
 def run_forwarding_errors(
     cmd: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> tuple[int, str | None]:
-    """Run a child with its output streamed through; (exit code, its last ``error:`` line).
-
-    A tool that starts the trainer lets the trainer's own one-line error speak for itself
-    and does not add a second ``error:`` line about the same failure.
-    """
+    """Run a child, output streamed; (exit code, its last ``error:`` line), so the tool adds
+    no second ``error:`` line about the same failure."""
     proc = subprocess.Popen(
         list(cmd), cwd=cwd, env=env, stderr=subprocess.PIPE, text=True, errors="replace"
     )

@@ -78,8 +78,7 @@ def checked(path: Path) -> Path:
 
 
 def write(path: Path, code: int) -> bool:
-    """Write ``code`` (one integer, one line) atomically; False (and one stderr line) if the
-    write failed: the job's own exit code is what the command still returns."""
+    """Write ``code`` atomically; False and one stderr line if that failed."""
     from reprotrain.run.record import atomic_write_text  # light: no torch
 
     try:

@@ -27,10 +27,8 @@ class EvalError(ReprotrainError):
 
 
 def pick_checkpoint(run_dir: Path, which: str, seeds: dict | None) -> Path:
-    """``last``: the newest step checkpoint that belongs to the run (``checkpoint.belongs``,
-    the guard pruning uses: it loads, holds the run's seeds, and its step is the one in its
-    name), so one copied in from another run is never "last"; ``best``: best.pt; else the
-    path given. Whose a best.pt or a given path is, :func:`check_belongs` decides."""
+    """``last``: the newest step checkpoint that ``checkpoint.belongs`` to the run; ``best``:
+    best.pt; else the path given (whose it is: :func:`check_belongs`)."""
     if which == "last":
         found = checkpoint.list_step_checkpoints(run_dir / rec.CHECKPOINTS)
         for path in reversed(found):
@@ -61,8 +59,7 @@ def check_belongs(state: dict, path: Path, seeds: dict | None) -> None:
 
 
 def load_weights(model, state: dict, path: Path) -> None:
-    """The checkpoint's weights into the run's model; one line when they do not fit (the
-    checkpoint of another model, or of this run with another ``model.*``)."""
+    """The checkpoint's weights into the run's model; one line when they do not fit."""
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError, TypeError) as e:
@@ -85,8 +82,7 @@ def check_best(state: dict, path: Path, run_dir: Path, monitor: str, mode: str) 
 
 
 def evaluation_weights(step_node, model, state: dict, path: Path):
-    """(a context with the weights the trainer evaluated with, their name): the run's step
-    ``evaluation_weights`` (EMA) restored from the checkpoint, else the model's own."""
+    """(a context with the weights the trainer evaluated with, their name): EMA or the model's."""
     import contextlib
 
     from reprotrain.components import build_step
@@ -178,8 +174,7 @@ EVALS = "evals"
 
 
 def result_path(run_dir: Path, checkpoint_path: Path, global_step: int) -> Path:
-    """Where the evaluation of ``checkpoint_path`` is kept, so evaluating another
-    checkpoint later never overwrites it (eval.json is only the latest)."""
+    """Where this checkpoint's evaluation is kept (eval.json is only the latest)."""
     stem = re.sub(r"[^\w.+-]", "_", Path(checkpoint_path).stem) or "checkpoint"
     return Path(run_dir) / EVALS / f"{stem}-step{int(global_step)}.json"
 

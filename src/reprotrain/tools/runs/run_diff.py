@@ -57,10 +57,8 @@ def _field_text(name: str, a: object, b: object) -> str:
 
 
 def with_metrics(result: Comparison, a: Path, b: Path, epochs: int | None = None) -> Comparison:
-    """The records must match as the weights do: equal weights with a metrics.jsonl row
-    that differs (a value, a row more or less: a task's state a resume lost, or a record
-    rewritten) or, over the whole run, another ``final_metrics``, is a divergence naming
-    the first field that differs (``a``'s value first)."""
+    """Equal weights with a differing metrics.jsonl row or ``final_metrics`` is a divergence
+    naming the first field that differs (``a``'s value first)."""
     if not result.identical:
         return result
     rows = [read_jsonl(Path(d) / METRICS) for d in (a, b)]

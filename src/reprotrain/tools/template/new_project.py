@@ -75,8 +75,7 @@ def readme(name: str, commit: str, location: str) -> str:
 
 
 def room_tests(name: str) -> dict[str, str]:
-    """The project's small tests/ for its own room (``project/*.py.in``, package renamed:
-    the sources name the template's own package, also when a project makes a project)."""
+    """The project's small tests/ for its own room (``project/*.py.in``, package renamed)."""
     conftest = (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8")
     tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
     return {

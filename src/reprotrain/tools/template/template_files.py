@@ -75,8 +75,7 @@ def is_framework(rel: str, package: str) -> bool:
 
 
 def is_user_room(rel: str, package: str) -> bool:
-    """True for the user's own files: their package and its tests, conf/ (less the
-    framework's groups), dependencies, locks, README and LICENSE."""
+    """The user's package and tests, conf/ (less the framework's groups), deps, locks, README."""
     if is_framework(rel, package):
         return False
     return _under(rel, (f"src/{package}", user_tests(package), *USER_ROOM))

@@ -102,9 +102,8 @@ def match_groups(a: Sweep, b: Sweep) -> tuple[list[tuple[Group, Group]], list[st
 
 
 def distinct_seeds(group: Group) -> tuple[Group, list[str]]:
-    """The group with one value per seed (the first run of each), and a note per seed that
-    was run more than once: a repeated seed is the same run again, not another sample, so
-    it must not add to n (``--seeds 1,1`` would be n=2 with no spread)."""
+    """One value per seed (the first run of each), and a note per repeated seed: a repeated
+    seed is the same run again and must not add to n."""
     keep: dict[Any, float] = {}
     repeated: dict[Any, int] = {}
     for seed, value in zip(group.seeds, group.values, strict=True):

@@ -104,8 +104,7 @@ def tost(
     alpha: float = ALPHA,
     pair: bool = False,
 ) -> Equivalence:
-    """The verdict of the two one-sided tests at ``alpha`` against ``margin`` (> 0);
-    ``pair``: ``reference[i]`` and ``candidate[i]`` share a seed."""
+    """The TOST verdict at ``alpha`` against ``margin``; ``pair``: the sides share seeds."""
     diff = difference(reference, candidate, 1 - 2 * alpha, pair)
     if diff.ci is None:
         n = min(diff.n_reference, diff.n_candidate)

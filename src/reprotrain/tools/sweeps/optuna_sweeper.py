@@ -41,10 +41,8 @@ class StudyError(ReprotrainError):
 
 
 def distribution(override: Any) -> Any:
-    """The Optuna distribution of one parsed sweep override (None for a plain value):
-    ``interval(lo, hi)`` a float, ``tag(log, ...)`` log-uniform, ``tag(int, ...)`` an
-    integer; ``range(a, b[, step])`` Hydra's values (integers: an integer distribution);
-    ``choice(...)`` / ``a,b,c`` categorical."""
+    """The Optuna distribution of one parsed sweep override, None for a plain value
+    (docs/sweeps-optuna.md has the mapping)."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -82,9 +80,8 @@ def distribution(override: Any) -> Any:
 def search_space(
     params: Mapping[str, Any] | None, arguments: Sequence[str]
 ) -> tuple[dict[str, Any], list[str]]:
-    """(the distributions by override key, the fixed overrides) of ``hydra.sweeper.params``
-    and the command line's overrides (a command-line range joins the search space; the
-    command line wins over the file for the same key)."""
+    """(distributions by key, fixed overrides) of ``hydra.sweeper.params`` and the command
+    line (which wins for the same key)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -105,8 +102,7 @@ def search_space(
 
 
 def override_text(key: str, value: Any) -> str:
-    """A suggested value as an override that Hydra (and YAML, reading it back) parses to
-    the same value: floats by ``repr`` with a decimal point, text quoted when needed."""
+    """A suggested value as an override Hydra and YAML parse back to the same value."""
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, float):
@@ -150,9 +146,7 @@ def trial_seed(seed: int | None, number: int) -> int | None:
 
 
 def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str, Any]) -> Any:
-    """A fresh sampler for trial ``number``: the configured one, its seed per trial (a
-    grid's stays the study's: it orders the grid; which unvisited point comes next then
-    depends on the storage alone)."""
+    """A fresh sampler for trial ``number``, seeded per trial (a grid's keeps the study's seed)."""
     from hydra.utils import instantiate
 
     conf = OmegaConf.create(OmegaConf.to_container(OmegaConf.create(dict(sampler)), resolve=True))
@@ -166,8 +160,7 @@ def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str,
 
 
 def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
-    """(the Optuna storage, how study.json names it): the journal file in the sweep
-    directory, a URL (``sqlite:///study.db``, any database optuna takes) or a journal path."""
+    """(the Optuna storage, how study.json names it): the sweep's journal, a URL or a path."""
     if storage and "://" in storage:
         return storage, storage
     path = Path(storage) if storage else Path(sweep_dir) / JOURNAL
@@ -179,8 +172,7 @@ def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
 
 
 class StudyRunner:
-    """One study: ``settings`` are ``hydra.sweeper``'s values; ``launch(overrides, first)``
-    runs a batch of jobs numbered from ``first`` and returns their ``JobReturn`` s;
+    """One study: ``launch(overrides, first)`` runs a batch numbered from ``first``;
     ``job_dir(overrides, number)`` is where that job writes its run."""
 
     def __init__(
@@ -320,9 +312,7 @@ class StudyRunner:
         return returns
 
     def _note_run_dirs(self, trials: list, batch: list[list[str]]) -> None:
-        """Each asked trial's run directory as its user attribute ``run_dir``, before it
-        runs, so Optuna's own tools (``load_study``, the dashboard) lead to the run. A
-        continued trial already has it (it is a ``FrozenTrial`` here, not written again)."""
+        """Each asked trial's run directory as its user attribute ``run_dir``, before it runs."""
         from optuna.trial import Trial
 
         for trial, overrides in zip(trials, batch, strict=True):
@@ -374,8 +364,7 @@ class StudyRunner:
 
 
 def name_metric(study: Any, metric: str) -> None:
-    """The objective's name (``trainer.monitor``) in the study, so Optuna's plots and
-    ``trials_dataframe`` say ``val_acc``, not "Objective Value"."""
+    """The objective's name (``trainer.monitor``) in the study, for Optuna's plots."""
     import warnings
 
     from optuna.exceptions import ExperimentalWarning
@@ -386,9 +375,8 @@ def name_metric(study: Any, metric: str) -> None:
 
 
 def _no_grid_stop(study: Any) -> None:
-    """GridSampler's ``after_trial`` calls ``study.stop()`` once the grid is done, which
-    raises outside ``study.optimize``; here the study stops at the grid's size itself
-    (:meth:`StudyRunner.n_trials`), so a grid trial is told by a sampler without it."""
+    """GridSampler's ``after_trial`` calls ``study.stop()``, which raises outside
+    ``study.optimize``; the study stops at the grid's size itself."""
     from optuna.samplers import GridSampler, RandomSampler
 
     if isinstance(study.sampler, GridSampler):

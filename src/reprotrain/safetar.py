@@ -160,8 +160,6 @@ def unsafe_reason(m: tarfile.TarInfo) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- bounded reading
-
 #: The most a GNU long-name/long-link or pax extended header may hold (names are < 4 KiB).
 MAX_HEADER_BYTES = 1 << 20
 _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,

@@ -106,9 +106,6 @@ def plan_replay(
     return legs
 
 
-# ----------------------------------------------------------------------------- the plan
-
-
 def current_data_dir(recorded_root: str) -> Path:
     """A recorded dataset root, here: relative roots are relative to this checkout."""
     root = Path(recorded_root)

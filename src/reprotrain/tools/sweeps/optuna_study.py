@@ -275,8 +275,6 @@ def record(config: DictConfig) -> None:
     print(f"study record: {sweep_dir / STUDY_JSON}")
 
 
-# ------------------------------------------------------------- continuing a killed study
-
 SWEEP_RECORD = sweep_checks.SWEEP_RECORD
 #: Overrides a continuation sets itself (not copied from the study's record).
 _OWN = ("hydra.sweep.dir", "hydra.sweeper.resume", "hydra.mode")

@@ -37,9 +37,6 @@ class StudyError(ReprotrainError):
     """A study that cannot start or continue as asked; nothing was launched."""
 
 
-# ------------------------------------------------------------------------ the search space
-
-
 def distribution(override: Any) -> Any:
     """The Optuna distribution of one parsed sweep override, None for a plain value
     (docs/sweeps-optuna.md has the mapping)."""
@@ -135,9 +132,6 @@ def grid_of(space: Mapping[str, Any]) -> dict[str, list]:
     return grid
 
 
-# ------------------------------------------------------------------ samplers and storage
-
-
 def trial_seed(seed: int | None, number: int) -> int | None:
     """The seed of the sampler that proposes trial ``number`` (NumPy's range: 32 bits)."""
     if seed is None:
@@ -166,9 +160,6 @@ def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
     path = Path(storage) if storage else Path(sweep_dir) / JOURNAL
     path.parent.mkdir(parents=True, exist_ok=True)
     return open_journal(path), (JOURNAL if not storage else str(path))
-
-
-# -------------------------------------------------------------------------- the study
 
 
 class StudyRunner:

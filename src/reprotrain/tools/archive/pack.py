@@ -1,9 +1,5 @@
-"""What every archive is built from, for one run and for a sweep alike.
-
-The run members (no checkpoints unless asked, no temp files), ``pip freeze`` without
-credentials, the hidden staging folder that is removed however the block ends, and the seal:
-``MANIFEST.sha256`` (signed when a key is given) and the tar written atomically.
-"""
+"""What every archive is built from, for one run and for a sweep alike: members, source and
+environment, the staging folder, and the seal (manifest, signature, atomic tar)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """SSH signatures over an archive's manifest: ``ssh-keygen -Y sign/verify``, as git uses them.
 
-Closes: an archive whose code was edited and whose ``MANIFEST.sha256`` was regenerated to
-match. The manifest catches accidents; a signature by a key the user trusts catches intent.
-``make archive SIGN=<key>`` signs ``MANIFEST.sha256`` (which hashes every other member) under
-the namespace ``reprotrain-archive``; ``make reproduce TRUSTED_SIGNERS=<file>`` checks it
-against an OpenSSH allowed-signers file (the format of git's ``gpg.ssh.allowedSignersFile``,
-one ``<principal> [namespaces="reprotrain-archive"] <key type> <public key>`` per line).
+Closes: an edited archive with a regenerated ``MANIFEST.sha256``. Namespace
+``reprotrain-archive``; verified against an OpenSSH allowed-signers file. docs/guarantees.md.
 """
 
 from __future__ import annotations

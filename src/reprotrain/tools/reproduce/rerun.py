@@ -1,9 +1,4 @@
-"""The re-run of an archived job and the checks around it, shared by one run and a sweep.
-
-What both ``reproduce.py`` (one run) and ``reproduce_sweep.py`` (every run of a sweep) need:
-the exit codes, the data / environment / comparability checks, the trainer command and
-environment for a leg, and running the legs with stop signals forwarded to the re-run.
-"""
+"""The re-run of an archived job and the checks around it, shared by one run and a sweep."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Whether ``make reproduce`` may run an archive's code, decided before any of it is extracted.
 
-Closes: an archive with edited ``source/`` and a regenerated ``MANIFEST.sha256`` running
-arbitrary code (the manifest proves the archive intact, not who wrote it). The archived code
-runs only under (a) same code here: ``source/`` is ``git archive <recorded commit>`` of this
-repository with no patch, and every config of the replay plan passes ``config_trust.py``;
-(b) ``MANIFEST.sha256.sig`` verifies against ``TRUSTED_SIGNERS=<file>``; or (c) ``TRUST=1``.
-Otherwise :class:`~reprotrain.errors.UntrustedArchive`, one line. The rules: docs/guarantees.md.
+Closes: edited ``source/`` with a regenerated manifest running arbitrary code. Only under (a)
+same code here, (b) a trusted signature or (c) ``TRUST=1``; else one line. docs/guarantees.md.
 """
 
 from __future__ import annotations

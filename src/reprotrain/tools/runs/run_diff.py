@@ -1,11 +1,8 @@
 """Compare two run directories bit for bit: per-epoch fingerprints, then final weights.
 
-Used by ``make verify`` and ``make reproduce``. The first divergence is named by epoch and,
-when the step losses tell, by the first step whose loss differs (the loss of step ``s`` is
-computed before update ``s``, so a differing loss pins the divergence to that step or the
-one before it). :func:`with_metrics` then holds the records to the same standard as the
-weights: equal weights with another metrics.jsonl row (a value, a row more or less) or
-another ``final_metrics`` is a divergence that names the field, never IDENTICAL.
+The loss of step ``s`` is computed before update ``s``, so a differing loss pins the
+divergence to that step or the one before; :func:`with_metrics` holds the records to the same
+standard.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -30,7 +29,7 @@ from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
 from reprotrain.resume.guard import imported_differences
-from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.run.record import atomic_write_text, now_iso
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, sweep_archive
@@ -49,8 +48,10 @@ from reprotrain.tools.reproduce.rerun import (
     environment_differences,
     extraction_dir,
     imported_from,
+    new_run_dir,
     not_comparable_reasons,
     rerun_env,
+    rerun_record,
     run_legs,
 )
 from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
@@ -324,21 +325,13 @@ def _rerun(
     if not blocking:
         say("env      matches the recorded environment")
 
-    stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
-    new_run = (Path(args.runs_dir) / stamp).resolve()
-    config_dir = top / "rerun-config"
-    where = imported_from(source, env)
-    if not where.is_relative_to(source.resolve()):
-        raise ReproduceRefused(f"the re-run would import reprotrain from {where}, not the archive")
+    new_run = new_run_dir(args.runs_dir)
+    imported_from(source, env)
     say(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
-    failed = run_legs(job, epochs, config_dir, new_run, source, env)
+    failed = run_legs(job, epochs, top / "rerun-config", new_run, source, env)
     if failed is not None:
         return failed
-
-    new_record = json.loads((new_run / RUN_JSON).read_text())
-    # Authoritative: what the re-run itself recorded, with this checkout's lock.
-    current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
-    blocking, info = environment_differences(record, current)
+    new_record, blocking, info = rerun_record(new_run, record)
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
     if record.get("imported_code") is not None:  # outside src/: no archive holds them
         now = new_record.get("imported_code") or {}

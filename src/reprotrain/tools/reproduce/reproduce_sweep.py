@@ -10,17 +10,14 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
 
-from reprotrain import REPO_ROOT, safetar
+from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused, ReprotrainError
-from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
 from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
@@ -123,17 +120,14 @@ def replay(
 
 def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, study) -> int:
     source = top / "source"
-    new_sweep = Path(args.runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
-    new_sweep = new_sweep.resolve()
+    new_sweep = rerun.new_run_dir(args.runs_dir)
     logs = new_sweep / "logs"
     logs.mkdir(parents=True)
     reasons: list[str] = list(problems)
     for i, job in enumerate(plan.jobs):
         env = rerun.rerun_env(source, job)
         if i == 0:
-            where = rerun.imported_from(source, env)
-            if not where.is_relative_to(source.resolve()):
-                raise ReproduceRefused(f"the re-run would import reprotrain from {where}")
+            rerun.imported_from(source, env)
             say(f"re-run   from the archived source ({source}), into {new_sweep}")
         run_dir = new_sweep / job.name
         with open(logs / f"job-{i}.log", "w") as log:
@@ -141,9 +135,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, 
                                  f"job-{i}", log)  # fmt: skip
         if failed is not None:
             return failed
-        new_record = json.loads((run_dir / RUN_JSON).read_text())
-        current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
-        blocking, _ = rerun.environment_differences(job.record, current)
+        blocking = rerun.rerun_record(run_dir, job.record)[1]
         reasons += [f"environment differs: {b}" for b in blocking]
         reasons += rerun.not_comparable_reasons(job.record)
         done = f"{i + 1}/{len(plan.jobs)} runs"

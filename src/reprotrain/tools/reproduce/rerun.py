@@ -10,15 +10,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from reprotrain import REPO_ROOT
 from reprotrain.errors import ReproduceRefused, one_line
 from reprotrain.progress import Phases, say
 from reprotrain.quoting import hydra_override
-from reprotrain.repro import comparability
+from reprotrain.repro import comparability, requirements_lock
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.reproduce import replay_env
 from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, current_data_dir
@@ -139,8 +141,22 @@ def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
     return env
 
 
+def new_run_dir(runs_dir: Path) -> Path:
+    """``<runs_dir>/<stamp>-<pid>``, resolved: where a replay writes."""
+    return (Path(runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
+
+
+def rerun_record(new_run: Path, record: dict) -> tuple[dict, list[str], list[str]]:
+    """(the re-run's run.json, blocking environment differences, notes): the re-run's own
+    record, authoritative, with this checkout's lock."""
+    new_record = json.loads((new_run / RUN_JSON).read_text())
+    current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
+    return new_record, *environment_differences(record, current)
+
+
 def imported_from(source: Path, env: dict[str, str]) -> Path:
-    """Where ``import reprotrain`` resolves for the re-run (runs archive code: after trust)."""
+    """Where ``import reprotrain`` resolves for the re-run, refused unless inside ``source``
+    (runs archive code: after trust)."""
     out = subprocess.run(
         [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
         cwd=source,
@@ -152,7 +168,10 @@ def imported_from(source: Path, env: dict[str, str]) -> Path:
     if out.returncode != 0:
         first = one_line(out.stderr)[-200:]
         raise ReproduceRefused(f"the archived source does not import: {first}")
-    return Path(out.stdout.strip()).resolve()
+    where = Path(out.stdout.strip()).resolve()
+    if not where.is_relative_to(source.resolve()):
+        raise ReproduceRefused(f"the re-run would import reprotrain from {where}, not the archive")
+    return where
 
 
 def _config_yaml(text: str) -> str:

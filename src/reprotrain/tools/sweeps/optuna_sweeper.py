@@ -183,7 +183,6 @@ class StudyRunner:
         self.metric = str(OmegaConf.select(config, "trainer.monitor", default="val_loss"))
         self.mode = str(OmegaConf.select(config, "trainer.monitor_mode", default="min"))
 
-    # -- settings ---------------------------------------------------------------------
     @property
     def direction(self) -> str:
         return str(self.settings.get("direction") or f"{self.mode}imize")
@@ -200,7 +199,6 @@ class StudyRunner:
             n = min(n, math.prod(len(v) for v in grid_of(space).values()))
         return n
 
-    # -- the study --------------------------------------------------------------------
     def open_study(self, space: Mapping[str, Any]) -> Any:
         """Create the study in its storage, or (``resume``) load the one there, checked."""
         import optuna
@@ -212,12 +210,9 @@ class StudyRunner:
         sampler = make_sampler(self.settings["sampler"], 0, space)
         if not self.settings.get("resume"):
             try:
-                study = optuna.create_study(
-                    storage=storage,
-                    sampler=sampler,
-                    study_name=self.study_name,
-                    direction=self.direction,
-                )
+                study = optuna.create_study(storage=storage, sampler=sampler,
+                                            study_name=self.study_name,
+                                            direction=self.direction)  # fmt: skip
                 name_metric(study, self.metric)
                 return study
             except DuplicatedStudyError:
@@ -293,8 +288,7 @@ class StudyRunner:
             try:
                 value = ret.return_value
             except Exception as e:  # the job raised: the trial failed, the study stops
-                _no_grid_stop(study)
-                study.tell(trial.number, state=_state("FAIL"))
+                _fail(study, trial.number)
                 failed = failed or e
                 continue
             self._tell(study, trial.number, value)
@@ -311,13 +305,12 @@ class StudyRunner:
                 trial.set_user_attr(RUN_DIR_ATTR, str(self.job_dir(overrides, trial.number)))
 
     def _tell(self, study: Any, number: int, value: Any) -> None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        _no_grid_stop(study)
-        if ok:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            _no_grid_stop(study)
             study.tell(number, float(value))
         else:  # no finite value of trainer.monitor: a failed trial, the study goes on
             log.warning("trial %d: no finite %s (%r), told as failed", number, self.metric, value)
-            study.tell(number, state=_state("FAIL"))
+            _fail(study, number)
 
     def _continue_trial(self, study: Any, trial: Any, fixed: list[str]) -> list:
         """A trial a killed study left RUNNING: told from its run if that finished, else
@@ -334,8 +327,7 @@ class StudyRunner:
             self._tell(study, trial.number, trial_value(run_dir, self.metric, self.mode))
             return []
         if status == "failed":
-            _no_grid_stop(study)
-            study.tell(trial.number, state=_state("FAIL"))
+            _fail(study, trial.number)
             return []
         extra = ["resume=auto", *(["hydra.output_subdir=null"] if status else [])]
         print(f"optuna study {self.study_name}: continuing trial {trial.number} in {run_dir}",
@@ -374,10 +366,11 @@ def _no_grid_stop(study: Any) -> None:
         study.sampler = RandomSampler()
 
 
-def _state(name: str) -> Any:
+def _fail(study: Any, number: int) -> None:
     from optuna.trial import TrialState
 
-    return TrialState[name]
+    _no_grid_stop(study)
+    study.tell(number, state=TrialState.FAIL)
 
 
 def job_dir_of(config_loader: Any, master: DictConfig, overrides: list[str], number: int) -> Path:

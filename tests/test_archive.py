@@ -29,8 +29,8 @@ from reprotrain.quoting import hydra_override
 from reprotrain.repro.gitinfo import git_info
 from reprotrain.tools.archive import archive as arch
 from reprotrain.tools.archive import pack, snapshot
+from reprotrain.tools.reproduce import replay_plan, rerun
 from reprotrain.tools.reproduce import reproduce as repro
-from reprotrain.tools.reproduce import rerun
 
 # Random per session, so it is in no file (this test file shows up in a dirty run's git.diff).
 MARKER = f"leakmarker-{uuid.uuid4().hex}"
@@ -776,7 +776,7 @@ def test_a_replay_never_inherits_a_recorded_resume():
     from reprotrain.tools.reproduce import replay_plan
 
     cfg = {"resume": "auto", "dataset": {"name": "synthetic"}}
-    legs = repro.plan_replay(cfg, [])
+    legs = replay_plan.plan_replay(cfg, [])
     job = replay_plan.JobPlan("", None, cfg, legs, {}, ["trainer.device=cpu"])
     cmd = rerun.rerun_command(Path("/c"), Path("/r"), job, None, leg=legs[0])
     assert "resume=null" in cmd and "resume=auto" not in cmd
@@ -789,17 +789,17 @@ def test_plan_replay_undoes_changes_then_replays_them_at_their_steps():
         {"global_step": 8, "overrides": {"trainer.epochs": {"from": 2, "to": 3}}},
         {"global_step": 12, "overrides": {"trainer.epochs": {"from": 3, "to": 4}}},
     ]
-    legs = repro.plan_replay(final, resumes)
+    legs = replay_plan.plan_replay(final, resumes)
     assert [leg.config["trainer"]["epochs"] for leg in legs] == [2, 3, 4]
     assert [leg.stop_at_global_step for leg in legs] == [8, 12, None]
     assert [leg.resume for leg in legs] == [False, True, True]
     assert legs[1].changes == {"trainer.epochs": 3}
     assert final["trainer"]["epochs"] == 4, "the input is not modified"
     # --epochs: legs starting at or after the last compared step are dropped
-    short = repro.plan_replay(final, resumes, until_global_step=8)
+    short = replay_plan.plan_replay(final, resumes, until_global_step=8)
     assert len(short) == 1 and short[0].stop_at_global_step is None
     # nothing to replay: one fresh leg
-    assert len(repro.plan_replay(final, [{"global_step": 3}])) == 1
+    assert len(replay_plan.plan_replay(final, [{"global_step": 3}])) == 1
 
 
 @pytest.mark.parametrize(
@@ -818,8 +818,8 @@ def test_plan_replay_undoes_changes_then_replays_them_at_their_steps():
     ],
 )
 def test_plan_replay_names_what_it_cannot_replay(resumes, expect):
-    with pytest.raises(repro.NotReplayable, match=expect):
-        repro.plan_replay({"trainer": {"epochs": 4}}, resumes)
+    with pytest.raises(replay_plan.NotReplayable, match=expect):
+        replay_plan.plan_replay({"trainer": {"epochs": 4}}, resumes)
 
 
 # ------------------------------------------------------------------------------ quoting

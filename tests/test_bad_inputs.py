@@ -139,7 +139,25 @@ def members(**overrides) -> dict[str, bytes | None]:
     }
     for key, value in overrides.items():
         files[key] = value.encode() if isinstance(value, str) else value
-    return {k: v for k, v in files.items() if v is not None}
+    return sealed({k: v for k, v in files.items() if v is not None})
+
+
+def sealed(files: dict[str, bytes]) -> dict[str, bytes]:
+    """run.json carrying its config's ``config_sha256``, as the trainer writes it (where both
+    parse: a row about a broken record or config keeps it broken)."""
+    import yaml
+
+    from reprotrain.config import config_sha256
+
+    try:
+        record = json.loads(files["run/run.json"])
+        config = yaml.safe_load(files["run/config.resolved.yaml"])
+    except (KeyError, ValueError, yaml.YAMLError):
+        return files
+    if isinstance(record, dict) and isinstance(config, dict) and "config_sha256" not in record:
+        record["config_sha256"] = config_sha256(config, record.get("extended_from") or None)
+        files["run/run.json"] = json.dumps(record).encode()
+    return files
 
 
 def archive(

@@ -39,8 +39,8 @@ def stopping(*a, **k):
     os.kill(os.getpid(), getattr(signal, sig))
     return out
 setattr(mod, name, stopping)
-from reprotrain.tools.archive import archive
-archive.pip_freeze = lambda: ""
+from reprotrain.tools.archive import pack
+pack.pip_freeze = lambda: ""
 tool = importlib.import_module(f"reprotrain.tools.{args.pop(0)}")
 sys.exit(tool.main(args))
 """
@@ -114,7 +114,7 @@ def test_a_full_disk_during_archive_names_the_path(tmp_path, repo, job_config, c
     def full(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     owner = tarfile.TarFile if failing.startswith("tarfile") else shutil
     monkeypatch.setattr(owner, failing.rsplit(".", 1)[1], full)
     run = fake_run(tmp_path, repo, job_config)
@@ -129,7 +129,7 @@ def test_a_full_disk_during_archive_names_the_path(tmp_path, repo, job_config, c
 
 @pytest.fixture
 def run_archive(tmp_path, repo, job_config, monkeypatch) -> Path:
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     path, _ = arch.build(fake_run(tmp_path, repo, job_config), tmp_path / "out", repo=repo)
     return path
 
@@ -158,7 +158,7 @@ def test_a_sweep_reproduce_stopped_mid_rerun_stops_and_removes_its_extraction(
     tmp_path, trainer_repo, job_config, monkeypatch
 ):
     """Was: a sweep replay had no signal handling: SIGTERM killed it, extraction left."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     for i in range(2):

@@ -63,7 +63,7 @@ def hostile_archive(tmp_path, repo, config: str, monkeypatch, files=None, **reco
     """An archive of an untouched commit of ``repo`` whose run.json gains ``record`` after
     archiving (the manifest regenerated, as its author would) and whose run dir gains
     ``files`` ({path under run/: text})."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     run = fake_run(tmp_path, repo, config)
     for rel, text in (files or {}).items():
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +231,7 @@ def test_a_sweep_archive_goes_through_the_same_plan_check(
     tmp_path, trainer_repo, job_config, capsys, monkeypatch
 ):
     """One code path: a sweep job's environment and resume history are checked the same way."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     marker = tmp_path / "PWNED"
     runner = {"_target_": "os.system", "_args_": [f"echo ran > {marker}"]}
     config, resumes = _resumed(job_config, "model", runner)

@@ -84,7 +84,8 @@ def test_a_config_that_does_not_hash_to_its_record_is_refused():
     forged = {**container, "callbacks": [{"_target_": "os.system", "command": "id"}]}
     with pytest.raises(ReproduceRefused, match="the archive contradicts itself"):
         check_config_identity(record, forged, "run/config.resolved.yaml")
-    check_config_identity({}, forged, "x")  # a record without the field: nothing to hold to
+    with pytest.raises(ReproduceRefused, match="records no config_sha256"):
+        check_config_identity({}, forged, "x")  # the trainer always writes it: refused
 
 
 def test_an_extended_runs_config_is_held_to_its_own_hash():

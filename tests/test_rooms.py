@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 from conftest import REPO
@@ -86,3 +87,29 @@ def test_the_count_sees_each_form_of_a_whole_config_parameter(tmp_path: Path) ->
     )
     found = whole_config_functions(tmp_path)
     assert [f.split(" ")[1] for f in found] == ["a(cfg)", "b(config)", "c(recorded)", "d(master)"]
+
+
+def rooms_in_the_tree() -> set[str]:
+    """Each package and top-level module of the framework, as the table names it."""
+    rooms = {
+        f"src/reprotrain/{p.name}/" if p.is_dir() else f"src/reprotrain/{p.name}"
+        for p in SRC.iterdir()
+        if (p.is_dir() and any(p.glob("*.py"))) or p.suffix == ".py"
+    }
+    return rooms - {"src/reprotrain/__init__.py", "src/reprotrain/__main__.py"}
+
+
+def rooms_in_the_table() -> set[str]:
+    """The ``src/reprotrain/...`` paths in the first column of the rooms table."""
+    text = (REPO / "docs" / "design.md").read_text()
+    section = text[text.index("## The framework's rooms") :].split("\n## ")[0]
+    first = [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| `src/")]
+    return {m for cell in first for m in re.findall(r"`(src/reprotrain/[^`]+)`", cell)}
+
+
+def test_the_rooms_table_in_design_md_matches_the_tree() -> None:
+    """docs/design.md's rooms table names every package and top-level module of
+    ``src/reprotrain`` (first column), and names none that is gone."""
+    tree, table = rooms_in_the_tree(), rooms_in_the_table()
+    assert sorted(tree - table) == [], "rooms missing from docs/design.md's table"
+    assert sorted(table - tree) == [], "docs/design.md's table names rooms that are gone"

@@ -73,7 +73,7 @@ def test_older_and_newer_records_are_accepted():
 @pytest.mark.parametrize(("change", "named"), CONTRADICTIONS[:6])
 def test_archive_refuses_a_contradicting_record(tmp_path, repo, job_config, capsys, monkeypatch,
                                                change, named):  # fmt: skip
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     run = fake_run(tmp_path, repo, job_config)
     record = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**record, **change}))
@@ -96,7 +96,7 @@ def test_reproduce_refuses_a_contradicting_record_exit_2(
     tmp_path, repo, job_config, capsys, monkeypatch, change, named
 ):
     """Was: gpu_env [1] an AttributeError traceback and exit 1 (DIVERGED); "two" REPRODUCED."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     path, _ = arch.build(fake_run(tmp_path, repo, job_config), tmp_path / "out", repo=repo)
     changed = _with_record(path, tmp_path, "run/run.json", change)
     rc = reproduce(changed, tmp_path, repo, "--trust")
@@ -116,7 +116,7 @@ def _sweep(tmp_path: Path, repo: Path, job_config: str) -> Path:
 def test_a_sweep_archive_and_its_replay_read_records_through_the_same_schema(
     tmp_path, repo, job_config, capsys, monkeypatch
 ):
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     sweep = _sweep(tmp_path, repo, job_config)
     path, _ = sweep_archive.build(sweep, tmp_path / "out", repo)
     changed = _with_record(path, tmp_path, "sweep/1/run.json", {"environment": {"gpu_env": [1]}})

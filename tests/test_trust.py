@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, base_env
+from reprotrain.config import config_sha256
 from reprotrain.errors import ReprotrainError
 from reprotrain.hashing import file_sha256
 from reprotrain.tools.archive import archive as arch
@@ -98,6 +99,7 @@ def fake_run(tmp_path: Path, repo: Path, config: str, diff: str = "") -> Path:
         "git": {"commit": commit, "short": commit[:8], "dirty": bool(diff)},
         "data_fingerprint": {"sha256": "0" * 64},
         "epochs_completed": 1,
+        "config_sha256": config_sha256(yaml.safe_load(config)),  # as the trainer writes it
     }
     (run / "run.json").write_text(json.dumps(record))
     (run / "config.resolved.yaml").write_text(config)
@@ -111,7 +113,7 @@ def fake_run(tmp_path: Path, repo: Path, config: str, diff: str = "") -> Path:
 
 @pytest.fixture
 def archived(tmp_path, repo, job_config, monkeypatch) -> Path:
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     path, _ = arch.build(fake_run(tmp_path, repo, job_config), tmp_path / "out", repo=repo)
     return path
 
@@ -278,7 +280,7 @@ def test_a_signature_by_a_key_not_trusted_or_over_another_manifest_is_refused(
 def test_a_patch_carried_by_the_archive_is_not_rule_a(tmp_path, repo, job_config, capsys,
                                                       monkeypatch):  # fmt: skip
     """source/ == commit + run/git.diff, but the diff is the archive's word, not this repo's."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     marker = tmp_path / "PWNED"
     (repo / "src/reprotrain/__init__.py").write_text(
         BENIGN + f"open({str(marker)!r}, 'w').write('pwned')\n"
@@ -299,6 +301,9 @@ def test_a_config_naming_an_outside_callable_is_not_rule_a(archived, tmp_path, r
     top = unpack(archived, tmp_path / "u")
     cfg = top / "run/config.resolved.yaml"
     cfg.write_text(cfg.read_text() + "evil:\n  _target_: os.system\n  command: touch PWNED\n")
+    record = json.loads((top / "run/run.json").read_text())  # the forger re-hashes it too
+    record["config_sha256"] = config_sha256(yaml.safe_load(cfg.read_text()))
+    (top / "run/run.json").write_text(json.dumps(record))
     changed = repack(top, tmp_path / "cfg.tar.gz")
     rc = reproduce(changed, tmp_path, repo)
     line = one_error_line(capsys.readouterr().err)
@@ -318,7 +323,7 @@ def test_a_commit_this_repository_lacks_is_not_rule_a(archived, tmp_path, capsys
 def test_archive_sign_writes_a_signature_that_verifies(tmp_path, repo, job_config, keys,
                                                       monkeypatch, capsys):  # fmt: skip
     """`make archive SIGN=key` end to end: the signature member checks out under rule b."""
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     run = fake_run(tmp_path, repo, job_config)
     path, meta = arch.build(run, tmp_path / "o", repo=repo, sign_key=keys["alice"])
     assert meta["signed"]
@@ -338,7 +343,7 @@ def archived_config(tmp_path: Path, repo: Path, job_config: str, monkeypatch, **
     """An untouched archive of a commit here whose config replaces the given groups."""
     import yaml
 
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     cfg = yaml.safe_load(job_config)
     cfg.update(groups)
     run = fake_run(tmp_path, repo, yaml.safe_dump(cfg))
@@ -485,7 +490,7 @@ def fake_sweep_archive(tmp_path: Path, repo_dir: Path, config: str, study: dict 
         shutil.move(src, sweep / str(n))
     if study is not None:
         (sweep / "study.json").write_text(json.dumps(study))
-    monkeypatch.setattr(sweep_archive, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     path, _ = sweep_archive.build(sweep, tmp_path / "out", repo=repo_dir)
     return path
 
@@ -531,7 +536,7 @@ def test_a_killed_archivers_staging_dir_is_removed_by_the_next_archive(
     out = tmp_path / "out"
     stale = out / f".archive-{dead_pid()}-x1y2"
     (stale / "run").mkdir(parents=True)
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
     arch.build(fake_run(tmp_path, repo, job_config), out, repo=repo)
     assert not stale.exists()
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
@@ -546,8 +551,8 @@ def test_a_full_disk_while_archiving_names_the_file_being_written(
     def full(src, dst, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
 
-    monkeypatch.setattr(arch, "pip_freeze", lambda: "")
-    monkeypatch.setattr(arch.shutil, "copy2", full)
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
+    monkeypatch.setattr(shutil, "copy2", full)
     run = fake_run(tmp_path, repo, job_config)
     with pytest.raises(ReprotrainError) as failed:
         arch.build(run, tmp_path / "out", repo=repo)

@@ -1,21 +1,10 @@
-"""The one rule for which tar members may be extracted, shared by every reader of archives
-(dataset downloads, ``data.download``, and ``make reproduce``): a relative path that stays
-inside the target, naming a regular file or a directory. Absolute paths, ``..``, links, devices,
-fifos and sparse files are refused before a single byte is written.
+"""The one rule for which tar members may be extracted, and how much an archive may unpack.
 
-And how much an archive may unpack (:class:`Limits`): member count, per-member size, total
-size and compression ratio, checked from the headers before extraction (the member count
-while the headers are read, so 200,000 empty members are refused after the first 20,001,
-not held in memory), and again while the bytes stream (:class:`Budget`). The defaults fit
-a run archived with its checkpoints (an 11M-parameter model's checkpoint is ~130 MB and compresses
-~1.1x; source, records and logs compress ~3-10x) and refuse a bomb; each is overridable.
-
-Every read of an archive goes through :func:`open_tar` (or :func:`open_stream`), for every
-compression alike (gzip, bz2, xz, none): the decompressed stream may not pass
-:func:`stream_cap` bytes, counted as it is read and refused before a read or a seek would
-go past it, and a GNU long-name/long-link or pax header whose body claims more than
-``MAX_HEADER_BYTES`` is refused before tarfile reads that body into memory (a 165 KB .tar.xz
-whose long-name header claimed 1 GiB grew the process by 942 MiB).
+Shared by every reader of archives (dataset downloads and ``make reproduce``): a relative path
+inside the target naming a regular file or a directory; links, devices, fifos and sparse files
+are refused before a byte is written. :class:`Limits` (count, sizes, ratio) are checked from
+the headers, on the decompressed stream (:func:`stream_cap`) and while bytes stream
+(:class:`Budget`). Defaults and why: docs/archive-and-reproduce.md.
 """
 
 from __future__ import annotations
@@ -159,8 +148,6 @@ def unsafe_reason(m: tarfile.TarInfo) -> str | None:
         return "not a plain file or directory"
     return None
 
-
-# ----------------------------------------------------------------------------- bounded reading
 
 #: The most a GNU long-name/long-link or pax extended header may hold (names are < 4 KiB).
 MAX_HEADER_BYTES = 1 << 20

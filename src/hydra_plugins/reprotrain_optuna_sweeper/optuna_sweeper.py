@@ -1,11 +1,7 @@
 """The ``hydra/sweeper=optuna`` config nodes and the Sweeper Hydra instantiates from them.
 
-Imported by Hydra's plugin scan at every start, so it stays light: no optuna import here
-(the study, in ``reprotrain.tools.sweeps.optuna_sweeper``, imports it when a study runs).
-The samplers are optuna's own (``_target_``), each with a ``seed``: null is ``seed.base``
-(``reprotrain.tools.sweeps.optuna_study.prepare``), and each trial is proposed by a fresh
-sampler seeded from (seed, trial number), so a continued study proposes what the
-uninterrupted one would have.
+Imported by Hydra's plugin scan at every start, so no optuna import here. The samplers are
+optuna's own; a null ``seed`` is ``seed.base`` (docs/sweeps-optuna.md).
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan runs this module before it is
@@ -102,14 +98,8 @@ class OptunaSweeperConf:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider=PROVIDER)
-    samplers = {
-        "tpe": TPESamplerConf,
-        "random": RandomSamplerConf,
-        "cmaes": CmaEsSamplerConf,
-        "nsgaii": NSGAIISamplerConf,
-        "qmc": QMCSamplerConf,
-        "grid": GridSamplerConf,
-    }
+    samplers = {"tpe": TPESamplerConf, "random": RandomSamplerConf, "cmaes": CmaEsSamplerConf}
+    samplers |= {"nsgaii": NSGAIISamplerConf, "qmc": QMCSamplerConf, "grid": GridSamplerConf}
     for name, node in samplers.items():
         cs.store(group="hydra/sweeper/sampler", name=name, node=node, provider=PROVIDER)
 

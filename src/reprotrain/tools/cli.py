@@ -1,22 +1,9 @@
 """One command-line wrapper for every tool: ``--help`` works, every user error is one line.
 
-Closes: tools that crash on ``--help`` (or take it for a run directory) and user errors that
-surface as tracebacks. A tool's ``main`` is decorated with :func:`entry_point`; it builds its
-parser with :func:`parser`. Then:
-
-- ``--help`` prints usage and exits 0 (argparse's own behaviour, kept);
-- a usage error (unknown option, bad value) is one ``error: ...`` line, exit 2;
-- a :class:`~reprotrain.errors.ReprotrainError` is one ``error: <message>`` line, exit 2
-  (control characters in it made visible: ``tools/shown.py``);
-- an ``OSError`` (a user path that is missing, a file where a directory is expected, no
-  permission, disk full) is one line naming the path and the errno text, exit 2;
-- anything else is a bug and keeps its traceback.
-
-And stop signals unwind like Ctrl-C inside :func:`stopping` (SIGTERM, SIGHUP and SIGUSR2 end
-a Python process at once by default, skipping every ``finally``: ``make archive`` left its
-staging dir and ``*.tar.gz.tmp``, ``make reproduce`` its temp extraction): each raises
-:class:`Stopped` (a ``KeyboardInterrupt``, so no ``except Exception`` swallows it) where the
-process is, and the cleanup on the way out runs.
+Closes: tools that crash on ``--help`` and user errors as tracebacks. A usage error, a
+``ReprotrainError`` or an ``OSError`` is one ``error:`` line, exit 2; anything else is a bug
+and keeps its traceback. Inside :func:`stopping`, SIGTERM, SIGHUP and SIGUSR2 unwind like
+Ctrl-C (:class:`Stopped`), so cleanup runs. docs/cli.md.
 """
 
 from __future__ import annotations
@@ -73,8 +60,7 @@ def parser(module: str, doc: str | None, **kwargs) -> argparse.ArgumentParser:
 
 
 def user_path(text: str) -> Path:
-    """An argparse type: a path as typed, with ``~`` expanded (Make passes it quoted, so the
-    shell never did)."""
+    """An argparse type: a path with ``~`` expanded (Make passes it quoted)."""
     return Path(text).expanduser()
 
 
@@ -82,8 +68,7 @@ user_path.__name__ = "path"
 
 
 def argtype(convert: Callable[[str], Any], ok: Callable[[Any], bool], name: str) -> Callable:
-    """An argparse type: ``convert(text)`` when ``ok`` holds for it; argparse's error names
-    the value ``name`` (``invalid positive integer value: '0'``)."""
+    """An argparse type: ``convert(text)`` when ``ok`` holds; errors name the value ``name``."""
 
     def parse(text: str) -> Any:
         value = convert(text)
@@ -146,11 +131,8 @@ def report(e: BaseException) -> int:
 
 
 def entry_point(main: Callable[..., int]) -> Callable[..., int]:
-    """Decorate a tool's ``main(argv=None) -> int`` with the rules in the module docstring.
-
-    ``SystemExit`` from argparse (``--help``) is returned as an exit code, so in-process
-    callers (tests) get an int back as they do for every other outcome.
-    """
+    """Decorate a tool's ``main(argv=None) -> int`` with the module docstring's rules;
+    argparse's ``SystemExit`` (``--help``) is returned as an int."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
@@ -176,11 +158,8 @@ def entry_point(main: Callable[..., int]) -> Callable[..., int]:
 def run_forwarding_errors(
     cmd: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> tuple[int, str | None]:
-    """Run a child with its output streamed through; (exit code, its last ``error:`` line).
-
-    A tool that starts the trainer lets the trainer's own one-line error speak for itself
-    and does not add a second ``error:`` line about the same failure.
-    """
+    """Run a child, output streamed; (exit code, its last ``error:`` line), so the tool adds
+    no second ``error:`` line about the same failure."""
     proc = subprocess.Popen(
         list(cmd), cwd=cwd, env=env, stderr=subprocess.PIPE, text=True, errors="replace"
     )

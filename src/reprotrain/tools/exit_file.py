@@ -1,16 +1,8 @@
 """``reprotrain --exit-file PATH``: where the job's exit code goes, checked before the job.
 
-Closes: an exit file that replaced whatever stood at its path (``/dev/full``, a FIFO, a
-character device: as root the atomic rename put a regular file in their place) and one that
-could not be written (a directory, an immutable or read-only directory, a full disk) ending
-in a traceback and exit 1 *after* the job ran, so the job's own code was lost.
-
-:func:`checked` runs before the job: the path must be a regular file (a symlink to one is
-written through, the link kept) or not exist yet in a directory where a file can be created
-and written (probed with a small temporary file, which is removed). Anything else is a
-:class:`ExitFileError`: one line, exit 2, and the job does not run. :func:`write` runs after
-the job; if the write fails even so (the disk filled up meanwhile) it says so in one line and
-the caller still returns the job's code.
+Closes: an exit file that replaced what stood at its path, or failed after the job ran.
+:func:`checked` runs before the job (a regular file, or creatable: one line, exit 2 else);
+:func:`write` after it, one line if it fails. docs/cli.md.
 """
 
 from __future__ import annotations
@@ -86,8 +78,7 @@ def checked(path: Path) -> Path:
 
 
 def write(path: Path, code: int) -> bool:
-    """Write ``code`` (one integer, one line) atomically; False (and one stderr line) if the
-    write failed: the job's own exit code is what the command still returns."""
+    """Write ``code`` atomically; False and one stderr line if that failed."""
     from reprotrain.run.record import atomic_write_text  # light: no torch
 
     try:

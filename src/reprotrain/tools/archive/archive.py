@@ -4,13 +4,9 @@
         [--out-dir archives] [--allow-incomplete] [--force] [--repo <checkout>]
         [--sign <ssh key>]
 
-Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz``: ``run/`` (checkpoints only with
---with-checkpoint, the final one), ``source/`` rebuilt as it ran (``git archive`` of the
-recorded commit plus the run's git.diff: ``snapshot.py``), ``env/`` (the lock, pip freeze,
-git state), ``archive.json``, ``MANIFEST.sha256`` and, with --sign, its SSH signature. The
-tar is written to a temp file and renamed, so an archive that exists is complete. A run not
-fully archivable (untracked files at training time) is archived and says so. ``RUN=<sweep
-dir>`` packs the whole sweep (``sweep_archive.py``). Layout: docs/archive-and-reproduce.md.
+Writes ``<out-dir>/<experiment_id>-<run name>.tar.gz`` (temp file, then renamed: an archive
+that exists is complete); ``RUN=<sweep dir>`` packs the whole sweep. Layout:
+docs/archive-and-reproduce.md.
 
 Exit codes: 0 written; 2 refused, in one line.
 """
@@ -22,24 +18,15 @@ import errno
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 from reprotrain import REPO_ROOT
 from reprotrain.errors import ArchiveError
-from reprotrain.hashing import file_sha256
-from reprotrain.repro import gitinfo
 from reprotrain.run.readers import completion_problem, read_run_json
-from reprotrain.run.record import (
-    FINGERPRINTS,
-    RUN_JSON,
-    atomic_write_text,
-    now_iso,
-    read_jsonl,
-)
+from reprotrain.run.record import FINGERPRINTS, RUN_JSON, atomic_write_text, now_iso, read_jsonl
 from reprotrain.tools import cli
-from reprotrain.tools.archive import snapshot, sweep_archive
+from reprotrain.tools.archive import sweep_archive
 from reprotrain.tools.archive.archive_check import (
     ARCHIVE_JSON,
     MANIFEST,
@@ -49,17 +36,14 @@ from reprotrain.tools.archive.archive_check import (
 from reprotrain.tools.archive.pack import (
     FORMAT_VERSION,
     PHASES,
-    check_out_dir,
-    pip_freeze,
-    run_members,
+    copy_run,
     seal,
+    source_and_env,
     staging_dir,
+    target_path,
 )
 
 __all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
-# `scheme://user:secret@host`: what pip freeze prints for a package installed from a URL
-# with credentials in it. The only place an archive could pick up a token from outside the
-# (allowlisted) run record.
 
 
 def _dict(value: object) -> dict:
@@ -121,14 +105,8 @@ def build(
         )
     check_consistent(run_dir, record)
     exp_id = re.sub(r"[^\w.+-]", "_", str(record.get("experiment_id") or "unknown"))
-    top = f"{exp_id}-{run_dir.name}"
-    target = out_dir / f"{top}.tar.gz"
-    check_out_dir(out_dir)
-    if target.exists() and not force:
-        raise ArchiveError(f"{target} exists; pass --force to overwrite it")
-    git = _dict(record.get("git"))
-    if snapshot.is_git_repo(repo) and git.get("commit"):
-        snapshot.check_commit(repo, git["commit"])
+    top, git = f"{exp_id}-{run_dir.name}", _dict(record.get("git"))
+    target = target_path(out_dir, top, force, repo, git.get("commit"))
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -157,30 +135,17 @@ def _build(
     with staging_dir(out_dir, target) as staging:
         root = staging / top
         PHASES("copy the records")
-        for path, rel in run_members(run_dir, with_checkpoint):
-            dest = root / "run" / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest)
-        PHASES("snapshot the source")
-        snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
+        copy_run(run_dir, root / "run", with_checkpoint)
+        snap, lock_sha, now_git, now_diff = source_and_env(root, repo, git.get("commit"), diff)
         if git.get("dirty") and not diff:
             snap.notes.append("run.json says the tree was dirty but the run has no git.diff")
         not_archivable = archivability(record)
         snap.notes.extend(not_archivable)
-        lock = root / "source" / "requirements.lock"
-        lock_sha = file_sha256(lock) if lock.is_file() else None
-        if lock.is_file():
-            (root / "env").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(lock, root / "env" / "requirements.lock")
         if lock_sha != record.get("lock_sha256"):
             snap.notes.append(
                 f"requirements.lock in the snapshot ({(lock_sha or 'none')[:12]}) is not the "
                 f"recorded lock ({str(record.get('lock_sha256') or 'none')[:12]})"
             )
-        PHASES("record the environment")
-        now_git, now_diff = gitinfo.git_info(repo)
-        atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
-        atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
         if now_diff:
             atomic_write_text(root / "env" / "git-archive-time.diff", now_diff)
         meta = {

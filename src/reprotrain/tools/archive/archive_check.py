@@ -1,17 +1,9 @@
 """Check an archive completely *before* anything is extracted, then extract it safely.
 
-Closes: an unsafe member (absolute, ``..``, link, device) writing outside the target; a
-changed, missing or extra member (``MANIFEST.sha256``); a malformed record whose manifest
-matches (no ``run/run.json``, invalid JSON, no seeds, a YAML syntax error) crashing the replay
-with exit 1, the code reserved for DIVERGED. Every one of these is one line and exit 2.
-
-Archives a user can make are read too: the layout ``<top>/MANIFEST.sha256`` that ``make
-archive`` writes, and the ``./MANIFEST.sha256`` layout of ``cd <top> && tar -czf x.tar.gz .``
-(``./`` prefixes are normalised away; the member set must still match the manifest).
-
-The record files are kept in memory from the one pass that hashes them, so the trust
-decision (``tools/reproduce/trust.py``) and the record checks run on the verified bytes, with
-nothing on disk yet.
+Closes: an unsafe member writing outside the target; a changed, missing or extra member
+(``MANIFEST.sha256``, at ``<top>/`` or ``./``); a malformed record crashing the replay with
+exit 1 (DIVERGED's code). Each is one line, exit 2. Records stay in memory from the hashing
+pass, so trust and record checks run on verified bytes.
 """
 
 from __future__ import annotations
@@ -34,12 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.errors import RecordError, ReproduceRefused
 from reprotrain.run import schema as run_schema
-from reprotrain.run.readers import (
-    completion_problem,
-    parse_jsonl,
-    parse_record,
-    parse_yaml_config,
-)
+from reprotrain.run.readers import completion_problem, parse_jsonl, parse_record, parse_yaml_config
 from reprotrain.safetar import (
     ArchiveLimitError,
     Budget,
@@ -136,10 +123,8 @@ class CheckedArchive:
 
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Read the decompressed stream (gzip, bz2, xz or none) to its end, so its checksum is
-    checked (tarfile stops at the first bad header and would report a corrupt archive as
-    merely missing members); a stream that inflates past the size or ratio limits is
-    refused as soon as it does (``safetar.open_stream``)."""
+    """Read the decompressed stream to its end, so its checksum is checked; past the
+    size or ratio limits it is refused as soon as it inflates (``safetar.open_stream``)."""
     kind = compression(archive).replace("none", "tar")
     try:
         with open_stream(archive, limits) as stream:
@@ -207,8 +192,8 @@ def _top_name(archive: Path, prefix: str) -> str:
 
 
 def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
-    """Every file member hashes to its manifest line; none missing, none extra; within the
-    size limits. Reads the record files into memory on the way. Nothing is written."""
+    """Every file member hashes to its manifest line, none missing or extra, within the limits;
+    the record files read into memory. Nothing is written."""
     archive = Path(archive)
     if not archive.exists():
         raise ReproduceRefused(f"{archive}: no such archive")
@@ -321,14 +306,14 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
 
 
 def check_config_identity(record: dict, config: dict, label: str) -> None:
-    """The archived config (its container) must hash to run.json's ``config_sha256``, with
-    the record's ``extended_from``: an archive that contradicts itself (a callback added, a
-    value edited) is refused before anything runs."""
+    """The archived config must hash to run.json's ``config_sha256`` (with ``extended_from``):
+    an archive that contradicts itself is refused before anything runs."""
     from reprotrain.config import config_sha256
 
     recorded = record.get("config_sha256")
-    if recorded is None:  # a hand-made record (the tests' archives) holds no hash to check
-        return
+    if not isinstance(recorded, str):
+        raise ReproduceRefused(f"{label}: run.json records no config_sha256 to check it against;"
+                               " the record was edited or damaged; nothing was run")  # fmt: skip
     here = config_sha256(config, record.get("extended_from") or None)
     if here != recorded:
         raise ReproduceRefused(
@@ -352,10 +337,8 @@ def check_extract_dir(dest: Path) -> Path:
 
 
 def extract(checked: CheckedArchive, dest: Path) -> Path:
-    """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty); returns
-    that folder. tarfile's ``data`` filter checks each member again as a second guard, the
-    bytes are counted against the limits as they stream, and a refused or failed extraction
-    removes everything it wrote."""
+    """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty) and return it;
+    second guard: tarfile's ``data`` filter; a failed extraction removes what it wrote."""
     dest = check_extract_dir(Path(dest))
     created = [p for p in (dest, *dest.parents) if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
@@ -412,9 +395,8 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
 
 
 def mark_extracted(top: Path, archive: Path) -> None:
-    """:data:`MARKER` in the extraction's top folder and in every run directory under it,
-    so each is known to come from ``archive`` wherever it is moved (replacing a member of
-    that name: the archive does not get to say it is not from an archive)."""
+    """:data:`MARKER` in the top folder and every run directory under it (replacing a member
+    of that name: the archive does not get to say it is not from an archive)."""
     from reprotrain.run.record import atomic_write_text
 
     text = json.dumps({"archive": str(archive), "built_only_under_a_trust_rule": True}) + "\n"

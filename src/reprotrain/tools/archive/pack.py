@@ -1,14 +1,11 @@
-"""What every archive is built from, for one run and for a sweep alike.
-
-The run members (no checkpoints unless asked, no temp files), ``pip freeze`` without
-credentials, the hidden staging folder that is removed however the block ends, and the seal:
-``MANIFEST.sha256`` (signed when a key is given) and the tar written atomically.
-"""
+"""What every archive is built from, for one run and for a sweep alike: members, source and
+environment, the staging folder, and the seal (manifest, signature, atomic tar)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -22,14 +19,10 @@ from pathlib import Path
 from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
 from reprotrain.progress import Phases, say
-from reprotrain.run.record import (
-    CHECKPOINTS,
-)
-from reprotrain.tools.archive import signing
-from reprotrain.tools.archive.archive_check import (
-    MANIFEST,
-    manifest_text,
-)
+from reprotrain.repro import gitinfo
+from reprotrain.run.record import CHECKPOINTS, atomic_write_text
+from reprotrain.tools.archive import signing, snapshot
+from reprotrain.tools.archive.archive_check import MANIFEST, manifest_text
 
 FORMAT_VERSION = 1
 #: Packing, in order, after the refusals (progress lines on stdout: ``archive [2/4] ...``).
@@ -81,6 +74,41 @@ def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
     return out
 
 
+def copy_run(run_dir: Path, dest: Path, with_checkpoint: bool) -> None:
+    for path, rel in run_members(run_dir, with_checkpoint):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest / rel)
+
+
+def target_path(out_dir: Path, top: str, force: bool, repo: Path, commit: str | None) -> Path:
+    """``<out_dir>/<top>.tar.gz``; refused when it exists (without ``force``) or ``repo`` lacks
+    the recorded commit, before anything is written."""
+    target = out_dir / f"{top}.tar.gz"
+    check_out_dir(out_dir)
+    if target.exists() and not force:
+        raise ArchiveError(f"{target} exists; pass --force to overwrite it")
+    if snapshot.is_git_repo(repo) and commit:
+        snapshot.check_commit(repo, commit)
+    return target
+
+
+def source_and_env(root: Path, repo: Path, commit: str | None, diff: str):
+    """``source/`` (the snapshot) and ``env/`` (lock, pip freeze, git state); returns (the
+    snapshot, the lock's sha256 or None, git now, its diff now)."""
+    PHASES("snapshot the source")
+    snap = snapshot.build(repo, commit, diff, root / "source")
+    lock = root / "source" / "requirements.lock"
+    lock_sha = file_sha256(lock) if lock.is_file() else None
+    if lock.is_file():
+        (root / "env").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(lock, root / "env" / "requirements.lock")
+    PHASES("record the environment")
+    now_git, now_diff = gitinfo.git_info(repo)
+    atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
+    atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
+    return snap, lock_sha, now_git, now_diff
+
+
 def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
     """No owner names or ids in the archive; plain permissions."""
     info.uid = info.gid = 0
@@ -112,9 +140,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_staging(out_dir: Path) -> list[Path]:
-    """Remove the staging dirs and temp tars (``.archive-<pid>-*``) that a killed ``make
-    archive`` whose reaper was killed too (a whole cgroup at once) left in ``out_dir``; a
-    live archiver's are kept. Returns them."""
+    """Remove staging dirs and temp tars (``.archive-<pid>-*``) of killed archivers; a live
+    archiver's are kept. Returns them."""
     removed = []
     for path in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
         pid = path.name[len(STAGING_PREFIX) :].partition("-")[0]
@@ -142,8 +169,7 @@ _REAPER = (
 
 @contextlib.contextmanager
 def _reaper(out_dir: Path) -> Iterator[None]:
-    """A process of its own session (a Ctrl-C or a process-group kill does not reach it)
-    that removes this archiver's staging dir and temp tar if this process is killed."""
+    """A process of its own session: removes the staging dir and temp tar if this one is killed."""
     read, write = os.pipe()
     pattern = str(Path(out_dir) / f"{STAGING_PREFIX}{os.getpid()}-*")
     with open(os.devnull, "wb") as quiet:
@@ -162,10 +188,8 @@ def _reaper(out_dir: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
-    """A hidden temp dir in ``out_dir`` for the archive's tree, removed however the block
-    ends (a stop signal included, under :func:`cli.stopping`; a SIGKILL by the
-    reaper, :func:`_reaper`); a failed write (a full disk) becomes one line that names the
-    file and the archive."""
+    """A hidden temp dir in ``out_dir`` removed however the block ends (SIGKILL: :func:`_reaper`);
+    a failed write becomes one line naming the file and the archive."""
     staging = None
     try:
         remove_stale_staging(out_dir)
@@ -186,9 +210,8 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
 
 
 def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
-    """Write ``MANIFEST.sha256`` over every file under ``root`` (signed when a key is given),
-    then pack ``root`` as ``target`` atomically (a temp file, renamed). Returns the number of
-    files in the manifest. Shared by run and sweep archives."""
+    """``MANIFEST.sha256`` over ``root`` (signed given a key), then ``root`` packed as ``target``
+    atomically. Returns the number of files in the manifest."""
     digests = {
         p.relative_to(root).as_posix(): file_sha256(p)
         for p in sorted(root.rglob("*"))

@@ -1,11 +1,7 @@
 """SSH signatures over an archive's manifest: ``ssh-keygen -Y sign/verify``, as git uses them.
 
-Closes: an archive whose code was edited and whose ``MANIFEST.sha256`` was regenerated to
-match. The manifest catches accidents; a signature by a key the user trusts catches intent.
-``make archive SIGN=<key>`` signs ``MANIFEST.sha256`` (which hashes every other member) under
-the namespace ``reprotrain-archive``; ``make reproduce TRUSTED_SIGNERS=<file>`` checks it
-against an OpenSSH allowed-signers file (the format of git's ``gpg.ssh.allowedSignersFile``,
-one ``<principal> [namespaces="reprotrain-archive"] <key type> <public key>`` per line).
+Closes: an edited archive with a regenerated ``MANIFEST.sha256``. Namespace
+``reprotrain-archive``; verified against an OpenSSH allowed-signers file. docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ def _last_line(text: str) -> str:
 
 
 def sign_file(path: Path, key: Path) -> Path:
-    """Sign ``path`` with the private key ``key`` (or a public key whose private half is in
-    ssh-agent); returns ``<path>.sig``. A passphrase prompt, if any, uses the terminal."""
+    """Sign ``path`` with ``key`` (or its public half, via ssh-agent); returns ``<path>.sig``."""
     key = Path(key).expanduser()
     if not key.is_file():
         raise SigningError(f"signing key {key}: no such file")
@@ -60,11 +55,8 @@ class Verified:
 
 
 def verify_bytes(data: bytes, signature: bytes, allowed_signers: Path) -> Verified:
-    """Check ``signature`` over ``data`` against ``allowed_signers``; SigningError if not good.
-
-    The principal is looked up from the signature (``-Y find-principals``), so the user
-    names a trust file, not a person; the namespace must be ``reprotrain-archive``.
-    """
+    """Check ``signature`` over ``data`` against ``allowed_signers`` (principal looked up,
+    namespace ``reprotrain-archive``); SigningError if not good."""
     allowed = Path(allowed_signers).expanduser()
     if not allowed.is_file():
         raise SigningError(f"trusted signers file {allowed}: no such file")

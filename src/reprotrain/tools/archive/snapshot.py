@@ -1,17 +1,8 @@
 """The source snapshot of an archive: the package and configs *as the run ran them*.
 
-Closes: code drift between a run and its archive. The working tree may have changed since
-the run (an edit, a checkout, a ``git pull``), so the snapshot is rebuilt from what the run
-recorded: ``git archive <recorded commit>`` of the paths below, with the run's ``git.diff``
-(uncommitted tracked changes, plus untracked files only where the run opted them in with
-``record.include_untracked``) applied on top with ``git apply``. Only when there is no git
-to ask (the repo is not a checkout, or the run recorded no commit) is the current working
-tree copied instead, and the returned note says so, so the archive never claims more than
-it knows.
-
-The snapshot keeps the repository layout (``src/``, ``conf/``, locks, ``pyproject.toml``,
-``Makefile``), which is what ``reprotrain.REPO_ROOT`` needs to find ``conf/`` from the package:
-``PYTHONPATH=<snapshot>/src python -m reprotrain.train`` runs the archived code as is.
+Closes: code drift between a run and its archive: ``git archive <recorded commit>`` plus the
+run's ``git.diff``; without git to ask, the working tree is copied and the note says so. The
+repository layout is kept, so ``PYTHONPATH=<snapshot>/src`` runs the archived code as is.
 """
 
 from __future__ import annotations
@@ -67,8 +58,7 @@ def is_git_repo(repo: Path) -> bool:
 
 
 def check_commit(repo: Path, commit: object) -> None:
-    """SnapshotError unless ``commit`` is a full object id that ``repo`` has (checked before
-    anything is written, so a refused archive leaves nothing behind)."""
+    """SnapshotError unless ``repo`` has the full object id ``commit`` (before any write)."""
     if not gitinfo.is_commit_id(commit):
         # Only a full hex id reaches git: a recorded "commit" is data, never an option.
         raise SnapshotError(f"recorded commit {str(commit)[:80]!r} is not a git object id")
@@ -80,11 +70,8 @@ def check_commit(repo: Path, commit: object) -> None:
 
 
 def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
-    """``git archive <commit>`` of the snapshot paths into ``dest``, then ``git apply`` diff.
-
-    Only the hunks that touch snapshot paths are applied (a diff of README.md or tests/
-    belongs to the record in ``run/git.diff``, not to the code that ran).
-    """
+    """``git archive <commit>`` of the snapshot paths into ``dest``, then the diff's hunks that
+    touch them (``git apply``)."""
     repo, dest = Path(repo), Path(dest)
     check_commit(repo, commit)
     listed = _git(repo, "ls-tree", "-r", "--name-only", commit)

@@ -1,10 +1,7 @@
 """``make archive RUN=<sweep dir>``: pack a whole sweep (every run, its summary) in one archive.
 
-The single-run layout (``archive.py``) with ``sweep/`` for ``run/``: each run directory
-(checkpoints left out), the summary and ``multirun.yaml`` (an Optuna study's ``study.json``
-and ``study.journal`` too), one ``source/`` and ``env/`` (all runs must share the commit and
-diff), ``archive.json`` (``"kind": "sweep"``, the jobs) and the manifest. ``make reproduce``
-replays every job (``reproduce_sweep.py``).
+The single-run layout with ``sweep/`` for ``run/`` (every run, no checkpoints, the sweep's
+own files); all runs must share the commit and diff. docs/archive-and-reproduce.md.
 """
 
 from __future__ import annotations
@@ -16,36 +13,25 @@ from pathlib import Path
 
 from reprotrain.errors import ArchiveError
 from reprotrain.progress import Progress, say
-from reprotrain.repro import gitinfo
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools.archive import snapshot
 from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, CheckedArchive
 from reprotrain.tools.archive.pack import (
     FORMAT_VERSION,
     PHASES,
-    check_out_dir,
-    pip_freeze,
-    run_members,
+    copy_run,
     seal,
+    source_and_env,
     staging_dir,
+    target_path,
 )
 
 SWEEP = "sweep"
 KIND = "sweep"
-#: An Optuna study also leaves study.json (tools/sweeps/optuna_study.py), the sweeper's
-#: optimization_results.yaml and its storage, study.journal (optuna.load_study opens it);
-#: its trials are ordinary run directories.
-SWEEP_FILES = (
-    "summary.json",
-    "summary.md",
-    "summary.png",
-    "multirun.yaml",
-    "study.json",
-    "optimization_results.yaml",
-    "study.journal",
-)
+#: The sweep's own files (an Optuna study's record, results and journal among them).
+SWEEP_FILES = ("summary.json", "summary.md", "summary.png", "multirun.yaml", "study.json",
+               "optimization_results.yaml", "study.journal")  # fmt: skip
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -58,8 +44,7 @@ def is_sweep_archive(checked: CheckedArchive) -> bool:
     return any(rel.startswith(f"{SWEEP}/") for rel in checked.members)
 
 
-def job_dirs(sweep_dir: Path) -> list[Path]:
-    return sweep_jobs(sweep_dir)
+job_dirs = sweep_jobs
 
 
 def _shared_code(records: dict[Path, dict], diffs: dict[Path, str]) -> tuple[dict, str]:
@@ -86,7 +71,7 @@ def build(
 ) -> tuple[Path, dict]:
     """Write ``<out-dir>/sweep-<name>.tar.gz``; returns (path, archive.json contents)."""
     sweep_dir, out_dir = Path(sweep_dir).resolve(), Path(out_dir).resolve()
-    jobs = job_dirs(sweep_dir)
+    jobs = sweep_jobs(sweep_dir)
     records = {j: read_run_json(j) for j in jobs}
     unfinished = [j.name for j, r in records.items() if r.get("status") != "completed"]
     if unfinished and not allow_incomplete:
@@ -97,36 +82,19 @@ def build(
     diffs = {j: (j / "git.diff").read_text() if (j / "git.diff").is_file() else "" for j in jobs}
     git, diff = _shared_code(records, diffs)
     top = "sweep-" + re.sub(r"[^\w.+-]", "_", sweep_dir.name)
-    target = out_dir / f"{top}.tar.gz"
-    check_out_dir(out_dir)
-    if target.exists() and not force:
-        raise ArchiveError(f"{target} exists; pass --force to overwrite it")
-    if snapshot.is_git_repo(repo) and git.get("commit"):
-        snapshot.check_commit(repo, git["commit"])
+    target = target_path(out_dir, top, force, repo, git.get("commit"))
     out_dir.mkdir(parents=True, exist_ok=True)
     with staging_dir(out_dir, target) as staging:
         root = staging / top
         PHASES("copy the records")
         with Progress("archive", len(jobs), unit="runs copied", emit=say) as copied:
             for job in jobs:
-                for path, rel in run_members(job, with_checkpoint=False):
-                    dest = root / SWEEP / job.relative_to(sweep_dir) / rel
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(path, dest)
+                copy_run(job, root / SWEEP / job.relative_to(sweep_dir), with_checkpoint=False)
                 copied.update()
         for name in SWEEP_FILES:
             if (sweep_dir / name).is_file():
                 shutil.copy2(sweep_dir / name, root / SWEEP / name)
-        PHASES("snapshot the source")
-        snap = snapshot.build(repo, git.get("commit"), diff, root / "source")
-        lock = root / "source" / "requirements.lock"
-        if lock.is_file():
-            (root / "env").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(lock, root / "env" / "requirements.lock")
-        PHASES("record the environment")
-        now_git, _ = gitinfo.git_info(repo)
-        atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
-        atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
+        snap = source_and_env(root, repo, git.get("commit"), diff)[0]
         meta = {
             "format": FORMAT_VERSION,
             "kind": KIND,

@@ -2,14 +2,9 @@
 
     python -m reprotrain.tools.debugging.bisect <run A> <run B> [--max-replay-steps 1000]
 
-The records give the first differing step; the configs and environments are compared; each
-run is forked by the real trainer from its newest checkpoint before that step with per-op
-hashing (``repro/op_trace.py``), and ``trace_diff.py`` names the first op whose output
-differs. When its inputs already differed, bisect walks back from the newest checkpoint at
-which both runs hold the same state (:func:`state_differences`) with a digest per step. What
-cannot be located is said, with the reason (and the ``trainer.checkpoint_every_steps`` that
-would do). The report is ``bisect.json`` in the later run's directory. Each step:
-docs/when-bits-differ.md.
+Forks each run from its newest checkpoint before the first differing step with per-op
+hashing, names the first op whose output differs, and walks back when its inputs already
+differed. Report: ``bisect.json`` in the later run. Each step: docs/when-bits-differ.md.
 
 Exit codes: 0 identical; 1 diverged (located as far as records and replays allow); 2 user
 error.
@@ -17,6 +12,7 @@ error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -66,8 +62,8 @@ class Divergence:
     values: tuple[Any, Any] = (None, None)
 
     def trace_steps(self) -> list[int]:
-        """Steps whose ops can hold the cause: a loss differs at ``s`` when update ``s-1``
-        or forward ``s`` differs; equal losses with other weights: the epoch's last update."""
+        """Steps whose ops can hold the cause: for a loss at ``s``, update ``s-1`` and forward
+        ``s``; for weights, the epoch's last update."""
         if self.what == "loss" and self.global_step > 0:
             return [self.global_step - 1, self.global_step]
         return [self.global_step]
@@ -114,8 +110,7 @@ def config_differences(a: dict, b: dict) -> dict[str, tuple[Any, Any]]:
 
 
 def nearest_checkpoint(run_dir: Path, step: int) -> tuple[Path | None, int]:
-    """The newest step checkpoint from which ``step`` is still ahead (its name is the number
-    of steps done), or (None, 0): the run replays from its start."""
+    """The newest step checkpoint at or before ``step``, or (None, 0): replay from the start."""
     best: tuple[Path | None, int] = (None, 0)
     for path in checkpoint.list_step_checkpoints(run_dir / CHECKPOINTS):
         done = int(path.stem.removeprefix("step-"))
@@ -141,8 +136,7 @@ class Replay:
 
 
 def fork_losses(fork: Path) -> dict[int, float]:
-    """{global step: loss} the fork computed: completed epochs, then its last checkpoint's
-    partial epoch (the fork stops mid-epoch and checkpoints there)."""
+    """{global step: loss} the fork computed, its last checkpoint's partial epoch included."""
     losses = step_losses(read_jsonl(fork / FINGERPRINTS)) if (fork / FINGERPRINTS).is_file() else {}
     ckpts = checkpoint.list_step_checkpoints(fork / CHECKPOINTS)
     if ckpts:
@@ -154,8 +148,7 @@ def fork_losses(fork: Path) -> dict[int, float]:
 
 
 def run_replay(replay: Replay, steps: list[int], workdir: Path, digests: range = range(0)) -> None:
-    """Fork ``replay.run_dir`` under its own config, trace ``steps`` and digest ``digests``
-    (``repro/op_trace.py``), stop right after the last of them."""
+    """Fork ``replay.run_dir``, trace ``steps``, digest ``digests``, stop after the last."""
     record = read_run_json(replay.run_dir)
     tag = replay.trace_dir.name
     config_dir, fork = workdir / f"config-{tag}", workdir / f"fork-{tag}"
@@ -213,13 +206,7 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
         lines.append(f"records  {verdict}")
         report["verdict"] = "IDENTICAL"
         return EXIT_IDENTICAL, report, lines
-    report["divergence"] = {
-        "global_step": div.global_step,
-        "epoch": div.epoch,
-        "step": div.step,
-        "what": div.what,
-        "values": list(div.values),
-    }
+    report["divergence"] = {**dataclasses.asdict(div), "values": list(div.values)}
     lines.append(
         f"records  first difference at global step {div.global_step} (epoch {div.epoch} step "
         f"{div.step}): {div.what} {div.values[0]!r} vs {div.values[1]!r}"
@@ -320,9 +307,7 @@ class WalkBack:
 def walk_back(
     a: Path, b: Path, first: Finding, max_replay: int, out_dir: Path, workdir: Path
 ) -> WalkBack:
-    """From a traced step whose first differing op had differing inputs, back to the op that
-    made the difference: start where both runs hold the same state, digest every step up to
-    the traced one, trace the first that differs."""
+    """From an op whose inputs already differed back to the op that made the difference."""
     before = first.step
     walk = WalkBack()
     origin, upto, ckpts = _walk_back_origin(a, b, before, max_replay, walk)
@@ -385,11 +370,9 @@ def walk_back(
 def _walk_back_origin(
     a: Path, b: Path, before: int, max_replay: int, walk: WalkBack
 ) -> tuple[int | None, int, tuple[Path | None, Path | None]]:
-    """(origin, upto, checkpoints): the newest global step at or before ``before`` where
-    both runs hold the same state (a pair of identical checkpoints, or the start when the
-    initial weights agree), and the oldest later checkpoint step where they differ (else
-    ``before``): the difference was made in steps ``origin .. upto-1``. None with
-    ``walk.why_not`` set when that span is over ``max_replay`` or there is no origin."""
+    """(origin, upto, checkpoints): the difference was made in steps ``origin .. upto-1``,
+    ``origin`` the newest state both runs share; None (``walk.why_not`` set) when none is
+    within ``max_replay``."""
     ka, kb = (
         {checkpoint.step_of(p): p for p in checkpoint.list_step_checkpoints(r / CHECKPOINTS)}
         for r in (a, b)
@@ -415,8 +398,7 @@ def _walk_back_origin(
 
 
 def _within(origin: int, upto: int, max_replay: int, walk: WalkBack, a: Path) -> int | None:
-    """``origin`` when the span to replay is within ``max_replay``; else None and why, with
-    the checkpoint cadence (and retention) that would have kept it short."""
+    """``origin`` when within ``max_replay``; else None and why, with the cadence that would do."""
     if upto - origin <= max_replay:
         return origin
     last = max(step_losses(read_jsonl(a / FINGERPRINTS)), default=upto) + 1
@@ -440,10 +422,8 @@ NOT_STATE = ("format_version", "config", "config_sha256", "env", "seeds", "loop"
 
 
 def state_differences(a: Path, b: Path) -> list[str]:
-    """The training-state parts (``model``, ``optimizer``, ...) in which checkpoints ``a`` and
-    ``b`` differ bit for bit (the comparison a resume's replay uses); empty when a replay from
-    either starts from the same bits. Not compared: the run's description and the loop's
-    record of past steps, which differ *because* the state differed."""
+    """The state parts (``model``, ``optimizer``, ...) in which checkpoints ``a`` and ``b``
+    differ bit for bit; the description and the past (:data:`NOT_STATE`) are not state."""
     sa, sb = checkpoint.load(a), checkpoint.load(b)
     parts = sorted((set(sa) | set(sb)) - set(NOT_STATE))
     return [
@@ -454,8 +434,7 @@ def state_differences(a: Path, b: Path) -> list[str]:
 
 
 def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dict, list[str]]:
-    """The config keys and environment fields that differ between the runs (into the
-    report and the screen)."""
+    """The config keys and environment fields that differ, into the report and the screen."""
     from omegaconf import OmegaConf
 
     cfg_a, cfg_b = (
@@ -474,8 +453,7 @@ def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dic
 
 
 def _replay_notes(replays: list[Replay], first: int) -> list[str]:
-    """What the screen says about a long replay from the start or a replay that did not
-    reproduce its own record here."""
+    """Notes on a long replay from the start or one that missed its own record here."""
     notes = []
     for r in replays:
         if first - r.start > 0 and r.checkpoint is None:

@@ -1,15 +1,8 @@
 """Compare two per-op traces of the same step (``repro/op_trace.py``): the first difference.
 
-Order of questions, each answered from the hashes alone:
-
-1. Does the step's input batch differ? Then data order (``seed.data``) or augmentation.
-2. Do the two runs dispatch different ops (a different code path)?
-3. Which is the first op whose output differs, in which module and phase, and did its
-   inputs already differ? Identical inputs and a different output: the kernel itself (a
-   nondeterministic kernel, another algorithm, another reduction order such as a thread
-   count). Different inputs with no earlier differing output: the difference came in from
-   outside the step (weights, optimizer state or RNG at its start); ``make bisect`` then
-   walks back with per-step digests (:func:`first_digest_difference`).
+In order: the input batch (data order, augmentation); the ops dispatched (code path); the
+first op whose output differs and whether its inputs already did (kernel, or state from
+outside the step: ``make bisect`` walks back). docs/when-bits-differ.md.
 """
 
 from __future__ import annotations
@@ -85,9 +78,8 @@ def first_difference(step: int, a: list[dict], b: list[dict]) -> Finding | None:
 def first_digest_difference(
     steps: range, a: dict[int, dict], b: dict[int, dict]
 ) -> tuple[int | None, list[int]]:
-    """(the first step in ``steps`` whose batch or op digest differs, or None; the steps
-    either replay did not digest). Agreement up to a step means both runs entered it with the
-    same tensors, as far as ops can see."""
+    """(the first step whose batch or op digest differs, or None; the steps either replay did
+    not digest)."""
     missing = [s for s in steps if s not in a or s not in b]
     for s in steps:
         if s in missing:

@@ -1,14 +1,8 @@
 """Validate the hashed locks offline: ``python -m reprotrain.tools.locks.check_lock``.
 
-Prints one ``error: ...`` line per problem and exits 1, or one ``ok: ...`` line and exits 0.
-Checks (see ``reprotrain.repro.requirements_lock``): every line pinned ``==`` with a sha256;
-no index, find-links, ``file:`` URL or local path; not edited after ``make lock``; not stale
-against its ``.in`` (and, for the dev lock, against the runtime lock it is constrained by);
-runtime and dev locks agree on shared packages; every marker parses; every hash names a file
-of its release in ``<lock>.files`` and every supported platform (Linux x86_64/aarch64, macOS
-arm64) gets a wheel for each requirement that applies there (``repro/lock_platforms.py``).
-``--record`` writes the ``<lock>.sha256`` sidecars; ``--record-files`` (network: the package
-index's file lists) writes ``<lock>.files``. ``make lock`` runs both right after the compiler.
+One ``error: ...`` line per problem and exit 1, or one ``ok: ...`` line and exit 0 (checks:
+``repro/requirements_lock.py``). ``--record`` writes ``<lock>.sha256``; ``--record-files``
+(network) writes ``<lock>.files``. docs/reproducing-elsewhere.md.
 """
 
 from __future__ import annotations

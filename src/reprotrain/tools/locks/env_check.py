@@ -1,9 +1,7 @@
-"""Compare the running interpreter's distributions with the locks: ``... -m ...env_check``.
+"""Compare the running interpreter's distributions with the locks: ``make env-check``.
 
-Run it with the venv's python (``make env-check``). Prints one ``error: ...`` line per
-drifting package (missing, extra, different version) and exits 1, or ``ok: ...`` and exits 0.
-The project itself (``pyproject.toml``'s name, installed editable) is never drift; pip,
-setuptools and wheel are locked (``--allow-unsafe``) and compared like everything else.
+One ``error: ...`` line per drifting package and exit 1, or ``ok: ...`` and exit 0; the project
+itself is never drift; pip, setuptools and wheel are compared like everything else.
 """
 
 from __future__ import annotations

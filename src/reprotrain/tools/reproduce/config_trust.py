@@ -1,18 +1,9 @@
 """Which callables an archived config may name when the archive's *code* is trusted by rule (a).
 
-Closes: an untouched commit whose archived config names a callable the commit ships for
-another purpose (``model: {_target_: reprotrain.tools.runs.resume.run_forwarding_signals,
-cmd: [sh, -c, ...]}`` runs a command). A ``_target_`` is code, so the config must also be one
-the trusted commit's own ``conf/`` could have composed. Checked on every config of the replay
-plan before anything from it is built or resolved:
-
-- every ``_target_``, at any depth, is a plain dotted name the commit's ``conf/`` names in the
-  same top-level group (an optimizer's target is not allowed as a model);
-- no value is an interpolation (``${oc.decode:...}`` could build a target this scan never
-  sees; ``${oc.env:...}`` would hand this machine's environment to the archive);
-- no top-level ``hydra`` or ``defaults`` key.
-
-The argument *values* stay the archive's choice, as a user typing overrides could choose them.
+Closes: an untouched commit whose config names a callable it ships for another purpose. Every
+``_target_`` must be one the commit's ``conf/`` names in the same top-level group; no
+interpolation; no ``hydra``/``defaults`` key. Argument values stay the archive's choice.
+docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -49,9 +40,7 @@ def targets_in(node: Any) -> set[str]:
 
 
 def trusted_conf_dirs(source: Path) -> list[Path]:
-    """The config trees of a source checkout: ``conf/``, the framework's packaged configs
-    (``reprotrain.conf.FRAMEWORK_CONF_DIRS``, where the source has them) and every ``pkg://``
-    entry of its primary config's ``hydra.searchpath`` (a package's own, under ``src/``)."""
+    """``conf/``, the framework's packaged configs and the primary's ``pkg://`` searchpath."""
     dirs = [Path(source) / "conf"]
     dirs += [Path(source) / d for d in FRAMEWORK_CONF_DIRS if (Path(source) / d).is_dir()]
     try:
@@ -68,12 +57,8 @@ def trusted_conf_dirs(source: Path) -> list[Path]:
 
 
 def conf_targets(*conf_dirs: Path) -> dict[str, set[str]]:
-    """{top-level group: every ``_target_`` the YAML files of ``conf_dirs`` place under it}.
-
-    ``conf/<group>/*.yaml`` lands under ``<group>`` (or its ``# @package``), ``_global_``
-    files (experiments, debug presets) and the primary config under their own top-level
-    keys. Unparseable files name nothing.
-    """
+    """{top-level group: every ``_target_`` the YAML files of ``conf_dirs`` place under it}
+    (``# @package`` and ``_global_`` files followed; unparseable files name nothing)."""
     out: dict[str, set[str]] = {}
     files = [(Path(d), f) for d in conf_dirs for f in sorted(Path(d).rglob("*.yaml"))]
     for conf_dir, path in files:

@@ -1,19 +1,9 @@
 """Which environment variables an archive may set for its re-run, and in which form.
 
-Closes: an archive choosing the re-run's environment. An environment variable is code:
-``PYTHONPATH=src:../run/evil`` imports a ``sitecustomize.py`` the archive carries,
-``GIT_TRACE=<file>`` makes every git call append to a file, ``LD_PRELOAD`` loads a library.
-The re-run's environment is this user's environment plus, from the archive, only:
-
-- the variables the comparability rule compares (``GPU_ENV_VARS``: the cuBLAS/cuDNN
-  settings that change which kernels run), each in the form its library reads
-  (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, a byte count, a 0/1 switch), or unset
-  (recorded as ``null``);
-- ``PYTHONHASHSEED``, from ``repro.pythonhashseed``: an integer in 0..4294967295.
-
-Any other name (``PYTHON*``, ``LD_*``, ``GIT_*``, ``PATH``, ...), or an allowed name with a
-value of another form, refuses the whole replay in one line, before anything is extracted,
-under every trust rule.
+Closes: an archive choosing the re-run's environment (an environment variable is code:
+``PYTHONPATH``, ``LD_PRELOAD``, ``GIT_TRACE``). Only ``GPU_ENV_VARS`` in their library's form
+and ``PYTHONHASHSEED`` (0..4294967295) pass; anything else refuses the replay in one line,
+under every trust rule. docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -75,9 +65,7 @@ def hashseed(record: dict, where: str) -> str:
 
 
 def archive_env(record: dict, where: str) -> dict[str, str | None]:
-    """What the archive sets in the re-run's environment, every entry checked: the recorded
-    ``environment.gpu_env`` (and a ``CUBLAS_WORKSPACE_CONFIG`` recorded in
-    ``environment.env``), plus ``PYTHONHASHSEED``. None values are unset."""
+    """What the archive sets in the re-run's environment, every entry checked; None: unset."""
     environment = record.get("environment") or {}
     recorded = environment.get("env") or {}
     gpu_env = environment.get("gpu_env") or {}

@@ -1,14 +1,8 @@
-"""The replay plan: everything ``make reproduce`` will run, built as data from the verified
-archive before anything of it runs, and trust-checked as one object (``trust.py``).
+"""The replay plan: everything ``make reproduce`` will run, as data, trust-checked as one object.
 
-Closes: a part of the replay that the trust check never saw (the first leg of a resumed run
-built from run.json's resume history, the re-run's environment copied from the record). Per
-job (one for a run, one per run of a sweep) the plan holds every leg's config
-(:func:`plan_replay`) and the recorded config, each checked by rule (a)
-(:meth:`ReplayPlan.configs`, ``config_trust.py``); what the archive sets in the re-run's
-environment, allowlisted and checked for form under every rule (``replay_env.py``); and the
-trainer overrides the record decides (an entropy seed, data root, device type). The rest of
-the command line, the working directory and the paths are this user's, never the archive's.
+Closes: a part of the replay the trust check never saw. Per job: every leg's config, the
+re-run's environment (``replay_env.py``) and the overrides the record decides; the rest of the
+command line and the paths are this user's. docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -60,16 +54,10 @@ def _set(node: dict, dotted: str, value: Any) -> None:
 def plan_replay(
     final_config: dict, resumes: list[dict], until_global_step: int | None = None
 ) -> list[Leg]:
-    """The trainer processes that replay a run's resume history.
+    """The trainer processes that replay a run's resume history (docs/archive-and-reproduce.md).
 
-    ``resumes`` is run.json's list; an entry that changed the config carries
-    ``{"global_step": N, "overrides": {"<dotted key>": {"from": old, "to": new}}}``. Entries
-    without overrides (a plain interrupted-and-resumed run) are invisible to the numbers and
-    need no leg of their own. The first leg starts fresh from the config as it was before the
-    first change (``final_config`` with every change undone, newest first) and stops at the
-    first changing resume's step; each further leg resumes with that entry's overrides
-    applied. ``until_global_step`` drops legs that start at or after it (``--epochs``).
-    """
+    Only resumes that changed the config get a leg; the first leg runs the config with every
+    change undone; ``until_global_step`` drops legs starting at or after it."""
     changing = []
     last_step = -1
     for entry in resumes or []:
@@ -118,9 +106,6 @@ def plan_replay(
     return legs
 
 
-# ----------------------------------------------------------------------------- the plan
-
-
 def current_data_dir(recorded_root: str) -> Path:
     """A recorded dataset root, here: relative roots are relative to this checkout."""
     root = Path(recorded_root)
@@ -128,8 +113,7 @@ def current_data_dir(recorded_root: str) -> Path:
 
 
 def record_overrides(record: dict, raw_config: dict) -> list[str]:
-    """The trainer overrides the record decides: the seed drawn from entropy, the dataset
-    root found here, the recorded device type (a CPU archive stays on the CPU)."""
+    """The overrides the record decides: entropy seed, dataset root here, device type."""
     out = []
     seeds = record.get("seeds") or {}
     if seeds.get("source") == "entropy":
@@ -169,8 +153,7 @@ class ReplayPlan:
     jobs: list[JobPlan] = field(default_factory=list)
 
     def configs(self) -> Iterator[tuple[str, dict]]:
-        """(label, unresolved config) of every config the replay builds: each job's recorded
-        config and each leg that differs from it."""
+        """(label, unresolved config) of the recorded config and every leg that differs from it."""
         for job in self.jobs:
             final, history = job.labels()
             yield final, job.config
@@ -180,8 +163,7 @@ class ReplayPlan:
 
 
 def plan_job(name: str, view: CheckedArchive, until_global_step: int | None) -> JobPlan:
-    """The job's plan; a refusal for an environment entry, NotReplayable for a history that
-    cannot be replayed."""
+    """The job's plan; a refusal for an environment entry, NotReplayable for its history."""
     where = view.label("run/run.json") if not name else view.label(f"sweep/{name}/run.json")
     env = replay_env.archive_env(view.record, where)
     raw = OmegaConf.to_container(view.config, resolve=False)

@@ -4,12 +4,8 @@
         [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
         [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
 
-In order, each able to stop the replay: check the archive before writing anything
-(``tools/archive/archive_check.py``), build the replay plan (``replay_plan.py``), decide trust
-on it (``trust.py``) before anything of it is extracted, built or resolved, check the data,
-extract, compare environment and code, re-run ``reprotrain.train`` from the archived source
-(leg by leg for a resumed run), compare every record (``tools/runs/run_diff.py``). A sweep
-archive: ``reproduce_sweep.py``. ``--verify-only`` checks and extracts; it runs nothing.
+Checks the archive, plans the replay, decides trust before anything is extracted or built,
+re-runs from the archived source and compares every record. ``--verify-only`` runs nothing.
 
 Last line and exit code: 0 REPRODUCED (bitwise); 1 DIVERGED at epoch E (step S); 2 refused
 (one line); 3 NOT COMPARABLE (metrics judged against --tolerance); 4 the re-run failed;
@@ -23,7 +19,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -34,20 +29,13 @@ from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
 from reprotrain.resume.guard import imported_differences
-from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.run.record import atomic_write_text, now_iso
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, sweep_archive
-from reprotrain.tools.archive.archive_check import MANIFEST, CheckedArchive, parse_manifest
-from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, trust
-from reprotrain.tools.reproduce.replay_plan import (
-    JobPlan,
-    Leg,
-    NotReplayable,
-    ReplayPlan,
-    current_data_dir,
-    plan_replay,
-)
+from reprotrain.tools.archive.archive_check import CheckedArchive
+from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, study_check, trust
+from reprotrain.tools.reproduce.replay_plan import JobPlan, NotReplayable, ReplayPlan
 from reprotrain.tools.reproduce.rerun import (
     EXIT_DIVERGED,
     EXIT_NOT_COMPARABLE,
@@ -60,26 +48,17 @@ from reprotrain.tools.reproduce.rerun import (
     environment_differences,
     extraction_dir,
     imported_from,
+    new_run_dir,
     not_comparable_reasons,
     rerun_env,
+    rerun_record,
     run_legs,
 )
 from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 
-__all__ = [
-    "MANIFEST", "Leg", "NotReplayable", "ReproduceRefused", "current_data_dir", "main",
-    "parse_manifest", "plan_replay", "reproduce",
-]  # fmt: skip
-
+__all__ = ["CheckedArchive", "ReproduceRefused", "main", "reproduce"]
 DEFAULT_TOLERANCE = 0.02
-#: run.json key (written by the trainer) with {dotted key: {interpolation, sha256}} for
-#: config values that came from ``${oc.env:...}`` (repro/secrets.py).
-ENV_INTERPOLATIONS = "env_interpolations"
-#: Recorded environment keys whose difference means identical bits are not expected.
-#: Shown when they differ, but not a reason on their own (kernel build, allowlisted vars).
-
-
-# ----------------------------------------------------------------------------- the checks
+ENV_INTERPOLATIONS = "env_interpolations"  # run.json: values from ${oc.env:...}, hashed
 
 
 def code_differences(recorded_git: dict, repo: Path = REPO_ROOT) -> list[str]:
@@ -109,8 +88,7 @@ def not_fully_archivable(record: dict) -> str | None:
 
 
 def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], bool]:
-    """Lines for each differing metric, and whether every split metric (``train_``/``val_``/
-    ``test_<name>``, whatever the task logs: acc, loss, rmse, r2, ...) is within."""
+    """Lines per differing metric, and whether every split metric is within ``tolerance``."""
     lines, within = [], True
     for epoch, diffs in sorted(metric_diffs.items()):
         parts = []
@@ -126,9 +104,6 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
                 parts.append(f"{shown(key)} {shown(a, 60)} vs {shown(b, 60)}")
         lines.append(f"  epoch {epoch}: " + "; ".join(parts))
     return lines, within
-
-
-# ----------------------------------------------------------------------------- the re-run
 
 
 def _current_preview(record: dict, num_threads: int | None, rerun_vars: dict[str, str]) -> dict:
@@ -150,9 +125,6 @@ def _current_preview(record: dict, num_threads: int | None, rerun_vars: dict[str
         env["cpu"] = recorded_env.get("cpu")
         say("env      cpu: repro=portable pins dispatch again in the re-run (checked after it)")
     return {"environment": env, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
-
-
-# ----------------------------------------------------------------------------- main
 
 
 def _check_dirs(args) -> None:
@@ -184,14 +156,12 @@ def archive_limits(args) -> safetar.Limits:
 
 
 def reproduce(args) -> int:
-    """The replay, with stop signals unwinding it before the re-run starts (temp dirs
-    removed on the way out) and forwarded to the re-run once it has."""
+    """The replay; a stop signal unwinds it before the re-run and is forwarded once it runs."""
     try:
         with cli.stopping():
             return _reproduce(args)
     except cli.Stopped as e:
-        say(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed",
-              flush=True)  # fmt: skip
+        say(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed")
         return EXIT_STOPPED
 
 
@@ -212,7 +182,9 @@ def _reproduce(args) -> int:
         if args.epochs is not None:
             raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
-        study = reproduce_sweep.archived_study(checked)  # malformed: refused before any run
+        study = study_check.archived_study(
+            checked, reproduce_sweep.read_member
+        )  # malformed: refused before any run
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
@@ -244,9 +216,8 @@ def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
 
 
 def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
-    """(epochs compared, None: all; the global step the replay stops at, None: the end).
-    An interrupted archive is compared over the epochs it completed, never as DIVERGED for
-    the ones it did not get to."""
+    """(epochs compared, global step to stop at); None: all, the end. An interrupted run is
+    compared over the epochs it completed."""
     done = len(checked.fingerprints)  # an interrupted run has them too
     if done == 0:
         raise ReproduceRefused("the archived run completed no epoch; there is nothing to compare")
@@ -354,21 +325,13 @@ def _rerun(
     if not blocking:
         say("env      matches the recorded environment")
 
-    stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
-    new_run = (Path(args.runs_dir) / stamp).resolve()
-    config_dir = top / "rerun-config"
-    where = imported_from(source, env)
-    if not where.is_relative_to(source.resolve()):
-        raise ReproduceRefused(f"the re-run would import reprotrain from {where}, not the archive")
+    new_run = new_run_dir(args.runs_dir)
+    imported_from(source, env)
     say(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
-    failed = run_legs(job, epochs, config_dir, new_run, source, env)
+    failed = run_legs(job, epochs, top / "rerun-config", new_run, source, env)
     if failed is not None:
         return failed
-
-    new_record = json.loads((new_run / RUN_JSON).read_text())
-    # Authoritative: what the re-run itself recorded, with this checkout's lock.
-    current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
-    blocking, info = environment_differences(record, current)
+    new_record, blocking, info = rerun_record(new_run, record)
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
     if record.get("imported_code") is not None:  # outside src/: no archive holds them
         now = new_record.get("imported_code") or {}
@@ -422,56 +385,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=cli.non_negative_float, default=DEFAULT_TOLERANCE)
     p.add_argument("--allow-data-drift", action="store_true")
     p.add_argument("--runs-dir", type=cli.user_path, default=Path("outputs") / "reproduce")
-    p.add_argument(
-        "--extract-dir", type=cli.user_path, default=None, help="keep the extracted archive"
-    )
+    p.add_argument("--extract-dir", type=cli.user_path, help="keep the extracted archive")
     p.add_argument("--verify-only", action="store_true", help="check and extract, no re-run")
-    p.add_argument(
-        "--trusted-signers",
-        type=cli.user_path,
-        default=None,
-        metavar="FILE",
-        help="OpenSSH allowed-signers file to verify a signed archive against",
-    )
-    p.add_argument(
-        "--trust",
-        action="store_true",
-        help="run the archive's code even if neither (a) nor (b) holds",
-    )
-    p.add_argument(
-        "--repo",
-        type=cli.user_path,
-        default=REPO_ROOT,
-        help="checkout for rule (a) (default: this one)",
-    )
-    d = safetar.Limits()
-    p.add_argument(
-        "--max-members",
-        type=cli.positive_int,
-        default=None,
-        help=f"refuse an archive with more members (default {d.max_members})",
-    )
-    p.add_argument(
-        "--max-member-bytes",
-        type=_byte_size,
-        default=None,
-        help=f"refuse a larger member (default {safetar.human(d.max_member_bytes)})",
-    )
-    p.add_argument(
-        "--max-unpacked-bytes",
-        type=_byte_size,
-        default=None,
-        help=f"refuse a larger total (default {safetar.human(d.max_total_bytes)})",
-    )
-    p.add_argument(
-        "--max-ratio",
-        type=cli.positive_float,
-        default=None,
-        help=f"refuse a higher unpacked/packed ratio (default {d.max_ratio:g})",
-    )
+    signers_help = "OpenSSH allowed-signers file to verify a signed archive against"
+    p.add_argument("--trusted-signers", type=cli.user_path, metavar="FILE", help=signers_help)
+    p.add_argument("--trust", action="store_true", help="run the code even if neither (a) nor (b)")
+    p.add_argument("--repo", type=cli.user_path, default=REPO_ROOT, help="checkout for rule (a)")
+    d, h = safetar.Limits(), safetar.human
+    p.add_argument("--max-members", type=cli.positive_int, help=f"refuse more ({d.max_members})")
+    p.add_argument("--max-member-bytes", type=_byte_size, help=f"refuse a larger member "
+                   f"({h(d.max_member_bytes)})")  # fmt: skip
+    p.add_argument("--max-unpacked-bytes", type=_byte_size, help=f"refuse a larger total "
+                   f"({h(d.max_total_bytes)})")  # fmt: skip
+    p.add_argument("--max-ratio", type=cli.positive_float, help=f"refuse a higher unpacked/packed "
+                   f"ratio ({d.max_ratio:g})")  # fmt: skip
     add_sweep_arguments(p)
-    args = p.parse_args(argv)
-    return reproduce(args)
+    return reproduce(p.parse_args(argv))
 
 
 def add_sweep_arguments(p) -> None:

@@ -1,12 +1,7 @@
 """``make reproduce`` of a sweep archive: replay every archived run, then one verdict.
 
-The single-run checks (``reproduce.py``) through the same code: every job in one replay plan,
-trusted or refused as a whole, each job re-run leg by leg into ``<runs-dir>/<stamp>/<job>``.
-Verdict: **bitwise** (where the comparability rule promises bits: 0 REPRODUCED, 1 DIVERGED
-with the ``make bisect`` line) or **statistical** (TOST per group: ``compare_sweeps.py``; 0
-CONSISTENT, 1 INCONSISTENT, 3 INCONCLUSIVE). ``study.json`` (``study_check.py``),
-``summary.json`` and each job's ``.hydra/overrides.yaml`` are checked too. The report is
-``reproduction.json`` in the new sweep directory.
+One replay plan, trusted or refused as a whole. Exit: 0 REPRODUCED, 1 DIVERGED (bitwise) or
+0 CONSISTENT, 1 INCONSISTENT, 3 INCONCLUSIVE (statistical); docs/archive-and-reproduce.md.
 """
 
 from __future__ import annotations
@@ -15,17 +10,14 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
 
-from reprotrain import REPO_ROOT, safetar
+from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused, ReprotrainError
-from reprotrain.repro import requirements_lock
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
 from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
@@ -60,8 +52,7 @@ def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None
 
 
 def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, CheckedArchive]]:
-    """(the job's folder under sweep/, the archive as if it held only that run), for every
-    job archive.json lists, each record read and checked."""
+    """(folder under sweep/, the archive as if it held only that run) per job, each checked."""
     meta = parse_json_object(checked.text(archive_check.ARCHIVE_JSON), "archive.json")
     jobs = meta.get("jobs")
     if not isinstance(jobs, list) or not jobs:
@@ -91,8 +82,7 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
 
 
 def check_overrides(checked: CheckedArchive, rel: str) -> None:
-    """A job's ``.hydra/overrides.yaml`` (its group in the statistical verdict) must be a
-    YAML list of override strings; refused before anything re-runs."""
+    """A job's ``.hydra/overrides.yaml`` (its group) must be a YAML list of strings."""
     data = read_member(checked, rel)
     if data is None:
         return
@@ -105,11 +95,6 @@ def check_overrides(checked: CheckedArchive, rel: str) -> None:
                                "was edited or damaged")  # fmt: skip
 
 
-def archived_study(checked: CheckedArchive) -> dict[str, Any] | None:
-    """The archive's study.json (an Optuna study), checked for shape; None when absent."""
-    return study_check.archived_study(checked, read_member)
-
-
 def replay(
     args,
     archive: Path,
@@ -120,11 +105,9 @@ def replay(
     """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
     say(f"trust    {verdict_trust.line()}")
     # After the trust verdict: fingerprinting the data builds each dataset config (code).
-    drift = args.allow_data_drift
-    problems = [
-        rerun.check_archived_data(j.view.config.get("dataset"), j.record, drift) for j in plan.jobs
-    ]
-    problems = [p for p in problems if p]
+    found = (rerun.check_archived_data(j.view.config.get("dataset"), j.record,
+                                       args.allow_data_drift) for j in plan.jobs)  # fmt: skip
+    problems = [p for p in found if p]
     say(f"sweep    {len(plan.jobs)} archived run(s)")
     if problems:
         say(f"data     DIFFERS: {problems[0]}")
@@ -137,17 +120,14 @@ def replay(
 
 def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, study) -> int:
     source = top / "source"
-    new_sweep = Path(args.runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
-    new_sweep = new_sweep.resolve()
+    new_sweep = rerun.new_run_dir(args.runs_dir)
     logs = new_sweep / "logs"
     logs.mkdir(parents=True)
     reasons: list[str] = list(problems)
     for i, job in enumerate(plan.jobs):
         env = rerun.rerun_env(source, job)
         if i == 0:
-            where = rerun.imported_from(source, env)
-            if not where.is_relative_to(source.resolve()):
-                raise ReproduceRefused(f"the re-run would import reprotrain from {where}")
+            rerun.imported_from(source, env)
             say(f"re-run   from the archived source ({source}), into {new_sweep}")
         run_dir = new_sweep / job.name
         with open(logs / f"job-{i}.log", "w") as log:
@@ -155,9 +135,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, 
                                  f"job-{i}", log)  # fmt: skip
         if failed is not None:
             return failed
-        new_record = json.loads((run_dir / RUN_JSON).read_text())
-        current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
-        blocking, _ = rerun.environment_differences(job.record, current)
+        blocking = rerun.rerun_record(run_dir, job.record)[1]
         reasons += [f"environment differs: {b}" for b in blocking]
         reasons += rerun.not_comparable_reasons(job.record)
         done = f"{i + 1}/{len(plan.jobs)} runs"
@@ -193,8 +171,7 @@ def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, 
 
 def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: int,
                    verdict: str, report: dict) -> tuple[int, str]:  # fmt: skip
-    """The verdict, demoted when study.json does not hold for the archived runs or the
-    replayed ones (``tools/reproduce/study_check.py``)."""
+    """The verdict, demoted when study.json does not hold for the archived or replayed runs."""
     found = study_check.differences(study, top / SWEEP, new_sweep, values=not statistical)
     report["study_differences"] = found
     if not found:
@@ -211,18 +188,14 @@ def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: i
 
 
 def _claims_differ(said: Any, here: Any) -> bool:
-    """Whether what ``said`` claims differs from ``here``: mappings key by key over the keys
-    both hold (a statistic a later version adds is no claim of the record's), else equality."""
+    """Whether ``said`` differs from ``here``; mappings only over the keys both hold."""
     if isinstance(said, dict) and isinstance(here, dict):
         return any(_claims_differ(v, here[k]) for k, v in said.items() if k in here)
     return said != here
 
 
 def summary_differences(sweep: Path) -> list[str]:
-    """Every way the archived ``summary.json`` (its groups, each group's statistics, the
-    objective) differs from the summary recomputed from the archived runs
-    (``sweep_summary.summarize``, the code that wrote it); empty when it holds or there is
-    none."""
+    """How the archived summary.json differs from one recomputed from the archived runs."""
     from reprotrain.tools.sweeps import sweep_summary
 
     path = sweep / sweep_summary.SUMMARY_JSON
@@ -285,7 +258,8 @@ def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
 def _statistical(args, top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
     reference = compare_sweeps.read_sweep(top / SWEEP, args.metric)
     candidate = compare_sweeps.Sweep(new_sweep, {}, reference.metric, reference.mode)
-    archived = {j.run_dir.relative_to(top / SWEEP).as_posix(): j for j in _jobs(top / SWEEP)}
+    jobs_there = find_jobs(top / SWEEP)[0]
+    archived = {j.run_dir.relative_to(top / SWEEP).as_posix(): j for j in jobs_there}
     for job in jobs:
         key = archived[job.name].group
         label = reference.groups[key].label if key in reference.groups else " ".join(key)
@@ -300,7 +274,3 @@ def _statistical(args, top: Path, new_sweep: Path, jobs, report) -> tuple[int, s
         say(line)
     report["statistical"] = comparison
     return compare_sweeps.EXIT[verdict], compare_sweeps.verdict_line(verdict)
-
-
-def _jobs(sweep_dir: Path):
-    return find_jobs(sweep_dir)[0]

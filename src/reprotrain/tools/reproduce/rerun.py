@@ -1,9 +1,4 @@
-"""The re-run of an archived job and the checks around it, shared by one run and a sweep.
-
-What both ``reproduce.py`` (one run) and ``reproduce_sweep.py`` (every run of a sweep) need:
-the exit codes, the data / environment / comparability checks, the trainer command and
-environment for a leg, and running the legs with stop signals forwarded to the re-run.
-"""
+"""The re-run of an archived job and the checks around it, shared by one run and a sweep."""
 
 from __future__ import annotations
 
@@ -15,22 +10,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from reprotrain import REPO_ROOT
 from reprotrain.errors import ReproduceRefused, one_line
 from reprotrain.progress import Phases, say
 from reprotrain.quoting import hydra_override
-from reprotrain.repro import comparability
+from reprotrain.repro import comparability, requirements_lock
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools.reproduce import replay_env
-from reprotrain.tools.reproduce.replay_plan import (
-    JobPlan,
-    Leg,
-    current_data_dir,
-)
+from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, current_data_dir
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
 
@@ -51,8 +44,8 @@ PHASES = Phases(
 
 
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
-    """None when the data here is the data the run saw; else a message (refusal unless
-    ``allow_drift``, when it becomes a NOT COMPARABLE reason)."""
+    """None when the data here is what the run saw; else the message (a NOT COMPARABLE reason
+    under ``allow_drift``, else refused)."""
     from reprotrain.build import data_fingerprint
 
     try:
@@ -73,8 +66,7 @@ def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | N
 
 
 def check_archived_data(dataset_cfg, record: dict, allow_drift: bool) -> str | None:
-    """:func:`check_data` on the archived ``dataset`` node, its root found here. Builds the
-    dataset's ``_target_``: only ever called after the trust verdict."""
+    """:func:`check_data` on the archived ``dataset``; builds its ``_target_``: after trust only."""
     data_cfg = OmegaConf.merge(dataset_cfg, {}) if dataset_cfg is not None else OmegaConf.create({})
     if data_cfg.get("root") is not None:
         data_cfg.root = str(current_data_dir(str(data_cfg.root)))
@@ -126,9 +118,7 @@ def rerun_command(
     config_name: str = PRIMARY,
     leg: Leg | None = None,
 ) -> list[str]:
-    """The trainer command for one leg: every path quoted for Hydra; ``resume=null`` on a
-    fresh leg so an archived ``resume: auto`` (or a checkpoint path) is never inherited;
-    the record's own part (seed, data root, device) from the plan."""
+    """The trainer command for one leg; ``resume=null`` on a fresh leg, never the archive's."""
     overrides = [hydra_override("hydra.run.dir", run_dir)]
     overrides.append("resume=auto" if leg is not None and leg.resume else "resume=null")
     overrides += job.overrides
@@ -143,8 +133,7 @@ def rerun_command(
 
 
 def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
-    """This user's environment, the archive's checked entries (``tools/reproduce/replay_env.py``),
-    then what the replay itself needs, last so nothing from the archive replaces it."""
+    """This user's environment, the archive's checked entries, then the replay's own, last."""
     env = replay_env.apply(dict(os.environ), job.env)
     env["PYTHONPATH"] = str(source / "src")  # replaces, never extends: no other reprotrain
     # The snapshot is not a checkout: keep git from finding an enclosing repo's HEAD.
@@ -152,9 +141,22 @@ def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
     return env
 
 
+def new_run_dir(runs_dir: Path) -> Path:
+    """``<runs_dir>/<stamp>-<pid>``, resolved: where a replay writes."""
+    return (Path(runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
+
+
+def rerun_record(new_run: Path, record: dict) -> tuple[dict, list[str], list[str]]:
+    """(the re-run's run.json, blocking environment differences, notes): the re-run's own
+    record, authoritative, with this checkout's lock."""
+    new_record = json.loads((new_run / RUN_JSON).read_text())
+    current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
+    return new_record, *environment_differences(record, current)
+
+
 def imported_from(source: Path, env: dict[str, str]) -> Path:
-    """Where ``import reprotrain`` resolves for the re-run (must be inside the snapshot).
-    The first thing from the archive that executes: only called after the trust verdict."""
+    """Where ``import reprotrain`` resolves for the re-run, refused unless inside ``source``
+    (runs archive code: after trust)."""
     out = subprocess.run(
         [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
         cwd=source,
@@ -166,13 +168,14 @@ def imported_from(source: Path, env: dict[str, str]) -> Path:
     if out.returncode != 0:
         first = one_line(out.stderr)[-200:]
         raise ReproduceRefused(f"the archived source does not import: {first}")
-    return Path(out.stdout.strip()).resolve()
+    where = Path(out.stdout.strip()).resolve()
+    if not where.is_relative_to(source.resolve()):
+        raise ReproduceRefused(f"the re-run would import reprotrain from {where}, not the archive")
+    return where
 
 
 def _config_yaml(text: str) -> str:
-    """The archived config under the framework's wiring, as a run composes it (see
-    ``tools.runs.resume.primary_config_text``): the re-run imports the same Hydra modules
-    as the archived run, so their ``imported_code`` compares like for like."""
+    """The archived config under the framework's wiring, as a run composes it."""
     return (
         "# Written by `make reproduce`: the archived config under the reprotrain wiring.\n"
         "defaults:\n  - reprotrain\n  - _self_\n\n" + text
@@ -195,11 +198,8 @@ def extraction_dir(args, prefix: str) -> Iterator[Path]:
 
 
 class SignalForwarder:
-    """Stop signals sent to ``make reproduce`` are remembered and passed to the re-run.
-
-    The re-run gets a session of its own, so a terminal's Ctrl-C reaches it once, through
-    here, like a ``kill`` does; on Linux it is also told to get SIGTERM (checkpoint and
-    stop) if this process dies without forwarding anything (SIGKILL)."""
+    """Stop signals sent to ``make reproduce`` passed to the re-run (its own session; on Linux
+    it gets SIGTERM if this process dies)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
@@ -275,8 +275,7 @@ def run_legs(
     prefix: str = PRIMARY,
     log=None,
 ) -> int | None:
-    """Run each leg of the job's replay into ``new_run`` (output to ``log``, else the
-    terminal); an exit code when one fails or a stop signal came, else None."""
+    """Run each leg into ``new_run``; an exit code when one fails or a stop came, else None."""
     out = log or sys.stdout
     for i, leg in enumerate(job.legs):
         if FORWARD.received:

@@ -1,15 +1,8 @@
 """The trust decision for a run directory that came from an archive, before it is built.
 
-Closes: ``reprotrain eval`` and ``bisect`` of a run extracted from someone's archive built its
-config ``_target_`` s with no trust decision (a ``model._target_`` naming the package's own
-command runner ran ``id``). Every command that builds from a run directory calls
-:func:`require_trust` on its paths before it instantiates or imports anything the run names.
-A path came from an archive when it or a folder above holds :data:`MARKER` (written by
-``archive_check.extract`` into the extraction and every run directory in it) or is an
-archive's top folder unpacked by hand. Such a run is built only under reproduce's rules
-(``trust.py``), named in one line on stderr: (a) its configs pass ``config_trust.py``
-against this checkout's ``conf/``; (b) the archive folder's signature verifies and every
-listed file keeps its sha256; (c) ``--trust``. Otherwise one line, nothing built.
+Closes: ``eval`` and ``bisect`` building an extracted run's ``_target_`` s untrusted. A path
+under :data:`MARKER` (or an archive's top folder) is built only under reproduce's rules
+(a)/(b)/(c), named on stderr; otherwise one line, nothing built. docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ HOW = ("review it and pass TRUST=1 (--trust), or check a signed archive with "
 
 
 def archive_folder(path: Path) -> Path | None:
-    """The folder that says ``path`` came from an archive (a marker, or an archive's top
-    folder unpacked by hand), or None for a run of this machine's own."""
+    """The folder that says ``path`` came from an archive, or None for this machine's own run."""
     here = Path(path).resolve()
     for folder in [here, *here.parents][:_LEVELS]:
         if (folder / MARKER).is_file():
@@ -87,8 +79,7 @@ def _config(run: Path) -> dict:
 
 
 def this_checkouts_configs(runs: list[Path]) -> str | None:
-    """Rule (a): None when every run's config is one this checkout's conf/ could compose;
-    else the first problem."""
+    """Rule (a): None when this checkout's conf/ could compose every config; else why not."""
     from reprotrain import REPO_ROOT
     from reprotrain.tools.reproduce import config_trust
 
@@ -101,8 +92,7 @@ def this_checkouts_configs(runs: list[Path]) -> str | None:
 
 
 def signed(top: Path, runs: list[Path], trusted_signers: Path) -> str:
-    """Rule (b): the signer's line when the manifest's signature verifies and every file it
-    lists under ``top`` still matches; else SigningError naming what does not."""
+    """Rule (b): the signer's line when signature and listed files hold; else SigningError."""
     from reprotrain.tools.archive import signing
 
     manifest, sig = top / MANIFEST, top / SIGNATURE
@@ -124,8 +114,7 @@ def signed(top: Path, runs: list[Path], trusted_signers: Path) -> str:
 
 
 def decide(path: Path, trust: bool = False, trusted_signers: Path | None = None) -> str | None:
-    """None for a run of this machine's own; the trust line (naming the rule) for a run from
-    an archive that may be built; else UntrustedArchive (one line)."""
+    """None for this machine's own run; the trust line for an archive's; else UntrustedArchive."""
     folder = archive_folder(path)
     if folder is None:
         return None
@@ -170,8 +159,7 @@ def add_arguments(parser) -> None:
 
 
 def pop_arguments(argv: list[str]) -> tuple[bool, Path | None, list[str]]:
-    """(``--trust`` given, ``--trusted-signers``' file, the other arguments), for a command
-    whose own parser does not know them (``commands.py`` gates it)."""
+    """(``--trust``, ``--trusted-signers`` file, the other arguments) for a foreign parser."""
     trust, signers, rest = False, None, []
     it = iter(argv)
     for arg in it:
@@ -187,8 +175,7 @@ def pop_arguments(argv: list[str]) -> tuple[bool, Path | None, list[str]]:
 
 
 def paths_in(argv: list[str]) -> list[Path]:
-    """The arguments that name an existing file or folder (``key=<path>`` overrides too:
-    ``resume=<checkpoint>``): what a command may build from."""
+    """The arguments naming an existing file or folder (``key=<path>`` too): what may be built."""
     out = []
     for arg in argv:
         for text in (arg, arg.partition("=")[2]):

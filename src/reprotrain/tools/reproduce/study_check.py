@@ -1,13 +1,7 @@
 """``make reproduce`` of an Optuna study archive: study.json is checked against the runs.
 
-Closes: a study record that nothing checked (a ``study.json`` forged to a false best, or 6 of
-8 trials deleted, reproduced as "REPRODUCED"). :func:`archived_study` reads it before
-anything re-runs (malformed: exit 2); :func:`differences` recomputes the study from a sweep
-directory with the code that wrote it (``optuna_study.summarise_study``) and lists every way
-the record differs: trials, parameters, values, statuses, the best, missing trials, the
-sweeper's ``optimization_results.yaml``, the journal, the sampler against ``multirun.yaml``,
-and the proposals the sampler makes again (:func:`proposal_differences`). Called on the
-replayed runs (bitwise) and on the archived ones (statistical mode).
+Closes: a study record nothing checked (a forged best, deleted trials). :func:`differences`
+recomputes the study with the code that wrote it and lists every way the record differs.
 """
 
 from __future__ import annotations
@@ -103,11 +97,8 @@ def _compare_best(said: dict | None, got: dict | None, fields: tuple[str, ...], 
 def differences(
     study: dict[str, Any], archived: Path, replay: Path | None = None, values: bool = True
 ) -> list[str]:
-    """Every way ``study`` differs from the study recomputed from the ``archived`` runs
-    (the trial set, each trial's parameters, status and value, the best, n_trials, the
-    plugin's own result) and, given ``replay``, from the replayed runs: every trial
-    replayed and completed, and with ``values`` (bits promised) each value and the best
-    the same. Empty: the record holds."""
+    """Every way ``study`` differs from the study recomputed from the ``archived`` runs and, given
+    ``replay``, from the replayed ones (``values``: bits promised). Empty: it holds."""
     from reprotrain.tools.sweeps import optuna_study
 
     keys = ("storage", "optuna_storage", "study_name", "search_space", "metric", "metric_mode")
@@ -148,10 +139,7 @@ def differences(
 
 
 def sampler_differences(study: dict[str, Any], archived: Path) -> list[str]:
-    """study.json's sampler (class and every setting, the seed among them) against the one
-    the sweep ran with, as its own record says: ``hydra.sweeper.sampler`` in the archived
-    ``multirun.yaml``. A forged seed is a difference (and, without that record, still one
-    when the sampler is run again: :func:`proposal_differences`)."""
+    """study.json's sampler against the one ``multirun.yaml`` says the sweep ran with."""
     from omegaconf import OmegaConf
 
     from reprotrain.errors import RecordError
@@ -184,13 +172,9 @@ def _batches(items: list, size: int) -> list[list]:
 
 
 def proposal_differences(study: dict[str, Any], archived: Path) -> list[str]:
-    """The sampler run again: a fresh study asks a fresh sampler of study.json's class and
-    settings, seeded per trial as the sweeper seeds it (``optuna_sweeper.make_sampler``), in
-    the sweeper's batches of ``n_jobs``, told each archived result as the study was; every
-    trial of the archived journal must be what it proposes. So a seed (or any setting) that
-    is not the one the trials came from is a difference, whatever the records say. Only an
-    ``optuna.samplers`` class is built (the archive's ``class`` is code); a study without its
-    own journal, an unseeded or grid sampler is not re-run (study.json says why already)."""
+    """The sampler run again, seeded per trial as the sweeper seeds it: every archived trial must
+    be what it proposes. Only an ``optuna.samplers`` class is built (the archive's ``class``
+    is code); no journal, unseeded or grid: not re-run."""
     import optuna
 
     from reprotrain.tools.sweeps.optuna_study import JOURNAL

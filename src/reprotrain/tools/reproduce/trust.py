@@ -1,11 +1,7 @@
 """Whether ``make reproduce`` may run an archive's code, decided before any of it is extracted.
 
-Closes: an archive with edited ``source/`` and a regenerated ``MANIFEST.sha256`` running
-arbitrary code (the manifest proves the archive intact, not who wrote it). The archived code
-runs only under (a) same code here: ``source/`` is ``git archive <recorded commit>`` of this
-repository with no patch, and every config of the replay plan passes ``config_trust.py``;
-(b) ``MANIFEST.sha256.sig`` verifies against ``TRUSTED_SIGNERS=<file>``; or (c) ``TRUST=1``.
-Otherwise :class:`~reprotrain.errors.UntrustedArchive`, one line. The rules: docs/guarantees.md.
+Closes: edited ``source/`` with a regenerated manifest running arbitrary code. Only under (a)
+same code here, (b) a trusted signature or (c) ``TRUST=1``; else one line. docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -56,8 +52,7 @@ def diff_paths(diff: str) -> list[str]:
 
 
 def config_problems(plan: ReplayPlan, source: Path, commit: str) -> list[str]:
-    """What in any config of the plan the trusted commit's own configs would not compose,
-    each prefixed with the config it is in."""
+    """What in any config of the plan the trusted commit's configs would not compose."""
     targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(source))
     found = []
     for label, raw in plan.configs():
@@ -105,13 +100,9 @@ def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
 
 
 def decide(
-    plan: ReplayPlan,
-    repo: Path,
-    trusted_signers: Path | None = None,
-    trust: bool = False,
+    plan: ReplayPlan, repo: Path, trusted_signers: Path | None = None, trust: bool = False
 ) -> Verdict:
-    """The first rule that holds for the whole plan, in the order a, b, c; else
-    UntrustedArchive. Every job of a plan shares the archive's source and signature."""
+    """The first rule that holds for the whole plan (a, b, c); else UntrustedArchive."""
     ok, why = same_code_here(plan, repo)
     checked = plan.jobs[0].view
     if ok:

@@ -1,16 +1,8 @@
 """``make eval RUN=dir [CKPT=last|best|path] [ARGS=...]``: a checkpoint on the test split.
 
-Rebuilds the run's data pipeline and model from its recorded config, applies its recorded
-determinism level and thread count on its recorded device, loads the checkpoint
-(``weights_only=True``), and evaluates the test split exactly as the trainer's final
-evaluation does, with the weights the run's step evaluates with (an EMA step's shadow,
-restored from the checkpoint). The final checkpoint (``last``, the default) therefore
-reproduces ``run.json["final_metrics"]``'s ``test_loss``/``test_acc`` bit for bit. Prints
-the metrics and writes ``evals/<checkpoint>-step<N>.json`` into the run directory, one per
-checkpoint evaluated (evaluating another checkpoint never overwrites an earlier result), and
-the same result as ``eval.json`` (the latest evaluation). ``ARGS`` are dotted overrides
-of the recorded config (e.g. ``trainer.eval_batch_size=256``; such a change may change the
-bits).
+Rebuilds the run from its recorded config and evaluates as the trainer's final evaluation
+does (``last`` reproduces ``final_metrics`` bit for bit); writes ``evals/<ckpt>-step<N>.json``
+and ``eval.json``. ``ARGS``: dotted overrides (may change the bits). docs/make-targets.md.
 """
 
 from __future__ import annotations
@@ -35,10 +27,8 @@ class EvalError(ReprotrainError):
 
 
 def pick_checkpoint(run_dir: Path, which: str, seeds: dict | None) -> Path:
-    """``last``: the newest step checkpoint that belongs to the run (``checkpoint.belongs``,
-    the guard pruning uses: it loads, holds the run's seeds, and its step is the one in its
-    name), so one copied in from another run is never "last"; ``best``: best.pt; else the
-    path given. Whose a best.pt or a given path is, :func:`check_belongs` decides."""
+    """``last``: the newest step checkpoint that ``checkpoint.belongs`` to the run; ``best``:
+    best.pt; else the path given (whose it is: :func:`check_belongs`)."""
     if which == "last":
         found = checkpoint.list_step_checkpoints(run_dir / rec.CHECKPOINTS)
         for path in reversed(found):
@@ -69,8 +59,7 @@ def check_belongs(state: dict, path: Path, seeds: dict | None) -> None:
 
 
 def load_weights(model, state: dict, path: Path) -> None:
-    """The checkpoint's weights into the run's model; one line when they do not fit (the
-    checkpoint of another model, or of this run with another ``model.*``)."""
+    """The checkpoint's weights into the run's model; one line when they do not fit."""
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError, TypeError) as e:
@@ -93,8 +82,7 @@ def check_best(state: dict, path: Path, run_dir: Path, monitor: str, mode: str) 
 
 
 def evaluation_weights(step_node, model, state: dict, path: Path):
-    """(a context with the weights the trainer evaluated with, their name): the run's step
-    ``evaluation_weights`` (EMA) restored from the checkpoint, else the model's own."""
+    """(a context with the weights the trainer evaluated with, their name): EMA or the model's."""
     import contextlib
 
     from reprotrain.components import build_step
@@ -186,16 +174,14 @@ EVALS = "evals"
 
 
 def result_path(run_dir: Path, checkpoint_path: Path, global_step: int) -> Path:
-    """Where the evaluation of ``checkpoint_path`` is kept, so evaluating another
-    checkpoint later never overwrites it (eval.json is only the latest)."""
+    """Where this checkpoint's evaluation is kept (eval.json is only the latest)."""
     stem = re.sub(r"[^\w.+-]", "_", Path(checkpoint_path).stem) or "checkpoint"
     return Path(run_dir) / EVALS / f"{stem}-step{int(global_step)}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.runs.eval",
-        description=__doc__.split("\n\n")[0],
+        prog="python -m reprotrain.tools.runs.eval", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("run_dir", type=Path, help="the run directory")
     parser.add_argument("--checkpoint", default="last", help="last (default) | best | <path>")

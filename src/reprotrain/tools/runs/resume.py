@@ -2,12 +2,7 @@
 
     python -m reprotrain.tools.runs.resume <run dir> [overrides...]
 
-The recorded ``config.resolved.yaml`` becomes the primary config (extra overrides still
-type-checked; the trainer refuses any that change the numbers), ``resume=auto`` picks the
-newest valid checkpoint, and the primary config is written to a private temp directory, so a
-refused resume leaves the run directory as it was. Any directory name works (quoted for
-Hydra). The trainer is a child; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to it.
-An Optuna sweep directory continues its study instead (``optuna_study.continue_command``).
+An Optuna sweep directory continues its study instead. docs/resume.md.
 
 Exit codes: the trainer's (0 completed, 2 refused, 75 interrupted again, ...); 2 when the
 run directory is missing or its record unreadable.
@@ -72,8 +67,8 @@ def recorded_world_size(record: dict, run_dir: Path) -> int:
 
 
 def check_nproc(nproc: int, recorded: int, overrides: list[str], record: dict) -> None:
-    """Refuse here, in one line, what every rank of the trainer would refuse under torchrun.
-    A world-size-invariant run resumes on any world size dividing its micro-batches."""
+    """Refuse in one line what every rank would refuse under torchrun (an invariant run resumes
+    on any world size dividing its micro-batches)."""
     if nproc < 1:
         raise RecordError(f"--nproc {nproc}: give at least 1 process")
     if record.get("world_size_invariant") is True:
@@ -94,11 +89,8 @@ def check_nproc(nproc: int, recorded: int, overrides: list[str], record: dict) -
 
 
 def primary_config_text(run_dir: Path) -> str:
-    """The recorded config under the framework's wiring (``reprotrain``: the schema, the
-    hydra callbacks and help), as conf/train.yaml composes it: the resumed trainer then runs
-    the same code as the run it continues, so its ``imported_code`` matches the run's start
-    (with only the schema, Hydra's callback modules were not imported, and a resume with
-    Hydra installed outside site-packages was recorded as not bitwise)."""
+    """The recorded config under the framework's wiring, as conf/train.yaml composes it, so the
+    resumed trainer's ``imported_code`` matches the run's start."""
     return (
         "# Written by `make resume`: the recorded config under the reprotrain wiring.\n"
         "defaults:\n  - reprotrain\n  - _self_\n\n" + read_text(run_dir / RESOLVED_CONFIG)
@@ -106,8 +98,7 @@ def primary_config_text(run_dir: Path) -> str:
 
 
 def trainer_launcher(nproc: int = 1) -> list[str]:
-    """``python -m reprotrain.train``, under torchrun with ``nproc`` ranks when above 1
-    (what ``make train NPROC=N`` runs)."""
+    """``python -m reprotrain.train``, under torchrun when ``nproc`` > 1."""
     launcher = [sys.executable, "-m", "reprotrain.train"]
     if nproc > 1:
         launcher[1:1] = [
@@ -134,8 +125,8 @@ def resume_command(
 
 
 def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the trainer as a child; forward termination signals; return its exit code the
-    way a shell reports it (128 + signal number when it was killed by one)."""
+    """Run the trainer as a child, forwarding termination signals; its exit code as a shell
+    reports it (128 + signal)."""
     proc = subprocess.Popen(cmd, env=env)
     previous = {}
 
@@ -157,9 +148,7 @@ def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def refuse_group_choices(overrides: list[str]) -> None:
-    """``repro=strict`` / ``model=<name>`` choose a config group, which composes a new
-    config: a resume continues the recorded one (config.resolved.yaml), which has no group
-    to choose. One line saying so, instead of Hydra's "No match in the defaults list"."""
+    """A config group choice (``model=<name>``) has no group to choose in a resume: one line."""
     from reprotrain import CONF_DIR
 
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}

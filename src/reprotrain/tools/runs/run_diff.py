@@ -1,11 +1,8 @@
 """Compare two run directories bit for bit: per-epoch fingerprints, then final weights.
 
-Used by ``make verify`` and ``make reproduce``. The first divergence is named by epoch and,
-when the step losses tell, by the first step whose loss differs (the loss of step ``s`` is
-computed before update ``s``, so a differing loss pins the divergence to that step or the
-one before it). :func:`with_metrics` then holds the records to the same standard as the
-weights: equal weights with another metrics.jsonl row (a value, a row more or less) or
-another ``final_metrics`` is a divergence that names the field, never IDENTICAL.
+The loss of step ``s`` is computed before update ``s``, so a differing loss pins the
+divergence to that step or the one before; :func:`with_metrics` holds the records to the same
+standard.
 """
 
 from __future__ import annotations
@@ -57,10 +54,8 @@ def _field_text(name: str, a: object, b: object) -> str:
 
 
 def with_metrics(result: Comparison, a: Path, b: Path, epochs: int | None = None) -> Comparison:
-    """The records must match as the weights do: equal weights with a metrics.jsonl row
-    that differs (a value, a row more or less: a task's state a resume lost, or a record
-    rewritten) or, over the whole run, another ``final_metrics``, is a divergence naming
-    the first field that differs (``a``'s value first)."""
+    """Equal weights with a differing metrics.jsonl row or ``final_metrics`` is a divergence
+    naming the first field that differs (``a``'s value first)."""
     if not result.identical:
         return result
     rows = [read_jsonl(Path(d) / METRICS) for d in (a, b)]

@@ -3,14 +3,9 @@
     python -m reprotrain.tools.runs.verify [--out-dir outputs/verify] [--nproc N] [--nproc-b M]
                                       [--kill] experiment=smoke ...
 
-Runs go to <out-dir>/<stamp>/a and b. Exit 0 only when every epoch's fingerprint, the final
-weights and the whole state of the newest checkpoints match (the comparison a resume's
-replay uses); else exit 1 with the first divergent epoch and step and the ``make bisect``
-line; exit 2 when a run was refused or failed. ``--nproc N`` runs both under torchrun,
-``--nproc-b M`` runs b on M (a world-size-invariant config only); the world sizes are read
-back from run.json. ``--kill`` SIGKILLs b after its first checkpoint (or after each of
-``--kill-after-steps``), resumes it and compares. ``hydra.run.dir`` and ``--multirun`` are
-refused. docs/make-targets.md.
+Exit 0 only when fingerprints, final weights and the newest checkpoints' state match; 1 with
+the first divergent epoch and the ``make bisect`` line; 2 when a run was refused or failed.
+docs/make-targets.md.
 """
 
 from __future__ import annotations
@@ -66,14 +61,9 @@ def run_killed_then_resumed(
     poll_s: float = 0.02,
     after_steps: tuple[int, ...] = (0,),
 ) -> tuple[int, str | None]:
-    """Run b under a SIGKILL after its first checkpoint at or past each of ``after_steps``
-    (global steps; 0: its first checkpoint), resumed with ``make resume`` after each kill and
-    at last left to complete.
-
-    The kill goes to the trainer's whole process group (torchrun's agent, its ranks, the
-    loader workers), as a node failure would. A run that ends before the checkpoint is
-    written, or completes before the kill lands, proves nothing about resume: an error.
-    """
+    """Run b, SIGKILL its process group after its first checkpoint at or past each of
+    ``after_steps``, resume after each kill, let it complete; a run that ends before the kill
+    lands proves nothing: an error."""
     resume = [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir),
               "--nproc", str(nproc)]  # fmt: skip
     cmd = [*trainer_launcher(nproc), *overrides, hydra_override("hydra.run.dir", run_dir)]
@@ -92,8 +82,8 @@ def run_killed_then_resumed(
 def _killed_after(
     cmd: list[str], run_dir: Path, step: int, poll_s: float
 ) -> tuple[int | None, int]:
-    """``cmd`` SIGKILLed once a step checkpoint at or past global ``step`` is on disk:
-    (None, that checkpoint's step), or (the exit status, 0) when it failed on its own."""
+    """``cmd`` SIGKILLed once a checkpoint at or past ``step`` exists: (None, its step), or
+    (exit status, 0) when it failed on its own."""
     proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
     ckpts = run_dir / CHECKPOINTS
 
@@ -145,8 +135,7 @@ def check_world_sizes(run_a: Path, nproc: int, nproc_b: int) -> None:
 
 
 def check_world_sizes_first(overrides: list[str], nproc: int, nproc_b: int) -> None:
-    """The same refusal as :func:`check_world_sizes`, from the composed config, before run
-    a trains (the recorded run.json is checked again after it)."""
+    """:func:`check_world_sizes` from the composed config, before run a trains."""
     if nproc == nproc_b:
         return
     from omegaconf import OmegaConf
@@ -164,9 +153,7 @@ def check_world_sizes_first(overrides: list[str], nproc: int, nproc_b: int) -> N
 
 
 def final_state_difference(a: Path, b: Path) -> str | None:
-    """The first entry in which the two runs' newest checkpoints differ, by the comparison
-    a resume's replay uses (``resume/replay.first_difference``): the whole state, not only
-    the weights; None when identical."""
+    """The first entry in which the newest checkpoints differ (the whole state); None: identical."""
     states = []
     for run in (a, b):
         path, state, _ = checkpoint.latest_valid(run / CHECKPOINTS)
@@ -177,8 +164,7 @@ def final_state_difference(a: Path, b: Path) -> str | None:
 
 
 def with_final_state(result: Comparison, a: Path, b: Path) -> Comparison:
-    """Equal fingerprints and metrics, yet a final state that differs (an optimizer's
-    momentum, an RNG state, a task's state): a divergence, not IDENTICAL."""
+    """Equal fingerprints and metrics with a differing final state: a divergence."""
     if result.identical and (difference := final_state_difference(a, b)) is not None:
         result.identical = False
         result.reasons.append(f"the final checkpoints differ: {difference}")

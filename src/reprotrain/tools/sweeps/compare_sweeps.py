@@ -2,10 +2,8 @@
 
     python -m reprotrain.tools.sweeps.compare_sweeps <sweep A> <sweep B> [--margin M] [--metric K]
 
-A is the reference, B the candidate; runs grouped as the sweep summary groups them (two
-sweeps of one group each are compared whatever their overrides). Per group, TOST on the
-monitored final metric (``equivalence.py``); each ordering A itself supports (adjacent
-groups, 95% Welch interval excluding 0) must hold in B.
+Per group, TOST on the monitored final metric; each ordering A supports must hold in B.
+docs/when-bits-differ.md.
 
 Exit codes: 0 CONSISTENT; 1 INCONSISTENT (a group, or a conclusion); 3 INCONCLUSIVE;
 2 user error.
@@ -104,9 +102,8 @@ def match_groups(a: Sweep, b: Sweep) -> tuple[list[tuple[Group, Group]], list[st
 
 
 def distinct_seeds(group: Group) -> tuple[Group, list[str]]:
-    """The group with one value per seed (the first run of each), and a note per seed that
-    was run more than once: a repeated seed is the same run again, not another sample, so
-    it must not add to n (``--seeds 1,1`` would be n=2 with no spread)."""
+    """One value per seed (the first run of each), and a note per repeated seed: a repeated
+    seed is the same run again and must not add to n."""
     keep: dict[Any, float] = {}
     repeated: dict[Any, int] = {}
     for seed, value in zip(group.seeds, group.values, strict=True):

@@ -1,25 +1,9 @@
 """The statistics behind a statistical verdict: t intervals, Welch differences, TOST.
 
-Closes: "the bits differ, so does the result still hold?". Where bits are not promised
-(another GPU model, driver, CPU capability or thread count), seed-to-seed variation is the
-yardstick. Two samples of a final metric (one value per seed) are *equivalent within a
-margin m* when the two one-sided tests (TOST, Schuirmann 1987) both reject at level alpha,
-which is the same as the (1 - 2 alpha) confidence interval of the difference of the means
-lying inside (-m, m). When both samples hold the same seeds, the interval is the paired
-one (per-seed differences: the seed's init and data order are common to both sides, so
-they cancel); otherwise Welch's (unequal variances). The verdicts:
-
-- CONSISTENT: that interval lies inside (-m, m) (equivalent within the margin);
-- INCONSISTENT: it lies wholly beyond +m or -m (different by more than the margin, at the
-  same level);
-- INCONCLUSIVE: anything else, or fewer than two values on a side (no spread to judge by).
-
-The default margin is the reference's own 95% t interval half-width of its mean, with a
-floor of 0.5% of the mean: "as close as the archived result was sure of itself". It says
-nothing about bits, and a CONSISTENT verdict is not a proof that the runs are the same: it
-says the new values fall where the archived seeds said the mean was.
-
-Quantiles are scipy's Student t (``scipy.stats.t``), also used by the sweep summary's CIs.
+Closes: "the bits differ, so does the result still hold?". CONSISTENT when the (1 - 2 alpha)
+interval of the difference of the means (paired when both sides hold the same seeds, else
+Welch; TOST, Schuirmann 1987) lies inside (-m, m); INCONSISTENT when wholly beyond; else
+INCONCLUSIVE. Quantiles are scipy's Student t. docs/when-bits-differ.md.
 """
 
 from __future__ import annotations
@@ -120,8 +104,7 @@ def tost(
     alpha: float = ALPHA,
     pair: bool = False,
 ) -> Equivalence:
-    """The verdict of the two one-sided tests at ``alpha`` against ``margin`` (> 0);
-    ``pair``: ``reference[i]`` and ``candidate[i]`` share a seed."""
+    """The TOST verdict at ``alpha`` against ``margin``; ``pair``: the sides share seeds."""
     diff = difference(reference, candidate, 1 - 2 * alpha, pair)
     if diff.ci is None:
         n = min(diff.n_reference, diff.n_candidate)

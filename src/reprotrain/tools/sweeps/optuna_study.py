@@ -1,14 +1,8 @@
 """An Optuna study (``hydra/sweeper=optuna``): seeded, checked, and recorded in ``study.json``.
 
-Closes: the sampler's own randomness (optuna's samplers have no seed by default; an unseeded
-one gets ``seed.base``, recorded as ``seed_from``), a study that optimises the wrong way (a
-``direction`` against ``trainer.monitor_mode`` is refused, as is an empty search space:
-:func:`prepare`), and a search whose trials and winner live only in a terminal
-(:func:`record` writes ``study.json``: the sampler and its settings, direction, metric,
-search space, storage, every trial read back from its run directory, the best checked
-against ``optimization_results.yaml`` and every trial against the journal, and
-``repeatable`` with its reason). A killed study continues with ``make resume RUN=<sweep
-dir>`` (:func:`continue_command`). The sweeper itself: ``optuna_sweeper.py``; docs/sweeps-optuna.md.
+Closes: the sampler's own randomness (unseeded: ``seed.base``, recorded as ``seed_from``), a
+study that optimises against ``trainer.monitor_mode``, and a search whose trials and winner
+live only in a terminal (:func:`record`). docs/sweeps-optuna.md.
 """
 
 from __future__ import annotations
@@ -73,8 +67,7 @@ def _sweeper_settings(config: DictConfig) -> dict[str, Any]:
 
 
 def command_line_space(config: DictConfig) -> dict[str, str]:
-    """The sweeps given on the command line (``optimizer.lr=interval(0.01,1)``, a
-    ``seed.base=0,1,2``): the sweeper searches them too, so study.json names them."""
+    """The sweeps given on the command line: the sweeper searches them too."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
@@ -94,8 +87,7 @@ def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
 
 
 def check_study_config(config: DictConfig) -> None:
-    """Refuse, in one line, a study that cannot run here (before any trial runs):
-    ``sweep_checks.check_study``, which preflight already ran on the command line."""
+    """Refuse in one line a study that cannot run here (``sweep_checks.check_study``)."""
     sweep_checks.check_study(config.hydra.sweeper, config.trainer, config.hydra.overrides.task)
 
 
@@ -108,8 +100,7 @@ def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
 
 
 def trial_value(job: Path, metric: str, mode: str) -> float | None:
-    """A trial's value: the best finite ``metric`` in its run's metrics.jsonl (what the
-    trainer returned to Optuna), None when it has none."""
+    """The best finite ``metric`` in the run's metrics.jsonl (what Optuna was told), or None."""
     return _best_of(read_jsonl(Path(job) / METRICS), metric, mode)
 
 
@@ -171,8 +162,7 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
 
 
 def open_journal(path: Path) -> Any:
-    """The journal storage at ``path`` (created when absent): what ``optuna.load_study``
-    takes as ``storage=`` to open the study."""
+    """The journal storage at ``path`` (created when absent), for ``optuna.load_study``."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
@@ -180,8 +170,7 @@ def open_journal(path: Path) -> Any:
 
 
 def storage_trials(journal: Path, study_name: str | None) -> dict[int, dict[str, Any]]:
-    """The study's trials as its journal holds them (``optuna.load_study``):
-    {number: {params, value, state}}."""
+    """{number: {params, value, state}} as the study's journal holds them."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -199,8 +188,7 @@ _STATE = {"completed": "COMPLETE", "failed": "FAIL", "running": "RUNNING",
 
 
 def storage_agrees(journal: Path, study_name: str | None, trials: list[dict[str, Any]]) -> bool:
-    """Whether the journal holds the same trials as the run directories: each number with
-    the same parameters, the same value (a completed run with no finite value: failed)."""
+    """Whether the journal holds the run directories' trials: numbers, parameters, values."""
     try:
         stored = storage_trials(journal, study_name)
     except Exception:  # an unreadable or foreign journal does not agree
@@ -242,8 +230,7 @@ def study_lines(study: dict[str, Any]) -> list[str]:
 
 
 def follow_monitor(config: DictConfig) -> None:
-    """The sweeper's default direction (null: nobody chose one) becomes
-    trainer.monitor_mode's; a direction given as text is the user's, and checked."""
+    """A default direction follows trainer.monitor_mode; one given as text is checked."""
     if config.hydra.sweeper.direction is None:
         with read_write(config.hydra):
             config.hydra.sweeper.direction = f"{config.trainer.monitor_mode}imize"
@@ -288,8 +275,6 @@ def record(config: DictConfig) -> None:
     print(f"study record: {sweep_dir / STUDY_JSON}")
 
 
-# ------------------------------------------------------------- continuing a killed study
-
 SWEEP_RECORD = sweep_checks.SWEEP_RECORD
 #: Overrides a continuation sets itself (not copied from the study's record).
 _OWN = ("hydra.sweep.dir", "hydra.sweeper.resume", "hydra.mode")
@@ -308,9 +293,8 @@ def is_study_dir(path: Path) -> bool:
 
 
 def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
-    """The trainer's command that continues the study in ``sweep_dir``: the command line
-    it was started with (``multirun.yaml``), into the same directory, with
-    ``hydra.sweeper.resume=true``, then ``extra`` (e.g. ``hydra.sweeper.n_trials=12``)."""
+    """The trainer command that continues the study in ``sweep_dir``: its ``multirun.yaml``
+    command line, ``hydra.sweeper.resume=true``, then ``extra``."""
     from reprotrain.quoting import hydra_override
 
     saved = OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD)

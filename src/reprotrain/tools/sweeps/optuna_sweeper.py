@@ -1,13 +1,8 @@
 """The study behind ``hydra/sweeper=optuna``: ask, launch, tell, on a current optuna.
 
-The Hydra plugin (``src/hydra_plugins/reprotrain_optuna_sweeper``) is a thin shell around
-:class:`StudyRunner` (why our own: docs/design.md, "Large rooms"). Closes: a study nobody
-else can open (it lives in an Optuna storage, by default ``<sweep dir>/study.journal``, each
-trial carrying its ``run_dir``); a killed study that cannot continue (asked, launched and
-told through that storage; ``make resume RUN=<sweep dir>`` keeps the finished trials and
-resumes the killed one bitwise); a sampler whose state lives in one process (each trial is
-asked of a fresh sampler seeded from ``(seed, trial number)``: :func:`trial_seed`, so a
-continued study proposes what the uninterrupted one would have).
+Closes: a study nobody else can open (an Optuna storage, each trial carrying its ``run_dir``),
+a killed study that cannot continue, and a sampler whose state lives in one process (a fresh
+sampler per trial, seeded by :func:`trial_seed`). Why our own: docs/design.md, "Large rooms".
 """
 
 from __future__ import annotations
@@ -42,20 +37,11 @@ class StudyError(ReprotrainError):
     """A study that cannot start or continue as asked; nothing was launched."""
 
 
-# ------------------------------------------------------------------------ the search space
-
-
 def distribution(override: Any) -> Any:
-    """The Optuna distribution of one parsed sweep override (None for a plain value):
-    ``interval(lo, hi)`` a float, ``tag(log, ...)`` log-uniform, ``tag(int, ...)`` an
-    integer; ``range(a, b[, step])`` Hydra's values (integers: an integer distribution);
-    ``choice(...)`` / ``a,b,c`` categorical."""
+    """The Optuna distribution of one parsed sweep override, None for a plain value
+    (docs/sweeps-optuna.md has the mapping)."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-    from optuna.distributions import (
-        CategoricalDistribution,
-        FloatDistribution,
-        IntDistribution,
-    )
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     value = override.value()
     key = override.get_key_element()
@@ -91,9 +77,8 @@ def distribution(override: Any) -> Any:
 def search_space(
     params: Mapping[str, Any] | None, arguments: Sequence[str]
 ) -> tuple[dict[str, Any], list[str]]:
-    """(the distributions by override key, the fixed overrides) of ``hydra.sweeper.params``
-    and the command line's overrides (a command-line range joins the search space; the
-    command line wins over the file for the same key)."""
+    """(distributions by key, fixed overrides) of ``hydra.sweeper.params`` and the command
+    line (which wins for the same key)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -114,8 +99,7 @@ def search_space(
 
 
 def override_text(key: str, value: Any) -> str:
-    """A suggested value as an override that Hydra (and YAML, reading it back) parses to
-    the same value: floats by ``repr`` with a decimal point, text quoted when needed."""
+    """A suggested value as an override Hydra and YAML parse back to the same value."""
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, float):
@@ -148,9 +132,6 @@ def grid_of(space: Mapping[str, Any]) -> dict[str, list]:
     return grid
 
 
-# ------------------------------------------------------------------ samplers and storage
-
-
 def trial_seed(seed: int | None, number: int) -> int | None:
     """The seed of the sampler that proposes trial ``number`` (NumPy's range: 32 bits)."""
     if seed is None:
@@ -159,9 +140,7 @@ def trial_seed(seed: int | None, number: int) -> int | None:
 
 
 def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str, Any]) -> Any:
-    """A fresh sampler for trial ``number``: the configured one, its seed per trial (a
-    grid's stays the study's: it orders the grid; which unvisited point comes next then
-    depends on the storage alone)."""
+    """A fresh sampler for trial ``number``, seeded per trial (a grid's keeps the study's seed)."""
     from hydra.utils import instantiate
 
     conf = OmegaConf.create(OmegaConf.to_container(OmegaConf.create(dict(sampler)), resolve=True))
@@ -175,8 +154,7 @@ def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str,
 
 
 def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
-    """(the Optuna storage, how study.json names it): the journal file in the sweep
-    directory, a URL (``sqlite:///study.db``, any database optuna takes) or a journal path."""
+    """(the Optuna storage, how study.json names it): the sweep's journal, a URL or a path."""
     if storage and "://" in storage:
         return storage, storage
     path = Path(storage) if storage else Path(sweep_dir) / JOURNAL
@@ -184,12 +162,8 @@ def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
     return open_journal(path), (JOURNAL if not storage else str(path))
 
 
-# -------------------------------------------------------------------------- the study
-
-
 class StudyRunner:
-    """One study: ``settings`` are ``hydra.sweeper``'s values; ``launch(overrides, first)``
-    runs a batch of jobs numbered from ``first`` and returns their ``JobReturn`` s;
+    """One study: ``launch(overrides, first)`` runs a batch numbered from ``first``;
     ``job_dir(overrides, number)`` is where that job writes its run."""
 
     def __init__(
@@ -209,7 +183,6 @@ class StudyRunner:
         self.metric = str(OmegaConf.select(config, "trainer.monitor", default="val_loss"))
         self.mode = str(OmegaConf.select(config, "trainer.monitor_mode", default="min"))
 
-    # -- settings ---------------------------------------------------------------------
     @property
     def direction(self) -> str:
         return str(self.settings.get("direction") or f"{self.mode}imize")
@@ -226,7 +199,6 @@ class StudyRunner:
             n = min(n, math.prod(len(v) for v in grid_of(space).values()))
         return n
 
-    # -- the study --------------------------------------------------------------------
     def open_study(self, space: Mapping[str, Any]) -> Any:
         """Create the study in its storage, or (``resume``) load the one there, checked."""
         import optuna
@@ -238,12 +210,9 @@ class StudyRunner:
         sampler = make_sampler(self.settings["sampler"], 0, space)
         if not self.settings.get("resume"):
             try:
-                study = optuna.create_study(
-                    storage=storage,
-                    sampler=sampler,
-                    study_name=self.study_name,
-                    direction=self.direction,
-                )
+                study = optuna.create_study(storage=storage, sampler=sampler,
+                                            study_name=self.study_name,
+                                            direction=self.direction)  # fmt: skip
                 name_metric(study, self.metric)
                 return study
             except DuplicatedStudyError:
@@ -319,8 +288,7 @@ class StudyRunner:
             try:
                 value = ret.return_value
             except Exception as e:  # the job raised: the trial failed, the study stops
-                _no_grid_stop(study)
-                study.tell(trial.number, state=_state("FAIL"))
+                _fail(study, trial.number)
                 failed = failed or e
                 continue
             self._tell(study, trial.number, value)
@@ -329,9 +297,7 @@ class StudyRunner:
         return returns
 
     def _note_run_dirs(self, trials: list, batch: list[list[str]]) -> None:
-        """Each asked trial's run directory as its user attribute ``run_dir``, before it
-        runs, so Optuna's own tools (``load_study``, the dashboard) lead to the run. A
-        continued trial already has it (it is a ``FrozenTrial`` here, not written again)."""
+        """Each asked trial's run directory as its user attribute ``run_dir``, before it runs."""
         from optuna.trial import Trial
 
         for trial, overrides in zip(trials, batch, strict=True):
@@ -339,13 +305,12 @@ class StudyRunner:
                 trial.set_user_attr(RUN_DIR_ATTR, str(self.job_dir(overrides, trial.number)))
 
     def _tell(self, study: Any, number: int, value: Any) -> None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        _no_grid_stop(study)
-        if ok:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            _no_grid_stop(study)
             study.tell(number, float(value))
         else:  # no finite value of trainer.monitor: a failed trial, the study goes on
             log.warning("trial %d: no finite %s (%r), told as failed", number, self.metric, value)
-            study.tell(number, state=_state("FAIL"))
+            _fail(study, number)
 
     def _continue_trial(self, study: Any, trial: Any, fixed: list[str]) -> list:
         """A trial a killed study left RUNNING: told from its run if that finished, else
@@ -362,8 +327,7 @@ class StudyRunner:
             self._tell(study, trial.number, trial_value(run_dir, self.metric, self.mode))
             return []
         if status == "failed":
-            _no_grid_stop(study)
-            study.tell(trial.number, state=_state("FAIL"))
+            _fail(study, trial.number)
             return []
         extra = ["resume=auto", *(["hydra.output_subdir=null"] if status else [])]
         print(f"optuna study {self.study_name}: continuing trial {trial.number} in {run_dir}",
@@ -383,8 +347,7 @@ class StudyRunner:
 
 
 def name_metric(study: Any, metric: str) -> None:
-    """The objective's name (``trainer.monitor``) in the study, so Optuna's plots and
-    ``trials_dataframe`` say ``val_acc``, not "Objective Value"."""
+    """The objective's name (``trainer.monitor``) in the study, for Optuna's plots."""
     import warnings
 
     from optuna.exceptions import ExperimentalWarning
@@ -395,19 +358,19 @@ def name_metric(study: Any, metric: str) -> None:
 
 
 def _no_grid_stop(study: Any) -> None:
-    """GridSampler's ``after_trial`` calls ``study.stop()`` once the grid is done, which
-    raises outside ``study.optimize``; here the study stops at the grid's size itself
-    (:meth:`StudyRunner.n_trials`), so a grid trial is told by a sampler without it."""
+    """GridSampler's ``after_trial`` calls ``study.stop()``, which raises outside
+    ``study.optimize``; the study stops at the grid's size itself."""
     from optuna.samplers import GridSampler, RandomSampler
 
     if isinstance(study.sampler, GridSampler):
         study.sampler = RandomSampler()
 
 
-def _state(name: str) -> Any:
+def _fail(study: Any, number: int) -> None:
     from optuna.trial import TrialState
 
-    return TrialState[name]
+    _no_grid_stop(study)
+    study.tell(number, state=TrialState.FAIL)
 
 
 def job_dir_of(config_loader: Any, master: DictConfig, overrides: list[str], number: int) -> Path:

@@ -1,12 +1,7 @@
 """Runs done of a sweep, after each run: ``sweep multirun/x: 3/8 runs done (38%)``.
 
-Called from the sweep callback's ``on_job_end``, in whichever process ran the job (the
-sweep's own for the basic launcher, a worker for joblib or submitit), so "done" is counted
-from the sweep directory (run directories whose ``run.json`` is no longer ``running``), not
-from a counter one process keeps. The total is the number of trials of an Optuna study, or
-the product of the sweep's value lists (its command-line sweeps and ``hydra.sweeper.params``,
-read back from ``multirun.yaml``). One line per finished run, on a terminal too: each run
-draws its own epoch bar there, which a sweep bar would tear.
+Counted from the sweep directory, not a counter (jobs may run in other processes); one line
+per finished run (each run draws its own epoch bar).
 """
 
 from __future__ import annotations

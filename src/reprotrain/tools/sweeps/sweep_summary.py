@@ -2,13 +2,8 @@
 
     python -m reprotrain.tools.sweeps.sweep_summary multirun/<name>/<stamp>
 
-Every numeric ``train_``/``val_``/``test_<name>`` metric is summarised; ``trainer.monitor`` is
-the objective and the best group by its mean is named. Runs are grouped by their Hydra
-overrides without ``seed``/``seed.*`` (never one number pooled over learning rates). Writes
-``summary.json`` (strict JSON; NaN is ``null``, listed in ``nonfinite``), ``summary.md`` and
-``summary.png`` (each group's mean per epoch with a ±1 std band: the spread, not the CI).
-Also a Hydra callback at the end of a ``--multirun``, where it never raises: a summary
-problem must not fail a finished sweep. docs/sweeps-optuna.md.
+Writes ``summary.json``, ``summary.md`` and ``summary.png``; also a Hydra callback at the end
+of a ``--multirun`` that never fails the finished sweep. docs/sweeps-optuna.md.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ import math
 import re
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,14 +52,8 @@ def _finite(v: Any) -> bool:
 
 
 def describe(values: list[Any], value_range: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Statistics of the finite values, with ``n`` beside them.
-
-    ``n_nonfinite`` counts NaN/inf values (a run that diverged); ``n_absent`` counts runs that
-    have no value (None: e.g. no ``best_test_*`` because the best epoch was the last). ``ci95``
-    is the t interval of the mean, ``None`` below two finite values (an interval from one run
-    would be a made-up number), cut to ``value_range`` (an accuracy's interval never reaches
-    below 0); ``ci95_clipped`` says when it was cut.
-    """
+    """Statistics of the finite values; NaN/inf (``n_nonfinite``) and None (``n_absent``)
+    counted apart; ``ci95`` None below two values, cut to ``value_range`` (``ci95_clipped``)."""
     finite = [float(v) for v in values if _finite(v)]
     n = len(finite)
     n_absent = sum(v is None for v in values)
@@ -89,11 +79,6 @@ def describe(values: list[Any], value_range: tuple[float, float] | None = None) 
     }
 
 
-# --------------------------------------------------------------------------------------------
-# Reading the jobs
-# --------------------------------------------------------------------------------------------
-
-
 def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
@@ -104,9 +89,7 @@ def is_seed_override(override: str) -> bool:
 
 
 def changes_what_is_computed(override: str) -> bool:
-    """Whether an override can make runs differ other than by seed: not a seed, and a key
-    the config digest counts (``config.is_identity``): ``logger=[tensorboard,mlflow]`` or
-    ``trainer.num_workers=2`` give the same config digest, so they never split a group."""
+    """Not a seed, and a key the config digest counts (``logger=...`` never splits a group)."""
     key = override_key(override)
     if is_seed_override(override) or not is_identity(key):
         return False
@@ -140,8 +123,8 @@ class Job:
         return final if isinstance(final, dict) else {}
 
     def outcome(self, metric: str) -> Any:
-        """The final value of ``metric``: NaN for a non-finite one (strict JSON writes it as
-        null and lists it in ``nonfinite_fields``), None when the run has no such value."""
+        """The final value of ``metric``: NaN for one listed in ``nonfinite_fields``, else None
+        when absent."""
         value = self.final.get(metric)
         flagged = self.record.get("nonfinite_fields") or []
         if value is None and f"final_metrics.{metric}" in flagged:
@@ -175,19 +158,13 @@ def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
     return jobs, problems
 
 
-# --------------------------------------------------------------------------------------------
-# Summary
-# --------------------------------------------------------------------------------------------
-
-
 def outcome_metrics(jobs: list[Job]) -> list[str]:
     """Every split metric by name; step counts and the final lr are not outcomes."""
     return sorted(metric_names.outcome_keys(j.final for j in jobs), key=metric_names.sort_key)
 
 
 def monitor_of(job: Job) -> tuple[str, str] | None:
-    """(trainer.monitor, trainer.monitor_mode) from the job's resolved config, or None
-    when it has none (runs gathered by hand, an older record)."""
+    """(trainer.monitor, trainer.monitor_mode) from the resolved config, or None."""
     from reprotrain.run.readers import read_config
 
     try:
@@ -233,11 +210,6 @@ def epoch_curves(jobs: list[Job], metrics: list[str]) -> dict[str, list[dict[str
     return curves
 
 
-def _seed_of(job: Job) -> Any:
-    seeds = job.record.get("seeds")
-    return seeds.get("base") if isinstance(seeds, dict) else None
-
-
 def summarize(
     sweep_dir: Path, jobs: list[Job] | None = None, problems: list[str] | None = None
 ) -> dict[str, Any]:
@@ -260,7 +232,7 @@ def summarize(
                 "overrides": list(key),
                 "n_runs": len(members),
                 "n_completed": len(done),
-                "statuses": {s: sum(j.status == s for j in members) for s in _statuses(members)},
+                "statuses": dict(sorted(Counter(j.status for j in members).items())),
                 "runs": [_run_entry(j, metrics, labels[key]) for j in members],
                 "metrics": {
                     m: describe([j.outcome(m) for j in done], metric_names.value_range(m))
@@ -286,24 +258,15 @@ def summarize(
     return summary
 
 
-def _statuses(jobs: list[Job]) -> list[str]:
-    return sorted({j.status for j in jobs})
-
-
 def _run_entry(job: Job, metrics: list[str], label: str) -> dict[str, Any]:
     return {
         "run_dir": str(job.record.get("run_dir") or job.run_dir),
         "group": label,
-        "seed": _seed_of(job),
+        "seed": (job.record.get("seeds") or {}).get("base"),
         "seed_overrides": job.seed_overrides,
         "status": job.status,
         **{m: job.outcome(m) for m in metrics},
     }
-
-
-# --------------------------------------------------------------------------------------------
-# Markdown and PNG
-# --------------------------------------------------------------------------------------------
 
 
 def _fmt(v: Any) -> str:
@@ -326,6 +289,14 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(shown(c, 500) for c in cells) + " |"
 
 
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [_row(head), "|---" * len(head) + "|", *map(_row, rows)]
+
+
+def _seed(run: dict[str, Any]) -> str:
+    return " ".join(run["seed_overrides"]) or _fmt(run["seed"])
+
+
 #: A decimal with more digits than a reader takes in (``0.012345678901234567``, what an
 #: Optuna sampler draws): shown to :data:`DIGITS` significant digits in labels and tables.
 _LONG_NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d{5,}(?:[eE][-+]?\d+)?(?![\w.])")
@@ -333,8 +304,7 @@ DIGITS = 4
 
 
 def short_numbers(text: str) -> str:
-    """``text`` with each long decimal cut to :data:`DIGITS` significant digits (summary.json
-    keeps them whole)."""
+    """``text`` with each long decimal cut to :data:`DIGITS` digits (summary.json keeps them)."""
     return _LONG_NUMBER.sub(lambda m: f"{float(m.group()):.{DIGITS}g}", text)
 
 
@@ -354,29 +324,27 @@ def read_study(sweep_dir: Path) -> dict[str, Any] | None:
 
 
 def trials_table(study: dict[str, Any]) -> list[str]:
-    """The study's trials, best value first (unfinished or valueless trials last), one column
-    per searched key."""
+    """The study's trials, best value first, one column per searched key."""
     metric, mode = str(study.get("metric", "value")), str(study.get("metric_mode", "max"))
     trials = [t for t in study["trials"] if isinstance(t, dict)]
     keys = sorted({k for t in trials for k in (t.get("params") or {})})
     valued = sorted((t for t in trials if _finite(t.get("value"))),
                     key=lambda t: t["value"], reverse=mode == "max")  # fmt: skip
     ranked = valued + [t for t in trials if not _finite(t.get("value"))]
-    out = [f"## Optuna trials, by {shown(metric)} ({mode}, best first)", "",
-           _row(["trial", *keys, metric, "status", "run"]),
-           "|---" * (len(keys) + 4) + "|"]  # fmt: skip
+    rows = []
     for t in ranked:
         params = t.get("params") or {}
         values = [short_numbers(str(params[k])) if k in params else "—" for k in keys]
         cells = [_fmt(t.get("number")), *values, _fmt(t.get("value")), str(t.get("status"))]
-        out.append(_row([*cells, str(t.get("job", "—"))]))
-    return [*out, ""]
+        rows.append([*cells, str(t.get("job", "—"))])
+    head = ["trial", *keys, metric, "status", "run"]
+    title = f"## Optuna trials, by {shown(metric)} ({mode}, best first)"
+    return [title, "", *_table(head, rows), ""]
 
 
 def _headline(summary: dict[str, Any], metrics: list[str]) -> list[str]:
     """A row per group: its runs and, per metric, mean ± std (n) (one run: its value)."""
-    heads = [f"{m} mean ± std" for m in metrics]
-    out = [_row(["group", "runs", *heads]), "|---" * (len(metrics) + 2) + "|"]
+    rows = []
     for g in summary["groups"]:
         cells = [short_numbers(g["label"]), f"{g['n_completed']}/{g['n_runs']}"]
         for m in metrics:
@@ -391,20 +359,15 @@ def _headline(summary: dict[str, Any], metrics: list[str]) -> list[str]:
                 text += f", {s['n_absent']} absent"
             text += ")"
             cells.append(text)
-        out.append(_row(cells))
-    return out
+        rows.append(cells)
+    return _table(["group", "runs", *(f"{m} mean ± std" for m in metrics)], rows)
 
 
 def _runs_table(summary: dict[str, Any], metrics: list[str]) -> list[str]:
-    """Groups of one run each: a single table of the runs (each one's final values), no
-    statistics."""
-    out = ["## Runs", "", _row(["group", "seed", "status", *metrics]),
-           "|---" * (len(metrics) + 3) + "|"]  # fmt: skip
-    for r in summary["runs"]:
-        seed = " ".join(r["seed_overrides"]) or _fmt(r["seed"])
-        cells = [short_numbers(r["group"]), seed, r["status"], *(_fmt(r[m]) for m in metrics)]
-        out.append(_row(cells))
-    return out
+    """Groups of one run each: one table of the runs' final values, no statistics."""
+    rows = [[short_numbers(r["group"]), _seed(r), r["status"], *(_fmt(r[m]) for m in metrics)]
+            for r in summary["runs"]]  # fmt: skip
+    return ["## Runs", "", *_table(["group", "seed", "status", *metrics], rows)]
 
 
 def _group_sections(summary: dict[str, Any], metrics: list[str]) -> list[str]:
@@ -419,16 +382,13 @@ def _group_sections(summary: dict[str, Any], metrics: list[str]) -> list[str]:
                 + ", ".join(f"{n} {shown(s)}" for s, n in failed.items()),
                 "",
             ]
-        out.append(_row(["seed", "status", *metrics]))
-        out.append("|---" * (len(metrics) + 2) + "|")
-        for r in g["runs"]:
-            seed = " ".join(r["seed_overrides"]) or _fmt(r["seed"])
-            out.append(_row([seed, r["status"], *(_fmt(r[m]) for m in metrics)]))
-        if g["n_completed"] < 2:  # one value: its mean, min and max are itself, no std or CI
-            continue
-        for stat in ("mean", "std", "min", "max"):
-            out.append(_row([f"**{stat}**", "", *(_fmt(g["metrics"][m][stat]) for m in metrics)]))
-        out.append(_row(["**95% CI**", "", *(_ci(g["metrics"][m]) for m in metrics)]))
+        rows = [[_seed(r), r["status"], *(_fmt(r[m]) for m in metrics)] for r in g["runs"]]
+        if g["n_completed"] >= 2:  # one value: its mean, min and max are itself, no std or CI
+            stats = g["metrics"]
+            rows += [[f"**{k}**", "", *(_fmt(stats[m][k]) for m in metrics)]
+                     for k in ("mean", "std", "min", "max")]  # fmt: skip
+            rows.append(["**95% CI**", "", *(_ci(stats[m]) for m in metrics)])
+        out += _table(["seed", "status", *metrics], rows)
     return out
 
 
@@ -535,10 +495,8 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep directory when a multirun ends. An Optuna study
-    is also seeded and checked before it starts, and recorded in study.json
-    (``tools/sweeps/optuna_study.py``). With ``logger=mlflow`` the sweep is also a parent run
-    around its runs (``loggers.mlflow_sink``)."""
+    """Hydra callback: an Optuna study prepared before the multirun and recorded after it, the
+    sweep summarised, and with ``logger=mlflow`` a parent run around the runs."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         optuna_study.prepare(config)  # refuses before any trial: nothing logged yet

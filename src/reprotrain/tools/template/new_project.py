@@ -1,15 +1,7 @@
 """``make new-project NAME=mylab DEST=../mylab``: a fresh repository from this template.
 
-Needs only python3 and git (standard library only, no venv, no network). It copies the
-*tracked* files of this checkout that a project uses (``template_files``): the framework
-(``src/reprotrain``, its docs, Makefile, Dockerfile, CI, the project-owned config groups)
-byte for byte, and the user's room (``src/starter`` renamed to ``src/<name>``, ``conf/``,
-dependencies and locks) with its imports and config ``_target_``s renamed. The framework's
-own tests, benchmarks, drills and maintainer scripts stay in the template (a project runs
-``make selfcheck``). The project gets its own short README and a small ``tests/`` for its
-room, written from ``project/``. It records the template's location and commit in
-``.template.json``, which ``make update-template`` reads to bring later framework fixes
-over. One commit, new history.
+Copies the framework byte for byte and the user's room renamed, records ``.template.json``,
+one commit, new history. Needs only python3 and git. docs/new-project.md.
 """
 
 from __future__ import annotations
@@ -83,8 +75,7 @@ def readme(name: str, commit: str, location: str) -> str:
 
 
 def room_tests(name: str) -> dict[str, str]:
-    """The project's small tests/ for its own room (``project/*.py.in``, package renamed:
-    the sources name the template's own package, also when a project makes a project)."""
+    """The project's small tests/ for its own room (``project/*.py.in``, package renamed)."""
     conftest = (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8")
     tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
     return {
@@ -148,8 +139,7 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
         old_license = lic.read_text(encoding="utf-8") if lic.is_file() else None
         (dest / "LICENSE").write_text(license_text(name, old_license), encoding="utf-8")
         tf.write_record(
-            dest,
-            {"template": location, "commit": commit, "package": name, "template_package": old},
+            dest, {"template": location, "commit": commit, "package": name, "template_package": old}
         )
         _git(dest, "init", "-q")
         _git(dest, "add", "-A")

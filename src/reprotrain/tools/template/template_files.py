@@ -1,19 +1,8 @@
 """Which files of the template a project receives, whose they are, and which stay behind.
 
-Three kinds of tracked file, each path in exactly one (``test_new_project`` checks that every
-file of the template is classified):
-
-- ``FRAMEWORK``: shipped to every project byte for byte and only ever changed there by
-  ``make update-template``: the framework package, its docs, Makefile, container, CI entry,
-  the project-owned config groups.
-- the user's room (``user_room``): the user's package (the template's is ``src/starter``,
-  renamed by new-project), ``conf/`` (train.yaml and the user's groups), dependencies and
-  locks. Copied once, renamed, then never touched by the template again.
-- ``TEMPLATE_ONLY``: the framework's own tests, benchmarks, drills and maintainer scripts.
-  They stay in the template; a project checks its framework copy with ``make selfcheck``.
-
-A project also gets files written for it (``project/``: its README, a small ``tests/`` for
-its own room). Standard library only: new-project runs before any venv exists.
+``FRAMEWORK`` (shipped byte for byte, changed only by ``make update-template``), the user's
+room (``user_room``: copied once, renamed) or ``TEMPLATE_ONLY`` (tests, benchmarks, drills);
+``test_new_project`` checks every tracked file is in exactly one. Standard library only.
 """
 
 from __future__ import annotations
@@ -86,8 +75,7 @@ def is_framework(rel: str, package: str) -> bool:
 
 
 def is_user_room(rel: str, package: str) -> bool:
-    """True for the user's own files: their package and its tests, conf/ (less the
-    framework's groups), dependencies, locks, README and LICENSE."""
+    """The user's package and tests, conf/ (less the framework's groups), deps, locks, README."""
     if is_framework(rel, package):
         return False
     return _under(rel, (f"src/{package}", user_tests(package), *USER_ROOM))

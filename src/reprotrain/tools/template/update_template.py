@@ -1,14 +1,7 @@
 """``make update-template [TEMPLATE=path-or-url]``: bring the template's framework fixes over.
 
-Run inside a project made by ``make new-project``. Reads ``.template.json`` (the template's
-location and the commit the project last took), fetches the template's newest commit into
-this repository's object store (``git fetch``: no remote, no branch is added), and applies
-``git diff <recorded>..<newest>`` restricted to the framework's paths
-(``template_files.FRAMEWORK``) with ``git apply --3way``: a three-way merge, so your own
-commits are kept wherever they do not overlap the template's. The user's package, tests,
-configs and README are never touched. All or nothing: a conflict restores the tree exactly
-as it was and names the files; success stages the changes and the new recorded commit for
-you to review and commit. Needs only python3 and git.
+Applies ``git diff <recorded>..<newest>`` of the framework paths with ``git apply --3way``; all
+or nothing, the user's files never touched. Needs only python3 and git. docs/new-project.md.
 """
 
 from __future__ import annotations

@@ -664,7 +664,8 @@ def test_thread_count_and_cpu_capability_differences_rule_out_identical_bits():
         "machine": "x86_64",
         "world_size": 1,
         "num_threads": 2,
-        "device": {"type": "cpu", "capability": "AVX512"},
+        "device": {"type": "cpu"},
+        "cpu": {"capability": "AVX512"},
     }
     same = {"environment": env, "lock_sha256": "x"}
     assert rerun.environment_differences(same, same) == ([], [])
@@ -672,7 +673,7 @@ def test_thread_count_and_cpu_capability_differences_rule_out_identical_bits():
     blocking, _ = rerun.environment_differences(same, fewer)
     assert blocking == ["thread count: 2 -> 1"]
     avx2 = {
-        "environment": {**env, "device": {"type": "cpu", "capability": "AVX2"}},
+        "environment": {**env, "cpu": {"capability": "AVX2"}},
         "lock_sha256": "x",
     }
     blocking, _ = rerun.environment_differences(same, avx2)

@@ -251,7 +251,7 @@ def test_the_entry_stays_short_and_train_reads_its_config_in_few_places():
 
 
 def test_the_data_room_builds_nothing():
-    """Issue 47: a dataset ``_target_`` is built in the build room (``build.build_dataset``),
+    """Issue 47: a dataset ``_target_`` is built in the build room (``components.build_dataset``),
     like every other; the data modules import neither it nor the ``_target_`` builder."""
     data = [name for name in GRAPH if name.startswith("reprotrain.data")]
     back = [f"{name} -> {dep}" for name in data for dep in GRAPH[name]

@@ -19,6 +19,7 @@ from reprotrain.callbacks import Callbacks
 from reprotrain.components import build as instantiate
 from reprotrain.components import (
     build_callbacks,
+    build_dataset,
     build_naming_key,
     build_scheduler,
     build_step,
@@ -98,16 +99,6 @@ def build(targets: Targets, run: Run) -> Parts:
     saver = checkpoint.Saver(run.run_dir / rec.CHECKPOINTS, state, meta, keep,
                              gather=run.reduction.checkpoint)  # fmt: skip
     return Parts(dataset, pipeline, runner, saver, schedule)
-
-
-def build_dataset(node: DictConfig) -> Any:
-    """The dataset ``_target_`` (cheap: files are read by ``splits``)."""
-    return instantiate("dataset", node)
-
-
-def data_fingerprint(node: DictConfig) -> dict:
-    """What run.json records as the data's identity (reproduce compares it before it trains)."""
-    return build_dataset(node).fingerprint()
 
 
 def build_data(

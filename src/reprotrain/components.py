@@ -371,3 +371,13 @@ def check_loss(node: DictConfig, num_classes: int | None) -> None:
             f"loss ({node.get('_target_')}) fails on {num_classes}-class logits: "
             f"{type(e).__name__}: {lines[0] if lines else ''}"
         ) from None
+
+
+def build_dataset(node: DictConfig) -> Any:
+    """The dataset ``_target_`` (cheap: files are read by ``splits``)."""
+    return build("dataset", node)
+
+
+def data_fingerprint(node: DictConfig) -> dict:
+    """What run.json records as the data's identity (reproduce compares it before it trains)."""
+    return build_dataset(node).fingerprint()

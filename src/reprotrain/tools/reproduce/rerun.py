@@ -46,7 +46,7 @@ PHASES = Phases(
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
     """None when the data here is what the run saw; else the message (a NOT COMPARABLE reason
     under ``allow_drift``, else refused)."""
-    from reprotrain.build import data_fingerprint
+    from reprotrain.components import data_fingerprint  # no engine: the working tree may not import
 
     try:
         here = data_fingerprint(dataset_cfg)

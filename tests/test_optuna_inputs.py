@@ -41,7 +41,9 @@ def test_command_line_search_ranges_are_recorded_as_searched_parameters():
     cfg = compose_study(*SMOKE, "hydra/sweeper=optuna")  # what the sweeper sees: the task's
     with read_write(cfg):  # overrides hold the command line's ranges
         cfg.hydra.overrides.task = [*SMOKE, "hydra/sweeper=optuna", *RANGES]
-    space = optuna_study._sweeper_settings(cfg)["search_space"]
+    space = optuna_study._sweeper_settings(optuna_study.StudyView.of(cfg.hydra, cfg.trainer))[
+        "search_space"
+    ]
     assert space["optimizer.lr"] == "tag(log,interval(0.01,1))"
     assert space["trainer.epochs"] == "range(1,3)"
 

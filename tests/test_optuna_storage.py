@@ -84,9 +84,10 @@ def settings(**over) -> dict:
     return {**base, **over}
 
 
-def config(sweep_dir: Path):
-    return OmegaConf.create({"name": "smoke", "hydra": {"sweep": {"dir": str(sweep_dir)}},
-                             "trainer": {"monitor": "val_acc", "monitor_mode": "max"}})  # fmt: skip
+def config(sweep_dir: Path) -> optuna_study.StudyView:
+    cfg = OmegaConf.create({"name": "smoke", "hydra": {"sweep": {"dir": str(sweep_dir)}},
+                            "trainer": {"monitor": "val_acc", "monitor_mode": "max"}})  # fmt: skip
+    return optuna_study.StudyView.of(cfg.hydra, cfg.trainer, name=cfg.name)
 
 
 def runner(sweep_dir: Path, launch, **over) -> impl.StudyRunner:

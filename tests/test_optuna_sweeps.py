@@ -36,6 +36,11 @@ def compose_study(*overrides: str):
         GlobalHydra.instance().clear()
 
 
+def view(cfg) -> optuna_study.StudyView:
+    """What the sweep callback's hooks take of a composed config."""
+    return optuna_study.StudyView.of(cfg.hydra, cfg.get("trainer"), cfg.get("seed"))
+
+
 def ask_and_tell(cfg, sweep_dir: Path, n_trials: int = 12, score=None) -> tuple[list[dict], dict]:
     """What the sweeper does with this config (its own search-space parser, one trial asked
     and told at a time, its storage in ``sweep_dir``), on a synthetic objective and without
@@ -52,7 +57,10 @@ def ask_and_tell(cfg, sweep_dir: Path, n_trials: int = 12, score=None) -> tuple[
         cfg.hydra.sweep.dir = str(sweep_dir)
     launch = FakeLauncher(score=score or objective)
     runner = optuna_sweeper.StudyRunner(
-        settings, cfg, launch=launch, job_dir=lambda overrides, n: sweep_dir / str(n)
+        settings,
+        optuna_study.StudyView.of(cfg.hydra, cfg.trainer, name=cfg.name),
+        launch=launch,
+        job_dir=lambda overrides, n: sweep_dir / str(n),
     )
     runner.run(list(cfg.hydra.overrides.task))
     journal = optuna_sweeper.open_journal(sweep_dir / "study.journal")
@@ -64,13 +72,13 @@ def test_the_example_study_is_seeded_from_seed_base_and_repeats_its_trials(tmp_p
     cfg = compose_study(*SEARCH)
     assert cfg.hydra.sweeper.sampler.seed is None, "optuna's samplers have no seed"
     assert cfg.hydra.sweeper.direction is None, "the sweeper's default: nobody chose one"
-    optuna_study.prepare(cfg)
+    optuna_study.prepare(view(cfg))
     assert cfg.hydra.sweeper.sampler.seed == cfg.seed.base
     assert cfg.hydra.sweeper.direction == "maximize", "smoke monitors val_acc, max"
     first, second = ask_and_tell(cfg, tmp_path / "a"), ask_and_tell(cfg, tmp_path / "b")
     assert first == second, "the same study twice: the same trials, the same best"
     other = compose_study(*SEARCH, "seed.base=1")
-    optuna_study.prepare(other)
+    optuna_study.prepare(view(other))
     assert ask_and_tell(other, tmp_path / "c")[0][0] != first[0][0], "control: the seed decides"
 
 
@@ -80,7 +88,7 @@ def test_the_example_uses_tpe_for_real_later_proposals_depend_on_earlier_results
     sampler, n_trials = cfg.hydra.sweeper.sampler, cfg.hydra.sweeper.n_trials
     assert sampler._target_ == "optuna.samplers.TPESampler"
     assert 0 < sampler.n_startup_trials < n_trials, "some trials are TPE's own proposals"
-    optuna_study.prepare(cfg)
+    optuna_study.prepare(view(cfg))
     start = sampler.n_startup_trials
     good, _ = ask_and_tell(cfg, tmp_path / "good", n_trials)
     again, _ = ask_and_tell(cfg, tmp_path / "again", n_trials)
@@ -95,7 +103,7 @@ def test_the_example_uses_tpe_for_real_later_proposals_depend_on_earlier_results
 
 def test_an_explicit_sampler_seed_is_kept():
     cfg = compose_study(*SEARCH, "hydra.sweeper.sampler.seed=7")
-    optuna_study.prepare(cfg)
+    optuna_study.prepare(view(cfg))
     assert cfg.hydra.sweeper.sampler.seed == 7
 
 
@@ -117,7 +125,7 @@ def test_an_explicit_sampler_seed_is_kept():
 )
 def test_a_study_that_cannot_work_is_refused_in_one_line_before_any_trial(overrides, says, capsys):
     with pytest.raises(SystemExit) as stop:
-        optuna_study.prepare(compose_study(*overrides))
+        optuna_study.prepare(view(compose_study(*overrides)))
     assert stop.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: ") and says in line
@@ -125,7 +133,7 @@ def test_a_study_that_cannot_work_is_refused_in_one_line_before_any_trial(overri
 
 def test_a_basic_sweep_is_left_alone():
     cfg = compose_study("experiment=smoke")
-    optuna_study.prepare(cfg)  # no refusal, nothing set
+    optuna_study.prepare(view(cfg))  # no refusal, nothing set
     assert not optuna_study.is_optuna(cfg.hydra.sweeper)
 
 

@@ -20,6 +20,7 @@ from reprotrain.progress import MIB, Phases, Progress
 from reprotrain.tools.archive.pack import PHASES as ARCHIVE_PHASES
 from reprotrain.tools.reproduce.rerun import PHASES as REPRODUCE_PHASES
 from reprotrain.tools.sweeps import sweep_progress
+from reprotrain.tools.sweeps.optuna_study import StudyView
 
 
 class Terminal(io.StringIO):
@@ -116,10 +117,10 @@ def fake_sweep(root: Path, task: list[str], statuses: list[str]) -> Path:
     return root
 
 
-def job_config(sweep_dir: Path, mode: str = "MULTIRUN", **sweeper) -> OmegaConf:
-    return OmegaConf.create(
-        {"hydra": {"mode": mode, "sweep": {"dir": str(sweep_dir)}, "sweeper": sweeper}}
-    )
+def job_config(sweep_dir: Path, mode: str = "MULTIRUN", **sweeper) -> StudyView:
+    """What the sweep callback's ``on_job_end`` takes of a job's config."""
+    hydra = {"mode": mode, "sweep": {"dir": str(sweep_dir)}, "sweeper": sweeper}
+    return StudyView.of(OmegaConf.create({"hydra": hydra}).hydra)
 
 
 def test_a_sweep_says_runs_done_of_the_product_of_its_value_lists(tmp_path):

@@ -25,6 +25,7 @@ from reprotrain.run.directory import sweep_jobs
 from reprotrain.tools.archive import sweep_archive
 from reprotrain.tools.sweeps import compare_sweeps, sweep_progress
 from reprotrain.tools.sweeps import sweep_summary as ss
+from reprotrain.tools.sweeps.optuna_study import StudyView
 from test_sweep import lr_sweep
 
 #: Where W&B copies a run's record at the end (wandb_sink.log_artifacts): a run.json that
@@ -58,7 +59,7 @@ def test_a_sweeps_runs_are_its_job_directories_not_a_loggers_copy_of_a_record(tm
     assert sweep_jobs(sweep) == jobs
     said: list[str] = []
     job_end = {"hydra": {"mode": "MULTIRUN", "sweep": {"dir": str(sweep)}, "sweeper": {}}}
-    sweep_progress.job_done(OmegaConf.create(job_end), emit=said.append)
+    sweep_progress.job_done(StudyView.of(OmegaConf.create(job_end).hydra), emit=said.append)
     assert said == [f"sweep {sweep}: 6/6 runs done (100%)"]
     summary = ss.write_summary(sweep)
     groups = {" ".join(g["overrides"]): g["n_completed"] for g in summary["groups"]}

@@ -126,18 +126,24 @@ class OptunaSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         import sys
+        from functools import partial
 
         from reprotrain.errors import ReprotrainError
         from reprotrain.tools.sweeps import optuna_sweeper as impl
+        from reprotrain.tools.sweeps.optuna_study import StudyView
 
         assert self.config is not None and self.hydra_context is not None
-        settings = OmegaConf.to_container(self.config.hydra.sweeper, resolve=True)
+        master = self.config  # the whole config enters here (and in setup), nowhere below
+        settings = OmegaConf.to_container(master.hydra.sweeper, resolve=True)
         assert isinstance(settings, dict)
-        loader, master = self.hydra_context.config_loader, self.config
+        view = StudyView.of(master.hydra, master.get("trainer"), master.get("seed"),
+                            master.get("name"))  # fmt: skip
+        load = partial(self.hydra_context.config_loader.load_sweep_config, master)
         runner = impl.StudyRunner(
-            settings, self.config, launch=self.launcher.launch,
-            job_dir=lambda overrides, n: impl.job_dir_of(loader, master, overrides, n),
+            settings, view, launch=self.launcher.launch,
+            job_dir=lambda overrides, n: impl.job_dir_of(load, overrides, n),
             validate=self.validate_batch_is_legal,
+            save_record=lambda path: OmegaConf.save(master, path),
         )  # fmt: skip
         try:
             return runner.run(arguments)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,46 @@ _SEEDED_FROM_BASE: dict[str, str] = {}
 is_optuna = sweep_checks.is_optuna
 
 
-def _sweeper_settings(config: DictConfig) -> dict[str, Any]:
-    sweeper = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
+@dataclass(frozen=True)
+class StudyView:
+    """What a sweep's study and progress read of the config, taken once where Hydra hands the
+    whole config over (the sweep callback's ``on_*`` hooks, the Sweeper): :meth:`of`."""
+
+    sweeper: DictConfig | None  # hydra.sweeper, the live node: prepare() sets keys in it
+    trainer: DictConfig | None  # monitor, monitor_mode
+    seed: DictConfig | None  # seed.base: an unseeded sampler's seed
+    sweep_dir: str | None  # hydra.sweep.dir
+    task: tuple[str, ...]  # hydra.overrides.task: the command line's overrides
+    mode: Any = None  # hydra.mode (RunMode.MULTIRUN, ...)
+    name: str | None = None  # the config's name: a study's default study_name
+
+    @classmethod
+    def of(
+        cls,
+        hydra: DictConfig | None,
+        trainer: DictConfig | None = None,
+        seed: DictConfig | None = None,
+        name: Any = None,
+    ) -> StudyView:
+        """The view of a config's ``hydra``, ``trainer`` and ``seed`` nodes and its name."""
+
+        def pick(key: str) -> Any:
+            return None if hydra is None else OmegaConf.select(hydra, key, default=None)
+
+        sweep_dir, task = pick("sweep.dir"), pick("overrides.task") or []
+        return cls(
+            sweeper=pick("sweeper"),
+            trainer=trainer,
+            seed=seed,
+            sweep_dir=None if sweep_dir is None else str(sweep_dir),
+            task=tuple(str(o) for o in task),
+            mode=pick("mode"),
+            name=None if name is None else str(name),
+        )
+
+
+def _sweeper_settings(view: StudyView) -> dict[str, Any]:
+    sweeper = OmegaConf.to_container(view.sweeper, resolve=True)
     assert isinstance(sweeper, dict)
     sampler = dict(sweeper.get("sampler") or {})
     direction = sweeper.get("direction")
@@ -54,23 +94,23 @@ def _sweeper_settings(config: DictConfig) -> dict[str, Any]:
         "sweeper": str(sweeper.get("_target_", "")),
         "study_name": sweeper.get("study_name"),
         "direction": direction if isinstance(direction, list) else str(direction),
-        "metric": str(config.trainer.monitor),
-        "metric_mode": str(config.trainer.monitor_mode),
+        "metric": str(view.trainer.monitor),
+        "metric_mode": str(view.trainer.monitor_mode),
         "n_trials": sweeper.get("n_trials"),
         "n_jobs": sweeper.get("n_jobs"),
         "storage": sweeper.get("storage"),
         "optuna_storage": sweeper.get("storage") or JOURNAL,
         "sampler": {"class": sampler.pop("_target_", None), **sampler},
-        "seed_from": _SEEDED_FROM_BASE.get(str(config.hydra.sweep.dir)),
-        "search_space": {**dict(sweeper.get("params") or {}), **command_line_space(config)},
+        "seed_from": _SEEDED_FROM_BASE.get(str(view.sweep_dir)),
+        "search_space": {**dict(sweeper.get("params") or {}), **command_line_space(view.task)},
     }
 
 
-def command_line_space(config: DictConfig) -> dict[str, str]:
-    """The sweeps given on the command line: the sweeper searches them too."""
+def command_line_space(task: Sequence[str]) -> dict[str, str]:
+    """The sweeps given on the command line (``hydra.overrides.task``): the sweeper searches
+    them too."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
     parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
     return {o.get_key_element(): o.input_line.partition("=")[2]
             for o in parsed if o.is_sweep_override()}  # fmt: skip
@@ -84,11 +124,6 @@ def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
     if settings.get("storage"):
         return False, "a storage of your own may hold trials of earlier runs of the study"
     return True, "seeded sampler, the study's own journal in the sweep directory"
-
-
-def check_study_config(config: DictConfig) -> None:
-    """Refuse in one line a study that cannot run here (``sweep_checks.check_study``)."""
-    sweep_checks.check_study(config.hydra.sweeper, config.trainer, config.hydra.overrides.task)
 
 
 def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
@@ -229,45 +264,48 @@ def study_lines(study: dict[str, Any]) -> list[str]:
     return lines
 
 
-def follow_monitor(config: DictConfig) -> None:
-    """A default direction follows trainer.monitor_mode; one given as text is checked."""
-    if config.hydra.sweeper.direction is None:
-        with read_write(config.hydra):
-            config.hydra.sweeper.direction = f"{config.trainer.monitor_mode}imize"
+def follow_monitor(sweeper: DictConfig, trainer: DictConfig) -> None:
+    """A default direction (in ``sweeper``, hydra.sweeper) follows ``trainer.monitor_mode``;
+    one given as text is checked."""
+    if sweeper.direction is None:
+        with read_write(sweeper):
+            sweeper.direction = f"{trainer.monitor_mode}imize"
 
 
-def seed_sampler(config: DictConfig) -> None:
-    """A sampler without a seed gets ``seed.base``, in the config the sweeper is built from."""
-    sampler = config.hydra.sweeper.sampler
+def seed_sampler(sweeper: DictConfig, seed: DictConfig, sweep_dir: str | None) -> None:
+    """A sampler without a seed gets ``seed.base``, in ``sweeper`` (hydra.sweeper, the node
+    the sweeper is built from)."""
+    sampler = sweeper.sampler
     if "seed" not in sampler or sampler.seed is not None:
         return  # seeded already, or a sampler without randomness (GridSampler)
-    with read_write(config.hydra), open_dict(config.hydra.sweeper):
-        sampler.seed = int(config.seed.base)
-    _SEEDED_FROM_BASE[str(config.hydra.sweep.dir)] = "seed.base"
+    with read_write(sweeper), open_dict(sweeper):
+        sampler.seed = int(seed.base)
+    _SEEDED_FROM_BASE[str(sweep_dir)] = "seed.base"
 
 
-def prepare(config: DictConfig) -> None:
+def prepare(view: StudyView) -> None:
     """``on_multirun_start`` of an Optuna study: refuse (one line, exit 2) or seed it."""
-    if not is_optuna(OmegaConf.select(config, "hydra.sweeper")):
+    if not is_optuna(view.sweeper):
         return
+    assert view.sweeper is not None
     try:
-        check_study_config(config)
+        sweep_checks.check_study(view.sweeper, view.trainer, list(view.task))
     except ReprotrainError as e:  # before any trial runs
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
-    follow_monitor(config)
-    seed_sampler(config)
+    follow_monitor(view.sweeper, view.trainer)
+    seed_sampler(view.sweeper, view.seed, view.sweep_dir)
     # optuna imports alembic, whose plugin registry logs a line per plugin at INFO
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def record(config: DictConfig) -> None:
+def record(view: StudyView) -> None:
     """``on_multirun_end`` of an Optuna study: write study.json and say what it found."""
-    if not is_optuna(OmegaConf.select(config, "hydra.sweeper")):
+    if not is_optuna(view.sweeper):
         return
-    sweep_dir = Path(config.hydra.sweep.dir)
+    sweep_dir = Path(str(view.sweep_dir))
     try:
-        study = write_study(sweep_dir, _sweeper_settings(config))
+        study = write_study(sweep_dir, _sweeper_settings(view))
     except Exception as e:  # the study itself finished: report, do not fail it
         print(f"warning: no {STUDY_JSON} ({type(e).__name__}: {e})", file=sys.stderr)
         return

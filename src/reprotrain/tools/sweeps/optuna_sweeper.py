@@ -21,7 +21,7 @@ from reprotrain.quoting import hydra_value
 from reprotrain.repro.seeding import stable_hash
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text
-from reprotrain.tools.sweeps.optuna_study import JOURNAL, open_journal, trial_value
+from reprotrain.tools.sweeps.optuna_study import JOURNAL, StudyView, open_journal, trial_value
 
 log = logging.getLogger(__name__)
 
@@ -164,24 +164,28 @@ def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
 
 class StudyRunner:
     """One study: ``launch(overrides, first)`` runs a batch numbered from ``first``;
-    ``job_dir(overrides, number)`` is where that job writes its run."""
+    ``job_dir(overrides, number)`` is where that job writes its run. ``view``: the sweep
+    directory, ``trainer.monitor`` / ``monitor_mode`` and the config's name;
+    ``save_record(path)`` writes the sweep's config (``multirun.yaml``) at a study's start."""
 
     def __init__(
         self,
         settings: Mapping[str, Any],
-        config: DictConfig,
+        view: StudyView,
         launch: Callable[[list[list[str]], int], Sequence[Any]],
         job_dir: Callable[[list[str], int], Path],
         validate: Callable[[list[list[str]]], None] | None = None,
+        save_record: Callable[[Path], None] | None = None,
     ) -> None:
         self.settings = dict(settings)
-        self.config = config
+        self.view = view
         self.launch = launch
         self.job_dir = job_dir
         self.validate = validate or (lambda batch: None)
-        self.sweep_dir = Path(str(config.hydra.sweep.dir))
-        self.metric = str(OmegaConf.select(config, "trainer.monitor", default="val_loss"))
-        self.mode = str(OmegaConf.select(config, "trainer.monitor_mode", default="min"))
+        self.save_record = save_record or (lambda path: None)
+        self.sweep_dir = Path(str(view.sweep_dir))
+        self.metric = str(_select(view.trainer, "monitor", "val_loss"))
+        self.mode = str(_select(view.trainer, "monitor_mode", "min"))
 
     @property
     def direction(self) -> str:
@@ -189,8 +193,7 @@ class StudyRunner:
 
     @property
     def study_name(self) -> str:
-        return str(self.settings.get("study_name") or OmegaConf.select(
-            self.config, "name", default=None) or "study")  # fmt: skip
+        return str(self.settings.get("study_name") or self.view.name or "study")
 
     def n_trials(self, space: Mapping[str, Any]) -> int:
         n = int(self.settings.get("n_trials") or 1)
@@ -257,7 +260,7 @@ class StudyRunner:
         study = self.open_study(space)
         if not self.settings.get("resume"):  # a continuation keeps the record of the start
             self.sweep_dir.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(self.config, self.sweep_dir / SWEEP_RECORD)
+            self.save_record(self.sweep_dir / SWEEP_RECORD)
         returns: list = []
         running = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
         for trial in running:
@@ -373,9 +376,14 @@ def _fail(study: Any, number: int) -> None:
     study.tell(number, state=TrialState.FAIL)
 
 
-def job_dir_of(config_loader: Any, master: DictConfig, overrides: list[str], number: int) -> Path:
-    """Where the launcher puts job ``number`` with ``overrides`` (``hydra.sweep.subdir``)."""
-    cfg = config_loader.load_sweep_config(master, list(overrides))
+def _select(node: DictConfig | None, key: str, default: Any) -> Any:
+    return default if node is None else OmegaConf.select(node, key, default=default)
+
+
+def job_dir_of(load: Callable[[list[str]], DictConfig], overrides: list[str], number: int) -> Path:
+    """Where the launcher puts job ``number`` with ``overrides`` (``hydra.sweep.subdir``);
+    ``load(overrides)`` composes the job's config (Hydra's ``load_sweep_config``)."""
+    cfg = load(list(overrides))
     with open_dict(cfg):
         cfg.hydra.job.id = number
         cfg.hydra.job.num = number

@@ -11,13 +11,17 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from reprotrain.loggers.params import sweep_record_overrides
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.record import RUN_JSON
+
+if TYPE_CHECKING:
+    from reprotrain.tools.sweeps.optuna_study import StudyView
 
 SWEEP_RECORD = "multirun.yaml"
 
@@ -54,14 +58,12 @@ def progress_line(sweep_dir: Path, done: int, total: int | None) -> str:
     return f"sweep {sweep_dir}: {done}/{total} runs done ({100 * done / total:.0f}%)"
 
 
-def job_done(config: DictConfig, emit: Callable[[str], None] | None = None) -> None:
+def job_done(view: StudyView, emit: Callable[[str], None] | None = None) -> None:
     """``on_job_end``: one line with the sweep's runs done (a single run says nothing)."""
-    sweep_dir = OmegaConf.select(config, "hydra.sweep.dir", default=None)
-    mode = OmegaConf.select(config, "hydra.mode", default=None)
+    sweep_dir, mode = view.sweep_dir, view.mode
     if sweep_dir is None or str(getattr(mode, "name", mode)) != "MULTIRUN":
         return
-    sweeper = OmegaConf.select(config, "hydra.sweeper", default=None)
-    total = sweep_total(Path(sweep_dir), sweeper)
+    total = sweep_total(Path(sweep_dir), view.sweeper)
     line = progress_line(Path(sweep_dir), runs_done(Path(sweep_dir)), total)
     if emit is None:
         print(line, file=sys.stderr, flush=True)

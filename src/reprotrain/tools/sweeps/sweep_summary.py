@@ -42,6 +42,7 @@ from reprotrain.run.record import (
 from reprotrain.shown import say, shown, warnings_shown
 from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
+from reprotrain.tools.sweeps.optuna_study import StudyView
 
 SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG = "summary.json", "summary.md", "summary.png"
 UNKNOWN_OVERRIDES = "(no .hydra/overrides.yaml)"
@@ -499,16 +500,18 @@ class SweepSummaryCallback(Callback):
     sweep summarised, and with ``logger=mlflow`` a parent run around the runs."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        optuna_study.prepare(config)  # refuses before any trial: nothing logged yet
+        view = StudyView.of(config.hydra, config.get("trainer"), config.get("seed"))
+        optuna_study.prepare(view)  # refuses before any trial: nothing logged yet
         overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]))
         sweep_dir, name = Path(config.hydra.sweep.dir), str(config.get("name"))
         start_sweep_run(config.get("logger"), sweep_dir, name, overrides)
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_progress.job_done(config)  # "sweep <dir>: 3/8 runs done (38%)"
+        view = StudyView.of(OmegaConf.select(config, "hydra"))
+        sweep_progress.job_done(view)  # "sweep <dir>: 3/8 runs done (38%)"
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        optuna_study.record(config)
+        optuna_study.record(StudyView.of(config.hydra, config.get("trainer"), config.get("seed")))
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             summary = write_summary(sweep_dir)

@@ -16,8 +16,8 @@ Cost (docs/invariance-performance.md): a part is flattened once (``flatten``: on
 dtype group, float32 for 16- and 32-bit floats, float64 for the rest), and everything after
 that runs on the flat vectors: a fixed number of whole-vector ops per part and per call,
 whatever the number of tensors (on a GPU each op is one kernel launch, so a step of a
-network of 62 parameter tensors costs tens of launches, not thousands). A call is two collectives: a MAX
-of one exponent and one non-finite flag per tensor, a SUM of one int64 vector holding every
+network of 62 parameter tensors costs tens of launches, not thousands). A call is two
+collectives: a MAX of one exponent and one non-finite flag per tensor, a SUM of one int64 vector holding every
 element. Each tensor keeps its own scale, so one call over many lists gives the bits of one
 call per list.
 

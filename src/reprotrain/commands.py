@@ -61,9 +61,6 @@ class Command:
         return int(code or 0)
 
 
-# ----------------------------------------------------------------------- the trainer's jobs
-
-
 def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str | None, list[str]]:
     """(``flag``'s text or ``default``, the other arguments): ``flag value`` or ``flag=value``
     anywhere among the overrides."""
@@ -179,9 +176,6 @@ def sweep(argv: list[str]) -> int:
     return run_trainer(args, nproc)
 
 
-# ------------------------------------------------------------------------ scripts of the repo
-
-
 def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Callable:
     """A job that lives in the repository's ``scripts/`` (not in the installed package)."""
 
@@ -190,18 +184,14 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
 
         path = REPO_ROOT / "scripts" / name
         if not path.is_file():
-            print(
-                f"error: {path} not found: this job runs from a checkout of the repository",
-                file=sys.stderr,
-            )
+            why = "this job runs from a checkout of the repository"
+            print(f"error: {path} not found: {why}", file=sys.stderr)
             return EXIT_USAGE
         cmd = [*(interpreter or [sys.executable]), str(path), *argv]
         return subprocess.run(cmd, cwd=REPO_ROOT).returncode
 
     return run
 
-
-# ------------------------------------------------------------------------- shell completion
 
 SHELLS = ("bash", "zsh")  # what Hydra's completion plugins exist for
 TRAINER_APP = "reprotrain-train"  # what Hydra's completion query sees in place of "<us> train"
@@ -252,8 +242,6 @@ def shell_completion(argv: list[str]) -> int:
     print(proc.stdout, end="")
     return proc.returncode
 
-
-# ---------------------------------------------------------------------------- the commands
 
 COMMANDS: dict[str, Command] = {
     c.name: c

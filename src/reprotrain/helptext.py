@@ -42,20 +42,14 @@ def config_groups(
     return groups
 
 
-def _chosen(value: Any) -> set[str]:
-    if value is None:
-        return set()
-    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
-        return {str(v) for v in value}
-    return {str(value)}
-
-
 def format_groups(groups: dict[str, list[str]], choices: dict[str, Any]) -> str:
     """Aligned lines ``group  opt_a*, opt_b`` (``*``: chosen; ``debug: null``: "(none chosen)")."""
     width = max((len(g) for g in groups), default=0)
     lines = []
     for group, options in groups.items():
-        picked = _chosen(choices.get(group))
+        value = choices.get(group)
+        many = isinstance(value, list | tuple) or type(value).__name__ == "ListConfig"
+        picked = set() if value is None else {str(v) for v in (value if many else [value])}
         shown = ", ".join(f"{o}*" if o in picked else o for o in options)
         note = "   (none chosen)" if group in choices and not picked else ""
         lines.append(f"  {group.ljust(width)}  {shown}{note}")

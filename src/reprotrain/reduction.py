@@ -23,7 +23,6 @@ from reprotrain.invariant.exact_sum import (
     flatten,
     layout_of,
     no_reduce,
-    rows,
     stacked,
     torch_reducer,
 )
@@ -88,7 +87,7 @@ class ExactSum(Accumulator):
         if self.layout is None:
             self.layout = layout_of(part)
             self.buffers = stacked(self.layout, self.local, loss.device)
-        flatten(part, self.layout, rows(self.buffers, self.added))
+        flatten(part, self.layout, [buffer[self.added] for buffer in self.buffers])
         self.added += 1
 
     def finish(self) -> tuple[torch.Tensor, Sums]:
@@ -127,12 +126,10 @@ class Reduction:
     def world_size(self) -> int:
         return self.dist.world_size
 
-    # --- build ----------------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
         """(the bare model to optimise and checkpoint, the module that runs the forward)."""
         return model, model
 
-    # --- one step ---------------------------------------------------------------------------
     def loss_weight(self, size: int, n: int) -> float | None:
         """Factor on a micro-batch's loss (``size`` of ``n``) for the step's mean; None: k = 1."""
         return None if size == n else size / n
@@ -152,7 +149,6 @@ class Reduction:
         """Samples per collate call (per-sample path); 0: a rank's share of a step at once."""
         return 0
 
-    # --- the epoch and the checkpoint ---------------------------------------------------------
     def end_epoch(self, progress: EpochProgress) -> None:
         """Make the epoch's step losses and metric sums global (no-op when they are)."""
 

@@ -64,10 +64,6 @@ class Layout:
     dtypes: tuple[torch.dtype, ...]
     groups: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
 
-    @property
-    def order(self) -> tuple[int, ...]:
-        return tuple(i for _, members in self.groups for i in members)
-
     def sizes(self, group: int) -> tuple[int, ...]:
         return tuple(self.shapes[i].numel() for i in self.groups[group][1])
 
@@ -98,11 +94,6 @@ def stacked(layout: Layout, parts: int, device: torch.device) -> list[torch.Tens
     ]
 
 
-def rows(buffers: Sequence[torch.Tensor], i: int) -> list[torch.Tensor]:
-    """Row ``i`` of every group's buffer: where part i goes."""
-    return [buffer[i] for buffer in buffers]
-
-
 def flatten(part: Sequence[torch.Tensor], layout: Layout, out: Sequence[torch.Tensor]) -> None:
     """Copy ``part`` into ``out``: one detached copy per group, in the group's dtype."""
     if len(part) != len(layout.shapes) or any(
@@ -126,7 +117,7 @@ def exact_sum(
     layout = layout_of(parts[0])
     buffers = stacked(layout, len(parts), parts[0][0].device)
     for i, part in enumerate(parts):
-        flatten(part, layout, rows(buffers, i))
+        flatten(part, layout, [buffer[i] for buffer in buffers])
     return exact_sum_stacked(buffers, layout, total_parts, reduce)
 
 
@@ -138,7 +129,7 @@ def exact_sum_stacked(
 ) -> list[torch.Tensor]:
     """:func:`exact_sum` of parts already flattened into ``stacked`` buffers."""
     device = buffers[0].device
-    n = len(layout.order)
+    n = len(layout.shapes)
     guard = math.ceil(math.log2(total_parts)) if total_parts > 1 else 0
 
     # 1. One exponent per tensor: |x| < 2^e for every element of every part, on every rank

@@ -14,21 +14,16 @@ from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir
 from reprotrain.loggers.settings import project_root, require_module
 
 
-def wandb_key_configured() -> bool:
-    """Whether W&B credentials exist (env or ``wandb login``'s netrc); never reads them out."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
 def resolve_wandb_mode(mode: str) -> str:
-    """``auto``: online only when the user configured a key, else offline."""
-    if mode != "auto":
-        return mode
-    return "online" if wandb_key_configured() else "offline"
+    """``auto``: online only when W&B credentials exist (env or ``wandb login``'s netrc; never
+    read out), else offline."""
+    if mode != "auto" or os.environ.get("WANDB_API_KEY"):
+        return mode if mode != "auto" else "online"
+    try:
+        found = netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        found = False
+    return "online" if found else "offline"
 
 
 class WandBLogger(Logger):

@@ -91,16 +91,11 @@ def log_params(client, run_id: str, params: dict[str, str]) -> None:
 
 def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     """The parent run a sweep dir records (``mlflow_parent_run.json``) for this store."""
-    path = Path(sweep_dir) / PARENT_JSON
-    if not path.is_file():
-        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads((Path(sweep_dir) / PARENT_JSON).read_text())
+    except (OSError, ValueError):  # none, or unreadable
         return None
-    if data.get("store_sha256") != store_digest(uri):
-        return None
-    return data
+    return data if data.get("store_sha256") == store_digest(uri) else None
 
 
 class MLflowLogger(Logger):

@@ -1,11 +1,5 @@
-"""``reprotrain <command>``: one entry point for every job, each with its documented exit code.
-
-Each command runs its job's module with the rest of the command line and exits with that
-job's code (``reprotrain bisect`` is ``python -m reprotrain.tools.debugging.bisect``); ``train``
-and ``sweep`` start the trainer as a child and forward signals to it. ``--exit-file``,
-``--exit-line`` and ``--args`` keep the code through Make (docs/cli.md). Nothing heavy is
-imported until a job runs, so ``reprotrain --help`` answers at once.
-"""
+"""``reprotrain <command>``: one entry point for every job, each with its documented exit code
+(docs/cli.md). Nothing heavy is imported until a job runs, so ``--help`` answers at once."""
 
 from __future__ import annotations
 
@@ -15,7 +9,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from reprotrain.errors import one_line
@@ -42,7 +36,7 @@ class Command:
     summary: str
     #: ``module:function`` taking ``argv`` and returning the exit code, or a callable.
     target: str | Callable[[list[str]], int]
-    exit_codes: dict[int, str] = field(default_factory=dict)
+    exit_codes: dict[int, str]
 
     def meaning(self, code: int) -> str:
         if code in self.exit_codes:
@@ -56,29 +50,20 @@ class Command:
         if isinstance(target, str):
             module, _, function = target.partition(":")
             target = getattr(importlib.import_module(module), function)
-        with cli_prog(f"reprotrain {self.name}"):
-            return _as_exit_code(target, argv)
-
-
-def _as_exit_code(main: Callable[[list[str]], int], argv: list[str]) -> int:
-    """``main(argv)``'s exit code, also when it raises ``SystemExit`` (argparse, --help)."""
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-        if code is not None and not isinstance(code, int):
-            print(f"error: {one_line(str(code))}", file=sys.stderr, flush=True)
-            return EXIT_USAGE
-    return int(code or 0)
-
-
-# ----------------------------------------------------------------------- the trainer's jobs
+        try:  # the exit code, also of a SystemExit (argparse, --help)
+            with cli_prog(f"reprotrain {self.name}"):
+                code = target(argv)
+        except SystemExit as e:
+            code = e.code
+            if code is not None and not isinstance(code, int):
+                print(f"error: {one_line(str(code))}", file=sys.stderr, flush=True)
+                return EXIT_USAGE
+        return int(code or 0)
 
 
 def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str | None, list[str]]:
-    """(``flag``'s text, the other arguments); ``default`` when it is not given. ``flag``
-    (``--nproc``, ``--seeds``) is ours, not Hydra's, so it may stand anywhere among the
-    overrides, as ``flag value`` or ``flag=value``."""
+    """(``flag``'s text or ``default``, the other arguments): ``flag value`` or ``flag=value``
+    anywhere among the overrides."""
     value, rest = default, []
     it = iter(args)
     for arg in it:
@@ -92,9 +77,7 @@ def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str
 
 
 def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
-    """The trainer as a child (torchrun when ``nproc_text`` is above 1); its exit code.
-
-    Under torchrun the overrides are checked once first, so a typo is one line, not N."""
+    """The trainer as a child (torchrun above 1 process, the overrides checked once first)."""
     from reprotrain.repro import hashseed
     from reprotrain.tools.runs.resume import run_forwarding_signals, trainer_launcher
 
@@ -161,8 +144,7 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
 
 
 def check_seed_list(text: str, name: str) -> None:
-    """A seed list: not empty, and no seed twice (``1,1`` would be one seed counted twice:
-    n=2 with no spread). Hydra's own sweep forms (``range(0,5)``) pass as they are."""
+    """A seed list: not empty, no seed twice (one seed counted twice: n=2 with no spread)."""
     values = [v.strip() for v in text.split(",")]
     if not all(values):
         raise ValueError(
@@ -194,9 +176,6 @@ def sweep(argv: list[str]) -> int:
     return run_trainer(args, nproc)
 
 
-# ------------------------------------------------------------------------ scripts of the repo
-
-
 def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Callable:
     """A job that lives in the repository's ``scripts/`` (not in the installed package)."""
 
@@ -205,18 +184,14 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
 
         path = REPO_ROOT / "scripts" / name
         if not path.is_file():
-            print(
-                f"error: {path} not found: this job runs from a checkout of the repository",
-                file=sys.stderr,
-            )
+            why = "this job runs from a checkout of the repository"
+            print(f"error: {path} not found: {why}", file=sys.stderr)
             return EXIT_USAGE
         cmd = [*(interpreter or [sys.executable]), str(path), *argv]
         return subprocess.run(cmd, cwd=REPO_ROOT).returncode
 
     return run
 
-
-# ------------------------------------------------------------------------- shell completion
 
 SHELLS = ("bash", "zsh")  # what Hydra's completion plugins exist for
 TRAINER_APP = "reprotrain-train"  # what Hydra's completion query sees in place of "<us> train"
@@ -228,22 +203,15 @@ def _trainer_completion(action: str, env: dict[str, str]) -> subprocess.Complete
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 
-def completion_words(line: str, point: int) -> tuple[list[str], bool]:
-    """The words typed before the cursor, and whether the cursor starts a new word."""
-    typed = line[:point]
-    return typed.split(), typed[-1:].isspace()
-
-
 def shell_completion(argv: list[str]) -> int:
-    """``reprotrain -sc install=bash|zsh`` prints the script to ``eval``; the script asks
-    ``reprotrain -sc query=bash`` for each <TAB>. Command names complete here; the overrides
-    of ``train`` and ``sweep`` are Hydra's own completion of the trainer (groups, keys,
-    values); other commands complete file names (the shell's default)."""
+    """``-sc install=bash|zsh`` prints the script; ``-sc query=bash`` answers each <TAB>:
+    command names here, ``train``/``sweep`` overrides by Hydra, file names otherwise."""
     action = argv[0] if argv else ""
     shell = action.partition("=")[2]
     if action.startswith(("install=", "uninstall=", "query=")) and shell not in SHELLS:
-        print(f"error: -sc {action}: completion exists for {' and '.join(SHELLS)} only; "
-              f"-sc {action.partition('=')[0]}=bash or =zsh", file=sys.stderr)  # fmt: skip
+        verb = action.partition("=")[0]
+        print(f"error: -sc {action}: completion exists for bash and zsh only; -sc {verb}=bash "
+              "or =zsh", file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     if action.startswith(("install=", "uninstall=")):
         proc = _trainer_completion(action, dict(os.environ))
@@ -260,7 +228,7 @@ def shell_completion(argv: list[str]) -> int:
         return EXIT_USAGE
     line = os.environ.get("COMP_LINE", "")
     point = int(os.environ.get("COMP_POINT", len(line)) or len(line))
-    words, new_word = completion_words(line, point)
+    words, new_word = line[:point].split(), line[:point][-1:].isspace()
     if len(words) == 1 or (len(words) == 2 and not new_word):
         prefix = words[1] if len(words) == 2 else ""
         print(" ".join(name for name in COMMANDS if name.startswith(prefix)))
@@ -274,8 +242,6 @@ def shell_completion(argv: list[str]) -> int:
     print(proc.stdout, end="")
     return proc.returncode
 
-
-# ---------------------------------------------------------------------------- the commands
 
 COMMANDS: dict[str, Command] = {
     c.name: c
@@ -355,9 +321,7 @@ def usage() -> str:
 
 
 def split_args(text: str) -> list[str]:
-    """``--args TEXT`` (Make's ``ARGS``) as words: split as the shell splits them, quotes
-    kept (``name='a b'`` is one word), but never expanded: ``$(...)``, backticks, ``$HOME``
-    and ``;`` are text. An unclosed quote is a ValueError (one line)."""
+    """``--args TEXT`` (Make's ``ARGS``) split as the shell would, quotes kept, never expanded."""
     import shlex
 
     try:
@@ -367,10 +331,8 @@ def split_args(text: str) -> list[str]:
         raise ValueError(f"ARGS={text}: {e}; {hint}") from None
 
 
-#: Commands that build from (or read) a run directory and whose own parser has no trust
-#: options: ``--trust`` / ``--trusted-signers`` are read here, and a run from an archive is
-#: refused unless a trust rule holds (``tools/reproduce/run_trust.py``). eval, bisect and
-#: resume take the options themselves (their ``python -m`` entries decide too).
+#: Commands that read a run directory but parse no trust options: ``--trust`` is read here and
+#: an archived run is refused unless a trust rule holds (eval, bisect, resume decide themselves).
 GATED = ("report", "compare", "train")
 
 

@@ -1,9 +1,5 @@
-"""What a run was started with, at a glance: its overrides and a compact config, printed once
-at a run's start (docs/seeing-a-run.md). One line per config group (a ``_target_`` first,
-bare; ``_partial_`` left out; nested keys dotted), wrapped at :data:`WIDTH` columns. The
-config shown is the one the run records (``secrets.redact``: an ``oc.env`` value never
-shows), and values are escaped (``shown``): a config value cannot print a fake line.
-"""
+"""A run's overrides and compact config, printed once at its start (docs/seeing-a-run.md).
+Closes: a secret or a fake line in the banner (the redacted config, values ``shown``)."""
 
 from __future__ import annotations
 
@@ -73,6 +69,3 @@ def start_banner(container: dict[str, Any], overrides: list[str], resolved: Path
     given = " ".join(shown(o) for o in overrides) or "none (the defaults)"
     head = [f"overrides: {given}", f"config (resolved; in full: {shown(resolved)}):"]
     return "\n".join(head + config_lines(container))
-
-
-__all__ = ["WIDTH", "config_lines", "start_banner", "task_overrides"]

@@ -1,14 +1,8 @@
-"""User-facing errors.
-
-Anything raised as ``ReprotrainError`` is a problem the user can fix (bad override, missing
-data, mismatched checkpoint). Entry points print its message as one line and exit non-zero
-instead of dumping a traceback; anything else is a bug and keeps its traceback.
-"""
+"""User-facing errors: a ``ReprotrainError`` prints as one line (no traceback), exit non-zero."""
 
 
 def one_line(text: object) -> str:
-    """Messages are one line by contract: the text's non-blank lines, stripped, joined by
-    ``; `` (empty when there is none, so a caller can fall back to a name)."""
+    """The text's non-blank lines, stripped, joined by ``; `` (empty when there is none)."""
     parts = [p.strip() for p in str(text).strip().splitlines() if p.strip()]
     return "; ".join(parts)
 
@@ -32,11 +26,7 @@ class CheckpointError(ResumeError):
 
 
 class RecordError(ReprotrainError):
-    """A run record (run.json, config.resolved.yaml, a jsonl file) is missing or unreadable.
-
-    Raised by the tools before they act on a run, so a corrupt record is one line naming the
-    file (and the line, for YAML/JSON syntax) instead of a traceback from deep inside a tool.
-    """
+    """A run record (run.json, config.resolved.yaml, a jsonl) is missing or unreadable."""
 
 
 class ArchiveError(ReprotrainError):

@@ -1,10 +1,5 @@
-"""``--help`` that lists the config groups a user can choose from, and nothing internal.
-
-Hydra's ``$APP_CONFIG_GROUPS`` lists every ConfigStore entry, the ``<group>_schema`` nodes
-included (picking one gives a config with no values). The help template
-(``conf/hydra/help/reprotrain.yaml``) calls the ``${reprotrain_config_groups:}`` resolver
-instead: Hydra's loader's groups and options, schemas left out, chosen ones marked.
-"""
+"""``--help`` that lists the config groups a user can choose from, ``<group>_schema`` nodes
+left out (``${reprotrain_config_groups:}`` in ``conf/hydra/help/reprotrain.yaml``)."""
 
 from __future__ import annotations
 
@@ -15,16 +10,10 @@ RESOLVER = "reprotrain_config_groups"
 SHOWN_HYDRA_GROUPS = ("hydra/launcher",)
 
 
-def _is_internal(option: str) -> bool:
-    return option.endswith("_schema")
-
-
 def config_groups(
     loader: Any, config_name: str | None = None, overrides: list[str] | None = None
 ) -> dict[str, list[str]]:
-    """{group: [options]} from a Hydra ConfigLoader, schemas left out, nested groups too;
-    with ``config_name`` and the command line's ``overrides``, what ``hydra.searchpath``
-    adds too (the framework's ``experiment=selfcheck``)."""
+    """{group: [options]} from a Hydra ConfigLoader, nested groups and searchpath's too."""
     from hydra.core.object_type import ObjectType
 
     def options_of(group: str, kind: Any) -> list[str]:
@@ -39,7 +28,7 @@ def config_groups(
             group = f"{parent}/{name}" if parent else name
             if group == "hydra" or (group.startswith("hydra/") and group not in SHOWN_HYDRA_GROUPS):
                 continue
-            options = [o for o in options_of(group, ObjectType.CONFIG) if not _is_internal(o)]
+            options = [o for o in options_of(group, ObjectType.CONFIG) if not o.endswith("_schema")]
             if options:
                 groups[group] = sorted(options)
             walk(group)
@@ -53,31 +42,21 @@ def config_groups(
     return groups
 
 
-def _chosen(value: Any) -> set[str]:
-    if value is None:
-        return set()
-    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
-        return {str(v) for v in value}
-    return {str(value)}
-
-
 def format_groups(groups: dict[str, list[str]], choices: dict[str, Any]) -> str:
-    """Aligned lines ``group  opt_a*, opt_b``; ``*`` marks what this command line chose. A
-    group absent from ``choices`` (a list choice, ``logger=[a,b]``) gets no mark; one chosen
-    as ``None`` (``debug: null``) is marked "(none chosen)"."""
+    """Aligned lines ``group  opt_a*, opt_b`` (``*``: chosen; ``debug: null``: "(none chosen)")."""
     width = max((len(g) for g in groups), default=0)
     lines = []
     for group, options in groups.items():
-        picked = _chosen(choices.get(group))
+        value = choices.get(group)
+        many = isinstance(value, list | tuple) or type(value).__name__ == "ListConfig"
+        picked = set() if value is None else {str(v) for v in (value if many else [value])}
         shown = ", ".join(f"{o}*" if o in picked else o for o in options)
         note = "   (none chosen)" if group in choices and not picked else ""
         lines.append(f"  {group.ljust(width)}  {shown}{note}")
     return "\n".join(lines)
 
 
-#: What the template holds when no help is asked for: Hydra merges (and so resolves) the
-#: help template while it composes every run's config, and listing the groups asks Hydra's
-#: loader for each group's options (seconds); only ``--help`` shows it.
+#: The template without ``--help``: Hydra resolves it for every run, and listing takes seconds.
 NOT_ASKED = "  (listed by --help)"
 
 

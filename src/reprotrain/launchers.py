@@ -1,11 +1,5 @@
 """What a run started by a Hydra launcher (joblib, submitit) needs from the trainer
-(docs/scaling-out.md): ``${cores_per_job:}`` threads per parallel job (recorded like any
-thread count: they change the bits); a submitit requeue reruns the same command, so
-``resume`` defaults to ``auto`` there and the trainer's SIGUSR2 handling hands over to
-submitit's afterwards; the presets in ``conf/hydra/launcher/`` carry the plugins' names, and
-Hydra's deprecation warning for that match is silenced for those files only. Cheap to import
-(no torch): preflight registers the resolvers before it composes anything.
-"""
+(docs/scaling-out.md). Cheap to import (no torch): preflight registers the resolvers."""
 
 from __future__ import annotations
 
@@ -41,9 +35,8 @@ def _hydra_launcher() -> Any:
 
 
 def parallel_jobs_on_this_node(cores: int | None = None) -> int:
-    """How many training processes share this node's cores: torchrun's ranks per node, else
-    joblib's ``n_jobs`` (negative counts back from the cores, -1 = all), else 1 (one job per
-    allocation, whose share the affinity mask already reflects)."""
+    """Training processes sharing this node's cores: torchrun's local ranks, else joblib's
+    ``n_jobs`` (-1 = all), else 1 (the affinity mask already reflects the share)."""
     cores = available_cores() if cores is None else cores
     local_world = os.environ.get("LOCAL_WORLD_SIZE")
     if local_world:
@@ -69,8 +62,7 @@ _STAMP: str | None = None
 
 
 def run_stamp() -> str:
-    """``${run_stamp:}``: ``<date>_<time>-<6 hex>``, rank 0's in every torchrun rank, so the
-    ranks (each of which makes the run directory before the trainer runs) agree on one."""
+    """``${run_stamp:}``: ``<date>_<time>-<6 hex>``, rank 0's in every torchrun rank."""
     global _STAMP
     if _STAMP is None:
         mine = f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{secrets.token_hex(3)}"
@@ -79,21 +71,16 @@ def run_stamp() -> str:
 
 
 def agree_across_ranks(key: str, value: str) -> str:
-    """Rank 0's ``value`` in every rank of a torchrun job, before any process group exists,
-    through the agent's TCPStore (the first value set for this job id wins, so restarted
-    workers get the same answer). Outside torchrun: ``value`` itself."""
+    """Rank 0's ``value`` in every torchrun rank, before any process group, through the
+    agent's TCPStore (first value per job id wins: restarts agree). Else ``value``."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return value
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return value  # not torchrun (e.g. submitit tasks: their config is already shared)
     from torch.distributed import TCPStore
 
-    store = TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timedelta(minutes=5),
-    )
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = TCPStore(address, port, is_master=False, timeout=timedelta(minutes=5))
     key = f"{key}/{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
     if os.environ.get("RANK") == "0":
         return store.compare_set(key, "", value).decode()
@@ -101,8 +88,7 @@ def agree_across_ranks(key: str, value: str) -> str:
 
 
 def register_resolvers() -> None:
-    """Register ``${cores_per_job:}`` and ``${run_stamp:}`` (idempotent). Not cached by
-    OmegaConf: a resume reads the recorded values from config.resolved.yaml."""
+    """Register ``${cores_per_job:}`` and ``${run_stamp:}`` (idempotent, not cached)."""
     if not OmegaConf.has_resolver("cores_per_job"):
         OmegaConf.register_new_resolver("cores_per_job", cores_per_job)
     if not OmegaConf.has_resolver("run_stamp"):
@@ -125,15 +111,12 @@ def launched_by_submitit() -> bool:
 
 
 def default_resume(resume: str | None) -> str | None:
-    """``resume`` as configured, except null becomes ``auto`` inside a submitit job: a
-    requeued job reruns the same command and continues from its newest checkpoint."""
+    """``resume``, except null is ``auto`` inside a submitit job (a requeue reruns it)."""
     return "auto" if resume is None and launched_by_submitit() else resume
 
 
 def submitit_requeue_handler() -> Callable[[int, Any], Any] | None:
-    """submitit's SIGUSR2 handler (requeue, exit), if installed: read it before installing
-    the trainer's own, and call ``handler(signal.SIGUSR2, None)`` once the checkpoint is
-    written and the run lock released (it returns on ranks other than 0)."""
+    """submitit's SIGUSR2 handler, if installed: called once the checkpoint is written."""
     handler = signal.getsignal(signal.SIGUSR2)
     if callable(handler) and getattr(handler, "__module__", "").startswith("submitit"):
         return handler
@@ -141,9 +124,8 @@ def submitit_requeue_handler() -> Callable[[int, Any], Any] | None:
 
 
 def die_with_parent() -> bool:
-    """Under torchrun, make this worker die the moment its agent dies (Linux only): workers
-    run in sessions of their own, so a SIGKILL to torchrun's group would leave them training
-    on as orphans holding the run lock. ``PR_SET_PDEATHSIG``; returns whether it was armed."""
+    """Under torchrun, die with the agent (``PR_SET_PDEATHSIG``, Linux): an orphan would hold
+    the run lock. Returns whether it was armed."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return False
     import ctypes

@@ -1,7 +1,4 @@
-"""Which recorded keys are a run's outcome metrics, by name: ``<split>_<name>`` for every name
-a task logs, and ``best_test_<name>``; everything else (``epoch``, ``lr``, ``seconds``, ...)
-is bookkeeping. No torch here: sweep summaries run as a Hydra callback.
-"""
+"""Which recorded keys are outcome metrics, by name (``<split>_<name>``, ``best_test_<name>``)."""
 
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ def sort_key(key: str) -> tuple[int, bool, bool, str]:
 
 
 def direction(metric: str, monitor: str, monitor_mode: str) -> str:
-    """``max`` or ``min`` for ``metric``: the monitored metric's mode for the same name on any
-    split (``test_rmse`` goes like ``val_rmse``), else ``min`` for a loss and ``max``."""
+    """``max``/``min``: the monitor's mode for its name on any split, else min for a loss."""
 
     def name(key: str) -> str:
         return key.removeprefix(BEST).partition("_")[2]
@@ -58,15 +54,13 @@ def better(a: float, b: float, mode: str) -> bool:
     return a > b if mode == "max" else a < b
 
 
-# Metrics whose values lie in [0, 1] by definition, and ones that cannot be negative: a
-# confidence interval is cut to this range (a t interval around a mean near 0 reaches below it).
+# Metrics in [0, 1] and ones never negative: a confidence interval is cut to this range.
 UNIT_INTERVAL = ("acc", "accuracy", "f1", "auroc", "ap", "precision", "recall", "iou", "dice")
 NON_NEGATIVE = ("loss", "rmse", "mse", "mae", "ece")
 
 
 def value_range(key: str) -> tuple[float, float]:
-    """The values ``key`` can take, by its name (``test_f1_macro`` is a unit-interval ``f1``):
-    ``[0, 1]``, ``[0, inf)``, ``(-inf, 1]`` for ``r2``, else the whole line."""
+    """The values ``key`` can take, by its name: [0, 1], [0, inf), (-inf, 1] for r2, or all."""
     name = key.removeprefix(BEST).partition("_")[2]
     head = name.split("_")[0]
     if head in UNIT_INTERVAL or name in UNIT_INTERVAL:

@@ -1,10 +1,7 @@
-"""Check the command line before Hydra starts a run, so a bad override is one clear line.
+"""Check the command line before Hydra writes anything, so a bad override is one clear line.
 
-Composes the config as the run would (every value of a ``--multirun`` sweep), applies the
-schema's checks and everything else that can refuse a start (data settings, a resume, a used
-or busy run directory), raising ``ReprotrainError`` on the first problem, all before Hydra
-writes ``.hydra/`` or ``multirun.yaml``. The one write is last: a ``--multirun`` into an
-explicit ``hydra.sweep.dir`` claims it (:func:`claim_explicit_sweep_dir`).
+Closes: a refusal that leaves ``.hydra/`` or ``multirun.yaml`` behind; the one write is the
+last step (:func:`claim_explicit_sweep_dir`). What is checked: docs/how-a-run-flows.md.
 """
 
 from __future__ import annotations
@@ -53,8 +50,7 @@ _SUFFIX = secrets.token_hex(3)  # once per process: every read of the run dir ag
 
 
 def register_resolvers() -> None:
-    """``${run_suffix:}`` (random hex: two runs started in one second get two dirs), the
-    launchers' ``${run_stamp:}`` and ``${cores_per_job:}``, and the help's groups."""
+    """``${run_suffix:}`` (two runs started in one second: two dirs), launchers' and help's."""
     from reprotrain import helptext, launchers  # launchers silences the presets' warning
 
     launchers.register_resolvers()
@@ -114,8 +110,7 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 
 def check(argv: list[str]) -> str | bool | None:
-    """Compose and check every variant; returns the first one's ``resume`` (False when
-    Hydra only prints something and nothing runs)."""
+    """Compose and check every variant: the first one's ``resume`` (False: nothing runs)."""
     composed = compose_all(argv)
     if composed is False:
         return False
@@ -123,8 +118,7 @@ def check(argv: list[str]) -> str | bool | None:
 
 
 def compose_all(argv: list[str]) -> list | bool:
-    """Every variant's composed and checked config (False for Hydra's informational modes);
-    each check gets the nodes it reads."""
+    """Every variant's composed and checked config (False for Hydra's informational modes)."""
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
         return False  # Hydra's own informational modes: nothing runs
@@ -140,8 +134,7 @@ def compose_all(argv: list[str]) -> list | bool:
                 check_sweep_overrides(args.overrides)
             variants = expand(args.overrides)
             if args.multirun:  # the sweeper and its search space, before anything is written
-                first = compose(config_name=config_name, overrides=variants[0],
-                                return_hydra_config=True)  # fmt: skip
+                first = compose(config_name, variants[0], return_hydra_config=True)
                 check_sweep(first.hydra.sweeper, first.trainer, args.overrides)
             for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
@@ -151,7 +144,8 @@ def compose_all(argv: list[str]) -> list | bool:
                 if cfg.repro.level == "portable":  # before any user code imports torch: a
                     hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
                 components.check(cfg)
-                check_loss(cfg.get("loss"), class_count(cfg.model, cfg.dataset))
+                if isinstance(cfg.get("loss"), DictConfig) and "_target_" in cfg.loss:
+                    components.check_loss(cfg.loss, class_count(cfg.model, cfg.dataset))
                 check_data_settings(cfg.dataset, cfg.trainer, cfg.model.get("num_classes"))
                 composed.append(cfg)
                 check_monitor(cfg.task, cfg.get("loss"), cfg.trainer)
@@ -165,20 +159,18 @@ def compose_all(argv: list[str]) -> list | bool:
 
 
 def not_in_defaults(e: BaseException, overrides: list[str]) -> str | None:
-    """``hparams_search=smoke_optuna`` (no ``+``) for a group the defaults list does not
-    name: Hydra's "No match in the defaults list", as the override that works."""
+    """Hydra's "No match in the defaults list" (no ``+``) as the override that works."""
     found = re.match(r"Could not override '([^']+)'\. No match in the defaults list", str(e))
     if found is None:
         return None
     group = found.group(1)
     given = next((o for o in overrides if o.partition("=")[0] == group), f"{group}=<option>")
-    return (f"{given}: {group} is not in the defaults list of conf/train.yaml, so it is added, "
-            f"not overridden: write +{given}")  # fmt: skip
+    why = "is not in the defaults list of conf/train.yaml, so it is added, not overridden"
+    return f"{given}: {group} {why}: write +{given}"
 
 
 def refuse_sweep_without_multirun(overrides: list[str]) -> None:
-    """``trainer.epochs=3,4`` without ``--multirun``: Hydra's six-line "Ambiguous value" as
-    one line that says what to add."""
+    """``trainer.epochs=3,4`` without ``--multirun``: Hydra's "Ambiguous value" in one line."""
     for o in OverridesParser.create().parse_overrides(overrides):
         if o.is_sweep_override():
             key = o.get_key_element()
@@ -190,11 +182,8 @@ def refuse_sweep_without_multirun(overrides: list[str]) -> None:
 
 
 def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any) -> None:
-    """What the trainer would refuse only after loading the data (a run dir and a ``failed``
-    run.json already written), refused from the ``dataset`` node and its class alone: a
-    ``std`` with a zero, ``mean``/``std`` of different lengths, ``trainer.num_workers`` on the
-    device pipeline, ``model.num_classes`` (``num_classes``) against the classes the dataset
-    declares. What only the data can tell (the channel count) stays the trainer's check."""
+    """What the trainer would refuse only after loading the data, from the ``dataset`` node
+    and its class alone (the channel count stays the trainer's check)."""
     mean, std = node.get("mean"), node.get("std")
     if _numbers(std):
         check_std(std)
@@ -219,8 +208,7 @@ def _numbers(value) -> bool:
 
 
 def declared_num_classes(cls, node) -> int | None:
-    """The class count a dataset declares without loading anything: ``dataset.num_classes``,
-    else the default of its ``num_classes`` argument, else its ``num_classes`` attribute."""
+    """``dataset.num_classes``, else the default of its ``num_classes`` argument, else attribute."""
     if "num_classes" in node:
         value = node["num_classes"]
     else:
@@ -249,9 +237,7 @@ def _override_values(argv: list[str]) -> dict[str, str]:
 
 
 def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None:
-    """Refuse before Hydra writes .hydra/ into a run dir that a live run holds, that holds a
-    run this command would restart, or that cannot be a directory; the same for a used
-    ``hydra.sweep.dir`` (``run/directory.py``). ``resume``: the composed config's value."""
+    """Refuse a run dir (or ``hydra.sweep.dir``) that is held, used, or cannot be a directory."""
     from reprotrain.run import directory as run_dirs
     from reprotrain.run.mutex import refuse_if_held
 
@@ -293,7 +279,10 @@ def check_creatable(path: str, key: str = "hydra.run.dir") -> None:
     probe = p
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
-    limit = _path_max(probe)
+    try:
+        limit = int(os.pathconf(probe, "PC_PATH_MAX"))
+    except (OSError, ValueError):
+        limit = 4096
     if len(raw) + 64 >= limit:  # room for the files the run writes inside it
         raise ReprotrainError(
             f"{key}: the path is {len(raw)} bytes; this system allows {limit} for a whole "
@@ -306,8 +295,7 @@ def check_creatable(path: str, key: str = "hydra.run.dir") -> None:
 
 
 def check_argv_text(argv: list[str]) -> None:
-    """An argument this locale could not decode (non-ASCII bytes under ``LC_ALL=C``) is
-    refused by name, before Hydra's lexer reports it as a syntax error."""
+    """Refuse by name an argument this locale could not decode (non-ASCII under ``LC_ALL=C``)."""
     for arg in argv:
         try:
             arg.encode("utf-8")
@@ -320,16 +308,8 @@ def check_argv_text(argv: list[str]) -> None:
             ) from None
 
 
-def _path_max(existing: str) -> int:
-    try:
-        return int(os.pathconf(existing, "PC_PATH_MAX"))
-    except (OSError, ValueError):
-        return 4096
-
-
 def check_schema_keys(groups: dict[str, DictConfig]) -> None:
-    """``+trainer.epoch=3`` slips past the struct schema (``+`` adds keys): refuse it here.
-    ``groups``: the config's node of each of ``PROJECT_GROUPS``."""
+    """``+trainer.epoch=3`` slips past the struct schema (``+`` adds keys): refuse it here."""
     from dataclasses import fields
 
     for group, node in groups.items():
@@ -341,13 +321,12 @@ def check_schema_keys(groups: dict[str, DictConfig]) -> None:
             )
 
 
-#: Top-level keys typed ``list[str]`` in the schema, whose items an override can still
-#: make mappings or lists (``tags=[a,{b:c},[d]]``): each item must be one text label.
+#: ``list[str]`` keys whose items an override can still make mappings (``tags=[a,{b:c}]``).
 TEXT_LISTS = ("tags", "include_untracked")
 
 
 def check_text_lists(values: dict[str, Any]) -> None:
-    """``tags`` / ``include_untracked`` (``{key: value}``) hold text, one label or path each."""
+    """``tags`` / ``include_untracked`` hold text, one label or path each."""
     for key, value in values.items():
         if value is None:
             continue
@@ -363,8 +342,7 @@ def check_text_lists(values: dict[str, Any]) -> None:
 
 
 def check_monitor(task: DictConfig, loss: Any, trainer: DictConfig) -> None:
-    """``trainer.monitor`` must name a metric the task logs (``train_``/``val_`` + a name in
-    its ``metrics``), and ``trainer.monitor_mode`` the direction the task declares for it."""
+    """``trainer.monitor`` names a metric the task logs; ``monitor_mode`` is its direction."""
     declared = components.declared_metrics(task, loss)
     monitor, mode = trainer.monitor, trainer.monitor_mode
     known = {
@@ -394,20 +372,11 @@ def class_count(*nodes: DictConfig) -> int | None:
     return None
 
 
-def check_loss(loss: Any, classes: int | None) -> None:
-    """Build the ``loss`` node once and check a class-weighted loss's ``weight`` against the
-    class count the config names (:func:`class_count`)."""
-    if isinstance(loss, DictConfig) and "_target_" in loss:
-        components.check_loss(loss, classes)
-
-
 _checked = False
 
 
 def cli_check() -> None:
-    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line. A run
-    that continues a recorded run gets ``hydra.output_subdir=null`` added (its ``.hydra/``
-    records how it started and is never rewritten)."""
+    """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line."""
     global _checked
     register_configs()
     register_resolvers()
@@ -423,11 +392,10 @@ def cli_check() -> None:
             first = composed[0]
             resume = OmegaConf.select(first, "resume", default=None)
             explicit_run_dir_is_free(argv, resume)
-            sys.argv += resume_before_hydra(argv, resume, lambda: env_secrets.redact(first)[0])
+            sys.argv += resume_overrides(argv, resume, lambda: env_secrets.redact(first)[0])
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
-        # resume.guard's AlreadyCompleted (exit 0): nothing to do, nothing written. Told by
-        # its code, not its class: importing resume.guard imports torch.
+        # AlreadyCompleted (exit 0), told by its code: importing resume.guard imports torch.
         if e.exit_code == 0:
             print(str(e), file=sys.stderr)
             sys.exit(0)
@@ -448,47 +416,21 @@ def _explicit_dir(argv: list[str], key: str) -> Path | None:
     return Path(os.path.expanduser(value))
 
 
-#: A new stamped run dir holds no record: ``resume=<checkpoint>`` there is a fork.
-NO_RUN_DIR = Path(os.devnull)
-
-
-def resume_before_hydra(argv: list[str], resume: str | None, redacted: Redacted) -> list[str]:
-    """Decide a resume as the trainer will, reading only, so a refused resume or the "already
-    completed" exit leaves the run directory (``.hydra/`` included) byte for byte as it was;
-    the trainer decides again under the run's lock. Returns the overrides to add for Hydra:
-    ``hydra.output_subdir=null`` when the run continues a recorded run. ``resume``: the
-    composed config's value; ``redacted()``: the config as the run records it, read only
-    when a resume is judged."""
-    if _multirun(argv):
-        return []
+def resume_overrides(argv: list[str], resume: str | None, redacted: Redacted) -> list[str]:
+    """``hydra.output_subdir=null`` when ``resume`` continues a recorded run, decided
+    read-only by ``resume.guard.resume_before_hydra`` (imported only for a resume: torch)."""
     run_dir = _explicit_dir(argv, "hydra.run.dir")
-    if resume is None or (resume == "auto" and run_dir is None):
+    if _multirun(argv) or resume is None or (resume == "auto" and run_dir is None):
         return []  # a fresh start (``auto`` in a new stamped directory starts fresh)
-    import logging
+    from reprotrain.resume.guard import resume_before_hydra
 
-    from reprotrain.resume.guard import find_resume_point
-    from reprotrain.run import record as rec
-
-    try:
-        container = redacted()
-    except OmegaConfBaseException:  # a value only Hydra's runtime resolves: the trainer decides
+    if not resume_before_hydra(str(resume), run_dir, redacted):
         return []
-    logger, writer = logging.getLogger("reprotrain"), rec.is_writer()
-    was_disabled, logger.disabled = logger.disabled, True  # the trainer logs its own notes
-    rec.set_writer(False)  # read only: no partial write removed, no best.pt re-derived
-    try:
-        point = find_resume_point(str(resume), run_dir or NO_RUN_DIR, container)
-    finally:
-        rec.set_writer(writer)
-        logger.disabled = was_disabled
-    if point is None or point.forked or "hydra.output_subdir" in _override_values(argv):
-        return []
-    return ["hydra.output_subdir=null"]
+    return [] if "hydra.output_subdir" in _override_values(argv) else ["hydra.output_subdir=null"]
 
 
 def claim_explicit_sweep_dir(argv: list[str]) -> None:
-    """A ``--multirun`` into an explicit ``hydra.sweep.dir`` claims it atomically, so of two
-    sweeps started at once into one directory exactly one runs (``run/directory.py``)."""
+    """A ``--multirun`` claims an explicit ``hydra.sweep.dir`` atomically: of two, one runs."""
     from reprotrain.run import directory as run_dirs
 
     sweep_dir = _explicit_dir(argv, "hydra.sweep.dir")
@@ -509,8 +451,7 @@ def check_nproc(text: str) -> int:
 
 
 def torchrun_cli_check() -> None:
-    """``make train NPROC=N`` (N != 1), before torchrun starts: ``sys.argv[1]`` is NPROC's
-    text, the rest the overrides; the same one-line refusals as ``cli_check``."""
+    """``make train NPROC=N`` before torchrun starts: ``sys.argv[1]`` is NPROC's text."""
     try:
         nproc = check_nproc(sys.argv.pop(1) if len(sys.argv) > 1 else "")
     except ReprotrainError as e:

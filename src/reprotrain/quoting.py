@@ -1,10 +1,6 @@
-"""Quoting for the three languages a path passes through: Hydra overrides, the shell, Make;
-and dotted keys, as overrides name them (``{"trainer": {"epochs": 30}}`` is ``trainer.epochs``).
+"""Quoting for Hydra overrides, the shell and Make; dotted keys as overrides name them.
 
-Closes: a run directory with a space, a comma, ``'``, ``~``, ``#``, ``=``, ``[``, ``(`` or a
-non-ASCII character breaking ``make resume`` (Hydra's override lexer rejects it) or, worse,
-being executed (``RUN=/tmp/x;touch /tmp/PWNED``). Every tool that builds an override from a
-path, and every hint printed for a user to paste, goes through these functions.
+Closes: a path with a space, quote or ``;`` breaking ``make resume`` or being executed.
 """
 
 from __future__ import annotations
@@ -14,14 +10,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "flatten", "hydra_override", "hydra_value", "make_assignment", "resume_hint", "shell_quote",
-]  # fmt: skip
+__all__ = ["flatten", "hydra_override", "hydra_value", "make_assignment", "resume_hint"]
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (with ``prefix`` before every key); lists and
-    scalars are leaves."""
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (``prefix`` first); lists are leaves."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
@@ -32,12 +25,8 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def hydra_value(value: str) -> str:
-    """``value`` as a single-quoted Hydra override value that parses back to ``value``.
-
-    Hydra resolves ``${...}`` even inside quotes, so ``${`` is escaped for OmegaConf; inside a
-    quoted value a run of backslashes is literal unless a quote (or the closing quote)
-    follows it, so only those runs are doubled.
-    """
+    """``value`` single-quoted for Hydra, parsing back to ``value``: ``${`` escaped (resolved
+    even in quotes), backslash runs doubled only before a quote or the end."""
     v = re.sub(r"(\\*)(\$\{)", lambda m: m.group(1) * 2 + "\\${", str(value))
     v = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", v)
     v = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, v)
@@ -49,13 +38,8 @@ def hydra_override(key: str, value: str | Path) -> str:
     return f"{key}={hydra_value(str(value))}"
 
 
-def shell_quote(value: str | Path) -> str:
-    return shlex.quote(str(value))
-
-
 def make_assignment(name: str, value: str | Path) -> str:
-    """``NAME=value`` quoted for the shell; the Makefile reads it with ``$(value NAME)``, so
-    ``$`` needs no doubling and nothing in ``value`` is expanded by Make or the shell."""
+    """``NAME=value`` quoted for the shell (Make reads ``$(value NAME)``: nothing expanded)."""
     return shlex.quote(f"{name}={value}")
 
 

@@ -1,30 +1,7 @@
-"""How one step's micro-batch results are combined: one strategy, chosen once per run.
+"""How one step's micro-batch results are combined: one strategy, chosen once.
 
-A step's global batch is ``k x W`` micro-batches (W ranks, k each). What happens to each
-micro-batch's gradients, loss, metric sums and BatchNorm statistics is the job of exactly
-one ``Reduction``, picked by :func:`choose` from ``trainer.world_size_invariant`` and the
-job's :class:`~reprotrain.distributed.Dist`; the micro-batch loop (``engine.StepRunner``)
-calls it and never asks which one it holds.
-
-========  ==========================================  ==========================================
-strategy  when                                        combines
-========  ==========================================  ==========================================
-Local     one process, ``world_size_invariant`` off   float sums in micro-batch order
-DDP       several processes, invariance off           float sums; DDP all-reduces gradients in
-                                                      the last micro-batch's backward, losses and
-                                                      metric sums once per epoch
-Exact     ``world_size_invariant=true``, any W        int64 fixed-point sums (``exact_sum``) of
-                                                      every micro-batch's gradients, loss and
-                                                      sums each step; BatchNorm per micro-batch
-========  ==========================================  ==========================================
-
-Closes (Exact): the world size's effect on the bits. Float addition is not associative, so a
-float all-reduce of partial sums that hold different subsets of micro-batches gives different
-bits on 1, 2 or 4 ranks; exact integer sums, per-micro-batch BatchNorm and per-micro-batch
-RNG (seeded by the loop from the global micro-batch index) and per-micro-batch collation
-(a padding collate pads each micro-batch to its own longest sample) leave nothing that depends
-on which rank ran what. Nothing in an Exact run's checkpoint belongs to a rank, so it may resume
-on another world size dividing k x W.
+Closes (Exact): the world size's effect on the bits (float sums of partial sums over different
+subsets of micro-batches). The table and the method: docs/step.md, docs/scaling-out.md.
 """
 
 from __future__ import annotations
@@ -46,7 +23,6 @@ from reprotrain.invariant.exact_sum import (
     flatten,
     layout_of,
     no_reduce,
-    rows,
     stacked,
     torch_reducer,
 )
@@ -67,8 +43,7 @@ class Accumulator:
 
 
 class FloatSum(Accumulator):
-    """Local and DDP: the step loss and metric sums added in micro-batch order (floats).
-    With one micro-batch, its own loss and sums are the step's (no extra op)."""
+    """Local and DDP: loss and metric sums added in micro-batch order (k = 1: no extra op)."""
 
     def __init__(self, k: int, device: torch.device) -> None:
         self.k, self.loss, self.sums = k, None, MetricSums(device)
@@ -90,9 +65,8 @@ class FloatSum(Accumulator):
 
 
 class ExactSum(Accumulator):
-    """Exact: each micro-batch's gradients (taken out of ``.grad``), loss and metric sums
-    kept apart, copied once into row i of a ``[k, elements]`` buffer per dtype, then summed
-    exactly over every micro-batch of every rank."""
+    """Exact: micro-batch i's gradients (out of ``.grad``), loss and sums in row i of a
+    ``[k, elements]`` buffer per dtype, summed exactly over every micro-batch of every rank."""
 
     def __init__(
         self, model: nn.Module, local: int, total: int, reduce, bn: MicroBatchNorm
@@ -113,7 +87,7 @@ class ExactSum(Accumulator):
         if self.layout is None:
             self.layout = layout_of(part)
             self.buffers = stacked(self.layout, self.local, loss.device)
-        flatten(part, self.layout, rows(self.buffers, self.added))
+        flatten(part, self.layout, [buffer[self.added] for buffer in self.buffers])
         self.added += 1
 
     def finish(self) -> tuple[torch.Tensor, Sums]:
@@ -138,6 +112,8 @@ class Reduction:
     #: Each step's loss and metric sums cover the global batch (else: this rank's share
     #: until ``end_epoch``), so per-step values may be logged as they come.
     step_values_are_global: ClassVar[bool] = True
+    #: Whether a checkpoint holds per-rank state (RNG, partial sums).
+    checkpoints_rank_state: ClassVar[bool] = True
 
     def __init__(self, dist: Dist | None = None) -> None:
         self.dist = dist or Dist()
@@ -150,15 +126,12 @@ class Reduction:
     def world_size(self) -> int:
         return self.dist.world_size
 
-    # --- build ----------------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
         """(the bare model to optimise and checkpoint, the module that runs the forward)."""
         return model, model
 
-    # --- one step ---------------------------------------------------------------------------
     def loss_weight(self, size: int, n: int) -> float | None:
-        """Factor on a micro-batch's loss so the k pieces give the step's mean gradient
-        (``size`` samples of this rank's ``n``); None: the loss as it is (k = 1)."""
+        """Factor on a micro-batch's loss (``size`` of ``n``) for the step's mean; None: k = 1."""
         return None if size == n else size / n
 
     def microbatch(self, forward: nn.Module, i: int, k: int) -> AbstractContextManager:
@@ -173,11 +146,9 @@ class Reduction:
         return n
 
     def microbatch_collate(self, microbatch_size: int) -> int:
-        """Samples per collate call of the loader pipeline's per-sample path: 0, a rank's
-        share of each step at once (Local, DDP: today's batches, bit for bit)."""
+        """Samples per collate call (per-sample path); 0: a rank's share of a step at once."""
         return 0
 
-    # --- the epoch and the checkpoint ---------------------------------------------------------
     def end_epoch(self, progress: EpochProgress) -> None:
         """Make the epoch's step losses and metric sums global (no-op when they are)."""
 
@@ -186,28 +157,19 @@ class Reduction:
         return samples
 
     def global_step_losses(self, losses: torch.Tensor) -> torch.Tensor:
-        """The global loss of each step in ``losses`` (this rank's, stacked) for the loggers
-        mid-epoch, before ``end_epoch``; the progress is left as it is. A collective where
-        step values are not global: every rank calls it at the same step."""
+        """The global loss of each step in ``losses`` (this rank's) for mid-epoch logging; a
+        collective where step values are not global (every rank calls it at the same step)."""
         return losses
 
     def checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The checkpoint from this rank's ``state``: the per-rank entries (RNG, the epoch's
-        partial sums) of every rank on rank 0 (a collective under DDP)."""
+        """``state`` with every rank's per-rank entries (RNG, partial sums) on rank 0."""
         ranks = self.dist.gather_objects(rank_entries(state))
         return every_rank_entries(state, ranks) if ranks is not None else state
 
-    @property
-    def checkpoints_rank_state(self) -> bool:
-        """Whether a checkpoint holds per-rank state (RNG, partial sums)."""
-        return True
-
     def record(self, microbatches_per_step: int) -> dict[str, Any]:
         """run.json's promise: the same bits on any world size dividing k, and k."""
-        return {
-            "world_size_invariant": self.world_size_invariant,
-            "microbatches_per_step": microbatches_per_step,
-        }
+        k, invariant = microbatches_per_step, self.world_size_invariant
+        return {"world_size_invariant": invariant, "microbatches_per_step": k}
 
     def resume_check(self, saved_world_size: int, allow_change: bool) -> str | None:
         """Why a resume under this job's world size is refused (None: it may go on)."""
@@ -225,8 +187,7 @@ class Local(Reduction):
 
 
 class DDP(Reduction):
-    """``DistributedDataParallel``: gradients all-reduced in bucket order in the last
-    micro-batch's backward; losses and metric sums all-reduced once per epoch."""
+    """DDP: gradients all-reduced in the last micro-batch's backward, sums once per epoch."""
 
     name = "ddp"
     step_values_are_global = False
@@ -254,8 +215,7 @@ class DDP(Reduction):
         return forward.no_sync()
 
     def end_epoch(self, progress: EpochProgress) -> None:
-        """Each rank's step loss is the mean over an equal share, so the global step loss
-        is the mean of the ranks' losses; metric sums and the sample count add up."""
+        """Global step loss: the ranks' mean (equal shares); metric sums and counts add up."""
         world = self.world_size
         if progress.step_losses:
             losses = torch.stack(progress.step_losses)
@@ -276,14 +236,12 @@ class DDP(Reduction):
 
 
 class Exact(Reduction):
-    """World-size invariant: exact sums of every micro-batch over every rank, each step.
-
-    Rank r of W runs the micro-batches ``r*k .. (r+1)*k - 1`` of the step's ``k*W``: its
-    contiguous share of the global batch (``shard_global_batch``) is exactly those.
-    """
+    """World-size invariant: exact sums of every micro-batch over every rank, each step (rank
+    r of W runs micro-batches ``r*k .. (r+1)*k - 1``: its ``shard_global_batch`` share)."""
 
     name = "exact"
     world_size_invariant = True
+    checkpoints_rank_state = False
 
     def __init__(self, dist: Dist | None = None) -> None:
         super().__init__(dist)
@@ -312,24 +270,18 @@ class Exact(Reduction):
         return n * self.world_size
 
     def microbatch_collate(self, microbatch_size: int) -> int:
-        """One micro-batch: its padding and collate-time draws depend on its own samples
-        and key alone, never on which samples share its rank."""
+        """One micro-batch: padding and collate draws depend on its own samples alone."""
         return microbatch_size
 
     def checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
         return state  # every entry is the same on every rank
-
-    @property
-    def checkpoints_rank_state(self) -> bool:
-        return False
 
     def resume_check(self, saved_world_size: int, allow_change: bool) -> str | None:
         return None  # nothing in the checkpoint is per rank; config checks k % W
 
 
 def choose(world_size_invariant: bool, dist: Dist, sync_batchnorm: bool = False) -> Reduction:
-    """The run's one reduction: Exact when invariance is asked for, DDP under a process
-    group, else Local."""
+    """The run's one reduction: Exact when invariance is asked for, DDP in a group, else Local."""
     if world_size_invariant:
         return Exact(dist)
     if dist.enabled:
@@ -338,6 +290,5 @@ def choose(world_size_invariant: bool, dist: Dist, sync_batchnorm: bool = False)
 
 
 def for_run(settings: ReductionSettings, dist: Dist) -> Reduction:
-    """The reduction ``trainer.world_size_invariant`` and ``trainer.sync_batchnorm`` ask
-    for on this job (the one place that reads the mode)."""
+    """The reduction the trainer settings ask for (the one place that reads the mode)."""
     return choose(bool(settings.world_size_invariant), dist, bool(settings.sync_batchnorm))

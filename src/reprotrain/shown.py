@@ -1,23 +1,8 @@
 """Text from a record or an archive, made safe to print on a terminal.
 
-Closes: an archived string (an ``experiment_id``, a job name, a metric key, a recorded
-environment value, a path) that carries newlines and ANSI escapes and so prints a fake
-line (``REPRODUCED (bitwise)``, ``trust (a) ... signed by ...``) and then hides the rest of
-the output (``ESC[8m``). Nothing a command prints from a record reaches the terminal raw:
-
-- :func:`shown` is one value: every control character (C0, DEL, C1), line or paragraph
-  separator and invisible format character (bidi overrides, zero-width marks) becomes a
-  visible escape (``\\n``, ``\\x1b``, ``\\u202e``); a backslash is doubled so an escape
-  cannot be faked either; a value longer than ``limit`` is cut, saying how much was left.
-- :func:`safe_line` is a whole line that must stay one line: the same escapes, no cut.
-- :func:`say` prints a line through :func:`safe_line` (what reproduce, compare, bisect,
-  report and summary print with).
-- :func:`warnings_shown` catches the warnings a third-party library raises on values from a
-  record (matplotlib's ``Glyph 27 (\x1b) missing`` names the character raw) and prints each
-  as one escaped ``warning:`` line on stderr.
-
-A multi-line text a command builds on purpose (a Markdown table) escapes each value with
-:func:`shown` and keeps its own newlines.
+Closes: an archived string with newlines or ANSI escapes printing a fake line
+(``REPRODUCED (bitwise)``) or hiding the rest (``ESC[8m``): every control, separator and
+invisible format character becomes a visible escape, a backslash is doubled.
 """
 
 from __future__ import annotations
@@ -64,9 +49,7 @@ def _cut(text: str, limit: int) -> str:
 
 
 def safe_line(text: Any, limit: int = LINE_LIMIT) -> str:
-    """A line meant to be one line, with any control character in it made visible (a
-    backslash is kept as it is: the values in it were escaped by :func:`shown`), cut after
-    ``limit`` characters."""
+    """A line kept one line: control characters visible (a backslash kept), cut at ``limit``."""
     return _cut(_escaped(str(text), keep="\\"), limit)
 
 
@@ -77,8 +60,7 @@ def say(text: Any = "", file: TextIO | None = None, flush: bool = False) -> None
 
 @contextmanager
 def warnings_shown() -> Iterator[None]:
-    """Warnings raised inside the block are printed once each on stderr through :func:`say`
-    (``warning: Category: message``), escaped, instead of reaching the terminal raw."""
+    """Warnings raised in the block (matplotlib names a character raw), printed once, escaped."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:

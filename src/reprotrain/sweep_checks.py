@@ -1,10 +1,6 @@
 """A ``--multirun`` is checked whole before anything is written: its sweeper and search space.
 
-Closes: a sweep or study refused only once Hydra had started it (a traceback, or a refusal
-that left a "claimed by" ``multirun.yaml`` in an explicit ``hydra.sweep.dir``), a range
-(``interval(0.01,1)``) under the basic sweeper, a sweep of Hydra's own config, and an Optuna
-study's direction, search space, ``n_trials``/``n_jobs`` or a searched ``repro``
-(:func:`check_study`; the sweep callback runs it again on the sweeper's config).
+Closes: a sweep refused only once Hydra had started it (docs/sweeps-optuna.md).
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ def is_optuna(sweeper: DictConfig | None) -> bool:
 
 
 def sweep_values(override: Override) -> list[str]:
-    """The values preflight composes for one sweep override: every value of a choice or a
-    range, the two ends of an interval (a range Optuna samples)."""
+    """The values preflight composes for a sweep override (an interval: its two ends)."""
     value = override.value()
     if isinstance(value, IntervalSweep):
         return [str(value.start), str(value.end)]
@@ -49,9 +44,7 @@ def _level_searched(key: str) -> ReprotrainError:
 
 
 def check_study(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) -> None:
-    """Refuse, in one line, an Optuna study that cannot run here (before any trial runs).
-    ``sweeper``, ``trainer``: the config's nodes; ``overrides``: the command line's (the
-    keys it sweeps are searched by the sweeper too)."""
+    """Refuse, in one line, an Optuna study that cannot run here (before any trial runs)."""
     parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
     cli_sweeps = [o.get_key_element() for o in parsed if o.is_sweep_override()]
     mode = str(trainer.monitor_mode)
@@ -82,9 +75,7 @@ def check_study(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) 
 
 
 def check_sweep_overrides(overrides: list[str]) -> None:
-    """Before anything is composed: a sweep of Hydra's own config (``hydra.*=a,b``,
-    ``hydra.sweeper.params.K=interval(...)``), which Hydra cannot run, in one line that
-    shows the form that works."""
+    """Refuse a sweep of Hydra's own config (``hydra.*=a,b``), showing the form that works."""
     for o in OverridesParser.create().parse_overrides(overrides):
         key = o.get_key_element()
         if not (o.is_sweep_override() and key.startswith("hydra.")):
@@ -105,8 +96,7 @@ def check_sweep_overrides(overrides: list[str]) -> None:
 
 
 def check_sweep(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) -> None:
-    """A ``--multirun``'s sweeper and search space (the nodes of its first variant, composed
-    with the hydra node), refused in one line before Hydra writes anything."""
+    """A ``--multirun``'s sweeper and search space, refused in one line before any write."""
     if is_optuna(sweeper):
         check_study(sweeper, trainer, overrides)
         return
@@ -123,14 +113,12 @@ SWEEP_RECORD = "multirun.yaml"
 
 
 def continues_study(values: dict[str, str | None]) -> bool:
-    """Whether the command line (``{key: value}``) continues a study in its sweep directory
-    (``hydra.sweeper.resume=true``, what ``make resume RUN=<sweep dir>`` passes)."""
+    """Whether the command line continues a study (``hydra.sweeper.resume=true``)."""
     return str(values.get("hydra.sweeper.resume")).lower() == "true"
 
 
 def check_continued_study(sweep_dir: str | None) -> None:
-    """A study is continued in its own directory: given, and holding the sweep's record.
-    (The study itself, its storage, direction and search space, is checked by the sweeper.)"""
+    """A study is continued in its own directory, given and holding the sweep's record."""
     if sweep_dir is None or "${" in sweep_dir:
         raise ReprotrainError(
             "hydra.sweeper.resume=true continues the study in hydra.sweep.dir: give its "

@@ -1,20 +1,9 @@
 """BatchNorm over micro-batches, running statistics once per step (world-size invariance).
 
-Closes: BatchNorm's two rank-dependent effects. (1) Normalisation: each micro-batch is
-forwarded on its own, so it is normalised over its own samples (ghost batches) on every
-layout. (2) Running statistics: a plain BatchNorm updates ``running_mean``/``running_var``
-once per forward, in the order the micro-batches ran on that rank. Here each micro-batch's
-forward writes its per-channel mean and unbiased variance into scratch buffers instead (the
-statistics BatchNorm's kernel computes for the normalisation anyway, taken with momentum 1),
-every rank gathers all k micro-batches' statistics once per step (exact copies, in
-micro-batch order), and each applies the k momentum updates in that order: the running
-statistics a single process would have after the k micro-batches, on every layout.
-
-Cost: the scratch buffers of one micro-batch are views of one flat vector (one copy of a
-template per micro-batch, every layer's slot in layer order), so the step's statistics are
-one ``[k, 2 x channels]`` tensor; each micro-batch's k updates run as one ``_foreach`` op
-per buffer list (one kernel launch for every layer on a GPU, the same per-tensor kernels
-on the CPU), not one op per layer.
+Closes: BatchNorm's two rank-dependent effects, normalisation (ghost batches) and the running
+statistics (the kernel's own per-micro-batch mean and unbiased variance, taken with momentum 1
+into one flat scratch row, gathered by every rank and applied in micro-batch order).
+Method and cost: docs/scaling-out.md, docs/invariance-performance.md.
 """
 
 from __future__ import annotations
@@ -36,8 +25,8 @@ class MicroBatchNorm:
     """Record micro-batch statistics of every BatchNorm in ``model``; update once per step."""
 
     def __init__(self, model: nn.Module) -> None:
-        named = [(n, m) for n, m in model.named_modules()
-                 if isinstance(m, _BatchNorm) and m.track_running_stats]  # fmt: skip
+        named = [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
+        named = [(n, m) for n, m in named if m.track_running_stats]
         self.names = [n or type(m).__name__ for n, m in named]
         self.layers = [m for _, m in named]
         self.slot = {m: i for i, m in enumerate(self.layers)}
@@ -57,7 +46,6 @@ class MicroBatchNorm:
         calls = [0] * len(self.layers)
         hooks = [m.register_forward_pre_hook(self._lend(calls)) for m in self.layers]
         hooks += [m.register_forward_hook(self._collect) for m in self.layers]
-        row = None
         try:
             yield
         finally:
@@ -65,7 +53,8 @@ class MicroBatchNorm:
                 h.remove()
             for m in list(self._lent):  # a forward that raised: its layer gets its own back
                 self._give_back(m)
-            row, self._scratch = self._row, None
+            row = None if self._scratch is None else self._scratch[-2]  # the whole row
+            self._scratch = None
         if any(calls):  # eval-mode forwards record nothing
             self._check_once(calls)
             self.stats.append(row)
@@ -83,9 +72,8 @@ class MicroBatchNorm:
 
     def _lend(self, calls: list[int]):
         def hook(module: _BatchNorm, args: tuple) -> None:
-            """Before a training forward: its slot of this micro-batch's scratch row and
-            momentum 1, so the kernel writes this micro-batch's own mean and unbiased
-            variance there (1 * new + 0 * scratch)."""
+            """Lend the layer its scratch slot and momentum 1: the kernel writes this
+            micro-batch's own mean and unbiased variance there (1 * new + 0 * scratch)."""
             if not module.training:
                 return
             i = self.slot[module]
@@ -112,13 +100,8 @@ class MicroBatchNorm:
         *buffers, module.momentum = self._lent.pop(module)
         module._buffers.update(zip(_BUFFERS, buffers, strict=True))
 
-    @property
-    def _row(self) -> torch.Tensor | None:
-        return None if self._scratch is None else self._scratch[-2]
-
     def _fresh_row(self) -> list[torch.Tensor]:
-        """One copy of the template: [mean 0, var 1] per layer in layer order; returns the
-        slot views, then the whole row, then the num_batches_tracked stand-ins."""
+        """A copy of the [mean 0, var 1] template: slot views, the row, the count stand-ins."""
         first = self.layers[0].running_mean
         kinds = {(m.running_mean.dtype, m.running_mean.device) for m in self.layers}
         if len(kinds) > 1:
@@ -128,8 +111,8 @@ class MicroBatchNorm:
             )
         if (
             self._template is None
-            or self._template[0].device != first.device
-            or (self._template[0].dtype != first.dtype)
+            or self._template[0].dtype != first.dtype
+            or (self._template[0].device != first.device)
         ):
             init = [t for m in self.layers for t in (torch.zeros_like(m.running_mean),
                                                      torch.ones_like(m.running_var))]  # fmt: skip
@@ -143,9 +126,8 @@ class MicroBatchNorm:
 
     @torch.no_grad()
     def end_step(self, reduce: Reducer = no_reduce) -> None:
-        """Move every layer's running statistics by the k micro-batches' statistics, in
-        micro-batch order, as k plain forwards on one process would: every rank gathers all
-        k (exact copies, rank order = micro-batch order) and applies the same updates."""
+        """Every rank gathers the k micro-batches' statistics (rank order = micro-batch
+        order) and applies the k running-stat updates in that order, as one process would."""
         if not self.layers or not self.stats:
             self.stats = []
             return
@@ -155,8 +137,7 @@ class MicroBatchNorm:
             self._update(row.split(self._sizes()))
 
     def _update(self, stats: tuple[torch.Tensor, ...]) -> None:
-        """One micro-batch's momentum update of every layer: the ops a plain BatchNorm
-        forward applies (``x * (1 - f) + f * new``), one ``_foreach`` op per momentum."""
+        """One micro-batch's update, a plain BatchNorm's ``x * (1 - f) + f * new``, per momentum."""
         torch._foreach_add_([m.num_batches_tracked for m in self.layers], 1)
         by_momentum: dict[float, list[int]] = {}
         for i, m in enumerate(self.layers):

@@ -1,31 +1,13 @@
 """Exact, order-independent sums of float tensors across micro-batches and ranks.
 
-Closes: the floating-point summation order of a cross-rank reduction. An all-reduce of
-float gradients adds the ranks' partial sums in an order that depends on the world size (and
-the partial sums themselves hold different subsets of micro-batches), so 1 and 2 processes
-give different bits from the first step.
-
-Method (the "reproducible summation" of HPC codes): for each tensor, every rank finds the
-largest exponent over its parts (``torch.frexp``), a MAX all-reduce makes it global, each
-part is scaled by the same power of two so that ``parts x max`` fits in 62 bits, rounded to
-int64, and added, locally and then by a SUM all-reduce, as integers — exactly. The total is
-converted back once (int64 -> float64 -> the tensor's dtype). The result is a function of the
-multiset of parts alone.
-
-Cost (docs/invariance-performance.md): a part is flattened once (``flatten``: one copy per
-dtype group, float32 for 16- and 32-bit floats, float64 for the rest), and everything after
-that runs on the flat vectors: a fixed number of whole-vector ops per part and per call,
-whatever the number of tensors (on a GPU each op is one kernel launch, so a step of a
-network of 62 parameter tensors costs tens of launches, not thousands). A call is two
-collectives: a MAX of one exponent and one non-finite flag per tensor, a SUM of one int64 vector holding every
-element. Each tensor keeps its own scale, so one call over many lists gives the bits of one
-call per list.
-
-Precision: every element within 2^(62 - 24 - ceil(log2 k)) of a tensor's largest element
-(about 10^11 for k <= 8) is represented with all 24 bits of its float32 mantissa before the
-sum, and the sum itself is exact; float32 summation instead rounds at every addition. Elements
-smaller than 2^-(62 - ceil(log2 k)) times the largest are flushed to zero. A non-finite part
-makes the whole tensor's sum NaN, so the non-finite guard still sees it.
+Closes: the floating-point summation order of a cross-rank reduction. Per tensor, a MAX
+all-reduce of the largest exponent (``torch.frexp``) gives a shared power-of-two scale so that
+``parts x max`` fits in 62 bits; parts are rounded to int64 and added (locally, then a SUM
+all-reduce) exactly, and converted back once (int64 -> float64 -> dtype): the result is a
+function of the multiset of parts alone. Parts are flattened once per dtype group (float32 for
+16/32-bit floats, float64 otherwise); each tensor keeps its own scale, so one call over many
+lists gives the bits of one call per list. Precision and cost: docs/scaling-out.md,
+docs/invariance-performance.md.
 """
 
 from __future__ import annotations
@@ -75,17 +57,12 @@ def torch_reducer() -> Reducer:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where each tensor of a part lies once flattened: ``groups`` holds, per flat vector,
-    its dtype and the indices of its tensors (in order); tensor order within the call is
-    kept by ``order`` (group-major position -> index in the part)."""
+    """Where each tensor of a part lies once flattened: per flat vector (``groups``) its dtype
+    and tensor indices; ``order``: group-major position -> index in the part."""
 
     shapes: tuple[torch.Size, ...]
     dtypes: tuple[torch.dtype, ...]
     groups: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
-
-    @property
-    def order(self) -> tuple[int, ...]:
-        return tuple(i for _, members in self.groups for i in members)
 
     def sizes(self, group: int) -> tuple[int, ...]:
         return tuple(self.shapes[i].numel() for i in self.groups[group][1])
@@ -110,20 +87,15 @@ def _layout(signature: tuple[tuple[torch.Size, torch.dtype], ...]) -> Layout:
 
 
 def stacked(layout: Layout, parts: int, device: torch.device) -> list[torch.Tensor]:
-    """Empty ``[parts, elements]`` buffers, one per group of ``layout``: row i holds part i
-    flattened (``flatten(part, layout, rows(buffers, i))``)."""
-    return [torch.empty(parts, sum(layout.sizes(g)), dtype=dtype, device=device)
-            for g, (dtype, _) in enumerate(layout.groups)]  # fmt: skip
-
-
-def rows(buffers: Sequence[torch.Tensor], i: int) -> list[torch.Tensor]:
-    """Row ``i`` of every group's buffer: where part i goes."""
-    return [buffer[i] for buffer in buffers]
+    """Empty ``[parts, elements]`` buffers, one per group of ``layout``: row i holds part i."""
+    groups = enumerate(layout.groups)
+    return [
+        torch.empty(parts, sum(layout.sizes(g)), dtype=d, device=device) for g, (d, _) in groups
+    ]
 
 
 def flatten(part: Sequence[torch.Tensor], layout: Layout, out: Sequence[torch.Tensor]) -> None:
-    """Copy ``part`` into ``out``, one flat vector per group of ``layout`` (one copy per
-    group, detached, converted to the group's dtype on the way)."""
+    """Copy ``part`` into ``out``: one detached copy per group, in the group's dtype."""
     if len(part) != len(layout.shapes) or any(
         t.numel() != s.numel() for t, s in zip(part, layout.shapes, strict=False)
     ):
@@ -138,23 +110,14 @@ def exact_sum(
     total_parts: int,
     reduce: Reducer = no_reduce,
 ) -> list[torch.Tensor]:
-    """Sum over every rank's ``parts`` (this rank's: ``parts[i][j]`` is tensor j of part i).
-
-    ``total_parts`` is the number of parts over all ranks (k), which sets the headroom.
-    Every rank must pass the same number of tensors with the same shapes and dtypes, and
-    gets the same result. Two collectives per call, whatever the number of tensors: one MAX
-    of a small vector of exponents and flags, one SUM of one flat int64 bucket.
-
-    Every tensor keeps its own scale, so summing a list of tensors in one call gives the
-    same bits as one call per tensor: callers should pass everything a step sums (gradients,
-    loss, metric sums) in one call, and pay for two collectives once.
-    """
+    """Sum over every rank's ``parts`` (``parts[i][j]``: tensor j of part i); ``total_parts``
+    (k over all ranks) sets the headroom. Same tensors on every rank; two collectives per call."""
     if not parts:
         raise ValueError("exact_sum needs at least one part on every rank")
     layout = layout_of(parts[0])
     buffers = stacked(layout, len(parts), parts[0][0].device)
     for i, part in enumerate(parts):
-        flatten(part, layout, rows(buffers, i))
+        flatten(part, layout, [buffer[i] for buffer in buffers])
     return exact_sum_stacked(buffers, layout, total_parts, reduce)
 
 
@@ -164,10 +127,9 @@ def exact_sum_stacked(
     total_parts: int,
     reduce: Reducer = no_reduce,
 ) -> list[torch.Tensor]:
-    """:func:`exact_sum` of parts already flattened into ``stacked`` buffers (what a caller
-    that collects k parts one at a time holds instead of k lists of tensors)."""
+    """:func:`exact_sum` of parts already flattened into ``stacked`` buffers."""
     device = buffers[0].device
-    n = len(layout.order)
+    n = len(layout.shapes)
     guard = math.ceil(math.log2(total_parts)) if total_parts > 1 else 0
 
     # 1. One exponent per tensor: |x| < 2^e for every element of every part, on every rank
@@ -214,8 +176,7 @@ def exact_sum_stacked(
 
 
 def _chunks(buffer: torch.Tensor) -> list[torch.Tensor]:
-    """Row blocks of ``buffer`` whose float64 copies hold at most ``CHUNK`` elements (all
-    rows at once for small vectors; one part at a time for a large model's gradients)."""
+    """Row blocks of ``buffer`` whose float64 copies hold at most ``CHUNK`` elements."""
     step = max(1, CHUNK // max(1, buffer.shape[1]))
     return list(buffer.split(step))
 
@@ -226,8 +187,7 @@ def _add_rows(block: torch.Tensor, op) -> torch.Tensor:
 
 
 def _largest(buffer: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
-    """Per tensor of a group: the largest |x| over the parts (float64), inf where any
-    element of any part is not finite."""
+    """Per tensor of a group: the largest |x| over the parts (float64), inf if any is not finite."""
     magnitude, scratch = None, None
     for chunk in _chunks(buffer):
         if magnitude is None:  # a fresh tensor: the first block's own
@@ -249,8 +209,7 @@ def _largest(buffer: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
 
 
 def _as_dtypes(flat: torch.Tensor, layout: Layout, members: tuple[int, ...]):
-    """``flat``'s pieces as the tensors ``members`` (shape, dtype): one conversion per run
-    of consecutive tensors of one dtype, views after that."""
+    """``flat``'s pieces as the tensors ``members``: one conversion per run of one dtype."""
     pieces: list[torch.Tensor] = []
     start = 0
     while start < len(members):
@@ -262,8 +221,8 @@ def _as_dtypes(flat: torch.Tensor, layout: Layout, members: tuple[int, ...]):
         lo = sum(layout.shapes[i].numel() for i in members[:start])
         hi = lo + sum(s.numel() for s in run)
         converted = flat[lo:hi].to(dtype)
-        pieces += [p.view(s) for p, s in zip(converted.split([s.numel() for s in run]), run,
-                                              strict=True)]  # fmt: skip
+        split = converted.split([s.numel() for s in run])
+        pieces += [p.view(s) for p, s in zip(split, run, strict=True)]
         start = end
     return pieces
 

@@ -1,9 +1,5 @@
-"""Experiment loggers (TensorBoard, MLflow, W&B, CSV, a user's): sinks fed copies of the run
-record's numbers, on rank 0 only, each call RNG-neutral and failure-isolated, so no logger
-changes a bit (docs/loggers.md). One module per backend (``tensorboard_sink``, ``mlflow_sink``,
-``wandb_sink``); their ``_target_`` classes: ``shipped``; their settings: ``settings``; what
-they are told: ``params``; the fan-out the loop talks to: ``fanout``.
-"""
+"""Experiment loggers: sinks fed copies of the record's numbers on rank 0 (docs/loggers.md).
+Closes: a logger changing a bit (every call RNG-neutral and failure-isolated, ``fanout``)."""
 
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from reprotrain.loggers.fanout import (
     LoggerRun,
     Loggers,
     log,
-    numeric,
     preserved_rng,
     resumed_history,
     switched_off,
@@ -35,27 +30,12 @@ from reprotrain.loggers.settings import (
     LoggerSettings,
     check_extras,
 )
-from reprotrain.loggers.shipped import SHIPPED, CSVLogger
-from reprotrain.loggers.wandb_sink import resolve_wandb_mode, wandb_key_configured
+from reprotrain.loggers.shipped import SHIPPED
+from reprotrain.loggers.wandb_sink import resolve_wandb_mode
 
-__all__ = [
-    "EXTRAS_INSTALL",
-    "CSVLogger",
-    "History",
-    "Logger",
-    "LoggerConfig",
-    "LoggerRun",
-    "LoggerSettings",
-    "Loggers",
-    "build_loggers",
-    "check_extras",
-    "numeric",
-    "preserved_rng",
-    "resolve_wandb_mode",
-    "resumed_history",
-    "run_params",
-    "wandb_key_configured",
-]
+__all__ = ["EXTRAS_INSTALL", "History", "Logger", "LoggerConfig", "LoggerRun", "LoggerSettings"]
+__all__ += ["Loggers", "build_loggers", "check_extras", "resolve_wandb_mode", "resumed_history"]
+__all__ += ["run_params"]
 
 
 def build_loggers(
@@ -66,11 +46,7 @@ def build_loggers(
     history: History | None = None,
     report: ReportHook | None = None,
 ) -> Loggers:
-    """The loggers the ``logger`` node (a ``LoggerConfig`` or its DictConfig) chooses, read
-    once into :class:`LoggerSettings`, built from their ``_target_`` and started (rank 0
-    only). ``record``: run.json's data; ``start_step``/``history``: where a resumed run
-    continues and what was logged up to it; ``report``: draws report.md and curves.png for
-    the trackers' artifacts (:data:`ReportHook`)."""
+    """The loggers the ``logger`` node chooses, built and started (rank 0 only)."""
     settings = check_extras(LoggerSettings.of(node))
     if _rank() != 0:
         return Loggers([], settings.log_every_steps, tuple(settings.backends))
@@ -117,9 +93,7 @@ def _built(name: str, entry: Any) -> Logger:
 
 
 def _started(name: str, logger: Logger, run: LoggerRun) -> bool:
-    """Start ``logger`` (config key ``name``); one that raises (a store out of reach) is
-    switched off with one warning and the run goes on, as when it fails later. A
-    ``ReprotrainError`` (an extra not installed) ends the run before its first step."""
+    """Start ``logger``: one that raises is switched off; a ``ReprotrainError`` ends the run."""
     try:
         logger.start(run)
         return True

@@ -1,7 +1,4 @@
-"""The object the training loop talks to: a fan-out to the enabled loggers, every call
-RNG-neutral (:func:`preserved_rng`) and failure-isolated (a logger that raises is reported
-once and switched off); :func:`resumed_history` rebuilds what was logged before a resume.
-"""
+"""The fan-out the loop talks to: every call RNG-neutral and failure-isolated (docs/loggers.md)."""
 
 from __future__ import annotations
 
@@ -20,14 +17,9 @@ log = logging.getLogger("reprotrain")
 
 def switched_off(name: str, method: str, e: Exception) -> None:
     """The one warning of a logger that raised: it is switched off, the run goes on."""
-    log.warning(
-        "logger %s failed in %s (%s: %s); it is switched off for the rest of this run "
-        "(metrics.jsonl is unaffected)",
-        name,
-        method,
-        type(e).__name__,
-        str(e).splitlines()[0] if str(e) else "",
-    )
+    first = str(e).splitlines()[0] if str(e) else ""
+    log.warning("logger %s failed in %s (%s: %s); it is switched off for the rest of this run "
+                "(metrics.jsonl is unaffected)", name, method, type(e).__name__, first)  # fmt: skip
 
 
 @dataclass
@@ -53,27 +45,22 @@ class LoggerRun:
 
 
 class Logger:
-    """The base of a logger: ``_target_`` it from ``conf/logger/`` and override what you
-    need. Every method may raise: the fan-out reports it once and switches the logger off.
-    Every call runs with the global generators restored after it, so a logger changes no
-    bit of the run. Only rank 0 has loggers."""
+    """The base of a logger (``_target_`` it from ``conf/logger/``); a method that raises
+    switches it off; the global generators are restored after each call. Rank 0 only."""
 
     name = "logger"
 
     def start(self, run: LoggerRun) -> None:
-        """Once, before any value: open the store. After a resume ``run.history`` holds
-        what the record says was logged up to ``run.start_step``."""
+        """Once, before any value; after a resume ``run.history`` holds what was logged."""
 
     def describe(self) -> str:
         return self.name
 
     def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
-        """Per-step series (``train_loss``, ``lr``) of the global ``steps`` since the last
-        call, one value per step (``None``: not available)."""
+        """Per-step series (``train_loss``, ``lr``), one value per step (``None``: absent)."""
 
     def end_batch(self, global_step: int) -> None:
-        """No more values for the steps up to ``global_step`` (a mid-epoch batch: its
-        epoch's row comes at a later step)."""
+        """No more values for the steps up to ``global_step``."""
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, float | None]) -> None:
         """The epoch's metrics.jsonl row (numbers only) and what callbacks logged."""
@@ -101,8 +88,7 @@ class Loggers:
         return [b.name for b in self._backends]
 
     def log_steps(self, global_steps: list[int], series: dict[str, list[float | None]]) -> None:
-        """Per-step values (train_loss, lr) of the steps since the last call, one per entry
-        of ``global_steps``; a backend that cannot store ``None`` or non-finite skips it."""
+        """Per-step values (train_loss, lr) of the steps since the last call, one per step."""
         for key, values in series.items():
             if len(values) != len(global_steps):
                 raise ValueError(f"series {key!r}: {len(values)} values, {len(global_steps)} steps")
@@ -110,8 +96,7 @@ class Loggers:
             self._call("log_steps", list(global_steps), series)
 
     def end_batch(self, global_step: int) -> None:
-        """The batch just logged is complete: a backend that holds a step's row open for
-        more values (W&B) may write it now."""
+        """The batch just logged is complete (W&B may write a row it held open)."""
         self._call("end_batch", global_step)
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, Any]) -> None:
@@ -151,8 +136,7 @@ def resumed_history(
     partial_lrs: list[float],
     global_step: int,
 ) -> History:
-    """The per-step series of every completed epoch (from its fingerprint row) and of the
-    resumed epoch so far, and every epoch row: the numbers the loop had logged."""
+    """The numbers the loop had logged before a resume: per-step series and epoch rows."""
     steps: list[int] = []
     losses: list[float | None] = []
     lrs: list[float | None] = []
@@ -172,10 +156,8 @@ def resumed_history(
 def preserved_rng() -> Iterator[None]:
     """Restore python, NumPy and torch CPU RNG state after third-party code ran.
 
-    A logger that draws a random run id from the global ``random`` module would otherwise
-    shift every later draw of the `train` stream (dropout, user code), and the same config
-    with the logger on and off would train differently. CUDA generators are not touched by
-    logging code, and copying them would sync the device, so they are left alone.
+    Closes: a logger's draw (a random run id) shifting the ``train`` stream. CUDA generators
+    are left alone (logging code does not touch them; copying them would sync the device).
     """
     import random
 
@@ -192,8 +174,7 @@ def preserved_rng() -> Iterator[None]:
 
 
 def numeric(row: dict[str, Any], skip: tuple[str, ...]) -> dict[str, float]:
-    """Numbers only: bools, strings and nulls are dropped. NaN/inf are kept on purpose, so
-    a diverged loss shows up on the dashboard (all three backends can store them)."""
+    """Numbers only; NaN/inf kept on purpose, so a diverged loss shows on the dashboard."""
     return {
         k: float(v)
         for k, v in row.items()

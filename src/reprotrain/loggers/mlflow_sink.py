@@ -1,11 +1,6 @@
-"""MLflow: one tracking store per project, one MLflow run per run directory (through
-``MlflowClient``, no global active run), a sweep as a parent run with its runs as children
-(what is logged: docs/loggers.md).
-
-A resumed run finds its MLflow run again by the ``reprotrain.run_key`` tag. The Hydra sweep
-callback calls :func:`start_sweep_run` before the first job (its id goes into
-``<sweep_dir>/mlflow_parent_run.json``, with a sha256 of the store URI, never the URI: a
-server URI may carry credentials) and :func:`end_sweep_run` after the last.
+"""MLflow: one MLflow run per run directory (``MlflowClient``, no global active run), found
+again on resume by its ``reprotrain.run_key`` tag; a sweep is a parent run (docs/loggers.md).
+Closes: a store URI's credentials in a record (the sweep dir keeps its sha256, never the URI).
 """
 
 from __future__ import annotations
@@ -20,13 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Logger, LoggerRun, preserved_rng
-from reprotrain.loggers.params import (
-    identity,
-    record_files,
-    relative_name,
-    run_key,
-    run_name,
-)
+from reprotrain.loggers.params import identity, record_files, relative_name, run_key, run_name
 from reprotrain.loggers.settings import (
     MLFLOW_ARTIFACTS,
     LoggerSettings,
@@ -40,13 +29,12 @@ PARENT_JSON = "mlflow_parent_run.json"
 #: Files of a sweep dir attached to the parent run at the end.
 SWEEP_ARTIFACTS = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
 STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
-#: Without this tag MLflow 3's UI opens an experiment in its GenAI view; this value (the UI's
-#: own name, mlflow/server/js) opens its training view (runs, params, metric charts).
+#: Without it MLflow 3's UI opens an experiment in its GenAI view; this opens its training view.
 KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
 _PARAMS_BATCH = 100  # ... and on params
-#: What the report hook is: (run_dir, out_dir) -> (report.md, curves.png or None).
+#: (run_dir, out_dir) -> (report.md, curves.png or None).
 ReportHook = Callable[[Path, Path], tuple[Path, "Path | None"]]
 
 
@@ -72,9 +60,8 @@ def client_for(settings: LoggerSettings):
 
 
 def experiment_id(client, name: str, uri: str) -> str:
-    """The experiment's id, created on first use, tagged as model training
-    (:data:`EXPERIMENT_KIND`; an experiment without a kind gets it); a local store keeps
-    its artifacts beside the database (``mlartifacts/``), a server decides for itself."""
+    """The experiment's id, created on first use (a local store's artifacts beside its
+    database), tagged as model training (:data:`EXPERIMENT_KIND`)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if KIND_TAG not in exp.tags:
@@ -104,16 +91,11 @@ def log_params(client, run_id: str, params: dict[str, str]) -> None:
 
 def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     """The parent run a sweep dir records (``mlflow_parent_run.json``) for this store."""
-    path = Path(sweep_dir) / PARENT_JSON
-    if not path.is_file():
-        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads((Path(sweep_dir) / PARENT_JSON).read_text())
+    except (OSError, ValueError):  # none, or unreadable
         return None
-    if data.get("store_sha256") != store_digest(uri):
-        return None
-    return data
+    return data if data.get("store_sha256") == store_digest(uri) else None
 
 
 class MLflowLogger(Logger):
@@ -140,8 +122,7 @@ class MLflowLogger(Logger):
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
-            # Steps past the checkpoint that the killed attempt logged come again, with the
-            # same bits: each step is kept once, the first time.
+            # Steps a killed attempt logged past the checkpoint come again: each kept once.
             for kind, key in (("step", "step/train_loss"), ("epoch", "epoch/epoch")):
                 history = self.client.get_metric_history(self.run_id, key)
                 self.logged[kind] = max((m.step for m in history), default=0)
@@ -195,11 +176,11 @@ class MLflowLogger(Logger):
 
     def close(self, status: str) -> None:
         try:
-            self.log_artifacts(status)
+            self.log_artifacts()
         finally:
             self.client.set_terminated(self.run_id, status=STATUS.get(status, "FAILED"))
 
-    def log_artifacts(self, status: str) -> None:
+    def log_artifacts(self) -> None:
         """The run's record files, and its report and curves drawn from the run dir."""
         with tempfile.TemporaryDirectory(prefix="reprotrain-mlflow-") as tmp:
             for path in record_files(self.run_dir, self.report, Path(tmp), "mlflow"):
@@ -207,8 +188,7 @@ class MLflowLogger(Logger):
 
 
 def start_sweep_run(node: Any, sweep_dir: Path, name: str, overrides: list[str]) -> str | None:
-    """Before a sweep's first job: its parent run (when the ``logger`` node turns mlflow on).
-    Returns the parent's run id; a failure is a warning (a dashboard must not stop a sweep)."""
+    """Before a sweep's first job: its parent run's id (a failure is a warning, not a stop)."""
     if not getattr(node, "mlflow", False):
         return None
     sweep_dir = Path(sweep_dir).resolve()

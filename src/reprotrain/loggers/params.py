@@ -1,6 +1,7 @@
-"""What a tracker is told about a run: parameters, tags, its stable key, its sweep. Nothing
-from the environment: the resolved config (``oc.env`` values as their interpolation,
-``repro/secrets.py``) and run.json's identity fields, never its environment or command line.
+"""What a tracker is told about a run: parameters, tags, its stable key, its sweep.
+
+Closes: a secret in a tracker: the resolved config (``oc.env`` as its interpolation) and
+run.json's identity fields only, never the environment or command line (docs/loggers.md).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ RUN_ARTIFACTS = (RESOLVED_CONFIG, "run.json", "metrics.jsonl", "report.md", "cur
 
 
 def resolved_config(run_dir: Path) -> dict[str, Any]:
-    """``config.resolved.yaml`` of the run as a dict ({} before it is written), less the
-    ``logger`` group: where a run is logged is not a parameter of the run, and a tracking
-    URI is no business of the tracker's table (nor of anyone reading it)."""
+    """``config.resolved.yaml`` as a dict ({} before it exists), less the ``logger`` group
+    (not a parameter of the run; a tracking URI is nobody's business in the table)."""
     path = Path(run_dir) / RESOLVED_CONFIG
     if not path.is_file():
         return {}
@@ -49,8 +49,7 @@ def identity(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_params(run_dir: Path, record: dict[str, Any]) -> dict[str, str]:
-    """Parameters for a tracker: the flattened resolved config (``config.<key>``) plus the
-    identity fields of run.json (``run.<field>``), as strings."""
+    """``config.<key>`` of the flattened resolved config and ``run.<field>``, as strings."""
     params = {k: str(v) for k, v in flatten(resolved_config(run_dir), "config.").items()}
     params.update({f"run.{k}": str(v) for k, v in identity(record).items()})
     return params
@@ -67,17 +66,14 @@ def _chosen(key: str) -> bool:
 
 
 def run_overrides(run_dir: Path) -> list[str]:
-    """The run's own overrides as Hydra recorded them (``.hydra/overrides.yaml``), less the
-    ``logger`` ones: what was chosen for this run on top of its config ([] when none)."""
+    """The run's own overrides (``.hydra/overrides.yaml``), less the ``logger`` ones."""
     from reprotrain.run.readers import read_overrides
 
     return [o for o in read_overrides(run_dir) or [] if _chosen(override_key(o))]
 
 
 def sweep_record_overrides(sweep_dir: Path) -> list[str] | None:
-    """The overrides a sweep was started with, from its ``multirun.yaml``: the command
-    line's (``optimizer.lr=0.05,0.2``, ``seed.base=0,1``) and an Optuna search space
-    (``hydra.sweeper.params``) as ``key=value``; None without a readable record."""
+    """A sweep's command-line overrides and Optuna search space (``multirun.yaml``), or None."""
     from omegaconf import OmegaConf
 
     record = Path(sweep_dir) / MULTIRUN_YAML
@@ -91,8 +87,7 @@ def sweep_record_overrides(sweep_dir: Path) -> list[str] | None:
 
 
 def swept_keys(sweep_dir: Path | None) -> set[str]:
-    """The keys a sweep varies: its value lists, ranges and search space (not a key set
-    to one value for every job, nor where it logs)."""
+    """The keys a sweep varies: value lists, ranges, search space (not where it logs)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, keys = OverridesParser.create(), set()
@@ -110,15 +105,9 @@ def is_seed(key: str) -> bool:
     return key == "seed" or key.startswith("seed.")
 
 
-def config_group(overrides: list[str]) -> str:
-    """The configuration a run is one seed of: its overrides less the seeds, sorted."""
-    return " ".join(sorted(o for o in overrides if not is_seed(override_key(o))))
-
-
 def run_name(run_dir: Path, root: Path) -> str:
-    """A tracker's name for the run. A sweep's job: its values of the swept keys
-    (``optimizer.lr=0.05 seed.base=0``), else its own overrides, else its number; a single
-    run: its path below the project root (``outputs/<name>/<stamp>``)."""
+    """A tracker's name for the run: a sweep job's swept values (else its overrides, else its
+    number); a single run's path below the project root."""
     sweep = sweep_dir_of(run_dir)
     if sweep is None:
         return relative_name(run_dir, root)
@@ -128,9 +117,8 @@ def run_name(run_dir: Path, root: Path) -> str:
 
 
 def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
-    """HParams' hyperparameters: each key the run's overrides set, with its resolved value
-    (a group chosen by name: its option's name), and ``group``: the overrides less the seeds.
-    Not the whole config: the keys nobody chose would crowd out the ones that were."""
+    """HParams' hyperparameters: each key the overrides set, resolved, and ``group`` (the
+    overrides less the seeds); not the whole config."""
     flat, overrides = flatten(resolved_config(run_dir)), run_overrides(run_dir)
     out: dict[str, bool | int | float | str] = {}
     for text in overrides:
@@ -138,7 +126,7 @@ def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
         out[override_key(text)] = (
             value if isinstance(value, bool | int | float | str) else str(value)
         )
-    out["group"] = config_group(overrides)
+    out["group"] = " ".join(sorted(o for o in overrides if not is_seed(override_key(o))))
     return out
 
 
@@ -162,8 +150,7 @@ def sweep_dir_of(run_dir: Path) -> Path | None:
 
 
 def relative_name(run_dir: Path, root: Path) -> str:
-    """The run dir relative to the project root (``outputs/<name>/<stamp>``), else its
-    last three parts: a name that tells runs and sweeps apart in a dashboard."""
+    """The run dir relative to the project root, else its last three parts."""
     run_dir = Path(run_dir).resolve()
     try:
         return run_dir.relative_to(root).as_posix()
@@ -172,10 +159,8 @@ def relative_name(run_dir: Path, root: Path) -> str:
 
 
 def record_files(run_dir: Path, report: Any, scratch: Path, tracker: str) -> list[Path]:
-    """The files of ``RUN_ARTIFACTS`` a tracker attaches at the end: the run's records, and
-    its report and curves drawn by ``report(run_dir, scratch)`` from the run dir (the ones
-    ``make report`` wrote when there is no hook; a report that cannot be drawn is warned
-    about, the rest attached)."""
+    """The ``RUN_ARTIFACTS`` a tracker attaches at the end, report and curves drawn by
+    ``report(run_dir, scratch)`` (one that cannot be drawn is warned about)."""
     import logging
 
     run_dir, drawn = Path(run_dir), {}

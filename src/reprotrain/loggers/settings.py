@@ -1,5 +1,4 @@
-"""The ``logger`` config group: its schema, and the frozen settings the loggers get, read
-once from it (where each backend writes: docs/loggers.md). No backend is imported here."""
+"""The ``logger`` group's schema and the settings read once from it (docs/loggers.md)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,14 @@ from reprotrain.errors import ReprotrainError
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 BACKENDS = ("tensorboard", "mlflow", "wandb")  # the shipped ones that need a store or extra
 SHIPPED_KEYS = (*BACKENDS, "csv")  # the logger config's own slots (``shipped.SHIPPED``)
-#: The optional extra each backend needs (``requirements-<extra>.lock``); none for TensorBoard,
-#: which is in the runtime lock.
+#: The optional extra each backend needs (TensorBoard is in the runtime lock).
 EXTRA_OF = {"mlflow": "mlflow", "wandb": "wandb"}
 #: The local SQLite store needs sqlalchemy + alembic beside mlflow (all in the mlflow extra).
 LOCAL_STORE_MODULES = ("mlflow", "sqlalchemy", "alembic")
 MLFLOW_DB = "mlruns.db"
+#: The text settings a logger gets as the ``logger`` node holds them.
+TEXT_KEYS = ("tensorboard_dir", "tensorboard_index", "mlflow_experiment", "wandb_project")
+TEXT_KEYS += ("wandb_entity", "wandb_mode")
 MLFLOW_ARTIFACTS = "mlartifacts"
 
 
@@ -33,9 +34,8 @@ EXTRAS_INSTALL = install_command("mlflow", "wandb")
 
 @dataclass
 class LoggerConfig:
-    """Schema of ``conf/logger/*``: one key per logger (a ``_target_`` node, ``true`` for the
-    shipped class, ``false``/null: off; a user's under ``sinks``), so a list of options
-    merges into the union. No key is part of a run's identity: a logger changes no bit."""
+    """Schema of ``conf/logger/*``: one key per logger (``_target_``, ``true``, or off), a
+    user's under ``sinks``; none is part of a run's identity."""
 
     tensorboard: Any = False
     mlflow: Any = False
@@ -43,28 +43,23 @@ class LoggerConfig:
     csv: Any = False  # metrics.csv in the run dir, one row per epoch
     # A user's loggers: name -> _target_ node of a reprotrain.api.Logger subclass.
     sinks: dict[str, Any] | None = field(default_factory=dict)
-    # The loop hands over per-step losses and lr every this many steps (and at each epoch
-    # end). 0: only at epoch ends. Larger means fewer calls, never a per-step sync.
+    # Per-step losses and lr handed over every this many steps (0: at epoch ends only).
     log_every_steps: int = 50
     tensorboard_dir: str = "tensorboard"  # relative to the run dir
-    # One folder for the whole project with a link per run (runs and sweeps), relative to
-    # the project root: `tensorboard --logdir tb`. "": no links.
+    # The project's folder of links to every run (`tensorboard --logdir tb`); "": no links.
     tensorboard_index: str = "tb"
-    # "": the project's store, sqlite:///<project root>/mlruns.db (artifacts beside it in
-    # mlartifacts/). Any MLflow URI otherwise: sqlite:///abs/path.db, http://host:5000.
-    # Credentials for a server come from MLflow's own env vars, never from here.
+    # "": sqlite:///<project root>/mlruns.db; any MLflow URI otherwise (credentials: MLflow's
+    # own env vars, never here).
     mlflow_tracking_uri: str = ""
     mlflow_experiment: str = ""  # "": the run's `name`
     wandb_project: str = "reprotrain"
     wandb_entity: str = ""  # "": the account's default entity
-    # auto: online when an API key is configured (WANDB_API_KEY or `wandb login`), else
-    # offline (sync later with `wandb sync <run_dir>/wandb/offline-run-*`).
+    # auto: online when an API key is configured, else offline.
     wandb_mode: str = "auto"
 
 
 def project_root() -> Path:
-    """Where ``outputs/`` and ``multirun/`` are: the directory runs are started from
-    (``hydra.job.chdir=false``, so the working directory)."""
+    """Where ``outputs/`` and ``multirun/`` are: the working directory (no chdir)."""
     return Path.cwd().resolve()
 
 
@@ -84,9 +79,7 @@ class LoggerSettings:
 
     @classmethod
     def of(cls, node: Any, root: Path | None = None) -> LoggerSettings:
-        """Read the ``logger`` node (a ``LoggerConfig`` or its DictConfig) once, range-checked
-        (one-line ``ReprotrainError``). ``root``: the project root the default MLflow store
-        lives in (:func:`project_root`)."""
+        """Read the ``logger`` node once, range-checked; ``root``: the default store's home."""
         if node.log_every_steps < 0:
             raise ReprotrainError(f"logger.log_every_steps={node.log_every_steps} must be >= 0")
         if node.wandb_mode not in WANDB_MODES:
@@ -96,17 +89,9 @@ class LoggerSettings:
         chosen = {name: getattr(node, name, False) for name in SHIPPED_KEYS}
         chosen |= dict((getattr(node, "sinks", None) or {}).items())
         uri = node.mlflow_tracking_uri or f"sqlite:///{(root or project_root()) / MLFLOW_DB}"
-        return cls(
-            chosen=tuple((str(name), entry) for name, entry in chosen.items() if entry),
-            log_every_steps=int(node.log_every_steps),
-            tensorboard_dir=str(node.tensorboard_dir),
-            tensorboard_index=str(node.tensorboard_index),
-            mlflow_uri=str(uri),
-            mlflow_experiment=str(node.mlflow_experiment),
-            wandb_project=str(node.wandb_project),
-            wandb_entity=str(node.wandb_entity),
-            wandb_mode=str(node.wandb_mode),
-        )
+        texts = {k: str(getattr(node, k)) for k in TEXT_KEYS}
+        on = tuple((str(name), entry) for name, entry in chosen.items() if entry)
+        return cls(on, int(node.log_every_steps), mlflow_uri=str(uri), **texts)
 
     @property
     def backends(self) -> list[str]:
@@ -121,9 +106,7 @@ class LoggerSettings:
 
 
 def check_extras(settings: LoggerSettings) -> LoggerSettings:
-    """``settings``, once every chosen backend's optional extra is importable (no backend is
-    imported: cheap, so preflight runs it before a run dir exists); else one line naming
-    the install command."""
+    """``settings``, once every chosen backend's extra is importable (nothing imported)."""
     missing = [
         b
         for b in settings.backends

@@ -1,7 +1,4 @@
-"""The shipped loggers by their key in the ``logger`` config (``conf/logger/*.yaml`` names
-each by ``_target_``), and the CSV logger (``metrics.csv``, one row per epoch). A user's
-logger is the same kind of thing: a ``reprotrain.api.Logger`` subclass (docs/loggers.md).
-"""
+"""The shipped loggers by their ``logger`` config key, and the CSV logger (docs/loggers.md)."""
 
 from __future__ import annotations
 
@@ -18,10 +15,7 @@ from reprotrain.loggers.wandb_sink import WandBLogger
 
 
 class CSVLogger(Logger):
-    """``<run_dir>/<filename>``: one row per epoch, the numbers of its metrics.jsonl row and
-    what callbacks logged (``ctx.log``), a column per name in the order first seen. The file
-    is rewritten whole at each epoch (atomically), so a resumed run's file has every epoch
-    once: the epochs before the checkpoint come from the record."""
+    """``<run_dir>/<filename>``: one row per epoch, rewritten whole (atomically) each epoch."""
 
     name = "csv"
 
@@ -61,8 +55,6 @@ class CSVLogger(Logger):
         os.replace(partial, self.path)
 
 
-#: The shipped loggers by their key in the ``logger`` config (``logger.<name>: true`` or a
-#: ``_target_`` node).
 SHIPPED: dict[str, type[Logger]] = {
     "tensorboard": TensorBoardLogger,
     "mlflow": MLflowLogger,

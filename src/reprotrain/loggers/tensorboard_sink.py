@@ -1,7 +1,4 @@
-"""TensorBoard: event files in ``<run_dir>/<logger.tensorboard_dir>``, linked from the project's
-``tb/`` (``tb/outputs/<name>/<stamp>``), so one ``tensorboard --logdir tb`` covers runs and
-sweeps. The tags, HParams and text it writes: docs/loggers.md.
-"""
+"""TensorBoard: event files in the run dir, linked from the project's ``tb/`` (docs/loggers.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +20,7 @@ from reprotrain.loggers.params import (
     swept_keys,
 )
 from reprotrain.loggers.settings import project_root, require_module
+from reprotrain.metric_names import split_of
 
 log = logging.getLogger("reprotrain")
 
@@ -43,8 +41,8 @@ class TensorBoardLogger(Logger):
         self.monitor, self.swept = monitor_of(run_dir), swept_keys(sweep_dir_of(run_dir))
         self.best: float | None = None  # the best monitored value so far
         if run.start_step:
-            # A resume: what an earlier attempt wrote may stop short of the checkpoint
-            # (unflushed when killed) or run past it. Start the stream again from the record.
+            # A resume: an earlier attempt's events may stop short of the checkpoint or run
+            # past it; the stream starts again from the record.
             for old in self.log_dir.glob("events.out.tfevents.*"):
                 old.unlink()
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
@@ -102,7 +100,8 @@ class TensorBoardLogger(Logger):
         if self.monitor and self.best is not None:
             tags.append(f"best/{self.monitor[0]}")
             self.writer.add_scalar(tags[-1], self.best, self.last_step)
-        shown = [k for k, v in metrics.items() if v is not None and _val_or_test(k)]
+        # val and test outcomes (best_test_acc too), not train metrics nor bookkeeping
+        shown = [k for k, v in metrics.items() if v is not None and split_of(k) in ("val", "test")]
         tags += [f"final/{k}" for k in sorted(shown, key=metric_names.sort_key)]
         if self.hparams:
             self.writer.file_writer.add_summary(experiment(self.hparams, tags, self.swept))
@@ -127,19 +126,13 @@ def session_start(hparams: dict[str, bool | int | float | str]):
     return _plugin_summary("SESSION_START_INFO_TAG", session_start_info=info)
 
 
-def _val_or_test(key: str) -> bool:
-    """A val or test outcome (``best_test_acc`` too): not a train metric, nor bookkeeping."""
-    return metric_names.split_of(key) in ("val", "test")
-
-
 def experiment(
     hparams: dict[str, bool | int | float | str],
     metric_tags: list[str],
     swept: set[str] | frozenset[str] = frozenset(),
 ):
-    """The HParams plugin's experiment summary: the table's columns, the hyperparameters
-    (with their types; the ``swept`` ones, and ``group`` when any is, marked as differing)
-    and the metrics, instead of every scalar tag."""
+    """The HParams plugin's experiment summary: hyperparameters (``swept`` ones, and
+    ``group`` when any is, marked as differing) and the metric columns."""
     from tensorboard.plugins.hparams import api_pb2
 
     def kind(value: object) -> int:
@@ -180,9 +173,8 @@ def _plugin_summary(tag: str, **data: object):
 
 
 def link_run(index_dir: Path, name: str, log_dir: Path) -> Path | None:
-    """``<index_dir>/<name>`` -> ``log_dir`` (a relative symlink), so ``tensorboard --logdir
-    <index_dir>`` sees this run. An existing link to the same place is kept; anything else
-    there is left alone (warned). Returns the link, or None when none was made."""
+    """``<index_dir>/<name>`` -> ``log_dir`` (relative symlink); anything else there is left
+    alone (warned). Returns the link, or None."""
     link = Path(index_dir) / name
     target: str | None = None
     try:

@@ -1,8 +1,5 @@
-"""Weights & Biases: a run under ``<run_dir>/wandb``, offline unless a key is configured
-(``wandb_mode=auto``: nothing leaves the machine by accident; the key is read by wandb itself
-and never recorded). The run id is derived from the run dir, so a resumed run continues the
-same W&B run (``resume="allow"``); names, groups and files as in docs/loggers.md.
-"""
+"""Weights & Biases: a run under ``<run_dir>/wandb``, offline unless a key is configured, its
+id derived from the run dir so a resume continues it (docs/loggers.md)."""
 
 from __future__ import annotations
 
@@ -17,21 +14,16 @@ from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir
 from reprotrain.loggers.settings import project_root, require_module
 
 
-def wandb_key_configured() -> bool:
-    """Whether W&B credentials exist (env or ``wandb login``'s netrc); never reads them out."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
 def resolve_wandb_mode(mode: str) -> str:
-    """``auto``: online only when the user configured a key, else offline."""
-    if mode != "auto":
-        return mode
-    return "online" if wandb_key_configured() else "offline"
+    """``auto``: online only when W&B credentials exist (env or ``wandb login``'s netrc; never
+    read out), else offline."""
+    if mode != "auto" or os.environ.get("WANDB_API_KEY"):
+        return mode if mode != "auto" else "online"
+    try:
+        found = netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        found = False
+    return "online" if found else "offline"
 
 
 class WandBLogger(Logger):
@@ -60,8 +52,7 @@ class WandBLogger(Logger):
         return f"wandb ({self.mode}, {self.run.dir})"
 
     def log_steps(self, steps: list[int], series: dict[str, list[float | None]]) -> None:
-        """Each step's row written as it comes (``commit``), but the last: its epoch's row
-        may still join it at the same step (W&B drops a value for a written step)."""
+        """Each step's row written as it comes but the last, which its epoch's row may join."""
         self._write_open()
         for i, step in enumerate(steps):
             point = {f"step/{k}": v[i] for k, v in series.items() if v[i] is not None}
@@ -99,8 +90,7 @@ class WandBLogger(Logger):
             self.run.finish(exit_code=0 if status == "completed" else 1)
 
     def log_artifacts(self) -> None:
-        """The run's record files, and its report and curves drawn from the run dir: the
-        Files tab and one ``run-record`` artifact."""
+        """The run's record files: the Files tab and one ``run-record`` artifact."""
         import wandb
 
         files = Path(self.run.dir) / "record"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,32 @@ def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> Resum
         if note:
             log.warning(note)  # a kill between step-N.pt and best.pt
     return point
+
+
+#: A new stamped run dir holds no record: ``resume=<checkpoint>`` there is a fork.
+NO_RUN_DIR = Path(os.devnull)
+
+
+def resume_before_hydra(resume: str, run_dir: Path | None, redacted: Callable[[], dict]) -> bool:
+    """The read-only early twin of :func:`find_resume_point` (preflight, before Hydra writes
+    ``.hydra/``): whether ``resume`` continues the run recorded in ``run_dir``. A refusal
+    raises as the trainer's would and leaves the run dir byte for byte as it was; the trainer
+    decides again under the run's lock. ``redacted()``: the config as the run records it."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        current = redacted()
+    except OmegaConfBaseException:  # a value only Hydra's runtime resolves: the trainer decides
+        return False
+    writer, was_disabled = rec.is_writer(), log.disabled
+    log.disabled = True  # the trainer logs its own notes
+    rec.set_writer(False)  # read only: no partial write removed, no best.pt re-derived
+    try:
+        point = find_resume_point(resume, run_dir or NO_RUN_DIR, current)
+    finally:
+        rec.set_writer(writer)
+        log.disabled = was_disabled
+    return point is not None and not point.forked
 
 
 def refuse_reopening(point: ResumePoint, record: dict, run_dir: Path) -> None:

@@ -23,8 +23,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from reprotrain import REPO_ROOT
 from reprotrain.errors import DataMissingError, one_line
-from reprotrain.paths import REPO_ROOT
 from reprotrain.progress import Progress
 from reprotrain.safetar import unsafe_reason
 

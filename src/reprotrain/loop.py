@@ -30,7 +30,7 @@ from reprotrain.engine import (
     train_step,
 )
 from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
-from reprotrain.loggers import build_loggers, resumed_history
+from reprotrain.loggers import Logger, build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
 from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
@@ -133,7 +133,7 @@ class Trainer:
         """Re-run the steps up to ``target`` ``(epoch, epoch_step)`` writing nothing, under
         the run's length then (``epochs``); the checkpoint payload the state then makes."""
         state, self.quiet = self.loop, True
-        self.feed = StepFeed(_Silent(), state)
+        self.feed = StepFeed(Logger(), state)  # the base logs nothing: logged when first run
         settings, scheduler = self.settings, self.runner.state.scheduler
         continuation, self.continuation = self.continuation, Continuation(None)
         if epochs is not None and epochs != settings.epochs:
@@ -280,7 +280,7 @@ class Trainer:
             "epoch": state.epoch,
             "global_step": state.global_step,
             **epoch_metrics(runner.task, state.progress),
-            "lr": epoch_lr(state.progress, runner.state.optimizer),
+            "lr": epoch_lr(state.progress.step_lrs, runner.state.optimizer),
             "seconds": seconds,
             "images_per_s": n / seconds if seconds > 0 else None,
         }
@@ -434,18 +434,9 @@ def evaluate_split(
         )  # fmt: skip
 
 
-def epoch_lr(progress: Any, optimizer: torch.optim.Optimizer) -> float:
+def epoch_lr(step_lrs: list[float], optimizer: torch.optim.Optimizer) -> float:
     """The lr the epoch's last step used (the optimizer's, if it ran none)."""
-    return progress.step_lrs[-1] if progress.step_lrs else optimizer.param_groups[0]["lr"]
-
-
-class _Silent:
-    """The loggers of a replay: the values were logged when the steps first ran."""
-
-    def log_steps(self, steps: list[int], series: dict) -> None: ...
-    def log_epoch(self, epoch: int, global_step: int, row: dict) -> None: ...
-    def log_final(self, metrics: dict) -> None: ...
-    def close(self, status: str) -> None: ...
+    return step_lrs[-1] if step_lrs else optimizer.param_groups[0]["lr"]
 
 
 class StepFeed:

@@ -72,11 +72,8 @@ class EpochProgress:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's partial sums (no collective: see :func:`every_rank_entries`)."""
-        return {
-            "step_losses": self.losses(),
-            "step_lrs": self.step_lrs,
-            "metrics": self.metrics.state_dict(),
-        }
+        losses, metrics = self.losses(), self.metrics.state_dict()
+        return {"step_losses": losses, "step_lrs": self.step_lrs, "metrics": metrics}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """This rank's entry (``TrainerState`` picks it out of a per-rank checkpoint)."""

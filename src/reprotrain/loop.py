@@ -103,8 +103,6 @@ class Trainer:
         self.continuation = Continuation(self.run_dir / FILE if dist.is_main else None)
         self.callbacks = runner.state.callbacks or Callbacks({}, runner.state.loop.device)
 
-    # ---------------------------------------------------------------------------- the loop
-
     def fit(self) -> float | None:
         """Epochs from the loop state's position, then the test split once; the best value."""
         state, settings = self.loop, self.settings
@@ -271,8 +269,6 @@ class Trainer:
         )  # fmt: skip
         raise Interrupted(self.stop)
 
-    # ---------------------------------------------------------------------- epoch and end
-
     def end_epoch(self, seconds: float, n: int) -> dict:
         """Metrics row, fingerprint, checkpoint (best.pt when the monitored value improved)."""
         state, settings, runner = self.loop, self.settings, self.runner
@@ -290,8 +286,7 @@ class Trainer:
                 evaluate_split(runner, self.pipeline, "val", None if self.quiet else self.bar)
             )
         state.metrics.append(row)
-        # What a callback keeps (or edits in the weights) goes into this epoch's fingerprint
-        # and checkpoint.
+        # What a callback keeps (or edits in the weights) is in the fingerprint and checkpoint.
         self.callback("on_epoch_end", row)
         cpu_state = {k: v.detach().to("cpu") for k, v in runner.state.model.state_dict().items()}
         losses = state.progress.losses()

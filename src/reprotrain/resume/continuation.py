@@ -84,8 +84,6 @@ class Continuation:
         self.done = True  # nothing left to compare
         self._file: Any = None  # the file, open for appending between checkpoints
 
-    # ------------------------------------------------------------------------- the run
-
     def add(self, global_step: int, loss: torch.Tensor, batch: Any) -> None:
         """Step ``global_step``'s loss and batch rows, kept on the device."""
         if self.path is not None:
@@ -141,8 +139,6 @@ class Continuation:
         elif want.get("loss") != line["loss"]:
             self.difference = (f"step {step}: the loss differs ({want.get('loss')} in the "
                                f"interrupted run, {line['loss']} now)")  # fmt: skip
-
-    # ---------------------------------------------------------------------- the resume
 
     def load(self, after: int) -> None:
         """The interrupted run's steps after global step ``after`` (a cut line left out); the

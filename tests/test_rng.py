@@ -1,6 +1,6 @@
 """RNG states in checkpoints (``state.RankRNG``, the part the trainer checkpoints, over
 ``repro/rng.py``): only the training device's CUDA generator, per rank, loadable with
-weights_only=True, and readable from the first format on hosts with fewer GPUs.
+weights_only=True (a state from cuda:3 of eight resumes where one GPU is visible).
 
 CUDA is faked by monkeypatching ``torch.cuda`` (no GPU here): a fake host with N GPUs whose
 generator states are distinct byte tensors, recording every get/set call.
@@ -99,35 +99,6 @@ def test_a_state_saved_on_cuda3_of_eight_resumes_where_one_gpu_is_visible(monkey
     cuda = FakeCuda(monkeypatch, 1)
     RankRNG(torch.device("cuda", 0)).load_state_dict(entry)
     assert cuda.sets == [(0, 3)]  # cuda:3's stream continues on this host's only GPU
-
-
-def first_format(n_gpus: int) -> dict:
-    """What checkpoint.rng_state() wrote before: one CUDA state per visible GPU."""
-    state = rng.capture(torch.device("cpu"))
-    del state["cuda"]
-    state["torch_cuda"] = [FakeCuda.state(i) for i in range(n_gpus)]
-    return weights_only_roundtrip(state)
-
-
-def test_first_format_with_eight_gpu_states_resumes_where_one_is_visible(monkeypatch):
-    old = first_format(8)
-    cuda = FakeCuda(monkeypatch, 1)
-    rng.restore(old, torch.device("cuda", 0))  # set_rng_state_all raised IndexError here
-    assert cuda.sets == [(0, 0)]
-
-
-def test_first_format_on_a_cpu_run_skips_the_gpu_states_with_a_warning(monkeypatch, caplog):
-    old = first_format(8)
-    cuda = FakeCuda(monkeypatch, 0)
-    torch.manual_seed(5)
-    expected = torch.get_rng_state()
-    torch.set_rng_state(old["torch_cpu"])
-    want = torch.rand(2)
-    torch.set_rng_state(expected)
-    with caplog.at_level(logging.WARNING, logger="reprotrain"):
-        rng.restore(old, torch.device("cpu"))
-    assert cuda.sets == [] and "8 GPU(s)" in caplog.text
-    assert torch.equal(torch.rand(2), want)  # the CPU generator was still restored
 
 
 def test_each_rank_restores_its_own_state(monkeypatch):

@@ -1,15 +1,7 @@
-"""Batches of any shape: a pytree (tuples, lists, dicts, nested) whose leaves are tensors
-that share their first dimension, the sample dimension.
+"""Batches of any shape: a pytree of tensors sharing their first (sample) dimension.
 
-The pipeline, the step and DDP sharding all go through these functions, so a dataset
-may yield ``(x, y)``, ``{"image": x, "meta": m, "label": y}`` or padded sequences with their
-lengths, and nothing in the framework assumes which.
-
-A step's batch is either one such pytree, cut into micro-batches by ``micro_batch`` (views),
-or ``MicroBatches``: micro-batches collated one by one, whose shapes may differ (each padded
-to its own longest sequence). The loader pipeline gives the latter in a world-size invariant
-run, so that a micro-batch's padding depends on its own samples alone, never on which other
-samples share its rank.
+A step's batch is one pytree, cut into micro-batches by ``micro_batch`` (views), or
+``MicroBatches``, collated one by one (docs/step.md, docs/scaling-out.md).
 """
 
 from __future__ import annotations
@@ -25,8 +17,7 @@ Batch = Any  # a pytree of tensors
 
 
 def _flat(batch: Batch) -> bool:
-    """A non-empty tuple or list of plain tensors, the common batch: its leaves are its
-    items, in order, so the functions below skip pytree's walk (a step calls several)."""
+    """A non-empty tuple or list of plain tensors: its leaves are its items (no pytree walk)."""
     return (
         type(batch) in (tuple, list) and bool(batch) and all(type(t) is torch.Tensor for t in batch)
     )
@@ -85,8 +76,7 @@ pytree.register_pytree_node(
 
 
 def batch_size(batch: Batch) -> int:
-    """Samples in the batch: the first dimension its tensors share (over every micro-batch
-    of a ``MicroBatches``)."""
+    """Samples in the batch: the first dimension its tensors share (all of a MicroBatches')."""
     if isinstance(batch, MicroBatches):
         return sum(batch_size(part) for part in batch)
     sizes = {t.shape[0] if t.dim() else None for t in leaves(batch)}

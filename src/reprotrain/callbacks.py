@@ -1,46 +1,7 @@
-"""Callbacks, the lightning-hydra-template way: the ``callbacks`` config group.
+"""Callbacks, the lightning-hydra-template way: the ``callbacks`` config group (docs/callbacks.md).
 
-``callbacks=default`` (``conf/callbacks/default.yaml``) is a mapping of names to
-``_target_`` nodes, built like every other component; add your own the same way
-(``+callbacks.my_name._target_=my_package.callbacks.MyCallback`` or a YAML of your own).
-A callback subclasses :class:`Callback` and overrides any of five hooks:
-
-- ``on_start(ctx)``: once per training process, after a resume's restore and replay (set-up,
-  a model summary); a resume's replay runs it first too;
-- ``on_epoch_end(ctx, row)``: after an epoch's metrics row (validation included), before
-  its fingerprint and checkpoint, so what the callback keeps (or edits) is in both;
-- ``on_train_batch_end(ctx, step)``: after every optimizer step (``step``: the global step
-  just taken); called only when a callback overrides it, decided once when the callbacks
-  are built, so a run without one pays nothing per step;
-- ``on_checkpoint(ctx, path)``: before each step checkpoint is written (``path``), where an
-  uninterrupted run writes one (a preemption's checkpoint elsewhere calls none);
-- ``on_end(ctx, final_metrics)``: once, when the run completes, on the last weights.
-
-``ctx.log(name, value)`` sends a number to the run's loggers (TensorBoard, MLflow, W&B, CSV,
-a user's): it joins the epoch's row as the loggers receive it (``epoch/<name>``; a value
-logged in ``on_end`` comes after the last row and is not sent). It never enters
-metrics.jsonl, fingerprints.jsonl or a checkpoint, so it changes no bit of the record.
-
-``ctx`` (:class:`CallbackContext`) hands the bare model, the optimizer, the loop position,
-the run directory and ``replaying``: a resume re-runs the interval before its checkpoint to
-prove its bits (docs/resume.md) and calls ``on_start``, ``on_epoch_end`` and
-``on_checkpoint`` there too, so a callback's state evolves as it did; skip side effects
-(printing, files) when ``ctx.replaying`` is true.
-
-A callback with state gives ``state_dict()``/``load_state_dict()``: the callbacks are one
-part of the trainer's state (``TrainerState.callbacks``), so their state is checkpointed,
-restored on resume and compared bit for bit by the resume's replay like the model's.
-
-A callback that sets the lr (``ctx.optimizer.param_groups[i]["lr"]``) owns it under
-``scheduler=none``, and under a schedule stepped on the metric (``scheduler=plateau``: it
-scales the lr the callback set); under a per-step schedule, which sets the lr after every
-step and would silently overwrite it, the change is refused in one line naming the callback
-and the hook (``optim.py`` has the three kinds).
-
-Closes: a callback that changes the run's bits by drawing randomness. Every hook runs inside
-a guard that restores python's, NumPy's and torch's global generators (CPU and the
-training GPU) after it, so a callback that samples, shuffles or builds a tensor with
-``torch.rand`` leaves the training streams where they were.
+Closes: a callback that changes the run's bits by drawing randomness: every hook runs inside
+a guard that restores python's, NumPy's and torch's global generators (CPU and GPU) after it.
 """
 
 from __future__ import annotations
@@ -75,9 +36,7 @@ class CallbackContext:
     logged: dict[str, float] = field(default_factory=dict)
 
     def log(self, name: str, value: float) -> None:
-        """Send ``value`` to the run's loggers as ``name`` with the epoch's row (the last
-        value of a name in an epoch; none from ``on_end``, after the last row). A name the
-        row already has keeps the row's value. Never written to the record."""
+        """Send ``value`` to the loggers as ``name`` with the epoch's row; never recorded."""
         self.logged[str(name)] = float(value)
 
 
@@ -85,15 +44,13 @@ class Callback:
     """The base of a callback: five hooks that do nothing, and no state."""
 
     def on_start(self, ctx: CallbackContext) -> None:
-        """Once per training process, after the restore (and a resume's replay, which runs
-        it first too: ``ctx.replaying``)."""
+        """Once per training process, after the restore (a replay runs it too)."""
 
     def on_epoch_end(self, ctx: CallbackContext, row: dict[str, Any]) -> None:
         """After the epoch's metrics row, before its checkpoint (also while replaying)."""
 
     def on_train_batch_end(self, ctx: CallbackContext, step: int) -> None:
-        """After every optimizer step, ``step`` the global step just taken (also while
-        replaying). Called only when some callback overrides it."""
+        """After every optimizer step (``step``: global), only when some callback overrides it."""
 
     def on_checkpoint(self, ctx: CallbackContext, path: Path) -> None:
         """Before a step checkpoint is written to ``path`` (the file does not exist yet, so
@@ -105,11 +62,8 @@ class Callback:
 
 
 class LearningRateMonitor(Callback):
-    """``conf/callbacks/lr_monitor.yaml``: each parameter group's lr (and momentum, the first
-    beta for Adam) at every epoch's end, sent to the loggers with the epoch's row as
-    ``lr/group<i>`` (``momentum/group<i>``): the optimizer's current values, which the next
-    step uses (the row's ``lr`` is the one the epoch's last step used). It only reads the
-    optimizer: no bit changes."""
+    """Each parameter group's lr (and momentum) at every epoch's end, to the loggers as
+    ``lr/group<i>``: the values the next step uses (it only reads the optimizer)."""
 
     def __init__(self, log_momentum: bool = False) -> None:
         self.log_momentum = log_momentum
@@ -124,8 +78,7 @@ class LearningRateMonitor(Callback):
 
 @contextlib.contextmanager
 def rng_guard(device: torch.device) -> Iterator[None]:
-    """Python's, NumPy's and torch's global generators (CPU and ``device`` when it is a GPU)
-    as they were before the block."""
+    """Python's, NumPy's and torch's global generators (CPU, GPU ``device``) restored after."""
     cuda = [device] if torch.device(device).type == "cuda" else []
     py, npy = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=cuda):
@@ -137,21 +90,15 @@ def rng_guard(device: torch.device) -> Iterator[None]:
 
 
 class Callbacks:
-    """The run's callbacks by name, in config order: one Stateful part of the trainer's
-    state (``state_dict`` holds each callback's that has one) and one call per hook."""
-
-    optional = True  # a checkpoint written before callbacks existed loads without the part
+    """The run's callbacks by name, in config order: one Stateful part, one call per hook."""
 
     def __init__(self, callbacks: dict[str, Callback], device: torch.device,
                  lr_set_by: str | None = None) -> None:  # fmt: skip
         self.callbacks, self.device = callbacks, device
-        # The callbacks that override the per-batch hook, found once here: without one the
-        # loop never builds a context or calls a hook per step.
+        # Found once: without one the loop builds no context per step.
         self.per_batch = {n: cb for n, cb in callbacks.items() if overrides(cb, BATCH_HOOK)}
         self.logged: dict[str, float] = {}  # ctx.log's values, until the loggers take them
-        # The per-step schedule that sets the lr after every step (optim.kind "step"), or
-        # None (scheduler=none, or one stepped on the metric): who a callback's lr meets.
-        self.lr_set_by = lr_set_by
+        self.lr_set_by = lr_set_by  # the per-step schedule that overwrites a callback's lr, or None
 
     def call(self, hook: str, ctx: CallbackContext, *args: Any) -> None:
         watched = self.lr_set_by is not None and hook != "on_end"  # after on_end: no step
@@ -170,8 +117,7 @@ class Callbacks:
                 )
 
     def take_logged(self, row: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A copy of ``row`` with the values ``ctx.log`` collected since the last call under
-        the names it lacks (the row's own values win); none are held after."""
+        """``row`` plus the values ``ctx.log`` collected under names it lacks; none held after."""
         taken, self.logged = self.logged, {}
         row = dict(row or {})
         return row | {name: value for name, value in taken.items() if name not in row}

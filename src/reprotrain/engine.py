@@ -1,24 +1,8 @@
 """The optimisation step over micro-batches, one training step of the loop, evaluation.
 
-The task computes what a (micro-)batch means (loss and metric sums, see tasks/); this
-module does everything around it. The micro-batch is the unit of work, the step the unit
-of optimisation: a step's batch is split into ``microbatch_size`` pieces, run by the one
-micro-batch loop (``StepRunner.gradients``), whose results the run's reduction combines
-(``reduction.py``: Local, DDP, Exact) before the user's step object (``step.py``) applies
-one optimizer step.
-
-Closes: global RNGs in user code. Each micro-batch's forward and backward run with python
-``random``, numpy's global RNG and torch's CPU/GPU generators seeded from
-``(train seed, global step, global micro-batch index)`` and restored afterwards; each
-evaluation batch from ``(train seed, global step, batch, "eval", split)``. Dropout, a task's
-``np.random.beta`` or ``random.random()`` draw a pure function of those counters, and
-nothing drawn in one micro-batch moves what the next one sees.
-
-No per-step host sync: the step returns device tensors; losses and metric sums accumulate
-on the device and are read once per epoch; the non-finite guard reads the losses (and the
-gradient norms when clipping) since its last read every ``trainer.nonfinite_check_every``
-steps (``NonFiniteFlags``). The per-step losses are gathered as one tensor at the epoch
-end: the fingerprint's float64 values are the same bits as a per-step ``loss.item()``.
+Closes: global RNGs in user code: each micro-batch runs with every global RNG seeded from
+``(train seed, global step, micro-batch)`` and restored after; evaluation from ``(train
+seed, global step, batch, "eval", split)`` (docs/randomness.md, docs/step.md).
 """
 
 from __future__ import annotations
@@ -60,8 +44,7 @@ SEED_STEPS = 64  # steps whose micro-batch seeds are derived together (StepRunne
 
 
 def autocast(device: torch.device, enabled: bool, dtype: str):
-    """Autocast to torch's ``dtype`` (``bfloat16``, ``float16``) when ``enabled``: the
-    ``(enabled, dtype)`` of ``precision.autocast(trainer.precision)``."""
+    """Autocast to torch's ``dtype`` when ``enabled`` (``precision.autocast``'s pair)."""
     if not enabled:
         return _NO_AUTOCAST
     return torch.autocast(device.type, dtype=getattr(torch, dtype))
@@ -72,13 +55,7 @@ _NO_AUTOCAST = contextlib.nullcontext()  # one shared null context: nothing to b
 
 class StepRunner:
     """Runs one optimizer step: the user's step object drives ``gradients()`` and ``apply()``.
-
-    ``forward`` is the module the task calls (the reduction's DDP wrapper, compiled if
-    asked; the bare model by default); ``reduction`` combines micro-batch results
-    (``reduction.py``); ``user_step`` is the ``step`` config group's object (``step.py``).
-    Micro-batch ``i`` of this rank's ``k`` is micro-batch ``rank * k + i`` of the step's
-    ``k x W``: its RNG and ``ctx`` are keyed by that global index.
-    """
+    Micro-batch ``i`` of this rank's ``k`` is ``rank * k + i`` of the step's: its RNG key."""
 
     def __init__(
         self,
@@ -119,8 +96,7 @@ class StepRunner:
         return float_math.autocast(self.settings.precision)
 
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
-        """One optimizer step by the user's step object; (the first ``gradients()`` call's
-        loss and metric sums, the gradient norm of ``apply()`` or None), on the device."""
+        """One step by the user's step object: (first ``gradients()``'s loss and sums, norm)."""
         self.global_step, self.samples = global_step, batches.batch_size(batch)
         self._batch = batch  # counted: gradients() of this batch need not count it again
         self._first, self._norm, self._applied = None, None, False
@@ -133,8 +109,7 @@ class StepRunner:
         return loss.detach(), sums, self._norm
 
     def seeded(self, global_step: int, index: int) -> rng.Scoped:
-        """The global RNGs for micro-batch ``index`` (global over ranks), restored after.
-        Its seeds (two SHA-256 each) are derived for the next ``SEED_STEPS`` steps at once."""
+        """The global RNGs for micro-batch ``index``, restored after (seeds derived in bulk)."""
         seeds = self._seeds.get((global_step, index))
         if seeds is None:
             if len(self._seeds) > 16 * SEED_STEPS:  # steps left behind (a replay, a resume)
@@ -146,10 +121,8 @@ class StepRunner:
         return rng.Scoped(seeds[0], self.state.loop.device, seeds[1])
 
     def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
-        """Zero the gradients; forward and backward every micro-batch of this rank's
-        ``batch`` (``trainer.microbatch_size`` views of it, or its own parts when it is
-        ``batches.MicroBatches``); combine through the reduction. (step loss, metric sums)
-        on the device; the first call of a step is the one recorded."""
+        """Zero the gradients, forward and backward every micro-batch of ``batch``, combine
+        through the reduction: (loss, metric sums) on the device (the first call recorded)."""
         state, device, reduction = self.state, self.state.loop.device, self.reduction
         global_step = self.global_step
         n = self.samples if batch is self._batch else batches.batch_size(batch)
@@ -182,8 +155,7 @@ class StepRunner:
         return result
 
     def apply(self) -> torch.Tensor | None:
-        """Clip (if asked), step the optimizer through the scaler, step the schedule; the
-        gradient norm when clipping, else None. Once per step."""
+        """Clip (if asked), scaler + optimizer step, schedule step, once: the norm or None."""
         if self._applied:
             raise ReprotrainError(
                 f"step {type(self.user_step).__name__} called runner.apply() twice in one step"
@@ -200,11 +172,8 @@ class StepRunner:
 
 
 def train_step(runner: StepRunner, step: int, batch: Any) -> torch.Tensor | None:
-    """Step ``step`` of the epoch: one optimizer step at the loop state's position, added
-    to the epoch's progress, the position moved on. The gradient norm when clipping (a
-    device tensor), else None: the non-finite guard reads it with the step's loss at the
-    loop's sync points (:class:`NonFiniteFlags`), so there is no host sync and no op here
-    beyond the user's step and the epoch's sums."""
+    """Step ``step`` of the epoch, added to its progress; the gradient norm or None (read
+    later by :class:`NonFiniteFlags`: no host sync here)."""
     state = runner.state.loop
     lr = runner.state.optimizer.param_groups[0]["lr"]
     with op_trace.step(state.global_step, batch):  # make bisect: per-op hashes, if asked
@@ -216,11 +185,8 @@ def train_step(runner: StepRunner, step: int, batch: Any) -> torch.Tensor | None
 
 
 class NonFiniteFlags:
-    """The steps not yet checked for a non-finite loss or gradient norm. The losses are the
-    epoch's own record (``progress.step_losses``, on the device), the norms (clipping) are
-    kept here; :meth:`read` checks all of them in one host read, at the loop's sync points
-    (every ``trainer.nonfinite_check_every`` steps, before every checkpoint, at the epoch's
-    end) instead of a flag updated on the device every step."""
+    """The steps' losses and norms not yet checked for a non-finite value; :meth:`read`
+    checks them in one host read at the loop's sync points."""
 
     def __init__(self, progress: EpochProgress) -> None:
         self.progress, self.checked = progress, len(progress.step_losses)
@@ -274,8 +240,7 @@ def evaluate(
     global_step: int = 0,
     train_seed: int = 0,
 ) -> dict[str, float]:
-    """``<prefix>_<name>`` for each metric the task computes over ``batches_``: sums added
-    on the device, read once at the end."""
+    """``<prefix>_<name>`` for each metric the task computes over ``batches_`` (one read)."""
     model.eval()
     totals = MetricSums(device)
     for i, batch in enumerate(batches_):

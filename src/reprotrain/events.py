@@ -1,21 +1,11 @@
 """Named moments of a run that a test can hook: one registry, read by nobody else.
 
-The training path announces where it is (``events.fire("step", global_step=5)``); it never
-reads an environment variable or a config key to decide whether to misbehave. A test that
-needs a kill, a signal or a full disk at an exact point registers a handler first (in
-process, or through ``tests/faults.py``, which registers one and then runs the entry point),
-and the handler acts. With nothing registered, ``fire`` is one dictionary lookup.
-
-The moments, with what each handler receives as keyword arguments:
-
-- ``step``: a training step finished (``global_step``), before its checkpoint decision;
-- ``microbatch``: a micro-batch's backward finished inside a step (``global_step``: the step
-  it belongs to), before the step's last one;
-- ``after-save``: the end-of-epoch checkpoint is on disk (``global_step``);
-- ``checkpoint-write``: a checkpoint's bytes are about to be written (``path``, ``data``,
-  ``global_step``);
-- ``before-best``: ``step-N.pt`` is written, ``best.pt`` not yet (``global_step``);
-- ``file-write``: an atomic write of ``path`` has its temp file open, before any byte.
+The training path announces where it is (``events.fire("step", global_step=5)``); a test
+registers a handler (in process or through ``tests/faults.py``); with none, ``fire`` is one
+dictionary lookup. The moments and their keyword arguments: ``step`` (``global_step``),
+``microbatch`` (``global_step``: the step it belongs to), ``after-save`` (``global_step``),
+``checkpoint-write`` (``path``, ``data``, ``global_step``), ``before-best`` (``global_step``;
+``step-N.pt`` written, ``best.pt`` not yet), ``file-write`` (``path``; temp file open).
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""The training loop as one object: ``Trainer(...).fit()``.
+"""The training loop as one object: ``Trainer(...).fit()`` (docs/how-a-run-flows.md).
 
-The ``Trainer`` owns what the loop touches: the trainer's state (through the step runner),
-the data pipeline, the checkpoint saver, the run record, the stop flag, the logger feed and
-the progress bar. ``fit()`` runs epochs from the loop state's position; ``run_epoch()`` is
-one epoch of counter-based batches; ``end_epoch()`` writes its row, fingerprint and
-checkpoint. Stops (a signal, ``trainer.stop_at_global_step``) are decided in one place,
-``stop_if_asked``, at the same step on every rank; an interruption checkpoints, marks the
-record and raises :class:`Interrupted` for the entry to turn into its exit code.
-``replay_state()`` re-runs steps the run already took, writing nothing, for a resume to
-compare with its checkpoint (``resume/replay.py``).
-
-Closes: resume drift at a stop. A stop is honoured only after a whole step, is all-reduced
-so every rank stops at the same global step, and always checkpoints first; the non-finite
-flag is read before every checkpoint, so none holds weights a non-finite step produced.
+Closes: resume drift at a stop: a stop comes after a whole step, at the same global step on
+every rank, checkpointed after a non-finite read (docs/resume.md).
 """
 
 from __future__ import annotations
@@ -41,7 +30,7 @@ from reprotrain.engine import (
     train_step,
 )
 from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
-from reprotrain.loggers import build_loggers, resumed_history
+from reprotrain.loggers import Logger, build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
 from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
@@ -79,11 +68,7 @@ class Interrupted(Exception):
 
 
 class Trainer:
-    """The loop over a built run: ``fit()`` returns the monitored best value.
-
-    ``runner`` drives one optimizer step over the trainer's state (``runner.state``, the
-    checkpoint's Stateful); ``saver`` writes that state; ``record`` is run.json.
-    """
+    """The loop over a built run: ``fit()`` returns the monitored best value."""
 
     def __init__(
         self,
@@ -118,8 +103,6 @@ class Trainer:
         self.continuation = Continuation(self.run_dir / FILE if dist.is_main else None)
         self.callbacks = runner.state.callbacks or Callbacks({}, runner.state.loop.device)
 
-    # ---------------------------------------------------------------------------- the loop
-
     def fit(self) -> float | None:
         """Epochs from the loop state's position, then the test split once; the best value."""
         state, settings = self.loop, self.settings
@@ -145,17 +128,10 @@ class Trainer:
 
     def replay_state(self, target: tuple[int, int], epochs: int | None = None,
                      from_start: bool = False) -> dict | None:  # fmt: skip
-        """Re-run the steps from the loop state's position to ``target`` (``(epoch,
-        epoch_step)`` of a checkpoint) exactly as the run took them, evaluations and epoch
-        ends included, writing nothing; the checkpoint the state then makes (None on a rank
-        that writes none). A signal during the replay stops the run without a checkpoint:
-        the one replayed towards is newer.
-
-        ``epochs``: the run's length when it took those steps, when this resume extends
-        ``trainer.epochs``: they are replayed under the schedule they ran with (``from_start``:
-        the state is the run's start, not a loaded checkpoint)."""
+        """Re-run the steps up to ``target`` ``(epoch, epoch_step)`` writing nothing, under
+        the run's length then (``epochs``); the checkpoint payload the state then makes."""
         state, self.quiet = self.loop, True
-        self.feed = StepFeed(_Silent(), state)
+        self.feed = StepFeed(Logger(), state)  # the base logs nothing: logged when first run
         settings, scheduler = self.settings, self.runner.state.scheduler
         continuation, self.continuation = self.continuation, Continuation(None)
         if epochs is not None and epochs != settings.epochs:
@@ -174,9 +150,8 @@ class Trainer:
             self.settings, self.runner.state.scheduler = settings, scheduler
 
     def past_schedule(self, epochs: int, from_start: bool) -> Any:
-        """The lr schedule over ``epochs`` at the state's position. Building a scheduler sets
-        the optimizer's lr to its first step's: from the run's start that is what the run
-        had; from a loaded checkpoint, its scheduler state and lrs are put back."""
+        """The lr schedule over ``epochs`` at the state's position (a loaded checkpoint's
+        scheduler state and lrs put back: building one resets the lr)."""
         optimizer, current = self.runner.state.optimizer, self.runner.state.scheduler
         lrs = [group["lr"] for group in optimizer.param_groups]
         past = self.schedule_for(epochs)
@@ -187,15 +162,8 @@ class Trainer:
         return past
 
     def run_epoch(self, until: int | None = None) -> dict:
-        """One epoch of counter-based batches from ``(epoch, step)``, then its end; the row.
-        ``until``: stop after that many steps of the epoch, before its end (a replay).
-
-        Per step, nothing runs beyond the user's step, the epoch's sums and Python
-        bookkeeping: no host sync, no collective. The loop's sync points (every
-        ``nonfinite_check_every`` steps, before every checkpoint, at the epoch's end) read
-        the non-finite guard in one host read and, under DDP, agree on it and on a stop
-        signal in one all-reduce (every rank stops at the same step).
-        """
+        """One epoch from ``(epoch, step)`` then its end (``until``: stop at that step, a
+        replay); no host sync per step, only at the sync points (docs/performance.md)."""
         state, steps = self.loop, self.pipeline.steps_per_epoch
         if not self.quiet:  # a replay shows no bar (it is not the run's progress)
             self.bar.start(state.epoch, steps, state.epoch_step)
@@ -233,8 +201,7 @@ class Trainer:
         return row
 
     def sync_point(self, flags: NonFiniteFlags) -> bool:
-        """The non-finite guard's read (``trainer.on_nonfinite``) and whether any rank saw a
-        stop signal: one host read, and under DDP one all-reduce of both."""
+        """The non-finite guard's read and whether any rank saw a stop signal (one sync)."""
         signal = self.stop.signal_name is not None
         bad, signalled = self.dist.all_reduce_flags(flags.read(), signal)
         if bad:
@@ -251,10 +218,8 @@ class Trainer:
         return bool(stop_at) and self.loop.global_step == stop_at
 
     def after_step(self, next_step: int, synced: bool | None = None) -> None:
-        """Progress, the loggers' per-step values, stops and the cadence checkpoint.
-        ``synced``: whether a stop signal reached any rank, from this step's sync point
-        (None: not one). One process reads its flag every step; under DDP a signal stops
-        the run at the next sync point, where the ranks agree on it."""
+        """Progress, loggers, stops and the cadence checkpoint; ``synced``: a stop signal on
+        any rank, from this step's sync point (None: not one; DDP stops only there)."""
         state, mid_epoch = self.loop, next_step < self.pipeline.steps_per_epoch
         if not self.quiet:
             self.bar.step(state.progress, state.global_step)
@@ -271,17 +236,14 @@ class Trainer:
             self.save()
 
     def cadence_due(self) -> bool:
-        """Whether an uninterrupted run writes a cadence checkpoint after this step (every
-        ``trainer.checkpoint_every_steps`` steps, mid-epoch: the epoch's end writes its own)."""
+        """Whether an uninterrupted run writes a mid-epoch cadence checkpoint after this step."""
         every, state = self.settings.checkpoint_every_steps, self.loop
         mid_epoch = 0 < state.epoch_step < self.pipeline.steps_per_epoch
         return bool(every) and state.global_step % every == 0 and mid_epoch
 
     def stop_if_asked(self, asked: bool, signalled: bool | None = None) -> None:
-        """The one place a run stops early: a signal on any rank, or ``asked`` (the same on
-        every rank); every rank stops after the same step. ``signalled``: whether any rank
-        saw a signal, where the caller knows (else one all-reduce asks). A replay stops on
-        a signal only, without a checkpoint (the one it replays towards is newer)."""
+        """The one place a run stops early: a signal on any rank (``signalled``, else one
+        all-reduce asks) or ``asked``; a replay stops on a signal only, uncheckpointed."""
         asked = asked and not self.quiet
         if signalled is None:
             signalled = self.dist.all_reduce_any(self.stop.signal_name is not None)
@@ -307,8 +269,6 @@ class Trainer:
         )  # fmt: skip
         raise Interrupted(self.stop)
 
-    # ---------------------------------------------------------------------- epoch and end
-
     def end_epoch(self, seconds: float, n: int) -> dict:
         """Metrics row, fingerprint, checkpoint (best.pt when the monitored value improved)."""
         state, settings, runner = self.loop, self.settings, self.runner
@@ -316,7 +276,7 @@ class Trainer:
             "epoch": state.epoch,
             "global_step": state.global_step,
             **epoch_metrics(runner.task, state.progress),
-            "lr": epoch_lr(state.progress, runner.state.optimizer),
+            "lr": epoch_lr(state.progress.step_lrs, runner.state.optimizer),
             "seconds": seconds,
             "images_per_s": n / seconds if seconds > 0 else None,
         }
@@ -326,8 +286,7 @@ class Trainer:
                 evaluate_split(runner, self.pipeline, "val", None if self.quiet else self.bar)
             )
         state.metrics.append(row)
-        # What a callback keeps (or edits in the weights) goes into this epoch's fingerprint
-        # and checkpoint.
+        # What a callback keeps (or edits in the weights) is in the fingerprint and checkpoint.
         self.callback("on_epoch_end", row)
         cpu_state = {k: v.detach().to("cpu") for k, v in runner.state.model.state_dict().items()}
         losses = state.progress.losses()
@@ -364,10 +323,8 @@ class Trainer:
         return row
 
     def save(self, best: bool = False, model_state: dict | None = None, hook: bool = True) -> None:
-        """The callbacks' ``on_checkpoint``, then the checkpoint. ``hook``: whether an
-        uninterrupted run writes a checkpoint here (a cadence step, an epoch end); a stop's
-        checkpoint anywhere else calls no hook, so a callback counting checkpoints is the
-        uninterrupted run's. A replay writes none and calls the hook where the run did."""
+        """``on_checkpoint`` (``hook``: where an uninterrupted run writes one), then the
+        checkpoint (none in a replay)."""
         path = checkpoint.step_path(self.saver.dir, self.loop.global_step)
         if hook:
             self.callback("on_checkpoint", path)
@@ -378,9 +335,8 @@ class Trainer:
             self.continuation.restart()  # the steps up to here are in the checkpoint
 
     def log_steps(self, stopped: bool = False) -> None:
-        """The steps since the last host read, appended to the continuation file (and, after
-        a resume, compared with the interrupted run's: the verdict into the record once
-        every step it logged was recomputed, or the run ``stopped`` first)."""
+        """The steps since the last host read into the continuation file; its verdict, once
+        known, into the record (docs/resume.md)."""
         if self.quiet:
             return
         self.continuation.flush()
@@ -452,16 +408,14 @@ class Trainer:
         """The model's weights and the user's step's state (its EMA weights) of a checkpoint."""
         state = self.runner.state
         state.model.load_state_dict(saved["model"])
-        user_step = saved.get("user_step", saved.get("step"))
-        if user_step is not None and state.user_step is not None:
-            state.user_step.load_state_dict(user_step)
+        if "user_step" in saved and state.user_step is not None:
+            state.user_step.load_state_dict(saved["user_step"])
 
 
 def evaluate_split(
     runner: StepRunner, pipeline: Any, split: str, bar: EpochBar | None = None
 ) -> dict:
-    """``<split>_<name>`` of the task's metrics with the bare model's weights, or the ones
-    the user's step swaps in (``evaluation_weights``: EMA); ``bar``: its progress, shown."""
+    """``<split>_<name>`` metrics under the user's step's ``evaluation_weights`` (EMA)."""
     state, user_step = runner.state, runner.user_step
     batches = pipeline.eval_batches(split)
     if bar is not None and bar.enabled:
@@ -475,26 +429,14 @@ def evaluate_split(
         )  # fmt: skip
 
 
-def epoch_lr(progress: Any, optimizer: torch.optim.Optimizer) -> float:
-    """The lr the epoch's last step used (every lr the run reports is the one its step
-    used); the optimizer's current lr for an epoch that ran no step."""
-    return progress.step_lrs[-1] if progress.step_lrs else optimizer.param_groups[0]["lr"]
-
-
-class _Silent:
-    """The loggers of a replay: the values were logged when the steps first ran."""
-
-    def log_steps(self, steps: list[int], series: dict) -> None: ...
-    def log_epoch(self, epoch: int, global_step: int, row: dict) -> None: ...
-    def log_final(self, metrics: dict) -> None: ...
-    def close(self, status: str) -> None: ...
+def epoch_lr(step_lrs: list[float], optimizer: torch.optim.Optimizer) -> float:
+    """The lr the epoch's last step used (the optimizer's, if it ran none)."""
+    return step_lrs[-1] if step_lrs else optimizer.param_groups[0]["lr"]
 
 
 class StepFeed:
-    """Hands per-step losses and lrs to the loggers in batches: one host read per batch,
-    never one per step. Loggers are sinks of the same numbers metrics.jsonl holds. Where a
-    step's loss is this rank's share until the epoch's end (DDP), a mid-epoch batch is made
-    global by one all-reduce of a copy (``Reduction.global_step_losses``)."""
+    """Per-step losses and lrs to the loggers in batches: one host read per batch (mid-epoch
+    under DDP, one all-reduce of a copy: ``Reduction.global_step_losses``)."""
 
     def __init__(self, loggers: Any, state: LoopState, reduction: Any = None) -> None:
         self.loggers, self.state, self.reduction = loggers, state, reduction
@@ -514,9 +456,8 @@ class StepFeed:
         self.sent = len(progress.step_losses)
 
     def every(self, steps: int, mid_epoch: bool = True) -> None:
-        """After each step: a batch every ``steps`` global steps, if any logger was chosen
-        (decided from the config, so every rank takes part in the same collectives); the
-        epoch's last step goes with its end."""
+        """A batch every ``steps`` global steps mid-epoch, if the config chose a logger (so
+        every rank joins the same collectives)."""
         due = steps and self.state.global_step % steps == 0
         if due and mid_epoch and getattr(self.loggers, "configured", ()):  # a stub: none
             self.flush(mid_epoch=True)

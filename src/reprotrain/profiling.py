@@ -1,24 +1,7 @@
-"""Profile N training steps with ``torch.profiler``: a trace file and a top-ops table.
+"""Profile N training steps with ``torch.profiler``: ``steps.pt.trace.json.gz`` (Perfetto,
+TensorBoard) and ``top_ops.txt`` in ``out_dir`` (docs/seeing-a-run.md).
 
-    prof = StepProfiler(run_dir / "profile", steps=10, device=device)
-    prof.start()
-    for ...:                    # the training loop
-        train_step(...)
-        prof.step()             # after every step; a no-op once the trace is written
-    table = prof.stop()         # one screen: the 15 ops with the most self time per step
-
-Writes into ``out_dir``:
-
-- ``steps.pt.trace.json.gz``: a Chrome trace of the profiled steps. Open it in Perfetto
-  (https://ui.perfetto.dev, works offline once loaded) or ``chrome://tracing``; the
-  ``.pt.trace.json`` suffix is also what TensorBoard's PyTorch profiler plugin looks for.
-  Gzipped: a few steps of a mid-sized conv net are tens of MB of JSON; run dirs get archived.
-- ``top_ops.txt``: the same table that ``stop()`` returns.
-
-The first ``warmup`` steps run under the profiler without being recorded, so one-off costs
-(lazy initialisation, allocator growth, cuDNN autotuning when allowed) do not dominate the
-table. Profiling only observes: it does not touch any RNG, so the run's numbers are the
-same with and without it (only its timings change).
+The first ``warmup`` steps run unrecorded (one-off costs); profiling touches no RNG.
 """
 
 from __future__ import annotations
@@ -112,12 +95,8 @@ class StepProfiler:
 def top_ops_table(
     averages: Any, recorded: int, cuda: bool, row_limit: int = 15, planned: int | None = None
 ) -> str:
-    """The ops with the most self time, per profiled step, in one screen (<= 100 columns).
-
-    Sorted by self device time on CUDA (where the step's time goes), else self CPU time.
-    Self time excludes children, so the rows add up instead of counting a parent and its
-    kernels twice.
-    """
+    """The ops with the most self time (device on CUDA, else CPU; children excluded, so rows
+    add up), per profiled step, in one screen (<= 100 columns)."""
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)[:row_limit]
     total = sum(getattr(e, key, 0.0) for e in averages) or 1.0

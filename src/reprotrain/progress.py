@@ -1,29 +1,9 @@
 """Progress of a long operation: a tqdm bar on a terminal, plain lines everywhere else.
 
-A download, a sweep, an archive or a replay can run for minutes; a user should see that it
-moves and how far it is. On a terminal (``stream.isatty()``) a tqdm bar redraws in place;
-in a log file, a CI job or a pipe, a bar would be carriage-return noise, so the same
-progress is a few plain lines instead: one per tenth of the total (and a last one), each
-readable alone::
+Off a terminal, one line per tenth (``download images.tar.gz: 81.3/162.6 MiB (50%)``).
 
-    download images.tar.gz: 81.3/162.6 MiB (50%)
-    sweep multirun/smoke/x: 3/8 runs done (38%)
-    reproduce [2/5] build the replay plan
-
-The training loop's :class:`EpochBar` is a bar on a terminal and nothing elsewhere (the
-log's epoch lines say the same).
-
-Closes: torn log lines. A bar is a line redrawn in place with ``\r``; a log record written
-to the same terminal while it is drawn lands after the bar's last frame, on its line
-(``0it [00:00, ?it/s][...] logging to ...``). While any bar is open, :func:`logs_above_bars`
-sends the console handlers of the ``reprotrain`` and root loggers through tqdm's
-``logging_redirect_tqdm``: each record lifts the bars off the screen, is written whole on
-its own line, and the bars are redrawn below it. A bar opens only when its work starts (no
-empty ``0it`` frame) and closes by erasing its last frame (``leave=False``).
-
-Progress never changes what is computed: it only reads counts the caller already has, draws
-from no random stream, and reads the loss from the device once per ``every`` steps, only
-on a terminal.
+Closes: torn log lines: while a bar is open, console log records go through tqdm's
+``logging_redirect_tqdm`` (docs/seeing-a-run.md). Progress reads counts only; no RNG.
 """
 
 from __future__ import annotations
@@ -48,25 +28,20 @@ def on_terminal(stream: TextIO) -> bool:
         return False
 
 
-#: The loggers whose console handlers a bar redirects: the framework's and the root (Hydra's
-#: console handler; a user's loggers propagate to it).
+#: The loggers whose console handlers a bar redirects (the root: Hydra's; a user's propagate).
 REDIRECTED = ("reprotrain", "")
 
 
 def _writes_to_console(handler: logging.Handler) -> bool:
     """What ``logging_redirect_tqdm`` replaces: a stream handler on sys.stdout/sys.stderr."""
-    return isinstance(handler, logging.StreamHandler) and handler.stream in (
-        sys.stdout,
-        sys.stderr,
-    )
+    streams = (sys.stdout, sys.stderr)
+    return isinstance(handler, logging.StreamHandler) and handler.stream in streams
 
 
 @contextlib.contextmanager
 def logs_above_bars() -> Iterator[None]:
-    """While inside, log records to the terminal go through ``tqdm.write``: whole lines above
-    the open bars, never on a bar's line. Only loggers that have a console handler are
-    redirected (tqdm would add a handler to the others, doubling their records), and the
-    stand-in keeps its handler's level and filters; file handlers are untouched."""
+    """Log records to the terminal go through ``tqdm.write``, above the open bars; only
+    loggers with a console handler (else tqdm adds one), keeping its level and filters."""
     console: dict[logging.Logger, logging.Handler] = {}
     for logger in map(logging.getLogger, REDIRECTED):
         first = next((h for h in logger.handlers if _writes_to_console(h)), None)
@@ -98,28 +73,14 @@ class _OpenBar:
             self._stack.close()
 
 
-def _printer(stream: TextIO | None) -> Callable[[str], None]:
-    """Print to ``stream``; None: to the ``sys.stderr`` of the moment of each line."""
-
-    def emit(line: str) -> None:
-        print(line, file=stream if stream is not None else sys.stderr, flush=True)
-
-    return emit
-
-
 def say(line: str) -> None:
-    """A progress line on the ``sys.stdout`` of the moment: the tools' own status column,
-    where a refusal's one ``error:`` line on stderr stays alone."""
+    """A progress line on the ``sys.stdout`` of the moment (stderr keeps a refusal's line)."""
     print(line, flush=True)
 
 
 class Progress:
-    """``what: done/total unit (pct%)``: a tqdm bar on a terminal, else a line per tenth.
-
-    ``in_bytes``: count bytes, shown in MiB (tqdm scales them itself). ``emit``: where plain
-    lines go (default: ``stream``); a caller inside a run passes its logger, so the lines
-    land in the run's log too.
-    """
+    """``what: done/total unit (pct%)``: a tqdm bar on a terminal, else a line per tenth
+    (``in_bytes``: shown in MiB; ``emit``: where lines go, e.g. a run's logger)."""
 
     def __init__(
         self,
@@ -134,7 +95,7 @@ class Progress:
         self.what, self.total, self.unit, self.in_bytes = what, total or None, unit, in_bytes
         self.done = 0
         self._stream = stream if stream is not None else sys.stderr
-        self._emit = emit or _printer(self._stream)
+        self._emit = emit or (lambda line: print(line, file=self._stream, flush=True))
         self._last_tenth = 0
         self._bar: _OpenBar | None = None
         if on_terminal(self._stream):
@@ -185,10 +146,7 @@ class Progress:
 
 
 class Phases:
-    """Numbered phases of one operation: ``reproduce [2/5] build the replay plan``.
-
-    A phase may run a child (the trainer) that draws its own bar, so phases are lines on a
-    terminal too, never a bar that the child's output would tear."""
+    """Numbered phases of one operation, as lines (a child's bar would tear a bar of ours)."""
 
     def __init__(
         self,
@@ -199,7 +157,8 @@ class Phases:
         emit: Callable[[str], None] | None = None,
     ) -> None:
         self.what, self.names = what, list(names)
-        self._emit = emit or _printer(stream)
+        # None: the sys.stderr of the moment of each line
+        self._emit = emit or (lambda line: print(line, file=stream or sys.stderr, flush=True))
 
     def __call__(self, name: str) -> None:
         """Announce phase ``name`` (one of ``names``)."""
@@ -216,19 +175,8 @@ def _rank() -> int:
 
 
 class EpochBar:
-    """The epoch's progress bar with the running loss, on a terminal only (elsewhere the
-    epoch lines of the log say the same). The loss shown is the mean of the last ``every``
-    steps: one host read every ``every`` steps, never one per step.
-
-    The bar opens at an epoch's first step (``start``), not before: no ``0it`` frame above
-    the run's first lines. It closes itself after the epoch's last step, erasing its last
-    frame, so the epoch's log line is never drawn beside a 100% bar; ``close`` (idempotent)
-    ends one a stop or an error left open. While it is open, log records go above it
-    (:func:`logs_above_bars`). ``epochs``: the run's length, shown as ``epoch k/N``.
-
-    An evaluation draws its own bar in the same place (:meth:`evaluating`), one batch at a
-    time, counted on the host: no read from the device.
-    """
+    """The epoch's bar on a terminal only, with the mean loss of the last ``every`` steps
+    (one host read per ``every``); opens at the first step, erases itself after the last."""
 
     def __init__(
         self,
@@ -270,8 +218,7 @@ class EpochBar:
             bar.set_postfix(loss=f"{recent.item():.4g}")
 
     def evaluating(self, split: str, batches: Iterable[T], total: int | None = None) -> Iterable[T]:
-        """``batches`` of an evaluation of ``split`` (``total`` of them, when known), with a
-        bar on a terminal; off a terminal, ``batches`` themselves (nothing added)."""
+        """``batches`` of an evaluation of ``split`` with a bar (counted on the host)."""
         return self._counted(split, batches, total) if self.enabled else batches
 
     def _counted(self, split: str, batches: Iterable[T], total: int | None) -> Iterator[T]:

@@ -1,20 +1,7 @@
-"""The trainer's state: one Stateful whose ``state_dict`` is the checkpoint.
+"""The trainer's state: one Stateful whose ``state_dict`` is the checkpoint (docs/resume.md).
 
-``TrainerState`` holds the model, optimizer, scheduler, GradScaler, the loop state, the
-global RNGs, the task's and the step's state if they have any; its ``state_dict()`` has one
-key per part and ``load_state_dict`` restores them in that order (rng last, so no draw
-happens between restoring the generators and the next step). ``LoopState`` is the loop's
-position ``(epoch, step, global_step)`` and history; ``EpochProgress`` the epoch's partial
-sums.
-
-``state_dict()`` is this process's view and runs no collective. Two entries are per rank
-under DDP (the RNG states and the epoch's partial sums): the reduction gathers them where
-the checkpoint is built (``reduction.Reduction.checkpoint`` with :func:`rank_entries` and
-:func:`every_rank_entries`), and ``load_state_dict`` takes this rank's entry back.
-
-Closes: resume drift of the partial epoch. The metric sums, per-step losses and lrs of the
-epoch so far are in the checkpoint as exact values (tensors, python floats), so a run
-resumed mid-epoch ends with the same epoch means as one that never stopped.
+Closes: resume drift of the partial epoch: its metric sums, step losses and lrs are in the
+checkpoint as exact values. Per-rank entries (RNG, partial sums) are gathered by the reduction.
 """
 
 from __future__ import annotations
@@ -85,11 +72,8 @@ class EpochProgress:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's partial sums (no collective: see :func:`every_rank_entries`)."""
-        return {
-            "step_losses": self.losses(),
-            "step_lrs": self.step_lrs,
-            "metrics": self.metrics.state_dict(),
-        }
+        losses, metrics = self.losses(), self.metrics.state_dict()
+        return {"step_losses": losses, "step_lrs": self.step_lrs, "metrics": metrics}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """This rank's entry (``TrainerState`` picks it out of a per-rank checkpoint)."""
@@ -98,6 +82,10 @@ class EpochProgress:
         ]
         self.step_lrs = list(sd["step_lrs"])
         self.metrics.load_state_dict(sd["metrics"])
+
+
+LOOP_KEYS = ("epoch", "epoch_step", "global_step", "best", "best_epoch", "metrics", "fingerprints",
+             "nonfinite_events", "stale_epochs", "early_stopped")  # fmt: skip
 
 
 @dataclass
@@ -134,32 +122,16 @@ class LoopState:
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        keys = ("epoch", "epoch_step", "global_step", "best", "best_epoch", "metrics")
-        keys += ("fingerprints",)
-        return {
-            **{k: getattr(self, k) for k in keys},
-            "nonfinite_events": self.nonfinite_events,
-            "stale_epochs": self.stale_epochs,
-            "early_stopped": self.early_stopped,
-            "progress": self.progress.state_dict(),
-        }
+        return {k: getattr(self, k) for k in LOOP_KEYS} | {"progress": self.progress.state_dict()}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        sd = {"epoch_step": sd.get("step"), **sd}  # written before the name was epoch_step
-        for key in ("epoch", "epoch_step", "global_step", "best", "best_epoch", "metrics"):
+        for key in LOOP_KEYS:
             setattr(self, key, sd[key])
-        self.fingerprints = sd["fingerprints"]
-        self.nonfinite_events = sd.get("nonfinite_events", [])
-        # Checkpoints written before early stopping existed: no count, not stopped.
-        self.stale_epochs = sd.get("stale_epochs", 0)
-        self.early_stopped = sd.get("early_stopped")
         self.progress.load_state_dict(sd["progress"])
 
     def count_stale(self, value: float | None, previous_best: float | None, stop) -> None:
-        """Early stopping: count an evaluated epoch whose monitored ``value`` did not beat
-        ``previous_best`` by more than ``stop.early_stopping_min_delta``; after
-        ``stop.early_stopping_patience`` such epochs in a row, mark the loop stopped (the
-        mark is in the checkpoint, so a resume stops too). ``stop`` is the LoopSettings."""
+        """Early stopping: count an epoch that did not beat ``previous_best`` by the min delta;
+        after ``patience`` in a row, mark the loop stopped (checkpointed); ``stop``: settings."""
         patience = stop.early_stopping_patience
         if not patience or value is None:
             return  # off, or the monitored value was not evaluated this epoch
@@ -180,12 +152,7 @@ class LoopState:
 
 
 class RankRNG:
-    """This process's global RNGs (python, numpy, torch CPU, the training GPU) as a part.
-
-    ``state_dict()`` is this rank's state alone; the checkpoint holds every rank's
-    (``{"format": 2, "world_size": W, "ranks": [...]}``, see ``repro/rng.py``) and
-    ``load_state_dict`` restores entry ``rank`` of it.
-    """
+    """This rank's global RNGs as a part; the checkpoint holds every rank's (``repro/rng.py``)."""
 
     def __init__(self, device: torch.device, rank: int = 0) -> None:
         self.device, self.rank = torch.device(device), rank
@@ -203,8 +170,7 @@ def rank_entries(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def every_rank_entries(state: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """``state`` with the per-rank entries of every rank (``ranks``, in rank order): the RNG
-    states always as a per-rank list, the partial sums as one when there are several."""
+    """``state`` with every rank's per-rank entries (RNG always a list; sums when several)."""
     out = {**state, "loop": dict(state["loop"])}
     if state.get("rng") is not None:
         out["rng"] = {"format": rng.FORMAT, "world_size": len(ranks),
@@ -222,14 +188,8 @@ def entry_for_rank(entry: dict[str, Any], rank: int) -> dict[str, Any]:
 
 
 class TrainerState:
-    """Everything a resume restores, as one Stateful (the checkpoint is its state_dict).
-
-    ``model`` is the bare module (its state_dict keys carry no DDP/compile prefix);
-    ``task`` and ``user_step`` (the user's step object) are checkpointed only if they have a
-    ``state_dict``. ``rng`` is None when nothing in the run's RNG belongs to a rank (the
-    Exact reduction seeds every micro-batch from counters); ``rank`` picks this process's
-    entry out of a checkpoint's per-rank ones.
-    """
+    """Everything a resume restores, as one Stateful (the checkpoint is its state_dict);
+    ``rng_state=False``: no RNG belongs to a rank (the Exact reduction)."""
 
     def __init__(
         self,
@@ -244,24 +204,16 @@ class TrainerState:
         rank: int = 0,
         user_step: Any = None,
     ) -> None:
-        self.model, self.optimizer, self.scheduler, self.scaler = (
-            model,
-            optimizer,
-            scheduler,
-            scaler,
-        )
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.scaler = scaler
         self.loop = LoopState(device)
         self.rng = RankRNG(device, rank) if rng_state else None
         self.rank, self.task, self.user_step = rank, task, user_step
-        # What the checkpoint cannot restore, digested at each checkpoint and compared
-        # after a restore (repro/resume_audit.py); set by the trainer once it is built.
-        self.audit: Any = None
-        # The run's callbacks (reprotrain/callbacks.py), a part when one of them has state.
-        self.callbacks: Any = None
+        self.audit: Any = None  # resume/audit.py's digests of what a checkpoint cannot restore
+        self.callbacks: Any = None  # a part when one of them has state
 
     def parts(self) -> dict[str, Any]:
-        """The checkpointed parts by name, in restore order (rng last; the audit only
-        keeps its recorded digests, compared once every part is back)."""
+        """The checkpointed parts by name, in restore order (rng last, then the audit)."""
         named = {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
         named |= {"scaler": self.scaler, "loop": self.loop}
         for name in ("task", "user_step"):
@@ -278,13 +230,7 @@ class TrainerState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         loop = state_dict["loop"]
-        if "step" in state_dict:  # written before the user's step was called user_step
-            state_dict = {"user_step": state_dict["step"], **state_dict}
-        state_dict = {
-            **state_dict,
-            "loop": {**loop, "progress": entry_for_rank(loop["progress"], self.rank)},
-        }
+        progress = entry_for_rank(loop["progress"], self.rank)
+        state_dict = {**state_dict, "loop": {**loop, "progress": progress}}
         for name, part in self.parts().items():
-            if name not in state_dict and getattr(part, "optional", False):
-                continue  # an older checkpoint, written before this part existed
             part.load_state_dict(state_dict[name])

@@ -1,46 +1,12 @@
 """Batches for training and evaluation: the device-resident and the DataLoader paths.
 
-A batch is a pytree of tensors (``reprotrain.batches``); both paths move, split and count
-it without knowing its shape. ``epoch(e, s)`` yields ``(step, batch)`` and ``eval_batches``
-yields ``batch``, always on the training device and always this rank's share.
+``epoch(e, s)`` yields ``(step, batch)``, ``eval_batches`` yields ``batch``: on the training
+device, this rank's share (docs/randomness.md has each source and its key).
 
-Closes: sample order. The order of epoch ``e`` is ``randperm`` from a generator seeded with
-``(data seed, e)``; step ``s`` takes slice ``s`` of it, so either path can start at step ``s``
-of an epoch (exact mid-epoch resume needs only ``(e, s)``). Under DDP each rank takes its
-share of that global batch (``distributed.shard_global_batch``, the one place that decides).
-
-Closes: augmentation randomness, two ways.
-- In-memory tensors go through the dataset's ``batch_transform`` keyed by
-  ``(augment seed, e, s)``, on the training device, on the whole global batch (the uint8
-  images' crop+flip of ``augment.py``).
-- Map-style datasets run their per-sample ``transform`` (and ``__getitem__``) with every
-  global RNG (torch, python ``random``, numpy's ``np.random``) seeded from
-  ``(augment seed, e, sample index)`` and restored afterwards (``SeededSamples``), so the
-  result never depends on which worker ran it, how many there are, or what ran before; a
-  transform that takes an ``rng`` keyword also gets a ``numpy.random.Generator`` for the
-  sample. The dataset's ``collate`` then builds the batch.
-- The collate runs with every global RNG seeded from its batch's key and restored
-  afterwards (``SeededCollate``); a collate with a ``ctx`` parameter is also handed a
-  ``CollateContext`` (``ctx.generator``, ``ctx.numpy_generator``, ``ctx.seed``) keyed the
-  same way.
-- ``batch_transform`` (in-memory tensors) runs with the global RNGs seeded from
-  ``(augment seed, e, s)`` (evaluation: ``(augment seed, "eval", split, batch)``), restored
-  afterwards.
-
-- ``DevicePipeline`` keeps a whole in-memory dataset on the training device: indexing and
-  the batch transform run there, with no worker processes.
-- ``LoaderPipeline`` is a ``DataLoader`` over keys ``(epoch, index)`` with an explicit
-  generator and a ``worker_init_fn``, so ``num_workers=0`` and ``2`` give the same batches.
-
-Closes (world-size invariant runs, ``microbatch_collate``): the world size's effect on a
-collated batch. A collate that pads to the longest sequence it is given, or draws, gives a
-rank's share of the global batch a shape and draws that depend on which samples share the
-rank. With ``microbatch_collate`` set (the trainer sets it to the micro-batch size when
-``trainer.world_size_invariant=true``) the per-sample path collates each micro-batch alone:
-micro-batch ``j`` of step ``s`` holds samples ``j*m .. (j+1)*m - 1`` of the step's global
-batch, the same on any world size, and its collate draws from ``(augment seed, "collate",
-epoch, s, j)``. A step then yields ``batches.MicroBatches`` (its micro-batches, each with its
-own padding), which the engine runs as they are.
+Closes: sample order (``randperm`` seeded with ``(data seed, e)``; step ``s`` is slice ``s``);
+augmentation (``batch_transform`` from ``(augment seed, e, s)``, per-sample ``transform``
+from ``(augment seed, e, i)``, every global RNG seeded and restored); the collate (keyed per
+batch; per micro-batch under ``microbatch_collate``, the same on any world size).
 """
 
 from __future__ import annotations
@@ -99,16 +65,13 @@ class _Base:
     ) -> None:
         self.n = len(splits.train)
         self.rank, self.world_size = rank, world_size
-        # Samples per collate call in a world-size invariant run (the micro-batch size):
-        # the per-sample path collates each micro-batch alone. 0: a rank's share at once.
+        # Samples per collate call (invariant runs: the micro-batch size); 0: a rank's share.
         self.microbatch_collate = microbatch_collate
         self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
         self.overfit_batches = overfit_batches
         if self.n < batch_size:
-            raise ReprotrainError(
-                f"trainer.batch_size={batch_size} is larger than the training set ({self.n}); "
-                "lower it"
-            )
+            raise ReprotrainError(f"trainer.batch_size={batch_size} is larger than the training "
+                                  f"set ({self.n}); lower it")  # fmt: skip
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.device, self.channels_last = device, channels_last
         self.data_seed, self.augment_seed = seeds.data, seeds.augment
@@ -147,9 +110,8 @@ class _Base:
         self, batch: Batch, key: tuple[int, int, int] | None, scope: tuple = (),
         moved: bool = False,
     ) -> Batch:  # fmt: skip
-        """A batch of in-memory tensors, moved (unless ``moved``: gathered on the device),
-        through the dataset's batch transform, with the global RNGs seeded from ``key``
-        (training) or ``scope`` (evaluation)."""
+        """In-memory tensors moved (unless ``moved``) through the batch transform, the global
+        RNGs seeded from ``key`` (training) or ``scope`` (evaluation)."""
         if not moved:
             batch = to_device(batch, self.device)
         if getattr(type(self.dataset).batch_transform, "draws_no_global_rng", False):
@@ -170,11 +132,8 @@ class DevicePipeline(_Base):
     def __init__(self, splits: Splits, dataset: Any, **kw: Any) -> None:
         super().__init__(splits, dataset, **kw)
         self.train = to_device(splits.train.samples, self.device)
-        self.resident = {
-            name: to_device(s.samples, self.device)
-            for name, s in self.eval_splits.items()
-            if s is not None
-        }
+        splits_ = self.eval_splits.items()
+        self.resident = {k: to_device(s.samples, self.device) for k, s in splits_ if s is not None}
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
         epoch, steps = self.data_epoch(epoch), self.steps_per_epoch
@@ -196,10 +155,8 @@ class DevicePipeline(_Base):
 
 
 class KeyBatch(list):
-    """One collate call's keys ``[(epoch, index), ...]`` and where the batch sits: ``step``
-    (the epoch's step; evaluation: the batch's index in its split) and ``microbatch`` (its
-    global index in the step when it is one micro-batch collated alone, else None). The
-    sampler yields these; they reach ``keyed_items`` in whichever worker runs them."""
+    """One collate call's keys ``[(epoch, index), ...]``, its ``step`` and ``microbatch``
+    (when collated alone, else None), handed to ``keyed_items`` in any worker."""
 
     step: int | None = None
     microbatch: int | None = None
@@ -212,8 +169,7 @@ def key_batch(keys: list, step: int | None, microbatch: int | None = None) -> Ke
 
 
 class KeyedSamples(list):
-    """One batch's samples, with the key of its first sample and the batch's place
-    (``KeyBatch``): what seeds its collate."""
+    """One batch's samples with its first key and place (``KeyBatch``): its collate's seed."""
 
     key: tuple[int | None, int] = (None, 0)
     step: int | None = None
@@ -221,8 +177,7 @@ class KeyedSamples(list):
 
 
 def keyed_items(dataset: Dataset, keys: list[tuple[int | None, int]]) -> KeyedSamples:
-    """``dataset.__getitems__``: the samples of ``keys``, remembering the first key and,
-    from a ``KeyBatch``, the step and micro-batch."""
+    """``dataset.__getitems__``: the samples of ``keys``, with their first key and place."""
     samples = KeyedSamples(dataset[k] for k in keys)
     samples.key = keys[0] if keys else (None, 0)
     samples.step = getattr(keys, "step", None)
@@ -248,20 +203,13 @@ class TensorItems(Dataset):
 class SeededSamples(Dataset):
     """Item ``(epoch, i)``: sample ``i`` through ``transform`` under a counter-based seed.
 
-    Every global generator (torch CPU, python ``random``, numpy's ``np.random``) is seeded
-    from ``(augment seed, epoch, i)`` for the call (``__getitem__`` of the base dataset and
-    the transform) and restored afterwards, so a stock torchvision transform, an
-    albumentations-style ``np.random`` draw or a user's ``torch.rand`` in ``__getitem__``
-    draws the same value for sample ``i`` of epoch ``e`` in any worker, in any order, after
-    any resume. A transform with an ``rng`` parameter is also handed
-    ``numpy.random.default_rng(seed)`` for the sample. ``epoch=None`` (evaluation) seeds
-    from ``(augment seed, "eval", i)``.
-    """
+    Closes: every global RNG in ``__getitem__`` and the transform, seeded from ``(augment
+    seed, epoch or "eval", i)`` and restored (an ``rng`` parameter gets a numpy Generator)."""
 
     def __init__(self, base: Dataset, transform: Any, augment_seed: int, train: bool) -> None:
         self.base, self.transform, self.augment_seed = base, transform, augment_seed
         self.train = train
-        self.takes_rng = takes_rng(transform)
+        self.takes_rng = takes_keyword(transform, "rng")
 
     def __len__(self) -> int:
         return len(self.base)
@@ -279,20 +227,9 @@ class SeededSamples(Dataset):
 
 
 class CollateContext:
-    """What a collate with a ``ctx`` parameter is handed: which batch it builds, and
-    counter-based randomness for it (``def __call__(self, samples, ctx)``).
-
-    - ``training``: True for a training batch, False in evaluation.
-    - ``epoch``: the data epoch (None in evaluation); ``step``: the epoch's step
-      (evaluation: the batch's index in its split).
-    - ``microbatch``: in a world-size invariant run, the global index of the micro-batch
-      being collated (each is collated alone, the same samples on any world size); None
-      when the collate builds a rank's share of a step, or an evaluation batch.
-    - ``seed``, ``generator`` (a CPU ``torch.Generator``), ``numpy_generator``: seeded from
-      the batch's key, made on first use; draw random padding, cropping or token dropout
-      from these and the collate gives the same batch in any worker, after any resume and,
-      in an invariant run, on any world size.
-    """
+    """A collate's ``ctx``: ``training``, ``epoch`` (None in evaluation), ``step``,
+    ``microbatch`` (collated alone, else None), and ``seed``/``generator``/``numpy_generator``
+    from the batch's key, made on first use."""
 
     __slots__ = ("_generator", "_numpy_generator", "epoch", "microbatch", "seed", "step")
     __slots__ += ("training",)
@@ -321,15 +258,10 @@ class CollateContext:
 
 
 class SeededCollate:
-    """The dataset's collate with every global RNG seeded from its batch's key and restored
-    afterwards: a collate that draws (random padding, cropping a sequence) gives the same
-    batch in any worker, after any resume. A collate with a ``ctx`` parameter is also handed
-    a ``CollateContext`` whose generators derive from the same key.
+    """The dataset's collate under its batch's key (a ``ctx`` parameter gets a CollateContext).
 
-    The key: ``(augment seed, "collate", epoch, first sample index)`` for a rank's share of
-    a step (``"eval"`` for the epoch in evaluation); ``(augment seed, "collate", epoch, step,
-    "microbatch", j)`` for micro-batch ``j`` collated alone (a world-size invariant run):
-    the same on any world size."""
+    Closes: every global RNG in the collate, seeded from ``(augment seed, "collate", epoch,
+    first index)`` or, collated alone, ``(..., epoch, step, "microbatch", j)``; restored."""
 
     def __init__(self, collate: Any, augment_seed: int) -> None:
         self.collate, self.augment_seed = collate, augment_seed
@@ -359,20 +291,10 @@ def takes_keyword(fn: Any, name: str) -> bool:
     return name in params
 
 
-def takes_rng(transform: Any) -> bool:
-    """Whether ``transform`` accepts an ``rng`` keyword (then it is handed a seeded
-    ``numpy.random.Generator`` per sample)."""
-    return takes_keyword(transform, "rng")
-
-
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Key batches ``[(epoch, index), ...]`` of one epoch, from step ``start_step`` on.
-
-    ``shard=(rank, world_size)`` yields that rank's share of each global batch.
-    ``microbatch`` (a world-size invariant run's micro-batch size) yields instead, per step,
-    this rank's micro-batches one by one (``per_step`` of them): micro-batch ``j`` is
-    samples ``j*m .. (j+1)*m - 1`` of the global batch, and the rank's are its share of the
-    step's micro-batch indices (``shard_global_batch``), so none depends on the world size."""
+    """Key batches ``[(epoch, index), ...]`` of one epoch from ``start_step``: the ``shard``
+    rank's share, or (``microbatch`` size ``m``) its micro-batches ``j`` (samples ``j*m ..
+    (j+1)*m - 1`` of the global batch) one by one."""
 
     def __init__(
         self,
@@ -408,17 +330,9 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seed python and numpy in a worker from torch's per-worker seed; ignore stop signals.
-
-    torch seeds each worker with ``base_seed + worker_id``, where ``base_seed`` comes from
-    the loader's explicit generator; python and numpy would otherwise inherit the parent's
-    state (the classic duplicated-augmentation bug with forked workers).
-
-    Ctrl-C and schedulers signal the whole process group. A worker that died of SIGINT or
-    SIGTERM would crash the main process's next fetch before it could finish the step and
-    checkpoint, so workers ignore both and leave stopping to the main process (which shuts
-    them down; if it is killed outright, torch's watchdog ends them).
-    """
+    """Seed python and numpy in a worker from torch's per-worker seed (else forked workers
+    share the parent's); ignore stop signals, so the main process finishes its step and
+    checkpoints (it shuts the workers down)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % (1 << 32)
@@ -436,8 +350,7 @@ def _one_line_from_worker(e: Exception) -> Exception:
 
 
 def stack_samples(samples: list) -> Batch:
-    """The default collate (torch's: stack each tensor, numbers become tensors); samples it
-    cannot stack (variable lengths) are one line that says to bring a collate."""
+    """torch's default collate; samples it cannot stack are one line saying to bring one."""
     try:
         return default_collate(samples)
     except (RuntimeError, TypeError) as e:
@@ -460,20 +373,14 @@ class LoaderPipeline(_Base):
         self.num_workers = num_workers
         self.per_sample = not isinstance(splits.train, TensorSplit)
         self.collate = getattr(dataset, "collate", None) or stack_samples
+        self.train_set = self._items(splits.train, train=True)
+        splits_ = self.eval_splits.items()
+        self.eval_sets = {k: self._items(s, train=False) for k, s in splits_ if s is not None}
+
+    def _items(self, split: Any, train: bool) -> Dataset:
         if self.per_sample:
-            self.train_set = SeededSamples(
-                splits.train, dataset.transform, self.augment_seed, train=True
-            )
-            self.eval_sets = {
-                k: SeededSamples(s, dataset.transform, self.augment_seed, train=False)
-                for k, s in self.eval_splits.items()
-                if s is not None
-            }
-        else:
-            self.train_set = TensorItems(splits.train)
-            self.eval_sets = {
-                k: TensorItems(s) for k, s in self.eval_splits.items() if s is not None
-            }
+            return SeededSamples(split, self.dataset.transform, self.augment_seed, train=train)
+        return TensorItems(split)
 
     def _batches(self, dataset, batch_sampler, epoch: int) -> Iterator[Batch]:
         g = torch.Generator().manual_seed(stable_hash(self.data_seed, "workers", epoch))
@@ -538,10 +445,7 @@ def by_step(batches: Iterator[Batch], per_step: int) -> Iterator[MicroBatches]:
 
 
 def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **kw: Any):
-    """``auto``: the device path for in-memory tensors, the DataLoader path otherwise.
-    Loader workers are checked here, the one place at run time that knows both the
-    configured path and whether the data is in memory (preflight checks the same rule
-    earlier, from the dataset's class)."""
+    """``auto``: the device path for in-memory tensors, else the DataLoader; workers checked."""
     configured = kind
     if kind == "auto":
         kind = "device" if dataset.in_memory else "loader"

@@ -1,27 +1,13 @@
 """Global RNG states for an exact resume: python, numpy, torch CPU and the training GPU.
 
-Closes: RNG drift across a resume. Dropout, ``torch.rand`` in user code and anything else
-that draws from a global generator continues from the same state as an uninterrupted run.
-
-Only the generator of the device this process trains on is saved, never every visible GPU:
-a checkpoint written with 8 GPUs visible must resume where 1 is visible (restoring all 8
-raised IndexError there), and a CPU run has no CUDA state at all (reading one would also
-initialise CUDA for nothing). Under DDP each rank captures its own device's generator
-(``state.RankRNG``, the trainer's part) and the reduction gathers them where the checkpoint
-is built (``state.every_rank_entries``), so the checkpoint entry holds one state per rank::
+Closes: RNG drift across a resume (docs/resume.md). Only the training device's CUDA generator
+is saved (a checkpoint from 8 visible GPUs resumes where 1 is visible), one state per rank::
 
     {"format": 2, "world_size": N, "ranks": [state_rank0, state_rank1, ...]}
     state = {"python": {...}, "numpy": {...}, "torch_cpu": ByteTensor,
              "cuda": {"device_index": i, "state": ByteTensor} | None}
 
-Everything is ints, floats, None, lists and tensors, so ``torch.load(weights_only=True)``
-reads it without allowing any code. The first format (``torch_cuda: [one tensor per
-visible GPU]``, no ``format`` key) is still read: the training device's entry is taken,
-and on a CPU run it is skipped with a warning.
-
-:class:`Scoped` is the per-block form for the training step: every global RNG seeded for
-one micro-batch (or evaluation batch) and put back afterwards, the guarantee of
-``seeding.scoped_globals`` at about half its cost (it runs once per micro-batch).
+All ints, floats, None, lists and tensors: ``torch.load(weights_only=True)`` reads it.
 """
 
 from __future__ import annotations
@@ -57,41 +43,23 @@ def capture(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         index = _cuda_index(device)
         cuda = {"device_index": index, "state": torch.cuda.get_rng_state(index)}
-    return {
-        "python": {
-            "version": py[0],
-            "state": torch.tensor(py[1], dtype=torch.int64),
-            "gauss_next": py[2],
-        },
-        "numpy": {
-            "key": torch.from_numpy(key.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch_cpu": torch.get_rng_state(),
-        "cuda": cuda,
-    }
+    words = torch.tensor(py[1], dtype=torch.int64)
+    python = {"version": py[0], "state": words, "gauss_next": py[2]}
+    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
+    return {"python": python, "numpy": numpy, "torch_cpu": torch.get_rng_state(), "cuda": cuda}
 
 
 def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
-    """Put the saved states back; ``state`` is a per-rank entry, one rank's state or the
-    first format. The CUDA generator goes to ``device`` (its index may differ from the one
-    recorded: what is restored is the stream, not the ordinal)."""
+    """Put a per-rank entry's (or one rank's) states back; the CUDA stream goes to ``device``,
+    whatever ordinal it was recorded on."""
     device = torch.device(device)
     state = for_rank(state, rank)
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     n = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            n["key"].numpy().astype(np.uint32),
-            n["pos"],
-            n["has_gauss"],
-            n["cached_gaussian"],
-        )
-    )
+    key = n["key"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch_cpu"])
     cuda = _cuda_state(state, device)
     if cuda is not None:
@@ -100,36 +68,11 @@ def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
 
 def _cuda_state(state: dict[str, Any], device: torch.device) -> torch.Tensor | None:
     """The saved CUDA generator state meant for ``device``, or None (with the reason)."""
-    if "torch_cuda" in state:  # first format: one state per GPU that was visible
-        saved = list(state["torch_cuda"])
-        if device.type != "cuda":
-            if saved:
-                log.warning(
-                    "checkpoint holds CUDA RNG states for %d GPU(s); this run is on %s, so "
-                    "they are not restored",
-                    len(saved),
-                    device.type,
-                )
-            return None
-        index = _cuda_index(device)
-        if index >= len(saved):
-            log.warning(
-                "checkpoint holds CUDA RNG states for %d GPU(s), none for cuda:%d; "
-                "the CUDA generator is not restored",
-                len(saved),
-                index,
-            )
-            return None
-        return saved[index]
     cuda = state.get("cuda")
     if device.type != "cuda":
         if cuda is not None:
-            log.warning(
-                "checkpoint holds the CUDA RNG state of cuda:%d; this run is on %s, so it "
-                "is not restored",
-                cuda["device_index"],
-                device.type,
-            )
+            log.warning("checkpoint holds the CUDA RNG state of cuda:%d; this run is on %s, so "
+                        "it is not restored", cuda["device_index"], device.type)  # fmt: skip
         return None
     if cuda is None:
         log.warning("checkpoint was written on a CPU run: no CUDA RNG state to restore")
@@ -204,14 +147,10 @@ def numpy_words(seed: int) -> tuple[int, int]:
 
 
 class Scoped:
-    """Every global RNG seeded from ``seed`` for the block, then put back as it was: the
-    states ``seeding.scoped_globals(seed, device)`` gives, bit for bit (tested), by the
-    cheapest exact routes, for the blocks that run every step.
+    """``seeding.scoped_globals(seed, device)`` bit for bit (tested), by the cheapest exact
+    routes, for the blocks that run every step (``words``: numpy's, if derived already).
 
-    Closes: python ``random``, numpy's global RNG (saved by ``seeding.save_numpy_global``),
-    torch's CPU generator and, when ``device`` is a GPU, its CUDA generator. Inside, each is
-    seeded as ``scoped_globals`` seeds it: torch and python from ``seed``, numpy from
-    ``numpy_seed_words(seed)`` (``words``: those, when the caller derived them already)."""
+    Closes: python ``random``, numpy's and torch's global RNGs (CPU, GPU ``device``)."""
 
     __slots__ = ("cuda", "saved", "seed", "words")
 
@@ -262,10 +201,6 @@ def for_rank(entry: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     ranks = entry["ranks"]
     if rank < len(ranks):
         return ranks[rank]
-    log.warning(
-        "checkpoint holds RNG states for %d rank(s), none for rank %d (world size changed); "
-        "rank 0's state is used",
-        len(ranks),
-        rank,
-    )
+    log.warning("checkpoint holds RNG states for %d rank(s), none for rank %d (world size "
+                "changed); rank 0's state is used", len(ranks), rank)  # fmt: skip
     return ranks[0]

@@ -1,25 +1,7 @@
 """What a run computed after its last checkpoint, kept so a resume compares its continuation.
 
-A replay proves the interval *before* the checkpoint a resume starts from; state whose effect
-lands later (a counter acting every N steps) passes it. So the run also keeps what it did
-*after* each checkpoint: every step's loss (its float64 bits) and a digest of its batch,
-held on the device while the step runs (no host sync per step: the loss and one sum per
-batch tensor) and digested and appended to ``continuation.jsonl`` in the run directory, all
-pending steps at once, at the points the loop already reads the device:
-the non-finite check (every ``trainer.nonfinite_check_every`` steps), the epoch's end and
-each checkpoint. Each checkpoint starts the file again, and a completed run removes it. A
-SIGKILL loses at most the steps since the last of these points; a SIGTERM's checkpoint
-keeps none (it is the checkpoint).
-
-A resume reads the steps the interrupted run logged after its checkpoint; as the resumed
-run recomputes them it compares each, at the same points, and the resume's record says what
-was compared: ``continuation: {steps, compared, identical, first_difference}``
-(``step 37: the loss differs (0x1.9p-1 in the interrupted run, 0x1.ap-1 now)``), or that
-nothing could be compared and why. A difference makes the resume not bitwise.
-
 Closes: a resume recorded as bitwise whose continuation differs from what the interrupted
-run computed at the same steps (state a checkpoint could not restore, acting after the
-replayed interval).
+run computed at the same steps (docs/resume.md, "A resume compares its continuation").
 """
 
 from __future__ import annotations
@@ -40,9 +22,7 @@ FILE = "continuation.jsonl"
 
 
 def batch_rows(batch: Any) -> list[torch.Tensor]:
-    """Each tensor's per-sample sums, on its device (no host sync): one op a tensor, all
-    that runs every step; :func:`digests` turns the rows of many steps into their digests
-    at the next host read."""
+    """Each tensor's per-sample sums, on its device (no host sync): all that runs per step."""
     rows = []
     for t in batches.leaves(batch):
         wide = torch.float32 if t.device.type == "mps" else torch.float64  # mps: no float64
@@ -55,11 +35,9 @@ def batch_rows(batch: Any) -> list[torch.Tensor]:
 
 
 def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
-    """Each step's batch digest from its :func:`batch_rows`: per tensor, two sums of the rows'
-    bit patterns, all values and weighted by the sample's place (a reordered batch differs).
-    Integer sums (16-bit pieces in int64: exact for any batch under 2**24 samples), so a
-    step's digest never depends on which other steps share the computation; a few ops and
-    one host read per row length, for any number of steps."""
+    """Each step's batch digest: per tensor, two exact integer sums of the rows' bit patterns
+    (16-bit pieces in int64, under 2**24 samples), plain and weighted by place; one host
+    read per row length."""
     flat = [rows for step in steps for rows in step]
     sums: list[tuple[int, int]] = [(0, 0)] * len(flat)
     by_length: dict[int, list[int]] = {}
@@ -92,10 +70,8 @@ def _join(pieces: list[int]) -> int:
 
 
 class Continuation:
-    """The steps since the last checkpoint: held on the device, written at the loop's host
-    reads, compared with the interrupted run's when a resume recomputes them.
-
-    ``path`` None: a rank that writes nothing (only rank 0 keeps the file and compares)."""
+    """The steps since the last checkpoint, written at the loop's host reads and compared
+    with the interrupted run's on a resume; ``path`` None: a rank that writes nothing."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -108,17 +84,13 @@ class Continuation:
         self.done = True  # nothing left to compare
         self._file: Any = None  # the file, open for appending between checkpoints
 
-    # ------------------------------------------------------------------------- the run
-
     def add(self, global_step: int, loss: torch.Tensor, batch: Any) -> None:
-        """Step ``global_step``'s loss and its batch's rows (:func:`batch_rows`), kept on
-        the device."""
+        """Step ``global_step``'s loss and batch rows, kept on the device."""
         if self.path is not None:
             self.pending.append((global_step, loss.detach(), batch_rows(batch)))
 
     def flush(self) -> list[dict]:
-        """Write the pending steps (their losses in one host read, their batch digests in
-        one per row length) and compare them with the interrupted run's; the lines written."""
+        """Write the pending steps and compare them with the interrupted run's; the lines."""
         if self.path is None or not self.pending:
             return []
         steps = [step for step, _, _ in self.pending]
@@ -168,11 +140,9 @@ class Continuation:
             self.difference = (f"step {step}: the loss differs ({want.get('loss')} in the "
                                f"interrupted run, {line['loss']} now)")  # fmt: skip
 
-    # ---------------------------------------------------------------------- the resume
-
     def load(self, after: int) -> None:
-        """The interrupted run's steps after global step ``after`` (its checkpoint); the
-        file then starts again for this run. A line cut by the kill is left out."""
+        """The interrupted run's steps after global step ``after`` (a cut line left out); the
+        file then starts again."""
         if self.path is None:
             return
         found: dict[int, dict] = {}
@@ -192,9 +162,8 @@ class Continuation:
         rec.atomic_write_text(self.path, "")
 
     def entry(self, claim: bool, not_comparable: str | None = None) -> dict[str, Any]:
-        """The resume record's ``continuation`` at the restore: what will be compared (the
-        bitwise claim waits for it), or why nothing can be (``not_comparable``: this resume
-        runs those steps otherwise, e.g. under a stretched schedule)."""
+        """The resume record's ``continuation`` at the restore: what will be compared, or why
+        nothing can be (``not_comparable``)."""
         self.claim = claim
         if self.path is None:
             return {"compared": 0, "reason": "compared by rank 0"}
@@ -212,8 +181,8 @@ class Continuation:
                 "reason": "pending: compared as the resumed run recomputes them"}  # fmt: skip
 
     def verdict(self, stopped: bool = False) -> dict[str, Any] | None:
-        """The record's ``continuation`` once every expected step was compared (or the run
-        stopped first: ``stopped``), else None (still pending)."""
+        """The record's ``continuation`` once every expected step was compared (or
+        ``stopped``), else None."""
         if self.done or self.path is None or self.steps is None:
             return None
         if self.expected and self.difference is None and not stopped:
@@ -230,8 +199,7 @@ class Continuation:
 
 
 def record_verdict(record: rec.RunRecord, verdict: dict[str, Any], claim: bool) -> None:
-    """The newest resume entry with its continuation's verdict: bitwise only when the
-    replay, the state and every compared step matched."""
+    """The newest resume entry with its continuation's verdict (bitwise only if all matched)."""
     resumes = list(record.data.get("resumes") or [])
     if not resumes:
         return

@@ -609,7 +609,7 @@ def test_data_check_refuses_a_different_fingerprint_unless_allowed():
             "noise": 1.0,
         }
     )
-    from reprotrain.build import data_fingerprint
+    from reprotrain.components import data_fingerprint
 
     here = data_fingerprint(cfg)
     assert rerun.check_data(cfg, here, allow_drift=False) is None

@@ -149,14 +149,14 @@ def sealed(files: dict[str, bytes]) -> dict[str, bytes]:
 
     from reprotrain.config import config_sha256
 
-    try:
+    try:  # a hostile document (an alias loop, deep nesting) stays as it was: not sealed
         record = json.loads(files["run/run.json"])
         config = yaml.safe_load(files["run/config.resolved.yaml"])
-    except (KeyError, ValueError, yaml.YAMLError):
-        return files
-    if isinstance(record, dict) and isinstance(config, dict) and "config_sha256" not in record:
-        record["config_sha256"] = config_sha256(config, record.get("extended_from") or None)
-        files["run/run.json"] = json.dumps(record).encode()
+        if isinstance(record, dict) and isinstance(config, dict) and "config_sha256" not in record:
+            record["config_sha256"] = config_sha256(config, record.get("extended_from") or None)
+            files["run/run.json"] = json.dumps(record).encode()
+    except (KeyError, ValueError, RecursionError, yaml.YAMLError):
+        pass
     return files
 
 

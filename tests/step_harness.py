@@ -2,7 +2,7 @@
 
 ``Harness`` builds what ``build.build_training`` builds (state, reduction, runner) around a
 tiny BatchNorm + dropout model and synthetic batches; ``run(steps)`` trains through the
-framework's own ``engine.train_step``; ``checkpoint()`` / ``resumed(bytes)`` are what a checkpoint
+framework's own ``step.runner.train_step``; ``checkpoint()`` / ``resumed(bytes)`` are what a checkpoint
 written by the Saver and a resume in a new process do (weights_only load, a fresh model from
 another seed, global RNGs moved), so "resumes bitwise" is checked in seconds.
 """
@@ -18,7 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from reprotrain.engine import (
+from reprotrain.hashing import state_sha256
+from reprotrain.reduction import Exact, Local, Reduction
+from reprotrain.repro import checkpoint
+from reprotrain.step import PlainStep
+from reprotrain.step.runner import (
     NonFiniteFlags,
     StepRunner,
     StepSettings,
@@ -26,10 +30,6 @@ from reprotrain.engine import (
     nonfinite,
     train_step,
 )
-from reprotrain.hashing import state_sha256
-from reprotrain.reduction import Exact, Local, Reduction
-from reprotrain.repro import checkpoint
-from reprotrain.step import PlainStep
 from reprotrain.tasks import Classification
 
 CPU = torch.device("cpu")

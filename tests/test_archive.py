@@ -327,11 +327,11 @@ def test_reproduce_runs_the_archived_source_not_the_working_tree(archived, tmp_p
     shutil.copytree(REPO / "src", checkout / "src", ignore=shutil.ignore_patterns("__pycache__"))
     for lock in REPO.glob("requirements*.lock"):
         shutil.copy2(lock, checkout / lock.name)
-    engine = checkout / "src/reprotrain/engine.py"
+    engine = checkout / "src/reprotrain/step/runner.py"
     engine.write_text(engine.read_text() + "\nraise ImportError('working tree imported')\n")
     env = base_env(PYTHONPATH=str(checkout / "src"))
     control = subprocess.run(
-        [sys.executable, "-c", "import reprotrain.engine"],
+        [sys.executable, "-c", "import reprotrain.step.runner"],
         env=env,
         cwd=tmp_path,
         capture_output=True,

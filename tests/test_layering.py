@@ -6,7 +6,7 @@ Floors (DESIGN: "Floors"), from the top:
 - the tools (``tools``, ``commands``, ``python -m reprotrain``, ``selfcheck``) may import
   anything;
 - the entry, ``train`` and its ``exits``, imports everything but the tools;
-- the engine level (``engine``, ``reduction``, ``invariant``; ``start`` (with its
+- the engine level (``step.runner``, ``reduction``, ``invariant``; ``start`` (with its
   provenance), ``build`` and ``loop`` above them) imports neither the entry nor the tools;
 - the ground floor (tasks, data, resume, config, loggers and the small modules) imports none
   of the above;
@@ -32,8 +32,8 @@ TOOLS = ("reprotrain.commands", "reprotrain.__main__", "reprotrain.tools", "repr
 ENTRY = ("reprotrain.train", "reprotrain.exits")
 # The engine level: the step and the reduction, and around them the run's start, its build,
 # its provenance and the loop (the Trainer) that train() calls.
-ENGINE = ("reprotrain.engine", "reprotrain.invariant", "reprotrain.reduction", "reprotrain.build",
-          "reprotrain.loop", "reprotrain.start")  # fmt: skip
+ENGINE = ("reprotrain.step.runner", "reprotrain.invariant", "reprotrain.reduction",
+          "reprotrain.build", "reprotrain.loop", "reprotrain.start")  # fmt: skip
 # The records: what a run writes and compares, and the little they need.
 RECORDS = ("reprotrain.run", "reprotrain.hashing", "reprotrain.repro", "reprotrain.errors",
            "reprotrain.events", "reprotrain.quoting", "reprotrain.shown")  # fmt: skip

@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import assert_ok, run_json, train
 from reprotrain.distributed import Dist
-from reprotrain.engine import StepRunner, StepSettings, TrainerState
 from reprotrain.reduction import DDP
+from reprotrain.step.runner import StepRunner, StepSettings, TrainerState
 from reprotrain.tasks import Classification
 
 
@@ -53,7 +53,7 @@ def stepper(microbatch_size: int | None, seed: int = 0, reduction=None) -> StepR
 
 
 def step_before_the_seam(model, opt, sched, scaler, loss_fn, x, y):
-    """engine.train_step and EpochProgress.add as they were before tasks existed (git
+    """step.runner.train_step and EpochProgress.add as they were before tasks existed (git
     583b992): the step, then its metric ops, which feed nothing."""
     with OpLog() as core:
         logits = model(x)

@@ -13,7 +13,7 @@ import torch
 
 from reprotrain.distributed import Dist
 from reprotrain.reduction import DDP, Exact, Local, choose
-from reprotrain.state import EpochProgress
+from reprotrain.step.state import EpochProgress
 from step_harness import BATCH, Harness, batch
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from reprotrain.repro import rng
-from reprotrain.state import RankRNG
+from reprotrain.step.state import RankRNG
 
 
 class FakeCuda:

@@ -34,7 +34,7 @@ def test_the_epoch_lr_is_the_lr_its_last_step_used_in_every_view(reference_run):
 
 
 def test_a_non_finite_event_names_the_lr_of_the_step_that_produced_it():
-    from reprotrain.engine import NonFiniteError
+    from reprotrain.step.runner import NonFiniteError
     from step_harness import Harness
 
     h = Harness()  # lr of step s: 0.2 / (1 + s)

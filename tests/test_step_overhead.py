@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reprotrain import events
 from reprotrain.config import GuardSettings, LoopSettings
-from reprotrain.engine import NonFiniteError, train_step
 from reprotrain.loop import Interrupted, StepFeed, Trainer
+from reprotrain.step.runner import NonFiniteError, train_step
 from step_harness import Harness, batch
 
 

@@ -25,8 +25,8 @@ from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
 from reprotrain.data import pipeline
 from reprotrain.data.base import InMemoryImages, InMemoryTensors
 from reprotrain.data.pipeline import SeededCollate, SeededSamples, keyed_items
-from reprotrain.engine import StepRunner, StepSettings, TrainerState, evaluate
 from reprotrain.repro.seeding import scoped_globals
+from reprotrain.step.runner import StepRunner, StepSettings, TrainerState, evaluate
 from reprotrain.tasks import Classification
 from reprotrain.tasks.base import StepContext
 

@@ -1,4 +1,4 @@
-"""The step a user can own (``step`` config group, reprotrain/step.py): what the framework
+"""The step a user can own (``step`` config group, reprotrain/step/__init__.py): what the framework
 promises a step object, checked in process on a tiny model. The worked examples (EMA, SAM)
 are the user package's and are tested in tests/starter/test_example_steps.py."""
 

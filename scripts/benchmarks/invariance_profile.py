@@ -32,9 +32,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from benchmarks.stats import median
 from reprotrain import reduction as reductions
 from reprotrain.distributed import Dist
-from reprotrain.engine import StepRunner, StepSettings
 from reprotrain.selfcheck.net import TinyConvNet
-from reprotrain.state import TrainerState
+from reprotrain.step.runner import StepRunner, StepSettings
+from reprotrain.step.state import TrainerState
 from reprotrain.tasks.classification import Classification
 
 # Dispatched ops that launch no work: allocations and the scalars Python numbers become.

@@ -29,7 +29,6 @@ from reprotrain.components import (
 from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
 from reprotrain.data.pipeline import build_pipeline
 from reprotrain.data.purity import check_samples
-from reprotrain.engine import StepRunner, TrainerState
 from reprotrain.optim import kind as schedule_kind
 from reprotrain.optim import param_groups, unwrapped
 from reprotrain.repro import checkpoint
@@ -38,6 +37,7 @@ from reprotrain.repro.seeding import Seeds, seed_globals
 from reprotrain.resume.audit import ResumeAudit
 from reprotrain.run import record as rec
 from reprotrain.start import Run
+from reprotrain.step.runner import StepRunner, TrainerState
 
 
 @dataclass(frozen=True)

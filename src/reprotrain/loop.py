@@ -21,14 +21,6 @@ from reprotrain import events, launchers, optim
 from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
-from reprotrain.engine import (
-    NonFiniteFlags,
-    StepRunner,
-    epoch_metrics,
-    evaluate,
-    nonfinite,
-    train_step,
-)
 from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
 from reprotrain.loggers import Logger, build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
@@ -37,7 +29,15 @@ from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
 from reprotrain.resume.continuation import FILE, Continuation, record_verdict
 from reprotrain.run import record as rec
-from reprotrain.state import LoopState
+from reprotrain.step.runner import (
+    NonFiniteFlags,
+    StepRunner,
+    epoch_metrics,
+    evaluate,
+    nonfinite,
+    train_step,
+)
+from reprotrain.step.state import LoopState
 
 log = logging.getLogger("reprotrain")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit

@@ -26,7 +26,7 @@ from reprotrain.invariant.exact_sum import (
     stacked,
     torch_reducer,
 )
-from reprotrain.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
+from reprotrain.step.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
 from reprotrain.tasks.metrics import as_sum
 
 Sums = dict[str, torch.Tensor]

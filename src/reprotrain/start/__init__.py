@@ -29,7 +29,7 @@ from reprotrain.repro.seeding import Seeds, resolve_seeds
 from reprotrain.resume import ResumePoint
 from reprotrain.run import record as rec
 from reprotrain.start import provenance
-from reprotrain.state import TrainerState
+from reprotrain.step.state import TrainerState
 
 log = logging.getLogger("reprotrain")
 

@@ -106,11 +106,11 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     from reprotrain.build import build_data, build_model
     from reprotrain.components import build_task
     from reprotrain.config import PipelineSettings, from_trainer
-    from reprotrain.engine import evaluate
     from reprotrain.repro import determinism
     from reprotrain.repro import device as devices
     from reprotrain.repro import precision as float_math
     from reprotrain.repro.seeding import Seeds
+    from reprotrain.step.runner import evaluate
 
     config_file = run_dir / rec.RESOLVED_CONFIG
     if not (run_dir / rec.RUN_JSON).is_file() or not config_file.is_file():

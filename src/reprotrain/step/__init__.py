@@ -1,4 +1,6 @@
-"""The optimizer step a user can own: the ``step`` config group's base class (docs/step.md)."""
+"""The step room: one optimizer update. Here the ``step`` config group's base class a user can
+own (docs/step.md); ``runner.py`` drives it over micro-batches and runs evaluation,
+``state.py`` holds the trainer's one Stateful state, ``batches.py`` splits a batch."""
 
 from __future__ import annotations
 

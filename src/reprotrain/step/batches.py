@@ -71,7 +71,7 @@ pytree.register_pytree_node(
     MicroBatches,
     lambda mb: (mb.parts, None),
     lambda parts, _: MicroBatches(list(parts)),
-    serialized_type_name="reprotrain.batches.MicroBatches",
+    serialized_type_name="reprotrain.step.batches.MicroBatches",
 )
 
 

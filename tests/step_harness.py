@@ -3,8 +3,8 @@
 ``Harness`` builds what ``build.build_training`` builds (state, reduction, runner) around a
 tiny BatchNorm + dropout model and synthetic batches; ``run(steps)`` trains through the
 framework's own ``train_step`` (step/runner.py); ``checkpoint()`` / ``resumed(bytes)`` are
-what a checkpoint written by the Saver and a resume in a new process do (weights_only load, a fresh model from
-another seed, global RNGs moved), so "resumes bitwise" is checked in seconds.
+what a checkpoint written by the Saver and a resume in a new process do (weights_only load,
+a fresh model from another seed, global RNGs moved), so "resumes bitwise" is checked in seconds.
 """
 
 from __future__ import annotations

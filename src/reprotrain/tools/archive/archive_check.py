@@ -123,8 +123,7 @@ class CheckedArchive:
 
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Read the decompressed stream to its end, so its checksum is checked; past the
-    size or ratio limits it is refused as soon as it inflates (``safetar.open_stream``)."""
+    """Read the stream to its end (checksum checked); refused past the limits as it inflates."""
     kind = compression(archive).replace("none", "tar")
     try:
         with open_stream(archive, limits) as stream:

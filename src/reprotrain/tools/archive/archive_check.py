@@ -123,8 +123,7 @@ class CheckedArchive:
 
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Read the decompressed stream to its end, so its checksum is checked; past the
-    size or ratio limits it is refused as soon as it inflates (``safetar.open_stream``)."""
+    """Read the stream to its end (checksum checked); refused past the limits as it inflates."""
     kind = compression(archive).replace("none", "tar")
     try:
         with open_stream(archive, limits) as stream:
@@ -192,8 +191,7 @@ def _top_name(archive: Path, prefix: str) -> str:
 
 
 def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
-    """Every file member hashes to its manifest line, none missing or extra, within the limits;
-    the record files read into memory. Nothing is written."""
+    """Every member hashes to its manifest line, none missing or extra; writes nothing."""
     archive = Path(archive)
     if not archive.exists():
         raise ReproduceRefused(f"{archive}: no such archive")
@@ -306,8 +304,7 @@ def check_record(checked: CheckedArchive) -> CheckedArchive:
 
 
 def check_config_identity(record: dict, config: dict, label: str) -> None:
-    """The archived config must hash to run.json's ``config_sha256`` (with ``extended_from``):
-    an archive that contradicts itself is refused before anything runs."""
+    """The archived config must hash to run.json's ``config_sha256`` (with ``extended_from``)."""
     from reprotrain.config import config_sha256
 
     recorded = record.get("config_sha256")
@@ -337,8 +334,7 @@ def check_extract_dir(dest: Path) -> Path:
 
 
 def extract(checked: CheckedArchive, dest: Path) -> Path:
-    """Write the verified members under ``dest/<top_name>`` (``dest`` new or empty) and return it;
-    second guard: tarfile's ``data`` filter; a failed extraction removes what it wrote."""
+    """Verified members under ``dest/<top_name>``, through tarfile's ``data`` filter too."""
     dest = check_extract_dir(Path(dest))
     created = [p for p in (dest, *dest.parents) if not p.exists()]
     dest.mkdir(parents=True, exist_ok=True)
@@ -355,20 +351,17 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
         root.mkdir()
         _write_members(checked, dest, root)
         mark_extracted(root, checked.path)
-    except tarfile.FilterError as e:
+    except BaseException as e:
         _remove(dest, created)
-        raise ReproduceRefused(f"unsafe member ({e}); nothing extracted") from None
-    except ArchiveLimitError as e:
-        _remove(dest, created)
-        raise ReproduceRefused(f"{e}; nothing extracted") from None
-    except OSError as e:
-        _remove(dest, created)
-        where = e.filename or dest
-        raise ReproduceRefused(
-            f"extraction failed at {where}: {e.strerror}; nothing extracted"
-        ) from None
-    except BaseException:
-        _remove(dest, created)
+        if isinstance(e, tarfile.FilterError):
+            raise ReproduceRefused(f"unsafe member ({e}); nothing extracted") from None
+        if isinstance(e, ArchiveLimitError):
+            raise ReproduceRefused(f"{e}; nothing extracted") from None
+        if isinstance(e, OSError):
+            where = e.filename or dest
+            raise ReproduceRefused(
+                f"extraction failed at {where}: {e.strerror}; nothing extracted"
+            ) from None
         raise
     return root
 
@@ -395,8 +388,7 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
 
 
 def mark_extracted(top: Path, archive: Path) -> None:
-    """:data:`MARKER` in the top folder and every run directory under it (replacing a member
-    of that name: the archive does not get to say it is not from an archive)."""
+    """:data:`MARKER` in the top folder and each run directory (replacing any archived one)."""
     from reprotrain.run.record import atomic_write_text
 
     text = json.dumps({"archive": str(archive), "built_only_under_a_trust_rule": True}) + "\n"
@@ -406,15 +398,11 @@ def mark_extracted(top: Path, archive: Path) -> None:
 
 def _remove(dest: Path, created: list[Path]) -> None:
     """Undo an extraction: everything under ``dest``, and the folders made for it."""
-    shutil.rmtree(dest, ignore_errors=True) if dest in created else _empty(dest)
-    for p in created[1:]:
-        with contextlib.suppress(OSError):
-            p.rmdir()
-
-
-def _empty(dest: Path) -> None:
-    for child in dest.iterdir():
+    for child in [dest] if dest in created else dest.iterdir():
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)
         else:
             child.unlink(missing_ok=True)
+    for p in created[1:]:
+        with contextlib.suppress(OSError):
+            p.rmdir()

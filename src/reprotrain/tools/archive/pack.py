@@ -33,11 +33,8 @@ PHASES = Phases(
 )
 
 
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-
-
 def scrub_credentials(text: str) -> str:
-    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+    return re.sub(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)
 
 
 def pip_freeze() -> str:
@@ -81,8 +78,7 @@ def copy_run(run_dir: Path, dest: Path, with_checkpoint: bool) -> None:
 
 
 def target_path(out_dir: Path, top: str, force: bool, repo: Path, commit: str | None) -> Path:
-    """``<out_dir>/<top>.tar.gz``; refused when it exists (without ``force``) or ``repo`` lacks
-    the recorded commit, before anything is written."""
+    """``<out_dir>/<top>.tar.gz``; refused before any write: it exists, or repo lacks the commit."""
     target = out_dir / f"{top}.tar.gz"
     check_out_dir(out_dir)
     if target.exists() and not force:
@@ -93,8 +89,7 @@ def target_path(out_dir: Path, top: str, force: bool, repo: Path, commit: str | 
 
 
 def source_and_env(root: Path, repo: Path, commit: str | None, diff: str):
-    """``source/`` (the snapshot) and ``env/`` (lock, pip freeze, git state); returns (the
-    snapshot, the lock's sha256 or None, git now, its diff now)."""
+    """Write ``source/`` and ``env/``; (the snapshot, lock sha256 or None, git now, diff now)."""
     PHASES("snapshot the source")
     snap = snapshot.build(repo, commit, diff, root / "source")
     lock = root / "source" / "requirements.lock"
@@ -140,8 +135,7 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_staging(out_dir: Path) -> list[Path]:
-    """Remove staging dirs and temp tars (``.archive-<pid>-*``) of killed archivers; a live
-    archiver's are kept. Returns them."""
+    """Remove and return killed archivers' ``.archive-<pid>-*``; a live archiver's are kept."""
     removed = []
     for path in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
         pid = path.name[len(STAGING_PREFIX) :].partition("-")[0]
@@ -188,8 +182,7 @@ def _reaper(out_dir: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
-    """A hidden temp dir in ``out_dir`` removed however the block ends (SIGKILL: :func:`_reaper`);
-    a failed write becomes one line naming the file and the archive."""
+    """A hidden temp dir in ``out_dir`` removed however the block ends (SIGKILL: the reaper)."""
     staging = None
     try:
         remove_stale_staging(out_dir)
@@ -210,8 +203,7 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
 
 
 def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
-    """``MANIFEST.sha256`` over ``root`` (signed given a key), then ``root`` packed as ``target``
-    atomically. Returns the number of files in the manifest."""
+    """``MANIFEST.sha256`` over ``root`` (signed given a key), packed atomically; its file count."""
     digests = {
         p.relative_to(root).as_posix(): file_sha256(p)
         for p in sorted(root.rglob("*"))

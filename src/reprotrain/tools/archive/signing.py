@@ -55,8 +55,7 @@ class Verified:
 
 
 def verify_bytes(data: bytes, signature: bytes, allowed_signers: Path) -> Verified:
-    """Check ``signature`` over ``data`` against ``allowed_signers`` (principal looked up,
-    namespace ``reprotrain-archive``); SigningError if not good."""
+    """Check ``signature`` over ``data`` against ``allowed_signers``; SigningError if not good."""
     allowed = Path(allowed_signers).expanduser()
     if not allowed.is_file():
         raise SigningError(f"trusted signers file {allowed}: no such file")

@@ -70,8 +70,7 @@ def check_commit(repo: Path, commit: object) -> None:
 
 
 def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
-    """``git archive <commit>`` of the snapshot paths into ``dest``, then the diff's hunks that
-    touch them (``git apply``)."""
+    """``git archive <commit>`` of the snapshot paths into ``dest``, their diff hunks applied."""
     repo, dest = Path(repo), Path(dest)
     check_commit(repo, commit)
     listed = _git(repo, "ls-tree", "-r", "--name-only", commit)

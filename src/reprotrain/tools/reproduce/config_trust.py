@@ -57,8 +57,7 @@ def trusted_conf_dirs(source: Path) -> list[Path]:
 
 
 def conf_targets(*conf_dirs: Path) -> dict[str, set[str]]:
-    """{top-level group: every ``_target_`` the YAML files of ``conf_dirs`` place under it}
-    (``# @package`` and ``_global_`` files followed; unparseable files name nothing)."""
+    """{top-level group: every ``_target_`` under it} in ``conf_dirs``' YAML (``@package`` too)."""
     out: dict[str, set[str]] = {}
     files = [(Path(d), f) for d in conf_dirs for f in sorted(Path(d).rglob("*.yaml"))]
     for conf_dir, path in files:

@@ -54,10 +54,7 @@ def _set(node: dict, dotted: str, value: Any) -> None:
 def plan_replay(
     final_config: dict, resumes: list[dict], until_global_step: int | None = None
 ) -> list[Leg]:
-    """The trainer processes that replay a run's resume history (docs/archive-and-reproduce.md).
-
-    Only resumes that changed the config get a leg; the first leg runs the config with every
-    change undone; ``until_global_step`` drops legs starting at or after it."""
+    """The legs replaying a run's resume history: see docs/archive-and-reproduce.md."""
     changing = []
     last_step = -1
     for entry in resumes or []:

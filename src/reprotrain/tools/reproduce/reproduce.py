@@ -144,17 +144,6 @@ def _check_dirs(args) -> None:
         )
 
 
-def archive_limits(args) -> safetar.Limits:
-    """What the archive may unpack (``--max-*``; defaults in :class:`safetar.Limits`)."""
-    d = safetar.Limits()
-    return safetar.Limits(
-        max_members=args.max_members or d.max_members,
-        max_member_bytes=args.max_member_bytes or d.max_member_bytes,
-        max_total_bytes=args.max_unpacked_bytes or d.max_total_bytes,
-        max_ratio=args.max_ratio or d.max_ratio,
-    )
-
-
 def reproduce(args) -> int:
     """The replay; a stop signal unwinds it before the re-run and is forwarded once it runs."""
     try:
@@ -168,7 +157,13 @@ def reproduce(args) -> int:
 def _reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
-    limits = archive_limits(args)
+    d = safetar.Limits()  # --max-* given, else the defaults
+    limits = safetar.Limits(
+        max_members=args.max_members or d.max_members,
+        max_member_bytes=args.max_member_bytes or d.max_member_bytes,
+        max_total_bytes=args.max_unpacked_bytes or d.max_total_bytes,
+        max_ratio=args.max_ratio or d.max_ratio,
+    )
     if args.verify_only:
         checked = archive_check.verify(archive, limits)
         with extraction_dir(args, "reprotrain-verify-") as dest:
@@ -182,9 +177,8 @@ def _reproduce(args) -> int:
         if args.epochs is not None:
             raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
-        study = study_check.archived_study(
-            checked, reproduce_sweep.read_member
-        )  # malformed: refused before any run
+        # a malformed study record is refused before any run
+        study = study_check.archived_study(checked, reproduce_sweep.read_member)
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
@@ -194,8 +188,7 @@ def _reproduce(args) -> int:
     except NotReplayable as e:
         say(f"NOT COMPARABLE: {e}")
         return EXIT_NOT_COMPARABLE
-    # Trust, on the whole plan, before anything of the archive is built or resolved.
-    PHASES("decide trust")
+    PHASES("decide trust")  # on the whole plan, before anything of the archive is built
     verdict_trust = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
     if sweep:
         return reproduce_sweep.replay(args, archive, plan, verdict_trust, study)
@@ -216,8 +209,7 @@ def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
 
 
 def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
-    """(epochs compared, global step to stop at); None: all, the end. An interrupted run is
-    compared over the epochs it completed."""
+    """(epochs compared, step to stop at), None: all; an interrupted run: its completed epochs."""
     done = len(checked.fingerprints)  # an interrupted run has them too
     if done == 0:
         raise ReproduceRefused("the archived run completed no epoch; there is nothing to compare")

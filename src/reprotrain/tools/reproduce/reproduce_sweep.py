@@ -34,7 +34,6 @@ from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
 REPORT = "reproduction.json"
-EXIT_CODES = {"REPRODUCED": 0, "DIVERGED": 1, **compare_sweeps.EXIT}
 
 
 def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None:

@@ -26,14 +26,13 @@ from reprotrain.tools.reproduce import replay_env
 from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, current_data_dir
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
-
-
 EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
-
-
 PRIMARY = "reproduce"
-
-
+#: The archived config under the framework's wiring, as a run composes it.
+CONFIG_HEAD = (
+    "# Written by `make reproduce`: the archived config under the reprotrain wiring.\n"
+    "defaults:\n  - reprotrain\n  - _self_\n\n"
+)
 REPORT = "reproduction.json"
 #: A replay, in order (progress lines on stdout: ``reproduce [2/5] build the replay plan``).
 PHASES = Phases(
@@ -44,8 +43,7 @@ PHASES = Phases(
 
 
 def check_data(dataset_cfg, recorded: dict | None, allow_drift: bool) -> str | None:
-    """None when the data here is what the run saw; else the message (a NOT COMPARABLE reason
-    under ``allow_drift``, else refused)."""
+    """None if the data here is what the run saw; else a NOT COMPARABLE reason, or refused."""
     from reprotrain.components import data_fingerprint  # no engine: the working tree may not import
 
     try:
@@ -147,16 +145,14 @@ def new_run_dir(runs_dir: Path) -> Path:
 
 
 def rerun_record(new_run: Path, record: dict) -> tuple[dict, list[str], list[str]]:
-    """(the re-run's run.json, blocking environment differences, notes): the re-run's own
-    record, authoritative, with this checkout's lock."""
+    """(the re-run's own run.json, blocking environment differences, notes), with this lock."""
     new_record = json.loads((new_run / RUN_JSON).read_text())
     current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
     return new_record, *environment_differences(record, current)
 
 
 def imported_from(source: Path, env: dict[str, str]) -> Path:
-    """Where ``import reprotrain`` resolves for the re-run, refused unless inside ``source``
-    (runs archive code: after trust)."""
+    """Where the re-run imports reprotrain from (archive code: after trust); refused outside."""
     out = subprocess.run(
         [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
         cwd=source,
@@ -172,14 +168,6 @@ def imported_from(source: Path, env: dict[str, str]) -> Path:
     if not where.is_relative_to(source.resolve()):
         raise ReproduceRefused(f"the re-run would import reprotrain from {where}, not the archive")
     return where
-
-
-def _config_yaml(text: str) -> str:
-    """The archived config under the framework's wiring, as a run composes it."""
-    return (
-        "# Written by `make reproduce`: the archived config under the reprotrain wiring.\n"
-        "defaults:\n  - reprotrain\n  - _self_\n\n" + text
-    )
 
 
 @contextlib.contextmanager
@@ -198,8 +186,7 @@ def extraction_dir(args, prefix: str) -> Iterator[Path]:
 
 
 class SignalForwarder:
-    """Stop signals sent to ``make reproduce`` passed to the re-run (its own session; on Linux
-    it gets SIGTERM if this process dies)."""
+    """Stop signals sent to ``make reproduce`` passed to the re-run (in its own session)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
@@ -286,7 +273,7 @@ def run_legs(
             if len(job.legs) == 1
             else OmegaConf.to_yaml(OmegaConf.create(leg.config))
         )
-        atomic_write_text(config_dir / f"{name}.yaml", _config_yaml(text))
+        atomic_write_text(config_dir / f"{name}.yaml", CONFIG_HEAD + text)
         last = i == len(job.legs) - 1
         cmd = rerun_command(config_dir, new_run, job, epochs if last else None, name, leg)
         if leg.changes:

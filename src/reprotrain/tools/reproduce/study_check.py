@@ -97,8 +97,7 @@ def _compare_best(said: dict | None, got: dict | None, fields: tuple[str, ...], 
 def differences(
     study: dict[str, Any], archived: Path, replay: Path | None = None, values: bool = True
 ) -> list[str]:
-    """Every way ``study`` differs from the study recomputed from the ``archived`` runs and, given
-    ``replay``, from the replayed ones (``values``: bits promised). Empty: it holds."""
+    """How ``study`` differs from archived (and ``replay``) runs' study; ``values``: bits too."""
     from reprotrain.tools.sweeps import optuna_study
 
     keys = ("storage", "optuna_storage", "study_name", "search_space", "metric", "metric_mode")

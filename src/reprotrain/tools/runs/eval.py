@@ -27,8 +27,7 @@ class EvalError(ReprotrainError):
 
 
 def pick_checkpoint(run_dir: Path, which: str, seeds: dict | None) -> Path:
-    """``last``: the newest step checkpoint that ``checkpoint.belongs`` to the run; ``best``:
-    best.pt; else the path given (whose it is: :func:`check_belongs`)."""
+    """``last``: the newest step checkpoint of this run; ``best``: best.pt; else the path given."""
     if which == "last":
         found = checkpoint.list_step_checkpoints(run_dir / rec.CHECKPOINTS)
         for path in reversed(found):

@@ -67,8 +67,7 @@ def recorded_world_size(record: dict, run_dir: Path) -> int:
 
 
 def check_nproc(nproc: int, recorded: int, overrides: list[str], record: dict) -> None:
-    """Refuse in one line what every rank would refuse under torchrun (an invariant run resumes
-    on any world size dividing its micro-batches)."""
+    """Refuse in one line what every rank would refuse under torchrun."""
     if nproc < 1:
         raise RecordError(f"--nproc {nproc}: give at least 1 process")
     if record.get("world_size_invariant") is True:
@@ -89,8 +88,7 @@ def check_nproc(nproc: int, recorded: int, overrides: list[str], record: dict) -
 
 
 def primary_config_text(run_dir: Path) -> str:
-    """The recorded config under the framework's wiring, as conf/train.yaml composes it, so the
-    resumed trainer's ``imported_code`` matches the run's start."""
+    """The recorded config under the wiring conf/train.yaml adds (same ``imported_code``)."""
     return (
         "# Written by `make resume`: the recorded config under the reprotrain wiring.\n"
         "defaults:\n  - reprotrain\n  - _self_\n\n" + read_text(run_dir / RESOLVED_CONFIG)
@@ -125,8 +123,7 @@ def resume_command(
 
 
 def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the trainer as a child, forwarding termination signals; its exit code as a shell
-    reports it (128 + signal)."""
+    """The trainer as a child, stop signals forwarded; its exit code as a shell's (128 + signal)."""
     proc = subprocess.Popen(cmd, env=env)
     previous = {}
 

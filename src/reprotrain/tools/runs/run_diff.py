@@ -54,8 +54,7 @@ def _field_text(name: str, a: object, b: object) -> str:
 
 
 def with_metrics(result: Comparison, a: Path, b: Path, epochs: int | None = None) -> Comparison:
-    """Equal weights with a differing metrics.jsonl row or ``final_metrics`` is a divergence
-    naming the first field that differs (``a``'s value first)."""
+    """Equal weights but a differing metrics row or ``final_metrics``: diverged at that field."""
     if not result.identical:
         return result
     rows = [read_jsonl(Path(d) / METRICS) for d in (a, b)]

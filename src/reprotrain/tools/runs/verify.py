@@ -61,9 +61,7 @@ def run_killed_then_resumed(
     poll_s: float = 0.02,
     after_steps: tuple[int, ...] = (0,),
 ) -> tuple[int, str | None]:
-    """Run b, SIGKILL its process group after its first checkpoint at or past each of
-    ``after_steps``, resume after each kill, let it complete; a run that ends before the kill
-    lands proves nothing: an error."""
+    """Run b, SIGKILLed and resumed past each of ``after_steps``; ending before a kill: an error."""
     resume = [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir),
               "--nproc", str(nproc)]  # fmt: skip
     cmd = [*trainer_launcher(nproc), *overrides, hydra_override("hydra.run.dir", run_dir)]
@@ -82,8 +80,7 @@ def run_killed_then_resumed(
 def _killed_after(
     cmd: list[str], run_dir: Path, step: int, poll_s: float
 ) -> tuple[int | None, int]:
-    """``cmd`` SIGKILLed once a checkpoint at or past ``step`` exists: (None, its step), or
-    (exit status, 0) when it failed on its own."""
+    """SIGKILL ``cmd`` at a checkpoint >= ``step``: (None, its step), or (rc, 0) if it failed."""
     proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
     ckpts = run_dir / CHECKPOINTS
 

@@ -102,8 +102,7 @@ def match_groups(a: Sweep, b: Sweep) -> tuple[list[tuple[Group, Group]], list[st
 
 
 def distinct_seeds(group: Group) -> tuple[Group, list[str]]:
-    """One value per seed (the first run of each), and a note per repeated seed: a repeated
-    seed is the same run again and must not add to n."""
+    """One value per seed (its first run) and a note per repeated seed: a rerun adds no n."""
     keep: dict[Any, float] = {}
     repeated: dict[Any, int] = {}
     for seed, value in zip(group.seeds, group.values, strict=True):

@@ -49,8 +49,7 @@ is_optuna = sweep_checks.is_optuna
 
 @dataclass(frozen=True)
 class StudyView:
-    """What a sweep's study and progress read of the config, taken once where Hydra hands the
-    whole config over (the sweep callback's ``on_*`` hooks, the Sweeper): :meth:`of`."""
+    """What a sweep's study and progress read of the config, taken where Hydra hands it over."""
 
     sweeper: DictConfig | None  # hydra.sweeper, the live node: prepare() sets keys in it
     trainer: DictConfig | None  # monitor, monitor_mode
@@ -107,8 +106,7 @@ def _sweeper_settings(view: StudyView) -> dict[str, Any]:
 
 
 def command_line_space(task: Sequence[str]) -> dict[str, str]:
-    """The sweeps given on the command line (``hydra.overrides.task``): the sweeper searches
-    them too."""
+    """The sweeps on the command line (``hydra.overrides.task``): the sweeper searches them too."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
@@ -265,16 +263,14 @@ def study_lines(study: dict[str, Any]) -> list[str]:
 
 
 def follow_monitor(sweeper: DictConfig, trainer: DictConfig) -> None:
-    """A default direction (in ``sweeper``, hydra.sweeper) follows ``trainer.monitor_mode``;
-    one given as text is checked."""
+    """A default direction follows ``trainer.monitor_mode``; one given as text is checked."""
     if sweeper.direction is None:
         with read_write(sweeper):
             sweeper.direction = f"{trainer.monitor_mode}imize"
 
 
 def seed_sampler(sweeper: DictConfig, seed: DictConfig, sweep_dir: str | None) -> None:
-    """A sampler without a seed gets ``seed.base``, in ``sweeper`` (hydra.sweeper, the node
-    the sweeper is built from)."""
+    """A sampler without a seed gets ``seed.base``, in ``sweeper`` (``hydra.sweeper``)."""
     sampler = sweeper.sampler
     if "seed" not in sampler or sampler.seed is not None:
         return  # seeded already, or a sampler without randomness (GridSampler)
@@ -331,8 +327,7 @@ def is_study_dir(path: Path) -> bool:
 
 
 def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
-    """The trainer command that continues the study in ``sweep_dir``: its ``multirun.yaml``
-    command line, ``hydra.sweeper.resume=true``, then ``extra``."""
+    """The trainer command that continues the study in ``sweep_dir``, then ``extra``."""
     from reprotrain.quoting import hydra_override
 
     saved = OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD)

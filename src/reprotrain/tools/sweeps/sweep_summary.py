@@ -53,8 +53,7 @@ def _finite(v: Any) -> bool:
 
 
 def describe(values: list[Any], value_range: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Statistics of the finite values; NaN/inf (``n_nonfinite``) and None (``n_absent``)
-    counted apart; ``ci95`` None below two values, cut to ``value_range`` (``ci95_clipped``)."""
+    """Statistics of the finite values; NaN/inf and None counted apart; ``ci95`` clipped."""
     finite = [float(v) for v in values if _finite(v)]
     n = len(finite)
     n_absent = sum(v is None for v in values)
@@ -124,8 +123,7 @@ class Job:
         return final if isinstance(final, dict) else {}
 
     def outcome(self, metric: str) -> Any:
-        """The final value of ``metric``: NaN for one listed in ``nonfinite_fields``, else None
-        when absent."""
+        """The final value of ``metric``: NaN if in ``nonfinite_fields``, else None if absent."""
         value = self.final.get(metric)
         flagged = self.record.get("nonfinite_fields") or []
         if value is None and f"final_metrics.{metric}" in flagged:
@@ -496,8 +494,7 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: an Optuna study prepared before the multirun and recorded after it, the
-    sweep summarised, and with ``logger=mlflow`` a parent run around the runs."""
+    """Hydra callback: the Optuna study, the summary, and with ``logger=mlflow`` a parent run."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         view = StudyView.of(config.hydra, config.get("trainer"), config.get("seed"))

@@ -38,12 +38,8 @@ OPTUNA_RESULTS = "optimization_results.yaml"
 #: The study's storage in the sweep directory (unless hydra.sweeper.storage names another).
 JOURNAL = "study.journal"
 OPTUNA_SWEEPER = sweep_checks.OPTUNA_SWEEPER
-
-
 #: Sweep dirs whose sampler seed :func:`seed_sampler` set from seed.base (in this process).
 _SEEDED_FROM_BASE: dict[str, str] = {}
-
-
 is_optuna = sweep_checks.is_optuna
 
 
@@ -124,17 +120,11 @@ def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
     return True, "seeded sampler, the study's own journal in the sweep directory"
 
 
-def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
-    values = [r[metric] for r in rows if isinstance(r.get(metric), int | float)]
-    values = [float(v) for v in values if math.isfinite(v)]
-    if not values:
-        return None
-    return max(values) if mode == "max" else min(values)
-
-
 def trial_value(job: Path, metric: str, mode: str) -> float | None:
     """The best finite ``metric`` in the run's metrics.jsonl (what Optuna was told), or None."""
-    return _best_of(read_jsonl(Path(job) / METRICS), metric, mode)
+    values = [r.get(metric) for r in read_jsonl(Path(job) / METRICS)]
+    values = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return (max if mode == "max" else min)(values) if values else None
 
 
 def best_trial(trials: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
@@ -147,19 +137,17 @@ def best_trial(trials: list[dict[str, Any]], mode: str) -> dict[str, Any] | None
 
 
 def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    overrides = read_overrides(job) or []
     searched = set(settings["search_space"])
     params: dict[str, Any] = {}
-    for line in overrides:
+    for line in read_overrides(job) or []:
         key, _, value = str(line).partition("=")
         if key.lstrip("+~") in searched:
             params[key.lstrip("+~")] = yaml.safe_load(value) if value else value
     path = job / RUN_JSON
     record = parse_json_object(path.read_text(), str(path)) if path.is_file() else {}
-    rel = job.relative_to(sweep_dir).as_posix()
     return {
         "number": int(job.name) if job.name.isdigit() else None,
-        "job": rel,
+        "job": job.relative_to(sweep_dir).as_posix(),
         "params": params,
         "value": trial_value(job, settings["metric"], settings["metric_mode"]),
         "status": record.get("status", "missing"),

@@ -76,7 +76,7 @@ def distribution(override: Any) -> Any:
 def search_space(
     params: Mapping[str, Any] | None, arguments: Sequence[str]
 ) -> tuple[dict[str, Any], list[str]]:
-    """(distributions by key, fixed overrides) of ``hydra.sweeper.params`` and the command line."""
+    """(distributions by key, fixed overrides): ``hydra.sweeper.params``, the command line wins."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -132,9 +132,7 @@ def grid_of(space: Mapping[str, Any]) -> dict[str, list]:
 
 def trial_seed(seed: int | None, number: int) -> int | None:
     """The seed of the sampler that proposes trial ``number`` (NumPy's range: 32 bits)."""
-    if seed is None:
-        return None
-    return stable_hash("optuna-sampler", int(seed), int(number)) % (2**32)
+    return None if seed is None else stable_hash("optuna-sampler", int(seed), int(number)) % 2**32
 
 
 def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str, Any]) -> Any:
@@ -161,10 +159,7 @@ def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
 
 
 class StudyRunner:
-    """One study: ``launch(overrides, first)`` runs a batch numbered from ``first``;
-    ``job_dir(overrides, number)`` is where that job writes its run. ``view``: the sweep
-    directory, ``trainer.monitor`` / ``monitor_mode`` and the config's name;
-    ``save_record(path)`` writes the sweep's config (``multirun.yaml``) at a study's start."""
+    """One study: ask, ``launch(batch, first)``, tell; ``job_dir`` names each trial's run."""
 
     def __init__(
         self,
@@ -223,8 +218,7 @@ class StudyRunner:
                     "another hydra.sweeper.study_name"
                 ) from None
         try:
-            study = optuna.load_study(study_name=self.study_name, storage=storage,
-                                      sampler=sampler)  # fmt: skip
+            study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler)
             name_metric(study, self.metric)
         except KeyError:
             raise StudyError(
@@ -380,6 +374,5 @@ def job_dir_of(load: Callable[[list[str]], DictConfig], overrides: list[str], nu
     """Where the launcher puts job ``number`` (``hydra.sweep.subdir`` of ``load(overrides)``)."""
     cfg = load(list(overrides))
     with open_dict(cfg):
-        cfg.hydra.job.id = number
-        cfg.hydra.job.num = number
+        cfg.hydra.job.id = cfg.hydra.job.num = number
     return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)

@@ -395,24 +395,20 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
     metrics: list[str] = summary["metric_names"]
     single = one_run_each(summary)
     out = [f"# Sweep summary: {shown(summary['sweep_dir'])}", ""]
-    if single:
-        how = (
-            "One run per group: each value is that run's (no mean, spread or interval across"
-            " seeds); non-finite: the run diverged; absent: the run has no such value."
-        )
-    else:
-        how = (
-            "Mean ± std over the completed runs' finite values (n: how many); non-finite: the"
-            " run diverged; absent: the run has no such value (e.g. no best_test_* when the best"
-            " epoch was the last). 95% CI: t interval of the mean, cut to the metric's range."
-        )
+    how = (
+        "One run per group: each value is that run's (no mean, spread or interval across"
+        " seeds); non-finite: the run diverged; absent: the run has no such value."
+        if single
+        else "Mean ± std over the completed runs' finite values (n: how many); non-finite: the"
+        " run diverged; absent: the run has no such value (e.g. no best_test_* when the best"
+        " epoch was the last). 95% CI: t interval of the mean, cut to the metric's range."
+    )
     out += [f"Grouped by {summary['grouped_by']}.", how, ""]
     goal = summary.get("objective")
     if goal:
         group = short_numbers(str(goal["best_group"]))
         best = f"; best group: {shown(group)}" if goal["best_group"] else ""
-        out += [f"Objective: {shown(goal['metric'])} ({goal['mode']}, trainer.monitor){best}.",
-                ""]  # fmt: skip
+        out += [f"Objective: {shown(goal['metric'])} ({goal['mode']}, trainer.monitor){best}.", ""]
     study = read_study(Path(summary["sweep_dir"]))
     if study is not None:
         out += trials_table(study)

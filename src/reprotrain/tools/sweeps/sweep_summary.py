@@ -269,13 +269,9 @@ def _run_entry(job: Job, metrics: list[str], label: str) -> dict[str, Any]:
 
 
 def _fmt(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if math.isnan(v) else str(v)
     if isinstance(v, float):
-        return f"{v:.4f}"
-    return str(v)
+        return f"{v:.4f}" if math.isfinite(v) else "NaN" if math.isnan(v) else str(v)
+    return "—" if v is None else str(v)
 
 
 def _ci(stats: dict[str, Any]) -> str:

@@ -69,16 +69,6 @@ def readme(name: str, commit: str, location: str) -> str:
     )  # fmt: skip
 
 
-def room_tests(name: str) -> dict[str, str]:
-    """The project's small tests/ for its own room (``project/*.py.in``, package renamed)."""
-    conftest = (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8")
-    tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
-    return {
-        "tests/conftest.py": conftest,
-        f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
-    }
-
-
 def copy_file(source: Path, target: Path, rel: str, old: str, name: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     data = source.read_bytes()
@@ -118,7 +108,12 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
             if not source.is_file() or not tf.ships(rel, old) or rel == tf.RECORD:
                 continue  # deleted in the work tree, template-only, the template's record
             copy_file(source, dest / target_path(rel, old, name), rel, old, name)
-        written = {"README.md": readme(name, commit, location), **room_tests(name)}
+        tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
+        written = {  # the README and the room's small tests/ (package renamed)
+            "README.md": readme(name, commit, location),
+            "tests/conftest.py": (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8"),
+            f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
+        }
         for rel, text in written.items():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_text(text, encoding="utf-8")

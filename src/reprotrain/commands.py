@@ -62,8 +62,7 @@ class Command:
 
 
 def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str | None, list[str]]:
-    """(``flag``'s text or ``default``, the other arguments): ``flag value`` or ``flag=value``
-    anywhere among the overrides."""
+    """(``flag v`` / ``flag=v`` anywhere, else ``default``; the other arguments)."""
     value, rest = default, []
     it = iter(args)
     for arg in it:

@@ -131,8 +131,7 @@ def report(e: BaseException) -> int:
 
 
 def entry_point(main: Callable[..., int]) -> Callable[..., int]:
-    """Decorate a tool's ``main(argv=None) -> int`` with the module docstring's rules;
-    argparse's ``SystemExit`` (``--help``) is returned as an int."""
+    """A tool's ``main`` under the module docstring's rules; ``SystemExit`` returned as an int."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
@@ -158,8 +157,7 @@ def entry_point(main: Callable[..., int]) -> Callable[..., int]:
 def run_forwarding_errors(
     cmd: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> tuple[int, str | None]:
-    """Run a child, output streamed; (exit code, its last ``error:`` line), so the tool adds
-    no second ``error:`` line about the same failure."""
+    """Run a child, output streamed: (exit code, its last ``error:`` line, not to be repeated)."""
     proc = subprocess.Popen(
         list(cmd), cwd=cwd, env=env, stderr=subprocess.PIPE, text=True, errors="replace"
     )

@@ -62,8 +62,7 @@ class Divergence:
     values: tuple[Any, Any] = (None, None)
 
     def trace_steps(self) -> list[int]:
-        """Steps whose ops can hold the cause: for a loss at ``s``, update ``s-1`` and forward
-        ``s``; for weights, the epoch's last update."""
+        """Steps whose ops can hold the cause: for a loss at s, s-1 and s; else s."""
         if self.what == "loss" and self.global_step > 0:
             return [self.global_step - 1, self.global_step]
         return [self.global_step]
@@ -370,9 +369,7 @@ def walk_back(
 def _walk_back_origin(
     a: Path, b: Path, before: int, max_replay: int, walk: WalkBack
 ) -> tuple[int | None, int, tuple[Path | None, Path | None]]:
-    """(origin, upto, checkpoints): the difference was made in steps ``origin .. upto-1``,
-    ``origin`` the newest state both runs share; None (``walk.why_not`` set) when none is
-    within ``max_replay``."""
+    """(newest shared state or None with ``walk.why_not``, upto, checkpoints): steps to digest."""
     ka, kb = (
         {checkpoint.step_of(p): p for p in checkpoint.list_step_checkpoints(r / CHECKPOINTS)}
         for r in (a, b)
@@ -422,8 +419,7 @@ NOT_STATE = ("format_version", "config", "config_sha256", "env", "seeds", "loop"
 
 
 def state_differences(a: Path, b: Path) -> list[str]:
-    """The state parts (``model``, ``optimizer``, ...) in which checkpoints ``a`` and ``b``
-    differ bit for bit; the description and the past (:data:`NOT_STATE`) are not state."""
+    """The state parts (``model``, ``optimizer``, ...) in which two checkpoints differ bitwise."""
     sa, sb = checkpoint.load(a), checkpoint.load(b)
     parts = sorted((set(sa) | set(sb)) - set(NOT_STATE))
     return [
@@ -474,8 +470,7 @@ def _replay_notes(replays: list[Replay], first: int) -> list[str]:
 def _first_finding(replays: list[Replay], steps: list[int]) -> Finding | None:
     """The first op whose hashes differ between the two replays' traces, step by step."""
     for s in steps:
-        ta = op_trace.read_trace(op_trace.trace_path(replays[0].trace_dir, s))
-        tb = op_trace.read_trace(op_trace.trace_path(replays[1].trace_dir, s))
+        ta, tb = (op_trace.read_trace(op_trace.trace_path(r.trace_dir, s)) for r in replays)
         finding = first_difference(s, ta, tb)
         if finding is not None:
             return finding

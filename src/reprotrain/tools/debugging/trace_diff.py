@@ -78,12 +78,9 @@ def first_difference(step: int, a: list[dict], b: list[dict]) -> Finding | None:
 def first_digest_difference(
     steps: range, a: dict[int, dict], b: dict[int, dict]
 ) -> tuple[int | None, list[int]]:
-    """(the first step whose batch or op digest differs, or None; the steps either replay did
-    not digest)."""
+    """(the first step whose batch or op digest differs or None, steps a replay did not digest)."""
     missing = [s for s in steps if s not in a or s not in b]
-    for s in steps:
-        if s in missing:
-            continue
+    for s in (s for s in steps if s not in missing):
         ra, rb = a[s], b[s]
         if (ra["batch"], ra["ops"], ra["digest"]) != (rb["batch"], rb["ops"], rb["digest"]):
             return s, missing

@@ -52,9 +52,7 @@ def check_locks(pairs: list[tuple[Path, Path]]) -> list[str]:
 def default_root() -> Path:
     """The repo root: the working directory when it holds the locks, else next to src/."""
     cwd = Path.cwd()
-    if (cwd / DEFAULT_PAIRS[0][1]).exists():
-        return cwd
-    return Path(__file__).resolve().parents[4]
+    return cwd if (cwd / DEFAULT_PAIRS[0][1]).exists() else Path(__file__).resolve().parents[4]
 
 
 @cli.entry_point

@@ -33,7 +33,7 @@ from reprotrain.tools.sweeps.equivalence import (
     tost,
     welch,
 )
-from reprotrain.tools.sweeps.sweep_summary import Job, find_jobs, group_labels
+from reprotrain.tools.sweeps.sweep_summary import find_jobs, group_labels
 
 EXIT = {CONSISTENT: 0, INCONSISTENT: 1, INCONCLUSIVE: 3}
 REPORT = "comparison.json"
@@ -55,12 +55,6 @@ class Sweep:
     mode: str  # max | min: which direction is "better"
 
 
-def _monitor(job: Job) -> tuple[str, str]:
-    cfg = read_config(job.run_dir / RESOLVED_CONFIG)
-    trainer = cfg.get("trainer") or {}
-    return str(trainer.get("monitor", "val_acc")), str(trainer.get("monitor_mode", "max"))
-
-
 def read_sweep(path: Path, metric: str | None = None) -> Sweep:
     """The groups of a sweep directory and their final values of ``metric``."""
     path = Path(path)
@@ -70,7 +64,8 @@ def read_sweep(path: Path, metric: str | None = None) -> Sweep:
     done = [j for j in jobs if j.status == "completed"]
     if not done:
         raise ReprotrainError(f"no completed run ({RUN_JSON}) under {path}; is it a sweep dir?")
-    monitor, mode = _monitor(done[0])
+    trainer = read_config(done[0].run_dir / RESOLVED_CONFIG).get("trainer") or {}
+    monitor, mode = str(trainer.get("monitor", "val_acc")), str(trainer.get("monitor_mode", "max"))
     if metric is not None and metric != monitor:  # test_rmse goes like val_rmse
         mode = metric_names.direction(metric, monitor, mode)
     metric = metric or monitor
@@ -102,8 +97,7 @@ def match_groups(a: Sweep, b: Sweep) -> tuple[list[tuple[Group, Group]], list[st
 
 
 def distinct_seeds(group: Group) -> tuple[Group, list[str]]:
-    """One value per seed (the first run of each), and a note per repeated seed: a repeated
-    seed is the same run again and must not add to n."""
+    """One value per seed (its first run) and a note per repeated seed: a rerun adds no n."""
     keep: dict[Any, float] = {}
     repeated: dict[Any, int] = {}
     for seed, value in zip(group.seeds, group.values, strict=True):
@@ -132,14 +126,9 @@ def setting_difference(a: tuple[str, ...], b: tuple[str, ...]) -> str:
     return f"A: {only_a} vs B: {only_b}"
 
 
-def _scale(metric: str) -> tuple[float, str]:
-    """Accuracies are shown in points (x100), anything else as it is."""
-    return (100.0, " pts") if metric.endswith("_acc") else (1.0, "")
-
-
 def _fmt(x: float, metric: str) -> str:
-    k, unit = _scale(metric)
-    return f"{x * k:.4g}{unit}"
+    """Accuracies are shown in points (x100), anything else as it is."""
+    return f"{x * 100.0:.4g} pts" if metric.endswith("_acc") else f"{x * 1.0:.4g}"
 
 
 def conclusions(a: Sweep, b: Sweep, pairs: list[tuple[Group, Group]]) -> list[dict[str, Any]]:
@@ -201,12 +190,11 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
         d = eq.difference
         ci = f"[{_fmt(d.ci[0], a.metric)}, {_fmt(d.ci[1], a.metric)}]" if d.ci else "none"
         name = ga.label if ga.key == gb.key else setting_difference(ga.key, gb.key)
-        paired_note = " (paired by seed)" if pair else ""
         lines += [
             f"group    {name}: {eq.verdict} ({eq.why})",
             f"         A {_fmt(d.mean_reference, a.metric)} (n={d.n_reference})  "
             f"B {_fmt(d.mean_candidate, a.metric)} (n={d.n_candidate})  "
-            f"B-A {_fmt(d.diff, a.metric)}, 90% CI {ci}{paired_note}",
+            f"B-A {_fmt(d.diff, a.metric)}, 90% CI {ci}{' (paired by seed)' if pair else ''}",
             f"         margin ±{_fmt(m, a.metric)} ({how})",
         ]
         verdicts.append(eq.verdict)

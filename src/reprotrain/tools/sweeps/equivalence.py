@@ -80,12 +80,6 @@ def paired(reference: list[float], candidate: list[float], level: float) -> Diff
     return Difference(ma, mb, n, n, d, (d - half, d + half), level, True)
 
 
-def difference(
-    reference: list[float], candidate: list[float], level: float, pair: bool
-) -> Difference:
-    return (paired if pair else welch)(reference, candidate, level)
-
-
 @dataclass
 class Equivalence:
     verdict: str
@@ -105,7 +99,7 @@ def tost(
     pair: bool = False,
 ) -> Equivalence:
     """The TOST verdict at ``alpha`` against ``margin``; ``pair``: the sides share seeds."""
-    diff = difference(reference, candidate, 1 - 2 * alpha, pair)
+    diff = (paired if pair else welch)(reference, candidate, 1 - 2 * alpha)
     if diff.ci is None:
         n = min(diff.n_reference, diff.n_candidate)
         return Equivalence(INCONCLUSIVE, margin, diff, f"too few seeds (n={n}; need 2 or more)")

@@ -38,19 +38,14 @@ OPTUNA_RESULTS = "optimization_results.yaml"
 #: The study's storage in the sweep directory (unless hydra.sweeper.storage names another).
 JOURNAL = "study.journal"
 OPTUNA_SWEEPER = sweep_checks.OPTUNA_SWEEPER
-
-
 #: Sweep dirs whose sampler seed :func:`seed_sampler` set from seed.base (in this process).
 _SEEDED_FROM_BASE: dict[str, str] = {}
-
-
 is_optuna = sweep_checks.is_optuna
 
 
 @dataclass(frozen=True)
 class StudyView:
-    """What a sweep's study and progress read of the config, taken once where Hydra hands the
-    whole config over (the sweep callback's ``on_*`` hooks, the Sweeper): :meth:`of`."""
+    """What a sweep's study and progress read of the config, taken where Hydra hands it over."""
 
     sweeper: DictConfig | None  # hydra.sweeper, the live node: prepare() sets keys in it
     trainer: DictConfig | None  # monitor, monitor_mode
@@ -107,8 +102,7 @@ def _sweeper_settings(view: StudyView) -> dict[str, Any]:
 
 
 def command_line_space(task: Sequence[str]) -> dict[str, str]:
-    """The sweeps given on the command line (``hydra.overrides.task``): the sweeper searches
-    them too."""
+    """The sweeps on the command line (``hydra.overrides.task``): the sweeper searches them too."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
@@ -126,17 +120,11 @@ def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
     return True, "seeded sampler, the study's own journal in the sweep directory"
 
 
-def _best_of(rows: list[dict], metric: str, mode: str) -> float | None:
-    values = [r[metric] for r in rows if isinstance(r.get(metric), int | float)]
-    values = [float(v) for v in values if math.isfinite(v)]
-    if not values:
-        return None
-    return max(values) if mode == "max" else min(values)
-
-
 def trial_value(job: Path, metric: str, mode: str) -> float | None:
     """The best finite ``metric`` in the run's metrics.jsonl (what Optuna was told), or None."""
-    return _best_of(read_jsonl(Path(job) / METRICS), metric, mode)
+    values = [r.get(metric) for r in read_jsonl(Path(job) / METRICS)]
+    values = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return (max if mode == "max" else min)(values) if values else None
 
 
 def best_trial(trials: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
@@ -149,19 +137,17 @@ def best_trial(trials: list[dict[str, Any]], mode: str) -> dict[str, Any] | None
 
 
 def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    overrides = read_overrides(job) or []
     searched = set(settings["search_space"])
     params: dict[str, Any] = {}
-    for line in overrides:
+    for line in read_overrides(job) or []:
         key, _, value = str(line).partition("=")
         if key.lstrip("+~") in searched:
             params[key.lstrip("+~")] = yaml.safe_load(value) if value else value
     path = job / RUN_JSON
     record = parse_json_object(path.read_text(), str(path)) if path.is_file() else {}
-    rel = job.relative_to(sweep_dir).as_posix()
     return {
         "number": int(job.name) if job.name.isdigit() else None,
-        "job": rel,
+        "job": job.relative_to(sweep_dir).as_posix(),
         "params": params,
         "value": trial_value(job, settings["metric"], settings["metric_mode"]),
         "status": record.get("status", "missing"),
@@ -265,16 +251,14 @@ def study_lines(study: dict[str, Any]) -> list[str]:
 
 
 def follow_monitor(sweeper: DictConfig, trainer: DictConfig) -> None:
-    """A default direction (in ``sweeper``, hydra.sweeper) follows ``trainer.monitor_mode``;
-    one given as text is checked."""
+    """A default direction follows ``trainer.monitor_mode``; one given as text is checked."""
     if sweeper.direction is None:
         with read_write(sweeper):
             sweeper.direction = f"{trainer.monitor_mode}imize"
 
 
 def seed_sampler(sweeper: DictConfig, seed: DictConfig, sweep_dir: str | None) -> None:
-    """A sampler without a seed gets ``seed.base``, in ``sweeper`` (hydra.sweeper, the node
-    the sweeper is built from)."""
+    """A sampler without a seed gets ``seed.base``, in ``sweeper`` (``hydra.sweeper``)."""
     sampler = sweeper.sampler
     if "seed" not in sampler or sampler.seed is not None:
         return  # seeded already, or a sampler without randomness (GridSampler)
@@ -331,8 +315,7 @@ def is_study_dir(path: Path) -> bool:
 
 
 def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
-    """The trainer command that continues the study in ``sweep_dir``: its ``multirun.yaml``
-    command line, ``hydra.sweeper.resume=true``, then ``extra``."""
+    """The trainer command that continues the study in ``sweep_dir``, then ``extra``."""
     from reprotrain.quoting import hydra_override
 
     saved = OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD)

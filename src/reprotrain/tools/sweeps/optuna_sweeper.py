@@ -38,8 +38,7 @@ class StudyError(ReprotrainError):
 
 
 def distribution(override: Any) -> Any:
-    """The Optuna distribution of one parsed sweep override, None for a plain value
-    (docs/sweeps-optuna.md has the mapping)."""
+    """One parsed sweep override's Optuna distribution (docs/sweeps-optuna.md), None if plain."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -77,8 +76,7 @@ def distribution(override: Any) -> Any:
 def search_space(
     params: Mapping[str, Any] | None, arguments: Sequence[str]
 ) -> tuple[dict[str, Any], list[str]]:
-    """(distributions by key, fixed overrides) of ``hydra.sweeper.params`` and the command
-    line (which wins for the same key)."""
+    """(distributions by key, fixed overrides): ``hydra.sweeper.params``, the command line wins."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -134,9 +132,7 @@ def grid_of(space: Mapping[str, Any]) -> dict[str, list]:
 
 def trial_seed(seed: int | None, number: int) -> int | None:
     """The seed of the sampler that proposes trial ``number`` (NumPy's range: 32 bits)."""
-    if seed is None:
-        return None
-    return stable_hash("optuna-sampler", int(seed), int(number)) % (2**32)
+    return None if seed is None else stable_hash("optuna-sampler", int(seed), int(number)) % 2**32
 
 
 def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str, Any]) -> Any:
@@ -163,10 +159,7 @@ def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:
 
 
 class StudyRunner:
-    """One study: ``launch(overrides, first)`` runs a batch numbered from ``first``;
-    ``job_dir(overrides, number)`` is where that job writes its run. ``view``: the sweep
-    directory, ``trainer.monitor`` / ``monitor_mode`` and the config's name;
-    ``save_record(path)`` writes the sweep's config (``multirun.yaml``) at a study's start."""
+    """One study: ask, ``launch(batch, first)``, tell; ``job_dir`` names each trial's run."""
 
     def __init__(
         self,
@@ -225,8 +218,7 @@ class StudyRunner:
                     "another hydra.sweeper.study_name"
                 ) from None
         try:
-            study = optuna.load_study(study_name=self.study_name, storage=storage,
-                                      sampler=sampler)  # fmt: skip
+            study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler)
             name_metric(study, self.metric)
         except KeyError:
             raise StudyError(
@@ -316,8 +308,7 @@ class StudyRunner:
             _fail(study, number)
 
     def _continue_trial(self, study: Any, trial: Any, fixed: list[str]) -> list:
-        """A trial a killed study left RUNNING: told from its run if that finished, else
-        re-launched into its own run directory with ``resume=auto``."""
+        """A RUNNING trial of a killed study: told from its finished run, else resumed in place."""
         overrides = self._overrides(fixed, trial.params)
         run_dir = Path(self.job_dir(overrides, trial.number))
         status = None
@@ -361,8 +352,7 @@ def name_metric(study: Any, metric: str) -> None:
 
 
 def _no_grid_stop(study: Any) -> None:
-    """GridSampler's ``after_trial`` calls ``study.stop()``, which raises outside
-    ``study.optimize``; the study stops at the grid's size itself."""
+    """GridSampler's ``study.stop()`` raises outside ``study.optimize``; we stop at its size."""
     from optuna.samplers import GridSampler, RandomSampler
 
     if isinstance(study.sampler, GridSampler):
@@ -381,10 +371,8 @@ def _select(node: DictConfig | None, key: str, default: Any) -> Any:
 
 
 def job_dir_of(load: Callable[[list[str]], DictConfig], overrides: list[str], number: int) -> Path:
-    """Where the launcher puts job ``number`` with ``overrides`` (``hydra.sweep.subdir``);
-    ``load(overrides)`` composes the job's config (Hydra's ``load_sweep_config``)."""
+    """Where the launcher puts job ``number`` (``hydra.sweep.subdir`` of ``load(overrides)``)."""
     cfg = load(list(overrides))
     with open_dict(cfg):
-        cfg.hydra.job.id = number
-        cfg.hydra.job.num = number
+        cfg.hydra.job.id = cfg.hydra.job.num = number
     return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)

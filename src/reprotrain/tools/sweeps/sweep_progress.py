@@ -23,8 +23,6 @@ from reprotrain.run.record import RUN_JSON
 if TYPE_CHECKING:
     from reprotrain.tools.sweeps.optuna_study import StudyView
 
-SWEEP_RECORD = "multirun.yaml"
-
 
 def sweep_total(sweep_dir: Path, sweeper: DictConfig | None) -> int | None:
     """How many runs the sweep starts (None when it cannot be told, e.g. a glob sweep)."""

@@ -53,8 +53,7 @@ def _finite(v: Any) -> bool:
 
 
 def describe(values: list[Any], value_range: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Statistics of the finite values; NaN/inf (``n_nonfinite``) and None (``n_absent``)
-    counted apart; ``ci95`` None below two values, cut to ``value_range`` (``ci95_clipped``)."""
+    """Statistics of the finite values; NaN/inf and None counted apart; ``ci95`` clipped."""
     finite = [float(v) for v in values if _finite(v)]
     n = len(finite)
     n_absent = sum(v is None for v in values)
@@ -124,8 +123,7 @@ class Job:
         return final if isinstance(final, dict) else {}
 
     def outcome(self, metric: str) -> Any:
-        """The final value of ``metric``: NaN for one listed in ``nonfinite_fields``, else None
-        when absent."""
+        """The final value of ``metric``: NaN if in ``nonfinite_fields``, else None if absent."""
         value = self.final.get(metric)
         flagged = self.record.get("nonfinite_fields") or []
         if value is None and f"final_metrics.{metric}" in flagged:
@@ -271,13 +269,9 @@ def _run_entry(job: Job, metrics: list[str], label: str) -> dict[str, Any]:
 
 
 def _fmt(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if math.isnan(v) else str(v)
     if isinstance(v, float):
-        return f"{v:.4f}"
-    return str(v)
+        return f"{v:.4f}" if math.isfinite(v) else "NaN" if math.isnan(v) else str(v)
+    return "—" if v is None else str(v)
 
 
 def _ci(stats: dict[str, Any]) -> str:
@@ -397,24 +391,20 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
     metrics: list[str] = summary["metric_names"]
     single = one_run_each(summary)
     out = [f"# Sweep summary: {shown(summary['sweep_dir'])}", ""]
-    if single:
-        how = (
-            "One run per group: each value is that run's (no mean, spread or interval across"
-            " seeds); non-finite: the run diverged; absent: the run has no such value."
-        )
-    else:
-        how = (
-            "Mean ± std over the completed runs' finite values (n: how many); non-finite: the"
-            " run diverged; absent: the run has no such value (e.g. no best_test_* when the best"
-            " epoch was the last). 95% CI: t interval of the mean, cut to the metric's range."
-        )
+    how = (
+        "One run per group: each value is that run's (no mean, spread or interval across"
+        " seeds); non-finite: the run diverged; absent: the run has no such value."
+        if single
+        else "Mean ± std over the completed runs' finite values (n: how many); non-finite: the"
+        " run diverged; absent: the run has no such value (e.g. no best_test_* when the best"
+        " epoch was the last). 95% CI: t interval of the mean, cut to the metric's range."
+    )
     out += [f"Grouped by {summary['grouped_by']}.", how, ""]
     goal = summary.get("objective")
     if goal:
         group = short_numbers(str(goal["best_group"]))
         best = f"; best group: {shown(group)}" if goal["best_group"] else ""
-        out += [f"Objective: {shown(goal['metric'])} ({goal['mode']}, trainer.monitor){best}.",
-                ""]  # fmt: skip
+        out += [f"Objective: {shown(goal['metric'])} ({goal['mode']}, trainer.monitor){best}.", ""]
     study = read_study(Path(summary["sweep_dir"]))
     if study is not None:
         out += trials_table(study)
@@ -496,8 +486,7 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: an Optuna study prepared before the multirun and recorded after it, the
-    sweep summarised, and with ``logger=mlflow`` a parent run around the runs."""
+    """Hydra callback: the Optuna study, the summary, and with ``logger=mlflow`` a parent run."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         view = StudyView.of(config.hydra, config.get("trainer"), config.get("seed"))

@@ -59,11 +59,6 @@ def check_name(name: str) -> None:
         )
 
 
-def template_location(src: Path) -> str:
-    """Where update-template fetches from: this checkout's path (a URL works too)."""
-    return str(src)
-
-
 def readme(name: str, commit: str, location: str) -> str:
     """The project's own README (its file): its name, the two commands, its room, the manual."""
     where = f"[{location}]({location})" if re.match(r"https?://", location) else f"`{location}`"
@@ -72,24 +67,6 @@ def readme(name: str, commit: str, location: str) -> str:
         name=name, framework=tf.FRAMEWORK_PACKAGE, manual="docs/", template=where,
         commit=commit[:12],
     )  # fmt: skip
-
-
-def room_tests(name: str) -> dict[str, str]:
-    """The project's small tests/ for its own room (``project/*.py.in``, package renamed)."""
-    conftest = (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8")
-    tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
-    return {
-        "tests/conftest.py": conftest,
-        f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
-    }
-
-
-def license_text(name: str, template_license: str | None) -> str:
-    credit = (
-        f"\n---\n{name} was created from the {tf.FRAMEWORK_PACKAGE} template; the template's "
-        f"code is used under the MIT license above.\n"
-    )
-    return (template_license or "MIT License\n") + credit
 
 
 def copy_file(source: Path, target: Path, rel: str, old: str, name: str) -> None:
@@ -122,7 +99,7 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
     if not (src / "src" / old).is_dir():
         raise NewProjectError(f"no src/{old} in {src}: run make new-project in the template")
     commit = _git(src, "rev-parse", "HEAD").strip()
-    location = template_location(src)
+    location = str(src)  # where update-template fetches from (a URL works too)
     files = [f for f in _git(src, "ls-files", "-z").split("\0") if f]
     dest.mkdir(parents=True)
     try:
@@ -131,31 +108,36 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
             if not source.is_file() or not tf.ships(rel, old) or rel == tf.RECORD:
                 continue  # deleted in the work tree, template-only, the template's record
             copy_file(source, dest / target_path(rel, old, name), rel, old, name)
-        written = {"README.md": readme(name, commit, location), **room_tests(name)}
+        tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
+        written = {  # the README and the room's small tests/ (package renamed)
+            "README.md": readme(name, commit, location),
+            "tests/conftest.py": (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8"),
+            f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
+        }
         for rel, text in written.items():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_text(text, encoding="utf-8")
         lic = src / "LICENSE"
-        old_license = lic.read_text(encoding="utf-8") if lic.is_file() else None
-        (dest / "LICENSE").write_text(license_text(name, old_license), encoding="utf-8")
+        credit = (
+            f"\n---\n{name} was created from the {tf.FRAMEWORK_PACKAGE} template; the "
+            "template's code is used under the MIT license above.\n"
+        )
+        old_license = lic.read_text(encoding="utf-8") if lic.is_file() else "MIT License\n"
+        (dest / "LICENSE").write_text(old_license + credit, encoding="utf-8")
         tf.write_record(
             dest, {"template": location, "commit": commit, "package": name, "template_package": old}
         )
         _git(dest, "init", "-q")
         _git(dest, "add", "-A")
-        who = [] if _git_identity(dest) else ["-c", "user.name=new-project", "-c",
-                                               "user.email=new-project@localhost"]  # fmt: skip
+        ident = run_git(dest, "config", "user.email")
+        who = ["-c", "user.name=new-project", "-c", "user.email=new-project@localhost"]
+        who = [] if ident.returncode == 0 and ident.stdout.strip() else who
         _git(dest, *who, "commit", "-q", "-m", f"Start {name} from the "
              f"{tf.FRAMEWORK_PACKAGE} template at {commit[:12]}")  # fmt: skip
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)  # nothing half-made that looks complete
         raise
     return dest
-
-
-def _git_identity(repo: Path) -> bool:
-    proc = run_git(repo, "config", "user.email")
-    return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
 def main(argv: list[str] | None = None) -> int:

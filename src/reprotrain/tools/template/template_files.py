@@ -65,10 +65,6 @@ def _under(rel: str, patterns: tuple[str, ...] | list[str]) -> bool:
     return any(rel == p or rel.startswith(p + "/") or fnmatchcase(rel, p) for p in patterns)
 
 
-def user_tests(package: str) -> str:
-    return f"tests/{package}"
-
-
 def is_framework(rel: str, package: str) -> bool:
     """True for a file every project holds byte for byte (``package``: this checkout's)."""
     return _under(rel, FRAMEWORK) and not _under(rel, [TEMPLATE_NOTES])
@@ -76,18 +72,14 @@ def is_framework(rel: str, package: str) -> bool:
 
 def is_user_room(rel: str, package: str) -> bool:
     """The user's package and tests, conf/ (less the framework's groups), deps, locks, README."""
-    if is_framework(rel, package):
-        return False
-    return _under(rel, (f"src/{package}", user_tests(package), *USER_ROOM))
+    room = (f"src/{package}", f"tests/{package}", *USER_ROOM)
+    return not is_framework(rel, package) and _under(rel, room)
 
 
 def is_template_only(rel: str, package: str) -> bool:
     """True for the framework's own checks and tools that a project does not receive."""
-    return (
-        not is_framework(rel, package)
-        and not is_user_room(rel, package)
-        and _under(rel, TEMPLATE_ONLY)
-    )
+    owned = is_framework(rel, package) or is_user_room(rel, package)
+    return not owned and _under(rel, TEMPLATE_ONLY)
 
 
 def ships(rel: str, package: str) -> bool:
@@ -102,9 +94,7 @@ def framework_pathspecs(package: str) -> list[str]:
 
 def read_record(root: Path) -> dict | None:
     path = root / RECORD
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def write_record(root: Path, record: dict) -> None:
@@ -113,5 +103,4 @@ def write_record(root: Path, record: dict) -> None:
         f"everything else: src/{record['package']}/, tests/, conf/train.yaml and the user's "
         "config groups, README.md, LICENSE, pyproject.toml, requirements*, docker/base-image.env"
     )
-    text = json.dumps(record, indent=2) + "\n"
-    (root / RECORD).write_text(text, encoding="utf-8")
+    (root / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -52,8 +52,7 @@ def update(project: Path, template: str | None = None, ref: str = "HEAD") -> str
             f"no {tf.RECORD} in {project}: make update-template runs in a project made by "
             "make new-project"
         )
-    dirty = _ok(project, "status", "--porcelain", "--untracked-files=no")
-    if dirty.strip():
+    if _ok(project, "status", "--porcelain", "--untracked-files=no").strip():
         raise UpdateError(
             "the work tree has uncommitted changes; commit or stash them, then run "
             "make update-template again"

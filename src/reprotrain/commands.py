@@ -17,6 +17,13 @@ from reprotrain.tools.cli import prog as cli_prog
 
 EXIT_USAGE = 2
 
+
+def refuse(message: object) -> int:
+    """``error: <message>`` on stderr, one line; the usage exit code to return."""
+    print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
 #: The trainer's codes (reprotrain/train.py's docstring).
 TRAIN_CODES = {
     0: "completed",
@@ -56,8 +63,7 @@ class Command:
         except SystemExit as e:
             code = e.code
             if code is not None and not isinstance(code, int):
-                print(f"error: {one_line(str(code))}", file=sys.stderr, flush=True)
-                return EXIT_USAGE
+                return refuse(code)
         return int(code or 0)
 
 
@@ -170,8 +176,7 @@ def sweep(argv: list[str]) -> int:
     try:
         nproc, args = sweep_args(argv)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse(e)
     return run_trainer(args, nproc)
 
 
@@ -183,9 +188,7 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
 
         path = REPO_ROOT / "scripts" / name
         if not path.is_file():
-            why = "this job runs from a checkout of the repository"
-            print(f"error: {path} not found: {why}", file=sys.stderr)
-            return EXIT_USAGE
+            return refuse(f"{path} not found: this job runs from a checkout of the repository")
         cmd = [*(interpreter or [sys.executable]), str(path), *argv]
         return subprocess.run(cmd, cwd=REPO_ROOT).returncode
 
@@ -194,6 +197,7 @@ def repo_script(name: str, *, interpreter: Sequence[str] | None = None) -> Calla
 
 SHELLS = ("bash", "zsh")  # what Hydra's completion plugins exist for
 TRAINER_APP = "reprotrain-train"  # what Hydra's completion query sees in place of "<us> train"
+HYDRA_PROGRAM = r"(complete -p |-F hydra_bash_completion )\S+"  # in Hydra's install script
 
 
 def _trainer_completion(action: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -208,23 +212,18 @@ def shell_completion(argv: list[str]) -> int:
     action = argv[0] if argv else ""
     shell = action.partition("=")[2]
     if action.startswith(("install=", "uninstall=", "query=")) and shell not in SHELLS:
-        verb = action.partition("=")[0]
-        print(f"error: -sc {action}: completion exists for bash and zsh only; -sc {verb}=bash "
-              "or =zsh", file=sys.stderr)  # fmt: skip
-        return EXIT_USAGE
+        fix = f"-sc {action.partition('=')[0]}=bash or =zsh"
+        return refuse(f"-sc {action}: completion exists for bash and zsh only; {fix}")
     if action.startswith(("install=", "uninstall=")):
         proc = _trainer_completion(action, dict(os.environ))
         if proc.returncode:
             sys.stderr.write(proc.stderr)
             return proc.returncode
         # Hydra names the program it was started as; the script is for this command.
-        print(re.sub(r"(complete -p |-F hydra_bash_completion )\S+", r"\1reprotrain", proc.stdout),
-              end="")  # fmt: skip
+        sys.stdout.write(re.sub(HYDRA_PROGRAM, r"\1reprotrain", proc.stdout))
         return 0
     if not action.startswith("query="):
-        print("error: -sc install=bash | install=zsh | uninstall=bash | query=bash",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_USAGE
+        return refuse("-sc install=bash | install=zsh | uninstall=bash | query=bash")
     line = os.environ.get("COMP_LINE", "")
     point = int(os.environ.get("COMP_POINT", len(line)) or len(line))
     words, new_word = line[:point].split(), line[:point][-1:].isspace()
@@ -235,8 +234,8 @@ def shell_completion(argv: list[str]) -> int:
     if words[1] not in ("train", "sweep"):
         return 0  # file names: the shell's default completion
     cut = line.index(words[1], len(words[0])) + len(words[1])
-    env = dict(os.environ, COMP_LINE=TRAINER_APP + line[cut:],
-               COMP_POINT=str(point - cut + len(TRAINER_APP)))  # fmt: skip
+    point += len(TRAINER_APP) - cut
+    env = dict(os.environ, COMP_LINE=TRAINER_APP + line[cut:], COMP_POINT=str(point))
     proc = _trainer_completion(action, env)
     print(proc.stdout, end="")
     return proc.returncode
@@ -350,7 +349,7 @@ def _gated(command: Command, argv: list[str]) -> int:
     try:
         run_trust.require_trust(run_trust.paths_in(given), trust, signers)
     except ReprotrainError as e:
-        print(f"error: {one_line(str(e))}", file=sys.stderr, flush=True)
+        refuse(e)
         return e.exit_code
     return command.run(argv)
 
@@ -380,16 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         exit_file, exit_line, argv = _options(argv)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse(e)
     if exit_file is not None:
         from reprotrain.tools import exit_file as exit_files
 
         try:  # before the job runs: a device, FIFO or directory is never replaced
             exit_file = exit_files.checked(exit_file)
         except exit_files.ExitFileError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_USAGE
+            return refuse(e)
     if argv[:1] in (["-sc"], ["--shell-completion"]):
         return shell_completion(argv[1:])
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -401,18 +398,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reprotrain {__version__}")
         code = 0
     elif argv[0] not in COMMANDS:
-        print(
-            f"error: {argv[0]!r} is not a reprotrain command; one of: {', '.join(COMMANDS)} "
-            "(reprotrain --help)",
-            file=sys.stderr,
-        )
-        code = EXIT_USAGE
+        known = f"one of: {', '.join(COMMANDS)} (reprotrain --help)"
+        code = refuse(f"{argv[0]!r} is not a reprotrain command; {known}")
     else:
         command = COMMANDS[argv[0]]
         code = _gated(command, argv[1:])
         if code and exit_line:
-            print(f"reprotrain {command.name}: exit {code} ({command.meaning(code)})",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            meaning = f"exit {code} ({command.meaning(code)})"
+            print(f"reprotrain {command.name}: {meaning}", file=sys.stderr, flush=True)
     if exit_file is not None:
         exit_files.write(exit_file, code)  # a failed write is one line; the code survives
     return code

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
@@ -198,6 +199,11 @@ def register_configs() -> None:
             cs.store(group=group, name=f"{group}_schema", node=node)
 
 
+def _keys(text: str) -> tuple[str, ...]:
+    """The dotted keys in ``text``, separated by spaces."""
+    return tuple(text.split())
+
+
 CHOICES = {
     "repro.level": ("strict", "warn", "fast", "portable"),
     "trainer.pipeline": ("auto", "device", "loader"),
@@ -205,29 +211,18 @@ CHOICES = {
     "trainer.monitor_mode": ("max", "min"),
     "trainer.on_nonfinite": ("stop", "warn"),
 }
-POSITIVE = (
-    "trainer.epochs",
-    "trainer.batch_size",
-    "trainer.eval_batch_size",
-    "trainer.eval_every",
-    "trainer.keep_checkpoints",
-    "trainer.nonfinite_check_every",
-    "trainer.amp_init_scale",
-    "repro.num_threads",
+POSITIVE = _keys(
+    "trainer.epochs trainer.batch_size trainer.eval_batch_size trainer.eval_every "
+    "trainer.keep_checkpoints trainer.nonfinite_check_every trainer.amp_init_scale "
+    "repro.num_threads"
 )
-NON_NEGATIVE = (
-    "trainer.checkpoint_every_steps",
-    "trainer.num_workers",
-    "trainer.grad_clip_norm",
-    "trainer.stop_after_epoch",
-    "trainer.limit_train_steps",
-    "trainer.limit_eval_batches",
-    "trainer.overfit_batches",
-    "trainer.profile_steps",
-    "trainer.stop_at_global_step",
-    "trainer.early_stopping_patience",
-    "trainer.early_stopping_min_delta",
+NON_NEGATIVE = _keys(
+    "trainer.checkpoint_every_steps trainer.num_workers trainer.grad_clip_norm "
+    "trainer.stop_after_epoch trainer.limit_train_steps trainer.limit_eval_batches "
+    "trainer.overfit_batches trainer.profile_steps trainer.stop_at_global_step "
+    "trainer.early_stopping_patience trainer.early_stopping_min_delta"
 )
+DEVICES = "auto, cpu, cuda, cuda:N, mps"
 MAX_THREADS = 4096
 SEED_MAX = (1 << 64) - 1  # seeds are 64-bit: torch.manual_seed refuses anything larger
 
@@ -247,13 +242,8 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
     for key, allowed in CHOICES.items():
         if (value := OmegaConf.select(cfg, key)) not in allowed:
             raise ReprotrainError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-    device = cfg.trainer.device
-    if device not in ("auto", "cpu", "cuda", "mps") and not (
-        device.startswith("cuda:") and device[5:].isdigit()
-    ):
-        raise ReprotrainError(
-            f"trainer.device={device!r} is not one of auto, cpu, cuda, cuda:N, mps"
-        )
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", device := cfg.trainer.device):
+        raise ReprotrainError(f"trainer.device={device!r} is not one of {DEVICES}")
     for key in POSITIVE:
         if not ((value := OmegaConf.select(cfg, key)) > 0 and math.isfinite(value)):
             raise ReprotrainError(f"{key}={value} must be a finite number > 0")
@@ -282,9 +272,8 @@ def launch_world_size() -> int:
     return int(value) if value.strip().isdigit() and int(value) > 0 else 1
 
 
-def check_workers(pipeline: str, num_workers: int, *, in_memory: bool | None,
-                  target: str = "the dataset") -> None:  # fmt: skip
-    """Loader workers need the loader pipeline (``in_memory``: None while not known)."""
+def check_workers(pipeline: str, num_workers: int, *, in_memory: bool, target: str) -> None:
+    """Loader workers need the loader pipeline (``target``: the dataset, named)."""
     if not num_workers:
         return
     if pipeline == "device":
@@ -360,22 +349,13 @@ def check_layout(trainer: Any, world_size: int) -> None:
         )
 
 
-# Where or how to look, not what to compute: out of config_sha256 (loggers never change bits).
-NON_IDENTITY_KEYS = (
-    "resume",
-    "dataset.root",
-    "trainer.progress",
-    "trainer.stop_after_epoch",
-    "trainer.num_workers",
-    "trainer.device",  # the device's identity: run.json's environment
-    "trainer.allow_device_change",
-    "trainer.profile_steps",
-    "trainer.stop_at_global_step",
-    "trainer.allow_world_size_change",
-    "trainer.allow_unrestored_state",
-    "trainer.verify_resume",
-    "include_untracked",
-    "tags",
+# Where or how to look, not what to compute: out of config_sha256 (loggers never change bits;
+# the device's identity is run.json's environment).
+NON_IDENTITY_KEYS = _keys(
+    "resume dataset.root trainer.progress trainer.stop_after_epoch trainer.num_workers "
+    "trainer.device trainer.allow_device_change trainer.profile_steps "
+    "trainer.stop_at_global_step trainer.allow_world_size_change "
+    "trainer.allow_unrestored_state trainer.verify_resume include_untracked tags"
 )
 NON_IDENTITY_PREFIXES = ("logger.",)
 

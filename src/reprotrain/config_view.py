@@ -11,6 +11,7 @@ from reprotrain.shown import shown
 
 #: Columns of a config line before it wraps.
 WIDTH = 100
+WHOLE_WORDS = {"break_long_words": False, "break_on_hyphens": False}
 
 
 def task_overrides() -> list[str]:
@@ -57,10 +58,8 @@ def config_lines(container: dict[str, Any], width: int = WIDTH) -> list[str]:
     for key, value in container.items():
         text = " ".join(_items(value)) or "{}"
         lead = f"  {shown(key):<{pad}}"
-        lines += textwrap.wrap(
-            text, width, initial_indent=lead, subsequent_indent=" " * len(lead),
-            break_long_words=False, break_on_hyphens=False,
-        )  # fmt: skip
+        indent = {"initial_indent": lead, "subsequent_indent": " " * len(lead)}
+        lines += textwrap.wrap(text, width, **indent, **WHOLE_WORDS)
     return lines
 
 

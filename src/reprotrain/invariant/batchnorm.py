@@ -1,10 +1,7 @@
 """BatchNorm over micro-batches, running statistics once per step (world-size invariance).
 
 Closes: BatchNorm's two rank-dependent effects, normalisation (ghost batches) and the running
-statistics (the kernel's own per-micro-batch mean and unbiased variance, taken with momentum 1
-into one flat scratch row, gathered by every rank and applied in micro-batch order).
-Method and cost: docs/scaling-out.md, docs/invariance-performance.md.
-"""
+statistics (applied in micro-batch order). Method: docs/scaling-out.md."""
 
 from __future__ import annotations
 
@@ -109,13 +106,10 @@ class MicroBatchNorm:
                 "trainer.world_size_invariant: the BatchNorm layers' running statistics are "
                 f"in {len(kinds)} dtypes/devices; move the model to one (model.to(...))"
             )
-        if (
-            self._template is None
-            or self._template[0].dtype != first.dtype
-            or (self._template[0].device != first.device)
-        ):
-            init = [t for m in self.layers for t in (torch.zeros_like(m.running_mean),
-                                                     torch.ones_like(m.running_var))]  # fmt: skip
+        made = self._template
+        if made is None or (made[0].dtype, made[0].device) != (first.dtype, first.device):
+            zeros, ones = torch.zeros_like, torch.ones_like
+            init = [t for m in self.layers for t in (zeros(m.running_mean), ones(m.running_var))]
             counts = torch.zeros(len(self.layers), dtype=torch.long, device=first.device)
             self._template = (torch.cat(init), list(counts.unbind()))
         row = self._template[0].clone()
@@ -148,8 +142,8 @@ class MicroBatchNorm:
             else:
                 by_momentum.setdefault(m.momentum, []).append(i)
         for factor, members in by_momentum.items():
-            buffers = [t for i in members for t in (self.layers[i].running_mean,
-                                                    self.layers[i].running_var)]  # fmt: skip
+            layers = [self.layers[i] for i in members]
+            buffers = [t for m in layers for t in (m.running_mean, m.running_var)]
             torch._foreach_mul_(buffers, 1 - factor)
-            torch._foreach_add_(buffers, [stats[j] for i in members for j in (2 * i, 2 * i + 1)],
-                                alpha=factor)  # fmt: skip
+            news = [stats[j] for i in members for j in (2 * i, 2 * i + 1)]
+            torch._foreach_add_(buffers, news, alpha=factor)

@@ -1,14 +1,9 @@
-"""Exact, order-independent sums of float tensors across micro-batches and ranks.
+"""Exact, order-independent sums of float tensors across micro-batches and ranks: int64 fixed
+point with one power-of-two scale per tensor (a MAX all-reduce of exponents, a SUM of integers).
 
-Closes: the floating-point summation order of a cross-rank reduction. Per tensor, a MAX
-all-reduce of the largest exponent (``torch.frexp``) gives a shared power-of-two scale so that
-``parts x max`` fits in 62 bits; parts are rounded to int64 and added (locally, then a SUM
-all-reduce) exactly, and converted back once (int64 -> float64 -> dtype): the result is a
-function of the multiset of parts alone. Parts are flattened once per dtype group (float32 for
-16/32-bit floats, float64 otherwise); each tensor keeps its own scale, so one call over many
-lists gives the bits of one call per list. Precision and cost: docs/scaling-out.md,
-docs/invariance-performance.md.
-"""
+Closes: the floating-point summation order of a cross-rank reduction (the result is a function
+of the multiset of parts alone). Method, precision, cost: docs/scaling-out.md,
+docs/invariance-performance.md."""
 
 from __future__ import annotations
 

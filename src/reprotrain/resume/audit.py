@@ -29,8 +29,8 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
 # Caches torch, DDP and torch.compile set on modules lazily.
 _TORCH_CACHES = ("_torch", "_dynamo", "_ddp", "_compiled", "_orig_mod", "_is_full_backward")
 # A module's code, not its state: what module_globals leaves out.
-_CODE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
-         functools.partial, logging.Logger, typing.TypeVar)  # fmt: skip
+_CODE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, functools.partial)
+_CODE += (logging.Logger, typing.TypeVar)
 _MAX_DEPTH = 6
 _BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is unchanged
 BITWISE = "this resume cannot be bitwise"
@@ -154,8 +154,8 @@ def instance_attributes(obj: Any) -> dict[str, Any]:
 def module_attributes(module: nn.Module) -> dict[str, Any]:
     """A module's own attributes and non-persistent buffers, less torch's bookkeeping."""
     attrs = instance_attributes(module)
-    found = {k: v for k, v in attrs.items()
-             if k not in _MODULE_INTERNALS and not k.startswith(_TORCH_CACHES)}  # fmt: skip
+    own = [k for k in attrs if k not in _MODULE_INTERNALS and not k.startswith(_TORCH_CACHES)]
+    found = {k: attrs[k] for k in own}
     for name in sorted(getattr(module, "_non_persistent_buffers_set", ())):
         if module._buffers.get(name) is not None:
             found[f"{name} [non-persistent buffer]"] = module._buffers[name]

@@ -1,8 +1,3 @@
-"""The framework's own tiny job: a small conv net and synthetic images.
-
-Benchmarks (``make bench``), drills (``make drill``), the GPU check, the DDP self-check and
-the framework's tests train this job, never the user's models or datasets, so a project can
-replace or delete everything in its own package and these keep working. Its configs live in
-``conf/`` next to this file and reach Hydra through the ConfigStore (``reprotrain.conf``):
-``experiment=selfcheck`` (with ``dataset=selfcheck_images`` and ``model=selfcheck_net``).
-``make selfcheck`` (``__main__.py``) runs it twice, one SIGKILLed and resumed, bitwise."""
+"""The framework's own tiny job (``experiment=selfcheck``: a small conv net, synthetic images):
+what benchmarks, drills, the GPU check and the framework's tests train, never the user's code
+(its configs: ``conf/`` here, registered by ``reprotrain.conf``; docs/project-layout.md)."""

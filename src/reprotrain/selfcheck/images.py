@@ -1,11 +1,8 @@
-"""Synthetic 3x32x32 uint8 images in 10 classes: the framework's own test data.
+"""Synthetic 3x32x32 uint8 images in 10 classes: the framework's own test data (each class a
+random 4x4 colour pattern blown up, a sample that pattern at a random brightness, plus noise).
 
-Closes: data drift in the framework's checks. The images are a pure function of
-``data_seed`` and the sizes (never of the run seed), so every run on every machine sees the
-same bytes, and the fingerprint is the hash of those parameters. Each class is a random
-4x4 colour pattern blown up to 32x32; a sample is its class pattern at a random brightness
-with Gaussian pixel noise, so the task is learnable in a few steps but not trivially.
-"""
+Closes: data drift in the framework's checks: the images are a pure function of ``data_seed``
+and the sizes (never of the run seed); the fingerprint is the hash of those parameters."""
 
 from __future__ import annotations
 
@@ -61,8 +58,8 @@ class SyntheticImages(InMemoryImages):
                 "dataset.num_train and dataset.num_test must be > 0, dataset.num_classes >= 2 "
                 "and dataset.noise >= 0"
             )
-        self.params = {"num_train": num_train, "num_test": num_test, "data_seed": data_seed,
-                       "noise": noise, "num_classes": num_classes}  # fmt: skip
+        self.params = dict(num_train=num_train, num_test=num_test, data_seed=data_seed)
+        self.params |= dict(noise=noise, num_classes=num_classes)
         self.num_classes = num_classes
 
     def load_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

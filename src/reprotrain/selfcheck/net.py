@@ -1,14 +1,8 @@
 """A small conv net with BatchNorm and an optional dropout: the framework's own test model.
 
-Each stage is ``convs_per_stage`` blocks of 3x3 conv, BatchNorm and ReLU (the first of a stage
-has stride 2 after the first stage), then a global mean, the dropout and a linear head. The
-default (widths 16, 32, 64, one conv each) trains in seconds on 2 CPU cores; widths 64..512
-with 4 convs per stage (11.0M parameters) is the size of a typical reference model, for the
-benchmarks and the GPU check. BatchNorm gives the run buffers that change in train mode (running
-statistics) and dropout, when ``dropout > 0``, draws from the global RNG (the ``train``
-stream), so a self-check exercises both. Every op has a deterministic CUDA kernel: the global
-pool is a plain mean (``AdaptiveAvgPool2d``'s CUDA backward is nondeterministic).
-"""
+BatchNorm's running statistics and dropout's draws from the global RNG (the ``train`` stream)
+give a self-check both kinds of state. Closes: nondeterministic CUDA kernels (the global pool
+is a plain mean: ``AdaptiveAvgPool2d``'s CUDA backward is nondeterministic)."""
 
 from __future__ import annotations
 

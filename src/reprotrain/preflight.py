@@ -199,12 +199,9 @@ def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any)
     check_num_classes(num_classes, declared_num_classes(cls, node))
 
 
-def _numbers(value) -> bool:
-    return (
-        isinstance(value, ListConfig | list)
-        and len(value) > 0
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    )
+def _numbers(value: Any) -> bool:
+    numbers = isinstance(value, ListConfig | list) and len(value) > 0
+    return numbers and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
 
 
 def declared_num_classes(cls, node) -> int | None:
@@ -242,22 +239,15 @@ def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None
     from reprotrain.run.mutex import refuse_if_held
 
     values = _override_values(argv)
-    resume = values.get("resume", resume)
-    if _multirun(argv):
-        sweep_dir = values.get("hydra.sweep.dir")
-        if continues_study(values):  # hydra.sweeper.resume=true: the study's own dir
-            check_continued_study(sweep_dir)
-            return
-        if sweep_dir is not None and "${" not in sweep_dir:
-            check_creatable(sweep_dir, "hydra.sweep.dir")
-            run_dirs.refuse_used_sweep_dir(Path(os.path.expanduser(sweep_dir)))
-        return
-    run_dir = values.get("hydra.run.dir")
-    if run_dir is None or "${" in run_dir:
-        return  # the default: a fresh, stamped directory
-    check_creatable(run_dir)
-    refuse_if_held(run_dir)
-    run_dirs.refuse_reuse(Path(os.path.expanduser(run_dir)), resume)
+    if _multirun(argv) and continues_study(values):  # hydra.sweeper.resume=true: its own dir
+        check_continued_study(values.get("hydra.sweep.dir"))
+    elif _multirun(argv) and (sweep_dir := _explicit(values, "hydra.sweep.dir")) is not None:
+        check_creatable(sweep_dir, "hydra.sweep.dir")
+        run_dirs.refuse_used_sweep_dir(Path(os.path.expanduser(sweep_dir)))
+    elif not _multirun(argv) and (run_dir := _explicit(values, "hydra.run.dir")) is not None:
+        check_creatable(run_dir)  # none given: a fresh, stamped directory
+        refuse_if_held(run_dir)
+        run_dirs.refuse_reuse(Path(os.path.expanduser(run_dir)), values.get("resume", resume))
 
 
 def check_creatable(path: str, key: str = "hydra.run.dir") -> None:
@@ -265,11 +255,7 @@ def check_creatable(path: str, key: str = "hydra.run.dir") -> None:
     try:
         raw = p.encode("utf-8")
     except UnicodeEncodeError:  # argv bytes this locale could not decode (surrogates)
-        raise ReprotrainError(
-            f"{key}: the path is not valid text in this locale "
-            f"({sys.getfilesystemencoding()}); use a UTF-8 locale (e.g. LC_ALL=C.UTF-8) or "
-            "an ASCII name"
-        ) from None
+        raise _not_text(f"{key}: the path", "an ASCII name") from None
     for part in p.split(os.sep):
         if len(part.encode()) > 255:
             raise ReprotrainError(
@@ -301,11 +287,14 @@ def check_argv_text(argv: list[str]) -> None:
             arg.encode("utf-8")
         except UnicodeEncodeError:
             key = arg.split("=", 1)[0] if "=" in arg else "an argument"
-            raise ReprotrainError(
-                f"{key}: the value is not valid text in this locale "
-                f"({sys.getfilesystemencoding()}); use a UTF-8 locale (e.g. LC_ALL=C.UTF-8) "
-                "or ASCII characters only"
-            ) from None
+            raise _not_text(f"{key}: the value", "ASCII characters only") from None
+
+
+def _not_text(what: str, fix: str) -> ReprotrainError:
+    """Argv bytes this locale could not decode (non-ASCII under ``LC_ALL=C``), in one line."""
+    locale = f"this locale ({sys.getfilesystemencoding()})"
+    fix = f"use a UTF-8 locale (e.g. LC_ALL=C.UTF-8) or {fix}"
+    return ReprotrainError(f"{what} is not valid text in {locale}; {fix}")
 
 
 def check_schema_keys(groups: dict[str, DictConfig]) -> None:
@@ -396,10 +385,7 @@ def cli_check() -> None:
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
         # AlreadyCompleted (exit 0), told by its code: importing resume.guard imports torch.
-        if e.exit_code == 0:
-            print(str(e), file=sys.stderr)
-            sys.exit(0)
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}" if e.exit_code else str(e), file=sys.stderr)
         sys.exit(e.exit_code)
     _checked = True
 
@@ -408,12 +394,15 @@ def _multirun(argv: list[str]) -> bool:
     return "--multirun" in argv or "-m" in argv
 
 
-def _explicit_dir(argv: list[str], key: str) -> Path | None:
+def _explicit(values: dict[str, str | None], key: str) -> str | None:
     """``key``'s value when given on the command line without interpolation, else None."""
-    value = _override_values(argv).get(key)
-    if value is None or "${" in value:
-        return None
-    return Path(os.path.expanduser(value))
+    value = values.get(key)
+    return None if value is None or "${" in value else value
+
+
+def _explicit_dir(argv: list[str], key: str) -> Path | None:
+    value = _explicit(_override_values(argv), key)
+    return None if value is None else Path(os.path.expanduser(value))
 
 
 def resume_overrides(argv: list[str], resume: str | None, redacted: Redacted) -> list[str]:

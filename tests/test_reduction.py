@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from reprotrain.config import ReductionSettings
 from reprotrain.distributed import Dist
-from reprotrain.reduction import DDP, Exact, Local, choose
+from reprotrain.reduction import DDP, Exact, Local, for_run
 from reprotrain.step.state import EpochProgress
 from step_harness import BATCH, Harness, batch
 
@@ -32,9 +33,10 @@ class TwoRanks(Dist):
 
 def test_the_mode_and_the_job_choose_the_reduction_once():
     one, two = Dist(), TwoRanks(rank=0, world_size=2)
-    assert type(choose(False, one)) is Local
-    assert type(choose(False, two)) is DDP
-    assert type(choose(True, one)) is Exact and type(choose(True, two)) is Exact
+    plain, invariant = ReductionSettings(), ReductionSettings(world_size_invariant=True)
+    assert type(for_run(plain, one)) is Local
+    assert type(for_run(plain, two)) is DDP
+    assert type(for_run(invariant, one)) is Exact and type(for_run(invariant, two)) is Exact
     assert [r.world_size_invariant for r in (Local(), DDP(two), Exact())] == [False, False, True]
 
 

@@ -46,9 +46,7 @@ def parallel_jobs_on_this_node(cores: int | None = None) -> int:
     if n_jobs is None:
         return 1
     n_jobs = int(n_jobs)
-    if n_jobs < 0:
-        n_jobs = cores + 1 + n_jobs
-    return max(1, n_jobs)
+    return max(1, cores + 1 + n_jobs if n_jobs < 0 else n_jobs)
 
 
 def cores_per_job(cap: Any = None) -> int:
@@ -97,12 +95,8 @@ def register_resolvers() -> None:
 
 def quiet_preset_schema_warning() -> None:
     """Hide Hydra's deprecation warning for our presets matching the plugins' schemas."""
-    names = "|".join(PRESETS)
-    warnings.filterwarnings(
-        "ignore",
-        message=rf"\s*'hydra/launcher/({names})' is validated against ConfigStore schema",
-        category=UserWarning,
-    )
+    message = rf"\s*'hydra/launcher/({'|'.join(PRESETS)})' is validated against ConfigStore schema"
+    warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
 def launched_by_submitit() -> bool:

@@ -16,6 +16,11 @@ def split_of(key: str) -> str | None:
     return split if split in SPLITS and name else None
 
 
+def _name(key: str) -> str:
+    """``acc`` of ``val_acc`` and of ``best_test_acc``."""
+    return key.removeprefix(BEST).partition("_")[2]
+
+
 def is_outcome(key: str, value: Any = None) -> bool:
     """A split metric whose value is a number (or None: a non-finite value written as null)."""
     if split_of(key) is None:
@@ -38,11 +43,7 @@ def sort_key(key: str) -> tuple[int, bool, bool, str]:
 
 def direction(metric: str, monitor: str, monitor_mode: str) -> str:
     """``max``/``min``: the monitor's mode for its name on any split, else min for a loss."""
-
-    def name(key: str) -> str:
-        return key.removeprefix(BEST).partition("_")[2]
-
-    if name(metric) == name(monitor):
+    if _name(metric) == _name(monitor):
         return monitor_mode
     return "min" if metric.endswith("_loss") else "max"
 
@@ -61,7 +62,7 @@ NON_NEGATIVE = ("loss", "rmse", "mse", "mae", "ece")
 
 def value_range(key: str) -> tuple[float, float]:
     """The values ``key`` can take, by its name: [0, 1], [0, inf), (-inf, 1] for r2, or all."""
-    name = key.removeprefix(BEST).partition("_")[2]
+    name = _name(key)
     head = name.split("_")[0]
     if head in UNIT_INTERVAL or name in UNIT_INTERVAL:
         return (0.0, 1.0)

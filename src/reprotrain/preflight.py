@@ -111,10 +111,8 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 def check(argv: list[str]) -> str | bool | None:
     """Compose and check every variant: the first one's ``resume`` (False: nothing runs)."""
-    composed = compose_all(argv)
-    if composed is False:
-        return False
-    return OmegaConf.select(composed[0], "resume", default=None) if composed else None
+    composed = compose_all(argv)  # never empty: one config per variant
+    return composed and OmegaConf.select(composed[0], "resume", default=None)
 
 
 def compose_all(argv: list[str]) -> list | bool:

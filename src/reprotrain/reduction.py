@@ -280,15 +280,9 @@ class Exact(Reduction):
         return None  # nothing in the checkpoint is per rank; config checks k % W
 
 
-def choose(world_size_invariant: bool, dist: Dist, sync_batchnorm: bool = False) -> Reduction:
-    """The run's one reduction: Exact when invariance is asked for, DDP in a group, else Local."""
-    if world_size_invariant:
-        return Exact(dist)
-    if dist.enabled:
-        return DDP(dist, sync_batchnorm)
-    return Local(dist)
-
-
 def for_run(settings: ReductionSettings, dist: Dist) -> Reduction:
-    """The reduction the trainer settings ask for (the one place that reads the mode)."""
-    return choose(bool(settings.world_size_invariant), dist, bool(settings.sync_batchnorm))
+    """The run's one reduction (the one place that reads the mode): Exact when invariance is
+    asked for, DDP in a process group, else Local."""
+    if settings.world_size_invariant:
+        return Exact(dist)
+    return DDP(dist, bool(settings.sync_batchnorm)) if dist.enabled else Local(dist)

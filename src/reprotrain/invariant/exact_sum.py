@@ -101,9 +101,7 @@ def flatten(part: Sequence[torch.Tensor], layout: Layout, out: Sequence[torch.Te
 
 
 def exact_sum(
-    parts: Sequence[Sequence[torch.Tensor]],
-    total_parts: int,
-    reduce: Reducer = no_reduce,
+    parts: Sequence[Sequence[torch.Tensor]], total_parts: int, reduce: Reducer = no_reduce
 ) -> list[torch.Tensor]:
     """Sum over every rank's ``parts`` (``parts[i][j]``: tensor j of part i); ``total_parts``
     (k over all ranks) sets the headroom. Same tensors on every rank; two collectives per call."""
@@ -117,10 +115,7 @@ def exact_sum(
 
 
 def exact_sum_stacked(
-    buffers: Sequence[torch.Tensor],
-    layout: Layout,
-    total_parts: int,
-    reduce: Reducer = no_reduce,
+    buffers: Sequence[torch.Tensor], layout: Layout, total_parts: int, reduce: Reducer = no_reduce
 ) -> list[torch.Tensor]:
     """:func:`exact_sum` of parts already flattened into ``stacked`` buffers."""
     device = buffers[0].device

@@ -132,12 +132,17 @@ class Digester:
             held, version, digest = seen
             if held is t and version == t._version:
                 return digest
-        data = t.detach().cpu().contiguous().reshape(-1)
-        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        raw = tensor_bytes(t).numpy().tobytes()
         digest = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode() + raw).hexdigest()
         if big:
             self._tensors[id(t)] = (t, t._version, digest)
         return digest
+
+
+def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's content as flat uint8 on the CPU: what two tensors' bits are compared by."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
 
 
 def instance_attributes(obj: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ log = logging.getLogger("reprotrain")
 
 # Options that change how the run executes, not its numbers (trainer.epochs may only grow).
 MAY_DIFFER = ("trainer.num_workers", "trainer.checkpoint_every_steps", "trainer.keep_checkpoints")
+RECORDED_ENV = ("python", "torch", "cuda", "cudnn", "device", "num_threads")  # in each resume
 
 
 @dataclass
@@ -94,10 +95,8 @@ NO_RUN_DIR = Path(os.devnull)
 
 
 def resume_before_hydra(resume: str, run_dir: Path | None, redacted: Callable[[], dict]) -> bool:
-    """The read-only early twin of :func:`find_resume_point` (preflight, before Hydra writes
-    ``.hydra/``): whether ``resume`` continues the run recorded in ``run_dir``. A refusal
-    raises as the trainer's would and leaves the run dir byte for byte as it was; the trainer
-    decides again under the run's lock. ``redacted()``: the config as the run records it."""
+    """Whether ``resume`` continues the run in ``run_dir``: :func:`find_resume_point`, read-only,
+    before Hydra writes (a refusal raises; the trainer decides again under the run's lock)."""
     from omegaconf.errors import OmegaConfBaseException
 
     try:
@@ -233,9 +232,7 @@ def resume_entry(point: ResumePoint, env: dict, current: dict, unrestored: list[
         "step": loop["epoch_step"],
         "global_step": loop["global_step"],
         "skipped_checkpoints": point.skipped,
-        "environment": {
-            k: env[k] for k in ("python", "torch", "cuda", "cudnn", "device", "num_threads")
-        },
+        "environment": {k: env[k] for k in RECORDED_ENV},
         "code_sha256": now["code_sha256"],
         "bitwise_guarantee": not mismatch and not unrestored and bool(verified.get("identical")),
         "verified": verified["line"],

@@ -15,6 +15,7 @@ import torch
 from reprotrain.errors import CheckpointError
 from reprotrain.hashing import file_sha256
 from reprotrain.repro import checkpoint
+from reprotrain.resume.audit import tensor_bytes
 from reprotrain.resume.guard import ResumePoint
 from reprotrain.run.record import CHECKPOINTS, RunRecord
 
@@ -75,7 +76,7 @@ def _tensor_difference(a: Any, b: Any, where: str) -> str | None:
     if a.dtype != b.dtype or a.shape != b.shape:
         shapes = f"{a.dtype} {list(a.shape)} in the checkpoint, {b.dtype} {list(b.shape)}"
         return f"{where}: {shapes} in the replay"
-    x, y = _bytes(a), _bytes(b)
+    x, y = tensor_bytes(a), tensor_bytes(b)
     if torch.equal(x, y):
         return None
     if a.is_floating_point() and a.numel():
@@ -84,11 +85,6 @@ def _tensor_difference(a: Any, b: Any, where: str) -> str | None:
         most = gap.max().item()
         return f"{where}: {differ} of {a.numel()} elements differ (max |a-b| {most:.3g})"
     return f"{where}: {list(a.shape)} {a.dtype} values differ"
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
 
 
 def _shown(value: Any) -> str:

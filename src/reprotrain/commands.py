@@ -41,7 +41,8 @@ class Command:
 
     name: str
     summary: str
-    #: ``module:function`` taking ``argv`` and returning the exit code, or a callable.
+    #: ``module:function`` (under ``reprotrain.``) taking ``argv`` and returning the exit code,
+    #: or a callable.
     target: str | Callable[[list[str]], int]
     exit_codes: dict[int, str]
 
@@ -56,7 +57,7 @@ class Command:
         target = self.target
         if isinstance(target, str):
             module, _, function = target.partition(":")
-            target = getattr(importlib.import_module(module), function)
+            target = getattr(importlib.import_module(f"reprotrain.{module}"), function)
         try:  # the exit code, also of a SystemExit (argparse, --help)
             with cli_prog(f"reprotrain {self.name}"):
                 code = target(argv)
@@ -106,6 +107,7 @@ def train(argv: list[str]) -> int:
 
 
 DEFAULT_SEEDS = "0,1,2"
+SEARCH_KEYS = ("hparams_search", "hydra/sweeper")  # and hydra.sweeper.params.*: a search
 
 
 def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
@@ -119,13 +121,8 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
     seeds, args = pop_option(rest, "--seeds", None)
     keys = [a.lstrip("+~").partition("=")[0] for a in args]
     own_seed = "seed.base" in keys
-    search = (
-        any(
-            k in ("hparams_search", "hydra/sweeper") or k.startswith("hydra.sweeper.params")
-            for k in keys
-        )
-        and "hydra/sweeper=basic" not in args
-    )
+    search = any(k in SEARCH_KEYS or k.startswith("hydra.sweeper.params") for k in keys)
+    search = search and "hydra/sweeper=basic" not in args
     if seeds is not None:
         if own_seed:
             raise ValueError(
@@ -245,49 +242,44 @@ COMMANDS: dict[str, Command] = {
     c.name: c
     for c in (
         Command("train", "one run: reprotrain train experiment=smoke [--nproc N]", train,
-                TRAIN_CODES),
+            TRAIN_CODES),
         Command("sweep", "a Hydra multirun (seeds, or hydra/sweeper=optuna) + summary", sweep,
-                TRAIN_CODES),
+            TRAIN_CODES),
         Command("resume", "continue an interrupted run in place: reprotrain resume RUN_DIR",
-                "reprotrain.tools.runs.resume:main", TRAIN_CODES),
+            "tools.runs.resume:main", TRAIN_CODES),
         Command("verify", "the same config twice in fresh processes; 0 only if bitwise equal",
-                "reprotrain.tools.runs.verify:main",
-                {0: "IDENTICAL", 1: "DIVERGED", 2: "refused or failed"}),
+            "tools.runs.verify:main", {0: "IDENTICAL", 1: "DIVERGED", 2: "refused or failed"}),
         Command("eval", "evaluate a run's checkpoint on the test split",
-                "reprotrain.tools.runs.eval:main", {0: "evaluated", 2: "error"}),
+            "tools.runs.eval:main", {0: "evaluated", 2: "error"}),
         Command("report", "write report.md + curves.png into a run directory",
-                "reprotrain.run.report:main", {0: "written", 2: "error"}),
+            "run.report:main", {0: "written", 2: "error"}),
         Command("summary", "(re)write a sweep's summary.json/.md/.png",
-                "reprotrain.tools.sweeps.sweep_summary:main",
-                {0: "written", 1: "no completed run", 2: "error"}),
+            "tools.sweeps.sweep_summary:main", {0: "written", 1: "no completed run", 2: "error"}),
         Command("archive", "pack a run or a whole sweep into a verifiable archive",
-                "reprotrain.tools.archive.archive:main", {0: "written", 2: "refused"}),
-        Command("reproduce", "replay an archive and compare",
-                "reprotrain.tools.reproduce.reproduce:main",
-                {0: "REPRODUCED or CONSISTENT", 1: "DIVERGED or INCONSISTENT", 2: "refused",
-                 3: "NOT COMPARABLE or INCONCLUSIVE", 4: "the re-run failed"}),
+            "tools.archive.archive:main", {0: "written", 2: "refused"}),
+        Command("reproduce", "replay an archive and compare", "tools.reproduce.reproduce:main",
+            {0: "REPRODUCED or CONSISTENT", 1: "DIVERGED or INCONSISTENT", 2: "refused",
+             3: "NOT COMPARABLE or INCONCLUSIVE", 4: "the re-run failed"}),
         Command("bisect", "first divergent step, then the first divergent op and module",
-                "reprotrain.tools.debugging.bisect:main", dict(VERDICT_CODES)),
+            "tools.debugging.bisect:main", dict(VERDICT_CODES)),
         Command("compare", "statistical verdict between two sweeps",
-                "reprotrain.tools.sweeps.compare_sweeps:main", dict(STATISTICAL_CODES)),
+            "tools.sweeps.compare_sweeps:main", dict(STATISTICAL_CODES)),
         Command("check-lock", "validate the hashed locks offline",
-                "reprotrain.tools.locks.check_lock:main", {0: "ok", 1: "a problem"}),
+            "tools.locks.check_lock:main", {0: "ok", 1: "a problem"}),
         Command("env-check", "compare the installed environment with the locks",
-                "reprotrain.tools.locks.env_check:main", {0: "ok", 1: "drift"}),
+            "tools.locks.env_check:main", {0: "ok", 1: "drift"}),
         Command("new-project", "a fresh repository from this template: NAME DEST",
-                "reprotrain.tools.template.new_project:main",
-                {0: "created", 1: "conflict", 2: "bad input"}),
+            "tools.template.new_project:main", {0: "created", 1: "conflict", 2: "bad input"}),
         Command("update-template", "in a project: merge the template's framework fixes",
-                "reprotrain.tools.template.update_template:main",
-                {0: "merged", 1: "conflict", 2: "bad input"}),
+            "tools.template.update_template:main", {0: "merged", 1: "conflict", 2: "bad input"}),
         Command("drill", "preemption drill: SIGKILL, resume, demand identical bits",
-                repo_script("kill_resume_trials.py"),
-                {0: "every trial identical", 1: "a trial differed", 2: "error"}),
+            repo_script("kill_resume_trials.py"),
+            {0: "every trial identical", 1: "a trial differed", 2: "error"}),
         Command("bench", "side-by-side ratios -> outputs/bench/<stamp>/bench.md",
-                repo_script("bench.py"), {0: "written", 1: "a measured run failed", 2: "error"}),
+            repo_script("bench.py"), {0: "written", 1: "a measured run failed", 2: "error"}),
         Command("gpu-check", "one-shot GPU check (one JSON)",
-                repo_script("gpu_check.sh", interpreter=["bash"]),
-                {0: "ok", 2: "no usable GPU or error"}),
+            repo_script("gpu_check.sh", interpreter=["bash"]),
+            {0: "ok", 2: "no usable GPU or error"}),
     )
 }  # fmt: skip
 

@@ -23,16 +23,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reprotrain import CONF_DIR, components
-from reprotrain.config import (
-    PROJECT_GROUPS,
-    check_num_classes,
-    check_std,
-    check_workers,
-    launch_world_size,
-    register_configs,
-    validate,
-)
+from reprotrain import CONF_DIR, components, config
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import hashseed
 from reprotrain.repro import secrets as env_secrets
@@ -136,9 +127,9 @@ def compose_all(argv: list[str]) -> list | bool:
                 check_sweep(first.hydra.sweeper, first.trainer, args.overrides)
             for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
-                check_schema_keys({group: cfg[group] for group in PROJECT_GROUPS})
+                check_schema_keys({group: cfg[group] for group in config.PROJECT_GROUPS})
                 check_text_lists({key: cfg.get(key) for key in TEXT_LISTS})
-                validate(cfg, launch_world_size())
+                config.validate(cfg, config.launch_world_size())
                 if cfg.repro.level == "portable":  # before any user code imports torch: a
                     hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
                 components.check(cfg)
@@ -184,7 +175,7 @@ def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any)
     and its class alone (the channel count stays the trainer's check)."""
     mean, std = node.get("mean"), node.get("std")
     if _numbers(std):
-        check_std(std)
+        config.check_std(std)
     if _numbers(mean) and _numbers(std) and len(mean) != len(std):
         raise ReprotrainError(
             f"dataset.mean has {len(mean)} values but dataset.std has {len(std)}; give one "
@@ -193,8 +184,8 @@ def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any)
     cls = components.locate(str(node["_target_"]), "dataset")
     in_memory = getattr(cls, "in_memory", False) is True
     target = str(node["_target_"])
-    check_workers(trainer.pipeline, trainer.num_workers, in_memory=in_memory, target=target)
-    check_num_classes(num_classes, declared_num_classes(cls, node))
+    config.check_workers(trainer.pipeline, trainer.num_workers, in_memory=in_memory, target=target)
+    config.check_num_classes(num_classes, declared_num_classes(cls, node))
 
 
 def _numbers(value: Any) -> bool:
@@ -300,7 +291,7 @@ def check_schema_keys(groups: dict[str, DictConfig]) -> None:
     from dataclasses import fields
 
     for group, node in groups.items():
-        known = {f.name for f in fields(PROJECT_GROUPS[group])}
+        known = {f.name for f in fields(config.PROJECT_GROUPS[group])}
         extra = sorted(set(node) - known)
         if extra:
             raise ReprotrainError(
@@ -365,7 +356,7 @@ _checked = False
 def cli_check() -> None:
     """Register the schema and resolvers, check ``sys.argv`` once; exit 2 in one line."""
     global _checked
-    register_configs()
+    config.register_configs()
     register_resolvers()
     if _checked:
         return

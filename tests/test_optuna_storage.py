@@ -24,7 +24,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, base_env
-from reprotrain import preflight
+from reprotrain import preflight, sweep_checks
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
 from reprotrain.tools.sweeps import optuna_study
@@ -280,13 +280,13 @@ def test_hparams_search_without_a_plus_says_to_add_it_in_one_line():
 
 def test_continuing_needs_the_studys_own_sweep_dir_in_one_line(tmp_path):
     values = {"hydra.sweeper.resume": "True"}
-    assert preflight.continues_study(values)
+    assert sweep_checks.continues_study(values)
     with pytest.raises(ReprotrainError, match="give its directory"):
-        preflight.check_continued_study(None)
+        sweep_checks.check_continued_study(None)
     with pytest.raises(ReprotrainError, match="holds no sweep"):
-        preflight.check_continued_study(str(tmp_path))
+        sweep_checks.check_continued_study(str(tmp_path))
     (tmp_path / "multirun.yaml").write_text("hydra: {}\n")
-    preflight.check_continued_study(str(tmp_path))  # a sweep to continue: passes
+    sweep_checks.check_continued_study(str(tmp_path))  # a sweep to continue: passes
     argv = ["--multirun", f"hydra.sweep.dir={tmp_path}", "hydra.sweeper.resume=true"]
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "run.json").write_text("{}")

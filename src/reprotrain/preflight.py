@@ -24,16 +24,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain import CONF_DIR, components, config
+from reprotrain import sweep_checks as sweeps
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import hashseed
 from reprotrain.repro import secrets as env_secrets
-from reprotrain.sweep_checks import (
-    check_continued_study,
-    check_sweep,
-    check_sweep_overrides,
-    continues_study,
-    sweep_values,
-)
 
 #: The composed config as the run records it, computed on demand (``secrets.redact``).
 Redacted = Callable[[], dict]
@@ -86,17 +80,15 @@ def _yaml_error(e: BaseException) -> str | None:
 def expand(overrides: list[str]) -> list[list[str]]:
     """One override list per sweep value (others at their first value), or just the input."""
     parsed = OverridesParser.create().parse_overrides(overrides)
-    base = [
-        f"{o.get_key_element()}={sweep_values(o)[0]}" if o.is_sweep_override() else o.input_line
-        for o in parsed
-    ]
+    values = [sweeps.sweep_values(o) if o.is_sweep_override() else [] for o in parsed]
+    pairs = list(zip(parsed, values, strict=True))
+    base = [f"{o.get_key_element()}={v[0]}" if v else o.input_line for o, v in pairs]
     variants = [base]
-    for i, o in enumerate(parsed):
-        if o.is_sweep_override():
-            for value in sweep_values(o)[1:]:
-                variant = list(base)
-                variant[i] = f"{o.get_key_element()}={value}"
-                variants.append(variant)
+    for i, (o, v) in enumerate(pairs):
+        for value in v[1:]:
+            variant = list(base)
+            variant[i] = f"{o.get_key_element()}={value}"
+            variants.append(variant)
     return variants
 
 
@@ -120,11 +112,11 @@ def compose_all(argv: list[str]) -> list | bool:
             refuse_sweep_without_multirun(args.overrides)
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             if args.multirun:
-                check_sweep_overrides(args.overrides)
+                sweeps.check_sweep_overrides(args.overrides)
             variants = expand(args.overrides)
             if args.multirun:  # the sweeper and its search space, before anything is written
                 first = compose(config_name, variants[0], return_hydra_config=True)
-                check_sweep(first.hydra.sweeper, first.trainer, args.overrides)
+                sweeps.check_sweep(first.hydra.sweeper, first.trainer, args.overrides)
             for overrides in variants:
                 cfg = compose(config_name=config_name, overrides=overrides)
                 check_schema_keys({group: cfg[group] for group in config.PROJECT_GROUPS})
@@ -228,8 +220,8 @@ def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None
     from reprotrain.run.mutex import refuse_if_held
 
     values = _override_values(argv)
-    if _multirun(argv) and continues_study(values):  # hydra.sweeper.resume=true: its own dir
-        check_continued_study(values.get("hydra.sweep.dir"))
+    if _multirun(argv) and sweeps.continues_study(values):  # hydra.sweeper.resume=true
+        sweeps.check_continued_study(values.get("hydra.sweep.dir"))
     elif _multirun(argv) and (sweep_dir := _explicit(values, "hydra.sweep.dir")) is not None:
         check_creatable(sweep_dir, "hydra.sweep.dir")
         run_dirs.refuse_used_sweep_dir(Path(os.path.expanduser(sweep_dir)))
@@ -389,31 +381,29 @@ def _explicit(values: dict[str, str | None], key: str) -> str | None:
     return None if value is None or "${" in value else value
 
 
-def _explicit_dir(argv: list[str], key: str) -> Path | None:
-    value = _explicit(_override_values(argv), key)
-    return None if value is None else Path(os.path.expanduser(value))
-
-
 def resume_overrides(argv: list[str], resume: str | None, redacted: Redacted) -> list[str]:
     """``hydra.output_subdir=null`` when ``resume`` continues a recorded run, decided
     read-only by ``resume.guard.resume_before_hydra`` (imported only for a resume: torch)."""
-    run_dir = _explicit_dir(argv, "hydra.run.dir")
+    values = _override_values(argv)
+    run_dir = _explicit(values, "hydra.run.dir")
     if _multirun(argv) or resume is None or (resume == "auto" and run_dir is None):
         return []  # a fresh start (``auto`` in a new stamped directory starts fresh)
     from reprotrain.resume.guard import resume_before_hydra
 
-    if not resume_before_hydra(str(resume), run_dir, redacted):
+    run_path = None if run_dir is None else Path(os.path.expanduser(run_dir))
+    if not resume_before_hydra(str(resume), run_path, redacted):
         return []
-    return [] if "hydra.output_subdir" in _override_values(argv) else ["hydra.output_subdir=null"]
+    return [] if "hydra.output_subdir" in values else ["hydra.output_subdir=null"]
 
 
 def claim_explicit_sweep_dir(argv: list[str]) -> None:
     """A ``--multirun`` claims an explicit ``hydra.sweep.dir`` atomically: of two, one runs."""
     from reprotrain.run import directory as run_dirs
 
-    sweep_dir = _explicit_dir(argv, "hydra.sweep.dir")
-    if _multirun(argv) and sweep_dir is not None and not continues_study(_override_values(argv)):
-        run_dirs.claim_sweep_dir(sweep_dir)
+    values = _override_values(argv)
+    sweep_dir = _explicit(values, "hydra.sweep.dir")
+    if _multirun(argv) and sweep_dir is not None and not sweeps.continues_study(values):
+        run_dirs.claim_sweep_dir(Path(os.path.expanduser(sweep_dir)))
 
 
 def check_nproc(text: str) -> int:

@@ -70,9 +70,8 @@ class Dist:
         """Each flag True on every rank if it is True on any rank, in one all-reduce."""
         if not self.enabled:
             return tuple(bool(f) for f in flags)
-        t = torch.tensor(
-            [1 if f else 0 for f in flags], dtype=torch.int32, device=self._comm_device
-        )
+        bits = [1 if f else 0 for f in flags]
+        t = torch.tensor(bits, dtype=torch.int32, device=self._comm_device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return tuple(bool(v) for v in t.tolist())
 

@@ -8,6 +8,7 @@ docs/invariance-performance.md."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -201,19 +202,13 @@ def _largest(buffer: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
 def _as_dtypes(flat: torch.Tensor, layout: Layout, members: tuple[int, ...]):
     """``flat``'s pieces as the tensors ``members``: one conversion per run of one dtype."""
     pieces: list[torch.Tensor] = []
-    start = 0
-    while start < len(members):
-        dtype = layout.dtypes[members[start]]
-        end = start
-        while end < len(members) and layout.dtypes[members[end]] == dtype:
-            end += 1
-        run = [layout.shapes[i] for i in members[start:end]]
-        lo = sum(layout.shapes[i].numel() for i in members[:start])
-        hi = lo + sum(s.numel() for s in run)
-        converted = flat[lo:hi].to(dtype)
-        split = converted.split([s.numel() for s in run])
-        pieces += [p.view(s) for p, s in zip(split, run, strict=True)]
-        start = end
+    lo = 0
+    for dtype, run in itertools.groupby(members, key=layout.dtypes.__getitem__):
+        shapes = [layout.shapes[i] for i in run]
+        hi = lo + sum(s.numel() for s in shapes)
+        split = flat[lo:hi].to(dtype).split([s.numel() for s in shapes])
+        pieces += [p.view(s) for p, s in zip(split, shapes, strict=True)]
+        lo = hi
     return pieces
 
 

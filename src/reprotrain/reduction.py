@@ -16,16 +16,8 @@ from torch import nn
 from reprotrain.config import ReductionSettings
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
+from reprotrain.invariant import exact_sum
 from reprotrain.invariant.batchnorm import MicroBatchNorm
-from reprotrain.invariant.exact_sum import (
-    Layout,
-    exact_sum_stacked,
-    flatten,
-    layout_of,
-    no_reduce,
-    stacked,
-    torch_reducer,
-)
 from reprotrain.step.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
 from reprotrain.tasks.metrics import as_sum
 
@@ -74,7 +66,7 @@ class ExactSum(Accumulator):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.local, self.total, self.reduce, self.bn = local, total, reduce, bn
         self.buffers: list[torch.Tensor] = []  # exact_sum.stacked: row i = micro-batch i
-        self.layout: Layout | None = None
+        self.layout: exact_sum.Layout | None = None
         self.names: list[str] | None = None
         self.added = 0
 
@@ -85,16 +77,16 @@ class ExactSum(Accumulator):
         self.names = sorted(sums) if self.names is None else self.names
         part = [*grads, loss.detach().float(), *(as_sum(sums[m]) for m in self.names)]
         if self.layout is None:
-            self.layout = layout_of(part)
-            self.buffers = stacked(self.layout, self.local, loss.device)
-        flatten(part, self.layout, [buffer[self.added] for buffer in self.buffers])
+            self.layout = exact_sum.layout_of(part)
+            self.buffers = exact_sum.stacked(self.layout, self.local, loss.device)
+        exact_sum.flatten(part, self.layout, [buffer[self.added] for buffer in self.buffers])
         self.added += 1
 
     def finish(self) -> tuple[torch.Tensor, Sums]:
         # One exact sum for gradients, loss and metric sums: one MAX and one SUM all-reduce
         # per step (each tensor keeps its own scale: the bits of separate calls).
         assert self.layout is not None and self.added == self.local
-        summed = exact_sum_stacked(self.buffers, self.layout, self.total, self.reduce)
+        summed = exact_sum.exact_sum_stacked(self.buffers, self.layout, self.total, self.reduce)
         self.buffers = []
         for p, g in zip(self.params, summed, strict=False):
             p.grad = g
@@ -247,7 +239,7 @@ class Exact(Reduction):
         super().__init__(dist)
         # one process (also torchrun with one rank): its parts are all the parts, so every
         # collective is the identity; none runs
-        self.reduce = torch_reducer() if self.dist.world_size > 1 else no_reduce
+        self.reduce = exact_sum.torch_reducer() if self.dist.world_size > 1 else exact_sum.no_reduce
         self.bn: MicroBatchNorm | None = None
 
     def prepare(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:

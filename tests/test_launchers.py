@@ -241,7 +241,7 @@ def test_a_preempted_submitit_job_is_requeued_and_ends_bitwise_equal(tmp_path, r
 
 def test_run_stamp_outside_torchrun_is_time_and_random_hex_fixed_per_process(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(launchers, "_STAMP", None)
+    launchers.run_stamp.cache_clear()
     stamp = launchers.run_stamp()
     assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d-[0-9a-f]{6}", stamp)
     assert launchers.run_stamp() == stamp  # every read of the run dir agrees

@@ -165,10 +165,8 @@ def check_seed_list(text: str, name: str) -> None:
 def sweep(argv: list[str]) -> int:
     """``reprotrain sweep [--seeds 0,1,2] [overrides...]``: a Hydra multirun + summary."""
     if argv[:1] in (["-h"], ["--help"]):
-        print(
-            "usage: reprotrain sweep [--seeds S] [--nproc N] [overrides...]\n\n"
-            + (sweep_args.__doc__ or "")
-        )
+        usage = "usage: reprotrain sweep [--seeds S] [--nproc N] [overrides...]"
+        print(f"{usage}\n\n{sweep_args.__doc__ or ''}")
         return 0
     try:
         nproc, args = sweep_args(argv)
@@ -328,18 +326,15 @@ GATED = ("report", "compare", "train")
 
 def _gated(command: Command, argv: list[str]) -> int:
     """``command.run(argv)``, after the archive trust decision for a gated command."""
-    if command.name not in GATED or argv[:1] in (["-h"], ["--help"]):
-        return command.run(argv)
-    if command.name == "train" and not any(a.startswith("resume=") for a in argv):
-        return command.run(argv)  # a fresh run builds its own composed config
+    train, resumes = command.name == "train", [a for a in argv if a.startswith("resume=")]
+    if command.name not in GATED or argv[:1] in (["-h"], ["--help"]) or (train and not resumes):
+        return command.run(argv)  # train: a fresh run builds its own composed config
     from reprotrain.errors import ReprotrainError
     from reprotrain.tools.reproduce import run_trust
 
     trust, signers, argv = run_trust.pop_arguments(argv)
-    # train builds its own composed config; only the checkpoint it resumes is the run's
-    given = [a for a in argv if a.startswith("resume=")] if command.name == "train" else argv
-    try:
-        run_trust.require_trust(run_trust.paths_in(given), trust, signers)
+    try:  # train: only the checkpoint it resumes is the run's
+        run_trust.require_trust(run_trust.paths_in(resumes if train else argv), trust, signers)
     except ReprotrainError as e:
         refuse(e)
         return e.exit_code

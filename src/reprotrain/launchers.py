@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import signal
@@ -56,16 +57,11 @@ def cores_per_job(cap: Any = None) -> int:
     return min(n, int(cap)) if cap not in (None, "") else n
 
 
-_STAMP: str | None = None
-
-
+@functools.cache
 def run_stamp() -> str:
     """``${run_stamp:}``: ``<date>_<time>-<6 hex>``, rank 0's in every torchrun rank."""
-    global _STAMP
-    if _STAMP is None:
-        mine = f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{secrets.token_hex(3)}"
-        _STAMP = agree_across_ranks("reprotrain/run_stamp", mine)
-    return _STAMP
+    mine = f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{secrets.token_hex(3)}"
+    return agree_across_ranks("reprotrain/run_stamp", mine)
 
 
 def agree_across_ranks(key: str, value: str) -> str:

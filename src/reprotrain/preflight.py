@@ -315,9 +315,7 @@ def check_monitor(task: DictConfig, loss: Any, trainer: DictConfig) -> None:
     """``trainer.monitor`` names a metric the task logs; ``monitor_mode`` is its direction."""
     declared = components.declared_metrics(task, loss)
     monitor, mode = trainer.monitor, trainer.monitor_mode
-    known = {
-        f"{split}_{name}": better for split in ("val", "train") for name, better in declared.items()
-    }
+    known = {f"{s}_{name}": better for s in ("val", "train") for name, better in declared.items()}
     if monitor not in known:
         raise ReprotrainError(
             f"trainer.monitor={monitor} is not a metric of task {task._target_}; "

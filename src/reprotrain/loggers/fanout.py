@@ -13,13 +13,13 @@ if TYPE_CHECKING:
     from reprotrain.loggers.settings import LoggerSettings
 
 log = logging.getLogger("reprotrain")
+_OFF = "logger %s failed in %s (%s); switched off for this run (metrics.jsonl is unaffected)"
 
 
 def switched_off(name: str, method: str, e: Exception) -> None:
     """The one warning of a logger that raised: it is switched off, the run goes on."""
-    first = str(e).splitlines()[0] if str(e) else ""
-    log.warning("logger %s failed in %s (%s: %s); it is switched off for the rest of this run "
-                "(metrics.jsonl is unaffected)", name, method, type(e).__name__, first)  # fmt: skip
+    why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    log.warning(_OFF, name, method, why)
 
 
 @dataclass

@@ -18,10 +18,8 @@ from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
 from reprotrain.run.record import DAMAGED_HINT, parse_json_object, parse_jsonl
 
-__all__ = [
-    "parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config", "read_run_json",
-    "read_text",
-]  # fmt: skip
+__all__ = ["parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config"]
+__all__ += ["read_run_json", "read_text"]
 
 
 def read_text(path: Path, label: str | None = None) -> str:

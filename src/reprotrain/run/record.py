@@ -28,6 +28,10 @@ FINGERPRINTS = "fingerprints.jsonl"
 RESOLVED_CONFIG = "config.resolved.yaml"
 CHECKPOINTS = "checkpoints"
 STATUSES = ("running", "completed", "failed", "interrupted")
+# What a run leaves beside run.json: found without one, someone's record a start would
+# overwrite. Not Hydra's ``.hydra/`` and log: Hydra writes them before the trainer looks.
+_OTHERS = "environment.txt git.diff tensorboard report.md curves.png eval.json evals"
+RUN_FILES = (METRICS, FINGERPRINTS, RESOLVED_CONFIG, *_OTHERS.split())
 _writer = True  # False on DDP ranks > 0: rank 0 is the one writer of the run directory
 
 

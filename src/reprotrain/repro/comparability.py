@@ -157,10 +157,8 @@ def precision_difference(recorded_repro: dict | None, current_repro: dict | None
     after = tuple(b.get(k, MISSING) for k in keys)
     if before == after:
         return None
-    return (
-        f"precision: {_show(before[0])} -> {_show(after[0])} (trainer.precision): not the "
-        "same float math"
-    )
+    change = f"{_show(before[0])} -> {_show(after[0])}"
+    return f"precision: {change} (trainer.precision): not the same float math"
 
 
 def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool) -> list[str]:

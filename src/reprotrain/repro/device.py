@@ -126,10 +126,8 @@ def resolve_for_resume(
                     f"to continue on another device anyway (not bitwise), add "
                     f"{ALLOW_CHANGE_OVERRIDE}"
                 ) from None
-            device = resolve("auto", local_rank)
-            log.warning("device changes %s -> %s: bitwise equality is not kept", recorded, device)
-            return device
-    if not allow_change:
+            requested = "auto"
+    elif not allow_change:
         raise ReprotrainError(
             f"the run was recorded on {recorded}; trainer.device={requested} would continue on "
             f"{kind} (not bitwise): add {ALLOW_CHANGE_OVERRIDE} to do that anyway"

@@ -190,16 +190,27 @@ def parse_jsonl(text: str, label: str, *, torn_tail_ok: bool = False) -> list[di
     return rows
 
 
+def read_text(path: Path, label: str | None = None) -> str:
+    """The file's text, or RecordError when it is missing, unreadable, or not UTF-8."""
+    path = Path(path)
+    label = label or str(path)
+    if not path.exists():
+        raise RecordError(f"{label}: no such file")
+    if not path.is_file():
+        raise RecordError(f"{label}: not a regular file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise RecordError(f"cannot read {label}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise RecordError(f"{label}: not UTF-8 text (byte {e.start}); {DAMAGED_HINT}") from None
+
+
 def read_jsonl(path: Path, *, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
     """The one reader of metrics.jsonl / fingerprints.jsonl ([] when absent)."""
-    path = Path(path)
-    if not path.exists():
+    if not Path(path).exists():
         return []
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise RecordError(f"cannot read {path}: {e}") from None
-    return parse_jsonl(text, str(path), torn_tail_ok=torn_tail_ok)
+    return parse_jsonl(read_text(path), str(path), torn_tail_ok=torn_tail_ok)
 
 
 class RunRecord:

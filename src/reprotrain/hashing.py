@@ -56,18 +56,14 @@ def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
     for path in files:
         st = path.stat()
         key = str(path.resolve())
-        entry = cache.get(key)
-        if (
-            isinstance(entry, dict)
-            and entry.get("size") == st.st_size
-            and entry.get("mtime_ns") == st.st_mtime_ns
-            and isinstance(entry.get("sha256"), str)
-        ):
+        entry, stamp = cache.get(key), {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        fresh = isinstance(entry, dict) and stamp.items() <= entry.items()  # same size and mtime
+        if fresh and isinstance(entry.get("sha256"), str):
             content = entry["sha256"]
         else:
             content = file_sha256(path)
             if cache_file is not None and now_ns - st.st_mtime_ns > _RACY_WINDOW_NS:
-                cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": content}
+                cache[key] = {**stamp, "sha256": content}
                 dirty = True
             elif key in cache:
                 del cache[key]

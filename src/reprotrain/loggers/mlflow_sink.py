@@ -204,11 +204,7 @@ def start_sweep_run(node: Any, sweep_dir: Path, name: str, overrides: list[str])
             )
             log_params(client, run.info.run_id, {"sweep.overrides": " ".join(overrides)})
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        data = {
-            "run_id": run.info.run_id,
-            "experiment_id": exp_id,
-            "store_sha256": store_digest(uri),
-        }
+        data = dict(run_id=run.info.run_id, experiment_id=exp_id, store_sha256=store_digest(uri))
         (sweep_dir / PARENT_JSON).write_text(json.dumps(data, indent=1) + "\n")
         return run.info.run_id
     except Exception as e:

@@ -155,10 +155,8 @@ def resumed_history(
 @contextlib.contextmanager
 def preserved_rng() -> Iterator[None]:
     """Restore python, NumPy and torch CPU RNG state after third-party code ran.
-
     Closes: a logger's draw (a random run id) shifting the ``train`` stream. CUDA generators
-    are left alone (logging code does not touch them; copying them would sync the device).
-    """
+    are left alone (logging code does not touch them; copying them would sync the device)."""
     import random
 
     import numpy as np

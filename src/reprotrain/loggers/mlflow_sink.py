@@ -1,7 +1,6 @@
 """MLflow: one MLflow run per run directory (``MlflowClient``, no global active run), found
 again on resume by its ``reprotrain.run_key`` tag; a sweep is a parent run (docs/loggers.md).
-Closes: a store URI's credentials in a record (the sweep dir keeps its sha256, never the URI).
-"""
+Closes: a store URI's credentials in a record (the sweep dir keeps its sha256, never the URI)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """What a tracker is told about a run: parameters, tags, its stable key, its sweep.
-
 Closes: a secret in a tracker: the resolved config (``oc.env`` as its interpolation) and
-run.json's identity fields only, never the environment or command line (docs/loggers.md).
-"""
+run.json's identity fields only, never the environment or command line (docs/loggers.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Checkpoints that hold everything an exact resume needs, written atomically.
-
 Closes: resume drift. A checkpoint is the ``state_dict()`` of every Stateful part the trainer
 names, plus the config and seeds; loaded with ``weights_only=True``. ``best.pt`` and pruning:
-docs/run-directory.md.
-"""
+docs/run-directory.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The one rule for when two environments may promise identical bits.
-
 Closes: false bitwise promises and false alarms. Resume and reproduce both ask
 ``differences(recorded, current)``; empty: the same code and config can give the same bits
 here. What is compared, what is only a note, and why: docs/gpus.md. When in doubt a field is
-compared; a field a record lacks is "not recorded" and differs, one recorded None matches None.
-"""
+compared; a field a record lacks is "not recorded" and differs, one recorded None matches None."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Which device a run trains on, decided once, recorded, and reused on resume and reproduce.
-
 Closes: silent device changes (``auto`` falling back to the CPU without a word, or
 re-resolved on another host). ``auto`` never picks MPS; a device-type change on resume is
-refused unless ``trainer.allow_device_change=true``. The rules: docs/gpus.md.
-"""
+refused unless ``trainer.allow_device_change=true``. The rules: docs/gpus.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The environment record of a run (run.json ``environment``).
-
 Closes (as a record): environment drift (versions, the machine, threads, world size, the
 variables that steer the kernels); what must match: ``repro/comparability.py``. Variables
-are copied from an allowlist only: no token (WANDB_API_KEY, HF_TOKEN...) reaches a record.
-"""
+are copied from an allowlist only: no token (WANDB_API_KEY, HF_TOKEN...) reaches a record."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Code identity for run.json without copying anything that was never committed.
-
 Closes (as records): code drift, keeping secrets out (docs/guarantees.md): untracked files
 by name, size and sha256 only, remote URLs without credentials; in the container (no
-``.git``) the commit the image was built from (``REPROTRAIN_GIT_COMMIT``).
-"""
+``.git``) the commit the image was built from (``REPROTRAIN_GIT_COMMIT``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Per-op hashes of chosen training steps: what ``make bisect`` compares between two runs.
-
 Closes: "the runs differ, but where?" (docs/when-bits-differ.md). ``REPROTRAIN_TRACE_STEPS``
 (0-based, comma-separated) writes ``<REPROTRAIN_TRACE_DIR>/step-<N>.jsonl``,
 ``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` a line per step to ``digests.jsonl``. A dispatch
-mode only observes (same bits); unset, :func:`step` is a shared null context.
-"""
+mode only observes (same bits); unset, :func:`step` is a shared null context."""
 
 from __future__ import annotations
 

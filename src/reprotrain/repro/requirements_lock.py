@@ -1,11 +1,9 @@
 """Hashed lock files and the installed environment: the control for *environment drift*.
-
 Closes: a run whose numerics depend on which build of torch/numpy/... is installed. Answers
 offline: is the lock sound, does the interpreter hold exactly it (``env_drift``), which lock
 did a run use (``lock_sha256``)? docs/reproducing-elsewhere.md; why not a library:
 docs/design.md, "Large rooms". Standard library only (``make check-lock`` runs before any
-venv); ``packaging`` is used when importable.
-"""
+venv); ``packaging`` is used when importable."""
 
 from __future__ import annotations
 

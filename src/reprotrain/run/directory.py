@@ -1,9 +1,7 @@
 """A run directory is written once; so is a sweep directory (docs/run-directory.md).
-
 Closes: a fresh run replacing the records of one already in its directory, and a second
 sweep into one ``hydra.sweep.dir``. Checked before Hydra starts (``preflight``) and again by
-the trainer once it holds the directory's lock.
-"""
+the trainer once it holds the directory's lock."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Read a run's record files, or fail in one line that names the file (and line).
-
 Closes: a corrupt record turning ``make archive`` / ``resume`` / ``reproduce`` into a
-traceback or exit 1 (DIVERGED). The parsers take text: archive members are checked unextracted.
-"""
+traceback or exit 1 (DIVERGED). The parsers take text: archive members are checked unextracted."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The run directory: the one reader/writer of run.json and its sibling files.
-
 Closes (as records): "it lived only in a terminal" (layout: docs/run-directory.md). Every
 write is atomic (temp, fsync, rename); every record is strict JSON (a non-finite float
-becomes ``null``, its path listed in ``nonfinite``: jq, JavaScript and Go reject ``NaN``).
-"""
+becomes ``null``, its path listed in ``nonfinite``: jq, JavaScript and Go reject ``NaN``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Write report.md and curves.png for a run, from its run directory alone.
-
-    python -m reprotrain.run.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
-
-What it reads and how gaps show: docs/seeing-a-run.md. A missing or corrupt record is one
-``error:`` line, exit 2.
-"""
+"""Write report.md and curves.png for a run, from its run directory alone: ``python -m
+reprotrain.run.report RUN_DIR [--out DIR]`` (or ``make report RUN=RUN_DIR``). What it reads and
+how gaps show: docs/seeing-a-run.md. A missing or corrupt record is one ``error:`` line, exit 2."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The one schema of run.json, checked by every reader (docs/archive-and-reproduce.md).
-
 Closes: a record that contradicts itself being archived and replayed, or crashing a tool
 with a traceback. Each field has one form, checked where present (unknown keys are kept);
-what a use needs on top (a replay: ``seeds.base``, ``repro.level``) is asked with ``required``.
-"""
+what a use needs on top (a replay: ``seeds.base``, ``repro.level``) is asked with ``required``."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from reprotrain.errors import RecordError
 from reprotrain.run.record import STATUSES
 
 HINT = "the record contradicts itself (was it edited?); restore it from a copy or re-run"
+STREAMS = ("init", "data", "augment", "train")  # the seed streams besides ``seeds.base``
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ FIELDS: dict[str, Form] = {
     "seeds": OBJECT,
     "seeds.base": INTEGER,
     "seeds.source": _nullable(STRING),
-    **{f"seeds.{s}": _nullable(INTEGER) for s in ("init", "data", "augment", "train")},
+    **{f"seeds.{s}": _nullable(INTEGER) for s in STREAMS},
     "repro": OBJECT,
     "repro.level": LEVEL,
     "repro.precision": _nullable(PRECISION),  # absent from records before issue 44

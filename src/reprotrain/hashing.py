@@ -32,15 +32,12 @@ def file_sha256(path: Path) -> str:
 
 def _read_cache(cache_file: Path | None) -> dict[str, dict]:
     """The per-file hash cache; empty when missing or unreadable (it must never fail a run)."""
-    if cache_file is None:
-        return {}
     try:
-        raw = json.loads(Path(cache_file).read_text(encoding="utf-8"))
+        raw = json.loads(Path(cache_file).read_text(encoding="utf-8")) if cache_file else {}
     except (OSError, ValueError):
         return {}
-    if not isinstance(raw, dict) or raw.get("version") != _CACHE_VERSION:
-        return {}
-    entries = raw.get("entries")
+    ours = isinstance(raw, dict) and raw.get("version") == _CACHE_VERSION
+    entries = raw.get("entries") if ours else None
     return entries if isinstance(entries, dict) else {}
 
 

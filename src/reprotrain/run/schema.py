@@ -83,7 +83,7 @@ FIELDS: dict[str, Form] = {
     **{f"seeds.{s}": _nullable(INTEGER) for s in STREAMS},
     "repro": OBJECT,
     "repro.level": LEVEL,
-    "repro.precision": _nullable(PRECISION),  # absent from records before issue 44
+    "repro.precision": PRECISION,
     "repro.pythonhashseed": _nullable(HASHSEED),
     "world_size": POSITIVE,
     "ranks": OBJECTS,

@@ -1,9 +1,7 @@
 """Every sha256 the project takes: of text, of files (cached), of tensors and of losses.
-
 One home, so "the same bytes" means one thing everywhere. Files close *data drift*; a file's
 hash is cached by (absolute path, size, mtime_ns), as ``git status`` does, and like git's
-"racy" entries a file modified in the last few seconds is hashed but not cached.
-"""
+"racy" entries a file modified in the last few seconds is hashed but not cached."""
 
 from __future__ import annotations
 
@@ -34,15 +32,12 @@ def file_sha256(path: Path) -> str:
 
 def _read_cache(cache_file: Path | None) -> dict[str, dict]:
     """The per-file hash cache; empty when missing or unreadable (it must never fail a run)."""
-    if cache_file is None:
-        return {}
     try:
-        raw = json.loads(Path(cache_file).read_text(encoding="utf-8"))
+        raw = json.loads(Path(cache_file).read_text(encoding="utf-8")) if cache_file else {}
     except (OSError, ValueError):
         return {}
-    if not isinstance(raw, dict) or raw.get("version") != _CACHE_VERSION:
-        return {}
-    entries = raw.get("entries")
+    ours = isinstance(raw, dict) and raw.get("version") == _CACHE_VERSION
+    entries = raw.get("entries") if ours else None
     return entries if isinstance(entries, dict) else {}
 
 
@@ -56,18 +51,14 @@ def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
     for path in files:
         st = path.stat()
         key = str(path.resolve())
-        entry = cache.get(key)
-        if (
-            isinstance(entry, dict)
-            and entry.get("size") == st.st_size
-            and entry.get("mtime_ns") == st.st_mtime_ns
-            and isinstance(entry.get("sha256"), str)
-        ):
+        entry, stamp = cache.get(key), {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        fresh = isinstance(entry, dict) and stamp.items() <= entry.items()  # same size and mtime
+        if fresh and isinstance(entry.get("sha256"), str):
             content = entry["sha256"]
         else:
             content = file_sha256(path)
             if cache_file is not None and now_ns - st.st_mtime_ns > _RACY_WINDOW_NS:
-                cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": content}
+                cache[key] = {**stamp, "sha256": content}
                 dirty = True
             elif key in cache:
                 del cache[key]

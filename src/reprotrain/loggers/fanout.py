@@ -13,13 +13,13 @@ if TYPE_CHECKING:
     from reprotrain.loggers.settings import LoggerSettings
 
 log = logging.getLogger("reprotrain")
+_OFF = "logger %s failed in %s (%s); switched off for this run (metrics.jsonl is unaffected)"
 
 
 def switched_off(name: str, method: str, e: Exception) -> None:
     """The one warning of a logger that raised: it is switched off, the run goes on."""
-    first = str(e).splitlines()[0] if str(e) else ""
-    log.warning("logger %s failed in %s (%s: %s); it is switched off for the rest of this run "
-                "(metrics.jsonl is unaffected)", name, method, type(e).__name__, first)  # fmt: skip
+    why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    log.warning(_OFF, name, method, why)
 
 
 @dataclass
@@ -155,10 +155,8 @@ def resumed_history(
 @contextlib.contextmanager
 def preserved_rng() -> Iterator[None]:
     """Restore python, NumPy and torch CPU RNG state after third-party code ran.
-
     Closes: a logger's draw (a random run id) shifting the ``train`` stream. CUDA generators
-    are left alone (logging code does not touch them; copying them would sync the device).
-    """
+    are left alone (logging code does not touch them; copying them would sync the device)."""
     import random
 
     import numpy as np

@@ -1,7 +1,6 @@
 """MLflow: one MLflow run per run directory (``MlflowClient``, no global active run), found
 again on resume by its ``reprotrain.run_key`` tag; a sweep is a parent run (docs/loggers.md).
-Closes: a store URI's credentials in a record (the sweep dir keeps its sha256, never the URI).
-"""
+Closes: a store URI's credentials in a record (the sweep dir keeps its sha256, never the URI)."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from reprotrain.loggers.settings import (
     project_root,
     require_module,
 )
+from reprotrain.run.record import atomic_write_text
 
 log = logging.getLogger("reprotrain")
 
@@ -203,13 +203,8 @@ def start_sweep_run(node: Any, sweep_dir: Path, name: str, overrides: list[str])
                 tags={"reprotrain.sweep_dir": str(sweep_dir), "reprotrain.kind": "sweep"},
             )
             log_params(client, run.info.run_id, {"sweep.overrides": " ".join(overrides)})
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        data = {
-            "run_id": run.info.run_id,
-            "experiment_id": exp_id,
-            "store_sha256": store_digest(uri),
-        }
-        (sweep_dir / PARENT_JSON).write_text(json.dumps(data, indent=1) + "\n")
+        data = dict(run_id=run.info.run_id, experiment_id=exp_id, store_sha256=store_digest(uri))
+        atomic_write_text(sweep_dir / PARENT_JSON, json.dumps(data, indent=1) + "\n")
         return run.info.run_id
     except Exception as e:
         log.warning("mlflow: no parent run for the sweep (%s: %s)", type(e).__name__, e)

@@ -1,8 +1,6 @@
 """What a tracker is told about a run: parameters, tags, its stable key, its sweep.
-
 Closes: a secret in a tracker: the resolved config (``oc.env`` as its interpolation) and
-run.json's identity fields only, never the environment or command line (docs/loggers.md).
-"""
+run.json's identity fields only, never the environment or command line (docs/loggers.md)."""
 
 from __future__ import annotations
 
@@ -10,13 +8,14 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from reprotrain.loggers.fanout import log
 from reprotrain.quoting import flatten
+from reprotrain.run.bounded import load_yaml
+from reprotrain.run.directory import SWEEP_RECORD
+from reprotrain.run.record import METRICS, RESOLVED_CONFIG, RUN_JSON
 
-#: Hydra writes this into every sweep directory; a run dir below one is a sweep's run.
-MULTIRUN_YAML = "multirun.yaml"
-RESOLVED_CONFIG = "config.resolved.yaml"
 #: Files of a run dir a tracker gets as artifacts at the end (when they exist).
-RUN_ARTIFACTS = (RESOLVED_CONFIG, "run.json", "metrics.jsonl", "report.md", "curves.png")
+RUN_ARTIFACTS = (RESOLVED_CONFIG, RUN_JSON, METRICS, "report.md", "curves.png")
 
 
 def resolved_config(run_dir: Path) -> dict[str, Any]:
@@ -25,9 +24,7 @@ def resolved_config(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / RESOLVED_CONFIG
     if not path.is_file():
         return {}
-    import yaml
-
-    config = yaml.safe_load(path.read_text()) or {}
+    config = load_yaml(path.read_text(), str(path)) or {}
     config.pop("logger", None)
     return config
 
@@ -76,7 +73,7 @@ def sweep_record_overrides(sweep_dir: Path) -> list[str] | None:
     """A sweep's command-line overrides and Optuna search space (``multirun.yaml``), or None."""
     from omegaconf import OmegaConf
 
-    record = Path(sweep_dir) / MULTIRUN_YAML
+    record = Path(sweep_dir) / SWEEP_RECORD
     try:
         saved = OmegaConf.load(record)
     except Exception:  # absent, or only the "claimed by" comment so far
@@ -122,10 +119,9 @@ def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
     flat, overrides = flatten(resolved_config(run_dir)), run_overrides(run_dir)
     out: dict[str, bool | int | float | str] = {}
     for text in overrides:
-        value = flat.get(override_key(text), text.partition("=")[2])
-        out[override_key(text)] = (
-            value if isinstance(value, bool | int | float | str) else str(value)
-        )
+        key = override_key(text)
+        value = flat.get(key, text.partition("=")[2])
+        out[key] = value if isinstance(value, bool | int | float | str) else str(value)
     out["group"] = " ".join(sorted(o for o in overrides if not is_seed(override_key(o))))
     return out
 
@@ -146,7 +142,7 @@ def run_key(run_dir: Path, record: dict[str, Any]) -> str:
 def sweep_dir_of(run_dir: Path) -> Path | None:
     """The Hydra sweep directory a run dir belongs to (its parent holds multirun.yaml)."""
     parent = Path(run_dir).resolve().parent
-    return parent if (parent / MULTIRUN_YAML).is_file() else None
+    return parent if (parent / SWEEP_RECORD).is_file() else None
 
 
 def relative_name(run_dir: Path, root: Path) -> str:
@@ -161,15 +157,11 @@ def relative_name(run_dir: Path, root: Path) -> str:
 def record_files(run_dir: Path, report: Any, scratch: Path, tracker: str) -> list[Path]:
     """The ``RUN_ARTIFACTS`` a tracker attaches at the end, report and curves drawn by
     ``report(run_dir, scratch)`` (one that cannot be drawn is warned about)."""
-    import logging
-
     run_dir, drawn = Path(run_dir), {}
-    if report is not None and (run_dir / "metrics.jsonl").is_file():
+    if report is not None and (run_dir / METRICS).is_file():
         try:
             drawn = {p.name: p for p in report(run_dir, Path(scratch)) if p is not None}
         except Exception as e:  # a report that cannot be drawn: attach the rest
-            logging.getLogger("reprotrain").warning(
-                "%s: no report artifact (%s: %s)", tracker, type(e).__name__, e
-            )
+            log.warning("%s: no report artifact (%s: %s)", tracker, type(e).__name__, e)
     paths = [drawn.get(name) or run_dir / name for name in RUN_ARTIFACTS]
     return [p for p in paths if p.is_file()]

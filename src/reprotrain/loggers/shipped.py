@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from reprotrain.loggers.fanout import Logger, LoggerRun, numeric
 from reprotrain.loggers.mlflow_sink import MLflowLogger
 from reprotrain.loggers.tensorboard_sink import TensorBoardLogger
 from reprotrain.loggers.wandb_sink import WandBLogger
+from reprotrain.run.record import atomic_write_text
 
 
 class CSVLogger(Logger):
@@ -50,9 +50,7 @@ class CSVLogger(Logger):
         writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(self.rows)
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(text.getvalue())
-        os.replace(partial, self.path)
+        atomic_write_text(self.path, text.getvalue())
 
 
 SHIPPED: dict[str, type[Logger]] = {

@@ -138,11 +138,8 @@ def experiment(
     def kind(value: object) -> int:
         if isinstance(value, bool):
             return api_pb2.DATA_TYPE_BOOL
-        return (
-            api_pb2.DATA_TYPE_FLOAT64
-            if isinstance(value, int | float)
-            else api_pb2.DATA_TYPE_STRING
-        )
+        number = isinstance(value, int | float)
+        return api_pb2.DATA_TYPE_FLOAT64 if number else api_pb2.DATA_TYPE_STRING
 
     differing = set(swept) | ({"group"} if any(not is_seed(k) for k in swept) else set())
     infos = [

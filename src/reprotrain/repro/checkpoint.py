@@ -1,9 +1,7 @@
 """Checkpoints that hold everything an exact resume needs, written atomically.
-
 Closes: resume drift. A checkpoint is the ``state_dict()`` of every Stateful part the trainer
 names, plus the config and seeds; loaded with ``weights_only=True``. ``best.pt`` and pruning:
-docs/run-directory.md.
-"""
+docs/run-directory.md."""
 
 from __future__ import annotations
 
@@ -106,21 +104,16 @@ def reconcile_best(ckpt_dir: Path, loop: dict[str, Any]) -> str | None:
                 return None
         except CheckpointError:
             pass
+    wrong = f"{best} did not hold the recorded best epoch {want}"
     for path in reversed(list_step_checkpoints(ckpt_dir)):
         try:
             if is_best_of(load(path), want):
                 atomic_write_bytes(best, path.read_bytes())
-                return (
-                    f"{best} did not hold the recorded best epoch {want}; rewritten from "
-                    + path.name
-                )
+                return f"{wrong}; rewritten from {path.name}"
         except CheckpointError:
             continue
     best.unlink(missing_ok=True)
-    return (
-        f"{best} did not hold the recorded best epoch {want} and no checkpoint of it is left; "
-        "removed"
-    )
+    return f"{wrong} and no checkpoint of it is left; removed"
 
 
 def list_step_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -152,9 +145,8 @@ def _unreadable(path: Path, e: Exception) -> CheckpointError:
     names_code = isinstance(e, pickle.UnpicklingError) and "global" in text.lower()
     if not names_code and not isinstance(e, OSError) and not _starts_as_torch_save(path):
         return CheckpointError(f"{path} is not a checkpoint (not a file torch.save writes)")
-    if isinstance(e, pickle.UnpicklingError) and (
-        names_code or "weights_only" in text or "Weights only" in text
-    ):
+    refused = names_code or "weights_only" in text or "Weights only" in text
+    if isinstance(e, pickle.UnpicklingError) and refused:
         return CheckpointError(
             f"refused {path}: it asks to load code or objects outside the safe set "
             f"(not a reprotrain checkpoint, or tampered with)"

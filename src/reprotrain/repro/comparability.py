@@ -1,10 +1,8 @@
 """The one rule for when two environments may promise identical bits.
-
 Closes: false bitwise promises and false alarms. Resume and reproduce both ask
 ``differences(recorded, current)``; empty: the same code and config can give the same bits
 here. What is compared, what is only a note, and why: docs/gpus.md. When in doubt a field is
-compared; a field a record lacks is "not recorded" and differs, one recorded None matches None.
-"""
+compared; a field a record lacks is "not recorded" and differs, one recorded None matches None."""
 
 from __future__ import annotations
 
@@ -157,10 +155,8 @@ def precision_difference(recorded_repro: dict | None, current_repro: dict | None
     after = tuple(b.get(k, MISSING) for k in keys)
     if before == after:
         return None
-    return (
-        f"precision: {_show(before[0])} -> {_show(after[0])} (trainer.precision): not the "
-        "same float math"
-    )
+    change = f"{_show(before[0])} -> {_show(after[0])}"
+    return f"precision: {change} (trainer.precision): not the same float math"
 
 
 def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool) -> list[str]:

@@ -1,10 +1,8 @@
 """Determinism levels: strict, warn, fast, portable (docs/randomness.md, docs/gpus.md).
-
 Closes: cuDNN algorithm choice, nondeterministic CUDA kernels, and the CPU thread count
 (reduction order); the float math (``repro/precision.py``) is applied with the level. At
 strict, ``fill_uninitialized_memory`` stays on (a read of unwritten memory is a loud NaN);
-``portable``'s CPU levers are read back here and a run without them refused.
-"""
+``portable``'s CPU levers are read back here and a run without them refused."""
 
 from __future__ import annotations
 

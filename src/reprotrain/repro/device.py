@@ -1,9 +1,7 @@
 """Which device a run trains on, decided once, recorded, and reused on resume and reproduce.
-
 Closes: silent device changes (``auto`` falling back to the CPU without a word, or
 re-resolved on another host). ``auto`` never picks MPS; a device-type change on resume is
-refused unless ``trainer.allow_device_change=true``. The rules: docs/gpus.md.
-"""
+refused unless ``trainer.allow_device_change=true``. The rules: docs/gpus.md."""
 
 from __future__ import annotations
 
@@ -126,10 +124,8 @@ def resolve_for_resume(
                     f"to continue on another device anyway (not bitwise), add "
                     f"{ALLOW_CHANGE_OVERRIDE}"
                 ) from None
-            device = resolve("auto", local_rank)
-            log.warning("device changes %s -> %s: bitwise equality is not kept", recorded, device)
-            return device
-    if not allow_change:
+            requested = "auto"
+    elif not allow_change:
         raise ReprotrainError(
             f"the run was recorded on {recorded}; trainer.device={requested} would continue on "
             f"{kind} (not bitwise): add {ALLOW_CHANGE_OVERRIDE} to do that anyway"

@@ -1,9 +1,7 @@
 """The environment record of a run (run.json ``environment``).
-
 Closes (as a record): environment drift (versions, the machine, threads, world size, the
 variables that steer the kernels); what must match: ``repro/comparability.py``. Variables
-are copied from an allowlist only: no token (WANDB_API_KEY, HF_TOKEN...) reaches a record.
-"""
+are copied from an allowlist only: no token (WANDB_API_KEY, HF_TOKEN...) reaches a record."""
 
 from __future__ import annotations
 
@@ -20,53 +18,26 @@ from reprotrain.repro import machine
 
 #: Variables that change which cuBLAS/cuBLASLt kernels run (and so the bits), or the TF32
 #: choice behind torch's back. Recorded (None when unset) and compared.
-CUBLAS_ENV_VARS = (
-    "CUBLAS_WORKSPACE_CONFIG",
-    "CUBLASLT_WORKSPACE_SIZE",
-    "TORCH_BLAS_PREFER_CUBLASLT",
-    "NVIDIA_TF32_OVERRIDE",
-    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-)
+_CUBLAS = "CUBLAS_WORKSPACE_CONFIG CUBLASLT_WORKSPACE_SIZE TORCH_BLAS_PREFER_CUBLASLT"
+CUBLAS_ENV_VARS = (*_CUBLAS.split(), "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
 #: Two more that torch 2.14 reads: the shared cuBLAS/cuBLASLt workspace, cuDNN's heuristics.
-GPU_ENV_VARS = (
-    *CUBLAS_ENV_VARS,
-    "TORCH_CUBLASLT_UNIFIED_WORKSPACE",
-    "TORCH_CUDNN_USE_HEURISTIC_MODE_B",
+_TORCH_READS = "TORCH_CUBLASLT_UNIFIED_WORKSPACE TORCH_CUDNN_USE_HEURISTIC_MODE_B"
+GPU_ENV_VARS = (*CUBLAS_ENV_VARS, *_TORCH_READS.split())
+_ALLOWED = (
+    "PYTHONHASHSEED CUBLAS_WORKSPACE_CONFIG CUDA_VISIBLE_DEVICES OMP_NUM_THREADS MKL_NUM_THREADS "
+    "NVIDIA_VISIBLE_DEVICES SLURM_JOB_ID SLURM_ARRAY_TASK_ID SLURM_RESTART_COUNT"
 )
-
-ENV_ALLOWLIST = (
-    "PYTHONHASHSEED",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "CUDA_VISIBLE_DEVICES",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NVIDIA_VISIBLE_DEVICES",
-    "SLURM_JOB_ID",
-    "SLURM_ARRAY_TASK_ID",
-    "SLURM_RESTART_COUNT",
-    "REPROTRAIN_IMAGE",
-    "REPROTRAIN_IMAGE_DIGEST",
-)
-
+ENV_ALLOWLIST = (*_ALLOWED.split(), "REPROTRAIN_IMAGE", "REPROTRAIN_IMAGE_DIGEST")
 #: Families of variables the kernel libraries and torch read, recorded whole: any member may
 #: steer the math (``ONEDNN_DEFAULT_FPMATH_MODE=BF16`` did).
-BITS_ENV_PREFIXES = (
-    "ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "GOMP_", "OPENBLAS_", "ATEN_", "TORCH_",
-    "PYTORCH_", "CUBLAS_", "CUDNN_", "CUDA_", "NCCL_",
-)  # fmt: skip
+_PREFIXES = "ONEDNN_ DNNL_ MKL_ OMP_ KMP_ GOMP_ OPENBLAS_ ATEN_ TORCH_ PYTORCH_ CUBLAS_ CUDNN_"
+BITS_ENV_PREFIXES = (*_PREFIXES.split(), "CUDA_", "NCCL_")
 BITS_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE",)
 #: Members that do not decide the bits (visible GPUs, thread pools: the count that ran is
-#: compared; torchrun's error handling; install and cache paths): notes, never a reason.
-NOT_BITS_ENV = (
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    # torchrun sets these in its workers: how a collective's failure is reported, not math
-    # (a world-size-invariant run on 2 processes and its replay on 1 differ in them).
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    "NCCL_ASYNC_ERROR_HANDLING",
-)
+#: compared; torchrun's error handling, set in its workers: a world-size-invariant run on 2
+#: processes and its replay on 1 differ in them; install and cache paths): notes only.
+_NOT_BITS = "CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER OMP_NUM_THREADS MKL_NUM_THREADS"
+NOT_BITS_ENV = (*_NOT_BITS.split(), "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
 NOT_BITS_SUFFIXES = ("_HOME", "_PATH", "_DIR", "_ROOT", "_CACHE")
 
 

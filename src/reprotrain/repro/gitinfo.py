@@ -1,9 +1,7 @@
 """Code identity for run.json without copying anything that was never committed.
-
 Closes (as records): code drift, keeping secrets out (docs/guarantees.md): untracked files
 by name, size and sha256 only, remote URLs without credentials; in the container (no
-``.git``) the commit the image was built from (``REPROTRAIN_GIT_COMMIT``).
-"""
+``.git``) the commit the image was built from (``REPROTRAIN_GIT_COMMIT``)."""
 
 from __future__ import annotations
 
@@ -16,15 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 #: What an archive's source snapshot holds (top-level names / globs).
-SNAPSHOT_PATHS: tuple[str, ...] = (
-    "src",
-    "conf",
-    "pyproject.toml",
-    "Makefile",
-    "requirements*.lock",
-    "requirements*.lock.sha256",
-    "requirements*.in",
-)
+_LOCKS = "requirements*.lock requirements*.lock.sha256 requirements*.in"
+SNAPSHOT_PATHS: tuple[str, ...] = ("src", "conf", "pyproject.toml", "Makefile", *_LOCKS.split())
 _SKIP_PARTS = ("__pycache__", ".egg-info")
 #: Untracked files larger than this are listed by size, not hashed (an un-ignored dataset).
 HASH_LIMIT_BYTES = 64 << 20
@@ -42,13 +33,9 @@ def run_git(
 ) -> subprocess.CompletedProcess:
     """``git -C <repo> <args>``, output captured: the one git runner (standard library only,
     for ``make new-project``). Failure is a return code; a missing git raises ``OSError``."""
+    argv = ["git", "-C", str(repo), *args]
     return subprocess.run(
-        ["git", "-C", str(repo), *args],
-        input=input,
-        capture_output=True,
-        text=text,
-        timeout=timeout,
-        env=env,
+        argv, input=input, capture_output=True, text=text, timeout=timeout, env=env
     )
 
 

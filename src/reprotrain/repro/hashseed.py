@@ -1,9 +1,7 @@
 """Controls that only work at interpreter start: PYTHONHASHSEED and CPU kernel dispatch.
-
 Closes: str/bytes hash randomisation (set iteration order between processes) and, for
 ``repro=portable``, CPU kernel dispatch, which the libraries read once, when they load: the
-current command is re-executed with the variables set. Imports nothing heavy.
-"""
+current command is re-executed with the variables set. Imports nothing heavy."""
 
 from __future__ import annotations
 

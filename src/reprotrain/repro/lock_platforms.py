@@ -1,9 +1,7 @@
 """Which platforms the one lock installs on, checked offline from committed files.
-
 Closes: a lock that only installs where it was compiled. A ``--hash`` names bytes, not a
 platform, so ``make lock`` writes ``<lock>.files``; the supported platforms and the checks
-are in docs/reproducing-elsewhere.md. Without ``packaging`` the coverage check reports nothing.
-"""
+are in docs/reproducing-elsewhere.md. Without ``packaging`` the coverage check reports nothing."""
 
 from __future__ import annotations
 

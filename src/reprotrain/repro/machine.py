@@ -1,9 +1,7 @@
 """What machine is this: the CPU and the GPU as far as they decide the bits.
-
 Closes (as records): CPU kernel dispatch and GPU kernel choice (docs/gpus.md; why no
 library: docs/design.md, "Large rooms"). No torch at module level: ``hashseed`` reads
-:func:`cpu_flags` before torch loads. Which fields must match: ``repro/comparability.py``.
-"""
+:func:`cpu_flags` before torch loads. Which fields must match: ``repro/comparability.py``."""
 
 from __future__ import annotations
 

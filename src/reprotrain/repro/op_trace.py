@@ -1,14 +1,13 @@
 """Per-op hashes of chosen training steps: what ``make bisect`` compares between two runs.
-
 Closes: "the runs differ, but where?" (docs/when-bits-differ.md). ``REPROTRAIN_TRACE_STEPS``
 (0-based, comma-separated) writes ``<REPROTRAIN_TRACE_DIR>/step-<N>.jsonl``,
 ``REPROTRAIN_DIGEST_STEPS=<first>-<last>`` a line per step to ``digests.jsonl``. A dispatch
-mode only observes (same bits); unset, :func:`step` is a shared null context.
-"""
+mode only observes (same bits); unset, :func:`step` is a shared null context."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -19,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from reprotrain.run.record import parse_jsonl, read_jsonl, write_jsonl
 
 STEPS_VAR, DIR_VAR = "REPROTRAIN_TRACE_STEPS", "REPROTRAIN_TRACE_DIR"
 DIGEST_VAR = "REPROTRAIN_DIGEST_STEPS"  # "<first>-<last>": one digest line per step
@@ -59,8 +60,6 @@ def _hashes(tree: Any) -> list[torch.Tensor]:
 
 def batch_sha256(batch: Any) -> list[str]:
     """sha256 of each tensor's bytes, in order (data order is what it checks)."""
-    import hashlib
-
     out = []
     for x in tree_leaves(batch):
         if isinstance(x, torch.Tensor):
@@ -136,22 +135,15 @@ def _step(global_step: int, batch: Any) -> Iterator[None]:
     with tracker, mode:
         yield
     rows = [{"op": BATCH, "module": "-", "phase": "input", "inputs": [], "outputs": batch_hashes}]
-    rows += mode.rows
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(trace_path(out_dir, global_step), "w") as f:
-        for i, row in enumerate(rows):
-            row = {**row, "index": i - 1}  # the batch row is -1; ops count from 0
-            if row["op"] != BATCH:
-                row["inputs"] = [int(h.item()) for h in row["inputs"]]
-                row["outputs"] = [int(h.item()) for h in row["outputs"]]
-            f.write(json.dumps(row) + "\n")
+    for row in mode.rows:
+        rows.append({**row, **{k: [int(h.item()) for h in row[k]] for k in ("inputs", "outputs")}})
+    indexed = [{**r, "index": i - 1} for i, r in enumerate(rows)]  # the batch -1, ops from 0
+    write_jsonl(trace_path(out_dir, global_step), indexed)
 
 
 @contextlib.contextmanager
 def digest(global_step: int, batch: Any) -> Iterator[None]:
     """Append this step's digest line to ``<REPROTRAIN_TRACE_DIR>/digests.jsonl``."""
-    import hashlib
-
     batch_hashes = batch_sha256(batch)
     mode = OpHashMode(None, light=True)
     with mode:
@@ -169,12 +161,8 @@ def digest(global_step: int, batch: Any) -> Iterator[None]:
 
 def read_digests(trace_dir: Path) -> dict[int, dict[str, Any]]:
     """{global step: digest line} of a replay (empty when it wrote none)."""
-    path = Path(trace_dir) / DIGESTS
-    if not path.is_file():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {row["step"]: row for row in rows}
+    return {row["step"]: row for row in read_jsonl(Path(trace_dir) / DIGESTS)}
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return parse_jsonl(Path(path).read_text(), str(path))

@@ -1,9 +1,7 @@
 """The float math a run uses: ``trainer.precision``, its own choice, apart from determinism.
-
 Closes: the rounding of float32 math chosen behind the run's back. 32-true, tf32, bf16-mixed
 and 16-mixed (docs/gpus.md): applied once per process, read back, recorded, and part of the
-config's identity and of the comparability rule. The CPU libraries stay IEEE float32.
-"""
+config's identity and of the comparability rule. The CPU libraries stay IEEE float32."""
 
 from __future__ import annotations
 
@@ -55,7 +53,6 @@ def uses_grad_scaler(precision: str) -> bool:
 
 def apply(precision: str) -> dict:
     """Set the TF32 flags ``precision`` means; return what torch reports is in force.
-
     Closes: TF32 rounding of CUDA matmuls and cuDNN convolutions, oneDNN's on the CPU."""
     import torch
 

@@ -1,11 +1,9 @@
 """Hashed lock files and the installed environment: the control for *environment drift*.
-
 Closes: a run whose numerics depend on which build of torch/numpy/... is installed. Answers
 offline: is the lock sound, does the interpreter hold exactly it (``env_drift``), which lock
 did a run use (``lock_sha256``)? docs/reproducing-elsewhere.md; why not a library:
 docs/design.md, "Large rooms". Standard library only (``make check-lock`` runs before any
-venv); ``packaging`` is used when importable.
-"""
+venv); ``packaging`` is used when importable."""
 
 from __future__ import annotations
 
@@ -149,9 +147,8 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
             lock.problems.append(f"{where}: {label} is not pinned with == ('{req[:80]}')")
             continue
         pkg = normalize_name(m.group(1))
-        entry = LockEntry(
-            name=pkg, version=m.group(3), marker=(m.group(4) or "")[1:].strip() or None
-        )
+        marker = (m.group(4) or "")[1:].strip() or None
+        entry = LockEntry(name=pkg, version=m.group(3), marker=marker)
         for tok in hash_tokens:
             hm = _HASH_RE.match(tok)
             if not hm:
@@ -290,29 +287,24 @@ def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
         from packaging.requirements import InvalidRequirement, Requirement
     except ImportError:  # bare python3 before the venv exists
         return []
-    problems = []
+    problems, source, stale = [], Path(in_path).name, f"{lock.path.name} is stale"
     for lineno, line in _logical_lines(Path(in_path).read_text(encoding="utf-8")):
         if line.startswith("-"):
             continue
         try:
             req = Requirement(line)
         except InvalidRequirement:
-            problems.append(f"{Path(in_path).name}:{lineno}: cannot parse '{line[:80]}'")
+            problems.append(f"{source}:{lineno}: cannot parse '{line[:80]}'")
             continue
         if req.marker is not None and not req.marker.evaluate():
             continue
         name = normalize_name(req.name)
         entry = lock.entries.get(name)
         if entry is None:
-            problems.append(
-                f"{lock.path.name} is stale: {name} (from {Path(in_path).name}) is not locked; "
-                "run make lock"
-            )
+            problems.append(f"{stale}: {name} (from {source}) is not locked; run make lock")
         elif req.specifier and not req.specifier.contains(entry.version, prereleases=True):
-            problems.append(
-                f"{lock.path.name} is stale: {name}=={entry.version} does not satisfy "
-                f"'{req}' in {Path(in_path).name}; run make lock"
-            )
+            pinned = f"{name}=={entry.version} does not satisfy '{req}' in {source}"
+            problems.append(f"{stale}: {pinned}; run make lock")
     return problems
 
 
@@ -323,16 +315,11 @@ def check_agreement(locks: list[ParsedLock]) -> list[str]:
         for b in locks[i + 1 :]:
             for name in sorted(set(a.entries) & set(b.entries)):
                 ea, eb = a.entries[name], b.entries[name]
+                pair = f"{a.path.name} and {b.path.name} disagree on {name}"
                 if ea.version != eb.version:
-                    problems.append(
-                        f"{a.path.name} and {b.path.name} disagree on {name}: "
-                        f"{ea.version} vs {eb.version}"
-                    )
+                    problems.append(f"{pair}: {ea.version} vs {eb.version}")
                 elif set(ea.hashes) != set(eb.hashes):
-                    problems.append(
-                        f"{a.path.name} and {b.path.name} disagree on {name}=={ea.version}: "
-                        "different hash sets"
-                    )
+                    problems.append(f"{pair}=={ea.version}: different hash sets")
     return problems
 
 

@@ -1,11 +1,9 @@
 """Config values read from the environment are recorded as the interpolation, not the value.
-
 Closes: ``${oc.env:MIRROR_URL}`` (or a token passed the same way) resolved in clear into
 ``config.resolved.yaml``, the checkpoints, ``run.json`` and every archive. The run uses the
 value; the record keeps the interpolation text and the value's sha256 (docs/guarantees.md).
 A leaf depends on the environment when, resolved a second time with ``oc.env`` answering a
-random canary, it carries the canary (directly, inside a string or through another key).
-"""
+random canary, it carries the canary (directly, inside a string or through another key)."""
 
 from __future__ import annotations
 
@@ -52,7 +50,6 @@ def _probe_copy(raw: Any) -> Any:
 
 def _depends_on_env(probe: Any, key: Any) -> bool:
     """Whether ``probe[key]`` resolves to something that carries the canary.
-
     A leaf whose probe resolution fails (a resolver that rejects the canary) is counted as
     environment-derived when its text mentions the probe: the safe side for a secret."""
     try:

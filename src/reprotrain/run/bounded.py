@@ -1,9 +1,7 @@
 """JSON and YAML from a run or an archive, parsed within bounds before anything trusts them.
-
 Closes: a hostile document (an alias bomb, a recursive alias, deep nesting, a huge integer)
 turning a reader into a stall or a traceback before any trust decision (docs/cli.md). The
-bounds are far above what the trainer writes (a few hundred nodes, a 64-bit seed).
-"""
+bounds are far above what the trainer writes (a few hundred nodes, a 64-bit seed)."""
 
 from __future__ import annotations
 

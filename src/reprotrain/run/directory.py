@@ -1,9 +1,7 @@
 """A run directory is written once; so is a sweep directory (docs/run-directory.md).
-
 Closes: a fresh run replacing the records of one already in its directory, and a second
 sweep into one ``hydra.sweep.dir``. Checked before Hydra starts (``preflight``) and again by
-the trainer once it holds the directory's lock.
-"""
+the trainer once it holds the directory's lock."""
 
 from __future__ import annotations
 
@@ -11,15 +9,11 @@ import os
 import socket
 from pathlib import Path
 
-from reprotrain.errors import ResumeError
+from reprotrain.errors import RecordError, ResumeError
 from reprotrain.quoting import resume_hint
-from reprotrain.run.record import CHECKPOINTS, FINGERPRINTS, METRICS, RESOLVED_CONFIG, RUN_JSON
+from reprotrain.run.record import CHECKPOINTS, RUN_FILES, RUN_JSON, parse_json_object
 
 SWEEP_RECORD = "multirun.yaml"  # Hydra writes it into the sweep dir when a sweep starts
-# What a run leaves beside run.json: found without one, someone's record a start would
-# overwrite. Not Hydra's ``.hydra/`` and log: Hydra writes them before the trainer looks.
-RUN_FILES = (METRICS, FINGERPRINTS, RESOLVED_CONFIG, "environment.txt", "git.diff",
-             "tensorboard", "report.md", "curves.png", "eval.json", "evals")  # fmt: skip
 
 
 class RunDirUsed(ResumeError):
@@ -27,13 +21,10 @@ class RunDirUsed(ResumeError):
 
 
 def _status(run_dir: Path) -> str:
-    import json
-
     try:
-        status = json.loads((run_dir / RUN_JSON).read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
+        return str(parse_json_object((run_dir / RUN_JSON).read_text(), RUN_JSON).get("status"))
+    except (OSError, ValueError, RecordError):
         return "unreadable"
-    return str(status)
 
 
 def refuse_reuse(run_dir: Path, resume: str | None) -> None:

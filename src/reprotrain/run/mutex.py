@@ -1,9 +1,7 @@
 """One writer per run directory: a lock file that a run holds for its whole lifetime.
-
 Closes: two processes writing one run directory (a second ``resume=auto`` while the first is
 alive). ``RUN_DIR/.lock`` names the holder, appears atomically by ``link()``, is held under
-``flock`` and heartbeat; docs/scaling-out.md has each rule and the file systems it holds on.
-"""
+``flock`` and heartbeat; docs/scaling-out.md has each rule and the file systems it holds on."""
 
 from __future__ import annotations
 

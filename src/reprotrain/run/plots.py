@@ -1,8 +1,6 @@
 """PNG figures of a run and of a sweep, drawn from plain numbers (no training objects).
-
 Matplotlib's object API on an Agg canvas, never ``pyplot``: no global figure state, no GUI
-backend picked from the environment. ``None`` or NaN inputs become gaps, never errors.
-"""
+backend picked from the environment. ``None`` or NaN inputs become gaps, never errors."""
 
 from __future__ import annotations
 

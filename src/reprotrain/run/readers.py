@@ -1,8 +1,6 @@
 """Read a run's record files, or fail in one line that names the file (and line).
-
 Closes: a corrupt record turning ``make archive`` / ``resume`` / ``reproduce`` into a
-traceback or exit 1 (DIVERGED). The parsers take text: archive members are checked unextracted.
-"""
+traceback or exit 1 (DIVERGED). The parsers take text: archive members are checked unextracted."""
 
 from __future__ import annotations
 
@@ -16,26 +14,10 @@ from omegaconf.errors import OmegaConfBaseException
 from reprotrain.errors import RecordError
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
-from reprotrain.run.record import DAMAGED_HINT, parse_json_object, parse_jsonl
+from reprotrain.run.record import RUN_JSON, parse_json_object, parse_jsonl, read_text
 
-__all__ = [
-    "parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config", "read_run_json",
-    "read_text",
-]  # fmt: skip
-
-
-def read_text(path: Path, label: str | None = None) -> str:
-    """The file's text, or RecordError when it is missing, not a file, or not UTF-8."""
-    path = Path(path)
-    label = label or str(path)
-    if not path.exists():
-        raise RecordError(f"{label}: no such file")
-    if not path.is_file():
-        raise RecordError(f"{label}: not a regular file")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RecordError(f"{label}: not UTF-8 text (byte {e.start}); {DAMAGED_HINT}") from None
+__all__ = ["parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config"]
+__all__ += ["read_run_json", "read_text"]
 
 
 def parse_yaml_config(text: str, label: str) -> DictConfig:
@@ -61,8 +43,8 @@ def parse_yaml_config(text: str, label: str) -> DictConfig:
 
 def read_run_json(run_dir: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The one reader of a run directory's run.json, checked against the schema."""
-    path = Path(run_dir) / "run.json"
-    return run_schema.check(parse_json_object(read_text(path), str(path)), str(path), required)
+    path = Path(run_dir) / RUN_JSON
+    return parse_record(read_text(path), str(path), required)
 
 
 def parse_record(text: str, label: str, required: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -1,9 +1,7 @@
 """The run directory: the one reader/writer of run.json and its sibling files.
-
 Closes (as records): "it lived only in a terminal" (layout: docs/run-directory.md). Every
 write is atomic (temp, fsync, rename); every record is strict JSON (a non-finite float
-becomes ``null``, its path listed in ``nonfinite``: jq, JavaScript and Go reject ``NaN``).
-"""
+becomes ``null``, its path listed in ``nonfinite``: jq, JavaScript and Go reject ``NaN``)."""
 
 from __future__ import annotations
 
@@ -28,6 +26,10 @@ FINGERPRINTS = "fingerprints.jsonl"
 RESOLVED_CONFIG = "config.resolved.yaml"
 CHECKPOINTS = "checkpoints"
 STATUSES = ("running", "completed", "failed", "interrupted")
+# What a run leaves beside run.json: found without one, someone's record a start would
+# overwrite. Not Hydra's ``.hydra/`` and log: Hydra writes them before the trainer looks.
+_OTHERS = "environment.txt git.diff tensorboard report.md curves.png eval.json evals"
+RUN_FILES = (METRICS, FINGERPRINTS, RESOLVED_CONFIG, *_OTHERS.split())
 _writer = True  # False on DDP ranks > 0: rank 0 is the one writer of the run directory
 
 
@@ -186,16 +188,27 @@ def parse_jsonl(text: str, label: str, *, torn_tail_ok: bool = False) -> list[di
     return rows
 
 
+def read_text(path: Path, label: str | None = None) -> str:
+    """The file's text, or RecordError when it is missing, unreadable, or not UTF-8."""
+    path = Path(path)
+    label = label or str(path)
+    if not path.exists():
+        raise RecordError(f"{label}: no such file")
+    if not path.is_file():
+        raise RecordError(f"{label}: not a regular file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise RecordError(f"cannot read {label}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise RecordError(f"{label}: not UTF-8 text (byte {e.start}); {DAMAGED_HINT}") from None
+
+
 def read_jsonl(path: Path, *, torn_tail_ok: bool = False) -> list[dict[str, Any]]:
     """The one reader of metrics.jsonl / fingerprints.jsonl ([] when absent)."""
-    path = Path(path)
-    if not path.exists():
+    if not Path(path).exists():
         return []
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise RecordError(f"cannot read {path}: {e}") from None
-    return parse_jsonl(text, str(path), torn_tail_ok=torn_tail_ok)
+    return parse_jsonl(read_text(path), str(path), torn_tail_ok=torn_tail_ok)
 
 
 class RunRecord:

@@ -1,10 +1,6 @@
-"""Write report.md and curves.png for a run, from its run directory alone.
-
-    python -m reprotrain.run.report RUN_DIR [--out DIR]      # or: make report RUN=RUN_DIR
-
-What it reads and how gaps show: docs/seeing-a-run.md. A missing or corrupt record is one
-``error:`` line, exit 2.
-"""
+"""Write report.md and curves.png for a run, from its run directory alone: ``python -m
+reprotrain.run.report RUN_DIR [--out DIR]`` (or ``make report RUN=RUN_DIR``). What it reads and
+how gaps show: docs/seeing-a-run.md. A missing or corrupt record is one ``error:`` line, exit 2."""
 
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ from typing import Any
 from reprotrain.errors import ReprotrainError
 from reprotrain.run.readers import read_overrides, read_run_json
 from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, atomic_write_bytes, read_jsonl
+from reprotrain.run.schema import STREAMS
 from reprotrain.shown import say, shown, warnings_shown
 
 REPORT_MD = "report.md"
@@ -30,6 +27,8 @@ HEAD_COLUMNS = ["epoch", "global_step"]
 SPLITS = ("train", "val", "test")
 TAIL_COLUMNS = ["lr", "seconds", "images_per_s"]
 HEADERS = {"global_step": "step", "images_per_s": "img/s", "seconds": "s"}
+#: The determinism flags shown beside the level.
+SHOWN_FLAGS = ("deterministic_algorithms", "cudnn_deterministic", "tf32_matmul", "num_threads")
 
 
 @dataclass
@@ -178,54 +177,38 @@ def git_state(git: dict[str, Any], diff_written: bool | None) -> str:
     return "**dirty**" + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def identity_rows(
-    rec: dict[str, Any], n_epochs: int, diff_written: bool | None = None
-) -> list[list[str]]:
-    seeds = rec.get("seeds") or {}
-    repro = rec.get("repro") or {}
-    git = rec.get("git") or {}
+def identity_rows(view: RunView) -> list[list[str]]:
+    rec, diff = view.record, view.run_dir / "git.diff"
+    seeds, repro, git = rec.get("seeds") or {}, rec.get("repro") or {}, rec.get("git") or {}
     env = rec.get("environment") or {}
-    device = env.get("device") or {}
-    data = rec.get("data_fingerprint") or {}
-    streams = ", ".join(
-        f"{k} {seeds[k]}" for k in ("init", "data", "augment", "train") if k in seeds
-    )
-    flags = ", ".join(
-        f"{k}={repro[k]}"
-        for k in ("deterministic_algorithms", "cudnn_deterministic", "tf32_matmul", "num_threads")
-        if k in repro
-    )
+    device, data = env.get("device") or {}, rec.get("data_fingerprint") or {}
+    streams = ", ".join(f"{k} {seeds[k]}" for k in STREAMS if k in seeds) or "—"
+    flags = ", ".join(f"{k}={repro[k]}" for k in SHOWN_FLAGS if k in repro) or "flags not recorded"
+    git_text = "—"
     if git:
-        state = git_state(git, diff_written)
+        state = git_state(git, diff.is_file() and diff.stat().st_size > 0)
         git_text = f"{_code(git.get('commit'))} on {_code(git.get('branch'))}, {state}"
-    else:
-        git_text = "—"
-    epochs_total = (rec.get("epochs_completed") or n_epochs) if rec else n_epochs
-    status = f"{rec.get('status', '?')} ({epochs_total} epochs recorded)"
+    epochs = rec.get("epochs_completed") or len(view.metrics)
+    status = f"{rec.get('status', '?')} ({epochs} epochs recorded)"
     if rec.get("error"):
         status += f": {rec['error']}"
     nondet = rec.get("nondeterministic_ops")
+    base = f"base {_code(seeds.get('base'))} ({seeds.get('source', '?')})"
+    machine = f"{device.get('type', '?')} {device.get('name', '')}"
     rows = [
         ["experiment id", _code(rec.get("experiment_id"))],
         ["name", str(rec.get("name", "—"))],
         ["status", status],
         ["started / finished", f"{rec.get('started_at', '—')} / {rec.get('finished_at', '—')}"],
-        [
-            "seeds",
-            f"base {_code(seeds.get('base'))} ({seeds.get('source', '?')}); {streams or '—'}",
-        ],
-        ["determinism level", f"**{repro.get('level', '?')}** ({flags or 'flags not recorded'})"],
+        ["seeds", f"{base}; {streams}"],
+        ["determinism level", f"**{repro.get('level', '?')}** ({flags})"],
         ["git", git_text],
         ["lock sha256", _code(rec.get("lock_sha256"))],
         ["config sha256", _code(rec.get("config_sha256"))],
         ["data fingerprint", f"{data.get('kind', '—')} {_code(data.get('sha256'))}"],
         ["initial weights sha256", _code(rec.get("initial_weights_sha256"))],
         ["final weights sha256", _code(rec.get("final_weights_sha256"))],
-        [
-            "device",
-            f"{device.get('type', '?')} {device.get('name', '')}, torch {env.get('torch', '?')}, "
-            f"python {env.get('python', '?')}",
-        ],
+        ["device", f"{machine}, torch {env.get('torch', '?')}, python {env.get('python', '?')}"],
         ["nondeterministic ops", ", ".join(map(str, nondet)) if nondet else "none recorded"],
         ["resumes", str(len(rec.get("resumes") or []))],
     ]
@@ -247,8 +230,7 @@ def epoch_columns(rows: list[dict[str, Any]]) -> list[str]:
 def render_markdown(view: RunView, png_name: str | None) -> str:
     from reprotrain.run.plots import metric_label, metric_names
 
-    rec, diff = view.record, view.run_dir / "git.diff"
-    diff_written = diff.is_file() and diff.stat().st_size > 0
+    rec = view.record
     title = shown(rec.get("experiment_id") or view.run_dir.name)
     out = [
         f"# Run report: {title}",
@@ -269,7 +251,7 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
     out += [
         "## Identity",
         "",
-        *_table(["field", "value"], identity_rows(rec, len(view.metrics), diff_written)),
+        *_table(["field", "value"], identity_rows(view)),
     ]
     final = rec.get("final_metrics") or (view.metrics[-1] if view.metrics else {})
     out += ["", "## Final metrics", ""]

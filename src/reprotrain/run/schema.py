@@ -1,9 +1,7 @@
 """The one schema of run.json, checked by every reader (docs/archive-and-reproduce.md).
-
 Closes: a record that contradicts itself being archived and replayed, or crashing a tool
 with a traceback. Each field has one form, checked where present (unknown keys are kept);
-what a use needs on top (a replay: ``seeds.base``, ``repro.level``) is asked with ``required``.
-"""
+what a use needs on top (a replay: ``seeds.base``, ``repro.level``) is asked with ``required``."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ from reprotrain.errors import RecordError
 from reprotrain.run.record import STATUSES
 
 HINT = "the record contradicts itself (was it edited?); restore it from a copy or re-run"
+STREAMS = ("init", "data", "augment", "train")  # the seed streams besides ``seeds.base``
 
 
 @dataclass(frozen=True)
@@ -81,10 +80,10 @@ FIELDS: dict[str, Form] = {
     "seeds": OBJECT,
     "seeds.base": INTEGER,
     "seeds.source": _nullable(STRING),
-    **{f"seeds.{s}": _nullable(INTEGER) for s in ("init", "data", "augment", "train")},
+    **{f"seeds.{s}": _nullable(INTEGER) for s in STREAMS},
     "repro": OBJECT,
     "repro.level": LEVEL,
-    "repro.precision": _nullable(PRECISION),  # absent from records before issue 44
+    "repro.precision": PRECISION,
     "repro.pythonhashseed": _nullable(HASHSEED),
     "world_size": POSITIVE,
     "ranks": OBJECTS,

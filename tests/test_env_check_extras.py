@@ -130,3 +130,13 @@ def test_the_mlflow_extra_installs_from_its_lock_alone_into_a_fresh_venv(tmp_pat
     out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == lf.parse_lock(lock).entries["mlflow"].version
+
+
+def test_check_lock_runs_on_the_standard_library_alone() -> None:
+    """``make check-lock`` runs before any venv exists (the Makefile says so): ``-S`` leaves
+    site-packages (yaml, torch) out, so an import of one on its path fails here."""
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
+    cmd = [sys.executable, "-S", "-m", "reprotrain.tools.locks.check_lock"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok: requirements.lock"), done.stdout

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
-
 from reprotrain.errors import RecordError
 
 __all__ = ["MAX_DEPTH", "MAX_DIGITS", "MAX_NODES", "check_yaml", "load_json", "load_yaml"]
@@ -69,6 +67,8 @@ def _deep(label: str) -> str:
 def check_yaml(text: str, label: str) -> None:
     """Refuse, in one ``RecordError`` line, a YAML node graph that is cyclic or crosses a bound
     (aliases counted each time they are used); composing is linear, nothing is expanded."""
+    import yaml  # here, not at the top: make check-lock runs on the standard library alone
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError:
@@ -110,6 +110,8 @@ def check_yaml(text: str, label: str) -> None:
 
 
 def _children(node: Any) -> list[Any]:
+    import yaml
+
     if isinstance(node, yaml.MappingNode):
         return [n for pair in node.value for n in pair]
     if isinstance(node, yaml.SequenceNode):
@@ -119,5 +121,7 @@ def _children(node: Any) -> list[Any]:
 
 def load_yaml(text: str, label: str) -> Any:
     """``yaml.safe_load`` after :func:`check_yaml`; a syntax error stays ``yaml.YAMLError``."""
+    import yaml
+
     check_yaml(text, label)
     return yaml.safe_load(text)

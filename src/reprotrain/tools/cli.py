@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -65,6 +67,13 @@ def user_path(text: str) -> Path:
 
 
 user_path.__name__ = "path"
+
+
+def check_dir_arg(flag: str, path: Path) -> None:
+    """One line when the nearest folder of ``path`` that exists is a file."""
+    parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent}: {os.strerror(errno.ENOTDIR)}")
 
 
 def argtype(convert: Callable[[str], Any], ok: Callable[[Any], bool], name: str) -> Callable:

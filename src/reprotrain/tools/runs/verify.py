@@ -11,7 +11,6 @@ docs/make-targets.md.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import signal
 import subprocess
@@ -197,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unrecognized arguments: {' '.join(unknown)}")
     check_overrides(overrides)
-    for parent in (args.out_dir, *args.out_dir.parents):
-        if parent.exists() and not parent.is_dir():
-            raise ReprotrainError(
-                f"--out-dir {args.out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
-            )
+    cli.check_dir_arg("--out-dir", args.out_dir)
     if args.kill_after_steps and not args.kill:
         p.error("--kill-after-steps goes with --kill (make verify KILL=1)")
     nproc_b = args.nproc if args.nproc_b is None else args.nproc_b

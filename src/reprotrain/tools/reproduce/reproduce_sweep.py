@@ -52,14 +52,13 @@ def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None
 def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, CheckedArchive]]:
     """(folder under sweep/, the archive as if it held only that run) per job, each checked."""
     meta = parse_json_object(checked.text(archive_check.ARCHIVE_JSON), "archive.json")
-    jobs = meta.get("jobs")
+    jobs, where = meta.get("jobs"), checked.label("archive.json")
     if not isinstance(jobs, list) or not jobs:
-        raise ReproduceRefused(f"{checked.label('archive.json')}: no list of jobs")
+        raise ReproduceRefused(f"{where}: no list of jobs")
     out = []
     for rel in jobs:
         if not isinstance(rel, str) or not rel or rel.startswith("/") or ".." in rel.split("/"):
-            raise ReproduceRefused(f"{checked.label('archive.json')}: job {shown(rel, 60)} is "
-                                   "not a folder under sweep/")  # fmt: skip
+            raise ReproduceRefused(f"{where}: job {shown(rel, 60)} is not a folder under sweep/")
         base = f"{SWEEP}/{rel}"
         check_overrides(checked, f"{base}/.hydra/overrides.yaml")
         files = {}
@@ -84,13 +83,13 @@ def check_overrides(checked: CheckedArchive, rel: str) -> None:
     data = read_member(checked, rel)
     if data is None:
         return
+    where, damaged = checked.label(rel), "the record was edited or damaged"
     try:
-        overrides = load_yaml(data.decode("utf-8"), checked.label(rel))  # bounded
+        overrides = load_yaml(data.decode("utf-8"), where)  # bounded
     except (UnicodeDecodeError, yaml.YAMLError):
         overrides = None
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise ReproduceRefused(f"{checked.label(rel)}: not a YAML list of overrides; the record "
-                               "was edited or damaged")  # fmt: skip
+        raise ReproduceRefused(f"{where}: not a YAML list of overrides; {damaged}")
 
 
 def replay(run: rerun.Reproduction, study: dict[str, Any] | None = None) -> int:
@@ -175,21 +174,21 @@ def summary_differences(sweep: Path) -> list[str]:
     here = json.loads(json.dumps(here))
     out = []
     if _claims_differ(said.get("objective"), here.get("objective")):
-        out.append(f"summary.json objective {shown(said.get('objective'), 120)}, the archived "
-                   f"runs give {shown(here.get('objective'), 120)}")  # fmt: skip
+        a, b = shown(said.get("objective"), 120), shown(here.get("objective"), 120)
+        out.append(f"summary.json objective {a}, the archived runs give {b}")
     theirs = {g.get("label"): g for g in said.get("groups") or [] if isinstance(g, dict)}
     ours = {g["label"]: g for g in here["groups"]}
     for label in sorted(set(ours) - set(theirs), key=str):
         out.append(f"group {shown(label, 60)} of the archived runs is not in summary.json")
     for label, group in theirs.items():
+        named = f"summary.json group {shown(label, 60)}"
         if label not in ours:
-            out.append(f"summary.json group {shown(label, 60)} is not in the archived runs")
+            out.append(f"{named} is not in the archived runs")
             continue
         metrics = group.get("metrics") if isinstance(group.get("metrics"), dict) else {}
         for metric, stats in metrics.items():
             if _claims_differ(stats, ours[label]["metrics"].get(metric)):
-                out.append(f"summary.json group {shown(label, 60)} {shown(metric)}: not what "
-                           "the archived runs give")  # fmt: skip
+                out.append(f"{named} {shown(metric)}: not what the archived runs give")
     return out
 
 

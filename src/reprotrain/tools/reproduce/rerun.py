@@ -130,10 +130,8 @@ def rerun_command(
         overrides.append(f"trainer.stop_at_global_step={int(leg.stop_at_global_step)}")
     elif stop_after_epoch is not None:
         overrides.append(f"trainer.stop_after_epoch={int(stop_after_epoch)}")
-    return [
-        sys.executable, "-m", "reprotrain.train",
-        f"--config-path={config_dir}", f"--config-name={config_name}", *overrides,
-    ]  # fmt: skip
+    trainer = [sys.executable, "-m", "reprotrain.train", f"--config-path={config_dir}"]
+    return [*trainer, f"--config-name={config_name}", *overrides]
 
 
 def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:

@@ -97,14 +97,11 @@ def primary_config_text(run_dir: Path) -> str:
 
 def trainer_launcher(nproc: int = 1) -> list[str]:
     """``python -m reprotrain.train``, under torchrun when ``nproc`` > 1."""
-    launcher = [sys.executable, "-m", "reprotrain.train"]
-    if nproc > 1:
-        launcher[1:1] = [
-            "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
-            "--shutdown-timeout=120",
-        ]  # fmt: skip
-    return launcher
+    if nproc <= 1:
+        return [sys.executable, "-m", "reprotrain.train"]
+    signals = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", signals]
+    return [sys.executable, *torchrun, "--shutdown-timeout=120", "-m", "reprotrain.train"]
 
 
 def resume_command(

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,19 +25,16 @@ from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability, requirements_lock
 from reprotrain.resume.guard import imported_differences
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check
 from reprotrain.tools.reproduce import replay_env
 from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, ReplayPlan, current_data_dir
 from reprotrain.tools.reproduce.trust import Verdict
+from reprotrain.tools.runs.resume import wired
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
 EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
 PRIMARY = "reproduce"
-#: The archived config under the framework's wiring, as a run composes it.
-CONFIG_HEAD = (
-    "# Written by `make reproduce`: the archived config under the reprotrain wiring.\n"
-    "defaults:\n  - reprotrain\n  - _self_\n\n"
-)
 REPORT = "reproduction.json"
 #: A replay, in order (progress lines on stdout: ``reproduce [2/5] build the replay plan``).
 PHASES = Phases(
@@ -150,14 +146,8 @@ def new_run_dir(runs_dir: Path) -> Path:
 
 def imported_from(source: Path, env: dict[str, str]) -> Path:
     """Where the re-run imports reprotrain from (archive code: after trust); refused outside."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
-        cwd=source,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cmd = [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"]
+    out = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         first = one_line(out.stderr)[-200:]
         raise ReproduceRefused(f"the archived source does not import: {first}")
@@ -173,19 +163,14 @@ def extraction_dir(args, prefix: str) -> Iterator[Path]:
     if args.extract_dir is not None:
         yield Path(args.extract_dir)
         return
-    tmp = None
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix))
-        yield tmp
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        yield Path(tmp)
 
 
 class SignalForwarder:
     """Stop signals sent to ``make reproduce`` passed to the re-run (in its own session)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+    SIGNALS = cli.STOP_SIGNALS
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -305,7 +290,7 @@ def rerun_job(
         one = len(job.legs) == 1
         name = prefix if one else f"{prefix}-leg{i}"
         text = job.view.text("run/config.resolved.yaml") if one else OmegaConf.to_yaml(leg.config)
-        atomic_write_text(config_dir / f"{name}.yaml", CONFIG_HEAD + text)
+        atomic_write_text(config_dir / f"{name}.yaml", wired(text, "make reproduce"))
         last = i == len(job.legs) - 1
         cmd = rerun_command(config_dir, into, job, epochs if last else None, name, leg)
         if leg.changes:

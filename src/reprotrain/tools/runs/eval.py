@@ -7,6 +7,7 @@ and ``eval.json``. ``ARGS``: dotted overrides (may change the bits). docs/make-t
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -82,8 +83,6 @@ def check_best(state: dict, path: Path, run_dir: Path, monitor: str, mode: str) 
 
 def evaluation_weights(step_node, model, state: dict, path: Path):
     """(a context with the weights the trainer evaluated with, their name): EMA or the model's."""
-    import contextlib
-
     from reprotrain.components import build_step
     from reprotrain.step import Step
 

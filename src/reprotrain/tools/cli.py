@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -74,6 +75,11 @@ def check_dir_arg(flag: str, path: Path) -> None:
     parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     if not parent.is_dir():
         raise UsageError(f"{flag} {path}: {parent}: {os.strerror(errno.ENOTDIR)}")
+
+
+def stamped_dir(parent: Path) -> Path:
+    """``<parent>/<date_time>-<pid>``, resolved: where one invocation writes."""
+    return (Path(parent) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
 
 
 def argtype(convert: Callable[[str], Any], ok: Callable[[Any], bool], name: str) -> Callable:

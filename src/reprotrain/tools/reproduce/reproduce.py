@@ -38,7 +38,6 @@ from reprotrain.tools.reproduce.rerun import (
     Reproduction,
     environment_differences,
     extraction_dir,
-    new_run_dir,
     rerun_env,
     rerun_job,
 )
@@ -217,7 +216,7 @@ def _replay(run: Reproduction, epochs: int | None) -> int:
     data_problem = next(iter(run.data_problems()), None)
     partial_archive = _say_archived(record, len(job.view.fingerprints), data_problem, args.repo)
     with run.extracted() as top:
-        source, archived, new_run = top / "source", top / "run", new_run_dir(args.runs_dir)
+        source, archived, new_run = top / "source", top / "run", cli.stamped_dir(args.runs_dir)
         say(f"code     re-run uses the archived source ({source})")
         num_threads = OmegaConf.select(cfg, "repro.num_threads")
         preview = _current_preview(record, num_threads, rerun_env(source, job))

@@ -23,6 +23,7 @@ from reprotrain.run.bounded import load_yaml
 from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
 from reprotrain.run.record import RUN_JSON, to_strict_json
 from reprotrain.shown import say, shown
+from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check
 from reprotrain.tools.archive.archive_check import CheckedArchive
 from reprotrain.tools.archive.sweep_archive import SWEEP
@@ -99,7 +100,7 @@ def replay(run: rerun.Reproduction, study: dict[str, Any] | None = None) -> int:
     if reasons:
         say(f"data     DIFFERS: {reasons[0]}")
     with run.extracted() as top:
-        new_sweep = rerun.new_run_dir(run.args.runs_dir)
+        new_sweep = cli.stamped_dir(run.args.runs_dir)
         (new_sweep / "logs").mkdir(parents=True)
         say(f"re-run   from the archived source ({top / 'source'}), into {new_sweep}")
         for i, job in enumerate(jobs):

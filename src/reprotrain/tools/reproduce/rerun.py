@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,11 +136,6 @@ def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
     # The snapshot is not a checkout: keep git from finding an enclosing repo's HEAD.
     env["GIT_CEILING_DIRECTORIES"] = str(source.resolve().parent)
     return env
-
-
-def new_run_dir(runs_dir: Path) -> Path:
-    """``<runs_dir>/<stamp>-<pid>``, resolved: where a replay writes."""
-    return (Path(runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
 
 
 def imported_from(source: Path, env: dict[str, str]) -> Path:

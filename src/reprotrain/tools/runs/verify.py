@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--kill-after-steps goes with --kill (make verify KILL=1)")
     nproc_b = args.nproc if args.nproc_b is None else args.nproc_b
     check_world_sizes_first(overrides, args.nproc, nproc_b)
-    base = args.out_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
+    base = cli.stamped_dir(args.out_dir)
     dirs = [base / "a", base / "b"]
     rc, error_line = run_once(overrides, dirs[0], args.nproc)
     if rc == 0:

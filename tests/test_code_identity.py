@@ -166,3 +166,17 @@ def test_a_reproduce_names_a_module_the_archived_run_imported_from_outside_src(t
     assert verdict.startswith("NOT COMPARABLE")
     assert "imported from outside src/ and changed from the archived run's" in verdict
     assert "sitecustomize.py" in verdict
+
+
+def test_every_replayed_job_names_a_module_the_archived_run_imported_from_outside_src(tmp_path):
+    """One per-job check for a run and each job of a sweep (rerun._rerun_record): a module
+    the archived run imported from outside src/ that the re-run did not is a reason, not a
+    silent pass (before, a sweep's jobs were not compared)."""
+    from reprotrain.tools.reproduce import rerun
+
+    (tmp_path / "run.json").write_text(json.dumps({"imported_code": {}}))
+    done = rerun._rerun_record(tmp_path, {"imported_code": {"/x/sitecustomize.py": "a" * 64}})
+    assert any(
+        "imported from outside src/ and changed from the archived run's: /x/sitecustomize.py" in r
+        for r in done.reasons
+    ), done.reasons

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import math
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -65,6 +68,18 @@ def user_path(text: str) -> Path:
 
 
 user_path.__name__ = "path"
+
+
+def check_dir_arg(flag: str, path: Path) -> None:
+    """One line when the nearest folder of ``path`` that exists is a file."""
+    parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent}: {os.strerror(errno.ENOTDIR)}")
+
+
+def stamped_dir(parent: Path) -> Path:
+    """``<parent>/<date_time>-<pid>``, resolved: where one invocation writes."""
+    return (Path(parent) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
 
 
 def argtype(convert: Callable[[str], Any], ok: Callable[[Any], bool], name: str) -> Callable:

@@ -47,6 +47,7 @@ from reprotrain.tools.runs.run_diff import compare_runs
 REPORT = "bisect.json"
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
 EXIT_STOPPED = 75  # the trainer stopped at trainer.stop_at_global_step mid-epoch
+OUTSIDE_TRACE = "tensors changed between steps, outside any op the trace sees"
 #: Config keys that say where or how a run is shown, not what it computes.
 NOT_COMPUTED = ("resume", "trainer.progress", "name")
 
@@ -124,14 +125,27 @@ class Replay:
     run_dir: Path
     checkpoint: Path | None
     start: int
-    trace_dir: Path
-    log: Path
+    trace_dir: Path  # its log beside it: <trace_dir>.log
     losses: dict[int, float] = field(default_factory=dict)
     mismatched: list[int] = field(default_factory=list)  # traced steps not matching the record
+
+    @property
+    def log(self) -> Path:
+        return self.trace_dir.with_name(f"{self.trace_dir.name}.log")
 
     def describe(self) -> str:
         origin = f"checkpoints/{self.checkpoint.name}" if self.checkpoint else "the start"
         return f"{self.name} from {origin} (global step {self.start})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.name,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+            "start_global_step": self.start,
+            "traces": str(self.trace_dir),
+            "log": str(self.log),
+            "losses_match_record": not self.mismatched,
+        }
 
 
 def fork_losses(fork: Path) -> dict[int, float]:
@@ -215,17 +229,16 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
     replays = []
     for name, run_dir in (("A", a), ("B", b)):
         path, start = nearest_checkpoint(run_dir, steps[0])
-        replays.append(Replay(name, run_dir, path, start, out_dir / name, out_dir / f"{name}.log"))
+        replays.append(Replay(name, run_dir, path, start, out_dir / name))
     far = [r for r in replays if steps[0] - r.start > max_replay]
     if far:
         names = ", ".join(f"{r.name} (nearest: global step {r.start})" for r in far)
+        report["suggested"] = cadence = suggest_cadence(max_replay)
         lines.append(
             f"replay   not run: no checkpoint within {max_replay} steps of step {steps[0]} in "
-            f"{names}; {suggest_cadence(max_replay)} would have made it precise "
-            "(or raise --max-replay-steps)"
+            f"{names}; {cadence} would have made it precise (or raise --max-replay-steps)"
         )
         report["verdict"] = f"DIVERGED at global step {div.global_step} (not replayed)"
-        report["suggested"] = suggest_cadence(max_replay)
         lines.append(f"RESULT   {report['verdict']}")
         return EXIT_DIVERGED, report, lines
     out_dir.mkdir(exist_ok=True)
@@ -233,51 +246,38 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
         for r in replays:
             run_replay(r, steps, Path(tmp))
         traced = "-".join(str(s) for s in sorted({steps[0], steps[-1]}))
-        lines.append(
-            f"replay   {'; '.join(r.describe() for r in replays)}; traced step(s) {traced}"
-        )
+        described = "; ".join(r.describe() for r in replays)
+        lines.append(f"replay   {described}; traced step(s) {traced}")
         lines += _replay_notes(replays, steps[0])
-        finding = _first_finding(replays, steps)
-        walked = None
+        finding, walked = _first_finding(replays, steps), None
         if finding is not None and finding.kind == "output" and not finding.inputs_identical:
             walked = walk_back(a, b, finding, max_replay, out_dir, Path(tmp))
             lines += walked.lines
             report["walk_back"] = walked.as_dict()
-    report["replays"] = [
-        {
-            "run": r.name,
-            "checkpoint": str(r.checkpoint) if r.checkpoint else None,
-            "start_global_step": r.start,
-            "traces": str(r.trace_dir),
-            "log": str(r.log),
-            "losses_match_record": not r.mismatched,
-        }
-        for r in replays
-    ]
-    report["traced_steps"] = steps
-    if finding is None:
-        sentence = (
-            f"the traced step(s) {traced} hash the same in both replays here: the difference "
-            "did not recur on this machine"
-            + (f" (the recorded environments differ: {env[0]})" if env else "")
-        )
-        report["finding"] = None
-    elif walked is not None and walked.finding is not None:
-        sentence = f"{walked.finding.sentence()} (walked back from {finding.sentence()})"
-        if walked.why_not:
-            sentence += f"; {walked.why_not}"
-        report["finding"] = walked.finding.as_dict()
-    elif walked is not None:
-        sentence = f"{finding.sentence()}; walking back: {walked.why_not}"
-        report["finding"] = finding.as_dict()
-    else:
-        sentence = finding.sentence()
-        report["finding"] = finding.as_dict()
+    report |= {"replays": [r.as_dict() for r in replays], "traced_steps": steps}
+    named, sentence = _conclusion(finding, walked, traced, env)
+    report["finding"] = named.as_dict() if named else None
     if configs:
         sentence += f" (the configs differ in: {', '.join(configs)})"
     report["verdict"] = f"DIVERGED at global step {div.global_step}: {sentence}"
     lines.append(f"RESULT   {sentence}")
     return EXIT_DIVERGED, report, lines
+
+
+def _conclusion(first: Finding | None, walked, traced: str, env: list[str]) -> tuple[Any, str]:
+    """(the finding the report names, the sentence that says it) from the trace and walk back."""
+    if first is None:
+        differ = f" (the recorded environments differ: {env[0]})" if env else ""
+        return None, (
+            f"the traced step(s) {traced} hash the same in both replays here: the difference "
+            f"did not recur on this machine{differ}"
+        )
+    if walked is None:
+        return first, first.sentence()
+    if walked.finding is None:
+        return first, f"{first.sentence()}; walking back: {walked.why_not}"
+    why = f"; {walked.why_not}" if walked.why_not else ""
+    return walked.finding, f"{walked.finding.sentence()} (walked back from {first.sentence()}){why}"
 
 
 @dataclass
@@ -291,6 +291,12 @@ class WalkBack:
     digested: list[int] = field(default_factory=list)
     first_digest_step: int | None = None
     lines: list[str] = field(default_factory=list)
+
+    def stopped(self, why: str, head: str = "") -> WalkBack:
+        """The walk ends here, for ``why``."""
+        self.why_not = why
+        self.lines.append(f"walk     {head}{why}")
+        return self
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -311,21 +317,14 @@ def walk_back(
     walk = WalkBack()
     origin, upto, ckpts = _walk_back_origin(a, b, before, max_replay, walk)
     if origin is None:
-        walk.lines.append(f"walk     not possible: {walk.why_not}")
-        return walk
+        return walk.stopped(walk.why_not or "", "not possible: ")
     walk.origin, digests = origin, range(origin, upto)
     where = f"checkpoints/step-{origin:08d}.pt" if ckpts[0] else "the start"
     if not digests:
-        walk.why_not = (
-            f"both runs hold the same state at {where}, yet step {before} starts from "
-            "different tensors: they changed between steps, outside any op the trace sees"
-        )
-        walk.lines.append(f"walk     {walk.why_not}")
-        return walk
-    replays = [
-        Replay(n, run, ckpt, origin, out_dir / f"{n}-walk", out_dir / f"{n}-walk.log")
-        for n, run, ckpt in (("A", a, ckpts[0]), ("B", b, ckpts[1]))
-    ]
+        held = f"both runs hold the same state at {where}, yet step {before} starts from"
+        return walk.stopped(f"{held} different tensors: {OUTSIDE_TRACE}")
+    pairs = zip("AB", (a, b), ckpts, strict=True)
+    replays = [Replay(n, run, ckpt, origin, out_dir / f"{n}-walk") for n, run, ckpt in pairs]
     for r in replays:
         run_replay(r, [], workdir, digests)
     walk.digested = list(digests)
@@ -333,20 +332,13 @@ def walk_back(
     walk.first_digest_step = k
     span = f"{digests.start}-{digests.stop - 1}" if len(digests) > 1 else f"{digests.start}"
     if k is None:
-        later = (
-            f"their checkpoints at global step {upto} differ"
-            if upto < before
-            else (f"step {before} starts from different tensors")
-        )
-        walk.why_not = (
-            f"steps {span} (from {where}) digest the same in both replays, yet {later}: "
-            "tensors changed between steps, outside any op the trace sees"
-        )
-        walk.lines.append(f"walk     {walk.why_not}")
-        return walk
+        later = f"step {before} starts from different tensors"
+        if upto < before:
+            later = f"their checkpoints at global step {upto} differ"
+        same = f"steps {span} (from {where}) digest the same in both replays"
+        return walk.stopped(f"{same}, yet {later}: {OUTSIDE_TRACE}")
     traced = [
-        Replay(n, r.run_dir, r.checkpoint, origin, out_dir / f"{n}-{k}", out_dir / f"{n}-{k}.log")
-        for n, r in zip("AB", replays, strict=True)
+        Replay(r.name, r.run_dir, r.checkpoint, origin, out_dir / f"{r.name}-{k}") for r in replays
     ]
     for r in traced:
         run_replay(r, [k], workdir)
@@ -360,8 +352,7 @@ def walk_back(
     elif found.kind == "output" and not found.inputs_identical:
         walk.why_not = (
             f"every step before {k} (from {where}) digests the same, yet its first differing "
-            "op had differing inputs: tensors changed between steps, outside any op the "
-            "trace sees"
+            f"op had differing inputs: {OUTSIDE_TRACE}"
         )
     return walk
 

@@ -35,10 +35,6 @@ def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
             yield from walk(v, here)
 
 
-def targets_in(node: Any) -> set[str]:
-    return {str(v) for _, k, v in walk(node) if k == "_target_"}
-
-
 def trusted_conf_dirs(source: Path) -> list[Path]:
     """``conf/``, the framework's packaged configs and the primary's ``pkg://`` searchpath."""
     dirs = [Path(source) / "conf"]
@@ -77,7 +73,7 @@ def conf_targets(*conf_dirs: Path) -> dict[str, set[str]]:
         else:
             roots = [(rel.parts[0], data)]
         for group, node in roots:
-            out.setdefault(group, set()).update(targets_in(node))
+            out.setdefault(group, set()).update(str(v) for _, k, v in walk(node) if k == "_target_")
     return out
 
 

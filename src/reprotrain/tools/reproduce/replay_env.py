@@ -27,11 +27,6 @@ MAX_HASHSEED = 4294967295
 HOW = "an archive may set only " + ", ".join(GPU_ENV_VARS) + " (and PYTHONHASHSEED)"
 
 
-def form(name: str) -> re.Pattern[str]:
-    """The pattern a value of the allowlisted ``name`` must match in full."""
-    return FORMS.get(name, _SWITCH)
-
-
 def checked_value(name: str, value: Any, where: str) -> str | None:
     """``value`` if ``name`` may be set to it (None: unset it); else a refusal."""
     if name not in GPU_ENV_VARS:
@@ -41,10 +36,11 @@ def checked_value(name: str, value: Any, where: str) -> str | None:
         )
     if value is None:
         return None
-    if not isinstance(value, str) or not form(name).fullmatch(value):
+    form = FORMS.get(name, _SWITCH)
+    if not isinstance(value, str) or not form.fullmatch(value):
         raise ReproduceRefused(
             f"{where} sets ${name}={str(value)[:60]!r}, which is not of the form "
-            f"{form(name).pattern!r}: refused, nothing extracted"
+            f"{form.pattern!r}: refused, nothing extracted"
         )
     return value
 

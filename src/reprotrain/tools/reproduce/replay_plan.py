@@ -90,16 +90,10 @@ def plan_replay(
         if until_global_step is not None and step >= until_global_step:
             break
         legs[-1].stop_at_global_step = step
-        for key, change in overrides.items():
-            _set(current, key, change["to"])
-        legs.append(
-            Leg(
-                config=copy.deepcopy(current),
-                resume=True,
-                stop_at_global_step=None,
-                changes={k: c["to"] for k, c in overrides.items()},
-            )
-        )
+        changes = {key: change["to"] for key, change in overrides.items()}
+        for key, value in changes.items():
+            _set(current, key, value)
+        legs.append(Leg(copy.deepcopy(current), True, None, changes))
     return legs
 
 

@@ -1,9 +1,5 @@
 """``make reproduce ARCHIVE=<file>``: replay an archived run from its own source and compare.
 
-    python -m reprotrain.tools.reproduce.reproduce archives/<id>-<run>.tar.gz [--epochs N]
-        [--tolerance 0.02] [--allow-data-drift] [--runs-dir outputs/reproduce]
-        [--extract-dir DIR] [--verify-only] [--trusted-signers FILE] [--trust]
-
 Checks the archive, plans the replay, decides trust before anything is extracted or built,
 re-runs from the archived source and compares every record. ``--verify-only`` runs nothing.
 
@@ -15,7 +11,6 @@ Last line and exit code: 0 REPRODUCED (bitwise); 1 DIVERGED at epoch E (step S);
 from __future__ import annotations
 
 import errno
-import json
 import math
 import os
 import sys
@@ -28,31 +23,23 @@ from reprotrain.errors import ReproduceRefused
 from reprotrain.repro import comparability, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
-from reprotrain.resume.guard import imported_differences
-from reprotrain.run.record import atomic_write_text, now_iso
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, sweep_archive
 from reprotrain.tools.archive.archive_check import CheckedArchive
 from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, study_check, trust
-from reprotrain.tools.reproduce.replay_plan import JobPlan, NotReplayable, ReplayPlan
+from reprotrain.tools.reproduce.replay_plan import NotReplayable
 from reprotrain.tools.reproduce.rerun import (
     EXIT_DIVERGED,
     EXIT_NOT_COMPARABLE,
     EXIT_REPRODUCED,
     EXIT_STOPPED,
-    FORWARD,
     PHASES,
-    REPORT,
-    check_archived_data,
+    Reproduction,
     environment_differences,
     extraction_dir,
-    imported_from,
-    new_run_dir,
-    not_comparable_reasons,
     rerun_env,
-    rerun_record,
-    run_legs,
+    rerun_job,
 )
 from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 
@@ -98,8 +85,8 @@ def tolerance_report(metric_diffs: dict, tolerance: float) -> tuple[list[str], b
                 delta = abs(a - b)
                 ok = math.isfinite(delta) and delta <= tolerance
                 within &= ok
-                parts.append(f"{shown(key)} {a:.6g} vs {b:.6g} (|d|={delta:.3g}, "
-                             f"{'ok' if ok else 'OUT'})")  # fmt: skip
+                mark = "ok" if ok else "OUT"
+                parts.append(f"{shown(key)} {a:.6g} vs {b:.6g} (|d|={delta:.3g}, {mark})")
             else:
                 parts.append(f"{shown(key)} {shown(a, 60)} vs {shown(b, 60)}")
         lines.append(f"  epoch {epoch}: " + "; ".join(parts))
@@ -131,13 +118,7 @@ def _check_dirs(args) -> None:
     """Paths the user gave are checked before the (slow) archive checks."""
     if args.extract_dir is not None:
         archive_check.check_extract_dir(Path(args.extract_dir))
-    for parent in (Path(args.runs_dir), *Path(args.runs_dir).parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise ReproduceRefused(
-                    f"--runs-dir {args.runs_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
-                )
-            break
+    cli.check_dir_arg("--runs-dir", Path(args.runs_dir))
     if args.trusted_signers is not None and not Path(args.trusted_signers).is_file():
         raise ReproduceRefused(
             f"--trusted-signers {args.trusted_signers}: {os.strerror(errno.ENOENT)}"
@@ -157,13 +138,8 @@ def reproduce(args) -> int:
 def _reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
-    d = safetar.Limits()  # --max-* given, else the defaults
-    limits = safetar.Limits(
-        max_members=args.max_members or d.max_members,
-        max_member_bytes=args.max_member_bytes or d.max_member_bytes,
-        max_total_bytes=args.max_unpacked_bytes or d.max_total_bytes,
-        max_ratio=args.max_ratio or d.max_ratio,
-    )
+    given = (args.max_members, args.max_member_bytes, args.max_total_bytes, args.max_ratio)
+    limits = safetar.Limits(*given)
     if args.verify_only:
         checked = archive_check.verify(archive, limits)
         with extraction_dir(args, "reprotrain-verify-") as dest:
@@ -189,10 +165,10 @@ def _reproduce(args) -> int:
         say(f"NOT COMPARABLE: {e}")
         return EXIT_NOT_COMPARABLE
     PHASES("decide trust")  # on the whole plan, before anything of the archive is built
-    verdict_trust = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
-    if sweep:
-        return reproduce_sweep.replay(args, archive, plan, verdict_trust, study)
-    return _replay(args, archive, plan, epochs, verdict_trust)
+    verdict = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
+    run = Reproduction(args, archive, plan, verdict)
+    say(f"trust    {verdict.line()}")
+    return reproduce_sweep.replay(run, study) if sweep else _replay(run, epochs)
 
 
 def run_archive(args, archive: Path, checked: CheckedArchive) -> CheckedArchive:
@@ -221,18 +197,15 @@ def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
     epochs = args.epochs if args.epochs is not None else (None if complete else done)
     until = checked.fingerprints[epochs - 1].get("global_step") if epochs else None
     if until is not None and (not isinstance(until, int) or isinstance(until, bool)):
-        raise ReproduceRefused(f"{checked.label('run/fingerprints.jsonl')}: epoch {epochs} has no "
-                      "integer global_step")  # fmt: skip
+        where = checked.label("run/fingerprints.jsonl")
+        raise ReproduceRefused(f"{where}: epoch {epochs} has no integer global_step")
     return epochs, until
 
 
-def _replay(
-    args, archive: Path, plan: ReplayPlan, epochs: int | None, verdict_trust: trust.Verdict
-) -> int:
-    (job,) = plan.jobs
-    checked, record, cfg = job.view, job.record, job.view.config
-    done, complete = len(checked.fingerprints), record.get("status") == "completed"
-    say(f"trust    {verdict_trust.line()}")
+def _replay(run: Reproduction, epochs: int | None) -> int:
+    """One archived run: re-run from its own source, then compared record by record."""
+    (job,) = run.plan.jobs
+    record, cfg, args = job.record, job.view.config, run.args
     # Values the run read from its environment must be resolvable here (named, not shown).
     env_values = env_value_differences(cfg, record.get(ENV_INTERPOLATIONS) or {})
     unresolved = [d for d in env_values if "cannot be resolved" in d]
@@ -240,130 +213,76 @@ def _replay(
         raise ReproduceRefused(
             f"{unresolved[0]}; set the variable the archived run read, then retry"
         )
-    # After the trust verdict: fingerprinting the data builds the dataset config (code).
-    data_problem = check_archived_data(cfg.get("dataset"), record, args.allow_data_drift)
-    seeds, level = record["seeds"], record["repro"]["level"]
-    status = "" if complete else f" (run {shown(record.get('status'))}: comparing those)"
-    say(f"run      {shown(record.get('experiment_id'))}  seeds base={shown(seeds['base'])} "
-        f"({shown(seeds.get('source'))})  repro={shown(level)}  epochs={done}{status}")  # fmt: skip
+    data_problem = next(iter(run.data_problems()), None)
+    partial_archive = _say_archived(record, len(job.view.fingerprints), data_problem, args.repo)
+    with run.extracted() as top:
+        source, archived, new_run = top / "source", top / "run", cli.stamped_dir(args.runs_dir)
+        say(f"code     re-run uses the archived source ({source})")
+        num_threads = OmegaConf.select(cfg, "repro.num_threads")
+        preview = _current_preview(record, num_threads, rerun_env(source, job))
+        blocking, info = environment_differences(record, preview)
+        for line in blocking + info + ([] if blocking else ["matches the recorded environment"]):
+            say(f"env      {line}")
+        say(f"re-run   PYTHONPATH={source / 'src'} (cwd {source})")
+        done = rerun_job(job, top, new_run, epochs)
+        if isinstance(done, int):
+            return done
+        reasons = done.reasons + ([data_problem] if data_problem else [])
+        reasons += [f"environment-derived value: {d}" for d in env_values]
+        PHASES("compare")
+        result = with_metrics(compare_runs(archived, new_run, epochs), archived, new_run, epochs)
+        shown_lines = [f"new run  {new_run}"]
+        if partial_archive and result.identical:
+            shown_lines.append(f"  note: {partial_archive}; the bits match without them")
+        elif partial_archive:
+            reasons.append(partial_archive)
+        scope = f"epoch(s) 1-{result.epochs_compared}" + ("" if epochs else " + final weights")
+        code, verdict, detail = _verdict(result, reasons, args.tolerance, scope)
+        report = {
+            "archived_experiment_id": record.get("experiment_id"),
+            "archived_run": record.get("run_dir"),
+            "epochs": epochs,
+            "legs": len(job.legs),
+            "fully_archivable": partial_archive is None,
+            "environment_differences": done.blocking,
+            "environment_notes": done.notes,
+            "data": data_problem,
+            "metric_differences": {str(k): v for k, v in result.metric_diffs.items()},
+            "tolerance": args.tolerance,
+        }
+        return run.finish(new_run, report, code, verdict, *shown_lines, *detail)
+
+
+def _say_archived(record: dict, done: int, data_problem: str | None, repo: Path) -> str | None:
+    """The archived run, its data and code against this checkout; why it is not all archived."""
+    seeds, status = record["seeds"], record.get("status")
+    run = f"{shown(record.get('experiment_id'))}  seeds base={shown(seeds['base'])}"
+    run += f" ({shown(seeds.get('source'))})  repro={shown(record['repro']['level'])}"
+    comparing = "" if status == "completed" else f" (run {shown(status)}: comparing those)"
+    say(f"run      {run}  epochs={done}{comparing}")
     say(f"data     {'DIFFERS: ' + data_problem if data_problem else 'fingerprint matches'}")
     partial_archive = not_fully_archivable(record)
     if partial_archive:
         say(f"code     NOT FULLY ARCHIVABLE: {partial_archive}")
-    for line in code_differences(record.get("git") or {}, Path(args.repo)) or [
-        "this checkout: same commit, clean"
-    ]:
+    same = ["this checkout: same commit, clean"]
+    for line in code_differences(record.get("git") or {}, Path(repo)) or same:
         say(f"code     {line}")
-
-    # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
-    PHASES("re-run")
-    with extraction_dir(args, "reprotrain-reproduce-") as extract, FORWARD:
-        top = archive_check.extract(checked, extract.resolve())
-        say(f"code     re-run uses the archived source ({top / 'source'})")
-        return _rerun(args, archive, job, top, epochs, data_problem, env_values,
-                      partial_archive, verdict_trust)  # fmt: skip
+    return partial_archive
 
 
-def _verdict(result, reasons, lines, within, tolerance, scope, trusted):
+def _verdict(result, reasons: list[str], tolerance: float, scope: str) -> tuple[int, str, list]:
     """(exit code, verdict line, detail lines) from the comparison and the reasons."""
+    lines, within = tolerance_report(result.metric_diffs, tolerance)
+    judged = f"{'within' if within else 'OUTSIDE'} tolerance {tolerance}"
     if reasons:
-        code = EXIT_NOT_COMPARABLE
         bits = "bits match anyway" if result.identical else result.verdict()
-        verdict = "NOT COMPARABLE: " + "; ".join(reasons) + trusted
-        detail = [
-            f"  ({bits}); metrics "
-            + ("identical" if not lines else ("within" if within else "OUTSIDE"))
-            + f" tolerance {tolerance} on train_/val_/test_ metrics",
-            *lines,
-        ]
-    elif result.identical:
-        code = EXIT_REPRODUCED
-        verdict = f"REPRODUCED (bitwise): {scope} match the archived run{trusted}"
-        detail = []
-    else:
-        code = EXIT_DIVERGED
-        where = f"epoch {result.divergent_epoch}" if result.divergent_epoch else "final weights"
-        if result.divergent_step is not None:
-            where += f" (step {result.divergent_step})"
-        verdict = f"DIVERGED at {where}: " + "; ".join(result.reasons) + trusted
-        detail = [
-            "  metric differences ("
-            + ("within" if within else "OUTSIDE")
-            + f" tolerance {tolerance}):",
-            *(lines or ["  (none)"]),
-        ]
-    return code, verdict, detail
-
-
-def _rerun(
-    args,
-    archive: Path,
-    job: JobPlan,
-    top: Path,
-    epochs: int | None,
-    data_problem: str | None,
-    env_values: list[str],
-    partial_archive: str | None,
-    verdict_trust: trust.Verdict,
-) -> int:
-    record, cfg = job.record, job.view.config
-    run, source = top / "run", top / "source"
-    env = rerun_env(source, job)
-    blocking, info = environment_differences(
-        record, _current_preview(record, OmegaConf.select(cfg, "repro.num_threads"), env)
-    )
-    for line in blocking + info:
-        say(f"env      {line}")
-    if not blocking:
-        say("env      matches the recorded environment")
-
-    new_run = new_run_dir(args.runs_dir)
-    imported_from(source, env)
-    say(f"re-run   PYTHONPATH={env['PYTHONPATH']} (cwd {source})")
-    failed = run_legs(job, epochs, top / "rerun-config", new_run, source, env)
-    if failed is not None:
-        return failed
-    new_record, blocking, info = rerun_record(new_run, record)
-    reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
-    if record.get("imported_code") is not None:  # outside src/: no archive holds them
-        now = new_record.get("imported_code") or {}
-        reasons += imported_differences(record["imported_code"], now, "from the archived run's")
-    if data_problem:
-        reasons.append(data_problem)
-    reasons += [f"environment-derived value: {d}" for d in env_values]
-    PHASES("compare")
-    result = with_metrics(compare_runs(run, new_run, epochs=epochs), run, new_run, epochs)
-    if partial_archive and not result.identical:
-        reasons.append(partial_archive)
-    lines, within = tolerance_report(result.metric_diffs, args.tolerance)
-    scope = f"epoch(s) 1-{result.epochs_compared}" + ("" if epochs else " + final weights")
-    trusted = f" [trust {verdict_trust.rule}]"
-    code, verdict, detail = _verdict(result, reasons, lines, within, args.tolerance, scope, trusted)
-    report = {
-        "created_at": now_iso(),
-        "archive": str(archive),
-        "archived_experiment_id": record.get("experiment_id"),
-        "archived_run": record.get("run_dir"),
-        "epochs": epochs,
-        "legs": len(job.legs),
-        "trust": {"rule": verdict_trust.rule, "detail": verdict_trust.detail},
-        "fully_archivable": partial_archive is None,
-        "verdict": verdict,
-        "exit_code": code,
-        "environment_differences": blocking,
-        "environment_notes": info,
-        "data": data_problem,
-        "metric_differences": {str(k): v for k, v in result.metric_diffs.items()},
-        "tolerance": args.tolerance,
-    }
-    atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    say(f"new run  {new_run}")
-    if partial_archive and result.identical:
-        say(f"  note: {partial_archive}; the bits match without them")
-    for line in detail:
-        say(line)
-    say(verdict)
-    return code
+        metrics = judged if lines else f"identical tolerance {tolerance}"
+        detail = [f"  ({bits}); metrics {metrics} on train_/val_/test_ metrics", *lines]
+        return EXIT_NOT_COMPARABLE, "NOT COMPARABLE: " + "; ".join(reasons), detail
+    if result.identical:
+        return EXIT_REPRODUCED, f"REPRODUCED (bitwise): {scope} match the archived run", []
+    detail = [f"  metric differences ({judged}):", *(lines or ["  (none)"])]
+    return EXIT_DIVERGED, result.verdict(), detail
 
 
 _byte_size = cli.argtype(safetar.parse_bytes, lambda v: v >= 1, "size (bytes, or with K/M/G/T)")
@@ -383,25 +302,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trusted-signers", type=cli.user_path, metavar="FILE", help=signers_help)
     p.add_argument("--trust", action="store_true", help="run the code even if neither (a) nor (b)")
     p.add_argument("--repo", type=cli.user_path, default=REPO_ROOT, help="checkout for rule (a)")
-    d, h = safetar.Limits(), safetar.human
-    p.add_argument("--max-members", type=cli.positive_int, help=f"refuse more ({d.max_members})")
-    p.add_argument("--max-member-bytes", type=_byte_size, help=f"refuse a larger member "
-                   f"({h(d.max_member_bytes)})")  # fmt: skip
-    p.add_argument("--max-unpacked-bytes", type=_byte_size, help=f"refuse a larger total "
-                   f"({h(d.max_total_bytes)})")  # fmt: skip
-    p.add_argument("--max-ratio", type=cli.positive_float, help=f"refuse a higher unpacked/packed "
-                   f"ratio ({d.max_ratio:g})")  # fmt: skip
+    d = safetar.Limits()
+    for flag, kind, field, what in (
+        ("--max-members", cli.positive_int, "max_members", "more"),
+        ("--max-member-bytes", _byte_size, "max_member_bytes", "a larger member"),
+        ("--max-unpacked-bytes", _byte_size, "max_total_bytes", "a larger total"),
+        ("--max-ratio", cli.positive_float, "max_ratio", "a higher unpacked/packed ratio"),
+    ):
+        most = getattr(d, field)
+        limit = safetar.human(most) if kind is _byte_size else f"{most:g}"
+        p.add_argument(flag, type=kind, default=most, dest=field, help=f"refuse {what} ({limit})")
     add_sweep_arguments(p)
     return reproduce(p.parse_args(argv))
 
 
 def add_sweep_arguments(p) -> None:
     """A sweep archive's verdict (tools/reproduce/reproduce_sweep.py): MODE=, MARGIN=, METRIC=."""
-    p.add_argument("--mode", choices=("auto", "bitwise", "statistical"), default="auto",
-                   help="sweep archives: statistical verdict (auto: where bits are not "
-                   "promised)")  # fmt: skip
-    p.add_argument("--margin", type=cli.positive_float, default=None,
-                   help="equivalence margin (default: archived 95%% CI half-width)")  # fmt: skip
+    modes, auto = ("auto", "bitwise", "statistical"), "auto: where bits are not promised"
+    p.add_argument("--mode", choices=modes, default="auto", help=f"sweep archives ({auto})")
+    margin = "equivalence margin (default: archived 95%% CI half-width)"
+    p.add_argument("--margin", type=cli.positive_float, default=None, help=margin)
     p.add_argument("--metric", default=None, help="final metric (default: trainer.monitor)")
 
 

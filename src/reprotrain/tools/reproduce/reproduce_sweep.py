@@ -21,14 +21,14 @@ from reprotrain.errors import ReproduceRefused, ReprotrainError
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
 from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
-from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso, to_strict_json
+from reprotrain.run.record import RUN_JSON, to_strict_json
 from reprotrain.shown import say, shown
+from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check
 from reprotrain.tools.archive.archive_check import CheckedArchive
 from reprotrain.tools.archive.sweep_archive import SWEEP
 from reprotrain.tools.debugging.bisect import bisect_command
-from reprotrain.tools.reproduce import rerun, study_check, trust
-from reprotrain.tools.reproduce.replay_plan import ReplayPlan
+from reprotrain.tools.reproduce import rerun, study_check
 from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
@@ -53,14 +53,13 @@ def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None
 def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, CheckedArchive]]:
     """(folder under sweep/, the archive as if it held only that run) per job, each checked."""
     meta = parse_json_object(checked.text(archive_check.ARCHIVE_JSON), "archive.json")
-    jobs = meta.get("jobs")
+    jobs, where = meta.get("jobs"), checked.label("archive.json")
     if not isinstance(jobs, list) or not jobs:
-        raise ReproduceRefused(f"{checked.label('archive.json')}: no list of jobs")
+        raise ReproduceRefused(f"{where}: no list of jobs")
     out = []
     for rel in jobs:
         if not isinstance(rel, str) or not rel or rel.startswith("/") or ".." in rel.split("/"):
-            raise ReproduceRefused(f"{checked.label('archive.json')}: job {shown(rel, 60)} is "
-                                   "not a folder under sweep/")  # fmt: skip
+            raise ReproduceRefused(f"{where}: job {shown(rel, 60)} is not a folder under sweep/")
         base = f"{SWEEP}/{rel}"
         check_overrides(checked, f"{base}/.hydra/overrides.yaml")
         files = {}
@@ -85,105 +84,73 @@ def check_overrides(checked: CheckedArchive, rel: str) -> None:
     data = read_member(checked, rel)
     if data is None:
         return
+    where, damaged = checked.label(rel), "the record was edited or damaged"
     try:
-        overrides = load_yaml(data.decode("utf-8"), checked.label(rel))  # bounded
+        overrides = load_yaml(data.decode("utf-8"), where)  # bounded
     except (UnicodeDecodeError, yaml.YAMLError):
         overrides = None
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise ReproduceRefused(f"{checked.label(rel)}: not a YAML list of overrides; the record "
-                               "was edited or damaged")  # fmt: skip
+        raise ReproduceRefused(f"{where}: not a YAML list of overrides; {damaged}")
 
 
-def replay(
-    args,
-    archive: Path,
-    plan: ReplayPlan,
-    verdict_trust: trust.Verdict,
-    study: dict[str, Any] | None = None,
-) -> int:
-    """Replay a sweep archive's plan (trusted by ``verdict_trust``); the verdict's exit code."""
-    say(f"trust    {verdict_trust.line()}")
-    # After the trust verdict: fingerprinting the data builds each dataset config (code).
-    found = (rerun.check_archived_data(j.view.config.get("dataset"), j.record,
-                                       args.allow_data_drift) for j in plan.jobs)  # fmt: skip
-    problems = [p for p in found if p]
-    say(f"sweep    {len(plan.jobs)} archived run(s)")
-    if problems:
-        say(f"data     DIFFERS: {problems[0]}")
-    # From here on a stop signal is passed on to the re-run, and the cleanup still runs.
-    rerun.PHASES("re-run")
-    with rerun.extraction_dir(args, "reprotrain-reproduce-") as extract, rerun.FORWARD:
-        top = archive_check.extract(plan.jobs[0].view, extract.resolve())
-        return _rerun(args, archive, top, plan, problems, verdict_trust, study)
+def replay(run: rerun.Reproduction, study: dict[str, Any] | None = None) -> int:
+    """Re-run every job of a trusted sweep archive's plan; the verdict's exit code."""
+    reasons, jobs = run.data_problems(), run.plan.jobs
+    say(f"sweep    {len(jobs)} archived run(s)")
+    if reasons:
+        say(f"data     DIFFERS: {reasons[0]}")
+    with run.extracted() as top:
+        new_sweep = cli.stamped_dir(run.args.runs_dir)
+        (new_sweep / "logs").mkdir(parents=True)
+        say(f"re-run   from the archived source ({top / 'source'}), into {new_sweep}")
+        for i, job in enumerate(jobs):
+            with open(new_sweep / "logs" / f"job-{i}.log", "w") as log:
+                done = rerun.rerun_job(job, top, new_sweep / job.name, None, log, f"job-{i}")
+            if isinstance(done, int):
+                return done
+            reasons += done.reasons
+            base = shown(job.record["seeds"]["base"])
+            say(f"  {shown(job.name)}: seeds base={base} -> done ({i + 1}/{len(jobs)} runs)")
+        return _verdict(run, top / SWEEP, new_sweep, list(dict.fromkeys(reasons)), study)
 
 
-def _rerun(args, archive, top: Path, plan: ReplayPlan, problems, verdict_trust, study) -> int:
-    source = top / "source"
-    new_sweep = rerun.new_run_dir(args.runs_dir)
-    logs = new_sweep / "logs"
-    logs.mkdir(parents=True)
-    reasons: list[str] = list(problems)
-    for i, job in enumerate(plan.jobs):
-        env = rerun.rerun_env(source, job)
-        if i == 0:
-            rerun.imported_from(source, env)
-            say(f"re-run   from the archived source ({source}), into {new_sweep}")
-        run_dir = new_sweep / job.name
-        with open(logs / f"job-{i}.log", "w") as log:
-            failed = rerun.run_legs(job, None, top / "rerun-config", run_dir, source, env,
-                                 f"job-{i}", log)  # fmt: skip
-        if failed is not None:
-            return failed
-        blocking = rerun.rerun_record(run_dir, job.record)[1]
-        reasons += [f"environment differs: {b}" for b in blocking]
-        reasons += rerun.not_comparable_reasons(job.record)
-        done = f"{i + 1}/{len(plan.jobs)} runs"
-        say(
-            f"  {shown(job.name)}: seeds base={shown(job.record['seeds']['base'])} -> done ({done})"
-        )
-    reasons = list(dict.fromkeys(reasons))
-    statistical = args.mode == "statistical" or (args.mode == "auto" and bool(reasons))
+def _verdict(run: rerun.Reproduction, archived: Path, new_sweep: Path, reasons, study) -> int:
+    """Bitwise, or statistical where bits are not promised; demoted where a record does not hold."""
+    mode = run.args.mode
+    statistical = mode == "statistical" or (mode == "auto" and bool(reasons))
     for r in reasons:
         say(f"env      {r}")
-    report: dict[str, Any] = {
-        "created_at": now_iso(),
-        "archive": str(archive),
-        "trust": {"rule": verdict_trust.rule, "detail": verdict_trust.detail},
-        "bits_not_promised": reasons,
-        "mode": "statistical" if statistical else "bitwise",
-    }
+    report = {"bits_not_promised": reasons, "mode": "statistical" if statistical else "bitwise"}
     rerun.PHASES("compare")
     if statistical:
-        code, verdict = _statistical(args, top, new_sweep, plan.jobs, report)
+        code, verdict = _statistical(run.args, archived, new_sweep, run.plan.jobs, report)
     else:
-        code, verdict = _bitwise(top, new_sweep, plan.jobs, report)
-    if study is not None:
-        code, verdict = _study_verdict(study, top, new_sweep, statistical, code, verdict, report)
-    code, verdict = _summary_verdict(top / SWEEP, statistical, code, verdict, report)
-    verdict += f" [trust {verdict_trust.rule}]"
-    report |= {"verdict": verdict, "exit_code": code}
-    atomic_write_text(new_sweep / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    say(f"report   {new_sweep / REPORT}")
-    say(verdict)
-    return code
-
-
-def _study_verdict(study, top: Path, new_sweep: Path, statistical: bool, code: int,
-                   verdict: str, report: dict) -> tuple[int, str]:  # fmt: skip
-    """The verdict, demoted when study.json does not hold for the archived or replayed runs."""
-    found = study_check.differences(study, top / SWEEP, new_sweep, values=not statistical)
-    report["study_differences"] = found
-    if not found:
-        best = study.get("best") or {}
-        say(f"study    study.json holds: {len(study['trials'])} trial(s), best "
-            f"{shown(best.get('job', 'none'), 60)}, recomputed from the runs")  # fmt: skip
-        return code, verdict
-    for line in found[:10]:
-        say(f"study    {line}")
-    if len(found) > 10:
-        say(f"study    ... and {len(found) - 10} more (reproduction.json)")
+        code, verdict = _bitwise(archived, new_sweep, run.plan.jobs, report)
     head = compare_sweeps.INCONSISTENT if statistical else "DIVERGED"
-    return 1, f"{head}: study.json does not hold ({len(found)} difference(s)): {found[0]}"
+    if study is not None:
+        found = study_check.differences(study, archived, new_sweep, values=not statistical)
+        report["study_differences"] = found
+        best = shown((study.get("best") or {}).get("job", "none"), 60)
+        holds = f"{len(study['trials'])} trial(s), best {best}, recomputed from the runs"
+        if not found:
+            say(f"study    study.json holds: {holds}")
+        code, verdict = _held(found, "study", f"{head}: study.json") or (code, verdict)
+    report["summary_differences"] = found = summary_differences(archived)
+    demoted = _held(found, "summary", f"{head}: summary.json")
+    if demoted and code != 1:
+        code, verdict = demoted
+    return run.finish(new_sweep, report, code, verdict, f"report   {new_sweep / rerun.REPORT}")
+
+
+def _held(found: list[str], tag: str, record: str) -> tuple[int, str] | None:
+    """Up to ten ``found`` differences said; the verdict they demote to, or None if none."""
+    for line in found[:10]:
+        say(f"{tag:8} {line}")
+    if len(found) > 10:
+        say(f"{tag:8} ... and {len(found) - 10} more (reproduction.json)")
+    if found:
+        return 1, f"{record} does not hold ({len(found)} difference(s)): {found[0]}"
+    return None
 
 
 def _claims_differ(said: Any, here: Any) -> bool:
@@ -208,59 +175,45 @@ def summary_differences(sweep: Path) -> list[str]:
     here = json.loads(json.dumps(here))
     out = []
     if _claims_differ(said.get("objective"), here.get("objective")):
-        out.append(f"summary.json objective {shown(said.get('objective'), 120)}, the archived "
-                   f"runs give {shown(here.get('objective'), 120)}")  # fmt: skip
+        a, b = shown(said.get("objective"), 120), shown(here.get("objective"), 120)
+        out.append(f"summary.json objective {a}, the archived runs give {b}")
     theirs = {g.get("label"): g for g in said.get("groups") or [] if isinstance(g, dict)}
     ours = {g["label"]: g for g in here["groups"]}
     for label in sorted(set(ours) - set(theirs), key=str):
         out.append(f"group {shown(label, 60)} of the archived runs is not in summary.json")
     for label, group in theirs.items():
+        named = f"summary.json group {shown(label, 60)}"
         if label not in ours:
-            out.append(f"summary.json group {shown(label, 60)} is not in the archived runs")
+            out.append(f"{named} is not in the archived runs")
             continue
         metrics = group.get("metrics") if isinstance(group.get("metrics"), dict) else {}
         for metric, stats in metrics.items():
             if _claims_differ(stats, ours[label]["metrics"].get(metric)):
-                out.append(f"summary.json group {shown(label, 60)} {shown(metric)}: not what "
-                           "the archived runs give")  # fmt: skip
+                out.append(f"{named} {shown(metric)}: not what the archived runs give")
     return out
 
 
-def _summary_verdict(sweep: Path, statistical: bool, code: int, verdict: str,
-                     report: dict) -> tuple[int, str]:  # fmt: skip
-    """The verdict, demoted when summary.json does not hold for the archived runs."""
-    found = summary_differences(sweep)
-    report["summary_differences"] = found
-    for line in found[:10]:
-        say(f"summary  {line}")
-    if not found or code == 1:
-        return code, verdict
-    head = compare_sweeps.INCONSISTENT if statistical else "DIVERGED"
-    return 1, f"{head}: summary.json does not hold ({len(found)} difference(s)): {found[0]}"
-
-
-def _bitwise(top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
+def _bitwise(archived: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
     diverged = []
     for job in jobs:
-        archived, replayed = top / SWEEP / job.name, new_sweep / job.name
-        result = with_metrics(compare_runs(archived, replayed), archived, replayed)
+        there, replayed = archived / job.name, new_sweep / job.name
+        result = with_metrics(compare_runs(there, replayed), there, replayed)
         if not result.identical:
             diverged.append((job.name, result.verdict()))
     report["diverged"] = [{"job": j, "verdict": v} for j, v in diverged]
     if not diverged:
         return 0, f"REPRODUCED (bitwise): all {len(jobs)} runs match the archived ones"
     rel, verdict = diverged[0]
-    say(f"  first divergent op: {bisect_command(top / SWEEP / rel, new_sweep / rel)}")
+    say(f"  first divergent op: {bisect_command(archived / rel, new_sweep / rel)}")
     return 1, f"DIVERGED: {len(diverged)}/{len(jobs)} run(s); {rel}: {verdict}"
 
 
-def _statistical(args, top: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
-    reference = compare_sweeps.read_sweep(top / SWEEP, args.metric)
+def _statistical(args, archived: Path, new_sweep: Path, jobs, report) -> tuple[int, str]:
+    reference = compare_sweeps.read_sweep(archived, args.metric)
     candidate = compare_sweeps.Sweep(new_sweep, {}, reference.metric, reference.mode)
-    jobs_there = find_jobs(top / SWEEP)[0]
-    archived = {j.run_dir.relative_to(top / SWEEP).as_posix(): j for j in jobs_there}
+    there = {j.run_dir.relative_to(archived).as_posix(): j for j in find_jobs(archived)[0]}
     for job in jobs:
-        key = archived[job.name].group
+        key = there[job.name].group
         label = reference.groups[key].label if key in reference.groups else " ".join(key)
         group = candidate.groups.setdefault(key, compare_sweeps.Group(key, label, [], []))
         record = json.loads((new_sweep / job.name / RUN_JSON).read_text())

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -21,18 +22,18 @@ from reprotrain.errors import ReproduceRefused, one_line
 from reprotrain.progress import Phases, say
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability, requirements_lock
+from reprotrain.resume.guard import imported_differences
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
+from reprotrain.tools import cli
+from reprotrain.tools.archive import archive_check
 from reprotrain.tools.reproduce import replay_env
-from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, current_data_dir
+from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, ReplayPlan, current_data_dir
+from reprotrain.tools.reproduce.trust import Verdict
+from reprotrain.tools.runs.resume import wired
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
 EXIT_STOPPED = 75  # the trainer's "interrupted, resume me" code
 PRIMARY = "reproduce"
-#: The archived config under the framework's wiring, as a run composes it.
-CONFIG_HEAD = (
-    "# Written by `make reproduce`: the archived config under the reprotrain wiring.\n"
-    "defaults:\n  - reprotrain\n  - _self_\n\n"
-)
 REPORT = "reproduction.json"
 #: A replay, in order (progress lines on stdout: ``reproduce [2/5] build the replay plan``).
 PHASES = Phases(
@@ -124,10 +125,8 @@ def rerun_command(
         overrides.append(f"trainer.stop_at_global_step={int(leg.stop_at_global_step)}")
     elif stop_after_epoch is not None:
         overrides.append(f"trainer.stop_after_epoch={int(stop_after_epoch)}")
-    return [
-        sys.executable, "-m", "reprotrain.train",
-        f"--config-path={config_dir}", f"--config-name={config_name}", *overrides,
-    ]  # fmt: skip
+    trainer = [sys.executable, "-m", "reprotrain.train", f"--config-path={config_dir}"]
+    return [*trainer, f"--config-name={config_name}", *overrides]
 
 
 def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
@@ -139,28 +138,10 @@ def rerun_env(source: Path, job: JobPlan) -> dict[str, str]:
     return env
 
 
-def new_run_dir(runs_dir: Path) -> Path:
-    """``<runs_dir>/<stamp>-<pid>``, resolved: where a replay writes."""
-    return (Path(runs_dir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
-
-
-def rerun_record(new_run: Path, record: dict) -> tuple[dict, list[str], list[str]]:
-    """(the re-run's own run.json, blocking environment differences, notes), with this lock."""
-    new_record = json.loads((new_run / RUN_JSON).read_text())
-    current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
-    return new_record, *environment_differences(record, current)
-
-
 def imported_from(source: Path, env: dict[str, str]) -> Path:
     """Where the re-run imports reprotrain from (archive code: after trust); refused outside."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"],
-        cwd=source,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cmd = [sys.executable, "-c", "import reprotrain; print(reprotrain.__file__)"]
+    out = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         first = one_line(out.stderr)[-200:]
         raise ReproduceRefused(f"the archived source does not import: {first}")
@@ -176,19 +157,14 @@ def extraction_dir(args, prefix: str) -> Iterator[Path]:
     if args.extract_dir is not None:
         yield Path(args.extract_dir)
         return
-    tmp = None
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix))
-        yield tmp
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        yield Path(tmp)
 
 
 class SignalForwarder:
     """Stop signals sent to ``make reproduce`` passed to the re-run (in its own session)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+    SIGNALS = cli.STOP_SIGNALS
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -233,64 +209,111 @@ def _term_with_parent() -> None:
 FORWARD = SignalForwarder()
 
 
+def write_report(run_dir: Path, report: dict) -> Path:
+    """``reproduction.json`` in ``run_dir``: what was compared and the verdict."""
+    text = json.dumps({"created_at": now_iso(), **report}, indent=2, sort_keys=True)
+    atomic_write_text(run_dir / REPORT, text + "\n")
+    return run_dir / REPORT
+
+
 def _interrupted(new_run: Path, record: dict, leg: int, rc: int | None) -> int:
     """The reproduction stopped by a signal: say so in reproduction.json and the verdict."""
     ran = "before the re-run started" if rc is None else f"re-run leg {leg} exited {rc}"
     verdict = f"INTERRUPTED by {FORWARD.received}: {ran}; nothing was compared"
     if (new_run / RUN_JSON).is_file():
-        report = {
-            "created_at": now_iso(),
-            "archived_experiment_id": record.get("experiment_id"),
-            "status": "interrupted",
-            "interrupted_by": FORWARD.received,
-            "verdict": verdict,
-            "exit_code": EXIT_STOPPED,
-        }
-        atomic_write_text(new_run / REPORT, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        archived = {"archived_experiment_id": record.get("experiment_id"), "verdict": verdict}
+        stopped = {"status": "interrupted", "interrupted_by": FORWARD.received}
+        write_report(new_run, {**archived, **stopped, "exit_code": EXIT_STOPPED})
         verdict += f" (the re-run's checkpoint is in {new_run})"
     print(verdict, flush=True)
     return EXIT_STOPPED
 
 
-def run_legs(
-    job: JobPlan,
-    epochs: int | None,
-    config_dir: Path,
-    new_run: Path,
-    source: Path,
-    env: dict[str, str],
-    prefix: str = PRIMARY,
-    log=None,
-) -> int | None:
-    """Run each leg into ``new_run``; an exit code when one fails or a stop came, else None."""
-    out = log or sys.stdout
+@dataclass
+class Reproduction:
+    """One ``make reproduce``: its command line, the archive, the plan and its trust verdict."""
+
+    args: argparse.Namespace
+    archive: Path
+    plan: ReplayPlan
+    trust: Verdict
+
+    def data_problems(self) -> list[str]:
+        """Every job's data check; it builds the dataset config: after the trust verdict only."""
+        allow, jobs = self.args.allow_data_drift, self.plan.jobs
+        found = [check_archived_data(j.view.config.get("dataset"), j.record, allow) for j in jobs]
+        return [p for p in found if p]
+
+    @contextlib.contextmanager
+    def extracted(self) -> Iterator[Path]:
+        """The archive's top folder, extracted (removed after); stop signals reach the re-run."""
+        PHASES("re-run")
+        with extraction_dir(self.args, "reprotrain-reproduce-") as extract, FORWARD:
+            yield archive_check.extract(self.plan.jobs[0].view, extract.resolve())
+
+    def finish(self, run_dir: Path, report: dict, code: int, verdict: str, *lines: str) -> int:
+        """reproduction.json written, ``lines`` and the verdict (with its trust rule) said."""
+        verdict += f" [trust {self.trust.rule}]"
+        trusted = {"archive": str(self.archive), "trust": dataclasses.asdict(self.trust)}
+        write_report(run_dir, {**report, **trusted, "verdict": verdict, "exit_code": code})
+        for line in lines:
+            say(line)
+        say(verdict)
+        return code
+
+
+@dataclass
+class Rerun:
+    """What a job's re-run recorded against the archived run: why bits are not promised."""
+
+    blocking: list[str]  # environment differences that rule out identical bits
+    notes: list[str]
+    reasons: list[str]
+
+
+def rerun_job(
+    job: JobPlan, top: Path, into: Path, epochs: int | None = None, log=None, prefix: str = PRIMARY
+) -> Rerun | int:
+    """Run each leg of ``job`` from ``top``'s source; an exit code when one fails or a stop came."""
+    source, config_dir, out = top / "source", top / "rerun-config", log or sys.stdout
+    env = rerun_env(source, job)
+    imported_from(source, env)
     for i, leg in enumerate(job.legs):
         if FORWARD.received:
-            return _interrupted(new_run, job.record, i, None)
-        name = prefix if len(job.legs) == 1 else f"{prefix}-leg{i}"
-        text = (
-            job.view.text("run/config.resolved.yaml")
-            if len(job.legs) == 1
-            else OmegaConf.to_yaml(OmegaConf.create(leg.config))
-        )
-        atomic_write_text(config_dir / f"{name}.yaml", CONFIG_HEAD + text)
+            return _interrupted(into, job.record, i, None)
+        one = len(job.legs) == 1
+        name = prefix if one else f"{prefix}-leg{i}"
+        text = job.view.text("run/config.resolved.yaml") if one else OmegaConf.to_yaml(leg.config)
+        atomic_write_text(config_dir / f"{name}.yaml", wired(text, "make reproduce"))
         last = i == len(job.legs) - 1
-        cmd = rerun_command(config_dir, new_run, job, epochs if last else None, name, leg)
+        cmd = rerun_command(config_dir, into, job, epochs if last else None, name, leg)
         if leg.changes:
             changes = ", ".join(f"{k}={v!r}" for k, v in leg.changes.items())
             print(f"leg {i}    resume with {changes}", file=out)
         print(f"$ {' '.join(cmd[1:])}", file=out, flush=True)
         rc = FORWARD.call(cmd, source, env, log)
         if FORWARD.received:
-            return _interrupted(new_run, job.record, i, rc)
+            return _interrupted(into, job.record, i, rc)
         if rc == 2:
             # The archived trainer refused the config and said why on stderr, in one line.
             print("re-run   refused by the archived trainer (exit 2); see the line above")
             return EXIT_REFUSED
         # A leg that stops at a global step may report itself interrupted (75) or done (0).
         ok = (0,) if last else (0, EXIT_STOPPED)
-        if rc not in ok or not (new_run / RUN_JSON).is_file():
-            where = getattr(log, "name", None) or f"{new_run}/train.log"
+        if rc not in ok or not (into / RUN_JSON).is_file():
+            where = getattr(log, "name", None) or f"{into}/train.log"
             print(f"error: the re-run failed (exit {rc}); see {where}", file=sys.stderr)
             return EXIT_RERUN_FAILED
-    return None
+    return _rerun_record(into, job.record)
+
+
+def _rerun_record(run_dir: Path, record: dict) -> Rerun:
+    """The re-run's own run.json against the archived ``record``, with this checkout's lock."""
+    new_record = json.loads((run_dir / RUN_JSON).read_text())
+    current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
+    blocking, notes = environment_differences(record, current)
+    reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)
+    if record.get("imported_code") is not None:  # outside src/: no archive holds them
+        now = new_record.get("imported_code") or {}
+        reasons += imported_differences(record["imported_code"], now, "from the archived run's")
+    return Rerun(blocking, notes, reasons)

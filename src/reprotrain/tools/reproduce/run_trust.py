@@ -26,8 +26,10 @@ from reprotrain.tools.archive.archive_check import (
 _LEVELS = 6
 #: Run directories of one sweep looked at, at most (each config is read and checked).
 MAX_RUNS = 10_000
-HOW = ("review it and pass TRUST=1 (--trust), or check a signed archive with "
-       "TRUSTED_SIGNERS=<allowed signers file> (--trusted-signers)")  # fmt: skip
+HOW = (
+    "review the archive and pass TRUST=1 (--trust), or check a signed archive with "
+    "TRUSTED_SIGNERS=<allowed signers file> (--trusted-signers)"
+)
 
 
 def archive_folder(path: Path) -> Path | None:
@@ -149,13 +151,10 @@ def require_trust(
 
 def add_arguments(parser) -> None:
     """``--trust`` and ``--trusted-signers`` for a command that builds from a run directory."""
-    parser.add_argument(
-        "--trust",
-        action="store_true",
-        help="build a run from an archive even if no other trust rule holds",
-    )
-    parser.add_argument("--trusted-signers", type=Path, default=None, metavar="FILE",
-                        help="OpenSSH allowed-signers file (a signed archive's runs)")  # fmt: skip
+    anyway = "build a run from an archive even if no other trust rule holds"
+    parser.add_argument("--trust", action="store_true", help=anyway)
+    signers = "OpenSSH allowed-signers file (a signed archive's runs)"
+    parser.add_argument("--trusted-signers", type=Path, metavar="FILE", help=signers)
 
 
 def pop_arguments(argv: list[str]) -> tuple[bool, Path | None, list[str]]:

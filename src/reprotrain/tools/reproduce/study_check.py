@@ -10,9 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from reprotrain.errors import RecordError, ReproduceRefused
 from reprotrain.run.bounded import load_json
-from reprotrain.run.readers import parse_json_object
+from reprotrain.run.readers import parse_json_object, parse_yaml_config
 from reprotrain.shown import shown
 from reprotrain.tools.archive.archive_check import CheckedArchive
 
@@ -26,6 +28,8 @@ _SETTINGS = {
     "trials": lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
     "best": lambda v: v is None or isinstance(v, dict),
 }
+_TRIAL = {"job": str, "params": dict, "status": str}  # and a number or None as "value"
+DAMAGED = "the study record was edited or damaged"
 
 
 def _number(v: Any) -> bool:
@@ -44,13 +48,12 @@ def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | Non
         raise ReproduceRefused(f"{label}: not UTF-8 text") from None
     for key, ok in _SETTINGS.items():
         if not ok(study.get(key)):
-            raise ReproduceRefused(f"{label}: {key} is missing or malformed; the study record "
-                                   "was edited or damaged")  # fmt: skip
+            raise ReproduceRefused(f"{label}: {key} is missing or malformed; {DAMAGED}")
     for i, t in enumerate(study["trials"]):
-        if not (isinstance(t.get("job"), str) and isinstance(t.get("params"), dict)
-                and isinstance(t.get("status"), str) and _number(t.get("value"))):  # fmt: skip
-            raise ReproduceRefused(f"{label}: trials[{i}] is not a trial (job, params, value, "
-                                   "status); the study record was edited or damaged")  # fmt: skip
+        shaped = all(isinstance(t.get(k), kind) for k, kind in _TRIAL.items())
+        if not (shaped and _number(t.get("value"))):
+            what = "a trial (job, params, value, status)"
+            raise ReproduceRefused(f"{label}: trials[{i}] is not {what}; {DAMAGED}")
     n_trials = study.get("n_trials")
     if n_trials is not None and (not isinstance(n_trials, int) or isinstance(n_trials, bool)):
         raise ReproduceRefused(f"{label}: n_trials {shown(n_trials, 40)} is not an integer")
@@ -67,6 +70,11 @@ def _trial_text(t: dict[str, Any]) -> str:
     return f"trial {shown(t.get('number'), 20)} ({shown(t.get('job'), 60)})"
 
 
+def _said(what: str, a: Any, b: Any, where: str, width: int = 80) -> str:
+    """``what``: ``a`` in study.json, ``b`` in ``where``."""
+    return f"{what} {shown(a, width)} in study.json, {shown(b, width)} in {where}"
+
+
 def _compare_trials(recorded: dict, found: dict, keys: tuple[str, ...], where: str) -> list[str]:
     out = []
     for job in sorted(set(recorded) - set(found)):
@@ -77,8 +85,7 @@ def _compare_trials(recorded: dict, found: dict, keys: tuple[str, ...], where: s
         for key in keys:
             a, b = recorded[job].get(key), found[job].get(key)
             if not _same(a, b):
-                out.append(f"{_trial_text(recorded[job])}: {key} {shown(a, 80)} in study.json, "
-                           f"{shown(b, 80)} in {where}")  # fmt: skip
+                out.append(_said(f"{_trial_text(recorded[job])}: {key}", a, b, where))
     return out
 
 
@@ -106,20 +113,20 @@ def differences(
     here = optuna_study.summarise_study(Path(archived), settings)
     recorded = {t["job"]: t for t in study["trials"]}
     found = {t["job"]: t for t in here["trials"]}
-    out = _compare_trials(recorded, found, ("params", "status", "value"), "the archived runs")
+    where = "the archived runs"
+    out = _compare_trials(recorded, found, ("params", "status", "value"), where)
     n_trials = study.get("n_trials")
     if isinstance(n_trials, int) and len(found) < n_trials:
         out.append(f"the study ran n_trials={n_trials}; the archive holds {len(found)} trial(s)")
-    out += _compare_best(study.get("best"), here.get("best"), ("job", "params", "value"),
-                         "the archived runs")  # fmt: skip
+    out += _compare_best(study.get("best"), here.get("best"), ("job", "params", "value"), where)
     results = Path(archived) / optuna_study.OPTUNA_RESULTS
     if results.is_file() and here.get("optuna_best_agrees") is False:
         out.append(f"{optuna_study.OPTUNA_RESULTS} does not agree with the best archived run")
     out += sampler_differences(study, Path(archived))
     out += proposal_differences(study, Path(archived))
     if here.get("storage_agrees") is False:
-        out.append(f"the study's storage ({optuna_study.JOURNAL}) does not hold the archived "
-                   "trials (their parameters, values and states)")  # fmt: skip
+        what = "the archived trials (their parameters, values and states)"
+        out.append(f"the study's storage ({optuna_study.JOURNAL}) does not hold {what}")
     if replay is None:
         return out
     metric, mode = settings["metric"], settings["metric_mode"]
@@ -132,17 +139,13 @@ def differences(
     keys = ("status", *(("value",) if values else ()))
     out += _compare_trials(recorded, replayed, keys, "the replay")
     if values:
-        out += _compare_best(study.get("best"), optuna_study.best_trial(
-            list(replayed.values()), mode), ("job", "value"), "the replayed runs")  # fmt: skip
+        best = optuna_study.best_trial(list(replayed.values()), mode)
+        out += _compare_best(study.get("best"), best, ("job", "value"), "the replayed runs")
     return list(dict.fromkeys(out))
 
 
 def sampler_differences(study: dict[str, Any], archived: Path) -> list[str]:
     """study.json's sampler against the one ``multirun.yaml`` says the sweep ran with."""
-    from omegaconf import OmegaConf
-
-    from reprotrain.errors import RecordError
-    from reprotrain.run.readers import parse_yaml_config
     from reprotrain.tools.sweeps.optuna_study import SWEEP_RECORD
 
     path = archived / SWEEP_RECORD
@@ -159,15 +162,9 @@ def sampler_differences(study: dict[str, Any], archived: Path) -> list[str]:
     if not isinstance(ran, dict):
         return [f"{SWEEP_RECORD}: hydra.sweeper.sampler is not a mapping"]
     ran = {"class": ran.pop("_target_", None), **ran}
-    said = study["sampler"]
-    return [f"sampler {shown(k, 40)}: {shown(said.get(k), 60)} in study.json, "
-            f"{shown(ran.get(k), 60)} in {SWEEP_RECORD} (what the sweep ran with)"
-            for k in sorted(set(said) | set(ran), key=str)
-            if not _same(said.get(k), ran.get(k))]  # fmt: skip
-
-
-def _batches(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+    said, where = study["sampler"], f"{SWEEP_RECORD} (what the sweep ran with)"
+    keys = [k for k in sorted(set(said) | set(ran), key=str) if not _same(said.get(k), ran.get(k))]
+    return [_said(f"sampler {shown(k, 40)}:", said.get(k), ran.get(k), where, 60) for k in keys]
 
 
 def proposal_differences(study: dict[str, Any], archived: Path) -> list[str]:
@@ -185,10 +182,10 @@ def proposal_differences(study: dict[str, Any], archived: Path) -> list[str]:
     journal = archived / JOURNAL
     if study.get("storage") or not journal.is_file() or settings.get("seed") is None:
         return []
-    if not (cls == f"optuna.samplers.{name}" and isinstance(getattr(optuna.samplers, name, None),
-                                                             type)):  # fmt: skip
-        return [f"sampler {shown(cls, 80)} is not an optuna.samplers class: its proposals were "
-                "not re-run"]  # fmt: skip
+    known = isinstance(getattr(optuna.samplers, name, None), type)
+    if not (known and cls == f"optuna.samplers.{name}"):
+        not_rerun = "is not an optuna.samplers class: its proposals were not re-run"
+        return [f"sampler {shown(cls, 80)} {not_rerun}"]
     if name == "GridSampler":
         return []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -200,17 +197,18 @@ def proposal_differences(study: dict[str, Any], archived: Path) -> list[str]:
     except Exception as e:  # a foreign journal: storage_agrees says it does not hold
         return [f"the sampler was not re-run: {type(e).__name__}: {shown(e, 120)}"]
     n_jobs = study.get("n_jobs") if isinstance(study.get("n_jobs"), int) else 1
-    for batch in _batches(sorted(stored, key=lambda t: t.number), max(1, n_jobs)):
+    target, seed = {"_target_": cls, **settings}, shown(settings["seed"], 20)
+    ordered, size = sorted(stored, key=lambda t: t.number), max(1, n_jobs)
+    for batch in (ordered[i : i + size] for i in range(0, len(ordered), size)):
         asked = []
         for trial in batch:
-            replay.sampler = make_sampler({"_target_": cls, **settings}, trial.number,
-                                          trial.distributions)  # fmt: skip
+            replay.sampler = make_sampler(target, trial.number, trial.distributions)
             asked.append(replay.ask(fixed_distributions=dict(trial.distributions)))
         for new, trial in zip(asked, batch, strict=True):
             if new.params != trial.params:
-                return [f"trial {trial.number}: the sampler of study.json (seed "
-                        f"{shown(settings['seed'], 20)}) proposes {shown(new.params, 120)}, the "
-                        f"archived trial ran {shown(trial.params, 120)}"]  # fmt: skip
+                ran = f"the archived trial ran {shown(trial.params, 120)}"
+                proposes = f"the sampler of study.json (seed {seed}) proposes"
+                return [f"trial {trial.number}: {proposes} {shown(new.params, 120)}, {ran}"]
             if trial.state.name == "COMPLETE":
                 replay.tell(new.number, trial.value)
             else:

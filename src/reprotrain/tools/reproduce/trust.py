@@ -17,11 +17,7 @@ from reprotrain.repro import gitinfo
 from reprotrain.tools.archive import signing, snapshot
 from reprotrain.tools.reproduce import config_trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
-
-HOW = (
-    "check a signed archive with TRUSTED_SIGNERS=<allowed signers file> (--trusted-signers), "
-    "or review the archive and pass TRUST=1 (--trust)"
-)
+from reprotrain.tools.reproduce.run_trust import HOW
 
 
 @dataclass
@@ -111,8 +107,8 @@ def decide(
     if checked.signature is not None and trusted_signers is not None:
         try:
             good = signing.verify_bytes(checked.manifest_bytes, checked.signature, trusted_signers)
-            return Verdict("b", f"signed by {good.principal}, trusted in {trusted_signers}: "
-                           f"{good.message}")  # fmt: skip
+            signer = f"signed by {good.principal}, trusted in {trusted_signers}"
+            return Verdict("b", f"{signer}: {good.message}")
         except SigningError as e:
             notes.append(f"(b) no: {e}")
     elif trusted_signers is not None:

@@ -7,7 +7,7 @@ and ``eval.json``. ``ARGS``: dotted overrides (may change the bits). docs/make-t
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -19,6 +19,7 @@ from reprotrain.repro import checkpoint
 from reprotrain.run import record as rec
 from reprotrain.run.readers import read_run_json
 from reprotrain.shown import say, shown
+from reprotrain.tools import cli
 from reprotrain.tools.reproduce import run_trust
 
 
@@ -82,8 +83,6 @@ def check_best(state: dict, path: Path, run_dir: Path, monitor: str, mode: str) 
 
 def evaluation_weights(step_node, model, state: dict, path: Path):
     """(a context with the weights the trainer evaluated with, their name): EMA or the model's."""
-    import contextlib
-
     from reprotrain.components import build_step
     from reprotrain.step import Step
 
@@ -94,14 +93,13 @@ def evaluation_weights(step_node, model, state: dict, path: Path):
         return contextlib.nullcontext(), "model weights"
     saved = state.get("user_step")
     if saved is None:
-        raise EvalError(f"{path} holds no state of the run's step ({step_node['_target_']}); "
-                        "give a checkpoint this run wrote")  # fmt: skip
+        what = f"no state of the run's step ({step_node['_target_']})"
+        raise EvalError(f"{path} holds {what}; give a checkpoint this run wrote")
     user_step.load_state_dict(saved)
     return swap(model), getattr(user_step, "evaluated_with", "the step's evaluation weights")
 
 
 def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None = None) -> dict:
-
     from reprotrain.build import build_data, build_model
     from reprotrain.components import build_task
     from reprotrain.config import PipelineSettings, from_trainer
@@ -128,15 +126,15 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     if which == "best":
         check_best(state, path, run_dir, cfg.trainer.monitor, cfg.trainer.monitor_mode)
     precision = float_math.check(cfg.trainer.precision)
-    determinism.apply(cfg.repro.level, cfg.repro.num_threads, cfg.repro.fill_uninitialized_memory,
-                      precision)  # fmt: skip
+    repro = cfg.repro
+    determinism.apply(repro.level, repro.num_threads, repro.fill_uninitialized_memory, precision)
     device = devices.resolve_for_resume(devices.recorded_device(record), cfg.trainer.device, False)
     seeds = Seeds(**state["seeds"])
-    data = from_trainer(PipelineSettings, cfg.trainer)
-    _, pipeline = build_data(cfg.dataset, cfg.model.get("num_classes"), data, seeds, device,
-                             channels_last=cfg.trainer.channels_last)  # fmt: skip
+    data, channels_last = from_trainer(PipelineSettings, cfg.trainer), cfg.trainer.channels_last
+    classes = cfg.model.get("num_classes")
+    _, pipeline = build_data(cfg.dataset, classes, data, seeds, device, channels_last=channels_last)
     try:
-        model = build_model(cfg.model, device, cfg.trainer.channels_last)
+        model = build_model(cfg.model, device, channels_last)
     except AttributeError:  # the build itself succeeded (its failures are ComponentError):
         # what it built has no ``.to``: not a torch.nn.Module
         raise EvalError(
@@ -146,15 +144,14 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     load_weights(model, state, path)
     task = build_task(cfg.task, cfg.get("loss"))
     weights, evaluated_with = evaluation_weights(cfg.get("step"), model, state, path)
+    step = state["loop"]["global_step"]
+    on = {"prefix": "test", "device": device, "amp": float_math.autocast(precision)}
     with weights:
-        metrics = evaluate(
-            task, model, pipeline.eval_batches("test"), prefix="test", device=device,
-            amp=float_math.autocast(precision),
-            global_step=state["loop"]["global_step"], train_seed=seeds.train,
-        )  # fmt: skip
+        batches = pipeline.eval_batches("test")
+        metrics = evaluate(task, model, batches, global_step=step, train_seed=seeds.train, **on)
     result = {
         "checkpoint": str(path),
-        "global_step": state["loop"]["global_step"],
+        "global_step": step,
         "metrics": metrics,
         "evaluated_with": evaluated_with,
         "device": str(device),
@@ -178,22 +175,17 @@ def result_path(run_dir: Path, checkpoint_path: Path, global_step: int) -> Path:
     return Path(run_dir) / EVALS / f"{stem}-step{int(global_step)}.json"
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.runs.eval", description=__doc__.split("\n\n")[0]
-    )
+    parser = cli.parser("reprotrain.tools.runs.eval", __doc__)
     parser.add_argument("run_dir", type=Path, help="the run directory")
     parser.add_argument("--checkpoint", default="last", help="last (default) | best | <path>")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the recorded config")
     run_trust.add_arguments(parser)
     args = parser.parse_intermixed_args(argv)  # overrides after --checkpoint (make eval ARGS=)
-    try:
-        # A run from an archive is built only under a trust rule (nothing imported before).
-        run_trust.require_trust([args.run_dir.expanduser()], args.trust, args.trusted_signers)
-        result = evaluate_run(args.run_dir.expanduser(), args.checkpoint, args.overrides)
-    except ReprotrainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+    # A run from an archive is built only under a trust rule (nothing imported before).
+    run_trust.require_trust([args.run_dir.expanduser()], args.trust, args.trusted_signers)
+    result = evaluate_run(args.run_dir.expanduser(), args.checkpoint, args.overrides)
     metrics = " ".join(f"{shown(k, 80)}={shown(repr(v), 80)}" for k, v in result["metrics"].items())
     say(f"{metrics} ({result['checkpoint']})")  # names and paths escaped: the run's own text
     kept = result_path(args.run_dir, Path(result["checkpoint"]), result["global_step"])

@@ -11,7 +11,6 @@ run directory is missing or its record unreadable.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,15 +18,13 @@ import tempfile
 from pathlib import Path
 
 from reprotrain.errors import RecordError, ReprotrainError
-from reprotrain.quoting import hydra_override, resume_hint
+from reprotrain.quoting import hydra_override
 from reprotrain.run.mutex import refuse_if_held
 from reprotrain.run.readers import read_config, read_run_json, read_text
 from reprotrain.run.record import RESOLVED_CONFIG, RUN_JSON
 from reprotrain.tools import cli
 from reprotrain.tools.reproduce import run_trust
 from reprotrain.tools.sweeps import optuna_study
-
-__all__ = ["PRIMARY", "main", "resume_command", "resume_hint"]
 
 PRIMARY = "resume.yaml"
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -87,24 +84,24 @@ def check_nproc(nproc: int, recorded: int, overrides: list[str], record: dict) -
         )
 
 
+def wired(config_text: str, tool: str = "make resume") -> str:
+    """A recorded config under the wiring conf/train.yaml adds (same ``imported_code``)."""
+    head = f"# Written by `{tool}`: the recorded config under the reprotrain wiring.\n"
+    return head + "defaults:\n  - reprotrain\n  - _self_\n\n" + config_text
+
+
 def primary_config_text(run_dir: Path) -> str:
-    """The recorded config under the wiring conf/train.yaml adds (same ``imported_code``)."""
-    return (
-        "# Written by `make resume`: the recorded config under the reprotrain wiring.\n"
-        "defaults:\n  - reprotrain\n  - _self_\n\n" + read_text(run_dir / RESOLVED_CONFIG)
-    )
+    """The run's own recorded config, wired: what ``make resume`` and ``make bisect`` run."""
+    return wired(read_text(run_dir / RESOLVED_CONFIG))
 
 
 def trainer_launcher(nproc: int = 1) -> list[str]:
     """``python -m reprotrain.train``, under torchrun when ``nproc`` > 1."""
-    launcher = [sys.executable, "-m", "reprotrain.train"]
-    if nproc > 1:
-        launcher[1:1] = [
-            "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
-            "--shutdown-timeout=120",
-        ]  # fmt: skip
-    return launcher
+    if nproc <= 1:
+        return [sys.executable, "-m", "reprotrain.train"]
+    signals = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", signals]
+    return [sys.executable, *torchrun, "--shutdown-timeout=120", "-m", "reprotrain.train"]
 
 
 def resume_command(
@@ -164,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser("reprotrain.tools.runs.resume", __doc__)
     p.add_argument("run_dir", type=cli.user_path, help="the run directory to continue")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. trainer.epochs=5)")
-    p.add_argument(
-        "--nproc", type=int, default=None, help="processes (default: the recorded world size)"
-    )
+    nproc = "processes (default: the recorded world size)"
+    p.add_argument("--nproc", type=int, default=None, help=nproc)
     run_trust.add_arguments(p)
     args = p.parse_intermixed_args(argv)  # --nproc may come after the overrides
     refuse_group_choices(args.overrides)
@@ -183,15 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     recorded = recorded_world_size(record, run_dir)
     nproc = recorded if args.nproc is None else args.nproc
     check_nproc(nproc, recorded, args.overrides, record)
-    config_dir = Path(tempfile.mkdtemp(prefix="reprotrain-resume-"))
-    try:
-        (config_dir / PRIMARY).write_text(primary_config_text(run_dir))
-        env = {**os.environ}
-        env.setdefault("PYTHONHASHSEED", "0")
-        cmd = resume_command(run_dir, config_dir, args.overrides, nproc)
-        return run_forwarding_signals(cmd, env)
-    finally:
-        shutil.rmtree(config_dir, ignore_errors=True)
+    with tempfile.TemporaryDirectory(
+        prefix="reprotrain-resume-", ignore_cleanup_errors=True
+    ) as tmp:
+        (Path(tmp) / PRIMARY).write_text(primary_config_text(run_dir))
+        cmd = resume_command(run_dir, Path(tmp), args.overrides, nproc)
+        return run_forwarding_signals(cmd, {"PYTHONHASHSEED": "0", **os.environ})
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ class Comparison:
             where += f" (step {self.divergent_step})"
         return f"DIVERGED at {where}: " + "; ".join(self.reasons)
 
+    def diverged(self, reason: str) -> Comparison:
+        """Not identical, for ``reason``."""
+        self.identical = False
+        self.reasons.append(reason)
+        return self
+
 
 def metric_differences(a: list[dict], b: list[dict]) -> dict[int, dict[str, tuple[float, float]]]:
     """{epoch: {metric: (a, b)}} for every metric that differs, timings aside."""
@@ -57,33 +63,26 @@ def with_metrics(result: Comparison, a: Path, b: Path, epochs: int | None = None
     """Equal weights but a differing metrics row or ``final_metrics``: diverged at that field."""
     if not result.identical:
         return result
-    rows = [read_jsonl(Path(d) / METRICS) for d in (a, b)]
-    if epochs is None and len(rows[0]) != len(rows[1]):
-        result.identical = False
-        result.reasons.append(f"weights match but {METRICS} has {len(rows[0])} vs "
-                              f"{len(rows[1])} rows")  # fmt: skip
-        return result
+    rows = [len(read_jsonl(Path(d) / METRICS)) for d in (a, b)]
+    if epochs is None and rows[0] != rows[1]:
+        return result.diverged(f"weights match but {METRICS} has {rows[0]} vs {rows[1]} rows")
     if result.metric_diffs:
         epoch = min(result.metric_diffs)
         diffs = result.metric_diffs[epoch]
         first = ", ".join(_field_text(k, *v) for k, v in list(diffs.items())[:3])
-        result.identical, result.divergent_epoch = False, epoch
-        result.reasons.append(f"weights match but metrics differ ({first}; epoch {epoch} of "
-                              f"{METRICS})")  # fmt: skip
-        return result
+        result.divergent_epoch, where = epoch, f"epoch {epoch} of {METRICS}"
+        return result.diverged(f"weights match but metrics differ ({first}; {where})")
     if epochs is not None:
         return result
-    final = [_record(Path(d) / RUN_JSON).get("final_metrics") or {} for d in (a, b)]
-    if final[0] != final[1]:
-        if not all(isinstance(f, dict) for f in final):
-            first = _field_text("final_metrics", *final)
-        else:
-            keys = sorted(str(k) for k in {**final[0], **final[1]}
-                          if final[0].get(k) != final[1].get(k))  # fmt: skip
-            first = ", ".join(_field_text(k, final[0].get(k), final[1].get(k)) for k in keys[:3])
-        result.identical = False
-        result.reasons.append(f"weights match but final_metrics differ: {first}")
-    return result
+    fa, fb = (_record(Path(d) / RUN_JSON).get("final_metrics") or {} for d in (a, b))
+    if fa == fb:
+        return result
+    if not isinstance(fa, dict) or not isinstance(fb, dict):
+        first = _field_text("final_metrics", fa, fb)
+    else:
+        keys = sorted(str(k) for k in {**fa, **fb} if fa.get(k) != fb.get(k))
+        first = ", ".join(_field_text(k, fa.get(k), fb.get(k)) for k in keys[:3])
+    return result.diverged(f"weights match but final_metrics differ: {first}")
 
 
 def compare_runs(reference: Path, candidate: Path, epochs: int | None = None) -> Comparison:
@@ -94,28 +93,18 @@ def compare_runs(reference: Path, candidate: Path, epochs: int | None = None) ->
     result = Comparison(identical=True, epochs_compared=n)
     result.metric_diffs = metric_differences(ma[:n], mb[:n])
     if len(fa) < n or len(fb) < n or (epochs is None and len(fa) != len(fb)):
-        result.identical = False
-        result.reasons.append(f"epoch counts differ ({len(fa)} vs {len(fb)})")
+        result.diverged(f"epoch counts differ ({len(fa)} vs {len(fb)})")
     for ea, eb in zip(fa[:n], fb[:n], strict=False):
         if ea["weights_sha256"] != eb["weights_sha256"] or ea["step_losses"] != eb["step_losses"]:
-            result.identical = False
             result.divergent_epoch = ea["epoch"]
-            steps = [
-                i
-                for i, (x, y) in enumerate(zip(ea["step_losses"], eb["step_losses"], strict=False))
-                if x != y
-            ]
-            if steps:
-                result.divergent_step = steps[0]
-            result.reasons.append(
-                f"weights {ea['weights_sha256'][:12]} vs {eb['weights_sha256'][:12]}"
-            )
-            return result
+            pairs = zip(ea["step_losses"], eb["step_losses"], strict=False)
+            result.divergent_step = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
+            wa, wb = ea["weights_sha256"][:12], eb["weights_sha256"][:12]
+            return result.diverged(f"weights {wa} vs {wb}")
     if epochs is None and result.identical:
         ra, rb = (_record(Path(d) / RUN_JSON) for d in (reference, candidate))
         if ra.get("final_weights_sha256") != rb.get("final_weights_sha256"):
-            result.identical = False
-            result.reasons.append("final_weights_sha256 differs")
+            result.diverged("final_weights_sha256 differs")
     return result
 
 

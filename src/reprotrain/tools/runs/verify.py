@@ -11,7 +11,6 @@ docs/make-targets.md.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from reprotrain.repro import checkpoint
 from reprotrain.resume.replay import first_difference
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import CHECKPOINTS, RUN_JSON
+from reprotrain.shown import say
 from reprotrain.tools import cli
 from reprotrain.tools.debugging.bisect import bisect_command
 from reprotrain.tools.runs.resume import trainer_launcher
@@ -62,14 +62,15 @@ def run_killed_then_resumed(
     after_steps: tuple[int, ...] = (0,),
 ) -> tuple[int, str | None]:
     """Run b, SIGKILLed and resumed past each of ``after_steps``; ending before a kill: an error."""
-    resume = [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir),
-              "--nproc", str(nproc)]  # fmt: skip
+    resume = [sys.executable, "-m", "reprotrain.tools.runs.resume", str(run_dir)]
+    resume += ["--nproc", str(nproc)]
     cmd = [*trainer_launcher(nproc), *overrides, hydra_override("hydra.run.dir", run_dir)]
     killed_at = 0
     for step in after_steps:
-        print(f"$ {' '.join(cmd[1:])}   # SIGKILLed after its first checkpoint at or past "
-              f"step {max(step, killed_at + 1)}", flush=True)  # fmt: skip
-        rc, killed_at = _killed_after(cmd, run_dir, max(step, killed_at + 1), poll_s)
+        past = max(step, killed_at + 1)
+        note = f"# SIGKILLed after its first checkpoint at or past step {past}"
+        print(f"$ {' '.join(cmd[1:])}   {note}", flush=True)
+        rc, killed_at = _killed_after(cmd, run_dir, past, poll_s)
         if rc is not None:
             return rc, None  # the trainer failed on its own: its error line was shown
         cmd = resume
@@ -163,8 +164,7 @@ def final_state_difference(a: Path, b: Path) -> str | None:
 def with_final_state(result: Comparison, a: Path, b: Path) -> Comparison:
     """Equal fingerprints and metrics with a differing final state: a divergence."""
     if result.identical and (difference := final_state_difference(a, b)) is not None:
-        result.identical = False
-        result.reasons.append(f"the final checkpoints differ: {difference}")
+        return result.diverged(f"the final checkpoints differ: {difference}")
     return result
 
 
@@ -187,26 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=cli.user_path, default=Path("outputs") / "verify")
     p.add_argument("--nproc", type=cli.positive_int, default=1, help="processes of both runs")
     p.add_argument("--nproc-b", type=cli.positive_int, default=None, help="processes of run b")
-    p.add_argument("--kill", action="store_true", help="SIGKILL run b after its first "
-                   "checkpoint, resume it, compare")  # fmt: skip
-    p.add_argument("--kill-after-steps", type=_steps, default=None, metavar="S1,S2,...",
-                   help="with --kill: SIGKILL b after its first checkpoint at or past each "
-                   "global step, resuming it after each")  # fmt: skip
+    kill = "SIGKILL run b after its first checkpoint, resume it, compare"
+    p.add_argument("--kill", action="store_true", help=kill)
+    steps = "with --kill: SIGKILL and resume b after its first checkpoint at or past each step"
+    p.add_argument("--kill-after-steps", type=_steps, metavar="S1,S2,...", help=steps)
     args, overrides = p.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--") and o != "--multirun"]
     if unknown:
         p.error(f"unrecognized arguments: {' '.join(unknown)}")
     check_overrides(overrides)
-    for parent in (args.out_dir, *args.out_dir.parents):
-        if parent.exists() and not parent.is_dir():
-            raise ReprotrainError(
-                f"--out-dir {args.out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}"
-            )
+    cli.check_dir_arg("--out-dir", args.out_dir)
     if args.kill_after_steps and not args.kill:
         p.error("--kill-after-steps goes with --kill (make verify KILL=1)")
     nproc_b = args.nproc if args.nproc_b is None else args.nproc_b
     check_world_sizes_first(overrides, args.nproc, nproc_b)
-    base = args.out_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
+    base = cli.stamped_dir(args.out_dir)
     dirs = [base / "a", base / "b"]
     rc, error_line = run_once(overrides, dirs[0], args.nproc)
     if rc == 0:
@@ -220,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc != 0:
         if error_line is None:  # the trainer did not say why: say what we know
             failed = dirs[1] if (dirs[0] / RUN_JSON).is_file() else dirs[0]
-            print(f"error: run in {failed} failed (exit {rc}); nothing to compare",
-                  file=sys.stderr)  # fmt: skip
+            say(f"error: run in {failed} failed (exit {rc}); nothing to compare", file=sys.stderr)
         return 2
     sizes = (recorded_world_size(dirs[0], args.nproc), recorded_world_size(dirs[1], nproc_b))
     resume = (read_run_json(dirs[1]).get("resumes") or [None])[-1] if args.kill else None

@@ -39,8 +39,6 @@ from reprotrain.step.runner import (
 from reprotrain.step.state import LoopState
 
 log = logging.getLogger("reprotrain")
-EARLY_STOP = ("early stopping: %(monitor)s has not improved for %(patience)d evaluated epochs; "
-              "best %(best)s at epoch %(best_epoch)s")  # fmt: skip
 
 
 class Interrupted(Exception):
@@ -75,12 +73,11 @@ class Trainer:
     def fit(self) -> float | None:
         """Epochs from the loop state's position, then the test split once; the best value."""
         state, settings = self.loop, self.settings
-        progress = state.progress
-        history = resumed_history(state.fingerprints, state.metrics, progress.losses(),
-                                  progress.step_lrs, state.global_step)  # fmt: skip
+        past = (state.fingerprints, state.metrics, state.progress.losses(), state.progress.step_lrs)
+        history = resumed_history(*past, state.global_step)
         # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
-        sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
-                              history, report=write_report)  # fmt: skip
+        where = (self.logger_cfg, self.run_dir, self.record.data, state.global_step)
+        sinks = build_loggers(*where, history, report=write_report)
         self.out.feed = StepFeed(sinks, state, self.runner.reduction)
         self.callback("on_start")
         if settings.profile_steps and self.dist.is_main:
@@ -96,8 +93,9 @@ class Trainer:
             log.info("top ops (%s):\n%s", self.profiler.table_path, self.profiler.stop())
         return self.finish()
 
-    def replay_state(self, target: tuple[int, int], epochs: int | None = None,
-                     from_start: bool = False) -> dict | None:  # fmt: skip
+    def replay_state(
+        self, target: tuple[int, int], epochs: int | None = None, from_start: bool = False
+    ) -> dict | None:
         """Re-run the steps up to ``target`` ``(epoch, epoch_step)`` through :class:`Silent`,
         under the run's length then (``epochs``); the checkpoint payload the state then makes."""
         state, settings, scheduler = self.loop, self.settings, self.runner.state.scheduler
@@ -355,7 +353,9 @@ class Outputs:
         shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
         log.info("epoch %d/%d  %s", state.epoch, t.settings.epochs, shown)
         if state.early_stopped is not None:
-            log.info(EARLY_STOP, state.early_stopped)
+            why = "%(monitor)s has not improved for %(patience)d evaluated epochs"
+            best = "best %(best)s at epoch %(best_epoch)s"
+            log.info(f"early stopping: {why}; {best}", state.early_stopped)
 
     def epoch_logged(self, row: dict) -> None:
         """The epoch's row to the loggers; the alerts and non-finite events to the record."""
@@ -381,8 +381,8 @@ class Outputs:
 
     def interrupted(self, where: str) -> None:
         t = self.trainer
-        t.record.update(status="interrupted", interrupted_at=rec.now_iso(),
-                        interrupted_by=t.stop.signal_name)  # fmt: skip
+        by = t.stop.signal_name
+        t.record.update(status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=by)
         log.warning("%s; resume with `%s`", where, resume_hint(t.run_dir))
         raise Interrupted(t.stop)
 
@@ -397,20 +397,13 @@ class Silent(Outputs):
         self.trainer, self.bar, self.continuation = trainer, EpochBar(False), Continuation(None)
         self.feed = StepFeed(Logger(), trainer.loop)  # the base logs nothing
 
-    def fire(self, event: str, **info: Any) -> None:
-        pass
+    def _nothing(self, *args: Any, **kw: Any) -> None:
+        """Written, logged or fired when the steps first ran."""
 
-    def log_steps(self, stopped: bool = False) -> None:
-        pass
-
-    def epoch_rows(self, row: dict) -> None:
-        pass
+    fire = log_steps = epoch_rows = checkpoint = _nothing
 
     def epoch_logged(self, row: dict) -> None:
         self.feed.epoch(row)
-
-    def checkpoint(self, best: bool, model_state: dict | None) -> None:
-        pass
 
     def stop(self, signalled: bool) -> None:
         """A signal stops a replay, uncheckpointed; ``stop_at_global_step`` does not."""
@@ -422,17 +415,14 @@ def evaluate_split(
     runner: StepRunner, pipeline: Any, split: str, bar: EpochBar | None = None
 ) -> dict:
     """``<split>_<name>`` metrics under the user's step's ``evaluation_weights`` (EMA)."""
-    state, user_step = runner.state, runner.user_step
+    state, loop = runner.state, runner.state.loop
     batches = pipeline.eval_batches(split)
     if bar is not None and bar.enabled:
         batches = bar.evaluating(split, batches, pipeline.eval_steps(split))
-    weights = getattr(user_step, "evaluation_weights", None)
+    weights = getattr(runner.user_step, "evaluation_weights", None)
+    seen = {"amp": runner.amp, "global_step": loop.global_step, "train_seed": runner.train_seed}
     with weights(state.model) if weights is not None else contextlib.nullcontext():
-        return evaluate(
-            runner.task, state.model, batches, prefix=split,
-            device=state.loop.device, amp=runner.amp, global_step=state.loop.global_step,
-            train_seed=runner.train_seed,
-        )  # fmt: skip
+        return evaluate(runner.task, state.model, batches, prefix=split, device=loop.device, **seen)
 
 
 def epoch_lr(step_lrs: list[float], optimizer: torch.optim.Optimizer) -> float:

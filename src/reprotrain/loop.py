@@ -57,9 +57,8 @@ class Trainer:
         self.schedule_for = parts.schedule_for  # epochs -> the lr schedule over that many epochs
         self.record, self.stop, self.dist = run.record, run.stop, run.dist
         self.settings, self.guard = run.settings.loop, run.settings.guard
-        self.logger_cfg = logger_cfg
+        self.logger_cfg, self.run_dir = logger_cfg, run.record.run_dir
         self.log_every_steps = int(logger_cfg.log_every_steps)  # a config read is ~20 us: once
-        self.run_dir = run.record.run_dir
         self.loop: LoopState = parts.runner.state.loop
         self.alerts: list[str] = list(run.record.data.get("nondeterministic_ops", []))
         self.bar = EpochBar(self.settings.progress, epochs=self.settings.epochs)
@@ -346,8 +345,7 @@ class Outputs:
 
     def epoch_rows(self, row: dict) -> None:
         """metrics.jsonl, fingerprints.jsonl, the epoch's log line (and an early stop's)."""
-        t = self.trainer
-        state = t.loop
+        t, state = self.trainer, self.trainer.loop
         rec.write_jsonl(t.run_dir / rec.METRICS, state.metrics)
         rec.write_jsonl(t.run_dir / rec.FINGERPRINTS, state.fingerprints)
         shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)

@@ -62,7 +62,6 @@ class Targets:
 class Parts:
     """What the loop drives; ``schedule_for(epochs)``: the schedule over that many epochs."""
 
-    dataset: Any
     pipeline: Any
     runner: StepRunner
     saver: checkpoint.Saver
@@ -91,7 +90,7 @@ def build(targets: Targets, run: Run) -> Parts:
     meta = {"config": run.container, "config_sha256": sha, "seeds": seeds, "env": run.env}
     where, keep = run.run_dir / rec.CHECKPOINTS, settings.run.keep_checkpoints
     saver = checkpoint.Saver(where, state, meta, keep, gather=run.reduction.checkpoint)
-    return Parts(dataset, pipeline, runner, saver, schedule)
+    return Parts(pipeline, runner, saver, schedule)
 
 
 def build_data(

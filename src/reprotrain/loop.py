@@ -285,7 +285,7 @@ class Trainer:
         self.callback("on_end", final)
         # The weights the run ends with: after the last epoch's hooks and on_end's.
         self.record.update(final_weights_sha256=weights_sha256(self.runner.state.model))
-        out.feed.close("completed")
+        out.feed.loggers.close("completed")
         shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
         log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)
         where = (self.saver.dir, self.run_dir)
@@ -370,7 +370,7 @@ class Outputs:
         t = self.trainer
         stop_at = t.settings.stop_at_global_step
         t.stop.signal_name = t.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
-        self.feed.close("interrupted")
+        self.feed.loggers.close("interrupted")
         if t.saved_at != t.loop.global_step:  # an epoch end's stop: written already
             t.save(hook=t.cadence_due())
         self.log_steps(stopped=True)
@@ -459,9 +459,6 @@ class StepFeed:
     def epoch(self, row: dict) -> None:
         self.loggers.log_epoch(row["epoch"], row["global_step"], row)
         self.sent = 0  # the loop state starts a fresh epoch
-
-    def close(self, status: str) -> None:
-        self.loggers.close(status)
 
 
 __all__ = ["Interrupted", "Outputs", "Silent", "StepFeed", "Trainer", "evaluate_split"]

@@ -171,7 +171,7 @@ def record_extension(
 class Run:
     """The run as started: what the build, the loop and the restore read."""
 
-    kind: Fresh | Resume | Fork
+    kind: Start
     record: rec.RunRecord
     settings: TrainerSettings  # ``trainer.*`` by concern, frozen, built once here
     container: dict  # the resolved config, ``oc.env`` values as their text

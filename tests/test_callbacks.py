@@ -166,7 +166,7 @@ def test_on_checkpoint_runs_before_the_file_is_written(tmp_path):
     checkpoint exists, so what the callback changes is in it."""
     from types import SimpleNamespace
 
-    from reprotrain.loop import Trainer
+    from reprotrain.loop import Outputs, Trainer
 
     order: list[str] = []
     path = tmp_path / "step-00000003.pt"
@@ -178,11 +178,12 @@ def test_on_checkpoint_runs_before_the_file_is_written(tmp_path):
     trainer = SimpleNamespace(
         loop=SimpleNamespace(global_step=3, epoch=1),
         saver=SimpleNamespace(dir=tmp_path, save=lambda **kw: (path.touch(), order.append("save"))),
-        quiet=False, log_steps=lambda: None, continuation=SimpleNamespace(restart=lambda: None),
-        callbacks=Callbacks({"seeing": Seeing()}, torch.device("cpu")),
+        callbacks=Callbacks({"seeing": Seeing()}, torch.device("cpu")), bar=None,
+        continuation=SimpleNamespace(flush=list, verdict=lambda s: None, restart=lambda: None),
         runner=SimpleNamespace(state=SimpleNamespace(model=None, optimizer=None)),
         run_dir=tmp_path, dist=SimpleNamespace(is_main=True),
     )  # fmt: skip
+    trainer.out = Outputs(trainer)  # the run's outputs: the checkpoint is written
     trainer.callback = lambda hook, *args: Trainer.callback(trainer, hook, *args)
     Trainer.save(trainer)
     assert order == ["hook exists=False", "save"]

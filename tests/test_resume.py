@@ -96,7 +96,7 @@ def test_second_sigint_aborts_at_once_and_earlier_checkpoints_stay_valid(tmp_pat
 
 
 def test_stop_flag_second_sigint_raises():
-    from reprotrain.loop import StopFlag
+    from reprotrain.start import StopFlag
 
     flag = StopFlag()
     flag._handle(signal.SIGTERM, None)

@@ -93,9 +93,12 @@ def trainer(tmp_path: Path, dist, steps: int = 30, every: int = 10) -> Trainer:
     stop = SimpleNamespace(signal_name=None)
     settings, guard = LoopSettings(epochs=1, progress=False), GuardSettings("stop", every)
     logger = SimpleNamespace(log_every_steps=0)
-    t = Trainer(h.runner, Steps(steps), Saver(tmp_path), record, stop, dist, settings, guard,
-                logger_cfg=logger, schedule_for=lambda e: None)  # fmt: skip
-    t.feed = StepFeed(SimpleNamespace(close=lambda status: None), t.loop)
+    run = SimpleNamespace(record=record, stop=stop, dist=dist,
+                          settings=SimpleNamespace(loop=settings, guard=guard))  # fmt: skip
+    parts = SimpleNamespace(runner=h.runner, pipeline=Steps(steps), saver=Saver(tmp_path),
+                            schedule_for=lambda e: None)  # fmt: skip
+    t = Trainer(run, parts, logger)
+    t.out.feed = StepFeed(SimpleNamespace(close=lambda status: None), t.loop)
     return t
 
 

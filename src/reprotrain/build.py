@@ -62,27 +62,20 @@ class Targets:
 class Parts:
     """What the loop drives; ``schedule_for(epochs)``: the schedule over that many epochs."""
 
-    dataset: Any
     pipeline: Any
     runner: StepRunner
     saver: checkpoint.Saver
     schedule_for: Callable[[int], Any]
 
-    @property
-    def state(self) -> TrainerState:
-        return self.runner.state
-
 
 def build(targets: Targets, run: Run) -> Parts:
     """Data, then model to callbacks under ``init``, then the saver under ``train``."""
     settings, record, dist = run.settings, run.record, run.dist
-    per_collate = settings.pipeline.batch_size // run.microbatches
-    dataset, pipeline = build_data(
-        targets.dataset, targets.model.get("num_classes"), settings.pipeline, run.seeds,
-        run.device, rank=dist.rank, world_size=dist.world_size,
-        channels_last=settings.model.channels_last,
-        microbatch_collate=run.reduction.microbatch_collate(per_collate),
-    )  # fmt: skip
+    collate = run.reduction.microbatch_collate(settings.pipeline.batch_size // run.microbatches)
+    layout = {"rank": dist.rank, "world_size": dist.world_size, "microbatch_collate": collate}
+    data = (targets.dataset, targets.model.get("num_classes"), settings.pipeline, run.seeds)
+    channels_last = settings.model.channels_last
+    dataset, pipeline = build_data(*data, run.device, channels_last=channels_last, **layout)
     run.kind.record_data(record, dataset.fingerprint())
     check_samples(pipeline, run.level, record)
     seed_globals(run.seeds.init)
@@ -90,15 +83,14 @@ def build(targets: Targets, run: Run) -> Parts:
     state = runner.state
     state.callbacks = callbacks_for(targets.callbacks, run.device, state.scheduler)
     record.update(components=components_record(settings.model, runner, dataset))
-    state.audit = ResumeAudit(runner.task, dataset, state.model, run.device, state.user_step,
-                              dist, trainer_state=state)  # fmt: skip
+    owners = (runner.task, dataset, state.model, run.device, state.user_step, dist)
+    state.audit = ResumeAudit(*owners, trainer_state=state)
     seed_globals(run.seeds.train)
-    meta = {"config": run.container, "config_sha256": record["config_sha256"],
-            "seeds": run.seeds.as_dict(), "env": run.env}  # fmt: skip
-    keep = settings.run.keep_checkpoints
-    saver = checkpoint.Saver(run.run_dir / rec.CHECKPOINTS, state, meta, keep,
-                             gather=run.reduction.checkpoint)  # fmt: skip
-    return Parts(dataset, pipeline, runner, saver, schedule)
+    seeds, sha = run.seeds.as_dict(), record["config_sha256"]
+    meta = {"config": run.container, "config_sha256": sha, "seeds": seeds, "env": run.env}
+    where, keep = run.run_dir / rec.CHECKPOINTS, settings.run.keep_checkpoints
+    saver = checkpoint.Saver(where, state, meta, keep, gather=run.reduction.checkpoint)
+    return Parts(pipeline, runner, saver, schedule)
 
 
 def build_data(
@@ -127,27 +119,24 @@ def build_model(model_cfg: DictConfig, device: torch.device, channels_last: bool
 
 def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[StepRunner, Any]:
     """The trainer's state and its runner, in this order under ``init``; the schedule."""
-    model_settings, reduction, device = run.settings.model, run.reduction, run.device
-    model = build_model(targets.model, device, model_settings.channels_last)
-    params = param_groups(model, model_settings.no_decay_norm_bias)
+    opts, reduction, device = run.settings.model, run.reduction, run.device
+    model = build_model(targets.model, device, opts.channels_last)
+    params = param_groups(model, opts.no_decay_norm_bias)
     optimizer = instantiate("optimizer", targets.optimizer, params=params)
     schedule = schedule_for(targets.scheduler, optimizer, steps_per_epoch)
     scheduler = schedule(run.settings.loop.epochs)
-    scaler = torch.amp.GradScaler(
-        device.type, init_scale=model_settings.amp_init_scale,
-        enabled=float_math.uses_grad_scaler(run.settings.step.precision),
-    )  # fmt: skip
+    scales = float_math.uses_grad_scaler(run.settings.step.precision)
+    scaler = torch.amp.GradScaler(device.type, init_scale=opts.amp_init_scale, enabled=scales)
     model, forward = reduction.prepare(model)
-    if model_settings.compile:
-        forward = torch.compile(forward, mode=model_settings.compile_mode)
+    if opts.compile:
+        forward = torch.compile(forward, mode=opts.compile_mode)
     task = build_task(targets.task, targets.loss)
     user_step = build_step(targets.step, model)
-    state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
-                         rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
-                         user_step=user_step)  # fmt: skip
-    runner = StepRunner(state, task, forward=forward, reduction=reduction,
-                        settings=run.settings.step, train_seed=run.seeds.train,
-                        user_step=user_step)  # fmt: skip
+    owned = (model, optimizer, scheduler, scaler, device, task)
+    rng = {"rng_state": reduction.checkpoints_rank_state, "rank": reduction.rank}
+    state = TrainerState(*owned, **rng, user_step=user_step)
+    how = {"settings": run.settings.step, "train_seed": run.seeds.train, "user_step": user_step}
+    runner = StepRunner(state, task, forward=forward, reduction=reduction, **how)
     return runner, schedule
 
 
@@ -160,8 +149,8 @@ def schedule_for(node: DictConfig, optimizer: Any, steps_per_epoch: int) -> Call
 def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Callbacks:
     """The ``callbacks`` group; ``scheduler`` decides whether a callback may set the lr."""
     per_step = scheduler is not None and schedule_kind(scheduler) == "step"
-    return Callbacks(build_callbacks(node), device,
-                     lr_set_by=qualname(scheduler) if per_step else None)  # fmt: skip
+    lr_set_by = qualname(scheduler) if per_step else None
+    return Callbacks(build_callbacks(node), device, lr_set_by=lr_set_by)
 
 
 def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any) -> dict:

@@ -1,4 +1,4 @@
-"""The training loop as one object: ``Trainer(...).fit()`` (docs/how-a-run-flows.md).
+"""The training loop as one object: ``Trainer(run, parts, ...).fit()`` (docs/how-a-run-flows.md).
 
 Closes: resume drift at a stop: a stop comes after a whole step, at the same global step on
 every rank, checkpointed after a non-finite read (docs/resume.md).
@@ -10,17 +10,14 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from reprotrain import events, launchers, optim
+from reprotrain import events, optim
+from reprotrain.build import Parts
 from reprotrain.callbacks import CallbackContext, Callbacks
-from reprotrain.config import GuardSettings, LoopSettings
-from reprotrain.distributed import Dist
 from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
 from reprotrain.loggers import Logger, build_loggers, resumed_history
 from reprotrain.profiling import StepProfiler
@@ -29,6 +26,8 @@ from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
 from reprotrain.resume.continuation import FILE, Continuation, record_verdict
 from reprotrain.run import record as rec
+from reprotrain.run.report import write_report
+from reprotrain.start import Run, StopFlag
 from reprotrain.step.runner import (
     NonFiniteFlags,
     StepRunner,
@@ -40,23 +39,6 @@ from reprotrain.step.runner import (
 from reprotrain.step.state import LoopState
 
 log = logging.getLogger("reprotrain")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit
-
-
-class StopFlag:
-    """SIGTERM/SIGINT/SIGUSR2 ask the loop to stop after this step; a second SIGINT aborts."""
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self.requeue = launchers.submitit_requeue_handler()  # inside submitit, else None
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-        log.warning("%s received: finishing this step, then checkpointing", self.signal_name)
 
 
 class Interrupted(Exception):
@@ -70,52 +52,36 @@ class Interrupted(Exception):
 class Trainer:
     """The loop over a built run: ``fit()`` returns the monitored best value."""
 
-    def __init__(
-        self,
-        runner: StepRunner,
-        pipeline: Any,
-        saver: checkpoint.Saver,
-        record: rec.RunRecord,
-        stop: StopFlag,
-        dist: Dist,
-        settings: LoopSettings,
-        guard: GuardSettings,
-        *,
-        logger_cfg: Any,
-        schedule_for: Callable[[int], Any],
-        report: Any = None,
-    ) -> None:
-        self.runner, self.pipeline, self.saver = runner, pipeline, saver
-        self.record, self.stop, self.dist = record, stop, dist
-        self.settings, self.guard = settings, guard
-        self.logger_cfg, self.report = logger_cfg, report
+    def __init__(self, run: Run, parts: Parts, logger_cfg: Any) -> None:
+        self.runner, self.pipeline, self.saver = parts.runner, parts.pipeline, parts.saver
+        self.schedule_for = parts.schedule_for  # epochs -> the lr schedule over that many epochs
+        self.record, self.stop, self.dist = run.record, run.stop, run.dist
+        self.settings, self.guard = run.settings.loop, run.settings.guard
+        self.logger_cfg, self.run_dir = logger_cfg, run.record.run_dir
         self.log_every_steps = int(logger_cfg.log_every_steps)  # a config read is ~20 us: once
-        self.schedule_for = schedule_for  # epochs -> the lr schedule over that many epochs
-        self.run_dir = record.run_dir
-        self.loop: LoopState = runner.state.loop
-        self.alerts: list[str] = list(record.data.get("nondeterministic_ops", []))
-        self.bar = EpochBar(settings.progress, epochs=settings.epochs)
-        self.feed: StepFeed | None = None
+        self.loop: LoopState = parts.runner.state.loop
+        self.alerts: list[str] = list(run.record.data.get("nondeterministic_ops", []))
+        self.bar = EpochBar(self.settings.progress, epochs=self.settings.epochs)
         self.profiler: StepProfiler | None = None
-        self.quiet = False  # replaying: no checkpoint, row, log line, logger value or event
         self.saved_at: int | None = None  # the global step of the last checkpoint (or replayed)
         # The steps since the last checkpoint, for a resume to compare (rank 0 writes them).
-        self.continuation = Continuation(self.run_dir / FILE if dist.is_main else None)
-        self.callbacks = runner.state.callbacks or Callbacks({}, runner.state.loop.device)
+        self.continuation = Continuation(self.run_dir / FILE if run.dist.is_main else None)
+        self.callbacks = parts.runner.state.callbacks or Callbacks({}, self.loop.device)
+        self.out: Outputs = Outputs(self)  # what the run leaves; a replay swaps in Silent
 
     def fit(self) -> float | None:
         """Epochs from the loop state's position, then the test split once; the best value."""
         state, settings = self.loop, self.settings
-        history = resumed_history(state.fingerprints, state.metrics, state.progress.losses(),
-                                  state.progress.step_lrs, state.global_step)  # fmt: skip
+        past = (state.fingerprints, state.metrics, state.progress.losses(), state.progress.step_lrs)
+        history = resumed_history(*past, state.global_step)
         # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
-        sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
-                              history, report=self.report)  # fmt: skip
-        self.feed = StepFeed(sinks, state, self.runner.reduction)
+        where = (self.logger_cfg, self.run_dir, self.record.data, state.global_step)
+        sinks = build_loggers(*where, history, report=write_report)
+        self.out.feed = StepFeed(sinks, state, self.runner.reduction)
         self.callback("on_start")
         if settings.profile_steps and self.dist.is_main:
-            self.profiler = StepProfiler(self.run_dir / "profile", settings.profile_steps,
-                                         state.device).start()  # fmt: skip
+            where = self.run_dir / "profile"
+            self.profiler = StepProfiler(where, settings.profile_steps, state.device).start()
         with determinism.nondeterminism_alerts(self.alerts):
             while state.epoch <= settings.epochs and state.early_stopped is None:
                 self.run_epoch()
@@ -126,14 +92,13 @@ class Trainer:
             log.info("top ops (%s):\n%s", self.profiler.table_path, self.profiler.stop())
         return self.finish()
 
-    def replay_state(self, target: tuple[int, int], epochs: int | None = None,
-                     from_start: bool = False) -> dict | None:  # fmt: skip
-        """Re-run the steps up to ``target`` ``(epoch, epoch_step)`` writing nothing, under
-        the run's length then (``epochs``); the checkpoint payload the state then makes."""
-        state, self.quiet = self.loop, True
-        self.feed = StepFeed(Logger(), state)  # the base logs nothing: logged when first run
-        settings, scheduler = self.settings, self.runner.state.scheduler
-        continuation, self.continuation = self.continuation, Continuation(None)
+    def replay_state(
+        self, target: tuple[int, int], epochs: int | None = None, from_start: bool = False
+    ) -> dict | None:
+        """Re-run the steps up to ``target`` ``(epoch, epoch_step)`` through :class:`Silent`,
+        under the run's length then (``epochs``); the checkpoint payload the state then makes."""
+        state, settings, scheduler = self.loop, self.settings, self.runner.state.scheduler
+        live, self.out = self.out, Silent(self)
         if epochs is not None and epochs != settings.epochs:
             self.settings = dataclasses.replace(settings, epochs=epochs)
             self.runner.state.scheduler = self.past_schedule(epochs, from_start)
@@ -146,8 +111,7 @@ class Trainer:
                     self.run_epoch(until=target[1] if state.epoch == target[0] else None)
             return self.saver.payload()
         finally:
-            self.quiet, self.feed, self.continuation = False, None, continuation
-            self.settings, self.runner.state.scheduler = settings, scheduler
+            self.out, self.settings, self.runner.state.scheduler = live, settings, scheduler
 
     def past_schedule(self, epochs: int, from_start: bool) -> Any:
         """The lr schedule over ``epochs`` at the state's position (a loaded checkpoint's
@@ -164,9 +128,8 @@ class Trainer:
     def run_epoch(self, until: int | None = None) -> dict:
         """One epoch from ``(epoch, step)`` then its end (``until``: stop at that step, a
         replay); no host sync per step, only at the sync points (docs/performance.md)."""
-        state, steps = self.loop, self.pipeline.steps_per_epoch
-        if not self.quiet:  # a replay shows no bar (it is not the run's progress)
-            self.bar.start(state.epoch, steps, state.epoch_step)
+        state, steps, out = self.loop, self.pipeline.steps_per_epoch, self.out
+        out.bar.start(state.epoch, steps, state.epoch_step)
         seen_before = state.progress.seen
         batches = self.pipeline.epoch(state.epoch, state.epoch_step)
         self.runner.forward.train()
@@ -175,27 +138,24 @@ class Trainer:
         t0 = time.perf_counter()
         for step, batch in batches:
             flags.add(train_step(self.runner, step, batch))
-            self.continuation.add(state.global_step, state.progress.step_losses[-1], batch)
+            out.continuation.add(state.global_step, state.progress.step_losses[-1], batch)
             synced = None  # whether any rank saw a stop signal, at a sync point
             due = state.global_step % every == 0
             if due or self.saves_at(state.global_step):
                 synced = self.sync_point(flags)
             if due:
-                self.log_steps()  # the device was just read: no extra sync
+                out.log_steps()  # the device was just read: no extra sync
             self.after_step(step + 1, synced)
             if until is not None and state.epoch_step == until:
                 return {}
         seconds = time.perf_counter() - t0
         self.sync_point(flags)
-        self.log_steps()  # this rank's step losses, before the reduction makes them global
+        out.log_steps()  # this rank's step losses, before the reduction makes them global
         self.runner.reduction.end_epoch(state.progress)  # the epoch's losses and sums, global
-        self.feed.flush()
+        out.feed.flush()
         trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
         row = self.end_epoch(seconds, trained)
-        self.feed.epoch(self.callbacks.take_logged(row))  # + ctx.log's: loggers only
-        if not self.quiet:
-            self.record.update(nondeterministic_ops=self.alerts,
-                               nonfinite_events=state.nonfinite_events)  # fmt: skip
+        out.epoch_logged(self.callbacks.take_logged(row))  # + ctx.log's: loggers only
         if state.epoch <= self.settings.epochs:  # the last epoch's end completes the run
             self.stop_if_asked(self.stop_at_reached())
         return row
@@ -220,16 +180,14 @@ class Trainer:
     def after_step(self, next_step: int, synced: bool | None = None) -> None:
         """Progress, loggers, stops and the cadence checkpoint; ``synced``: a stop signal on
         any rank, from this step's sync point (None: not one; DDP stops only there)."""
-        state, mid_epoch = self.loop, next_step < self.pipeline.steps_per_epoch
-        if not self.quiet:
-            self.bar.step(state.progress, state.global_step)
-        self.feed.every(self.log_every_steps, mid_epoch)  # DDP: a collective
+        state, out, mid_epoch = self.loop, self.out, next_step < self.pipeline.steps_per_epoch
+        out.bar.step(state.progress, state.global_step)
+        out.feed.every(self.log_every_steps, mid_epoch)  # DDP: a collective
         if self.profiler is not None:
             self.profiler.step()
         if self.callbacks.per_batch:  # found once: no call per step without one
             self.callback("on_train_batch_end", state.global_step)
-        if not self.quiet:
-            events.fire("step", global_step=state.global_step)
+        out.fire("step", global_step=state.global_step)
         signalled = self.stop.signal_name is not None if not self.dist.enabled else bool(synced)
         self.stop_if_asked(self.stop_at_reached() and mid_epoch, signalled)
         if self.cadence_due():
@@ -243,31 +201,11 @@ class Trainer:
 
     def stop_if_asked(self, asked: bool, signalled: bool | None = None) -> None:
         """The one place a run stops early: a signal on any rank (``signalled``, else one
-        all-reduce asks) or ``asked``; a replay stops on a signal only, uncheckpointed."""
-        asked = asked and not self.quiet
+        all-reduce asks) or ``asked`` (``Outputs.stop``: checkpointed; a replay's, not)."""
         if signalled is None:
             signalled = self.dist.all_reduce_any(self.stop.signal_name is not None)
-        if not (signalled or asked):
-            return
-        if self.quiet:
-            self.record.update(status="interrupted", interrupted_at=rec.now_iso(),
-                               interrupted_by=self.stop.signal_name)  # fmt: skip
-            log.warning("interrupted while replaying; resume with `%s`", resume_hint(self.run_dir))
-            raise Interrupted(self.stop)
-        stop_at = self.settings.stop_at_global_step
-        self.stop.signal_name = self.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
-        self.feed.close("interrupted")
-        if self.saved_at != self.loop.global_step:  # an epoch end's stop: written already
-            self.save(hook=self.cadence_due())
-        self.log_steps(stopped=True)
-        self.record.update(
-            status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=self.stop.signal_name
-        )
-        log.warning(
-            "interrupted at epoch %d step %d; resume with `%s`",
-            self.loop.epoch, self.loop.epoch_step, resume_hint(self.run_dir),
-        )  # fmt: skip
-        raise Interrupted(self.stop)
+        if signalled or asked:
+            self.out.stop(signalled)
 
     def end_epoch(self, seconds: float, n: int) -> dict:
         """Metrics row, fingerprint, checkpoint (best.pt when the monitored value improved)."""
@@ -282,9 +220,7 @@ class Trainer:
         }
         last = state.epoch == settings.epochs or state.epoch == settings.stop_after_epoch
         if self.pipeline.has_split("val") and (state.epoch % settings.eval_every == 0 or last):
-            row.update(
-                evaluate_split(runner, self.pipeline, "val", None if self.quiet else self.bar)
-            )
+            row.update(evaluate_split(runner, self.pipeline, "val", self.out.bar))
         state.metrics.append(row)
         # What a callback keeps (or edits in the weights) is in the fingerprint and checkpoint.
         self.callback("on_epoch_end", row)
@@ -300,64 +236,38 @@ class Trainer:
                 "step_lrs": state.progress.step_lrs,
             }
         )
-        if not self.quiet:
-            rec.write_jsonl(self.run_dir / rec.METRICS, state.metrics)
-            rec.write_jsonl(self.run_dir / rec.FINGERPRINTS, state.fingerprints)
-            shown = "  ".join(
-                f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None
-            )
-            log.info("epoch %d/%d  %s", state.epoch, settings.epochs, shown)
         value, previous_best = row.get(settings.monitor), state.best
         improved = state.improved(value, settings.monitor_mode)
         state.count_stale(value, previous_best, settings)
         optim.epoch_end(runner.state.scheduler, value)  # ReduceLROnPlateau: on the monitor
-        if state.early_stopped is not None and not self.quiet:
-            log.info(
-                "early stopping: %(monitor)s has not improved for %(patience)d evaluated "
-                "epochs; best %(best)s at epoch %(best_epoch)s", state.early_stopped,
-            )  # fmt: skip
+        self.out.epoch_rows(row)
         state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
         self.save(best=improved, model_state=cpu_state)
-        if not self.quiet:
-            events.fire("after-save", global_step=state.global_step)
+        self.out.fire("after-save", global_step=state.global_step)
         return row
 
     def save(self, best: bool = False, model_state: dict | None = None, hook: bool = True) -> None:
         """``on_checkpoint`` (``hook``: where an uninterrupted run writes one), then the
-        checkpoint (none in a replay)."""
+        checkpoint (``Outputs.checkpoint``)."""
         path = checkpoint.step_path(self.saver.dir, self.loop.global_step)
         if hook:
             self.callback("on_checkpoint", path)
         self.saved_at = self.loop.global_step
-        if not self.quiet:
-            self.log_steps()
-            self.saver.save(best=best, model_state=model_state)
-            self.continuation.restart()  # the steps up to here are in the checkpoint
-
-    def log_steps(self, stopped: bool = False) -> None:
-        """The steps since the last host read into the continuation file; its verdict, once
-        known, into the record (docs/resume.md)."""
-        if self.quiet:
-            return
-        self.continuation.flush()
-        if (verdict := self.continuation.verdict(stopped)) is not None:
-            record_verdict(self.record, verdict, self.continuation.claim)
+        self.out.checkpoint(best, model_state)
 
     def callback(self, hook: str, *args: Any) -> None:
         """Every callback's ``hook`` (each inside the RNG guard: callbacks.py)."""
         if not self.callbacks:
             return
         state, loop = self.runner.state, self.loop
-        ctx = CallbackContext(
-            state.model, state.optimizer, loop.epoch, loop.global_step, self.run_dir,
-            replaying=self.quiet, is_main=self.dist.is_main,
-        )  # fmt: skip
+        where = (state.model, state.optimizer, loop.epoch, loop.global_step, self.run_dir)
+        ctx = CallbackContext(*where, replaying=self.out.replaying, is_main=self.dist.is_main)
         self.callbacks.call(hook, ctx, *args)
 
     def finish(self) -> float | None:
         """Test once (last weights, then best), mark the run completed; the monitored best."""
-        state, settings = self.loop, self.settings
-        self.log_steps(stopped=True)
+        state, settings, out = self.loop, self.settings, self.out
+        out.log_steps(stopped=True)
         self.continuation.close()
         final = self.final_metrics()
         self.record.update(
@@ -371,15 +281,15 @@ class Trainer:
             nonfinite_events=state.nonfinite_events,
             gpu_memory=environment.peak_memory(state.device),
         )
-        self.feed.loggers.log_final(final)
+        out.feed.loggers.log_final(final)
         self.callback("on_end", final)
         # The weights the run ends with: after the last epoch's hooks and on_end's.
         self.record.update(final_weights_sha256=weights_sha256(self.runner.state.model))
-        self.feed.close("completed")
+        out.feed.loggers.close("completed")
         shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
         log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)
-        log.info("completed: checkpoints in %s; report: make report RUN=%s",
-                 self.saver.dir, self.run_dir)  # fmt: skip
+        where = (self.saver.dir, self.run_dir)
+        log.info("completed: checkpoints in %s; report: make report RUN=%s", *where)
         return state.best
 
     def final_metrics(self) -> dict:
@@ -412,21 +322,104 @@ class Trainer:
             state.user_step.load_state_dict(saved["user_step"])
 
 
+class Outputs:
+    """All a run leaves as it trains, in one place: the bar, log lines, checkpoints, the
+    metrics and fingerprint rows, record updates, events, the continuation file and the
+    loggers' feed. A replay swaps in :class:`Silent`: the same steps, nothing left."""
+
+    replaying = False  # what a callback's context says
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer, self.bar, self.continuation = trainer, trainer.bar, trainer.continuation
+        self.feed: Any = None  # the loggers' feed: set by fit()
+
+    fire = staticmethod(events.fire)  # ``step``, ``after-save``: what tests and tools hook
+
+    def log_steps(self, stopped: bool = False) -> None:
+        """The steps since the last host read into the continuation file; its verdict, once
+        known, into the record (docs/resume.md)."""
+        self.continuation.flush()
+        if (verdict := self.continuation.verdict(stopped)) is not None:
+            record_verdict(self.trainer.record, verdict, self.continuation.claim)
+
+    def epoch_rows(self, row: dict) -> None:
+        """metrics.jsonl, fingerprints.jsonl, the epoch's log line (and an early stop's)."""
+        t, state = self.trainer, self.trainer.loop
+        rec.write_jsonl(t.run_dir / rec.METRICS, state.metrics)
+        rec.write_jsonl(t.run_dir / rec.FINGERPRINTS, state.fingerprints)
+        shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
+        log.info("epoch %d/%d  %s", state.epoch, t.settings.epochs, shown)
+        if state.early_stopped is not None:
+            why = "%(monitor)s has not improved for %(patience)d evaluated epochs"
+            best = "best %(best)s at epoch %(best_epoch)s"
+            log.info(f"early stopping: {why}; {best}", state.early_stopped)
+
+    def epoch_logged(self, row: dict) -> None:
+        """The epoch's row to the loggers; the alerts and non-finite events to the record."""
+        self.feed.epoch(row)
+        t = self.trainer
+        t.record.update(nondeterministic_ops=t.alerts, nonfinite_events=t.loop.nonfinite_events)
+
+    def checkpoint(self, best: bool, model_state: dict | None) -> None:
+        self.log_steps()
+        self.trainer.saver.save(best=best, model_state=model_state)
+        self.continuation.restart()  # the steps up to here are in the checkpoint
+
+    def stop(self, signalled: bool) -> None:
+        """Checkpoint (unless this step's is written), close the loggers, mark interrupted."""
+        t = self.trainer
+        stop_at = t.settings.stop_at_global_step
+        t.stop.signal_name = t.stop.signal_name or f"trainer.stop_at_global_step={stop_at}"
+        self.feed.loggers.close("interrupted")
+        if t.saved_at != t.loop.global_step:  # an epoch end's stop: written already
+            t.save(hook=t.cadence_due())
+        self.log_steps(stopped=True)
+        self.interrupted(f"interrupted at epoch {t.loop.epoch} step {t.loop.epoch_step}")
+
+    def interrupted(self, where: str) -> None:
+        t = self.trainer
+        by = t.stop.signal_name
+        t.record.update(status="interrupted", interrupted_at=rec.now_iso(), interrupted_by=by)
+        log.warning("%s; resume with `%s`", where, resume_hint(t.run_dir))
+        raise Interrupted(t.stop)
+
+
+class Silent(Outputs):
+    """A replay's outputs: no bar, line, checkpoint, row, record update, event or logger
+    value (all were written when the steps first ran); a signal still stops it."""
+
+    replaying = True
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer, self.bar, self.continuation = trainer, EpochBar(False), Continuation(None)
+        self.feed = StepFeed(Logger(), trainer.loop)  # the base logs nothing
+
+    def _nothing(self, *args: Any, **kw: Any) -> None:
+        """Written, logged or fired when the steps first ran."""
+
+    fire = log_steps = epoch_rows = checkpoint = _nothing
+
+    def epoch_logged(self, row: dict) -> None:
+        self.feed.epoch(row)
+
+    def stop(self, signalled: bool) -> None:
+        """A signal stops a replay, uncheckpointed; ``stop_at_global_step`` does not."""
+        if signalled:
+            self.interrupted("interrupted while replaying")
+
+
 def evaluate_split(
     runner: StepRunner, pipeline: Any, split: str, bar: EpochBar | None = None
 ) -> dict:
     """``<split>_<name>`` metrics under the user's step's ``evaluation_weights`` (EMA)."""
-    state, user_step = runner.state, runner.user_step
+    state, loop = runner.state, runner.state.loop
     batches = pipeline.eval_batches(split)
     if bar is not None and bar.enabled:
         batches = bar.evaluating(split, batches, pipeline.eval_steps(split))
-    weights = getattr(user_step, "evaluation_weights", None)
+    weights = getattr(runner.user_step, "evaluation_weights", None)
+    seen = {"amp": runner.amp, "global_step": loop.global_step, "train_seed": runner.train_seed}
     with weights(state.model) if weights is not None else contextlib.nullcontext():
-        return evaluate(
-            runner.task, state.model, batches, prefix=split,
-            device=state.loop.device, amp=runner.amp, global_step=state.loop.global_step,
-            train_seed=runner.train_seed,
-        )  # fmt: skip
+        return evaluate(runner.task, state.model, batches, prefix=split, device=loop.device, **seen)
 
 
 def epoch_lr(step_lrs: list[float], optimizer: torch.optim.Optimizer) -> float:
@@ -467,8 +460,5 @@ class StepFeed:
         self.loggers.log_epoch(row["epoch"], row["global_step"], row)
         self.sent = 0  # the loop state starts a fresh epoch
 
-    def close(self, status: str) -> None:
-        self.loggers.close(status)
 
-
-__all__ = ["EpochBar", "Interrupted", "StepFeed", "StopFlag", "Trainer", "evaluate_split"]
+__all__ = ["Interrupted", "Outputs", "Silent", "StepFeed", "Trainer", "evaluate_split"]

@@ -36,7 +36,6 @@ from reprotrain.distributed import Dist, init_from_env
 from reprotrain.exits import Exits
 from reprotrain.loop import Trainer
 from reprotrain.run import record as rec
-from reprotrain.run.report import write_report
 from reprotrain.start import start
 
 log = logging.getLogger("reprotrain")
@@ -49,11 +48,9 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
     run = start(cfg, run_dir, dist)
     # build: data, then model (from the `init` stream), optimizer, schedule, task, saver
     parts = build(Targets.of(cfg), run)
-    trainer = Trainer(parts.runner, parts.pipeline, parts.saver, run.record, run.stop, dist,
-                      run.settings.loop, run.settings.guard, logger_cfg=cfg.logger,
-                      report=write_report, schedule_for=parts.schedule_for)  # fmt: skip
+    trainer = Trainer(run, parts, cfg.logger)
     # A resume replays the steps since the checkpoint before its own and compares the bits.
-    run.restore(parts.state, trainer, parts.saver)
+    run.restore(trainer)
 
     # loop and record: epochs, checkpoints on cadence and on signals, the test split
     with trainer.bar:  # closed before a stop's or an error's lines are written

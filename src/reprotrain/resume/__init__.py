@@ -18,11 +18,11 @@ log = logging.getLogger("reprotrain")
 __all__ = ["AlreadyCompleted", "ResumePoint", "find_resume_point", "restore", "rewrite_history"]
 
 
-def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *, env: dict,
-            container: dict, dist: Any = None, replay_state: Any = None,
-            continuation: Any = None) -> None:  # fmt: skip
-    """Replay up to ``point``, load, audit, guard, record; ``now``: this process's inputs."""
-    verified = replay.verify(point, state, record, container, dist, replay_state)
+def restore(point: ResumePoint, run: Any, trainer: Any, now: dict) -> None:
+    """Replay up to ``point`` with ``trainer``, load, audit, guard, record; ``run``: the
+    ``start.Run`` (record, env, config); ``now``: this process's inputs."""
+    state, record, env, container = trainer.runner.state, run.record, run.env, run.container
+    verified = replay.verify(point, state, record, container, trainer.dist, trainer.replay_state)
     state.load_state_dict(point.state)  # after a verified replay: the same bits
     # What the checkpoint could not restore, named first (the audit's paths: the cause a
     # refusal names), then the replay's difference (its effect).
@@ -36,24 +36,23 @@ def restore(point: ResumePoint, state: Any, record: rec.RunRecord, now: dict, *,
     rewrite_history(record.run_dir, state)
     entry = guard.resume_entry(point, env, container, unrestored, inputs, now, verified)
     entry["state_paths_compared"] = state.audit.compared
-    if continuation is not None:
-        continuation.load(point.state["loop"]["global_step"])
-        entry["continuation"] = continuation.entry(
-            entry["bitwise_guarantee"], not_comparable(point, container, env)
-        )
-        # The bits are claimed only once the continuation it logged is compared too.
-        entry["bitwise_guarantee"] &= continuation.steps is None
+    continuation = trainer.continuation
+    continuation.load(point.state["loop"]["global_step"])
+    why_not = not_comparable(point, container, env)
+    entry["continuation"] = continuation.entry(entry["bitwise_guarantee"], why_not)
+    # The bits are claimed only once the continuation it logged is compared too.
+    entry["bitwise_guarantee"] &= continuation.steps is None
     record.update(resumes=[*record.data.get("resumes", []), entry])
-    log.info("resumed from %s at epoch %d step %d", point.path.name, state.loop.epoch,
-             state.loop.epoch_step)  # fmt: skip
+    loop = state.loop
+    log.info("resumed from %s at epoch %d step %d", point.path.name, loop.epoch, loop.epoch_step)
 
 
 def not_comparable(point: ResumePoint, container: dict, env: dict) -> str | None:
     """Why the steps logged after the checkpoint are not this resume's to compare, or None."""
     before, after = point.state["config"]["trainer"]["epochs"], container["trainer"]["epochs"]
     if before != after:
-        return (f"not compared: this resume extends trainer.epochs ({before} -> {after}), so "
-                "the steps after the checkpoint run under another schedule")  # fmt: skip
+        extends = f"this resume extends trainer.epochs ({before} -> {after}), so the steps after"
+        return f"not compared: {extends} the checkpoint run under another schedule"
     saved, world = point.state["env"]["world_size"], env["world_size"]
     if saved != world:
         return f"not compared: the world size changed ({saved} -> {world})"

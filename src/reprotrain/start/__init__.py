@@ -8,6 +8,7 @@ written before the first step; a resume that starts over, or a fork passing for 
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from reprotrain import resume
-from reprotrain.config import TrainerSettings, config_sha256, microbatches_per_step, validate
+from reprotrain import config, launchers, resume
+from reprotrain.config import RunSettings, TrainerSettings, config_sha256
 from reprotrain.config_view import start_banner, task_overrides
 from reprotrain.distributed import Dist
 from reprotrain.errors import ResumeError
 from reprotrain.hashing import file_sha256, state_sha256
-from reprotrain.loop import StopFlag
 from reprotrain.reduction import Reduction, for_run
 from reprotrain.repro import determinism, environment, secrets
 from reprotrain.repro import device as devices
@@ -32,6 +32,23 @@ from reprotrain.start import provenance
 from reprotrain.step.state import TrainerState
 
 log = logging.getLogger("reprotrain")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit
+
+
+class StopFlag:
+    """SIGTERM/SIGINT/SIGUSR2 ask the loop to stop after this step; a second SIGINT aborts."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.requeue = launchers.submitit_requeue_handler()  # inside submitit, else None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, then checkpointing", self.signal_name)
 
 
 class Fresh:
@@ -43,23 +60,22 @@ class Fresh:
     def seeds(self, seed_cfg: Any) -> Seeds:
         return resolve_seeds(seed_cfg)
 
-    def device(self, record: rec.RunRecord, requested: str, allow_change: bool,
-               local_rank: int | None) -> torch.device:  # fmt: skip
-        return devices.resolve_for_resume(None, requested, allow_change, local_rank=local_rank)
+    def device(self, record: rec.RunRecord, s: RunSettings, rank: int | None) -> torch.device:
+        return devices.resolve_for_resume(None, s.device, s.allow_device_change, rank)
 
     def check_world_size(self, reduction: Reduction, allow_change: bool) -> None:
         """A new run sets its world size."""
 
-    def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
-        provenance.identity(record, device, **facts)
+    def write_identity(self, run: Run, *facts: Any) -> None:
+        provenance.identity(run, *facts)
 
     def record_data(self, record: rec.RunRecord, fingerprint: dict) -> None:
         record.update(data_fingerprint=fingerprint)
 
-    def restore(self, state: TrainerState, record: rec.RunRecord, **_: Any) -> None:
+    def restore(self, run: Run, trainer: Any) -> None:
         """Nothing to restore: record the initial weights (built from the ``init`` stream)."""
-        record.update(initial_weights_sha256=state_sha256(state.model.state_dict()),
-                      imported_code=provenance.imported_code())  # fmt: skip
+        initial = state_sha256(trainer.runner.state.model.state_dict())
+        run.record.update(initial_weights_sha256=initial, imported_code=provenance.imported_code())
 
 
 @dataclass
@@ -71,18 +87,18 @@ class Fork(Fresh):
     def seeds(self, seed_cfg: Any) -> Seeds:
         return Seeds(**self.point.state["seeds"])
 
-    def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
-        super().write_identity(record, device, **facts)
-        step = self.point.state["loop"]["global_step"]
-        record.update(forked_from={"path": str(self.point.path), "global_step": step,
-                                   "sha256": file_sha256(self.point.path)})  # fmt: skip
+    def write_identity(self, run: Run, *facts: Any) -> None:
+        super().write_identity(run, *facts)
+        path, step = self.point.path, self.point.state["loop"]["global_step"]
+        parent = {"path": str(path), "global_step": step, "sha256": file_sha256(path)}
+        run.record.update(forked_from=parent)
 
-    def restore(self, state: TrainerState, record: rec.RunRecord, *, device: torch.device,
-                container: dict, **_: Any) -> None:  # fmt: skip
+    def restore(self, run: Run, trainer: Any) -> None:
+        state: TrainerState = trainer.runner.state
         state.load_state_dict(self.point.state)
-        record.update(imported_code=provenance.imported_code())
-        record_extension(record, self.point, container, device)
-        resume.rewrite_history(record.run_dir, state)
+        run.record.update(imported_code=provenance.imported_code())
+        record_extension(run.record, self.point, run.container, run.device)
+        resume.rewrite_history(run.run_dir, state)
         log.info("forked from %s", self.point.path)
 
 
@@ -99,11 +115,10 @@ class Resume:
     def seeds(self, seed_cfg: Any) -> Seeds:
         return Seeds(**self.point.state["seeds"])
 
-    def device(self, record: rec.RunRecord, requested: str, allow_change: bool,
-               local_rank: int | None) -> torch.device:  # fmt: skip
+    def device(self, record: rec.RunRecord, s: RunSettings, rank: int | None) -> torch.device:
         """The device the run started on, not a fresh ``auto``."""
         recorded = devices.recorded_device(record.data)
-        return devices.resolve_for_resume(recorded, requested, allow_change, local_rank=local_rank)
+        return devices.resolve_for_resume(recorded, s.device, s.allow_device_change, rank)
 
     def check_world_size(self, reduction: Reduction, allow_change: bool) -> None:
         """Another world size: the reduction says whether it may."""
@@ -114,19 +129,18 @@ class Resume:
         if saved != reduction.world_size:
             log.info("world size %d -> %d", saved, reduction.world_size)
 
-    def write_identity(self, record: rec.RunRecord, device: torch.device, **facts: Any) -> None:
+    def write_identity(self, run: Run, *facts: Any) -> None:
         """The run keeps the identity it started with."""
 
     def record_data(self, record: rec.RunRecord, fingerprint: dict) -> None:
         """The start's stays recorded; this resume's is compared with it in ``restore``."""
         self.data_now = fingerprint
 
-    def restore(self, state: TrainerState, record: rec.RunRecord, *, container: dict,
-                device: torch.device, **run: Any) -> None:  # fmt: skip
+    def restore(self, run: Run, trainer: Any) -> None:
         """Replay, load, audit and record (``resume.restore``); then the config that runs."""
         now = {**provenance.code_now(), "data_fingerprint": self.data_now}
-        resume.restore(self.point, state, record, now, container=container, **run)
-        record_extension(record, self.point, container, device)
+        resume.restore(self.point, run, trainer, now)
+        record_extension(run.record, self.point, run.container, run.device)
 
 
 Start = Fresh | Resume | Fork
@@ -140,8 +154,9 @@ def begin(resume_cfg: str | None, run_dir: Path, container: dict) -> Start:
     return Fork(point) if point.forked else Resume(point)
 
 
-def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
-                     device: torch.device) -> None:  # fmt: skip
+def record_extension(
+    record: rec.RunRecord, point: ResumePoint, container: dict, device: torch.device
+) -> None:
     """An extended ``trainer.epochs`` enters ``extended_from`` and so ``config_sha256``."""
     extended = list(record.data.get("extended_from") or [])
     before, step = point.state["config"]["trainer"]["epochs"], point.state["loop"]["global_step"]
@@ -156,16 +171,15 @@ def record_extension(record: rec.RunRecord, point: ResumePoint, container: dict,
 class Run:
     """The run as started: what the build, the loop and the restore read."""
 
-    kind: Fresh | Resume | Fork
+    kind: Start
     record: rec.RunRecord
     settings: TrainerSettings  # ``trainer.*`` by concern, frozen, built once here
     container: dict  # the resolved config, ``oc.env`` values as their text
     seeds: Seeds
     device: torch.device
     env: dict
-    level: str  # the determinism level in force
+    flags: dict  # the determinism controls in force (``determinism.apply``)
     reduction: Reduction
-    microbatches: int  # per optimizer step
     dist: Dist
     stop: StopFlag
 
@@ -173,19 +187,27 @@ class Run:
     def run_dir(self) -> Path:
         return self.record.run_dir
 
-    def restore(self, state: TrainerState, trainer: Any, saver: Any) -> None:
+    @property
+    def level(self) -> str:
+        return self.flags["level"]
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per optimizer step (the layout ``start`` validated)."""
+        pipeline, step = self.settings.pipeline, self.settings.step
+        return config.microbatches_per_step(pipeline.batch_size, step.microbatch_size)
+
+    def restore(self, trainer: Any) -> None:
         """Fresh: record the initial weights; Resume: ``reprotrain.resume.restore``."""
-        self.kind.restore(state, self.record, env=self.env, device=self.device, dist=self.dist,
-                          container=self.container, replay_state=trainer.replay_state,
-                          continuation=trainer.continuation)  # fmt: skip
-        saver.meta["config_sha256"] = self.record["config_sha256"]  # a resume's extension
+        self.kind.restore(self, trainer)
+        trainer.saver.meta["config_sha256"] = self.record["config_sha256"]  # an extension's
 
 
 def start(cfg: DictConfig, run_dir: Path, dist: Dist) -> Run:
     """Validate (the batch layout against this job's world size: a submitit job exports
     ``WORLD_SIZE`` only once its tasks start), decide the kind once, open the record, then
     the controls (determinism, seeds, device) and the identity, in that order."""
-    validate(cfg, dist.world_size)
+    config.validate(cfg, dist.world_size)
     container, env_values = secrets.redact(cfg)
     kind = begin(cfg.resume, run_dir, container)  # Fresh | Resume | Fork, decided once
     log.info("run dir: %s", run_dir)  # after the refusals: a refused resume writes nothing
@@ -193,24 +215,18 @@ def start(cfg: DictConfig, run_dir: Path, dist: Dist) -> Run:
     provenance.open_run(record, container, env_values)
     stop = StopFlag()  # the signal handlers, from here on
     settings = TrainerSettings.from_config(cfg.trainer)  # each part goes to what reads it
-    repro = cfg.repro
-    flags = determinism.apply(repro.level, repro.num_threads, repro.fill_uninitialized_memory,
-                              settings.step.precision)  # fmt: skip
+    r, precision = cfg.repro, settings.step.precision
+    flags = determinism.apply(r.level, r.num_threads, r.fill_uninitialized_memory, precision)
     seeds = kind.seeds(cfg.seed)
-    device = kind.device(record, settings.run.device, settings.run.allow_device_change,
-                         dist.local_rank if dist.enabled else None)  # fmt: skip
+    device = kind.device(record, settings.run, dist.local_rank if dist.enabled else None)
     env = environment.capture(device)
     reduction = for_run(settings.reduction, dist)
     kind.check_world_size(reduction, settings.reduction.allow_world_size_change)
+    run = Run(kind, record, settings, container, seeds, device, env, flags, reduction, dist, stop)
     name = OmegaConf.to_container(cfg, resolve=False)["name"]  # an oc.env stays text
-    kind.write_identity(record, device, seeds=seeds, flags=flags, env=env, name=name,
-                        require_locked_env=repro.require_locked_env,
-                        include_untracked=list(cfg.include_untracked))  # fmt: skip
-    k = microbatches_per_step(settings.pipeline.batch_size, settings.step.microbatch_size)
-    provenance.layout(record, dist, device, reduction, k)
-    log.info("experiment %s | repro=%s | seeds %s | device %s | world size %d",
-             record["experiment_id"], flags["level"], seeds.as_dict(), device,
-             dist.world_size)  # fmt: skip
+    kind.write_identity(run, name, r.require_locked_env, list(cfg.include_untracked))
+    provenance.layout(run)
+    facts = (record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size)
+    log.info("experiment %s | repro=%s | seeds %s | device %s | world size %d", *facts)
     log.info("%s", start_banner(container, task_overrides(), run_dir / rec.RESOLVED_CONFIG))
-    return Run(kind, record, settings, container, seeds, device, env, flags["level"],
-               reduction, k, dist, stop)  # fmt: skip
+    return run

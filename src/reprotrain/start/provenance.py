@@ -9,21 +9,22 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
 
 from reprotrain import REPO_ROOT
 from reprotrain.config import config_sha256
-from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.hashing import file_sha256
-from reprotrain.reduction import Reduction
 from reprotrain.repro import device as devices
 from reprotrain.repro import environment, gitinfo, requirements_lock
-from reprotrain.repro.seeding import Seeds
 from reprotrain.resume.audit import installed
 from reprotrain.run import record as rec
+
+if TYPE_CHECKING:
+    from reprotrain.start import Run
 
 log = logging.getLogger("reprotrain")
 
@@ -36,17 +37,15 @@ def open_run(record: rec.RunRecord, container: dict, env_values: dict) -> None:
     rec.atomic_write_text(record.run_dir / rec.RESOLVED_CONFIG, OmegaConf.to_yaml(container))
 
 
-def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: Seeds,
-             flags: dict, env: dict, require_locked_env: bool,
-             include_untracked: list[str]) -> None:  # fmt: skip
+def identity(run: Run, name: str, require_locked_env: bool, include_untracked: list[str]) -> None:
     """A new run's identity (git, environment, lock) and torch's report, environment.txt."""
     from torch.utils import collect_env
 
-    run_dir = record.run_dir
+    record, device, run_dir = run.record, run.device, run.run_dir
     drift = requirements_lock.env_drift(REPO_ROOT)
     if drift["status"] == "drift":
-        summary = ", ".join([*drift["missing"], *drift["extra"],
-                             *(d["name"] for d in drift["different"])])  # fmt: skip
+        changed = (d["name"] for d in drift["different"])
+        summary = ", ".join([*drift["missing"], *drift["extra"], *changed])
         if require_locked_env:
             raise ReprotrainError(f".venv differs from the lock ({summary}); run `make install`")
         log.warning("environment drift against the lock: %s (run `make env-check`)", summary)
@@ -61,14 +60,14 @@ def identity(record: rec.RunRecord, device: torch.device, *, name: str, seeds: S
         name=name,
         started_at=rec.now_iso(),
         command=["python", "-m", "reprotrain.train", *sys.argv[1:]],
-        seeds=seeds.as_dict(),
-        repro=flags,
+        seeds=run.seeds.as_dict(),
+        repro=run.flags,
         device=str(device),
         device_caveat=devices.bitwise_caveat(device),  # mps: kernels promise no determinism
         nondeterministic_ops=[],
         git=git,
         code_sha256=gitinfo.code_sha256(REPO_ROOT),  # compared at every resume
-        environment=env,
+        environment=run.env,
         lock_sha256=requirements_lock.lock_sha256(REPO_ROOT),
         env_drift=drift,
         container=environment.container_image(),
@@ -86,13 +85,13 @@ def experiment_id(record: dict, device: torch.device) -> str:
     return f"{record['config_sha256'][:8]}-{git.get('short')}{dirty}-{slug}{tail}"
 
 
-def layout(record: rec.RunRecord, dist: Dist, device: torch.device, reduction: Reduction,
-           microbatches: int) -> None:  # fmt: skip
+def layout(run: Run) -> None:
     """World size, backend, every rank's device and threads (a collective), the reduction."""
-    me = {"rank": dist.rank, "device": str(device), "threads": torch.get_num_threads()}
+    dist = run.dist
+    me = {"rank": dist.rank, "device": str(run.device), "threads": torch.get_num_threads()}
     ranks = dist.all_gather_objects(me | {"host": socket.gethostname()})
-    record.update(world_size=dist.world_size, backend=dist.backend, ranks=ranks)
-    record.update(**reduction.record(microbatches))
+    run.record.update(world_size=dist.world_size, backend=dist.backend, ranks=ranks)
+    run.record.update(**run.reduction.record(run.microbatches))
 
 
 def code_now() -> dict:

@@ -53,9 +53,7 @@ class ClassificationF1(Classification):
     """``Classification`` plus ``f1_macro`` and ``f1_micro`` from the split's ``[C, C]``
     confusion counts (``confusion_matrix(sums)``: rows true class, columns predicted)."""
 
-    metrics: ClassVar[dict[str, str]] = {
-        "loss": "min", "acc": "max", "f1_macro": "max", "f1_micro": "max"
-    }  # fmt: skip
+    metrics: ClassVar[dict[str, str]] = dict(Classification.metrics, f1_macro="max", f1_micro="max")
 
     def __init__(
         self,

@@ -29,7 +29,8 @@ from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills lef
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.distributed import shard_global_batch
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.seeding import Seeds, counter_generator, scoped_globals, stable_hash
+from reprotrain.repro.rng import Scoped
+from reprotrain.repro.seeding import Seeds, counter_generator, stable_hash
 from reprotrain.step.batches import Batch, MicroBatches, batch_size, narrow, take, to_device
 
 
@@ -119,7 +120,7 @@ class _Base:
         else:
             where = key if key is not None else (self.augment_seed, *scope)
             seed = stable_hash(*where, "global")  # apart from counter_generator(*key)'s stream
-            with scoped_globals(seed, self.device):
+            with Scoped(seed, self.device):
                 batch = self.dataset.batch_transform(batch, key)
         return channels_last(batch) if self.channels_last else batch
 
@@ -217,7 +218,7 @@ class SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int | None, int]):
         epoch, i = key
         seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i)
-        with scoped_globals(seed):
+        with Scoped(seed):
             if self.takes_rng:
                 rng = np.random.default_rng(seed)
                 return self.transform(self.base[i], self.train, rng=rng)
@@ -274,7 +275,7 @@ class SeededCollate:
             key = (self.augment_seed, "collate", "eval" if epoch is None else epoch, first)
         else:
             key = (self.augment_seed, "collate", epoch, step, "microbatch", micro)
-        with scoped_globals(stable_hash(*key)):
+        with Scoped(stable_hash(*key)):
             if not self.takes_ctx:
                 return self.collate(list(samples))
             ctx = CollateContext(stable_hash(*key, "ctx"), epoch=epoch, step=step,

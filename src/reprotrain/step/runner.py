@@ -79,7 +79,7 @@ class StepRunner:
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
         self._applied = False
-        self._seeds: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}
+        self._seeds: dict[tuple[int, int], tuple] = {}  # rng.seed_states, ahead
 
     @property
     def model(self) -> nn.Module:
@@ -110,15 +110,15 @@ class StepRunner:
 
     def seeded(self, global_step: int, index: int) -> rng.Scoped:
         """The global RNGs for micro-batch ``index``, restored after (seeds derived in bulk)."""
-        seeds = self._seeds.get((global_step, index))
-        if seeds is None:
+        states = self._seeds.get((global_step, index))
+        if states is None:
             if len(self._seeds) > 16 * SEED_STEPS:  # steps left behind (a replay, a resume)
                 self._seeds.clear()
             for step in range(global_step, global_step + SEED_STEPS):
                 seed = microbatch_seed(self.train_seed, step, index)
-                self._seeds[step, index] = (seed, rng.numpy_words(seed))
-            seeds = self._seeds[global_step, index]
-        return rng.Scoped(seeds[0], self.state.loop.device, seeds[1])
+                self._seeds[step, index] = rng.seed_states(seed)
+            states = self._seeds[global_step, index]
+        return rng.Scoped(states[0], self.state.loop.device, states)
 
     def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
         """Zero the gradients, forward and backward every micro-batch of ``batch``, combine

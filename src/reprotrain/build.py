@@ -142,9 +142,8 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
         forward = torch.compile(forward, mode=model_settings.compile_mode)
     task = build_task(targets.task, targets.loss)
     user_step = build_step(targets.step, model)
-    state = TrainerState(model, optimizer, scheduler, scaler, device, task=task,
-                         rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
-                         user_step=user_step)  # fmt: skip
+    state = TrainerState(model, optimizer, scheduler, scaler, device, rank=reduction.rank,
+                         rng_state=reduction.checkpoints_rank_state)  # fmt: skip
     runner = StepRunner(state, task, forward=forward, reduction=reduction,
                         settings=run.settings.step, train_seed=run.seeds.train,
                         user_step=user_step)  # fmt: skip

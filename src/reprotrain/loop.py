@@ -423,9 +423,8 @@ def evaluate_split(
     weights = getattr(user_step, "evaluation_weights", None)
     with weights(state.model) if weights is not None else contextlib.nullcontext():
         return evaluate(
-            runner.task, state.model, batches, prefix=split,
-            device=state.loop.device, amp=runner.amp, global_step=state.loop.global_step,
-            train_seed=runner.train_seed,
+            runner.task, state.model, batches, prefix=split, device=state.loop.device,
+            amp=runner.amp, key=(runner.train_seed, state.loop.global_step),
         )  # fmt: skip
 
 

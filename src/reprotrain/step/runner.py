@@ -73,6 +73,7 @@ class StepRunner:
         self.forward = state.model if forward is None else forward
         self.reduction = reduction or Local()
         self.user_step = user_step or PlainStep()
+        state.task, state.user_step = task, self.user_step  # checkpointed if they have state
         self.global_step = 0
         self.samples = 0  # this rank's samples in the current step's batch
         self._batch: Any = None
@@ -237,12 +238,12 @@ def evaluate(
     prefix: str,
     device: torch.device,
     amp: tuple[bool, str] = (False, "float32"),
-    global_step: int = 0,
-    train_seed: int = 0,
+    key: tuple[int, int] = (0, 0),
 ) -> dict[str, float]:
-    """``<prefix>_<name>`` for each metric the task computes over ``batches_`` (one read)."""
+    """``<prefix>_<name>`` for each metric the task computes over ``batches_`` (one read);
+    ``key``: (train seed, the weights' global step), the batches' RNG key."""
     model.eval()
-    totals = MetricSums(device)
+    totals, (train_seed, global_step) = MetricSums(device), key
     for i, batch in enumerate(batches_):
         ctx = StepContext(
             device, global_step=global_step, eval_batch=i, train_seed=train_seed, training=False

@@ -189,7 +189,8 @@ def entry_for_rank(entry: dict[str, Any], rank: int) -> dict[str, Any]:
 
 class TrainerState:
     """Everything a resume restores, as one Stateful (the checkpoint is its state_dict);
-    ``rng_state=False``: no RNG belongs to a rank (the Exact reduction)."""
+    ``rng_state=False``: no RNG belongs to a rank (the Exact reduction). The task and the
+    user's step are the runner's (``StepRunner`` sets them): parts when they have state."""
 
     def __init__(
         self,
@@ -198,17 +199,15 @@ class TrainerState:
         scheduler: Any,
         scaler: torch.amp.GradScaler,
         device: torch.device,
-        task: Any = None,
         *,
         rng_state: bool = True,
         rank: int = 0,
-        user_step: Any = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.scaler = scaler
         self.loop = LoopState(device)
         self.rng = RankRNG(device, rank) if rng_state else None
-        self.rank, self.task, self.user_step = rank, task, user_step
+        self.rank, self.task, self.user_step = rank, None, None
         self.audit: Any = None  # resume/audit.py's digests of what a checkpoint cannot restore
         self.callbacks: Any = None  # a part when one of them has state
 

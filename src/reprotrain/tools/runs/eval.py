@@ -150,7 +150,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
         metrics = evaluate(
             task, model, pipeline.eval_batches("test"), prefix="test", device=device,
             amp=float_math.autocast(precision),
-            global_step=state["loop"]["global_step"], train_seed=seeds.train,
+            key=(seeds.train, state["loop"]["global_step"]),
         )  # fmt: skip
     result = {
         "checkpoint": str(path),

@@ -27,7 +27,7 @@ from reprotrain.components import (
     qualname,
 )
 from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
-from reprotrain.data.pipeline import build_pipeline
+from reprotrain.data.pipeline import PipelineSpec, build_pipeline
 from reprotrain.data.purity import check_samples
 from reprotrain.optim import kind as schedule_kind
 from reprotrain.optim import param_groups, unwrapped
@@ -115,7 +115,7 @@ def build_data(
               "overfit_batches")  # fmt: skip
     kw = {name: getattr(settings, name) for name in limits}
     pipeline = build_pipeline(settings.pipeline, splits, dataset, settings.num_workers,
-                              device=device, seeds=seeds, **kw, **layout)  # fmt: skip
+                              PipelineSpec(device=device, seeds=seeds, **kw, **layout))  # fmt: skip
     return dataset, pipeline
 
 

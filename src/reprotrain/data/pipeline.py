@@ -17,6 +17,7 @@ import random
 import re
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,37 +47,31 @@ def channels_last(batch: Batch) -> Batch:
     )
 
 
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What a pipeline serves: batch sizes, device, seeds, limits and this rank's share."""
+
+    batch_size: int
+    eval_batch_size: int
+    device: torch.device
+    seeds: Seeds
+    channels_last: bool = False
+    limit_train_steps: int = 0
+    limit_eval_batches: int = 0
+    overfit_batches: int = 0
+    rank: int = 0
+    world_size: int = 1
+    microbatch_collate: int = 0  # samples per collate call (invariant runs); 0: a rank's share
+
+
 class _Base:
-    def __init__(
-        self,
-        splits: Splits,
-        dataset: Any,
-        *,
-        batch_size: int,
-        eval_batch_size: int,
-        device: torch.device,
-        seeds: Seeds,
-        channels_last: bool = False,
-        limit_train_steps: int = 0,
-        limit_eval_batches: int = 0,
-        overfit_batches: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        microbatch_collate: int = 0,
-    ) -> None:
-        self.n = len(splits.train)
-        self.rank, self.world_size = rank, world_size
-        # Samples per collate call (invariant runs: the micro-batch size); 0: a rank's share.
-        self.microbatch_collate = microbatch_collate
-        self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
-        self.overfit_batches = overfit_batches
-        if self.n < batch_size:
-            raise ReprotrainError(f"trainer.batch_size={batch_size} is larger than the training "
-                                  f"set ({self.n}); lower it")  # fmt: skip
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.device, self.channels_last = device, channels_last
-        self.data_seed, self.augment_seed = seeds.data, seeds.augment
-        self.dataset = dataset
+    def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
+        vars(self).update(vars(spec))  # the spec's fields as attributes: batch_size, device, ...
+        self.n, self.dataset = len(splits.train), dataset
+        if self.n < spec.batch_size:
+            size = f"trainer.batch_size={spec.batch_size}"
+            raise ReprotrainError(f"{size} is larger than the training set ({self.n}); lower it")
+        self.data_seed, self.augment_seed = spec.seeds.data, spec.seeds.augment
         self.eval_splits = {"val": splits.val, "test": splits.test}
 
     @property
@@ -130,8 +125,8 @@ class DevicePipeline(_Base):
 
     kind = "device"
 
-    def __init__(self, splits: Splits, dataset: Any, **kw: Any) -> None:
-        super().__init__(splits, dataset, **kw)
+    def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
+        super().__init__(splits, dataset, spec)
         self.train = to_device(splits.train.samples, self.device)
         splits_ = self.eval_splits.items()
         self.resident = {k: to_device(s.samples, self.device) for k, s in splits_ if s is not None}
@@ -369,8 +364,10 @@ class LoaderPipeline(_Base):
 
     kind = "loader"
 
-    def __init__(self, splits: Splits, dataset: Any, num_workers: int = 0, **kw: Any) -> None:
-        super().__init__(splits, dataset, **kw)
+    def __init__(
+        self, splits: Splits, dataset: Any, spec: PipelineSpec, num_workers: int = 0
+    ) -> None:
+        super().__init__(splits, dataset, spec)
         self.num_workers = num_workers
         self.per_sample = not isinstance(splits.train, TensorSplit)
         self.collate = getattr(dataset, "collate", None) or stack_samples
@@ -445,7 +442,7 @@ def by_step(batches: Iterator[Batch], per_step: int) -> Iterator[MicroBatches]:
         yield MicroBatches(parts)
 
 
-def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **kw: Any):
+def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, spec: PipelineSpec):
     """``auto``: the device path for in-memory tensors, else the DataLoader; workers checked."""
     configured = kind
     if kind == "auto":
@@ -456,5 +453,5 @@ def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **
                 "trainer.pipeline=device needs an in-memory dataset; use trainer.pipeline=auto"
             )
         check_workers(configured, num_workers, in_memory=True, target=type(dataset).__name__)
-        return DevicePipeline(splits, dataset, **kw)
-    return LoaderPipeline(splits, dataset, num_workers=num_workers, **kw)
+        return DevicePipeline(splits, dataset, spec)
+    return LoaderPipeline(splits, dataset, spec, num_workers)

@@ -102,10 +102,7 @@ class _Base:
             return narrow(batch, rows.start, len(rows))
         return take(batch, torch.tensor(rows, device=self.device))
 
-    def _on_device(
-        self, batch: Batch, key: tuple[int, int, int] | None, scope: tuple = (),
-        moved: bool = False,
-    ) -> Batch:  # fmt: skip
+    def _on_device(self, batch: Batch, key: tuple | None, scope: tuple = (), moved=False) -> Batch:
         """In-memory tensors moved (unless ``moved``) through the batch transform, the global
         RNGs seeded from ``key`` (training) or ``scope`` (evaluation)."""
         if not moved:
@@ -273,8 +270,7 @@ class SeededCollate:
         with Scoped(stable_hash(*key)):
             if not self.takes_ctx:
                 return self.collate(list(samples))
-            ctx = CollateContext(stable_hash(*key, "ctx"), epoch=epoch, step=step,
-                                 microbatch=micro)  # fmt: skip
+            ctx = CollateContext(stable_hash(*key, "ctx"), epoch=epoch, step=step, microbatch=micro)
             return self.collate(list(samples), ctx=ctx)
 
 
@@ -288,9 +284,9 @@ def takes_keyword(fn: Any, name: str) -> bool:
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Key batches ``[(epoch, index), ...]`` of one epoch from ``start_step``: the ``shard``
-    rank's share, or (``microbatch`` size ``m``) its micro-batches ``j`` (samples ``j*m ..
-    (j+1)*m - 1`` of the global batch) one by one."""
+    """Key batches ``[(epoch, index), ...]`` of one epoch's ``steps`` (None: all of them from
+    ``start``): the ``shard`` rank's share, or (``microbatch`` size ``m``) its micro-batches
+    ``j`` (samples ``j*m .. (j+1)*m - 1`` of the global batch) one by one."""
 
     def __init__(
         self,
@@ -298,24 +294,23 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         batch_size: int,
         data_seed: int,
         epoch: int,
-        start_step: int = 0,
-        steps: int | None = None,
+        steps: range | None = None,
         shard: tuple[int, int] = (0, 1),
         microbatch: int = 0,
     ):
         self.n, self.batch_size, self.shard = n, batch_size, shard
-        self.data_seed, self.epoch, self.start_step = data_seed, epoch, start_step
-        self.steps = n // batch_size if steps is None else steps
+        self.data_seed, self.epoch = data_seed, epoch
+        self.steps = range(n // batch_size) if steps is None else steps
         self.microbatch = microbatch
         self.per_step = batch_size // microbatch // shard[1] if microbatch else 1
 
     def __len__(self) -> int:
-        return (self.steps - self.start_step) * self.per_step
+        return len(self.steps) * self.per_step
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order = epoch_order(self.n, self.data_seed, self.epoch).tolist()
         m = self.microbatch
-        for step in range(self.start_step, self.steps):
+        for step in self.steps:
             batch = order[step * self.batch_size : (step + 1) * self.batch_size]
             if not m:
                 keys = [(self.epoch, i) for i in shard_global_batch(batch, *self.shard)]
@@ -414,10 +409,8 @@ class LoaderPipeline(_Base):
         epoch = self.data_epoch(epoch)
         shard = (self.rank, self.world_size) if self.per_sample else (0, 1)
         micro = self.microbatch_collate if self.per_sample else 0  # tensors: fixed shapes
-        sampler = EpochBatchSampler(
-            self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch,
-            shard, micro,
-        )  # fmt: skip
+        steps, n = range(start_step, self.steps_per_epoch), self.n
+        sampler = EpochBatchSampler(n, self.batch_size, self.data_seed, epoch, steps, shard, micro)
         batches = self._batches(self.train_set, sampler, epoch)
         if micro:  # each micro-batch collated alone: a step is its rank's micro-batches
             batches = by_step(batches, sampler.per_step)

@@ -143,12 +143,11 @@ class Continuation:
             return
         self.compared += 1
         step = line["global_step"]
-        if want.get("batch") != line["batch"]:
-            self.difference = (f"step {step}: the batch differs (digest {want.get('batch')} in "
-                               f"the interrupted run, {line['batch']} now)")  # fmt: skip
-        elif want.get("loss") != line["loss"]:
-            self.difference = (f"step {step}: the loss differs ({want.get('loss')} in the "
-                               f"interrupted run, {line['loss']} now)")  # fmt: skip
+        for what, prefix in (("batch", "digest "), ("loss", "")):
+            if want.get(what) != line[what]:
+                was = f"{prefix}{want.get(what)} in the interrupted run, {line[what]} now"
+                self.difference = f"step {step}: the {what} differs ({was})"
+                return
 
     def load(self, after: int) -> None:
         """The interrupted run's steps after global step ``after`` (a cut line left out); the
@@ -187,8 +186,8 @@ class Continuation:
                 "loses the steps since its last host read: every trainer.nonfinite_check_every "
                 "steps and each checkpoint)",
             }
-        return {"steps": list(self.steps), "compared": 0, "identical": None,
-                "reason": "pending: compared as the resumed run recomputes them"}  # fmt: skip
+        pending = "pending: compared as the resumed run recomputes them"
+        return {"steps": list(self.steps), "compared": 0, "identical": None, "reason": pending}
 
     def verdict(self, stopped: bool = False) -> dict[str, Any] | None:
         """The record's ``continuation`` once every expected step was compared (or
@@ -199,12 +198,11 @@ class Continuation:
             return None
         self.done = True
         first, last = self.steps
-        out: dict[str, Any] = {"steps": [first, last], "compared": self.compared,
-                               "identical": self.difference is None,
-                               "first_difference": self.difference}  # fmt: skip
+        out: dict[str, Any] = {"steps": [first, last], "compared": self.compared}
+        out |= {"identical": self.difference is None, "first_difference": self.difference}
         if self.expected and self.difference is None:
-            out["reason"] = (f"the resumed run stopped before recomputing steps "
-                             f"{min(self.expected)}..{last}")  # fmt: skip
+            left = f"{min(self.expected)}..{last}"
+            out["reason"] = f"the resumed run stopped before recomputing steps {left}"
         return out
 
 

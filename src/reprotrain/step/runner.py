@@ -26,11 +26,6 @@ from reprotrain.step import PlainStep, Step, batches
 from reprotrain.step.state import EpochProgress, LoopState, MetricSums, TrainerState
 from reprotrain.tasks.base import StepContext, StepOutput
 
-__all__ = [
-    "EpochProgress", "LoopState", "NonFiniteError", "NonFiniteFlags", "StepRunner", "StepSettings",
-    "TrainerState",
-]  # fmt: skip
-
 
 class NonFiniteError(ReprotrainError):
     """Training produced a NaN/inf loss or gradient norm (trainer.on_nonfinite=stop)."""

@@ -45,8 +45,8 @@ def capture(device: torch.device) -> dict[str, Any]:
         cuda = {"device_index": index, "state": torch.cuda.get_rng_state(index)}
     words = torch.tensor(py[1], dtype=torch.int64)
     python = {"version": py[0], "state": words, "gauss_next": py[2]}
-    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
+    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
+    numpy |= {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     return {"python": python, "numpy": numpy, "torch_cpu": torch.get_rng_state(), "cuda": cuda}
 
 
@@ -71,8 +71,8 @@ def _cuda_state(state: dict[str, Any], device: torch.device) -> torch.Tensor | N
     cuda = state.get("cuda")
     if device.type != "cuda":
         if cuda is not None:
-            log.warning("checkpoint holds the CUDA RNG state of cuda:%d; this run is on %s, so "
-                        "it is not restored", cuda["device_index"], device.type)  # fmt: skip
+            held = f"checkpoint holds the CUDA RNG state of cuda:{cuda['device_index']}"
+            log.warning("%s; this run is on %s, so it is not restored", held, device.type)
         return None
     if cuda is None:
         log.warning("checkpoint was written on a CPU run: no CUDA RNG state to restore")
@@ -204,6 +204,6 @@ def for_rank(entry: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     ranks = entry["ranks"]
     if rank < len(ranks):
         return ranks[rank]
-    log.warning("checkpoint holds RNG states for %d rank(s), none for rank %d (world size "
-                "changed); rank 0's state is used", len(ranks), rank)  # fmt: skip
+    held = f"checkpoint holds RNG states for {len(ranks)} rank(s), none for rank {rank}"
+    log.warning("%s (world size changed); rank 0's state is used", held)
     return ranks[0]

@@ -75,6 +75,7 @@ class StepRunner:
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
         self._applied = False
+        self.amp = float_math.autocast(self.settings.precision)  # (autocast on, its dtype)
         self._seeds: dict[tuple[int, int], tuple] = {}  # rng.seed_states, ahead
 
     @property
@@ -85,11 +86,6 @@ class StepRunner:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.state.optimizer
-
-    @property
-    def amp(self) -> tuple[bool, str]:
-        """(autocast on, its dtype) for ``trainer.precision`` (``repro/precision.py``)."""
-        return float_math.autocast(self.settings.precision)
 
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
         """One step by the user's step object: (first ``gradients()``'s loss and sums, norm)."""

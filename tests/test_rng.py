@@ -193,8 +193,7 @@ def _outer(kind: str) -> None:
 @pytest.mark.parametrize("route", ["fast", "general"])
 def test_scoped_gives_the_states_of_the_plain_calls(monkeypatch, outer, block, route):
     """Inside: the draws the plain seeding calls give for the seed; after: every state as it
-    was (the cached Gaussians too), by the copied-words routes and by the general ones, with
-    the states taken on the spot or ahead (``seed_states``, as the runner does)."""
+    was (the cached Gaussians too), by the copied-words routes and by the general ones."""
     from reprotrain.repro.seeding import numpy_seed_words, stable_hash
 
     if route == "general":  # a Python whose objects are laid out otherwise
@@ -206,12 +205,11 @@ def test_scoped_gives_the_states_of_the_plain_calls(monkeypatch, outer, block, r
         random.seed(seed), np.random.seed(numpy_seed_words(seed)), torch.manual_seed(seed)
         block()
         expected = _everything()
-        for states in (None, rng.seed_states(seed)):
-            _outer(outer)
-            with rng.Scoped(seed, torch.device("cpu"), states):
-                block()
-                assert _everything() == expected
-            assert _same(_all_states(), before)
+        _outer(outer)
+        with rng.Scoped(seed, torch.device("cpu")):
+            block()
+            assert _everything() == expected
+        assert _same(_all_states(), before)
     if route == "fast":  # numpy was seeded from the spare's words (checked once)
         assert rng._SPARE_CHECKED[id(np.random.get_bit_generator())] is True
 

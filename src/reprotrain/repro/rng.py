@@ -84,9 +84,9 @@ def _cuda_state(state: dict[str, Any], device: torch.device) -> torch.Tensor | N
 # after its object header; numpy's legacy MT19937 holds ``uint32_t key[624]; int pos``, and
 # its seeding is the same ``init_by_array`` as Python's over the seed's 32-bit words. So a
 # spare Python ``Random`` seeded with ``seed`` (numpy's key) gives the 2,500 bytes that
-# ``random.seed`` (``np.random.seed``) would leave: :func:`seed_states` takes them once (the
-# runner, for many steps at a time), :class:`Scoped` copies them in and out. The layouts are
-# checked against ``getstate`` and ``np.random.seed`` first; any other takes the general route.
+# ``random.seed`` (``np.random.seed``) would leave (:func:`seed_states`): :class:`Scoped`
+# copies them in, and the states it saves out and back. The layouts are checked against
+# ``getstate`` and ``np.random.seed`` first; any other takes the general route.
 _PY_BYTES = 4 + 624 * 4
 _SPARE = random.Random()
 
@@ -147,16 +147,16 @@ _SPARE_CHECKED: dict[int, bool] = {}
 
 class Scoped:
     """Every global RNG seeded from ``seed`` for the block, then restored as it was, by the
-    cheapest exact routes (tested against the plain calls); ``states``: :func:`seed_states`'s,
-    if taken already. The one guard of the global RNGs, per micro-batch and per batch.
+    cheapest exact routes (tested against the plain calls): the one guard of the global RNGs,
+    per micro-batch and per batch.
 
     Closes: python ``random``, numpy's (``numpy_seed_words``) and torch's global RNGs (CPU,
     GPU ``device``)."""
 
     __slots__ = ("cuda", "saved", "states")
 
-    def __init__(self, seed: int, device: torch.device | None = None, states=None) -> None:
-        self.states = states if states is not None else seed_states(seed)
+    def __init__(self, seed: int, device: torch.device | None = None) -> None:
+        self.states = seed_states(seed)
         device = torch.device(device) if isinstance(device, str) else device
         self.cuda = device if device is not None and device.type == "cuda" else None
 

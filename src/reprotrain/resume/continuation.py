@@ -38,15 +38,18 @@ def batch_rows(batch: Any) -> list[torch.Tensor]:
 def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
     """Each step's batch digest: per tensor, two exact integer sums of the rows' bit patterns
     (16-bit pieces in int64, under 2**24 samples; rows widened first), plain and weighted by
-    place; one host read per row length and dtype."""
+    place; one host read per row length."""
     flat = [rows for step in steps for rows in step]
     sums: list[tuple[int, int]] = [(0, 0)] * len(flat)
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple, dict[torch.dtype, list[int]]] = {}
     for i, rows in enumerate(flat):
-        groups.setdefault((rows.numel(), rows.dtype, rows.device), []).append(i)
-    for (n, _, device), which in groups.items():
+        by_dtype = groups.setdefault((rows.numel(), rows.device), {})
+        by_dtype.setdefault(rows.dtype, []).append(i)
+    for (n, device), by_dtype in groups.items():
         wide = torch.float32 if device.type == "mps" else torch.float64
-        stacked = torch.stack([flat[i] for i in which]).to(wide)  # (steps, n), exact
+        parts = [torch.stack([flat[i] for i in ids]).to(wide) for ids in by_dtype.values()]
+        which = [i for ids in by_dtype.values() for i in ids]
+        stacked = torch.cat(parts) if len(parts) > 1 else parts[0]  # (rows, n), exact
         pieces = stacked.view(torch.int16).reshape(len(which), n, -1).to(torch.int64)
         weighted = pieces * _places(n, pieces.device)
         host = torch.cat([pieces.sum(dim=1), weighted.sum(dim=1)], dim=1).cpu().tolist()

@@ -35,9 +35,6 @@ class NonFiniteError(ReprotrainError):
         self.record = {"nonfinite_events": [event]}  # what run.json keeps of the failure
 
 
-SEED_STEPS = 64  # steps whose micro-batch seeds are derived together (StepRunner.seeded)
-
-
 def autocast(device: torch.device, enabled: bool, dtype: str):
     """Autocast to torch's ``dtype`` when ``enabled`` (``precision.autocast``'s pair)."""
     if not enabled:
@@ -76,7 +73,7 @@ class StepRunner:
         self._norm: torch.Tensor | None = None
         self._applied = False
         self.amp = float_math.autocast(self.settings.precision)  # (autocast on, its dtype)
-        self._seeds: dict[tuple[int, int], tuple] = {}  # rng.seed_states, ahead
+        self.device = state.loop.device
 
     @property
     def model(self) -> nn.Module:
@@ -101,16 +98,8 @@ class StepRunner:
         return loss.detach(), sums, self._norm
 
     def seeded(self, global_step: int, index: int) -> rng.Scoped:
-        """The global RNGs for micro-batch ``index``, restored after (seeds derived in bulk)."""
-        states = self._seeds.get((global_step, index))
-        if states is None:
-            if len(self._seeds) > 16 * SEED_STEPS:  # steps left behind (a replay, a resume)
-                self._seeds.clear()
-            for step in range(global_step, global_step + SEED_STEPS):
-                seed = microbatch_seed(self.train_seed, step, index)
-                self._seeds[step, index] = rng.seed_states(seed)
-            states = self._seeds[global_step, index]
-        return rng.Scoped(states[0], self.state.loop.device, states)
+        """The global RNGs for micro-batch ``index``, restored after."""
+        return rng.Scoped(microbatch_seed(self.train_seed, global_step, index), self.device)
 
     def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
         """Zero the gradients, forward and backward every micro-batch of ``batch``, combine

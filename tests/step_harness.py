@@ -71,9 +71,8 @@ class Harness:
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         task = Classification(nn.CrossEntropyLoss())
         self.user_step = make_step(model)
-        self.state = TrainerState(model, opt, sched, scaler, CPU, task=task,
-                                  rng_state=self.reduction.checkpoints_rank_state,
-                                  user_step=self.user_step)  # fmt: skip
+        rng_state = self.reduction.checkpoints_rank_state
+        self.state = TrainerState(model, opt, sched, scaler, CPU, rng_state=rng_state)
         self.runner = StepRunner(self.state, task, forward=forward, reduction=self.reduction,
                                  settings=StepSettings(microbatch_size=microbatch_size),
                                  train_seed=7, user_step=self.user_step)  # fmt: skip

@@ -82,6 +82,20 @@ def test_a_steps_digest_does_not_depend_on_the_steps_digested_with_it():
     assert digests([batch_rows(scalar), batch_rows(BATCH)])[1] == alone[0]
 
 
+def test_the_lines_are_json_dumps_lines_and_labels_are_digested_as_values(tmp_path):
+    """The file's lines are written by hand (per step, json.dumps cost more than the step):
+    each is exactly ``json.dumps`` of the line; a tensor of one value per sample (labels) is
+    digested by its values widened, whatever its dtype."""
+    path = tmp_path / FILE
+    lines = logged(path, {4: 0.5, 5: float("nan")}, BATCH).flush() or [
+        json.loads(text) for text in path.read_text().splitlines()
+    ]
+    assert path.read_text() == "".join(json.dumps(line) + "\n" for line in lines)
+    as_float = (BATCH[0], BATCH[1].double())
+    assert digests([batch_rows(BATCH)]) == digests([batch_rows(as_float)])
+    assert digests([batch_rows(BATCH)]) != digests([batch_rows((BATCH[0], BATCH[1].flip(0)))])
+
+
 def test_identical_steps_let_the_resume_claim_the_bits_and_nothing_logged_says_so(tmp_path):
     record = RunRecord(tmp_path, {"resumes": [{"bitwise_guarantee": False, "unrestored": []}]})
     path = tmp_path / FILE

@@ -112,7 +112,7 @@ def test_a_pipeline_built_directly_refuses_an_uneven_rank_share_at_its_first_bat
     """config.check_layout refuses it before a run; a caller that builds a pipeline itself
     (bench, tests) still gets the one line, from the one rule (shard_global_batch)."""
     from reprotrain.data.base import InMemoryTensors
-    from reprotrain.data.pipeline import build_pipeline
+    from reprotrain.data.pipeline import PipelineSpec, build_pipeline
     from reprotrain.repro.seeding import Seeds
 
     class Tensors(InMemoryTensors):
@@ -122,8 +122,8 @@ def test_a_pipeline_built_directly_refuses_an_uneven_rank_share_at_its_first_bat
     data = Tensors()
     seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
     cpu = torch.device("cpu")
-    pipeline = build_pipeline(kind, data.splits(), data, 0, batch_size=10, eval_batch_size=8,
-                              device=cpu, seeds=seeds, rank=1, world_size=4)  # fmt: skip
+    spec = PipelineSpec(10, 8, cpu, seeds, rank=1, world_size=4)
+    pipeline = build_pipeline(kind, data.splits(), data, 0, spec)
     with pytest.raises(ReprotrainError, match=r"^trainer\.batch_size=10 .*world size 4"):
         next(iter(pipeline.epoch(1)))
 

@@ -234,7 +234,7 @@ def test_in_a_pipe_the_log_has_whole_lines_and_no_bar(tmp_path):
 @pytest.mark.parametrize("limit", [0, 2])
 def test_an_evaluation_bars_total_is_the_batches_the_split_yields(kind, limit):
     from reprotrain.data.base import InMemoryTensors
-    from reprotrain.data.pipeline import build_pipeline
+    from reprotrain.data.pipeline import PipelineSpec, build_pipeline
     from reprotrain.repro.seeding import Seeds
 
     class Tensors(InMemoryTensors):
@@ -243,9 +243,8 @@ def test_an_evaluation_bars_total_is_the_batches_the_split_yields(kind, limit):
 
     data = Tensors()
     seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
-    pipeline = build_pipeline(kind, data.splits(), data, 0, batch_size=10, eval_batch_size=8,
-                              device=torch.device("cpu"), seeds=seeds,
-                              limit_eval_batches=limit)  # fmt: skip
+    spec = PipelineSpec(10, 8, torch.device("cpu"), seeds, limit_eval_batches=limit)
+    pipeline = build_pipeline(kind, data.splits(), data, 0, spec)
     splits = [s for s in ("val", "test") if pipeline.has_split(s)]
     assert "test" in splits
     for split in splits:

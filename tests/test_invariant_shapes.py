@@ -25,7 +25,7 @@ from torch import nn
 
 import faults
 from conftest import REPO, assert_ok, base_env, jsonl, metrics_without_timings, run_json
-from reprotrain.data.pipeline import LoaderPipeline
+from reprotrain.data.pipeline import LoaderPipeline, PipelineSpec
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.reduction import Exact, Local
@@ -44,10 +44,8 @@ CPU = torch.device("cpu")
 
 def pipeline(rank: int, world: int, micro: int, workers: int = 0) -> LoaderPipeline:
     data = Sequences(num_train=96, num_test=16, collate=PadAndDrop(drop=0.3))
-    return LoaderPipeline(
-        data.splits(), data, num_workers=workers, batch_size=32, eval_batch_size=16,
-        device=CPU, seeds=SEEDS, rank=rank, world_size=world, microbatch_collate=micro,
-    )  # fmt: skip
+    spec = PipelineSpec(32, 16, CPU, SEEDS, rank=rank, world_size=world, microbatch_collate=micro)
+    return LoaderPipeline(data.splits(), data, spec, num_workers=workers)
 
 
 def micro_batches_by_step(world: int, workers: int = 0, start: int = 0) -> list[list]:
@@ -101,9 +99,9 @@ def test_a_collate_is_handed_its_micro_batchs_key():
         return PadAndDrop()(samples)
 
     data = Sequences(num_train=96, num_test=16, collate=collate)
-    kw = dict(batch_size=32, eval_batch_size=16, device=CPU, seeds=SEEDS, microbatch_collate=8)
     for rank in range(2):
-        p = LoaderPipeline(data.splits(), data, rank=rank, world_size=2, **kw)
+        spec = PipelineSpec(32, 16, CPU, SEEDS, rank=rank, world_size=2, microbatch_collate=8)
+        p = LoaderPipeline(data.splits(), data, spec)
         next(p.epoch(2, start_step=1))
     assert [s[:4] for s in seen] == [(2, 1, j, True) for j in range(4)]
     assert len({s[4] for s in seen}) == 4  # one seed per micro-batch
@@ -178,10 +176,8 @@ def train_in_process(world: int, microbatch_collate: int, steps: int = 6) -> lis
 
     step_batches = {}
     for r in range(world):  # drawn before the threads: the pipeline seeds the global RNGs
-        p = LoaderPipeline(
-            data.splits(), data, batch_size=32, eval_batch_size=16, device=CPU, seeds=SEEDS,
-            rank=r, world_size=world, microbatch_collate=microbatch_collate,
-        )  # fmt: skip
+        layout = dict(rank=r, world_size=world, microbatch_collate=microbatch_collate)
+        p = LoaderPipeline(data.splits(), data, PipelineSpec(32, 16, CPU, SEEDS, **layout))
         step_batches[r] = [*p.epoch(1), *p.epoch(2)][:steps]
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
     for t in threads:

@@ -158,7 +158,7 @@ def test_restore_without_cuda_state_never_touches_cuda(monkeypatch, device):
     assert cuda.sets == [] and cuda.gets == []
 
 
-# --- rng.Scoped: the per-micro-batch guard, the states of seeding.scoped_globals ------------
+# --- rng.Scoped: the guard of the global RNGs, the states of the plain calls ---------------
 
 
 def _all_states() -> tuple:
@@ -191,10 +191,10 @@ def _outer(kind: str) -> None:
     ids=["nothing", "draws", "set-state"],
 )
 @pytest.mark.parametrize("route", ["fast", "general"])
-def test_scoped_gives_the_states_of_scoped_globals(monkeypatch, outer, block, route):
-    """Inside: the draws ``scoped_globals`` gives for the seed; after: every state as it was
-    (the cached Gaussians too), by the copied-words routes and by the general ones."""
-    from reprotrain.repro.seeding import scoped_globals, stable_hash
+def test_scoped_gives_the_states_of_the_plain_calls(monkeypatch, outer, block, route):
+    """Inside: the draws the plain seeding calls give for the seed; after: every state as it
+    was (the cached Gaussians too), by the copied-words routes and by the general ones."""
+    from reprotrain.repro.seeding import numpy_seed_words, stable_hash
 
     if route == "general":  # a Python whose objects are laid out otherwise
         monkeypatch.setattr(rng, "_PY_AT", None)
@@ -202,10 +202,10 @@ def test_scoped_gives_the_states_of_scoped_globals(monkeypatch, outer, block, ro
     for seed in (1, 2**40 + 5, stable_hash("any", 7)):
         _outer(outer)
         before = _all_states()
-        with scoped_globals(seed):
-            block()
-            expected = _everything()
-        assert _same(_all_states(), before)
+        random.seed(seed), np.random.seed(numpy_seed_words(seed)), torch.manual_seed(seed)
+        block()
+        expected = _everything()
+        _outer(outer)
         with rng.Scoped(seed, torch.device("cpu")):
             block()
             assert _everything() == expected
@@ -216,13 +216,9 @@ def test_scoped_gives_the_states_of_scoped_globals(monkeypatch, outer, block, ro
 
 def test_scoped_seeds_numpy_through_numpy_where_the_spare_cannot(monkeypatch):
     """A seed whose numpy words have a zero high word: Python's key would be one word, so
-    numpy seeds itself; the draws are still ``scoped_globals``'s."""
-    from reprotrain.repro import seeding
-
-    words = lambda seed: np.array([seed & 0xFFFFFFFF, 0], dtype=np.uint32)  # noqa: E731
-    monkeypatch.setattr(seeding, "numpy_seed_words", words)
-    monkeypatch.setattr(rng, "numpy_seed_words", words)
-    with seeding.scoped_globals(12345):
-        expected = float(np.random.rand())
+    numpy seeds itself; the draws are still ``np.random.seed``'s."""
+    monkeypatch.setattr(rng, "numpy_seed_words", lambda seed: (seed & 0xFFFFFFFF, 0))
+    np.random.seed([12345, 0])
+    expected = float(np.random.rand())
     with rng.Scoped(12345):
         assert float(np.random.rand()) == expected

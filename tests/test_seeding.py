@@ -65,7 +65,7 @@ def test_epoch_order_is_a_permutation_that_changes_per_epoch():
 
 def test_sampler_started_at_step_k_yields_the_tail_of_the_full_epoch():
     full = list(EpochBatchSampler(100, 8, data_seed=3, epoch=2))
-    tail = list(EpochBatchSampler(100, 8, data_seed=3, epoch=2, start_step=5))
+    tail = list(EpochBatchSampler(100, 8, data_seed=3, epoch=2, steps=range(5, 12)))
     assert len(full) == 12 and tail == full[5:]
 
 

@@ -25,7 +25,7 @@ from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
 from reprotrain.data import pipeline
 from reprotrain.data.base import InMemoryImages, InMemoryTensors
 from reprotrain.data.pipeline import SeededCollate, SeededSamples, keyed_items
-from reprotrain.repro.seeding import scoped_globals
+from reprotrain.repro.rng import Scoped
 from reprotrain.step.runner import StepRunner, StepSettings, TrainerState, evaluate
 from reprotrain.tasks import Classification
 from reprotrain.tasks.base import StepContext
@@ -51,17 +51,17 @@ def _draw_all() -> tuple:
 # --- in process: the scopes ----------------------------------------------------------------
 
 
-def test_scoped_globals_seeds_python_numpy_and_torch_and_puts_them_back():
+def test_scoped_seeds_python_numpy_and_torch_and_puts_them_back():
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     before = global_states()
-    with scoped_globals(42):
+    with Scoped(42):
         first = _draw_all()
     assert global_states()[0] == before[0] and global_states()[1] == before[1]
     assert torch.equal(global_states()[2], before[2])
     _draw_all()  # consume the outer state: the scope must not care
-    with scoped_globals(42):
+    with Scoped(42):
         assert _draw_all() == first
-    with scoped_globals(43):
+    with Scoped(43):
         assert _draw_all() != first
 
 
@@ -78,7 +78,7 @@ def _numpy_state() -> tuple:
     ids=["nothing", "one-normal", "two-normals", "uniform", "set-state"],
 )  # fmt: skip
 def test_numpy_comes_back_whole_with_its_cached_gaussian(outer_normals, block):
-    """numpy's global state is saved by its words, not get_state (scoped_globals runs per
+    """numpy's global state is saved by its words, not get_state (Scoped runs per
     micro-batch): its position and the legacy cached Gaussian come back exactly too, and
     the draws after the block are the ones that would have come without it."""
     np.random.seed(7)
@@ -86,7 +86,7 @@ def test_numpy_comes_back_whole_with_its_cached_gaussian(outer_normals, block):
     before = _numpy_state()
     expected = np.random.normal(size=3)
     np.random.set_state(("MT19937", np.frombuffer(before[0], np.uint32), *before[1:]))
-    with scoped_globals(42):
+    with Scoped(42):
         block()
     assert _numpy_state() == before
     assert np.array_equal(np.random.normal(size=3), expected)
@@ -109,7 +109,7 @@ def test_a_datasets_own_batch_transform_runs_seeded_the_frameworks_own_unguarded
     np.random.seed(2)  # whatever ran before: the draw depends on the key alone
     assert torch.equal(on_device(where, batch, key)[0], first)
     guarded = []
-    monkeypatch.setattr(pipeline, "scoped_globals", lambda *a: guarded.append(a) or nullcontext())
+    monkeypatch.setattr(pipeline, "Scoped", lambda *a: guarded.append(a) or nullcontext())
     images = InMemoryImages(mean=[0.5] * 3, std=[0.25] * 3)
     for where.dataset, own in ((InMemoryTensors(), batch), (images, IMAGES)):
         on_device(where, own, key)
@@ -206,7 +206,7 @@ def test_a_steps_global_draws_depend_on_the_step_alone_and_do_not_leak(microbatc
 def test_evaluation_batches_draw_from_their_own_counters():
     s = _stepper()
     batches = [_batch(), _batch()]
-    kw = dict(prefix="val", device=torch.device("cpu"), global_step=2, train_seed=7)
+    kw = dict(prefix="val", device=torch.device("cpu"), key=(7, 2))
     first = evaluate(s.task, s.state.model, iter(batches), **kw)
     np.random.normal(size=5)
     assert evaluate(s.task, s.state.model, iter(batches), **kw) == first

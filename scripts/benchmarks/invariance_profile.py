@@ -84,8 +84,8 @@ def build(
         bn.end_step = clock.wrap("end_step", bn.end_step)
     task = Classification()
     rank_state = reduction.checkpoints_rank_state
-    state = TrainerState(model, optimizer, schedule, scaler, device, task=task,
-                         rng_state=rank_state, rank=reduction.rank)  # fmt: skip
+    state = TrainerState(model, optimizer, schedule, scaler, device, rng_state=rank_state,
+                         rank=reduction.rank)  # fmt: skip
     return StepRunner(state, task, forward=forward, reduction=reduction,
                       settings=StepSettings(microbatch_size=microbatch_size))  # fmt: skip
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from benchmarks.stats import compare, interleave
 from reprotrain.data.augment import augment_batch, reference_augment_batch
 from reprotrain.data.base import InMemoryImages, Splits, TensorSplit
-from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline
+from reprotrain.data.pipeline import DevicePipeline, LoaderPipeline, PipelineSpec
 from reprotrain.repro.seeding import Seeds
 from reprotrain.selfcheck.images import make_images
 
@@ -39,13 +39,13 @@ def build_template_pipeline(kind: str, x, y, batch_size: int, device, num_worker
     """The pipelines as train.py builds them (kept in one place: if their constructor
     changes, only this function follows)."""
     seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
-    common = dict(batch_size=batch_size, eval_batch_size=batch_size, device=torch.device(device))
+    spec = PipelineSpec(batch_size, batch_size, torch.device(device), seeds)
     dataset = InMemoryImages(mean=MEAN, std=STD, augment=True)
     test = TensorSplit((x[:batch_size], y[:batch_size]))
     splits = Splits(train=TensorSplit((x, y)), val=None, test=test, num_classes=10)
     if kind == "device":
-        return DevicePipeline(splits, dataset, seeds=seeds, **common)
-    return LoaderPipeline(splits, dataset, num_workers=num_workers, seeds=seeds, **common)
+        return DevicePipeline(splits, dataset, spec)
+    return LoaderPipeline(splits, dataset, spec, num_workers=num_workers)
 
 
 class PILImages(Dataset):

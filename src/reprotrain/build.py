@@ -27,7 +27,7 @@ from reprotrain.components import (
     qualname,
 )
 from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
-from reprotrain.data.pipeline import build_pipeline
+from reprotrain.data.pipeline import PipelineSpec, build_pipeline
 from reprotrain.data.purity import check_samples
 from reprotrain.optim import kind as schedule_kind
 from reprotrain.optim import param_groups, unwrapped
@@ -107,7 +107,7 @@ def build_data(
               "overfit_batches")  # fmt: skip
     kw = {name: getattr(settings, name) for name in limits}
     pipeline = build_pipeline(settings.pipeline, splits, dataset, settings.num_workers,
-                              device=device, seeds=seeds, **kw, **layout)  # fmt: skip
+                              PipelineSpec(device=device, seeds=seeds, **kw, **layout))  # fmt: skip
     return dataset, pipeline
 
 
@@ -132,9 +132,8 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
         forward = torch.compile(forward, mode=opts.compile_mode)
     task = build_task(targets.task, targets.loss)
     user_step = build_step(targets.step, model)
-    owned = (model, optimizer, scheduler, scaler, device, task)
     rng = {"rng_state": reduction.checkpoints_rank_state, "rank": reduction.rank}
-    state = TrainerState(*owned, **rng, user_step=user_step)
+    state = TrainerState(model, optimizer, scheduler, scaler, device, **rng)
     how = {"settings": run.settings.step, "train_seed": run.seeds.train, "user_step": user_step}
     runner = StepRunner(state, task, forward=forward, reduction=reduction, **how)
     return runner, schedule

@@ -92,8 +92,7 @@ def rng_guard(device: torch.device) -> Iterator[None]:
 class Callbacks:
     """The run's callbacks by name, in config order: one Stateful part, one call per hook."""
 
-    def __init__(self, callbacks: dict[str, Callback], device: torch.device,
-                 lr_set_by: str | None = None) -> None:  # fmt: skip
+    def __init__(self, callbacks: dict[str, Callback], device: torch.device, lr_set_by=None):
         self.callbacks, self.device = callbacks, device
         # Found once: without one the loop builds no context per step.
         self.per_batch = {n: cb for n, cb in callbacks.items() if overrides(cb, BATCH_HOOK)}

@@ -417,7 +417,7 @@ def evaluate_split(
     if bar is not None and bar.enabled:
         batches = bar.evaluating(split, batches, pipeline.eval_steps(split))
     weights = getattr(runner.user_step, "evaluation_weights", None)
-    seen = {"amp": runner.amp, "global_step": loop.global_step, "train_seed": runner.train_seed}
+    seen = {"amp": runner.amp, "key": (runner.train_seed, loop.global_step)}
     with weights(state.model) if weights is not None else contextlib.nullcontext():
         return evaluate(runner.task, state.model, batches, prefix=split, device=loop.device, **seen)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reprotrain.data.base import InMemoryImages, InMemoryTensors
-from reprotrain.data.pipeline import build_pipeline, epoch_order
+from reprotrain.data.pipeline import PipelineSpec, build_pipeline, epoch_order
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import Seeds
 from reprotrain.step.batches import leaves
@@ -15,13 +15,12 @@ from starter.sequences import PadTokens, SyntheticSequences
 from starter.tabular import SyntheticTabular
 
 SEEDS = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
+CPU = torch.device("cpu")
 
 
 def pipeline(dataset, kind="auto", workers=0, batch_size=32, rank=0, world_size=1, **kw):
-    return build_pipeline(
-        kind, dataset.splits(), dataset, workers, batch_size=batch_size, eval_batch_size=50,
-        device=torch.device("cpu"), seeds=SEEDS, rank=rank, world_size=world_size, **kw,
-    )  # fmt: skip
+    spec = PipelineSpec(batch_size, 50, CPU, SEEDS, rank=rank, world_size=world_size, **kw)
+    return build_pipeline(kind, dataset.splits(), dataset, workers, spec)
 
 
 def flat(stream) -> list[torch.Tensor]:

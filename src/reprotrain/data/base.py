@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from reprotrain.config import check_std
+from reprotrain.data.augment import augment_batch, normalize
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import stable_hash
 from reprotrain.step.batches import Batch, batch_size, take
@@ -152,8 +153,6 @@ class InMemoryImages(InMemoryTensors):
     @draws_no_global_rng
     def batch_transform(self, batch: Batch, key: tuple[int, int, int] | None) -> Batch:
         """uint8 batch -> augmented (train only), normalised float batch."""
-        from reprotrain.data.augment import augment_batch, normalize
-
         x, y = batch
         if self.augment and key is not None:
             x = augment_batch(x, *key)

@@ -17,6 +17,7 @@ import random
 import re
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,8 @@ from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills lef
 from reprotrain.data.base import Splits, TensorSplit
 from reprotrain.distributed import shard_global_batch
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.seeding import Seeds, counter_generator, scoped_globals, stable_hash
+from reprotrain.repro.rng import Scoped
+from reprotrain.repro.seeding import Seeds, counter_generator, stable_hash
 from reprotrain.step.batches import Batch, MicroBatches, batch_size, narrow, take, to_device
 
 
@@ -45,37 +47,31 @@ def channels_last(batch: Batch) -> Batch:
     )
 
 
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What a pipeline serves: batch sizes, device, seeds, limits and this rank's share."""
+
+    batch_size: int
+    eval_batch_size: int
+    device: torch.device
+    seeds: Seeds
+    channels_last: bool = False
+    limit_train_steps: int = 0
+    limit_eval_batches: int = 0
+    overfit_batches: int = 0
+    rank: int = 0
+    world_size: int = 1
+    microbatch_collate: int = 0  # samples per collate call (invariant runs); 0: a rank's share
+
+
 class _Base:
-    def __init__(
-        self,
-        splits: Splits,
-        dataset: Any,
-        *,
-        batch_size: int,
-        eval_batch_size: int,
-        device: torch.device,
-        seeds: Seeds,
-        channels_last: bool = False,
-        limit_train_steps: int = 0,
-        limit_eval_batches: int = 0,
-        overfit_batches: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        microbatch_collate: int = 0,
-    ) -> None:
-        self.n = len(splits.train)
-        self.rank, self.world_size = rank, world_size
-        # Samples per collate call (invariant runs: the micro-batch size); 0: a rank's share.
-        self.microbatch_collate = microbatch_collate
-        self.limit_train_steps, self.limit_eval_batches = limit_train_steps, limit_eval_batches
-        self.overfit_batches = overfit_batches
-        if self.n < batch_size:
-            raise ReprotrainError(f"trainer.batch_size={batch_size} is larger than the training "
-                                  f"set ({self.n}); lower it")  # fmt: skip
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.device, self.channels_last = device, channels_last
-        self.data_seed, self.augment_seed = seeds.data, seeds.augment
-        self.dataset = dataset
+    def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
+        vars(self).update(vars(spec))  # the spec's fields as attributes: batch_size, device, ...
+        self.n, self.dataset = len(splits.train), dataset
+        if self.n < spec.batch_size:
+            size = f"trainer.batch_size={spec.batch_size}"
+            raise ReprotrainError(f"{size} is larger than the training set ({self.n}); lower it")
+        self.data_seed, self.augment_seed = spec.seeds.data, spec.seeds.augment
         self.eval_splits = {"val": splits.val, "test": splits.test}
 
     @property
@@ -106,10 +102,7 @@ class _Base:
             return narrow(batch, rows.start, len(rows))
         return take(batch, torch.tensor(rows, device=self.device))
 
-    def _on_device(
-        self, batch: Batch, key: tuple[int, int, int] | None, scope: tuple = (),
-        moved: bool = False,
-    ) -> Batch:  # fmt: skip
+    def _on_device(self, batch: Batch, key: tuple | None, scope: tuple = (), moved=False) -> Batch:
         """In-memory tensors moved (unless ``moved``) through the batch transform, the global
         RNGs seeded from ``key`` (training) or ``scope`` (evaluation)."""
         if not moved:
@@ -119,7 +112,7 @@ class _Base:
         else:
             where = key if key is not None else (self.augment_seed, *scope)
             seed = stable_hash(*where, "global")  # apart from counter_generator(*key)'s stream
-            with scoped_globals(seed, self.device):
+            with Scoped(seed, self.device):
                 batch = self.dataset.batch_transform(batch, key)
         return channels_last(batch) if self.channels_last else batch
 
@@ -129,8 +122,8 @@ class DevicePipeline(_Base):
 
     kind = "device"
 
-    def __init__(self, splits: Splits, dataset: Any, **kw: Any) -> None:
-        super().__init__(splits, dataset, **kw)
+    def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
+        super().__init__(splits, dataset, spec)
         self.train = to_device(splits.train.samples, self.device)
         splits_ = self.eval_splits.items()
         self.resident = {k: to_device(s.samples, self.device) for k, s in splits_ if s is not None}
@@ -217,7 +210,7 @@ class SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int | None, int]):
         epoch, i = key
         seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i)
-        with scoped_globals(seed):
+        with Scoped(seed):
             if self.takes_rng:
                 rng = np.random.default_rng(seed)
                 return self.transform(self.base[i], self.train, rng=rng)
@@ -274,11 +267,10 @@ class SeededCollate:
             key = (self.augment_seed, "collate", "eval" if epoch is None else epoch, first)
         else:
             key = (self.augment_seed, "collate", epoch, step, "microbatch", micro)
-        with scoped_globals(stable_hash(*key)):
+        with Scoped(stable_hash(*key)):
             if not self.takes_ctx:
                 return self.collate(list(samples))
-            ctx = CollateContext(stable_hash(*key, "ctx"), epoch=epoch, step=step,
-                                 microbatch=micro)  # fmt: skip
+            ctx = CollateContext(stable_hash(*key, "ctx"), epoch=epoch, step=step, microbatch=micro)
             return self.collate(list(samples), ctx=ctx)
 
 
@@ -292,9 +284,9 @@ def takes_keyword(fn: Any, name: str) -> bool:
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Key batches ``[(epoch, index), ...]`` of one epoch from ``start_step``: the ``shard``
-    rank's share, or (``microbatch`` size ``m``) its micro-batches ``j`` (samples ``j*m ..
-    (j+1)*m - 1`` of the global batch) one by one."""
+    """Key batches ``[(epoch, index), ...]`` of one epoch's ``steps`` (None: all of them from
+    ``start``): the ``shard`` rank's share, or (``microbatch`` size ``m``) its micro-batches
+    ``j`` (samples ``j*m .. (j+1)*m - 1`` of the global batch) one by one."""
 
     def __init__(
         self,
@@ -302,24 +294,23 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         batch_size: int,
         data_seed: int,
         epoch: int,
-        start_step: int = 0,
-        steps: int | None = None,
+        steps: range | None = None,
         shard: tuple[int, int] = (0, 1),
         microbatch: int = 0,
     ):
         self.n, self.batch_size, self.shard = n, batch_size, shard
-        self.data_seed, self.epoch, self.start_step = data_seed, epoch, start_step
-        self.steps = n // batch_size if steps is None else steps
+        self.data_seed, self.epoch = data_seed, epoch
+        self.steps = range(n // batch_size) if steps is None else steps
         self.microbatch = microbatch
         self.per_step = batch_size // microbatch // shard[1] if microbatch else 1
 
     def __len__(self) -> int:
-        return (self.steps - self.start_step) * self.per_step
+        return len(self.steps) * self.per_step
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order = epoch_order(self.n, self.data_seed, self.epoch).tolist()
         m = self.microbatch
-        for step in range(self.start_step, self.steps):
+        for step in self.steps:
             batch = order[step * self.batch_size : (step + 1) * self.batch_size]
             if not m:
                 keys = [(self.epoch, i) for i in shard_global_batch(batch, *self.shard)]
@@ -368,8 +359,10 @@ class LoaderPipeline(_Base):
 
     kind = "loader"
 
-    def __init__(self, splits: Splits, dataset: Any, num_workers: int = 0, **kw: Any) -> None:
-        super().__init__(splits, dataset, **kw)
+    def __init__(
+        self, splits: Splits, dataset: Any, spec: PipelineSpec, num_workers: int = 0
+    ) -> None:
+        super().__init__(splits, dataset, spec)
         self.num_workers = num_workers
         self.per_sample = not isinstance(splits.train, TensorSplit)
         self.collate = getattr(dataset, "collate", None) or stack_samples
@@ -416,10 +409,8 @@ class LoaderPipeline(_Base):
         epoch = self.data_epoch(epoch)
         shard = (self.rank, self.world_size) if self.per_sample else (0, 1)
         micro = self.microbatch_collate if self.per_sample else 0  # tensors: fixed shapes
-        sampler = EpochBatchSampler(
-            self.n, self.batch_size, self.data_seed, epoch, start_step, self.steps_per_epoch,
-            shard, micro,
-        )  # fmt: skip
+        steps, n = range(start_step, self.steps_per_epoch), self.n
+        sampler = EpochBatchSampler(n, self.batch_size, self.data_seed, epoch, steps, shard, micro)
         batches = self._batches(self.train_set, sampler, epoch)
         if micro:  # each micro-batch collated alone: a step is its rank's micro-batches
             batches = by_step(batches, sampler.per_step)
@@ -444,7 +435,7 @@ def by_step(batches: Iterator[Batch], per_step: int) -> Iterator[MicroBatches]:
         yield MicroBatches(parts)
 
 
-def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **kw: Any):
+def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, spec: PipelineSpec):
     """``auto``: the device path for in-memory tensors, else the DataLoader; workers checked."""
     configured = kind
     if kind == "auto":
@@ -455,5 +446,5 @@ def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, **
                 "trainer.pipeline=device needs an in-memory dataset; use trainer.pipeline=auto"
             )
         check_workers(configured, num_workers, in_memory=True, target=type(dataset).__name__)
-        return DevicePipeline(splits, dataset, **kw)
-    return LoaderPipeline(splits, dataset, num_workers=num_workers, **kw)
+        return DevicePipeline(splits, dataset, spec)
+    return LoaderPipeline(splits, dataset, spec, num_workers)

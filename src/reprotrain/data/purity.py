@@ -31,9 +31,9 @@ class PurityVerdict:
     warmup: int = 0  # samples each worker served between its two draws
 
     def as_record(self) -> dict[str, Any]:
-        keys, warmup = [list(k) for k in self.keys], self.warmup
-        return {"keys_checked": self.checked, "keys": keys, "workers": self.workers,
-                "warmup_per_worker": warmup, "pure": self.pure, "reason": self.reason}  # fmt: skip
+        keys = {"keys_checked": self.checked, "keys": [list(k) for k in self.keys]}
+        pure = {"pure": self.pure, "reason": self.reason}
+        return keys | {"workers": self.workers, "warmup_per_worker": self.warmup} | pure
 
 
 def _first(samples: list) -> Any:

@@ -45,8 +45,8 @@ def capture(device: torch.device) -> dict[str, Any]:
         cuda = {"device_index": index, "state": torch.cuda.get_rng_state(index)}
     words = torch.tensor(py[1], dtype=torch.int64)
     python = {"version": py[0], "state": words, "gauss_next": py[2]}
-    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}  # fmt: skip
+    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
+    numpy |= {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     return {"python": python, "numpy": numpy, "torch_cpu": torch.get_rng_state(), "cuda": cuda}
 
 
@@ -71,8 +71,8 @@ def _cuda_state(state: dict[str, Any], device: torch.device) -> torch.Tensor | N
     cuda = state.get("cuda")
     if device.type != "cuda":
         if cuda is not None:
-            log.warning("checkpoint holds the CUDA RNG state of cuda:%d; this run is on %s, so "
-                        "it is not restored", cuda["device_index"], device.type)  # fmt: skip
+            held = f"checkpoint holds the CUDA RNG state of cuda:{cuda['device_index']}"
+            log.warning("%s; this run is on %s, so it is not restored", held, device.type)
         return None
     if cuda is None:
         log.warning("checkpoint was written on a CPU run: no CUDA RNG state to restore")
@@ -81,16 +81,13 @@ def _cuda_state(state: dict[str, Any], device: torch.device) -> torch.Tensor | N
 
 
 # Python's global ``random`` is a C object holding ``int index; uint32_t state[624]`` right
-# after its object header; ``getstate``/``setstate`` turn the words into 625 Python ints and
-# back. :class:`Scoped` copies the 2,500 bytes instead, once the layout is checked against
-# ``getstate`` (any other layout takes the general route). numpy's legacy seeding is the
-# same MT19937 ``init_by_array`` as Python's over the seed's 32-bit words, behind many
-# small array ops: a spare Python ``Random`` computes the words, copied into numpy's
-# generator, once that is checked to give ``np.random.seed``'s state. In a training step
-# these routes cost about half of ``scoped_globals``'s (measured around a null model's
-# forward and backward, where the general routes' Python and array ops run cold).
+# after its object header; numpy's legacy MT19937 holds ``uint32_t key[624]; int pos``, and
+# its seeding is the same ``init_by_array`` as Python's over the seed's 32-bit words. So a
+# spare Python ``Random`` seeded with ``seed`` (numpy's key) gives the 2,500 bytes that
+# ``random.seed`` (``np.random.seed``) would leave (:func:`seed_states`): :class:`Scoped`
+# copies them in, and the states it saves out and back. The layouts are checked against
+# ``getstate`` and ``np.random.seed`` first; any other takes the general route.
 _PY_BYTES = 4 + 624 * 4
-_MT_BYTES = 624 * 4 + 4  # numpy's ``uint32_t key[624]; int pos``
 _SPARE = random.Random()
 
 
@@ -105,32 +102,40 @@ def _state_address(generator: random.Random) -> int | None:
 _PY_AT, _SPARE_AT = _state_address(random._inst), _state_address(_SPARE)
 
 
-def _seed_numpy_from_spare(words: tuple[int, int], bit_generator: Any) -> bool:
-    """numpy's global MT19937 seeded as ``np.random.seed(words)`` seeds it (the cached
-    Gaussian already taken out by ``save_numpy_global``); False where this route does not
-    apply (then the caller seeds through numpy)."""
-    lo, hi = words
-    if _SPARE_AT is None or not _SPARE_CHECKED.get(id(bit_generator)) or hi == 0:
-        return False  # hi == 0: Python's key would be one word, numpy's two
-    _random.Random.seed(_SPARE, (hi << 32) | lo)
-    address = bit_generator.ctypes.state_address
-    ctypes.memmove(address, _SPARE_AT + 4, _MT_BYTES - 4)  # the words
-    ctypes.memmove(address + _MT_BYTES - 4, _SPARE_AT, 4)  # the position: 624 in both
-    return True
+def _seeded_bytes(key: int) -> bytes:
+    """The spare's index and words once seeded with ``key``."""
+    _random.Random.seed(_SPARE, key)
+    return ctypes.string_at(_SPARE_AT, _PY_BYTES)
 
 
-def _check_spare_route(bit_generator: Any) -> bool:
-    """Whether the spare's words give ``np.random.seed``'s state for this generator: checked
-    once per generator, its state put back after."""
-    saved = np.random.get_state()
+def seed_states(seed: int) -> tuple[int, bytes | None, bytes | None, tuple[int, int]]:
+    """What :class:`Scoped` puts in for ``seed``: (seed, python's state bytes, numpy's MT19937
+    bytes, numpy's two seed words); a None where that generator is seeded the general way."""
+    lo, hi = numpy_seed_words(seed)
+    if _SPARE_AT is None:
+        return seed, None, None, (lo, hi)
+    python = _seeded_bytes(seed) if _PY_AT is not None else None
+    mt = None
+    if hi:  # hi == 0: Python's key would be one word, numpy's two
+        spare = _seeded_bytes((hi << 32) | lo)
+        mt = spare[4:] + spare[:4]  # numpy keeps the position (624 in both) after the words
+    return seed, python, mt, (lo, hi)
+
+
+def _numpy_route(bit_generator: Any, mt: bytes | None) -> bool:
+    """Whether ``mt`` may be copied into this generator: whether the spare's words give
+    ``np.random.seed``'s state for it, checked once per generator (its state put back)."""
+    ok = _SPARE_CHECKED.get(id(bit_generator))
+    if mt is None or ok is not None:
+        return bool(ok) and mt is not None
+    saved, (_, _, check, words) = np.random.get_state(), seed_states(_CHECK_SEED)
     try:
-        np.random.seed(numpy_seed_words(_CHECK_SEED))
-        expected = np.random.get_state()[1].tobytes()
-        _SPARE_CHECKED[id(bit_generator)] = True
+        np.random.seed(np.array(words, dtype=np.uint32))
+        expected = np.random.get_state()[1:3]
         np.random.standard_normal(size=3)  # move it off the seeded state
-        np.random.seed(0)
-        ok = _seed_numpy_from_spare(numpy_words(_CHECK_SEED), bit_generator)
-        _SPARE_CHECKED[id(bit_generator)] = ok and np.random.get_state()[1].tobytes() == expected
+        ctypes.memmove(bit_generator.ctypes.state_address, check, _PY_BYTES)
+        key, pos = np.random.get_state()[1:3]
+        _SPARE_CHECKED[id(bit_generator)] = bool(pos == expected[1] and (key == expected[0]).all())
     finally:
         np.random.set_state(saved)
     return _SPARE_CHECKED[id(bit_generator)]
@@ -140,45 +145,43 @@ _CHECK_SEED = 0x5EED_1234_ABCD
 _SPARE_CHECKED: dict[int, bool] = {}
 
 
-def numpy_words(seed: int) -> tuple[int, int]:
-    """``seeding.numpy_seed_words(seed)`` as two Python ints (what :class:`Scoped` takes)."""
-    lo, hi = numpy_seed_words(seed).tolist()
-    return lo, hi
-
-
 class Scoped:
-    """``seeding.scoped_globals(seed, device)`` bit for bit (tested), by the cheapest exact
-    routes, for the blocks that run every step (``words``: numpy's, if derived already).
+    """Every global RNG seeded from ``seed`` for the block, then restored as it was, by the
+    cheapest exact routes (tested against the plain calls): the one guard of the global RNGs,
+    per micro-batch and per batch.
 
-    Closes: python ``random``, numpy's and torch's global RNGs (CPU, GPU ``device``)."""
+    Closes: python ``random``, numpy's (``numpy_seed_words``) and torch's global RNGs (CPU,
+    GPU ``device``)."""
 
-    __slots__ = ("cuda", "saved", "seed", "words")
+    __slots__ = ("cuda", "saved", "states")
 
-    def __init__(
-        self, seed: int, device: torch.device | None = None, words: tuple[int, int] | None = None
-    ) -> None:
-        self.seed, self.words = seed, words
+    def __init__(self, seed: int, device: torch.device | None = None) -> None:
+        self.states = seed_states(seed)
         device = torch.device(device) if isinstance(device, str) else device
         self.cuda = device if device is not None and device.type == "cuda" else None
 
     def __enter__(self) -> None:
-        seed, inst = self.seed, random._inst
+        (seed, python, mt, words), inst = self.states, random._inst
         py = ctypes.string_at(_PY_AT, _PY_BYTES) if _PY_AT is not None else inst.getstate()
         numpy_state, gauss = save_numpy_global(), inst.gauss_next
         cpu = torch.default_generator.get_state()
         gpu = torch.cuda.get_rng_state(self.cuda) if self.cuda is not None else None
         self.saved = (py, gauss, numpy_state, cpu, gpu)
+        # The CPU and the training GPU only: torch.manual_seed's streams, at a hundredth of
+        # its cost (it seeds every visible GPU).
         torch.default_generator.manual_seed(seed)
         if self.cuda is not None:
             with torch.cuda.device(self.cuda):
                 torch.cuda.manual_seed(seed)
-        _random.Random.seed(inst, seed)  # random.seed(seed), without its type checks
+        if python is not None:
+            ctypes.memmove(_PY_AT, python, _PY_BYTES)
+        else:
+            _random.Random.seed(inst, seed)  # random.seed(seed), without its type checks
         inst.gauss_next = None
         bit_generator = numpy_state[1] if numpy_state[0] == "words" else None
-        if bit_generator is not None and id(bit_generator) not in _SPARE_CHECKED:
-            _check_spare_route(bit_generator)
-        words = self.words if self.words is not None else numpy_words(seed)
-        if bit_generator is None or not _seed_numpy_from_spare(words, bit_generator):
+        if bit_generator is not None and _numpy_route(bit_generator, mt):
+            ctypes.memmove(bit_generator.ctypes.state_address, mt, _PY_BYTES)
+        else:
             np.random.seed(np.array(words, dtype=np.uint32))
 
     def __exit__(self, *exc: object) -> None:
@@ -201,6 +204,6 @@ def for_rank(entry: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     ranks = entry["ranks"]
     if rank < len(ranks):
         return ranks[rank]
-    log.warning("checkpoint holds RNG states for %d rank(s), none for rank %d (world size "
-                "changed); rank 0's state is used", len(ranks), rank)  # fmt: skip
+    held = f"checkpoint holds RNG states for {len(ranks)} rank(s), none for rank {rank}"
+    log.warning("%s (world size changed); rank 0's state is used", held)
     return ranks[0]

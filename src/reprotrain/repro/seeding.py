@@ -2,18 +2,16 @@
 
 Closes: Python ``random``, NumPy's global RNG, torch's CPU/CUDA global RNGs (seeded from the
 ``init`` and ``train`` streams), data order and augmentation (``data``/``augment`` feed
-counter-based generators), and global RNGs drawn from by user code (:func:`scoped_globals`).
+counter-based generators), and global RNGs drawn from by user code (``rng.Scoped``).
 Derivation uses SHA-256, not Python's ``hash()``, which is salted per process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import os
 import random
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -74,40 +72,11 @@ def counter_generator(seed: int, *counters: int) -> torch.Generator:
     return g
 
 
-def numpy_seed_words(seed: int) -> np.ndarray:
+def numpy_seed_words(seed: int) -> tuple[int, int]:
     """The legacy numpy seed (two 32-bit words) for ``seed``: all 63 bits kept (``seed % 2**32``
     would collide over millions of samples)."""
     derived = stable_hash(seed, "numpy")
-    return np.array([derived & 0xFFFFFFFF, derived >> 32], dtype=np.uint32)
-
-
-@contextlib.contextmanager
-def scoped_globals(seed: int, device: torch.device | None = None) -> Iterator[None]:
-    """Every global RNG seeded from ``seed`` for the block, then restored as it was.
-
-    Closes: python ``random``, numpy's global RNG (``numpy_seed_words``), torch's CPU and the
-    training GPU's generator; once per micro-batch, so each is saved by its cheapest exact route.
-    """
-    cuda = [device] if device is not None and torch.device(device).type == "cuda" else []
-    py_state, np_state = random.getstate(), save_numpy_global()
-    cpu_state = torch.default_generator.get_state()
-    gpu_states = [torch.cuda.get_rng_state(gpu) for gpu in cuda]
-    # The CPU and the training GPU only: the same streams as torch.manual_seed(seed), at a
-    # hundredth of its cost.
-    torch.default_generator.manual_seed(seed)
-    for gpu in cuda:
-        with torch.cuda.device(gpu):
-            torch.cuda.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(numpy_seed_words(seed))
-    try:
-        yield
-    finally:
-        random.setstate(py_state)
-        restore_numpy_global(np_state)
-        torch.default_generator.set_state(cpu_state)
-        for gpu, state in zip(cuda, gpu_states, strict=True):
-            torch.cuda.set_rng_state(state, gpu)
+    return derived & 0xFFFFFFFF, derived >> 32
 
 
 # numpy's global RNG (a legacy RandomState over MT19937) is its 624 key words and position

@@ -26,11 +26,6 @@ from reprotrain.step import PlainStep, Step, batches
 from reprotrain.step.state import EpochProgress, LoopState, MetricSums, TrainerState
 from reprotrain.tasks.base import StepContext, StepOutput
 
-__all__ = [
-    "EpochProgress", "LoopState", "NonFiniteError", "NonFiniteFlags", "StepRunner", "StepSettings",
-    "TrainerState",
-]  # fmt: skip
-
 
 class NonFiniteError(ReprotrainError):
     """Training produced a NaN/inf loss or gradient norm (trainer.on_nonfinite=stop)."""
@@ -38,9 +33,6 @@ class NonFiniteError(ReprotrainError):
     def __init__(self, event: dict, message: str) -> None:
         super().__init__(message)
         self.record = {"nonfinite_events": [event]}  # what run.json keeps of the failure
-
-
-SEED_STEPS = 64  # steps whose micro-batch seeds are derived together (StepRunner.seeded)
 
 
 def autocast(device: torch.device, enabled: bool, dtype: str):
@@ -73,13 +65,15 @@ class StepRunner:
         self.forward = state.model if forward is None else forward
         self.reduction = reduction or Local()
         self.user_step = user_step or PlainStep()
+        state.task, state.user_step = task, self.user_step  # checkpointed if they have state
         self.global_step = 0
         self.samples = 0  # this rank's samples in the current step's batch
         self._batch: Any = None
         self._first: tuple[torch.Tensor, dict] | None = None
         self._norm: torch.Tensor | None = None
         self._applied = False
-        self._seeds: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}
+        self.amp = float_math.autocast(self.settings.precision)  # (autocast on, its dtype)
+        self.device = state.loop.device
 
     @property
     def model(self) -> nn.Module:
@@ -89,11 +83,6 @@ class StepRunner:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.state.optimizer
-
-    @property
-    def amp(self) -> tuple[bool, str]:
-        """(autocast on, its dtype) for ``trainer.precision`` (``repro/precision.py``)."""
-        return float_math.autocast(self.settings.precision)
 
     def step(self, batch: Any, global_step: int) -> tuple[torch.Tensor, dict, torch.Tensor | None]:
         """One step by the user's step object: (first ``gradients()``'s loss and sums, norm)."""
@@ -109,16 +98,8 @@ class StepRunner:
         return loss.detach(), sums, self._norm
 
     def seeded(self, global_step: int, index: int) -> rng.Scoped:
-        """The global RNGs for micro-batch ``index``, restored after (seeds derived in bulk)."""
-        seeds = self._seeds.get((global_step, index))
-        if seeds is None:
-            if len(self._seeds) > 16 * SEED_STEPS:  # steps left behind (a replay, a resume)
-                self._seeds.clear()
-            for step in range(global_step, global_step + SEED_STEPS):
-                seed = microbatch_seed(self.train_seed, step, index)
-                self._seeds[step, index] = (seed, rng.numpy_words(seed))
-            seeds = self._seeds[global_step, index]
-        return rng.Scoped(seeds[0], self.state.loop.device, seeds[1])
+        """The global RNGs for micro-batch ``index``, restored after."""
+        return rng.Scoped(microbatch_seed(self.train_seed, global_step, index), self.device)
 
     def gradients(self, batch: Any) -> tuple[torch.Tensor, dict]:
         """Zero the gradients, forward and backward every micro-batch of ``batch``, combine
@@ -237,12 +218,12 @@ def evaluate(
     prefix: str,
     device: torch.device,
     amp: tuple[bool, str] = (False, "float32"),
-    global_step: int = 0,
-    train_seed: int = 0,
+    key: tuple[int, int] = (0, 0),
 ) -> dict[str, float]:
-    """``<prefix>_<name>`` for each metric the task computes over ``batches_`` (one read)."""
+    """``<prefix>_<name>`` for each metric the task computes over ``batches_`` (one read);
+    ``key``: (train seed, the weights' global step), the batches' RNG key."""
     model.eval()
-    totals = MetricSums(device)
+    totals, (train_seed, global_step) = MetricSums(device), key
     for i, batch in enumerate(batches_):
         ctx = StepContext(
             device, global_step=global_step, eval_batch=i, train_seed=train_seed, training=False

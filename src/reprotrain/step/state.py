@@ -7,7 +7,7 @@ checkpoint as exact values. Per-rank entries (RNG, partial sums) are gathered by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -84,10 +84,6 @@ class EpochProgress:
         self.metrics.load_state_dict(sd["metrics"])
 
 
-LOOP_KEYS = ("epoch", "epoch_step", "global_step", "best", "best_epoch", "metrics", "fingerprints",
-             "nonfinite_events", "stale_epochs", "early_stopped")  # fmt: skip
-
-
 @dataclass
 class LoopState:
     """Position ``(epoch, epoch_step)`` of the next step, history, and the best monitored
@@ -151,6 +147,9 @@ class LoopState:
             }  # fmt: skip
 
 
+LOOP_KEYS = tuple(f.name for f in fields(LoopState) if f.name not in ("device", "progress"))
+
+
 class RankRNG:
     """This rank's global RNGs as a part; the checkpoint holds every rank's (``repro/rng.py``)."""
 
@@ -173,8 +172,8 @@ def every_rank_entries(state: dict[str, Any], ranks: list[dict[str, Any]]) -> di
     """``state`` with every rank's per-rank entries (RNG always a list; sums when several)."""
     out = {**state, "loop": dict(state["loop"])}
     if state.get("rng") is not None:
-        out["rng"] = {"format": rng.FORMAT, "world_size": len(ranks),
-                      "ranks": [r["rng"] for r in ranks]}  # fmt: skip
+        states = [r["rng"] for r in ranks]
+        out["rng"] = {"format": rng.FORMAT, "world_size": len(ranks), "ranks": states}
     if len(ranks) > 1:
         out["loop"]["progress"] = {"ranks": [r["progress"] for r in ranks]}
     return out
@@ -189,7 +188,8 @@ def entry_for_rank(entry: dict[str, Any], rank: int) -> dict[str, Any]:
 
 class TrainerState:
     """Everything a resume restores, as one Stateful (the checkpoint is its state_dict);
-    ``rng_state=False``: no RNG belongs to a rank (the Exact reduction)."""
+    ``rng_state=False``: no RNG belongs to a rank (the Exact reduction). The task and the
+    user's step are the runner's (``StepRunner`` sets them): parts when they have state."""
 
     def __init__(
         self,
@@ -198,17 +198,15 @@ class TrainerState:
         scheduler: Any,
         scaler: torch.amp.GradScaler,
         device: torch.device,
-        task: Any = None,
         *,
         rng_state: bool = True,
         rank: int = 0,
-        user_step: Any = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.scaler = scaler
         self.loop = LoopState(device)
         self.rng = RankRNG(device, rank) if rng_state else None
-        self.rank, self.task, self.user_step = rank, task, user_step
+        self.rank, self.task, self.user_step = rank, None, None
         self.audit: Any = None  # resume/audit.py's digests of what a checkpoint cannot restore
         self.callbacks: Any = None  # a part when one of them has state
 

@@ -148,7 +148,7 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     on = {"prefix": "test", "device": device, "amp": float_math.autocast(precision)}
     with weights:
         batches = pipeline.eval_batches("test")
-        metrics = evaluate(task, model, batches, global_step=step, train_seed=seeds.train, **on)
+        metrics = evaluate(task, model, batches, key=(seeds.train, step), **on)
     result = {
         "checkpoint": str(path),
         "global_step": step,

@@ -351,7 +351,7 @@ def test_under_ddp_wandb_gets_step_rows_every_log_every_steps_as_they_happen(tmp
     the epoch's end, and W&B used to get all of an epoch's step rows at its end, within
     milliseconds. Now a batch every 2 steps (one all-reduce of a copy): every step's row
     once, with the record's loss bits, and the rows of epoch 1 are committed while it trains
-    (their _runtime spread over most of the epoch). Fast sibling: test_step_feed.py."""
+    (their _runtime spread over most of the epoch). Fast sibling: test_loss_feed.py."""
     from test_ddp import DDP, ddp_env
 
     env = ddp_env()

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reprotrain.profiling import TABLE_NAME, TRACE_NAME, StepProfiler
+from reprotrain.profiling import TABLE_NAME, TRACE_NAME, Profiler
 
 
-def tiny_steps(n: int, prof: StepProfiler | None) -> torch.Tensor:
+def tiny_steps(n: int, prof: Profiler | None) -> torch.Tensor:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -35,7 +35,7 @@ def trace_events(path: Path) -> list[dict]:
 def test_profiles_the_requested_steps_into_a_chrome_trace_and_a_short_table(
     tmp_path: Path,
 ) -> None:
-    prof = StepProfiler(tmp_path / "profile", steps=3, warmup=1).start()
+    prof = Profiler(tmp_path / "profile", steps=3, warmup=1).start()
     tiny_steps(6, prof)  # 1 warm-up + 3 profiled; the last 2 run without the profiler
     table = prof.stop()
     assert prof.done
@@ -51,7 +51,7 @@ def test_profiles_the_requested_steps_into_a_chrome_trace_and_a_short_table(
 
 
 def test_a_run_shorter_than_the_profile_still_leaves_what_was_recorded(tmp_path: Path) -> None:
-    prof = StepProfiler(tmp_path, steps=10, warmup=1).start()
+    prof = Profiler(tmp_path, steps=10, warmup=1).start()
     tiny_steps(4, prof)  # 1 warm-up + 3 of the 10 planned
     table = prof.stop()
     assert table is not None and "over 3 profiled steps (of 10 planned)" in table
@@ -60,6 +60,6 @@ def test_a_run_shorter_than_the_profile_still_leaves_what_was_recorded(tmp_path:
 
 def test_profiling_does_not_change_the_numbers(tmp_path: Path) -> None:
     plain = tiny_steps(5, None)
-    with StepProfiler(tmp_path, steps=2) as prof:
+    with Profiler(tmp_path, steps=2) as prof:
         profiled = tiny_steps(5, prof)
     assert torch.equal(plain, profiled)

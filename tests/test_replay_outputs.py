@@ -14,7 +14,7 @@ from reprotrain import events
 from reprotrain.callbacks import Callback, Callbacks
 from reprotrain.config import GuardSettings, LoopSettings
 from reprotrain.distributed import Dist
-from reprotrain.loop import Interrupted, Outputs, Silent, StepFeed, Trainer
+from reprotrain.loop import Interrupted, LossFeed, Outputs, Silent, Trainer
 from step_harness import Harness, batch
 
 
@@ -94,7 +94,7 @@ def test_a_replay_leaves_nothing_and_its_callbacks_know(tmp_path):
 def test_the_live_outputs_write_what_the_replay_does_not(tmp_path):
     seen = Seen()
     t, updates = trainer(tmp_path, seen)
-    t.out.feed = StepFeed(SimpleNamespace(close=lambda status: None), t.loop)
+    t.out.feed = LossFeed(SimpleNamespace(close=lambda status: None), t.loop)
     fired: list[str] = []
     forget = events.on("step", lambda **kw: fired.append("step"))
     try:

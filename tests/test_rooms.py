@@ -113,3 +113,19 @@ def test_the_rooms_table_in_design_md_matches_the_tree() -> None:
     tree, table = rooms_in_the_tree(), rooms_in_the_table()
     assert sorted(tree - table) == [], "rooms missing from docs/design.md's table"
     assert sorted(table - tree) == [], "docs/design.md's table names rooms that are gone"
+
+
+def test_every_framework_class_named_for_a_step_is_in_the_step_glossary() -> None:
+    """docs/design.md: "step" is one optimizer update; a class named ``...Step...`` is listed in
+    the glossary table (a per-step helper is named for what it is: ``LossFeed``, ``Profiler``)."""
+    text = (REPO / "docs" / "design.md").read_text()
+    section = text.split('### One meaning of "step"', 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`(\w+)`", section))
+    classes = {
+        node.name
+        for path in SRC.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ClassDef) and "Step" in node.name
+    }
+    assert classes, "no Step class found: the glossary test reads the wrong tree"
+    assert classes <= listed, f"named for a step but not in the glossary: {classes - listed}"

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reprotrain import events
 from reprotrain.config import GuardSettings, LoopSettings
-from reprotrain.loop import Interrupted, StepFeed, Trainer
+from reprotrain.loop import Interrupted, LossFeed, Trainer
 from reprotrain.step.runner import NonFiniteError, train_step
 from step_harness import Harness, batch
 
@@ -98,7 +98,7 @@ def trainer(tmp_path: Path, dist, steps: int = 30, every: int = 10) -> Trainer:
     parts = SimpleNamespace(runner=h.runner, pipeline=Steps(steps), saver=Saver(tmp_path),
                             schedule_for=lambda e: None)  # fmt: skip
     t = Trainer(run, parts, logger)
-    t.out.feed = StepFeed(SimpleNamespace(close=lambda status: None), t.loop)
+    t.out.feed = LossFeed(SimpleNamespace(close=lambda status: None), t.loop)
     return t
 
 

@@ -20,7 +20,7 @@ from reprotrain.build import Parts
 from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
 from reprotrain.loggers import Logger, build_loggers, resumed_history
-from reprotrain.profiling import StepProfiler
+from reprotrain.profiling import Profiler
 from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
@@ -62,7 +62,7 @@ class Trainer:
         self.loop: LoopState = parts.runner.state.loop
         self.alerts: list[str] = list(run.record.data.get("nondeterministic_ops", []))
         self.bar = EpochBar(self.settings.progress, epochs=self.settings.epochs)
-        self.profiler: StepProfiler | None = None
+        self.profiler: Profiler | None = None
         self.saved_at: int | None = None  # the global step of the last checkpoint (or replayed)
         # The steps since the last checkpoint, for a resume to compare (rank 0 writes them).
         self.continuation = Continuation(self.run_dir / FILE if run.dist.is_main else None)
@@ -77,11 +77,11 @@ class Trainer:
         # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
         where = (self.logger_cfg, self.run_dir, self.record.data, state.global_step)
         sinks = build_loggers(*where, history, report=write_report)
-        self.out.feed = StepFeed(sinks, state, self.runner.reduction)
+        self.out.feed = LossFeed(sinks, state, self.runner.reduction)
         self.callback("on_start")
         if settings.profile_steps and self.dist.is_main:
             where = self.run_dir / "profile"
-            self.profiler = StepProfiler(where, settings.profile_steps, state.device).start()
+            self.profiler = Profiler(where, settings.profile_steps, state.device).start()
         with determinism.nondeterminism_alerts(self.alerts):
             while state.epoch <= settings.epochs and state.early_stopped is None:
                 self.run_epoch()
@@ -392,7 +392,7 @@ class Silent(Outputs):
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer, self.bar, self.continuation = trainer, EpochBar(False), Continuation(None)
-        self.feed = StepFeed(Logger(), trainer.loop)  # the base logs nothing
+        self.feed = LossFeed(Logger(), trainer.loop)  # the base logs nothing
 
     def _nothing(self, *args: Any, **kw: Any) -> None:
         """Written, logged or fired when the steps first ran."""
@@ -427,7 +427,7 @@ def epoch_lr(step_lrs: list[float], optimizer: torch.optim.Optimizer) -> float:
     return step_lrs[-1] if step_lrs else optimizer.param_groups[0]["lr"]
 
 
-class StepFeed:
+class LossFeed:
     """Per-step losses and lrs to the loggers in batches: one host read per batch (mid-epoch
     under DDP, one all-reduce of a copy: ``Reduction.global_step_losses``)."""
 
@@ -461,4 +461,4 @@ class StepFeed:
         self.sent = 0  # the loop state starts a fresh epoch
 
 
-__all__ = ["Interrupted", "Outputs", "Silent", "StepFeed", "Trainer", "evaluate_split"]
+__all__ = ["Interrupted", "LossFeed", "Outputs", "Silent", "Trainer", "evaluate_split"]

@@ -19,7 +19,7 @@ TRACE_NAME = "steps.pt.trace.json.gz"
 TABLE_NAME = "top_ops.txt"
 
 
-class StepProfiler:
+class Profiler:
     def __init__(
         self,
         out_dir: Path,
@@ -40,7 +40,7 @@ class StepProfiler:
         self._seen = 0  # steps taken under the profiler (warm-up included)
         self._prof: Any = None
 
-    def start(self) -> StepProfiler:
+    def start(self) -> Profiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self._prof = profile(
             activities=activities,
@@ -69,7 +69,7 @@ class StepProfiler:
             self._prof = None
         return self.table
 
-    def __enter__(self) -> StepProfiler:
+    def __enter__(self) -> Profiler:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from reprotrain.loggers import Logger, Loggers
-from reprotrain.loop import StepFeed
+from reprotrain.loop import LossFeed
 from reprotrain.reduction import DDP, Local
 from reprotrain.step.state import LoopState
 
@@ -41,7 +41,7 @@ MINE = {1: 2.3, 2: 2.1, 3: 1.9, 4: 1.7, 5: 1.6, 6: 1.4}
 THEIRS = {1: 2.2, 2: 2.0, 3: 1.95, 4: 1.8, 5: 1.5, 6: 1.3}
 
 
-def train_steps(feed: StepFeed, state: LoopState, dist: TwoRanks | None, every: int) -> None:
+def train_steps(feed: LossFeed, state: LoopState, dist: TwoRanks | None, every: int) -> None:
     for step, loss in MINE.items():
         state.progress.add(torch.tensor(loss), {}, 1, 0.1)
         state.global_step = step
@@ -54,7 +54,7 @@ def test_under_ddp_a_batch_reaches_the_loggers_every_log_every_steps_with_global
     state = LoopState(torch.device("cpu"))
     dist = TwoRanks(THEIRS)
     recorder = Recorder()
-    feed = StepFeed(Loggers([recorder]), state, DDP(dist))
+    feed = LossFeed(Loggers([recorder]), state, DDP(dist))
     train_steps(feed, state, dist, every=2)
     assert [steps for steps, _ in recorder.batches] == [[1, 2], [3, 4], [5, 6]]
     assert dist.calls == 3  # one all-reduce (and one host read) per batch, none per step
@@ -70,11 +70,11 @@ def test_under_ddp_a_batch_reaches_the_loggers_every_log_every_steps_with_global
 def test_without_a_chosen_logger_there_is_no_collective_and_local_values_go_as_they_are():
     state = LoopState(torch.device("cpu"))
     dist = TwoRanks(THEIRS)
-    feed = StepFeed(Loggers([], configured=()), state, DDP(dist))
+    feed = LossFeed(Loggers([], configured=()), state, DDP(dist))
     train_steps(feed, state, dist, every=1)
     assert dist.calls == 0  # logger=none: the same decision on every rank, no all-reduce
     state = LoopState(torch.device("cpu"))
     recorder = Recorder()
-    feed = StepFeed(Loggers([recorder]), state, Local())
+    feed = LossFeed(Loggers([recorder]), state, Local())
     train_steps(feed, state, None, every=4)
     assert recorder.batches == [([1, 2, 3, 4], [float(torch.tensor(v)) for v in MINE.values()][:4])]

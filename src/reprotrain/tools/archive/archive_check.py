@@ -112,15 +112,6 @@ class CheckedArchive:
     def diff(self) -> str:
         return self.text("run/git.diff")
 
-    @property
-    def source_files(self) -> dict[str, str]:
-        """{path under source/: sha256} from the (verified) manifest."""
-        return {
-            rel.removeprefix("source/"): sha
-            for rel, sha in self.manifest.items()
-            if rel.startswith("source/")
-        }
-
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
     """Read the stream to its end (checksum checked); refused past the limits as it inflates."""
@@ -309,8 +300,8 @@ def check_config_identity(record: dict, config: dict, label: str) -> None:
 
     recorded = record.get("config_sha256")
     if not isinstance(recorded, str):
-        raise ReproduceRefused(f"{label}: run.json records no config_sha256 to check it against;"
-                               " the record was edited or damaged; nothing was run")  # fmt: skip
+        why = "run.json records no config_sha256 to check it against"
+        raise ReproduceRefused(f"{label}: {why}; the record was edited or damaged; nothing was run")
     here = config_sha256(config, record.get("extended_from") or None)
     if here != recorded:
         raise ReproduceRefused(

@@ -106,8 +106,8 @@ def command_line_space(task: Sequence[str]) -> dict[str, str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
-    return {o.get_key_element(): o.input_line.partition("=")[2]
-            for o in parsed if o.is_sweep_override()}  # fmt: skip
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    return {o.get_key_element(): o.input_line.partition("=")[2] for o in sweeps}
 
 
 def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
@@ -198,14 +198,13 @@ def storage_trials(journal: Path, study_name: str | None) -> dict[int, dict[str,
     storage = open_journal(journal)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     name = study_name if study_name in names else (names[0] if len(names) == 1 else study_name)
-    study = optuna.load_study(study_name=name, storage=storage)
-    return {t.number: {"params": dict(t.params), "value": t.value, "state": t.state.name}
-            for t in study.get_trials(deepcopy=False)}  # fmt: skip
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    return {t.number: {"params": t.params, "value": t.value, "state": t.state.name} for t in trials}
 
 
 #: A run's status, as the trial's state in the storage.
-_STATE = {"completed": "COMPLETE", "failed": "FAIL", "running": "RUNNING",
-          "interrupted": "RUNNING", "missing": "RUNNING"}  # fmt: skip
+_STATE = dict.fromkeys(("running", "interrupted", "missing"), "RUNNING")
+_STATE |= {"completed": "COMPLETE", "failed": "FAIL"}
 
 
 def storage_agrees(journal: Path, study_name: str | None, trials: list[dict[str, Any]]) -> bool:
@@ -322,6 +321,6 @@ def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
     hydra_lines = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.hydra", default=[])]
     task = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
     kept = [o for o in hydra_lines if o.lstrip("+~").partition("=")[0] not in _OWN]
-    return [sys.executable, "-m", "reprotrain.train", "--multirun", *kept, *task,
-            hydra_override("hydra.sweep.dir", Path(sweep_dir)), "hydra.sweeper.resume=true",
-            *extra]  # fmt: skip
+    train = [sys.executable, "-m", "reprotrain.train", "--multirun", *kept, *task]
+    here = hydra_override("hydra.sweep.dir", Path(sweep_dir))
+    return [*train, here, "hydra.sweeper.resume=true", *extra]

@@ -288,8 +288,10 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return [_row(head), "|---" * len(head) + "|", *map(_row, rows)]
 
 
-def _seed(run: dict[str, Any]) -> str:
-    return " ".join(run["seed_overrides"]) or _fmt(run["seed"])
+def _cells(run: dict[str, Any], metrics: list[str]) -> list[str]:
+    """A run's seed (its overrides, else its seed), status and final value of each metric."""
+    seed = " ".join(run["seed_overrides"]) or _fmt(run["seed"])
+    return [seed, run["status"], *(_fmt(run[m]) for m in metrics)]
 
 
 #: A decimal with more digits than a reader takes in (``0.012345678901234567``, what an
@@ -323,9 +325,9 @@ def trials_table(study: dict[str, Any]) -> list[str]:
     metric, mode = str(study.get("metric", "value")), str(study.get("metric_mode", "max"))
     trials = [t for t in study["trials"] if isinstance(t, dict)]
     keys = sorted({k for t in trials for k in (t.get("params") or {})})
-    valued = sorted((t for t in trials if _finite(t.get("value"))),
-                    key=lambda t: t["value"], reverse=mode == "max")  # fmt: skip
-    ranked = valued + [t for t in trials if not _finite(t.get("value"))]
+    valued = [t for t in trials if _finite(t.get("value"))]
+    ranked = sorted(valued, key=lambda t: t["value"], reverse=mode == "max")
+    ranked += [t for t in trials if not _finite(t.get("value"))]
     rows = []
     for t in ranked:
         params = t.get("params") or {}
@@ -360,8 +362,7 @@ def _headline(summary: dict[str, Any], metrics: list[str]) -> list[str]:
 
 def _runs_table(summary: dict[str, Any], metrics: list[str]) -> list[str]:
     """Groups of one run each: one table of the runs' final values, no statistics."""
-    rows = [[short_numbers(r["group"]), _seed(r), r["status"], *(_fmt(r[m]) for m in metrics)]
-            for r in summary["runs"]]  # fmt: skip
+    rows = [[short_numbers(r["group"]), *_cells(r, metrics)] for r in summary["runs"]]
     return ["## Runs", "", *_table(["group", "seed", "status", *metrics], rows)]
 
 
@@ -377,11 +378,11 @@ def _group_sections(summary: dict[str, Any], metrics: list[str]) -> list[str]:
                 + ", ".join(f"{n} {shown(s)}" for s, n in failed.items()),
                 "",
             ]
-        rows = [[_seed(r), r["status"], *(_fmt(r[m]) for m in metrics)] for r in g["runs"]]
+        rows = [_cells(r, metrics) for r in g["runs"]]
         if g["n_completed"] >= 2:  # one value: its mean, min and max are itself, no std or CI
             stats = g["metrics"]
-            rows += [[f"**{k}**", "", *(_fmt(stats[m][k]) for m in metrics)]
-                     for k in ("mean", "std", "min", "max")]  # fmt: skip
+            for k in ("mean", "std", "min", "max"):
+                rows.append([f"**{k}**", "", *(_fmt(stats[m][k]) for m in metrics)])
             rows.append(["**95% CI**", "", *(_ci(stats[m]) for m in metrics)])
         out += _table(["seed", "status", *metrics], rows)
     return out

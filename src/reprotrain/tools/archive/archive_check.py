@@ -1,8 +1,7 @@
 """Check an archive completely *before* anything is extracted, then extract it safely.
 
-Closes: an unsafe member writing outside the target; a changed, missing or extra member
-(``MANIFEST.sha256``, at ``<top>/`` or ``./``); a malformed record crashing the replay with
-exit 1 (DIVERGED's code). Each is one line, exit 2. Records stay in memory from the hashing
+Closes: a member writing outside the target; a changed, missing or extra member; a malformed
+record crashing the replay (each one line, exit 2). Records stay in memory from the hashing
 pass, so trust and record checks run on verified bytes.
 """
 
@@ -214,14 +213,11 @@ def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> Checked
         raise ReproduceRefused(f"manifest check failed: {e}") from None
     signature = tar.extractfile(files.pop(SIGNATURE)).read() if SIGNATURE in files else None
     where = f"{prefix}/" if prefix else "./"
-    for rel in sorted(set(expected) - set(files)):
-        raise ReproduceRefused(
-            f"manifest check failed: {where}{rel} is in {MANIFEST} but not in the archive"
-        )
-    for rel in sorted(set(files) - set(expected)):
-        raise ReproduceRefused(
-            f"manifest check failed: {where}{rel} is in the archive but not in {MANIFEST}"
-        )
+    missing, extra = sorted(set(expected) - set(files)), sorted(set(files) - set(expected))
+    for rel in [*missing, *extra]:
+        has, lacks = (MANIFEST, "the archive") if rel in expected else ("the archive", MANIFEST)
+        why = f"{where}{rel} is in {has} but not in {lacks}"
+        raise ReproduceRefused(f"manifest check failed: {why}")
     kept: dict[str, bytes] = {}
     budget = Budget(limits)
     for rel in sorted(files):

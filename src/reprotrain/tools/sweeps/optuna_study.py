@@ -31,16 +31,15 @@ from reprotrain.run.record import (
     read_jsonl,
     strict_json,
 )
+from reprotrain.sweep_checks import OPTUNA_SWEEPER, SWEEP_RECORD, is_optuna
 
 STUDY_JSON = "study.json"
 #: Written by the sweeper at the end of a study, from its storage: best_params, best_value.
 OPTUNA_RESULTS = "optimization_results.yaml"
 #: The study's storage in the sweep directory (unless hydra.sweeper.storage names another).
 JOURNAL = "study.journal"
-OPTUNA_SWEEPER = sweep_checks.OPTUNA_SWEEPER
 #: Sweep dirs whose sampler seed :func:`seed_sampler` set from seed.base (in this process).
 _SEEDED_FROM_BASE: dict[str, str] = {}
-is_optuna = sweep_checks.is_optuna
 
 
 @dataclass(frozen=True)
@@ -249,13 +248,6 @@ def study_lines(study: dict[str, Any]) -> list[str]:
     return lines
 
 
-def follow_monitor(sweeper: DictConfig, trainer: DictConfig) -> None:
-    """A default direction follows ``trainer.monitor_mode``; one given as text is checked."""
-    if sweeper.direction is None:
-        with read_write(sweeper):
-            sweeper.direction = f"{trainer.monitor_mode}imize"
-
-
 def seed_sampler(sweeper: DictConfig, seed: DictConfig, sweep_dir: str | None) -> None:
     """A sampler without a seed gets ``seed.base``, in ``sweeper`` (``hydra.sweeper``)."""
     sampler = sweeper.sampler
@@ -276,7 +268,9 @@ def prepare(view: StudyView) -> None:
     except ReprotrainError as e:  # before any trial runs
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
-    follow_monitor(view.sweeper, view.trainer)
+    if view.sweeper.direction is None:  # a default direction follows trainer.monitor_mode
+        with read_write(view.sweeper):
+            view.sweeper.direction = f"{view.trainer.monitor_mode}imize"
     seed_sampler(view.sweeper, view.seed, view.sweep_dir)
     # optuna imports alembic, whose plugin registry logs a line per plugin at INFO
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -296,7 +290,6 @@ def record(view: StudyView) -> None:
     print(f"study record: {sweep_dir / STUDY_JSON}")
 
 
-SWEEP_RECORD = sweep_checks.SWEEP_RECORD
 #: Overrides a continuation sets itself (not copied from the study's record).
 _OWN = ("hydra.sweep.dir", "hydra.sweeper.resume", "hydra.mode")
 

@@ -175,15 +175,13 @@ class StudyRunner:
         validate: Callable[[list[list[str]]], None] | None = None,
         save_record: Callable[[Path], None] | None = None,
     ) -> None:
-        self.settings = dict(settings)
-        self.view = view
-        self.launch = launch
-        self.job_dir = job_dir
+        self.settings, self.view, self.launch, self.job_dir = dict(settings), view, launch, job_dir
         self.validate = validate or (lambda batch: None)
         self.save_record = save_record or (lambda path: None)
         self.sweep_dir = Path(str(view.sweep_dir))
-        self.metric = str(_select(view.trainer, "monitor", "val_loss"))
-        self.mode = str(_select(view.trainer, "monitor_mode", "min"))
+        trainer = view.trainer if view.trainer is not None else {}
+        self.metric = str(trainer.get("monitor", "val_loss"))
+        self.mode = str(trainer.get("monitor_mode", "min"))
 
     @property
     def direction(self) -> str:
@@ -365,10 +363,6 @@ def _fail(study: Any, number: int) -> None:
 
     _no_grid_stop(study)
     study.tell(number, state=TrialState.FAIL)
-
-
-def _select(node: DictConfig | None, key: str, default: Any) -> Any:
-    return default if node is None else OmegaConf.select(node, key, default=default)
 
 
 def job_dir_of(load: Callable[[list[str]], DictConfig], overrides: list[str], number: int) -> Path:

@@ -8,7 +8,6 @@ of a ``--multirun`` that never fails the finished sweep. docs/sweeps-optuna.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -39,7 +38,8 @@ from reprotrain.run.record import (
     strict_dumps,
     to_strict_json,
 )
-from reprotrain.shown import say, shown, warnings_shown
+from reprotrain.shown import shown, warnings_shown
+from reprotrain.tools import cli
 from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 from reprotrain.tools.sweeps.optuna_study import StudyView
@@ -518,35 +518,27 @@ class SweepSummaryCallback(Callback):
         print(to_markdown(summary))
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.sweeps.sweep_summary",
-        description="Summarise a sweep directory: per group of non-seed overrides, mean, std "
-        "and 95%% CI of each final metric, plus a per-epoch plot. Writes summary.json, "
-        "summary.md and summary.png into the sweep directory.",
-    )
-    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR")
-    args = parser.parse_args(argv)
+    parser = cli.parser("reprotrain.tools.sweeps.sweep_summary", __doc__)
+    parser.add_argument("sweep_dir", type=cli.user_path, metavar="SWEEP_DIR")
+    sweep_dir = parser.parse_args(argv).sweep_dir
+    if not sweep_dir.is_dir():
+        raise ReprotrainError(f"{sweep_dir} is not a directory; give a sweep directory")
+    if (sweep_dir / RUN_JSON).exists():  # nothing of a sweep's is written into a run
+        raise ReprotrainError(
+            f"{sweep_dir} is a run directory, not a sweep; give the sweep directory "
+            "(multirun/...), or make report RUN=<run> for one run"
+        )
+    if not sweep_jobs(sweep_dir):
+        raise ReprotrainError(f"no {RUN_JSON} under {sweep_dir}; is this a sweep dir?")
     try:
-        if not args.sweep_dir.is_dir():
-            raise ReprotrainError(f"{args.sweep_dir} is not a directory; give a sweep directory")
-        if (args.sweep_dir / RUN_JSON).exists():  # nothing of a sweep's is written into a run
-            raise ReprotrainError(
-                f"{args.sweep_dir} is a run directory, not a sweep; give the sweep directory "
-                "(multirun/...), or make report RUN=<run> for one run"
-            )
-        if not sweep_jobs(args.sweep_dir):
-            raise ReprotrainError(f"no {RUN_JSON} under {args.sweep_dir}; is this a sweep dir?")
-        summary = write_summary(args.sweep_dir)
-    except ReprotrainError as e:
-        say(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        summary = write_summary(sweep_dir)
     except OSError as e:
-        say(f"error: cannot write the summary into {args.sweep_dir}: {e}", file=sys.stderr)
-        return 2
+        raise ReprotrainError(f"cannot write the summary into {sweep_dir}: {e}") from None
     print(to_markdown(summary))
     if not any(g["n_completed"] for g in summary["groups"]):
-        print(f"error: no completed run under {args.sweep_dir}", file=sys.stderr)
+        print(f"error: no completed run under {sweep_dir}", file=sys.stderr)
         return 1
     return 0
 

@@ -111,6 +111,15 @@ class CheckedArchive:
     def diff(self) -> str:
         return self.text("run/git.diff")
 
+    @property
+    def source_files(self) -> dict[str, str]:
+        """{path under source/: sha256} from the (verified) manifest."""
+        return {
+            rel.removeprefix("source/"): sha
+            for rel, sha in self.manifest.items()
+            if rel.startswith("source/")
+        }
+
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
     """Read the stream to its end (checksum checked); refused past the limits as it inflates."""

@@ -199,8 +199,7 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
     found = conclusions(a, b, pairs)
     lines += [f"claim    {c['text']}" for c in found]
     lines += [f"note     {n}" for n in notes]
-    too_few = any(min(len(ga.values), len(gb.values)) < 2 for ga, gb in pairs)
-    if too_few:  # one distinct seed on a side: no spread to judge anything by
+    if any(min(len(ga.values), len(gb.values)) < 2 for ga, gb in pairs):  # no spread to judge by
         verdict = INCONCLUSIVE
     elif INCONSISTENT in verdicts or any(c["status"] == "does not hold" for c in found):
         verdict = INCONSISTENT

@@ -67,16 +67,10 @@ class StudyView:
         def pick(key: str) -> Any:
             return None if hydra is None else OmegaConf.select(hydra, key, default=None)
 
-        sweep_dir, task = pick("sweep.dir"), pick("overrides.task") or []
-        return cls(
-            sweeper=pick("sweeper"),
-            trainer=trainer,
-            seed=seed,
-            sweep_dir=None if sweep_dir is None else str(sweep_dir),
-            task=tuple(str(o) for o in task),
-            mode=pick("mode"),
-            name=None if name is None else str(name),
-        )
+        task = tuple(str(o) for o in pick("overrides.task") or [])
+        sweep_dir = None if pick("sweep.dir") is None else str(pick("sweep.dir"))
+        name = None if name is None else str(name)
+        return cls(pick("sweeper"), trainer, seed, sweep_dir, task, pick("mode"), name)
 
 
 def _sweeper_settings(view: StudyView) -> dict[str, Any]:

@@ -312,12 +312,11 @@ class StudyRunner:
         """A RUNNING trial of a killed study: told from its finished run, else resumed in place."""
         overrides = self._overrides(fixed, trial.params)
         run_dir = Path(self.job_dir(overrides, trial.number))
-        status = None
-        if (run_dir / RUN_JSON).is_file():
-            try:
-                status = read_run_json(run_dir).get("status")
-            except ReprotrainError:
-                status = None
+        ran = (run_dir / RUN_JSON).is_file()
+        try:
+            status = read_run_json(run_dir).get("status") if ran else None
+        except ReprotrainError:
+            status = None
         if status == "completed":
             self._tell(study, trial.number, trial_value(run_dir, self.metric, self.mode))
             return []

@@ -27,7 +27,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
 from reprotrain.run.bounded import load_json
 from reprotrain.run.directory import sweep_jobs
-from reprotrain.run.readers import read_overrides
+from reprotrain.run.readers import read_config, read_overrides
 from reprotrain.run.record import (
     METRICS,
     RESOLVED_CONFIG,
@@ -55,8 +55,7 @@ def _finite(v: Any) -> bool:
 def describe(values: list[Any], value_range: tuple[float, float] | None = None) -> dict[str, Any]:
     """Statistics of the finite values; NaN/inf and None counted apart; ``ci95`` clipped."""
     finite = [float(v) for v in values if _finite(v)]
-    n = len(finite)
-    n_absent = sum(v is None for v in values)
+    n, n_absent = len(finite), sum(v is None for v in values)
     out: dict[str, Any] = {"n": n, "n_nonfinite": len(values) - n - n_absent, "n_absent": n_absent}
     if n == 0:
         return {**out, "mean": None, "std": None, "min": None, "max": None, "ci95": None}
@@ -151,9 +150,8 @@ def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
         except Exception as e:  # one broken job must not hide the others
             problems.append(str(e).splitlines()[0])
             continue
-        jobs.append(
-            Job(run_dir, record, overrides, read_jsonl(run_dir / METRICS, torn_tail_ok=True))
-        )
+        epochs = read_jsonl(run_dir / METRICS, torn_tail_ok=True)
+        jobs.append(Job(run_dir, record, overrides, epochs))
     return jobs, problems
 
 
@@ -164,8 +162,6 @@ def outcome_metrics(jobs: list[Job]) -> list[str]:
 
 def monitor_of(job: Job) -> tuple[str, str] | None:
     """(trainer.monitor, trainer.monitor_mode) from the resolved config, or None."""
-    from reprotrain.run.readers import read_config
-
     try:
         trainer = read_config(job.run_dir / RESOLVED_CONFIG).get("trainer") or {}
     except Exception:  # a summary without an objective beats no summary

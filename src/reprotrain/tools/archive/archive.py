@@ -23,18 +23,11 @@ from pathlib import Path
 from reprotrain import REPO_ROOT
 from reprotrain.errors import ArchiveError
 from reprotrain.run.readers import completion_problem, read_run_json
-from reprotrain.run.record import FINGERPRINTS, RUN_JSON, atomic_write_text, now_iso, read_jsonl
+from reprotrain.run.record import FINGERPRINTS, RUN_JSON, atomic_write_text, read_jsonl
 from reprotrain.tools import cli
 from reprotrain.tools.archive import sweep_archive
 from reprotrain.tools.archive.archive_check import MANIFEST, manifest_text, parse_manifest
-from reprotrain.tools.archive.pack import (
-    FORMAT_VERSION,
-    Pack,
-    copy_run,
-    pack,
-    source_and_env,
-    source_line,
-)
+from reprotrain.tools.archive.pack import Pack, copy_run, pack, source_and_env, source_line
 
 __all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
 
@@ -121,8 +114,6 @@ def _fill(job: Pack, run_dir: Path, record: dict, with_checkpoint: bool, root: P
     if now_diff:
         atomic_write_text(root / "env" / "git-archive-time.diff", now_diff)
     return {
-        "format": FORMAT_VERSION,
-        "created_at": now_iso(),
         "experiment_id": job.top.removesuffix(f"-{run_dir.name}"),
         "run_name": run_dir.name,
         "run_status": record.get("status"),
@@ -183,23 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _archive(args) -> int:
-    if sweep_archive.is_sweep_dir(args.run_dir):  # a sweep: every run and its summary
+def _archive(a) -> int:
+    if sweep_archive.is_sweep_dir(a.run_dir):  # a sweep: every run and its summary
         path, meta = sweep_archive.build(
-            args.run_dir, args.out_dir, args.repo, args.allow_incomplete, args.force, args.sign
+            a.run_dir, a.out_dir, a.repo, a.allow_incomplete, a.force, a.sign
         )
         print(sweep_archive.summary(meta, path))
-        return 0
-    path, meta = build(
-        args.run_dir,
-        args.out_dir,
-        repo=args.repo,
-        with_checkpoint=args.with_checkpoint,
-        allow_incomplete=args.allow_incomplete,
-        force=args.force,
-        sign_key=args.sign,
-    )
-    print(summary(read_run_json(args.run_dir), meta, path))
+    else:
+        path, meta = build(
+            a.run_dir, a.out_dir, a.repo, a.with_checkpoint, a.allow_incomplete, a.force, a.sign
+        )
+        print(summary(read_run_json(a.run_dir), meta, path))
     return 0
 
 

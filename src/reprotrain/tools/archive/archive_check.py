@@ -248,16 +248,8 @@ def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> Checked
             )
         if keep:
             kept[rel] = b"".join(chunks)
-    return CheckedArchive(
-        path=archive,
-        prefix=prefix,
-        top_name=_top_name(archive, prefix),
-        members=members,
-        manifest=expected,
-        manifest_bytes=manifest_bytes,
-        signature=signature,
-        files=kept,
-    )
+    top = _top_name(archive, prefix)
+    return CheckedArchive(archive, prefix, top, members, expected, manifest_bytes, signature, kept)
 
 
 def check_record(checked: CheckedArchive) -> CheckedArchive:

@@ -22,7 +22,7 @@ from reprotrain.hashing import file_sha256
 from reprotrain.progress import Phases, say
 from reprotrain.repro import gitinfo
 from reprotrain.run.mutex import _pid_exists
-from reprotrain.run.record import CHECKPOINTS, atomic_write_text
+from reprotrain.run.record import CHECKPOINTS, atomic_write_text, now_iso
 from reprotrain.tools.archive import signing, snapshot
 from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, MANIFEST, manifest_text
 
@@ -57,10 +57,9 @@ def final_checkpoint(run_dir: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
-    """(file, path under run/) for the run dir: no checkpoints unless asked, no temp files."""
+def copy_run(run_dir: Path, dest: Path, with_checkpoint: bool) -> None:
+    """The run dir's files into ``dest``: no checkpoints unless asked, no temp files."""
     keep = final_checkpoint(run_dir) if with_checkpoint else None
-    out = []
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir)
         if path.is_symlink() or not path.is_file():
@@ -69,12 +68,6 @@ def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
             continue
         if path.name.endswith(".tmp") and path.name.startswith("."):
             continue  # an atomic write in flight
-        out.append((path, rel.as_posix()))
-    return out
-
-
-def copy_run(run_dir: Path, dest: Path, with_checkpoint: bool) -> None:
-    for path, rel in run_members(run_dir, with_checkpoint):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dest / rel)
 
@@ -97,7 +90,7 @@ class Pack:
 
 
 def pack(job: Pack, fill: Callable[[Path], dict]) -> tuple[Path, dict]:
-    """``fill(root)`` writes the records, returns archive.json; sealed and packed atomically.
+    """``fill(root)`` writes the records and returns archive.json's own keys; sealed, packed.
 
     Refused before any write: the archive exists, or the repo lacks the recorded commit. A
     refusal leaves nothing, not even the folders made for it."""
@@ -112,10 +105,9 @@ def pack(job: Pack, fill: Callable[[Path], dict]) -> tuple[Path, dict]:
         with staging_dir(job.out_dir, job.target) as staging:
             root = staging / job.top
             PHASES("copy the records")
-            meta = fill(root)
-            atomic_write_text(
-                root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n"
-            )
+            meta = {"format": FORMAT_VERSION, "created_at": now_iso(), **fill(root)}
+            text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+            atomic_write_text(root / ARCHIVE_JSON, text)
             PHASES("seal and pack")
             files = seal(root, job.top, job.target, job.sign_key)
     except BaseException:

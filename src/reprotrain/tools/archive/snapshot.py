@@ -96,22 +96,16 @@ def from_working_tree(repo: Path, dest: Path, reason: str) -> Snapshot:
     """Copy the snapshot paths from the working tree (no git to rebuild the as-ran state)."""
     repo, dest = Path(repo), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
     for entry in sorted(repo.iterdir()):
         if not gitinfo.in_snapshot(entry.name):
             continue
         if entry.is_dir():
-            shutil.copytree(
-                entry,
-                dest / entry.name,
-                symlinks=False,
-                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"),
-            )
+            shutil.copytree(entry, dest / entry.name, symlinks=False, ignore=skip)
         elif entry.is_file():
             shutil.copy2(entry, dest / entry.name)
-    return Snapshot(
-        kind="working-tree",
-        notes=[f"source copied from the working tree as it is now, not as it ran: {reason}"],
-    )
+    note = f"source copied from the working tree as it is now, not as it ran: {reason}"
+    return Snapshot(kind="working-tree", notes=[note])
 
 
 def build(repo: Path, commit: str | None, diff: str, dest: Path) -> Snapshot:

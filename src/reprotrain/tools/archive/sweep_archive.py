@@ -14,16 +14,9 @@ from reprotrain.errors import ArchiveError
 from reprotrain.progress import Progress, say
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_run_json
-from reprotrain.run.record import RUN_JSON, now_iso
+from reprotrain.run.record import RUN_JSON
 from reprotrain.tools.archive.archive_check import CheckedArchive
-from reprotrain.tools.archive.pack import (
-    FORMAT_VERSION,
-    Pack,
-    copy_run,
-    pack,
-    source_and_env,
-    source_line,
-)
+from reprotrain.tools.archive.pack import Pack, copy_run, pack, source_and_env, source_line
 
 SWEEP = "sweep"
 #: The sweep's own files (an Optuna study's record, results and journal among them).
@@ -88,9 +81,7 @@ def build(
                 shutil.copy2(sweep_dir / name, root / SWEEP / name)
         snap = source_and_env(root, job)[0]
         return {
-            "format": FORMAT_VERSION,
             "kind": SWEEP,
-            "created_at": now_iso(),
             "sweep_name": sweep_dir.name,
             "jobs": [j.relative_to(sweep_dir).as_posix() for j in jobs],
             "source": snap.as_dict(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -182,14 +183,8 @@ class StudyRunner:
         trainer = view.trainer if view.trainer is not None else {}
         self.metric = str(trainer.get("monitor", "val_loss"))
         self.mode = str(trainer.get("monitor_mode", "min"))
-
-    @property
-    def direction(self) -> str:
-        return str(self.settings.get("direction") or f"{self.mode}imize")
-
-    @property
-    def study_name(self) -> str:
-        return str(self.settings.get("study_name") or self.view.name or "study")
+        self.direction = str(settings.get("direction") or f"{self.mode}imize")
+        self.study_name = str(settings.get("study_name") or view.name or "study")
 
     def n_trials(self, space: Mapping[str, Any]) -> int:
         n = int(self.settings.get("n_trials") or 1)
@@ -340,8 +335,6 @@ class StudyRunner:
 
 def name_metric(study: Any, metric: str) -> None:
     """The objective's name (``trainer.monitor``) in the study, for Optuna's plots."""
-    import warnings
-
     from optuna.exceptions import ExperimentalWarning
 
     with warnings.catch_warnings():

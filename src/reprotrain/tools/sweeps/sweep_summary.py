@@ -456,10 +456,7 @@ def _shift(mean: float | None, std: float | None, sign: int) -> float | None:
 
 
 def _epoch_value(rows: list[dict[str, Any]], epoch: int, metric: str) -> Any:
-    for r in rows:
-        if r.get("epoch") == epoch:
-            return r.get(metric)
-    return None
+    return next((r.get(metric) for r in rows if r.get("epoch") == epoch), None)
 
 
 def write_summary(sweep_dir: Path) -> dict[str, Any]:
@@ -476,9 +473,7 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
     clean, nonfinite = to_strict_json(summary)
     clean["nonfinite"] = nonfinite
     atomic_write_text(sweep_dir / SUMMARY_JSON, strict_dumps(clean, indent=2))
-    atomic_write_text(
-        sweep_dir / SUMMARY_MD, to_markdown(summary, SUMMARY_PNG if png is not None else None)
-    )
+    atomic_write_text(sweep_dir / SUMMARY_MD, to_markdown(summary, SUMMARY_PNG if png else None))
     return summary
 
 

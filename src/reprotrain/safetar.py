@@ -177,10 +177,8 @@ def compression(path: Path) -> str:
 def stream_cap(packed_bytes: int, limits: Limits) -> int:
     """The most the decompressed stream of a ``packed_bytes`` archive may hold: the total
     and ratio limits on the members, plus 512-byte headers and padding for each member."""
-    cap = min(
-        limits.max_total_bytes, max(limits.ratio_floor_bytes, limits.max_ratio * packed_bytes)
-    )
-    return int(cap) + 1024 * (limits.max_members + 2)
+    by_ratio = max(limits.ratio_floor_bytes, limits.max_ratio * packed_bytes)
+    return int(min(limits.max_total_bytes, by_ratio)) + 1024 * (limits.max_members + 2)
 
 
 class CappedStream:

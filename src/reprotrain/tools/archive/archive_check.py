@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from reprotrain.errors import RecordError, ReproduceRefused
 from reprotrain.run import schema as run_schema
 from reprotrain.run.readers import completion_problem, parse_jsonl, parse_record, parse_yaml_config
+from reprotrain.run.record import atomic_write_text
 from reprotrain.safetar import (
     ArchiveLimitError,
     Budget,
@@ -377,8 +378,6 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
 
 def mark_extracted(top: Path, archive: Path) -> None:
     """:data:`MARKER` in the top folder and each run directory (replacing any archived one)."""
-    from reprotrain.run.record import atomic_write_text
-
     text = json.dumps({"archive": str(archive), "built_only_under_a_trust_rule": True}) + "\n"
     for folder in [top, *sorted(r.parent for r in top.rglob("run.json"))]:
         atomic_write_text(folder / MARKER, text)

@@ -72,13 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     root = args.root or default_root()
-    if args.lock or args.ins:
-        if len(args.lock) != len(args.ins):
-            print("error: give one --in per --lock", file=sys.stderr)
-            return 2
-        pairs = [(root / lk, root / i) for lk, i in zip(args.lock, args.ins, strict=True)]
-    else:
-        pairs = [(root / lk, root / i) for lk, i in ALL_PAIRS]
+    if len(args.lock) != len(args.ins):
+        print("error: give one --in per --lock", file=sys.stderr)
+        return 2
+    named = list(zip(args.lock, args.ins, strict=True)) or ALL_PAIRS
+    pairs = [(root / lk, root / i) for lk, i in named]
 
     if args.record_files:
         for lock_path, _ in pairs:

@@ -232,8 +232,7 @@ def study_lines(study: dict[str, Any]) -> list[str]:
         f"optuna study {study['study_name']}: {len(study['trials'])} trial(s), "
         f"{study['direction']} {study['metric']}, sampler {study['sampler']['class']} seed {seed}"
     )
-    best = study["best"]
-    lines = [head]
+    lines, best = [head], study["best"]
     if best is not None:
         metric = f"{study['metric']}={best['value']}"
         lines.append(f"  best: trial {best['number']} {metric} {best['params']}")

@@ -184,11 +184,7 @@ def objective(jobs: list[Job], groups: list[dict[str, Any]]) -> dict[str, Any] |
 def group_labels(keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
     """Name each group by the overrides that differ between groups (all, if only one)."""
     common = set.intersection(*(set(k) for k in keys)) if keys else set()
-    labels = {}
-    for key in keys:
-        varying = [o for o in key if o not in common]
-        labels[key] = " ".join(varying) or " ".join(key) or "all runs"
-    return labels
+    return {k: " ".join(o for o in k if o not in common) or " ".join(k) or "all runs" for k in keys}
 
 
 def epoch_curves(jobs: list[Job], metrics: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -483,9 +479,8 @@ class SweepSummaryCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         view = StudyView.of(config.hydra, config.get("trainer"), config.get("seed"))
         optuna_study.prepare(view)  # refuses before any trial: nothing logged yet
-        overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]))
         sweep_dir, name = Path(config.hydra.sweep.dir), str(config.get("name"))
-        start_sweep_run(config.get("logger"), sweep_dir, name, overrides)
+        start_sweep_run(config.get("logger"), sweep_dir, name, list(view.task))
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
         view = StudyView.of(OmegaConf.select(config, "hydra"))

@@ -176,7 +176,7 @@ class StudyRunner:
         validate: Callable[[list[list[str]]], None] | None = None,
         save_record: Callable[[Path], None] | None = None,
     ) -> None:
-        self.settings, self.view, self.launch, self.job_dir = dict(settings), view, launch, job_dir
+        self.settings, self.launch, self.job_dir = dict(settings), launch, job_dir
         self.validate = validate or (lambda batch: None)
         self.save_record = save_record or (lambda path: None)
         self.sweep_dir = Path(str(view.sweep_dir))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import base_env
+from reprotrain.errors import ArchiveError
 from reprotrain.tools.archive import archive as arch
 from reprotrain.tools.archive import sweep_archive
 from test_replay_plan import trainer_repo  # noqa: F401
@@ -125,6 +126,24 @@ def test_a_full_disk_during_archive_names_the_path(tmp_path, repo, job_config, c
     assert f"writing {out}/trusttest-run.tar.gz failed at {out}/." in line, line
     assert "free space in" in line
     assert leftovers(out) == []
+
+
+def test_a_refused_sweep_archive_leaves_no_folder_it_made(tmp_path, repo, job_config, monkeypatch):
+    """Was: a sweep archive refused mid-way (here a full disk) kept the --out-dir folders it
+    had made; the single-run archiver removed them. Both now pack through ``pack.pack``."""
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for i in range(2):
+        fake_run(tmp_path, repo, job_config).rename(sweep / str(i))
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shutil, "copy2", full)
+    with pytest.raises(ArchiveError, match="No space left on device"):
+        sweep_archive.build(sweep, tmp_path / "new" / "archives", repo)
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.fixture

@@ -128,7 +128,7 @@ def test_a_study_killed_during_trial_3_and_continued_equals_the_uninterrupted_on
 def yaml_best(sweep_dir: Path) -> dict:
     import yaml
 
-    return yaml.safe_load((sweep_dir / impl.RESULTS).read_text())
+    return yaml.safe_load((sweep_dir / impl.OPTUNA_RESULTS).read_text())
 
 
 def test_one_sampler_for_the_whole_study_would_not_continue_the_same(tmp_path, monkeypatch):

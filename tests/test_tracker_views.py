@@ -70,7 +70,7 @@ def test_a_sweeps_runs_are_its_job_directories_not_a_loggers_copy_of_a_record(tm
     assert ss.UNKNOWN_OVERRIDES not in (sweep / "summary.md").read_text()
     compared = compare_sweeps.read_sweep(sweep, "test_acc")
     assert sorted(len(g.values) for g in compared.groups.values()) == [3, 3]
-    assert sweep_archive.is_sweep_dir(sweep) and sweep_archive.job_dirs(sweep) == jobs
+    assert sweep_archive.is_sweep_dir(sweep) and sweep_jobs(sweep) == jobs
 
 
 def test_a_run_directory_is_never_searched_for_more_runs(tmp_path):

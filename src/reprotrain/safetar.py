@@ -49,17 +49,17 @@ def parse_bytes(text: str) -> int:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
+    return f"{n:.1f} GiB"
 
 
 def read_members(tar: tarfile.TarFile, limits: Limits) -> list[tarfile.TarInfo]:
     """The headers, refusing as soon as there are more than ``limits.max_members``."""
     out = []
-    for m in _iter(tar):
+    while (m := tar.next()) is not None:
         out.append(m)
         if len(out) > limits.max_members:
             raise ArchiveLimitError(
@@ -67,11 +67,6 @@ def read_members(tar: tarfile.TarFile, limits: Limits) -> list[tarfile.TarInfo]:
                 "--max-members); nothing extracted"
             )
     return out
-
-
-def _iter(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    while (m := tar.next()) is not None:
-        yield m
 
 
 def check_sizes(members: list[tarfile.TarInfo], compressed_bytes: int, limits: Limits) -> int:
@@ -151,8 +146,7 @@ def unsafe_reason(m: tarfile.TarInfo) -> str | None:
 
 #: The most a GNU long-name/long-link or pax extended header may hold (names are < 4 KiB).
 MAX_HEADER_BYTES = 1 << 20
-_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
-             tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)  # fmt: skip
+_EXTENDED = (b"L", b"K", b"x", b"g", b"X")  # tarfile.GNUTYPE_LONG{NAME,LINK}, pax, Solaris
 #: (magic bytes, name, opener of the decompressed stream); none of them: a plain tar.
 _COMPRESSIONS = (
     (b"\x1f\x8b", "gzip", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
@@ -183,10 +177,8 @@ def compression(path: Path) -> str:
 def stream_cap(packed_bytes: int, limits: Limits) -> int:
     """The most the decompressed stream of a ``packed_bytes`` archive may hold: the total
     and ratio limits on the members, plus 512-byte headers and padding for each member."""
-    cap = min(
-        limits.max_total_bytes, max(limits.ratio_floor_bytes, limits.max_ratio * packed_bytes)
-    )
-    return int(cap) + 1024 * (limits.max_members + 2)
+    by_ratio = max(limits.ratio_floor_bytes, limits.max_ratio * packed_bytes)
+    return int(min(limits.max_total_bytes, by_ratio)) + 1024 * (limits.max_members + 2)
 
 
 class CappedStream:

@@ -13,9 +13,8 @@ Exit codes: 0 written; 2 refused, in one line.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
+import functools
 import os
 import re
 import sys
@@ -24,24 +23,11 @@ from pathlib import Path
 from reprotrain import REPO_ROOT
 from reprotrain.errors import ArchiveError
 from reprotrain.run.readers import completion_problem, read_run_json
-from reprotrain.run.record import FINGERPRINTS, RUN_JSON, atomic_write_text, now_iso, read_jsonl
+from reprotrain.run.record import FINGERPRINTS, RUN_JSON, atomic_write_text, read_jsonl
 from reprotrain.tools import cli
 from reprotrain.tools.archive import sweep_archive
-from reprotrain.tools.archive.archive_check import (
-    ARCHIVE_JSON,
-    MANIFEST,
-    manifest_text,
-    parse_manifest,
-)
-from reprotrain.tools.archive.pack import (
-    FORMAT_VERSION,
-    PHASES,
-    copy_run,
-    seal,
-    source_and_env,
-    staging_dir,
-    target_path,
-)
+from reprotrain.tools.archive.archive_check import MANIFEST, manifest_text, parse_manifest
+from reprotrain.tools.archive.pack import Pack, copy_run, pack, source_and_env, source_line
 
 __all__ = ["MANIFEST", "ArchiveError", "build", "main", "manifest_text", "parse_manifest"]
 
@@ -105,68 +91,38 @@ def build(
         )
     check_consistent(run_dir, record)
     exp_id = re.sub(r"[^\w.+-]", "_", str(record.get("experiment_id") or "unknown"))
-    top, git = f"{exp_id}-{run_dir.name}", _dict(record.get("git"))
-    target = target_path(out_dir, top, force, repo, git.get("commit"))
-    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        return _build(run_dir, out_dir, repo, record, git, top, target, with_checkpoint, sign_key)
-    except BaseException:
-        for p in created:  # innermost first: leave no empty folders from a refused archive
-            with contextlib.suppress(OSError):
-                p.rmdir()
-        raise
-
-
-def _build(
-    run_dir: Path,
-    out_dir: Path,
-    repo: Path,
-    record: dict,
-    git: dict,
-    top: str,
-    target: Path,
-    with_checkpoint: bool,
-    sign_key: Path | None,
-) -> tuple[Path, dict]:
-    status, exp_id = record.get("status"), top.removesuffix(f"-{run_dir.name}")
     diff_path = run_dir / "git.diff"
     diff = diff_path.read_text(errors="replace") if diff_path.is_file() else ""
-    with staging_dir(out_dir, target) as staging:
-        root = staging / top
-        PHASES("copy the records")
-        copy_run(run_dir, root / "run", with_checkpoint)
-        snap, lock_sha, now_git, now_diff = source_and_env(root, repo, git.get("commit"), diff)
-        if git.get("dirty") and not diff:
-            snap.notes.append("run.json says the tree was dirty but the run has no git.diff")
-        not_archivable = archivability(record)
-        snap.notes.extend(not_archivable)
-        if lock_sha != record.get("lock_sha256"):
-            snap.notes.append(
-                f"requirements.lock in the snapshot ({(lock_sha or 'none')[:12]}) is not the "
-                f"recorded lock ({str(record.get('lock_sha256') or 'none')[:12]})"
-            )
-        if now_diff:
-            atomic_write_text(root / "env" / "git-archive-time.diff", now_diff)
-        meta = {
-            "format": FORMAT_VERSION,
-            "created_at": now_iso(),
-            "experiment_id": exp_id,
-            "run_name": run_dir.name,
-            "run_status": status,
-            "with_checkpoint": with_checkpoint,
-            "fully_archivable": not not_archivable,
-            "source": snap.as_dict(),
-            "lock_sha256": {"recorded": record.get("lock_sha256"), "snapshot": lock_sha},
-            "archived_with": {"python": sys.version.split()[0], "git": now_git.get("commit")},
-        }
-        atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        PHASES("seal and pack")
-        files = seal(root, top, target, sign_key)
-        if sign_key is not None:
-            meta["signed"] = True
-    meta["members"] = files + 1 + (1 if sign_key is not None else 0)
-    return target, meta
+    commit = _dict(record.get("git")).get("commit")
+    job = Pack(out_dir, f"{exp_id}-{run_dir.name}", repo, commit, diff, force, sign_key)
+    return pack(job, functools.partial(_fill, job, run_dir, record, with_checkpoint))
+
+
+def _fill(job: Pack, run_dir: Path, record: dict, with_checkpoint: bool, root: Path) -> dict:
+    """The run's records, source and environment under ``root``; returns archive.json."""
+    copy_run(run_dir, root / "run", with_checkpoint)
+    snap, lock_sha, now_git, now_diff = source_and_env(root, job)
+    if _dict(record.get("git")).get("dirty") and not job.diff:
+        snap.notes.append("run.json says the tree was dirty but the run has no git.diff")
+    not_archivable = archivability(record)
+    snap.notes.extend(not_archivable)
+    if lock_sha != record.get("lock_sha256"):
+        snap.notes.append(
+            f"requirements.lock in the snapshot ({(lock_sha or 'none')[:12]}) is not the "
+            f"recorded lock ({str(record.get('lock_sha256') or 'none')[:12]})"
+        )
+    if now_diff:
+        atomic_write_text(root / "env" / "git-archive-time.diff", now_diff)
+    return {
+        "experiment_id": job.top.removesuffix(f"-{run_dir.name}"),
+        "run_name": run_dir.name,
+        "run_status": record.get("status"),
+        "with_checkpoint": with_checkpoint,
+        "fully_archivable": not not_archivable,
+        "source": snap.as_dict(),
+        "lock_sha256": {"recorded": record.get("lock_sha256"), "snapshot": lock_sha},
+        "archived_with": {"python": sys.version.split()[0], "git": now_git.get("commit")},
+    }
 
 
 def summary(record: dict, meta: dict, path: Path) -> str:
@@ -180,20 +136,14 @@ def summary(record: dict, meta: dict, path: Path) -> str:
         for k, v in final.items()
         if k not in ("epoch", "global_step", "lr")
     )
-    src = meta["source"]
-    source = (
-        f"git {src['commit'][:12]}" + (" + the run's git.diff" if src["diff_applied"] else "")
-        if src["kind"] == "git"
-        else "WORKING TREE (not as ran)"
-    )
-    size = path.stat().st_size
+    size, source = path.stat().st_size, source_line(meta["source"], "the run's git.diff")
     lines = [
         f"archived {meta['experiment_id']} (run {meta['run_name']}, {meta['run_status']})",
         f"  seeds    base={seeds.get('base')} ({seeds.get('source')})  {streams}",
         f"  repro    {_dict(record.get('repro')).get('level')}",
         f"  metrics  epoch {final.get('epoch')}/{record.get('epochs_completed')}: {shown}",
         f"  source   {source}",
-        *[f"  note     {n}" for n in src["notes"]],
+        *[f"  note     {n}" for n in meta["source"]["notes"]],
         f"  archive  {path} ({size / 1024:.1f} KiB, {meta['members']} members, "
         f"checkpoint {'included' if meta['with_checkpoint'] else 'left out'}, "
         f"{'signed' if meta.get('signed') else 'unsigned'})",
@@ -212,35 +162,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--repo", type=cli.user_path, default=REPO_ROOT, help="checkout to rebuild source from"
     )
-    p.add_argument("--sign", type=cli.user_path, default=None, metavar="KEY",
-                   help="sign the manifest with this ssh key (ssh-keygen -Y sign)")  # fmt: skip
+    sign = "sign the manifest with this ssh key (ssh-keygen -Y sign)"
+    p.add_argument("--sign", type=cli.user_path, default=None, metavar="KEY", help=sign)
     args = p.parse_args(argv)
     try:
         with cli.stopping():  # a stop signal unwinds: staging and temp tar removed
             return _archive(args)
     except cli.Stopped as e:
-        print(f"error: interrupted by {e.signal}: no archive written, nothing left behind",
-              file=sys.stderr, flush=True)  # fmt: skip
+        why = f"error: interrupted by {e.signal}: no archive written, nothing left behind"
+        print(why, file=sys.stderr, flush=True)
         return 130
 
 
-def _archive(args) -> int:
-    if sweep_archive.is_sweep_dir(args.run_dir):  # a sweep: every run and its summary
+def _archive(a) -> int:
+    if sweep_archive.is_sweep_dir(a.run_dir):  # a sweep: every run and its summary
         path, meta = sweep_archive.build(
-            args.run_dir, args.out_dir, args.repo, args.allow_incomplete, args.force, args.sign
+            a.run_dir, a.out_dir, a.repo, a.allow_incomplete, a.force, a.sign
         )
         print(sweep_archive.summary(meta, path))
-        return 0
-    path, meta = build(
-        args.run_dir,
-        args.out_dir,
-        repo=args.repo,
-        with_checkpoint=args.with_checkpoint,
-        allow_incomplete=args.allow_incomplete,
-        force=args.force,
-        sign_key=args.sign,
-    )
-    print(summary(read_run_json(args.run_dir), meta, path))
+    else:
+        path, meta = build(
+            a.run_dir, a.out_dir, a.repo, a.with_checkpoint, a.allow_incomplete, a.force, a.sign
+        )
+        print(summary(read_run_json(a.run_dir), meta, path))
     return 0
 
 

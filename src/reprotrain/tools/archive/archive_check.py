@@ -1,8 +1,7 @@
 """Check an archive completely *before* anything is extracted, then extract it safely.
 
-Closes: an unsafe member writing outside the target; a changed, missing or extra member
-(``MANIFEST.sha256``, at ``<top>/`` or ``./``); a malformed record crashing the replay with
-exit 1 (DIVERGED's code). Each is one line, exit 2. Records stay in memory from the hashing
+Closes: a member writing outside the target; a changed, missing or extra member; a malformed
+record crashing the replay (each one line, exit 2). Records stay in memory from the hashing
 pass, so trust and record checks run on verified bytes.
 """
 
@@ -27,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from reprotrain.errors import RecordError, ReproduceRefused
 from reprotrain.run import schema as run_schema
 from reprotrain.run.readers import completion_problem, parse_jsonl, parse_record, parse_yaml_config
+from reprotrain.run.record import atomic_write_text
 from reprotrain.safetar import (
     ArchiveLimitError,
     Budget,
@@ -223,14 +223,11 @@ def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> Checked
         raise ReproduceRefused(f"manifest check failed: {e}") from None
     signature = tar.extractfile(files.pop(SIGNATURE)).read() if SIGNATURE in files else None
     where = f"{prefix}/" if prefix else "./"
-    for rel in sorted(set(expected) - set(files)):
-        raise ReproduceRefused(
-            f"manifest check failed: {where}{rel} is in {MANIFEST} but not in the archive"
-        )
-    for rel in sorted(set(files) - set(expected)):
-        raise ReproduceRefused(
-            f"manifest check failed: {where}{rel} is in the archive but not in {MANIFEST}"
-        )
+    missing, extra = sorted(set(expected) - set(files)), sorted(set(files) - set(expected))
+    for rel in [*missing, *extra]:
+        has, lacks = (MANIFEST, "the archive") if rel in expected else ("the archive", MANIFEST)
+        why = f"{where}{rel} is in {has} but not in {lacks}"
+        raise ReproduceRefused(f"manifest check failed: {why}")
     kept: dict[str, bytes] = {}
     budget = Budget(limits)
     for rel in sorted(files):
@@ -252,16 +249,8 @@ def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> Checked
             )
         if keep:
             kept[rel] = b"".join(chunks)
-    return CheckedArchive(
-        path=archive,
-        prefix=prefix,
-        top_name=_top_name(archive, prefix),
-        members=members,
-        manifest=expected,
-        manifest_bytes=manifest_bytes,
-        signature=signature,
-        files=kept,
-    )
+    top = _top_name(archive, prefix)
+    return CheckedArchive(archive, prefix, top, members, expected, manifest_bytes, signature, kept)
 
 
 def check_record(checked: CheckedArchive) -> CheckedArchive:
@@ -309,8 +298,8 @@ def check_config_identity(record: dict, config: dict, label: str) -> None:
 
     recorded = record.get("config_sha256")
     if not isinstance(recorded, str):
-        raise ReproduceRefused(f"{label}: run.json records no config_sha256 to check it against;"
-                               " the record was edited or damaged; nothing was run")  # fmt: skip
+        why = "run.json records no config_sha256 to check it against"
+        raise ReproduceRefused(f"{label}: {why}; the record was edited or damaged; nothing was run")
     here = config_sha256(config, record.get("extended_from") or None)
     if here != recorded:
         raise ReproduceRefused(
@@ -389,8 +378,6 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
 
 def mark_extracted(top: Path, archive: Path) -> None:
     """:data:`MARKER` in the top folder and each run directory (replacing any archived one)."""
-    from reprotrain.run.record import atomic_write_text
-
     text = json.dumps({"archive": str(archive), "built_only_under_a_trust_rule": True}) + "\n"
     for folder in [top, *sorted(r.parent for r in top.rglob("run.json"))]:
         atomic_write_text(folder / MARKER, text)

@@ -13,16 +13,17 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
 from reprotrain.progress import Phases, say
 from reprotrain.repro import gitinfo
-from reprotrain.run.record import CHECKPOINTS, atomic_write_text
+from reprotrain.run.record import CHECKPOINTS, atomic_write_text, now_iso
 from reprotrain.tools.archive import signing, snapshot
-from reprotrain.tools.archive.archive_check import MANIFEST, manifest_text
+from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, MANIFEST, manifest_text
 
 FORMAT_VERSION = 1
 #: Packing, in order, after the refusals (progress lines on stdout: ``archive [2/4] ...``).
@@ -55,10 +56,9 @@ def final_checkpoint(run_dir: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
-    """(file, path under run/) for the run dir: no checkpoints unless asked, no temp files."""
+def copy_run(run_dir: Path, dest: Path, with_checkpoint: bool) -> None:
+    """The run dir's files into ``dest``: no checkpoints unless asked, no temp files."""
     keep = final_checkpoint(run_dir) if with_checkpoint else None
-    out = []
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir)
         if path.is_symlink() or not path.is_file():
@@ -67,38 +67,75 @@ def run_members(run_dir: Path, with_checkpoint: bool) -> list[tuple[Path, str]]:
             continue
         if path.name.endswith(".tmp") and path.name.startswith("."):
             continue  # an atomic write in flight
-        out.append((path, rel.as_posix()))
-    return out
-
-
-def copy_run(run_dir: Path, dest: Path, with_checkpoint: bool) -> None:
-    for path, rel in run_members(run_dir, with_checkpoint):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dest / rel)
 
 
-def target_path(out_dir: Path, top: str, force: bool, repo: Path, commit: str | None) -> Path:
-    """``<out_dir>/<top>.tar.gz``; refused before any write: it exists, or repo lacks the commit."""
-    target = out_dir / f"{top}.tar.gz"
-    check_out_dir(out_dir)
-    if target.exists() and not force:
-        raise ArchiveError(f"{target} exists; pass --force to overwrite it")
-    if snapshot.is_git_repo(repo) and commit:
-        snapshot.check_commit(repo, commit)
-    return target
+@dataclass(frozen=True)
+class Pack:
+    """One archive to write: ``<out_dir>/<top>.tar.gz``, its source from ``repo`` at ``commit``."""
+
+    out_dir: Path
+    top: str
+    repo: Path
+    commit: str | None
+    diff: str
+    force: bool = False
+    sign_key: Path | None = None
+
+    @property
+    def target(self) -> Path:
+        return self.out_dir / f"{self.top}.tar.gz"
 
 
-def source_and_env(root: Path, repo: Path, commit: str | None, diff: str):
+def pack(job: Pack, fill: Callable[[Path], dict]) -> tuple[Path, dict]:
+    """``fill(root)`` writes the records and returns archive.json's own keys; sealed, packed.
+
+    Refused before any write: the archive exists, or the repo lacks the recorded commit. A
+    refusal leaves nothing, not even the folders made for it."""
+    check_out_dir(job.out_dir)
+    if job.target.exists() and not job.force:
+        raise ArchiveError(f"{job.target} exists; pass --force to overwrite it")
+    if snapshot.is_git_repo(job.repo) and job.commit:
+        snapshot.check_commit(job.repo, job.commit)
+    created = [p for p in (job.out_dir, *job.out_dir.parents) if not p.exists()]
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with staging_dir(job.out_dir, job.target) as staging:
+            root = staging / job.top
+            PHASES("copy the records")
+            meta = {"format": FORMAT_VERSION, "created_at": now_iso(), **fill(root)}
+            text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+            atomic_write_text(root / ARCHIVE_JSON, text)
+            PHASES("seal and pack")
+            files = seal(root, job.top, job.target, job.sign_key)
+    except BaseException:
+        for p in created:  # innermost first: leave no empty folders from a refused archive
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+    signed = job.sign_key is not None
+    return job.target, {**meta, "members": files + 1 + signed, "signed": signed}
+
+
+def source_line(src: dict, diff: str) -> str:
+    """Where the archived source came from, for the summary printed after packing."""
+    if src["kind"] != "git":
+        return "WORKING TREE (not as ran)"
+    return f"git {src['commit'][:12]}" + (f" + {diff}" if src["diff_applied"] else "")
+
+
+def source_and_env(root: Path, job: Pack):
     """Write ``source/`` and ``env/``; (the snapshot, lock sha256 or None, git now, diff now)."""
     PHASES("snapshot the source")
-    snap = snapshot.build(repo, commit, diff, root / "source")
+    snap = snapshot.build(job.repo, job.commit, job.diff, root / "source")
     lock = root / "source" / "requirements.lock"
     lock_sha = file_sha256(lock) if lock.is_file() else None
     if lock.is_file():
         (root / "env").mkdir(parents=True, exist_ok=True)
         shutil.copy2(lock, root / "env" / "requirements.lock")
     PHASES("record the environment")
-    now_git, now_diff = gitinfo.git_info(repo)
+    now_git, now_diff = gitinfo.git_info(job.repo)
     atomic_write_text(root / "env" / "pip-freeze.txt", pip_freeze())
     atomic_write_text(root / "env" / "git.json", json.dumps(now_git, indent=2) + "\n")
     return snap, lock_sha, now_git, now_diff
@@ -130,7 +167,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
+        pass
     return True
 
 
@@ -166,9 +203,8 @@ def _reaper(out_dir: Path) -> Iterator[None]:
     """A process of its own session: removes the staging dir and temp tar if this one is killed."""
     read, write = os.pipe()
     pattern = str(Path(out_dir) / f"{STAGING_PREFIX}{os.getpid()}-*")
-    with open(os.devnull, "wb") as quiet:
-        proc = subprocess.Popen([sys.executable, "-S", "-c", _REAPER, pattern], stdin=read,
-                                stdout=quiet, stderr=quiet, start_new_session=True)  # fmt: skip
+    argv, quiet = [sys.executable, "-S", "-c", _REAPER, pattern], subprocess.DEVNULL
+    proc = subprocess.Popen(argv, stdin=read, stdout=quiet, stderr=quiet, start_new_session=True)
     os.close(read)
     try:
         yield
@@ -187,8 +223,8 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
     try:
         remove_stale_staging(out_dir)
         with _reaper(out_dir):
-            staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-",
-                                            dir=out_dir))  # fmt: skip
+            prefix = f"{STAGING_PREFIX}{os.getpid()}-"
+            staging = Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir))
             try:
                 yield staging
             finally:

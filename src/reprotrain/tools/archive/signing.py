@@ -37,12 +37,8 @@ def sign_file(path: Path, key: Path) -> Path:
         raise SigningError(f"signing key {key}: no such file")
     sig = Path(f"{path}{SIGNATURE_SUFFIX}")
     sig.unlink(missing_ok=True)
-    out = subprocess.run(
-        [ssh_keygen(), "-Y", "sign", "-f", str(key), "-n", NAMESPACE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [ssh_keygen(), "-Y", "sign", "-f", str(key), "-n", NAMESPACE, str(path)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if out.returncode != 0 or not sig.is_file():
         raise SigningError(f"signing with {key} failed: {_last_line(out.stderr)}")
     return sig
@@ -63,24 +59,16 @@ def verify_bytes(data: bytes, signature: bytes, allowed_signers: Path) -> Verifi
     with tempfile.TemporaryDirectory(prefix="reprotrain-sig-") as tmp:
         sig = Path(tmp) / "manifest.sig"
         sig.write_bytes(signature)
-        found = subprocess.run(
-            [keygen, "-Y", "find-principals", "-s", str(sig), "-f", str(allowed)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        find = [keygen, "-Y", "find-principals", "-s", str(sig), "-f", str(allowed)]
+        found = subprocess.run(find, capture_output=True, text=True, timeout=60)
         principals = [p for p in found.stdout.split() if p]
         if found.returncode != 0 or not principals:
             raise SigningError(f"the archive's signing key is not in {allowed}")
         last = "no message"
+        check = [keygen, "-Y", "verify", "-f", str(allowed), "-n", NAMESPACE, "-s", str(sig)]
         for principal in principals:
-            out = subprocess.run(
-                [keygen, "-Y", "verify", "-f", str(allowed), "-I", principal, "-n", NAMESPACE,
-                 "-s", str(sig)],
-                input=data,
-                capture_output=True,
-                timeout=60,
-            )  # fmt: skip
+            argv = [*check, "-I", principal]
+            out = subprocess.run(argv, input=data, capture_output=True, timeout=60)
             text = (out.stdout + out.stderr).decode(errors="replace")
             if out.returncode == 0:
                 return Verified(principal, _last_line(text))

@@ -12,18 +12,15 @@ import os
 import shutil
 import subprocess
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reprotrain.errors import SnapshotError
 from reprotrain.repro import gitinfo
 
-__all__ = ["SNAPSHOT_PATHS", "Snapshot", "SnapshotError", "build", "from_git", "is_git_repo"]
-
 #: What a snapshot holds, as git pathspecs / glob patterns relative to the repo root (one
 #: list, shared with the trainer's record of which untracked files an archive would miss).
 SNAPSHOT_PATHS = gitinfo.SNAPSHOT_PATHS
-_in_snapshot = gitinfo.in_snapshot
 
 
 @dataclass
@@ -36,12 +33,7 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {
-            "kind": self.kind,
-            "commit": self.commit,
-            "diff_applied": self.diff_applied,
-            "notes": self.notes,
-        }
+        return asdict(self)
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -75,7 +67,7 @@ def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
     check_commit(repo, commit)
     listed = _git(repo, "ls-tree", "-r", "--name-only", commit)
     paths = sorted({p.split("/", 1)[0] for p in listed.stdout.decode().splitlines()})
-    wanted = [p for p in paths if _in_snapshot(p)]
+    wanted = [p for p in paths if gitinfo.in_snapshot(p)]
     dest.mkdir(parents=True, exist_ok=True)
     snap = Snapshot(kind="git", commit=commit)
     if wanted:
@@ -85,19 +77,14 @@ def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
         with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
             tar.extractall(dest, filter="data")
     if diff.strip():
-        includes = [f"--include={p}" for p in SNAPSHOT_PATHS] + [
-            f"--include={p}/*" for p in SNAPSHOT_PATHS
-        ]
+        includes = [f"--include={q}" for p in SNAPSHOT_PATHS for q in (p, f"{p}/*")]
         # dest must not be mistaken for a subfolder of some enclosing checkout (git apply
         # would then patch relative to that repo's root): stop git's repo discovery at dest.
+        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent)}
+        args = ("apply", "--whitespace=nowarn", "--binary", *includes, "-")
         applied = gitinfo.run_git(
-            dest,
-            "apply", "--whitespace=nowarn", "--binary", *includes, "-",
-            input=diff.encode(),
-            text=False,
-            timeout=120,
-            env={**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent)},
-        )  # fmt: skip
+            dest, *args, input=diff.encode(), text=False, timeout=120, env=env
+        )
         if applied.returncode != 0:
             first = (applied.stderr.decode().strip().splitlines() or ["?"])[0]
             raise SnapshotError(f"the run's git.diff does not apply to {commit[:12]}: {first}")
@@ -109,22 +96,16 @@ def from_working_tree(repo: Path, dest: Path, reason: str) -> Snapshot:
     """Copy the snapshot paths from the working tree (no git to rebuild the as-ran state)."""
     repo, dest = Path(repo), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
     for entry in sorted(repo.iterdir()):
-        if not _in_snapshot(entry.name):
+        if not gitinfo.in_snapshot(entry.name):
             continue
         if entry.is_dir():
-            shutil.copytree(
-                entry,
-                dest / entry.name,
-                symlinks=False,
-                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"),
-            )
+            shutil.copytree(entry, dest / entry.name, symlinks=False, ignore=skip)
         elif entry.is_file():
             shutil.copy2(entry, dest / entry.name)
-    return Snapshot(
-        kind="working-tree",
-        notes=[f"source copied from the working tree as it is now, not as it ran: {reason}"],
-    )
+    note = f"source copied from the working tree as it is now, not as it ran: {reason}"
+    return Snapshot(kind="working-tree", notes=[note])
 
 
 def build(repo: Path, commit: str | None, diff: str, dest: Path) -> Snapshot:

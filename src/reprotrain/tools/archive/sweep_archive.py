@@ -6,7 +6,6 @@ own files); all runs must share the commit and diff. docs/archive-and-reproduce.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -15,23 +14,14 @@ from reprotrain.errors import ArchiveError
 from reprotrain.progress import Progress, say
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_run_json
-from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
-from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, CheckedArchive
-from reprotrain.tools.archive.pack import (
-    FORMAT_VERSION,
-    PHASES,
-    copy_run,
-    seal,
-    source_and_env,
-    staging_dir,
-    target_path,
-)
+from reprotrain.run.record import RUN_JSON
+from reprotrain.tools.archive.archive_check import CheckedArchive
+from reprotrain.tools.archive.pack import Pack, copy_run, pack, source_and_env, source_line
 
 SWEEP = "sweep"
-KIND = "sweep"
 #: The sweep's own files (an Optuna study's record, results and journal among them).
-SWEEP_FILES = ("summary.json", "summary.md", "summary.png", "multirun.yaml", "study.json",
-               "optimization_results.yaml", "study.journal")  # fmt: skip
+SWEEP_FILES = ("summary.json", "summary.md", "summary.png", "multirun.yaml", "study.json")
+SWEEP_FILES += ("optimization_results.yaml", "study.journal")
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -42,9 +32,6 @@ def is_sweep_dir(path: Path) -> bool:
 
 def is_sweep_archive(checked: CheckedArchive) -> bool:
     return any(rel.startswith(f"{SWEEP}/") for rel in checked.members)
-
-
-job_dirs = sweep_jobs
 
 
 def _shared_code(records: dict[Path, dict], diffs: dict[Path, str]) -> tuple[dict, str]:
@@ -82,38 +69,30 @@ def build(
     diffs = {j: (j / "git.diff").read_text() if (j / "git.diff").is_file() else "" for j in jobs}
     git, diff = _shared_code(records, diffs)
     top = "sweep-" + re.sub(r"[^\w.+-]", "_", sweep_dir.name)
-    target = target_path(out_dir, top, force, repo, git.get("commit"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with staging_dir(out_dir, target) as staging:
-        root = staging / top
-        PHASES("copy the records")
+    job = Pack(out_dir, top, repo, git.get("commit"), diff, force, sign_key)
+
+    def fill(root: Path) -> dict:
         with Progress("archive", len(jobs), unit="runs copied", emit=say) as copied:
-            for job in jobs:
-                copy_run(job, root / SWEEP / job.relative_to(sweep_dir), with_checkpoint=False)
+            for j in jobs:
+                copy_run(j, root / SWEEP / j.relative_to(sweep_dir), with_checkpoint=False)
                 copied.update()
         for name in SWEEP_FILES:
             if (sweep_dir / name).is_file():
                 shutil.copy2(sweep_dir / name, root / SWEEP / name)
-        snap = source_and_env(root, repo, git.get("commit"), diff)[0]
-        meta = {
-            "format": FORMAT_VERSION,
-            "kind": KIND,
-            "created_at": now_iso(),
+        snap = source_and_env(root, job)[0]
+        return {
+            "kind": SWEEP,
             "sweep_name": sweep_dir.name,
             "jobs": [j.relative_to(sweep_dir).as_posix() for j in jobs],
             "source": snap.as_dict(),
         }
-        atomic_write_text(root / ARCHIVE_JSON, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        PHASES("seal and pack")
-        seal(root, top, target, sign_key)
-    return target, meta
+
+    return pack(job, fill)
 
 
 def summary(meta: dict, path: Path) -> str:
     src = meta["source"]
-    source = f"git {src['commit'][:12]}" if src["kind"] == "git" else "WORKING TREE (not as ran)"
-    if src.get("diff_applied"):
-        source += " + the runs' git.diff"
+    source = source_line(src, "the runs' git.diff")
     return "\n".join(
         [
             f"archived sweep {meta['sweep_name']} ({len(meta['jobs'])} runs)",

@@ -64,26 +64,19 @@ def main(argv: list[str] | None = None) -> int:
         "--in", dest="ins", action="append", default=[], help=".in file, one per --lock"
     )
     parser.add_argument("--record", action="store_true", help="write <lock>.sha256 sidecars")
-    parser.add_argument(
-        "--record-files",
-        action="store_true",
-        help="write <lock>.files from the package index (network)",
-    )
-    parser.add_argument(
-        "--index-url",
-        default=os.environ.get("PIP_INDEX_URL") or lock_platforms.DEFAULT_INDEX,
-        help="simple index to read file names from (default: $PIP_INDEX_URL or PyPI)",
-    )
+    files = "write <lock>.files from the package index (network)"
+    parser.add_argument("--record-files", action="store_true", help=files)
+    index = os.environ.get("PIP_INDEX_URL") or lock_platforms.DEFAULT_INDEX
+    index_help = "simple index to read file names from (default: $PIP_INDEX_URL or PyPI)"
+    parser.add_argument("--index-url", default=index, help=index_help)
     args = parser.parse_args(argv)
 
     root = args.root or default_root()
-    if args.lock or args.ins:
-        if len(args.lock) != len(args.ins):
-            print("error: give one --in per --lock", file=sys.stderr)
-            return 2
-        pairs = [(root / lk, root / i) for lk, i in zip(args.lock, args.ins, strict=True)]
-    else:
-        pairs = [(root / lk, root / i) for lk, i in ALL_PAIRS]
+    if len(args.lock) != len(args.ins):
+        print("error: give one --in per --lock", file=sys.stderr)
+        return 2
+    named = list(zip(args.lock, args.ins, strict=True)) or ALL_PAIRS
+    pairs = [(root / lk, root / i) for lk, i in named]
 
     if args.record_files:
         for lock_path, _ in pairs:

@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,14 +100,10 @@ def match_groups(a: Sweep, b: Sweep) -> tuple[list[tuple[Group, Group]], list[st
 def distinct_seeds(group: Group) -> tuple[Group, list[str]]:
     """One value per seed (its first run) and a note per repeated seed: a rerun adds no n."""
     keep: dict[Any, float] = {}
-    repeated: dict[Any, int] = {}
     for seed, value in zip(group.seeds, group.values, strict=True):
-        if seed in keep:
-            repeated[seed] = repeated.get(seed, 1) + 1
-        else:
-            keep[seed] = value
-    notes = [f"{group.label}: seed {shown(seed, 80)} ran {n} times, counted once"
-             for seed, n in repeated.items()]  # fmt: skip
+        keep.setdefault(seed, value)
+    times = [(s, n) for s, n in Counter(group.seeds).items() if n > 1]
+    notes = [f"{group.label}: seed {shown(s, 80)} ran {n} times, counted once" for s, n in times]
     return Group(group.key, group.label, list(keep.values()), list(keep)), notes
 
 
@@ -160,8 +157,8 @@ def conclusions(a: Sweep, b: Sweep, pairs: list[tuple[Group, Group]]) -> list[di
         else:
             status = "does not hold"
             text += f"{_fmt(sign * here, a.metric)} here: conclusion does NOT hold"
-        out.append({"better": a1.label, "worse": a2.label, "archived_gap": gap,
-                    "gap_here": sign * here, "status": status, "text": text})  # fmt: skip
+        gaps = {"archived_gap": gap, "gap_here": sign * here}
+        out.append({"better": a1.label, "worse": a2.label, **gaps, "status": status, "text": text})
     return out
 
 
@@ -202,8 +199,7 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
     found = conclusions(a, b, pairs)
     lines += [f"claim    {c['text']}" for c in found]
     lines += [f"note     {n}" for n in notes]
-    too_few = any(min(len(ga.values), len(gb.values)) < 2 for ga, gb in pairs)
-    if too_few:  # one distinct seed on a side: no spread to judge anything by
+    if any(min(len(ga.values), len(gb.values)) < 2 for ga, gb in pairs):  # no spread to judge by
         verdict = INCONCLUSIVE
     elif INCONSISTENT in verdicts or any(c["status"] == "does not hold" for c in found):
         verdict = INCONSISTENT

@@ -1,9 +1,7 @@
 """The statistics behind a statistical verdict: t intervals, Welch differences, TOST.
 
-Closes: "the bits differ, so does the result still hold?". CONSISTENT when the (1 - 2 alpha)
-interval of the difference of the means (paired when both sides hold the same seeds, else
-Welch; TOST, Schuirmann 1987) lies inside (-m, m); INCONSISTENT when wholly beyond; else
-INCONCLUSIVE. Quantiles are scipy's Student t. docs/when-bits-differ.md.
+Closes: "the bits differ, so does the result still hold?" (TOST, Schuirmann 1987, on scipy's
+Student t; the verdicts: docs/when-bits-differ.md).
 """
 
 from __future__ import annotations
@@ -49,20 +47,22 @@ class Difference:
     paired: bool = False
 
 
+def _interval(d: float, se: float, df: float, level: float) -> tuple[float, float]:
+    """``d`` ± the t quantile times ``se``; a point when ``se`` is 0 (e.g. a bitwise re-run)."""
+    half = t_quantile(0.5 + level / 2, df) * se if se else 0.0
+    return d - half, d + half
+
+
 def welch(reference: list[float], candidate: list[float], level: float) -> Difference:
     """Difference of means with a Welch-Satterthwaite t interval at ``level``."""
     na, nb = len(reference), len(candidate)
     ma, mb = statistics.fmean(reference), statistics.fmean(candidate)
-    d = mb - ma
     if na < 2 or nb < 2:
-        return Difference(ma, mb, na, nb, d, None, level)
+        return Difference(ma, mb, na, nb, mb - ma, None, level)
     va, vb = statistics.variance(reference) / na, statistics.variance(candidate) / nb
-    se = math.sqrt(va + vb)
-    if se == 0:  # both samples without spread (e.g. a bitwise re-run): the interval is a point
-        return Difference(ma, mb, na, nb, d, (d, d), level)
-    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
-    half = t_quantile(0.5 + level / 2, df) * se
-    return Difference(ma, mb, na, nb, d, (d - half, d + half), level)
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if va + vb else 1.0
+    ci = _interval(mb - ma, math.sqrt(va + vb), df, level)
+    return Difference(ma, mb, na, nb, mb - ma, ci, level)
 
 
 def paired(reference: list[float], candidate: list[float], level: float) -> Difference:
@@ -71,13 +71,8 @@ def paired(reference: list[float], candidate: list[float], level: float) -> Diff
     ma, mb = statistics.fmean(reference), statistics.fmean(candidate)
     diffs = [b - a for a, b in zip(reference, candidate, strict=True)]
     d = statistics.fmean(diffs)
-    if n < 2:
-        return Difference(ma, mb, n, n, d, None, level, True)
-    sd = statistics.stdev(diffs)
-    if sd == 0:  # every seed moved by the same amount (0 for a bitwise re-run)
-        return Difference(ma, mb, n, n, d, (d, d), level, True)
-    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return Difference(ma, mb, n, n, d, (d - half, d + half), level, True)
+    ci = _interval(d, statistics.stdev(diffs) / math.sqrt(n), n - 1, level) if n > 1 else None
+    return Difference(ma, mb, n, n, d, ci, level, True)
 
 
 @dataclass
@@ -98,7 +93,8 @@ def tost(
     alpha: float = ALPHA,
     pair: bool = False,
 ) -> Equivalence:
-    """The TOST verdict at ``alpha`` against ``margin``; ``pair``: the sides share seeds."""
+    """CONSISTENT when the (1 - 2 alpha) interval of the difference (paired when ``pair``: the
+    sides share seeds; else Welch) lies inside ±``margin``, INCONSISTENT when wholly beyond."""
     diff = (paired if pair else welch)(reference, candidate, 1 - 2 * alpha)
     if diff.ci is None:
         n = min(diff.n_reference, diff.n_candidate)

@@ -31,16 +31,15 @@ from reprotrain.run.record import (
     read_jsonl,
     strict_json,
 )
+from reprotrain.sweep_checks import OPTUNA_SWEEPER, SWEEP_RECORD, is_optuna
 
 STUDY_JSON = "study.json"
 #: Written by the sweeper at the end of a study, from its storage: best_params, best_value.
 OPTUNA_RESULTS = "optimization_results.yaml"
 #: The study's storage in the sweep directory (unless hydra.sweeper.storage names another).
 JOURNAL = "study.journal"
-OPTUNA_SWEEPER = sweep_checks.OPTUNA_SWEEPER
 #: Sweep dirs whose sampler seed :func:`seed_sampler` set from seed.base (in this process).
 _SEEDED_FROM_BASE: dict[str, str] = {}
-is_optuna = sweep_checks.is_optuna
 
 
 @dataclass(frozen=True)
@@ -68,16 +67,10 @@ class StudyView:
         def pick(key: str) -> Any:
             return None if hydra is None else OmegaConf.select(hydra, key, default=None)
 
-        sweep_dir, task = pick("sweep.dir"), pick("overrides.task") or []
-        return cls(
-            sweeper=pick("sweeper"),
-            trainer=trainer,
-            seed=seed,
-            sweep_dir=None if sweep_dir is None else str(sweep_dir),
-            task=tuple(str(o) for o in task),
-            mode=pick("mode"),
-            name=None if name is None else str(name),
-        )
+        task = tuple(str(o) for o in pick("overrides.task") or [])
+        sweep_dir = None if pick("sweep.dir") is None else str(pick("sweep.dir"))
+        name = None if name is None else str(name)
+        return cls(pick("sweeper"), trainer, seed, sweep_dir, task, pick("mode"), name)
 
 
 def _sweeper_settings(view: StudyView) -> dict[str, Any]:
@@ -106,8 +99,8 @@ def command_line_space(task: Sequence[str]) -> dict[str, str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides([str(o) for o in task])
-    return {o.get_key_element(): o.input_line.partition("=")[2]
-            for o in parsed if o.is_sweep_override()}  # fmt: skip
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    return {o.get_key_element(): o.input_line.partition("=")[2] for o in sweeps}
 
 
 def repeatable(settings: dict[str, Any]) -> tuple[bool, str]:
@@ -198,14 +191,13 @@ def storage_trials(journal: Path, study_name: str | None) -> dict[int, dict[str,
     storage = open_journal(journal)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     name = study_name if study_name in names else (names[0] if len(names) == 1 else study_name)
-    study = optuna.load_study(study_name=name, storage=storage)
-    return {t.number: {"params": dict(t.params), "value": t.value, "state": t.state.name}
-            for t in study.get_trials(deepcopy=False)}  # fmt: skip
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    return {t.number: {"params": t.params, "value": t.value, "state": t.state.name} for t in trials}
 
 
 #: A run's status, as the trial's state in the storage.
-_STATE = {"completed": "COMPLETE", "failed": "FAIL", "running": "RUNNING",
-          "interrupted": "RUNNING", "missing": "RUNNING"}  # fmt: skip
+_STATE = dict.fromkeys(("running", "interrupted", "missing"), "RUNNING")
+_STATE |= {"completed": "COMPLETE", "failed": "FAIL"}
 
 
 def storage_agrees(journal: Path, study_name: str | None, trials: list[dict[str, Any]]) -> bool:
@@ -240,21 +232,13 @@ def study_lines(study: dict[str, Any]) -> list[str]:
         f"optuna study {study['study_name']}: {len(study['trials'])} trial(s), "
         f"{study['direction']} {study['metric']}, sampler {study['sampler']['class']} seed {seed}"
     )
-    best = study["best"]
-    lines = [head]
+    lines, best = [head], study["best"]
     if best is not None:
         metric = f"{study['metric']}={best['value']}"
         lines.append(f"  best: trial {best['number']} {metric} {best['params']}")
     if not study["repeatable"]:
         lines.append(f"  not repeatable: {study['not_repeatable_because']}")
     return lines
-
-
-def follow_monitor(sweeper: DictConfig, trainer: DictConfig) -> None:
-    """A default direction follows ``trainer.monitor_mode``; one given as text is checked."""
-    if sweeper.direction is None:
-        with read_write(sweeper):
-            sweeper.direction = f"{trainer.monitor_mode}imize"
 
 
 def seed_sampler(sweeper: DictConfig, seed: DictConfig, sweep_dir: str | None) -> None:
@@ -277,7 +261,9 @@ def prepare(view: StudyView) -> None:
     except ReprotrainError as e:  # before any trial runs
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
-    follow_monitor(view.sweeper, view.trainer)
+    if view.sweeper.direction is None:  # a default direction follows trainer.monitor_mode
+        with read_write(view.sweeper):
+            view.sweeper.direction = f"{view.trainer.monitor_mode}imize"
     seed_sampler(view.sweeper, view.seed, view.sweep_dir)
     # optuna imports alembic, whose plugin registry logs a line per plugin at INFO
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -297,7 +283,6 @@ def record(view: StudyView) -> None:
     print(f"study record: {sweep_dir / STUDY_JSON}")
 
 
-SWEEP_RECORD = sweep_checks.SWEEP_RECORD
 #: Overrides a continuation sets itself (not copied from the study's record).
 _OWN = ("hydra.sweep.dir", "hydra.sweeper.resume", "hydra.mode")
 
@@ -322,6 +307,6 @@ def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
     hydra_lines = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.hydra", default=[])]
     task = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
     kept = [o for o in hydra_lines if o.lstrip("+~").partition("=")[0] not in _OWN]
-    return [sys.executable, "-m", "reprotrain.train", "--multirun", *kept, *task,
-            hydra_override("hydra.sweep.dir", Path(sweep_dir)), "hydra.sweeper.resume=true",
-            *extra]  # fmt: skip
+    train = [sys.executable, "-m", "reprotrain.train", "--multirun", *kept, *task]
+    here = hydra_override("hydra.sweep.dir", Path(sweep_dir))
+    return [*train, here, "hydra.sweeper.resume=true", *extra]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,24 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.progress import say
 from reprotrain.quoting import hydra_value
 from reprotrain.repro.seeding import stable_hash
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text
-from reprotrain.tools.sweeps.optuna_study import JOURNAL, StudyView, open_journal, trial_value
+from reprotrain.tools.sweeps.optuna_study import (
+    JOURNAL,
+    OPTUNA_RESULTS,
+    SWEEP_RECORD,
+    StudyView,
+    open_journal,
+    trial_value,
+)
 
 log = logging.getLogger(__name__)
 
-#: best_params / best_value, from the storage (the name hydra-optuna-sweeper used).
-RESULTS = "optimization_results.yaml"
 RUN_DIR_ATTR = "run_dir"  # a trial's user attribute: its run directory
 GRID = "optuna.samplers.GridSampler"
-SWEEP_RECORD = "multirun.yaml"  # the sweep's config, as Hydra's own sweepers write it
 _PLAIN = re.compile(r"[A-Za-z_][\w.\-/]*")
 
 
@@ -170,23 +176,15 @@ class StudyRunner:
         validate: Callable[[list[list[str]]], None] | None = None,
         save_record: Callable[[Path], None] | None = None,
     ) -> None:
-        self.settings = dict(settings)
-        self.view = view
-        self.launch = launch
-        self.job_dir = job_dir
+        self.settings, self.launch, self.job_dir = dict(settings), launch, job_dir
         self.validate = validate or (lambda batch: None)
         self.save_record = save_record or (lambda path: None)
         self.sweep_dir = Path(str(view.sweep_dir))
-        self.metric = str(_select(view.trainer, "monitor", "val_loss"))
-        self.mode = str(_select(view.trainer, "monitor_mode", "min"))
-
-    @property
-    def direction(self) -> str:
-        return str(self.settings.get("direction") or f"{self.mode}imize")
-
-    @property
-    def study_name(self) -> str:
-        return str(self.settings.get("study_name") or self.view.name or "study")
+        trainer = view.trainer if view.trainer is not None else {}
+        self.metric = str(trainer.get("monitor", "val_loss"))
+        self.mode = str(trainer.get("monitor_mode", "min"))
+        self.direction = str(settings.get("direction") or f"{self.mode}imize")
+        self.study_name = str(settings.get("study_name") or view.name or "study")
 
     def n_trials(self, space: Mapping[str, Any]) -> int:
         n = int(self.settings.get("n_trials") or 1)
@@ -202,37 +200,35 @@ class StudyRunner:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage, named = storage_of(self.settings.get("storage"), self.sweep_dir)
-        self.storage_name = named
         sampler = make_sampler(self.settings["sampler"], 0, space)
-        if not self.settings.get("resume"):
-            try:
-                study = optuna.create_study(storage=storage, sampler=sampler,
-                                            study_name=self.study_name,
-                                            direction=self.direction)  # fmt: skip
-                name_metric(study, self.metric)
-                return study
-            except DuplicatedStudyError:
-                raise StudyError(
-                    f"{named} already holds a study named {self.study_name}: continue it with "
-                    "hydra.sweeper.resume=true (make resume RUN=<its sweep dir>), or choose "
-                    "another hydra.sweeper.study_name"
-                ) from None
+        where = {"storage": storage, "sampler": sampler, "study_name": self.study_name}
+        resume = self.settings.get("resume")
         try:
-            study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler)
-            name_metric(study, self.metric)
-        except KeyError:
+            if resume:
+                study = optuna.load_study(**where)
+            else:
+                study = optuna.create_study(**where, direction=self.direction)
+        except DuplicatedStudyError:
+            raise StudyError(
+                f"{named} already holds a study named {self.study_name}: continue it with "
+                "hydra.sweeper.resume=true (make resume RUN=<its sweep dir>), or choose "
+                "another hydra.sweeper.study_name"
+            ) from None
+        except KeyError:  # load_study: no study of that name
             raise StudyError(
                 f"hydra.sweeper.resume=true, but {named} holds no study named "
                 f"{self.study_name}: nothing to continue (start it without resume)"
             ) from None
-        self._check_continued(study, space)
+        name_metric(study, self.metric)
+        if resume:
+            self._check_continued(study, space)
         return study
 
     def _check_continued(self, study: Any, space: Mapping[str, Any]) -> None:
-        stored = study.direction.name.lower()
+        stored, name = study.direction.name.lower(), self.study_name
         if stored != self.direction:
-            raise StudyError(f"the study {self.study_name} was run to {stored}, this continuation "
-                             f"would {self.direction}; continue it as it started")  # fmt: skip
+            why = f"this continuation would {self.direction}; continue it as it started"
+            raise StudyError(f"the study {name} was run to {stored}, {why}")
         for trial in study.get_trials(deepcopy=False):
             if dict(trial.distributions) != dict(space):
                 theirs = ", ".join(sorted(trial.distributions))
@@ -311,12 +307,11 @@ class StudyRunner:
         """A RUNNING trial of a killed study: told from its finished run, else resumed in place."""
         overrides = self._overrides(fixed, trial.params)
         run_dir = Path(self.job_dir(overrides, trial.number))
-        status = None
-        if (run_dir / RUN_JSON).is_file():
-            try:
-                status = read_run_json(run_dir).get("status")
-            except ReprotrainError:
-                status = None
+        ran = (run_dir / RUN_JSON).is_file()
+        try:
+            status = read_run_json(run_dir).get("status") if ran else None
+        except ReprotrainError:
+            status = None
         if status == "completed":
             self._tell(study, trial.number, trial_value(run_dir, self.metric, self.mode))
             return []
@@ -324,8 +319,7 @@ class StudyRunner:
             _fail(study, trial.number)
             return []
         extra = ["resume=auto", *(["hydra.output_subdir=null"] if status else [])]
-        print(f"optuna study {self.study_name}: continuing trial {trial.number} in {run_dir}",
-              flush=True)  # fmt: skip
+        say(f"optuna study {self.study_name}: continuing trial {trial.number} in {run_dir}")
         return self._launch(study, [trial], fixed, extra)
 
     def _write_results(self, study: Any) -> None:
@@ -335,15 +329,12 @@ class StudyRunner:
             best = study.best_trial
         except ValueError:  # no completed trial
             return
-        text = yaml.safe_dump({"name": "optuna", "best_params": dict(best.params),
-                               "best_value": best.value}, sort_keys=False)  # fmt: skip
-        atomic_write_text(self.sweep_dir / RESULTS, text)
+        found = {"name": "optuna", "best_params": dict(best.params), "best_value": best.value}
+        atomic_write_text(self.sweep_dir / OPTUNA_RESULTS, yaml.safe_dump(found, sort_keys=False))
 
 
 def name_metric(study: Any, metric: str) -> None:
     """The objective's name (``trainer.monitor``) in the study, for Optuna's plots."""
-    import warnings
-
     from optuna.exceptions import ExperimentalWarning
 
     with warnings.catch_warnings():
@@ -364,10 +355,6 @@ def _fail(study: Any, number: int) -> None:
 
     _no_grid_stop(study)
     study.tell(number, state=TrialState.FAIL)
-
-
-def _select(node: DictConfig | None, key: str, default: Any) -> Any:
-    return default if node is None else OmegaConf.select(node, key, default=default)
 
 
 def job_dir_of(load: Callable[[list[str]], DictConfig], overrides: list[str], number: int) -> Path:

@@ -8,7 +8,6 @@ of a ``--multirun`` that never fails the finished sweep. docs/sweeps-optuna.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -28,7 +27,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
 from reprotrain.run.bounded import load_json
 from reprotrain.run.directory import sweep_jobs
-from reprotrain.run.readers import read_overrides
+from reprotrain.run.readers import read_config, read_overrides
 from reprotrain.run.record import (
     METRICS,
     RESOLVED_CONFIG,
@@ -39,7 +38,8 @@ from reprotrain.run.record import (
     strict_dumps,
     to_strict_json,
 )
-from reprotrain.shown import say, shown, warnings_shown
+from reprotrain.shown import shown, warnings_shown
+from reprotrain.tools import cli
 from reprotrain.tools.sweeps import optuna_study, sweep_progress
 from reprotrain.tools.sweeps.equivalence import mean_ci
 from reprotrain.tools.sweeps.optuna_study import StudyView
@@ -55,8 +55,7 @@ def _finite(v: Any) -> bool:
 def describe(values: list[Any], value_range: tuple[float, float] | None = None) -> dict[str, Any]:
     """Statistics of the finite values; NaN/inf and None counted apart; ``ci95`` clipped."""
     finite = [float(v) for v in values if _finite(v)]
-    n = len(finite)
-    n_absent = sum(v is None for v in values)
+    n, n_absent = len(finite), sum(v is None for v in values)
     out: dict[str, Any] = {"n": n, "n_nonfinite": len(values) - n - n_absent, "n_absent": n_absent}
     if n == 0:
         return {**out, "mean": None, "std": None, "min": None, "max": None, "ci95": None}
@@ -151,9 +150,8 @@ def find_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
         except Exception as e:  # one broken job must not hide the others
             problems.append(str(e).splitlines()[0])
             continue
-        jobs.append(
-            Job(run_dir, record, overrides, read_jsonl(run_dir / METRICS, torn_tail_ok=True))
-        )
+        epochs = read_jsonl(run_dir / METRICS, torn_tail_ok=True)
+        jobs.append(Job(run_dir, record, overrides, epochs))
     return jobs, problems
 
 
@@ -164,8 +162,6 @@ def outcome_metrics(jobs: list[Job]) -> list[str]:
 
 def monitor_of(job: Job) -> tuple[str, str] | None:
     """(trainer.monitor, trainer.monitor_mode) from the resolved config, or None."""
-    from reprotrain.run.readers import read_config
-
     try:
         trainer = read_config(job.run_dir / RESOLVED_CONFIG).get("trainer") or {}
     except Exception:  # a summary without an objective beats no summary
@@ -188,11 +184,7 @@ def objective(jobs: list[Job], groups: list[dict[str, Any]]) -> dict[str, Any] |
 def group_labels(keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
     """Name each group by the overrides that differ between groups (all, if only one)."""
     common = set.intersection(*(set(k) for k in keys)) if keys else set()
-    labels = {}
-    for key in keys:
-        varying = [o for o in key if o not in common]
-        labels[key] = " ".join(varying) or " ".join(key) or "all runs"
-    return labels
+    return {k: " ".join(o for o in k if o not in common) or " ".join(k) or "all runs" for k in keys}
 
 
 def epoch_curves(jobs: list[Job], metrics: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -288,8 +280,10 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return [_row(head), "|---" * len(head) + "|", *map(_row, rows)]
 
 
-def _seed(run: dict[str, Any]) -> str:
-    return " ".join(run["seed_overrides"]) or _fmt(run["seed"])
+def _cells(run: dict[str, Any], metrics: list[str]) -> list[str]:
+    """A run's seed (its overrides, else its seed), status and final value of each metric."""
+    seed = " ".join(run["seed_overrides"]) or _fmt(run["seed"])
+    return [seed, run["status"], *(_fmt(run[m]) for m in metrics)]
 
 
 #: A decimal with more digits than a reader takes in (``0.012345678901234567``, what an
@@ -323,9 +317,9 @@ def trials_table(study: dict[str, Any]) -> list[str]:
     metric, mode = str(study.get("metric", "value")), str(study.get("metric_mode", "max"))
     trials = [t for t in study["trials"] if isinstance(t, dict)]
     keys = sorted({k for t in trials for k in (t.get("params") or {})})
-    valued = sorted((t for t in trials if _finite(t.get("value"))),
-                    key=lambda t: t["value"], reverse=mode == "max")  # fmt: skip
-    ranked = valued + [t for t in trials if not _finite(t.get("value"))]
+    valued = [t for t in trials if _finite(t.get("value"))]
+    ranked = sorted(valued, key=lambda t: t["value"], reverse=mode == "max")
+    ranked += [t for t in trials if not _finite(t.get("value"))]
     rows = []
     for t in ranked:
         params = t.get("params") or {}
@@ -360,8 +354,7 @@ def _headline(summary: dict[str, Any], metrics: list[str]) -> list[str]:
 
 def _runs_table(summary: dict[str, Any], metrics: list[str]) -> list[str]:
     """Groups of one run each: one table of the runs' final values, no statistics."""
-    rows = [[short_numbers(r["group"]), _seed(r), r["status"], *(_fmt(r[m]) for m in metrics)]
-            for r in summary["runs"]]  # fmt: skip
+    rows = [[short_numbers(r["group"]), *_cells(r, metrics)] for r in summary["runs"]]
     return ["## Runs", "", *_table(["group", "seed", "status", *metrics], rows)]
 
 
@@ -377,11 +370,11 @@ def _group_sections(summary: dict[str, Any], metrics: list[str]) -> list[str]:
                 + ", ".join(f"{n} {shown(s)}" for s, n in failed.items()),
                 "",
             ]
-        rows = [[_seed(r), r["status"], *(_fmt(r[m]) for m in metrics)] for r in g["runs"]]
+        rows = [_cells(r, metrics) for r in g["runs"]]
         if g["n_completed"] >= 2:  # one value: its mean, min and max are itself, no std or CI
             stats = g["metrics"]
-            rows += [[f"**{k}**", "", *(_fmt(stats[m][k]) for m in metrics)]
-                     for k in ("mean", "std", "min", "max")]  # fmt: skip
+            for k in ("mean", "std", "min", "max"):
+                rows.append([f"**{k}**", "", *(_fmt(stats[m][k]) for m in metrics)])
             rows.append(["**95% CI**", "", *(_ci(stats[m]) for m in metrics)])
         out += _table(["seed", "status", *metrics], rows)
     return out
@@ -459,10 +452,7 @@ def _shift(mean: float | None, std: float | None, sign: int) -> float | None:
 
 
 def _epoch_value(rows: list[dict[str, Any]], epoch: int, metric: str) -> Any:
-    for r in rows:
-        if r.get("epoch") == epoch:
-            return r.get(metric)
-    return None
+    return next((r.get(metric) for r in rows if r.get("epoch") == epoch), None)
 
 
 def write_summary(sweep_dir: Path) -> dict[str, Any]:
@@ -479,9 +469,7 @@ def write_summary(sweep_dir: Path) -> dict[str, Any]:
     clean, nonfinite = to_strict_json(summary)
     clean["nonfinite"] = nonfinite
     atomic_write_text(sweep_dir / SUMMARY_JSON, strict_dumps(clean, indent=2))
-    atomic_write_text(
-        sweep_dir / SUMMARY_MD, to_markdown(summary, SUMMARY_PNG if png is not None else None)
-    )
+    atomic_write_text(sweep_dir / SUMMARY_MD, to_markdown(summary, SUMMARY_PNG if png else None))
     return summary
 
 
@@ -491,9 +479,8 @@ class SweepSummaryCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         view = StudyView.of(config.hydra, config.get("trainer"), config.get("seed"))
         optuna_study.prepare(view)  # refuses before any trial: nothing logged yet
-        overrides = list(OmegaConf.select(config, "hydra.overrides.task", default=[]))
         sweep_dir, name = Path(config.hydra.sweep.dir), str(config.get("name"))
-        start_sweep_run(config.get("logger"), sweep_dir, name, overrides)
+        start_sweep_run(config.get("logger"), sweep_dir, name, list(view.task))
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
         view = StudyView.of(OmegaConf.select(config, "hydra"))
@@ -517,35 +504,27 @@ class SweepSummaryCallback(Callback):
         print(to_markdown(summary))
 
 
+@cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m reprotrain.tools.sweeps.sweep_summary",
-        description="Summarise a sweep directory: per group of non-seed overrides, mean, std "
-        "and 95%% CI of each final metric, plus a per-epoch plot. Writes summary.json, "
-        "summary.md and summary.png into the sweep directory.",
-    )
-    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR")
-    args = parser.parse_args(argv)
+    parser = cli.parser("reprotrain.tools.sweeps.sweep_summary", __doc__)
+    parser.add_argument("sweep_dir", type=cli.user_path, metavar="SWEEP_DIR")
+    sweep_dir = parser.parse_args(argv).sweep_dir
+    if not sweep_dir.is_dir():
+        raise ReprotrainError(f"{sweep_dir} is not a directory; give a sweep directory")
+    if (sweep_dir / RUN_JSON).exists():  # nothing of a sweep's is written into a run
+        raise ReprotrainError(
+            f"{sweep_dir} is a run directory, not a sweep; give the sweep directory "
+            "(multirun/...), or make report RUN=<run> for one run"
+        )
+    if not sweep_jobs(sweep_dir):
+        raise ReprotrainError(f"no {RUN_JSON} under {sweep_dir}; is this a sweep dir?")
     try:
-        if not args.sweep_dir.is_dir():
-            raise ReprotrainError(f"{args.sweep_dir} is not a directory; give a sweep directory")
-        if (args.sweep_dir / RUN_JSON).exists():  # nothing of a sweep's is written into a run
-            raise ReprotrainError(
-                f"{args.sweep_dir} is a run directory, not a sweep; give the sweep directory "
-                "(multirun/...), or make report RUN=<run> for one run"
-            )
-        if not sweep_jobs(args.sweep_dir):
-            raise ReprotrainError(f"no {RUN_JSON} under {args.sweep_dir}; is this a sweep dir?")
-        summary = write_summary(args.sweep_dir)
-    except ReprotrainError as e:
-        say(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        summary = write_summary(sweep_dir)
     except OSError as e:
-        say(f"error: cannot write the summary into {args.sweep_dir}: {e}", file=sys.stderr)
-        return 2
+        raise ReprotrainError(f"cannot write the summary into {sweep_dir}: {e}") from None
     print(to_markdown(summary))
     if not any(g["n_completed"] for g in summary["groups"]):
-        print(f"error: no completed run under {args.sweep_dir}", file=sys.stderr)
+        print(f"error: no completed run under {sweep_dir}", file=sys.stderr)
         return 1
     return 0
 

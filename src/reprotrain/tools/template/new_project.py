@@ -21,8 +21,8 @@ from reprotrain.tools.template import template_files as tf
 ROOT = Path(__file__).resolve().parents[4]
 PROJECT_FILES = Path(__file__).resolve().parent / "project"  # what the project gets written
 # Names a project package must not take: they would shadow what the framework imports.
-TAKEN = {tf.FRAMEWORK_PACKAGE, "torch", "torchvision", "hydra", "omegaconf", "numpy", "tests",
-         "conf", "scripts", "src"}  # fmt: skip
+TAKEN = {tf.FRAMEWORK_PACKAGE, "torch", "torchvision", "hydra", "omegaconf", "numpy"}
+TAKEN |= {"tests", "conf", "scripts", "src"}
 
 
 class NewProjectError(Exception):
@@ -64,9 +64,8 @@ def readme(name: str, commit: str, location: str) -> str:
     where = f"[{location}]({location})" if re.match(r"https?://", location) else f"`{location}`"
     text = (PROJECT_FILES / "README.md").read_text(encoding="utf-8")
     return text.format(
-        name=name, framework=tf.FRAMEWORK_PACKAGE, manual="docs/", template=where,
-        commit=commit[:12],
-    )  # fmt: skip
+        name=name, framework=tf.FRAMEWORK_PACKAGE, template=where, commit=commit[:12]
+    )
 
 
 def copy_file(source: Path, target: Path, rel: str, old: str, name: str) -> None:
@@ -132,8 +131,8 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
         ident = run_git(dest, "config", "user.email")
         who = ["-c", "user.name=new-project", "-c", "user.email=new-project@localhost"]
         who = [] if ident.returncode == 0 and ident.stdout.strip() else who
-        _git(dest, *who, "commit", "-q", "-m", f"Start {name} from the "
-             f"{tf.FRAMEWORK_PACKAGE} template at {commit[:12]}")  # fmt: skip
+        message = f"Start {name} from the {tf.FRAMEWORK_PACKAGE} template at {commit[:12]}"
+        _git(dest, *who, "commit", "-q", "-m", message)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)  # nothing half-made that looks complete
         raise

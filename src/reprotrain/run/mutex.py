@@ -70,7 +70,7 @@ def _pid_namespace() -> str | None:
         return None
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
     """True if ``pid`` runs; a zombie (killed, not yet reaped) counts as gone."""
     try:
         os.kill(pid, 0)
@@ -136,7 +136,7 @@ def judge(holder: Holder, lock_mtime: float, stale_after_s: float) -> str | None
     if holder.host == me.host and holder.boot_id and me.boot_id and holder.boot_id != me.boot_id:
         return "this host has rebooted since"
     if same_host:
-        if not _pid_exists(holder.pid):
+        if not pid_exists(holder.pid):
             return "that process is gone"
         now_start = proc_start_ticks(holder.pid)
         if holder.pid_start is not None and now_start is not None and now_start != holder.pid_start:

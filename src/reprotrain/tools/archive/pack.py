@@ -21,6 +21,7 @@ from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
 from reprotrain.progress import Phases, say
 from reprotrain.repro import gitinfo
+from reprotrain.run.mutex import pid_exists
 from reprotrain.run.record import CHECKPOINTS, atomic_write_text, now_iso
 from reprotrain.tools.archive import signing, snapshot
 from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, MANIFEST, manifest_text
@@ -161,22 +162,12 @@ def check_out_dir(out_dir: Path) -> None:
 STAGING_PREFIX = ".archive-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        pass
-    return True
-
-
 def remove_stale_staging(out_dir: Path) -> list[Path]:
     """Remove and return killed archivers' ``.archive-<pid>-*``; a live archiver's are kept."""
     removed = []
     for path in Path(out_dir).glob(f"{STAGING_PREFIX}*"):
         pid = path.name[len(STAGING_PREFIX) :].partition("-")[0]
-        if path.is_symlink() or not pid.isdigit() or _alive(int(pid)):
+        if path.is_symlink() or not pid.isdigit() or pid_exists(int(pid)):
             continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

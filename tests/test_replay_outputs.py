@@ -67,7 +67,7 @@ def trainer(tmp_path, seen: Seen) -> tuple[Trainer, list]:
     stop = SimpleNamespace(signal_name=None)
     run = SimpleNamespace(record=record, stop=stop, dist=Dist(), settings=both)
     parts = SimpleNamespace(runner=h.runner, pipeline=Pipeline(6), saver=Saver(tmp_path),
-                            schedule_for=lambda e: None)  # fmt: skip
+                            schedule=None)  # fmt: skip
     return Trainer(run, parts, SimpleNamespace(log_every_steps=0)), updates
 
 

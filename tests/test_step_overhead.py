@@ -96,7 +96,7 @@ def trainer(tmp_path: Path, dist, steps: int = 30, every: int = 10) -> Trainer:
     run = SimpleNamespace(record=record, stop=stop, dist=dist,
                           settings=SimpleNamespace(loop=settings, guard=guard))  # fmt: skip
     parts = SimpleNamespace(runner=h.runner, pipeline=Steps(steps), saver=Saver(tmp_path),
-                            schedule_for=lambda e: None)  # fmt: skip
+                            schedule=None)  # fmt: skip
     t = Trainer(run, parts, logger)
     t.out.feed = LossFeed(SimpleNamespace(close=lambda status: None), t.loop)
     return t

@@ -7,7 +7,6 @@ built under the ``init`` stream, the loop's state under ``train``; the order is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -60,12 +59,12 @@ class Targets:
 
 @dataclass
 class Parts:
-    """What the loop drives; ``schedule_for(epochs)``: the schedule over that many epochs."""
+    """What the loop drives; ``schedule``: the lr schedule over any number of epochs."""
 
     pipeline: Any
     runner: StepRunner
     saver: checkpoint.Saver
-    schedule_for: Callable[[int], Any]
+    schedule: Schedule
 
 
 def build(targets: Targets, run: Run) -> Parts:
@@ -123,8 +122,8 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
     model = build_model(targets.model, device, opts.channels_last)
     params = param_groups(model, opts.no_decay_norm_bias)
     optimizer = instantiate("optimizer", targets.optimizer, params=params)
-    schedule = schedule_for(targets.scheduler, optimizer, steps_per_epoch)
-    scheduler = schedule(run.settings.loop.epochs)
+    schedule = Schedule(targets.scheduler, optimizer, steps_per_epoch)
+    scheduler = schedule.over(run.settings.loop.epochs)
     scales = float_math.uses_grad_scaler(run.settings.step.precision)
     scaler = torch.amp.GradScaler(device.type, init_scale=opts.amp_init_scale, enabled=scales)
     model, forward = reduction.prepare(model)
@@ -139,10 +138,28 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
     return runner, schedule
 
 
-def schedule_for(node: DictConfig, optimizer: Any, steps_per_epoch: int) -> Callable[[int], Any]:
-    """The one place the lr schedule is decided: epochs -> the ``scheduler`` over that many
-    epochs (a resume that extends them replays the past under the old: ``loop.past_schedule``)."""
-    return lambda epochs: build_scheduler(node, optimizer, total_steps=steps_per_epoch * epochs)
+@dataclass(frozen=True)
+class Schedule:
+    """The one place the lr schedule is decided: ``over(epochs)``, the ``scheduler`` over that
+    many epochs; ``resumed`` the same at a loaded state's position (a resume that extends the
+    run replays its past under the old length: ``Trainer.replay_state``)."""
+
+    node: DictConfig
+    optimizer: Any
+    steps_per_epoch: int
+
+    def over(self, epochs: int) -> Any:
+        return build_scheduler(self.node, self.optimizer, self.steps_per_epoch * epochs)
+
+    def resumed(self, epochs: int, current: Any) -> Any:
+        """``over(epochs)`` carrying ``current``'s state and the optimizer's lrs (building a
+        scheduler resets the lr)."""
+        lrs = [group["lr"] for group in self.optimizer.param_groups]
+        past = self.over(epochs)
+        past.load_state_dict(current.state_dict())
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        return past
 
 
 def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Callbacks:

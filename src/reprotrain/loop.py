@@ -54,7 +54,7 @@ class Trainer:
 
     def __init__(self, run: Run, parts: Parts, logger_cfg: Any) -> None:
         self.runner, self.pipeline, self.saver = parts.runner, parts.pipeline, parts.saver
-        self.schedule_for = parts.schedule_for  # epochs -> the lr schedule over that many epochs
+        self.schedule = parts.schedule  # the lr schedule over any number of epochs
         self.record, self.stop, self.dist = run.record, run.stop, run.dist
         self.settings, self.guard = run.settings.loop, run.settings.guard
         self.logger_cfg, self.run_dir = logger_cfg, run.record.run_dir
@@ -101,7 +101,9 @@ class Trainer:
         live, self.out = self.out, Silent(self)
         if epochs is not None and epochs != settings.epochs:
             self.settings = dataclasses.replace(settings, epochs=epochs)
-            self.runner.state.scheduler = self.past_schedule(epochs, from_start)
+            schedule = self.schedule
+            past = schedule.over(epochs) if from_start else schedule.resumed(epochs, scheduler)
+            self.runner.state.scheduler = past
         try:
             # The run's own life: its on_start (set-up such as freezing a layer) ran before
             # these steps; the hooks between are called where the run called them (``save``).
@@ -112,18 +114,6 @@ class Trainer:
             return self.saver.payload()
         finally:
             self.out, self.settings, self.runner.state.scheduler = live, settings, scheduler
-
-    def past_schedule(self, epochs: int, from_start: bool) -> Any:
-        """The lr schedule over ``epochs`` at the state's position (a loaded checkpoint's
-        scheduler state and lrs put back: building one resets the lr)."""
-        optimizer, current = self.runner.state.optimizer, self.runner.state.scheduler
-        lrs = [group["lr"] for group in optimizer.param_groups]
-        past = self.schedule_for(epochs)
-        if not from_start:
-            past.load_state_dict(current.state_dict())
-            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-        return past
 
     def run_epoch(self, until: int | None = None) -> dict:
         """One epoch from ``(epoch, step)`` then its end (``until``: stop at that step, a

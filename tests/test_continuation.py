@@ -96,6 +96,16 @@ def test_the_lines_are_json_dumps_lines_and_labels_are_digested_as_values(tmp_pa
     assert digests([batch_rows(BATCH)]) != digests([batch_rows((BATCH[0], BATCH[1].flip(0)))])
 
 
+def test_a_step_is_digested_as_its_batch_was_when_it_ran_not_as_a_reused_buffer_is_later():
+    """Rows wait for the host read: a labels buffer the pipeline (or the step) fills again for
+    the next step must not change the digest of the step that already ran."""
+    images, labels = BATCH[0].clone(), BATCH[1].clone()
+    first = batch_rows((images, labels))
+    labels.copy_(labels.flip(0))  # the next step's labels, in the same buffer
+    images.mul_(2)
+    assert digests([first]) == digests([batch_rows(BATCH)])
+
+
 def test_identical_steps_let_the_resume_claim_the_bits_and_nothing_logged_says_so(tmp_path):
     record = RunRecord(tmp_path, {"resumes": [{"bitwise_guarantee": False, "unrestored": []}]})
     path = tmp_path / FILE

@@ -23,7 +23,8 @@ FILE = "continuation.jsonl"
 
 def batch_rows(batch: Any) -> list[torch.Tensor]:
     """Each tensor's per-sample sums, on its device (no host sync): all that runs per step. A
-    tensor of one value per sample is its own row, kept as it is (converted at the host read)."""
+    tensor of one value per sample is its own row, copied (a buffer the pipeline or the step
+    reuses would otherwise digest its later values) and widened at the host read."""
     rows = []
     for t in batches.leaves(batch):
         t = t.detach() if t.requires_grad else t
@@ -31,7 +32,7 @@ def batch_rows(batch: Any) -> list[torch.Tensor]:
             wide = torch.float32 if t.device.type == "mps" else torch.float64  # mps: no float64
             rows.append(t.sum(dim=tuple(range(1, t.dim())), dtype=wide))
         else:  # a sample is one value (or the tensor is one): the values themselves
-            rows.append(t if t.dim() == 1 else t.reshape(-1))
+            rows.append(t.reshape(-1).clone())
     return rows
 
 

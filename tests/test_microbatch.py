@@ -179,3 +179,19 @@ def test_ddp_gradient_sync_waits_for_the_last_microbatch():
     one.forward = FakeDDP(one.state.model)
     one.step(batch(8), global_step=0)
     assert events == ["forward, sync"]
+
+
+def test_take_gathers_positions_and_picks_one_position_of_any_integer_kind() -> None:
+    """``batches.take``: a 1-D index gathers (``index_select``, the copy ``t[index]`` makes);
+    one position, a Python, numpy or 0-dim tensor integer, picks that sample."""
+    import numpy as np
+
+    from reprotrain.step.batches import take
+
+    batch = (torch.arange(12.0).reshape(6, 2), torch.arange(6))
+    rows = torch.tensor([4, 1])
+    gathered = take(batch, rows)
+    assert all(torch.equal(g, t[rows]) for g, t in zip(gathered, batch, strict=True))
+    for one in (3, np.int64(3), torch.tensor(3)):
+        picked = take(batch, one)
+        assert torch.equal(picked[0], batch[0][3]) and int(picked[1]) == 3

@@ -103,9 +103,9 @@ def narrow(batch: Batch, start: int, length: int) -> Batch:
 def take(batch: Batch, index: torch.Tensor | int) -> Batch:
     """Samples ``index`` (a tensor of positions, or one position) of every tensor
     (``index_select``: the same copy as ``t[index]``, a third of its cost per call)."""
-    if isinstance(index, int):
-        return _map(lambda t: t[index], batch)
-    return _map(lambda t: t.index_select(0, index), batch)
+    if isinstance(index, torch.Tensor) and index.dim() == 1:
+        return _map(lambda t: t.index_select(0, index), batch)
+    return _map(lambda t: t[index], batch)  # one position (an int of any kind)
 
 
 def microbatch_count(batch: Batch, microbatch_size: int | None, n: int | None = None) -> int:

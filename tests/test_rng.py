@@ -187,8 +187,13 @@ def _outer(kind: str) -> None:
 @pytest.mark.parametrize("outer", ["fresh", "cached"])
 @pytest.mark.parametrize(
     "block",
-    [lambda: None, _everything, lambda: np.random.set_state(np.random.get_state())],
-    ids=["nothing", "draws", "set-state"],
+    [
+        lambda: None,
+        _everything,
+        lambda: np.random.set_state(np.random.get_state()),
+        lambda: np.random.set_bit_generator(np.random.PCG64(5)),
+    ],
+    ids=["nothing", "draws", "set-state", "swapped-generator"],
 )
 @pytest.mark.parametrize("route", ["fast", "general"])
 def test_scoped_gives_the_states_of_the_plain_calls(monkeypatch, outer, block, route):
@@ -199,18 +204,23 @@ def test_scoped_gives_the_states_of_the_plain_calls(monkeypatch, outer, block, r
     if route == "general":  # a Python whose objects are laid out otherwise
         monkeypatch.setattr(rng, "_PY_AT", None)
         monkeypatch.setattr(rng, "_SPARE_AT", None)
+        monkeypatch.setattr(rng, "_GAUSS_AT", None)
+    generator = np.random.get_bit_generator()
     for seed in (1, 2**40 + 5, stable_hash("any", 7)):
         _outer(outer)
         before = _all_states()
         random.seed(seed), np.random.seed(numpy_seed_words(seed)), torch.manual_seed(seed)
         block()
         expected = _everything()
+        np.random.set_bit_generator(generator)  # as a swapping block left it, put back
         _outer(outer)
         with rng.Scoped(seed, torch.device("cpu")):
             block()
             assert _everything() == expected
+        assert np.random.get_bit_generator() is generator
         assert _same(_all_states(), before)
-    if route == "fast":  # numpy was seeded from the spare's words (checked once)
+    if route == "fast":  # numpy seeded from the spare (checked once), its Gaussian by memory
+        assert rng._GAUSS_AT is not None
         assert rng._SPARE_CHECKED[id(np.random.get_bit_generator())] is True
 
 

@@ -34,11 +34,15 @@ class Accumulator:
         raise NotImplementedError
 
 
+_NOTHING = contextlib.nullcontext()  # one shared null context: nothing to build per use
+
+
 class FloatSum(Accumulator):
     """Local and DDP: loss and metric sums added in micro-batch order (k = 1: no extra op)."""
 
     def __init__(self, k: int, device: torch.device) -> None:
-        self.k, self.loss, self.sums = k, None, MetricSums(device)
+        self.k, self.loss = k, None
+        self.sums = MetricSums(device) if k > 1 else None  # k = 1: the step's own sums
         self.last: tuple[torch.Tensor, Sums] | None = None
 
     def add(self, loss: torch.Tensor, sums: Sums, size: int) -> None:
@@ -128,7 +132,7 @@ class Reduction:
 
     def microbatch(self, forward: nn.Module, i: int, k: int) -> AbstractContextManager:
         """What wraps micro-batch ``i`` of this rank's ``k`` (forward and backward)."""
-        return contextlib.nullcontext()
+        return _NOTHING
 
     def accumulator(self, model: nn.Module, k: int, device: torch.device) -> Accumulator:
         return FloatSum(k, device)
@@ -203,7 +207,7 @@ class DDP(Reduction):
     def microbatch(self, forward: nn.Module, i: int, k: int) -> AbstractContextManager:
         """No gradient sync until the last micro-batch's backward."""
         if i == k - 1 or not hasattr(forward, "no_sync"):
-            return contextlib.nullcontext()
+            return _NOTHING
         return forward.no_sync()
 
     def end_epoch(self, progress: EpochProgress) -> None:

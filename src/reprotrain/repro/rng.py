@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reprotrain.repro.seeding import numpy_seed_words, restore_numpy_global, save_numpy_global
+from reprotrain.repro.seeding import numpy_seed_words
 
 log = logging.getLogger("reprotrain")
 
@@ -80,14 +80,21 @@ def _cuda_state(state: dict[str, Any], device: torch.device) -> torch.Tensor | N
     return cuda["state"]
 
 
-# Python's global ``random`` is a C object holding ``int index; uint32_t state[624]`` right
-# after its object header; numpy's legacy MT19937 holds ``uint32_t key[624]; int pos``, and
-# its seeding is the same ``init_by_array`` as Python's over the seed's 32-bit words. So a
-# spare Python ``Random`` seeded with ``seed`` (numpy's key) gives the 2,500 bytes that
-# ``random.seed`` (``np.random.seed``) would leave (:func:`seed_states`): :class:`Scoped`
-# copies them in, and the states it saves out and back. The layouts are checked against
-# ``getstate`` and ``np.random.seed`` first; any other takes the general route.
+# The guard copies states by memory, each layout checked once against the plain calls (any
+# other layout takes the general route, tested the same):
+# - Python's global ``random`` is a C object holding ``int index; uint32_t state[624]`` right
+#   after its object header: saved and put back as 2,500 bytes.
+# - numpy's global RNG is a legacy RandomState over MT19937: the bit generator's ``uint32_t
+#   key[624]; int pos`` and the RandomState's cached Gaussian (``int has_gauss; double
+#   gauss``). ``np.random.get_state``/``set_state`` copy the words one Python call at a time
+#   (~50-100 us each way, more than a null model's whole step).
+# - ``np.random.seed(words)`` is the same ``init_by_array`` over the same 32-bit words as
+#   ``random.seed`` of their integer, so a spare Python ``Random`` seeded with it holds the
+#   words numpy would (its index first, numpy's position last).
 _PY_BYTES = 4 + 624 * 4
+_MT_WORDS = 624 * 4 + 4
+_GAUSS_BYTES = 16  # int has_gauss, padding, double gauss
+_NO_GAUSS = bytes(_GAUSS_BYTES)  # what np.random.seed leaves: none cached
 _SPARE = random.Random()
 
 
@@ -99,50 +106,112 @@ def _state_address(generator: random.Random) -> int | None:
     return address if ctypes.string_at(address, _PY_BYTES) == expected else None
 
 
-_PY_AT, _SPARE_AT = _state_address(random._inst), _state_address(_SPARE)
-
-
-def _seeded_bytes(key: int) -> bytes:
-    """The spare's index and words once seeded with ``key``."""
-    _random.Random.seed(_SPARE, key)
-    return ctypes.string_at(_SPARE_AT, _PY_BYTES)
-
-
-def seed_states(seed: int) -> tuple[int, bytes | None, bytes | None, tuple[int, int]]:
-    """What :class:`Scoped` puts in for ``seed``: (seed, python's state bytes, numpy's MT19937
-    bytes, numpy's two seed words); a None where that generator is seeded the general way."""
-    lo, hi = numpy_seed_words(seed)
-    if _SPARE_AT is None:
-        return seed, None, None, (lo, hi)
-    python = _seeded_bytes(seed) if _PY_AT is not None else None
-    mt = None
-    if hi:  # hi == 0: Python's key would be one word, numpy's two
-        spare = _seeded_bytes((hi << 32) | lo)
-        mt = spare[4:] + spare[:4]  # numpy keeps the position (624 in both) after the words
-    return seed, python, mt, (lo, hi)
-
-
-def _numpy_route(bit_generator: Any, mt: bytes | None) -> bool:
-    """Whether ``mt`` may be copied into this generator: whether the spare's words give
-    ``np.random.seed``'s state for it, checked once per generator (its state put back)."""
-    ok = _SPARE_CHECKED.get(id(bit_generator))
-    if mt is None or ok is not None:
-        return bool(ok) and mt is not None
-    saved, (_, _, check, words) = np.random.get_state(), seed_states(_CHECK_SEED)
+def _gauss_address(state: np.random.RandomState) -> int | None:
+    """Where the global RandomState keeps ``has_gauss`` and ``gauss``, found by setting a
+    cached Gaussian and reading it back, then written and read back through ``get_state``."""
+    saved, size = state.get_state(), type(state).__basicsize__
+    probe, other = 1.2345678901234567, -7.654321098765432
     try:
-        np.random.seed(np.array(words, dtype=np.uint32))
-        expected = np.random.get_state()[1:3]
-        np.random.standard_normal(size=3)  # move it off the seeded state
-        ctypes.memmove(bit_generator.ctypes.state_address, check, _PY_BYTES)
-        key, pos = np.random.get_state()[1:3]
-        _SPARE_CHECKED[id(bit_generator)] = bool(pos == expected[1] and (key == expected[0]).all())
+        state.set_state((*saved[:3], 1, probe))
+        at = ctypes.string_at(id(state), size).find(struct.pack("=d", probe)) - 8
+        if at < object.__basicsize__ or at % 8:
+            return None
+        address = id(state) + at
+        ctypes.memmove(address, struct.pack("=i4xd", 1, other), _GAUSS_BYTES)
+        if state.get_state()[3:] != (1, other):
+            return None
+        state.set_state((*saved[:3], 0, 0.0))
+        return address if ctypes.string_at(address, _GAUSS_BYTES) == _NO_GAUSS else None
+    except (ValueError, TypeError):
+        return None
     finally:
-        np.random.set_state(saved)
+        state.set_state(saved)
+
+
+def _mt_address(bit_generator: Any) -> int | None:
+    """Where the global MT19937's words are, once they are checked to be laid out as
+    ``get_state`` reads them; None (the general route) for any other generator."""
+    if type(bit_generator) is not np.random.MT19937 or _GAUSS_AT is None:
+        return None
+    address = bit_generator.ctypes.state_address
+    if _LAYOUTS.get(address) is None:
+        _, key, pos, *_ = np.random.get_state()
+        words = ctypes.string_at(address, _MT_WORDS)
+        same = words[:-4] == key.astype(np.uint32).tobytes()
+        _LAYOUTS[address] = same and int(np.frombuffer(words[-4:], np.int32)[0]) == pos
+    return address if _LAYOUTS[address] else None
+
+
+_PY_AT, _SPARE_AT = _state_address(random._inst), _state_address(_SPARE)
+_GAUSS_AT = _gauss_address(np.random.mtrand._rand)
+_LAYOUTS: dict[int, bool] = {}  # state address -> the words are where get_state reads them
+_SPARE_CHECKED: dict[int, bool] = {}  # bit generator -> the spare gives np.random.seed's words
+_CHECK_WORDS = (0x1234ABCD, 0x5EED)
+
+
+def _save_numpy() -> tuple:
+    """numpy's global RNG state, for :func:`_restore_numpy`: its bit generator, words and
+    cached Gaussian by memory, else ``np.random.get_state()``."""
+    bit_generator = np.random.get_bit_generator()
+    address = _mt_address(bit_generator)
+    if address is None:
+        return ("state", bit_generator, np.random.get_state())
+    words = ctypes.string_at(address, _MT_WORDS)
+    return ("words", bit_generator, address, words, ctypes.string_at(_GAUSS_AT, _GAUSS_BYTES))
+
+
+def _restore_numpy(saved: tuple) -> None:
+    """What :func:`_save_numpy` saved put back: the same bit generator, words, position and
+    cached Gaussian as ``np.random.set_state(np.random.get_state())`` would."""
+    if np.random.get_bit_generator() is not saved[1]:  # the block swapped it
+        np.random.set_bit_generator(saved[1])
+    if saved[0] == "state":
+        np.random.set_state(saved[2])
+        return
+    _, _, address, words, gauss = saved
+    ctypes.memmove(address, words, _MT_WORDS)
+    ctypes.memmove(_GAUSS_AT, gauss, _GAUSS_BYTES)
+
+
+def _spare_into_numpy(address: int, lo: int, hi: int) -> None:
+    """``np.random.seed([lo, hi])``'s state, through the spare: its words, position, no
+    cached Gaussian."""
+    _random.Random.seed(_SPARE, (hi << 32) | lo)
+    ctypes.memmove(address, _SPARE_AT + 4, _MT_WORDS - 4)
+    ctypes.memmove(address + _MT_WORDS - 4, _SPARE_AT, 4)  # the position: 624 in both
+    ctypes.memmove(_GAUSS_AT, _NO_GAUSS, _GAUSS_BYTES)
+
+
+def _spare_route(bit_generator: Any, address: int) -> bool:
+    """Whether the spare gives ``np.random.seed``'s state for this generator: checked once
+    per generator against the plain call (its state put back)."""
+    ok = _SPARE_CHECKED.get(id(bit_generator))
+    if ok is not None:
+        return ok
+    saved = _save_numpy()
+    try:
+        np.random.seed(np.array(_CHECK_WORDS, dtype=np.uint32))
+        expected = np.random.get_state()
+        np.random.standard_normal(size=3)  # off the seeded state, a Gaussian cached
+        _spare_into_numpy(address, *_CHECK_WORDS)
+        got = np.random.get_state()
+        same = got[2:] == expected[2:] and bool((got[1] == expected[1]).all())
+        _SPARE_CHECKED[id(bit_generator)] = same
+    finally:
+        _restore_numpy(saved)
     return _SPARE_CHECKED[id(bit_generator)]
 
 
-_CHECK_SEED = 0x5EED_1234_ABCD
-_SPARE_CHECKED: dict[int, bool] = {}
+def _seed_numpy(saved: tuple, seed: int) -> None:
+    """numpy's global RNG as ``np.random.seed(numpy_seed_words(seed))`` leaves it."""
+    lo, hi = numpy_seed_words(seed)
+    # hi == 0: Python's key would be one word, numpy's two: numpy seeds itself.
+    if hi and _SPARE_AT is not None and saved[0] == "words":
+        bit_generator, address = saved[1], saved[2]
+        if _spare_route(bit_generator, address):
+            _spare_into_numpy(address, lo, hi)
+            return
+    np.random.seed(np.array((lo, hi), dtype=np.uint32))
 
 
 class Scoped:
@@ -153,45 +222,38 @@ class Scoped:
     Closes: python ``random``, numpy's (``numpy_seed_words``) and torch's global RNGs (CPU,
     GPU ``device``)."""
 
-    __slots__ = ("cuda", "saved", "states")
+    __slots__ = ("cuda", "saved", "seed")
 
     def __init__(self, seed: int, device: torch.device | None = None) -> None:
-        self.states = seed_states(seed)
+        self.seed = seed
         device = torch.device(device) if isinstance(device, str) else device
         self.cuda = device if device is not None and device.type == "cuda" else None
 
     def __enter__(self) -> None:
-        (seed, python, mt, words), inst = self.states, random._inst
+        seed, inst = self.seed, random._inst
         py = ctypes.string_at(_PY_AT, _PY_BYTES) if _PY_AT is not None else inst.getstate()
-        numpy_state, gauss = save_numpy_global(), inst.gauss_next
+        numpy_state = _save_numpy()
         cpu = torch.default_generator.get_state()
         gpu = torch.cuda.get_rng_state(self.cuda) if self.cuda is not None else None
-        self.saved = (py, gauss, numpy_state, cpu, gpu)
+        self.saved = (py, inst.gauss_next, numpy_state, cpu, gpu)
         # The CPU and the training GPU only: torch.manual_seed's streams, at a hundredth of
         # its cost (it seeds every visible GPU).
         torch.default_generator.manual_seed(seed)
         if self.cuda is not None:
             with torch.cuda.device(self.cuda):
                 torch.cuda.manual_seed(seed)
-        if python is not None:
-            ctypes.memmove(_PY_AT, python, _PY_BYTES)
-        else:
-            _random.Random.seed(inst, seed)  # random.seed(seed), without its type checks
+        _random.Random.seed(inst, seed)  # random.seed(seed), without its type checks
         inst.gauss_next = None
-        bit_generator = numpy_state[1] if numpy_state[0] == "words" else None
-        if bit_generator is not None and _numpy_route(bit_generator, mt):
-            ctypes.memmove(bit_generator.ctypes.state_address, mt, _PY_BYTES)
-        else:
-            np.random.seed(np.array(words, dtype=np.uint32))
+        _seed_numpy(numpy_state, seed)
 
     def __exit__(self, *exc: object) -> None:
         py, gauss, numpy_state, cpu, gpu = self.saved
         if _PY_AT is not None:
             ctypes.memmove(_PY_AT, py, _PY_BYTES)
-            random._inst.gauss_next = gauss
         else:
             random.setstate(py)
-        restore_numpy_global(numpy_state)
+        random._inst.gauss_next = gauss
+        _restore_numpy(numpy_state)
         torch.default_generator.set_state(cpu)
         if gpu is not None:
             torch.cuda.set_rng_state(gpu, self.cuda)

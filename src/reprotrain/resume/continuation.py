@@ -6,12 +6,12 @@ run computed at the same steps (docs/resume.md, "A resume compares its continuat
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from reprotrain.run import record as rec
@@ -21,53 +21,46 @@ log = logging.getLogger("reprotrain")
 FILE = "continuation.jsonl"
 
 
+def _wide(device: torch.device) -> torch.dtype:
+    """The dtype rows are summed and kept in: float64 (mps has none: float32)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def batch_rows(batch: Any) -> list[torch.Tensor]:
-    """Each tensor's per-sample sums, on its device (no host sync): all that runs per step. A
-    tensor of one value per sample is its own row, copied (a buffer the pipeline or the step
-    reuses would otherwise digest its later values) and widened at the host read."""
+    """Each tensor's per-sample sums, widened, on its device (no host sync): all that runs per
+    step, one op per tensor. A tensor of one value per sample is its own row, copied as it is
+    widened (a buffer the pipeline or the step reuses would otherwise digest later values)."""
     rows = []
     for t in batches.leaves(batch):
         t = t.detach() if t.requires_grad else t
         if t.dim() > 1:
-            wide = torch.float32 if t.device.type == "mps" else torch.float64  # mps: no float64
-            rows.append(t.sum(dim=tuple(range(1, t.dim())), dtype=wide))
+            rows.append(t.sum(dim=tuple(range(1, t.dim())), dtype=_wide(t.device)))
         else:  # a sample is one value (or the tensor is one): the values themselves
-            rows.append(t.reshape(-1).clone())
+            rows.append(t.reshape(-1).to(_wide(t.device), copy=True))
     return rows
 
 
 def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
     """Each step's batch digest: per tensor, two exact integer sums of the rows' bit patterns
-    (16-bit pieces in int64, under 2**24 samples; rows widened first), plain and weighted by
-    place; one host read per row length."""
+    (16-bit pieces in int64, under 2**24 samples), plain and weighted by place; one host read
+    per row length and device, the sums on the host."""
     flat = [rows for step in steps for rows in step]
     sums: list[tuple[int, int]] = [(0, 0)] * len(flat)
-    groups: dict[tuple, dict[torch.dtype, list[int]]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, rows in enumerate(flat):
-        by_dtype = groups.setdefault((rows.numel(), rows.device), {})
-        by_dtype.setdefault(rows.dtype, []).append(i)
-    for (n, device), by_dtype in groups.items():
-        wide = torch.float32 if device.type == "mps" else torch.float64
-        parts = [torch.stack([flat[i] for i in ids]).to(wide) for ids in by_dtype.values()]
-        which = [i for ids in by_dtype.values() for i in ids]
-        stacked = torch.cat(parts) if len(parts) > 1 else parts[0]  # (rows, n), exact
-        pieces = stacked.view(torch.int16).reshape(len(which), n, -1).to(torch.int64)
-        weighted = pieces * _places(n, pieces.device)
-        host = torch.cat([pieces.sum(dim=1), weighted.sum(dim=1)], dim=1).cpu().tolist()
-        width = pieces.shape[2]
-        for i, values in zip(which, host, strict=True):
-            sums[i] = (_join(values[:width]), _join(values[width:]))
+        groups.setdefault((rows.numel(), rows.device, rows.dtype), []).append(i)
+    for (n, _, _), which in groups.items():
+        host = torch.stack([flat[i] for i in which]).cpu().numpy()  # (rows, n), exact
+        pieces = host.view(np.int16).reshape(len(which), n, -1).astype(np.int64)
+        plain = pieces.sum(axis=1)
+        weighted = np.einsum("snp,n->sp", pieces, np.arange(1, n + 1, dtype=np.int64))
+        for i, a, b in zip(which, plain.tolist(), weighted.tolist(), strict=True):
+            sums[i] = (_join(a), _join(b))
     out, at = [], 0
     for step in steps:
         out.append([hex(v) for pair in sums[at : at + len(step)] for v in pair])
         at += len(step)
     return out
-
-
-@functools.lru_cache(maxsize=16)
-def _places(n: int, device: torch.device) -> torch.Tensor:
-    """Each sample's place ``1..n``, shaped to weigh ``(steps, n, pieces)``."""
-    return torch.arange(1, n + 1, dtype=torch.int64, device=device).view(1, n, 1)
 
 
 def _json_line(line: dict) -> str:
@@ -80,7 +73,10 @@ def _json_line(line: dict) -> str:
 
 def _join(pieces: list[int]) -> int:
     """The sums of 16-bit pieces put back in their places: one exact integer."""
-    return sum(v << (16 * j) for j, v in enumerate(pieces))
+    total = 0
+    for v in reversed(pieces):  # Horner's rule: sum(v << 16 * j), without a generator
+        total = (total << 16) + v
+    return total
 
 
 class Continuation:
@@ -101,7 +97,8 @@ class Continuation:
     def add(self, global_step: int, loss: torch.Tensor, batch: Any) -> None:
         """Step ``global_step``'s loss and batch rows, kept on the device."""
         if self.path is not None:
-            self.pending.append((global_step, loss.detach(), batch_rows(batch)))
+            loss = loss.detach() if loss.requires_grad else loss
+            self.pending.append((global_step, loss, batch_rows(batch)))
 
     def flush(self) -> list[dict]:
         """Write the pending steps and compare them with the interrupted run's; the lines."""

@@ -142,11 +142,16 @@ class StepRunner:
                 f"step {type(self.user_step).__name__} called runner.apply() twice in one step"
             )
         state, norm, clip = self.state, None, self.settings.grad_clip_norm
+        scaler = state.scaler if state.scaler.is_enabled() else None  # fp16 autocast only
         if clip:
-            state.scaler.unscale_(state.optimizer)
+            if scaler is not None:
+                scaler.unscale_(state.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), clip)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
+        if scaler is not None:
+            scaler.step(state.optimizer)
+            scaler.update()
+        else:
+            state.optimizer.step()
         state.scheduler.step()
         self._norm, self._applied = norm, True
         return norm

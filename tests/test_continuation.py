@@ -82,6 +82,30 @@ def test_a_steps_digest_does_not_depend_on_the_steps_digested_with_it():
     assert digests([batch_rows(scalar), batch_rows(BATCH)])[1] == alone[0]
 
 
+def test_a_sample_is_digested_by_its_bits_where_it_can_be_viewed_and_by_its_values_else():
+    """Per step one op per tensor: a contiguous sample's bytes as 64-bit words summed modulo
+    2**64 (no widened copy); a channels-last batch (no such view) its values summed in float64.
+    Either way one ulp anywhere, or two samples swapped, changes the digest."""
+    images = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    labels = torch.tensor([3, 1, 4, 1])
+    for layout in (torch.contiguous_format, torch.channels_last):
+        batch = (images.contiguous(memory_format=layout), labels)
+        rows = batch_rows(batch)
+        words = layout == torch.contiguous_format
+        assert rows[0].dtype == (torch.int64 if words else torch.float64)
+        if words:  # the same sums as the bytes' words summed by hand, wrapped to 64 bits
+            raw = [int.from_bytes(images[i].numpy().tobytes()[j : j + 8], "little", signed=True)
+                   for i in range(4) for j in range(0, 4 * 3 * 4 * 4, 8)]  # fmt: skip
+            by_hand = [sum(raw[i * 24 : (i + 1) * 24]) for i in range(4)]  # 24 words each
+            assert rows[0].tolist() == [(v + 2**63) % 2**64 - 2**63 for v in by_hand]
+        digest = digests([rows])[0]
+        nudged = batch[0].clone(memory_format=torch.preserve_format)
+        nudged[3, 2, 1, 0] = torch.nextafter(nudged[3, 2, 1, 0], torch.tensor(100.0))
+        swapped = batch[0][[1, 0, 2, 3]].contiguous(memory_format=layout)
+        for other in (nudged, swapped):
+            assert digests([batch_rows((other, labels))])[0] != digest
+
+
 def test_the_lines_are_json_dumps_lines_and_labels_are_digested_as_values(tmp_path):
     """The file's lines are written by hand (per step, json.dumps cost more than the step):
     each is exactly ``json.dumps`` of the line; a tensor of one value per sample (labels) is

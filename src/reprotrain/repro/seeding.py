@@ -25,7 +25,11 @@ _MASK63 = (1 << 63) - 1
 
 def stable_hash(*parts: object) -> int:
     """A 63-bit integer from the SHA-256 of ``parts``: stable across processes and machines."""
-    text = "/".join(map(str, parts))
+    return _sha63("/".join(map(str, parts)))
+
+
+def _sha63(text: str) -> int:
+    """The low 63 bits of ``text``'s SHA-256 (little-endian): ``stable_hash``'s last step."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & _MASK63
 
 
@@ -73,11 +77,13 @@ def counter_generator(seed: int, *counters: int) -> torch.Generator:
 def numpy_seed_words(seed: int) -> tuple[int, int]:
     """The legacy numpy seed (two 32-bit words) for ``seed``: all 63 bits kept (``seed % 2**32``
     would collide over millions of samples)."""
-    derived = stable_hash(seed, "numpy")
+    derived = _sha63(f"{seed}/numpy")  # stable_hash(seed, "numpy"), per micro-batch
     return derived & 0xFFFFFFFF, derived >> 32
 
 
 def microbatch_seed(train_seed: int, global_step: int, index: int, *scope: object) -> int:
     """The global RNGs' seed for micro-batch ``index`` (global over ranks) of a step;
     ``scope`` (``"eval", split``) keys evaluation batches apart from training ones."""
-    return stable_hash(train_seed, global_step, index, *scope, "global")
+    if scope:
+        return stable_hash(train_seed, global_step, index, *scope, "global")
+    return _sha63(f"{train_seed}/{global_step}/{index}/global")  # per micro-batch: no join

@@ -6,6 +6,7 @@ run computed at the same steps (docs/resume.md, "A resume compares its continuat
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -21,46 +22,65 @@ log = logging.getLogger("reprotrain")
 FILE = "continuation.jsonl"
 
 
-def _wide(device: torch.device) -> torch.dtype:
-    """The dtype rows are summed and kept in: float64 (mps has none: float32)."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
 def batch_rows(batch: Any) -> list[torch.Tensor]:
-    """Each tensor's per-sample sums, widened, on its device (no host sync): all that runs per
-    step, one op per tensor. A tensor of one value per sample is its own row, copied as it is
-    widened (a buffer the pipeline or the step reuses would otherwise digest later values)."""
+    """Each tensor's per-sample sums, on its device (no host sync): all that runs per step,
+    one op per tensor. A sample's bits as 64-bit words, summed modulo 2**64 (exact, in any
+    order; any changed bit changes it) where its layout allows the view, else its values
+    summed widened. A tensor of one value per sample is its own row, copied as it is widened
+    (a buffer the pipeline or the step reuses would otherwise digest later values)."""
     rows = []
     for t in batches.leaves(batch):
         t = t.detach() if t.requires_grad else t
         if t.dim() > 1:
-            rows.append(t.sum(dim=tuple(range(1, t.dim())), dtype=_wide(t.device)))
+            dims = tuple(range(1, t.dim()))
+            words = _as_words(t)
+            rows.append(words.sum(dim=dims) if words is not None else t.sum(dims, dtype=_wide(t)))
         else:  # a sample is one value (or the tensor is one): the values themselves
-            rows.append(t.reshape(-1).to(_wide(t.device), copy=True))
+            rows.append((t if t.dim() == 1 else t.reshape(-1)).to(_wide(t), copy=True))
     return rows
 
 
+def _wide(t: torch.Tensor) -> torch.dtype:
+    """The dtype rows of values are summed and kept in: float64 (mps has none: float32)."""
+    return torch.float32 if t.device.type == "mps" else torch.float64
+
+
+def _as_words(t: torch.Tensor) -> torch.Tensor | None:
+    """A contiguous ``t``'s bytes as int64 words in its shape but the last dimension (a view),
+    or None where there is no such view (a channels-last batch, an odd row)."""
+    size = t.element_size()
+    if not t.is_contiguous() or (t.shape[-1] * size) % 8 or (t.storage_offset() * size) % 8:
+        return None
+    return t.view(torch.int64)
+
+
 def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
-    """Each step's batch digest: per tensor, two exact integer sums of the rows' bit patterns
-    (16-bit pieces in int64, under 2**24 samples), plain and weighted by place; one host read
-    per row length and device, the sums on the host."""
+    """Each step's batch digest: per tensor, its rows' 64-bit patterns summed modulo 2**64,
+    plain and weighted by the sample's place (exact in any order; a changed bit changes the
+    plain sum, two samples swapped the weighted one), as 32 hex digits; one host read per row
+    length, device and dtype, summed on the host."""
     flat = [rows for step in steps for rows in step]
-    sums: list[tuple[int, int]] = [(0, 0)] * len(flat)
+    found = [""] * len(flat)
     groups: dict[tuple, list[int]] = {}
     for i, rows in enumerate(flat):
         groups.setdefault((rows.numel(), rows.device, rows.dtype), []).append(i)
     for (n, _, _), which in groups.items():
         host = torch.stack([flat[i] for i in which]).cpu().numpy()  # (rows, n), exact
-        pieces = host.view(np.int16).reshape(len(which), n, -1).astype(np.int64)
-        plain = pieces.sum(axis=1)
-        weighted = np.einsum("snp,n->sp", pieces, np.arange(1, n + 1, dtype=np.int64))
-        for i, a, b in zip(which, plain.tolist(), weighted.tolist(), strict=True):
-            sums[i] = (_join(a), _join(b))
+        words = host.view(np.int64) if host.itemsize == 8 else host.view(np.int32).astype(np.int64)
+        text = (words @ _weights(n)).astype("<i8").tobytes().hex()  # (rows, 2), wrapped
+        for j, i in enumerate(which):
+            found[i] = text[32 * j : 32 * j + 32]
     out, at = [], 0
     for step in steps:
-        out.append([hex(v) for pair in sums[at : at + len(step)] for v in pair])
+        out.append(found[at : at + len(step)])
         at += len(step)
     return out
+
+
+@functools.cache
+def _weights(n: int) -> np.ndarray:
+    """``(n, 2)``: each sample's weight in the plain sum (1) and the weighted one (its place)."""
+    return np.stack([np.ones(n, dtype=np.int64), np.arange(1, n + 1, dtype=np.int64)], axis=1)
 
 
 def _json_line(line: dict) -> str:
@@ -69,14 +89,6 @@ def _json_line(line: dict) -> str:
     return (
         f'{{"global_step": {line["global_step"]}, "loss": "{line["loss"]}", "batch": [{batch}]}}\n'
     )
-
-
-def _join(pieces: list[int]) -> int:
-    """The sums of 16-bit pieces put back in their places: one exact integer."""
-    total = 0
-    for v in reversed(pieces):  # Horner's rule: sum(v << 16 * j), without a generator
-        total = (total << 16) + v
-    return total
 
 
 class Continuation:
@@ -105,7 +117,7 @@ class Continuation:
         if self.path is None or not self.pending:
             return []
         steps = [step for step, _, _ in self.pending]
-        losses = torch.stack([loss for _, loss, _ in self.pending]).double().tolist()
+        losses = torch.stack([loss for _, loss, _ in self.pending]).tolist()  # exact floats
         batch = digests([rows for _, _, rows in self.pending])
         self.pending = []
         lines = [

@@ -26,8 +26,8 @@ def batch_rows(batch: Any) -> list[torch.Tensor]:
     """Each tensor's per-sample sums, on its device (no host sync): all that runs per step,
     one op per tensor. A sample's bits as 64-bit words, summed modulo 2**64 (exact, in any
     order; any changed bit changes it) where its layout allows the view, else its values
-    summed widened. A tensor of one value per sample is its own row, copied as it is widened
-    (a buffer the pipeline or the step reuses would otherwise digest later values)."""
+    summed in float64. A tensor of one value per sample is its own row, copied (a buffer the
+    pipeline or the step reuses would otherwise digest later values)."""
     rows = []
     for t in batches.leaves(batch):
         t = t.detach() if t.requires_grad else t
@@ -36,13 +36,13 @@ def batch_rows(batch: Any) -> list[torch.Tensor]:
             words = _as_words(t)
             rows.append(words.sum(dim=dims) if words is not None else t.sum(dims, dtype=_wide(t)))
         else:  # a sample is one value (or the tensor is one): the values themselves
-            rows.append((t if t.dim() == 1 else t.reshape(-1)).to(_wide(t), copy=True))
+            rows.append((t if t.dim() == 1 else t.reshape(-1)).clone())
     return rows
 
 
 def _wide(t: torch.Tensor) -> torch.dtype:
-    """The dtype rows of values are summed and kept in: float64 (mps has none: float32)."""
-    return torch.float32 if t.device.type == "mps" else torch.float64
+    """The dtype rows of values are summed in: float64 (mps has none: float32)."""
+    return torch.float32 if t.is_mps else torch.float64
 
 
 def _as_words(t: torch.Tensor) -> torch.Tensor | None:
@@ -55,7 +55,7 @@ def _as_words(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
-    """Each step's batch digest: per tensor, its rows' 64-bit patterns summed modulo 2**64,
+    """Each step's batch digest: per tensor, its rows' bit patterns summed modulo 2**64,
     plain and weighted by the sample's place (exact in any order; a changed bit changes the
     plain sum, two samples swapped the weighted one), as 32 hex digits; one host read per row
     length, device and dtype, summed on the host."""
@@ -65,8 +65,10 @@ def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
     for i, rows in enumerate(flat):
         groups.setdefault((rows.numel(), rows.device, rows.dtype), []).append(i)
     for (n, _, _), which in groups.items():
-        host = torch.stack([flat[i] for i in which]).cpu().numpy()  # (rows, n), exact
-        words = host.view(np.int64) if host.itemsize == 8 else host.view(np.int32).astype(np.int64)
+        stacked = torch.stack([flat[i] for i in which])  # (rows, n)
+        bits = stacked.view(_INTS.get(stacked.element_size(), torch.int64))  # any dtype
+        host = bits.cpu().numpy().astype(np.int64, copy=False)
+        words = host.reshape(len(which), n, -1).sum(axis=2)  # a wider value: its words added
         text = (words @ _weights(n)).astype("<i8").tobytes().hex()  # (rows, 2), wrapped
         for j, i in enumerate(which):
             found[i] = text[32 * j : 32 * j + 32]
@@ -75,6 +77,9 @@ def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
         out.append(found[at : at + len(step)])
         at += len(step)
     return out
+
+
+_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size
 
 
 @functools.cache

@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import logging
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -232,3 +234,25 @@ def test_scoped_seeds_numpy_through_numpy_where_the_spare_cannot(monkeypatch):
     expected = float(np.random.rand())
     with rng.Scoped(12345):
         assert float(np.random.rand()) == expected
+
+
+def test_scoped_takes_the_general_route_for_numpy_when_another_generator_was_set_first():
+    """numpy's global generator swapped for a PCG64 before reprotrain is imported: no layout
+    is assumed (no warning either), the block still gets ``np.random.seed``'s draws and the
+    PCG64's state comes back."""
+    script = """
+import numpy as np
+np.random.set_bit_generator(np.random.PCG64(1))
+from reprotrain.repro import rng
+assert rng._GAUSS_AT is None
+before = np.random.get_bit_generator().state
+np.random.seed([12345, 678])
+expected = np.random.rand()
+np.random.get_bit_generator().state = before
+rng.numpy_seed_words = lambda seed: (12345, 678)
+with rng.Scoped(2):
+    assert np.random.rand() == expected
+assert np.random.get_bit_generator().state == before
+"""
+    done = subprocess.run([sys.executable, "-W", "error", "-c", script], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]

@@ -109,6 +109,8 @@ def _state_address(generator: random.Random) -> int | None:
 def _gauss_address(state: np.random.RandomState) -> int | None:
     """Where the global RandomState keeps ``has_gauss`` and ``gauss``, found by setting a
     cached Gaussian and reading it back, then written and read back through ``get_state``."""
+    if type(state._bit_generator) is not np.random.MT19937:  # set before this import
+        return None
     saved, size = state.get_state(), type(state).__basicsize__
     probe, other = 1.2345678901234567, -7.654321098765432
     try:
@@ -155,7 +157,7 @@ def _save_numpy() -> tuple:
     bit_generator = np.random.get_bit_generator()
     address = _mt_address(bit_generator)
     if address is None:
-        return ("state", bit_generator, np.random.get_state())
+        return ("state", bit_generator, np.random.get_state(legacy=False))  # any generator
     words = ctypes.string_at(address, _MT_WORDS)
     return ("words", bit_generator, address, words, ctypes.string_at(_GAUSS_AT, _GAUSS_BYTES))
 

@@ -142,14 +142,12 @@ class StepRunner:
                 f"step {type(self.user_step).__name__} called runner.apply() twice in one step"
             )
         state, norm, clip = self.state, None, self.settings.grad_clip_norm
-        scaler = state.scaler if state.scaler.is_enabled() else None  # fp16 autocast only
         if clip:
-            if scaler is not None:
-                scaler.unscale_(state.optimizer)
+            state.scaler.unscale_(state.optimizer)  # returns at once when the scaler is off
             norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), clip)
-        if scaler is not None:
-            scaler.step(state.optimizer)
-            scaler.update()
+        if state.scaler.is_enabled():  # 16-mixed only
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
         else:
             state.optimizer.step()
         state.scheduler.step()

@@ -29,6 +29,21 @@ def test_stable_hash_is_the_same_in_processes_with_different_hash_seeds():
     assert outs == {f"{stable_hash('x', 42, 'init')}\n"}
 
 
+def test_the_per_micro_batch_seeds_are_stable_hashs_values():
+    """The micro-batch and numpy derivations skip ``stable_hash``'s join on the hot path; the
+    values are its own (the docs define them by it)."""
+    from reprotrain.repro.seeding import microbatch_seed, numpy_seed_words
+
+    for train_seed, step, index in ((0, 0, 0), (42, 12345, 3), (2**62 + 1, 7, 15)):
+        seed = microbatch_seed(train_seed, step, index)
+        assert seed == stable_hash(train_seed, step, index, "global")
+        assert microbatch_seed(train_seed, step, index, "eval", "val") == stable_hash(
+            train_seed, step, index, "eval", "val", "global"
+        )
+        derived = stable_hash(seed, "numpy")
+        assert numpy_seed_words(seed) == (derived & 0xFFFFFFFF, derived >> 32)
+
+
 def test_streams_are_distinct_and_each_can_be_pinned_alone():
     seeds = resolve_seeds(seed_cfg(base=42))
     values = [getattr(seeds, s) for s in STREAMS]

@@ -252,9 +252,9 @@ class Scoped:
         py, gauss, numpy_state, cpu, gpu = self.saved
         if _PY_AT is not None:
             ctypes.memmove(_PY_AT, py, _PY_BYTES)
+            random._inst.gauss_next = gauss
         else:
-            random.setstate(py)
-        random._inst.gauss_next = gauss
+            random.setstate(py)  # its cached gauss too
         _restore_numpy(numpy_state)
         torch.default_generator.set_state(cpu)
         if gpu is not None:

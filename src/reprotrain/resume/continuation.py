@@ -17,6 +17,7 @@ import torch
 
 from reprotrain.run import record as rec
 from reprotrain.step import batches
+from reprotrain.tasks.metrics import sum_dtype
 
 log = logging.getLogger("reprotrain")
 FILE = "continuation.jsonl"
@@ -32,17 +33,11 @@ def batch_rows(batch: Any) -> list[torch.Tensor]:
     for t in batches.leaves(batch):
         t = t.detach() if t.requires_grad else t
         if t.dim() > 1:
-            dims = tuple(range(1, t.dim()))
-            words = _as_words(t)
-            rows.append(words.sum(dim=dims) if words is not None else t.sum(dims, dtype=_wide(t)))
+            dims, words = tuple(range(1, t.dim())), _as_words(t)
+            rows.append(words.sum(dims) if words is not None else t.sum(dims, dtype=sum_dtype(t)))
         else:  # a sample is one value (or the tensor is one): the values themselves
             rows.append((t if t.dim() == 1 else t.reshape(-1)).clone())
     return rows
-
-
-def _wide(t: torch.Tensor) -> torch.dtype:
-    """The dtype rows of values are summed in: float64 (mps has none: float32)."""
-    return torch.float32 if t.is_mps else torch.float64
 
 
 def _as_words(t: torch.Tensor) -> torch.Tensor | None:

@@ -65,7 +65,7 @@ export PYTHONHASHSEED ?= 0
 export CUBLAS_WORKSPACE_CONFIG := :4096:8
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow lint format verify sweep resume archive reproduce \
+.PHONY: help install train test test-skipped test-slow lint format verify sweep resume archive reproduce \
         lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
         bench gpu-check portable-probe drill new-project update-template report eval clean bisect compare \
         docs docs-serve docs-check docs-images selfcheck
@@ -115,12 +115,21 @@ train: $(STAMP) ## one run: make train ARGS="experiment=smoke [task=mixup] [trai
 	$(RT) train --nproc $(call q,NPROC)
 
 # The default tier is mostly process start-up on one core each: one pytest worker per core
-# (pytest-xdist), a test file's tests kept together so its fixtures train once.
+# (pytest-xdist), a test file's tests kept together so its fixtures train once. The slowest
+# 15 tests are printed, so a regression shows; the tests skipped for a missing extra or
+# binary are listed in SKIPPED_FOR_INSTALLS, for `make test-skipped` once they are installed.
+SKIPPED_FOR_INSTALLS := build/tests/skipped-for-installs.txt
 test: $(STAMP) ## the test suite (CPU, offline), without the slow marker, on every core
-	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile
+	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile --durations=15 --skipped-to=$(SKIPPED_FOR_INSTALLS)
 
+test-skipped: $(STAMP) ## run again the tests `make test` skipped for a missing extra or binary (after installing them)
+	@test -f $(SKIPPED_FOR_INSTALLS) || { echo "error: no $(SKIPPED_FOR_INSTALLS); run make test first" >&2; exit 2; }
+	@if [ -s $(SKIPPED_FOR_INSTALLS) ]; then $(PY) -m pytest -q -m "not slow" -n auto --dist loadfile @$(SKIPPED_FOR_INSTALLS); else echo "make test skipped nothing for a missing extra or binary"; fi
+
+# The slow tier starts every process cold (tests/warm.py): the default tier's warm children
+# are checked against real processes by tests/test_warm.py, and CI runs both tiers.
 test-slow: $(STAMP) ## the slow tests only: DDP layouts, launcher sweeps (CI runs both), on every core
-	$(PY) -m pytest -q -m slow -n auto --dist loadfile
+	REPROTRAIN_TEST_COLD=1 $(PY) -m pytest -q -m slow -n auto --dist loadfile --durations=15
 
 lint: $(STAMP) ## ruff lint + format check
 	$(VENV)/bin/ruff check .

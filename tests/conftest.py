@@ -1,7 +1,11 @@
 """Shared helpers: run the real trainer in fresh processes on a micro config.
 
 Every training test goes through ``python -m reprotrain.train`` in a subprocess, exactly
-as a user would, so process-level state (hash seed, thread count, global RNGs) is fresh.
+as a user would, so process-level state (hash seed, thread count, global RNGs) is fresh. In
+the default tier a test's own ``python -m reprotrain...`` commands fork from a warm
+interpreter that has imported torch (``tests/warm.py``: the same argv, environment, fresh
+entropy and exit as a fresh process; ``REPROTRAIN_TEST_COLD=1``, the slow tier's setting,
+starts every one cold).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import pytest
 
 import faults
 
-# Host facts faked per test (tests/host_facts.py); skips only for a missing device/extra/binary.
-pytest_plugins = ("host_facts", "skip_policy")
+# Host facts faked per test (tests/host_facts.py); skips only for a missing device/extra/binary;
+# warm starts (tests/warm.py).
+pytest_plugins = ("host_facts", "skip_policy", "warm")
 
 REPO = Path(__file__).resolve().parents[1]
 # The framework's own job (src/reprotrain/selfcheck: tiny conv net, synthetic images), shrunk:

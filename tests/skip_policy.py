@@ -7,11 +7,17 @@ a device (CUDA, MPS, a GPU), an optional extra that is not installed, an externa
 (named in ``BINARIES``), or another CPU (a pinned hash measured on other CPU identities).
 Any other skip reason is listed at the end of the run and the run exits 1 (xfail is not a
 skip; deselection by ``-m`` is not either).
+
+A test skipped for what an install brings (an optional extra, an external binary) is written
+to ``--skipped-to FILE``: ``make test`` keeps that list, and ``make test-skipped`` (CI, after
+it installs the extras and binaries) runs exactly those tests again, so the README's
+``make test`` runs on a bare clone and nothing it skipped stays unrun in CI.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -57,15 +63,24 @@ def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     return re.sub(r"^Skipped: ", "", text)
 
 
+#: What an install can bring: these skips are run again once CI has installed it.
+INSTALLABLE = ("an optional extra", "an external binary")
+
+
 class SkipPolicy:
-    def __init__(self) -> None:
+    def __init__(self, skipped_to: str | None = None) -> None:
         self.refused: list[tuple[str, str]] = []
+        self.installable: list[str] = []
+        self.skipped_to = skipped_to
 
     def _check(self, report: pytest.TestReport | pytest.CollectReport) -> None:
         if report.skipped and not hasattr(report, "wasxfail"):
             reason = _reason(report)
-            if allowed(reason) is None:
+            kind = allowed(reason)
+            if kind is None:
                 self.refused.append((report.nodeid, reason))
+            elif kind in INSTALLABLE and report.nodeid not in self.installable:
+                self.installable.append(report.nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._check(report)
@@ -88,7 +103,21 @@ class SkipPolicy:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.refused and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.skipped_to and not hasattr(session.config, "workerinput"):  # xdist: the lead
+            path = Path(self.skipped_to)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{n}\n" for n in sorted(self.installable)))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--skipped-to",
+        metavar="FILE",
+        help="write the tests skipped for a missing extra or binary to FILE, one node id a "
+        "line (rerun them with: pytest @FILE)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(SkipPolicy(), "reprotrain-skip-policy")
+    policy = SkipPolicy(config.getoption("--skipped-to", None))
+    config.pluginmanager.register(policy, "reprotrain-skip-policy")

@@ -173,10 +173,21 @@ def test_the_study_names_its_metric_and_each_trial_its_run_directory(tmp_path):
     journal = impl.open_journal(tmp_path / impl.JOURNAL)
     study = optuna.load_study(study_name="smoke", storage=journal)
     assert study.metric_names == ["val_acc"]
-    assert "value_val_acc" in study.trials_dataframe().columns  # not "value"
     assert [t.user_attrs for t in study.trials] == [
         {"run_dir": str(tmp_path / str(n))} for n in range(4)
     ]
+
+
+def test_trials_dataframe_names_the_objective_by_its_metric(tmp_path):
+    """``study.trials_dataframe()`` has ``value_val_acc``, not ``value``. It needs pandas,
+    which no base or dev lock pins (the MLflow extra brings it: docs/sweeps-optuna.md)."""
+    pytest.importorskip("pandas", reason="optional extra not installed: make install EXTRAS=mlflow")
+    import optuna
+
+    runner(tmp_path, FakeLauncher(), n_trials=2).run(FIXED)
+    journal = impl.open_journal(tmp_path / impl.JOURNAL)
+    study = optuna.load_study(study_name="smoke", storage=journal)
+    assert "value_val_acc" in study.trials_dataframe().columns
 
 
 def test_a_trial_killed_after_its_run_finished_is_told_from_its_record(tmp_path):

@@ -181,7 +181,7 @@ def test_mlflow_names_a_sweeps_runs_by_their_swept_values_in_its_training_view(
     the locked UI's own code names its training kind (MLflow 3 opens an experiment without
     it in its GenAI view), a new experiment and one made before the tag alike. W&B gets
     the same names (``run_name``): read from its offline runs in the slow sweep test."""
-    pytest.importorskip("mlflow", reason="make install EXTRAS=mlflow")
+    pytest.importorskip("mlflow", reason="optional extra not installed: make install EXTRAS=mlflow")
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -227,8 +227,12 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
     """``make sweep SEEDS=0,1 ARGS="... optimizer.lr=0.05,0.2 'logger=[tensorboard,mlflow,
     wandb]'"``, as the issue ran it: 4/4 runs (not 6/4, 8/4), two groups of two seeds, the
     MLflow children and W&B runs named by their swept values, HParams marks them."""
-    pytest.importorskip("mlflow", reason="make install EXTRAS=mlflow,wandb")
-    pytest.importorskip("wandb", reason="make install EXTRAS=mlflow,wandb")
+    pytest.importorskip(
+        "mlflow", reason="optional extra not installed: make install EXTRAS=mlflow,wandb"
+    )
+    pytest.importorskip(
+        "wandb", reason="optional extra not installed: make install EXTRAS=mlflow,wandb"
+    )
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import metadata
 

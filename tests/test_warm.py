@@ -1,0 +1,131 @@
+"""The warm interpreter (tests/warm.py) gives what a fresh process gives: a command sent warm
+and the same command started cold agree in bits, record, argv, paths, environment, exit
+status and output, and each warm child draws fresh entropy, as a fresh process does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import warm
+from conftest import MICRO, TINY, base_env, run_json
+
+PROBE = """
+import atexit, json, os, random, signal, sys, time
+import numpy, torch
+
+main = sys.modules["__main__"]
+print(json.dumps({
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "cwd": os.getcwd(),
+    "env": {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "HOME", "PROBE_VALUE")},
+    "main_file": getattr(main, "__file__", None), "mp_main": sys.modules.get("__mp_main__") is main,
+    "hash": hash("reprotrain"),
+    "entropy": [random.random(), float(numpy.random.random()), torch.initial_seed()],
+}))
+atexit.register(lambda: print("atexit ran"))
+sys.stdout.write("unflushed tail")
+how = sys.argv[1]
+if how == "raise":
+    raise ValueError("probe failed")
+if how == "kill":
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+if how == "sleep":
+    time.sleep(60)
+sys.exit(int(how))
+"""
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Path:
+    (tmp_path / "reprotrain_probe.py").write_text(textwrap.dedent(PROBE))
+    return tmp_path
+
+
+def both(cwd: Path, *args: str, **env: str):
+    """(warm, cold) results of ``python -m reprotrain_probe <args>``."""
+    cmd = [sys.executable, "-m", "reprotrain_probe", *args]
+    hot = warm.run_warm(cmd, cwd=cwd, env=base_env(**env), capture_output=True, text=True,
+                        timeout=120)  # fmt: skip
+    cold = warm._real_run(cmd, cwd=cwd, env=base_env(**env), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    return hot, cold
+
+
+def facts(proc: subprocess.CompletedProcess) -> dict:
+    return json.loads(proc.stdout.splitlines()[0])
+
+
+def test_a_warm_child_has_a_fresh_processs_argv_paths_environment_and_main(probe):
+    hot, cold = both(probe, "0", PROBE_VALUE="x y")
+    a, b = facts(hot), facts(cold)
+    entropy = a.pop("entropy"), b.pop("entropy")
+    assert a == b
+    assert a["argv"] == [str(probe / "reprotrain_probe.py"), "0"] and a["mp_main"]
+    assert a["env"]["PROBE_VALUE"] == "x y" and a["env"]["PYTHONHASHSEED"] == "0"
+    assert len(set(entropy[0]) | set(entropy[1])) == 6
+
+
+def test_two_warm_children_draw_different_entropy_as_fresh_processes_do(probe):
+    first, second = (facts(both(probe, "0")[0])["entropy"] for _ in range(2))
+    assert all(x != y for x, y in zip(first, second, strict=True))
+
+
+@pytest.mark.parametrize("how", ["0", "3", "raise", "kill"])
+def test_exit_status_atexit_and_buffered_output_are_a_fresh_processs(probe, how):
+    hot, cold = both(probe, how)
+    assert hot.returncode == cold.returncode
+    assert hot.stdout.splitlines()[1:] == cold.stdout.splitlines()[1:]
+    assert hot.stderr.splitlines()[-1:] == cold.stderr.splitlines()[-1:]
+    if how in ("0", "3"):
+        assert hot.stdout.endswith("unflushed tailatexit ran\n")
+
+
+def test_a_timeout_kills_the_warm_child_and_raises_as_subprocess_does(probe):
+    cmd = [sys.executable, "-m", "reprotrain_probe", "sleep"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm.run_warm(cmd, cwd=probe, env=base_env(), capture_output=True, timeout=8)
+
+
+def test_only_commands_that_start_alike_share_a_zygote():
+    env = base_env()
+    assert warm.signature(dict(env, HOME="/elsewhere")) == warm.signature(env)
+    for name, value in (("LC_ALL", "C"), ("PYTHONPATH", "/x"), ("OMP_NUM_THREADS", "1"),
+                        ("MKL_CBWR", "COMPATIBLE"), ("TMPDIR", "/x")):  # fmt: skip
+        assert warm.signature(dict(env, **{name: value})) != warm.signature(env), name
+    assert warm.signature({k: v for k, v in env.items() if k != "PYTHONHASHSEED"}) is None
+    python = sys.executable
+    assert warm.warm_command([python, "-m", "reprotrain.train"], {}) is not None
+    for args, kw in (([python, "-X", "dev", "-m", "reprotrain.train"], {}),
+                     ([python, "-m", "pip", "list"], {}),
+                     ([python, "-m", "reprotrain.train"], {"input": "x"}),
+                     ([python, "-m", "reprotrain.train"], {"start_new_session": True}),
+                     (["python3", "-m", "reprotrain.train"], {})):  # fmt: skip
+        assert warm.warm_command(args, kw) is None, args
+
+
+def test_a_trainer_run_warm_and_cold_gives_the_same_bits_and_record(tmp_path):
+    cmd = [sys.executable, "-m", "reprotrain.train", *MICRO, *TINY]
+    for name, runner in (("warm", warm.run_warm), ("cold", warm._real_run)):
+        proc = runner([*cmd, f"hydra.run.dir={tmp_path / name}"], env=base_env(),
+                      capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    hot, cold = run_json(tmp_path / "warm"), run_json(tmp_path / "cold")
+    differ = {k for k in hot.keys() | cold.keys() if hot.get(k) != cold.get(k)}
+    assert differ <= {"run_dir", "command", "started_at", "finished_at"}, differ
+    assert hot["final_weights_sha256"] == cold["final_weights_sha256"]
+    for name in ("metrics.jsonl",):
+        lines = [(tmp_path / n / name).read_text().splitlines() for n in ("warm", "cold")]
+        strip = [[{k: v for k, v in json.loads(x).items() if k not in ("seconds", "images_per_s")}
+                  for x in side] for side in lines]  # fmt: skip
+        assert strip[0] == strip[1]
+
+
+def test_cold_is_forced_by_the_variable(monkeypatch):
+    monkeypatch.setenv("REPROTRAIN_TEST_COLD", "1")
+    assert warm.warm_command([sys.executable, "-m", "reprotrain.train"], {}) is None

@@ -24,7 +24,7 @@ print(json.dumps({
     "argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "cwd": os.getcwd(),
     "env": {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "HOME", "PROBE_VALUE")},
     "main_file": getattr(main, "__file__", None), "mp_main": sys.modules.get("__mp_main__") is main,
-    "hash": hash("reprotrain"),
+    "hash": hash("reprotrain"), "ppid": os.getppid(),
     "entropy": [random.random(), float(numpy.random.random()), torch.initial_seed()],
 }))
 atexit.register(lambda: print("atexit ran"))
@@ -52,7 +52,7 @@ def both(cwd: Path, *args: str, **env: str):
     cmd = [sys.executable, "-m", "reprotrain_probe", *args]
     hot = warm.run_warm(cmd, cwd=cwd, env=base_env(**env), capture_output=True, text=True,
                         timeout=120)  # fmt: skip
-    cold = warm._real_run(cmd, cwd=cwd, env=base_env(**env), capture_output=True, text=True,
+    cold = warm.run_cold(cmd, cwd=cwd, env=base_env(**env), capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     return hot, cold
 
@@ -65,6 +65,7 @@ def test_a_warm_child_has_a_fresh_processs_argv_paths_environment_and_main(probe
     hot, cold = both(probe, "0", PROBE_VALUE="x y")
     a, b = facts(hot), facts(cold)
     entropy = a.pop("entropy"), b.pop("entropy")
+    a.pop("ppid"), b.pop("ppid")
     assert a == b
     assert a["argv"] == [str(probe / "reprotrain_probe.py"), "0"] and a["mp_main"]
     assert a["env"]["PROBE_VALUE"] == "x y" and a["env"]["PYTHONHASHSEED"] == "0"
@@ -86,6 +87,41 @@ def test_exit_status_atexit_and_buffered_output_are_a_fresh_processs(probe, how)
         assert hot.stdout.endswith("unflushed tailatexit ran\n")
 
 
+NESTED = """
+import json, os, signal, subprocess, sys, time
+child = [sys.executable, "-m", "reprotrain_probe", "0"]
+done = subprocess.run(child, capture_output=True, text=True)
+subprocess.run([sys.executable, "-m", "reprotrain_probe", "raise"])  # the caller's own fds
+proc = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "sleep"], start_new_session=True,
+                        stdout=subprocess.DEVNULL)
+time.sleep(1)
+session = os.getsid(proc.pid) == proc.pid
+proc.send_signal(signal.SIGTERM)
+print(json.dumps({"out": done.stdout.splitlines()[1:], "code": done.returncode,
+                  "session": session, "killed": proc.wait(), "me": os.getpid(),
+                  "parent_of_child": json.loads(done.stdout.splitlines()[0]).get("ppid")}))
+"""
+
+
+def test_a_warm_childs_own_commands_start_warm_and_behave_as_real_children(probe):
+    """What the framework's launchers do (resume, verify run a trainer): ``subprocess.run``
+    and ``Popen(start_new_session=True)`` + a signal, warm in a warm child as in a cold one."""
+    (probe / "reprotrain_nested.py").write_text(textwrap.dedent(NESTED))
+    cmd = [sys.executable, "-m", "reprotrain_nested"]
+    kw = {"cwd": probe, "env": base_env(), "capture_output": True, "text": True, "timeout": 120}
+    procs = warm.run_warm(cmd, **kw), warm.run_cold(cmd, **kw)
+    for proc in procs:  # the inherited stdout and stderr stay apart
+        assert proc.stderr.rstrip().endswith("ValueError: probe failed"), proc.stderr
+        assert "ValueError" not in proc.stdout
+    hot, cold = (json.loads(p.stdout.splitlines()[-1]) for p in procs)
+    assert hot["out"] == cold["out"] == ["unflushed tailatexit ran"]
+    assert hot["code"] == cold["code"] == 0
+    assert hot["session"] and cold["session"]
+    assert hot["killed"] == cold["killed"] == -15
+    assert cold["parent_of_child"] == cold["me"]
+    assert hot["parent_of_child"] != hot["me"], "the nested command did not fork from the zygote"
+
+
 def test_a_timeout_kills_the_warm_child_and_raises_as_subprocess_does(probe):
     cmd = [sys.executable, "-m", "reprotrain_probe", "sleep"]
     with pytest.raises(subprocess.TimeoutExpired):
@@ -103,15 +139,15 @@ def test_only_commands_that_start_alike_share_a_zygote():
     assert warm.warm_command([python, "-m", "reprotrain.train"], {}) is not None
     for args, kw in (([python, "-X", "dev", "-m", "reprotrain.train"], {}),
                      ([python, "-m", "pip", "list"], {}),
-                     ([python, "-m", "reprotrain.train"], {"input": "x"}),
-                     ([python, "-m", "reprotrain.train"], {"start_new_session": True}),
+                     ([python, "-m", "reprotrain.train"], {"stdin": subprocess.PIPE}),
+                     ([python, "-m", "reprotrain.train"], {"preexec_fn": print}),
                      (["python3", "-m", "reprotrain.train"], {})):  # fmt: skip
         assert warm.warm_command(args, kw) is None, args
 
 
 def test_a_trainer_run_warm_and_cold_gives_the_same_bits_and_record(tmp_path):
     cmd = [sys.executable, "-m", "reprotrain.train", *MICRO, *TINY]
-    for name, runner in (("warm", warm.run_warm), ("cold", warm._real_run)):
+    for name, runner in (("warm", warm.run_warm), ("cold", warm.run_cold)):
         proc = runner([*cmd, f"hydra.run.dir={tmp_path / name}"], env=base_env(),
                       capture_output=True, text=True, timeout=240)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]

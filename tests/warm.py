@@ -16,18 +16,21 @@ What a child shares with its zygote is the interpreter's start and the modules i
 before the fork, so a zygote is started with the command's own environment, and serves only
 commands that agree with it on every variable read at interpreter start or at those imports
 (``START_VARIABLES``, a fixed ``PYTHONHASHSEED`` included), with no interpreter flags, no
-stdin input and no process options; everything else, and every run with
+stdin and no process options but a new session; everything else, and every run with
 ``REPROTRAIN_TEST_COLD=1``, starts cold. ``tests/test_warm.py`` holds the equivalence: a
 trainer run warm and cold gives the same bits and record; argv, paths, environment, exit
 statuses, atexit, timeouts and fresh entropy are a fresh process's.
 
-``conftest`` routes ``subprocess.run`` through :func:`run`, which sends what qualifies warm
-and hands everything else to the real ``subprocess.run``.
+This module is a pytest plugin (``conftest``): it installs :class:`Popen` as
+``subprocess.Popen``, in the pytest process and in every warm child, so ``subprocess.run`` and
+the framework's own launchers (resume, verify, reproduce run a trainer) start what qualifies
+warm and hand everything else to the real ``subprocess.Popen``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -50,7 +53,10 @@ START_VARIABLES = re.compile(
 PRELOAD = ("numpy", "torch", "torch._dynamo", "yaml", "omegaconf", "hydra", "hydra.main")
 _ZYGOTE_DIR = Path(__file__).resolve().parent
 
-_real_run = subprocess.run
+_RealPopen = subprocess.Popen
+#: In a warm child: its zygote's socket and start-up signature (nested commands fork there).
+_parent_zygote: dict = {}
+_cold = {"forced": False}
 #: One zygote per set of start-up variables, the least recently used ended beyond these.
 MAX_ZYGOTES = 3
 _zygotes: dict[tuple, tuple[subprocess.Popen, str]] = {}
@@ -65,7 +71,7 @@ counts = {"warm": 0, "cold": 0, "zygotes": 0}
 def warm_command(args, kwargs: dict, honour_cold: bool = True) -> tuple[list[str], bool] | None:
     """(the argv after the interpreter, is_module) when ``subprocess.run(args, **kwargs)`` may
     run warm, else None."""
-    if honour_cold and os.environ.get("REPROTRAIN_TEST_COLD") == "1":
+    if honour_cold and (_cold["forced"] or os.environ.get("REPROTRAIN_TEST_COLD") == "1"):
         return None
     if not isinstance(args, list | tuple) or len(args) < 2:
         return None
@@ -78,9 +84,9 @@ def warm_command(args, kwargs: dict, honour_cold: bool = True) -> tuple[list[str
         args = [sys.executable, *args]
     if args[0] != sys.executable:
         return None
-    allowed = {"cwd", "env", "text", "universal_newlines", "capture_output", "stdout", "stderr",
-               "stdin", "timeout", "check", "input", "encoding", "errors"}  # fmt: skip
-    if set(kwargs) - allowed or kwargs.get("input") is not None:
+    allowed = {"cwd", "env", "text", "universal_newlines", "stdout", "stderr", "stdin",
+               "encoding", "errors", "start_new_session", "close_fds", "bufsize"}  # fmt: skip
+    if set(kwargs) - allowed or kwargs.get("close_fds") is False:
         return None
     if kwargs.get("stdin") not in (None, subprocess.DEVNULL):
         return None
@@ -113,36 +119,62 @@ def signature(env: dict[str, str]) -> tuple[tuple[str, str], ...] | None:
     return tuple(sorted((k, v) for k, v in env.items() if START_VARIABLES.match(k)))
 
 
-def run(*popenargs, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run``, warm where that gives what a fresh process gives."""
-    args = popenargs[0] if popenargs else kwargs.get("args")
-    rest = {k: v for k, v in kwargs.items() if k != "args"}
-    found = warm_command(args, rest) if len(popenargs) <= 1 else None
-    env = dict(os.environ if rest.get("env") is None else rest["env"])
-    path = _socket_path(env) if found is not None else None
-    if path is None:
-        counts["cold"] += 1
-        return _real_run(*popenargs, **kwargs)
-    counts["warm"] += 1
-    return _run_warm(path, list(args), found, env, rest)
+class Popen(_RealPopen):
+    """``subprocess.Popen``, warm where that gives what a fresh process gives: a command that
+    qualifies gets a :class:`WarmPopen`, everything else the real thing. Installed as
+    ``subprocess.Popen`` in the pytest process and in every warm child, so ``subprocess.run``
+    and the framework's own launchers (resume, verify, reproduce...) start warm too."""
+
+    def __new__(cls, *args, **kwargs):
+        command = args[0] if args else kwargs.get("args")
+        found = warm_command(command, {k: v for k, v in kwargs.items() if k != "args"})
+        env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+        path = _socket_path(env) if found is not None and len(args) <= 1 else None
+        if path is None:
+            counts["cold"] += 1
+            return super().__new__(cls)
+        counts["warm"] += 1
+        return WarmPopen(path, list(command), found, env, kwargs)
+
+
+def run_cold(args: list, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` with a real, fresh process, whatever the command."""
+    _cold["forced"] = True
+    try:
+        return subprocess.run(args, **kwargs)
+    finally:
+        _cold["forced"] = False
 
 
 def run_warm(args: list, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(args, **kwargs)`` in a zygote's child, or ValueError when it cannot."""
+    timeout = kwargs.pop("timeout", None)
+    if kwargs.pop("capture_output", False):
+        kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     found = warm_command(args, kwargs, honour_cold=False)
     env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
     path = _socket_path(env, at_once=True) if found is not None else None
     if path is None:
         raise ValueError(f"not a command that can run warm: {args}")
-    return _run_warm(path, list(args), found, env, kwargs)
+    with WarmPopen(path, list(args), found, env, kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def _socket_path(env: dict[str, str], at_once: bool = False) -> str | None:
     """The socket of the zygote that started with ``env``'s start-up variables (started
-    now with ``env`` when these were seen before, or ``at_once``)."""
+    now with ``env`` when these were seen before, or ``at_once``). In a warm child: its own
+    zygote's, for a command that starts alike, else None."""
     key = signature(env)
     if key is None:
         return None
+    if _parent_zygote:
+        return _parent_zygote["path"] if key == _parent_zygote["key"] else None
     proc, path = _zygotes.pop(key, (None, ""))
     if proc is not None and proc.poll() is None:
         _zygotes[key] = (proc, path)  # the most recently used last
@@ -155,7 +187,7 @@ def _socket_path(env: dict[str, str], at_once: bool = False) -> str | None:
         _stop(_zygotes.pop(oldest)[0])
     folder = tempfile.mkdtemp(prefix="reprotrain-warm-")
     path = os.path.join(folder, "zygote.sock")
-    proc = subprocess.Popen(
+    proc = _RealPopen(
         [sys.executable, str(_ZYGOTE_DIR / "warm.py"), path],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, cwd=folder,
@@ -182,107 +214,151 @@ def stop() -> None:
         _stop(_zygotes.popitem()[1][0])
 
 
-def _output_fd(spec, pipes: list, closers: list) -> int:
-    if spec is None:
-        return -1  # the caller's own
-    if spec == subprocess.DEVNULL:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        closers.append(fd)
-        return fd
-    if spec == subprocess.PIPE:
-        r, w = os.pipe()
-        pipes.append(r)
-        closers.append(w)
-        return w
-    return spec if isinstance(spec, int) else spec.fileno()
+class WarmPopen:
+    """What callers use of ``subprocess.Popen``, for a child forked by a zygote: the real
+    ``pid`` (signals reach it), ``poll``, ``wait``, ``communicate``, ``send_signal``,
+    ``terminate``, ``kill``, ``returncode``, ``stdout``/``stderr`` pipes, ``with``. The exit
+    status comes from the zygote, the child's parent."""
 
-
-def _run_warm(path: str, args: list, found: tuple[list[str], bool], env: dict, kw: dict):
-    argv, is_module = found
-    out_spec, err_spec = kw.get("stdout"), kw.get("stderr")
-    if kw.get("capture_output"):
-        out_spec = err_spec = subprocess.PIPE
-    pipes: list[int] = []
-    closers: list[int] = []
-    out_fd = _output_fd(out_spec, pipes, closers)
-    out_pipe = pipes[-1] if out_spec == subprocess.PIPE else None
-    if err_spec == subprocess.STDOUT:
-        err_fd, err_pipe = out_fd, None
-    else:
-        err_fd = _output_fd(err_spec, pipes, closers)
-        err_pipe = pipes[-1] if err_spec == subprocess.PIPE else None
-    in_fd = os.open(os.devnull, os.O_RDONLY)
-    closers.append(in_fd)
-    fds = [in_fd, out_fd if out_fd >= 0 else 1, err_fd if err_fd >= 0 else 2]
-    cwd = os.path.abspath(os.fspath(kw.get("cwd") or os.getcwd()))
-    # As bytes, decoded by the child as a fresh process decodes its own (its locale's codec).
-    raw = [os.fsencode(a).decode("latin-1") for a in argv]
-    raw_env = {os.fsencode(k).decode("latin-1"): os.fsencode(v).decode("latin-1")
-               for k, v in env.items()}  # fmt: skip
-    request = {"argv": raw, "module": is_module, "cwd": cwd, "env": raw_env}
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        conn.connect(path)
-        socket.send_fds(conn, [json.dumps(request).encode()], fds)
-        for fd in closers:
-            os.close(fd)
-        pid = json.loads(conn.recv(4096))["pid"]
-        timeout = kw.get("timeout")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        captured = _read_until_eof(pipes, deadline, pid, args, timeout)
-        conn.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.01))
+    def __init__(self, path: str, args: list, found: tuple[list[str], bool], env: dict, kw):
+        self.args, self.returncode, self.stdin = args, None, None
+        self._chunks: tuple[list[bytes], list[bytes]] = ([], [])
+        self._text = bool(kw.get("text") or kw.get("universal_newlines") or kw.get("encoding")
+                          or kw.get("errors"))  # fmt: skip
+        self._encoding, self._errors = kw.get("encoding"), kw.get("errors")
+        closers: list[int] = []
+        out_fd, out_pipe = _output(kw.get("stdout"), closers, 1)
+        if kw.get("stderr") == subprocess.STDOUT:
+            err_fd, err_pipe = out_fd, None
+        else:
+            err_fd, err_pipe = _output(kw.get("stderr"), closers, 2)
+        in_fd = os.open(os.devnull, os.O_RDONLY)
+        closers.append(in_fd)
+        self.stdout = self._reader(out_pipe)
+        self.stderr = self._reader(err_pipe)
+        argv, is_module = found
+        # As bytes, decoded by the child as a fresh process decodes its own (its locale's codec).
+        request = {
+            "argv": [_raw(a) for a in argv], "module": is_module,
+            "cwd": os.path.abspath(os.fspath(kw.get("cwd") or os.getcwd())),
+            "env": {_raw(k): _raw(v) for k, v in env.items()},
+            "session": bool(kw.get("start_new_session")),
+        }  # fmt: skip
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            code = json.loads(conn.recv(4096))["code"]
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            raise subprocess.TimeoutExpired(args, timeout) from None
-    finally:
-        conn.close()
-    out = captured.get(out_pipe, b"") if out_pipe is not None else None
-    err = captured.get(err_pipe, b"") if err_pipe is not None else None
-    if kw.get("text") or kw.get("universal_newlines") or kw.get("encoding") or kw.get("errors"):
-        out, err = (_text(x, kw) for x in (out, err))
-    done = subprocess.CompletedProcess(args, code, out, err)
-    if kw.get("check"):
-        done.check_returncode()
-    return done
+            self._conn.connect(path)
+            socket.send_fds(self._conn, [json.dumps(request).encode()], [in_fd, out_fd, err_fd])
+            self.pid = json.loads(self._conn.recv(4096))["pid"]
+        finally:
+            for fd in closers:
+                os.close(fd)
 
+    def _reader(self, fd: int | None):
+        if fd is None:
+            return None
+        if self._text:
+            import locale
 
-def _read_until_eof(pipes: list[int], deadline, pid: int, args, timeout) -> dict[int, bytes]:
-    chunks: dict[int, list[bytes]] = {fd: [] for fd in pipes}
-    open_fds = list(pipes)
-    try:
-        while open_fds:
+            encoding = self._encoding or locale.getpreferredencoding(False)
+            return io.TextIOWrapper(open(fd, "rb"), encoding=encoding, errors=self._errors)
+        return open(fd, "rb")
+
+    def _status(self, data: bytes) -> int:
+        if not data:
+            raise RuntimeError("the warm zygote went away before its child's exit status")
+        self.returncode = json.loads(data)["code"]
+        self._conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                data = self._conn.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            self._status(data)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._conn.settimeout(timeout)
+            try:
+                data = self._conn.recv(4096)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self._status(data)
+        return self.returncode
+
+    def communicate(self, input=None, timeout: float | None = None):
+        """Read both pipes to their end, then wait (``TimeoutExpired`` as Popen raises it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        streams = (self.stdout, self.stderr)
+        live = {f.fileno(): i for i, f in enumerate(streams) if f is not None and not f.closed}
+        while live:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                got = {fd: b"".join(c) for fd, c in chunks.items()}
-                out = got.get(pipes[0]) if pipes else None
-                err = got.get(pipes[1]) if len(pipes) > 1 else None
-                raise subprocess.TimeoutExpired(args, timeout, out, err)
-            ready, _, _ = select.select(open_fds, [], [], left)
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            ready, _, _ = select.select(list(live), [], [], left)
             for fd in ready:
                 data = os.read(fd, 1 << 16)
                 if data:
-                    chunks[fd].append(data)
+                    self._chunks[live[fd]].append(data)
                 else:
-                    open_fds.remove(fd)
-    finally:
-        for fd in pipes:
-            os.close(fd)
-    return {fd: b"".join(c) for fd, c in chunks.items()}
+                    streams[live.pop(fd)].close()
+        self.wait(None if deadline is None else max(deadline - time.monotonic(), 0.01))
+        return tuple(
+            self._decode(b"".join(self._chunks[i])) if f is not None else None
+            for i, f in enumerate(streams)
+        )
+
+    def _decode(self, data: bytes | None):
+        if data is None or not self._text:
+            return data
+        import locale
+
+        text = data.decode(self._encoding or locale.getpreferredencoding(False),
+                           self._errors or "strict")  # fmt: skip
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> WarmPopen:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for f in (self.stdout, self.stderr):
+            if f is not None and not f.closed:
+                f.close()
+        self.wait()
 
 
-def _text(data: bytes | None, kw: dict) -> str | None:
-    """As ``subprocess`` decodes in text mode: the locale's (or the given) encoding, and
-    universal newlines."""
-    if data is None:
-        return None
-    import locale
+def _raw(text) -> str:
+    return os.fsencode(text).decode("latin-1")
 
-    encoding = kw.get("encoding") or locale.getpreferredencoding(False)
-    text = data.decode(encoding, kw.get("errors") or "strict")
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+def _output(spec, closers: list[int], own: int) -> tuple[int, int | None]:
+    """(the fd the child writes to, the read end the caller keeps when it is a pipe)."""
+    if spec is None:
+        fd = os.dup(own)  # the caller's own stdout (1) or stderr (2)
+        closers.append(fd)
+        return fd, None
+    if spec == subprocess.DEVNULL:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        closers.append(fd)
+        return fd, None
+    if spec == subprocess.PIPE:
+        r, w = os.pipe()
+        closers.append(w)
+        return w, r
+    return (spec if isinstance(spec, int) else spec.fileno()), None
 
 
 # ------------------------------------------------------------------------------ the zygote
@@ -292,6 +368,7 @@ def serve(path: str) -> None:
     """Import ``PRELOAD``, then fork one child per request; report each child's exit status."""
     import importlib
 
+    own = {"path": path, "key": signature(dict(os.environ))}
     for name in PRELOAD:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -322,7 +399,7 @@ def serve(path: str) -> None:
                 for fd in (listener.detach(), wake_r, wake_w, *held):
                     os.close(fd)
                 conn.close()
-                become(request, fds)  # never returns
+                become(request, fds, own)  # never returns
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
@@ -345,8 +422,9 @@ def _reap(children: dict[int, socket.socket]) -> None:
             conn.close()
 
 
-def become(request: dict, fds: list[int]) -> None:
-    """In the forked child: turn into ``python [-m] <argv>`` as a fresh process would be."""
+def become(request: dict, fds: list[int], zygote: dict) -> None:
+    """In the forked child: turn into ``python [-m] <argv>`` as a fresh process would be; its
+    own warm commands fork from the same zygote."""
     import random
     import runpy
     import types
@@ -359,6 +437,10 @@ def become(request: dict, fds: list[int]) -> None:
     for fd in set(fds):
         if fd > 2:
             os.close(fd)
+    if request["session"]:
+        os.setsid()
+    _parent_zygote.update(zygote)
+    subprocess.Popen = Popen
     os.chdir(request["cwd"])
     os.environb.clear()
     os.environb.update({k.encode("latin-1"): v.encode("latin-1")
@@ -388,11 +470,11 @@ def become(request: dict, fds: list[int]) -> None:
 
 
 def pytest_configure(config) -> None:
-    subprocess.run = run
+    subprocess.Popen = Popen
 
 
 def pytest_unconfigure(config) -> None:
-    subprocess.run = _real_run
+    subprocess.Popen = _RealPopen
     stop()
 
 

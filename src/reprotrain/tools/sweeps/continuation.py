@@ -21,9 +21,11 @@ from omegaconf import OmegaConf
 from reprotrain.errors import RecordError
 from reprotrain.progress import say
 from reprotrain.quoting import hydra_override
+from reprotrain.run.bounded import read_json_lines
 from reprotrain.run.readers import read_run_json, read_sweep_record
 from reprotrain.run.record import RUN_JSON
 from reprotrain.sweep_checks import is_optuna
+from reprotrain.tools.sweeps.optuna_study import JOURNAL
 
 #: The sweeper that continues a basic (grid or seed) sweep (src/hydra_plugins).
 CONTINUED = "hydra/sweeper=continued"
@@ -48,6 +50,8 @@ def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
     task = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
     kept = [o for o in hydra_lines if o.lstrip("+~").partition("=")[0] not in _OWN]
     study = is_optuna(OmegaConf.select(saved, "hydra.sweeper"))
+    if study and (Path(sweep_dir) / JOURNAL).exists():  # torn: one line, before any launch
+        read_json_lines(Path(sweep_dir) / JOURNAL, str(Path(sweep_dir) / JOURNAL))
     how = [] if study else [CONTINUED]
     train = [sys.executable, "-m", "reprotrain.train", "--multirun", *kept, *how, *task]
     here = hydra_override("hydra.sweep.dir", Path(sweep_dir))

@@ -34,8 +34,10 @@ class ContinuedSweeper(BasicSweeper):
         super().__init__(max_batch_size=max_batch_size, params=params)
 
     def sweep(self, arguments: list[str]) -> Any:
+        import sys
         from functools import partial
 
+        from reprotrain.errors import ReprotrainError
         from reprotrain.tools.sweeps.continuation import run_pending
         from reprotrain.tools.sweeps.optuna_sweeper import job_dir_of
 
@@ -45,7 +47,11 @@ class ContinuedSweeper(BasicSweeper):
         parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         jobs = self.split_arguments(parsed.parse_overrides(lines), None)[0]
         load = partial(self.hydra_context.config_loader.load_sweep_config, self.config)
-        return run_pending(
-            jobs, lambda overrides, n: job_dir_of(load, overrides, n), self.launcher.launch,
-            self.max_batch_size,
-        )  # fmt: skip
+        try:
+            return run_pending(
+                jobs, lambda overrides, n: job_dir_of(load, overrides, n), self.launcher.launch,
+                self.max_batch_size,
+            )  # fmt: skip
+        except ReprotrainError as e:  # one line, like every refusal; the jobs run are kept
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(e.exit_code)

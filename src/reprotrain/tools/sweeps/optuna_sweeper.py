@@ -23,10 +23,10 @@ from reprotrain.quoting import hydra_value
 from reprotrain.repro.seeding import stable_hash
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text
+from reprotrain.sweep_checks import SWEEP_RECORD
 from reprotrain.tools.sweeps.optuna_study import (
     JOURNAL,
     OPTUNA_RESULTS,
-    SWEEP_RECORD,
     StudyView,
     open_journal,
     trial_value,

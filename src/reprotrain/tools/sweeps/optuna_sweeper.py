@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from reprotrain.components import allowing, targets_in
 from reprotrain.errors import ReprotrainError
 from reprotrain.progress import say
 from reprotrain.quoting import hydra_value
@@ -152,7 +153,8 @@ def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str,
         kwargs["seed"] = trial_seed(conf.seed, number)
     if grid and conf.get("search_space") is None:
         kwargs["search_space"] = grid_of(space)
-    return instantiate(conf, **kwargs)
+    with allowing(targets_in(conf)):  # Hydra 1.4's allowlist: the sampler class named
+        return instantiate(conf, **kwargs)
 
 
 def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:

@@ -195,7 +195,7 @@ def test_resume_of_a_sweep_with_a_hostile_multirun_yaml_is_one_line(
     sweep = sweep_dir_holding(tmp_path, text, extracted)
     began = time.monotonic()
     assert commands.main(["resume", str(sweep)]) == 2
-    assert time.monotonic() - began < 10
+    assert time.monotonic() - began < 30  # 5bba2ff: minutes at full CPU, until killed
     err = capsys.readouterr().err
     errors = [x for x in err.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in err, err

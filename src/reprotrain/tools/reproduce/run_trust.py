@@ -165,15 +165,15 @@ def this_checkouts_configs(runs: list[Path], sweeps: list[Path] = ()) -> str | N
     from reprotrain import REPO_ROOT
     from reprotrain.tools.reproduce import config_trust
 
-    rule = config_trust.Rule.of(REPO_ROOT)
-    for run in runs:
-        found = rule.problems(_config(run), "HEAD here")
-        if found:
-            return f"{shown(run.name, 60)}/config.resolved.yaml: {found[0]}"
     for sweep in sweeps:
         found = config_trust.override_problems(recorded_overrides(sweep))
         if found:
             return f"{shown(sweep.name, 60)}/multirun.yaml: {found[0]}"
+    rule = config_trust.Rule.of(REPO_ROOT) if runs else None
+    for run in runs:
+        found = rule.problems(_config(run), "HEAD here")
+        if found:
+            return f"{shown(run.name, 60)}/config.resolved.yaml: {found[0]}"
     return None
 
 

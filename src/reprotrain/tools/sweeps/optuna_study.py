@@ -30,7 +30,7 @@ from reprotrain.run.record import (
     read_jsonl,
     strict_json,
 )
-from reprotrain.sweep_checks import is_optuna
+from reprotrain.sweep_checks import OPTUNA_SWEEPER, is_optuna  # noqa: F401 (tests name it here)
 
 STUDY_JSON = "study.json"
 #: Written by the sweeper at the end of a study, from its storage: best_params, best_value.

@@ -163,3 +163,92 @@ def test_warnings_shown_prints_each_third_party_warning_once_escaped(capsys):
             warnings.warn("Glyph 27 (\x1b) missing\r\x07", UserWarning, stacklevel=1)
     err = capsys.readouterr().err
     assert err == "warning: UserWarning: Glyph 27 (\\x1b) missing\\r\\x07\n", repr(err)
+
+
+# ------------------------------------------- sweep and study files: one bounded reader
+
+
+def sweep_dir_holding(root: Path, record: str, extracted: bool) -> Path:
+    """A sweep dir whose multirun.yaml is ``record`` (an extracted archive's, or local)."""
+    from reprotrain.tools.archive.archive_check import MARKER
+
+    sweep = root / "top" / "sweep"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text(record)
+    if extracted:
+        for name in ("MANIFEST.sha256", MARKER):
+            (root / "top" / name).write_text("")
+        (root / "top" / "archive.json").write_text("{}")
+    return sweep
+
+
+@pytest.mark.parametrize("extracted", [False, True], ids=["local", "extracted"])
+@pytest.mark.parametrize("kind", ["alias bomb", "recursive alias"])
+def test_resume_of_a_sweep_with_a_hostile_multirun_yaml_is_one_line(
+    kind, extracted, tmp_path, capsys
+):
+    """5bba2ff: the alias bomb spun at full CPU; the recursive alias said "not a reprotrain
+    run directory". Now both are refused, for what they are, at once."""
+    from reprotrain import commands
+
+    text = alias_bomb(6) if kind == "alias bomb" else "hydra: &a {overrides: [x, *a]}\n"
+    sweep = sweep_dir_holding(tmp_path, text, extracted)
+    began = time.monotonic()
+    assert commands.main(["resume", str(sweep)]) == 2
+    assert time.monotonic() - began < 30  # 5bba2ff: minutes at full CPU, until killed
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert "multirun.yaml" in errors[0] and HOSTILE_YAML[kind][1] in errors[0], errors[0]
+
+
+def study_with_a_journal(sweep: Path) -> Path:
+    """A finished one-trial study as the sweeper leaves it: a completed job, study.json,
+    multirun.yaml and the journal Optuna wrote (no training)."""
+    import optuna
+
+    from reprotrain.sweep_checks import OPTUNA_SWEEPER
+    from reprotrain.tools.sweeps import optuna_study
+
+    fake_run(sweep / "0", epochs=2)
+    (sweep / "0" / ".hydra").mkdir()
+    (sweep / "0" / ".hydra" / "overrides.yaml").write_text("- optimizer.lr=0.1\n")
+    task = ["+hparams_search=smoke_optuna"]
+    record = {"hydra": {"sweeper": {"_target_": OPTUNA_SWEEPER},
+                        "overrides": {"hydra": [], "task": task}}}  # fmt: skip
+    (sweep / "multirun.yaml").write_text(json.dumps(record))
+    journal = sweep / optuna_study.JOURNAL
+    study = optuna.create_study(study_name="s", storage=optuna_study.open_journal(journal))
+    settings = {"metric": "val_acc", "metric_mode": "max", "study_name": "s",
+                "search_space": {"optimizer.lr": "x"}, "storage": None, "optuna_storage":
+                optuna_study.JOURNAL, "sampler": {"seed": 0}}  # fmt: skip
+    value = optuna_study.trial_value(sweep / "0", "val_acc", "max")
+    lr = optuna.distributions.FloatDistribution(0.01, 1)
+    made = optuna.trial.create_trial(params={"optimizer.lr": 0.1}, value=value,
+                                     distributions={"optimizer.lr": lr})  # fmt: skip
+    study.add_trial(made)
+    assert optuna_study.write_study(sweep, settings)["storage_agrees"] is True
+    return journal
+
+
+def test_a_torn_journal_is_one_line_and_exit_2_and_the_summary_says_it_does_not_agree(
+    tmp_path, capsys
+):
+    """5bba2ff: a 38-line UnicodeDecodeError traceback from resume, and ``summary`` kept
+    ``storage_agrees: true`` from study.json."""
+    from reprotrain import commands
+    from reprotrain.tools.sweeps import sweep_summary
+
+    sweep = tmp_path / "study"
+    journal = study_with_a_journal(sweep)
+    lines = journal.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1][:10] + b"\xe9\xff" + lines[1][12:]  # a torn write: not UTF-8
+    journal.write_bytes(b"".join(lines))
+    assert commands.main(["resume", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert "study.journal line 2 is torn or damaged (not UTF-8)" in errors[0]
+    assert sweep_summary.main([str(sweep)]) == 0
+    assert json.loads((sweep / "summary.json").read_text())["storage_agrees"] is False
+    assert "storage_agrees: false" in (sweep / "summary.md").read_text()

@@ -27,7 +27,7 @@ from conftest import REPO, TINY, base_env
 from reprotrain import preflight, sweep_checks
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
-from reprotrain.tools.sweeps import optuna_study
+from reprotrain.tools.sweeps import continuation, optuna_study
 from reprotrain.tools.sweeps import optuna_sweeper as impl
 
 SPACE = {
@@ -314,8 +314,8 @@ def test_make_resume_of_a_study_dir_reruns_its_command_into_it_with_resume(tmp_p
                       "task": ["experiment=smoke", "+hparams_search=smoke_optuna"]},
     }}  # fmt: skip
     (tmp_path / "multirun.yaml").write_text(OmegaConf.to_yaml(record))
-    assert optuna_study.is_study_dir(tmp_path)
-    cmd = optuna_study.continue_command(tmp_path, ["hydra.sweeper.n_trials=8"])
+    assert continuation.is_sweep_dir(tmp_path)
+    cmd = continuation.continue_command(tmp_path, ["hydra.sweeper.n_trials=8"])
     assert cmd[1:] == [
         "-m", "reprotrain.train", "--multirun", "hydra.sweeper.n_trials=6", "experiment=smoke",
         "+hparams_search=smoke_optuna", f"hydra.sweep.dir='{tmp_path}'",
@@ -324,7 +324,7 @@ def test_make_resume_of_a_study_dir_reruns_its_command_into_it_with_resume(tmp_p
     basic = tmp_path / "basic"
     basic.mkdir()
     (basic / "multirun.yaml").write_text("hydra: {sweeper: {_target_: x.BasicSweeper}}\n")
-    assert not optuna_study.is_study_dir(basic)
+    assert continuation.continue_command(basic, [])[4] == "hydra/sweeper=continued"
 
 
 def test_the_plugin_is_found_by_hydra_and_hydra_optuna_sweeper_is_gone():

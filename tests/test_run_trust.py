@@ -95,22 +95,22 @@ def test_a_run_moved_out_of_its_archive_keeps_the_marker(tmp_path, capsys):
 def test_an_unmarked_folder_unpacked_by_hand_is_from_an_archive(tmp_path):
     run = unpacked_archive(tmp_path / "d", hostile_model(tmp_path / "C"), marked=False)
     assert run_trust.archive_folder(run / "checkpoints" / "step-3.pt") == run.parent.resolve()
-    with pytest.raises(UntrustedArchive, match="conf/ of commit HEAD here never names"):
+    with pytest.raises(UntrustedArchive, match="starts a process or runs a command"):
         run_trust.decide(run)
 
 
 def test_a_run_of_this_machine_needs_no_decision(tmp_path):
     run = _run(tmp_path / "own", hostile_model(tmp_path / "C"))
-    assert run_trust.decide(run) is None
+    assert run_trust.decide(run).rule == "own"
 
 
 def test_rule_a_this_checkouts_callables_and_rule_c_trust(tmp_path):
     targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(REPO))
     ours = {"_target_": sorted(targets["model"])[0]}
     run = unpacked_archive(tmp_path / "a", ours)
-    assert run_trust.decide(run).startswith("(a) 1 run config(s) from an archive")
+    assert run_trust.decide(run).line().startswith("(a) 1 run config(s) and 0 sweep record(s)")
     hostile = unpacked_archive(tmp_path / "c", hostile_model(tmp_path / "C"))
-    line = run_trust.decide(hostile, trust=True)
+    line = run_trust.decide(hostile, trust=True).line()
     assert line.startswith("(c) TRUST=1") and "(a) no:" in line
     interpolated = unpacked_archive(tmp_path / "i", {**ours, "width": "${oc.env:HOME}"})
     with pytest.raises(UntrustedArchive, match="is an interpolation"):

@@ -92,20 +92,28 @@ import json, os, signal, subprocess, sys, time
 child = [sys.executable, "-m", "reprotrain_probe", "0"]
 done = subprocess.run(child, capture_output=True, text=True)
 subprocess.run([sys.executable, "-m", "reprotrain_probe", "raise"])  # the caller's own fds
+grouped = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "sleep"],
+                           stdout=subprocess.DEVNULL)
 proc = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "sleep"], start_new_session=True,
                         stdout=subprocess.DEVNULL)
 time.sleep(1)
 session = os.getsid(proc.pid) == proc.pid
+same_group = os.getpgid(grouped.pid) == os.getpgid(0)
+grouped.kill()
 proc.send_signal(signal.SIGTERM)
 print(json.dumps({"out": done.stdout.splitlines()[1:], "code": done.returncode,
-                  "session": session, "killed": proc.wait(), "me": os.getpid(),
-                  "parent_of_child": json.loads(done.stdout.splitlines()[0]).get("ppid")}))
+                  "session": session, "same_group": same_group, "killed": proc.wait(),
+                  "me": os.getpid(), "grouped_status": grouped.wait(),
+                  "parent_of_child": json.loads(done.stdout.splitlines()[0]).get("ppid"),
+                  "warm_started": type(proc).__name__ == "WarmPopen"}))
 """
 
 
 def test_a_warm_childs_own_commands_start_warm_and_behave_as_real_children(probe):
     """What the framework's launchers do (resume, verify run a trainer): ``subprocess.run``
-    and ``Popen(start_new_session=True)`` + a signal, warm in a warm child as in a cold one."""
+    and ``Popen`` with or without a new session + a signal, in a warm child as in a cold one.
+    A command in the caller's own process group (a ``killpg`` of the caller reaches it) starts
+    for real; one in a session of its own forks from the zygote."""
     (probe / "reprotrain_nested.py").write_text(textwrap.dedent(NESTED))
     cmd = [sys.executable, "-m", "reprotrain_nested"]
     kw = {"cwd": probe, "env": base_env(), "capture_output": True, "text": True, "timeout": 120}
@@ -117,9 +125,11 @@ def test_a_warm_childs_own_commands_start_warm_and_behave_as_real_children(probe
     assert hot["out"] == cold["out"] == ["unflushed tailatexit ran"]
     assert hot["code"] == cold["code"] == 0
     assert hot["session"] and cold["session"]
+    assert hot["same_group"] and cold["same_group"]
     assert hot["killed"] == cold["killed"] == -15
-    assert cold["parent_of_child"] == cold["me"]
-    assert hot["parent_of_child"] != hot["me"], "the nested command did not fork from the zygote"
+    assert hot["grouped_status"] == cold["grouped_status"] == -9
+    assert hot["parent_of_child"] == hot["me"] and cold["parent_of_child"] == cold["me"]
+    assert hot["warm_started"] and not cold["warm_started"], "the session's command was cold"
 
 
 def test_a_timeout_kills_the_warm_child_and_raises_as_subprocess_does(probe):

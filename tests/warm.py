@@ -16,10 +16,11 @@ What a child shares with its zygote is the interpreter's start and the modules i
 before the fork, so a zygote is started with the command's own environment, and serves only
 commands that agree with it on every variable read at interpreter start or at those imports
 (``START_VARIABLES``, a fixed ``PYTHONHASHSEED`` included), with no interpreter flags, no
-stdin and no process options but a new session; everything else, and every run with
-``REPROTRAIN_TEST_COLD=1``, starts cold. ``tests/test_warm.py`` holds the equivalence: a
-trainer run warm and cold gives the same bits and record; argv, paths, environment, exit
-statuses, atexit, timeouts and fresh entropy are a fresh process's.
+stdin and no process options but a new session; a warm child's own command that shares its
+process group (no new session: a ``killpg`` or Ctrl-C must reach both), everything else,
+and every run with ``REPROTRAIN_TEST_COLD=1``, starts cold. ``tests/test_warm.py`` holds the
+equivalence: a trainer run warm and cold gives the same bits and record; argv, paths,
+environment, exit statuses, atexit, timeouts and fresh entropy are a fresh process's.
 
 This module is a pytest plugin (``conftest``): it installs :class:`Popen` as
 ``subprocess.Popen``, in the pytest process and in every warm child, so ``subprocess.run`` and
@@ -75,6 +76,9 @@ def warm_command(args, kwargs: dict, honour_cold: bool = True) -> tuple[list[str
         return None
     if not isinstance(args, list | tuple) or len(args) < 2:
         return None
+    if _parent_zygote and not kwargs.get("start_new_session"):
+        return None  # a warm child's child shares its process group (killpg, Ctrl-C): a fork
+        # of the zygote cannot join a group of another session, so it starts for real
     if not all(isinstance(a, str | os.PathLike) for a in args):
         return None
     args = [os.fspath(a) for a in args]

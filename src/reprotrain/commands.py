@@ -84,8 +84,8 @@ def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str
 
 def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
     """The trainer as a child (torchrun above 1 process, the overrides checked once first)."""
+    from reprotrain.launchers import run_forwarding_signals, trainer_launcher
     from reprotrain.repro import hashseed
-    from reprotrain.tools.runs.resume import run_forwarding_signals, trainer_launcher
 
     env = dict(os.environ)
     if not env.get("PYTHONHASHSEED", "random").isdigit():  # what every rank inherits

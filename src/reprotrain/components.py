@@ -18,6 +18,7 @@ from hydra._internal.utils import _locate
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from reprotrain.allowlist import allowing, targets_in
 from reprotrain.errors import ReprotrainError
 
 # Arguments the trainer passes itself, per group (never expected in the YAML).
@@ -237,9 +238,11 @@ def build_naming_key(group: str, node: DictConfig, make: Callable[[DictConfig], 
 
 
 def build(group: str, node: DictConfig, *args: Any, **supplied: Any) -> Any:
-    """``instantiate`` (a ``_partial_`` then called with ``supplied``); failures name the group."""
+    """``instantiate`` (a ``_partial_`` then called with ``supplied``) under Hydra's allowlist of
+    the node's own targets; failures name the group."""
     try:
-        obj = instantiate(node, _convert_="all")
+        with allowing(targets_in(node)):
+            obj = instantiate(node, _convert_="all")
         if OmegaConf.select(node, "_partial_", default=False):
             obj = obj(*args, **supplied)
         return obj

@@ -193,10 +193,10 @@ def register_configs() -> None:
     conf.register()  # the framework's wiring and its own job (src/reprotrain/conf)
     launchers.register_resolvers()  # ${cores_per_job:} is the default thread count
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
+    conf.store_once(cs, "train_schema", TrainConfig)
     for group, node in PROJECT_GROUPS.items():
         if group != "logger":  # typed through TrainConfig.logger: options are a mergeable list
-            cs.store(group=group, name=f"{group}_schema", node=node)
+            conf.store_once(cs, f"{group}_schema", node, group)
 
 
 def _keys(text: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import functools
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 PRESETS = ("joblib", "submitit_local", "submitit_slurm")
+#: Stop signals a parent passes on to the trainer it runs.
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def available_cores() -> int:
@@ -93,6 +96,37 @@ def quiet_preset_schema_warning() -> None:
     """Hide Hydra's deprecation warning for our presets matching the plugins' schemas."""
     message = rf"\s*'hydra/launcher/({'|'.join(PRESETS)})' is validated against ConfigStore schema"
     warnings.filterwarnings("ignore", message=message, category=UserWarning)
+
+
+def trainer_launcher(nproc: int = 1) -> list[str]:
+    """``python -m reprotrain.train``, under torchrun when ``nproc`` > 1."""
+    if nproc <= 1:
+        return [sys.executable, "-m", "reprotrain.train"]
+    signals = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", signals]
+    return [sys.executable, *torchrun, "--shutdown-timeout=120", "-m", "reprotrain.train"]
+
+
+def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
+    """The trainer as a child, stop signals forwarded; its exit code as a shell's (128 + signal)."""
+    proc = subprocess.Popen(cmd, env=env)
+    previous = {}
+
+    def forward(signum, frame) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    for sig in FORWARDED:
+        previous[sig] = signal.signal(sig, forward)
+    # Ctrl-C is delivered by the terminal to the whole process group: the trainer gets it
+    # directly (a second copy from here would count as the "second SIGINT" that aborts).
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda s, f: None)
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - rc if rc < 0 else rc
 
 
 def launched_by_submitit() -> bool:

@@ -31,7 +31,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from reprotrain import REPO_ROOT, launchers, preflight
+from reprotrain.allowlist import allowing
 from reprotrain.build import Targets, build
+from reprotrain.conf import hydra_callback_targets
 from reprotrain.distributed import Dist, init_from_env
 from reprotrain.exits import Exits
 from reprotrain.loop import Trainer
@@ -74,11 +76,13 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def cli() -> None:
-    """Console entry: fix the hash seed, check the overrides in one line, run Hydra."""
+    """Console entry: fix the hash seed, check the overrides in one line, run Hydra (its own
+    callbacks are built under Hydra 1.4's allowlist of the targets the wiring names)."""
     launchers.die_with_parent()
     hashseed.ensure()
     preflight.cli_check()
-    main()
+    with allowing(hydra_callback_targets()):
+        main()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -35,6 +36,15 @@ def package_header(text: str) -> str | None:
     return None
 
 
+def store_once(cs: ConfigStore, name: str, node: Any, group: str | None = None, **kw: Any) -> None:
+    """``cs.store``, unless ``group/name`` is stored already: registering is idempotent, and
+    Hydra 1.4 warns when a name is stored again (1.5 will refuse it)."""
+    try:
+        cs.load(f"{group}/{name}.yaml" if group else f"{name}.yaml")
+    except Exception:  # ConfigLoadError: not stored yet
+        cs.store(name=name, node=node, group=group, **kw)
+
+
 def store_tree(root: Path, cs: ConfigStore) -> list[str]:
     """Store every ``root/**/<name>.yaml`` as ``<group>/<name>``; return what was stored."""
     stored = []
@@ -43,10 +53,18 @@ def store_tree(root: Path, cs: ConfigStore) -> list[str]:
         group = rel.parent.as_posix() if rel.parent != Path(".") else None
         text = path.read_text(encoding="utf-8")
         node = OmegaConf.create(OmegaConf.load(path) or {})
-        cs.store(group=group, name=rel.stem, node=node, package=package_header(text),
-                 provider="reprotrain")  # fmt: skip
+        store_once(cs, rel.stem, node, group, package=package_header(text), provider="reprotrain")
         stored.append(rel.with_suffix("").as_posix())
     return stored
+
+
+def hydra_callback_targets() -> set[str]:
+    """The ``_target_`` of each Hydra callback the wiring declares: what Hydra itself builds
+    before the run starts, so Hydra 1.4's allowlist must name it (``train.cli``)."""
+    from reprotrain.allowlist import targets_in
+
+    wiring = OmegaConf.load(HERE / "reprotrain.yaml")
+    return targets_in(OmegaConf.select(wiring, "hydra.callbacks", default={}))
 
 
 def register() -> None:

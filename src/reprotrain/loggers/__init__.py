@@ -10,6 +10,7 @@ from typing import Any
 
 from hydra.utils import instantiate
 
+from reprotrain.allowlist import allowing, targets_in
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.fanout import (
     History,
@@ -79,7 +80,8 @@ def _built(name: str, entry: Any) -> Logger:
     if not hasattr(entry, "get") or not entry.get("_target_"):
         raise ReprotrainError(f"{where} has no _target_; see conf/logger/ (docs/loggers.md)")
     try:
-        logger = instantiate(entry, _convert_="all")
+        with allowing(targets_in(entry)):  # Hydra 1.4's allowlist: what the entry names
+            logger = instantiate(entry, _convert_="all")
     except Exception as e:
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReprotrainError(f"{where}: cannot build {entry.get('_target_')}: {cause}") from e

@@ -70,13 +70,14 @@ def run_overrides(run_dir: Path) -> list[str]:
 
 
 def sweep_record_overrides(sweep_dir: Path) -> list[str] | None:
-    """A sweep's command-line overrides and Optuna search space (``multirun.yaml``), or None."""
+    """A sweep's command-line overrides and Optuna search space (``multirun.yaml``), or None.
+    Read through ``read_sweep_record``: the same bounds every reader of that record obeys."""
     from omegaconf import OmegaConf
 
-    record = Path(sweep_dir) / SWEEP_RECORD
-    try:
-        saved = OmegaConf.load(record)
-    except Exception:  # absent, or only the "claimed by" comment so far
+    from reprotrain.run.readers import read_sweep_record
+
+    saved = read_sweep_record(Path(sweep_dir))
+    if saved is None:  # absent, or only the "claimed by" comment so far
         return None
     overrides = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
     params = OmegaConf.select(saved, "hydra.sweeper.params", default=None) or {}

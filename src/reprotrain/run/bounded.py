@@ -6,11 +6,13 @@ bounds are far above what the trainer writes (a few hundred nodes, a 64-bit seed
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import RecordError
 
 __all__ = ["MAX_DEPTH", "MAX_DIGITS", "MAX_NODES", "check_yaml", "load_json", "load_yaml"]
+__all__ += ["MAX_BYTES", "read_json_lines"]
 
 #: Nesting levels a record may have (lists and mappings).
 MAX_DEPTH = 100
@@ -18,6 +20,8 @@ MAX_DEPTH = 100
 MAX_DIGITS = 100
 #: Nodes of a YAML document once its aliases are expanded.
 MAX_NODES = 50_000
+#: Bytes of a JSON-lines file read whole (an Optuna journal of 1,000 trials is about 2 MB).
+MAX_BYTES = 256 * 2**20
 _INT = "tag:yaml.org,2002:int"  # plain decimal, hex, octal, base 60, or tagged !!int
 
 
@@ -125,3 +129,30 @@ def load_yaml(text: str, label: str) -> Any:
 
     check_yaml(text, label)
     return yaml.safe_load(text)
+
+
+def read_json_lines(path: Path, label: str) -> list[Any]:
+    """Every line of a JSON-lines file (an Optuna journal), each a complete, UTF-8, bounded
+    JSON document, or one ``RecordError`` line naming the first that is not (a torn write, a
+    byte that is not UTF-8): what would otherwise surface as a ``UnicodeDecodeError`` deep in
+    the reader, or a journal the next append silently corrupts."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise RecordError(f"{label}: cannot be read ({e.strerror or e})") from None
+    if len(data) > MAX_BYTES:
+        raise RecordError(f"{label}: larger than {MAX_BYTES:,} bytes; not a record this tool wrote")
+    out = []
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        where = f"{label} line {number}"
+        try:
+            if not line.endswith(b"\n"):
+                raise ValueError("it ends without a newline")
+            out.append(load_json(line.decode("utf-8"), where))
+        except (UnicodeDecodeError, ValueError) as e:
+            why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else str(e).splitlines()[0]
+            raise RecordError(
+                f"{where} is torn or damaged ({why}); restore the file (e.g. from its archive)"
+            ) from None
+    return out

@@ -14,10 +14,11 @@ from omegaconf.errors import OmegaConfBaseException
 from reprotrain.errors import RecordError
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
+from reprotrain.run.directory import SWEEP_RECORD
 from reprotrain.run.record import RUN_JSON, parse_json_object, parse_jsonl, read_text
 
 __all__ = ["parse_json_object", "parse_jsonl", "parse_record", "parse_yaml_config"]
-__all__ += ["read_run_json", "read_text"]
+__all__ += ["read_run_json", "read_sweep_record", "read_text"]
 
 
 def parse_yaml_config(text: str, label: str) -> DictConfig:
@@ -79,3 +80,16 @@ def read_overrides(run_dir: Path) -> list[str] | None:
     except yaml.YAMLError as e:
         raise RecordError(f"{path}: YAML syntax error ({str(e).splitlines()[0]})") from None
     return [str(o) for o in data] if isinstance(data, list) else []
+
+
+def read_sweep_record(sweep_dir: Path) -> DictConfig | None:
+    """A sweep directory's ``multirun.yaml`` (Hydra's record of the sweep), read within
+    bounds: None when there is none, or only the "claimed by" line so far; else the config,
+    or one RecordError line (an alias bomb, a recursive alias, a syntax error)."""
+    path = Path(sweep_dir) / SWEEP_RECORD
+    if not path.is_file():
+        return None
+    text = read_text(path)
+    if load_yaml(text, str(path)) is None:  # bounded before OmegaConf walks it
+        return None
+    return parse_yaml_config(text, str(path))

@@ -27,7 +27,7 @@ from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, sweep_archive
 from reprotrain.tools.archive.archive_check import CheckedArchive
-from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, study_check, trust
+from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, run_trust, study_check
 from reprotrain.tools.reproduce.replay_plan import NotReplayable
 from reprotrain.tools.reproduce.rerun import (
     EXIT_DIVERGED,
@@ -165,9 +165,9 @@ def _reproduce(args) -> int:
         say(f"NOT COMPARABLE: {e}")
         return EXIT_NOT_COMPARABLE
     PHASES("decide trust")  # on the whole plan, before anything of the archive is built
-    verdict = trust.decide(plan, Path(args.repo), args.trusted_signers, args.trust)
-    run = Reproduction(args, archive, plan, verdict)
-    say(f"trust    {verdict.line()}")
+    permit = run_trust.admit_plan(plan, Path(args.repo), args.trusted_signers, args.trust)
+    run = Reproduction(args, archive, plan, permit)
+    say(f"trust    {permit.line()}")
     return reproduce_sweep.replay(run, study) if sweep else _replay(run, epochs)
 
 
@@ -224,7 +224,7 @@ def _replay(run: Reproduction, epochs: int | None) -> int:
         for line in blocking + info + ([] if blocking else ["matches the recorded environment"]):
             say(f"env      {line}")
         say(f"re-run   PYTHONPATH={source / 'src'} (cwd {source})")
-        done = rerun_job(job, top, new_run, epochs)
+        done = rerun_job(run.trust, job, top, new_run, epochs)
         if isinstance(done, int):
             return done
         reasons = done.reasons + ([data_problem] if data_problem else [])

@@ -105,7 +105,8 @@ def replay(run: rerun.Reproduction, study: dict[str, Any] | None = None) -> int:
         say(f"re-run   from the archived source ({top / 'source'}), into {new_sweep}")
         for i, job in enumerate(jobs):
             with open(new_sweep / "logs" / f"job-{i}.log", "w") as log:
-                done = rerun.rerun_job(job, top, new_sweep / job.name, None, log, f"job-{i}")
+                into = new_sweep / job.name
+                done = rerun.rerun_job(run.trust, job, top, into, None, log, f"job-{i}")
             if isinstance(done, int):
                 return done
             reasons += done.reasons

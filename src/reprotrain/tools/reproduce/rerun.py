@@ -28,7 +28,7 @@ from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check
 from reprotrain.tools.reproduce import replay_env
 from reprotrain.tools.reproduce.replay_plan import JobPlan, Leg, ReplayPlan, current_data_dir
-from reprotrain.tools.reproduce.trust import Verdict
+from reprotrain.tools.reproduce.run_trust import Permit, permitted
 from reprotrain.tools.runs.resume import wired
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_REFUSED, EXIT_NOT_COMPARABLE, EXIT_RERUN_FAILED = range(5)
@@ -236,7 +236,7 @@ class Reproduction:
     args: argparse.Namespace
     archive: Path
     plan: ReplayPlan
-    trust: Verdict
+    trust: Permit  # the gate's decision on the whole plan: nothing re-runs without it
 
     def data_problems(self) -> list[str]:
         """Every job's data check; it builds the dataset config: after the trust verdict only."""
@@ -272,9 +272,17 @@ class Rerun:
 
 
 def rerun_job(
-    job: JobPlan, top: Path, into: Path, epochs: int | None = None, log=None, prefix: str = PRIMARY
+    permit: Permit,
+    job: JobPlan,
+    top: Path,
+    into: Path,
+    epochs: int | None = None,
+    log=None,
+    prefix: str = PRIMARY,
 ) -> Rerun | int:
-    """Run each leg of ``job`` from ``top``'s source; an exit code when one fails or a stop came."""
+    """Run each leg of ``job`` from ``top``'s source, under the gate's ``permit`` for the plan;
+    an exit code when one fails or a stop came."""
+    permitted(permit)
     source, config_dir, out = top / "source", top / "rerun-config", log or sys.stdout
     env = rerun_env(source, job)
     imported_from(source, env)

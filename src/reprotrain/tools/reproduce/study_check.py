@@ -146,7 +146,7 @@ def differences(
 
 def sampler_differences(study: dict[str, Any], archived: Path) -> list[str]:
     """study.json's sampler against the one ``multirun.yaml`` says the sweep ran with."""
-    from reprotrain.tools.sweeps.optuna_study import SWEEP_RECORD
+    from reprotrain.sweep_checks import SWEEP_RECORD
 
     path = archived / SWEEP_RECORD
     if not path.is_file():  # nothing records the sampler but study.json: the re-run decides

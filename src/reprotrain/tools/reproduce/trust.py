@@ -1,32 +1,23 @@
-"""Whether ``make reproduce`` may run an archive's code, decided before any of it is extracted.
+"""The evidence for rule (a) of ``make reproduce``, gathered before anything is extracted.
 
-Closes: edited ``source/`` with a regenerated manifest running arbitrary code. Only under (a)
-same code here, (b) a trusted signature or (c) ``TRUST=1``; else one line. docs/guarantees.md.
+Closes: edited ``source/`` with a regenerated manifest running arbitrary code: rule (a) holds
+only when ``source/`` is a commit of this repository, byte for byte, and every config of the
+plan is one its ``conf/`` composes. The decision itself is the gate's
+(``run_trust.admit_plan``). docs/guarantees.md.
 """
 
 from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from reprotrain.errors import SigningError, SnapshotError, UntrustedArchive
+from reprotrain.errors import SnapshotError
 from reprotrain.hashing import file_sha256
 from reprotrain.repro import gitinfo
-from reprotrain.tools.archive import signing, snapshot
+from reprotrain.tools.archive import snapshot
 from reprotrain.tools.reproduce import config_trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
-from reprotrain.tools.reproduce.run_trust import HOW
-
-
-@dataclass
-class Verdict:
-    rule: str  # "a", "b" or "c"
-    detail: str
-
-    def line(self) -> str:
-        return f"({self.rule}) {self.detail}"
 
 
 def _file_digests(root: Path) -> dict[str, str]:
@@ -49,10 +40,10 @@ def diff_paths(diff: str) -> list[str]:
 
 def config_problems(plan: ReplayPlan, source: Path, commit: str) -> list[str]:
     """What in any config of the plan the trusted commit's configs would not compose."""
-    targets = config_trust.conf_targets(*config_trust.trusted_conf_dirs(source))
+    rule = config_trust.Rule.of(source)
     found = []
     for label, raw in plan.configs():
-        found += [f"{label} {p}" for p in config_trust.problems(raw, targets, commit)]
+        found += [f"{label} {p}" for p in rule.problems(raw, commit)]
     return found
 
 
@@ -92,35 +83,4 @@ def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
     return True, (
         f"(a) source/ is commit {commit[:12]} of this repository, rebuilt here: "
         f"{len(here)} files identical"
-    )
-
-
-def decide(
-    plan: ReplayPlan, repo: Path, trusted_signers: Path | None = None, trust: bool = False
-) -> Verdict:
-    """The first rule that holds for the whole plan (a, b, c); else UntrustedArchive."""
-    ok, why = same_code_here(plan, repo)
-    checked = plan.jobs[0].view
-    if ok:
-        return Verdict("a", why.removeprefix("(a) "))
-    notes = [why]
-    if checked.signature is not None and trusted_signers is not None:
-        try:
-            good = signing.verify_bytes(checked.manifest_bytes, checked.signature, trusted_signers)
-            signer = f"signed by {good.principal}, trusted in {trusted_signers}"
-            return Verdict("b", f"{signer}: {good.message}")
-        except SigningError as e:
-            notes.append(f"(b) no: {e}")
-    elif trusted_signers is not None:
-        notes.append("(b) no: the archive is not signed")
-    elif checked.signature is not None:
-        notes.append("(b) not checked: the archive is signed but no TRUSTED_SIGNERS was given")
-    else:
-        notes.append("(b) no: not signed")
-    if trust:
-        return Verdict("c", "TRUST=1: the archive's code runs unchecked [" + "; ".join(notes) + "]")
-    raise UntrustedArchive(
-        "refusing to run the archive's code (nothing extracted): "
-        + "; ".join(notes)
-        + f". To proceed: {HOW}"
     )

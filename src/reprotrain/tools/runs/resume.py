@@ -2,7 +2,9 @@
 
     python -m reprotrain.tools.runs.resume <run dir> [overrides...]
 
-An Optuna sweep directory continues its study instead. docs/resume.md.
+A sweep directory continues the sweep instead (its killed jobs resume, those never started
+start: ``tools/sweeps/continuation.py``; an Optuna study continues its study). Either runs
+only under the trust gate's Permit for everything it will run. docs/resume.md.
 
 Exit codes: the trainer's (0 completed, 2 refused, 75 interrupted again, ...); 2 when the
 run directory is missing or its record unreadable.
@@ -11,23 +13,22 @@ run directory is missing or its record unreadable.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from reprotrain.errors import RecordError, ReprotrainError
+from reprotrain.launchers import run_forwarding_signals, trainer_launcher  # noqa: F401 (verify, bisect)
 from reprotrain.quoting import hydra_override
+from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.mutex import refuse_if_held
 from reprotrain.run.readers import read_config, read_run_json, read_text
 from reprotrain.run.record import RESOLVED_CONFIG, RUN_JSON
 from reprotrain.tools import cli
 from reprotrain.tools.reproduce import run_trust
-from reprotrain.tools.sweeps import optuna_study
+from reprotrain.tools.sweeps import continuation
 
 PRIMARY = "resume.yaml"
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -95,15 +96,6 @@ def primary_config_text(run_dir: Path) -> str:
     return wired(read_text(run_dir / RESOLVED_CONFIG))
 
 
-def trainer_launcher(nproc: int = 1) -> list[str]:
-    """``python -m reprotrain.train``, under torchrun when ``nproc`` > 1."""
-    if nproc <= 1:
-        return [sys.executable, "-m", "reprotrain.train"]
-    signals = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
-    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", signals]
-    return [sys.executable, *torchrun, "--shutdown-timeout=120", "-m", "reprotrain.train"]
-
-
 def resume_command(
     run_dir: Path, config_dir: Path, overrides: list[str], nproc: int = 1
 ) -> list[str]:
@@ -117,28 +109,6 @@ def resume_command(
         *([] if any(o.startswith("resume=") for o in overrides) else ["resume=auto"]),
         *overrides,
     ]
-
-
-def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
-    """The trainer as a child, stop signals forwarded; its exit code as a shell's (128 + signal)."""
-    proc = subprocess.Popen(cmd, env=env)
-    previous = {}
-
-    def forward(signum, frame) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, forward)
-    # Ctrl-C is delivered by the terminal to the whole process group: the trainer gets it
-    # directly (a second copy from here would count as the "second SIGINT" that aborts).
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda s, f: None)
-    try:
-        rc = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 128 - rc if rc < 0 else rc
 
 
 def refuse_group_choices(overrides: list[str]) -> None:
@@ -167,12 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv)  # --nproc may come after the overrides
     refuse_group_choices(args.overrides)
     run_dir = args.run_dir.expanduser().resolve()
-    # The resume composes the run's own config: a run from an archive is built only under a
-    # trust rule, decided here before anything of it is read or imported.
-    run_trust.require_trust([run_dir], args.trust, args.trusted_signers)
-    if optuna_study.is_study_dir(run_dir):  # a killed Optuna study: continue the study
-        cmd = optuna_study.continue_command(run_dir, args.overrides)
-        return run_forwarding_signals(cmd, {"PYTHONHASHSEED": "0", **os.environ})
+    # The resume composes the run's own config (a sweep: its recorded overrides): a directory
+    # from an archive runs only under the gate's Permit, decided before anything of it is
+    # read, imported or launched.
+    permit = run_trust.require_trust([run_dir], args.trust, args.trusted_signers)
+    env = {"PYTHONHASHSEED": "0", **os.environ}
+    if continuation.is_sweep_dir(run_dir):  # a killed sweep or Optuna study: continue it
+        for job in sweep_jobs(run_dir):
+            refuse_if_held(job)  # a live job owns its run: start nothing
+        return permit.launch(continuation.continue_command(run_dir, args.overrides), env)
     check_run_dir(run_dir)
     refuse_if_held(run_dir)  # a live run owns it: touch nothing
     record = read_run_json(run_dir)
@@ -183,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         prefix="reprotrain-resume-", ignore_cleanup_errors=True
     ) as tmp:
         (Path(tmp) / PRIMARY).write_text(primary_config_text(run_dir))
-        cmd = resume_command(run_dir, Path(tmp), args.overrides, nproc)
-        return run_forwarding_signals(cmd, {"PYTHONHASHSEED": "0", **os.environ})
+        return permit.launch(resume_command(run_dir, Path(tmp), args.overrides, nproc), env)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from reprotrain import sweep_checks
 from reprotrain.errors import ReprotrainError
-from reprotrain.run.bounded import load_yaml
+from reprotrain.run.bounded import load_yaml, read_json_lines
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_overrides
 from reprotrain.run.record import (
@@ -31,7 +30,7 @@ from reprotrain.run.record import (
     read_jsonl,
     strict_json,
 )
-from reprotrain.sweep_checks import OPTUNA_SWEEPER, SWEEP_RECORD, is_optuna
+from reprotrain.sweep_checks import OPTUNA_SWEEPER, is_optuna  # noqa: F401 (tests name it here)
 
 STUDY_JSON = "study.json"
 #: Written by the sweeper at the end of a study, from its storage: best_params, best_value.
@@ -135,7 +134,7 @@ def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, An
     for line in read_overrides(job) or []:
         key, _, value = str(line).partition("=")
         if key.lstrip("+~") in searched:
-            params[key.lstrip("+~")] = yaml.safe_load(value) if value else value
+            params[key.lstrip("+~")] = load_yaml(value, str(job)) if value else value
     path = job / RUN_JSON
     record = parse_json_object(path.read_text(), str(path)) if path.is_file() else {}
     return {
@@ -176,10 +175,13 @@ def summarise_study(sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]
 
 
 def open_journal(path: Path) -> Any:
-    """The journal storage at ``path`` (created when absent), for ``optuna.load_study``."""
+    """The journal storage at ``path`` (created when absent), for ``optuna.load_study``; one
+    that exists is read within bounds first (``read_json_lines``): a torn journal is one line."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
+    if Path(path).exists():
+        read_json_lines(Path(path), str(path))
     return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
 
 
@@ -281,32 +283,3 @@ def record(view: StudyView) -> None:
         return
     print("\n".join(study_lines(study)))
     print(f"study record: {sweep_dir / STUDY_JSON}")
-
-
-#: Overrides a continuation sets itself (not copied from the study's record).
-_OWN = ("hydra.sweep.dir", "hydra.sweeper.resume", "hydra.mode")
-
-
-def is_study_dir(path: Path) -> bool:
-    """A sweep directory whose ``multirun.yaml`` ran this framework's Optuna sweeper."""
-    record = Path(path) / SWEEP_RECORD
-    if not record.is_file() or (Path(path) / RUN_JSON).exists():
-        return False
-    try:
-        saved = OmegaConf.load(record)
-    except Exception:
-        return False
-    return OmegaConf.select(saved, "hydra.sweeper._target_", default=None) == OPTUNA_SWEEPER
-
-
-def continue_command(sweep_dir: Path, extra: list[str]) -> list[str]:
-    """The trainer command that continues the study in ``sweep_dir``, then ``extra``."""
-    from reprotrain.quoting import hydra_override
-
-    saved = OmegaConf.load(Path(sweep_dir) / SWEEP_RECORD)
-    hydra_lines = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.hydra", default=[])]
-    task = [str(o) for o in OmegaConf.select(saved, "hydra.overrides.task", default=[])]
-    kept = [o for o in hydra_lines if o.lstrip("+~").partition("=")[0] not in _OWN]
-    train = [sys.executable, "-m", "reprotrain.train", "--multirun", *kept, *task]
-    here = hydra_override("hydra.sweep.dir", Path(sweep_dir))
-    return [*train, here, "hydra.sweeper.resume=true", *extra]

@@ -17,16 +17,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from reprotrain.allowlist import allowing, targets_in
 from reprotrain.errors import ReprotrainError
 from reprotrain.progress import say
 from reprotrain.quoting import hydra_value
 from reprotrain.repro.seeding import stable_hash
 from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text
+from reprotrain.sweep_checks import SWEEP_RECORD
 from reprotrain.tools.sweeps.optuna_study import (
     JOURNAL,
     OPTUNA_RESULTS,
-    SWEEP_RECORD,
     StudyView,
     open_journal,
     trial_value,
@@ -152,7 +153,8 @@ def make_sampler(sampler: DictConfig | Mapping, number: int, space: Mapping[str,
         kwargs["seed"] = trial_seed(conf.seed, number)
     if grid and conf.get("search_space") is None:
         kwargs["search_space"] = grid_of(space)
-    return instantiate(conf, **kwargs)
+    with allowing(targets_in(conf)):  # Hydra 1.4's allowlist: the sampler class named
+        return instantiate(conf, **kwargs)
 
 
 def storage_of(storage: str | None, sweep_dir: Path) -> tuple[Any, str]:

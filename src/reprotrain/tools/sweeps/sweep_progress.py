@@ -6,7 +6,6 @@ per finished run (each run draws its own epoch bar).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -16,7 +15,9 @@ from typing import TYPE_CHECKING
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
+from reprotrain.errors import RecordError
 from reprotrain.loggers.params import sweep_record_overrides
+from reprotrain.run.bounded import load_json
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.record import RUN_JSON
 
@@ -42,10 +43,11 @@ def sweep_total(sweep_dir: Path, sweeper: DictConfig | None) -> int | None:
 def runs_done(sweep_dir: Path) -> int:
     done = 0
     for job in sweep_jobs(sweep_dir):
-        try:
-            status = json.loads((job / RUN_JSON).read_text()).get("status")
-        except (OSError, ValueError):
+        try:  # bounded: a hostile record is skipped, never a stall
+            record = load_json((job / RUN_JSON).read_text(), RUN_JSON)
+        except (OSError, ValueError, RecordError):
             continue
+        status = record.get("status") if isinstance(record, dict) else None
         done += status not in (None, "running")
     return done
 

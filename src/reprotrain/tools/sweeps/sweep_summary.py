@@ -246,6 +246,9 @@ def summarize(
     }
     if len(groups) == 1:  # one group: its statistics are the sweep's (never pooled across)
         summary["metrics"] = groups[0]["metrics"]
+    study = read_study(sweep_dir)
+    if study is not None and "storage_agrees" in study:  # the journal as it is now
+        summary["storage_agrees"] = study["storage_agrees"]
     return summary
 
 
@@ -303,13 +306,23 @@ def one_run_each(summary: dict[str, Any]) -> bool:
 
 
 def read_study(sweep_dir: Path) -> dict[str, Any] | None:
-    """The sweep's study.json (an Optuna study: ``optuna_study.record``), or None."""
+    """The sweep's study.json (an Optuna study: ``optuna_study.record``), or None; a study
+    kept in the sweep's journal has ``storage_agrees`` checked again, against the journal as
+    it is now (a torn or edited journal does not agree)."""
     path = Path(sweep_dir) / optuna_study.STUDY_JSON
     try:
         study = _load_json(path) if path.is_file() else None
     except ValueError:  # a summary without the trials table beats no summary
         return None
-    return study if isinstance(study, dict) and isinstance(study.get("trials"), list) else None
+    if not (isinstance(study, dict) and isinstance(study.get("trials"), list)):
+        return None
+    if study.get("optuna_storage") == optuna_study.JOURNAL:
+        journal = Path(sweep_dir) / optuna_study.JOURNAL
+        keys = ("number", "params", "value", "status")
+        trials = [t for t in study["trials"] if isinstance(t, dict) and all(k in t for k in keys)]
+        name = study.get("study_name")
+        study["storage_agrees"] = optuna_study.storage_agrees(journal, name, trials)
+    return study
 
 
 def trials_table(study: dict[str, Any]) -> list[str]:
@@ -401,6 +414,12 @@ def to_markdown(summary: dict[str, Any], png_name: str | None = None) -> str:
     study = read_study(Path(summary["sweep_dir"]))
     if study is not None:
         out += trials_table(study)
+    if summary.get("storage_agrees") is False:
+        out += [
+            f"The study's journal ({optuna_study.JOURNAL}) does not hold these trials "
+            "(storage_agrees: false): it is torn, edited or another study's.",
+            "",
+        ]
     if png_name:
         what = "value of each group's one run" if single else "mean ± 1 std across seeds"
         out += [f"![per-epoch {what}, per group]({png_name})", ""]

@@ -63,12 +63,13 @@ def _why_not(text: str) -> str | None:
 #: Every config key that names a path the framework (or Hydra) writes, and the directory it
 #: stays in, as a path relative to it. Checked before Hydra writes (:func:`check_config`); the
 #: code that joins one calls :func:`inside` again. tests/test_config_paths.py finds every
-#: path-like key and requires it here, in ``UNDER``, ``CONFINED_PARAMS`` or ``CHOSEN``.
+#: path-like key and requires it here, in ``UNDER``, ``CONFINED_PARAMS`` or ``NOT_CONFINED``.
 CONFINED = {
     "logger.tensorboard_dir": RUN,  # the event files
     "logger.tensorboard_index": PROJECT,  # the folder of links to every run
     "hydra.output_subdir": RUN,  # Hydra's own record, .hydra/
     "hydra.sweep.subdir": SWEEP,  # a sweep job's run directory
+    "hydra.job.name": RUN,  # the log's name, <hydra.job.name>.log
 }
 #: Keys whose value is a whole path (``${hydra.sweep.dir}/...``) that must lie under one.
 UNDER = {
@@ -80,7 +81,7 @@ CONFINED_PARAMS = {"reprotrain.loggers.shipped.CSVLogger": ("filename",)}
 #: Path-like keys that name a place the user chooses, never confined, and why. The keys that
 #: form a run's own directory from the config (``name`` in ``outputs/${name}/...``) are
 #: confined to the text before them (:func:`check_config`).
-CHOSEN = {
+NOT_CONFINED = {
     "hydra.run.dir": "the run directory itself, chosen on the command line",
     "hydra.sweep.dir": "the sweep directory itself, chosen on the command line",
     "dataset.root": "data read (and fetched once) where the user keeps it; a replay reads "

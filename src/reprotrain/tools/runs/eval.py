@@ -182,7 +182,7 @@ def result_path(
     stem = re.sub(r"[^\w.+-]", "_", Path(checkpoint_path).stem) or "checkpoint"
     name = f"{stem}-step{int(global_step)}"
     if overrides:
-        name += "+" + hashlib.sha256("\n".join(sorted(overrides)).encode()).hexdigest()[:12]
+        name += "+" + hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:12]
     return inside(run_dir, f"{EVALS}/{name}.json", "eval")
 
 

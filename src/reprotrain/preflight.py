@@ -29,6 +29,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.repro import hashseed
 from reprotrain.repro import secrets as env_secrets
 from reprotrain.run import paths
+from reprotrain.shown import safe_line
 
 #: The composed config as the run records it, computed on demand (``secrets.redact``).
 Redacted = Callable[[], dict]
@@ -370,7 +371,8 @@ def cli_check() -> None:
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
         # AlreadyCompleted (exit 0), told by its code: importing resume.guard imports torch.
-        print(f"error: {e}" if e.exit_code else str(e), file=sys.stderr)
+        # Hydra's parse errors echo the override as typed: escaped, never a raw control byte
+        print(safe_line(f"error: {e}" if e.exit_code else e), file=sys.stderr)
         sys.exit(e.exit_code)
     _checked = True
 
@@ -427,7 +429,7 @@ def torchrun_cli_check() -> None:
     try:
         nproc = check_nproc(sys.argv.pop(1) if len(sys.argv) > 1 else "")
     except ReprotrainError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(safe_line(f"error: {e}"), file=sys.stderr)
         sys.exit(e.exit_code)
     os.environ["WORLD_SIZE"] = str(nproc)  # what torchrun will announce: config checks k % W
     cli_check()

@@ -136,7 +136,7 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
     entries = [e for e in status.split("\0") if e]
     listed = [e[3:] for e in entries if e.startswith("?? ")]
     outputs = framework_outputs(repo, listed)  # a run dir in the project is no code change
-    untracked_paths = [p for p in listed if not any(_below([p], d) for d in outputs)]
+    untracked_paths = [p for p in listed if not any(_in([p], d) for d in outputs)]
     changed = [e for e in entries if not e.startswith("?? ")]
     diff = _git(repo, "diff", "--binary", "HEAD") or ""
     untracked, not_archived = [], []
@@ -178,29 +178,27 @@ def framework_outputs(repo: Path, untracked: Sequence[str]) -> list[str]:
     ``.hydra/`` and log included) and each sweep directory (a ``multirun.yaml`` above a run
     directory). Recognised by their record, never by name: a folder of the user's named
     ``outputs`` still counts as a change."""
-    parents = {p for rel in untracked for p in _parents(rel)}
+    parents = {
+        "/".join(rel.split("/")[:i]) for rel in untracked for i in range(1, rel.count("/") + 1)
+    }
     runs = [p for p in parents if _is_run_dir(repo / p)]
-    sweeps = [p for p in parents if (repo / p / SWEEP_RECORD).is_file() and _below(runs, p)]
+    sweeps = [p for p in parents if (repo / p / SWEEP_RECORD).is_file() and _in(runs, p)]
     found = {*runs, *sweeps}
-    return sorted(p for p in found if not any(p.startswith(q + "/") for q in found))
+    return sorted(p for p in found if not any(_in([p], q) for q in found))  # the outermost
 
 
-def _parents(rel: str) -> list[str]:
-    parts = rel.split("/")[:-1]
-    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-def _below(paths: Sequence[str], folder: str) -> bool:
+def _in(paths: Sequence[str], folder: str) -> bool:
     """Whether one of ``paths`` lies in ``folder``."""
     return any(p.startswith(folder + "/") for p in paths)
 
 
 def _is_run_dir(path: Path) -> bool:
-    record = path / RUN_RECORD
+    """Whether ``path`` holds a reprotrain record: a ``run.json`` with one of its statuses."""
+    if not (path / RUN_RECORD).is_file():  # never a FIFO or a device
+        return False
     try:
-        if record.is_symlink() or record.stat().st_size > HASH_LIMIT_BYTES:
-            return False
-        data = json.loads(record.read_bytes())
+        with open(path / RUN_RECORD, "rb") as f:
+            data = json.loads(f.read(HASH_LIMIT_BYTES))
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and data.get("status") in _STATUSES

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.shown import shown
@@ -63,21 +61,20 @@ def _why_not(text: str) -> str | None:
 #: Every config key that names a path the framework (or Hydra) writes, and the directory it
 #: stays in, as a path relative to it. Checked before Hydra writes (:func:`check_config`); the
 #: code that joins one calls :func:`inside` again. tests/test_config_paths.py finds every
-#: path-like key and requires it here, in ``UNDER``, ``CONFINED_PARAMS`` or ``NOT_CONFINED``.
+#: path-like key and requires it here, in ``UNDER`` or in ``NOT_CONFINED``.
 CONFINED = {
+    "logger.csv.filename": RUN,  # the CSV logger's rows
     "logger.tensorboard_dir": RUN,  # the event files
     "logger.tensorboard_index": PROJECT,  # the folder of links to every run
     "hydra.output_subdir": RUN,  # Hydra's own record, .hydra/
-    "hydra.sweep.subdir": SWEEP,  # a sweep job's run directory
     "hydra.job.name": RUN,  # the log's name, <hydra.job.name>.log
+    "hydra.sweep.subdir": SWEEP,  # a sweep job's run directory
 }
 #: Keys whose value is a whole path (``${hydra.sweep.dir}/...``) that must lie under one.
 UNDER = {
     "hydra.launcher.submitit_folder": SWEEP,  # submitit's pickles and logs
-    "hydra.job_logging.handlers.file.filename": RUN,  # train.log (hydra.job.name names it)
+    "hydra.job_logging.handlers.file.filename": RUN,  # the log file
 }
-#: ``_target_`` parameters that name a file in the run directory, by the target's path.
-CONFINED_PARAMS = {"reprotrain.loggers.shipped.CSVLogger": ("filename",)}
 #: Path-like keys that name a place the user chooses, never confined, and why. The keys that
 #: form a run's own directory from the config (``name`` in ``outputs/${name}/...``) are
 #: confined to the text before them (:func:`check_config`).
@@ -98,9 +95,10 @@ def check_config(cfg: DictConfig, multirun: bool) -> None:
     it on a copy), through :func:`inside`, before anything is written. A run directory not
     made yet (stamped, or a sweep's job) has no symlink to follow: its values are text."""
     root = Path.cwd()
-    raw = {k: _raw(cfg, f"hydra.{k}.dir") for k in ("run", "sweep")}
-    fixed = not multirun and "${" not in raw["run"]
-    run = Path(raw["run"]).expanduser() if fixed else root / ".unmade-run"
+    raw = [
+        str(OmegaConf.select(cfg, f"hydra.{k}")._get_node("dir")._value()) for k in ("run", "sweep")
+    ]
+    run = root / ".unmade-run" if multirun or "${" in raw[0] else Path(raw[0]).expanduser()
     with open_dict(cfg.hydra):  # what Hydra sets when the job starts
         cfg.hydra.runtime.output_dir, cfg.hydra.job.num = str(run.absolute()), 0
     bases = {RUN: run, PROJECT: root}
@@ -111,21 +109,11 @@ def check_config(cfg: DictConfig, multirun: bool) -> None:
         if value not in (None, "") and base in bases:  # "": the base itself (no index)
             value = _under(bases[base], str(value), key, base) if key in UNDER else str(value)
             inside(bases[base], value, key, base)
-    for key, node in _targets(cfg, ""):
-        for param in CONFINED_PARAMS.get(str(node["_target_"]), ()):
-            if node.get(param) is not None:
-                inside(run, str(node[param]), f"{key}.{param}")
-    for text in raw.values():  # name in outputs/${name}/<stamp>: never above outputs/
+    for text in raw:  # name in outputs/${name}/<stamp>: never above outputs/
         for part in _PART.finditer(text):
             key, before = part.group(1), text[: part.start()]
             if not key.startswith("hydra.") and "${" not in before:
                 inside(root / before, str(OmegaConf.select(cfg, key)), key, before or PROJECT)
-
-
-def _raw(cfg: DictConfig, key: str) -> str:
-    """``key``'s text as written, interpolations unresolved."""
-    parent, _, leaf = key.rpartition(".")
-    return str(OmegaConf.select(cfg, parent)._get_node(leaf)._value())
 
 
 def _under(base: Path, value: str, key: str, within: str) -> str:
@@ -136,17 +124,3 @@ def _under(base: Path, value: str, key: str, within: str) -> str:
         raise PathOutsideRun(f"{key}={shown(value)}: it is not inside {within} "
                              f"({shown(base)}); keep it there")  # fmt: skip
     return os.path.relpath(full, top)
-
-
-def _targets(node: Any, key: str) -> Iterator[tuple[str, DictConfig]]:
-    """(dotted key, node) of every ``_target_`` node under ``node``."""
-    if not isinstance(node, DictConfig | ListConfig) or node._is_none() or node._is_missing():
-        return
-    if isinstance(node, DictConfig):
-        if "_target_" in node:
-            yield key, node
-        for k in node:
-            yield from _targets(node._get_node(k), f"{key}.{k}".lstrip("."))
-    else:
-        for i in range(len(node)):
-            yield from _targets(node._get_node(i), f"{key}[{i}]")

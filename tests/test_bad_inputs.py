@@ -594,6 +594,18 @@ TRAIN = [
         train("experiment=selfcheck", "seed.base=7", "resume=auto"),
         "config differs from the recorded one in seed.base (42 -> 7)",
         completed_run_with_checkpoint, cheap=False),
+    # Issue 52, points 2 and 3: a path a config names stays inside; a directory reprotrain
+    # did not make is never written (nothing created here: the working directory is d).
+    Row("train/name-climbs-out-of-outputs",
+        lambda d: [PY, "-m", "reprotrain.train", "experiment=selfcheck", "name=../../x"],
+        "name=../../x: it climbs out with '..'"),
+    Row("train/csv-file-outside-the-run",
+        train("experiment=selfcheck", "logger=csv", "logger.csv.filename=/tmp/x.csv"),
+        "logger.csv.filename=/tmp/x.csv: it is absolute"),
+    Row("train/into-another-hydra-apps-output-dir", train("experiment=selfcheck"),
+        "holds no reprotrain record (run.json)",
+        run_dir(None, None, **{"run__.hydra__config_dot_yaml": "lr: 0.5\n",
+                                "run__app_dot_log": "other app\n"})),
     # Point 7: one line for every bad value.
     Row("train/resume-from-a-file-that-is-not-a-checkpoint",
         lambda d: [PY, "-m", "reprotrain.train", "experiment=selfcheck",

@@ -4,11 +4,14 @@ a resume under other code keeps going but its history line does not promise the 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import MICRO, TINY, assert_ok, base_env, run_json, tool, train
+from conftest import MICRO, REPO, TINY, assert_ok, base_env, run_json, tool, train
 from reprotrain.repro.gitinfo import code_sha256
 from reprotrain.resume.guard import code_differences
 
@@ -180,3 +183,107 @@ def test_every_replayed_job_names_a_module_the_archived_run_imported_from_outsid
         "imported from outside src/ and changed from the archived run's: /x/sitecustomize.py" in r
         for r in done.reasons
     ), done.reasons
+
+
+# ------------------------------------------- what counts as dirty (docs/run-directory.md)
+
+
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo),
+                          *args], capture_output=True, text=True, check=True)  # fmt: skip
+    return out.stdout
+
+
+def _plant(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+RECORD = json.dumps({"status": "completed", "experiment_id": "x"})
+#: A run directory as the trainer leaves it: its record, Hydra's, a log, a checkpoint.
+RUN_FILES = {"run.json": RECORD, ".hydra/config.yaml": "a: 1\n", ".hydra/overrides.yaml": "[]\n",
+             "train.log": "log\n", "checkpoints/step-00000003.pt": "x"}  # fmt: skip
+
+
+def _run_dir(rel: str, **changes: str) -> dict[str, str]:
+    return {f"{rel}/{name}": text for name, text in {**RUN_FILES, **changes}.items()}
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize(
+    ("files", "dirty", "counted"),
+    [
+        ({}, False, []),
+        (_run_dir("runs/blobs-v1"), False, []),  # the reported case: a run dir in the project
+        (_run_dir("a/b/c/deep"), False, []),  # anywhere
+        (_run_dir("runs/now", **{"run.json": '{"status": "running"}'}), False, []),  # starting
+        ({**_run_dir("sw/s1/0"), **_run_dir("sw/s1/1"), "sw/s1/multirun.yaml": "x: 1\n",
+          "sw/s1/.submitit/1/log": "l"}, False, []),  # a sweep: its record and its jobs
+        ({"notes.txt": "n"}, True, ["notes.txt"]),  # an untracked file outside code and conf
+        ({**_run_dir("runs/r"), "notes.txt": "n"}, True, ["notes.txt"]),
+        ({"src/pkg/extra.py": "E = 1\n"}, True, ["src/pkg/extra.py"]),  # the user's code
+        ({"conf/extra.yaml": "e: 1\n"}, True, ["conf/extra.yaml"]),  # the user's config
+        # not by name: a folder called outputs/ with no record, a run.json of another tool
+        ({"outputs/x/.hydra/config.yaml": "a\n", "outputs/x/app.log": "l"}, True,
+         ["outputs/x/.hydra/config.yaml", "outputs/x/app.log"]),
+        ({"o/run.json": '{"anything": 1}', "o/f": "x"}, True, ["o/f", "o/run.json"]),
+        ({"m/multirun.yaml": "x: 1\n", "m/0/a.log": "l"}, True, ["m/0/a.log", "m/multirun.yaml"]),
+    ],
+)  # fmt: skip
+def test_what_counts_as_dirty_framework_outputs_never_user_files_always(
+    tmp_path, files, dirty, counted
+):
+    """Was: a clean committed clone trained with hydra.run.dir=runs/blobs-v1 recorded
+    git.dirty true (its own .hydra/*.yaml untracked), and so did every later run."""
+    from reprotrain.repro.gitinfo import git_info
+
+    repo = project(tmp_path / "repo")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    _plant(repo, files)
+    info, diff = git_info(repo)
+    assert info["dirty"] is dirty, info
+    assert [u["path"] for u in info["untracked"]] == counted
+    assert diff == ""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_tracked_change_is_dirty_with_or_without_run_dirs(tmp_path):
+    from reprotrain.repro.gitinfo import git_info
+
+    repo = project(tmp_path / "repo")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    _plant(repo, _run_dir("runs/r"))
+    (repo / "src" / "pkg" / "model.py").write_text("WIDTH = 9\n")
+    info, diff = git_info(repo)
+    assert info["dirty"] is True and "+WIDTH = 9" in diff
+    assert info["outputs_not_counted"] == ["runs/r"] and info["untracked"] == []
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_runs_in_a_clean_committed_project_record_it_clean_run_after_run(tmp_path):
+    """The reported case end to end: a copy of this project committed clean, two runs with
+    hydra.run.dir=runs/blobs-v1 and -v2 inside it; each records git.dirty false."""
+    clone = tmp_path / "clone"
+    tracked = _git(REPO, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    for rel in filter(None, tracked.split("\0")):
+        if (REPO / rel).is_file() and not rel.startswith("tests/"):
+            (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, clone / rel)
+    _git(clone, "init", "-q")
+    _git(clone, "add", ".")
+    _git(clone, "commit", "-qm", "clean")
+    env = base_env(PYTHONPATH=str(clone / "src"))
+    for name in ("blobs-v1", "blobs-v2"):
+        proc = subprocess.run([sys.executable, "-m", "reprotrain.train", *MICRO, *TINY,
+                               f"hydra.run.dir=runs/{name}"], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert_ok(proc)
+        git = run_json(clone / "runs" / name)["git"]
+        assert git["dirty"] is False and git["untracked"] == [], git
+        assert "+dirty" not in run_json(clone / "runs" / name)["experiment_id"]
+    assert _git(clone, "status", "--porcelain", "--", "src", "conf") == ""

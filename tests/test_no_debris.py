@@ -193,3 +193,72 @@ def test_a_sweep_reproduce_stopped_mid_rerun_stops_and_removes_its_extraction(
     assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "INTERRUPTED by SIGTERM" in proc.stdout
     assert leftovers(tmp_path / "tmp") == []
+
+
+#: Runs ``archive`` with a SIGKILL at the write of a file whose name ends with argv[1]
+#: (``reprotrain.events``' ``file-write``); argv[2] == "1" kills the archiver's reaper first,
+#: as a kill of the whole job (a cgroup, a container) would.
+KILLER = """\
+import os, signal, sys
+from pathlib import Path
+from reprotrain import events
+from reprotrain.tools.archive import archive, pack
+pack.pip_freeze = lambda: ""
+ending, reaper_too, *args = sys.argv[1:]
+def children():
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                yield int(stat.parent.name)
+        except (OSError, ValueError):
+            pass
+def kill(path, **_):
+    if path.name.endswith(ending):
+        if reaper_too == "1":
+            for pid in children():
+                os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+events.on("file-write", kill)
+sys.exit(archive.main(args))
+"""
+
+
+@pytest.mark.parametrize(
+    ("moment", "reaper"),
+    [("pip-freeze.txt", "killed too"), ("archive.json", "killed too"),
+     (".tar.gz.tmp", "killed too"), (".tar.gz.tmp", "alive")],
+)  # fmt: skip
+def test_a_sigkill_at_any_moment_of_archive_leaves_nothing_the_next_archive_does_not_clean(
+    tmp_path, repo, job_config, monkeypatch, moment, reaper
+):
+    """SIGKILL with the records half staged, staged whole, and the tar half written. The
+    archiver's reaper removes its staging dir and temp tar; if the reaper died with it, the
+    next archive into that folder removes them, and its own archive is complete."""
+    import time
+
+    run = fake_run(tmp_path, repo, job_config)
+    out = tmp_path / "archives"
+    out.mkdir()
+    (tmp_path / "tmp").mkdir()
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    proc = subprocess.run(
+        [sys.executable, str(script), moment, "1" if reaper == "killed too" else "0",
+         str(run), "--out-dir", str(out), "--repo", str(repo)],
+        env=base_env(TMPDIR=str(tmp_path / "tmp")), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert leftovers(tmp_path / "tmp") == []
+    if reaper == "alive":
+        deadline = time.monotonic() + 30
+        while leftovers(out) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert leftovers(out) == []
+        return
+    staged = [Path(p).name for p in leftovers(out)]
+    assert staged and all(n.startswith(".archive-") for n in staged), staged
+    monkeypatch.setattr("reprotrain.tools.archive.pack.pip_freeze", lambda: "")
+    path, _ = arch.build(run, out, repo=repo)
+    assert leftovers(out) == [str(path)]
+    with tarfile.open(path) as tar:
+        assert any(m.name.endswith("/MANIFEST.sha256") for m in tar.getmembers())

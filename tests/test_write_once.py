@@ -277,3 +277,48 @@ def test_data_settings_the_trainer_refuses_are_refused_before_hydra_and_valid_on
     preflight.check(["experiment=selfcheck", "+dataset.num_classes=4", "model.num_classes=4"])
     with pytest.raises(ReprotrainError, match="the dataset has 4 classes"):
         preflight.check(["experiment=selfcheck", "+dataset.num_classes=4"])  # model: 10
+
+
+def foreign_app_dir(root: Path) -> Path:
+    """Another Hydra app's output directory: its ``.hydra/`` record and its log, nothing of
+    reprotrain's."""
+    out = root / "other app output"
+    (out / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (out / ".hydra" / name).write_text(f"# the other app's {name}\nlr: 0.5\n")
+    (out / "train.log").write_text("[other app] epoch 1 done\n")
+    return out
+
+
+@pytest.mark.parametrize("mode", ["run", "sweep"])
+def test_a_non_empty_dir_reprotrain_did_not_make_is_refused_and_left_byte_for_byte(tmp_path, mode):
+    """Was: training into another Hydra app's output dir replaced its .hydra/config.yaml and
+    overrides.yaml (that dir holds no run.json, no checkpoints, no metrics)."""
+    other = foreign_app_dir(tmp_path)
+    before = snapshot(other)
+    key = "hydra.run.dir" if mode == "run" else "hydra.sweep.dir"
+    argv = [*conftest.MICRO, *TINY, hydra_override(key, other)]
+    argv = argv if mode == "run" else ["--multirun", *argv]
+    proc = subprocess.run([sys.executable, "-m", "reprotrain.train", *argv], cwd=REPO,
+                          env=base_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    line = one_error(proc)
+    assert f"{key}=" in line and "holds no reprotrain record" in line, line
+    assert snapshot(other) == before, "a byte of the other app's directory changed"
+
+
+def test_eval_under_overrides_writes_its_own_file_and_never_the_recorded_settings_one(old_run):
+    """Was: `eval <run> trainer.precision=...` replaced the evaluation written at the
+    recorded precision (evals/<ckpt>-step<N>.json and eval.json)."""
+    recorded = evaluation.evaluate_run(old_run, "last")
+    own = evaluation.result_path(old_run, Path(recorded["checkpoint"]), recorded["global_step"])
+    kept = {p: p.read_bytes() for p in (own, old_run / evaluation.EVAL_JSON)}
+    other = ["trainer.precision=bf16-mixed"]
+    changed = evaluation.evaluate_run(old_run, "last", other)
+    assert {p: p.read_bytes() for p in kept} == kept, "the recorded settings' result changed"
+    beside = evaluation.result_path(old_run, Path(changed["checkpoint"]), changed["global_step"],
+                                    other)  # fmt: skip
+    assert beside != own and beside.parent == own.parent
+    assert yaml.safe_load(beside.read_text())["overrides"] == other
+    third = evaluation.result_path(old_run, Path(recorded["checkpoint"]), recorded["global_step"],
+                                   ["trainer.precision=32-true"])  # fmt: skip
+    assert third not in (own, beside), "one file per set of overrides"

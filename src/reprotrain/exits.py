@@ -19,6 +19,7 @@ from reprotrain.resume.guard import AlreadyCompleted
 from reprotrain.run import directory as run_dirs
 from reprotrain.run import record as rec
 from reprotrain.run.mutex import RunMutex
+from reprotrain.shown import safe_line
 
 log = logging.getLogger("reprotrain")
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later", what a requeue wrapper looks for
@@ -74,7 +75,7 @@ class Exits:
                 e.stop.requeue(signal.SIGUSR2, None)  # submitit requeues the job and exits
             return EXIT_INTERRUPTED
         if isinstance(e, AlreadyCompleted):
-            print(str(e), file=sys.stderr)
+            print(safe_line(e), file=sys.stderr)
             return 0
         if isinstance(e, ResumeError):  # refused before touching anything: record untouched
             self.error(str(e))
@@ -110,8 +111,8 @@ class Exits:
         self.error(message)
 
     def error(self, message: str) -> None:
-        if self.dist is None or self.dist.is_main:
-            print(f"error: {message}", file=sys.stderr)
+        if self.dist is None or self.dist.is_main:  # a message may quote a value as typed
+            print(safe_line(f"error: {message}"), file=sys.stderr)
 
 
 def mark(run_dir: Path, status: str, **fields: Any) -> None:

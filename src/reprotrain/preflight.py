@@ -20,7 +20,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain import CONF_DIR, components, config
@@ -28,6 +28,8 @@ from reprotrain import sweep_checks as sweeps
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import hashseed
 from reprotrain.repro import secrets as env_secrets
+from reprotrain.run import paths
+from reprotrain.shown import safe_line
 
 #: The composed config as the run records it, computed on demand (``secrets.redact``).
 Redacted = Callable[[], dict]
@@ -118,7 +120,10 @@ def compose_all(argv: list[str]) -> list | bool:
                 first = compose(config_name, variants[0], return_hydra_config=True)
                 sweeps.check_sweep(first.hydra.sweeper, first.trainer, args.overrides)
             for overrides in variants:
-                cfg = compose(config_name=config_name, overrides=overrides)
+                cfg = compose(config_name, overrides, return_hydra_config=True)
+                paths.check_config(cfg, args.multirun)  # before Hydra writes a path it names
+                with open_dict(cfg):
+                    del cfg["hydra"]  # what compose() without the hydra node returns
                 check_schema_keys({group: cfg[group] for group in config.PROJECT_GROUPS})
                 check_text_lists({key: cfg.get(key) for key in TEXT_LISTS})
                 config.validate(cfg, config.launch_world_size())
@@ -225,10 +230,12 @@ def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None
     elif _multirun(argv) and (sweep_dir := _explicit(values, "hydra.sweep.dir")) is not None:
         check_creatable(sweep_dir, "hydra.sweep.dir")
         run_dirs.refuse_used_sweep_dir(Path(os.path.expanduser(sweep_dir)))
+        run_dirs.refuse_unmade(Path(os.path.expanduser(sweep_dir)), "hydra.sweep.dir")
     elif not _multirun(argv) and (run_dir := _explicit(values, "hydra.run.dir")) is not None:
         check_creatable(run_dir)  # none given: a fresh, stamped directory
         refuse_if_held(run_dir)
         run_dirs.refuse_reuse(Path(os.path.expanduser(run_dir)), values.get("resume", resume))
+        run_dirs.refuse_unmade(Path(os.path.expanduser(run_dir)))  # another app's, a folder
 
 
 def check_creatable(path: str, key: str = "hydra.run.dir") -> None:
@@ -364,7 +371,8 @@ def cli_check() -> None:
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
     except ReprotrainError as e:
         # AlreadyCompleted (exit 0), told by its code: importing resume.guard imports torch.
-        print(f"error: {e}" if e.exit_code else str(e), file=sys.stderr)
+        # Hydra's parse errors echo the override as typed: escaped, never a raw control byte
+        print(safe_line(f"error: {e}" if e.exit_code else e), file=sys.stderr)
         sys.exit(e.exit_code)
     _checked = True
 
@@ -421,7 +429,7 @@ def torchrun_cli_check() -> None:
     try:
         nproc = check_nproc(sys.argv.pop(1) if len(sys.argv) > 1 else "")
     except ReprotrainError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(safe_line(f"error: {e}"), file=sys.stderr)
         sys.exit(e.exit_code)
     os.environ["WORLD_SIZE"] = str(nproc)  # what torchrun will announce: config checks k % W
     cli_check()

@@ -11,6 +11,7 @@ from reprotrain.loggers.fanout import Logger, LoggerRun, numeric
 from reprotrain.loggers.mlflow_sink import MLflowLogger
 from reprotrain.loggers.tensorboard_sink import TensorBoardLogger
 from reprotrain.loggers.wandb_sink import WandBLogger
+from reprotrain.run.paths import inside
 from reprotrain.run.record import atomic_write_text
 
 
@@ -28,7 +29,7 @@ class CSVLogger(Logger):
         return f"csv ({self.path})"
 
     def start(self, run: LoggerRun) -> None:
-        self.path = Path(run.run_dir) / self.filename
+        self.path = inside(run.run_dir, self.filename, "logger.csv.filename")
         epochs = run.history.epochs if run.history is not None else []
         self.rows = [
             self._row(e, s, numeric(r, skip=("epoch", "global_step"))) for e, s, r in epochs

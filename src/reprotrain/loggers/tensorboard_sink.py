@@ -21,6 +21,7 @@ from reprotrain.loggers.params import (
 )
 from reprotrain.loggers.settings import project_root, require_module
 from reprotrain.metric_names import split_of
+from reprotrain.run.paths import inside
 
 log = logging.getLogger("reprotrain")
 
@@ -35,7 +36,7 @@ class TensorBoardLogger(Logger):
         from torch.utils.tensorboard import SummaryWriter
 
         settings, run_dir = run.settings, Path(run.run_dir)
-        self.log_dir = run_dir / settings.tensorboard_dir
+        self.log_dir = inside(run_dir, settings.tensorboard_dir, "logger.tensorboard_dir")
         self.last_step = run.start_step
         self.hparams = hparam_values(run_dir)
         self.monitor, self.swept = monitor_of(run_dir), swept_keys(sweep_dir_of(run_dir))
@@ -61,7 +62,8 @@ class TensorBoardLogger(Logger):
                 self.log_epoch(epoch, global_step, numeric(row, skip=("epoch", "global_step")))
         root = project_root()
         if settings.tensorboard_index and run_dir.resolve().is_relative_to(root):
-            link_run(root / settings.tensorboard_index, relative_name(run_dir, root), self.log_dir)
+            index = inside(root, settings.tensorboard_index, "logger.tensorboard_index", root.name)
+            link_run(index, relative_name(run_dir, root), self.log_dir)
 
     def describe(self) -> str:
         return f"tensorboard ({self.log_dir})"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -132,7 +133,11 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
         }, ""
     commit = commit.strip()
     status = _git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all") or ""
-    untracked_paths = [e[3:] for e in status.split("\0") if e.startswith("?? ")]
+    entries = [e for e in status.split("\0") if e]
+    listed = [e[3:] for e in entries if e.startswith("?? ")]
+    outputs = framework_outputs(repo, listed)  # a run dir in the project is no code change
+    untracked_paths = [p for p in listed if not any(_in([p], d) for d in outputs)]
+    changed = [e for e in entries if not e.startswith("?? ")]
     diff = _git(repo, "diff", "--binary", "HEAD") or ""
     untracked, not_archived = [], []
     for rel in sorted(untracked_paths):
@@ -152,13 +157,51 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
         "commit": commit,
         "short": commit[:8],
         "branch": (_git(repo, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None,
-        "dirty": bool(status.strip()),
+        "dirty": bool(changed or untracked_paths),
         "remotes": remotes(repo),
         "untracked": untracked,
+        "outputs_not_counted": outputs,
         "fully_archivable": not not_archived,
         "not_archived": not_archived,
     }
     return info, diff
+
+
+#: A run's record and a sweep's (Hydra's): what marks a directory as the framework's output.
+RUN_RECORD, SWEEP_RECORD = "run.json", "multirun.yaml"
+_STATUSES = ("running", "completed", "failed", "interrupted")  # run.record.STATUSES
+
+
+def framework_outputs(repo: Path, untracked: Sequence[str]) -> list[str]:
+    """The folders, among the untracked paths' parents, that the framework wrote: each run
+    directory (one holding a reprotrain ``run.json``, wherever it lies in the project, its
+    ``.hydra/`` and log included) and each sweep directory (a ``multirun.yaml`` above a run
+    directory). Recognised by their record, never by name: a folder of the user's named
+    ``outputs`` still counts as a change."""
+    parents = {
+        "/".join(rel.split("/")[:i]) for rel in untracked for i in range(1, rel.count("/") + 1)
+    }
+    runs = [p for p in parents if _is_run_dir(repo / p)]
+    sweeps = [p for p in parents if (repo / p / SWEEP_RECORD).is_file() and _in(runs, p)]
+    found = {*runs, *sweeps}
+    return sorted(p for p in found if not any(_in([p], q) for q in found))  # the outermost
+
+
+def _in(paths: Sequence[str], folder: str) -> bool:
+    """Whether one of ``paths`` lies in ``folder``."""
+    return any(p.startswith(folder + "/") for p in paths)
+
+
+def _is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a reprotrain record: a ``run.json`` with one of its statuses."""
+    if not (path / RUN_RECORD).is_file():  # never a FIFO or a device
+        return False
+    try:
+        with open(path / RUN_RECORD, "rb") as f:
+            data = json.loads(f.read(HASH_LIMIT_BYTES))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("status") in _STATUSES
 
 
 def code_sha256(repo: Path) -> str:

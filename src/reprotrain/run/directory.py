@@ -12,6 +12,7 @@ from pathlib import Path
 from reprotrain.errors import RecordError, ResumeError
 from reprotrain.quoting import resume_hint
 from reprotrain.run.record import CHECKPOINTS, RUN_FILES, RUN_JSON, parse_json_object
+from reprotrain.shown import shown
 
 SWEEP_RECORD = "multirun.yaml"  # Hydra writes it into the sweep dir when a sweep starts
 
@@ -49,6 +50,24 @@ def refuse_reuse(run_dir: Path, resume: str | None) -> None:
         f"directory is written once: continue it with `{resume_hint(run_dir)}`, fork it with "
         "resume=<its checkpoint> hydra.run.dir=<new dir>, or choose another hydra.run.dir"
     )
+
+
+def refuse_unmade(path: Path, key: str = "hydra.run.dir") -> None:
+    """Refuse a non-empty directory that holds no ``run.json``: another Hydra app's output
+    (its ``.hydra/``, a log) or any folder of the user's. Checked before Hydra starts, since
+    Hydra's first act is to write there (a used sweep dir is refused before this)."""
+    try:
+        held = sorted(p.name for p in Path(path).iterdir())
+    except OSError:  # absent (made fresh), or no directory: check_creatable names that
+        return
+    if held and RUN_JSON not in held:
+        names = ", ".join(shown(n, 40) for n in held[:3]) + (", ..." if len(held) > 3 else "")
+        raise RunDirUsed(
+            f"{key}={shown(path)} is not empty ({names}) and holds no reprotrain record "
+            f"({RUN_JSON}); reprotrain writes only into a directory it made, and touched "
+            "nothing there: choose a new or empty directory (a run killed before it recorded "
+            "anything leaves only .hydra/ and its log: remove them to start it again)"
+        )
 
 
 def refuse_orphan_checkpoints(run_dir: Path) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprotrain import events
 from reprotrain.errors import ArchiveError
 from reprotrain.hashing import file_sha256
 from reprotrain.progress import Phases, say
@@ -245,6 +246,7 @@ def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
         prefix = f"{STAGING_PREFIX}{os.getpid()}-{top}."
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tar.gz.tmp", dir=target.parent)
         os.close(fd)
+        events.fire("file-write", path=Path(tmp))  # a moment a test kills the archiver at
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(root, arcname=top, filter=_normalise)
         os.chmod(tmp, 0o644)

@@ -2,12 +2,14 @@
 
 Rebuilds the run from its recorded config and evaluates as the trainer's final evaluation
 does (``last`` reproduces ``final_metrics`` bit for bit); writes ``evals/<ckpt>-step<N>.json``
-and ``eval.json``. ``ARGS``: dotted overrides (may change the bits). docs/make-targets.md.
+and ``eval.json``. ``ARGS``: dotted overrides (may change the bits), written to a file of their
+own, ``evals/<ckpt>-step<N>+<sha>.json``: never over the recorded settings'. docs/make-targets.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ from omegaconf import OmegaConf
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import checkpoint
 from reprotrain.run import record as rec
+from reprotrain.run.paths import inside
 from reprotrain.run.readers import read_run_json
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
@@ -159,20 +162,28 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
         "overrides": overrides or [],
     }
     text = rec.strict_json(result, indent=2) + "\n"
-    rec.atomic_write_text(result_path(run_dir, path, result["global_step"]), text)
-    rec.atomic_write_text(run_dir / EVAL_JSON, text)  # the latest evaluation
+    rec.atomic_write_text(result_path(run_dir, path, step, overrides), text)
+    if not overrides:  # the latest at the recorded settings; overrides never replace it
+        rec.atomic_write_text(inside(run_dir, EVAL_JSON, "eval"), text)
     return result
 
 
 EVAL_JSON = "eval.json"
-#: One result per checkpoint evaluated: ``evals/<checkpoint>-step<N>.json``.
+#: One result per checkpoint and set of overrides: ``evals/<checkpoint>-step<N>[+<sha>].json``.
 EVALS = "evals"
 
 
-def result_path(run_dir: Path, checkpoint_path: Path, global_step: int) -> Path:
-    """Where this checkpoint's evaluation is kept (eval.json is only the latest)."""
+def result_path(
+    run_dir: Path, checkpoint_path: Path, global_step: int, overrides: list[str] | None = None
+) -> Path:
+    """Where this evaluation is kept: one file per checkpoint at the recorded settings, and
+    one per set of ``overrides`` beside it (named by their sha256), so that no evaluation
+    under other settings (``trainer.precision=32-true`` of a bf16 run) replaces it."""
     stem = re.sub(r"[^\w.+-]", "_", Path(checkpoint_path).stem) or "checkpoint"
-    return Path(run_dir) / EVALS / f"{stem}-step{int(global_step)}.json"
+    name = f"{stem}-step{int(global_step)}"
+    if overrides:
+        name += "+" + hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:12]
+    return inside(run_dir, f"{EVALS}/{name}.json", "eval")
 
 
 @cli.entry_point
@@ -188,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     result = evaluate_run(args.run_dir.expanduser(), args.checkpoint, args.overrides)
     metrics = " ".join(f"{shown(k, 80)}={shown(repr(v), 80)}" for k, v in result["metrics"].items())
     say(f"{metrics} ({result['checkpoint']})")  # names and paths escaped: the run's own text
-    kept = result_path(args.run_dir, Path(result["checkpoint"]), result["global_step"])
-    say(f"wrote {kept} (and {args.run_dir / EVAL_JSON}, the latest)")
+    step, ckpt = result["global_step"], Path(result["checkpoint"])
+    kept = result_path(args.run_dir.expanduser(), ckpt, step, args.overrides)
+    latest = "" if args.overrides else f" (and {args.run_dir / EVAL_JSON}, the latest)"
+    say(f"wrote {kept}{latest}")
     return 0
 
 

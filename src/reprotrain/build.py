@@ -108,7 +108,7 @@ def build_data(
     (defaults: one process)."""
     dataset = build_dataset(node)
     splits = dataset.splits()
-    refuse_elsewhere(dataset=dataset, **{"the dataset's training split": splits.train})
+    refuse_elsewhere(**{f"dataset {qualname(dataset)}": dataset, "its train split": splits.train})
     layout["sampler"] = build_sampler(sampler, splits.train)
     check_num_classes(num_classes, splits.num_classes)
     limits = ("batch_size", "eval_batch_size", "limit_train_steps", "limit_eval_batches",

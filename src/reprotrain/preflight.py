@@ -6,6 +6,7 @@ last step (:func:`claim_explicit_sweep_dir`). What is checked: docs/how-a-run-fl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -187,11 +188,17 @@ def check_sampler(dataset: DictConfig, node: Any) -> None:
     keys or on its class; the group's target located, its keys bound, seedable."""
     sampler.refuse_keys(dataset, node)
     if "_target_" in dataset:
+        named = f"dataset {dataset['_target_']}"
         cls = components.locate(str(dataset["_target_"]), "dataset")
-        sampler.refuse_elsewhere(**{f"dataset {dataset['_target_']}": cls})
+        sampler.refuse_elsewhere(**{named: cls})
+        from reprotrain.data.base import InMemoryTensors
+
+        if isinstance(cls, type) and issubclass(cls, InMemoryTensors):  # built: no data yet
+            with contextlib.suppress(components.ComponentError):  # components.check names it
+                sampler.refuse_elsewhere(**{named: components.build("dataset", dataset)})
     if node is not None:
-        components.check_node(node, "sampler", sampler.SUPPLIED)
         sampler.check_seedable(components.locate(str(node["_target_"]), "sampler"))
+        components.check_node(node, "sampler", sampler.SUPPLIED)
 
 
 def _numbers(value: Any) -> bool:

@@ -109,18 +109,19 @@ def checked_order(drawn: list, n: int, size: int, who: str) -> Any:
     a sample of the ``n`` in the training split; anything else is one line naming it."""
     import torch  # lazily: preflight imports this module before torch
 
-    if len(drawn) != size:
-        raise ReprotrainError(f"sampler {who} drew {len(drawn)} indices but its len() is {size}")
-    order = torch.tensor(drawn) if size else torch.zeros(0, dtype=torch.int64)
-    if order.dim() != 1 or order.is_floating_point() or order.dtype == torch.bool:
+    try:
+        order = torch.as_tensor(drawn if drawn else [], dtype=None if drawn else torch.int64)
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, objects: not indices
+        order = None
+    if order is None or order.dim() != 1 or order.is_floating_point() or order.dtype == torch.bool:
         raise ReprotrainError(
             f"sampler {who} yields {drawn[0]!r}, not sample indices (a batch sampler is not "
             "one: trainer.batch_size makes the batches)"
         )
+    if len(order) != size:
+        raise ReprotrainError(f"sampler {who} drew {len(order)} indices but its len() is {size}")
     low, high = (int(order.min()), int(order.max())) if size else (0, -1)
     if low < 0 or high >= n:
         bad = low if low < 0 else high
-        raise ReprotrainError(
-            f"sampler {who} drew index {bad}, outside the training split's {n} samples"
-        )
+        raise ReprotrainError(f"sampler {who} drew index {bad}, outside the {n} training samples")
     return order.to(torch.int64)

@@ -95,7 +95,7 @@ class ImagesWithSamplerAttribute(SyntheticImages):
 
 
 class ImagesWithSamplerInInit(SyntheticImages):
-    """A sampler set on the instance when the dataset is built (cheap: no data yet)."""
+    """A sampler set on the instance when the dataset is built."""
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)

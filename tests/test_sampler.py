@@ -141,8 +141,6 @@ def preflight_line(*overrides: str) -> str:
         (["+dataset.batch_sampler=x"], "`batch_sampler` key"),
         (["dataset._target_=sampler_user_code.ImagesWithSamplerAttribute"],
          "has a `sampler` attribute, which the framework never uses"),
-        (["dataset._target_=sampler_user_code.ImagesWithSamplerInInit"],
-         "ImagesWithSamplerInInit has a `sampler` attribute"),
         (["+sampler._target_=torch.utils.data.SequentialSampler"],
          "SequentialSampler has no `generator` the framework can seed"),
         (["+sampler._target_=torch.utils.data.DistributedSampler", "+sampler._partial_=true"],
@@ -179,12 +177,14 @@ def test_a_sampler_attribute_on_the_dataset_is_exit_2_and_no_run_dir(tmp_path):
     assert not run.exists()
 
 
-def test_a_sampler_set_once_the_data_is_loaded_is_refused_in_one_line_and_the_run_failed(
-    tmp_path,
+@pytest.mark.parametrize("dataset", ["ImagesWithSamplerInInit", "ImagesWithSamplerFromLabels"])
+def test_a_sampler_set_on_the_dataset_instance_stops_the_run_in_one_line_recorded_failed(
+    tmp_path, dataset
 ):
-    """Only loading the data shows it: refused when built, the run recorded as failed."""
+    """Only building the dataset (or loading its data) shows it: refused then, in one line,
+    before a step, the run recorded as failed."""
     run = tmp_path / "run"
-    target = "dataset._target_=sampler_user_code.ImagesWithSamplerFromLabels"
+    target = f"dataset._target_=sampler_user_code.{dataset}"
     proc = subprocess.run(
         [sys.executable, "-m", "reprotrain.train", *MICRO, *TINY, target, f"hydra.run.dir={run}"],
         cwd=REPO, env=base_env(PYTHONPATH=str(REPO / "tests")), capture_output=True, text=True,
@@ -192,8 +192,7 @@ def test_a_sampler_set_once_the_data_is_loaded_is_refused_in_one_line_and_the_ru
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error:")]
-    named = "error: dataset sampler_user_code.ImagesWithSamplerFromLabels has a `sampler` attr"
-    assert line.startswith(named)
+    assert line.startswith(f"error: dataset sampler_user_code.{dataset} has a `sampler` attr")
     assert run_json(run)["status"] == "failed" and not (run / "checkpoints").exists()
 
 

@@ -30,7 +30,7 @@ from reprotrain.components import (
 from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
 from reprotrain.data.pipeline import PipelineSpec, build_pipeline
 from reprotrain.data.purity import check_samples
-from reprotrain.data.sampler import checked, refuse_elsewhere
+from reprotrain.data.sampler import refuse_elsewhere
 from reprotrain.optim import kind as schedule_kind
 from reprotrain.optim import param_groups, unwrapped
 from reprotrain.repro import checkpoint
@@ -76,18 +76,16 @@ def build(targets: Targets, run: Run) -> Parts:
     settings, record, dist = run.settings, run.record, run.dist
     collate = run.reduction.microbatch_collate(settings.pipeline.batch_size // run.microbatches)
     layout = {"rank": dist.rank, "world_size": dist.world_size, "microbatch_collate": collate}
+    layout |= {"channels_last": settings.model.channels_last, "sampler": targets.sampler}
     data = (targets.dataset, targets.model.get("num_classes"), settings.pipeline, run.seeds)
-    channels_last = settings.model.channels_last
-    dataset, pipeline = build_data(
-        *data, run.device, channels_last=channels_last, sampler=targets.sampler, **layout
-    )
+    dataset, pipeline = build_data(*data, run.device, **layout)
     run.kind.record_data(record, dataset.fingerprint())
     check_samples(pipeline, run.level, record)
     seed_globals(run.seeds.init)
     runner, schedule = build_training(targets, run, pipeline.steps_per_epoch)
     state = runner.state
     state.callbacks = callbacks_for(targets.callbacks, run.device, state.scheduler)
-    record.update(components=components_record(settings.model, runner, dataset, pipeline.sampler))
+    record.update(components=components_record(settings.model, runner, pipeline))
     owners = (runner.task, dataset, state.model, run.device, state.user_step, dist)
     state.audit = ResumeAudit(*owners, trainer_state=state)
     seed_globals(run.seeds.train)
@@ -103,13 +101,15 @@ def build_data(
     device: torch.device, sampler: DictConfig | None = None, **layout: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     """The dataset and the pipeline that serves it; ``num_classes``: the model's (None: not
-    declared), checked against the dataset's; ``sampler``: the group's node. ``layout``: the
-    pipeline's ``rank``, ``world_size``, ``channels_last`` and ``microbatch_collate``
-    (defaults: one process)."""
+    declared), checked against the dataset's; ``sampler``: the group's node (data/sampler.py).
+    ``layout``: the pipeline's ``rank``, ``world_size``, ``channels_last`` and
+    ``microbatch_collate`` (defaults: one process)."""
     dataset = build_dataset(node)
     splits = dataset.splits()
     refuse_elsewhere(**{f"dataset {qualname(dataset)}": dataset, "its train split": splits.train})
-    layout["sampler"] = build_sampler(sampler, splits.train)
+    if sampler is not None:  # the training split handed as `data_source` when it takes one
+        split = {"data_source": splits.train} if takes(sampler, "sampler", "data_source") else {}
+        layout["sampler"] = build_given("sampler", sampler, **split)
     check_num_classes(num_classes, splits.num_classes)
     limits = ("batch_size", "eval_batch_size", "limit_train_steps", "limit_eval_batches",
               "overfit_batches")  # fmt: skip
@@ -117,16 +117,6 @@ def build_data(
     pipeline = build_pipeline(settings.pipeline, splits, dataset, settings.num_workers,
                               PipelineSpec(device=device, seeds=seeds, **kw, **layout))  # fmt: skip
     return dataset, pipeline
-
-
-def build_sampler(node: DictConfig | None, train: Any) -> Any:
-    """The ``sampler`` group (data/sampler.py), handed the training split as ``data_source``
-    when it takes one; None: the framework's shuffle."""
-    if node is None:
-        return None
-    if takes(node, "sampler", "data_source"):
-        return checked(build_given("sampler", node, data_source=train))
-    return checked(instantiate("sampler", node))
 
 
 def build_model(model_cfg: DictConfig, device: torch.device, channels_last: bool) -> nn.Module:
@@ -188,10 +178,9 @@ def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Cal
     return Callbacks(build_callbacks(node), device, lr_set_by=lr_set_by)
 
 
-def components_record(
-    settings: ModelSettings, runner: StepRunner, dataset: Any, sampler: Any = None
-) -> dict:
-    """The classes that actually ran, and the optimizer's parameter groups."""
+def components_record(settings: ModelSettings, runner: StepRunner, pipeline: Any) -> dict:
+    """The classes that actually ran (the pipeline's dataset and sampler too), and the
+    optimizer's parameter groups."""
     state = runner.state
     names = {k: qualname(getattr(state, k)) for k in ("model", "optimizer")}
     names["scheduler"] = qualname(unwrapped(state.scheduler))  # ReduceLROnPlateau, not its driver
@@ -203,8 +192,8 @@ def components_record(
         "reduction": runner.reduction.name,
         "lr": state.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
         "loss": qualname(getattr(runner.task, "loss_fn", None)),
-        "dataset": qualname(dataset),
-        "sampler": qualname(sampler) if sampler is not None else None,
+        "dataset": qualname(pipeline.dataset),
+        "sampler": qualname(pipeline.sampler) if pipeline.sampler is not None else None,
         "param_groups": [
             {"params": sum(p.numel() for p in g["params"]), "weight_decay": g["weight_decay"]}
             for g in state.optimizer.param_groups

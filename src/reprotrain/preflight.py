@@ -6,7 +6,6 @@ last step (:func:`claim_explicit_sweep_dir`). What is checked: docs/how-a-run-fl
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
@@ -185,17 +184,11 @@ def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any)
 
 def check_sampler(dataset: DictConfig, node: Any) -> None:
     """A sampler only in the ``sampler`` group (data/sampler.py): none among the dataset's
-    keys or on its class; the group's target located, its keys bound, seedable."""
+    keys or on its class; the group's target located, seedable, its keys bound."""
     sampler.refuse_keys(dataset, node)
     if "_target_" in dataset:
-        named = f"dataset {dataset['_target_']}"
         cls = components.locate(str(dataset["_target_"]), "dataset")
-        sampler.refuse_elsewhere(**{named: cls})
-        from reprotrain.data.base import InMemoryTensors
-
-        if isinstance(cls, type) and issubclass(cls, InMemoryTensors):  # built: no data yet
-            with contextlib.suppress(components.ComponentError):  # components.check names it
-                sampler.refuse_elsewhere(**{named: components.build("dataset", dataset)})
+        sampler.refuse_elsewhere(**{f"dataset {dataset['_target_']}": cls})
     if node is not None:
         sampler.check_seedable(components.locate(str(node["_target_"]), "sampler"))
         components.check_node(node, "sampler", sampler.SUPPLIED)

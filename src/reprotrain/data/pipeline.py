@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from reprotrain.config import check_workers
 from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
-from reprotrain.data.sampler import checked_order
+from reprotrain.data.sampler import CONTRACT
 from reprotrain.distributed import shard_global_batch
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.rng import Scoped
@@ -46,32 +46,47 @@ class EpochOrder:
     """Each epoch's global order of training-sample indices, a pure function of ``(data seed,
     epoch)``: ``epoch_order``'s ``randperm``, or the ``sampler``'s draw from that same generator
     (set as its ``generator``, every global RNG seeded from the key and restored around it).
-    ``len``: the samples an epoch draws. A sampler is drawn twice at the start: two different
+    ``size``: the samples an epoch draws. A sampler is drawn twice at the start: two different
     orders mean it keeps state of its own, which no resume could restore."""
 
     def __init__(self, n: int, data_seed: int, sampler: Any = None) -> None:
         self.n, self.data_seed, self.sampler = n, data_seed, sampler
-        self.size = n if sampler is None else len(sampler)
-        if sampler is not None and not torch.equal(self(1), self(1)):
+        self.who = f"sampler {type(sampler).__module__}.{type(sampler).__qualname__}"
+        if sampler is None:
+            self.size = n
+            return
+        missing = [m for m in ("__iter__", "__len__", "generator") if not hasattr(sampler, m)]
+        if missing or sampler.generator is not None:
+            what = f"has no {', '.join(missing)}" if missing else "brings its own generator"
+            raise ReprotrainError(f"{self.who} {what}; {CONTRACT}")
+        self.size = len(sampler)
+        if not torch.equal(self(1), self(1)):
             raise ReprotrainError(
-                f"sampler {type(sampler).__qualname__} drew two orders for epoch 1 from the "
-                "same generator: draw only from its `generator`, keep no state of your own"
+                f"{self.who} drew two orders for epoch 1 from the same generator: draw only "
+                "from its `generator`, keep no state of your own"
             )
-
-    def __len__(self) -> int:
-        return self.size
 
     def __call__(self, epoch: int) -> torch.Tensor:
         if self.sampler is None:
             return epoch_order(self.n, self.data_seed, epoch)
-        sampler = self.sampler
-        sampler.generator = counter_generator(self.data_seed, epoch)
+        self.sampler.generator = counter_generator(self.data_seed, epoch)
         try:
             with Scoped(stable_hash(self.data_seed, epoch, "sampler")):
-                drawn = list(sampler)
+                drawn = list(self.sampler)
         finally:
-            sampler.generator = None  # the sampler holds nothing of the framework's between epochs
-        return checked_order(drawn, self.n, self.size, type(sampler).__qualname__)
+            self.sampler.generator = None  # nothing of the framework's left between epochs
+        try:
+            order = torch.as_tensor(drawn, dtype=None if drawn else torch.int64)
+        except (TypeError, ValueError, RuntimeError):  # ragged lists, objects: not indices
+            order = torch.zeros(0, 0)
+        if order.dim() != 1 or order.is_floating_point() or order.dtype == torch.bool:
+            batches = "a batch sampler is not one: trainer.batch_size makes the batches"
+            raise ReprotrainError(f"{self.who} yields {drawn[0]!r}, not indices ({batches})")
+        if len(order) != self.size:
+            raise ReprotrainError(f"{self.who} drew {len(order)} indices; its len() is {self.size}")
+        if len(order) and not 0 <= int(order.min()) <= int(order.max()) < self.n:
+            raise ReprotrainError(f"{self.who} drew an index outside the {self.n} training samples")
+        return order.long()
 
     def keys(self, epoch: int) -> list[tuple[int, ...]]:
         """The epoch's sample keys in order: ``(epoch, i)``; the ``r``-th repeat of a sample
@@ -117,11 +132,10 @@ class _Base:
         vars(self).update(vars(spec))  # the spec's fields as attributes: batch_size, device, ...
         self.data_seed, self.augment_seed = spec.seeds.data, spec.seeds.augment
         self.order = EpochOrder(len(splits.train), self.data_seed, spec.sampler)
-        self.n, self.dataset = len(self.order), dataset
+        self.n, self.dataset = self.order.size, dataset  # the samples an epoch draws
         if self.n < spec.batch_size:
             size = f"trainer.batch_size={spec.batch_size}"
-            drawn = "the training set" if spec.sampler is None else "the sampler's epoch"
-            raise ReprotrainError(f"{size} is larger than {drawn} ({self.n}); lower it")
+            raise ReprotrainError(f"{size} is larger than an epoch's samples ({self.n}); lower it")
         self.eval_splits = {"val": splits.val, "test": splits.test}
 
     @property
@@ -351,7 +365,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         microbatch: int = 0,
     ):
         self.order, self.batch_size, self.shard, self.epoch = order, batch_size, shard, epoch
-        self.steps = range(len(order) // batch_size) if steps is None else steps
+        self.steps = range(order.size // batch_size) if steps is None else steps
         self.microbatch = microbatch
         self.per_step = batch_size // microbatch // shard[1] if microbatch else 1
 

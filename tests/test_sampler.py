@@ -23,7 +23,6 @@ import sampler_user_code as user
 from conftest import MICRO, REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain import preflight
 from reprotrain.data.pipeline import EpochOrder, PipelineSpec, build_pipeline, epoch_order
-from reprotrain.data.sampler import checked
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import Seeds
 from reprotrain.step.batches import MicroBatches
@@ -142,7 +141,7 @@ def preflight_line(*overrides: str) -> str:
         (["dataset._target_=sampler_user_code.ImagesWithSamplerAttribute"],
          "has a `sampler` attribute, which the framework never uses"),
         (["+sampler._target_=torch.utils.data.SequentialSampler"],
-         "SequentialSampler has no `generator` the framework can seed"),
+         "SequentialSampler has no `generator` to seed; a sampler is a class"),
         (["+sampler._target_=torch.utils.data.DistributedSampler", "+sampler._partial_=true"],
          "DistributedSampler has no `generator`"),
         (["+sampler._target_=sampler_user_code.unannotated", "+sampler._partial_=true"],
@@ -171,8 +170,7 @@ def test_a_sampler_attribute_on_the_dataset_is_exit_2_and_no_run_dir(tmp_path):
     assert proc.stderr.splitlines() == [
         "error: dataset sampler_user_code.ImagesWithSamplerAttribute has a `sampler` attribute, "
         "which the framework never uses (it draws each epoch's order itself); bring it as its "
-        "own group, sampler=<name> with conf/sampler/<name>.yaml (docs/bring-your-own.md, "
-        "A sampler)"
+        "own group: sampler=<name>, conf/sampler/<name>.yaml (docs/bring-your-own.md)"
     ]
     assert not run.exists()
 
@@ -200,14 +198,15 @@ def test_a_sampler_set_on_the_dataset_instance_stops_the_run_in_one_line_recorde
     "sampler, says",
     [
         (user.Counting, "drew two orders for epoch 1 from the same generator"),
-        (user.Pairs, "not sample indices (a batch sampler is not one"),
-        (lambda split: WeightedRandomSampler([1.0] * 2000, 10), "drew index"),
+        (user.Pairs, "yields [0, 0], not indices (a batch sampler is not one"),
+        (lambda split: WeightedRandomSampler([1.0] * 2000, 10), "drew an index outside the"),
+        (lambda split: iter(range(10)), "has no __len__, generator"),
         (lambda split: RandomSampler(split, generator=torch.Generator()), "its own generator"),
     ],
 )
 def test_a_built_sampler_that_breaks_the_contract_is_one_line(sampler, says):
     with pytest.raises(ReprotrainError) as e:
-        pipeline(user.Skewed(), lambda split: checked(sampler(split)))
+        pipeline(user.Skewed(), sampler)
     assert says in str(e.value) and "\n" not in str(e.value)
 
 

@@ -21,7 +21,7 @@ from reprotrain.errors import ReprotrainError
 
 #: Where a DataLoader takes a sampler, and where the framework never looks for one.
 ELSEWHERE = ("sampler", "batch_sampler")
-HOW = "bring it as its own group: sampler=<name>, conf/sampler/<name>.yaml"
+HOW = "bring it as its own group: sampler=<name>, conf/sampler/<name>.yaml (docs/bring-your-own.md)"
 #: The contract, for every refusal of a sampler (docs/bring-your-own.md, "A sampler").
 CONTRACT = (
     "a sampler is a class (or a function annotated to return one) with __iter__, __len__ and "

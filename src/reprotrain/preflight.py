@@ -185,10 +185,11 @@ def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any)
 def check_sampler(dataset: DictConfig, node: Any) -> None:
     """A sampler only in the ``sampler`` group (data/sampler.py): none among the dataset's
     keys or on its class; the group's target located, seedable, its keys bound."""
+    if not isinstance(dataset, DictConfig) or "_target_" not in dataset:
+        return  # components.check says what the dataset lacks
     sampler.refuse_keys(dataset, node)
-    if "_target_" in dataset:
-        cls = components.locate(str(dataset["_target_"]), "dataset")
-        sampler.refuse_elsewhere(**{f"dataset {dataset['_target_']}": cls})
+    cls = components.locate(str(dataset["_target_"]), "dataset")
+    sampler.refuse_elsewhere(**{f"dataset {dataset['_target_']}": cls})
     if node is not None:
         sampler.check_seedable(components.locate(str(node["_target_"]), "sampler"))
         components.check_node(node, "sampler", sampler.SUPPLIED)

@@ -114,3 +114,14 @@ def test_class_balanced_draws_only_from_the_generator_it_is_handed():
     b = EpochOrder(len(split), 3, class_balanced(split))(2)
     torch.manual_seed(123)  # the global RNG plays no part
     assert torch.equal(a, b) and torch.equal(a, EpochOrder(len(split), 3, sampler)(2))
+
+
+def test_exact_training_auroc_refuses_a_sampled_epoch_in_one_line(tmp_path):
+    """docs/bring-your-own.md: task=binary's AUROC over the training split needs every sample
+    once per epoch; an epoch drawn with repeats (class_balanced) is refused, never scored."""
+    binary = ["experiment=smoke_binary", "sampler=class_balanced", *BALANCED[1:]]
+    proc = train(tmp_path / "run", *binary, micro=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error:")]
+    assert "distinct sample indices were written" in line
+    assert run_json(tmp_path / "run")["status"] == "failed"

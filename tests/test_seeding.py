@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from reprotrain.config import SeedConfig
 from reprotrain.data.augment import augment_batch
-from reprotrain.data.pipeline import EpochBatchSampler, epoch_order
+from reprotrain.data.pipeline import EpochBatchSampler, EpochOrder, epoch_order
 from reprotrain.repro.seeding import STREAMS, counter_generator, resolve_seeds, stable_hash
 
 
@@ -79,8 +79,8 @@ def test_epoch_order_is_a_permutation_that_changes_per_epoch():
 
 
 def test_sampler_started_at_step_k_yields_the_tail_of_the_full_epoch():
-    full = list(EpochBatchSampler(100, 8, data_seed=3, epoch=2))
-    tail = list(EpochBatchSampler(100, 8, data_seed=3, epoch=2, steps=range(5, 12)))
+    full = list(EpochBatchSampler(EpochOrder(100, data_seed=3), 8, epoch=2))
+    tail = list(EpochBatchSampler(EpochOrder(100, data_seed=3), 8, epoch=2, steps=range(5, 12)))
     assert len(full) == 12 and tail == full[5:]
 
 

@@ -19,15 +19,18 @@ from reprotrain.components import build as instantiate
 from reprotrain.components import (
     build_callbacks,
     build_dataset,
+    build_given,
     build_naming_key,
     build_scheduler,
     build_step,
     build_task,
     qualname,
+    takes,
 )
 from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
 from reprotrain.data.pipeline import PipelineSpec, build_pipeline
 from reprotrain.data.purity import check_samples
+from reprotrain.data.sampler import refuse_elsewhere
 from reprotrain.optim import kind as schedule_kind
 from reprotrain.optim import param_groups, unwrapped
 from reprotrain.repro import checkpoint
@@ -51,6 +54,7 @@ class Targets:
     loss: DictConfig | None
     step: DictConfig
     callbacks: DictConfig | None
+    sampler: DictConfig | None  # conf/sampler/: each epoch's order (None: the shuffle)
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Targets:
@@ -72,16 +76,16 @@ def build(targets: Targets, run: Run) -> Parts:
     settings, record, dist = run.settings, run.record, run.dist
     collate = run.reduction.microbatch_collate(settings.pipeline.batch_size // run.microbatches)
     layout = {"rank": dist.rank, "world_size": dist.world_size, "microbatch_collate": collate}
+    layout |= {"channels_last": settings.model.channels_last, "sampler": targets.sampler}
     data = (targets.dataset, targets.model.get("num_classes"), settings.pipeline, run.seeds)
-    channels_last = settings.model.channels_last
-    dataset, pipeline = build_data(*data, run.device, channels_last=channels_last, **layout)
+    dataset, pipeline = build_data(*data, run.device, **layout)
     run.kind.record_data(record, dataset.fingerprint())
     check_samples(pipeline, run.level, record)
     seed_globals(run.seeds.init)
     runner, schedule = build_training(targets, run, pipeline.steps_per_epoch)
     state = runner.state
     state.callbacks = callbacks_for(targets.callbacks, run.device, state.scheduler)
-    record.update(components=components_record(settings.model, runner, dataset))
+    record.update(components=components_record(settings.model, runner, pipeline))
     owners = (runner.task, dataset, state.model, run.device, state.user_step, dist)
     state.audit = ResumeAudit(*owners, trainer_state=state)
     seed_globals(run.seeds.train)
@@ -94,13 +98,18 @@ def build(targets: Targets, run: Run) -> Parts:
 
 def build_data(
     node: DictConfig, num_classes: int | None, settings: PipelineSettings, seeds: Seeds,
-    device: torch.device, **layout: Any,
+    device: torch.device, sampler: DictConfig | None = None, **layout: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     """The dataset and the pipeline that serves it; ``num_classes``: the model's (None: not
-    declared), checked against the dataset's. ``layout``: the pipeline's ``rank``,
-    ``world_size``, ``channels_last`` and ``microbatch_collate`` (defaults: one process)."""
+    declared), checked against the dataset's; ``sampler``: the group's node (data/sampler.py).
+    ``layout``: the pipeline's ``rank``, ``world_size``, ``channels_last`` and
+    ``microbatch_collate`` (defaults: one process)."""
     dataset = build_dataset(node)
     splits = dataset.splits()
+    refuse_elsewhere(**{f"dataset {qualname(dataset)}": dataset, "its train split": splits.train})
+    if sampler is not None:  # the training split handed as `data_source` when it takes one
+        split = {"data_source": splits.train} if takes(sampler, "sampler", "data_source") else {}
+        layout["sampler"] = build_given("sampler", sampler, **split)
     check_num_classes(num_classes, splits.num_classes)
     limits = ("batch_size", "eval_batch_size", "limit_train_steps", "limit_eval_batches",
               "overfit_batches")  # fmt: skip
@@ -169,8 +178,9 @@ def callbacks_for(node: Any, device: torch.device, scheduler: Any = None) -> Cal
     return Callbacks(build_callbacks(node), device, lr_set_by=lr_set_by)
 
 
-def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any) -> dict:
-    """The classes that actually ran, and the optimizer's parameter groups."""
+def components_record(settings: ModelSettings, runner: StepRunner, pipeline: Any) -> dict:
+    """The classes that actually ran (the pipeline's dataset and sampler too), and the
+    optimizer's parameter groups."""
     state = runner.state
     names = {k: qualname(getattr(state, k)) for k in ("model", "optimizer")}
     names["scheduler"] = qualname(unwrapped(state.scheduler))  # ReduceLROnPlateau, not its driver
@@ -182,7 +192,8 @@ def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any)
         "reduction": runner.reduction.name,
         "lr": state.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
         "loss": qualname(getattr(runner.task, "loss_fn", None)),
-        "dataset": qualname(dataset),
+        "dataset": qualname(pipeline.dataset),
+        "sampler": qualname(pipeline.sampler) if pipeline.sampler is not None else None,
         "param_groups": [
             {"params": sum(p.numel() for p in g["params"]), "weight_decay": g["weight_decay"]}
             for g in state.optimizer.param_groups

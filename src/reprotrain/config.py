@@ -166,6 +166,7 @@ class TrainConfig:
     loss: Any = MISSING
     step: Any = field(default_factory=lambda: {"_target_": "reprotrain.step.PlainStep"})
     callbacks: Any = None  # names to _target_ nodes (conf/callbacks/)
+    sampler: Any = None  # a _target_ node (conf/sampler/); None: the framework's shuffle
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING

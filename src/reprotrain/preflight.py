@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain import CONF_DIR, components, config
 from reprotrain import sweep_checks as sweeps
+from reprotrain.data import sampler
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro import hashseed
 from reprotrain.repro import secrets as env_secrets
@@ -129,6 +130,7 @@ def compose_all(argv: list[str]) -> list | bool:
                 config.validate(cfg, config.launch_world_size())
                 if cfg.repro.level == "portable":  # before any user code imports torch: a
                     hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
+                check_sampler(cfg.dataset, cfg.sampler)  # before the dataset's own keys
                 components.check(cfg)
                 if isinstance(cfg.get("loss"), DictConfig) and "_target_" in cfg.loss:
                     components.check_loss(cfg.loss, class_count(cfg.model, cfg.dataset))
@@ -183,6 +185,19 @@ def check_data_settings(node: DictConfig, trainer: DictConfig, num_classes: Any)
     target = str(node["_target_"])
     config.check_workers(trainer.pipeline, trainer.num_workers, in_memory=in_memory, target=target)
     config.check_num_classes(num_classes, declared_num_classes(cls, node))
+
+
+def check_sampler(dataset: DictConfig, node: Any) -> None:
+    """A sampler only in the ``sampler`` group (data/sampler.py): none among the dataset's
+    keys or on its class; the group's target located, seedable, its keys bound."""
+    if not isinstance(dataset, DictConfig) or "_target_" not in dataset:
+        return  # components.check says what the dataset lacks
+    sampler.refuse_keys(dataset, node)
+    cls = components.locate(str(dataset["_target_"]), "dataset")
+    sampler.refuse_elsewhere(**{f"dataset {dataset['_target_']}": cls})
+    if node is not None:
+        sampler.check_seedable(components.locate(str(node["_target_"]), "sampler"))
+        components.check_node(node, "sampler", sampler.SUPPLIED)
 
 
 def _numbers(value: Any) -> bool:

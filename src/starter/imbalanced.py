@@ -6,6 +6,11 @@ set so that about ``positive_fraction`` of the samples are. Samples are
 ``(features [D], label, index)``: the index (the sample's position in its split's source)
 is what ``reprotrain.tasks.BinaryClassification`` files each score under, so AUROC and
 average precision are exact over the split, on any number of processes and across a resume.
+
+Two samplers for it (conf/sampler/, docs/bring-your-own.md "A sampler"): ``class_balanced``
+(torch's ``WeightedRandomSampler``, each class equally often) and ``Oversample`` (a sampler of
+your own: the positives repeated). Each draws only from its ``generator``, which the framework
+sets every epoch from ``(seed.data, epoch)``: the guarantees stay the framework's.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.data import Sampler, WeightedRandomSampler
 
 from reprotrain.api import Batch, InMemoryTensors, ReprotrainError
 from starter.params_hash import params_fingerprint
@@ -57,3 +63,36 @@ class SyntheticImbalanced(InMemoryTensors):
 
     def fingerprint(self) -> dict:
         return params_fingerprint("imbalanced", 1, **self.params)
+
+
+def labels_of(data_source) -> torch.Tensor:
+    """The training split's labels: an in-memory split's ``samples`` are ``(x, y, index)``."""
+    return data_source.samples[1]
+
+
+def class_balanced(data_source, num_samples: int | None = None) -> WeightedRandomSampler:
+    """Config ``_target_`` for conf/sampler/class_balanced.yaml: each sample weighted by
+    1 / (its class's count), drawn with replacement, so every class is drawn equally often."""
+    labels = labels_of(data_source)
+    weights = (1.0 / torch.bincount(labels).double())[labels]
+    return WeightedRandomSampler(weights, num_samples or len(labels), replacement=True)
+
+
+class Oversample(Sampler[int]):
+    """Config ``_target_`` for conf/sampler/oversample.yaml: each positive ``factor`` times
+    per epoch, every other sample once, in an order drawn from ``generator``."""
+
+    generator: torch.Generator | None = None  # set by the framework each epoch
+
+    def __init__(self, data_source, factor: int = 4) -> None:
+        if factor < 1:
+            raise ReprotrainError(f"sampler.factor={factor} must be an integer >= 1")
+        labels = labels_of(data_source)
+        self.indices = torch.arange(len(labels)).repeat_interleave(1 + (factor - 1) * labels)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.indices), generator=self.generator)
+        return iter(self.indices[order].tolist())

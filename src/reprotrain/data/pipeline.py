@@ -3,7 +3,8 @@
 ``epoch(e, s)`` yields ``(step, batch)``, ``eval_batches`` yields ``batch``: on the training
 device, this rank's share (docs/randomness.md has each source and its key).
 
-Closes: sample order (``randperm`` seeded with ``(data seed, e)``; step ``s`` is slice ``s``);
+Closes: sample order (``randperm`` seeded with ``(data seed, e)``, or a user's sampler drawing
+from that generator: ``EpochOrder``; step ``s`` is slice ``s``);
 augmentation (``batch_transform`` from ``(augment seed, e, s)``, per-sample ``transform``
 from ``(augment seed, e, i)``, every global RNG seeded and restored); the collate (keyed per
 batch; per micro-batch under ``microbatch_collate``, the same on any world size).
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from reprotrain.config import check_workers
 from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
+from reprotrain.data.sampler import CONTRACT
 from reprotrain.distributed import shard_global_batch
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.rng import Scoped
@@ -38,6 +40,66 @@ from reprotrain.step.batches import Batch, MicroBatches, batch_size, narrow, tak
 def epoch_order(n: int, data_seed: int, epoch: int) -> torch.Tensor:
     """Sample order of one epoch: a pure function of (data seed, epoch)."""
     return torch.randperm(n, generator=counter_generator(data_seed, epoch))
+
+
+class EpochOrder:
+    """Each epoch's global order of training-sample indices, a pure function of ``(data seed,
+    epoch)``: ``epoch_order``'s ``randperm``, or the ``sampler``'s draw from that same generator
+    (set as its ``generator``, every global RNG seeded from the key and restored around it).
+    ``size``: the samples an epoch draws. A sampler is drawn twice at the start: two different
+    orders mean it keeps state of its own, which no resume could restore."""
+
+    def __init__(self, n: int, data_seed: int, sampler: Any = None) -> None:
+        self.n, self.data_seed, self.sampler = n, data_seed, sampler
+        self.who = f"sampler {type(sampler).__module__}.{type(sampler).__qualname__}"
+        if sampler is None:
+            self.size = n
+            return
+        missing = [m for m in ("__iter__", "__len__", "generator") if not hasattr(sampler, m)]
+        if missing or sampler.generator is not None:
+            what = f"has no {', '.join(missing)}" if missing else "brings its own generator"
+            raise ReprotrainError(f"{self.who} {what}; {CONTRACT}")
+        self.size = len(sampler)
+        if not torch.equal(self(1), self(1)):
+            raise ReprotrainError(
+                f"{self.who} drew two orders for epoch 1 from the same generator: draw only "
+                "from its `generator`, keep no state of your own"
+            )
+
+    def __call__(self, epoch: int) -> torch.Tensor:
+        if self.sampler is None:
+            return epoch_order(self.n, self.data_seed, epoch)
+        self.sampler.generator = counter_generator(self.data_seed, epoch)
+        try:
+            with Scoped(stable_hash(self.data_seed, epoch, "sampler")):
+                drawn = list(self.sampler)
+        finally:
+            self.sampler.generator = None  # nothing of the framework's left between epochs
+        try:
+            order = torch.as_tensor(drawn, dtype=None if drawn else torch.int64)
+        except (TypeError, ValueError, RuntimeError):  # ragged lists, objects: not indices
+            order = torch.zeros(0, 0)
+        if order.dim() != 1 or order.is_floating_point() or order.dtype == torch.bool:
+            batches = "a batch sampler is not one: trainer.batch_size makes the batches"
+            raise ReprotrainError(f"{self.who} yields {drawn[0]!r}, not indices ({batches})")
+        if len(order) != self.size:
+            raise ReprotrainError(f"{self.who} drew {len(order)} indices; its len() is {self.size}")
+        if len(order) and not 0 <= int(order.min()) <= int(order.max()) < self.n:
+            raise ReprotrainError(f"{self.who} drew an index outside the {self.n} training samples")
+        return order.long()
+
+    def keys(self, epoch: int) -> list[tuple[int, ...]]:
+        """The epoch's sample keys in order: ``(epoch, i)``; the ``r``-th repeat of a sample
+        in one epoch (a sampler may draw one again) is ``(epoch, i, r)``, so its per-sample
+        transform draws apart from its first."""
+        order = self(epoch).tolist()
+        if self.sampler is None:  # a permutation: no repeats
+            return [(epoch, i) for i in order]
+        seen: dict[int, int] = {}
+        for place, i in enumerate(order):
+            seen[i] = r = seen.get(i, -1) + 1
+            order[place] = (epoch, i, r) if r else (epoch, i)
+        return order
 
 
 def channels_last(batch: Batch) -> Batch:
@@ -62,16 +124,18 @@ class PipelineSpec:
     rank: int = 0
     world_size: int = 1
     microbatch_collate: int = 0  # samples per collate call (invariant runs); 0: a rank's share
+    sampler: Any = None  # the user's sampler (data/sampler.py); None: the framework's shuffle
 
 
 class _Base:
     def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
         vars(self).update(vars(spec))  # the spec's fields as attributes: batch_size, device, ...
-        self.n, self.dataset = len(splits.train), dataset
+        self.data_seed, self.augment_seed = spec.seeds.data, spec.seeds.augment
+        self.order = EpochOrder(len(splits.train), self.data_seed, spec.sampler)
+        self.n, self.dataset = self.order.size, dataset  # the samples an epoch draws
         if self.n < spec.batch_size:
             size = f"trainer.batch_size={spec.batch_size}"
-            raise ReprotrainError(f"{size} is larger than the training set ({self.n}); lower it")
-        self.data_seed, self.augment_seed = spec.seeds.data, spec.seeds.augment
+            raise ReprotrainError(f"{size} is larger than an epoch's samples ({self.n}); lower it")
         self.eval_splits = {"val": splits.val, "test": splits.test}
 
     @property
@@ -130,7 +194,7 @@ class DevicePipeline(_Base):
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
         epoch, steps = self.data_epoch(epoch), self.steps_per_epoch
-        order = epoch_order(self.n, self.data_seed, epoch).to(self.device)
+        order = self.order(epoch).to(self.device)
         # Step s's sample indices, for the whole epoch at once (views, one call).
         rows = order[: steps * self.batch_size].view(steps, self.batch_size).unbind(0)
         for step in range(start_step, steps):
@@ -148,7 +212,8 @@ class DevicePipeline(_Base):
 
 
 class KeyBatch(list):
-    """One collate call's keys ``[(epoch, index), ...]``, its ``step`` and ``microbatch``
+    """One collate call's keys ``[(epoch, index), ...]`` (``(epoch, index, r)``: a sample's
+    ``r``-th repeat in the epoch, ``EpochOrder.keys``), its ``step`` and ``microbatch``
     (when collated alone, else None), handed to ``keyed_items`` in any worker."""
 
     step: int | None = None
@@ -164,7 +229,7 @@ def key_batch(keys: list, step: int | None, microbatch: int | None = None) -> Ke
 class KeyedSamples(list):
     """One batch's samples with its first key and place (``KeyBatch``): its collate's seed."""
 
-    key: tuple[int | None, int] = (None, 0)
+    key: tuple = (None, 0)
     step: int | None = None
     microbatch: int | None = None
 
@@ -197,7 +262,8 @@ class SeededSamples(Dataset):
     """Item ``(epoch, i)``: sample ``i`` through ``transform`` under a counter-based seed.
 
     Closes: every global RNG in ``__getitem__`` and the transform, seeded from ``(augment
-    seed, epoch or "eval", i)`` and restored (an ``rng`` parameter gets a numpy Generator)."""
+    seed, epoch or "eval", i)`` (a repeat's ``r`` after it: key ``(epoch, i, r)``) and restored
+    (an ``rng`` parameter gets a numpy Generator)."""
 
     def __init__(self, base: Dataset, transform: Any, augment_seed: int, train: bool) -> None:
         self.base, self.transform, self.augment_seed = base, transform, augment_seed
@@ -207,9 +273,9 @@ class SeededSamples(Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, key: tuple[int | None, int]):
-        epoch, i = key
-        seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i)
+    def __getitem__(self, key: tuple):
+        epoch, i, *repeat = key
+        seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i, *repeat)
         with Scoped(seed):
             if self.takes_rng:
                 rng = np.random.default_rng(seed)
@@ -254,17 +320,18 @@ class SeededCollate:
     """The dataset's collate under its batch's key (a ``ctx`` parameter gets a CollateContext).
 
     Closes: every global RNG in the collate, seeded from ``(augment seed, "collate", epoch,
-    first index)`` or, collated alone, ``(..., epoch, step, "microbatch", j)``; restored."""
+    first index[, its repeat])`` or, collated alone, ``(..., epoch, step, "microbatch", j)``;
+    restored."""
 
     def __init__(self, collate: Any, augment_seed: int) -> None:
         self.collate, self.augment_seed = collate, augment_seed
         self.takes_ctx = takes_keyword(collate, "ctx")
 
     def __call__(self, samples: list) -> Batch:
-        epoch, first = getattr(samples, "key", (None, 0))
+        epoch, first, *repeat = getattr(samples, "key", (None, 0))
         step, micro = getattr(samples, "step", None), getattr(samples, "microbatch", None)
         if micro is None:
-            key = (self.augment_seed, "collate", "eval" if epoch is None else epoch, first)
+            key = (self.augment_seed, "collate", "eval" if epoch is None else epoch, first, *repeat)
         else:
             key = (self.augment_seed, "collate", epoch, step, "microbatch", micro)
         with Scoped(stable_hash(*key)):
@@ -284,23 +351,21 @@ def takes_keyword(fn: Any, name: str) -> bool:
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Key batches ``[(epoch, index), ...]`` of one epoch's ``steps`` (None: all of them from
-    ``start``): the ``shard`` rank's share, or (``microbatch`` size ``m``) its micro-batches
+    """Key batches ``[(epoch, index), ...]`` of one epoch's ``steps`` of ``order`` (None: all
+    of them): the ``shard`` rank's share, or (``microbatch`` size ``m``) its micro-batches
     ``j`` (samples ``j*m .. (j+1)*m - 1`` of the global batch) one by one."""
 
     def __init__(
         self,
-        n: int,
+        order: EpochOrder,
         batch_size: int,
-        data_seed: int,
         epoch: int,
         steps: range | None = None,
         shard: tuple[int, int] = (0, 1),
         microbatch: int = 0,
     ):
-        self.n, self.batch_size, self.shard = n, batch_size, shard
-        self.data_seed, self.epoch = data_seed, epoch
-        self.steps = range(n // batch_size) if steps is None else steps
+        self.order, self.batch_size, self.shard, self.epoch = order, batch_size, shard, epoch
+        self.steps = range(order.size // batch_size) if steps is None else steps
         self.microbatch = microbatch
         self.per_step = batch_size // microbatch // shard[1] if microbatch else 1
 
@@ -308,16 +373,14 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return len(self.steps) * self.per_step
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        order = epoch_order(self.n, self.data_seed, self.epoch).tolist()
-        m = self.microbatch
+        keys, m = self.order.keys(self.epoch), self.microbatch
         for step in self.steps:
-            batch = order[step * self.batch_size : (step + 1) * self.batch_size]
+            batch = keys[step * self.batch_size : (step + 1) * self.batch_size]
             if not m:
-                keys = [(self.epoch, i) for i in shard_global_batch(batch, *self.shard)]
-                yield key_batch(keys, step)
+                yield key_batch(shard_global_batch(batch, *self.shard), step)
                 continue
             for j in shard_global_batch(range(self.batch_size // m), *self.shard):
-                yield key_batch([(self.epoch, i) for i in batch[j * m : (j + 1) * m]], step, j)
+                yield key_batch(batch[j * m : (j + 1) * m], step, j)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -409,8 +472,8 @@ class LoaderPipeline(_Base):
         epoch = self.data_epoch(epoch)
         shard = (self.rank, self.world_size) if self.per_sample else (0, 1)
         micro = self.microbatch_collate if self.per_sample else 0  # tensors: fixed shapes
-        steps, n = range(start_step, self.steps_per_epoch), self.n
-        sampler = EpochBatchSampler(n, self.batch_size, self.data_seed, epoch, steps, shard, micro)
+        steps = range(start_step, self.steps_per_epoch)
+        sampler = EpochBatchSampler(self.order, self.batch_size, epoch, steps, shard, micro)
         batches = self._batches(self.train_set, sampler, epoch)
         if micro:  # each micro-batch collated alone: a step is its rank's micro-batches
             batches = by_step(batches, sampler.per_step)

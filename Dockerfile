@@ -4,8 +4,9 @@
 # image>, e.g. the Debian one `make docker-base` builds where no registry is reachable. Both
 # kinds of base work: the official image's Python lives in /usr/local and has `python`, Debian's
 # in /usr with only `python3`; every stage calls `python3` until /opt/venv is first on PATH.
-# Stages: base -> wheels (the locks' files) -> builder (runtime lock) -> builder-dev (+ dev lock)
-# -> test; runtime (default). No syntax line: it would fetch a frontend image from a registry.
+# Stages: base -> wheels (the locks' files) -> builder (runtime lock) -> runtime (default), and
+# builder -> builder-dev (+ dev lock) -> test. No syntax line: it would fetch a frontend image
+# from a registry.
 # RUN --mount needs BuildKit (Docker >= 23 by default) or Podman/Buildah.
 
 # BASE_REF is "tag", "tag@sha256:..." or a local image; keep the default equal to BASE_IMAGE in
@@ -79,8 +80,10 @@ RUN ln -s /opt/venv .venv \
 USER 1000:1000
 ENTRYPOINT ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 
-# ---- runtime (default target): the trainer.
-FROM base AS runtime
+# ---- runtime (default target): the trainer, on the builder's venv as it is (a copy of /opt/venv
+# into a fresh stage would write its 5 GB again, and store it twice).
+FROM builder AS runtime
+WORKDIR /app
 ARG BASE_REF
 ARG BASE_ID=
 ARG IMAGE_TAG=reprotrain:dev
@@ -105,7 +108,6 @@ ENV PYTHONHASHSEED=0 \
     REPROTRAIN_BASE_IMAGE=${BASE_REF} \
     REPROTRAIN_BASE_ID=${BASE_ID} \
     REPROTRAIN_GIT_COMMIT=${GIT_COMMIT}
-COPY --from=builder /opt/venv /opt/venv
 # Only the runtime lock: it is what this venv was built from and what the trainer's drift
 # check compares against (the dev lock would report every dev tool as missing).
 COPY pyproject.toml requirements.in requirements.lock ./

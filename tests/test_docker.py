@@ -208,7 +208,8 @@ def test_runtime_stage_shape() -> None:
     volumes = [json.loads(a) for i, a in ins if i == "VOLUME"]
     assert volumes and {"/app/data", "/app/outputs"} <= set(volumes[-1])
     copies = " ".join(a for i, a in ins if i == "COPY")
-    assert "src ./src" in copies and "conf ./conf" in copies and "/opt/venv" in copies
+    assert "src ./src" in copies and "conf ./conf" in copies
+    assert runtime["from"] == "builder"  # its /opt/venv: the runtime lock alone
     # The trainer's drift check compares the venv with every lock it finds next to src/: the
     # runtime venv holds the runtime lock only, so the dev lock must stay out of this stage.
     assert "requirements.lock" in copies and "requirements-dev.lock" not in copies

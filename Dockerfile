@@ -4,10 +4,9 @@
 # image>, e.g. the Debian one `make docker-base` builds where no registry is reachable. Both
 # kinds of base work: the official image's Python lives in /usr/local and has `python`, Debian's
 # in /usr with only `python3`; every stage calls `python3` until /opt/venv is first on PATH.
-# Stages: base -> wheels (the locks' files) -> builder (runtime lock) -> runtime (default), and
-# builder -> builder-dev (+ dev lock) -> test. No syntax line: it would fetch a frontend image
-# from a registry.
-# RUN --mount needs BuildKit (Docker >= 23 by default) or Podman/Buildah.
+# Stages: base -> builder (runtime lock) -> runtime (default), and builder -> builder-dev (+ dev
+# lock) -> test. No syntax line: it would fetch a frontend image from a registry. RUN --mount
+# (the CA secret) needs BuildKit (Docker >= 23 by default) or Podman/Buildah.
 
 # BASE_REF is "tag", "tag@sha256:..." or a local image; keep the default equal to BASE_IMAGE in
 # docker/base-image.env (tests/test_docker.py checks it).
@@ -27,31 +26,26 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --create-home --uid 1000 --user-group app
 WORKDIR /app
 
-# ---- wheels: each file the locks name, from the package registry (the build's only network
-# use), hash-checked. The builders install from here with --no-index: no network at all.
+# ---- builder: /opt/venv from the runtime lock, in one step per lock: each file the lock names
+# for this Python is downloaded from the package registry (the build's only network use) and
+# hash-checked, then installed from that folder alone (--no-index), which the same step deletes.
 # Behind a TLS-inspecting proxy, `make docker-build` hands pip the host's CA bundle as the
 # build secret ca_bundle (CA_BUNDLE=, default pip's own $PIP_CERT): never stored in a layer.
-FROM base AS wheels
-ARG SDIST_ONLY
-WORKDIR /build
-COPY requirements.lock requirements-dev.lock docker/pip-lock.sh ./
-RUN --mount=type=secret,id=ca_bundle,target=/run/secrets/ca_bundle \
-    VENV=/tmp/pip sh pip-lock.sh download /wheels requirements.lock requirements-dev.lock
-
-# ---- builder: /opt/venv from the runtime lock (the wheels are mounted, never copied; the lock
-# and the script stay in /build, out of /app).
+# The lock and docker/pip-lock.sh stay in /build, out of /app.
 FROM base AS builder
 ARG SDIST_ONLY
 WORKDIR /build
 COPY requirements.lock docker/pip-lock.sh ./
-RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    sh pip-lock.sh install /wheels requirements.lock
+RUN --mount=type=secret,id=ca_bundle,target=/run/secrets/ca_bundle \
+    sh pip-lock.sh download /tmp/wheels requirements.lock \
+    && sh pip-lock.sh install /tmp/wheels requirements.lock && rm -rf /tmp/wheels
 
 FROM builder AS builder-dev
 ARG SDIST_ONLY
 COPY requirements-dev.lock ./
-RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    sh pip-lock.sh install /wheels requirements-dev.lock
+RUN --mount=type=secret,id=ca_bundle,target=/run/secrets/ca_bundle \
+    sh pip-lock.sh download /tmp/wheels requirements-dev.lock \
+    && sh pip-lock.sh install /tmp/wheels requirements-dev.lock && rm -rf /tmp/wheels
 
 # ---- test: `make docker-test` runs the suite here; `make train` works as on the host (.venv
 # is /opt/venv, its stamp newer than the locks, the package installed editable from /app/src).

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The one place the image's pip flags live (the Dockerfile's stages and tests/test_container.py
+# The one place the image's pip flags live (the Dockerfile's builders and tests/test_container.py
 # run this file): every file comes from a hashed lock, no resolver, wheels only.
 #   pip-lock.sh download DIR LOCK...       each file the locks name for this Python, from the
 #                                          package registry, hash-checked, into DIR

@@ -5,7 +5,7 @@ commands really run), the Debian base script, and what a run records of its cont
 Slow tier: a real build on a real engine (podman here), the smoke job inside against the same
 job outside, twice, a named subset of the default tier inside, and the lock installed offline
 with hashes, a tampered hash refused. Those skip, saying so, only where no engine is installed
-(CI installs podman first: .ci/run).
+(.ci/run runs them in its slow tier where podman is installed).
 """
 
 from __future__ import annotations

@@ -1,6 +1,21 @@
 # reprotrain — every target takes Hydra overrides through ARGS="...".
 # `make train` and `make test` build .venv from the hashed locks first when needed.
 
+# The settings are the variables this file gives a default with `?=` (read from its text: one
+# list, never a second). Any other name given on the command line, a typo (ARG=) or one of the
+# Makefile's own definitions (VENV, q, BASE_DIGEST, MAKE, CURDIR...), is refused before
+# anything runs: Make lets such a variable replace the definition, code included, and expands
+# it even under `make -n` (`make -n docker-build 'BASE_DIGEST=$(shell ...)'` ran it). The
+# gate reads no variable a command line could replace (MAKEFILE_LIST only when Make set it),
+# and its shell is /bin/sh whatever SHELL or .SHELLFLAGS a command line gave (refused too).
+override COMMAND_LINE := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+override SHELL := /bin/sh
+override .SHELLFLAGS := -c
+override SETTINGS_FILE := $(if $(filter file,$(origin MAKEFILE_LIST)),$(lastword $(MAKEFILE_LIST)),Makefile)
+override SETTINGS := $(shell sed -n 's/^\(export \)\{0,1\}\([A-Za-z_][A-Za-z0-9_]*\) *?=.*/\2/p' '$(SETTINGS_FILE)')
+override NOT_SETTINGS := $(filter-out $(SETTINGS),$(COMMAND_LINE))
+$(if $(NOT_SETTINGS),$(error error: not a setting of this Makefile (a typo?): $(NOT_SETTINGS); the settings: $(SETTINGS)))
+
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -20,12 +35,26 @@ PKG    ?=
 SIGN            ?=
 TRUSTED_SIGNERS ?=
 TRUST           ?=
+# Read by one target each (see its `make help` line): NPROC_B, KILL (verify), CKPT (eval), TOL
+# (reproduce), METRIC (reproduce, compare), WITH_CKPT, ALLOW_INCOMPLETE (archive),
+# ALLOW_DATA_DRIFT (reproduce), TRIALS (drill), NAME, DEST (new-project).
+NPROC_B ?=
+KILL ?=
+CKPT ?=
+TOL ?=
+METRIC ?=
+WITH_CKPT ?=
+ALLOW_INCOMPLETE ?=
+ALLOW_DATA_DRIFT ?=
+TRIALS ?=
+NAME ?=
+DEST ?=
 
 # A variable given on the command line is exported to every recipe's environment, which
 # makes Make expand it (a `$(shell ...)` in it would run): none is; recipes pass each one as
 # an argument, quoted with q. (PYTHONHASHSEED, exported below as its typed text, is the one
 # variable exported.)
-unexport $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+unexport $(COMMAND_LINE)
 
 # A variable's text, single-quoted for the shell and never expanded by Make or the shell:
 # `make resume "RUN=/tmp/x;touch /tmp/PWNED"` passes that string as one argument, inert, and
@@ -66,7 +95,7 @@ export CUBLAS_WORKSPACE_CONFIG := :4096:8
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-skipped test-slow lint format verify sweep resume archive reproduce \
-        lock upgrade check-lock env-check pin-base docker-build docker-train docker-test \
+        lock upgrade check-lock env-check pin-base docker-base docker-build docker-train docker-test \
         bench gpu-check portable-probe drill new-project update-template report eval clean bisect compare \
         docs docs-serve docs-check docs-images selfcheck
 
@@ -76,7 +105,7 @@ help: ## list targets
 # The stamp is newer than both locks and pyproject.toml once the venv matches them, so an
 # unchanged lock installs nothing. A failed install leaves no stamp (and is retried).
 $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(call q,PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements.lock -r requirements-dev.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
@@ -231,11 +260,11 @@ drill: ## preemption drill: SIGKILL a self-check run at TRIALS (>=1) random mome
 
 new-project: ## a fresh repository from this template: make new-project NAME=mylab DEST=../mylab
 	@test -n $(call q,NAME) -a -n $(call q,DEST) || { echo "error: make new-project NAME=<package> DEST=<new dir>" >&2; exit 2; }
-	@$(PYTHON) src/reprotrain/tools/template/new_project.py $(call q,NAME) $(call q,DEST)
+	@$(call q,PYTHON) src/reprotrain/tools/template/new_project.py $(call q,NAME) $(call q,DEST)
 
 TEMPLATE ?=
 update-template: ## in a project: merge the template's framework fixes since .template.json's commit [TEMPLATE=path|url]
-	@$(PYTHON) src/reprotrain/tools/template/update_template.py $(if $(value TEMPLATE),--template $(call q,TEMPLATE))
+	@$(call q,PYTHON) src/reprotrain/tools/template/update_template.py $(if $(value TEMPLATE),--template $(call q,TEMPLATE))
 
 clean: ## remove outputs (keeps .venv and data/)
 	rm -rf outputs multirun archives tb .pytest_cache .ruff_cache
@@ -246,7 +275,7 @@ clean: ## remove outputs (keeps .venv and data/)
 # ============================================================================================
 
 # check-lock needs only the standard library: it runs before any venv exists.
-PY_ANY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+PY_ANY = $(if $(wildcard $(PY)),$(PY),$(call q,PYTHON))
 # One universal lock for every platform (markers keep the CUDA wheels on Linux), every file of
 # each release hashed, for CPython 3.11 and newer. uv (dev lock) compiles; plain pip installs.
 # It writes no index URL or find-links unless asked, and prefers the pins already in -o.
@@ -255,28 +284,50 @@ UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --generate-hashes \
 # .sha256: what each lock was compiled from; .files: which file each hash is (from the index).
 RECORD_LOCKS = PYTHONPATH=src $(PY_ANY) -m reprotrain.tools.locks.check_lock --record --record-files
 
-# The base image (tag, and digest once `make pin-base` ran) lives in one file.
-# (read with sed, not `include`: that would add the file to MAKEFILE_LIST, which `help` greps)
+# ---- The container (docs/container.md): Docker or Podman, whichever is installed.
+# The engine: ENGINE=docker or ENGINE=podman (the name, never a path). Unset: docker when its
+# daemon answers, else podman when installed, else docker (whose own error then says what is
+# missing); probed once, by a container target only. Each container target prints its choice.
+ENGINE ?=
+ENGINES := docker podman
+engine_text = $(strip $(value ENGINE))
+ENGINE_AUTO = $(eval ENGINE_AUTO := $$(shell docker info >/dev/null 2>&1 && echo docker || { command -v podman >/dev/null && echo podman || echo docker; }))$(ENGINE_AUTO)
+# One of the two names (a given ENGINE that is neither is empty here, refused by check_engine).
+E = $(if $(call given,ENGINE),$(if $(filter 1,$(words $(engine_text))),$(filter $(ENGINES),$(engine_text))),$(ENGINE_AUTO))
+check_engine = @$(if $(E),echo "engine: $(E) ($(if $(call given,ENGINE),ENGINE=$(E),ENGINE unset: docker if its daemon answers$(comma) else podman if installed))",printf 'error: ENGINE=%s: write ENGINE=docker or ENGINE=podman\n' $(call q,ENGINE) >&2; exit 2)
+
+# The base image (tag, and digest once `make pin-base` ran) lives in one file, read with sed,
+# not `include` (that would add the file to MAKEFILE_LIST, which `help` greps). BASE_REF=<image>
+# builds on another base instead: where no registry is reachable, the Debian one that
+# `make docker-base` builds from the Debian archive (DEBIAN_MIRROR) as BASE_NAME.
 BASE_IMAGE  := $(shell sed -n 's/^BASE_IMAGE=//p' docker/base-image.env 2>/dev/null)
 BASE_DIGEST := $(shell sed -n 's/^BASE_DIGEST=//p' docker/base-image.env 2>/dev/null)
-BASE_REF     = $(BASE_IMAGE)$(if $(BASE_DIGEST),@$(BASE_DIGEST))
+PINNED_BASE := $(BASE_IMAGE)$(if $(BASE_DIGEST),@$(BASE_DIGEST))
+BASE_REF ?=
+BASE_NAME ?= localhost/reprotrain-base:bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+# The variable holding the base this build uses (quoted with q wherever it goes).
+base_var = $(if $(value BASE_REF),BASE_REF,PINNED_BASE)
 GIT_SHORT    = $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nogit)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
 LOCK_SHORT   = $(shell $(PY_ANY) -c "import hashlib;print(hashlib.sha256(open('requirements.lock','rb').read()).hexdigest()[:12])")
 IMAGE       ?= reprotrain:$(GIT_SHORT)-$(LOCK_SHORT)
-# IMAGE and GPUS as typed (command line or environment) are text, never expanded (IMAGE is
-# quoted), and hold only what docker takes (check_docker_names, first in each docker recipe).
+# IMAGE, BASE_REF, BASE_NAME, DEBIAN_MIRROR and GPUS as given (command line or environment) are
+# text, never expanded, quoted, and hold only what the engine takes (check_docker_names, first
+# in each container recipe).
 IMAGE_NAME   = $(if $(call given,IMAGE),$(call q,IMAGE),$(IMAGE))
 only_chars   = $(if $(call given,$(1)),test -z "$$(printf '%s' $(call q,$(1)) | LC_ALL=C tr -d '$(2)')" || { printf 'error: %s=%s: use only letters$(comma) digits and %s\n' $(1) $(call q,$(1)) '$(subst A-Za-z0-9,,$(2))' >&2; exit 2; };)
-check_docker_names = @$(call only_chars,IMAGE,A-Za-z0-9./_:@-) $(call only_chars,GPUS,A-Za-z0-9=$(comma):._-) :
+IMAGE_CHARS := A-Za-z0-9./_:@-
+check_docker_names = @$(foreach v,IMAGE BASE_REF BASE_NAME,$(call only_chars,$(v),$(IMAGE_CHARS))) $(call only_chars,DEBIAN_MIRROR,A-Za-z0-9./_:@~+-) $(call only_chars,GPUS,A-Za-z0-9=$(comma):._-) :
 # docker-train's GPUs. Unset: one GPU (--gpus device=0, what a single-process run uses) when
-# `docker info` lists the nvidia runtime, none otherwise. GPUS=all | GPUS=2 | GPUS=device=0,1
-# go to --gpus, in the inner quotes docker needs for a list; GPUS=none: no GPU; GPUS=cdi (all)
-# or GPUS=cdi:0 use the Container Device Interface (--device nvidia.com/gpu=...), for hosts
-# set up with CDI instead of the nvidia runtime. SHM sizes /dev/shm: DataLoader workers pass
-# batches through it (docker's default 64m ends in a bus error).
+# `docker info` lists the nvidia runtime, none otherwise (and none by default under podman).
+# GPUS=all | GPUS=2 | GPUS=device=0,1 go to --gpus, in the inner quotes docker needs for a
+# list; GPUS=none: no GPU; GPUS=cdi (all) or GPUS=cdi:0 use the Container Device Interface
+# (--device nvidia.com/gpu=...), for hosts set up with CDI instead of the nvidia runtime (and
+# podman). SHM sizes /dev/shm: DataLoader workers pass batches through it (docker's default 64m
+# ends in a bus error).
 GPUS        ?=
 SHM         ?= 2g
-DOCKER_NVIDIA = $(shell docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo yes)
+DOCKER_NVIDIA = $(if $(filter docker,$(E)),$(shell docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia && echo yes))
 GPUS_TEXT    = $(value GPUS)
 DOCKER_GPUS  = $(strip $(if $(GPUS_TEXT),\
                  $(if $(filter none,$(GPUS_TEXT)),,\
@@ -284,8 +335,19 @@ DOCKER_GPUS  = $(strip $(if $(GPUS_TEXT),\
                  $(if $(filter cdi:%,$(GPUS_TEXT)),--device nvidia.com/gpu=$(patsubst cdi:%,%,$(GPUS_TEXT)),\
                  --gpus '"$(GPUS_TEXT)"'))),\
                  $(if $(DOCKER_NVIDIA),--gpus device=0)))
-DOCKER_BUILD = docker build --build-arg BASE_REF=$(BASE_REF) --build-arg BASE_DIGEST=$(BASE_DIGEST) \
-               --build-arg IMAGE_TAG=$(IMAGE_NAME) --build-arg GIT_COMMIT=$(GIT_SHORT)
+# Behind a TLS-inspecting proxy the build's pip must trust its CA: CA_BUNDLE=<file> (default:
+# pip's own $PIP_CERT, when set) goes in as the build secret ca_bundle, never into a layer.
+CA_BUNDLE   ?=
+# The base's identity for run.json: its image ID when the engine holds it, else the pinned digest.
+# $(1): the stage, $(2): the tag (quoted).
+build_image = base_id=$$($(E) image inspect --format '{{.Id}}' $(call q,$(base_var)) 2>/dev/null || true); \
+	$(if $(value BASE_REF),,[ -n "$$base_id" ] || base_id=$(call q,BASE_DIGEST);) \
+	ca=$(if $(value CA_BUNDLE),$(call q,CA_BUNDLE),"$${PIP_CERT:-}"); \
+	$(E) build --build-arg BASE_REF=$(call q,$(base_var)) --build-arg BASE_ID="$$base_id" \
+	--build-arg IMAGE_TAG=$(2) --build-arg GIT_COMMIT=$(GIT_SHORT) $${ca:+--secret "id=ca_bundle,src=$$ca"} \
+	--target $(1) -t $(2) .
+# What an image cannot know about itself, given at start for run.json: its ID and the engine.
+run_identity = -e REPROTRAIN_IMAGE_ID="$$($(E) image inspect --format '{{.Id}}' $(1))" -e REPROTRAIN_ENGINE="$$($(E) --version)"
 
 # One recipe line per extra lock (in order: each .in is constrained by the locks before it).
 define NL
@@ -318,20 +380,29 @@ env-check: ## compare the installed .venv with the locks (+ the extras installed
 pin-base: ## resolve BASE_IMAGE to a digest into docker/base-image.env (needs a registry)
 	@$(PY_ANY) scripts/pin_base.py
 
-docker-build: check-lock ## build the image reprotrain:<commit>-<lock sha256[:12]>
+docker-base: ## a base image from the Debian archive alone (mmdebstrap), for hosts with no registry [BASE_NAME=localhost/reprotrain-base:bookworm DEBIAN_MIRROR=...]
+	$(check_engine)
 	$(check_docker_names)
-	@$(if $(BASE_DIGEST),,echo "warning: base image $(BASE_IMAGE) is not pinned by digest; run make pin-base")
-	$(DOCKER_BUILD) --target runtime -t $(IMAGE_NAME) .
-	@echo "built $(IMAGE_NAME)"
+	@command -v mmdebstrap >/dev/null || { echo "error: make docker-base needs mmdebstrap (Debian: apt-get install mmdebstrap)" >&2; exit 2; }
+	sh scripts/build_base.sh $(E) $(call q,BASE_NAME) $(call q,DEBIAN_MIRROR)
+
+docker-build: check-lock ## build the image reprotrain:<commit>-<lock sha256[:12]> [ENGINE=docker|podman] [BASE_REF=<image>]
+	$(check_engine)
+	$(check_docker_names)
+	@$(if $(value BASE_REF),echo "base: "$(call q,BASE_REF),$(if $(BASE_DIGEST),echo "base: $(PINNED_BASE)",echo "warning: base image $(BASE_IMAGE) is not pinned by digest; run make pin-base"))
+	$(call build_image,runtime,$(IMAGE_NAME))
+	@echo "built "$(IMAGE_NAME)
 
 docker-train: ## train in the image (one GPU when the nvidia runtime is there; GPUS=all|none|cdi, SHM=2g): make docker-train ARGS=...
+	$(check_engine)
 	$(check_docker_names)
-	@docker image inspect $(IMAGE_NAME) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-build
+	@$(E) image inspect $(IMAGE_NAME) >/dev/null 2>&1 || $(MAKE) --no-print-directory docker-build
 	mkdir -p data outputs
-	$(WITH_ARGS) docker run --rm $(DOCKER_GPUS) --shm-size $(call q,SHM) --user $$(id -u):$$(id -g) -e HOME=/tmp \
-		-v "$(CURDIR)/data:/app/data" -v "$(CURDIR)/outputs:/app/outputs" $(IMAGE_NAME)
+	$(WITH_ARGS) $(E) run --rm $(DOCKER_GPUS) --shm-size $(call q,SHM) --user $$(id -u):$$(id -g) -e HOME=/tmp \
+		$(call run_identity,$(IMAGE_NAME)) -v "$$(pwd)/data:/app/data" -v "$$(pwd)/outputs:/app/outputs" $(IMAGE_NAME)
 
-docker-test: check-lock ## run the test suite inside the image (test stage, dev lock)
+docker-test: check-lock ## run the test suite inside the image (test stage, dev lock) [ARGS="<pytest arguments>"]
+	$(check_engine)
 	$(check_docker_names)
-	$(DOCKER_BUILD) --target test -t $(IMAGE_NAME)-test .
-	$(WITH_ARGS) docker run --rm $(IMAGE_NAME)-test
+	$(call build_image,test,$(IMAGE_NAME)-test)
+	$(WITH_ARGS) $(E) run --rm $(call run_identity,$(IMAGE_NAME)-test) $(IMAGE_NAME)-test

@@ -33,7 +33,8 @@ REQUIRED_ENV = {
     "NVIDIA_REQUIRE_CUDA": "cuda>=13.0",
     "PYTHONPATH": "/app/src",
     "REPROTRAIN_IMAGE": None,
-    "REPROTRAIN_IMAGE_DIGEST": None,
+    "REPROTRAIN_BASE_IMAGE": None,
+    "REPROTRAIN_BASE_ID": None,
 }
 
 
@@ -112,18 +113,36 @@ def base_problems(text: str) -> list[str]:
     return problems
 
 
-def install_problems(text: str) -> list[str]:
-    """Each pip install in the image installs a lock, hash-checked, without a resolver."""
+PIP_LOCK = ROOT / "docker" / "pip-lock.sh"
+
+
+def install_problems(text: str, script: str | None = None) -> list[str]:
+    """Each install in the image is docker/pip-lock.sh from a lock: hash-checked, no resolver,
+    wheels only, from the files that step downloaded for that lock alone (--no-index), deleted
+    in the same step; the one other pip call installs the project, without dependencies or an
+    index."""
+    script = PIP_LOCK.read_text() if script is None else script
     problems = []
-    pip_runs = [a for i, a in instructions(text) if i == "RUN" and "pip install" in a]
-    if not pip_runs:
-        problems.append("no pip install")
-    for run in pip_runs:
-        for flag in ("--require-hashes", "--no-deps", "--only-binary :all:"):
-            if flag not in run:
-                problems.append(f"pip install without {flag}: {run[:80]}")
-        if not re.search(r"-r requirements(-dev)?\.lock", run):
-            problems.append(f"pip install not from a lock: {run[:80]}")
+    runs = [a for i, a in instructions(text) if i == "RUN" and "pip" in a]
+    installs = [r for r in runs if "pip-lock.sh install" in r]
+    if not installs:
+        problems.append("no pip-lock.sh install")
+    for run in installs:
+        fetched = re.search(r"pip-lock\.sh download /tmp/wheels (requirements(-dev)?\.lock) ", run)
+        lock = fetched.group(1) if fetched else "?"
+        if not run.endswith(f"pip-lock.sh install /tmp/wheels {lock} && rm -rf /tmp/wheels"):
+            problems.append(f"install not from the lock's own downloads: {run[:80]}")
+    for run in runs:
+        if "pip install" in run and not {"--no-deps", "--no-index", "-e ."} <= set(
+            re.findall(r"--no-deps|--no-index|-e \.", run)
+        ):
+            problems.append(f"pip install outside pip-lock.sh: {run[:80]}")
+    flags = re.search(r'^flags="(.*)"$', script, re.M)
+    for flag in ("--require-hashes", "--no-deps", "--only-binary :all:", "--no-build-isolation"):
+        if not flags or flag not in flags.group(1):
+            problems.append(f"pip-lock.sh without {flag}")
+    if "install) pip install $flags --no-index --find-links" not in script:
+        problems.append("pip-lock.sh installs from an index")
     return problems
 
 
@@ -171,6 +190,13 @@ def test_dockerfile_rule(rule) -> None:
     assert rule(BAD) != []  # the rule can fail
 
 
+def test_the_install_rule_reads_pip_lock_sh() -> None:
+    script = PIP_LOCK.read_text().replace("--require-hashes ", "")
+    assert install_problems(DOCKERFILE.read_text(), script) == [
+        "pip-lock.sh without --require-hashes"
+    ]
+
+
 def test_runtime_stage_shape() -> None:
     _, st = stages(DOCKERFILE.read_text())
     names = [s["name"] for s in st]
@@ -183,12 +209,14 @@ def test_runtime_stage_shape() -> None:
     volumes = [json.loads(a) for i, a in ins if i == "VOLUME"]
     assert volumes and {"/app/data", "/app/outputs"} <= set(volumes[-1])
     copies = " ".join(a for i, a in ins if i == "COPY")
-    assert "src ./src" in copies and "conf ./conf" in copies and "/opt/venv" in copies
+    assert "src ./src" in copies and "conf ./conf" in copies
+    assert runtime["from"] == "builder"  # its /opt/venv: the runtime lock alone
     # The trainer's drift check compares the venv with every lock it finds next to src/: the
     # runtime venv holds the runtime lock only, so the dev lock must stay out of this stage.
     assert "requirements.lock" in copies and "requirements-dev.lock" not in copies
     env = env_of(runtime)
-    assert env["REPROTRAIN_IMAGE_DIGEST"] == "${BASE_DIGEST}"
+    assert env["REPROTRAIN_BASE_ID"] == "${BASE_ID}"
+    assert env["REPROTRAIN_BASE_IMAGE"] == "${BASE_REF}"
     assert env["REPROTRAIN_IMAGE"] == "${IMAGE_TAG}"
 
 
@@ -196,7 +224,7 @@ def test_test_stage_installs_dev_lock() -> None:
     _, st = stages(DOCKERFILE.read_text())
     by_name = {s["name"]: s for s in st}
     runs = " ".join(a for i, a in by_name["builder-dev"]["ins"] if i == "RUN")
-    assert "-r requirements-dev.lock" in runs
+    assert "pip-lock.sh install /tmp/wheels requirements-dev.lock" in runs
     assert any("pytest" in a for i, a in by_name["test"]["ins"] if i == "ENTRYPOINT")
 
 

@@ -5,6 +5,8 @@ expansion would create must never appear, and a failing inner command fails ``ma
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -169,3 +171,117 @@ def test_pythonhashseed_is_exported_as_typed_never_expanded(tmp_path):
     assert not canary.exists()
     echo = make("--eval", "seed: ; @echo $$PYTHONHASHSEED", "seed", "PYTHONHASHSEED=77", dry=False)
     assert echo.stdout.strip() == "77"
+
+
+# ------------------------------------------------------------------ every variable (issue 52)
+
+MAKEFILE = (REPO / "Makefile").read_text()
+
+
+def settings_in_text() -> set[str]:
+    """The settings, as the Makefile's gate reads them: the names given a default with ?=."""
+    return set(re.findall(r"^(?:export )?([A-Za-z_][A-Za-z0-9_]*) *\?=", MAKEFILE, re.M))
+
+
+def make_database() -> str:
+    proc = make("-p", "-q", "help")  # -q: nothing runs; -p: every variable and rule Make knows
+    return proc.stdout
+
+
+def variables_read() -> set[str]:
+    """Every variable the Makefile reads, from Make's own database (not a hand list): each name
+    Make knows (defined by the Makefile, Make's own, the environment's) that the Makefile's text
+    names, and each setting."""
+    pattern = r"^(?:override |export )?([^\s#:=?+!]+) *[:?+!]?= |^define (\S+)"
+    known = {a or b for a, b in re.findall(pattern, make_database(), re.M)}
+    words = set(re.findall(r"[A-Za-z_.][A-Za-z0-9_.]*", MAKEFILE))
+    return (known & words) | settings_in_text()
+
+
+def test_the_settings_gate_lists_the_same_settings_as_the_text():
+    printed = make("--eval", "settings: ; @echo $(SETTINGS)", "settings", dry=False).stdout
+    assert set(printed.split()) == settings_in_text()
+    assert {"ARGS", "RUN", "ENGINE", "BASE_REF", "IMAGE", "CA_BUNDLE"} <= settings_in_text()
+    read = variables_read()  # the derivation sees the Makefile's own and Make's variables
+    assert {"VENV", "PY", "q", "NL", "BASE_DIGEST", "BASE_IMAGE", "MAKE", "MAKEFILE_LIST"} <= read
+
+
+def test_every_variable_the_makefile_reads_that_is_not_a_setting_is_refused_at_once(tmp_path):
+    """``make -n docker-build BASE_DIGEST='$(shell ...)'`` ran it, and a backtick in
+    BASE_IMAGE reached the shell: a command line may not replace any of the Makefile's own
+    variables (VENV, q, BASE_DIGEST, MAKE, ...). Each is refused, all named in one line, before
+    anything runs, even under ``make -n``."""
+    internal = sorted(variables_read() - settings_in_text())
+    assert len(internal) > 30, internal
+    canary = tmp_path / "C"
+    for value in (f"$(shell touch {canary})", f"`touch {canary}`"):
+        for dry in (True, False):
+            proc = make("docker-build", *(f"{v}={value}" for v in internal), dry=dry)
+            assert proc.returncode == 2 and not canary.exists(), proc.stderr
+            (line,) = proc.stderr.splitlines()
+            named = line.split("(a typo?): ", 1)[1].split(";", 1)[0].split()
+            assert "*** error: not a setting of this Makefile" in line
+            assert sorted(named) == internal
+    for one in ("BASE_DIGEST", "BASE_IMAGE", "VENV", "ARG"):  # ARG: a typo of ARGS
+        proc = make("-n", "train", f"{one}=`touch {canary}`")
+        assert proc.returncode == 2 and f"(a typo?): {one};" in proc.stderr and not canary.exists()
+
+
+#: Every target (the .PHONY list, the one list of them).
+TARGETS = re.search(r"^\.PHONY:((?:.*\\\n)*.*)", MAKEFILE, re.M).group(1).replace("\\", " ").split()
+#: Targets whose recipe refuses a hostile setting before any job runs: cheap to run for real.
+REAL = ["help", "verify", "resume", "archive", "reproduce", "bisect", "compare", "report", "eval",
+        "install", "docker-base", "docker-build", "docker-train", "docker-test"]  # fmt: skip
+#: Checked against a character set by the first line of their recipes (check_docker_names,
+#: check_engine), before any use; for real below and in test_docker_names_are_data_...
+VALIDATED = {"GPUS", "ENGINE", "IMAGE", "BASE_REF", "BASE_NAME", "DEBIAN_MIRROR"}
+
+
+def quoted(value: str) -> str:
+    """``value`` as the Makefile's ``q`` writes it into a recipe line."""
+    return "'" + value.replace("'", "'\\''").replace("\n", "'\"$RT_NEWLINE\"'") + "'"
+
+
+@pytest.mark.parametrize("form", range(6))
+def test_every_setting_is_inert_in_every_target(form, tmp_path):
+    """Every setting at once, each with its own canary, in every target: under ``make -n``
+    (recipes expanded, ``$(MAKE)`` lines run) from the command line and from the environment,
+    no canary appears, and the recipes hold each value only single-quoted by ``q`` (what the
+    shell would run); then for real, in the targets that refuse such a value before any job,
+    and in the container targets with a stand-in engine, so that every quoted value reaches
+    a real shell."""
+    settings = sorted(settings_in_text())
+    canaries = {v: tmp_path / f"{v}.canary" for v in settings}
+    values = {v: hostile(canaries[v])[form] for v in settings}
+    given = [f"{v}={value}" for v, value in values.items()]
+    dry = make("-k", *TARGETS, *given)
+    environ = {k: v for k, v in base_env().items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
+    environ.update(values)
+    cmd = ["make", "-s", "-n", "-k", "-C", str(REPO), *TARGETS]
+    runs = [dry, subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=300)]
+    for run in runs:
+        for v, value in values.items():
+            bare = run.stdout.replace(quoted(value), "")
+            assert v in VALIDATED or str(canaries[v]) not in bare, f"{v} unquoted in a recipe"
+    if _venv_ready():
+        runs.append(make("-k", *REAL, *given, dry=False))
+        assert runs[-1].returncode != 0  # refused, not run: those recipes check values first
+        bins = tmp_path / "bin"
+        bins.mkdir()
+        for tool in ("podman", "mmdebstrap"):
+            (bins / tool).write_text("#!/bin/sh\nexit 0\n")
+            (bins / tool).chmod(0o755)
+        fine = {"ENGINE": "podman", "IMAGE": "x:1", "BASE_REF": "b", "BASE_NAME": "b", "GPUS": "",
+                "DEBIAN_MIRROR": "http://m"}  # fmt: skip
+        switches = {v: "0" for v in ("KILL", "TRUST", "WITH_CKPT", "ALLOW_INCOMPLETE")}
+        real = [f"{v}={fine.get(v, switches.get(v, value))}" for v, value in values.items()]
+        environ = {**environ_without(values), "PATH": f"{bins}{os.pathsep}{os.environ['PATH']}"}
+        cmd = ["make", "-s", "-k", "-C", str(REPO), "docker-build", "docker-test", "docker-train"]
+        runs.append(subprocess.run([*cmd, *real], env=environ, capture_output=True, text=True))
+        assert "engine: podman" in runs[-1].stdout, runs[-1].stderr
+    ran = sorted(v for v, canary in canaries.items() if canary.exists())
+    assert ran == [], f"ran a command from {ran}: " + "\n".join(r.stderr[-2000:] for r in runs)
+
+
+def environ_without(names) -> dict[str, str]:
+    return {k: v for k, v in base_env().items() if k not in (*names, "MAKEFLAGS", "MAKELEVEL")}

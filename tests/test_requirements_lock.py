@@ -342,25 +342,6 @@ def test_lock_sha256(tmp_path: Path) -> None:
     )
 
 
-def test_container_image(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reprotrain.repro import environment
-
-    monkeypatch.delenv("REPROTRAIN_IMAGE", raising=False)
-    for name in ("REPROTRAIN_IMAGE_DIGEST", "REPROTRAIN_BASE_IMAGE", "REPROTRAIN_GIT_COMMIT"):
-        monkeypatch.delenv(name, raising=False)
-    assert environment.container_image() is None
-    monkeypatch.setenv("REPROTRAIN_IMAGE", "reprotrain:abc-123")
-    monkeypatch.setenv("REPROTRAIN_IMAGE_DIGEST", "")
-    assert environment.container_image() == {
-        "image": "reprotrain:abc-123",
-        "digest": None,
-        "base": None,
-        "git_commit": None,
-    }
-    monkeypatch.setenv("REPROTRAIN_IMAGE_DIGEST", "sha256:" + "f" * 64)
-    assert environment.container_image()["digest"] == "sha256:" + "f" * 64
-
-
 # ------------------------------------------------------------------ one lock, every platform
 
 from reprotrain.repro import lock_platforms as lp  # noqa: E402

@@ -194,3 +194,25 @@ def cpu_key(env: dict) -> dict[str, str]:
     host = tuple(r for r in RULE if r[0] in ("machine", "thread count"))
     rule = host + (CPU_DISPATCH_RULE if portable else CPU_MODEL_RULE + CPU_DISPATCH_RULE)
     return {label: _show(get(env)) for label, get in rule}
+
+
+def _container_base(container: dict | None) -> str:
+    if not container:
+        return "none (not in a container)"
+    base, base_id = container.get("base") or "not recorded", container.get("base_id")
+    return f"{base} ({base_id})" if base_id else f"{base} (ID not recorded)"
+
+
+def container_differences(recorded_run: dict, current_run: dict) -> list[str]:
+    """``container base: A -> B`` when two runs (run.json dicts, ``container``) ran on
+    different container bases, or one in a container and one outside: another libc, another
+    Python build, other system libraries. Identical bits are not promised there, nor ruled out:
+    the caller names it as the reason only when the bits differ (docs/container.md). A base whose
+    ID was not recorded equals nothing (its tag may hold other packages by now); a record from
+    before containers were recorded is not compared."""
+    if "container" not in recorded_run or "container" not in current_run:
+        return []
+    a, b = _container_base(recorded_run["container"]), _container_base(current_run["container"])
+    if a == b and "(ID not recorded)" not in a:
+        return []
+    return [f"container base: {a} -> {b}: not promised the same bits (another libc or Python)"]

@@ -27,7 +27,7 @@ _ALLOWED = (
     "PYTHONHASHSEED CUBLAS_WORKSPACE_CONFIG CUDA_VISIBLE_DEVICES OMP_NUM_THREADS MKL_NUM_THREADS "
     "NVIDIA_VISIBLE_DEVICES SLURM_JOB_ID SLURM_ARRAY_TASK_ID SLURM_RESTART_COUNT"
 )
-ENV_ALLOWLIST = (*_ALLOWED.split(), "REPROTRAIN_IMAGE", "REPROTRAIN_IMAGE_DIGEST")
+ENV_ALLOWLIST = tuple(_ALLOWED.split())
 #: Families of variables the kernel libraries and torch read, recorded whole: any member may
 #: steer the math (``ONEDNN_DEFAULT_FPMATH_MODE=BF16`` did).
 _PREFIXES = "ONEDNN_ DNNL_ MKL_ OMP_ KMP_ GOMP_ OPENBLAS_ ATEN_ TORCH_ PYTORCH_ CUBLAS_ CUDNN_"
@@ -119,19 +119,59 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
     }
 
 
+#: Files a container engine puts in every container it starts (the engine, when nothing says).
+_ENGINE_MARKERS = (("/run/.containerenv", "podman"), ("/.dockerenv", "docker"))
+#: Why a field of the container record can be None (a record says so rather than guess).
+_NOT_GIVEN = {
+    "image": "not built by `make docker-build` (no REPROTRAIN_IMAGE in the image)",
+    "image_id": "not given at start: `make docker-train`/`docker-test` pass REPROTRAIN_IMAGE_ID",
+    "engine": "not given at start, and no engine marker file found",
+    "base_id": "the base was neither held by the engine nor pinned by digest at build",
+}
+
+
 def container_image() -> dict | None:
-    """``{"image", "digest", "base", "git_commit"}`` from the Dockerfile's env; None outside
-    (docs/reproducing-elsewhere.md). ``digest``: the base image's, None when not pinned."""
-    image = os.environ.get("REPROTRAIN_IMAGE", "").strip()
-    if not image:
+    """The container this process runs in, for run.json (docs/container.md); None outside one.
+    The Dockerfile builds in the tag, the base (``BASE_REF``) and its ID or digest, and the
+    commit; an image learns its own ID only once built, so the Make targets pass it, and the
+    engine, at start. A field nothing established is None, its reason in ``not_recorded``."""
+    marker = next((name for path, name in _ENGINE_MARKERS if os.path.exists(path)), None)
+    if not (image := _env("REPROTRAIN_IMAGE")) and marker is None:
         return None
-
-    def env(name: str) -> str | None:
-        return os.environ.get(name, "").strip() or None
-
-    return {
+    out = {
         "image": image,
-        "digest": env("REPROTRAIN_IMAGE_DIGEST"),
-        "base": env("REPROTRAIN_BASE_IMAGE"),
-        "git_commit": env("REPROTRAIN_GIT_COMMIT"),
+        "image_id": _image_id(_env("REPROTRAIN_IMAGE_ID")),
+        "engine": _env("REPROTRAIN_ENGINE") or marker,
+        "base": _env("REPROTRAIN_BASE_IMAGE"),
+        "base_id": _image_id(_env("REPROTRAIN_BASE_ID")),
+        "git_commit": _env("REPROTRAIN_GIT_COMMIT"),
     }
+    out["not_recorded"] = {k: why for k, why in _NOT_GIVEN.items() if out[k] is None}
+    return out
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name, "").strip() or None
+
+
+def _image_id(value: str | None) -> str | None:
+    """``sha256:<64 hex>``: docker writes IDs so, podman without the prefix."""
+    if value and re.fullmatch(r"[0-9a-f]{64}", value):
+        return "sha256:" + value
+    return value
+
+
+def container_line(container: dict | None) -> str | None:
+    """What ``reproduce`` says of a run recorded in a container (run.json ``container``): the
+    image to re-run it in, and the base and commit that rebuild one like it; None for a run
+    outside any container. The values come from a record: print it with ``shown.say``."""
+    if not container:
+        return None
+    got = {k: container.get(k) or "not recorded" for k in ("image", "image_id", "base", "base_id")}
+    commit = f" at commit {container['git_commit']}" if container.get("git_commit") else ""
+    return (
+        f"the run ran in container image {got['image']} (ID {got['image_id']}, engine "
+        f"{container.get('engine') or 'not recorded'}), built on {got['base']} (ID "
+        f"{got['base_id']}): reproduce inside that image, or one built{commit} by "
+        f"`make docker-build BASE_REF={got['base']}`"
+    )

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from reprotrain import REPO_ROOT, metric_names, safetar
 from reprotrain.errors import ReproduceRefused
-from reprotrain.repro import comparability, gitinfo, requirements_lock
+from reprotrain.repro import comparability, environment, gitinfo, requirements_lock
 from reprotrain.repro import device as devices
 from reprotrain.repro.secrets import env_value_differences
 from reprotrain.shown import say, shown
@@ -97,8 +97,6 @@ def _current_preview(record: dict, num_threads: int | None, rerun_vars: dict[str
     """What this machine would record, before the re-run (the re-run's run.json decides)."""
     import torch
 
-    from reprotrain.repro import environment
-
     spec, _ = devices.replay_spec(devices.recorded_device(record))
     device = devices.resolve(spec) if spec in ("auto", "cuda") else torch.device(spec)
     env = environment.capture(device)
@@ -111,7 +109,8 @@ def _current_preview(record: dict, num_threads: int | None, rerun_vars: dict[str
         # cannot show: the preview leaves the CPU out; the re-run's own record is compared.
         env["cpu"] = recorded_env.get("cpu")
         say("env      cpu: repro=portable pins dispatch again in the re-run (checked after it)")
-    return {"environment": env, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
+    lock = requirements_lock.lock_sha256(REPO_ROOT)
+    return {"environment": env, "lock_sha256": lock, "container": environment.container_image()}
 
 
 def _check_dirs(args) -> None:
@@ -221,8 +220,14 @@ def _replay(run: Reproduction, epochs: int | None) -> int:
         num_threads = OmegaConf.select(cfg, "repro.num_threads")
         preview = _current_preview(record, num_threads, rerun_env(source, job))
         blocking, info = environment_differences(record, preview)
-        for line in blocking + info + ([] if blocking else ["matches the recorded environment"]):
+        base = comparability.container_differences(record, preview)  # a reason if bits differ
+        for line in (
+            blocking + info + base + ([] if blocking else ["matches the recorded environment"])
+        ):
             say(f"env      {line}")
+        image = environment.container_line(record.get("container"))
+        if image:  # the image the run ran in, to reproduce it inside (docs/container.md)
+            say(f"image    {image}")
         say(f"re-run   PYTHONPATH={source / 'src'} (cwd {source})")
         done = rerun_job(run.trust, job, top, new_run, epochs)
         if isinstance(done, int):
@@ -231,6 +236,7 @@ def _replay(run: Reproduction, epochs: int | None) -> int:
         reasons += [f"environment-derived value: {d}" for d in env_values]
         PHASES("compare")
         result = with_metrics(compare_runs(archived, new_run, epochs), archived, new_run, epochs)
+        reasons += [] if result.identical else base  # another base: bits not promised
         shown_lines = [f"new run  {new_run}"]
         if partial_archive and result.identical:
             shown_lines.append(f"  note: {partial_archive}; the bits match without them")

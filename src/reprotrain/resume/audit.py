@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import types
 import typing
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,9 @@ class Digester:
             return
         if isinstance(value, np.generic):
             h.update(repr(value.item()).encode())
+            return
+        if isinstance(value, PurePath):  # by its text (its slots cache what it computed)
+            h.update(str(value).encode())
             return
         if isinstance(value, types.BuiltinFunctionType | type):
             h.update(getattr(value, "__qualname__", "").encode())  # code, not state

@@ -204,6 +204,14 @@ class DefaultArgumentNet(_Later):
         return calls[0]
 
 
+class KeywordDefaultNet(_Later):
+    """A count in a mutable keyword-only default."""
+
+    def count(self, *, calls: dict = {"n": 0}) -> int:  # noqa: B006 (the state under test)
+        calls["n"] += 1
+        return calls["n"]
+
+
 def forwards() -> int:
     """A count kept as an attribute of a module-level function."""
     forwards.calls += 1

@@ -216,6 +216,11 @@ PLACES = {
         "DefaultArgumentNet",
         "function `hidden_state_user_code.DefaultArgumentNet.count` defaults (tuple, 1 items)",
     ),
+    "a mutable keyword-only default": (
+        "KeywordDefaultNet",
+        "function `hidden_state_user_code.KeywordDefaultNet.count` keyword defaults "
+        "(dict, 1 items)",
+    ),
     "an attribute of a module-level function": (
         "FunctionAttributeNet", "function `hidden_state_user_code.forwards` attribute `calls` (int)"
     ),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import _random
 import ctypes
+import json
 import logging
 import random
 import struct
@@ -52,7 +53,7 @@ def capture(device: torch.device) -> dict[str, Any]:
 def _numpy_state() -> dict[str, Any]:
     """numpy's global RNG: MT19937's words (the default), or any other of numpy's own bit
     generators, which user code may install at any moment (``np.random.set_bit_generator``),
-    by name and state (arrays as lists: ``weights_only`` loads it)."""
+    by name and state (``weights_only`` loads it)."""
     generator = np.random.get_bit_generator()
     kind = type(generator)
     if kind is np.random.MT19937:
@@ -65,29 +66,14 @@ def _numpy_state() -> dict[str, Any]:
             "checkpoint cannot restore; install one of numpy's own "
             "(np.random.set_bit_generator(np.random.PCG64(seed))) or draw from your own Generator"
         )
-    return {"bit_generator": kind.__name__, "state": _plain(np.random.get_state(legacy=False))}
+    state = json.dumps(np.random.get_state(legacy=False), default=np.ndarray.tolist)
+    return {"bit_generator": kind.__name__, "state": json.loads(state)}  # arrays as lists
 
 
 def _numpy_kind(name: str) -> type | None:
     """numpy's own bit generator class by name (a checkpoint names no other code)."""
     kind = getattr(np.random, name, None)
     return kind if isinstance(kind, type) and issubclass(kind, np.random.BitGenerator) else None
-
-
-def _plain(value: Any) -> Any:
-    """A bit generator's state with each array as ``{"array": [...], "dtype": ...}``."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return {"array": value.tolist(), "dtype": value.dtype.str}
-    return value
-
-
-def _arrays(value: Any) -> Any:
-    """:func:`_plain`'s inverse."""
-    if isinstance(value, dict) and set(value) == {"array", "dtype"}:
-        return np.array(value["array"], dtype=np.dtype(value["dtype"]))
-    return {k: _arrays(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
@@ -105,7 +91,7 @@ def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
     if type(np.random.get_bit_generator()) is not kind:
         np.random.set_bit_generator(kind())
     if "state" in n:
-        np.random.set_state(_arrays(n["state"]))
+        np.random.set_state(n["state"])
     else:
         key = n["key"].numpy().astype(np.uint32)
         np.random.set_state(("MT19937", key, n["pos"], n["has_gauss"], n["cached_gaussian"]))

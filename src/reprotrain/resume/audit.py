@@ -254,26 +254,24 @@ def user_state(modules: list[types.ModuleType]) -> dict[str, Any]:
     for module in modules:
         for key, value in list(vars(module).items()):
             where = f"{module.__name__}.{key}"
-            own = getattr(value, "__module__", None) == module.__name__
-            if key.startswith("__"):
+            if key.startswith("__") or (
+                isinstance(value, type | types.FunctionType) and value.__module__ != module.__name__
+            ):
+                continue  # imported code: its own module's
+            if not isinstance(value, type):
+                found |= _paths("global", where, value)
                 continue
-            if isinstance(value, type) and own:
-                for attr, item in list(vars(value).items()):
-                    if attr.startswith("__") or isinstance(item, property):
-                        continue
-                    if isinstance(item, types.FunctionType | staticmethod | classmethod):
-                        found |= _function_paths(f"{where}.{attr}", item)
-                    elif not isinstance(item, _CODE):
-                        found[f"class attribute `{where}.{attr}`"] = item
-            elif isinstance(value, types.FunctionType) and own:
-                found |= _function_paths(where, value)
-            elif not isinstance(value, _CODE):
-                found[f"global `{where}`"] = value
+            for attr, item in list(vars(value).items()):
+                if not attr.startswith("__") and not isinstance(item, property):
+                    found |= _paths("class attribute", f"{where}.{attr}", item)
     return found
 
 
-def _function_paths(where: str, function: Any) -> dict[str, Any]:
-    return {f"function `{where}` {part}": v for part, v in function_state(function).items()}
+def _paths(kind: str, where: str, value: Any) -> dict[str, Any]:
+    """A value's path (a function's: one per part it keeps); none for code."""
+    if isinstance(value, types.FunctionType | staticmethod | classmethod):
+        return {f"function `{where}` {part}": v for part, v in function_state(value).items()}
+    return {} if isinstance(value, _CODE) else {f"{kind} `{where}`": value}
 
 
 # Variables the loggers' libraries set in the process when a run builds its loggers, which

@@ -27,14 +27,9 @@ from reprotrain.run.record import CHECKPOINTS, RUN_JSON
 from reprotrain.shown import say
 from reprotrain.tools import cli
 from reprotrain.tools.debugging.bisect import bisect_command
+from reprotrain.tools.runs import run_diff
 from reprotrain.tools.runs.resume import trainer_launcher
-from reprotrain.tools.runs.run_diff import (
-    Comparison,
-    compare_runs,
-    config_differences,
-    differences_text,
-    with_metrics,
-)
+from reprotrain.tools.runs.run_diff import Comparison, compare_runs, with_metrics
 
 _OWN = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
 
@@ -188,7 +183,7 @@ def verdict_line(
             f"recorded as {claim} ({resume.get('verified', 'not verified')})"
         )
     if configs:
-        what += f"; the runs' configs differ in: {differences_text(configs)}"
+        what += f"; the runs' configs differ in: {run_diff.differences_text(configs)}"
     return f"{head} ({what}): {rest}"
 
 
@@ -231,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (recorded_world_size(dirs[0], args.nproc), recorded_world_size(dirs[1], nproc_b))
     resume = (read_run_json(dirs[1]).get("resumes") or [None])[-1] if args.kill else None
     result = with_final_state(with_metrics(compare_runs(*dirs), *dirs), *dirs)
-    print(verdict_line(result, sizes, resume, config_differences(*dirs)))
+    print(verdict_line(result, sizes, resume, run_diff.config_differences(*dirs)))
     for epoch, diffs in sorted(result.metric_diffs.items()):
         shown = ", ".join(f"{k}: {a} vs {b}" for k, (a, b) in diffs.items())
         print(f"  epoch {epoch}: {shown}")

@@ -10,12 +10,17 @@ A resume is right about these only by re-executing them (the replay), never by l
 from __future__ import annotations
 
 import collections
+import colorsys
+import hashlib
 import itertools
+import os
 
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset, TensorDataset
 
-from reprotrain.api import Step
+from reprotrain.api import SampleData, Splits, Step
+from reprotrain.selfcheck.images import make_images
 from reprotrain.selfcheck.net import TinyConvNet
 
 CALLS = 0  # a module-level counter (ModuleCounterNet)
@@ -171,15 +176,110 @@ def _counter():
     return tick
 
 
-_tick = _counter()  # a function global: code to the audit; its closure hides a count
+_tick = _counter()  # a function global whose closure keeps a count
 
 
-class HiddenClosureNet(_Later):
-    """A count no digest reaches (a module-level function's closure): only the comparison
-    of the continuation (the steps after the checkpoint) sees the resume differ."""
+class ClosureCounterNet(_Later):
+    """A count in a module-level function's closure."""
 
     def count(self) -> int:
         return _tick()
+
+
+class ClassCounterNet(_Later):
+    """A count kept on the class: ``type(self).calls += 1``."""
+
+    calls = 0
+
+    def count(self) -> int:
+        type(self).calls += 1
+        return type(self).calls
+
+
+class DefaultArgumentNet(_Later):
+    """A count in a mutable default argument."""
+
+    def count(self, calls: list = [0]) -> int:  # noqa: B006 (the state under test)
+        calls[0] += 1
+        return calls[0]
+
+
+class KeywordDefaultNet(_Later):
+    """A count in a mutable keyword-only default."""
+
+    def count(self, *, calls: dict = {"n": 0}) -> int:  # noqa: B006 (the state under test)
+        calls["n"] += 1
+        return calls["n"]
+
+
+def forwards() -> int:
+    """A count kept as an attribute of a module-level function."""
+    forwards.calls += 1
+    return forwards.calls
+
+
+forwards.calls = 0
+
+
+class FunctionAttributeNet(_Later):
+    def count(self) -> int:
+        return forwards()
+
+
+ENV_COUNT = "HIDDEN_STATE_FORWARDS"
+
+
+class EnvironmentNet(_Later):
+    """A count kept in ``os.environ``."""
+
+    def count(self) -> int:
+        calls = int(os.environ.get(ENV_COUNT, "0")) + 1
+        os.environ[ENV_COUNT] = str(calls)
+        return calls
+
+
+class ThirdPartyGlobalNet(_Later):
+    """A count kept in a third-party module's own globals (here the standard library's
+    ``colorsys``), which no digest reaches: only the comparison of the continuation (the
+    steps after the checkpoint) sees the resume differ."""
+
+    def count(self) -> int:
+        colorsys.hidden_calls = getattr(colorsys, "hidden_calls", 0) + 1
+        return colorsys.hidden_calls
+
+
+class _Reads(Dataset):
+    """A training split that counts its reads; from read READS_AT on, a sample is scaled."""
+
+    def __init__(self, x: Tensor, y: Tensor) -> None:
+        self.x, self.y, self.reads = x, y, 0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        self.reads += 1
+        return self.x[i] * (1.5 if self.reads > READS_AT else 1.0), self.y[i]
+
+
+# The reads before a run's 5th step at 32 samples a step: 4 steps and the purity check's 8
+# draws in the main process (src/reprotrain/data/purity.py).
+READS_AT = 4 * 32 + 8
+
+
+class CountingImages(SampleData):
+    """The selfcheck images served per sample, by a training split counting its reads."""
+
+    def __init__(self, num_train: int = 320, num_test: int = 64, **_: object) -> None:
+        self.params = dict(num_train=num_train, num_test=num_test, data_seed=1234, noise=48.0)
+
+    def splits(self) -> Splits:
+        train_x, train_y, test_x, test_y = make_images(**self.params)
+        train_x, test_x = train_x.float() / 255, test_x.float() / 255
+        return Splits(_Reads(train_x, train_y), None, TensorDataset(test_x, test_y), 10)
+
+    def fingerprint(self) -> dict:
+        return {"kind": "synthetic-params", "sha256": hashlib.sha256(b"counting").hexdigest()}
 
 
 class CountingLoss(torch.nn.CrossEntropyLoss):

@@ -188,6 +188,24 @@ def test_identical_runs_exit_0(twins):
     assert "IDENTICAL" in proc.stdout
 
 
+def test_identical_bits_from_another_precision_say_the_configs_differ(twins, tmp_path):
+    """A 32-true and a tf32 CPU run give the same bits (tf32 touches no CPU kernel here):
+    IDENTICAL bits, exit 0, and the verdict names the precision, config and float math."""
+    tf32 = tmp_path / "tf32"
+    shutil.copytree(twins["t1_again"], tf32)
+    config = tf32 / "config.resolved.yaml"
+    config.write_text(config.read_text().replace("precision: 32-true", "precision: tf32"))
+    record = json.loads((tf32 / "run.json").read_text())
+    record["repro"] |= {"precision": "tf32", "tf32_matmul": True, "tf32_cudnn": True}
+    (tf32 / "run.json").write_text(json.dumps(record))
+    proc = bisect(twins["t1"], tf32)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "config   the configs differ in: trainer.precision ('32-true' vs 'tf32')" in proc.stdout
+    verdict = json.loads((tf32 / "bisect.json").read_text())["verdict"]
+    assert verdict.startswith("IDENTICAL bits from two configs: they differ in trainer.precision")
+    assert "run.json repro.tf32_matmul" in verdict and f"RESULT   {verdict}" in proc.stdout
+
+
 @pytest.mark.slow
 def test_another_data_stream_is_the_batch_at_step_0(runs, tmp_path):
     assert_ok(train(tmp_path / "data7", *LONG, "repro.num_threads=1", "seed.data=7"))

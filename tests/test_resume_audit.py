@@ -8,6 +8,7 @@ run would silently count 1 step's scores where the uninterrupted one counts 3.
 
 from __future__ import annotations
 
+import importlib
 import signal
 from types import SimpleNamespace
 
@@ -22,7 +23,8 @@ from conftest import REPO, TINY, assert_ok, base_env, jsonl, run_json, train
 from numpy_user_code import PredictionList, RestoredPredictionList
 from reprotrain.callbacks import Callbacks
 from reprotrain.data.base import InMemoryImages
-from reprotrain.repro.seeding import seed_globals
+from reprotrain.data.pipeline import LoaderPipeline, PipelineSpec
+from reprotrain.repro.seeding import Seeds, seed_globals
 from reprotrain.resume.audit import ResumeAudit
 from reprotrain.selfcheck.net import TinyConvNet
 
@@ -137,9 +139,10 @@ def trained(run: SimpleNamespace, steps: int = 4) -> None:
             callback.on_epoch_end(None, {})
 
 
-def restored(saved: SimpleNamespace, again: SimpleNamespace) -> list[str]:
-    """What a fresh process finds after restoring every state_dict of ``saved``'s run."""
-    recorded = saved.audit.state_dict()
+def restored(saved: SimpleNamespace, again: SimpleNamespace, recorded=None) -> list[str]:
+    """What a fresh process finds after restoring every state_dict of ``saved``'s run
+    (``recorded``: its checkpoint's digests, taken now if not given)."""
+    recorded = recorded or saved.audit.state_dict()
     again.model.load_state_dict(saved.model.state_dict())
     again.opt.load_state_dict(saved.opt.state_dict())
     again.sched.load_state_dict(saved.sched.state_dict())
@@ -203,6 +206,78 @@ def test_a_module_global_written_at_validation_is_named():
     ]
 
 
+# --- all user state: the user's code, the data, the process (issue 53) ------------------------
+
+PLACES = {
+    "a class attribute": (
+        "ClassCounterNet", "class attribute `hidden_state_user_code.ClassCounterNet.calls` (int)"
+    ),
+    "a mutable default argument": (
+        "DefaultArgumentNet",
+        "function `hidden_state_user_code.DefaultArgumentNet.count` defaults (tuple, 1 items)",
+    ),
+    "a mutable keyword-only default": (
+        "KeywordDefaultNet",
+        "function `hidden_state_user_code.KeywordDefaultNet.count` keyword defaults "
+        "(dict, 1 items)",
+    ),
+    "an attribute of a module-level function": (
+        "FunctionAttributeNet", "function `hidden_state_user_code.forwards` attribute `calls` (int)"
+    ),
+    "os.environ": ("EnvironmentNet", f"environment `{hidden.ENV_COUNT}` (str)"),
+    "a module-level function's closure": (
+        "ClosureCounterNet",
+        "function `hidden_state_user_code._tick` closure `calls` (list, 1 items)",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("place", list(PLACES))
+def test_state_in_the_users_code_or_the_process_is_named_by_its_path(place, monkeypatch):
+    """A count no object's attributes hold: the checkpointing process's digests differ, at
+    that path, from a fresh process's (the module imported anew, the environment as it
+    started) that restored every state_dict."""
+    net, path = PLACES[place]
+    monkeypatch.setenv(hidden.ENV_COUNT, "0")
+    first = parts(model=getattr(hidden, net)(widths=[4]))
+    trained(first)
+    recorded = first.audit.state_dict()  # the checkpoint
+    importlib.reload(hidden)  # a fresh process imports the user's module anew
+    monkeypatch.setenv(hidden.ENV_COUNT, "0")
+    lines = restored(first, parts(model=getattr(hidden, net)(widths=[4])), recorded)
+    assert lines == [f"{path} is not in any state_dict(): this resume cannot be bitwise"]
+
+
+def test_a_training_splits_read_counter_in_the_main_process_is_named_by_its_path():
+    """The data pipeline's datasets are watched: a split counting its reads at 0 workers."""
+
+    def build() -> tuple[LoaderPipeline, ResumeAudit]:
+        data = hidden.CountingImages(num_train=16, num_test=8)
+        seeds = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")
+        spec = PipelineSpec(batch_size=8, eval_batch_size=8, device=CPU, seeds=seeds)
+        pipeline = LoaderPipeline(data.splits(), data, spec, num_workers=0)
+        return pipeline, ResumeAudit(Task(nn.MSELoss()), data, nn.Linear(2, 2), CPU,
+                                     pipeline=pipeline)  # fmt: skip
+
+    pipeline, first = build()
+    seed_globals(0)
+    for _ in pipeline.epoch(1):  # two steps of 8 reads
+        pass
+    recorded = first.state_dict()
+    _, again = build()
+    seed_globals(0)
+    again.load_state_dict(recorded)
+    assert again.unrestored() == [
+        "data pipeline attribute `train_set.base.reads` (int) is not in its state_dict(): "
+        "this resume cannot be bitwise"
+    ]
+    assert again.compared["data pipeline"] > 0 and again.compared["environment"] > 0
+    not_compared = " ".join(again.not_compared)
+    assert (
+        "the modules outside your code that it uses (" in not_compared and "torch" in not_compared
+    )
+
+
 def test_torch_state_the_state_dicts_restore_is_not_reported():
     """Momentum, the schedule, a callback's complete state_dict, torch's lazily set
     attributes (a stepped optimizer's, a patched step): all restored, nothing named."""
@@ -218,7 +293,7 @@ def test_torch_state_the_state_dicts_restore_is_not_reported():
     again = build()
     again.model(torch.ones(2, 3, 8, 8))  # the lazy layer built, as the replay would
     assert restored(first, again) == []
-    assert again.audit.compared > 0
+    assert sum(again.audit.compared.values()) > 0
 
 
 # --- the trainer ---------------------------------------------------------------------------

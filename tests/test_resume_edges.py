@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_ok, jsonl, run_json, tool, train
+from conftest import REPO, assert_ok, jsonl, run_json, tool, train
+from reprotrain.resume.guard import FORK_KEEPS
 
 
 def snapshot(run_dir: Path) -> dict[str, bytes]:
@@ -80,6 +81,22 @@ def test_resume_from_another_runs_checkpoint_forks_a_new_run(tmp_path, reference
     assert len(record["forked_from"]["sha256"]) == 64 and record["resumes"] == []
     assert record["final_weights_sha256"] == run_json(reference_run)["final_weights_sha256"]
     assert jsonl(fork / "fingerprints.jsonl") == jsonl(reference_run / "fingerprints.jsonl")
+
+
+def test_a_fork_with_another_config_is_refused_as_docs_resume_md_says(tmp_path, reference_run):
+    """docs/resume.md presents the fork (``resume=<checkpoint> hydra.run.dir=<new dir>``) as
+    the parent's config continued: a fork that changes another key is refused in one line
+    that says so (not a resume's "start a new run instead"), and nothing is written."""
+    ckpt = reference_run / "checkpoints" / "step-00000012.pt"
+    fork = tmp_path / "fork"
+    proc = train(fork, "trainer.checkpoint_every_steps=3", "optimizer.lr=0.05", f"resume={ckpt}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: refusing to fork {ckpt}: config differs from the recorded")
+    assert line.endswith(f"{FORK_KEEPS}; to train with another config, start a new run")
+    assert not fork.exists()
+    docs = " ".join((REPO / "docs" / "resume.md").read_text().split())
+    assert f"{FORK_KEEPS}; to train with another config, start a new run" in docs
 
 
 def test_a_yaml_syntax_error_in_conf_is_named_with_file_and_line(tmp_path):

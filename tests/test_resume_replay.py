@@ -331,10 +331,11 @@ def test_the_runs_own_life_resumed_ends_with_the_uninterrupted_bits(tmp_path):
 
 
 def test_state_acting_after_the_replayed_interval_is_caught_by_the_continuation(tmp_path):
-    """A count no digest reaches (a module function's closure) acts at step 5: the replay of
-    step 4 is identical and the audit blind, but step 5's loss differs from the one the
-    killed run logged, so the resume is recorded as not bitwise, naming the step."""
-    model = ["model._target_=hidden_state_user_code.HiddenClosureNet"]
+    """A count no digest reaches (a third-party module's own global) acts at step 5: the
+    replay of step 4 is identical and the audit blind, but step 5's loss differs from the one
+    the killed run logged, so the resume is recorded as not bitwise, naming the step; the
+    record names what the digests could not compare."""
+    model = ["model._target_=hidden_state_user_code.ThirdPartyGlobalNet"]
     run = tmp_path / "run"
     assert later(run, *model, fault="step:5").returncode == -signal.SIGKILL
     assert_ok(later(run, *model, "resume=auto"))
@@ -343,6 +344,7 @@ def test_state_acting_after_the_replayed_interval_is_caught_by_the_continuation(
     assert entry["continuation"]["identical"] is False and entry["bitwise_guarantee"] is False
     assert entry["continuation"]["first_difference"].startswith("step 5: the loss differs")
     assert entry["unrestored"][-1].startswith("the continuation differs")
+    assert "colorsys" in entry["state_not_compared"][0]
 
 
 @pytest.mark.slow
@@ -358,6 +360,31 @@ def test_a_refusal_names_the_unrestored_attribute_not_only_the_tensor_it_changed
     (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert "under repro=strict: step attribute `calls` (int) is not in its state_dict()" in error
     assert "(and 1 more)" in error  # the replay's difference at model.…, its effect
+
+
+# A training split counting its reads in the main process (0 workers): step 5's samples scaled.
+COUNTING = ["dataset._target_=hidden_state_user_code.CountingImages"]
+READS = "data pipeline attribute `train_set.base.reads`"
+
+
+def test_a_training_datasets_read_counter_is_refused_under_strict_and_named_when_allowed(
+    tmp_path,
+):
+    """Killed after step 4's checkpoint, the resume replays step 4 from step 3's, where the
+    split's `reads` restarts: strict refuses in one line naming the path; allowed (as any
+    other level does) it continues recorded as not bitwise with the path named, and its
+    continuation differs at step 5 (the uninterrupted run scaled step 5's samples)."""
+    run = tmp_path / "run"
+    assert later(run, *COUNTING, fault="step:5").returncode == -signal.SIGKILL
+    refused = later(run, *COUNTING, "resume=auto")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert f"under repro=strict: {READS} (int) is not in its state_dict()" in error, error
+    assert_ok(later(run, *COUNTING, "resume=auto", "trainer.allow_unrestored_state=true"))
+    (entry,) = run_json(run)["resumes"]
+    assert entry["bitwise_guarantee"] is False and entry["unrestored"][0].startswith(READS)
+    assert entry["continuation"]["first_difference"].startswith("step 5: the batch differs")
+    assert entry["state_compared"]["data pipeline"] > 0
 
 
 LATER_KINDS = {
@@ -386,6 +413,28 @@ LATER_KINDS = {
         ["+callbacks.ends._target_=callback_user_code.EpochEnds"],
         "callback `ends` attribute `ends`",
     ),
+    # issue 53: all user state
+    "a class attribute": (
+        ["model._target_=hidden_state_user_code.ClassCounterNet"],
+        "class attribute `hidden_state_user_code.ClassCounterNet.calls`",
+    ),
+    "a mutable default argument": (
+        ["model._target_=hidden_state_user_code.DefaultArgumentNet"],
+        "function `hidden_state_user_code.DefaultArgumentNet.count` defaults",
+    ),
+    "an attribute of a module-level function": (
+        ["model._target_=hidden_state_user_code.FunctionAttributeNet"],
+        "function `hidden_state_user_code.forwards` attribute `calls`",
+    ),
+    "os.environ": (
+        ["model._target_=hidden_state_user_code.EnvironmentNet"],
+        "environment `HIDDEN_STATE_FORWARDS`",
+    ),
+    "a module-level function's closure": (
+        ["model._target_=hidden_state_user_code.ClosureCounterNet"],
+        "function `hidden_state_user_code._tick` closure `calls`",
+    ),
+    "a training dataset's read counter": (COUNTING, READS),
 }  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import random
+import signal
 import subprocess
 import sys
 
@@ -18,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import REPO, TINY, assert_ok, base_env, run_json, train
+from reprotrain.errors import ResumeError
 from reprotrain.repro import rng
 from reprotrain.step.state import RankRNG
 
@@ -256,3 +259,59 @@ assert np.random.get_bit_generator().state == before
 """
     done = subprocess.run([sys.executable, "-W", "error", "-c", script], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+# --- a global generator user code installs (issue 53) ---------------------------------------
+
+
+@pytest.fixture
+def numpy_generator_back():
+    """numpy's global bit generator as the test found it."""
+    found = np.random.get_bit_generator()
+    yield
+    np.random.set_bit_generator(found)
+
+
+@pytest.mark.parametrize("kind", ["PCG64", "PCG64DXSM", "Philox", "SFC64"])
+def test_any_of_numpys_own_global_bit_generators_is_saved_and_restored(kind, numpy_generator_back):
+    """User code may install any of numpy's bit generators as the global one, at any moment:
+    the checkpoint holds its kind and state (Philox's arrays too, under weights_only), and a
+    restore into a process running another kind puts that kind back, at that state."""
+    np.random.set_bit_generator(getattr(np.random, kind)(7))
+    np.random.standard_normal()  # a Gaussian cached beside the bit generator's state
+    entry = weights_only_roundtrip(RankRNG(torch.device("cpu")).state_dict())
+    expected = draws(), np.random.standard_normal()
+    np.random.set_bit_generator(np.random.MT19937(9))  # a fresh process's default
+    RankRNG(torch.device("cpu")).load_state_dict(entry)
+    assert type(np.random.get_bit_generator()).__name__ == kind
+    got = draws(), np.random.standard_normal()
+    assert got[0][:2] == expected[0][:2] and got[1] == expected[1]
+
+
+def test_a_bit_generator_numpy_does_not_ship_is_refused_in_one_line(numpy_generator_back):
+    from numpy_user_code import OwnBitGenerator
+
+    np.random.set_bit_generator(OwnBitGenerator(1))
+    with pytest.raises(ResumeError, match=r"^numpy's global bit generator is numpy_user_code"):
+        RankRNG(torch.device("cpu")).state_dict()
+
+
+def test_a_model_installing_a_pcg64_resumes_bitwise_and_another_kind_is_refused_in_one_line(
+    tmp_path,
+):
+    """The issue's model (a PCG64 installed in ``__init__``, drawn from in ``forward``) died
+    at its first checkpoint with a traceback: it checkpoints, and a SIGKILL after step 2
+    resumes bitwise; a bit generator numpy does not ship is refused in one line."""
+    run, env = tmp_path / "run", base_env(PYTHONPATH=str(REPO / "tests"))
+    overrides = ["experiment=selfcheck", *TINY, "trainer.checkpoint_every_steps=1"]
+    model = "model._target_=numpy_user_code.Pcg64Net"
+    killed = train(run, *overrides, model, micro=False, env=env, fault="step:2")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert_ok(train(run, *overrides, model, "resume=auto", micro=False, env=env))
+    (entry,) = run_json(run)["resumes"]
+    assert entry["bitwise_guarantee"] is True, entry
+    own = "model._target_=numpy_user_code.OwnBitGeneratorNet"
+    refused = train(tmp_path / "own", *overrides, own, micro=False, env=env)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert len(errors) == 1 and "numpy_user_code.OwnBitGenerator" in errors[0]

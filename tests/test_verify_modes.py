@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, TINY, base_env, run_json
 from reprotrain.errors import ReprotrainError
 from reprotrain.tools.runs import verify
-from reprotrain.tools.runs.run_diff import Comparison
+from reprotrain.tools.runs.run_diff import Comparison, config_differences
 
 RUN = ["experiment=selfcheck", *TINY, "repro.num_threads=1"]
 INVARIANT = ["trainer.microbatch_size=16", "trainer.world_size_invariant=true"]
@@ -50,6 +50,34 @@ def test_every_verdict_line_names_the_world_sizes_it_compared():
     line = verify.verdict_line(diverged, (1, 1), resume)
     assert line.startswith("DIVERGED at epoch 1 (world size 1 vs 1; b SIGKILLed and resumed")
     assert "global step 3, recorded as not bitwise" in line
+
+
+def test_verify_and_bisect_name_every_setting_two_runs_differ_in_even_with_identical_bits(
+    tmp_path,
+):
+    """A 32-true and a tf32 run on a CPU compute the same bits: the verdict is IDENTICAL and
+    still names the precision (the config key and the float math run.json says was in force),
+    and the seeds that ran; not the keys that only say where a run is shown."""
+    runs = []
+    for name, precision, tf32, seed in (("a", "32-true", False, 7), ("b", "tf32", True, 8)):
+        run = _record(tmp_path / name, repro={"precision": precision, "tf32_matmul": tf32},
+                      seeds={"base": 1, "init": seed})  # fmt: skip
+        config = {"trainer": {"precision": precision, "progress": name}, "name": name}
+        (run / "config.resolved.yaml").write_text(json.dumps(config))
+        runs.append(run)
+    differ = config_differences(*runs)
+    assert differ == {
+        "trainer.precision": ("32-true", "tf32"),
+        "run.json repro.precision": ("32-true", "tf32"),
+        "run.json repro.tf32_matmul": (False, True),
+        "run.json seeds.init": (7, 8),
+    }
+    same = Comparison(identical=True, epochs_compared=2)
+    assert verify.verdict_line(same, (1, 1), None, differ).startswith(
+        "IDENTICAL (world size 1 vs 1; the runs' configs differ in: trainer.precision "
+        "('32-true' vs 'tf32'), run.json repro.precision ('32-true' vs 'tf32'), "
+        "run.json repro.tf32_matmul (False vs True), run.json seeds.init (7 vs 8)): 2 epoch(s)"
+    )
 
 
 def _record(tmp_path, **fields):

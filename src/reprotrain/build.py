@@ -87,7 +87,7 @@ def build(targets: Targets, run: Run) -> Parts:
     state.callbacks = callbacks_for(targets.callbacks, run.device, state.scheduler)
     record.update(components=components_record(settings.model, runner, pipeline))
     owners = (runner.task, dataset, state.model, run.device, state.user_step, dist)
-    state.audit = ResumeAudit(*owners, trainer_state=state)
+    state.audit = ResumeAudit(*owners, trainer_state=state, pipeline=pipeline)
     seed_globals(run.seeds.train)
     seeds, sha = run.seeds.as_dict(), record["config_sha256"]
     meta = {"config": run.container, "config_sha256": sha, "seeds": seeds, "env": run.env}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import _random
 import ctypes
+import json
 import logging
 import random
 import struct
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.repro.seeding import numpy_seed_words
 
 log = logging.getLogger("reprotrain")
@@ -38,28 +40,61 @@ def capture(device: torch.device) -> dict[str, Any]:
     """This process's RNG states: python, numpy, torch CPU and ``device``'s CUDA generator."""
     device = torch.device(device)
     py = random.getstate()
-    key, pos, has_gauss, cached = np.random.get_state()[1:]
     cuda = None
     if device.type == "cuda":
         index = _cuda_index(device)
         cuda = {"device_index": index, "state": torch.cuda.get_rng_state(index)}
     words = torch.tensor(py[1], dtype=torch.int64)
     python = {"version": py[0], "state": words, "gauss_next": py[2]}
-    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
-    numpy |= {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    numpy = _numpy_state()
     return {"python": python, "numpy": numpy, "torch_cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def _numpy_state() -> dict[str, Any]:
+    """numpy's global RNG: MT19937's words (the default), or any other of numpy's own bit
+    generators, which user code may install at any moment (``np.random.set_bit_generator``),
+    by name and state (``weights_only`` loads it)."""
+    generator = np.random.get_bit_generator()
+    kind = type(generator)
+    if kind is np.random.MT19937:
+        key, pos, has_gauss, cached = np.random.get_state()[1:]
+        numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
+        return numpy | {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    if _numpy_kind(kind.__name__) is not kind:
+        raise ResumeError(
+            f"numpy's global bit generator is {kind.__module__}.{kind.__qualname__}, which a "
+            "checkpoint cannot restore; install one of numpy's own "
+            "(np.random.set_bit_generator(np.random.PCG64(seed))) or draw from your own Generator"
+        )
+    state = json.dumps(np.random.get_state(legacy=False), default=np.ndarray.tolist)
+    return {"bit_generator": kind.__name__, "state": json.loads(state)}  # arrays as lists
+
+
+def _numpy_kind(name: str) -> type | None:
+    """numpy's own bit generator class by name (a checkpoint names no other code)."""
+    kind = getattr(np.random, name, None)
+    return kind if isinstance(kind, type) and issubclass(kind, np.random.BitGenerator) else None
 
 
 def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
     """Put a per-rank entry's (or one rank's) states back; the CUDA stream goes to ``device``,
-    whatever ordinal it was recorded on."""
+    whatever ordinal it was recorded on; numpy's global bit generator is the saved kind."""
     device = torch.device(device)
     state = for_rank(state, rank)
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     n = state["numpy"]
-    key = n["key"].numpy().astype(np.uint32)
-    np.random.set_state(("MT19937", key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    name = n.get("bit_generator", "MT19937")
+    kind = _numpy_kind(name)
+    if kind is None:
+        raise CheckpointError(f"the checkpoint's numpy bit generator {name!r} is not numpy's")
+    if type(np.random.get_bit_generator()) is not kind:
+        np.random.set_bit_generator(kind())
+    if "state" in n:
+        np.random.set_state(n["state"])
+    else:
+        key = n["key"].numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch_cpu"])
     cuda = _cuda_state(state, device)
     if cuda is not None:

@@ -35,7 +35,13 @@ def restore(point: ResumePoint, run: Any, trainer: Any, now: dict) -> None:
     guard.check_unrestored(point, unrestored, container, inputs)
     rewrite_history(record.run_dir, state)
     entry = guard.resume_entry(point, env, container, unrestored, inputs, now, verified)
-    entry["state_paths_compared"] = state.audit.compared
+    compared = state.audit.compared  # None: the checkpoint holds no state digests
+    entry["state_paths_compared"] = sum((compared or {}).values())
+    entry["state_compared"] = compared or {}
+    entry["state_not_compared"] = list(state.audit.not_compared)
+    if compared is None:  # nothing compared is no evidence: never bitwise
+        entry["state_not_compared"].insert(0, "all of it: the checkpoint holds no state digests")
+        entry["bitwise_guarantee"] = False
     continuation = trainer.continuation
     continuation.load(point.state["loop"]["global_step"])
     why_not = not_comparable(point, container, env)

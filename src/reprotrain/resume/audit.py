@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
@@ -14,7 +15,7 @@ import sys
 import sysconfig
 import types
 import typing
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,9 @@ _CODE += (logging.Logger, typing.TypeVar)
 _MAX_DEPTH = 6
 _BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is unchanged
 BITWISE = "this resume cannot be bitwise"
-_HELD_BY = {"model": "the model's state_dict()", "global": "any state_dict()"}  # by owner
+_HELD_BY = {"model": "the model's state_dict()"} | dict.fromkeys(
+    ("global", "class", "function", "environment"), "any state_dict()"
+)  # by the path's first word
 
 
 def describe(value: Any) -> str:
@@ -79,6 +82,9 @@ class Digester:
         if isinstance(value, np.generic):
             h.update(repr(value.item()).encode())
             return
+        if isinstance(value, PurePath):  # by its text (its slots cache what it computed)
+            h.update(str(value).encode())
+            return
         if isinstance(value, types.BuiltinFunctionType | type):
             h.update(getattr(value, "__qualname__", "").encode())  # code, not state
             return
@@ -91,9 +97,9 @@ class Digester:
         if id(value) in seen or depth > _MAX_DEPTH:
             return
         seen = seen | {id(value)}
-        if isinstance(value, types.FunctionType):  # its code by name, its closure's state
+        if isinstance(value, types.FunctionType):  # its code by name, what it keeps by value
             h.update(value.__qualname__.encode())
-            self._feed(h, closure_cells(value), depth + 1, seen)
+            self._feed(h, function_state(value), depth + 1, seen)
             return
         if isinstance(value, random.Random):
             self._feed(h, value.getstate(), depth + 1, seen)
@@ -178,6 +184,16 @@ def closure_cells(function: types.FunctionType) -> dict[str, Any]:
     return found
 
 
+def function_state(function: Any) -> dict[str, Any]:
+    """What a function keeps between calls, by part: its defaults (a mutable default
+    argument), keyword defaults, attributes (``f.count += 1``) and closure cells."""
+    function = getattr(function, "__func__", function)  # a staticmethod's or classmethod's
+    parts = {"defaults": function.__defaults__, "keyword defaults": function.__kwdefaults__}
+    parts |= {f"attribute `{k}`": v for k, v in vars(function).items()}
+    parts |= {f"closure `{k}`": v for k, v in closure_cells(function).items()}
+    return {k: v for k, v in parts.items() if v is not None}
+
+
 @functools.cache
 def torch_own_attributes(base: type) -> frozenset[str]:
     """The attributes torch's ``base`` (Optimizer, LRScheduler) sets, lazy ones included."""
@@ -204,20 +220,68 @@ def own_attributes(obj: Any) -> dict[str, Any]:
     return attrs
 
 
-def module_globals(objects: list[Any]) -> dict[str, Any]:
-    """``{"module.NAME": value}``: the data globals of the user modules these objects are of."""
+def user_modules(objects: list[Any]) -> tuple[list[types.ModuleType], list[str]]:
+    """The user's code: the modules these objects' classes (or these functions) come from,
+    every loaded module of those packages, and every user module their globals reach; and
+    the other top-level modules reached (installed ones, the framework), whose own globals
+    are not compared."""
     names = {getattr(kind, "__module__", None) for obj in objects for kind in (type(obj), obj)}
-    names = {name for name in names if isinstance(name, str)}
-    found: dict[str, Any] = {}
-    for name in sorted(names):
-        module = sys.modules.get(name)
-        if module is None or not _user_module(module):
+    start = [sys.modules.get(name) for name in names if isinstance(name, str)]
+    roots = {m.__name__.split(".")[0] for m in start if m is not None and _user_module(m)}
+    todo = [m for name, m in list(sys.modules.items()) if name.split(".")[0] in roots]
+    found: dict[str, types.ModuleType] = {}
+    beyond: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if not isinstance(module, types.ModuleType) or module.__name__ in found:
             continue
-        for key, value in vars(module).items():
-            if key.startswith("__") or isinstance(value, _CODE):
+        if not _user_module(module):
+            beyond.add(module.__name__.split(".")[0])
+            continue
+        found[module.__name__] = module
+        for value in list(vars(module).values()):
+            if isinstance(value, types.ModuleType):
+                todo.append(value)
+            elif isinstance(value, type | types.FunctionType):
+                todo.append(sys.modules.get(getattr(value, "__module__", None) or ""))
+    return [found[name] for name in sorted(found)], sorted(beyond - {"builtins"})
+
+
+def user_state(modules: list[types.ModuleType]) -> dict[str, Any]:
+    """Each user module's state by path: its data globals, its classes' own attributes, and
+    what each of its functions and methods keeps between calls (:func:`function_state`)."""
+    found: dict[str, Any] = {}
+    for module in modules:
+        for key, value in list(vars(module).items()):
+            where = f"{module.__name__}.{key}"
+            if key.startswith("__") or (
+                isinstance(value, type | types.FunctionType) and value.__module__ != module.__name__
+            ):
+                continue  # imported code: its own module's
+            if not isinstance(value, type):
+                found |= _paths("global", where, value)
                 continue
-            found[f"{name}.{key}"] = value
+            for attr, item in list(vars(value).items()):
+                if not attr.startswith("__") and not isinstance(item, property):
+                    found |= _paths("class attribute", f"{where}.{attr}", item)
     return found
+
+
+def _paths(kind: str, where: str, value: Any) -> dict[str, Any]:
+    """A value's path (a function's: one per part it keeps); none for code."""
+    if isinstance(value, types.FunctionType | staticmethod | classmethod):
+        return {f"function `{where}` {part}": v for part, v in function_state(value).items()}
+    return {} if isinstance(value, _CODE) else {f"{kind} `{where}`": value}
+
+
+# Variables the loggers' libraries set in the process when a run builds its loggers, which
+# a resumed run does after its comparison.
+LOGGER_ENV = ("WANDB_", "MLFLOW_")
+
+
+def environment() -> dict[str, str]:
+    """``os.environ`` by variable, less the loggers' own."""
+    return {f"environment `{k}`": v for k, v in os.environ.items() if not k.startswith(LOGGER_ENV)}
 
 
 def _user_module(module: types.ModuleType) -> bool:
@@ -240,13 +304,49 @@ def _installed_roots() -> frozenset[str]:
     return frozenset({*paths, *map(os.path.realpath, paths)})
 
 
+# Values digested whole, never opened into their attributes' paths.
+_WHOLE = (nn.Module, torch.Tensor, np.ndarray, random.Random, np.random.Generator, *_CODE)
+_WHOLE += (np.random.RandomState, torch.Generator, types.MethodType)
+
+
+def expanded(attrs: dict[str, Any], refs: dict[int, str], depth: int = 3) -> dict[str, Any]:
+    """``attrs`` with each plain object opened into its attributes' dotted paths (``train_set.
+    base.reads``), ``depth`` levels deep, so a difference names the value that changed; its
+    class is a path of its own (``train_set.__class__``)."""
+    out: dict[str, Any] = {}
+    for name, value in attrs.items():
+        opened = depth and hasattr(value, "__dict__") and id(value) not in refs
+        if not opened or isinstance(value, _WHOLE):
+            out[name] = value
+            continue
+        out[f"{name}.__class__"] = type(value)
+        inner = expanded(instance_attributes(value), refs, depth - 1)
+        out |= {f"{name}.{key}": item for key, item in inner.items()}
+    return out
+
+
+def not_compared(beyond: list[str], workers: int) -> list[str]:
+    """What the digests cannot reach, for the record."""
+    lines = [
+        f"the own globals of the modules outside your code that it uses ({', '.join(beyond)}): "
+        "installed packages and the framework, whose state is in its state_dicts",
+        "the loggers and their variables (" + ", ".join(f"{p}*" for p in LOGGER_ENV) + "): "
+        "built after the comparison, they only receive values",
+        "state no Python attribute holds: files your code writes, C libraries' own globals",
+    ]
+    if workers:
+        lines.append(f"the datasets' copies in the {workers} loader worker processes")
+    return lines
+
+
 class ResumeAudit:
     """Digests at construction (before any restore or step), at each checkpoint, after a restore."""
 
     def __init__(self, task: Any, dataset: Any, model: nn.Module, device: torch.device,
-                 step: Any = None, dist: Dist | None = None,
-                 trainer_state: Any = None) -> None:  # fmt: skip
-        self.owners = {"task": task, "dataset": dataset, "step": step}
+                 step: Any = None, dist: Dist | None = None, trainer_state: Any = None,
+                 pipeline: Any = None) -> None:  # fmt: skip
+        # ``pipeline``: what serves the data (the splits and the datasets they wrap).
+        self.owners = {"task": task, "dataset": dataset, "step": step, "data pipeline": pipeline}
         self.dist = dist or Dist()
         self.model, self.device = model, torch.device(device)
         # The optimizer, scheduler and callbacks, read at each digest (a replay may swap the
@@ -254,7 +354,13 @@ class ResumeAudit:
         self.trainer_state = trainer_state
         self.digest = Digester()
         self.recorded: dict[str, Any] | None = None
-        self.compared: int | None = None  # how many paths the last comparison covered
+        self.compared: dict[str, int] | None = None  # paths the last comparison covered
+        users = [*self._watched().values(), *self.model.modules()]
+        scheduler = getattr(trainer_state, "scheduler", None)
+        users += list(getattr(scheduler, "lr_lambdas", ()))
+        # The user's modules, fixed here: a resumed process finds the same ones.
+        self.modules, beyond = user_modules(users)
+        self.not_compared = not_compared(beyond, getattr(pipeline, "num_workers", 0))
         self.baseline = self._attributes()
 
     def _watched(self) -> dict[str, Any]:
@@ -273,18 +379,13 @@ class ResumeAudit:
         digest, found = self.digest, {}
         digest.refs = {id(obj): name for name, obj in owners.items()} | {id(self.model): "model"}
         for owner, obj in owners.items():
-            for name, value in own_attributes(obj).items():
-                found[f"{owner} attribute `{name}`"] = (digest(value), describe(value))
-        modules = dict(self.model.named_modules())
-        for path, module in modules.items():
+            for name, value in expanded(own_attributes(obj), digest.refs).items():
+                found[f"{owner} attribute `{name}`"] = value
+        for path, module in self.model.named_modules():
             for name, value in module_attributes(module).items():
-                where = f"{path}.{name}" if path else name
-                found[f"model attribute `{where}`"] = (digest(value), describe(value))
-        users = [*owners.values(), *modules.values()]
-        users += list(getattr(owners.get("scheduler"), "lr_lambdas", ()))
-        for name, value in module_globals(users).items():
-            found[f"global `{name}`"] = (digest(value), describe(value))
-        return found
+                found[f"model attribute `{f'{path}.{name}' if path else name}`"] = value
+        found |= user_state(self.modules) | environment()
+        return {key: (digest(value), describe(value)) for key, value in found.items()}
 
     def _rngs(self) -> dict[str, str]:
         state = rng.capture(self.device)
@@ -313,7 +414,9 @@ class ResumeAudit:
         changed = {k: tuple(v) for k, v in self.recorded["changed"].items()}
         removed = set(self.recorded["removed"])
         keys = sorted(set(changed) | set(now) | set(self.baseline))
-        self.compared = len(keys)
+        places = [key.split(" `")[0].removesuffix(" attribute") for key in keys]
+        places += ["global RNG"] * len(self.recorded["rngs"])
+        self.compared = dict(sorted(collections.Counter(places).items()))
         for key in keys:
             want = changed.get(key, None if key in removed else self.baseline.get(key))
             got = now.get(key)

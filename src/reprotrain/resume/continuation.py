@@ -7,6 +7,7 @@ run computed at the same steps (docs/resume.md, "A resume compares its continuat
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -17,54 +18,100 @@ import torch
 
 from reprotrain.run import record as rec
 from reprotrain.step import batches
-from reprotrain.tasks.metrics import sum_dtype
 
 log = logging.getLogger("reprotrain")
 FILE = "continuation.jsonl"
 
 
-def batch_rows(batch: Any) -> list[torch.Tensor]:
-    """Each tensor's per-sample sums, on its device (no host sync): all that runs per step,
-    one op per tensor. A sample's bits as 64-bit words, summed modulo 2**64 (exact, in any
-    order; any changed bit changes it) where its layout allows the view, else its values
-    summed in float64. A tensor of one value per sample is its own row, copied (a buffer the
-    pipeline or the step reuses would otherwise digest later values)."""
+def batch_rows(batch: Any) -> list[tuple[str, torch.Tensor]]:
+    """Each tensor's header (dtype and shape) and its samples' keyed hashes, on its device (no
+    host sync): all that runs per step, one product and one sum per tensor. A sample is its
+    bytes as signed 32-bit words ``x_i``; its row holds, per lane ``k`` of two, the sum of
+    ``W_k[i] * x_i`` modulo 2**64 with pseudo-random 64-bit weights by place (docs/resume.md,
+    "How strong the batch digest is"). The product is a new tensor, so a buffer the pipeline
+    or the step fills again cannot change a step that already ran."""
     rows = []
     for t in batches.leaves(batch):
         t = t.detach() if t.requires_grad else t
-        if t.dim() > 1:
-            dims, words = tuple(range(1, t.dim())), _as_words(t)
-            rows.append(words.sum(dims) if words is not None else t.sum(dims, dtype=sum_dtype(t)))
-        else:  # a sample is one value (or the tensor is one): the values themselves
-            rows.append((t if t.dim() == 1 else t.reshape(-1)).clone())
+        words = _words(t)
+        lanes = _sample_weights(words.shape[1], words.device)
+        found = sample_sums(words, lanes, host=words.device.type == "cpu")
+        rows.append((f"{t.dtype}{list(t.shape)}", found))
     return rows
 
 
-def _as_words(t: torch.Tensor) -> torch.Tensor | None:
-    """A contiguous ``t``'s bytes as int64 words in its shape but the last dimension (a view),
-    or None where there is no such view (a channels-last batch, an odd row)."""
-    size = t.element_size()
-    if not t.is_contiguous() or (t.shape[-1] * size) % 8 or (t.storage_offset() * size) % 8:
-        return None
-    return t.view(torch.int64)
+def sample_sums(words: torch.Tensor, lanes: torch.Tensor, host: bool) -> torch.Tensor:
+    """``(samples, 2)`` int64: each sample's words times each lane's weights, summed modulo
+    2**64; on the host by numpy (half torch's time on a CPU), else by the device."""
+    if host:
+        return torch.from_numpy(np.einsum("si,ki->sk", words.numpy(), lanes.numpy()))
+    return (words.unsqueeze(1) * lanes).sum(-1)
 
 
-def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
-    """Each step's batch digest: per tensor, its rows' bit patterns summed modulo 2**64,
-    plain and weighted by the sample's place (exact in any order; a changed bit changes the
-    plain sum, two samples swapped the weighted one), as 32 hex digits; one host read per row
-    length, device and dtype, summed on the host."""
-    flat = [rows for step in steps for rows in step]
-    found = [""] * len(flat)
+_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # by element size
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bits as ``(samples, words)`` int32, a sample per first index (a 0-dim tensor is
+    one sample): a view where each sample's bytes fill whole words, else each element widened
+    to its own word by its bits (a bool, an odd row of bytes or halves; a one-to-one map)."""
+    t = t.contiguous()  # a channels-last batch: its values in their logical order
+    samples = t.shape[0] if t.dim() else 1
+    flat = t.reshape(samples, t.numel() // samples if samples else 0)
+    flat = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
+    size = flat.element_size()
+    if flat.shape[1] * size % 4 == 0:
+        return flat.view(torch.int32)
+    return flat.view(_INTS[size]).to(torch.int32)
+
+
+def splitmix64(stream: int, n: int) -> np.ndarray:
+    """``n`` pseudo-random 64-bit words (int64), the ``i``-th a function of ``(stream, i)``
+    alone (SplitMix64's finaliser of a Weyl sequence): fixed forever, so a resume in another
+    process, and a longer list, get the same weights at the same places."""
+    with np.errstate(over="ignore"):
+        z = (np.arange(n, dtype=np.uint64) + np.uint64(stream << 40)) * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (z ^ (z >> np.uint64(31))).view(np.int64)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_SAMPLE_LANES, _BATCH_LANES = (1, 2), (3, 4)  # the streams of each level's two lanes
+
+
+@functools.lru_cache(maxsize=16)
+def _sample_weights(n: int, device: torch.device) -> torch.Tensor:
+    """``(2, n)`` int64 on ``device``: the two lanes' weights of a sample's ``n`` words
+    (contiguous: a strided slice of a longer list costs the product twice its time)."""
+    return torch.from_numpy(np.stack([splitmix64(k, n) for k in _SAMPLE_LANES])).to(device)
+
+
+@functools.cache
+def _header_words(header: str) -> np.ndarray:
+    """A tensor's dtype and shape as 8 signed 32-bit words (its sha256): what the same bits
+    as another dtype or shape differ in."""
+    return np.frombuffer(hashlib.sha256(header.encode()).digest(), dtype="<i4")
+
+
+def digests(steps: list[list[tuple[str, torch.Tensor]]]) -> list[list[str]]:
+    """Each step's batch digest, one per tensor: per lane, the tensor's header words then each
+    sample's row value as two 32-bit words, weighted by place and summed modulo 2**64 (the
+    sample level's keyed sum one level up), the two lanes as 32 hex digits; one host read
+    and one numpy product per sample count and device."""
+    flat = [entry for step in steps for entry in step]
     groups: dict[tuple, list[int]] = {}
-    for i, rows in enumerate(flat):
-        groups.setdefault((rows.numel(), rows.device, rows.dtype), []).append(i)
-    for (n, _, _), which in groups.items():
-        stacked = torch.stack([flat[i] for i in which])  # (rows, n)
-        bits = stacked.view(_INTS.get(stacked.element_size(), torch.int64))  # any dtype
-        host = bits.cpu().numpy().astype(np.int64, copy=False)
-        words = host.reshape(len(which), n, -1).sum(axis=2)  # a wider value: its words added
-        text = (words @ _weights(n)).astype("<i8").tobytes().hex()  # (rows, 2), wrapped
+    for i, (_, rows) in enumerate(flat):
+        groups.setdefault((rows.shape[0], rows.device), []).append(i)
+    found = [""] * len(flat)
+    for (n, _), which in groups.items():
+        rows = torch.stack([flat[i][1] for i in which]).cpu().numpy()  # (tensors, n, 2)
+        words = rows.view("<i4").reshape(len(which), n, 2, 2).transpose(2, 0, 1, 3)
+        heads = np.stack([_header_words(flat[i][0]) for i in which])  # (tensors, 8)
+        parts = [np.stack([heads, heads]), words.reshape(2, len(which), 2 * n)]
+        z = np.concatenate(parts, axis=2).astype(np.int64)  # lane, tensor, word
+        lanes = z.view(np.uint64) @ _batch_weights(z.shape[2])[:, :, None]  # (2, tensors, 1)
+        text = lanes[:, :, 0].T.astype(">u8").tobytes().hex()  # wrapped modulo 2**64
         for j, i in enumerate(which):
             found[i] = text[32 * j : 32 * j + 32]
     out, at = [], 0
@@ -74,13 +121,10 @@ def digests(steps: list[list[torch.Tensor]]) -> list[list[str]]:
     return out
 
 
-_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size
-
-
-@functools.cache
-def _weights(n: int) -> np.ndarray:
-    """``(n, 2)``: each sample's weight in the plain sum (1) and the weighted one (its place)."""
-    return np.stack([np.ones(n, dtype=np.int64), np.arange(1, n + 1, dtype=np.int64)], axis=1)
+@functools.lru_cache(maxsize=64)
+def _batch_weights(n: int) -> np.ndarray:
+    """``(2, n)`` uint64: the batch level's two lanes of weights."""
+    return np.stack([splitmix64(k, n) for k in _BATCH_LANES]).view(np.uint64)
 
 
 def _json_line(line: dict) -> str:
@@ -97,7 +141,7 @@ class Continuation:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.pending: list[tuple[int, torch.Tensor, list[torch.Tensor]]] = []
+        self.pending: list[tuple[int, torch.Tensor, list[tuple[str, torch.Tensor]]]] = []
         self.expected: dict[int, dict] = {}  # global step -> the interrupted run's line
         self.steps: tuple[int, int] | None = None  # first and last expected step
         self.compared = 0

@@ -22,6 +22,7 @@ log = logging.getLogger("reprotrain")
 
 # Options that change how the run executes, not its numbers (trainer.epochs may only grow).
 MAY_DIFFER = ("trainer.num_workers", "trainer.checkpoint_every_steps", "trainer.keep_checkpoints")
+FORK_KEEPS = "a fork continues its parent's config (only trainer.epochs may be extended)"
 RECORDED_ENV = ("python", "torch", "cuda", "cudnn", "device", "num_threads")  # in each resume
 
 
@@ -173,6 +174,9 @@ def _check_config(point: ResumePoint, current: dict) -> None:
         a, b = flatten(recorded), flatten(current)
         shown = ", ".join(f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in diffs)
         differs = f"config differs from the recorded one in {shown}"
+        if point.forked:  # docs/resume.md: a fork continues its parent's config
+            fix = f"{FORK_KEEPS}; to train with another config, start a new run"
+            raise ResumeError(f"refusing to fork {point.path}: {differs}; {fix}")
         fix = "start a new run instead (only trainer.epochs may be extended)"
         raise ResumeError(f"refusing to resume {point.path}: {differs}; {fix}")
     done, epochs = point.state["loop"]["epoch"] - 1, current["trainer"]["epochs"]

@@ -24,15 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.quoting import flatten, hydra_override, make_assignment
+from reprotrain.quoting import hydra_override, make_assignment
 from reprotrain.repro import checkpoint, comparability, op_trace
 from reprotrain.resume.replay import first_difference as state_difference
 from reprotrain.run.mutex import refuse_if_held
-from reprotrain.run.readers import read_config, read_run_json
+from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import (
     CHECKPOINTS,
     FINGERPRINTS,
-    RESOLVED_CONFIG,
     atomic_write_text,
     now_iso,
     read_jsonl,
@@ -42,14 +41,12 @@ from reprotrain.tools import cli
 from reprotrain.tools.debugging.trace_diff import Finding, first_difference, first_digest_difference
 from reprotrain.tools.reproduce import run_trust
 from reprotrain.tools.runs import resume
-from reprotrain.tools.runs.run_diff import compare_runs
+from reprotrain.tools.runs.run_diff import compare_runs, config_differences, differences_text
 
 REPORT = "bisect.json"
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
 EXIT_STOPPED = 75  # the trainer stopped at trainer.stop_at_global_step mid-epoch
 OUTSIDE_TRACE = "tensors changed between steps, outside any op the trace sees"
-#: Config keys that say where or how a run is shown, not what it computes.
-NOT_COMPUTED = ("resume", "trainer.progress", "name")
 
 
 @dataclass
@@ -98,15 +95,6 @@ def first_divergence(a: Path, b: Path) -> tuple[Divergence | None, str]:
     last = len(ra["step_losses"]) - 1
     values = (ra["weights_sha256"][:12], rb["weights_sha256"][:12])
     return Divergence(first + last, ra["epoch"], last, "weights", values), result.verdict()
-
-
-def config_differences(a: dict, b: dict) -> dict[str, tuple[Any, Any]]:
-    fa, fb = flatten(a), flatten(b)
-    return {
-        k: (fa.get(k), fb.get(k))
-        for k in sorted(set(fa) | set(fb))
-        if fa.get(k) != fb.get(k) and not k.startswith(NOT_COMPUTED)
-    }
 
 
 def nearest_checkpoint(run_dir: Path, step: int) -> tuple[Path | None, int]:
@@ -218,6 +206,11 @@ def bisect(a: Path, b: Path, max_replay: int) -> tuple[int, dict[str, Any], list
     if div is None:
         lines.append(f"records  {verdict}")
         report["verdict"] = "IDENTICAL"
+        if configs:  # the same bits, not the same run twice
+            report["verdict"] = (
+                f"IDENTICAL bits from two configs: they differ in {', '.join(configs)}"
+            )
+            lines.append(f"RESULT   {report['verdict']}")
         return EXIT_IDENTICAL, report, lines
     report["divergence"] = {**dataclasses.asdict(div), "values": list(div.values)}
     lines.append(
@@ -421,21 +414,18 @@ def state_differences(a: Path, b: Path) -> list[str]:
 
 
 def _what_differs(a: Path, b: Path, report: dict, lines: list[str]) -> tuple[dict, list[str]]:
-    """The config keys and environment fields that differ, into the report and the screen."""
-    from omegaconf import OmegaConf
-
-    cfg_a, cfg_b = (
-        OmegaConf.to_container(read_config(d / RESOLVED_CONFIG), resolve=False) for d in (a, b)
-    )
-    configs = config_differences(cfg_a, cfg_b)
+    """The settings (config, seeds, controls in force) and environment fields that differ,
+    into the report and the screen."""
+    configs = config_differences(a, b)
     env = comparability.differences(
         read_run_json(a).get("environment") or {}, read_run_json(b).get("environment") or {}
     )
     report["config_differences"] = {k: list(v) for k, v in configs.items()}
     report["environment_differences"] = env
-    shown = ", ".join(f"{k} ({va!r} vs {vb!r})" for k, (va, vb) in configs.items())
+    shown = differences_text(configs)
     lines.append(f"config   {'the configs differ in: ' + shown if configs else 'identical'}")
-    lines.append(f"env      {'; '.join(env) if env else 'same (bits are promised)'}")
+    same = "same (bits are promised)" if not configs else "same"
+    lines.append(f"env      {'; '.join(env) if env else same}")
     return configs, env
 
 

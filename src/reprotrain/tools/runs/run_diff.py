@@ -9,11 +9,52 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from reprotrain.run.record import FINGERPRINTS, METRICS, RUN_JSON, parse_json_object, read_jsonl
+from reprotrain.quoting import flatten
+from reprotrain.run.readers import read_config
+from reprotrain.run.record import (
+    FINGERPRINTS,
+    METRICS,
+    RESOLVED_CONFIG,
+    RUN_JSON,
+    parse_json_object,
+    read_jsonl,
+)
 from reprotrain.shown import shown
 
 TIMING_KEYS = ("seconds", "images_per_s")
+#: Config keys that say where or how a run is shown, not what it computes.
+NOT_COMPUTED = ("resume", "trainer.progress", "name")
+#: What run.json says ran beside the config: the seeds drawn, the controls in force.
+IN_EFFECT = ("seeds", "repro")
+
+
+def config_differences(a: Path, b: Path) -> dict[str, tuple[Any, Any]]:
+    """Every setting two runs differ in, said even where their bits agree: each key of the
+    resolved configs (where and how a run is shown aside) and, from run.json, the seeds that
+    ran and the controls in force (``run.json repro.*``: the float math a precision sets,
+    threads, the determinism flags)."""
+    from omegaconf import OmegaConf
+
+    flat = []
+    for run in (a, b):
+        config = OmegaConf.to_container(read_config(run / RESOLVED_CONFIG), resolve=False)
+        record = _record(run / RUN_JSON)
+        ran = {f"run.json {key}": record.get(key) or {} for key in IN_EFFECT}
+        flat.append(flatten(config) | flatten(ran))
+    fa, fb = flat
+    keys = sorted((k for k in set(fa) | set(fb) if not k.startswith(NOT_COMPUTED)),
+                  key=lambda k: (k.startswith("run.json"), k))  # fmt: skip
+    found = {k: (fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)}
+    said = {f"run.json {k}" for k, v in found.items() if found.get(f"run.json {k}") == v}
+    return {k: v for k, v in found.items() if k not in said}  # repro.num_threads said once
+
+
+def differences_text(differences: dict[str, tuple[Any, Any]]) -> str:
+    """``trainer.precision ('32-true' vs 'tf32'), ...``: each setting with its two values."""
+    return ", ".join(f"{k} ({shown(repr(va), 40)} vs {shown(repr(vb), 40)})"
+                     for k, (va, vb) in differences.items())  # fmt: skip
 
 
 @dataclass

@@ -27,6 +27,7 @@ from reprotrain.run.record import CHECKPOINTS, RUN_JSON
 from reprotrain.shown import say
 from reprotrain.tools import cli
 from reprotrain.tools.debugging.bisect import bisect_command
+from reprotrain.tools.runs import run_diff
 from reprotrain.tools.runs.resume import trainer_launcher
 from reprotrain.tools.runs.run_diff import Comparison, compare_runs, with_metrics
 
@@ -168,8 +169,11 @@ def with_final_state(result: Comparison, a: Path, b: Path) -> Comparison:
     return result
 
 
-def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None) -> str:
-    """The comparison's verdict, naming the world sizes (and the resume) it compared."""
+def verdict_line(
+    result: Comparison, sizes: tuple[int, int], resume: dict | None, configs: dict | None = None
+) -> str:
+    """The comparison's verdict, naming the world sizes (and the resume) it compared, and
+    every setting the two runs differ in (``configs``), even where the bits agree."""
     head, _, rest = result.verdict().partition(": ")
     what = f"world size {sizes[0]} vs {sizes[1]}"
     if resume is not None:
@@ -178,6 +182,8 @@ def verdict_line(result: Comparison, sizes: tuple[int, int], resume: dict | None
             f"; b SIGKILLed and resumed from global step {resume.get('global_step')}, "
             f"recorded as {claim} ({resume.get('verified', 'not verified')})"
         )
+    if configs:
+        what += f"; the runs' configs differ in: {run_diff.differences_text(configs)}"
     return f"{head} ({what}): {rest}"
 
 
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (recorded_world_size(dirs[0], args.nproc), recorded_world_size(dirs[1], nproc_b))
     resume = (read_run_json(dirs[1]).get("resumes") or [None])[-1] if args.kill else None
     result = with_final_state(with_metrics(compare_runs(*dirs), *dirs), *dirs)
-    print(verdict_line(result, sizes, resume))
+    print(verdict_line(result, sizes, resume, run_diff.config_differences(*dirs)))
     for epoch, diffs in sorted(result.metric_diffs.items()):
         shown = ", ".join(f"{k}: {a} vs {b}" for k, (a, b) in diffs.items())
         print(f"  epoch {epoch}: {shown}")

@@ -29,7 +29,7 @@ from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
 from reprotrain.data.pipeline import PipelineSpec, build_pipeline
 from reprotrain.data.purity import check_samples
 from reprotrain.optim import kind as schedule_kind
-from reprotrain.optim import param_groups, unwrapped
+from reprotrain.optim import param_groups, peak_lr, unwrapped
 from reprotrain.repro import checkpoint
 from reprotrain.repro import precision as float_math
 from reprotrain.repro.seeding import Seeds, seed_globals
@@ -89,6 +89,7 @@ def build(targets: Targets, run: Run) -> Parts:
     meta = {"config": run.container, "config_sha256": sha, "seeds": seeds, "env": run.env}
     where, keep = run.run_dir / rec.CHECKPOINTS, settings.run.keep_checkpoints
     saver = checkpoint.Saver(where, state, meta, keep, gather=run.reduction.checkpoint)
+    float_math.check_unchanged(settings.step.precision)  # no constructor set torch's own
     return Parts(pipeline, runner, saver, schedule)
 
 
@@ -180,7 +181,7 @@ def components_record(settings: ModelSettings, runner: StepRunner, dataset: Any)
         # The weights validation and test evaluate: the model's, or the step's (EMA).
         "evaluated_with": getattr(runner.user_step, "evaluated_with", "model weights"),
         "reduction": runner.reduction.name,
-        "lr": state.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
+        "lr": peak_lr(state.scheduler, state.optimizer),  # the schedule's (OneCycleLR's max_lr)
         "loss": qualname(getattr(runner.task, "loss_fn", None)),
         "dataset": qualname(dataset),
         "param_groups": [

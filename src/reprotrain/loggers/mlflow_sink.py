@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Logger, LoggerRun, preserved_rng
-from reprotrain.loggers.params import identity, record_files, relative_name, run_key, run_name
+from reprotrain.loggers.params import (
+    identity,
+    param_text,
+    record_files,
+    run_key,
+    run_name,
+    short_id,
+)
 from reprotrain.loggers.settings import (
     MLFLOW_ARTIFACTS,
     LoggerSettings,
-    project_root,
     require_module,
 )
 from reprotrain.run.record import atomic_write_text
@@ -81,10 +87,11 @@ def experiment_id(client, name: str, uri: str) -> str:
         return exp.experiment_id
 
 
-def log_params(client, run_id: str, params: dict[str, str]) -> None:
+def log_params(client, run_id: str, params: dict[str, Any]) -> None:
+    """MLflow's parameters are text: each in the config's spelling (``param_text``)."""
     from mlflow.entities import Param
 
-    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+    items = [Param(k, param_text(v)[:6000]) for k, v in sorted(params.items())]
     for i in range(0, len(items), _PARAMS_BATCH):
         client.log_batch(run_id, params=items[i : i + _PARAMS_BATCH])
 
@@ -139,7 +146,8 @@ class MLflowLogger(Logger):
             tags["mlflow.source.git.commit"] = str(ident["git.commit"])
         if parent is not None:
             tags["mlflow.parentRunId"] = parent["run_id"]
-        name = run_name(self.run_dir, project_root())
+        tags |= dict.fromkeys(map(str, run.record.get("tags") or []), "")  # tags=[a,b]: MLflow's
+        name = run_name(self.run_dir, run.record)
         self.run_id = self.client.create_run(exp_id, run_name=name, tags=tags).info.run_id
         log_params(self.client, self.run_id, run.params)
 
@@ -199,7 +207,7 @@ def start_sweep_run(node: Any, sweep_dir: Path, name: str, overrides: list[str])
             exp_id = experiment_id(client, settings.mlflow_experiment or name, uri)
             run = client.create_run(
                 exp_id,
-                run_name=relative_name(sweep_dir, project_root()),
+                run_name=f"{name} {short_id(sweep_dir)} (sweep)",
                 tags={"reprotrain.sweep_dir": str(sweep_dir), "reprotrain.kind": "sweep"},
             )
             log_params(client, run.info.run_id, {"sweep.overrides": " ".join(overrides)})

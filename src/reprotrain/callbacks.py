@@ -113,7 +113,7 @@ class EarlyStopping(Callback):
         self, monitor: str, mode: str = "min", patience: int = 3, min_delta: float = 0.0
     ) -> None:
         if patience < 0 or not min_delta >= 0:
-            raise ValueError("patience and min_delta must be >= 0")
+            raise ValueError(f"patience={patience} and min_delta={min_delta} must be >= 0")
         self.monitor, self.mode = monitor, _mode(mode)
         self.patience, self.min_delta = patience, min_delta
         self.best: float | None = None

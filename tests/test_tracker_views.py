@@ -310,9 +310,8 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
     pytest.importorskip(
         "wandb", reason="optional extra not installed: make install EXTRAS=mlflow,wandb"
     )
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import metadata
-
+    from conftest import run_json
+    from reprotrain.loggers.params import run_name
     from test_loggers_stores import wandb_records
 
     sweep, uri = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlruns.db'}"
@@ -329,7 +328,10 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
     summary = json.loads((sweep / "summary.json").read_text())
     assert sorted(g["n_completed"] for g in summary["groups"]) == [2, 2]
     assert ss.UNKNOWN_OVERRIDES not in (sweep / "summary.md").read_text()
-    names = sorted(f"optimizer.lr={lr} seed.base={s}" for lr in (0.05, 0.2) for s in (0, 1))
+    names = sorted(run_name(job, run_json(job)) for job in sweep_jobs(sweep))
+    assert {n.split(" ", 2)[2] for n in names} == {
+        f"optimizer.lr={lr} seed.base={s}" for lr in (0.05, 0.2) for s in (0, 1)
+    }
     assert job_run_names(uri) == names
     shown = []
     for job in sweep_jobs(sweep):
@@ -337,11 +339,7 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
         run = next(r.run for r in wandb_records(log) if r.HasField("run"))
         shown.append(run.display_name)
         assert run.run_group == sweep.name
-        acc = EventAccumulator(str(job / "tensorboard"))
-        acc.Reload()
-        hp = acc.PluginTagToContent(metadata.PLUGIN_NAME)
-        exp = metadata.parse_experiment_plugin_data(hp[metadata.EXPERIMENT_TAG])
-        assert {h.name for h in exp.hparam_infos if h.differs} == {
-            "optimizer.lr", "seed.base", "group"}  # fmt: skip
-        assert "final/epoch" not in {m.name.tag for m in exp.metric_infos}
+    exp, _ = hparams_at(sweep)  # the sweep as TensorBoard shows it
+    assert {h.name for h in exp.hparam_infos if h.differs} == {"optimizer.lr", "seed.base", "group"}
+    assert "final/epoch" not in {m.name.tag for m in exp.metric_infos}
     assert sorted(shown) == names

@@ -108,18 +108,20 @@ def test_a_process_where_other_code_set_the_settings_is_refused_in_one_line(sett
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert lines[0].startswith("torch's fp32_precision settings were changed before the run")
-    assert "=tf32" in lines[0] and "trainer.precision" in lines[0]
+    assert "=tf32 (the run's: ieee)" in lines[0] and "trainer.precision" in lines[0]
 
 
 def test_a_setting_changed_during_the_run_is_refused_in_one_line():
     """A model, task or callback that sets TF32 itself: checked after the build and at every
     epoch's end (before its checkpoint)."""
     precision.apply("32-true")
-    precision.check_unchanged("32-true")  # nothing changed: nothing said
+    precision.check_unchanged()  # nothing changed: nothing said
     torch.backends.cudnn.conv.fp32_precision = "tf32"
     try:
-        with pytest.raises(ReprotrainError, match=r"changed during the run .*cudnn\.conv=tf32"):
-            precision.check_unchanged("32-true")
+        with pytest.raises(
+            ReprotrainError, match=r"changed during the run .*cudnn\.conv=tf32 \(the run's: ieee\)"
+        ):
+            precision.check_unchanged()
     finally:
         torch.backends.cudnn.conv.fp32_precision = "ieee"
 

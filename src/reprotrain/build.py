@@ -89,7 +89,7 @@ def build(targets: Targets, run: Run) -> Parts:
     meta = {"config": run.container, "config_sha256": sha, "seeds": seeds, "env": run.env}
     where, keep = run.run_dir / rec.CHECKPOINTS, settings.run.keep_checkpoints
     saver = checkpoint.Saver(where, state, meta, keep, gather=run.reduction.checkpoint)
-    float_math.check_unchanged(settings.step.precision)  # no constructor set torch's own
+    float_math.check_unchanged()  # no constructor set torch's fp32_precision settings
     return Parts(pipeline, runner, saver, schedule)
 
 

@@ -58,7 +58,6 @@ class Trainer:
         self.schedule = parts.schedule  # the lr schedule over any number of epochs
         self.record, self.stop, self.dist = run.record, run.stop, run.dist
         self.settings, self.guard = run.settings.loop, run.settings.guard
-        self.precision = run.settings.step.precision  # held: checked at every epoch's end
         self.logger_cfg, self.run_dir = logger_cfg, run.record.run_dir
         self.log_every_steps = int(logger_cfg.log_every_steps)  # a config read is ~20 us: once
         self.loop: LoopState = parts.runner.state.loop
@@ -221,7 +220,7 @@ class Trainer:
         asked = self.callback("on_epoch_end", row)
         if asked is not None and asked.stop_reason and state.epoch < settings.epochs:
             state.early_stopped = {"epoch": state.epoch, **asked.stop_reason}
-        float_math.check_unchanged(self.precision)  # torch's settings still the run's
+        float_math.check_unchanged()  # torch's fp32_precision settings still the run's
         cpu_state = {k: v.detach().to("cpu") for k, v in runner.state.model.state_dict().items()}
         losses = state.progress.losses()
         state.fingerprints.append(

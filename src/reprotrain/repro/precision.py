@@ -96,8 +96,8 @@ def apply(precision: str) -> dict:
     global _applied
     want, now = wanted(precision), settings()
     ours = _applied or TORCH_DEFAULTS
-    if changed := {k: v for k, v in now.items() if v not in (ours[k], want[k])}:
-        raise ReprotrainError(_changed_by_others(precision, changed, "before the run"))
+    if changed := [k for k, v in now.items() if v not in (ours[k], want[k])]:
+        raise ReprotrainError(_changed_by_others(now, want, changed, "before the run"))
     # torch keeps two legacy records beside the settings (the matmul precision and cuDNN's
     # allow_tf32); code that still reads them (torch.compile's inductor) raises unless they
     # agree with the settings. Their setters also move settings, which the loop sets after.
@@ -117,20 +117,20 @@ def apply(precision: str) -> dict:
     return effective(precision)
 
 
-def check_unchanged(precision: str) -> None:
+def check_unchanged() -> None:
     """Refuse, in one line, settings other code changed after ``apply`` (a model, a task, a
     callback or a library that sets TF32 itself): the run would not be the recorded one."""
     if _applied is not None and (now := settings()) != _applied:
-        changed = {k: v for k, v in now.items() if v != _applied[k]}
-        raise ReprotrainError(_changed_by_others(precision, changed, "during the run"))
+        changed = [k for k, v in now.items() if v != _applied[k]]
+        raise ReprotrainError(_changed_by_others(now, _applied, changed, "during the run"))
 
 
-def _changed_by_others(precision: str, changed: dict[str, str], when: str) -> str:
-    shown = ", ".join(f"{k}={v}" for k, v in changed.items())
+def _changed_by_others(now: dict, run: dict, changed: list[str], when: str) -> str:
+    shown = ", ".join(f"{k}={now[k]} (the run's: {run[k]})" for k in changed)
     return (
-        f"torch's fp32_precision settings were changed {when} by other code in this process "
-        f"({shown}), not by trainer.precision={precision}: choose the float math with "
-        f"trainer.precision ({', '.join(PRECISIONS)}) and remove that setting"
+        f"torch's fp32_precision settings were changed {when} by other code in this process: "
+        f"{shown}; choose the float math with trainer.precision ({', '.join(PRECISIONS)}) "
+        "and remove that setting"
     )
 
 

@@ -10,13 +10,7 @@ from pathlib import Path
 
 from reprotrain import metric_names
 from reprotrain.loggers.fanout import Logger, LoggerRun, numeric
-from reprotrain.loggers.params import (
-    RESOLVED_CONFIG,
-    hparam_values,
-    identity,
-    monitor_of,
-    run_name,
-)
+from reprotrain.loggers.params import RESOLVED_CONFIG, hparam_values, monitor_of, run_name
 from reprotrain.loggers.settings import project_root, require_module
 from reprotrain.metric_names import split_of
 
@@ -36,8 +30,7 @@ class TensorBoardLogger(Logger):
         settings, run_dir = run.settings, Path(run.run_dir)
         self.log_dir = run_dir / settings.tensorboard_dir
         self.last_step = run.start_step
-        lr = identity(run.record).get("lr")  # the schedule's (OneCycleLR's max_lr)
-        self.hparams = hparam_values(run_dir) | ({"lr": lr} if lr is not None else {})
+        self.hparams = hparam_values(run_dir)
         self.monitor = monitor_of(run_dir)
         self.best: float | None = None  # the best monitored value so far
         if run.start_step:

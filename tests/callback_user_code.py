@@ -178,3 +178,12 @@ class StepCounter(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = state["steps"]
+
+
+class EveryOtherStep(Callback):
+    """Logs the global step at every second optimizer step (``ctx.log`` in the per-batch
+    hook): the loggers get it at those steps, not once per epoch."""
+
+    def on_train_batch_end(self, ctx, step) -> None:
+        if step % 2 == 0:
+            ctx.log("every_other", step)

@@ -1,5 +1,7 @@
-"""Early stopping on the monitored metric: recorded in run.json, kept in the checkpoint, so a
-run killed around the stop resumes to the same bits and the same stop."""
+"""Early stopping (``callbacks=early_stopping``, Lightning's ``EarlyStopping`` and keys) on the
+monitored metric: recorded in run.json, kept in the checkpoint (its state), so a run killed
+around the stop resumes to the same bits and the same stop; the epoch it names as best is
+the one its count started from, and its message agrees with its numbers (issue 53)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ STOPPING = [
     "logger=none",
     "trainer.monitor=train_loss",
     "trainer.monitor_mode=min",
-    "trainer.early_stopping_patience=2",
-    "trainer.early_stopping_min_delta=100",
+    "callbacks=early_stopping",
+    "callbacks.early_stopping.patience=2",
+    "callbacks.early_stopping.min_delta=100",
 ]
 
 
@@ -30,13 +33,20 @@ def stopped(tmp_path_factory) -> Path:
 
 
 def test_a_run_stops_after_patience_epochs_without_improvement_and_says_so(stopped):
+    """No epoch after the first improved by more than min_delta: the best is epoch 1's value
+    (the loop's own best, for best.pt, is epoch 3's lower loss), and the line says so."""
     record = run_json(stopped)
     assert record["status"] == "completed"
-    assert [row["epoch"] for row in jsonl(stopped / "metrics.jsonl")] == [1, 2, 3]
+    rows = jsonl(stopped / "metrics.jsonl")
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    first = rows[0]["train_loss"]
+    why = "train_loss has not improved by more than 100 for 2 evaluated epochs; "
+    why += f"best {first} at epoch 1"
     assert record["early_stopped"] == {
-        "epoch": 3, "monitor": "train_loss", "best": record["early_stopped"]["best"],
-        "best_epoch": 3, "patience": 2, "min_delta": 100.0,
+        "epoch": 3, "monitor": "train_loss", "best": first, "best_epoch": 1, "patience": 2,
+        "min_delta": 100, "why": why,
     }  # fmt: skip
+    assert f"early stopping after epoch 3: {why}" in (stopped / "train.log").read_text()
     assert record["epochs_completed"] == 3
     # The schedule still spans trainer.epochs: the last step's lr is far from the end of
     # the one-cycle schedule (which decays towards 0 at step 12).
@@ -46,7 +56,7 @@ def test_a_run_stops_after_patience_epochs_without_improvement_and_says_so(stopp
 
 def test_off_by_default_and_a_real_improvement_resets_the_count(tmp_path):
     run = tmp_path / "run"
-    no_delta = [o for o in STOPPING if "min_delta" not in o]
+    no_delta = [o for o in STOPPING if "callbacks" not in o]  # callbacks: none by default
     assert_ok(train(run, *no_delta, "trainer.epochs=3"))
     assert run_json(run)["early_stopped"] is None  # train_loss improves every epoch
     assert len(jsonl(run / "metrics.jsonl")) == 3
@@ -77,9 +87,10 @@ def test_killed_before_the_stop_the_resume_counts_on_and_stops_at_the_same_epoch
 
 
 def test_a_negative_patience_is_one_line_and_exit_2(tmp_path):
-    proc = train(tmp_path / "run", *STOPPING, "trainer.early_stopping_patience=-1")
+    proc = train(tmp_path / "run", *STOPPING, "callbacks.early_stopping.patience=-1")
     assert proc.returncode == 2
-    assert "trainer.early_stopping_patience=-1 must be" in proc.stderr
+    assert proc.stderr.startswith("error: callbacks.early_stopping ")
+    assert "patience=-1 and min_delta=100 must be >= 0" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
 

@@ -1,11 +1,13 @@
 """Loggers as ``_target_`` entries (issue 46.4): the shipped ones named in conf/logger/, a
 CSV logger, and a user's logger written in the user's room (a ``reprotrain.api.Logger``)
-that the framework builds and guards without being edited."""
+that the framework builds and guards without being edited, named by a file of its own in
+conf/logger/ as in lightning-hydra-template (issue 55.2)."""
 
 from __future__ import annotations
 
 import csv
 import random
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,11 @@ RECORD = {"name": "smoke", "started_at": "2026-01-01T00:00:00+00:00", "config_sh
 USER = {"_target_": "logger_user_code.RandomDrawing"}
 
 
+def logger_node(**entries):
+    """The ``logger`` group as composed: the settings' defaults and ``entries`` beside them."""
+    return OmegaConf.create({**asdict(LoggerConfig()), **entries})
+
+
 @pytest.fixture(autouse=True)
 def user_room(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "tests"))  # where logger_user_code.py is
@@ -39,7 +46,7 @@ def test_a_users_logger_draws_in_every_hook_and_moves_no_generator(tmp_path: Pat
     same with it as without it (the end-to-end twin: test_callbacks.py)."""
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
     before = generators()
-    cfg = LoggerConfig(sinks={"drawing": USER})
+    cfg = logger_node(drawing=USER)
     with build_loggers(cfg, tmp_path, RECORD) as lg:
         assert lg.names == ["drawing"]
         lg.log_steps([1, 2], {"train_loss": [1.0, 0.5], "lr": [0.1, 0.1]})
@@ -74,17 +81,20 @@ def test_the_csv_logger_writes_one_row_per_epoch_and_a_resume_rebuilds_it(tmp_pa
 
 
 def test_a_logger_that_is_no_logger_or_no_target_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ReprotrainError, match=r"^logger\.sinks\.x has no _target_"):
-        build_loggers(LoggerConfig(sinks={"x": {"a": 1}}), tmp_path, RECORD)
-    with pytest.raises(ReprotrainError, match=r"^logger\.sinks\.x: .*Path lacks start"):
-        build_loggers(LoggerConfig(sinks={"x": {"_target_": "pathlib.Path"}}), tmp_path, RECORD)
-    with pytest.raises(ReprotrainError, match=r"^logger\.sinks\.x: cannot build nowhere\.Nope"):
-        build_loggers(LoggerConfig(sinks={"x": {"_target_": "nowhere.Nope"}}), tmp_path, RECORD)
+    with pytest.raises(ReprotrainError, match=r"^logger\.x: not a setting .* and no logger"):
+        build_loggers(logger_node(x={"a": 1}), tmp_path, RECORD)
+    with pytest.raises(ReprotrainError, match=r"^logger\.x: .*Path lacks start"):
+        build_loggers(logger_node(x={"_target_": "pathlib.Path"}), tmp_path, RECORD)
+    with pytest.raises(ReprotrainError, match=r"^logger\.x: cannot build nowhere\.Nope"):
+        build_loggers(logger_node(x={"_target_": "nowhere.Nope"}), tmp_path, RECORD)
+    # The settings keep their types without a schema: a wrong one is one line too.
+    with pytest.raises(ReprotrainError, match=r"^logger\.log_every_steps: .*abc"):
+        build_loggers(logger_node(log_every_steps="abc"), tmp_path, RECORD)
     assert not (tmp_path / "metrics.csv").exists()
 
 
 def test_a_logger_that_cannot_start_is_switched_off_and_the_others_go_on(tmp_path, caplog):
-    cfg = LoggerConfig(csv=True, sinks={"down": {"_target_": "logger_user_code.Unreachable"}})
+    cfg = logger_node(csv=True, down={"_target_": "logger_user_code.Unreachable"})
     before = generators()
     with build_loggers(cfg, tmp_path, RECORD) as lg:
         assert lg.names == ["csv"]
@@ -103,8 +113,9 @@ def compose_logger(*overrides: str):
 def test_the_shipped_loggers_are_target_entries_and_a_users_yaml_adds_one(tmp_path: Path):
     """conf/logger/<name>.yaml names each shipped logger's class; ``logger=none`` and
     ``logger=[tensorboard,mlflow,wandb]`` compose as the docs show; a user's logger joins by
-    a YAML of the user's own (here in a folder on Hydra's search path, with the class of
-    tests/logger_user_code.py), built by the framework with no framework file edited."""
+    a YAML of the user's own in LHT's shape, ``mine: {_target_: ...}`` (here in a folder on
+    Hydra's search path, with the class of tests/logger_user_code.py: before, "Key 'mine'
+    not in 'LoggerConfig'"), built by the framework with no framework file edited."""
     for name, cls in SHIPPED.items():
         node = OmegaConf.load(REPO / "conf" / "logger" / f"{name}.yaml")[name]
         assert node["_target_"] == f"{cls.__module__}.{cls.__qualname__}"
@@ -114,7 +125,7 @@ def test_the_shipped_loggers_are_target_entries_and_a_users_yaml_adds_one(tmp_pa
     room = tmp_path / "conf"
     (room / "logger").mkdir(parents=True)
     (room / "logger" / "mine.yaml").write_text(
-        "sinks:\n  mine:\n    _target_: logger_user_code.RandomDrawing\n"
+        "mine:\n  _target_: logger_user_code.RandomDrawing\n"
     )
     mine = compose_logger("logger=[csv,mine]", f"hydra.searchpath=[file://{room}]")
     assert LoggerSettings.of(mine).backends == ["csv", "mine"]

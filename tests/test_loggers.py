@@ -215,9 +215,9 @@ def test_tracker_params_carry_identity_but_no_environment_or_command(
     )
     params = run_params(tmp_path, RECORD)
     assert not [k for k in params if k.startswith("config.logger.")]
-    assert params["config.optimizer.lr"] == "0.2"
+    assert params["config.optimizer.lr"] == 0.2  # typed (issue 55.2): str()ed before
     assert params["run.experiment_id"] == RECORD["experiment_id"]
-    assert params["run.seed.base"] == "42" and params["run.repro.level"] == "strict"
+    assert params["run.seed.base"] == 42 and params["run.repro.level"] == "strict"
     assert "sekrit" not in json.dumps(params)
 
 

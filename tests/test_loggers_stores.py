@@ -16,6 +16,7 @@ import pytest
 from conftest import MICRO, REFERENCE, REPO, assert_ok, base_env, jsonl, run_json, train
 from reprotrain.loggers import LoggerConfig, build_loggers
 from reprotrain.loggers.mlflow_sink import PARENT_JSON, end_sweep_run, start_sweep_run
+from reprotrain.loggers.params import run_key, run_name, short_id
 from reprotrain.metric_names import split_of
 
 INSTALL = "optional extra not installed: make install EXTRAS=mlflow,wandb"
@@ -120,7 +121,10 @@ def test_tensorboard_has_hparams_config_text_and_test_metrics_as_scalars(logged_
     final = run_json(run_dir)["final_metrics"]
     assert [e.value for e in acc.Scalars("final/test_acc")] == [pytest.approx(final["test_acc"])]
     assert [e.step for e in acc.Scalars("final/test_loss")] == [16]  # the last global step
-    hp = acc.PluginTagToContent(metadata.PLUGIN_NAME)
+    # The HParams session: its own folder of the run's, with the outcomes beside it.
+    session = EventAccumulator(str(run_dir / "tensorboard" / "hparams"), {"scalars": 0})
+    session.Reload()
+    hp = session.PluginTagToContent(metadata.PLUGIN_NAME)
     start = metadata.parse_session_start_info_plugin_data(hp[metadata.SESSION_START_INFO_TAG])
     # The hyperparameters are the run's overrides (typed from the resolved config), not the
     # whole flattened config (79 columns before, repro.level and the callbacks among them).
@@ -130,23 +134,21 @@ def test_tensorboard_has_hparams_config_text_and_test_metrics_as_scalars(logged_
     assert start.hparams["trainer.batch_size"].number_value == 64
     assert start.hparams["experiment"].string_value == "selfcheck"
     assert start.hparams["group"].string_value == " ".join(sorted(overrides))
-    end = metadata.parse_session_end_info_plugin_data(hp[metadata.SESSION_END_INFO_TAG])
-    assert end.status == api_pb2.STATUS_SUCCESS
-    # The HParams table's columns: the best monitored value and the final val/test metrics,
-    # not every scalar tag (step/*, epoch/*), nor final/epoch, final/global_step, final/lr.
-    exp = metadata.parse_experiment_plugin_data(hp[metadata.EXPERIMENT_TAG])
+    # The HParams table's columns (the session's scalars): the best monitored value and the
+    # final val/test metrics, not every curve (step/*, epoch/*), nor final/epoch, final/lr;
+    # TensorBoard computes the experiment from the sessions below the root it is given.
+    from test_tracker_views import hparams_at
+
+    exp, _ = hparams_at(run_dir / "tensorboard")
     columns = [m.name.tag for m in exp.metric_infos]
     shown = [k for k, v in final.items() if split_of(k) in ("val", "test") and v is not None]
     outcomes = {f"final/{k}" for k in shown}
-    assert columns[0] == "best/val_acc" and set(columns[1:]) == outcomes
+    assert set(columns) == outcomes | {"best/val_acc"}
     assert {"final/test_acc", "final/val_acc"} <= outcomes
     rows = jsonl(run_dir / "metrics.jsonl")
-    assert [e.value for e in acc.Scalars("best/val_acc")] == [
+    assert [e.value for e in session.Scalars("best/val_acc")] == [
         pytest.approx(max(r["val_acc"] for r in rows))
     ]
-    assert not {t for t in acc.Tags()["scalars"] if t.startswith(("step/", "epoch/"))} & set(
-        columns
-    )
     infos = {h.name: h.type for h in exp.hparam_infos}
     assert infos["trainer.batch_size"] == api_pb2.DATA_TYPE_FLOAT64
     assert infos["experiment"] == api_pb2.DATA_TYPE_STRING and set(infos) == set(start.hparams)
@@ -246,7 +248,7 @@ def test_one_run_outside_a_sweep_has_no_parent_and_goes_to_the_projects_store(
     client = MlflowClient(uri_in(tmp_path))
     run = client.get_run(run_id)
     assert "mlflow.parentRunId" not in run.data.tags
-    assert run.info.run_name == "outputs/x/r1"
+    assert run.info.run_name == f"sweepy {run.data.tags['reprotrain.run_key'][:6]}"
     location = client.get_experiment(run.info.experiment_id).artifact_location
     assert location == (tmp_path / "mlartifacts").resolve().as_uri()
 
@@ -264,8 +266,10 @@ def test_one_tensorboard_logdir_shows_runs_and_sweeps(tmp_path: Path, monkeypatc
             lg.log_final({"test_acc": 0.5})
     mux = EventMultiplexer().AddRunsFromDirectory(str(tmp_path / "tb"))
     mux.Reload()
-    assert set(mux.Runs()) == {"outputs/x/r1", "multirun/x/s/0"}
-    for run in mux.Runs():
+    single = f"sweepy {run_key(tmp_path / 'outputs/x/r1', _record('r1'))[:6]}"
+    job = f"sweepy {short_id(sweep)}-0"  # a sweep job: its sweep's id and its number
+    assert set(mux.Runs()) == {single, f"{single}/hparams", job, f"{job}/hparams"}
+    for run in (single, job):
         assert [e.value for e in mux.Scalars(run, "final/test_acc")] == [0.5]
 
 
@@ -283,7 +287,11 @@ def test_a_hydra_multirun_logs_a_parent_and_one_child_per_job(tmp_path: Path) ->
     parent = json.loads((tmp_path / "sweep" / PARENT_JSON).read_text())["run_id"]
     exps = [e.experiment_id for e in client.search_experiments()]
     kids = client.search_runs(exps, filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
-    assert sorted(r.info.run_name for r in kids) == ["seed.base=0", "seed.base=1"]
+    jobs = [tmp_path / "sweep" / str(n) for n in (0, 1)]
+    names = [
+        f"{run_json(j)['name']} {short_id(j.parent)}-{j.name} seed.base={j.name}" for j in jobs
+    ]
+    assert sorted(r.info.run_name for r in kids) == names
     assert all(r.info.status == "FINISHED" for r in kids)
     assert client.get_run(parent).info.status == "FINISHED"
     assert "summary.md" in {a.path for a in client.list_artifacts(parent)}
@@ -292,7 +300,8 @@ def test_a_hydra_multirun_logs_a_parent_and_one_child_per_job(tmp_path: Path) ->
 def test_wandb_gets_the_same_artifacts_as_mlflow_and_a_name_of_its_own(logged_run) -> None:
     """config.resolved.yaml, run.json, metrics.jsonl, report.md and curves.png: in the
     offline run's files and in one run-record artifact (W&B sends both on `wandb sync`);
-    the run's name is its path, not the experiment id two runs of one config share."""
+    the run's name is the trackers' name, not the experiment id two runs of one config
+    share."""
     from reprotrain.loggers.params import RUN_ARTIFACTS
 
     run_dir, _ = logged_run
@@ -306,7 +315,7 @@ def test_wandb_gets_the_same_artifacts_as_mlflow_and_a_name_of_its_own(logged_ru
     assert artifact.type == "run-record"
     assert {m.path for m in artifact.manifest.contents} == set(RUN_ARTIFACTS)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
-    assert run.display_name.endswith(run_dir.name)
+    assert run.display_name == run_name(run_dir, run_json(run_dir))
     assert run.display_name != run_json(run_dir)["experiment_id"]
 
 

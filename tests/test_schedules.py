@@ -134,3 +134,17 @@ def test_under_scheduler_none_a_callback_owns_the_lr(tmp_path):
     lrs = [row["lr"] for row in jsonl(run / "metrics.jsonl")]
     assert lrs == pytest.approx([lrs[0], lrs[0] * 0.1, lrs[0] * 0.01], rel=1e-12)
     assert run_json(run)["components"]["scheduler"] == "reprotrain.optim.NoSchedule"
+
+
+def test_the_recorded_lr_is_the_schedules_onecycle_max_lr(tmp_path):
+    """With torch's OneCycleLR the run's lr is its ``max_lr``, not the optimizer YAML's lr
+    (issue 53): in run.json and in the trackers' params (``run.lr``)."""
+    from reprotrain.loggers.params import run_params
+
+    run = tmp_path / "run"
+    onecycle = ["scheduler=constant", "scheduler._target_=torch.optim.lr_scheduler.OneCycleLR",
+                "+scheduler.max_lr=0.5", "optimizer.lr=0.01"]  # fmt: skip
+    assert_ok(train(run, "experiment=selfcheck", *TINY, *onecycle, micro=False))
+    record = run_json(run)
+    assert record["components"]["lr"] == 0.5
+    assert run_params(run, record)["run.lr"] == 0.5

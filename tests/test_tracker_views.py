@@ -1,7 +1,9 @@
-"""What a user sees of a sweep in their own tools (issue 46): a sweep counts its job
-directories, never a logger's copy of a record; TensorBoard's HParams shows what was swept;
-MLflow and W&B name a sweep's runs by their swept values; MLflow's experiment opens in its
-training view. Read back with each tool's own reader (TensorBoard's EventAccumulator,
+"""What a user sees of a sweep in their own tools (issues 46, 55.2): a sweep counts its job
+directories, never a logger's copy of a record; TensorBoard's HParams over a root of many
+runs shows each run's swept keys; TensorBoard, MLflow and W&B name a run by its experiment,
+a short id and its overrides, so two sweeps and their jobs are told apart; MLflow's
+experiment opens in its training view (docs/img/mlflow-training-view.png, by a real
+browser). Read back with each tool's own reader (TensorBoard's HParams backend,
 ``mlflow.search_runs``, W&B's offline transaction log). The same with a real sweep of every
 logger is the slow ``test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs``."""
 
@@ -12,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -129,34 +130,74 @@ def log_a_run(cfg: LoggerConfig, job: Path, record: dict):
         return [b.run_id for b in loggers._backends if hasattr(b, "run_id")]
 
 
-def test_hparams_show_the_swept_keys_and_the_outcomes_not_the_whole_config(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import metadata
+def hparams_at(root: Path):
+    """What TensorBoard's HParams dashboard shows for ``tensorboard --logdir root``: its
+    experiment as the plugin's own backend computes it, and each session's values."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import backend_context, metadata
 
-    job, record = sweep_job(tmp_path / "sweep", 0, 0.05, 1)
-    log_a_run(LoggerConfig(tensorboard=True, tensorboard_index=""), job, record)
-    acc = EventAccumulator(str(job / "tensorboard"), size_guidance={"scalars": 0})
-    acc.Reload()
-    hp = acc.PluginTagToContent(metadata.PLUGIN_NAME)
-    start = metadata.parse_session_start_info_plugin_data(hp[metadata.SESSION_START_INFO_TAG])
-    assert dict(start.hparams) == {
-        "experiment": start.hparams["experiment"],
-        "optimizer.lr": start.hparams["optimizer.lr"],
-        "seed.base": start.hparams["seed.base"],
-        "group": start.hparams["group"],
-    }  # not trainer.epochs, dataset._target_, optimizer.momentum, nor where it logs
-    assert start.hparams["optimizer.lr"].number_value == 0.05
-    assert start.hparams["seed.base"].number_value == 1
-    assert start.hparams["experiment"].string_value == "selfcheck"
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(root))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(root))
+    hp = backend_context.Context(base_plugin.TBContext(logdir=str(root), data_provider=provider))
+    ctx = context.RequestContext()
+    tags = hp.hparams_metadata(ctx, "")
+    exp = hp.experiment_from_metadata(
+        ctx, "", True, tags, hp.hparams_from_data_provider(ctx, "", 0)
+    )
+    start = metadata.SESSION_START_INFO_TAG
+    sessions = {
+        run: dict(metadata.parse_session_start_info_plugin_data(t[start]).hparams)
+        for run, t in tags.items() if start in t
+    }  # fmt: skip
+    return exp, sessions
+
+
+def test_hparams_over_a_root_of_many_runs_show_each_runs_swept_keys_and_only_outcomes(
+    tmp_path, monkeypatch
+):
+    """A grid sweep's job and an Optuna trial under one root (the documented ``tb/``): the
+    trial's optimizer.weight_decay is a column (before, the first run's experiment summary
+    was every run's: its keys only); the columns are the outcomes, not every curve."""
+    monkeypatch.chdir(tmp_path)  # the project root: tb/ is its index of links
+    cfg = LoggerConfig(tensorboard=True)
+    log_a_run(cfg, *sweep_job(tmp_path / "multirun" / "grid", 0, 0.05, 1))
+    trial, record = sweep_job(tmp_path / "multirun" / "optuna", 0, 0.3, 0)
+    overrides = ["experiment=selfcheck", "optimizer.lr=0.3", "optimizer.weight_decay=0.01"]
+    (trial / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    log_a_run(cfg, trial, record)
+    exp, sessions = hparams_at(tmp_path / "tb")
+    keys = {h.name: h.differs for h in exp.hparam_infos}
+    assert keys == {"experiment": False, "optimizer.lr": True, "seed.base": False,
+                    "optimizer.weight_decay": False, "group": True}  # fmt: skip
+    columns = sorted(m.name.tag for m in exp.metric_infos)
+    assert columns == ["best/val_acc", "final/test_acc", "final/test_loss", "final/val_acc",
+                       "final/val_loss"]  # fmt: skip
+    (job,) = [v for run, v in sessions.items() if "optimizer.weight_decay" not in v]
+    assert job["optimizer.lr"].number_value == 0.05 and job["seed.base"].number_value == 1
     # The seeds of one configuration share a group: its overrides less the seeds.
-    assert start.hparams["group"].string_value == "experiment=selfcheck optimizer.lr=0.05"
-    exp = metadata.parse_experiment_plugin_data(hp[metadata.EXPERIMENT_TAG])
-    differs = {h.name: h.differs for h in exp.hparam_infos}
-    assert differs == {"experiment": False, "optimizer.lr": True, "seed.base": True, "group": True}
-    columns = [m.name.tag for m in exp.metric_infos]
-    assert columns == ["best/val_acc", "final/val_loss", "final/val_acc", "final/test_loss",
-                       "final/test_acc"]  # fmt: skip
-    assert [e.value for e in acc.Scalars("best/val_acc")] == [pytest.approx(0.7)]
+    assert job["group"].string_value == "experiment=selfcheck optimizer.lr=0.05"
+
+
+def test_hparams_are_written_by_tensorboards_summary_api_not_by_hand():
+    """tensorboard.plugins.hparams.summary_v2 builds the session summary (the hand-built
+    protobufs of tensorboard_sink.py are gone)."""
+    from tensorboard.plugins.hparams import metadata, summary_v2
+
+    from reprotrain.loggers import tensorboard_sink
+
+    def start(summary):  # the session start, its time aside
+        (value,) = summary.value
+        info = metadata.parse_session_start_info_plugin_data(value.metadata.plugin_data.content)
+        return value.tag, info.group_name, dict(info.hparams)
+
+    values = {"optimizer.lr": 0.1, "group": "x"}
+    assert start(tensorboard_sink.hparams_pb(values)) == start(summary_v2.hparams_pb(values))
+    source = Path(tensorboard_sink.__file__).read_text()
+    assert "plugin_data_pb2" not in source and "api_pb2" not in source
 
 
 def job_run_names(uri: str) -> list[str]:
@@ -173,50 +214,86 @@ def job_run_names(uri: str) -> list[str]:
     return sorted(jobs["tags.mlflow.runName"])
 
 
-def test_mlflow_names_a_sweeps_runs_by_their_swept_values_in_its_training_view(
+def test_mlflow_names_a_sweeps_runs_by_experiment_id_and_swept_values_in_its_training_view(
     tmp_path, monkeypatch
 ):
-    """Children named ``optimizer.lr=0.1 seed.base=0`` (they were "0", "1"), read with
-    ``mlflow.search_runs``; the experiment tagged ``mlflow.experimentKind`` with the value
-    the locked UI's own code names its training kind (MLflow 3 opens an experiment without
-    it in its GenAI view), a new experiment and one made before the tag alike. W&B gets
-    the same names (``run_name``): read from its offline runs in the slow sweep test."""
+    """Children named ``selfcheck <sweep id>-<job> optimizer.lr=0.1 seed.base=0``, read with
+    ``mlflow.search_runs``: two sweeps' jobs differ by their sweep's id (before, both
+    "multirun/selfcheck/202…" in the UI); the experiment's link opens the training view:
+    the locked UI reads the ``workflowType`` parameter and starts on GenAI without it, and
+    no longer reads the experiment's kind tag (checked in a real browser:
+    docs/img/mlflow-training-view.png). W&B gets the same names: the slow sweep test."""
     pytest.importorskip("mlflow", reason="optional extra not installed: make install EXTRAS=mlflow")
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from reprotrain.loggers.mlflow_sink import EXPERIMENT_KIND, KIND_TAG, start_sweep_run
+    from reprotrain.loggers.mlflow_sink import TRAINING_VIEW, start_sweep_run, ui_link
+    from reprotrain.loggers.params import short_id
 
     ui = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
     bundle = "".join(p.read_text(errors="replace") for p in ui.glob("main.*.js"))
-    assert KIND_TAG in bundle
-    assert re.search(rf'CUSTOM_MODEL_DEVELOPMENT="{EXPERIMENT_KIND}"', bundle)
+    param, value = TRAINING_VIEW.split("=")
+    assert f'get("{param}")' in bundle and f'MACHINE_LEARNING="{value}"' in bundle
     monkeypatch.chdir(tmp_path)  # the project root
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    client = MlflowClient(uri)
-    old = client.create_experiment("older", artifact_location=(tmp_path / "a").as_uri())
     cfg = LoggerConfig(mlflow=True, mlflow_tracking_uri=uri)
-    sweep = tmp_path / "multirun" / "selfcheck" / "s"
-    start_sweep_run(cfg, sweep, "selfcheck", TASK)
-    for number, (lr, seed) in enumerate([(0.1, 0), (0.2, 0)]):
-        log_a_run(cfg, *sweep_job(sweep, number, lr, seed))
-    assert job_run_names(uri) == ["optimizer.lr=0.1 seed.base=0", "optimizer.lr=0.2 seed.base=0"]
-    single = tmp_path / "outputs" / "r"
-    with build_loggers(replace(cfg, mlflow_experiment="older"), single, {"started_at": "o"}):
-        pass
-    assert client.get_experiment_by_name("selfcheck").tags[KIND_TAG] == EXPERIMENT_KIND
-    assert client.get_experiment(old).tags[KIND_TAG] == EXPERIMENT_KIND
+    names = []
+    for sweep in (
+        tmp_path / "multirun" / "selfcheck" / "a",
+        tmp_path / "multirun" / "selfcheck" / "b",
+    ):
+        start_sweep_run(cfg, sweep, "selfcheck", TASK)
+        for number, (lr, seed) in enumerate([(0.1, 0), (0.2, 0)]):
+            log_a_run(cfg, *sweep_job(sweep, number, lr, seed))
+            names.append(f"selfcheck {short_id(sweep)}-{number} optimizer.lr={lr} seed.base={seed}")
+    assert job_run_names(uri) == sorted(names)
+    exp = MlflowClient(uri).get_experiment_by_name("selfcheck").experiment_id
+    assert ui_link(uri, exp) == f"http://127.0.0.1:5000/#/experiments/{exp}?{TRAINING_VIEW}"
+    server = "https://user:sekrit@mlflow.example.org/"
+    assert ui_link(server, "3") == f"https://mlflow.example.org/#/experiments/3?{TRAINING_VIEW}"
 
 
-def test_a_sweeps_job_is_named_by_its_swept_values_and_a_single_run_by_its_path(tmp_path):
-    from reprotrain.loggers.params import run_name
+def test_a_single_run_is_named_by_its_experiment_id_and_overrides(tmp_path):
+    from reprotrain.loggers.params import run_key, run_name
 
-    job, _ = sweep_job(tmp_path / "multirun" / "x" / "s", 3, 0.2, 1)
-    assert run_name(job, tmp_path) == "optimizer.lr=0.2 seed.base=1"
     run = tmp_path / "outputs" / "smoke" / "2026-01-01_00-00-00"
     (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "overrides.yaml").write_text("- experiment=smoke\n")
-    assert run_name(run, tmp_path) == "outputs/smoke/2026-01-01_00-00-00"
+    (run / ".hydra" / "overrides.yaml").write_text("- experiment=smoke\n- trainer.epochs=5\n")
+    record = {"name": "smoke", "started_at": "t"}
+    assert run_name(run, record) == f"smoke {run_key(run, record)[:6]} trainer.epochs=5"
+
+
+def test_typed_params_and_tags_reach_mlflow_and_wandb(tmp_path, monkeypatch):
+    """W&B's config keeps each value's type; MLflow's params (text in its data model) are
+    in the config's spelling, read back typed by ``yaml.safe_load``; ``tags=`` are each
+    tool's tags (before: ``"False"``, ``"0.2"``, and no tags)."""
+    pytest.importorskip("mlflow", reason="optional extra not installed: make install EXTRAS=mlflow")
+    pytest.importorskip("wandb", reason="optional extra not installed: make install EXTRAS=wandb")
+    from mlflow.tracking import MlflowClient
+
+    from test_loggers_stores import wandb_records
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    job, record = sweep_job(tmp_path / "multirun" / "s", 0, 0.2, 1)
+    record["tags"] = ["baseline", "lr-scan"]
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    cfg = LoggerConfig(mlflow=True, wandb=True, wandb_mode="offline", mlflow_tracking_uri=uri)
+    (run_id,) = log_a_run(cfg, job, record)
+    run = MlflowClient(uri).get_run(run_id)
+    params = run.data.params
+    typed = {"config.optimizer.lr": 0.2, "config.seed.data": None, "config.seed.base": 1,
+             "config.optimizer._target_": "torch.optim.SGD"}  # fmt: skip
+    assert {k: yaml.safe_load(params[k]) for k in typed} == typed
+    assert params["config.seed.data"] == "null"
+    assert {"baseline", "lr-scan"} <= set(run.data.tags)
+    (log,) = (job / "wandb").glob("offline-run-*/*.wandb")
+    records = list(wandb_records(log))
+    run_record = next(r.run for r in records if r.HasField("run"))
+    assert list(run_record.tags) == ["baseline", "lr-scan"]
+    config = {i.key: json.loads(i.value_json) for i in run_record.config.update}
+    assert {k: config[k] for k in typed} == typed  # JSON numbers and null, not "0.2"
 
 
 # ------------------------------------------------------------------------ end to end
@@ -233,9 +310,8 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
     pytest.importorskip(
         "wandb", reason="optional extra not installed: make install EXTRAS=mlflow,wandb"
     )
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import metadata
-
+    from conftest import run_json
+    from reprotrain.loggers.params import run_name
     from test_loggers_stores import wandb_records
 
     sweep, uri = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlruns.db'}"
@@ -252,7 +328,10 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
     summary = json.loads((sweep / "summary.json").read_text())
     assert sorted(g["n_completed"] for g in summary["groups"]) == [2, 2]
     assert ss.UNKNOWN_OVERRIDES not in (sweep / "summary.md").read_text()
-    names = sorted(f"optimizer.lr={lr} seed.base={s}" for lr in (0.05, 0.2) for s in (0, 1))
+    names = sorted(run_name(job, run_json(job)) for job in sweep_jobs(sweep))
+    assert {n.split(" ", 2)[2] for n in names} == {
+        f"optimizer.lr={lr} seed.base={s}" for lr in (0.05, 0.2) for s in (0, 1)
+    }
     assert job_run_names(uri) == names
     shown = []
     for job in sweep_jobs(sweep):
@@ -260,11 +339,7 @@ def test_a_sweep_with_every_logger_on_counts_names_and_shows_its_runs(tmp_path):
         run = next(r.run for r in wandb_records(log) if r.HasField("run"))
         shown.append(run.display_name)
         assert run.run_group == sweep.name
-        acc = EventAccumulator(str(job / "tensorboard"))
-        acc.Reload()
-        hp = acc.PluginTagToContent(metadata.PLUGIN_NAME)
-        exp = metadata.parse_experiment_plugin_data(hp[metadata.EXPERIMENT_TAG])
-        assert {h.name for h in exp.hparam_infos if h.differs} == {
-            "optimizer.lr", "seed.base", "group"}  # fmt: skip
-        assert "final/epoch" not in {m.name.tag for m in exp.metric_infos}
+    exp, _ = hparams_at(sweep)  # the sweep as TensorBoard shows it
+    assert {h.name for h in exp.hparam_infos if h.differs} == {"optimizer.lr", "seed.base", "group"}
+    assert "final/epoch" not in {m.name.tag for m in exp.metric_infos}
     assert sorted(shown) == names

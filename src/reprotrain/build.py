@@ -32,7 +32,7 @@ from reprotrain.data.pipeline import PipelineSpec, build_pipeline
 from reprotrain.data.purity import check_samples
 from reprotrain.data.sampler import refuse_elsewhere
 from reprotrain.optim import kind as schedule_kind
-from reprotrain.optim import param_groups, unwrapped
+from reprotrain.optim import param_groups, peak_lr, unwrapped
 from reprotrain.repro import checkpoint
 from reprotrain.repro import precision as float_math
 from reprotrain.repro.seeding import Seeds, seed_globals
@@ -93,6 +93,7 @@ def build(targets: Targets, run: Run) -> Parts:
     meta = {"config": run.container, "config_sha256": sha, "seeds": seeds, "env": run.env}
     where, keep = run.run_dir / rec.CHECKPOINTS, settings.run.keep_checkpoints
     saver = checkpoint.Saver(where, state, meta, keep, gather=run.reduction.checkpoint)
+    float_math.check_unchanged()  # no constructor set torch's fp32_precision settings
     return Parts(pipeline, runner, saver, schedule)
 
 
@@ -190,7 +191,7 @@ def components_record(settings: ModelSettings, runner: StepRunner, pipeline: Any
         # The weights validation and test evaluate: the model's, or the step's (EMA).
         "evaluated_with": getattr(runner.user_step, "evaluated_with", "model weights"),
         "reduction": runner.reduction.name,
-        "lr": state.optimizer.defaults.get("lr"),  # the optimizer's own, as configured
+        "lr": peak_lr(state.scheduler, state.optimizer),  # the schedule's (OneCycleLR's max_lr)
         "loss": qualname(getattr(runner.task, "loss_fn", None)),
         "dataset": qualname(pipeline.dataset),
         "sampler": qualname(pipeline.sampler) if pipeline.sampler is not None else None,

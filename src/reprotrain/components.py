@@ -207,7 +207,12 @@ def check(cfg: DictConfig) -> None:
         raise ComponentError(refused)
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and "_target_" in node:
-            check_node(node, f"callbacks.{name}")
+            group = f"callbacks.{name}"
+            check_node(node, group)
+            if str(node["_target_"]).startswith(f"{__package__}.callbacks."):
+                # The framework's own build nothing but themselves: their value checks
+                # (patience=-1) refuse here, before a run directory exists.
+                build_naming_key(group, node, lambda n, g=group: build(g, n))
     if isinstance(cfg.get("step"), DictConfig):  # a step's own argument checks (step.rho=0)
         build_naming_key("step", cfg.step, lambda node: build_step(node, torch.nn.Linear(1, 1)))
     from reprotrain.data.base import InMemoryTensors

@@ -10,7 +10,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
@@ -92,8 +92,6 @@ class LoopSettings:
     stop_after_epoch: int = 0  # end (completed) after this epoch, the schedule unchanged
     progress: bool = True  # tqdm bar; silenced automatically when stderr is not a TTY
     profile_steps: int = 0  # torch.profiler trace of N steps (after 1 warm-up) in the run dir
-    early_stopping_patience: int = 0  # evaluations without improvement before a stop (0: off)
-    early_stopping_min_delta: float = 0.0  # in the monitored metric's units
 
 
 @dataclass(frozen=True)
@@ -165,14 +163,14 @@ class TrainConfig:
     scheduler: Any = MISSING
     loss: Any = MISSING
     step: Any = field(default_factory=lambda: {"_target_": "reprotrain.step.PlainStep"})
-    callbacks: Any = None  # names to _target_ nodes (conf/callbacks/)
+    callbacks: Any = None  # names to _target_ nodes (conf/callbacks/); null: none
     sampler: Any = None  # a _target_ node (conf/sampler/); None: the framework's shuffle
     seed: SeedConfig = MISSING
     repro: ReproConfig = MISSING
     trainer: TrainerConfig = MISSING
     # Untracked paths whose contents may go into git.diff and archives (others: name, sha256)
     include_untracked: list[str] = field(default_factory=list)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    logger: Any = field(default_factory=lambda: asdict(LoggerConfig()))
     name: str = "run"  # experiment name, part of the run directory name
     resume: str | None = None  # null | auto | path/to/checkpoint.pt
     tags: list[str] = field(default_factory=list)  # labels for finding runs; not identity
@@ -182,7 +180,6 @@ PROJECT_GROUPS = {
     "seed": SeedConfig,
     "repro": ReproConfig,
     "trainer": TrainerConfig,
-    "logger": LoggerConfig,
 }
 USER_GROUPS = ("dataset", "model", "task", "optimizer", "scheduler", "loss", "step")
 
@@ -220,8 +217,7 @@ POSITIVE = _keys(
 NON_NEGATIVE = _keys(
     "trainer.checkpoint_every_steps trainer.num_workers trainer.grad_clip_norm "
     "trainer.stop_after_epoch trainer.limit_train_steps trainer.limit_eval_batches "
-    "trainer.overfit_batches trainer.profile_steps trainer.stop_at_global_step "
-    "trainer.early_stopping_patience trainer.early_stopping_min_delta"
+    "trainer.overfit_batches trainer.profile_steps trainer.stop_at_global_step"
 )
 DEVICES = "auto, cpu, cuda, cuda:N, mps"
 MAX_THREADS = 4096
@@ -260,11 +256,27 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
         if value is not None and not 0 <= value <= SEED_MAX:
             raise ReprotrainError(f"seed.{stream}={value} must be an integer in [0, 2**64 - 1]")
     check_layout(cfg.trainer, world_size)
+    check_callbacks(cfg.callbacks)
     check_extras(LoggerSettings.of(cfg.logger))
     for group in USER_GROUPS:
         bad = _non_finite_leaves(cfg[group], group)
         if bad:
             raise ReprotrainError(f"{bad[0]} is not a finite number (nan/inf); give a real value")
+
+
+def check_callbacks(node: Any) -> None:
+    """Each ``callbacks`` entry is off (null) or a ``_target_`` node, before anything is
+    written: ``+callbacks.early_stopping.patience=5`` (Hydra's hint) without picking the
+    entry makes a node with no ``_target_``."""
+    if node is not None and not isinstance(node, DictConfig):
+        raise ReprotrainError("callbacks must be a mapping of names to _target_ nodes")
+    for name, entry in (node or {}).items():
+        if entry is not None and not (isinstance(entry, DictConfig) and "_target_" in entry):
+            raise ReprotrainError(
+                f"callbacks.{name} has no _target_: pick the entry first "
+                f"(callbacks={name}, or a list: callbacks=[default,{name}]) and set its keys "
+                f"as callbacks.{name}.<key>=<value>; your own: +callbacks.{name}._target_=..."
+            )
 
 
 def launch_world_size() -> int:

@@ -19,11 +19,12 @@ from reprotrain import events, optim
 from reprotrain.build import Parts
 from reprotrain.callbacks import CallbackContext, Callbacks
 from reprotrain.hashing import losses_sha256, state_sha256, weights_sha256
-from reprotrain.loggers import Logger, build_loggers, resumed_history
+from reprotrain.loggers import CallbackLog, Logger, build_loggers, resumed_history
 from reprotrain.profiling import Profiler
 from reprotrain.progress import EpochBar
 from reprotrain.quoting import resume_hint
 from reprotrain.repro import checkpoint, determinism, environment
+from reprotrain.repro import precision as float_math
 from reprotrain.resume.continuation import FILE, Continuation, record_verdict
 from reprotrain.run import record as rec
 from reprotrain.run.report import write_report
@@ -71,13 +72,15 @@ class Trainer:
 
     def fit(self) -> float | None:
         """Epochs from the loop state's position, then the test split once; the best value."""
-        state, settings = self.loop, self.settings
-        past = (state.fingerprints, state.metrics, state.progress.losses(), state.progress.step_lrs)
-        history = resumed_history(*past, state.global_step)
+        state, settings, progress = self.loop, self.settings, self.loop.progress
+        logged = self.out.logged = CallbackLog(self.run_dir if self.dist.is_main else None,
+                                               state.global_step)  # fmt: skip
+        history = resumed_history(state.fingerprints, state.metrics, progress.losses(),
+                                  progress.step_lrs, state.global_step, logged.lines)  # fmt: skip
         # MLflow attaches report.md and curves.png at the end, drawn by make report's writer.
-        where = (self.logger_cfg, self.run_dir, self.record.data, state.global_step)
-        sinks = build_loggers(*where, history, report=write_report)
-        self.out.feed = LossFeed(sinks, state, self.runner.reduction)
+        sinks = build_loggers(self.logger_cfg, self.run_dir, self.record.data, state.global_step,
+                              history, report=write_report)  # fmt: skip
+        self.out.feed = LossFeed(sinks, state, self.runner.reduction, self.callbacks, logged)
         self.callback("on_start")
         if settings.profile_steps and self.dist.is_main:
             where = self.run_dir / "profile"
@@ -145,7 +148,7 @@ class Trainer:
         out.feed.flush()
         trained = state.progress.seen - self.runner.reduction.global_count(seen_before)
         row = self.end_epoch(seconds, trained)
-        out.epoch_logged(self.callbacks.take_logged(row))  # + ctx.log's: loggers only
+        out.epoch_logged(row, self.callbacks.take_logged())  # + ctx.log's: loggers only
         if state.epoch <= self.settings.epochs:  # the last epoch's end completes the run
             self.stop_if_asked(self.stop_at_reached())
         return row
@@ -172,11 +175,11 @@ class Trainer:
         any rank, from this step's sync point (None: not one; DDP stops only there)."""
         state, out, mid_epoch = self.loop, self.out, next_step < self.pipeline.steps_per_epoch
         out.bar.step(state.progress, state.global_step)
+        if self.callbacks.per_batch:  # found once: no call per step without one
+            self.callback("on_train_batch_end", state.global_step)  # before its values are sent
         out.feed.every(self.log_every_steps, mid_epoch)  # DDP: a collective
         if self.profiler is not None:
             self.profiler.step()
-        if self.callbacks.per_batch:  # found once: no call per step without one
-            self.callback("on_train_batch_end", state.global_step)
         out.fire("step", global_step=state.global_step)
         signalled = self.stop.signal_name is not None if not self.dist.enabled else bool(synced)
         self.stop_if_asked(self.stop_at_reached() and mid_epoch, signalled)
@@ -212,8 +215,12 @@ class Trainer:
         if self.pipeline.has_split("val") and (state.epoch % settings.eval_every == 0 or last):
             row.update(evaluate_split(runner, self.pipeline, "val", self.out.bar))
         state.metrics.append(row)
-        # What a callback keeps (or edits in the weights) is in the fingerprint and checkpoint.
-        self.callback("on_epoch_end", row)
+        # What a callback keeps (or edits in the weights) is in the fingerprint and checkpoint,
+        # and so is the stop it asks for (early stopping).
+        asked = self.callback("on_epoch_end", row)
+        if asked is not None and asked.stop_reason and state.epoch < settings.epochs:
+            state.early_stopped = {"epoch": state.epoch, **asked.stop_reason}
+        float_math.check_unchanged()  # torch's fp32_precision settings still the run's
         cpu_state = {k: v.detach().to("cpu") for k, v in runner.state.model.state_dict().items()}
         losses = state.progress.losses()
         state.fingerprints.append(
@@ -226,9 +233,8 @@ class Trainer:
                 "step_lrs": state.progress.step_lrs,
             }
         )
-        value, previous_best = row.get(settings.monitor), state.best
+        value = row.get(settings.monitor)
         improved = state.improved(value, settings.monitor_mode)
-        state.count_stale(value, previous_best, settings)
         optim.epoch_end(runner.state.scheduler, value)  # ReduceLROnPlateau: on the monitor
         self.out.epoch_rows(row)
         state.next_epoch()  # the epoch-end checkpoint resumes at the start of the next epoch
@@ -244,15 +250,17 @@ class Trainer:
             self.callback("on_checkpoint", path)
         self.saved_at = self.loop.global_step
         self.out.checkpoint(best, model_state)
+        if hook:
+            self.out.written(path)
 
-    def callback(self, hook: str, *args: Any) -> None:
-        """Every callback's ``hook`` (each inside the RNG guard: callbacks.py)."""
+    def callback(self, hook: str, *args: Any) -> CallbackContext | None:
+        """Every callback's ``hook`` (each inside the RNG guard: callbacks.py); its context."""
         if not self.callbacks:
-            return
+            return None
         state, loop = self.runner.state, self.loop
-        where = (state.model, state.optimizer, loop.epoch, loop.global_step, self.run_dir)
-        ctx = CallbackContext(*where, replaying=self.out.replaying, is_main=self.dist.is_main)
-        self.callbacks.call(hook, ctx, *args)
+        ctx = CallbackContext(state.model, state.optimizer, loop.epoch, loop.global_step,
+                              self.run_dir, self.out.replaying, self.dist.is_main)  # fmt: skip
+        return self.callbacks.call(hook, ctx, *args)
 
     def finish(self) -> float | None:
         """Test once (last weights, then best), mark the run completed; the monitored best."""
@@ -322,6 +330,7 @@ class Outputs:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer, self.bar, self.continuation = trainer, trainer.bar, trainer.continuation
         self.feed: Any = None  # the loggers' feed: set by fit()
+        self.logged: CallbackLog = CallbackLog(None)  # what callbacks logged: set by fit()
 
     fire = staticmethod(events.fire)  # ``step``, ``after-save``: what tests and tools hook
 
@@ -340,13 +349,13 @@ class Outputs:
         shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and v is not None)
         log.info("epoch %d/%d  %s", state.epoch, t.settings.epochs, shown)
         if state.early_stopped is not None:
-            why = "%(monitor)s has not improved for %(patience)d evaluated epochs"
-            best = "best %(best)s at epoch %(best_epoch)s"
-            log.info(f"early stopping: {why}; {best}", state.early_stopped)
+            log.info("early stopping after epoch %d: %s", state.epoch, state.early_stopped["why"])
 
-    def epoch_logged(self, row: dict) -> None:
-        """The epoch's row to the loggers; the alerts and non-finite events to the record."""
-        self.feed.epoch(row)
+    def epoch_logged(self, row: dict, extra: dict) -> None:
+        """The epoch's row and what callbacks logged (``extra``, under names the row lacks)
+        to the loggers; the alerts and non-finite events to the record."""
+        self.logged.add({row["global_step"]: extra}, epoch=row["epoch"])
+        self.feed.epoch(extra | row)
         t = self.trainer
         t.record.update(nondeterministic_ops=t.alerts, nonfinite_events=t.loop.nonfinite_events)
 
@@ -354,6 +363,10 @@ class Outputs:
         self.log_steps()
         self.trainer.saver.save(best=best, model_state=model_state)
         self.continuation.restart()  # the steps up to here are in the checkpoint
+
+    def written(self, path: Any) -> None:
+        """``on_checkpoint_written``: the checkpoint ``on_checkpoint`` saw is on disk."""
+        self.trainer.callback("on_checkpoint_written", path)
 
     def stop(self, signalled: bool) -> None:
         """Checkpoint (unless this step's is written), close the loggers, mark interrupted."""
@@ -387,10 +400,10 @@ class Silent(Outputs):
     def _nothing(self, *args: Any, **kw: Any) -> None:
         """Written, logged or fired when the steps first ran."""
 
-    fire = log_steps = epoch_rows = checkpoint = _nothing
+    fire = log_steps = epoch_rows = checkpoint = written = _nothing
 
-    def epoch_logged(self, row: dict) -> None:
-        self.feed.epoch(row)
+    def epoch_logged(self, row: dict, extra: dict) -> None:
+        self.feed.epoch(row)  # nothing was logged (``ctx.log`` while replaying)
 
     def stop(self, signalled: bool) -> None:
         """A signal stops a replay, uncheckpointed; ``stop_at_global_step`` does not."""
@@ -421,8 +434,12 @@ class LossFeed:
     """Per-step losses and lrs to the loggers in batches: one host read per batch (mid-epoch
     under DDP, one all-reduce of a copy: ``Reduction.global_step_losses``)."""
 
-    def __init__(self, loggers: Any, state: LoopState, reduction: Any = None) -> None:
+    def __init__(
+        self, loggers: Any, state: LoopState, reduction: Any = None, callbacks: Any = None,
+        logged: CallbackLog | None = None,
+    ) -> None:  # fmt: skip
         self.loggers, self.state, self.reduction = loggers, state, reduction
+        self.callbacks, self.logged = callbacks, logged  # per-step ctx.log values, and their file
         self.sent = len(state.progress.step_losses)  # a resumed epoch's steps were sent
 
     def flush(self, mid_epoch: bool = False) -> None:
@@ -433,9 +450,14 @@ class LossFeed:
         if mid_epoch and self.reduction is not None:
             stacked = self.reduction.global_step_losses(stacked)
         losses = stacked.double().tolist()
-        first = self.state.global_step - len(losses) + 1
+        steps = list(range(self.state.global_step - len(losses) + 1, self.state.global_step + 1))
         series = {"train_loss": losses, "lr": progress.step_lrs[self.sent :]}
-        self.loggers.log_steps(list(range(first, self.state.global_step + 1)), series)
+        if self.callbacks:  # what on_train_batch_end logged, at its step
+            taken = self.callbacks.take_steps(self.state.global_step)
+            self.logged.add(taken)
+            for name in dict.fromkeys(k for values in taken.values() for k in values):
+                series[name] = [taken.get(s, {}).get(name) for s in steps]
+        self.loggers.log_steps(steps, series)
         self.sent = len(progress.step_losses)
 
     def every(self, steps: int, mid_epoch: bool = True) -> None:

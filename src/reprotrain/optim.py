@@ -117,6 +117,15 @@ def unwrapped(scheduler: Any) -> Any:
     return scheduler.scheduler if isinstance(scheduler, MetricSchedule) else scheduler
 
 
+def peak_lr(scheduler: Any, optimizer: torch.optim.Optimizer) -> float | None:
+    """The run's lr as a hyperparameter: the highest the schedule sets, read before any step
+    (``OneCycleLR``'s ``max_lr``, ``CyclicLR``'s ``max_lrs``; the project's schedules and
+    the plateau start from the optimizer's lr, the most their factor gives: 1)."""
+    group = optimizer.param_groups[0]
+    peak = getattr(unwrapped(scheduler), "max_lrs", None) or [group.get("max_lr")]
+    return peak[0] if peak[0] is not None else group.get("initial_lr", group["lr"])
+
+
 def epoch_end(scheduler: Any, value: float | None) -> None:
     """At an epoch's end: a metric-driven schedule steps on ``value`` (``trainer.monitor``'s;
     None: not evaluated this epoch); a per-step one has already moved."""

@@ -113,6 +113,7 @@ def compose_all(argv: list[str]) -> list | bool:
     try:
         if not args.multirun:
             refuse_sweep_without_multirun(args.overrides)
+        refuse_a_group_without_an_option(args.overrides, config_dir)
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             if args.multirun:
                 sweeps.check_sweep_overrides(args.overrides)
@@ -166,6 +167,20 @@ def refuse_sweep_without_multirun(overrides: list[str]) -> None:
                 f"{o.input_line} gives {key} several values, which only a sweep runs: add "
                 f"--multirun (or use make sweep); for one list value write {key}=[a,b], for "
                 f"one text value {key}='a,b'"
+            )
+
+
+def refuse_a_group_without_an_option(overrides: list[str], config_dir: str) -> None:
+    """``callbacks=null`` (the group's own default): Hydra takes only an option's name for a
+    config group and raises a bare ValueError (a traceback, exit 1); here it is one line."""
+    for o in OverridesParser.create().parse_overrides(overrides):
+        group = o.key_or_group
+        if o.is_delete() or o.is_sweep_override() or isinstance(o.value(), str | list):
+            continue
+        if Path(config_dir, group).is_dir():
+            raise ReprotrainError(
+                f"{o.input_line}: {group} is a config group, set to an option's name "
+                f"(conf/{group}/); leave it out for its default, or drop it with ~{group}"
             )
 
 

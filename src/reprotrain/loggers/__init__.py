@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from reprotrain.allowlist import allowing, targets_in
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.fanout import (
+    CallbackLog,
     History,
     Logger,
     LoggerRun,
@@ -26,7 +27,6 @@ from reprotrain.loggers.mlflow_sink import ReportHook
 from reprotrain.loggers.params import run_params
 from reprotrain.loggers.settings import (
     EXTRAS_INSTALL,
-    SHIPPED_KEYS,
     LoggerConfig,
     LoggerSettings,
     check_extras,
@@ -34,7 +34,8 @@ from reprotrain.loggers.settings import (
 from reprotrain.loggers.shipped import SHIPPED
 from reprotrain.loggers.wandb_sink import resolve_wandb_mode
 
-__all__ = ["EXTRAS_INSTALL", "History", "Logger", "LoggerConfig", "LoggerRun", "LoggerSettings"]
+__all__ = ["EXTRAS_INSTALL", "CallbackLog", "History", "Logger", "LoggerConfig", "LoggerRun"]
+__all__ += ["LoggerSettings"]
 __all__ += ["Loggers", "build_loggers", "check_extras", "resolve_wandb_mode", "resumed_history"]
 __all__ += ["run_params"]
 
@@ -73,10 +74,8 @@ def build_loggers(
 def _built(name: str, entry: Any) -> Logger:
     """The logger of one entry: the shipped class for ``True``, else its ``_target_``."""
     if entry is True:
-        if name not in SHIPPED:
-            raise ReprotrainError(f"logger.sinks.{name} must be a _target_ node, not true")
-        return SHIPPED[name]()
-    where = f"logger.{name}" if name in SHIPPED_KEYS else f"logger.sinks.{name}"
+        return SHIPPED[name]()  # a user's entry is a _target_ node (LoggerSettings.of)
+    where = f"logger.{name}"
     if not hasattr(entry, "get") or not entry.get("_target_"):
         raise ReprotrainError(f"{where} has no _target_; see conf/logger/ (docs/loggers.md)")
     try:

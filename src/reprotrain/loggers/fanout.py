@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reprotrain.run.record import read_jsonl, strict_json, write_jsonl
+
 if TYPE_CHECKING:
     from reprotrain.loggers.settings import LoggerSettings
 
 log = logging.getLogger("reprotrain")
+LOGGED = "logged.jsonl"
 _OFF = "logger %s failed in %s (%s); switched off for this run (metrics.jsonl is unaffected)"
 
 
@@ -135,8 +138,10 @@ def resumed_history(
     partial_losses: list[float],
     partial_lrs: list[float],
     global_step: int,
+    logged: list[dict] | None = None,
 ) -> History:
-    """The numbers the loop had logged before a resume: per-step series and epoch rows."""
+    """The numbers the loop had logged before a resume: per-step series and epoch rows, with
+    what callbacks logged (``logged``: :class:`CallbackLog`'s lines up to ``global_step``)."""
     steps: list[int] = []
     losses: list[float | None] = []
     lrs: list[float | None] = []
@@ -148,8 +153,35 @@ def resumed_history(
     steps += range(global_step - len(partial_losses) + 1, global_step + 1)
     losses += list(partial_losses)
     lrs += list(partial_lrs)
-    rows = [(r["epoch"], r["global_step"], r) for r in metrics]
-    return History(steps, {"train_loss": losses, "lr": lrs}, rows)
+    by_step = {e["global_step"]: e["values"] for e in logged or [] if e["epoch"] is None}
+    by_epoch = {e["epoch"]: e["values"] for e in logged or [] if e["epoch"] is not None}
+    series = {"train_loss": losses, "lr": lrs}
+    for name in dict.fromkeys(k for values in by_step.values() for k in values):
+        series[name] = [by_step.get(s, {}).get(name) for s in steps]
+    rows = [(r["epoch"], r["global_step"], by_epoch.get(r["epoch"], {}) | r) for r in metrics]
+    return History(steps, series, rows)
+
+
+class CallbackLog:
+    """``logged.jsonl``: what callbacks logged (``ctx.log``), a line per global step or epoch
+    row, appended as the loggers get it (rank 0; ``None``: another rank). The record never
+    holds these values, so after a resume every logger gets them back from here."""
+
+    def __init__(self, run_dir: Path | None, start_step: int = 0) -> None:
+        self.path = None if run_dir is None else Path(run_dir) / LOGGED
+        self.lines: list[dict] = []
+        if self.path is not None and self.path.is_file():
+            # A killed attempt's lines past the checkpoint are logged again as it recomputes.
+            lines = read_jsonl(self.path, torn_tail_ok=True)
+            self.lines = [e for e in lines if e["global_step"] <= start_step]
+            write_jsonl(self.path, self.lines)
+
+    def add(self, values: dict[int, dict[str, float]], epoch: int | None = None) -> None:
+        """``values`` by global step: a step's (``epoch`` None) or the epoch row's."""
+        lines = [{"global_step": s, "epoch": epoch, "values": v} for s, v in values.items() if v]
+        if self.path is not None and lines:
+            with self.path.open("a") as f:
+                f.write("".join(strict_json(e, sort_keys=True) + "\n" for e in lines))
 
 
 @contextlib.contextmanager

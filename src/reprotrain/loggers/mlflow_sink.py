@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.loggers.fanout import Logger, LoggerRun, preserved_rng
-from reprotrain.loggers.params import identity, record_files, relative_name, run_key, run_name
+from reprotrain.loggers.params import (
+    identity,
+    param_text,
+    record_files,
+    run_key,
+    run_name,
+    short_id,
+)
 from reprotrain.loggers.settings import (
     MLFLOW_ARTIFACTS,
     LoggerSettings,
-    project_root,
     require_module,
 )
 from reprotrain.run.record import atomic_write_text
@@ -29,9 +35,13 @@ PARENT_JSON = "mlflow_parent_run.json"
 #: Files of a sweep dir attached to the parent run at the end.
 SWEEP_ARTIFACTS = ("summary.json", "summary.md", "summary.png", "multirun.yaml")
 STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
-#: Without it MLflow 3's UI opens an experiment in its GenAI view; this opens its training view.
+#: MLflow 3's experiment kind; the locked UI (3.17) no longer reads it, but a global switch
+#: that starts on GenAI, unless the page's address says ``TRAINING_VIEW`` (:func:`ui_link`).
 KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+TRAINING_VIEW = "workflowType=machine_learning"
+#: Where ``mlflow ui`` serves a local store by default.
+LOCAL_UI = "http://127.0.0.1:5000"
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
 _PARAMS_BATCH = 100  # ... and on params
 #: (run_dir, out_dir) -> (report.md, curves.png or None).
@@ -48,6 +58,13 @@ def shown_uri(uri: str) -> str:
     if sep and "@" in rest.split("/", 1)[0]:
         rest = rest.split("@", 1)[1]
     return f"{scheme}{sep}{rest}"
+
+
+def ui_link(uri: str, experiment: str) -> str:
+    """The experiment's page in the model-training view: on the tracking server itself, or
+    in ``mlflow ui`` for a local store (credentials never in it)."""
+    base = shown_uri(uri).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+    return f"{base}/#/experiments/{experiment}?{TRAINING_VIEW}"
 
 
 def client_for(settings: LoggerSettings):
@@ -81,10 +98,11 @@ def experiment_id(client, name: str, uri: str) -> str:
         return exp.experiment_id
 
 
-def log_params(client, run_id: str, params: dict[str, str]) -> None:
+def log_params(client, run_id: str, params: dict[str, Any]) -> None:
+    """MLflow's parameters are text: each in the config's spelling (``param_text``)."""
     from mlflow.entities import Param
 
-    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+    items = [Param(k, param_text(v)[:6000]) for k, v in sorted(params.items())]
     for i in range(0, len(items), _PARAMS_BATCH):
         client.log_batch(run_id, params=items[i : i + _PARAMS_BATCH])
 
@@ -113,7 +131,7 @@ class MLflowLogger(Logger):
         else:
             name = run.settings.mlflow_experiment or str(run.record.get("name") or "reprotrain")
             exp_id = experiment_id(self.client, name, self.uri)
-        key = run_key(self.run_dir, run.record)
+        key, self.exp_id = run_key(self.run_dir, run.record), exp_id
         found = self.client.search_runs(
             [exp_id], filter_string=f"tags.`reprotrain.run_key` = '{key}'", max_results=1
         )
@@ -139,12 +157,14 @@ class MLflowLogger(Logger):
             tags["mlflow.source.git.commit"] = str(ident["git.commit"])
         if parent is not None:
             tags["mlflow.parentRunId"] = parent["run_id"]
-        name = run_name(self.run_dir, project_root())
+        tags |= dict.fromkeys(map(str, run.record.get("tags") or []), "")  # tags=[a,b]: MLflow's
+        name = run_name(self.run_dir, run.record)
         self.run_id = self.client.create_run(exp_id, run_name=name, tags=tags).info.run_id
         log_params(self.client, self.run_id, run.params)
 
     def describe(self) -> str:
-        return f"mlflow ({shown_uri(self.uri)}, run {self.run_id})"
+        link = ui_link(self.uri, self.exp_id)
+        return f"mlflow ({shown_uri(self.uri)}, run {self.run_id}; model-training view: {link})"
 
     def _log(self, points: list[tuple[str, float, int]]) -> None:
         now = int(time.time() * 1000)
@@ -199,7 +219,7 @@ def start_sweep_run(node: Any, sweep_dir: Path, name: str, overrides: list[str])
             exp_id = experiment_id(client, settings.mlflow_experiment or name, uri)
             run = client.create_run(
                 exp_id,
-                run_name=relative_name(sweep_dir, project_root()),
+                run_name=f"{name} {short_id(sweep_dir)} (sweep)",
                 tags={"reprotrain.sweep_dir": str(sweep_dir), "reprotrain.kind": "sweep"},
             )
             log_params(client, run.info.run_id, {"sweep.overrides": " ".join(overrides)})

@@ -5,6 +5,7 @@ run.json's identity fields only, never the environment or command line (docs/log
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,24 @@ def identity(record: dict[str, Any]) -> dict[str, Any]:
         "git.commit": git.get("commit"),
         "git.dirty": git.get("dirty"),
         "lock_sha256": record.get("lock_sha256"),
+        "lr": (record.get("components") or {}).get("lr"),  # the schedule's (OneCycleLR's max_lr)
         **{f"seed.{k}": v for k, v in seeds.items()},
     }
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def run_params(run_dir: Path, record: dict[str, Any]) -> dict[str, str]:
-    """``config.<key>`` of the flattened resolved config and ``run.<field>``, as strings."""
-    params = {k: str(v) for k, v in flatten(resolved_config(run_dir), "config.").items()}
-    params.update({f"run.{k}": str(v) for k, v in identity(record).items()})
-    return params
+def run_params(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``config.<key>`` of the flattened resolved config and ``run.<field>``, with their
+    types (bool, int, float, text, null, lists): W&B keeps them; MLflow, whose parameters
+    are text, gets :func:`param_text`."""
+    params = flatten(resolved_config(run_dir), "config.")
+    return params | {f"run.{k}": v for k, v in identity(record).items()}
+
+
+def param_text(value: Any) -> str:
+    """A parameter as text in the config's own spelling (``true``, ``null``, ``0.2``,
+    ``[1, 2]``; text as it is), so ``yaml.safe_load`` gives the typed value back."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def override_key(override: str) -> str:
@@ -103,15 +112,24 @@ def is_seed(key: str) -> bool:
     return key == "seed" or key.startswith("seed.")
 
 
-def run_name(run_dir: Path, root: Path) -> str:
-    """A tracker's name for the run: a sweep job's swept values (else its overrides, else its
-    number); a single run's path below the project root."""
-    sweep = sweep_dir_of(run_dir)
+def run_name(run_dir: Path, record: dict[str, Any]) -> str:
+    """A tracker's name for the run, told apart at a glance from any other: the experiment
+    (``name``), a short id (a sweep job's: its sweep's and its number, shared by no other
+    sweep), then what was chosen (a sweep job's swept values, a single run's overrides)."""
+    sweep, overrides = sweep_dir_of(run_dir), run_overrides(run_dir)
     if sweep is None:
-        return relative_name(run_dir, root)
-    overrides, swept = run_overrides(run_dir), swept_keys(sweep)
-    chosen = [o for o in overrides if override_key(o) in swept] or overrides
-    return " ".join(sorted(chosen)) or Path(run_dir).name
+        short = run_key(run_dir, record)[:6]
+    else:
+        short = f"{short_id(sweep)}-{Path(run_dir).name}"
+        swept = swept_keys(sweep)
+        overrides = [o for o in overrides if override_key(o) in swept] or overrides
+    chosen = [o for o in overrides if override_key(o) != "experiment"]
+    return " ".join([str(record.get("name") or "run"), short, *sorted(chosen)])
+
+
+def short_id(path: Path) -> str:
+    """Six hex digits of a directory's resolved path: its sweep's part of a job's name."""
+    return hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:6]
 
 
 def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
@@ -124,7 +142,7 @@ def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
         value = flat.get(key, text.partition("=")[2])
         out[key] = value if isinstance(value, bool | int | float | str) else str(value)
     out["group"] = " ".join(sorted(o for o in overrides if not is_seed(override_key(o))))
-    return out
+    return out | ({"tags": ",".join(tags)} if (tags := flat.get("tags")) else {})
 
 
 def monitor_of(run_dir: Path) -> tuple[str, str] | None:
@@ -144,15 +162,6 @@ def sweep_dir_of(run_dir: Path) -> Path | None:
     """The Hydra sweep directory a run dir belongs to (its parent holds multirun.yaml)."""
     parent = Path(run_dir).resolve().parent
     return parent if (parent / SWEEP_RECORD).is_file() else None
-
-
-def relative_name(run_dir: Path, root: Path) -> str:
-    """The run dir relative to the project root, else its last three parts."""
-    run_dir = Path(run_dir).resolve()
-    try:
-        return run_dir.relative_to(root).as_posix()
-    except ValueError:
-        return "/".join(run_dir.parts[-3:])
 
 
 def record_files(run_dir: Path, report: Any, scratch: Path, tracker: str) -> list[Path]:

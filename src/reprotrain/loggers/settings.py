@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
 from reprotrain.errors import ReprotrainError
 
@@ -34,15 +37,15 @@ EXTRAS_INSTALL = install_command("mlflow", "wandb")
 
 @dataclass
 class LoggerConfig:
-    """Schema of ``conf/logger/*``: one key per logger (``_target_``, ``true``, or off), a
-    user's under ``sinks``; none is part of a run's identity."""
+    """The settings of ``conf/logger/*`` and the shipped loggers' slots (``_target_``,
+    ``true``, or off); any other key is a logger of the user's, a ``_target_`` node, as in
+    lightning-hydra-template (``conf/logger/<name>.yaml``). None is part of a run's identity;
+    :meth:`LoggerSettings.of` checks the types (the group has no schema, so it can hold them)."""
 
     tensorboard: Any = False
     mlflow: Any = False
     wandb: Any = False
     csv: Any = False  # metrics.csv in the run dir, one row per epoch
-    # A user's loggers: name -> _target_ node of a reprotrain.api.Logger subclass.
-    sinks: dict[str, Any] | None = field(default_factory=dict)
     # Per-step losses and lr handed over every this many steps (0: at epoch ends only).
     log_every_steps: int = 50
     tensorboard_dir: str = "tensorboard"  # relative to the run dir
@@ -79,15 +82,28 @@ class LoggerSettings:
 
     @classmethod
     def of(cls, node: Any, root: Path | None = None) -> LoggerSettings:
-        """Read the ``logger`` node once, range-checked; ``root``: the default store's home."""
+        """Read the ``logger`` node once, type- and range-checked; ``root``: the default store's
+        home."""
+        node = node if isinstance(node, DictConfig) else OmegaConf.structured(node)
+        known = [f.name for f in fields(LoggerConfig)]
+        users = {str(k): node[k] for k in node if k not in known}
+        for name, entry in users.items():
+            if not (isinstance(entry, DictConfig) and "_target_" in entry):
+                raise ReprotrainError(
+                    f"logger.{name}: not a setting ({', '.join(known)}) and no logger: a logger "
+                    "of your own is a _target_ node (conf/logger/<name>.yaml, docs/loggers.md)"
+                )
+        try:
+            OmegaConf.merge(OmegaConf.structured(LoggerConfig), OmegaConf.masked_copy(node, known))
+        except ValidationError as e:
+            raise ReprotrainError(f"logger.{e.full_key}: {str(e).splitlines()[0]}") from None
         if node.log_every_steps < 0:
             raise ReprotrainError(f"logger.log_every_steps={node.log_every_steps} must be >= 0")
         if node.wandb_mode not in WANDB_MODES:
             raise ReprotrainError(
                 f"logger.wandb_mode={node.wandb_mode!r} is not one of {', '.join(WANDB_MODES)}"
             )
-        chosen = {name: getattr(node, name, False) for name in SHIPPED_KEYS}
-        chosen |= dict((getattr(node, "sinks", None) or {}).items())
+        chosen = {name: node[name] for name in SHIPPED_KEYS} | users
         uri = node.mlflow_tracking_uri or f"sqlite:///{(root or project_root()) / MLFLOW_DB}"
         texts = {k: str(getattr(node, k)) for k in TEXT_KEYS}
         on = tuple((str(name), entry) for name, entry in chosen.items() if entry)
@@ -95,7 +111,7 @@ class LoggerSettings:
 
     @property
     def backends(self) -> list[str]:
-        """The names of the loggers that are on: the shipped slots first, then ``sinks``."""
+        """The names of the loggers that are on: the shipped slots first, then the user's."""
         return [name for name, _ in self.chosen]
 
     def modules_for(self, backend: str) -> list[str]:

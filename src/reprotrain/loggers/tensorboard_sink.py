@@ -1,31 +1,24 @@
-"""TensorBoard: event files in the run dir, linked from the project's ``tb/`` (docs/loggers.md)."""
+"""TensorBoard: event files in the run dir, linked from the project's ``tb/`` under the run's
+name; HParams through tensorboard's own summary API (docs/loggers.md)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
-import time
 from pathlib import Path
 
 from reprotrain import metric_names
 from reprotrain.loggers.fanout import Logger, LoggerRun, numeric
-from reprotrain.loggers.params import (
-    RESOLVED_CONFIG,
-    hparam_values,
-    is_seed,
-    monitor_of,
-    relative_name,
-    sweep_dir_of,
-    swept_keys,
-)
+from reprotrain.loggers.params import RESOLVED_CONFIG, hparam_values, monitor_of, run_name
 from reprotrain.loggers.settings import project_root, require_module
 from reprotrain.metric_names import split_of
 from reprotrain.run.paths import inside
 
 log = logging.getLogger("reprotrain")
-
-STATUS = {"completed": "STATUS_SUCCESS", "interrupted": "STATUS_ABORTED"}
+#: The HParams session's own folder in the run's: its hyperparameters and the outcomes (the
+#: table's columns), apart from the curves, which would each be a column beside them.
+SESSION = "hparams"
 
 
 class TensorBoardLogger(Logger):
@@ -39,14 +32,19 @@ class TensorBoardLogger(Logger):
         self.log_dir = inside(run_dir, settings.tensorboard_dir, "logger.tensorboard_dir")
         self.last_step = run.start_step
         self.hparams = hparam_values(run_dir)
-        self.monitor, self.swept = monitor_of(run_dir), swept_keys(sweep_dir_of(run_dir))
+        self.monitor = monitor_of(run_dir)
         self.best: float | None = None  # the best monitored value so far
         if run.start_step:
             # A resume: an earlier attempt's events may stop short of the checkpoint or run
             # past it; the stream starts again from the record.
-            for old in self.log_dir.glob("events.out.tfevents.*"):
+            for old in [*self.log_dir.glob("events.out.tfevents.*"),
+                        *self.log_dir.glob(f"{SESSION}/events.out.tfevents.*")]:  # fmt: skip
                 old.unlink()
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        # Each run writes its hyperparameters only (no experiment summary: TensorBoard takes
+        # the first it finds for every run below a root, so the others' keys would be lost).
+        self.session = SummaryWriter(log_dir=str(self.log_dir / SESSION))
+        self.session.file_writer.add_summary(hparams_pb(self.hparams))
         ident = {k: v for k, v in run.params.items() if k.startswith("run.")}
         table = "\n".join(f"| {k[4:]} | `{v}` |" for k, v in sorted(ident.items()))
         self.writer.add_text("run", "| field | value |\n|---|---|\n" + table, 0)
@@ -54,8 +52,6 @@ class TensorBoardLogger(Logger):
         if config.is_file():
             indented = "\n".join("    " + line for line in config.read_text().splitlines())
             self.writer.add_text("config", indented, 0)  # markdown: indented = code block
-        if self.hparams:
-            self.writer.file_writer.add_summary(session_start(self.hparams))
         if run.start_step and run.history is not None:
             self.log_steps(run.history.steps, run.history.series)
             for epoch, global_step, row in run.history.epochs:
@@ -63,7 +59,8 @@ class TensorBoardLogger(Logger):
         root = project_root()
         if settings.tensorboard_index and run_dir.resolve().is_relative_to(root):
             index = inside(root, settings.tensorboard_index, "logger.tensorboard_index", root.name)
-            link_run(index, relative_name(run_dir, root), self.log_dir)
+            name = run_name(run_dir, run.record).replace(os.sep, "_").lstrip(".")
+            link_run(index, name, self.log_dir)
 
     def describe(self) -> str:
         return f"tensorboard ({self.log_dir})"
@@ -98,77 +95,26 @@ class TensorBoardLogger(Logger):
                 self.writer.add_scalar(f"final/{key}", value, self.last_step)
         rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(metrics.items()))
         self.writer.add_text("final_metrics", "| metric | value |\n|---|---|\n" + rows, 0)
-        tags = []
+        # The session's columns: the best monitored value, the val and test outcomes
+        # (best_test_acc too), not train metrics nor bookkeeping.
         if self.monitor and self.best is not None:
-            tags.append(f"best/{self.monitor[0]}")
-            self.writer.add_scalar(tags[-1], self.best, self.last_step)
-        # val and test outcomes (best_test_acc too), not train metrics nor bookkeeping
+            self.session.add_scalar(f"best/{self.monitor[0]}", self.best, self.last_step)
         shown = [k for k, v in metrics.items() if v is not None and split_of(k) in ("val", "test")]
-        tags += [f"final/{k}" for k in sorted(shown, key=metric_names.sort_key)]
-        if self.hparams:
-            self.writer.file_writer.add_summary(experiment(self.hparams, tags, self.swept))
+        for key in sorted(shown, key=metric_names.sort_key):
+            self.session.add_scalar(f"final/{key}", metrics[key], self.last_step)
 
     def close(self, status: str) -> None:
-        self.writer.file_writer.add_summary(session_end(status))
+        """Both writers closed (the run's status is run.json's: tensorboard's session-end
+        summary is only in its TensorFlow API, ``hparams.summary``)."""
+        self.session.close()
         self.writer.close()
 
 
-def session_start(hparams: dict[str, bool | int | float | str]):
-    """The HParams plugin's session-start summary: one run's hyperparameter values."""
-    from tensorboard.plugins.hparams import plugin_data_pb2
+def hparams_pb(hparams: dict[str, bool | int | float | str]):
+    """The HParams session-start summary of one run, by tensorboard's own summary API."""
+    from tensorboard.plugins.hparams import summary_v2
 
-    info = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
-    for key, value in hparams.items():
-        if isinstance(value, bool):
-            info.hparams[key].bool_value = value
-        elif isinstance(value, int | float):
-            info.hparams[key].number_value = float(value)
-        else:
-            info.hparams[key].string_value = str(value)
-    return _plugin_summary("SESSION_START_INFO_TAG", session_start_info=info)
-
-
-def experiment(
-    hparams: dict[str, bool | int | float | str],
-    metric_tags: list[str],
-    swept: set[str] | frozenset[str] = frozenset(),
-):
-    """The HParams plugin's experiment summary: hyperparameters (``swept`` ones, and
-    ``group`` when any is, marked as differing) and the metric columns."""
-    from tensorboard.plugins.hparams import api_pb2
-
-    def kind(value: object) -> int:
-        if isinstance(value, bool):
-            return api_pb2.DATA_TYPE_BOOL
-        number = isinstance(value, int | float)
-        return api_pb2.DATA_TYPE_FLOAT64 if number else api_pb2.DATA_TYPE_STRING
-
-    differing = set(swept) | ({"group"} if any(not is_seed(k) for k in swept) else set())
-    infos = [
-        api_pb2.HParamInfo(name=k, type=kind(v), differs=k in differing) for k, v in hparams.items()
-    ]
-    metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags]
-    exp = api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics)
-    return _plugin_summary("EXPERIMENT_TAG", experiment=exp)
-
-
-def session_end(status: str):
-    """The HParams plugin's session-end summary: completed, interrupted or failed."""
-    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
-
-    code = api_pb2.Status.Value(STATUS.get(status, "STATUS_FAILURE"))
-    info = plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=time.time())
-    return _plugin_summary("SESSION_END_INFO_TAG", session_end_info=info)
-
-
-def _plugin_summary(tag: str, **data: object):
-    """One summary of the HParams plugin; ``tag``: the name of its tag in ``metadata``."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
-
-    content = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(**data))
-    value = Summary.Value(tag=getattr(metadata, tag), metadata=content, tensor=metadata.NULL_TENSOR)
-    return Summary(value=[value])
+    return summary_v2.hparams_pb(hparams)
 
 
 def link_run(index_dir: Path, name: str, log_dir: Path) -> Path | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from reprotrain.loggers.fanout import Logger, LoggerRun
 from reprotrain.loggers.params import record_files, run_key, run_name, sweep_dir_of
-from reprotrain.loggers.settings import project_root, require_module
+from reprotrain.loggers.settings import require_module
 
 
 def resolve_wandb_mode(mode: str) -> str:
@@ -39,13 +39,14 @@ class WandBLogger(Logger):
         self.run = wandb.init(
             project=run.settings.wandb_project,
             entity=run.settings.wandb_entity or None,
-            name=run_name(run_dir, project_root()),
+            name=run_name(run_dir, run.record),
             id=self.key,
             resume="allow",
             dir=str(run_dir),
             mode=self.mode,
             group=sweep.name if sweep else None,
-            config=run.params,
+            config=run.params,  # with their types
+            tags=[str(t) for t in run.record.get("tags") or []] or None,
         )
 
     def describe(self) -> str:

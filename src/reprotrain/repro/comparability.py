@@ -11,6 +11,7 @@ from typing import Any
 
 from reprotrain.repro.environment import GPU_ENV_VARS, steers_bits
 from reprotrain.repro.machine import DISPATCH_ENV_VARS
+from reprotrain.repro.precision import SETTINGS as FP32_SETTINGS
 
 MISSING: Any = type("NotRecorded", (), {"__repr__": lambda self: "not recorded"})()
 
@@ -148,15 +149,14 @@ def differences(
 
 
 def precision_difference(recorded_repro: dict | None, current_repro: dict | None) -> str | None:
-    """One line when two runs' ``trainer.precision`` (run.json ``repro``) differ, else None."""
+    """One line when two runs' float math differs (run.json ``repro``): ``trainer.precision``,
+    else any of torch's fp32_precision settings it was read back as; None when the same."""
     a, b = recorded_repro or {}, current_repro or {}
-    keys = ("precision", "tf32_matmul", "tf32_cudnn")
-    before = tuple(a.get(k, MISSING) for k in keys)
-    after = tuple(b.get(k, MISSING) for k in keys)
-    if before == after:
-        return None
-    change = f"{_show(before[0])} -> {_show(after[0])}"
-    return f"precision: {change} (trainer.precision): not the same float math"
+    rule = [("precision", _get("precision"))]
+    if _get("precision")(a) == _get("precision")(b):  # else the settings follow from it
+        rule += [(f"fp32_precision {k}", _get("fp32_precision", k)) for k in FP32_SETTINGS]
+    found = _compare(rule, a, b)
+    return f"{'; '.join(found)} (trainer.precision): not the same float math" if found else None
 
 
 def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool) -> list[str]:

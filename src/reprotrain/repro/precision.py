@@ -1,7 +1,8 @@
 """The float math a run uses: ``trainer.precision``, its own choice, apart from determinism.
 Closes: the rounding of float32 math chosen behind the run's back. 32-true, tf32, bf16-mixed
 and 16-mixed (docs/gpus.md): applied once per process, read back, recorded, and part of the
-config's identity and of the comparability rule. The CPU libraries stay IEEE float32."""
+config's identity and of the comparability rule, through torch's ``fp32_precision`` settings
+on every backend. The CPU libraries stay IEEE float32."""
 
 from __future__ import annotations
 
@@ -51,37 +52,93 @@ def uses_grad_scaler(precision: str) -> bool:
     return check(precision) == "16-mixed"
 
 
-def apply(precision: str) -> dict:
-    """Set the TF32 flags ``precision`` means; return what torch reports is in force.
-    Closes: TF32 rounding of CUDA matmuls and cuDNN convolutions, oneDNN's on the CPU."""
+#: torch's ``fp32_precision`` settings (the API since torch 2.9), by their ``torch.backends``
+#: names ("generic": ``torch.backends.fp32_precision``; "cudnn"/"mkldnn": the backend's own,
+#: which its ops inherit when they say "none"). The four that pick a kernel's float32
+#: rounding are cuBLAS matmul, cuDNN conv, cuDNN rnn and oneDNN (its matmul, conv and rnn).
+SETTINGS = ("generic", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn",
+            "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")  # fmt: skip
+#: What a fresh torch process holds (read back in a fresh interpreter by tests/test_precision.py):
+#: anything else before a run's first ``apply`` was set by other code in the process.
+TORCH_DEFAULTS = dict.fromkeys(SETTINGS, "none") | {"cudnn.conv": "tf32", "cudnn.rnn": "tf32"}
+_CUDA = ("cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn")
+_applied: dict[str, str] | None = None  # what the last ``apply`` of this process set
+
+
+def wanted(precision: str) -> dict[str, str]:
+    """The settings ``precision`` means: TF32 for the CUDA libraries at ``tf32`` only; the
+    CPU's oneDNN IEEE at every precision ("mkldnn" itself follows "generic")."""
+    cuda = "tf32" if check(precision) == "tf32" else "ieee"
+    return dict.fromkeys(SETTINGS, "ieee") | dict.fromkeys(_CUDA, cuda)
+
+
+def _node(name: str) -> Any:
     import torch
 
-    tf32 = check(precision) == "tf32"
-    # "highest" first: every backend IEEE, the CPU's oneDNN included; then the two CUDA
-    # flags, which leave oneDNN as it is.
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    node = torch.backends
+    for part in name.split(".") if name != "generic" else ():
+        node = getattr(node, part)
+    return node
+
+
+def settings() -> dict[str, str]:
+    """Every fp32_precision setting as torch reports it now (read back, never the legacy
+    ``allow_tf32`` flags, which raise once the two APIs disagree)."""
+    return {name: _node(name).fp32_precision for name in SETTINGS}
+
+
+def apply(precision: str) -> dict:
+    """Set the fp32_precision settings ``precision`` means; return what torch reports.
+    Closes: TF32 rounding of cuBLAS matmuls and cuDNN convolutions and rnns, oneDNN's on the
+    CPU, and a setting other code made in this process that the run would silently replace."""
+    import torch
+
+    global _applied
+    want, now = wanted(precision), settings()
+    ours = _applied or TORCH_DEFAULTS
+    if changed := [k for k, v in now.items() if v not in (ours[k], want[k])]:
+        raise ReprotrainError(_changed_by_others(now, want, changed, "before the run"))
+    # torch keeps two legacy records beside the settings (the matmul precision and cuDNN's
+    # allow_tf32); code that still reads them (torch.compile's inductor) raises unless they
+    # agree with the settings. Their setters also move settings, which the loop sets after.
+    tf32 = want["cuda.matmul"] == "tf32"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     torch.backends.cudnn.allow_tf32 = tf32
-    flags = effective(precision)
-    if (flags["tf32_matmul"], flags["tf32_cudnn"]) != (tf32, tf32):
+    for name in SETTINGS:
+        if name != "mkldnn":  # its setter sets "generic" (torch 2.14): follows it, read back
+            _node(name).fp32_precision = want[name]
+    _applied = settings()
+    if _applied != want:
+        wrong = ", ".join(f"{k}={v}" for k, v in _applied.items() if v != want[k])
         raise ReprotrainError(
-            f"trainer.precision={precision}: torch reports TF32 matmul={flags['tf32_matmul']}, "
-            f"cuDNN={flags['tf32_cudnn']} after setting them; something overrides torch's flags"
+            f"trainer.precision={precision}: torch reports {wrong} after setting them; "
+            "something overrides torch's fp32_precision settings"
         )
-    return flags
+    return effective(precision)
+
+
+def check_unchanged() -> None:
+    """Refuse, in one line, settings other code changed after ``apply`` (a model, a task, a
+    callback or a library that sets TF32 itself): the run would not be the recorded one."""
+    if _applied is not None and (now := settings()) != _applied:
+        changed = [k for k, v in now.items() if v != _applied[k]]
+        raise ReprotrainError(_changed_by_others(now, _applied, changed, "during the run"))
+
+
+def _changed_by_others(now: dict, run: dict, changed: list[str], when: str) -> str:
+    shown = ", ".join(f"{k}={now[k]} (the run's: {run[k]})" for k in changed)
+    return (
+        f"torch's fp32_precision settings were changed {when} by other code in this process: "
+        f"{shown}; choose the float math with trainer.precision ({', '.join(PRECISIONS)}) "
+        "and remove that setting"
+    )
 
 
 def effective(precision: str) -> dict:
     """The precision and what torch reports is in force now (read back)."""
-    import torch
-
-    mkldnn = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", None)
     return {
         "precision": precision,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cpu_matmul_fp32_precision": mkldnn,  # oneDNN: "ieee" under every precision
+        "fp32_precision": settings(),
         "autocast_dtype": AUTOCAST.get(check(precision)),
         "grad_scaler": uses_grad_scaler(precision),
     }

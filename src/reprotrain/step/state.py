@@ -98,8 +98,7 @@ class LoopState:
     metrics: list[dict] = field(default_factory=list)
     fingerprints: list[dict] = field(default_factory=list)
     nonfinite_events: list[dict] = field(default_factory=list)
-    stale_epochs: int = 0  # evaluated epochs in a row without improvement (early stopping)
-    early_stopped: dict | None = None  # set when early stopping ends the loop
+    early_stopped: dict | None = None  # a callback's stop (early stopping): why, when
     progress: EpochProgress = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -110,6 +109,7 @@ class LoopState:
         self.progress = EpochProgress(self.device)
 
     def improved(self, value: float | None, mode: str) -> bool:
+        """Whether ``value`` is a new best (best.pt): any finite strict improvement."""
         if value is None or not math.isfinite(value):
             return False
         if self.best is not None and (value <= self.best if mode == "max" else value >= self.best):
@@ -124,27 +124,6 @@ class LoopState:
         for key in LOOP_KEYS:
             setattr(self, key, sd[key])
         self.progress.load_state_dict(sd["progress"])
-
-    def count_stale(self, value: float | None, previous_best: float | None, stop) -> None:
-        """Early stopping: count an epoch that did not beat ``previous_best`` by the min delta;
-        after ``patience`` in a row, mark the loop stopped (checkpointed); ``stop``: settings."""
-        patience = stop.early_stopping_patience
-        if not patience or value is None:
-            return  # off, or the monitored value was not evaluated this epoch
-        if not math.isfinite(value):
-            better = False
-        elif previous_best is None:
-            better = True
-        else:
-            gain = value - previous_best if stop.monitor_mode == "max" else previous_best - value
-            better = gain > stop.early_stopping_min_delta
-        self.stale_epochs = 0 if better else self.stale_epochs + 1
-        if self.stale_epochs >= patience and self.epoch < stop.epochs:
-            self.early_stopped = {
-                "epoch": self.epoch, "monitor": stop.monitor, "best": self.best,
-                "best_epoch": self.best_epoch, "patience": patience,
-                "min_delta": stop.early_stopping_min_delta,
-            }  # fmt: skip
 
 
 LOOP_KEYS = tuple(f.name for f in fields(LoopState) if f.name not in ("device", "progress"))

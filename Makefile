@@ -113,7 +113,7 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 # Optional extras, hashed and locked like the rest: make install EXTRAS=mlflow,wandb (the
 # loggers; docs/loggers.md). Each is requirements-<extra>.lock; with them, no drift.
 EXTRAS ?=
-KNOWN_EXTRAS := mlflow wandb
+KNOWN_EXTRAS := $(patsubst requirements-%.in,%,$(filter-out requirements-dev.in,$(wildcard requirements-*.in)))
 comma := ,
 EXTRA_NAMES = $(strip $(subst $(comma), ,$(value EXTRAS)))
 

@@ -285,3 +285,19 @@ def test_every_setting_is_inert_in_every_target(form, tmp_path):
 
 def environ_without(names) -> dict[str, str]:
     return {k: v for k, v in base_env().items() if k not in (*names, "MAKEFLAGS", "MAKELEVEL")}
+
+
+def test_the_extras_are_one_list_the_requirements_files_make_and_the_loggers_agree_on():
+    """One home for the optional extras: a ``requirements-<extra>.in`` file. ``make install``
+    accepts exactly those, the lock checker expects exactly those, and the loggers' install
+    line names them (three lists before)."""
+    from reprotrain.loggers.settings import EXTRA_OF, EXTRAS_INSTALL
+    from reprotrain.repro.requirements_lock import EXTRAS
+
+    files = {p.name[len("requirements-") : -len(".in")] for p in REPO.glob("requirements-*.in")}
+    files.discard("dev")
+    made = subprocess.run(["make", "-s", "-p", "-n", "help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60).stdout  # fmt: skip
+    known = next(line for line in made.splitlines() if line.startswith("KNOWN_EXTRAS :="))
+    assert set(known.split(":=", 1)[1].split()) == files == set(EXTRAS) == set(EXTRA_OF.values())
+    assert f"make install EXTRAS={','.join(sorted(files))}" == EXTRAS_INSTALL

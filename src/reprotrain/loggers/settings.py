@@ -12,12 +12,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 from reprotrain.errors import ReprotrainError
+from reprotrain.repro.requirements_lock import EXTRAS
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 BACKENDS = ("tensorboard", "mlflow", "wandb")  # the shipped ones that need a store or extra
 SHIPPED_KEYS = (*BACKENDS, "csv")  # the logger config's own slots (``shipped.SHIPPED``)
-#: The optional extra each backend needs (TensorBoard is in the runtime lock).
-EXTRA_OF = {"mlflow": "mlflow", "wandb": "wandb"}
+#: The optional extra each backend needs (TensorBoard is in the runtime lock): the extras'
+#: one list is ``requirements_lock.EXTRAS`` (each names its backend).
+EXTRA_OF = {backend: backend for backend in BACKENDS if backend in EXTRAS}
 #: The local SQLite store needs sqlalchemy + alembic beside mlflow (all in the mlflow extra).
 LOCAL_STORE_MODULES = ("mlflow", "sqlalchemy", "alembic")
 MLFLOW_DB = "mlruns.db"
@@ -32,7 +34,7 @@ def install_command(*extras: str) -> str:
     return f"make install EXTRAS={','.join(extras)}"
 
 
-EXTRAS_INSTALL = install_command("mlflow", "wandb")
+EXTRAS_INSTALL = install_command(*EXTRAS)
 
 
 @dataclass

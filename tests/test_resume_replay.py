@@ -111,7 +111,8 @@ def test_the_checkpoint_before_the_last_is_always_kept(tmp_path):
             self.step = sd["global_step"]
 
     part = Part()
-    saver = checkpoint.Saver(tmp_path, {"loop": part}, {"seeds": None}, keep=1)
+    meta = checkpoint.Meta(config={}, config_sha256="", seeds=None, env={})
+    saver = checkpoint.Saver(tmp_path, {"loop": part}, meta, keep=1)
     for step in (1, 2, 3):
         part.step = step
         saver.save()

@@ -90,7 +90,7 @@ def build(targets: Targets, run: Run) -> Parts:
     state.audit = ResumeAudit(*owners, trainer_state=state, pipeline=pipeline)
     seed_globals(run.seeds.train)
     seeds, sha = run.seeds.as_dict(), record["config_sha256"]
-    meta = {"config": run.container, "config_sha256": sha, "seeds": seeds, "env": run.env}
+    meta = checkpoint.Meta(config=run.container, config_sha256=sha, seeds=seeds, env=run.env)
     where, keep = run.run_dir / rec.CHECKPOINTS, settings.run.keep_checkpoints
     saver = checkpoint.Saver(where, state, meta, keep, gather=run.reduction.checkpoint)
     float_math.check_unchanged()  # no constructor set torch's fp32_precision settings

@@ -11,6 +11,7 @@ import math
 import pickle
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,18 +27,34 @@ FORMAT_VERSION = 2  # 2: one state_dict per Stateful part (model, optimizer, ...
 _STEP_FILE = re.compile(r"^step-(\d{8})\.pt$")
 
 
+@dataclass(frozen=True)
+class Meta:
+    """What a run was started with, beside its state in each checkpoint (the resume guard
+    compares it): the one place its keys are spelled. A new entry is a field here and its
+    value where the run builds its Saver (``build.py``)."""
+
+    config: dict[str, Any]
+    config_sha256: str
+    seeds: dict[str, int]
+    env: dict[str, Any]
+
+
+#: Checkpoint entries that are not state: ``Meta``'s and the file format's.
+META_KEYS = frozenset({"format_version", *(f.name for f in fields(Meta))})
+
+
 class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
 
 
-def snapshot(parts: Stateful | dict[str, Stateful], meta: dict[str, Any]) -> dict[str, Any]:
+def snapshot(parts: Stateful | dict[str, Stateful], meta: Meta) -> dict[str, Any]:
     """The checkpoint: each part's ``state_dict()`` under its name, plus ``meta``."""
     if isinstance(parts, dict):
         state = {k: p.state_dict() for k, p in parts.items()}
     else:
         state = parts.state_dict()
-    return {"format_version": FORMAT_VERSION, **meta, **state}
+    return {"format_version": FORMAT_VERSION, **vars(meta), **state}
 
 
 def step_path(ckpt_dir: Path, global_step: int) -> Path:
@@ -192,13 +209,13 @@ class Saver:
         self,
         ckpt_dir: Path,
         parts: Stateful | dict,
-        meta: dict,
+        meta: Meta,
         keep: int,
         gather: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, max(keep, 2)
         self.gather = gather
-        seeds = meta.get("seeds")
+        seeds = meta.seeds
         # The run's own checkpoints so far (a resume's): the only ones pruning may count.
         mine = list_step_checkpoints(ckpt_dir) if is_writer() else []
         self.own = [p for p in mine if belongs(p, seeds)]

@@ -23,7 +23,7 @@ log = logging.getLogger("reprotrain")
 
 # Checkpoint entries that are not state: what the run was started with (compared by the
 # resume guard: config, seeds, environment) and the file format.
-META = frozenset({"format_version", "config", "config_sha256", "seeds", "env"})
+META = checkpoint.META_KEYS
 # The loop's metric rows hold wall-clock measurements beside the numbers.
 TIMINGS = frozenset({"seconds", "images_per_s"})
 

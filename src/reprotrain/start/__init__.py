@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,8 @@ class Run:
     def restore(self, trainer: Any) -> None:
         """Fresh: record the initial weights; Resume: ``reprotrain.resume.restore``."""
         self.kind.restore(self, trainer)
-        trainer.saver.meta["config_sha256"] = self.record["config_sha256"]  # an extension's
+        sha = self.record["config_sha256"]  # an extension's, after the resume rewrote it
+        trainer.saver.meta = replace(trainer.saver.meta, config_sha256=sha)
 
 
 def start(cfg: DictConfig, run_dir: Path, dist: Dist) -> Run:

@@ -36,13 +36,12 @@ def apply(
         require_portable_dispatch()
     cublas_workspace()
     torch.set_num_threads(num_threads)
-    deterministic = chosen.deterministic
-    torch.use_deterministic_algorithms(deterministic, warn_only=chosen.warn_only)
+    torch.use_deterministic_algorithms(chosen.deterministic, warn_only=chosen.warn_only)
     torch.utils.deterministic.fill_uninitialized_memory = (
-        deterministic and fill_uninitialized_memory
+        chosen.deterministic and fill_uninitialized_memory
     )
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = chosen.deterministic
+    torch.backends.cudnn.benchmark = not chosen.deterministic
     float_math.apply(precision)
     return effective_flags(level, precision)
 

@@ -5,8 +5,6 @@ about a level again (``data/purity.py`` refused impure samples under portable wh
 ``resume/guard.py`` let an unrestorable resume through). ``portable`` is ``strict`` plus
 pinned CPU dispatch, built from it, so it refuses all that strict refuses."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, replace
 
 from reprotrain.errors import ReprotrainError

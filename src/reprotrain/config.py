@@ -19,6 +19,7 @@ from omegaconf import II, MISSING, DictConfig, OmegaConf
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers import LoggerConfig, LoggerSettings, check_extras
 from reprotrain.quoting import flatten
+from reprotrain.repro.levels import LEVELS
 from reprotrain.repro.precision import PRECISIONS
 
 
@@ -203,7 +204,7 @@ def _keys(text: str) -> tuple[str, ...]:
 
 
 CHOICES = {
-    "repro.level": ("strict", "warn", "fast", "portable"),
+    "repro.level": tuple(LEVELS),
     "trainer.pipeline": ("auto", "device", "loader"),
     "trainer.precision": PRECISIONS,
     "trainer.monitor_mode": ("max", "min"),

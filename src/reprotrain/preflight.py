@@ -27,7 +27,7 @@ from reprotrain import CONF_DIR, components, config
 from reprotrain import sweep_checks as sweeps
 from reprotrain.data import sampler
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro import hashseed
+from reprotrain.repro import hashseed, levels
 from reprotrain.repro import secrets as env_secrets
 from reprotrain.run import paths
 from reprotrain.shown import safe_line
@@ -129,8 +129,8 @@ def compose_all(argv: list[str]) -> list | bool:
                 check_schema_keys({group: cfg[group] for group in config.PROJECT_GROUPS})
                 check_text_lists({key: cfg.get(key) for key in TEXT_LISTS})
                 config.validate(cfg, config.launch_world_size())
-                if cfg.repro.level == "portable":  # before any user code imports torch: a
-                    hashseed.refuse_portable_here()  # CPU without AVX2 may not even run it
+                if levels.level(cfg.repro.level).pins_cpu_dispatch:  # before user code imports
+                    hashseed.refuse_portable_here()  # torch: a CPU without AVX2 may not run it
                 check_sampler(cfg.dataset, cfg.sampler)  # before the dataset's own keys
                 components.check(cfg)
                 if isinstance(cfg.get("loss"), DictConfig) and "_target_" in cfg.loss:

@@ -177,10 +177,11 @@ def check_pipeline(pipeline: Any, n: int = KEYS) -> PurityVerdict | None:
 
 def check_samples(pipeline: Any, level: str, record: Any) -> None:
     """The run start's check, recorded as ``sample_purity``: an impure sample refuses the run
-    under strict and portable; at the other levels it is warned and recorded."""
+    where the level refuses it (strict, portable); at the others it is warned and recorded."""
     import logging
 
     from reprotrain.errors import ReprotrainError
+    from reprotrain.repro.levels import level as repro_level
 
     verdict = check_pipeline(pipeline)
     if verdict is None:
@@ -193,7 +194,7 @@ def check_samples(pipeline: Any, level: str, record: Any) -> None:
     record.update(sample_purity=found)
     if verdict.pure:
         return
-    if level in ("strict", "portable"):
+    if repro_level(level).refuses_impure_samples:
         raise ReprotrainError(
             f"samples are not a pure function of their key: {verdict.reason} (repro=warn "
             "records this and goes on, without promising the bits)"

@@ -15,14 +15,12 @@ from contextlib import contextmanager
 import torch
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro import machine
+from reprotrain.repro import levels, machine
 from reprotrain.repro import precision as float_math
 
 log = logging.getLogger("reprotrain")
 
 CUBLAS_WORKSPACE = ":4096:8"
-LEVELS = ("strict", "warn", "fast", "portable")
-DETERMINISTIC = ("strict", "warn", "portable")
 
 
 def apply(
@@ -32,20 +30,18 @@ def apply(
     precision: str = float_math.DEFAULT,
 ) -> dict:
     """Apply a determinism level and a ``trainer.precision``; return the effective flags."""
-    if level not in LEVELS:
-        raise ValueError(f"unknown repro level {level!r}")
+    chosen = levels.level(level)
     float_math.check(precision)
-    if level == "portable":
+    if chosen.pins_cpu_dispatch:
         require_portable_dispatch()
     cublas_workspace()
     torch.set_num_threads(num_threads)
-    deterministic = level in DETERMINISTIC
-    torch.use_deterministic_algorithms(deterministic, warn_only=(level == "warn"))
+    torch.use_deterministic_algorithms(chosen.deterministic, warn_only=chosen.warn_only)
     torch.utils.deterministic.fill_uninitialized_memory = (
-        deterministic and fill_uninitialized_memory
+        chosen.deterministic and fill_uninitialized_memory
     )
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = chosen.deterministic
+    torch.backends.cudnn.benchmark = not chosen.deterministic
     float_math.apply(precision)
     return effective_flags(level, precision)
 

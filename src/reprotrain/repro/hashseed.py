@@ -10,6 +10,7 @@ import platform
 import sys
 from collections.abc import Iterable
 
+from reprotrain.repro.levels import level
 from reprotrain.repro.machine import PORTABLE_CONFLICTS, PORTABLE_ENV, cpu_flags
 
 FIXED_VALUE = "0"
@@ -70,10 +71,10 @@ def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) ->
     ``ReprotrainError`` where it cannot hold); ``levels``: of every run this command starts."""
     from reprotrain.errors import ReprotrainError
 
-    levels = set(levels)
-    if "portable" not in levels:
+    pins = {level(name).pins_cpu_dispatch for name in levels}
+    if True not in pins:
         return
-    if len(levels) > 1:
+    if len(pins) > 1:
         raise ReprotrainError(
             "a --multirun cannot mix repro=portable with other levels (CPU kernel dispatch is "
             "fixed when the interpreter starts); run them as separate sweeps"

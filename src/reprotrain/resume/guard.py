@@ -15,7 +15,7 @@ from typing import Any
 from reprotrain.config import is_identity
 from reprotrain.errors import CheckpointError, ResumeError
 from reprotrain.quoting import flatten, hydra_override
-from reprotrain.repro import checkpoint, comparability
+from reprotrain.repro import checkpoint, comparability, levels
 from reprotrain.run import record as rec
 
 log = logging.getLogger("reprotrain")
@@ -196,14 +196,15 @@ def _changes(recorded: dict, current: dict) -> dict[str, dict[str, Any]]:
 def check_unrestored(
     point: ResumePoint, unrestored: list[str], current: dict, inputs: list[str]
 ) -> None:
-    """Under ``repro=strict`` a resume that cannot be bitwise is refused (run.json put back)."""
+    """A resume that cannot be bitwise is refused (run.json put back) where the level says
+    so (strict, portable), else warned and recorded."""
     if not unrestored:
         return
     for line in unrestored:
         log.warning(line)
     trainer = current.get("trainer") or {}
-    strict = (current.get("repro") or {}).get("level") == "strict"
-    if not strict or trainer.get("allow_unrestored_state"):
+    chosen = levels.level(current["repro"]["level"])
+    if not chosen.refuses_unrestorable_resume or trainer.get("allow_unrestored_state"):
         return
     if rec.is_writer():
         for path, data in point.files_before.items():
@@ -214,7 +215,7 @@ def check_unrestored(
     if inputs:
         fix = f"what the run reads changed since it started ({'; '.join(inputs)}): put it back"
     raise ResumeError(
-        f"refusing to resume {point.path.name} under repro=strict: {unrestored[0]}{more}; "
+        f"refusing to resume {point.path.name} under repro={chosen.name}: {unrestored[0]}{more}; "
         f"{fix}, or pass trainer.allow_unrestored_state=true (recorded as not bitwise)"
     )
 

@@ -21,7 +21,7 @@ from reprotrain import REPO_ROOT
 from reprotrain.errors import ReproduceRefused, one_line
 from reprotrain.progress import Phases, say
 from reprotrain.quoting import hydra_override
-from reprotrain.repro import comparability, requirements_lock
+from reprotrain.repro import comparability, levels, requirements_lock
 from reprotrain.resume.guard import imported_differences
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools import cli
@@ -95,9 +95,11 @@ def environment_differences(recorded: dict, current: dict) -> tuple[list[str], l
 
 def not_comparable_reasons(record: dict) -> list[str]:
     reasons = []
-    level = (record.get("repro") or {}).get("level")
-    if level == "fast":
-        reasons.append("repro level 'fast': seeds only, identical bits are not promised")
+    name = (record.get("repro") or {}).get("level")
+    if name not in levels.LEVELS:  # a record this version cannot read the promise of
+        reasons.append(f"repro level {name!r} is unknown here: identical bits are not promised")
+    elif not levels.LEVELS[name].deterministic:
+        reasons.append(f"repro level {name!r}: seeds only, identical bits are not promised")
     if record.get("nondeterministic_ops"):
         ops = ", ".join(record["nondeterministic_ops"][:3])
         reasons.append(f"the run recorded nondeterministic ops ({ops})")

@@ -42,7 +42,7 @@ def test_each_level_applies_and_reports_its_flags(level):
     assert flags["cudnn_deterministic"] is strict_like
     assert flags["cudnn_benchmark"] is not strict_like
     # TF32 is trainer.precision's, not the level's (tests/test_precision.py): off at 32-true.
-    assert flags["tf32_matmul"] is flags["tf32_cudnn"] is False
+    assert set(flags["fp32_precision"].values()) == {"ieee"}  # no TF32 on any backend
     assert flags["precision"] == "32-true"
     assert flags["fill_uninitialized_memory"] is strict_like
     assert flags["num_threads"] == torch.get_num_threads() == 1

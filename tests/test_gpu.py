@@ -91,7 +91,8 @@ def test_twins_are_bitwise_equal_on_cuda_at_every_precision(tmp_path, precision)
     same_bits(a, b)
     flags = run_json(a)["repro"]
     assert flags["precision"] == precision and flags["deterministic_algorithms"] is True
-    assert flags["tf32_matmul"] is flags["tf32_cudnn"] is (precision == "tf32")
+    tf32 = "tf32" if precision == "tf32" else "ieee"
+    assert flags["fp32_precision"]["cuda.matmul"] == flags["fp32_precision"]["cudnn"] == tf32
 
 
 def test_tf32_changes_the_bits_on_cuda(tmp_path, cuda_reference):

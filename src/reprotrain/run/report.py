@@ -28,7 +28,7 @@ SPLITS = ("train", "val", "test")
 TAIL_COLUMNS = ["lr", "seconds", "images_per_s"]
 HEADERS = {"global_step": "step", "images_per_s": "img/s", "seconds": "s"}
 #: The determinism flags shown beside the level.
-SHOWN_FLAGS = ("deterministic_algorithms", "cudnn_deterministic", "tf32_matmul", "num_threads")
+SHOWN_FLAGS = ("deterministic_algorithms", "cudnn_deterministic", "precision", "num_threads")
 
 
 @dataclass

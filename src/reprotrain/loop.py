@@ -29,6 +29,7 @@ from reprotrain.resume.continuation import FILE, Continuation, record_verdict
 from reprotrain.run import record as rec
 from reprotrain.run.report import write_report
 from reprotrain.start import Run, StopFlag
+from reprotrain.state import LoopState
 from reprotrain.step.runner import (
     NonFiniteFlags,
     StepRunner,
@@ -37,7 +38,6 @@ from reprotrain.step.runner import (
     nonfinite,
     train_step,
 )
-from reprotrain.step.state import LoopState
 
 log = logging.getLogger("reprotrain")
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from reprotrain import batches
 from reprotrain.run import record as rec
-from reprotrain.step import batches
 
 log = logging.getLogger("reprotrain")
 FILE = "continuation.jsonl"

@@ -29,7 +29,7 @@ from reprotrain.repro.seeding import Seeds, resolve_seeds
 from reprotrain.resume import ResumePoint
 from reprotrain.run import record as rec
 from reprotrain.start import provenance
-from reprotrain.step.state import TrainerState
+from reprotrain.state import TrainerState
 
 log = logging.getLogger("reprotrain")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit

@@ -2,6 +2,7 @@
 
 Closes: resume drift of the partial epoch: its metric sums, step losses and lrs are in the
 checkpoint as exact values. Per-rank entries (RNG, partial sums) are gathered by the reduction.
+On the ground floor: every stage may import it; it imports no stage (tests/test_layering.py).
 """
 
 from __future__ import annotations

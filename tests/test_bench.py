@@ -153,7 +153,7 @@ def test_the_p5_checkpoint_is_what_the_trainer_writes_and_resumes_from(tmp_path)
     not a hand-listed copy: same parts, per-rank RNG entry, restored by the trainer."""
     from benchmarks.checkpoint_cost import resume_state
     from reprotrain.repro import checkpoint
-    from reprotrain.step.state import TrainerState
+    from reprotrain.state import TrainerState
 
     def trainer_state() -> TrainerState:
         model = torch.nn.Linear(3, 2)

@@ -16,7 +16,7 @@ import torch
 import faults
 from conftest import MICRO, REFERENCE, REPO, TINY, assert_ok, base_env, jsonl, train
 from reprotrain.progress import EpochBar
-from reprotrain.step.state import EpochProgress
+from reprotrain.state import EpochProgress
 from terminal import on_a_pty, screen
 
 #: A tqdm frame: ``epoch 1:  50%|#####     | 4/8 [00:00<00:00, 20.0it/s, loss=2.1]``.

@@ -29,8 +29,8 @@ from torch import nn
 
 from reprotrain.errors import ReprotrainError
 from reprotrain.invariant.exact_sum import exact_sum
+from reprotrain.state import MetricSums
 from reprotrain.step.runner import evaluate
-from reprotrain.step.state import MetricSums
 from reprotrain.tasks import BinaryClassification, ClassificationF1, StepContext
 from reprotrain.tasks.confusion import confusion_counts, f1_scores
 from reprotrain.tasks.ranking import auroc, average_precision, read_slots, score_slots

@@ -4,11 +4,13 @@ in the files a tool writes as on the terminal (``run/bounded.py``, ``shown.py``)
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from reprotrain.errors import RecordError
 from reprotrain.run import bounded, report
 from reprotrain.run.readers import parse_json_object, parse_jsonl, parse_yaml_config, read_overrides
@@ -252,3 +254,37 @@ def test_a_torn_journal_is_one_line_and_exit_2_and_the_summary_says_it_does_not_
     assert sweep_summary.main([str(sweep)]) == 0
     assert json.loads((sweep / "summary.json").read_text())["storage_agrees"] is False
     assert "storage_agrees: false" in (sweep / "summary.md").read_text()
+
+
+#: The parses of text outside the bounded reader (run/bounded.py, run/readers.py), each of
+#: text no directory the user was handed can hold: {file: why}.
+NOT_FROM_A_DIRECTORY = {
+    "src/reprotrain/run/record.py": "strict_loads: the writer's own JSON, checked as written",
+    "src/reprotrain/run/mutex.py": "the lock file this machine's run wrote (its pid, host)",
+    "src/reprotrain/repro/rng.py": "numpy's own bit generator state, in this process",
+    "src/reprotrain/repro/lock_platforms.py": "the package index's JSON answer",
+    "src/reprotrain/repro/requirements_lock.py": "installed packages' metadata",
+    "src/reprotrain/hashing.py": "this checkout's hash cache (build/)",
+    "src/reprotrain/conf/__init__.py": "the framework's own packaged YAML",
+    "src/reprotrain/tools/template/template_files.py": "the template's own file list",
+    "src/reprotrain/tools/reproduce/reproduce_sweep.py": "a round trip of its own dict",
+}
+RAW_PARSE = re.compile(r"\b(json\.loads?|yaml\.(safe_)?load|OmegaConf\.load)\(")
+
+
+def test_every_record_read_from_a_directory_goes_through_the_bounded_reader():
+    """One bounded reader (issue: an alias bomb reached ``resume`` through a second one): a
+    raw ``json.loads`` / ``yaml.safe_load`` / ``OmegaConf.load`` anywhere else in the package
+    is a reader that skips the bounds, unless its text cannot come from a directory."""
+    raw = {}
+    for path in sorted((REPO / "src" / "reprotrain").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel in ("src/reprotrain/run/bounded.py", "src/reprotrain/run/readers.py"):
+            continue
+        hits = [n for n, line in enumerate(path.read_text().splitlines(), 1)
+                if RAW_PARSE.search(line)]  # fmt: skip
+        if hits:
+            raw[rel] = hits
+    assert set(raw) <= set(NOT_FROM_A_DIRECTORY), {k: raw[k] for k in set(raw) - set(
+        NOT_FROM_A_DIRECTORY)}  # fmt: skip
+    assert set(NOT_FROM_A_DIRECTORY) <= set(raw), "a named exception no longer parses: drop it"

@@ -25,12 +25,12 @@ from torch import nn
 
 import faults
 from conftest import REPO, assert_ok, base_env, jsonl, metrics_without_timings, run_json
+from reprotrain.batches import MicroBatches, batch_size, narrow
 from reprotrain.data.pipeline import LoaderPipeline, PipelineSpec
 from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.reduction import Exact, Local
 from reprotrain.repro.seeding import Seeds
-from reprotrain.step.batches import MicroBatches, batch_size, narrow
 from reprotrain.step.runner import StepRunner, StepSettings, TrainerState
 from reprotrain.tasks import Classification
 from shapes_user_code import PAD, UNKNOWN, PadAndDrop, Sequences, TokenDropout, TokenNet

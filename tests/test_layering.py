@@ -1,5 +1,5 @@
-"""The house is one-way: tools -> entry -> engine -> ground floor -> records, never back up,
-and no circles.
+"""The house is one-way: tools -> entry -> engine -> rooms -> ground floor -> records, never
+back up, and no circles.
 
 Floors (DESIGN: "Floors"), from the top:
 
@@ -8,8 +8,11 @@ Floors (DESIGN: "Floors"), from the top:
 - the entry, ``train`` and its ``exits``, imports everything but the tools;
 - the engine level (``step.runner``, ``reduction``, ``invariant``; ``start`` (with its
   provenance), ``build`` and ``loop`` above them) imports neither the entry nor the tools;
-- the ground floor (tasks, data, resume, config, loggers and the small modules) imports none
-  of the above;
+- the rooms (tasks, data, resume, the ``Step`` base, config, loggers and the small modules)
+  import none of the above; among them, ``data`` imports nothing of ``step``, ``resume`` or
+  the loop (issue 56: it did, for the batch helpers and the digester);
+- the ground floor, the primitives every stage shares (the trainer's state, the batch helpers,
+  the object digester, the metric sums they hold), imports no stage: only records;
 - the records (the run directory ``run``, ``hashing``, ``repro``, and the errors, events and
   quoting they use) import nothing but records: a record never depends on what it records.
 
@@ -34,6 +37,8 @@ ENTRY = ("reprotrain.train", "reprotrain.exits")
 # its provenance and the loop (the Trainer) that train() calls.
 ENGINE = ("reprotrain.step.runner", "reprotrain.invariant", "reprotrain.reduction",
           "reprotrain.build", "reprotrain.loop", "reprotrain.start")  # fmt: skip
+# The ground floor: the primitives every stage shares, in rooms of their own (issue 56).
+GROUND = ("reprotrain.state", "reprotrain.batches", "reprotrain.digest", "reprotrain.tasks.metrics")
 # The records: what a run writes and compares, and the little they need.
 RECORDS = ("reprotrain.run", "reprotrain.hashing", "reprotrain.repro", "reprotrain.errors",
            "reprotrain.events", "reprotrain.quoting", "reprotrain.shown")  # fmt: skip
@@ -55,7 +60,9 @@ def absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def imported_names(path: Path, root: Path = SRC) -> set[tuple[str, str | None]]:
+def imported_names(
+    path: Path, root: Path = SRC, package: str = "reprotrain"
+) -> set[tuple[str, str | None]]:
     """(module, name) for every import anywhere in the file: module level, inside functions,
     under TYPE_CHECKING. ``name`` is the imported attribute of a ``from`` import, else None;
     ``module.attr`` read through a name an import bound counts as importing ``attr``."""
@@ -74,7 +81,7 @@ def imported_names(path: Path, root: Path = SRC) -> set[tuple[str, str | None]]:
         is_read = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
         if is_read and node.value.id in bound:
             found.add((bound[node.value.id], node.attr))
-    return {(m, n) for m, n in found if m == "reprotrain" or m.startswith("reprotrain.")}
+    return {(m, n) for m, n in found if m == package or m.startswith(f"{package}.")}
 
 
 NAMES = {module_name(p): imported_names(p) for p in FILES}
@@ -94,12 +101,14 @@ GRAPH = {name: dependencies(name) for name in NAMES}
 
 def floor(name: str) -> int:
     if name.startswith(TOOLS):
-        return 4
+        return 5
     if name.startswith(ENTRY):
-        return 3
+        return 4
     if name.startswith(ENGINE):
-        return 2
-    return 0 if name.startswith(RECORDS) else 1
+        return 3
+    if name.startswith(RECORDS):
+        return 0
+    return 1 if name in GROUND else 2
 
 
 def circles(edges: dict[str, set[str]]) -> list[str]:
@@ -170,6 +179,16 @@ def test_the_records_rooms_depend_one_way():
                 edges[room(name)].add(room(dep))
     assert circles(edges) == []
     assert "reprotrain.repro" not in edges["reprotrain.run"]
+
+
+def test_the_rooms_form_no_circle():
+    """Issue 56: ``reduction`` imported ``step.state`` while ``step.runner`` imported
+    ``reduction``: no module circle, but the two rooms leaned on each other. Between any two
+    rooms of the framework every arrow runs one way."""
+    edges: dict[str, set[str]] = {room(m): set() for m in GRAPH}
+    for name, deps in GRAPH.items():
+        edges[room(name)] |= {room(d) for d in deps} - {room(name)}
+    assert circles(edges) == []
 
 
 def test_the_private_name_check_sees_from_imports_and_attribute_reads(tmp_path):
@@ -257,3 +276,35 @@ def test_the_data_room_builds_nothing():
     back = [f"{name} -> {dep}" for name in data for dep in GRAPH[name]
             if dep in ("reprotrain.components", "reprotrain.build")]  # fmt: skip
     assert data and back == [], back
+
+
+def test_the_ground_floor_imports_no_stage():
+    """Issue 56: the trainer's state (``step/state.py``), the batch helpers (``step/batches.py``)
+    and the object digester (in ``resume/audit.py``) lived inside stage rooms, so ``data/``
+    imported ``step/`` and ``resume/`` and ``reduction`` reached back into ``step/``. Each is a
+    ground-floor room now that imports records only."""
+    assert set(GROUND) <= set(GRAPH)
+    up = [f"{name} -> {dep}" for name in GROUND for dep in GRAPH[name] if floor(dep) > 0
+          and dep not in GROUND]  # fmt: skip
+    assert up == [], up
+
+
+def test_data_imports_nothing_of_step_resume_or_the_loop():
+    """Issue 56: the data room sits below the stages that consume its batches."""
+    data = [name for name in GRAPH if name.startswith("reprotrain.data")]
+    stages = ("reprotrain.step", "reprotrain.resume", "reprotrain.loop")
+    back = [f"{name} -> {dep}" for name in data for dep in GRAPH[name] if dep.startswith(stages)]
+    assert data and back == [], back
+
+
+def test_the_benchmark_scripts_form_no_circle():
+    """Issue 56: ``scripts/benchmarks``' reference_model.py and results.py imported each other,
+    inside functions, which hid the circle; the scripts are held to the framework's rule."""
+    root = REPO / "scripts"
+    found = {module_name(p, root): imported_names(p, root, "benchmarks")
+             for p in sorted((root / "benchmarks").glob("*.py"))}  # fmt: skip
+    edges = {
+        m: {f"{mod}.{a}" if f"{mod}.{a}" in found else mod for mod, a in pairs} & set(found) - {m}
+        for m, pairs in found.items()
+    }
+    assert len(edges) > 5 and circles(edges) == []

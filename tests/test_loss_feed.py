@@ -11,7 +11,7 @@ import torch
 from reprotrain.loggers import Logger, Loggers
 from reprotrain.loop import LossFeed
 from reprotrain.reduction import DDP, Local
-from reprotrain.step.state import LoopState
+from reprotrain.state import LoopState
 
 
 class Recorder(Logger):

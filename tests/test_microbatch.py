@@ -186,7 +186,7 @@ def test_take_gathers_positions_and_picks_one_position_of_any_integer_kind() -> 
     one position, a Python, numpy or 0-dim tensor integer, picks that sample."""
     import numpy as np
 
-    from reprotrain.step.batches import take
+    from reprotrain.batches import take
 
     batch = (torch.arange(12.0).reshape(6, 2), torch.arange(6))
     rows = torch.tensor([4, 1])

@@ -14,7 +14,7 @@ import torch
 from reprotrain.config import ReductionSettings
 from reprotrain.distributed import Dist
 from reprotrain.reduction import DDP, Exact, Local, for_run
-from reprotrain.step.state import EpochProgress
+from reprotrain.state import EpochProgress
 from step_harness import BATCH, Harness, batch
 
 

@@ -154,3 +154,23 @@ def test_what_a_completed_run_has_left_to_run(loop, trainer, why):
 
     got = already_completed(loop, trainer)
     assert got is None if why is None else got.startswith(why)
+
+
+def test_a_checkpoint_written_before_a_loop_field_existed_is_refused_in_one_line():
+    """Adding a loop-state field made resuming an older checkpoint a bare ``KeyError``: now
+    the missing entries are named in one line, and nothing of the checkpoint is loaded."""
+    import torch
+
+    from reprotrain.errors import CheckpointError
+    from reprotrain.state import TrainerState
+    from test_microbatch import tiny
+
+    state = TrainerState(*tiny(), torch.device("cpu"))
+    old = state.state_dict()
+    del old["loop"]["best_epoch"], old["scaler"]  # as an older version wrote it
+    state.loop.global_step = 7
+    with pytest.raises(CheckpointError) as refused:
+        state.load_state_dict(old)
+    assert str(refused.value).startswith("the checkpoint has no scaler, loop.best_epoch:")
+    assert "\n" not in str(refused.value) and state.loop.global_step == 7
+    state.load_state_dict(TrainerState(*tiny(), torch.device("cpu")).state_dict())  # a whole one

@@ -22,7 +22,7 @@ import torch
 from conftest import REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain.errors import ResumeError
 from reprotrain.repro import rng
-from reprotrain.step.state import RankRNG
+from reprotrain.state import RankRNG
 
 
 class FakeCuda:

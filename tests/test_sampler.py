@@ -22,10 +22,10 @@ from torch.utils.data import RandomSampler, WeightedRandomSampler
 import sampler_user_code as user
 from conftest import MICRO, REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain import preflight
+from reprotrain.batches import MicroBatches
 from reprotrain.data.pipeline import EpochOrder, PipelineSpec, build_pipeline, epoch_order
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import Seeds
-from reprotrain.step.batches import MicroBatches
 
 CPU = torch.device("cpu")
 SEEDS = Seeds(base=0, init=1, data=2, augment=3, train=4, source="config")

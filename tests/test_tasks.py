@@ -18,8 +18,8 @@ from conftest import REPO, TINY, assert_ok, base_env, run_json, train
 from reprotrain import preflight
 from reprotrain.config import register_configs
 from reprotrain.errors import ReprotrainError
+from reprotrain.state import MetricSums
 from reprotrain.step.runner import evaluate
-from reprotrain.step.state import MetricSums
 from reprotrain.tasks import Classification, Regression, StepContext
 
 CPU = torch.device("cpu")

@@ -22,7 +22,7 @@ from benchmarks.stats import compare, interleave
 from reprotrain.reduction import Local
 from reprotrain.repro import checkpoint
 from reprotrain.selfcheck.net import WIDE, TinyConvNet
-from reprotrain.step.state import TrainerState
+from reprotrain.state import TrainerState
 
 EPOCH_IMAGES = 50_000
 

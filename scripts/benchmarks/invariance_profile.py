@@ -33,8 +33,8 @@ from benchmarks.stats import median
 from reprotrain import reduction as reductions
 from reprotrain.distributed import Dist
 from reprotrain.selfcheck.net import TinyConvNet
+from reprotrain.state import TrainerState
 from reprotrain.step.runner import StepRunner, StepSettings
-from reprotrain.step.state import TrainerState
 from reprotrain.tasks.classification import Classification
 
 # Dispatched ops that launch no work: allocations and the scalars Python numbers become.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.stats import compare, interleave
+from benchmarks.stats import compare, fmt, interleave
 from benchmarks.training import Counter, _logged, run_checked, steady_images_per_s
 from reprotrain.run.record import read_jsonl
 
@@ -229,8 +229,6 @@ def reference_rows(results: dict) -> list[dict]:
 
 
 def _ratio_row(figure: str, measure: str, pair: dict, sides: str, target: str) -> dict:
-    from benchmarks.results import fmt
-
     return {"figure": figure, "measure": measure, "ratio": fmt(pair["ratio"]),
             "best": fmt(pair["best_ratio"]), "sides": sides,
             "repeats": str(len(pair["paired_ratios"])), "target": target}  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.reference_model import reference_rows
+from benchmarks.stats import fmt
 from reprotrain.run.record import atomic_write_text
 
 TARGETS = {  # issue 11's targets, shown next to the measurement
@@ -15,15 +17,6 @@ TARGETS = {  # issue 11's targets, shown next to the measurement
     "invariant": "<= 1.15 at W=2",
     "overhead": "<= 100 us (2-core CPU)",
 }
-
-
-def fmt(value: float) -> str:
-    """Ratios near 1 need three decimals; large speed-ups do not."""
-    if value >= 100:
-        return f"{value:.0f}"
-    if value >= 10:
-        return f"{value:.1f}"
-    return f"{value:.3f}"
 
 
 def _row(figure: str, measure: str, result: dict, a: str, b: str, unit: str, **kw) -> dict:
@@ -40,8 +33,6 @@ def _row(figure: str, measure: str, result: dict, a: str, b: str, unit: str, **k
 
 def table_rows(results: dict) -> list[dict]:
     """The bench.md rows, from the bench.json content (missing figures are skipped)."""
-    from benchmarks.reference_model import reference_rows
-
     figures = (_p1_rows, _p2_rows, _p3_rows, _portable_rows, _p4_rows, _p5_rows, _logger_rows,
                _replay_rows, _invariant_rows, _overhead_rows, reference_rows)  # fmt: skip
     return [row for figure in figures for row in figure(results)]

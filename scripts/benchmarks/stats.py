@@ -66,3 +66,12 @@ def compare(a: Sequence[float], b: Sequence[float], higher_is_better: bool = Tru
         "a_median": median(a),
         "b_median": median(b),
     }
+
+
+def fmt(value: float) -> str:
+    """Ratios near 1 need three decimals; large speed-ups do not."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}"

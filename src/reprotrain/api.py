@@ -21,6 +21,7 @@ room (src/starter) to this module.
 
 from __future__ import annotations
 
+from reprotrain.batches import Batch
 from reprotrain.callbacks import Callback
 from reprotrain.data.base import (
     InMemoryImages,
@@ -35,7 +36,6 @@ from reprotrain.errors import DataMissingError, ReprotrainError
 from reprotrain.hashing import files_fingerprint
 from reprotrain.loggers.fanout import Logger
 from reprotrain.step import Step
-from reprotrain.step.batches import Batch
 from reprotrain.tasks.base import StepContext, StepOutput, Task
 from reprotrain.tasks.classification import Classification
 from reprotrain.tasks.metrics import mean_sum

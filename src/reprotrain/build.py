@@ -77,8 +77,10 @@ def build(targets: Targets, run: Run) -> Parts:
     collate = run.reduction.microbatch_collate(settings.pipeline.batch_size // run.microbatches)
     layout = {"rank": dist.rank, "world_size": dist.world_size, "microbatch_collate": collate}
     layout |= {"channels_last": settings.model.channels_last, "sampler": targets.sampler}
-    data = (targets.dataset, targets.model.get("num_classes"), settings.pipeline, run.seeds)
-    dataset, pipeline = build_data(*data, run.device, **layout)
+    classes = targets.model.get("num_classes")
+    dataset, pipeline = build_data(
+        targets.dataset, classes, settings.pipeline, run.seeds, run.device, **layout
+    )
     run.kind.record_data(record, dataset.fingerprint())
     check_samples(pipeline, run.level, record)
     seed_globals(run.seeds.init)
@@ -86,8 +88,10 @@ def build(targets: Targets, run: Run) -> Parts:
     state = runner.state
     state.callbacks = callbacks_for(targets.callbacks, run.device, state.scheduler)
     record.update(components=components_record(settings.model, runner, pipeline))
-    owners = (runner.task, dataset, state.model, run.device, state.user_step, dist)
-    state.audit = ResumeAudit(*owners, trainer_state=state, pipeline=pipeline)
+    state.audit = ResumeAudit(
+        runner.task, dataset, state.model, run.device, step=state.user_step, dist=dist,
+        trainer_state=state, pipeline=pipeline,
+    )  # fmt: skip
     seed_globals(run.seeds.train)
     seeds, sha = run.seeds.as_dict(), record["config_sha256"]
     meta = checkpoint.Meta(config=run.container, config_sha256=sha, seeds=seeds, env=run.env)

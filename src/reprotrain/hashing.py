@@ -1,7 +1,8 @@
-"""Every sha256 the project takes: of text, of files (cached), of tensors and of losses.
-One home, so "the same bytes" means one thing everywhere. Files close *data drift*; a file's
-hash is cached by (absolute path, size, mtime_ns), as ``git status`` does, and like git's
-"racy" entries a file modified in the last few seconds is hashed but not cached."""
+"""The sha256 of text, of files (cached), of tensors and of losses (of a Python object's
+content: ``digest.py``). One home, so "the same bytes" means one thing everywhere. Files
+close *data drift*; a file's hash is cached by (absolute path, size, mtime_ns), as ``git
+status`` does, and like git's "racy" entries a file modified in the last few seconds is
+hashed but not cached."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from reprotrain.resume.continuation import FILE, Continuation, record_verdict
 from reprotrain.run import record as rec
 from reprotrain.run.report import write_report
 from reprotrain.start import Run, StopFlag
+from reprotrain.state import LoopState
 from reprotrain.step.runner import (
     NonFiniteFlags,
     StepRunner,
@@ -37,7 +38,6 @@ from reprotrain.step.runner import (
     nonfinite,
     train_step,
 )
-from reprotrain.step.state import LoopState
 
 log = logging.getLogger("reprotrain")
 
@@ -286,8 +286,9 @@ class Trainer:
         out.feed.loggers.close("completed")
         shown = "  ".join(f"{k}={v}" for k, v in final.items() if k.startswith("test_"))
         log.info("%s  %s=%s (best epoch %s)", shown, settings.monitor, state.best, state.best_epoch)
-        where = (self.saver.dir, self.run_dir)
-        log.info("completed: checkpoints in %s; report: make report RUN=%s", *where)
+        log.info(
+            "completed: checkpoints in %s; report: make report RUN=%s", self.saver.dir, self.run_dir
+        )
         return state.best
 
     def final_metrics(self) -> dict:

@@ -18,7 +18,7 @@ from reprotrain.distributed import Dist
 from reprotrain.errors import ReprotrainError
 from reprotrain.invariant import exact_sum
 from reprotrain.invariant.batchnorm import MicroBatchNorm
-from reprotrain.step.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
+from reprotrain.state import EpochProgress, MetricSums, every_rank_entries, rank_entries
 from reprotrain.tasks.metrics import as_sum
 
 Sums = dict[str, torch.Tensor]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from reprotrain.batches import leaves
 from reprotrain.data.base import InMemoryImages, InMemoryTensors
 from reprotrain.data.pipeline import PipelineSpec, build_pipeline, epoch_order
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import Seeds
-from reprotrain.step.batches import leaves
 from starter.sequences import PadTokens, SyntheticSequences
 from starter.tabular import SyntheticTabular
 

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from reprotrain.batches import Batch, batch_size, take
 from reprotrain.config import check_std
 from reprotrain.data.augment import augment_batch, normalize
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.seeding import stable_hash
-from reprotrain.step.batches import Batch, batch_size, take
 
 
 def val_indices(n: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
+from reprotrain.batches import Batch, MicroBatches, batch_size, narrow, take, to_device
 from reprotrain.config import check_workers
 from reprotrain.data import worker_death  # noqa: F401  (its exit hook kills left workers)
 from reprotrain.data.base import Splits, TensorSplit
@@ -34,7 +35,6 @@ from reprotrain.distributed import shard_global_batch
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.rng import Scoped
 from reprotrain.repro.seeding import Seeds, counter_generator, stable_hash
-from reprotrain.step.batches import Batch, MicroBatches, batch_size, narrow, take, to_device
 
 
 def epoch_order(n: int, data_seed: int, epoch: int) -> torch.Tensor:

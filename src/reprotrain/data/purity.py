@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from reprotrain.resume.audit import Digester, describe, instance_attributes
+from reprotrain.digest import Digester, describe, instance_attributes
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.fanout import Logger, LoggerRun, preserved_rng
 from reprotrain.loggers.params import (
     identity,
@@ -27,7 +28,7 @@ from reprotrain.loggers.settings import (
     LoggerSettings,
     require_module,
 )
-from reprotrain.run.record import atomic_write_text
+from reprotrain.run.record import atomic_write_text, parse_json_object, read_text
 
 log = logging.getLogger("reprotrain")
 
@@ -110,8 +111,9 @@ def log_params(client, run_id: str, params: dict[str, Any]) -> None:
 def read_parent(sweep_dir: Path, uri: str) -> dict[str, str] | None:
     """The parent run a sweep dir records (``mlflow_parent_run.json``) for this store."""
     try:
-        data = json.loads((Path(sweep_dir) / PARENT_JSON).read_text())
-    except (OSError, ValueError):  # none, or unreadable
+        path = Path(sweep_dir) / PARENT_JSON
+        data = parse_json_object(read_text(path), str(path))  # bounded
+    except ReprotrainError:  # none, or unreadable
         return None
     return data if data.get("store_sha256") == store_digest(uri) else None
 

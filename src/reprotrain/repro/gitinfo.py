@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+
+from reprotrain.errors import ReprotrainError
+from reprotrain.run.bounded import load_json
 
 #: What an archive's source snapshot holds (top-level names / globs).
 _LOCKS = "requirements*.lock requirements*.lock.sha256 requirements*.in"
@@ -198,8 +200,8 @@ def _is_run_dir(path: Path) -> bool:
         return False
     try:
         with open(path / RUN_RECORD, "rb") as f:
-            data = json.loads(f.read(HASH_LIMIT_BYTES))
-    except (OSError, ValueError):
+            data = load_json(f.read(HASH_LIMIT_BYTES), str(path / RUN_RECORD))  # bounded
+    except (OSError, ValueError, ReprotrainError):
         return False
     return isinstance(data, dict) and data.get("status") in _STATUSES
 

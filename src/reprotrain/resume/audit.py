@@ -6,192 +6,31 @@ from __future__ import annotations
 
 import collections
 import functools
-import hashlib
 import logging
 import os
 import random
-import struct
 import sys
 import sysconfig
 import types
 import typing
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from reprotrain import digest
 from reprotrain.distributed import Dist
 from reprotrain.repro import rng
 
-# torch's own bookkeeping on every module (parameters, buffers, hooks, training flag).
-_MODULE_INTERNALS = frozenset(nn.Module().__dict__)
-# Caches torch, DDP and torch.compile set on modules lazily.
-_TORCH_CACHES = ("_torch", "_dynamo", "_ddp", "_compiled", "_orig_mod", "_is_full_backward")
 # A module's code, not its state: what module_globals leaves out.
 _CODE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, functools.partial)
 _CODE += (logging.Logger, typing.TypeVar)
-_MAX_DEPTH = 6
-_BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is unchanged
 BITWISE = "this resume cannot be bitwise"
 _HELD_BY = {"model": "the model's state_dict()"} | dict.fromkeys(
     ("global", "class", "function", "environment"), "any state_dict()"
 )  # by the path's first word
-
-
-def describe(value: Any) -> str:
-    """What a value is, for a person: ``list, 250 items``, ``Tensor [3, 4]``, ``int``."""
-    kind = type(value).__name__
-    if isinstance(value, torch.Tensor | np.ndarray):
-        return f"{kind} {list(value.shape)}"
-    if isinstance(value, list | tuple | dict | set | frozenset):
-        return f"{kind}, {len(value)} items"
-    return kind
-
-
-class Digester:
-    """sha256 of a value's content, stable across processes (objects by their attributes)."""
-
-    def __init__(self) -> None:
-        self._tensors: dict[int, tuple[torch.Tensor, int, str]] = {}
-        # Objects digested by name where another one holds them (a scheduler's optimizer,
-        # a callback's model): their state is compared where they are owners.
-        self.refs: dict[int, str] = {}
-
-    def __call__(self, value: Any) -> str:
-        h = hashlib.sha256()
-        self._feed(h, value, 0, set())
-        return h.hexdigest()
-
-    def _feed(self, h, value: Any, depth: int, seen: set[int]) -> None:
-        h.update(type(value).__qualname__.encode() + b"\0")
-        if value is None or isinstance(value, bool | int | float | complex | str | bytes):
-            h.update(repr(value).encode() + b"\0")
-            return
-        if isinstance(value, torch.Tensor):
-            h.update(self._tensor(value).encode())
-            return
-        if isinstance(value, np.ndarray):
-            if value.dtype == object:
-                self._feed(h, value.tolist(), depth + 1, seen)
-            else:
-                h.update(str((value.dtype.str, value.shape)).encode())
-                h.update(np.ascontiguousarray(value).tobytes())
-            return
-        if isinstance(value, np.generic):
-            h.update(repr(value.item()).encode())
-            return
-        if isinstance(value, PurePath):  # by its text (its slots cache what it computed)
-            h.update(str(value).encode())
-            return
-        if isinstance(value, types.BuiltinFunctionType | type):
-            h.update(getattr(value, "__qualname__", "").encode())  # code, not state
-            return
-        if isinstance(value, types.MethodType):
-            h.update(value.__func__.__qualname__.encode())
-            return
-        if depth and id(value) in self.refs:
-            h.update(f"ref {self.refs[id(value)]}".encode())
-            return
-        if id(value) in seen or depth > _MAX_DEPTH:
-            return
-        seen = seen | {id(value)}
-        if isinstance(value, types.FunctionType):  # its code by name, what it keeps by value
-            h.update(value.__qualname__.encode())
-            self._feed(h, function_state(value), depth + 1, seen)
-            return
-        if isinstance(value, random.Random):
-            self._feed(h, value.getstate(), depth + 1, seen)
-        elif isinstance(value, np.random.Generator):
-            self._feed(h, value.bit_generator.state, depth + 1, seen)
-        elif isinstance(value, np.random.RandomState):
-            self._feed(h, value.get_state(legacy=False), depth + 1, seen)
-        elif isinstance(value, torch.Generator):
-            h.update(value.get_state().numpy().tobytes())
-        elif isinstance(value, dict):
-            h.update(struct.pack("<q", len(value)))
-            for k, v in value.items():
-                self._feed(h, k, depth + 1, seen)
-                self._feed(h, v, depth + 1, seen)
-        elif isinstance(value, list | tuple):
-            h.update(struct.pack("<q", len(value)))
-            for v in value:
-                self._feed(h, v, depth + 1, seen)
-        elif isinstance(value, set | frozenset):
-            for item in sorted(self(v) for v in value):
-                h.update(item.encode())
-        elif isinstance(value, nn.Module):
-            for path, module in value.named_modules():
-                self._feed(h, path, depth + 1, seen)
-                self._feed(h, module_attributes(module), depth + 1, seen)
-            self._feed(h, dict(value.state_dict()), depth + 1, seen)
-        elif hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
-            self._feed(h, instance_attributes(value), depth + 1, seen)
-
-    def _tensor(self, t: torch.Tensor) -> str:
-        """A tensor's content digest; a big one unchanged (same object and version) is kept."""
-        if t.is_sparse or t.is_quantized or t.is_meta:
-            return f"{t.dtype}{list(t.shape)}:{t.layout}"
-        big = t.numel() * t.element_size() > _BIG_TENSOR
-        if big and (seen := self._tensors.get(id(t))) is not None:
-            held, version, digest = seen
-            if held is t and version == t._version:
-                return digest
-        raw = tensor_bytes(t).numpy().tobytes()
-        digest = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode() + raw).hexdigest()
-        if big:
-            self._tensors[id(t)] = (t, t._version, digest)
-        return digest
-
-
-def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's content as flat uint8 on the CPU: what two tensors' bits are compared by."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
-
-
-def instance_attributes(obj: Any) -> dict[str, Any]:
-    """``__dict__`` and ``__slots__``, less the class's ``cache_attributes``."""
-    skip = set(getattr(type(obj), "cache_attributes", ()))
-    found = {k: v for k, v in getattr(obj, "__dict__", {}).items() if k not in skip}
-    for cls in type(obj).__mro__:
-        for name in getattr(cls, "__slots__", ()):
-            if name not in skip and name != "__dict__" and hasattr(obj, name):
-                found[name] = getattr(obj, name)
-    return found
-
-
-def module_attributes(module: nn.Module) -> dict[str, Any]:
-    """A module's own attributes and non-persistent buffers, less torch's bookkeeping."""
-    attrs = instance_attributes(module)
-    own = [k for k in attrs if k not in _MODULE_INTERNALS and not k.startswith(_TORCH_CACHES)]
-    found = {k: attrs[k] for k in own}
-    for name in sorted(getattr(module, "_non_persistent_buffers_set", ())):
-        if module._buffers.get(name) is not None:
-            found[f"{name} [non-persistent buffer]"] = module._buffers[name]
-    return found
-
-
-def closure_cells(function: types.FunctionType) -> dict[str, Any]:
-    """What a function's closure holds, by free variable name (a ``LambdaLR`` lambda's count)."""
-    found = {}
-    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=True):
-        try:
-            found[name] = cell.cell_contents
-        except ValueError:  # an empty cell
-            found[name] = None
-    return found
-
-
-def function_state(function: Any) -> dict[str, Any]:
-    """What a function keeps between calls, by part: its defaults (a mutable default
-    argument), keyword defaults, attributes (``f.count += 1``) and closure cells."""
-    function = getattr(function, "__func__", function)  # a staticmethod's or classmethod's
-    parts = {"defaults": function.__defaults__, "keyword defaults": function.__kwdefaults__}
-    parts |= {f"attribute `{k}`": v for k, v in vars(function).items()}
-    parts |= {f"closure `{k}`": v for k, v in closure_cells(function).items()}
-    return {k: v for k, v in parts.items() if v is not None}
 
 
 @functools.cache
@@ -212,7 +51,7 @@ def torch_own_attributes(base: type) -> frozenset[str]:
 
 def own_attributes(obj: Any) -> dict[str, Any]:
     """``instance_attributes`` less what torch's optimizer or scheduler base keeps itself."""
-    attrs = instance_attributes(obj)
+    attrs = digest.instance_attributes(obj)
     for base in (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler):
         if isinstance(obj, base):
             skip = torch_own_attributes(base)
@@ -270,7 +109,7 @@ def user_state(modules: list[types.ModuleType]) -> dict[str, Any]:
 def _paths(kind: str, where: str, value: Any) -> dict[str, Any]:
     """A value's path (a function's: one per part it keeps); none for code."""
     if isinstance(value, types.FunctionType | staticmethod | classmethod):
-        return {f"function `{where}` {part}": v for part, v in function_state(value).items()}
+        return {f"function `{where}` {part}": v for part, v in digest.function_state(value).items()}
     return {} if isinstance(value, _CODE) else {f"{kind} `{where}`": value}
 
 
@@ -320,7 +159,7 @@ def expanded(attrs: dict[str, Any], refs: dict[int, str], depth: int = 3) -> dic
             out[name] = value
             continue
         out[f"{name}.__class__"] = type(value)
-        inner = expanded(instance_attributes(value), refs, depth - 1)
+        inner = expanded(digest.instance_attributes(value), refs, depth - 1)
         out |= {f"{name}.{key}": item for key, item in inner.items()}
     return out
 
@@ -352,7 +191,7 @@ class ResumeAudit:
         # The optimizer, scheduler and callbacks, read at each digest (a replay may swap the
         # scheduler for the one the steps ran with).
         self.trainer_state = trainer_state
-        self.digest = Digester()
+        self.digest = digest.Digester()
         self.recorded: dict[str, Any] | None = None
         self.compared: dict[str, int] | None = None  # paths the last comparison covered
         users = [*self._watched().values(), *self.model.modules()]
@@ -376,16 +215,16 @@ class ResumeAudit:
     def _attributes(self) -> dict[str, tuple[str, str]]:
         """``{"task attribute `preds`": (digest, description)}`` for every watched path."""
         owners = self._watched()
-        digest, found = self.digest, {}
-        digest.refs = {id(obj): name for name, obj in owners.items()} | {id(self.model): "model"}
+        sha, found = self.digest, {}
+        sha.refs = {id(obj): name for name, obj in owners.items()} | {id(self.model): "model"}
         for owner, obj in owners.items():
-            for name, value in expanded(own_attributes(obj), digest.refs).items():
+            for name, value in expanded(own_attributes(obj), sha.refs).items():
                 found[f"{owner} attribute `{name}`"] = value
         for path, module in self.model.named_modules():
-            for name, value in module_attributes(module).items():
+            for name, value in digest.module_attributes(module).items():
                 found[f"model attribute `{f'{path}.{name}' if path else name}`"] = value
         found |= user_state(self.modules) | environment()
-        return {key: (digest(value), describe(value)) for key, value in found.items()}
+        return {key: (sha(value), digest.describe(value)) for key, value in found.items()}
 
     def _rngs(self) -> dict[str, str]:
         state = rng.capture(self.device)
@@ -426,7 +265,7 @@ class ResumeAudit:
             where = _HELD_BY.get(key.split(" ", 1)[0], "its state_dict()")
             lines.append(f"{key} ({shown}) is not in {where}: {BITWISE}")
         drawn = "was drawn from outside the framework's seeded scopes and is not re-derived"
-        for name, digest in self._rngs().items():
-            if digest != self.recorded["rngs"][name]:
+        for name, taken in self._rngs().items():
+            if taken != self.recorded["rngs"][name]:
                 lines.append(f"the global {name} RNG {drawn} on resume: {BITWISE}")
         return lines

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from reprotrain import batches
+from reprotrain.errors import ReprotrainError
 from reprotrain.run import record as rec
-from reprotrain.step import batches
+from reprotrain.run.bounded import load_json
 
 log = logging.getLogger("reprotrain")
 FILE = "continuation.jsonl"
@@ -215,9 +216,9 @@ class Continuation:
         if self.path.is_file():
             for text in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
-                    line = json.loads(text)
+                    line = load_json(text, str(self.path))  # bounded: an archive's file
                     step = int(line["global_step"])
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, ReprotrainError):
                     continue
                 if step > after and isinstance(line, dict):
                     found[step] = line

@@ -4,7 +4,6 @@ Closes: resume drift (config, checkpoint, environment, code, data; docs/resume.m
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.config import is_identity
-from reprotrain.errors import CheckpointError, ResumeError
+from reprotrain.errors import CheckpointError, ReprotrainError, ResumeError
 from reprotrain.quoting import flatten, hydra_override
 from reprotrain.repro import checkpoint, comparability, levels
 from reprotrain.run import record as rec
@@ -147,8 +146,8 @@ def _recorded(run_dir: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (ValueError, OSError) as e:
+        return rec.parse_json_object(rec.read_text(path), str(path))  # bounded
+    except ReprotrainError as e:
         raise ResumeError(f"{path} is unreadable ({e}); it cannot be resumed") from None
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from reprotrain.digest import tensor_bytes
 from reprotrain.errors import CheckpointError
 from reprotrain.hashing import file_sha256
 from reprotrain.repro import checkpoint
-from reprotrain.resume.audit import tensor_bytes
 from reprotrain.resume.guard import ResumePoint
 from reprotrain.run.record import CHECKPOINTS, RunRecord
 

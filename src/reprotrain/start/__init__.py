@@ -29,7 +29,7 @@ from reprotrain.repro.seeding import Seeds, resolve_seeds
 from reprotrain.resume import ResumePoint
 from reprotrain.run import record as rec
 from reprotrain.start import provenance
-from reprotrain.step.state import TrainerState
+from reprotrain.state import TrainerState
 
 log = logging.getLogger("reprotrain")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM/submitit
@@ -227,7 +227,9 @@ def start(cfg: DictConfig, run_dir: Path, dist: Dist) -> Run:
     name = OmegaConf.to_container(cfg, resolve=False)["name"]  # an oc.env stays text
     kind.write_identity(run, name, r.require_locked_env, list(cfg.include_untracked))
     provenance.layout(run)
-    facts = (record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size)
-    log.info("experiment %s | repro=%s | seeds %s | device %s | world size %d", *facts)
+    log.info(
+        "experiment %s | repro=%s | seeds %s | device %s | world size %d",
+        record["experiment_id"], flags["level"], seeds.as_dict(), device, dist.world_size,
+    )  # fmt: skip
     log.info("%s", start_banner(container, task_overrides(), run_dir / rec.RESOLVED_CONFIG))
     return run

@@ -1,6 +1,7 @@
 """The step room: one optimizer update. Here the ``step`` config group's base class a user can
-own (docs/step.md); ``runner.py`` drives it over micro-batches and runs evaluation,
-``state.py`` holds the trainer's one Stateful state, ``batches.py`` splits a batch."""
+own (docs/step.md); ``runner.py`` drives it over micro-batches and runs evaluation. What it
+steps and splits lives on the ground floor, which every stage shares: the trainer's one
+Stateful state (``reprotrain/state.py``) and the batch helpers (``reprotrain/batches.py``)."""
 
 from __future__ import annotations
 

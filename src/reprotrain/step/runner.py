@@ -15,15 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from reprotrain import events
+from reprotrain import batches, events
 from reprotrain.config import StepSettings
 from reprotrain.errors import ReprotrainError
 from reprotrain.reduction import Local, Reduction
 from reprotrain.repro import op_trace, rng
 from reprotrain.repro import precision as float_math
 from reprotrain.repro.seeding import microbatch_seed
-from reprotrain.step import PlainStep, Step, batches
-from reprotrain.step.state import EpochProgress, LoopState, MetricSums, TrainerState
+from reprotrain.state import EpochProgress, LoopState, MetricSums, TrainerState
+from reprotrain.step import PlainStep, Step
 from reprotrain.tasks.base import StepContext, StepOutput
 
 

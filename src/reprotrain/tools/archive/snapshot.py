@@ -81,10 +81,10 @@ def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
         # dest must not be mistaken for a subfolder of some enclosing checkout (git apply
         # would then patch relative to that repo's root): stop git's repo discovery at dest.
         env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent)}
-        args = ("apply", "--whitespace=nowarn", "--binary", *includes, "-")
         applied = gitinfo.run_git(
-            dest, *args, input=diff.encode(), text=False, timeout=120, env=env
-        )
+            dest, "apply", "--whitespace=nowarn", "--binary", *includes, "-",
+            input=diff.encode(), text=False, timeout=120, env=env,
+        )  # fmt: skip
         if applied.returncode != 0:
             first = (applied.stderr.decode().strip().splitlines() or ["?"])[0]
             raise SnapshotError(f"the run's git.diff does not apply to {commit[:12]}: {first}")

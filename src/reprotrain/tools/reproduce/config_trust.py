@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 
 from reprotrain.conf import FRAMEWORK_CONF_DIRS, package_header
+from reprotrain.errors import ReprotrainError
+from reprotrain.run.bounded import load_yaml
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
 REFUSED_TOP_LEVEL = ("hydra", "defaults")
@@ -45,8 +47,9 @@ def trusted_conf_dirs(source: Path) -> list[Path]:
     dirs = [Path(source) / "conf"]
     dirs += [Path(source) / d for d in FRAMEWORK_CONF_DIRS if (Path(source) / d).is_dir()]
     try:
-        primary = yaml.safe_load((Path(source) / "conf" / "train.yaml").read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        train_yaml = Path(source) / "conf" / "train.yaml"
+        primary = load_yaml(train_yaml.read_text("utf-8"), str(train_yaml))  # bounded
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ReprotrainError):
         return dirs
     hydra = primary.get("hydra") if isinstance(primary, dict) else None
     for entry in (hydra or {}).get("searchpath") or []:
@@ -65,8 +68,8 @@ def conf_targets(*conf_dirs: Path) -> dict[str, set[str]]:
         rel = path.relative_to(conf_dir)
         try:
             text = path.read_text(encoding="utf-8")
-            data = yaml.safe_load(text)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            data = load_yaml(text, str(path))  # bounded: a bomb is skipped, naming nothing
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, ReprotrainError):
             continue
         if not isinstance(data, dict):
             continue

@@ -137,8 +137,10 @@ def reproduce(args) -> int:
 def _reproduce(args) -> int:
     archive = Path(args.archive).resolve()
     _check_dirs(args)
-    given = (args.max_members, args.max_member_bytes, args.max_total_bytes, args.max_ratio)
-    limits = safetar.Limits(*given)
+    limits = safetar.Limits(
+        max_members=args.max_members, max_member_bytes=args.max_member_bytes,
+        max_total_bytes=args.max_total_bytes, max_ratio=args.max_ratio,
+    )  # fmt: skip
     if args.verify_only:
         checked = archive_check.verify(archive, limits)
         with extraction_dir(args, "reprotrain-verify-") as dest:

@@ -20,8 +20,8 @@ from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused, ReprotrainError
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
-from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config
-from reprotrain.run.record import RUN_JSON, to_strict_json
+from reprotrain.run.readers import parse_json_object, parse_record, parse_yaml_config, read_run_json
+from reprotrain.run.record import to_strict_json
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check
@@ -217,7 +217,7 @@ def _statistical(args, archived: Path, new_sweep: Path, jobs, report) -> tuple[i
         key = there[job.name].group
         label = reference.groups[key].label if key in reference.groups else " ".join(key)
         group = candidate.groups.setdefault(key, compare_sweeps.Group(key, label, [], []))
-        record = json.loads((new_sweep / job.name / RUN_JSON).read_text())
+        record = read_run_json(new_sweep / job.name)
         value = (record.get("final_metrics") or {}).get(reference.metric)
         if isinstance(value, int | float) and math.isfinite(value):
             group.values.append(float(value))

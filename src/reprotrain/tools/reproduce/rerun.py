@@ -23,6 +23,7 @@ from reprotrain.progress import Phases, say
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import comparability, levels, requirements_lock
 from reprotrain.resume.guard import imported_differences
+from reprotrain.run.readers import read_run_json
 from reprotrain.run.record import RUN_JSON, atomic_write_text, now_iso
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check
@@ -319,7 +320,7 @@ def rerun_job(
 
 def _rerun_record(run_dir: Path, record: dict) -> Rerun:
     """The re-run's own run.json against the archived ``record``, with this checkout's lock."""
-    new_record = json.loads((run_dir / RUN_JSON).read_text())
+    new_record = read_run_json(run_dir)
     current = {**new_record, "lock_sha256": requirements_lock.lock_sha256(REPO_ROOT)}
     blocking, notes = environment_differences(record, current)
     reasons = [f"environment differs: {b}" for b in blocking] + not_comparable_reasons(record)

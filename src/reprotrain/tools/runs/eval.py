@@ -20,7 +20,7 @@ from reprotrain.errors import ReprotrainError
 from reprotrain.repro import checkpoint
 from reprotrain.run import record as rec
 from reprotrain.run.paths import inside
-from reprotrain.run.readers import read_run_json
+from reprotrain.run.readers import read_config, read_run_json
 from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.reproduce import run_trust
@@ -117,8 +117,8 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
         raise EvalError(f"{run_dir} is not a reprotrain run directory (no run.json)")
     record = read_run_json(run_dir)  # one line for [], "environment": "cpu", bad JSON
     try:
-        cfg = OmegaConf.create(OmegaConf.to_container(OmegaConf.load(config_file)))
-    except (ValueError, OSError, Exception) as e:  # YAML errors
+        cfg = read_config(config_file)  # bounded: an archive's alias bomb is one line
+    except ReprotrainError as e:
         raise EvalError(f"cannot read {run_dir}'s record: {str(e).splitlines()[0]}") from None
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))

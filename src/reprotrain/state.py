@@ -2,6 +2,7 @@
 
 Closes: resume drift of the partial epoch: its metric sums, step losses and lrs are in the
 checkpoint as exact values. Per-rank entries (RNG, partial sums) are gathered by the reduction.
+On the ground floor: every stage may import it; it imports no stage (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from reprotrain.errors import CheckpointError
 from reprotrain.repro import rng
 from reprotrain.tasks.metrics import SAMPLES, as_sum
 
@@ -206,7 +208,16 @@ class TrainerState:
         return {name: part.state_dict() for name, part in self.parts().items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        loop = state_dict["loop"]
+        """Each part's entry; a checkpoint without one of them (written before a part or a
+        loop field existed) is refused in one line, never half loaded."""
+        loop = state_dict.get("loop") or {}
+        missing = [name for name in self.parts() if name not in state_dict]
+        missing += [f"loop.{key}" for key in (*LOOP_KEYS, "progress") if key not in loop]
+        if missing:
+            raise CheckpointError(
+                f"the checkpoint has no {', '.join(missing)}: an older reprotrain wrote it; "
+                "resume it with that version (run.json's git commit), or start a new run"
+            )
         progress = entry_for_rank(loop["progress"], self.rank)
         state_dict = {**state_dict, "loop": {**loop, "progress": progress}}
         for name, part in self.parts().items():

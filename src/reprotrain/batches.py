@@ -2,6 +2,7 @@
 
 A step's batch is one pytree, cut into micro-batches by ``micro_batch`` (views), or
 ``MicroBatches``, collated one by one (docs/step.md, docs/scaling-out.md).
+On the ground floor: every stage may import it; it imports no stage (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ pytree.register_pytree_node(
     MicroBatches,
     lambda mb: (mb.parts, None),
     lambda parts, _: MicroBatches(list(parts)),
-    serialized_type_name="reprotrain.step.batches.MicroBatches",
+    serialized_type_name="reprotrain.batches.MicroBatches",
 )
 
 

@@ -59,8 +59,9 @@ def test_pruning_counts_and_deletes_only_checkpoints_that_load_and_belong(tmp_pa
     fake_checkpoint(checkpoint.step_path(ckpts, 88888888), 88888888, seeds={"base": 9})
     fake_checkpoint(ckpts / "step-77777777.pt", 5)  # renamed: the step inside is 5
     loop = Loop()
-    saver = checkpoint.Saver(ckpts, {"model": Part({"w": torch.zeros(1)}), "loop": loop},
-                             {"seeds": SEEDS}, keep=2)  # fmt: skip
+    meta = checkpoint.Meta(config={}, config_sha256="", seeds=SEEDS, env={})
+    saver = checkpoint.Saver(ckpts, {"model": Part({"w": torch.zeros(1)}), "loop": loop}, meta,
+                             keep=2)  # fmt: skip
     assert saver.own == [checkpoint.step_path(ckpts, 2)]
     for step in (3, 4, 6):
         loop.global_step = step

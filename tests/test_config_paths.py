@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig
 
 from conftest import REPO, TINY, assert_ok, base_env, train
 from reprotrain import conf, config, preflight
+from reprotrain.loggers import LoggerConfig
 from reprotrain.run import paths
 
 
@@ -196,6 +197,9 @@ def run_dir_parts() -> set[str]:
 
 def every_path_like_key() -> dict[str, tuple[str, list[str]]]:
     found = {k: (where, []) for k, where in schema_keys().items()}
+    # TrainConfig.logger is a mergeable mapping (a logger file may add its own entry): its
+    # settings are LoggerConfig's.
+    found |= {k: (where, []) for k, where in schema_keys(LoggerConfig, "logger.").items()}
     found |= {k: (where, []) for k, where in hydra_keys().items()}
     return {**target_keys(), **found}
 

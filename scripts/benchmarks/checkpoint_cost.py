@@ -40,7 +40,8 @@ class CheckpointSetup:
 def resume_state(state: TrainerState) -> dict:
     """A real resume checkpoint: the trainer's state (what build.build_training builds),
     gathered by the one-process reduction as the trainer's ``checkpoint.Saver`` does."""
-    return Local().checkpoint(checkpoint.snapshot(state, {"seeds": {}, "config": {}}))
+    meta = checkpoint.Meta(config={}, config_sha256="", seeds={}, env={})
+    return Local().checkpoint(checkpoint.snapshot(state, meta))
 
 
 def measure_p5(setup: CheckpointSetup, log=print) -> dict:

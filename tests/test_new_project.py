@@ -258,12 +258,15 @@ def test_deleting_the_users_models_and_data_leaves_selfcheck_and_tools_working(t
 # The rooms redesign (2026-12-05) cut the package to 22,967 lines and moved facts from its
 # docstrings to the docs pages: package budget lowered to 24,000, docs raised to 6,500.
 # Its second round (same day) cut the package to 22,282 lines: budget lowered to 22,500.
+# 2026-12-07: package 24,000 and docs 6,600 again, on purpose (docs/project-layout.md: the
+# trust gate, confined paths, sweep continuation, the sampler, the container record,
+# callbacks, precision, the digest and audit; 17,101 code lines, the cap to reach 16,093).
 # Headroom covers the work in flight (a docs site, step examples in the user's room); a part
 # that outgrows its budget is a decision to take on purpose: raise it here and in
 # docs/project-layout.md, or move the weight back into the template.
 BUDGET = {
-    "framework package": 22_500,  # src/reprotrain: one copy, refreshed by update-template
-    "framework docs": 6_500,  # docs/, mkdocs.yml
+    "framework package": 24_000,  # src/reprotrain: one copy, refreshed by update-template
+    "framework docs": 6_600,  # docs/, mkdocs.yml
     "user room": 1_500,  # src/<name>/
     "config": 800,  # conf/
     "tests": 300,  # tests/: the project's own
@@ -272,7 +275,7 @@ BUDGET = {
     # mlflow/wandb extras) with their .sha256 and .files sidecars.
     "locks": 11_000,
 }
-TOTAL_BUDGET = 43_500
+TOTAL_BUDGET = 44_500
 
 
 def part_of(rel: str, package: str) -> str:

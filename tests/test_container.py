@@ -400,6 +400,8 @@ def test_the_lock_installs_offline_with_hashes_and_a_tampered_hash_is_refused(im
     text = (REPO / "requirements.lock").read_text()
     good = text.split("\ntqdm==", 1)[1].split("--hash=sha256:", 2)[1][:64]
     (tmp_path / "bad.lock").write_text(text.replace(good, "0" * 64))
+    tmp_path.chmod(0o755)  # pytest's folders are private; the image's user (uid 1000) reads it
+    (tmp_path / "bad.lock").chmod(0o644)
     refused = _inside(image["engine"], "-v", f"{tmp_path}:/bad:ro", *install, "/bad/bad.lock",
                       "--", "--dry-run")  # fmt: skip
     assert refused.returncode != 0 and "DO NOT MATCH THE HASHES" in refused.stderr, refused.stderr

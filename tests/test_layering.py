@@ -41,7 +41,8 @@ ENGINE = ("reprotrain.step.runner", "reprotrain.invariant", "reprotrain.reductio
 GROUND = ("reprotrain.state", "reprotrain.batches", "reprotrain.digest", "reprotrain.tasks.metrics")
 # The records: what a run writes and compares, and the little they need.
 RECORDS = ("reprotrain.run", "reprotrain.hashing", "reprotrain.repro", "reprotrain.errors",
-           "reprotrain.events", "reprotrain.quoting", "reprotrain.shown")  # fmt: skip
+           "reprotrain.events", "reprotrain.quoting", "reprotrain.shown",
+           "reprotrain.hydra_api")  # fmt: skip
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 

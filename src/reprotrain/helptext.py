@@ -81,7 +81,6 @@ def _resolve(*, _root_: Any) -> str:
 
 def register_resolver() -> None:
     """Make ``${reprotrain_config_groups:}`` available; idempotent."""
-    from omegaconf import OmegaConf
+    from reprotrain.hydra_api import register_resolver
 
-    if not OmegaConf.has_resolver(RESOLVER):
-        OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=False)
+    register_resolver(RESOLVER, _resolve)

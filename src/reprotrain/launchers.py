@@ -16,6 +16,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from reprotrain.hydra_api import register_resolver
+
 PRESETS = ("joblib", "submitit_local", "submitit_slurm")
 #: Stop signals a parent passes on to the trainer it runs.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -86,10 +88,8 @@ def agree_across_ranks(key: str, value: str) -> str:
 
 def register_resolvers() -> None:
     """Register ``${cores_per_job:}`` and ``${run_stamp:}`` (idempotent, not cached)."""
-    if not OmegaConf.has_resolver("cores_per_job"):
-        OmegaConf.register_new_resolver("cores_per_job", cores_per_job)
-    if not OmegaConf.has_resolver("run_stamp"):
-        OmegaConf.register_new_resolver("run_stamp", run_stamp)
+    register_resolver("cores_per_job", cores_per_job)
+    register_resolver("run_stamp", run_stamp)
 
 
 def quiet_preset_schema_warning() -> None:

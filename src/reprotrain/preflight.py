@@ -23,7 +23,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from reprotrain import CONF_DIR, components, config
+from reprotrain import CONF_DIR, components, config, hydra_api
 from reprotrain import sweep_checks as sweeps
 from reprotrain.data import sampler
 from reprotrain.errors import ReprotrainError
@@ -42,8 +42,7 @@ def register_resolvers() -> None:
     from reprotrain import helptext, launchers  # launchers silences the presets' warning
 
     launchers.register_resolvers()
-    if not OmegaConf.has_resolver("run_suffix"):
-        OmegaConf.register_new_resolver("run_suffix", lambda: _SUFFIX, use_cache=True)
+    hydra_api.register_resolver("run_suffix", lambda: _SUFFIX, use_cache=True)
     helptext.register_resolver()
 
 
@@ -114,7 +113,7 @@ def compose_all(argv: list[str]) -> list | bool:
         if not args.multirun:
             refuse_sweep_without_multirun(args.overrides)
         refuse_a_group_without_an_option(args.overrides, config_dir)
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        with initialize_config_dir(config_dir=config_dir, **hydra_api.VERSION_BASE):
             if args.multirun:
                 sweeps.check_sweep_overrides(args.overrides)
             variants = expand(args.overrides)

@@ -36,6 +36,7 @@ from reprotrain.build import Targets, build
 from reprotrain.conf import hydra_callback_targets
 from reprotrain.distributed import Dist, init_from_env
 from reprotrain.exits import Exits
+from reprotrain.hydra_api import VERSION_BASE
 from reprotrain.loop import Trainer
 from reprotrain.run import record as rec
 from reprotrain.start import start
@@ -59,7 +60,7 @@ def train(cfg: DictConfig, run_dir: Path, dist: Dist) -> float | None:
         return trainer.fit()
 
 
-@hydra.main(config_path=str(REPO_ROOT / "conf"), config_name="train", version_base="1.3")
+@hydra.main(config_path=str(REPO_ROOT / "conf"), config_name="train", **VERSION_BASE)
 def main(cfg: DictConfig) -> float | None:
     """Hydra's entry: the run directory claimed, then ``train``; each way it can end is an
     exit code (``exits.Exits``)."""

@@ -17,6 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from reprotrain.hydra_api import register_resolver
+
 __all__ = ["env_value_differences", "redact"]
 
 _PROBE_RESOLVER = "reprotrain_env_probe"
@@ -31,10 +33,7 @@ def value_sha256(value: Any) -> str:
 
 
 def _register_probe() -> None:
-    if not OmegaConf.has_resolver(_PROBE_RESOLVER):
-        OmegaConf.register_new_resolver(
-            _PROBE_RESOLVER, lambda key, *default: f"{_CANARY}({key})", use_cache=False
-        )
+    register_resolver(_PROBE_RESOLVER, lambda key, *default: f"{_CANARY}({key})")
 
 
 def _probe_copy(raw: Any) -> Any:

@@ -55,9 +55,9 @@ def restore(point: ResumePoint, run: Any, trainer: Any, now: dict) -> None:
 
 def not_comparable(point: ResumePoint, container: dict, env: dict) -> str | None:
     """Why the steps logged after the checkpoint are not this resume's to compare, or None."""
-    before, after = point.state["config"]["trainer"]["epochs"], container["trainer"]["epochs"]
-    if before != after:
-        extends = f"this resume extends trainer.epochs ({before} -> {after}), so the steps after"
+    if point.extends(container):
+        grown = f"{point.epochs} -> {container['trainer']['epochs']}"
+        extends = f"this resume extends trainer.epochs ({grown}), so the steps after"
         return f"not compared: {extends} the checkpoint run under another schedule"
     saved, world = point.state["env"]["world_size"], env["world_size"]
     if saved != world:

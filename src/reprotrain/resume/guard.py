@@ -34,6 +34,16 @@ class ResumePoint:
     # run.json and the resolved config before this resume wrote: a refusal puts them back.
     files_before: dict[Path, bytes | None] = field(default_factory=dict)
 
+    @property
+    def epochs(self) -> int:
+        """The ``trainer.epochs`` the checkpoint's steps ran under (their schedule's length)."""
+        return self.state["config"]["trainer"]["epochs"]
+
+    def extends(self, container: dict) -> bool:
+        """Whether this resume runs under another ``trainer.epochs`` than the checkpoint's
+        (never below the epochs done: ``_check_config``): the one home of that decision."""
+        return self.epochs != container["trainer"]["epochs"]
+
 
 class AlreadyCompleted(ResumeError):
     """Nothing to resume: the run finished its schedule. Not an error (exit 0)."""

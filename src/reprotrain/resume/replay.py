@@ -142,8 +142,9 @@ def verify(
     log.info("verifying the resume: replaying steps %d..%d from %s", first, last, name)
     t0 = time.perf_counter()
     # Steps taken before a resume that extends trainer.epochs ran under the old schedule.
-    epochs = point.state["config"]["trainer"]["epochs"]
-    replayed = replay_state(position(point.state), epochs=epochs, from_start=begin_state is None)
+    replayed = replay_state(
+        position(point.state), epochs=point.epochs, from_start=begin_state is None
+    )
     seconds = time.perf_counter() - t0
     # The audit's digests are compared after the restore (``ResumeAudit.unrestored``),
     # against this process's construction: the replay may run another schedule.

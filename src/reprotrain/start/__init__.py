@@ -159,9 +159,9 @@ def record_extension(
 ) -> None:
     """An extended ``trainer.epochs`` enters ``extended_from`` and so ``config_sha256``."""
     extended = list(record.data.get("extended_from") or [])
-    before, step = point.state["config"]["trainer"]["epochs"], point.state["loop"]["global_step"]
-    if before != container["trainer"]["epochs"]:
-        extended.append({"trainer.epochs": before, "global_step": step})
+    if point.extends(container):
+        step = point.state["loop"]["global_step"]
+        extended.append({"trainer.epochs": point.epochs, "global_step": step})
         record.update(extended_from=extended)
     record.update(config_sha256=config_sha256(container, extended or None))
     record.update(experiment_id=provenance.experiment_id(record.data, device))

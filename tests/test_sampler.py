@@ -157,15 +157,20 @@ def test_a_sampler_given_any_other_way_is_one_line_before_the_run(overrides, say
     assert says in preflight_line(*overrides)
 
 
-def test_a_sampler_attribute_on_the_dataset_is_exit_2_and_no_run_dir(tmp_path):
-    """The issue's case, as typed: without the refusal it trained as if it had no sampler."""
-    run = tmp_path / "run"
-    target = "dataset._target_=sampler_user_code.ImagesWithSamplerAttribute"
-    proc = subprocess.run(
+def train_on(run: Path, dataset: str) -> subprocess.CompletedProcess:
+    """A micro run in ``run`` on ``tests/sampler_user_code.<dataset>``."""
+    target = f"dataset._target_=sampler_user_code.{dataset}"
+    return subprocess.run(
         [sys.executable, "-m", "reprotrain.train", *MICRO, *TINY, target, f"hydra.run.dir={run}"],
         cwd=REPO, env=base_env(PYTHONPATH=str(REPO / "tests")), capture_output=True, text=True,
         timeout=240,
     )  # fmt: skip
+
+
+def test_a_sampler_attribute_on_the_dataset_is_exit_2_and_no_run_dir(tmp_path):
+    """The issue's case, as typed: without the refusal it trained as if it had no sampler."""
+    run = tmp_path / "run"
+    proc = train_on(run, "ImagesWithSamplerAttribute")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         "error: dataset sampler_user_code.ImagesWithSamplerAttribute has a `sampler` attribute, "
@@ -182,12 +187,7 @@ def test_a_sampler_set_on_the_dataset_instance_stops_the_run_in_one_line_recorde
     """Only building the dataset (or loading its data) shows it: refused then, in one line,
     before a step, the run recorded as failed."""
     run = tmp_path / "run"
-    target = f"dataset._target_=sampler_user_code.{dataset}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "reprotrain.train", *MICRO, *TINY, target, f"hydra.run.dir={run}"],
-        cwd=REPO, env=base_env(PYTHONPATH=str(REPO / "tests")), capture_output=True, text=True,
-        timeout=240,
-    )  # fmt: skip
+    proc = train_on(run, dataset)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error:")]
     assert line.startswith(f"error: dataset sampler_user_code.{dataset} has a `sampler` attr")

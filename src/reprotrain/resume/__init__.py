@@ -6,19 +6,41 @@ drifts silently, and one recorded as bitwise that is not.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from reprotrain.distributed import Dist
+from reprotrain.repro.checkpoint import Saver
 from reprotrain.resume import guard, replay
+from reprotrain.resume.continuation import Continuation
 from reprotrain.resume.guard import AlreadyCompleted, ResumePoint, find_resume_point
 from reprotrain.run import record as rec
+from reprotrain.state import TrainerState
+
+
+class HoldsState(Protocol):
+    state: TrainerState
+
+
+class Resumable(Protocol):
+    """What the resume's round trip uses of the Trainer (``loop.Trainer``, a floor above:
+    typed here by what it offers, not imported)."""
+
+    runner: HoldsState
+    dist: Dist
+    saver: Saver
+    continuation: Continuation
+    replay_state: Callable[..., dict | None]
+
 
 log = logging.getLogger("reprotrain")
 
-__all__ = ["AlreadyCompleted", "ResumePoint", "find_resume_point", "restore", "rewrite_history"]
+__all__ = ["AlreadyCompleted", "Resumable", "ResumePoint", "find_resume_point", "restore"]
+__all__ += ["rewrite_history"]
 
 
-def restore(point: ResumePoint, run: Any, trainer: Any, now: dict) -> None:
+def restore(point: ResumePoint, run: Any, trainer: Resumable, now: dict) -> None:
     """Replay up to ``point`` with ``trainer``, load, audit, guard, record; ``run``: the
     ``start.Run`` (record, env, config); ``now``: this process's inputs."""
     state, record, env, container = trainer.runner.state, run.record, run.env, run.container

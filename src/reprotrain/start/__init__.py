@@ -26,7 +26,7 @@ from reprotrain.reduction import Reduction, for_run
 from reprotrain.repro import determinism, environment, secrets
 from reprotrain.repro import device as devices
 from reprotrain.repro.seeding import Seeds, resolve_seeds
-from reprotrain.resume import ResumePoint
+from reprotrain.resume import Resumable, ResumePoint
 from reprotrain.run import record as rec
 from reprotrain.start import provenance
 from reprotrain.state import TrainerState
@@ -72,7 +72,7 @@ class Fresh:
     def record_data(self, record: rec.RunRecord, fingerprint: dict) -> None:
         record.update(data_fingerprint=fingerprint)
 
-    def restore(self, run: Run, trainer: Any) -> None:
+    def restore(self, run: Run, trainer: Resumable) -> None:
         """Nothing to restore: record the initial weights (built from the ``init`` stream)."""
         initial = state_sha256(trainer.runner.state.model.state_dict())
         run.record.update(initial_weights_sha256=initial, imported_code=provenance.imported_code())
@@ -93,7 +93,7 @@ class Fork(Fresh):
         parent = {"path": str(path), "global_step": step, "sha256": file_sha256(path)}
         run.record.update(forked_from=parent)
 
-    def restore(self, run: Run, trainer: Any) -> None:
+    def restore(self, run: Run, trainer: Resumable) -> None:
         state: TrainerState = trainer.runner.state
         state.load_state_dict(self.point.state)
         run.record.update(imported_code=provenance.imported_code())
@@ -136,7 +136,7 @@ class Resume:
         """The start's stays recorded; this resume's is compared with it in ``restore``."""
         self.data_now = fingerprint
 
-    def restore(self, run: Run, trainer: Any) -> None:
+    def restore(self, run: Run, trainer: Resumable) -> None:
         """Replay, load, audit and record (``resume.restore``); then the config that runs."""
         now = {**provenance.code_now(), "data_fingerprint": self.data_now}
         resume.restore(self.point, run, trainer, now)
@@ -197,7 +197,7 @@ class Run:
         pipeline, step = self.settings.pipeline, self.settings.step
         return config.microbatches_per_step(pipeline.batch_size, step.microbatch_size)
 
-    def restore(self, trainer: Any) -> None:
+    def restore(self, trainer: Resumable) -> None:
         """Fresh: record the initial weights; Resume: ``reprotrain.resume.restore``."""
         self.kind.restore(self, trainer)
         sha = self.record["config_sha256"]  # an extension's, after the resume rewrote it

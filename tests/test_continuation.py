@@ -21,8 +21,8 @@ from reprotrain.resume.continuation import (
     Continuation,
     batch_rows,
     digests,
+    host_sums,
     record_verdict,
-    sample_sums,
     splitmix64,
 )
 from reprotrain.resume.guard import ResumePoint
@@ -194,13 +194,14 @@ def test_the_digest_is_the_two_level_keyed_sum_the_docs_derive_its_bound_from():
     assert _digest(batch) == [by_hand(t) for t in batch]
 
 
-def test_the_hosts_and_the_devices_sums_are_the_same_integers():
+@pytest.mark.parametrize("n", [3, 700])  # numpy's dot for a short row, einsum for a long one
+def test_the_hosts_and_the_devices_sums_are_the_same_integers(n):
     """A CPU batch is summed by numpy, a device's by torch: the same sums modulo 2**64."""
-    words = torch.randint(-(2**31), 2**31 - 1, (5, 700), dtype=torch.int64, generator=_G)
+    words = torch.randint(-(2**31), 2**31 - 1, (5, n), dtype=torch.int64, generator=_G)
     words = words.to(torch.int32)
-    lanes = torch.from_numpy(np.stack([splitmix64(1, 700), splitmix64(2, 700)]))
-    host = sample_sums(words, lanes, host=True)
-    assert torch.equal(host, sample_sums(words, lanes, host=False)) and host.dtype == torch.int64
+    lanes = torch.from_numpy(np.stack([splitmix64(1, n), splitmix64(2, n)]))
+    host = torch.from_numpy(host_sums(words.numpy()))
+    assert torch.equal(host, (words.unsqueeze(1) * lanes).sum(-1)) and host.dtype == torch.int64
     by_hand = [[sum(int(x) * int(w) for x, w in zip(row, lane, strict=True)) % 2**64
                 for lane in lanes] for row in words]  # fmt: skip
     assert [[v % 2**64 for v in row] for row in host.tolist()] == by_hand

@@ -35,18 +35,31 @@ def batch_rows(batch: Any) -> list[tuple[str, torch.Tensor]]:
     for t in batches.leaves(batch):
         t = t.detach() if t.requires_grad else t
         words = _words(t)
-        lanes = _sample_weights(words.shape[1], words.device)
-        found = sample_sums(words, lanes, host=words.device.type == "cpu")
-        rows.append((f"{t.dtype}{list(t.shape)}", found))
+        if words.device.type == "cpu":
+            found = torch.from_numpy(host_sums(words.numpy()))
+        else:
+            found = (words.unsqueeze(1) * _sample_weights(words.shape[1], words.device)).sum(-1)
+        rows.append((_header(t.dtype, t.shape), found))
     return rows
 
 
-def sample_sums(words: torch.Tensor, lanes: torch.Tensor, host: bool) -> torch.Tensor:
+def host_sums(words: np.ndarray) -> np.ndarray:
     """``(samples, 2)`` int64: each sample's words times each lane's weights, summed modulo
-    2**64; on the host by numpy (half torch's time on a CPU), else by the device."""
-    if host:
-        return torch.from_numpy(np.einsum("si,ki->sk", words.numpy(), lanes.numpy()))
-    return (words.unsqueeze(1) * lanes).sum(-1)
+    2**64, by numpy on the host (half torch's time on a CPU): einsum for a long row, a dot
+    product (less to set up) for a short one; the same integers as the device's sums."""
+    lanes = _host_weights(words.shape[1])
+    if words.shape[1] <= _SHORT:
+        return np.dot(words, lanes.T)
+    return np.einsum("si,ki->sk", words, lanes)
+
+
+_SHORT = 64  # words in a row below which numpy's dot is cheaper to start than einsum
+
+
+@functools.lru_cache(maxsize=64)
+def _header(dtype: torch.dtype, shape: torch.Size) -> str:
+    """A tensor's dtype and shape as its row is labelled (``torch.float32[8, 3, 32, 32]``)."""
+    return f"{dtype}{list(shape)}"
 
 
 _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # by element size
@@ -86,6 +99,12 @@ def _sample_weights(n: int, device: torch.device) -> torch.Tensor:
     """``(2, n)`` int64 on ``device``: the two lanes' weights of a sample's ``n`` words
     (contiguous: a strided slice of a longer list costs the product twice its time)."""
     return torch.from_numpy(np.stack([splitmix64(k, n) for k in _SAMPLE_LANES])).to(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _host_weights(n: int) -> np.ndarray:
+    """``(2, n)`` int64: the sample level's weights as numpy holds them on the host."""
+    return np.stack([splitmix64(k, n) for k in _SAMPLE_LANES])
 
 
 @functools.cache

@@ -147,9 +147,11 @@ train: $(STAMP) ## one run: make train ARGS="experiment=smoke [task=mixup] [trai
 # (pytest-xdist), a test file's tests kept together so its fixtures train once. The slowest
 # 15 tests are printed, so a regression shows; the tests skipped for a missing extra or
 # binary are listed in SKIPPED_FOR_INSTALLS, for `make test-skipped` once they are installed.
+# (The list comes from the template's tests/skip_policy.py; a new project's tests have none.)
 SKIPPED_FOR_INSTALLS := build/tests/skipped-for-installs.txt
+SKIPPED_TO = $(if $(wildcard tests/skip_policy.py),--skipped-to=$(SKIPPED_FOR_INSTALLS))
 test: $(STAMP) ## the test suite (CPU, offline), without the slow marker, on every core
-	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile --durations=15 --skipped-to=$(SKIPPED_FOR_INSTALLS)
+	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile --durations=15 $(SKIPPED_TO)
 
 test-skipped: $(STAMP) ## run again the tests `make test` skipped for a missing extra or binary (after installing them)
 	@test -f $(SKIPPED_FOR_INSTALLS) || { echo "error: no $(SKIPPED_FOR_INSTALLS); run make test first" >&2; exit 2; }

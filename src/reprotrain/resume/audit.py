@@ -154,7 +154,10 @@ def expanded(attrs: dict[str, Any], refs: dict[int, str], depth: int = 3) -> dic
     class is a path of its own (``train_set.__class__``)."""
     out: dict[str, Any] = {}
     for name, value in attrs.items():
-        opened = depth and hasattr(value, "__dict__") and id(value) not in refs
+        if id(value) in refs:  # another owner (a wrapped scheduler's optimizer): compared
+            out[name] = f"ref {refs[id(value)]}"  # there, by name here (its identity)
+            continue
+        opened = depth and hasattr(value, "__dict__")
         if not opened or isinstance(value, _WHOLE):
             out[name] = value
             continue

@@ -60,6 +60,9 @@ def refuse_unmade(path: Path, key: str = "hydra.run.dir") -> None:
         held = sorted(p.name for p in Path(path).iterdir())
     except OSError:  # absent (made fresh), or no directory: check_creatable names that
         return
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's ranks start Hydra at once: a sibling
+        # rank's own .hydra/ and log may already be there (the torchrun agent checked none)
+        held = [n for n in held if n != ".hydra" and not n.endswith(".log")]
     if held and RUN_JSON not in held:
         names = ", ".join(shown(n, 40) for n in held[:3]) + (", ..." if len(held) > 3 else "")
         raise RunDirUsed(

@@ -213,6 +213,7 @@ def container_differences(recorded_run: dict, current_run: dict) -> list[str]:
     if "container" not in recorded_run or "container" not in current_run:
         return []
     a, b = _container_base(recorded_run["container"]), _container_base(current_run["container"])
-    if a == b and "(ID not recorded)" not in a:
-        return []
+    named = [(c or {}).get("base") for c in (recorded_run["container"], current_run["container"])]
+    if a == b and ("(ID not recorded)" not in a or named == [None, None]):
+        return []  # the same base, or none named on either side (not an image of ours)
     return [f"container base: {a} -> {b}: not promised the same bits (another libc or Python)"]

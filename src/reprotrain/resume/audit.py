@@ -116,11 +116,18 @@ def _paths(kind: str, where: str, value: Any) -> dict[str, Any]:
 # Variables the loggers' libraries set in the process when a run builds its loggers, which
 # a resumed run does after its comparison.
 LOGGER_ENV = ("WANDB_", "MLFLOW_")
+# An address in this process that torch.compile's code loader publishes for its compiled
+# modules: another value in every process, and no state of the run.
+PROCESS_ADDRESS_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 
 
 def environment() -> dict[str, str]:
-    """``os.environ`` by variable, less the loggers' own."""
-    return {f"environment `{k}`": v for k, v in os.environ.items() if not k.startswith(LOGGER_ENV)}
+    """``os.environ`` by variable, less the loggers' own and torch.compile's address."""
+    return {
+        f"environment `{k}`": v
+        for k, v in os.environ.items()
+        if not k.startswith(LOGGER_ENV) and k != PROCESS_ADDRESS_ENV
+    }
 
 
 def _user_module(module: types.ModuleType) -> bool:
@@ -174,6 +181,7 @@ def not_compared(beyond: list[str], workers: int) -> list[str]:
         "installed packages and the framework, whose state is in its state_dicts",
         "the loggers and their variables (" + ", ".join(f"{p}*" for p in LOGGER_ENV) + "): "
         "built after the comparison, they only receive values",
+        f"{PROCESS_ADDRESS_ENV}: an address torch.compile publishes, another in each process",
         "state no Python attribute holds: files your code writes, C libraries' own globals",
     ]
     if workers:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.object_type import ObjectType
 from omegaconf import OmegaConf
 
 HERE = Path(__file__).resolve().parent
@@ -36,26 +37,28 @@ def package_header(text: str) -> str | None:
     return None
 
 
+def stored(cs: ConfigStore, name: str, group: str | None = None) -> bool:
+    """Whether ``group/name`` is in the store (a lookup: ``cs.load`` would deep-copy it)."""
+    return cs.get_type(f"{group}/{name}.yaml" if group else f"{name}.yaml") is ObjectType.CONFIG
+
+
 def store_once(cs: ConfigStore, name: str, node: Any, group: str | None = None, **kw: Any) -> None:
     """``cs.store``, unless ``group/name`` is stored already: registering is idempotent, and
     Hydra 1.4 warns when a name is stored again (1.5 will refuse it)."""
-    try:
-        cs.load(f"{group}/{name}.yaml" if group else f"{name}.yaml")
-    except Exception:  # ConfigLoadError: not stored yet
+    if not stored(cs, name, group):
         cs.store(name=name, node=node, group=group, **kw)
 
 
-def store_tree(root: Path, cs: ConfigStore) -> list[str]:
-    """Store every ``root/**/<name>.yaml`` as ``<group>/<name>``; return what was stored."""
-    stored = []
+def store_tree(root: Path, cs: ConfigStore) -> None:
+    """Store every ``root/**/<name>.yaml`` not stored yet as ``<group>/<name>``."""
     for path in sorted(root.rglob("*.yaml")):
         rel = path.relative_to(root)
         group = rel.parent.as_posix() if rel.parent != Path(".") else None
-        text = path.read_text(encoding="utf-8")
-        node = OmegaConf.create(OmegaConf.load(path) or {})
-        store_once(cs, rel.stem, node, group, package=package_header(text), provider="reprotrain")
-        stored.append(rel.with_suffix("").as_posix())
-    return stored
+        if not stored(cs, rel.stem, group):  # parsed once per process
+            text = path.read_text(encoding="utf-8")
+            node = OmegaConf.create(OmegaConf.load(path) or {})
+            cs.store(name=rel.stem, node=node, group=group, package=package_header(text),
+                     provider="reprotrain")  # fmt: skip
 
 
 def hydra_callback_targets() -> set[str]:

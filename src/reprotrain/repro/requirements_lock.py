@@ -343,14 +343,24 @@ def locked_versions(
 
 def installed_versions() -> dict[str, str]:
     """{normalised name: version} of what the interpreter would import (first on ``sys.path``)."""
+    return {name: version for name, (_, version) in _installed().items()}
+
+
+def pip_freeze() -> str:
+    """What ``python -m pip list --format=freeze`` prints for this interpreter, without
+    starting pip (a second a run): ``<Name>==<version>`` by normalised name."""
+    return "\n".join(f"{raw}=={version}" for _, (raw, version) in sorted(_installed().items()))
+
+
+def _installed() -> dict[str, tuple[str, str]]:
+    """{normalised name: (name as published, version)}, the first of each on ``sys.path``."""
     from importlib import metadata
 
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str]] = {}
     for dist in metadata.distributions():
-        name = dist.metadata["Name"] if dist.metadata else None
-        if not name:
-            continue
-        out.setdefault(normalize_name(name), dist.version)
+        meta = dist.metadata  # parsed once: each access parses METADATA again
+        if meta and meta["Name"]:
+            out.setdefault(normalize_name(meta["Name"]), (meta["Name"], meta["Version"]))
     return out
 
 

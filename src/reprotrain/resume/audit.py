@@ -13,7 +13,6 @@ import sys
 import sysconfig
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,17 +136,22 @@ def _user_module(module: types.ModuleType) -> bool:
 
 
 def installed(file: str) -> bool:
-    """A file of the standard library or of an installed package, by its path or its target."""
-    real = os.path.realpath(file)
-    if {"site-packages", "dist-packages"} & {*Path(file).parts, *Path(real).parts}:
-        return True
-    return any(p.startswith(root + os.sep) for root in _installed_roots() for p in (file, real))
+    """A file of the standard library or of an installed package, by its path or its target
+    (the target looked up only where the path does not say: most modules are installed)."""
+    return _installed_path(file) or _installed_path(os.path.realpath(file))
+
+
+_SITE_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
+
+
+def _installed_path(path: str) -> bool:
+    return any(site in path for site in _SITE_DIRS) or path.startswith(_installed_roots())
 
 
 @functools.cache
-def _installed_roots() -> frozenset[str]:
+def _installed_roots() -> tuple[str, ...]:
     paths = [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
-    return frozenset({*paths, *map(os.path.realpath, paths)})
+    return tuple(sorted({p + os.sep for p in (*paths, *map(os.path.realpath, paths))}))
 
 
 # Values digested whole, never opened into their attributes' paths.

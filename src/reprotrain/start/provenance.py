@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import OmegaConf
@@ -54,7 +54,7 @@ def identity(run: Run, name: str, require_locked_env: bool, include_untracked: l
         log.warning(warning)
     if diff:
         rec.atomic_write_text(run_dir / "git.diff", diff)
-    rec.atomic_write_text(run_dir / "environment.txt", collect_env.get_pretty_env_info())
+    rec.atomic_write_text(run_dir / "environment.txt", torch_report(collect_env))
     record.update(
         run_dir=str(run_dir.resolve()),
         name=name,
@@ -92,6 +92,19 @@ def layout(run: Run) -> None:
     ranks = dist.all_gather_objects(me | {"host": socket.gethostname()})
     run.record.update(world_size=dist.world_size, backend=dist.backend, ranks=ranks)
     run.record.update(**run.reduction.record(run.microbatches))
+
+
+def torch_report(collect_env: Any) -> str:
+    """torch's ``collect_env`` report, its ``pip list`` answered in this process with the same
+    lines (``requirements_lock.pip_freeze``); any other command it runs is its own."""
+    pip_list, run = [sys.executable, "-mpip", "list", "--format=freeze"], collect_env.run
+    collect_env.run = lambda cmd: (
+        (0, requirements_lock.pip_freeze(), "") if cmd == pip_list else run(cmd)
+    )
+    try:
+        return collect_env.get_pretty_env_info()
+    finally:
+        collect_env.run = run
 
 
 def code_now() -> dict:

@@ -20,6 +20,11 @@ import pytest
 
 import faults
 
+# Idle OpenMP threads sleep instead of spinning: two workers' trainings share the cores, and
+# spinning threads took half of their CPU time (a run's bits do not depend on it: the work is
+# split alike; run.json notes it, repro/environment.py). Set before any worker or child starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Host facts faked per test (tests/host_facts.py); skips only for a missing device/extra/binary;
 # warm starts (tests/warm.py).
 pytest_plugins = ("host_facts", "skip_policy", "warm")

@@ -153,7 +153,8 @@ def test_a_variable_of_the_kernel_families_changes_the_verdict_and_is_named(
 
 @pytest.mark.parametrize(
     "name", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_HOME",
-             "CUDA_PATH", "TORCH_EXTENSIONS_DIR", "TORCH_NCCL_ASYNC_ERROR_HANDLING"],
+             "CUDA_PATH", "TORCH_EXTENSIONS_DIR", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+             "OMP_WAIT_POLICY"],
 )  # fmt: skip
 def test_thread_pool_sizes_visible_gpus_and_paths_are_notes_not_reasons(monkeypatch, name):
     monkeypatch.delenv(name, raising=False)

@@ -34,9 +34,10 @@ _PREFIXES = "ONEDNN_ DNNL_ MKL_ OMP_ KMP_ GOMP_ OPENBLAS_ ATEN_ TORCH_ PYTORCH_ 
 BITS_ENV_PREFIXES = (*_PREFIXES.split(), "CUDA_", "NCCL_")
 BITS_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE",)
 #: Members that do not decide the bits (visible GPUs, thread pools: the count that ran is
-#: compared; torchrun's error handling, set in its workers: a world-size-invariant run on 2
+#: compared; how idle OpenMP threads wait, spinning or asleep: the work is split alike;
+#: torchrun's error handling, set in its workers: a world-size-invariant run on 2
 #: processes and its replay on 1 differ in them; install and cache paths): notes only.
-_NOT_BITS = "CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER OMP_NUM_THREADS MKL_NUM_THREADS"
+_NOT_BITS = "CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER OMP_NUM_THREADS MKL_NUM_THREADS OMP_WAIT_POLICY"
 NOT_BITS_ENV = (*_NOT_BITS.split(), "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
 NOT_BITS_SUFFIXES = ("_HOME", "_PATH", "_DIR", "_ROOT", "_CACHE")
 

@@ -346,9 +346,10 @@ def installed_versions() -> dict[str, str]:
     return {name: version for name, (_, version) in _installed().items()}
 
 
-def pip_freeze() -> str:
-    """What ``python -m pip list --format=freeze`` prints for this interpreter, without
-    starting pip (a second a run): ``<Name>==<version>`` by normalised name."""
+def pip_list() -> str:
+    """What ``python -m pip list --format=freeze`` prints for this interpreter, without starting
+    pip (a second a run): ``<Name>==<version>`` by normalised name. Not ``pip freeze``, which
+    the archive runs (``tools/archive/pack.pip_freeze``): it shows editable installs by URL."""
     return "\n".join(f"{raw}=={version}" for _, (raw, version) in sorted(_installed().items()))
 
 

@@ -96,10 +96,10 @@ def layout(run: Run) -> None:
 
 def torch_report(collect_env: Any) -> str:
     """torch's ``collect_env`` report, its ``pip list`` answered in this process with the same
-    lines (``requirements_lock.pip_freeze``); any other command it runs is its own."""
-    pip_list, run = [sys.executable, "-mpip", "list", "--format=freeze"], collect_env.run
+    lines (``requirements_lock.pip_list``); any other command it runs is its own."""
+    command, run = [sys.executable, "-mpip", "list", "--format=freeze"], collect_env.run
     collect_env.run = lambda cmd: (
-        (0, requirements_lock.pip_freeze(), "") if cmd == pip_list else run(cmd)
+        (0, requirements_lock.pip_list(), "") if cmd == command else run(cmd)
     )
     try:
         return collect_env.get_pretty_env_info()

@@ -11,6 +11,8 @@ The fault fires at an exact moment of the run, so a test interrupts where it mea
 - ``sigterm:N`` / ``sigusr2:N`` / ``sigint2:N``: SIGTERM, SIGUSR2 or two SIGINTs (Ctrl-C
   twice) after step N;
 - ``in-save:N``: leave what a kill mid-write leaves (half a temp file), then SIGKILL;
+- ``stop:N``: SIGSTOP after step N: the run holds its lock, alive and still, until the
+  test kills it (no race with a run that would otherwise finish first);
 - ``enospc:<file name>``: the first write of that file fails as on a full disk
   (``OSError(ENOSPC)``); later writes succeed, so the failure can be recorded.
 
@@ -70,6 +72,8 @@ def register(fault: str) -> None:
         events.on("checkpoint-write", half)
     elif kind in SIGNALS:
         events.on("step", _at(int(arg), lambda: [os.kill(os.getpid(), s) for s in SIGNALS[kind]]))
+    elif kind == "stop":
+        events.on("step", _at(int(arg), lambda: os.kill(os.getpid(), signal.SIGSTOP)))
     elif kind in KILLS:
         events.on(kind, _at(int(arg), _kill))
     else:

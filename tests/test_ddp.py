@@ -130,9 +130,9 @@ def test_two_nodes_of_one_process_equal_one_node_of_two(tmp_path):
 
 def test_a_second_writer_is_refused_and_resume_after_sigkill_takes_the_lock_over(tmp_path):
     run_dir = tmp_path / "run"
-    slow = ["dataset.num_train=4096", "trainer.checkpoint_every_steps=4"]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "reprotrain.train", *MICRO, *slow, f"hydra.run.dir={run_dir}"],
+    slow = ["trainer.checkpoint_every_steps=4"]
+    first = subprocess.Popen(  # stopped (SIGSTOP) after step 5, step 4's checkpoint written
+        faults.command("stop:5", "reprotrain.train", *MICRO, *slow, f"hydra.run.dir={run_dir}"),
         cwd=REPO,
         env=base_env(),
         stdout=subprocess.PIPE,

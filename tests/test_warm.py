@@ -105,31 +105,40 @@ print(json.dumps({"out": done.stdout.splitlines()[1:], "code": done.returncode,
                   "session": session, "same_group": same_group, "killed": proc.wait(),
                   "me": os.getpid(), "grouped_status": grouped.wait(),
                   "parent_of_child": json.loads(done.stdout.splitlines()[0]).get("ppid"),
-                  "warm_started": type(proc).__name__ == "WarmPopen"}))
+                  "warm_started": type(proc).__name__ == "WarmPopen",
+                  "grouped_warm": type(grouped).__name__ == "WarmPopen"}))
 """
 
 
 def test_a_warm_childs_own_commands_start_warm_and_behave_as_real_children(probe):
     """What the framework's launchers do (resume, verify run a trainer): ``subprocess.run``
     and ``Popen`` with or without a new session + a signal, in a warm child as in a cold one.
-    A command in the caller's own process group (a ``killpg`` of the caller reaches it) starts
-    for real; one in a session of its own forks from the zygote."""
+    One in a session of its own forks from the zygote. One in the caller's own process group
+    (a ``killpg`` of the caller reaches it) forks from the zygote too while the caller is in
+    the zygote's group (the fork is then in that group as well), and starts for real when
+    the caller leads a group of its own (started in a new session)."""
     (probe / "reprotrain_nested.py").write_text(textwrap.dedent(NESTED))
     cmd = [sys.executable, "-m", "reprotrain_nested"]
     kw = {"cwd": probe, "env": base_env(), "capture_output": True, "text": True, "timeout": 120}
-    procs = warm.run_warm(cmd, **kw), warm.run_cold(cmd, **kw)
+    procs = (warm.run_warm(cmd, **kw), warm.run_cold(cmd, **kw),
+             warm.run_warm(cmd, start_new_session=True, **kw))  # fmt: skip
     for proc in procs:  # the inherited stdout and stderr stay apart
         assert proc.stderr.rstrip().endswith("ValueError: probe failed"), proc.stderr
         assert "ValueError" not in proc.stdout
-    hot, cold = (json.loads(p.stdout.splitlines()[-1]) for p in procs)
-    assert hot["out"] == cold["out"] == ["unflushed tailatexit ran"]
-    assert hot["code"] == cold["code"] == 0
-    assert hot["session"] and cold["session"]
-    assert hot["same_group"] and cold["same_group"]
-    assert hot["killed"] == cold["killed"] == -15
-    assert hot["grouped_status"] == cold["grouped_status"] == -9
-    assert hot["parent_of_child"] == hot["me"] and cold["parent_of_child"] == cold["me"]
-    assert hot["warm_started"] and not cold["warm_started"], "the session's command was cold"
+    hot, cold, leader = (json.loads(p.stdout.splitlines()[-1]) for p in procs)
+    for got in (hot, leader):
+        assert got["out"] == cold["out"] == ["unflushed tailatexit ran"]
+        assert got["code"] == cold["code"] == 0
+        assert got["session"] and cold["session"]
+        assert got["same_group"] and cold["same_group"]
+        assert got["killed"] == cold["killed"] == -15
+        assert got["grouped_status"] == cold["grouped_status"] == -9
+        assert got["warm_started"] and not cold["warm_started"], "the session's command was cold"
+    assert hot["grouped_warm"] and not leader["grouped_warm"] and not cold["grouped_warm"]
+    # A real fork's parent is its caller; a warm one's is the zygote (torchrun's workers
+    # read it, and they never start warm: tests/warm.py).
+    assert leader["parent_of_child"] == leader["me"] and cold["parent_of_child"] == cold["me"]
+    assert hot["parent_of_child"] != hot["me"]
 
 
 def test_a_timeout_kills_the_warm_child_and_raises_as_subprocess_does(probe):

@@ -16,9 +16,12 @@ What a child shares with its zygote is the interpreter's start and the modules i
 before the fork, so a zygote is started with the command's own environment, and serves only
 commands that agree with it on every variable read at interpreter start or at those imports
 (``START_VARIABLES``, a fixed ``PYTHONHASHSEED`` included), with no interpreter flags, no
-stdin and no process options but a new session; a warm child's own command that shares its
-process group (no new session: a ``killpg`` or Ctrl-C must reach both), everything else,
-and every run with ``REPROTRAIN_TEST_COLD=1``, starts cold. ``tests/test_warm.py`` holds the
+stdin and no process options but a new session. A warm child's own command in its process
+group (no new session: a ``killpg`` or Ctrl-C must reach both) forks from the zygote too
+while the caller is in the zygote's group (the fork lands there: the same group; its parent
+pid is the zygote's, which only torchrun's workers read, never warm); when the caller leads
+a group of its own, such a command, everything else, and every run with
+``REPROTRAIN_TEST_COLD=1``, starts cold. ``tests/test_warm.py`` holds the
 equivalence: a trainer run warm and cold gives the same bits and record; argv, paths,
 environment, exit statuses, atexit, timeouts and fresh entropy are a fresh process's.
 
@@ -36,6 +39,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -76,8 +80,8 @@ def warm_command(args, kwargs: dict, honour_cold: bool = True) -> tuple[list[str
         return None
     if not isinstance(args, list | tuple) or len(args) < 2:
         return None
-    if _parent_zygote and not kwargs.get("start_new_session"):
-        return None  # a warm child's child shares its process group (killpg, Ctrl-C): a fork
+    if _parent_zygote and not kwargs.get("start_new_session") and _leads_a_group():
+        return None  # its child must join the group it leads (killpg, Ctrl-C): a real fork
         # of the zygote cannot join a group of another session, so it starts for real
     if not all(isinstance(a, str | os.PathLike) for a in args):
         return None
@@ -102,6 +106,13 @@ def warm_command(args, kwargs: dict, honour_cold: bool = True) -> tuple[list[str
     if args[1].startswith("-") or not (console or script.suffix == ".py") or not script.is_file():
         return None
     return args[1:], False
+
+
+def _leads_a_group() -> bool:
+    """In a warm child: True when it is no longer in its zygote's process group (it was
+    started in a session of its own, or left the group). A fork of the zygote lands in the
+    zygote's group, so it is the caller's own group only while the caller stays there."""
+    return os.getpgid(0) != _parent_zygote["pgid"]
 
 
 def _console_script(name: str) -> bool:
@@ -188,7 +199,7 @@ def _socket_path(env: dict[str, str], at_once: bool = False) -> str | None:
         return None
     while len(_zygotes) >= MAX_ZYGOTES:
         oldest = next(iter(_zygotes))
-        _stop(_zygotes.pop(oldest)[0])
+        _stop(*_zygotes.pop(oldest))
     folder = tempfile.mkdtemp(prefix="reprotrain-warm-")
     path = os.path.join(folder, "zygote.sock")
     proc = _RealPopen(
@@ -206,16 +217,18 @@ def _socket_path(env: dict[str, str], at_once: bool = False) -> str | None:
     return path
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, path: str) -> None:
+    """End a zygote and remove its socket's folder."""
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def stop() -> None:
     """End the zygotes (their children run on to their own end)."""
     while _zygotes:
-        _stop(_zygotes.popitem()[1][0])
+        _stop(*_zygotes.popitem()[1])
 
 
 class WarmPopen:
@@ -372,7 +385,7 @@ def serve(path: str) -> None:
     """Import ``PRELOAD``, then fork one child per request; report each child's exit status."""
     import importlib
 
-    own = {"path": path, "key": signature(dict(os.environ))}
+    own = {"path": path, "key": signature(dict(os.environ)), "pgid": os.getpgid(0)}
     for name in PRELOAD:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

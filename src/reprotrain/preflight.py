@@ -100,7 +100,14 @@ def check(argv: list[str]) -> str | bool | None:
     return composed and OmegaConf.select(composed[0], "resume", default=None)
 
 
-def compose_all(argv: list[str]) -> list | bool:
+class Composed(list):
+    """Each variant's composed config, and the first one's ``hydra.mode`` (before the
+    ``hydra`` node is removed: Hydra's main asks for it, ``hydra_api.answer_mode``)."""
+
+    hydra_mode: Any = None
+
+
+def compose_all(argv: list[str]) -> Composed | bool:
     """Every variant's composed and checked config (False for Hydra's informational modes)."""
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.cfg or args.shell_completion:
@@ -108,7 +115,7 @@ def compose_all(argv: list[str]) -> list | bool:
     config_dir = os.path.abspath(args.config_path) if args.config_path else str(CONF_DIR)
     config_name = args.config_name or "train"
     GlobalHydra.instance().clear()
-    composed = []
+    composed = Composed()
     try:
         if not args.multirun:
             refuse_sweep_without_multirun(args.overrides)
@@ -123,6 +130,8 @@ def compose_all(argv: list[str]) -> list | bool:
             for overrides in variants:
                 cfg = compose(config_name, overrides, return_hydra_config=True)
                 paths.check_config(cfg, args.multirun)  # before Hydra writes a path it names
+                if not composed:
+                    composed.hydra_mode = OmegaConf.select(cfg, "hydra.mode", default=None)
                 with open_dict(cfg):
                     del cfg["hydra"]  # what compose() without the hydra node returns
                 check_schema_keys({group: cfg[group] for group in config.PROJECT_GROUPS})
@@ -398,6 +407,7 @@ def cli_check() -> None:
             explicit_run_dir_is_free(argv, resume)
             sys.argv += resume_overrides(argv, resume, lambda: env_secrets.redact(first)[0])
             claim_explicit_sweep_dir(argv)  # last: nothing may refuse after the claim
+            hydra_api.answer_mode(sys.argv[1:], composed.hydra_mode)
     except ReprotrainError as e:
         # AlreadyCompleted (exit 0), told by its code: importing resume.guard imports torch.
         # Hydra's parse errors echo the override as typed: escaped, never a raw control byte

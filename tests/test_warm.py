@@ -73,7 +73,9 @@ def test_a_warm_child_has_a_fresh_processs_argv_paths_environment_and_main(probe
 
 
 def test_two_warm_children_draw_different_entropy_as_fresh_processes_do(probe):
-    first, second = (facts(both(probe, "0")[0])["entropy"] for _ in range(2))
+    cmd = [sys.executable, "-m", "reprotrain_probe", "0"]
+    kw = {"cwd": probe, "env": base_env(), "capture_output": True, "text": True, "timeout": 120}
+    first, second = (facts(warm.run_warm(cmd, **kw))["entropy"] for _ in range(2))
     assert all(x != y for x, y in zip(first, second, strict=True))
 
 
@@ -110,6 +112,16 @@ print(json.dumps({"out": done.stdout.splitlines()[1:], "code": done.returncode,
 """
 
 
+LEADER = """
+import json, os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "0"], stdout=subprocess.PIPE,
+                         text=True)
+out, _ = child.communicate()
+print(json.dumps({"warm": type(child).__name__ == "WarmPopen", "me": os.getpid(),
+                  "parent": json.loads(out.splitlines()[0])["ppid"]}))
+"""
+
+
 def test_a_warm_childs_own_commands_start_warm_and_behave_as_real_children(probe):
     """What the framework's launchers do (resume, verify run a trainer): ``subprocess.run``
     and ``Popen`` with or without a new session + a signal, in a warm child as in a cold one.
@@ -118,33 +130,35 @@ def test_a_warm_childs_own_commands_start_warm_and_behave_as_real_children(probe
     the zygote's group (the fork is then in that group as well), and starts for real when
     the caller leads a group of its own (started in a new session)."""
     (probe / "reprotrain_nested.py").write_text(textwrap.dedent(NESTED))
+    (probe / "reprotrain_leader.py").write_text(textwrap.dedent(LEADER))
     cmd = [sys.executable, "-m", "reprotrain_nested"]
     kw = {"cwd": probe, "env": base_env(), "capture_output": True, "text": True, "timeout": 120}
-    procs = (warm.run_warm(cmd, **kw), warm.run_cold(cmd, **kw),
-             warm.run_warm(cmd, start_new_session=True, **kw))  # fmt: skip
+    procs = warm.run_warm(cmd, **kw), warm.run_cold(cmd, **kw)
     for proc in procs:  # the inherited stdout and stderr stay apart
         assert proc.stderr.rstrip().endswith("ValueError: probe failed"), proc.stderr
         assert "ValueError" not in proc.stdout
-    hot, cold, leader = (json.loads(p.stdout.splitlines()[-1]) for p in procs)
-    for got in (hot, leader):
-        assert got["out"] == cold["out"] == ["unflushed tailatexit ran"]
-        assert got["code"] == cold["code"] == 0
-        assert got["session"] and cold["session"]
-        assert got["same_group"] and cold["same_group"]
-        assert got["killed"] == cold["killed"] == -15
-        assert got["grouped_status"] == cold["grouped_status"] == -9
-        assert got["warm_started"] and not cold["warm_started"], "the session's command was cold"
-    assert hot["grouped_warm"] and not leader["grouped_warm"] and not cold["grouped_warm"]
+    hot, cold = (json.loads(p.stdout.splitlines()[-1]) for p in procs)
+    assert hot["out"] == cold["out"] == ["unflushed tailatexit ran"]
+    assert hot["code"] == cold["code"] == 0
+    assert hot["session"] and cold["session"]
+    assert hot["same_group"] and cold["same_group"]
+    assert hot["killed"] == cold["killed"] == -15
+    assert hot["grouped_status"] == cold["grouped_status"] == -9
+    assert hot["warm_started"] and not cold["warm_started"], "the session's command was cold"
+    assert hot["grouped_warm"] and not cold["grouped_warm"]
     # A real fork's parent is its caller; a warm one's is the zygote (torchrun's workers
     # read it, and they never start warm: tests/warm.py).
-    assert leader["parent_of_child"] == leader["me"] and cold["parent_of_child"] == cold["me"]
-    assert hot["parent_of_child"] != hot["me"]
+    assert cold["parent_of_child"] == cold["me"] and hot["parent_of_child"] != hot["me"]
+    leads = warm.run_warm([sys.executable, "-m", "reprotrain_leader"], start_new_session=True,
+                          **kw)  # fmt: skip
+    leader = json.loads(leads.stdout.splitlines()[-1])
+    assert not leader["warm"] and leader["parent"] == leader["me"], "its group: a real fork"
 
 
 def test_a_timeout_kills_the_warm_child_and_raises_as_subprocess_does(probe):
     cmd = [sys.executable, "-m", "reprotrain_probe", "sleep"]
     with pytest.raises(subprocess.TimeoutExpired):
-        warm.run_warm(cmd, cwd=probe, env=base_env(), capture_output=True, timeout=8)
+        warm.run_warm(cmd, cwd=probe, env=base_env(), capture_output=True, timeout=3)
 
 
 def test_only_commands_that_start_alike_share_a_zygote():

@@ -36,22 +36,16 @@ def register_resolver(name: str, resolver: Callable[..., Any], use_cache: bool =
 
 
 def answer_mode(argv: list[str], mode: Any) -> None:
-    """Hydra's main composes the whole config once only to read ``hydra.mode``
-    (``Hydra.get_mode``), then again to run it: 0.2 s of each start on 2 cores. The
-    preflight check composed this command line already; its ``hydra.mode`` answers that
-    call for these arguments, and any other call composes as Hydra does."""
+    """Hydra's main composes the whole config once only to read ``hydra.mode`` (``get_mode``),
+    then again to run it: 0.2 s of each start on 2 cores. The preflight check composed this
+    command line already: its ``hydra.mode`` answers for these arguments; any other call
+    composes as Hydra does."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import get_args_parser
 
-    args, _ = get_args_parser().parse_known_args(argv)
-    asked = getattr(Hydra, "get_mode", None)
-    if asked is None or args.config_dir is not None or args.config_path is not None:
-        return  # another search path than the check composed with: Hydra composes
-    known = (args.config_name or "train", list(args.overrides))
-
-    def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
-        if (config_name, list(overrides)) == known:
-            return mode
-        return asked(self, config_name, overrides)
-
-    Hydra.get_mode = get_mode
+    args, asked = get_args_parser().parse_known_args(argv)[0], getattr(Hydra, "get_mode", None)
+    if asked is not None and args.config_dir is None and args.config_path is None:
+        known = (args.config_name or "train", list(args.overrides))  # the check's search path
+        Hydra.get_mode = lambda self, config_name, overrides: (
+            mode if (config_name, list(overrides)) == known else asked(self, config_name, overrides)
+        )

@@ -34,7 +34,7 @@ from reprotrain.data.sampler import CONTRACT
 from reprotrain.distributed import shard_global_batch
 from reprotrain.errors import ReprotrainError
 from reprotrain.repro.rng import Scoped
-from reprotrain.repro.seeding import Seeds, counter_generator, stable_hash
+from reprotrain.repro.seeding import SeededGenerators, Seeds, counter_generator, stable_hash
 
 
 def epoch_order(n: int, data_seed: int, epoch: int) -> torch.Tensor:
@@ -285,7 +285,7 @@ class SeededSamples(Dataset):
     __getitems__ = keyed_items
 
 
-class CollateContext:
+class CollateContext(SeededGenerators):
     """A collate's ``ctx``: ``training``, ``epoch`` (None in evaluation), ``step``,
     ``microbatch`` (collated alone, else None), and ``seed``/``generator``/``numpy_generator``
     from the batch's key, made on first use."""
@@ -300,20 +300,6 @@ class CollateContext:
         self.training = epoch is not None
         self._generator: torch.Generator | None = None
         self._numpy_generator: np.random.Generator | None = None
-
-    @property
-    def generator(self) -> torch.Generator:
-        """A fresh CPU ``torch.Generator`` seeded with ``seed``."""
-        if self._generator is None:
-            self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
-        return self._generator
-
-    @property
-    def numpy_generator(self) -> np.random.Generator:
-        """A fresh ``numpy.random.Generator`` seeded with ``seed``."""
-        if self._numpy_generator is None:
-            self._numpy_generator = np.random.default_rng(self.seed)
-        return self._numpy_generator
 
 
 class SeededCollate:

@@ -32,10 +32,6 @@ def value_sha256(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _register_probe() -> None:
-    register_resolver(_PROBE_RESOLVER, lambda key, *default: f"{_CANARY}({key})")
-
-
 def _probe_copy(raw: Any) -> Any:
     """The unresolved config with every ``oc.env:`` rewritten to the canary resolver."""
     if isinstance(raw, dict):
@@ -93,7 +89,7 @@ def redact(cfg: DictConfig) -> tuple[dict, dict[str, dict]]:
     raw = OmegaConf.to_container(cfg, resolve=False)
     if "oc.env" not in json.dumps(raw, default=str):
         return real, {}  # the common case: nothing to find
-    _register_probe()
+    register_resolver(_PROBE_RESOLVER, lambda key, *default: f"{_CANARY}({key})")
     probe = OmegaConf.create(_probe_copy(copy.deepcopy(raw)))
     digests: dict[str, dict] = {}
     return _walk(real, raw, probe, "", digests), digests

@@ -74,6 +74,28 @@ def counter_generator(seed: int, *counters: int) -> torch.Generator:
     return g
 
 
+class SeededGenerators:
+    """``generator`` and ``numpy_generator`` from ``self.seed``, each made on first use (the
+    class holds ``seed`` and the slots ``_generator`` and ``_numpy_generator``, None until then)."""
+
+    __slots__ = ()
+
+    @property
+    def generator(self) -> torch.Generator:
+        """A CPU ``torch.Generator`` seeded with ``seed``: draw on the CPU, move the result to
+        the device, so the draws never depend on the device type."""
+        if self._generator is None:
+            self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        return self._generator
+
+    @property
+    def numpy_generator(self) -> np.random.Generator:
+        """``numpy.random.default_rng(seed)``: e.g. ``lam = ctx.numpy_generator.beta(a, a)``."""
+        if self._numpy_generator is None:
+            self._numpy_generator = np.random.default_rng(self.seed)
+        return self._numpy_generator
+
+
 def numpy_seed_words(seed: int) -> tuple[int, int]:
     """The legacy numpy seed (two 32-bit words) for ``seed``: all 63 bits kept (``seed % 2**32``
     would collide over millions of samples)."""

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from reprotrain.repro.seeding import stable_hash
+from reprotrain.repro.seeding import SeededGenerators, stable_hash
 from reprotrain.tasks.metrics import SAMPLES
 
 
@@ -29,7 +29,7 @@ class StepOutput(NamedTuple):
     sums: dict[str, torch.Tensor]
 
 
-class StepContext:
+class StepContext(SeededGenerators):
     """What the framework tells a step: where it runs and which (micro-)batch it is.
 
     - ``training``: True in a training step, False in evaluation.
@@ -71,21 +71,6 @@ class StepContext:
             index = (self.microbatch,) if self.training else (self.eval_batch, "eval")
             self._seed = stable_hash(self.train_seed, self.global_step, *index)
         return self._seed
-
-    @property
-    def generator(self) -> torch.Generator:
-        """A CPU ``torch.Generator`` seeded with ``seed``: draw on the CPU, move the result to
-        ``device``, so the draws never depend on the device type."""
-        if self._generator is None:
-            self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
-        return self._generator
-
-    @property
-    def numpy_generator(self) -> np.random.Generator:
-        """``numpy.random.default_rng(seed)``: e.g. ``lam = ctx.numpy_generator.beta(a, a)``."""
-        if self._numpy_generator is None:
-            self._numpy_generator = np.random.default_rng(self.seed)
-        return self._numpy_generator
 
 
 class Task:

@@ -101,8 +101,7 @@ def check(argv: list[str]) -> str | bool | None:
 
 
 class Composed(list):
-    """Each variant's composed config, and the first one's ``hydra.mode`` (before the
-    ``hydra`` node is removed: Hydra's main asks for it, ``hydra_api.answer_mode``)."""
+    """Each variant's config, and ``hydra.mode`` as composed (Hydra's main asks for it)."""
 
     hydra_mode: Any = None
 
@@ -130,8 +129,7 @@ def compose_all(argv: list[str]) -> Composed | bool:
             for overrides in variants:
                 cfg = compose(config_name, overrides, return_hydra_config=True)
                 paths.check_config(cfg, args.multirun)  # before Hydra writes a path it names
-                if not composed:
-                    composed.hydra_mode = OmegaConf.select(cfg, "hydra.mode", default=None)
+                composed.hydra_mode = cfg.hydra.mode  # for hydra_api.answer_mode
                 with open_dict(cfg):
                     del cfg["hydra"]  # what compose() without the hydra node returns
                 check_schema_keys({group: cfg[group] for group in config.PROJECT_GROUPS})

@@ -5,12 +5,12 @@ by name, size and sha256 only, remote URLs without credentials; in the container
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import os
 import re
 import subprocess
 from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from reprotrain.errors import ReprotrainError
@@ -60,7 +60,7 @@ def in_snapshot(rel: str) -> bool:
     if any(part in rel for part in _SKIP_PARTS):
         return False
     first = rel.split("/", 1)[0]
-    return any(fnmatch.fnmatchcase(first, pat) for pat in SNAPSHOT_PATHS)
+    return any(fnmatchcase(first, pat) for pat in SNAPSHOT_PATHS)
 
 
 def scrub_url(url: str) -> str:
@@ -98,15 +98,9 @@ def _sha256(path: Path) -> tuple[str | None, int]:
 
 
 def _opted_in(rel: str, patterns: Sequence[str]) -> bool:
-    for pat in patterns:
-        pat = str(pat).strip().removeprefix("./")
-        if not pat:
-            continue
-        if rel == pat or (pat.endswith("/") and rel.startswith(pat)):
-            return True
-        if fnmatch.fnmatchcase(rel, pat):
-            return True
-    return False
+    pats = [p for p in (str(p).strip().removeprefix("./") for p in patterns) if p]
+    dirs = [p for p in pats if p.endswith("/")]
+    return rel in pats or rel.startswith(tuple(dirs)) or any(fnmatchcase(rel, p) for p in pats)
 
 
 def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, str]:

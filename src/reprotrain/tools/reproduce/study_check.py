@@ -32,10 +32,6 @@ _TRIAL = {"job": str, "params": dict, "status": str}  # and a number or None as 
 DAMAGED = "the study record was edited or damaged"
 
 
-def _number(v: Any) -> bool:
-    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
-
-
 def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | None:
     """The archive's study.json, checked for shape (ReproduceRefused), or None."""
     data = read_member(checked, STUDY)
@@ -51,7 +47,9 @@ def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | Non
             raise ReproduceRefused(f"{label}: {key} is missing or malformed; {DAMAGED}")
     for i, t in enumerate(study["trials"]):
         shaped = all(isinstance(t.get(k), kind) for k, kind in _TRIAL.items())
-        if not (shaped and _number(t.get("value"))):
+        value = t.get("value")
+        number = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+        if not (shaped and number):
             what = "a trial (job, params, value, status)"
             raise ReproduceRefused(f"{label}: trials[{i}] is not {what}; {DAMAGED}")
     n_trials = study.get("n_trials")

@@ -145,7 +145,9 @@ class Popen(_RealPopen):
         command = args[0] if args else kwargs.get("args")
         found = warm_command(command, {k: v for k, v in kwargs.items() if k != "args"})
         env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
-        path = _socket_path(env) if found is not None and len(args) <= 1 else None
+        path = None
+        if found is not None and len(args) <= 1:
+            path = _socket_path(env, at_once="reprotrain.train" in found[0][:4])
         if path is None:
             counts["cold"] += 1
             return super().__new__(cls)
@@ -184,8 +186,9 @@ def run_warm(args: list, **kwargs) -> subprocess.CompletedProcess:
 
 def _socket_path(env: dict[str, str], at_once: bool = False) -> str | None:
     """The socket of the zygote that started with ``env``'s start-up variables (started
-    now with ``env`` when these were seen before, or ``at_once``). In a warm child: its own
-    zygote's, for a command that starts alike, else None."""
+    now with ``env`` when these were seen before, or ``at_once``: a trainer's, which imports
+    torch once its check passes, so a zygote and its child cost less than one cold start).
+    In a warm child: its own zygote's, for a command that starts alike, else None."""
     key = signature(env)
     if key is None:
         return None

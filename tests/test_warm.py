@@ -17,7 +17,9 @@ from conftest import MICRO, TINY, base_env, run_json
 
 PROBE = """
 import atexit, json, os, random, signal, sys, time
-import numpy, torch
+light = sys.argv[2:] == ["light"]  # a nested test's child: no torch to import when cold
+if not light:
+    import numpy, torch
 
 main = sys.modules["__main__"]
 print(json.dumps({
@@ -25,7 +27,8 @@ print(json.dumps({
     "env": {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "HOME", "PROBE_VALUE")},
     "main_file": getattr(main, "__file__", None), "mp_main": sys.modules.get("__mp_main__") is main,
     "hash": hash("reprotrain"), "ppid": os.getppid(),
-    "entropy": [random.random(), float(numpy.random.random()), torch.initial_seed()],
+    "entropy": [] if light else [random.random(), float(numpy.random.random()),
+                                 torch.initial_seed()],
 }))
 atexit.register(lambda: print("atexit ran"))
 sys.stdout.write("unflushed tail")
@@ -91,12 +94,11 @@ def test_exit_status_atexit_and_buffered_output_are_a_fresh_processs(probe, how)
 
 NESTED = """
 import json, os, signal, subprocess, sys, time
-child = [sys.executable, "-m", "reprotrain_probe", "0"]
-done = subprocess.run(child, capture_output=True, text=True)
-subprocess.run([sys.executable, "-m", "reprotrain_probe", "raise"])  # the caller's own fds
-grouped = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "sleep"],
-                           stdout=subprocess.DEVNULL)
-proc = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "sleep"], start_new_session=True,
+probe = [sys.executable, "-m", "reprotrain_probe"]
+done = subprocess.run([*probe, "0", "light"], capture_output=True, text=True)
+subprocess.run([*probe, "raise", "light"])  # the caller's own fds
+grouped = subprocess.Popen([*probe, "sleep", "light"], stdout=subprocess.DEVNULL)
+proc = subprocess.Popen([*probe, "sleep", "light"], start_new_session=True,
                         stdout=subprocess.DEVNULL)
 time.sleep(1)
 session = os.getsid(proc.pid) == proc.pid
@@ -114,8 +116,8 @@ print(json.dumps({"out": done.stdout.splitlines()[1:], "code": done.returncode,
 
 LEADER = """
 import json, os, subprocess, sys
-child = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "0"], stdout=subprocess.PIPE,
-                         text=True)
+child = subprocess.Popen([sys.executable, "-m", "reprotrain_probe", "0", "light"],
+                         stdout=subprocess.PIPE, text=True)
 out, _ = child.communicate()
 print(json.dumps({"warm": type(child).__name__ == "WarmPopen", "me": os.getpid(),
                   "parent": json.loads(out.splitlines()[0])["ppid"]}))

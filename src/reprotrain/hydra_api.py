@@ -36,16 +36,17 @@ def register_resolver(name: str, resolver: Callable[..., Any], use_cache: bool =
 
 
 def answer_mode(argv: list[str], mode: Any) -> None:
-    """Hydra's main composes the whole config once only to read ``hydra.mode`` (``get_mode``),
-    then again to run it: 0.2 s of each start on 2 cores. The preflight check composed this
-    command line already: its ``hydra.mode`` answers for these arguments; any other call
-    composes as Hydra does."""
+    """Hydra's main composes the whole config only to read ``hydra.mode`` (``get_mode``), then
+    again to run it (0.2 s of a start on 2 cores): the preflight check composed this command
+    line already, so its ``hydra.mode`` answers for these arguments, and only for them."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import get_args_parser
 
     args, asked = get_args_parser().parse_known_args(argv)[0], getattr(Hydra, "get_mode", None)
     if asked is not None and args.config_dir is None and args.config_path is None:
         known = (args.config_name or "train", list(args.overrides))  # the check's search path
-        Hydra.get_mode = lambda self, config_name, overrides: (
-            mode if (config_name, list(overrides)) == known else asked(self, config_name, overrides)
+        Hydra.get_mode = lambda self, config_name, overrides, **more: (  # 1.4: parsed_overrides
+            mode
+            if (config_name, list(overrides)) == known
+            else asked(self, config_name, overrides, **more)
         )

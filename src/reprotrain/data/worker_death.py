@@ -42,9 +42,9 @@ def killed_worker() -> str | None:
     return None
 
 
-def _killed_worker_soon(wait_s: float = 2.0) -> str | None:
+def _killed_worker_soon(wait_s: float = 10.0) -> str | None:
     """:func:`killed_worker`, waiting up to ``wait_s`` for the exit status: the reset socket
-    can come a moment before the worker is reapable (seen on a loaded 2-core host)."""
+    can come seconds before the worker is reapable (over 2 s on a loaded 2-core host)."""
     deadline = time.monotonic() + wait_s
     while (found := killed_worker()) is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
@@ -15,7 +16,10 @@ def _sleep() -> None:
     time.sleep(60)
 
 
-def test_a_socket_reset_is_a_worker_death_only_when_a_worker_was_killed():
+def test_a_socket_reset_is_a_worker_death_only_when_a_worker_was_killed(monkeypatch):
+    # Each "no worker died" answer waits out the wait for an exit status (10 s): 0.5 s here.
+    short = functools.partial(worker_death._killed_worker_soon, 0.5)
+    monkeypatch.setattr(worker_death, "_killed_worker_soon", short)
     reset = ConnectionResetError(104, "Connection reset by peer")
     assert not worker_death.is_worker_death(reset)  # no worker died: a real I/O error
     child = multiprocessing.get_context("fork").Process(target=_sleep, daemon=True)

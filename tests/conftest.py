@@ -33,20 +33,13 @@ pytest_plugins = ("host_facts", "skip_policy", "warm")
 REPO = Path(__file__).resolve().parents[1]
 
 
-# pytest keeps each test module's assertion-rewritten code in tests/__pycache__ only where
-# bytecode may be written: with PYTHONDONTWRITEBYTECODE set, every worker rewrote all test
-# modules on every run (12 s of CPU each on the Zen 3). This process only: children keep it.
-sys.dont_write_bytecode = False
-
-
 def pytest_configure(config) -> None:
-    """In the controller, before any worker starts: byte-compile the package and the tests'
-    helper modules. Where PYTHONDONTWRITEBYTECODE is set (CI's host sets it) every trainer
-    and tool process the tests start would otherwise compile each module again (0.3 s of
-    CPU a process on the Zen 3; stale files are compiled anew, as Python does)."""
+    """In the controller, before any worker starts: byte-compile the package. Where
+    PYTHONDONTWRITEBYTECODE is set (CI's host sets it) every trainer and tool process the
+    tests start would otherwise compile each module again (0.3 s of CPU a process on the
+    Zen 3; stale files are compiled anew, as Python does)."""
     if not hasattr(config, "workerinput"):
-        for folder in ("src", "tests"):
-            compileall.compile_dir(REPO / folder, quiet=1)
+        compileall.compile_dir(REPO / "src", quiet=1)
 
 
 # The framework's own job (src/reprotrain/selfcheck: tiny conv net, synthetic images), shrunk:

@@ -21,11 +21,14 @@ def _name(key: str) -> str:
     return key.removeprefix(BEST).partition("_")[2]
 
 
+def number_or_none(value: Any) -> bool:
+    """A number (a bool is not one), or None: a non-finite value written as null."""
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
 def is_outcome(key: str, value: Any = None) -> bool:
     """A split metric whose value is a number (or None: a non-finite value written as null)."""
-    if split_of(key) is None:
-        return False
-    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+    return split_of(key) is not None and number_or_none(value)
 
 
 def outcome_keys(rows: Iterable[Mapping[str, Any]]) -> set[str]:

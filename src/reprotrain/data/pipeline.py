@@ -298,8 +298,7 @@ class CollateContext(SeededGenerators):
     ) -> None:
         self.seed, self.epoch, self.step, self.microbatch = seed, epoch, step, microbatch
         self.training = epoch is not None
-        self._generator: torch.Generator | None = None
-        self._numpy_generator: np.random.Generator | None = None
+        self._generator = self._numpy_generator = None  # SeededGenerators makes them on use
 
 
 class SeededCollate:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -59,8 +58,7 @@ class StepContext(SeededGenerators):
         self.global_step, self.microbatch, self.microbatches = global_step, microbatch, microbatches
         self.eval_batch, self.train_seed = eval_batch, train_seed
         self._seed: int | None = None
-        self._generator: torch.Generator | None = None
-        self._numpy_generator: np.random.Generator | None = None
+        self._generator = self._numpy_generator = None  # SeededGenerators makes them on use
 
     @property
     def seed(self) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.metric_names import number_or_none
 from reprotrain.run.bounded import load_json
 from reprotrain.run.readers import parse_json_object, parse_yaml_config
 from reprotrain.shown import shown
@@ -47,9 +48,7 @@ def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | Non
             raise ReproduceRefused(f"{label}: {key} is missing or malformed; {DAMAGED}")
     for i, t in enumerate(study["trials"]):
         shaped = all(isinstance(t.get(k), kind) for k, kind in _TRIAL.items())
-        value = t.get("value")
-        number = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
-        if not (shaped and number):
+        if not (shaped and number_or_none(t.get("value"))):
             what = "a trial (job, params, value, status)"
             raise ReproduceRefused(f"{label}: trials[{i}] is not {what}; {DAMAGED}")
     n_trials = study.get("n_trials")

@@ -142,7 +142,8 @@ def test_a_second_writer_is_refused_and_resume_after_sigkill_takes_the_lock_over
     try:
         deadline = time.time() + 300
         while not list((run_dir / "checkpoints").glob("step-*.pt")):
-            assert first.poll() is None and time.time() < deadline, first.stderr.read()
+            assert first.poll() is None, first.stderr.read()  # ended: its pipe is closed
+            assert time.time() < deadline, "no checkpoint before step 5 (the run stops there)"
             time.sleep(0.2)
         hydra_files = {p: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
         second = subprocess.run(

@@ -82,8 +82,8 @@ def warm_command(args, kwargs: dict, honour_cold: bool = True) -> tuple[list[str
     if not isinstance(args, list | tuple) or len(args) < 2:
         return None
     if _parent_zygote and not kwargs.get("start_new_session") and _leads_a_group():
-        return None  # its child must join the group it leads (killpg, Ctrl-C): a real fork
-        # of the zygote cannot join a group of another session, so it starts for real
+        return None  # its child must join the group it leads (killpg, Ctrl-C): a fork of
+        # the zygote cannot join a group of another session, so it starts for real
     if not all(isinstance(a, str | os.PathLike) for a in args):
         return None
     args = [os.fspath(a) for a in args]

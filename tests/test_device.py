@@ -128,7 +128,6 @@ def test_a_cuda_run_resumed_where_cuda_is_gone_is_refused_in_one_line(no_cuda):
 def test_a_forced_device_change_returns_the_new_device_and_reports_it(no_cuda):
     device = dev.resolve_for_resume("cuda:0", "auto", allow_change=True)
     assert device == torch.device("cpu")
-    assert dev.changed_type("cuda:0", device) and not dev.changed_type("cpu", device)
 
 
 def test_an_explicit_other_device_type_is_refused_unless_allowed(monkeypatch):

@@ -135,11 +135,6 @@ def resolve_for_resume(
     return device
 
 
-def changed_type(recorded: str | None, device: torch.device) -> bool:
-    """True when ``device`` is another device type than the recorded one (not bitwise)."""
-    return recorded is not None and _parse(recorded)[0] != torch.device(device).type
-
-
 def replay_spec(recorded: str | None) -> tuple[str, str | None]:
     """For reproduce: the ``trainer.device`` that replays on the recorded device type, and a
     NOT COMPARABLE reason when this host cannot (then on the CPU)."""

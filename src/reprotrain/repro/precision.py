@@ -6,12 +6,9 @@ on every backend. The CPU libraries stay IEEE float32."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reprotrain.errors import ReprotrainError
-
-if TYPE_CHECKING:
-    import torch
 
 PRECISIONS = ("32-true", "tf32", "bf16-mixed", "16-mixed")
 DEFAULT = "32-true"
@@ -26,14 +23,6 @@ def check(precision: str) -> str:
             f"trainer.precision={precision!r}: choose one of {', '.join(PRECISIONS)}"
         )
     return precision
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The dtype the forward and loss run in under autocast; None at 32-true and tf32."""
-    import torch
-
-    name = AUTOCAST.get(check(precision))
-    return None if name is None else getattr(torch, name)
 
 
 def recorded(trainer: Any) -> str:

@@ -7,7 +7,9 @@ venv); ``packaging`` is used when importable."""
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -355,10 +357,16 @@ def pip_list() -> str:
 
 def _installed() -> dict[str, tuple[str, str]]:
     """{normalised name: (name as published, version)}, the first of each on ``sys.path``."""
+    return dict(_installed_on(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=4)
+def _installed_on(path: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """Read once per ``sys.path``: a run's start asks twice (the drift and collect_env's list)."""
     from importlib import metadata
 
     out: dict[str, tuple[str, str]] = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=list(path)):
         meta = dist.metadata  # parsed once: each access parses METADATA again
         if meta and meta["Name"]:
             out.setdefault(normalize_name(meta["Name"]), (meta["Name"], meta["Version"]))

@@ -315,15 +315,20 @@ SLOW = {
     # script (test_cli_main.py's make test) and its numbers (test_statistical_verdict.py);
     # the legacy API's refusal (Lightning's advice: the same read-back refuses every setting);
     # the absolute path's reproduce and each attack in process (test_config_paths.py); the
-    # users' dispatch variables refused under portable (test_portable.py, in process).
+    # users' dispatch variables refused under portable (test_portable.py, in process); the
+    # levers read back in the pinned portable run's record (test_reference_job.py).
     "test_container.py::test_reproduce_of_a_containerised_run_names_its_image_and_base_and_bits_decide",
     "test_rng.py::test_a_model_installing_a_pcg64_resumes_bitwise_and_another_kind_is_refused_in_one_line",
     "test_resume_replay.py::test_a_training_datasets_read_counter_is_refused_under_strict_and_named_when_allowed",
     "test_cli_main.py::test_compare_keeps_its_verdict_codes_through_the_console_script",
-    "test_precision.py::test_a_process_where_other_code_set_the_settings_is_refused_in_one_line[torch.backends.cuda.matmul.fp32_precision = 'tf32']",
-    "test_precision.py::test_a_process_where_other_code_set_the_settings_is_refused_in_one_line[torch.backends.fp32_precision = 'tf32']",
+    "test_precision.py::test_a_process_where_other_code_set_the_settings_is_refused_in_one_line"
+    "[torch.backends.cuda.matmul.fp32_precision = 'tf32']",
+    "test_precision.py::test_a_process_where_other_code_set_the_settings_is_refused_in_one_line"
+    "[torch.backends.fp32_precision = 'tf32']",
     "test_config_paths.py::test_reproduce_of_an_archive_whose_csv_file_leaves_the_run_writes_nothing_outside[dotdot]",
     "test_portable.py::test_the_entry_point_refuses_portable_with_a_users_mkl_branch_in_one_line",
+    "test_portable.py::test_the_libraries_read_the_portable_levers_back",
+    "test_portable.py::test_mkls_avx2_branch_holds_on_intel_only_so_portable_uses_compatible",
 }
 
 

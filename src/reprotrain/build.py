@@ -31,8 +31,7 @@ from reprotrain.config import ModelSettings, PipelineSettings, check_num_classes
 from reprotrain.data.pipeline import PipelineSpec, build_pipeline
 from reprotrain.data.purity import check_samples
 from reprotrain.data.sampler import refuse_elsewhere
-from reprotrain.optim import kind as schedule_kind
-from reprotrain.optim import param_groups, peak_lr, unwrapped
+from reprotrain.optim import param_groups, peak_lr, schedule_kind, unwrapped
 from reprotrain.repro import checkpoint
 from reprotrain.repro import precision as float_math
 from reprotrain.repro.seeding import Seeds, seed_globals

@@ -28,12 +28,12 @@ _BIG_TENSOR = 1 << 20  # bytes: above this a tensor's digest is kept while it is
 
 def describe(value: Any) -> str:
     """What a value is, for a person: ``list, 250 items``, ``Tensor [3, 4]``, ``int``."""
-    kind = type(value).__name__
+    name = type(value).__name__
     if isinstance(value, torch.Tensor | np.ndarray):
-        return f"{kind} {list(value.shape)}"
+        return f"{name} {list(value.shape)}"
     if isinstance(value, list | tuple | dict | set | frozenset):
-        return f"{kind}, {len(value)} items"
-    return kind
+        return f"{name}, {len(value)} items"
+    return name
 
 
 class Digester:

@@ -38,7 +38,7 @@ class Exits:
     def __enter__(self) -> Exits:
         return self
 
-    def __exit__(self, kind: type | None, e: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: type | None, e: BaseException | None, tb: Any) -> bool:
         try:
             code = None if e is None else self.exit_code(e)
         finally:

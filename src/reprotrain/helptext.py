@@ -16,9 +16,9 @@ def config_groups(
     """{group: [options]} from a Hydra ConfigLoader, nested groups and searchpath's too."""
     from hydra.core.object_type import ObjectType
 
-    def options_of(group: str, kind: Any) -> list[str]:
+    def options_of(group: str, only: Any) -> list[str]:
         return loader.get_group_options(
-            group, results_filter=kind, config_name=config_name, overrides=list(overrides or [])
+            group, results_filter=only, config_name=config_name, overrides=list(overrides or [])
         )
 
     groups: dict[str, list[str]] = {}

@@ -1,6 +1,6 @@
 """Parameter groups for the optimizer, and the project's lr schedules: ``LambdaLR`` over the
 global step (a resume continues exactly), driven per step, on the metric or not at all
-(:func:`kind`; docs/configuration.md).
+(:func:`schedule_kind`; docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def required_step_args(scheduler: Any) -> list[str]:
     return [p.name for p in params if p.kind in positional and p.default is p.empty]
 
 
-def kind(scheduler: Any) -> str:
+def schedule_kind(scheduler: Any) -> str:
     """``"none"``, ``"metric"`` (stepped at epoch end) or ``"step"`` (after every step)."""
     if isinstance(scheduler, NoSchedule):
         return "none"

@@ -214,8 +214,8 @@ class CappedStream:
 def open_stream(path: Path, limits: Limits) -> Iterator[CappedStream]:
     """The archive's decompressed bytes, capped at :func:`stream_cap`."""
     path = Path(path)
-    kind = compression(path)
-    opener = next((o for _, name, o in _COMPRESSIONS if name == kind), None)
+    name = compression(path)
+    opener = next((o for _, each, o in _COMPRESSIONS if each == name), None)
     with open(path, "rb") as raw:
         inner = opener(raw) if opener is not None else raw
         try:

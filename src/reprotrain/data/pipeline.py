@@ -184,8 +184,6 @@ class _Base:
 class DevicePipeline(_Base):
     """Whole in-memory dataset resident on the training device; batches are gathers on it."""
 
-    kind = "device"
-
     def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
         super().__init__(splits, dataset, spec)
         self.train = to_device(splits.train.samples, self.device)
@@ -405,8 +403,6 @@ def stack_samples(samples: list) -> Batch:
 class LoaderPipeline(_Base):
     """DataLoader path: map-style datasets (per-sample transform, collate) or in-memory tensors."""
 
-    kind = "loader"
-
     def __init__(
         self, splits: Splits, dataset: Any, spec: PipelineSpec, num_workers: int = 0
     ) -> None:
@@ -483,12 +479,15 @@ def by_step(batches: Iterator[Batch], per_step: int) -> Iterator[MicroBatches]:
         yield MicroBatches(parts)
 
 
-def build_pipeline(kind: str, splits: Splits, dataset: Any, num_workers: int, spec: PipelineSpec):
-    """``auto``: the device path for in-memory tensors, else the DataLoader; workers checked."""
-    configured = kind
-    if kind == "auto":
-        kind = "device" if dataset.in_memory else "loader"
-    if kind == "device":
+def build_pipeline(
+    pipeline: str, splits: Splits, dataset: Any, num_workers: int, spec: PipelineSpec
+):
+    """``trainer.pipeline``: ``auto`` takes the device path for in-memory tensors, else the
+    DataLoader; workers checked."""
+    configured = pipeline
+    if pipeline == "auto":
+        pipeline = "device" if dataset.in_memory else "loader"
+    if pipeline == "device":
         if not dataset.in_memory:
             raise ReprotrainError(
                 "trainer.pipeline=device needs an in-memory dataset; use trainer.pipeline=auto"

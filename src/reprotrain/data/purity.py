@@ -146,8 +146,8 @@ def _changed(owners: dict[str, Any], before: dict[str, dict[str, str]], digest: 
         now = _attribute_digests(obj, digest)
         for attr, value in now.items():
             if before[name].get(attr) != value:
-                kind = describe(instance_attributes(obj)[attr])
-                out.append(f"{name} attribute `{attr}` ({kind}) changed while drawing")
+                what = describe(instance_attributes(obj)[attr])
+                out.append(f"{name} attribute `{attr}` ({what}) changed while drawing")
     return out
 
 

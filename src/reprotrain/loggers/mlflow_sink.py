@@ -143,9 +143,9 @@ class MLflowLogger(Logger):
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
             # Steps a killed attempt logged past the checkpoint come again: each kept once.
-            for kind, key in (("step", "step/train_loss"), ("epoch", "epoch/epoch")):
+            for axis, key in (("step", "step/train_loss"), ("epoch", "epoch/epoch")):
                 history = self.client.get_metric_history(self.run_id, key)
-                self.logged[kind] = max((m.step for m in history), default=0)
+                self.logged[axis] = max((m.step for m in history), default=0)
             return
         ident = identity(run.record)
         tags = {

@@ -71,17 +71,17 @@ def _cuda(index: int | None, asked: str) -> torch.device:
 
 def resolve(requested: str, local_rank: int | None = None) -> torch.device:
     """``trainer.device`` -> this process's device, with a GPU ordinal (DDP: ``local_rank``)."""
-    kind, index = _parse(requested)
+    device_type, index = _parse(requested)
     if index is None:
         index = local_rank
-    if kind == "cpu":
+    if device_type == "cpu":
         return torch.device("cpu")
-    if kind == "mps":
+    if device_type == "mps":
         if not torch.backends.mps.is_available():
             raise ReprotrainError("trainer.device=mps but MPS is not available on this host")
         log.warning(MPS_CAVEAT)
         return torch.device("mps")
-    if kind == "cuda":
+    if device_type == "cuda":
         return _cuda(index, requested)
     why = cuda_unavailable_reason()
     if why is None:
@@ -105,16 +105,16 @@ def resolve_for_resume(
     device-type change only with ``allow_change`` (the caller records it as not bitwise)."""
     if recorded is None:
         return resolve(requested, local_rank)
-    old_kind, old_index = _parse(recorded)
-    kind, index = _parse(requested)
-    if kind == "auto":
-        kind = old_kind
-    if kind == old_kind:
-        if kind == "cuda" and index is None and local_rank is None:
+    old_type, old_index = _parse(recorded)
+    device_type, index = _parse(requested)
+    if device_type == "auto":
+        device_type = old_type
+    if device_type == old_type:
+        if device_type == "cuda" and index is None and local_rank is None:
             # Same ordinal when this host has it; else the first GPU (ordinal is not identity).
             count = torch.cuda.device_count() if cuda_unavailable_reason() is None else 0
             index = old_index if old_index is not None and old_index < count else 0
-        spec = kind if index is None else f"{kind}:{index}"
+        spec = device_type if index is None else f"{device_type}:{index}"
         try:
             return resolve(spec, local_rank)
         except ReprotrainError as e:
@@ -128,7 +128,7 @@ def resolve_for_resume(
     elif not allow_change:
         raise ReprotrainError(
             f"the run was recorded on {recorded}; trainer.device={requested} would continue on "
-            f"{kind} (not bitwise): add {ALLOW_CHANGE_OVERRIDE} to do that anyway"
+            f"{device_type} (not bitwise): add {ALLOW_CHANGE_OVERRIDE} to do that anyway"
         )
     device = resolve(requested, local_rank)
     log.warning("device changes %s -> %s: bitwise equality is not kept", recorded, device)
@@ -140,13 +140,13 @@ def replay_spec(recorded: str | None) -> tuple[str, str | None]:
     NOT COMPARABLE reason when this host cannot (then on the CPU)."""
     if recorded is None:
         return "auto", None
-    kind, _ = _parse(recorded)
-    if kind == "cuda":
+    device_type, _ = _parse(recorded)
+    if device_type == "cuda":
         why = cuda_unavailable_reason()
         if why is not None:
             return "cpu", f"recorded on {recorded}, replayed on cpu: {why}"
         return "cuda", None
-    return kind, None
+    return device_type, None
 
 
 def recorded_device(record: dict) -> str | None:

@@ -209,8 +209,8 @@ def _index_page(url: str, timeout: float) -> dict[str, str]:
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read().decode("utf-8")
-        kind = response.headers.get("Content-Type", "")
-    if "json" in kind:
+        content_type = response.headers.get("Content-Type", "")
+    if "json" in content_type:
         return {
             f["hashes"]["sha256"]: f["filename"]
             for f in json.loads(body)["files"]

@@ -55,41 +55,41 @@ def _numpy_state() -> dict[str, Any]:
     generators, which user code may install at any moment (``np.random.set_bit_generator``),
     by name and state (``weights_only`` loads it)."""
     generator = np.random.get_bit_generator()
-    kind = type(generator)
-    if kind is np.random.MT19937:
+    cls = type(generator)
+    if cls is np.random.MT19937:
         key, pos, has_gauss, cached = np.random.get_state()[1:]
         numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
         return numpy | {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-    if _numpy_kind(kind.__name__) is not kind:
+    if _numpy_bit_generator(cls.__name__) is not cls:
         raise ResumeError(
-            f"numpy's global bit generator is {kind.__module__}.{kind.__qualname__}, which a "
+            f"numpy's global bit generator is {cls.__module__}.{cls.__qualname__}, which a "
             "checkpoint cannot restore; install one of numpy's own "
             "(np.random.set_bit_generator(np.random.PCG64(seed))) or draw from your own Generator"
         )
     state = json.dumps(np.random.get_state(legacy=False), default=np.ndarray.tolist)
-    return {"bit_generator": kind.__name__, "state": json.loads(state)}  # arrays as lists
+    return {"bit_generator": cls.__name__, "state": json.loads(state)}  # arrays as lists
 
 
-def _numpy_kind(name: str) -> type | None:
+def _numpy_bit_generator(name: str) -> type | None:
     """numpy's own bit generator class by name (a checkpoint names no other code)."""
-    kind = getattr(np.random, name, None)
-    return kind if isinstance(kind, type) and issubclass(kind, np.random.BitGenerator) else None
+    cls = getattr(np.random, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, np.random.BitGenerator) else None
 
 
 def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
     """Put a per-rank entry's (or one rank's) states back; the CUDA stream goes to ``device``,
-    whatever ordinal it was recorded on; numpy's global bit generator is the saved kind."""
+    whatever ordinal it was recorded on; numpy's global bit generator is the saved one."""
     device = torch.device(device)
     state = for_rank(state, rank)
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     n = state["numpy"]
     name = n.get("bit_generator", "MT19937")
-    kind = _numpy_kind(name)
-    if kind is None:
+    cls = _numpy_bit_generator(name)
+    if cls is None:
         raise CheckpointError(f"the checkpoint's numpy bit generator {name!r} is not numpy's")
-    if type(np.random.get_bit_generator()) is not kind:
-        np.random.set_bit_generator(kind())
+    if type(np.random.get_bit_generator()) is not cls:
+        np.random.set_bit_generator(cls())
     if "state" in n:
         np.random.set_state(n["state"])
     else:

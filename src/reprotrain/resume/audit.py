@@ -63,7 +63,7 @@ def user_modules(objects: list[Any]) -> tuple[list[types.ModuleType], list[str]]
     every loaded module of those packages, and every user module their globals reach; and
     the other top-level modules reached (installed ones, the framework), whose own globals
     are not compared."""
-    names = {getattr(kind, "__module__", None) for obj in objects for kind in (type(obj), obj)}
+    names = {getattr(x, "__module__", None) for obj in objects for x in (type(obj), obj)}
     start = [sys.modules.get(name) for name in names if isinstance(name, str)]
     roots = {m.__name__.split(".")[0] for m in start if m is not None and _user_module(m)}
     todo = [m for name, m in list(sys.modules.items()) if name.split(".")[0] in roots]
@@ -105,11 +105,11 @@ def user_state(modules: list[types.ModuleType]) -> dict[str, Any]:
     return found
 
 
-def _paths(kind: str, where: str, value: Any) -> dict[str, Any]:
+def _paths(part: str, where: str, value: Any) -> dict[str, Any]:
     """A value's path (a function's: one per part it keeps); none for code."""
     if isinstance(value, types.FunctionType | staticmethod | classmethod):
         return {f"function `{where}` {part}": v for part, v in digest.function_state(value).items()}
-    return {} if isinstance(value, _CODE) else {f"{kind} `{where}`": value}
+    return {} if isinstance(value, _CODE) else {f"{part} `{where}`": value}
 
 
 # Variables the loggers' libraries set in the process when a run builds its loggers, which

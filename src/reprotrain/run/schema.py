@@ -64,8 +64,8 @@ VARIABLES = Form(
 )
 
 
-def _list_of(kind: type) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, list) and all(isinstance(x, kind) for x in v)
+def _list_of(item_type: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(isinstance(x, item_type) for x in v)
 
 
 STRINGS = Form("a list of strings", _list_of(str))
@@ -139,13 +139,13 @@ def _wrong(key: str, value: Any, what: str) -> str:
     if not what.startswith(("an object", "a list")):
         return f"{key} {repr(value)[:40]} is not {what}"
     scalar = value is None or isinstance(value, (bool, int, float))
-    kind = repr(value)[:40] if scalar else f"a {type(value).__name__}"
-    return f"{key} is {kind}, not {what}"
+    shown = repr(value)[:40] if scalar else f"a {type(value).__name__}"
+    return f"{key} is {shown}, not {what}"
 
 
 def _absent(key: str) -> str:
-    kind = "integer " if FIELDS[key] is INTEGER else ""
-    return f"no {kind}{key}; the record is incomplete"
+    integer = "integer " if FIELDS[key] is INTEGER else ""
+    return f"no {integer}{key}; the record is incomplete"
 
 
 def problems(record: Any, required: tuple[str, ...] = ()) -> list[str]:

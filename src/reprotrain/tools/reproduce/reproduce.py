@@ -311,15 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trust", action="store_true", help="run the code even if neither (a) nor (b)")
     p.add_argument("--repo", type=cli.user_path, default=REPO_ROOT, help="checkout for rule (a)")
     d = safetar.Limits()
-    for flag, kind, field, what in (
+    for flag, parse, field, what in (
         ("--max-members", cli.positive_int, "max_members", "more"),
         ("--max-member-bytes", _byte_size, "max_member_bytes", "a larger member"),
         ("--max-unpacked-bytes", _byte_size, "max_total_bytes", "a larger total"),
         ("--max-ratio", cli.positive_float, "max_ratio", "a higher unpacked/packed ratio"),
     ):
         most = getattr(d, field)
-        limit = safetar.human(most) if kind is _byte_size else f"{most:g}"
-        p.add_argument(flag, type=kind, default=most, dest=field, help=f"refuse {what} ({limit})")
+        limit = safetar.human(most) if parse is _byte_size else f"{most:g}"
+        p.add_argument(flag, type=parse, default=most, dest=field, help=f"refuse {what} ({limit})")
     add_sweep_arguments(p)
     return reproduce(p.parse_args(argv))
 

@@ -47,7 +47,7 @@ def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | Non
         if not ok(study.get(key)):
             raise ReproduceRefused(f"{label}: {key} is missing or malformed; {DAMAGED}")
     for i, t in enumerate(study["trials"]):
-        shaped = all(isinstance(t.get(k), kind) for k, kind in _TRIAL.items())
+        shaped = all(isinstance(t.get(k), expected) for k, expected in _TRIAL.items())
         if not (shaped and number_or_none(t.get("value"))):
             what = "a trial (job, params, value, status)"
             raise ReproduceRefused(f"{label}: trials[{i}] is not {what}; {DAMAGED}")

@@ -105,11 +105,11 @@ def user_state(modules: list[types.ModuleType]) -> dict[str, Any]:
     return found
 
 
-def _paths(part: str, where: str, value: Any) -> dict[str, Any]:
+def _paths(place: str, where: str, value: Any) -> dict[str, Any]:
     """A value's path (a function's: one per part it keeps); none for code."""
     if isinstance(value, types.FunctionType | staticmethod | classmethod):
         return {f"function `{where}` {part}": v for part, v in digest.function_state(value).items()}
-    return {} if isinstance(value, _CODE) else {f"{part} `{where}`": value}
+    return {} if isinstance(value, _CODE) else {f"{place} `{where}`": value}
 
 
 # Variables the loggers' libraries set in the process when a run builds its loggers, which

@@ -124,14 +124,14 @@ class CheckedArchive:
 
 def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
     """Read the stream to its end (checksum checked); refused past the limits as it inflates."""
-    stream = compression(archive).replace("none", "tar")
+    method = compression(archive).replace("none", "tar")
     try:
         with open_stream(archive, limits) as stream:
             while stream.read(1 << 20):
                 pass
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:
         raise ReproduceRefused(
-            f"{archive}: corrupt {stream} stream ({e}); nothing extracted"
+            f"{archive}: corrupt {method} stream ({e}); nothing extracted"
         ) from None
 
 

@@ -54,17 +54,21 @@ def _keep_rewritten_test_modules() -> None:
     if not sys.dont_write_bytecode or not all(hasattr(rewrite, n) for n in needed):
         return
     rewrite_test, where = rewrite._rewrite_test, rewrite.get_cache_dir
-    kept = REPO / "build" / "tests" / "rewritten"
+
+    def kept(path: Path) -> Path | None:
+        """Where a test module's rewritten code is kept; None for any other module."""
+        if not path.is_relative_to(REPO / "tests"):
+            return None
+        return REPO / "build" / "tests" / "rewritten" / path.parent.relative_to(REPO)
 
     def get_cache_dir(path: Path) -> Path:
-        inside = path.is_relative_to(REPO / "tests")
-        return kept / path.parent.relative_to(REPO) if inside else where(path)
+        return kept(path) or where(path)
 
     def rewrite_and_keep(path: Path, config):
         source_hash, code = rewrite_test(path, config)
-        if path.is_relative_to(REPO / "tests"):
-            pyc = get_cache_dir(path) / (path.name[:-3] + rewrite.PYC_TAIL)
-            pyc.parent.mkdir(parents=True, exist_ok=True)
+        if (folder := kept(path)) is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            pyc = folder / (path.name[:-3] + rewrite.PYC_TAIL)
             rewrite._write_pyc(config.stash[rewrite.assertstate_key], code, source_hash, pyc)
         return source_hash, code
 

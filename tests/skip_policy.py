@@ -26,6 +26,7 @@ BINARIES = (
     "actionlint",
     "chromium",  # the docs site's browser check (scripts/docs_browser_check.py)
     "docker",
+    "podman",  # or docker with a daemon: the container tests (.ci/run installs it)
     "git",
     "hadolint",
     "make",

@@ -198,7 +198,8 @@ def test_dist_record_is_plain_json():
 def test_submitit_tasks_become_ddp_ranks_without_torchrun(tmp_path, monkeypatch):
     """hydra/launcher=submitit_slurm with tasks_per_node=N: each task is one rank (the local
     executor sets the same SUBMITIT_* variables the SLURM one derives from SLURM_*)."""
-    submitit = pytest.importorskip("submitit")
+    import submitit  # in the base lock: the SLURM launcher
+
     for key in distributed.ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
 

@@ -100,7 +100,7 @@ def test_tf32_changes_the_bits_on_cuda(tmp_path, cuda_reference):
     32-true: its run differs from the strict 32-true reference (so the two are compared as
     two precisions, never as twins)."""
     if torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("no TF32 before compute capability 8.0: tf32 is 32-true here")
+        pytest.skip("this GPU has no TF32 (compute capability below 8.0): tf32 is 32-true here")
     run_dir = tmp_path / "tf32"
     assert_ok(train(run_dir, CUDA, CKPT_EVERY, "trainer.precision=tf32"))
     assert (

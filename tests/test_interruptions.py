@@ -78,7 +78,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
 def test_a_killed_loader_worker_ends_the_run_in_one_line_and_resumes_bitwise(
     tmp_path, reference_run
 ):

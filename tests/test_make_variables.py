@@ -31,7 +31,7 @@ def _venv_ready() -> bool:
     return stamp.returncode == 0
 
 
-needs_venv = pytest.mark.skipif(not _venv_ready(), reason="needs an installed .venv")
+needs_venv = pytest.mark.skipif(not _venv_ready(), reason="needs make and an installed .venv")
 
 
 def hostile(canary: Path) -> list[str]:

@@ -115,7 +115,7 @@ def test_a_sweep_dir_is_used_once_it_holds_a_sweep_or_a_run(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
-                    reason="needs a git checkout")  # fmt: skip
+                    reason="needs git and a git checkout of the project")  # fmt: skip
 def test_runs_started_from_conf_or_any_subfolder_are_ignored_not_dirty_code():
     """Hydra's run dir is relative to the working directory: `cd conf && python -m
     reprotrain.train` writes conf/outputs/. It must not make the next run +dirty."""

@@ -291,7 +291,7 @@ def image():
     (``make docker-base``) unless BASE_REF names another; their tag."""
     engine = _engine()
     if engine is None:
-        pytest.skip("needs podman, or docker with a daemon: no container engine here (.ci/run installs podman)")
+        pytest.skip("needs podman or docker (with a daemon): no container engine here")
     env = {k: v for k, v in base_env().items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
     base = os.environ.get("BASE_REF") or "localhost/reprotrain-base:bookworm"
     have = subprocess.run([engine, "image", "inspect", base], capture_output=True)

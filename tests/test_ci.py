@@ -82,3 +82,45 @@ def test_the_tests_skipped_for_an_extra_or_a_binary_are_listed_and_run_again(tmp
 
 def inner_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO / "src")]))
+
+
+def _container_setup(tmp_path, docker_answers: bool, podman_answers: bool = True):
+    """.ci/run's container block, run by bash with stub programs on an empty PATH: which it
+    installs, and how it ends. ``apt_install`` puts a stub of each package on PATH; the
+    engine settings are written under tmp_path, never to /etc."""
+    text = (REPO / ".ci" / "run").read_text()
+    block = text[text.index("# The container (docs/container.md)") : text.index("make test-slow")]
+    conf = tmp_path / "containers.conf"
+    block = block.replace("/etc/containers/containers.conf", str(conf))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("grep", "tee", "id", "chmod"):
+        (bin_dir / tool).symlink_to(subprocess.check_output(["which", tool], text=True).strip())
+    (bin_dir / "docker").write_text(f"#!/bin/sh\nexit {0 if docker_answers else 1}\n")
+    (bin_dir / "docker").chmod(0o755)
+    stub = f"#!/bin/sh\\nexit {0 if podman_answers else 125}\\n"
+    script = (
+        f'sudo=""\napt_install() {{ for p in "$@"; do echo "$p" >> {tmp_path}/installed; '
+        f'printf "{stub}" > {bin_dir}/$p; chmod +x {bin_dir}/$p; done; }}\n{block}'
+    )
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    proc = subprocess.run(["/bin/bash", "-euo", "pipefail", "-c", script], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = tmp_path / "installed"
+    installed = done.read_text().split() if done.exists() else []
+    return proc, installed, conf
+
+
+def test_ci_installs_podman_where_dockers_client_has_no_daemon_so_the_container_tests_run(
+    tmp_path,
+):
+    """The last CI host had a Docker client without a daemon and no podman: the container
+    tests skipped and the skip policy failed the slow tier. CI now installs the engine."""
+    proc, installed, conf = _container_setup(tmp_path / "a", docker_answers=False)
+    assert proc.returncode == 0, proc.stderr
+    assert {"podman", "runc", "mmdebstrap"} <= set(installed)  # uidmap too where not root
+    assert "default_ulimits = []" in conf.read_text()  # these VMs: docs/container.md
+    proc, installed, _ = _container_setup(tmp_path / "b", docker_answers=True)
+    assert proc.returncode == 0 and installed == ["mmdebstrap"], (proc.stderr, installed)
+    proc, _, _ = _container_setup(tmp_path / "c", docker_answers=False, podman_answers=False)
+    assert proc.returncode == 1 and "'podman info' fails" in proc.stderr

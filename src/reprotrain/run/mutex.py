@@ -17,7 +17,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from reprotrain.errors import ResumeError
 from reprotrain.run.record import now_iso
@@ -388,11 +387,3 @@ def refuse_if_held(run_dir: Path | str) -> None:
     holder = held_by(run_dir)
     if holder is not None:
         raise RunMutex(run_dir)._refusal(holder)
-
-
-def as_record(lock: RunMutex) -> dict[str, Any]:
-    """What run.json may say about the lock (who held it, whom it replaced)."""
-    out: dict[str, Any] = {"host": lock.me.host, "pid": lock.me.pid}
-    if lock.took_over is not None:
-        out["took_over"] = lock.took_over.describe()
-    return out

@@ -42,7 +42,7 @@ GROUND = ("reprotrain.state", "reprotrain.batches", "reprotrain.digest", "reprot
 # The records: what a run writes and compares, and the little they need.
 RECORDS = ("reprotrain.run", "reprotrain.hashing", "reprotrain.repro", "reprotrain.errors",
            "reprotrain.events", "reprotrain.quoting", "reprotrain.shown",
-           "reprotrain.hydra_api")  # fmt: skip
+           "reprotrain.hydra_api", "reprotrain.extras")  # fmt: skip
 FILES = sorted((SRC / "reprotrain").rglob("*.py"))
 
 

@@ -291,8 +291,8 @@ def test_the_extras_are_one_list_the_requirements_files_make_and_the_loggers_agr
     """One home for the optional extras: a ``requirements-<extra>.in`` file. ``make install``
     accepts exactly those, the lock checker expects exactly those, and the loggers' install
     line names them (three lists before)."""
-    from reprotrain.loggers.settings import EXTRA_OF, EXTRAS_INSTALL
-    from reprotrain.repro.requirements_lock import EXTRAS
+    from reprotrain.extras import EXTRAS, EXTRAS_INSTALL
+    from reprotrain.loggers.settings import EXTRA_OF
 
     files = {p.name[len("requirements-") : -len(".in")] for p in REPO.glob("requirements-*.in")}
     files.discard("dev")

@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 
 from reprotrain.allowlist import allowing, targets_in
 from reprotrain.errors import ReprotrainError
+from reprotrain.extras import EXTRAS_INSTALL
 from reprotrain.loggers.fanout import (
     CallbackLog,
     History,
@@ -25,12 +26,7 @@ from reprotrain.loggers.fanout import (
 )
 from reprotrain.loggers.mlflow_sink import ReportHook
 from reprotrain.loggers.params import run_params
-from reprotrain.loggers.settings import (
-    EXTRAS_INSTALL,
-    LoggerConfig,
-    LoggerSettings,
-    check_extras,
-)
+from reprotrain.loggers.settings import LoggerConfig, LoggerSettings, check_extras
 from reprotrain.loggers.shipped import SHIPPED
 from reprotrain.loggers.wandb_sink import resolve_wandb_mode
 

@@ -12,13 +12,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 from reprotrain.errors import ReprotrainError
-from reprotrain.repro.requirements_lock import EXTRAS
+from reprotrain.extras import EXTRAS, install_command
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 BACKENDS = ("tensorboard", "mlflow", "wandb")  # the shipped ones that need a store or extra
 SHIPPED_KEYS = (*BACKENDS, "csv")  # the logger config's own slots (``shipped.SHIPPED``)
 #: The optional extra each backend needs (TensorBoard is in the runtime lock): the extras'
-#: one list is ``requirements_lock.EXTRAS`` (each names its backend).
+#: one list is ``extras.EXTRAS`` (each names its backend).
 EXTRA_OF = {backend: backend for backend in BACKENDS if backend in EXTRAS}
 #: The local SQLite store needs sqlalchemy + alembic beside mlflow (all in the mlflow extra).
 LOCAL_STORE_MODULES = ("mlflow", "sqlalchemy", "alembic")
@@ -27,14 +27,6 @@ MLFLOW_DB = "mlruns.db"
 TEXT_KEYS = ("tensorboard_dir", "tensorboard_index", "mlflow_experiment", "wandb_project")
 TEXT_KEYS += ("wandb_entity", "wandb_mode")
 MLFLOW_ARTIFACTS = "mlartifacts"
-
-
-def install_command(*extras: str) -> str:
-    """The one command that installs the hashed, locked extras."""
-    return f"make install EXTRAS={','.join(extras)}"
-
-
-EXTRAS_INSTALL = install_command(*EXTRAS)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reprotrain.extras import EXTRAS
 from reprotrain.hashing import file_sha256
 
 RUNTIME_LOCK = "requirements.lock"
@@ -22,9 +23,6 @@ DEFAULT_PAIRS: tuple[tuple[str, str], ...] = (
     (RUNTIME_LOCK, "requirements.in"),
     (DEV_LOCK, "requirements-dev.in"),
 )
-#: Optional extras, ``make install EXTRAS=mlflow,wandb``: {extra: its head package}. An extra
-#: counts as installed when its head package is; then its whole lock is expected.
-EXTRAS: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb"}
 
 
 def extra_pair(extra: str) -> tuple[str, str]:

@@ -192,6 +192,33 @@ def test_the_rooms_form_no_circle():
     assert circles(edges) == []
 
 
+def longest_chain(edges: dict[str, set[str]]) -> list[str]:
+    """The longest import chain of a graph without circles, as the rooms it passes."""
+    memo: dict[str, list[str]] = {}
+
+    def down(r: str) -> list[str]:
+        if r not in memo:
+            memo[r] = [r, *max((down(d) for d in sorted(edges[r])), key=len, default=[])]
+        return memo[r]
+
+    return max((down(r) for r in sorted(edges)), key=len)
+
+
+def test_the_longest_chain_of_rooms_climbs_at_most_twelve_floors():
+    """Issue 56: the house had 15 floors (train -> loop -> build -> ... -> run -> errors).
+    Rolled up to rooms (a top-level module or package, ``room``), the longest import chain,
+    imports inside functions counted, passes at most 12 rooms; the measure fails on a chain of
+    13 (the loggers reading the extras' list from the lock tool made one)."""
+    edges: dict[str, set[str]] = {room(m): set() for m in GRAPH}
+    for name, deps in GRAPH.items():
+        edges[room(name)] |= {room(d) for d in deps} - {room(name)}
+    chain = longest_chain(edges)
+    assert len(chain) <= 12, " -> ".join(chain)
+    made = {r: set(e) or {"x"} for r, e in edges.items()}  # three floors under every bottom
+    made |= {"x": {"y"}, "y": {"z"}, "z": set()}
+    assert len(longest_chain(made)) == len(longest_chain(edges)) + 3
+
+
 def test_the_private_name_check_sees_from_imports_and_attribute_reads(tmp_path):
     pkg = tmp_path / "reprotrain"
     pkg.mkdir()

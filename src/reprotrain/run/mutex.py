@@ -113,8 +113,7 @@ class Holder:
     @classmethod
     def parse(cls, text: str) -> Holder:
         data = json.loads(text)
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**known)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
@@ -127,14 +126,10 @@ class Holder:
 def judge(holder: Holder, lock_mtime: float, stale_after_s: float) -> str | None:
     """Why ``holder`` is certainly gone, or None if it may still be writing."""
     me = Holder.me()
-    same_host = (
-        holder.host == me.host
-        and (holder.boot_id is None or me.boot_id is None or holder.boot_id == me.boot_id)
-        and (holder.pid_ns is None or me.pid_ns is None or holder.pid_ns == me.pid_ns)
-    )
     if holder.host == me.host and holder.boot_id and me.boot_id and holder.boot_id != me.boot_id:
         return "this host has rebooted since"
-    if same_host:
+    same_ns = holder.pid_ns is None or me.pid_ns is None or holder.pid_ns == me.pid_ns
+    if holder.host == me.host and same_ns:  # same host, same boot (checked above)
         if not pid_exists(holder.pid):
             return "that process is gone"
         now_start = proc_start_ticks(holder.pid)
@@ -184,8 +179,7 @@ class RunMutex:
 
     def acquire(self) -> RunMutex:
         """Take the lock, or raise ``RunBusyError`` naming the live holder."""
-        if not self.run_dir.is_dir():
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         holder: Holder | None = None
         for _ in range(5):
             # Look before writing anything, so a refused writer leaves the directory as it was.
@@ -331,9 +325,8 @@ class RunMutex:
                 still_dead = same_file and dead.pid == 0
             if not still_dead:
                 return False
-            data = self.me.to_json().encode()
             os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
+            os.pwrite(fd, self.me.to_json().encode(), 0)
             os.fsync(fd)
             if got is None:  # no flock here: a concurrent candidate may have written too
                 time.sleep(0.2)
@@ -384,6 +377,5 @@ def held_by(run_dir: Path | str, stale_after_s: float = STALE_AFTER_S) -> Holder
 def refuse_if_held(run_dir: Path | str) -> None:
     """Raise ``RunBusyError`` if a live run holds ``run_dir``: a pre-check before anything
     writes there (Hydra's ``.hydra/``); ``RunMutex.acquire`` stays the real guard."""
-    holder = held_by(run_dir)
-    if holder is not None:
+    if (holder := held_by(run_dir)) is not None:
         raise RunMutex(run_dir)._refusal(holder)

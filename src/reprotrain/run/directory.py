@@ -134,9 +134,7 @@ def sweep_jobs(sweep_dir: Path) -> list[Path]:
 def refuse_used_sweep_dir(sweep_dir: Path) -> None:
     """Refuse a sweep into a directory that already holds a sweep or any run."""
     sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        return
-    runs = sweep_jobs(sweep_dir)
+    runs = sweep_jobs(sweep_dir)  # none, like the record, where no directory is
     if runs or (sweep_dir / SWEEP_RECORD).exists():
         held = f"{len(runs)} run(s)" if runs else f"a {SWEEP_RECORD}"
         raise RunDirUsed(

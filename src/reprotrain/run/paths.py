@@ -31,12 +31,9 @@ def inside(
     (``within`` says what it is): no absolute path, no ``..``, no empty part, and no symlink
     (among the parts that exist) that resolves outside it. Otherwise one line naming ``key``."""
     text = os.fspath(value)
-    why = _why_not(text)
-    if why is None:
-        base = Path(run_dir).resolve()
+    if (why := _why_not(text)) is None:
         target = Path(run_dir, text)
-        resolved = target.resolve()
-        if resolved != base and base not in resolved.parents:
+        if not target.resolve().is_relative_to(Path(run_dir).resolve()):
             why = f"it leads out of {within} through a symlink"
     if why is not None:
         raise PathOutsideRun(

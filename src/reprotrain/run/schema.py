@@ -177,8 +177,7 @@ def relations(record: dict) -> list[str]:
 
 def check(record: Any, label: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """``record`` when it is a run.json with the ``required`` keys; else a one-line RecordError."""
-    found = problems(record, required)
-    if found:
+    if found := problems(record, required):
         shown = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
         edited = any(not p.endswith("incomplete") for p in found)
         raise RecordError(f"{label}: {shown}" + (f"; {HINT}" if edited else ""))

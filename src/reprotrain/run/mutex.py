@@ -55,8 +55,7 @@ def _read(path: str) -> str | None:
 
 def proc_start_ticks(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
+    if (stat := _read(f"/proc/{pid}/stat")) is None:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
     return int(stat.rsplit(")", 1)[1].split()[19])
@@ -138,8 +137,7 @@ def judge(holder: Holder, lock_mtime: float, stale_after_s: float) -> str | None
         return None
     if holder.job_id and holder.job_id == me.job_id and me.job_restart > holder.job_restart:
         return f"this is a requeue of the same SLURM job (restart {me.job_restart})"
-    age = time.time() - lock_mtime
-    if age > stale_after_s:
+    if (age := time.time() - lock_mtime) > stale_after_s:
         return f"no heartbeat for {age:.0f} s (stale after {stale_after_s:.0f} s)"
     return None
 
@@ -280,8 +278,7 @@ class RunMutex:
         self._fd = os.open(self.path, os.O_RDWR)
         _HELD_FDS.add(self._fd)
         for _ in range(100):
-            got = _flock(self._fd)
-            if got is None:
+            if (got := _flock(self._fd)) is None:
                 log.debug("flock is not supported on %s; takeovers are not serialised", self.path)
                 return
             if got:
@@ -297,8 +294,7 @@ class RunMutex:
         try:
             holder = Holder.parse(text)
         except (ValueError, TypeError):
-            age = time.time() - mtime
-            if age > self.stale_after_s:
+            if (age := time.time() - mtime) > self.stale_after_s:
                 return Holder(host="?", pid=0, started_at="?"), f"unreadable and {age:.0f} s old"
             raise RunBusyError(
                 f"{self.path} exists but cannot be read (written {age:.0f} s ago); if no run "
@@ -314,8 +310,7 @@ class RunMutex:
             return False
         keep = False
         try:
-            got = _flock(fd)
-            if got is False:
+            if (got := _flock(fd)) is False:
                 return False  # a live holder or another candidate has it: look again
             same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             current = os.pread(fd, 65536, 0).decode(errors="replace")

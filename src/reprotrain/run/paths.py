@@ -49,8 +49,7 @@ def _why_not(text: str) -> str | None:
         return "it holds a NUL byte"
     if os.path.isabs(text) or text.startswith("~"):
         return "it is absolute"
-    parts = PurePosixPath(text.replace(os.sep, "/")).parts
-    if ".." in parts:
+    if ".." in PurePosixPath(text.replace(os.sep, "/")).parts:
         return "it climbs out with '..'"
     return None
 

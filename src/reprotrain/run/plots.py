@@ -21,9 +21,7 @@ SPLIT_COLOURS = {"train": TRAIN, "val": VAL, "test": TEST}
 
 def _f(v: Any) -> float:
     """None / non-numbers -> NaN, so matplotlib leaves a gap instead of failing."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return math.nan
-    return float(v)
+    return math.nan if isinstance(v, bool) or not isinstance(v, int | float) else float(v)
 
 
 def _png(fig: Figure) -> bytes:

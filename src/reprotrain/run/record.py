@@ -112,8 +112,7 @@ def _walk(obj: Any, path: str, bad: list[str]) -> Any:
     if isinstance(obj, bool | int | str) or obj is None:
         return obj
     if isinstance(obj, float | numbers.Real) and not isinstance(obj, numbers.Integral):
-        value = float(obj)
-        if math.isfinite(value):
+        if math.isfinite(value := float(obj)):
             return value
         bad.append(path or "$")
         return None

@@ -76,16 +76,12 @@ def overrides_text(overrides: list[str] | None) -> str:
 
 
 def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    return float(v)
+    return None if isinstance(v, bool) or not isinstance(v, int | float) else float(v)
 
 
 def step_series(view: RunView) -> tuple[list[int], list[Any], list[Any]]:
     """Per-step (global step, loss, lr) from the fingerprints; lr is [] when not recorded."""
-    steps: list[int] = []
-    losses: list[Any] = []
-    lrs: list[Any] = []
+    steps, losses, lrs = [], [], []
     have_lr = all(isinstance(fp.get("step_lrs"), list) for fp in view.fingerprints)
     for fp in view.fingerprints:
         step_losses = fp.get("step_losses")
@@ -277,8 +273,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path
         with warnings_shown():  # matplotlib names a metric name's characters raw
             atomic_write_bytes(png_path, plot_run(curves(view)))
     md_path = out_dir / REPORT_MD
-    text = render_markdown(view, png_path.name if png_path else None)
-    atomic_write_bytes(md_path, text.encode())
+    atomic_write_bytes(md_path, render_markdown(view, png_path.name if png_path else None).encode())
     return md_path, png_path
 
 

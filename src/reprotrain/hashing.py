@@ -44,12 +44,11 @@ def _read_cache(cache_file: Path | None) -> dict[str, dict]:
 
 def files_fingerprint(paths: list[Path], cache_file: Path | None = None) -> str:
     """Hex sha256 over each file's base name, size and content sha256 (sorted; cached)."""
-    files = sorted((Path(p) for p in paths), key=lambda p: (p.name, str(p)))
     cache = _read_cache(cache_file)
     dirty = False
     now_ns = time.time_ns()
     overall = hashlib.sha256()
-    for path in files:
+    for path in sorted((Path(p) for p in paths), key=lambda p: (p.name, str(p))):
         st = path.stat()
         key = str(path.resolve())
         entry, stamp = cache.get(key), {"size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -184,9 +184,8 @@ def _starts_as_torch_save(path: Path) -> bool:
 
 def remove_partial_writes(ckpt_dir: Path) -> None:
     """Delete temp files a killed write left behind; they never carry a checkpoint name."""
-    if Path(ckpt_dir).is_dir():
-        for tmp in Path(ckpt_dir).glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+    for tmp in Path(ckpt_dir).glob(".*.tmp"):  # none where there is no directory
+        tmp.unlink(missing_ok=True)
 
 
 def latest_valid(ckpt_dir: Path) -> tuple[Path | None, dict | None, list[str]]:
@@ -215,10 +214,9 @@ class Saver:
     ) -> None:
         self.dir, self.parts, self.meta, self.keep = ckpt_dir, parts, meta, max(keep, 2)
         self.gather = gather
-        seeds = meta.seeds
         # The run's own checkpoints so far (a resume's): the only ones pruning may count.
         mine = list_step_checkpoints(ckpt_dir) if is_writer() else []
-        self.own = [p for p in mine if belongs(p, seeds)]
+        self.own = [p for p in mine if belongs(p, meta.seeds)]
 
     def payload(self) -> dict[str, Any] | None:
         """The checkpoint as :meth:`save` would write it now (None on other ranks); a collective."""
@@ -228,8 +226,7 @@ class Saver:
         return state if is_writer() else None
 
     def save(self, best: bool = False, model_state: dict | None = None) -> None:
-        state = self.payload()
-        if state is None:
+        if (state := self.payload()) is None:
             return
         if model_state is not None:
             state["model"] = model_state  # the CPU copy already made for the fingerprint

@@ -12,6 +12,7 @@ from typing import Any
 from reprotrain.repro.environment import GPU_ENV_VARS, steers_bits
 from reprotrain.repro.machine import DISPATCH_ENV_VARS
 from reprotrain.repro.precision import SETTINGS as FP32_SETTINGS
+from reprotrain.run.schema import lookup
 
 MISSING: Any = type("NotRecorded", (), {"__repr__": lambda self: "not recorded"})()
 
@@ -19,15 +20,7 @@ Getter = Callable[[dict], Any]
 
 
 def _get(*path: str) -> Getter:
-    def get(env: dict) -> Any:
-        node: Any = env
-        for key in path:
-            if not isinstance(node, dict) or key not in node:
-                return MISSING
-            node = node[key]
-        return node
-
-    return get
+    return lambda env: lookup(env, path, MISSING)
 
 
 device_type = _get("device", "type")
@@ -165,10 +158,9 @@ def _bits_env_differences(recorded_env: dict, current_env: dict, steering: bool)
     a, b = recorded_env.get("bits_env"), current_env.get("bits_env")
     if a is None or b is None:
         return ["variables steering the kernels: not recorded"] if steering and a is not b else []
-    names = sorted(set(a) | set(b))
     return [
         f"${n}: {_show(a.get(n))} -> {_show(b.get(n))}"
-        for n in names
+        for n in sorted(set(a) | set(b))
         if a.get(n) != b.get(n) and steers_bits(n) == steering and n not in _RULED
     ]
 

@@ -34,12 +34,10 @@ def cuda_unavailable_reason() -> str | None:
         return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        available = torch.cuda.is_available()
-    if available:
-        return None
+        if torch.cuda.is_available():
+            return None
     for w in caught:  # torch explains a failed init (e.g. a driver too old) in a warning
-        text = str(w.message).strip().splitlines()
-        if text and "CUDA" in text[0]:
+        if (text := str(w.message).strip().splitlines()) and "CUDA" in text[0]:
             return f"CUDA initialisation failed: {text[0]}"
     if not _NVIDIA_DRIVER.exists():
         return (
@@ -57,8 +55,7 @@ def _parse(spec: str) -> tuple[str, int | None]:
 
 
 def _cuda(index: int | None, asked: str) -> torch.device:
-    why = cuda_unavailable_reason()
-    if why is not None:
+    if (why := cuda_unavailable_reason()) is not None:
         raise ReprotrainError(f"trainer.device={asked} but CUDA is not usable: {why}")
     count = torch.cuda.device_count()
     index = 0 if index is None else index
@@ -72,8 +69,7 @@ def _cuda(index: int | None, asked: str) -> torch.device:
 def resolve(requested: str, local_rank: int | None = None) -> torch.device:
     """``trainer.device`` -> this process's device, with a GPU ordinal (DDP: ``local_rank``)."""
     device_type, index = _parse(requested)
-    if index is None:
-        index = local_rank
+    index = local_rank if index is None else index
     if device_type == "cpu":
         return torch.device("cpu")
     if device_type == "mps":
@@ -83,8 +79,7 @@ def resolve(requested: str, local_rank: int | None = None) -> torch.device:
         return torch.device("mps")
     if device_type == "cuda":
         return _cuda(index, requested)
-    why = cuda_unavailable_reason()
-    if why is None:
+    if (why := cuda_unavailable_reason()) is None:
         return _cuda(index, requested)
     hint = ""
     if torch.backends.mps.is_available():
@@ -114,9 +109,8 @@ def resolve_for_resume(
             # Same ordinal when this host has it; else the first GPU (ordinal is not identity).
             count = torch.cuda.device_count() if cuda_unavailable_reason() is None else 0
             index = old_index if old_index is not None and old_index < count else 0
-        spec = device_type if index is None else f"{device_type}:{index}"
         try:
-            return resolve(spec, local_rank)
+            return resolve(device_type if index is None else f"{device_type}:{index}", local_rank)
         except ReprotrainError as e:
             if not allow_change:
                 raise ReprotrainError(
@@ -142,8 +136,7 @@ def replay_spec(recorded: str | None) -> tuple[str, str | None]:
         return "auto", None
     device_type, _ = _parse(recorded)
     if device_type == "cuda":
-        why = cuda_unavailable_reason()
-        if why is not None:
+        if (why := cuda_unavailable_reason()) is not None:
             return "cpu", f"recorded on {recorded}, replayed on cpu: {why}"
         return "cuda", None
     return device_type, None

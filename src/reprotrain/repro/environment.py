@@ -58,9 +58,7 @@ def bits_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _recorded(name: str, value: str) -> str:
-    if _SECRET_NAME.search(name):
-        return "sha256:" + text_sha256(value)
-    return value
+    return "sha256:" + text_sha256(value) if _SECRET_NAME.search(name) else value
 
 
 def steers_bits(name: str) -> bool:
@@ -157,9 +155,7 @@ def _env(name: str) -> str | None:
 
 def _image_id(value: str | None) -> str | None:
     """``sha256:<64 hex>``: docker writes IDs so, podman without the prefix."""
-    if value and re.fullmatch(r"[0-9a-f]{64}", value):
-        return "sha256:" + value
-    return value
+    return "sha256:" + value if value and re.fullmatch(r"[0-9a-f]{64}", value) else value
 
 
 def container_line(container: dict | None) -> str | None:

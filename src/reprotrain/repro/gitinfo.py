@@ -59,15 +59,13 @@ def in_snapshot(rel: str) -> bool:
     """Whether the repo-relative path ``rel`` belongs to an archive's source snapshot."""
     if any(part in rel for part in _SKIP_PARTS):
         return False
-    first = rel.split("/", 1)[0]
-    return any(fnmatchcase(first, pat) for pat in SNAPSHOT_PATHS)
+    return any(fnmatchcase(rel.split("/", 1)[0], pat) for pat in SNAPSHOT_PATHS)
 
 
 def scrub_url(url: str) -> str:
     """A remote URL without user, password, token or query (scp-style ``git@host:path`` kept)."""
     url = url.strip()
-    m = _URL_USERINFO.match(url)
-    if m:
+    if m := _URL_USERINFO.match(url):
         url = m.group("scheme") + url[m.end() :]
     if "://" in url:
         url = re.split(r"[?#]", url, maxsplit=1)[0]
@@ -75,11 +73,9 @@ def scrub_url(url: str) -> str:
 
 
 def remotes(repo: Path) -> dict[str, str]:
-    names = (_git(repo, "remote") or "").split()
     out = {}
-    for name in names:
-        url = _git(repo, "remote", "get-url", name)
-        if url:
+    for name in (_git(repo, "remote") or "").split():
+        if url := _git(repo, "remote", "get-url", name):
             out[name] = scrub_url(url)
     return out
 
@@ -107,10 +103,8 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
     """(record, diff text): tracked changes against HEAD, plus the untracked files matched
     by ``include_untracked``; ``not_archived``: untracked snapshot paths left out."""
     repo = Path(repo)
-    commit = _git(repo, "rev-parse", "HEAD")
-    if commit is None:
-        built = os.environ.get("REPROTRAIN_GIT_COMMIT", "").strip()
-        if built:
+    if (commit := _git(repo, "rev-parse", "HEAD")) is None:
+        if built := os.environ.get("REPROTRAIN_GIT_COMMIT", "").strip():
             return {
                 "commit": built,
                 "short": built.removesuffix("-dirty")[:8],
@@ -137,19 +131,16 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
     diff = _git(repo, "diff", "--binary", "HEAD") or ""
     untracked, not_archived = [], []
     for rel in sorted(untracked_paths):
-        path = repo / rel
         try:
-            digest, size = _sha256(path)
+            digest, size = _sha256(repo / rel)
         except OSError:
             digest, size = None, None
-        included = _opted_in(rel, include_untracked)
-        if included:
-            patch = _git(repo, "diff", "--binary", "--no-index", "/dev/null", rel, ok=(0, 1))
-            diff += patch or ""
+        if included := _opted_in(rel, include_untracked):
+            diff += _git(repo, "diff", "--binary", "--no-index", "/dev/null", rel, ok=(0, 1)) or ""
         elif in_snapshot(rel):
             not_archived.append(rel)
         untracked.append({"path": rel, "size": size, "sha256": digest, "included": included})
-    info = {
+    return {
         "commit": commit,
         "short": commit[:8],
         "branch": (_git(repo, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None,
@@ -159,8 +150,7 @@ def git_info(repo: Path, include_untracked: Sequence[str] = ()) -> tuple[dict, s
         "outputs_not_counted": outputs,
         "fully_archivable": not not_archived,
         "not_archived": not_archived,
-    }
-    return info, diff
+    }, diff
 
 
 #: A run's record and a sweep's (Hydra's): what marks a directory as the framework's output.
@@ -221,8 +211,7 @@ def _files_through_links(top: Path) -> list[Path]:
     """Every file under ``top``, through symlinked directories (each real one once)."""
     out, seen = [], set()
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:
+        if (real := os.path.realpath(dirpath)) in seen:
             dirnames[:] = []
             continue
         seen.add(real)

@@ -18,14 +18,14 @@ FIXED_VALUE = "0"
 X86_64 = ("x86_64", "amd64")
 
 
-def ensure(argv: list[str] | None = None) -> None:
+def ensure() -> None:
     """Re-exec with PYTHONHASHSEED fixed (a user's number kept; unset or ``random``:
     ``FIXED_VALUE``); set CUBLAS_WORKSPACE_CONFIG before torch is imported."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if os.environ.get("PYTHONHASHSEED", "random").isdigit():
         return
     os.environ["PYTHONHASHSEED"] = FIXED_VALUE
-    _reexec(argv)
+    _reexec()
 
 
 def portable_problem(
@@ -56,8 +56,7 @@ def refuse_portable_here() -> None:
     """One-line ``ReprotrainError`` where repro=portable cannot hold; imports nothing heavy."""
     from reprotrain.errors import ReprotrainError
 
-    problem = portable_problem(cpu_flags=cpu_flags())
-    if problem:
+    if problem := portable_problem(cpu_flags=cpu_flags()):
         raise ReprotrainError(problem)
 
 
@@ -66,7 +65,7 @@ def _visible(value: str) -> str:
     return value if value.isprintable() else repr(value)
 
 
-def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) -> None:
+def ensure_cpu_dispatch(levels: Iterable[str]) -> None:
     """For repro=portable, re-exec with ``PORTABLE_ENV`` before torch loads again (one-line
     ``ReprotrainError`` where it cannot hold); ``levels``: of every run this command starts."""
     from reprotrain.errors import ReprotrainError
@@ -85,16 +84,16 @@ def ensure_cpu_dispatch(levels: Iterable[str], argv: list[str] | None = None) ->
     os.environ.update(PORTABLE_ENV)
     if "torch" not in sys.modules:  # nothing has read them yet: no re-exec needed
         return
-    if (argv if argv is not None else sys.argv)[:1] == ["-c"]:
+    if sys.argv[:1] == ["-c"]:
         raise ReprotrainError(
             "repro=portable sets CPU dispatch variables at interpreter start; run "
             "`python -m reprotrain.train` (or make train), not `python -c`"
         )
-    _reexec(argv)
+    _reexec()
 
 
-def _reexec(argv: list[str] | None) -> None:
-    args = argv if argv is not None else sys.argv
+def _reexec() -> None:
+    args = sys.argv
     sys.stdout.flush()
     sys.stderr.flush()
     if args and args[0] == "-c":  # `python -c`: nothing to re-exec; children inherit the value

@@ -43,9 +43,9 @@ class Platform:
     platform_machine: str
     wheel_platforms: tuple[str, ...]  # most specific first, as pip orders them
 
-    def marker_environment(self, python: tuple[int, int] = PYTHON) -> dict[str, str]:
+    def marker_environment(self) -> dict[str, str]:
         """PEP 508 marker values as pip on this platform sees them (no host value leaks in)."""
-        version = f"{python[0]}.{python[1]}"
+        version = f"{PYTHON[0]}.{PYTHON[1]}"
         return {
             "implementation_name": "cpython",
             "implementation_version": f"{version}.4",
@@ -60,14 +60,14 @@ class Platform:
             "sys_platform": self.sys_platform,
         }
 
-    def tags(self, python: tuple[int, int] = PYTHON) -> frozenset[str]:
+    def tags(self) -> frozenset[str]:
         """Every ``python-abi-platform`` tag pip accepts here, as strings."""
         from packaging import tags
 
-        interpreter = f"cp{python[0]}{python[1]}"
+        interpreter = f"cp{PYTHON[0]}{PYTHON[1]}"
         found = [
-            *tags.cpython_tags(python, abis=[interpreter], platforms=self.wheel_platforms),
-            *tags.compatible_tags(python, interpreter, self.wheel_platforms),
+            *tags.cpython_tags(PYTHON, abis=[interpreter], platforms=self.wheel_platforms),
+            *tags.compatible_tags(PYTHON, interpreter, self.wheel_platforms),
         ]
         return frozenset(str(t) for t in found)
 
@@ -140,8 +140,7 @@ def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
     for entry in lock.entries.values():
         for digest in entry.hashes:
             used.add(digest)
-            filename = files.get(digest)
-            if filename is None:
+            if (filename := files.get(digest)) is None:
                 problems.append(
                     f"{name}: {entry.name}=={entry.version} has a hash that {side} does not "
                     f"name ({digest[:12]}...); run make lock"
@@ -151,8 +150,7 @@ def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
                     f"{side}: {filename} is not a file of {entry.name}=={entry.version}, "
                     "whose hash it carries; run make lock"
                 )
-    extra = sorted(files[h] for h in set(files) - used)
-    if extra:
+    if extra := sorted(files[h] for h in set(files) - used):
         problems.append(
             f"{side} is stale: {len(extra)} file(s) whose hash {name} no longer holds "
             f"(first: {extra[0]}); run make lock"
@@ -161,19 +159,15 @@ def check_files(lock: ParsedLock, files: dict[str, str] | None) -> list[str]:
 
 
 def check_coverage(
-    entries: Iterable[LockEntry],
-    files: dict[str, str],
-    platform: Platform,
-    lock_name: str = "lock",
-    python: tuple[int, int] = PYTHON,
+    entries: Iterable[LockEntry], files: dict[str, str], platform: Platform, lock_name: str = "lock"
 ) -> list[str]:
     """One message per requirement that applies on ``platform`` but could not install there."""
     try:
-        environment = platform.marker_environment(python)
-        accepted = platform.tags(python)
+        environment = platform.marker_environment()
+        accepted = platform.tags()
     except ImportError:  # bare python3 before the venv exists
         return []
-    where = f"{platform.name} (cp{python[0]}{python[1]})"
+    where = f"{platform.name} (cp{PYTHON[0]}{PYTHON[1]})"
     problems: list[str] = []
     for entry in entries:
         if not marker_applies(entry.marker, environment):
@@ -218,8 +212,7 @@ def _index_page(url: str, timeout: float) -> dict[str, str]:
         }
     out = {}
     for href, filename in re.findall(r'href="([^"]+)"[^>]*>([^<]+)</a>', body):
-        m = re.search(r"#sha256=([0-9a-f]{64})", href)
-        if m:
+        if m := re.search(r"#sha256=([0-9a-f]{64})", href):
             out[m.group(1)] = filename.strip()
     return out
 
@@ -228,12 +221,11 @@ def fetch_files(
     lock: ParsedLock,
     index_url: str = DEFAULT_INDEX,
     page: Callable[[str, float], dict[str, str]] = _index_page,
-    timeout: float = 60.0,
 ) -> dict[str, str]:
     """{sha256: file name} of every hash of ``lock`` from the index (``LookupError``: unlisted)."""
     out: dict[str, str] = {}
     for entry in lock.entries.values():
-        listed = page(f"{index_url.rstrip('/')}/{entry.name}/", timeout)
+        listed = page(f"{index_url.rstrip('/')}/{entry.name}/", 60.0)  # timeout, seconds
         for digest in entry.hashes:
             if digest not in listed:
                 raise LookupError(

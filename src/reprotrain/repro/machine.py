@@ -11,7 +11,6 @@ import mmap
 import os
 import platform
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -56,16 +55,14 @@ def _instruction() -> Any:
         return None
     page.write(_CODE)
     address = ctypes.addressof(ctypes.c_char.from_buffer(page))
-    proto = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p)
-    func = proto(address)
+    func = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p)(address)
     func._page = page  # the mapping lives as long as the function
     return func
 
 
 def registers(leaf: int, subleaf: int = 0) -> dict[str, int] | None:
     """eax, ebx, ecx, edx of ``cpuid`` for ``(leaf, subleaf)``; None without the instruction."""
-    func = _instruction()
-    if func is None:
+    if (func := _instruction()) is None:
         return None
     out = (ctypes.c_uint32 * 4)()
     func(leaf, subleaf, ctypes.addressof(out))
@@ -117,9 +114,7 @@ def _brand(ask: Any) -> str | None:
 @functools.cache
 def cpuid_fields() -> dict[str, Any] | None:
     """This CPU's identity fields from the instruction itself, or None where it cannot run."""
-    if _instruction() is None:
-        return None
-    return decode_cpuid(registers)
+    return None if _instruction() is None else decode_cpuid(registers)
 
 
 #: Variables that steer which CPU kernels run (ATen, oneDNN, MKL): recorded (None when unset)
@@ -165,16 +160,14 @@ def proc_cpuinfo() -> str:
 
 def cpu_fields() -> dict[str, Any]:
     """This CPU's identity fields, with ``source``: ``cpuid`` where it runs, else /proc/cpuinfo."""
-    fields = cpuid_fields()
-    if fields is not None:
+    if (fields := cpuid_fields()) is not None:
         return {**fields, "source": "cpuid"}
     return {**cpuinfo_fields(), "source": "/proc/cpuinfo"}
 
 
 def cpu_flags() -> set | None:
     """The CPU's dispatch flags (``cpuid``, else every /proc/cpuinfo flag; None: unknown)."""
-    fields = cpuid_fields()
-    if fields is not None:
+    if (fields := cpuid_fields()) is not None:
         return set(fields["isa_flags"])
     for line in proc_cpuinfo().splitlines():
         if line.startswith("flags"):
@@ -214,11 +207,7 @@ def _macos_fields() -> dict[str, Any]:
     """macOS has no /proc/cpuinfo: the brand string (``Apple M2 Pro``) names the model."""
 
     def sysctl(name: str) -> str | None:
-        try:
-            out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        return (_stdout(["sysctl", "-n", name], timeout=10) or "").strip() or None
 
     return {
         "vendor": "Apple" if platform.machine() == "arm64" else sysctl("machdep.cpu.vendor"),
@@ -230,21 +219,20 @@ def _macos_fields() -> dict[str, Any]:
     }
 
 
-def _libtorch_cpu() -> ctypes.CDLL | None:
+def _libtorch_cpu(symbol: str) -> Any:
+    """``symbol`` of torch's libtorch_cpu.so (MKL is linked into it), or None."""
     import torch
 
     lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     try:
-        return ctypes.CDLL(str(lib)) if lib.is_file() else None
+        return getattr(ctypes.CDLL(str(lib)), symbol, None) if lib.is_file() else None
     except OSError:
         return None
 
 
 def mkl_version() -> str | None:
     """MKL's own version string (the library linked into torch), or None without MKL."""
-    lib = _libtorch_cpu()
-    get = getattr(lib, "MKL_Get_Version_String", None) if lib is not None else None
-    if get is None:
+    if (get := _libtorch_cpu("MKL_Get_Version_String")) is None:
         return _config_line(r"Math Kernel Library Version (\S+)")
     buf = ctypes.create_string_buffer(256)
     get(buf, len(buf))
@@ -253,9 +241,7 @@ def mkl_version() -> str | None:
 
 def mkl_cbwr_branch() -> str | None:
     """The CNR branch MKL really uses (one it cannot honour reads back as AUTO); None: no MKL."""
-    lib = _libtorch_cpu()
-    get = getattr(lib, "mkl_serv_cbwr_get", None) if lib is not None else None
-    if get is None:
+    if (get := _libtorch_cpu("mkl_serv_cbwr_get")) is None:
         return None
     get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
     code = int(get(1))  # MKL_CBWR_BRANCH
@@ -368,22 +354,23 @@ def device_info(device: Any) -> dict[str, Any]:
             "name": props.name,
             "capability": f"{props.major}.{props.minor}",
         }
-    model = cpu_fields()["model_name"] or platform.processor() or None
     return {
         "type": device.type,
         "resolved": device.type,
-        "name": model or platform.machine(),
+        "name": cpu_fields()["model_name"] or platform.processor() or platform.machine(),
         "capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 
 def nvidia_smi(*args: str) -> str | None:
     """stdout of ``nvidia-smi args`` or None (not on PATH, failed, or hung)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
+    return _stdout(["nvidia-smi", *args], timeout=20)
+
+
+def _stdout(argv: list[str], timeout: float) -> str | None:
+    """stdout of ``argv`` or None (not on PATH, failed, or hung)."""
     try:
-        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -411,8 +398,7 @@ def driver_cuda_version() -> str | None:
     """The CUDA version the driver supports ("13.0"), from torch when it exposes it."""
     import torch
 
-    get = getattr(torch._C, "_cuda_getDriverVersion", None)
-    if get is None:
+    if (get := getattr(torch._C, "_cuda_getDriverVersion", None)) is None:
         return None
     try:
         v = int(get())

@@ -30,8 +30,7 @@ UNINITIALISED = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.ne
 
 
 def _digest_steps_from_env() -> range:
-    text = os.environ.get(DIGEST_VAR, "").strip()
-    if not text:
+    if not (text := os.environ.get(DIGEST_VAR, "").strip()):
         return range(0)
     first, _, last = text.partition("-")
     return range(int(first), int(last or first) + 1)
@@ -46,16 +45,12 @@ def trace_path(trace_dir: Path, global_step: int) -> Path:
     return Path(trace_dir) / f"step-{global_step:08d}.jsonl"
 
 
-def _hash(t: torch.Tensor) -> torch.Tensor:
+def _hashes(tree: Any) -> list[torch.Tensor]:
     if torch.distributed.is_available():
         importlib.import_module("torch.distributed.tensor")  # hash_tensor_fn checks DTensor
     from torch.utils._debug_mode import hash_tensor_fn
 
-    return hash_tensor_fn(t.detach())
-
-
-def _hashes(tree: Any) -> list[torch.Tensor]:
-    return [_hash(x) for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
+    return [hash_tensor_fn(x.detach()) for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
 def batch_sha256(batch: Any) -> list[str]:
@@ -84,8 +79,7 @@ class OpHashMode(TorchDispatchMode):
 
     def module(self) -> str:
         """The innermost module running now (``layer3.1.conv2``); ``-`` outside any module."""
-        names = [n for n in self.tracker.parents if n != "Global"]
-        if not names:
+        if not (names := [n for n in self.tracker.parents if n != "Global"]):
             return "-"
         inner = max(names, key=lambda n: n.count("."))
         return inner.partition(".")[2] or inner
@@ -118,11 +112,10 @@ def step(global_step: int, batch: Any) -> contextlib.AbstractContextManager:
 
 @contextlib.contextmanager
 def _step(global_step: int, batch: Any) -> Iterator[None]:
-    traced = global_step in _STEPS
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
-    if not traced:
+    if global_step not in _STEPS:
         with digest(global_step, batch):
             yield
         return

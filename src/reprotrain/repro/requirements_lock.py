@@ -73,8 +73,7 @@ class ParsedLock:
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
     """Backslash continuations joined, comments dropped; each with its first line number."""
-    out: list[tuple[int, str]] = []
-    buf: list[str] = []
+    out, buf = [], []
     start = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         stripped = raw.strip()
@@ -131,17 +130,15 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
                     "(editables, includes and local paths are not reproducible elsewhere)"
                 )
             continue
-        req_tokens = [t for t in tokens if not t.startswith("--hash")]
         hash_tokens = [t for t in tokens if t.startswith("--hash")]
-        req = " ".join(req_tokens)
+        req = " ".join(t for t in tokens if not t.startswith("--hash"))
         if _FILE_URL_RE.search(req) or " @ " in f" {req} " or req.startswith(("/", ".", "~")):
             lock.problems.append(
                 f"{where}: '{req[:80]}' is a direct reference (URL or local path), "
                 "not a pinned release from an index"
             )
             continue
-        m = _PIN_RE.match(req)
-        if not m:
+        if not (m := _PIN_RE.match(req)):
             nm = _NAME_RE.match(req)
             label = nm.group(1) if nm else req[:40]
             lock.problems.append(f"{where}: {label} is not pinned with == ('{req[:80]}')")
@@ -150,8 +147,7 @@ def parse_lock(path: Path, text: str | None = None) -> ParsedLock:
         marker = (m.group(4) or "")[1:].strip() or None
         entry = LockEntry(name=pkg, version=m.group(3), marker=marker)
         for tok in hash_tokens:
-            hm = _HASH_RE.match(tok)
-            if not hm:
+            if not (hm := _HASH_RE.match(tok)):
                 lock.problems.append(f"{where}: {pkg}: malformed hash '{tok[:90]}'")
             else:
                 entry.hashes.append(hm.group(2))
@@ -196,8 +192,7 @@ def in_includes(in_path: Path) -> list[Path]:
         except OSError:
             return
         for _, line in _logical_lines(text):
-            m = re.match(r"^(-r|-c|--requirement|--constraint)(?:\s+|=)(\S+)$", line)
-            if m:
+            if m := re.match(r"^(-r|-c|--requirement|--constraint)(?:\s+|=)(\S+)$", line):
                 ref = (p.parent / m.group(2)).resolve()
                 if ref not in seen:
                     seen.append(ref)
@@ -230,8 +225,7 @@ def expected_record(lock_path: Path, in_path: Path) -> dict[str, str]:
 def write_record(lock_path: Path, in_path: Path) -> Path:
     """Write ``<lock>.sha256`` (``sha256sum`` format). Called by ``make lock`` after compiling."""
     record = expected_record(lock_path, in_path)
-    missing = [name for name, digest in record.items() if not digest]
-    if missing:
+    if missing := [name for name, digest in record.items() if not digest]:
         raise FileNotFoundError(f"cannot record: missing {', '.join(missing)}")
     out = sidecar_path(lock_path)
     out.write_text("".join(f"{d}  {n}\n" for n, d in record.items()), encoding="utf-8")
@@ -266,10 +260,9 @@ def check_staleness(lock_path: Path, in_path: Path) -> list[str]:
     expected = expected_record(lock_path, in_path)
     stale = f"{lock_path.name} is stale"
     for fname, digest in expected.items():
-        if fname == lock_path.name:
-            if recorded.get(fname) != digest:
-                edited = f"{lock_path.name} was edited after make lock (sha256 differs from {side})"
-                problems.append(f"{edited}; regenerate it with make lock")
+        if fname == lock_path.name and recorded.get(fname) != digest:
+            edited = f"{lock_path.name} was edited after make lock (sha256 differs from {side})"
+            problems.append(f"{edited}; regenerate it with make lock")
         elif fname not in recorded:
             problems.append(f"{stale}: {fname} is not recorded in {side}; run make lock")
         elif recorded[fname] != digest:
@@ -299,8 +292,7 @@ def check_in_satisfied(lock: ParsedLock, in_path: Path) -> list[str]:
         if req.marker is not None and not req.marker.evaluate():
             continue
         name = normalize_name(req.name)
-        entry = lock.entries.get(name)
-        if entry is None:
+        if (entry := lock.entries.get(name)) is None:
             problems.append(f"{stale}: {name} (from {source}) is not locked; run make lock")
         elif req.specifier and not req.specifier.contains(entry.version, prereleases=True):
             pinned = f"{name}=={entry.version} does not satisfy '{req}' in {source}"
@@ -373,12 +365,10 @@ def _installed_on(path: tuple[str, ...]) -> dict[str, tuple[str, str]]:
 
 def _same_version(a: str, b: str) -> bool:
     try:
-        from packaging.version import InvalidVersion, Version
-    except ImportError:
-        return a == b
-    try:
+        from packaging.version import Version
+
         return Version(a) == Version(b)
-    except InvalidVersion:
+    except (ImportError, ValueError):  # no packaging, or not a version (InvalidVersion)
         return a == b
 
 

@@ -54,8 +54,7 @@ def _numpy_state() -> dict[str, Any]:
     """numpy's global RNG: MT19937's words (the default), or any other of numpy's own bit
     generators, which user code may install at any moment (``np.random.set_bit_generator``),
     by name and state (``weights_only`` loads it)."""
-    generator = np.random.get_bit_generator()
-    cls = type(generator)
+    cls = type(np.random.get_bit_generator())
     if cls is np.random.MT19937:
         key, pos, has_gauss, cached = np.random.get_state()[1:]
         numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
@@ -85,8 +84,7 @@ def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
     random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     n = state["numpy"]
     name = n.get("bit_generator", "MT19937")
-    cls = _numpy_bit_generator(name)
-    if cls is None:
+    if (cls := _numpy_bit_generator(name)) is None:
         raise CheckpointError(f"the checkpoint's numpy bit generator {name!r} is not numpy's")
     if type(np.random.get_bit_generator()) is not cls:
         np.random.set_bit_generator(cls())
@@ -96,8 +94,7 @@ def restore(state: dict[str, Any], device: torch.device, rank: int = 0) -> None:
         key = n["key"].numpy().astype(np.uint32)
         np.random.set_state(("MT19937", key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch_cpu"])
-    cuda = _cuda_state(state, device)
-    if cuda is not None:
+    if (cuda := _cuda_state(state, device)) is not None:
         torch.cuda.set_rng_state(cuda, _cuda_index(device))
 
 
@@ -190,8 +187,7 @@ def _save_numpy() -> tuple:
     """numpy's global RNG state, for :func:`_restore_numpy`: its bit generator, words and
     cached Gaussian by memory, else ``np.random.get_state()``."""
     bit_generator = np.random.get_bit_generator()
-    address = _mt_address(bit_generator)
-    if address is None:
+    if (address := _mt_address(bit_generator)) is None:
         return ("state", bit_generator, np.random.get_state(legacy=False))  # any generator
     words = ctypes.string_at(address, _MT_WORDS)
     return ("words", bit_generator, address, words, ctypes.string_at(_GAUSS_AT, _GAUSS_BYTES))
@@ -222,8 +218,7 @@ def _spare_into_numpy(address: int, lo: int, hi: int) -> None:
 def _spare_route(bit_generator: Any, address: int) -> bool:
     """Whether the spare gives ``np.random.seed``'s state for this generator: checked once
     per generator against the plain call (its state put back)."""
-    ok = _SPARE_CHECKED.get(id(bit_generator))
-    if ok is not None:
+    if (ok := _SPARE_CHECKED.get(id(bit_generator))) is not None:
         return ok
     saved = _save_numpy()
     try:
@@ -300,8 +295,7 @@ def for_rank(entry: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     """This rank's state from a checkpoint entry (per-rank or a single state)."""
     if "ranks" not in entry:
         return entry
-    ranks = entry["ranks"]
-    if rank < len(ranks):
+    if rank < len(ranks := entry["ranks"]):
         return ranks[rank]
     held = f"checkpoint holds RNG states for {len(ranks)} rank(s), none for rank {rank}"
     log.warning("%s (world size changed); rank 0's state is used", held)

@@ -8,7 +8,6 @@ random canary, it carries the canary (directly, inside a string or through anoth
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import re
 import secrets as _random
@@ -17,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from reprotrain.hashing import text_sha256
 from reprotrain.hydra_api import register_resolver
 
 __all__ = ["env_value_differences", "redact"]
@@ -28,8 +28,7 @@ _OC_ENV = re.compile(r"(?<![\w.])oc\.env:")
 
 def value_sha256(value: Any) -> str:
     """sha256 of a value as text: strings as themselves, anything else as sorted JSON."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return text_sha256(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
 
 
 def _probe_copy(raw: Any) -> Any:

@@ -69,9 +69,7 @@ def seed_globals(seed: int) -> None:
 def counter_generator(seed: int, *counters: int) -> torch.Generator:
     """A fresh CPU generator for ``(seed, *counters)``: same inputs, same draws, on any device
     the model trains on (draws are tiny and copied there afterwards)."""
-    g = torch.Generator(device="cpu")
-    g.manual_seed(stable_hash(seed, *counters))
-    return g
+    return torch.Generator(device="cpu").manual_seed(stable_hash(seed, *counters))
 
 
 class SeededGenerators:

@@ -38,8 +38,7 @@ def refuse_reuse(run_dir: Path, resume: str | None) -> None:
     if resume == "auto":
         return
     if resume is not None:
-        ckpt = Path(str(resume)).expanduser().resolve()
-        if ckpt.parent == (run_dir / CHECKPOINTS).resolve():
+        if Path(str(resume)).expanduser().resolve().parent == (run_dir / CHECKPOINTS).resolve():
             return  # its own checkpoint: a resume, not a new record
         raise RunDirUsed(
             f"{run_dir} already holds a run ({RUN_JSON}, status {_status(run_dir)}); a fork "
@@ -75,9 +74,8 @@ def refuse_unmade(path: Path, key: str = "hydra.run.dir") -> None:
 
 def refuse_orphan_checkpoints(run_dir: Path) -> None:
     """Refuse any start where ``checkpoints/`` holds files but there is no ``run.json``."""
-    ckpts = Path(run_dir) / CHECKPOINTS
     try:
-        held = sorted(p.name for p in ckpts.iterdir())
+        held = sorted(p.name for p in (Path(run_dir) / CHECKPOINTS).iterdir())
     except OSError:  # no checkpoints/ (or not a directory): nothing to protect
         return
     if held:
@@ -90,8 +88,7 @@ def refuse_orphan_checkpoints(run_dir: Path) -> None:
 
 def refuse_stray_run_files(run_dir: Path) -> None:
     """Refuse any start where a run's files (``RUN_FILES``) lie but no ``run.json``."""
-    held = [name for name in RUN_FILES if os.path.lexists(Path(run_dir) / name)]
-    if held:
+    if held := [name for name in RUN_FILES if os.path.lexists(Path(run_dir) / name)]:
         raise RunDirUsed(
             f"{run_dir} holds {', '.join(held)} but no {RUN_JSON}; a run never starts over "
             "another run's files: choose another hydra.run.dir (or move those files away)"
@@ -134,9 +131,7 @@ def sweep_jobs(sweep_dir: Path) -> list[Path]:
 def refuse_used_sweep_dir(sweep_dir: Path) -> None:
     """Refuse a sweep into a directory that already holds a sweep or any run."""
     sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        return
-    runs = sweep_jobs(sweep_dir)
+    runs = sweep_jobs(sweep_dir)  # none, like the record, where no directory is
     if runs or (sweep_dir / SWEEP_RECORD).exists():
         held = f"{len(runs)} run(s)" if runs else f"a {SWEEP_RECORD}"
         raise RunDirUsed(

@@ -55,8 +55,7 @@ def _read(path: str) -> str | None:
 
 def proc_start_ticks(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
+    if (stat := _read(f"/proc/{pid}/stat")) is None:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
     return int(stat.rsplit(")", 1)[1].split()[19])
@@ -113,8 +112,7 @@ class Holder:
     @classmethod
     def parse(cls, text: str) -> Holder:
         data = json.loads(text)
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**known)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
@@ -127,14 +125,10 @@ class Holder:
 def judge(holder: Holder, lock_mtime: float, stale_after_s: float) -> str | None:
     """Why ``holder`` is certainly gone, or None if it may still be writing."""
     me = Holder.me()
-    same_host = (
-        holder.host == me.host
-        and (holder.boot_id is None or me.boot_id is None or holder.boot_id == me.boot_id)
-        and (holder.pid_ns is None or me.pid_ns is None or holder.pid_ns == me.pid_ns)
-    )
     if holder.host == me.host and holder.boot_id and me.boot_id and holder.boot_id != me.boot_id:
         return "this host has rebooted since"
-    if same_host:
+    same_ns = holder.pid_ns is None or me.pid_ns is None or holder.pid_ns == me.pid_ns
+    if holder.host == me.host and same_ns:  # same host, same boot (checked above)
         if not pid_exists(holder.pid):
             return "that process is gone"
         now_start = proc_start_ticks(holder.pid)
@@ -143,8 +137,7 @@ def judge(holder: Holder, lock_mtime: float, stale_after_s: float) -> str | None
         return None
     if holder.job_id and holder.job_id == me.job_id and me.job_restart > holder.job_restart:
         return f"this is a requeue of the same SLURM job (restart {me.job_restart})"
-    age = time.time() - lock_mtime
-    if age > stale_after_s:
+    if (age := time.time() - lock_mtime) > stale_after_s:
         return f"no heartbeat for {age:.0f} s (stale after {stale_after_s:.0f} s)"
     return None
 
@@ -184,8 +177,7 @@ class RunMutex:
 
     def acquire(self) -> RunMutex:
         """Take the lock, or raise ``RunBusyError`` naming the live holder."""
-        if not self.run_dir.is_dir():
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         holder: Holder | None = None
         for _ in range(5):
             # Look before writing anything, so a refused writer leaves the directory as it was.
@@ -286,8 +278,7 @@ class RunMutex:
         self._fd = os.open(self.path, os.O_RDWR)
         _HELD_FDS.add(self._fd)
         for _ in range(100):
-            got = _flock(self._fd)
-            if got is None:
+            if (got := _flock(self._fd)) is None:
                 log.debug("flock is not supported on %s; takeovers are not serialised", self.path)
                 return
             if got:
@@ -303,8 +294,7 @@ class RunMutex:
         try:
             holder = Holder.parse(text)
         except (ValueError, TypeError):
-            age = time.time() - mtime
-            if age > self.stale_after_s:
+            if (age := time.time() - mtime) > self.stale_after_s:
                 return Holder(host="?", pid=0, started_at="?"), f"unreadable and {age:.0f} s old"
             raise RunBusyError(
                 f"{self.path} exists but cannot be read (written {age:.0f} s ago); if no run "
@@ -320,8 +310,7 @@ class RunMutex:
             return False
         keep = False
         try:
-            got = _flock(fd)
-            if got is False:
+            if (got := _flock(fd)) is False:
                 return False  # a live holder or another candidate has it: look again
             same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             current = os.pread(fd, 65536, 0).decode(errors="replace")
@@ -331,9 +320,8 @@ class RunMutex:
                 still_dead = same_file and dead.pid == 0
             if not still_dead:
                 return False
-            data = self.me.to_json().encode()
             os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
+            os.pwrite(fd, self.me.to_json().encode(), 0)
             os.fsync(fd)
             if got is None:  # no flock here: a concurrent candidate may have written too
                 time.sleep(0.2)
@@ -384,6 +372,5 @@ def held_by(run_dir: Path | str, stale_after_s: float = STALE_AFTER_S) -> Holder
 def refuse_if_held(run_dir: Path | str) -> None:
     """Raise ``RunBusyError`` if a live run holds ``run_dir``: a pre-check before anything
     writes there (Hydra's ``.hydra/``); ``RunMutex.acquire`` stays the real guard."""
-    holder = held_by(run_dir)
-    if holder is not None:
+    if (holder := held_by(run_dir)) is not None:
         raise RunMutex(run_dir)._refusal(holder)

@@ -31,12 +31,9 @@ def inside(
     (``within`` says what it is): no absolute path, no ``..``, no empty part, and no symlink
     (among the parts that exist) that resolves outside it. Otherwise one line naming ``key``."""
     text = os.fspath(value)
-    why = _why_not(text)
-    if why is None:
-        base = Path(run_dir).resolve()
+    if (why := _why_not(text)) is None:
         target = Path(run_dir, text)
-        resolved = target.resolve()
-        if resolved != base and base not in resolved.parents:
+        if not target.resolve().is_relative_to(Path(run_dir).resolve()):
             why = f"it leads out of {within} through a symlink"
     if why is not None:
         raise PathOutsideRun(
@@ -52,8 +49,7 @@ def _why_not(text: str) -> str | None:
         return "it holds a NUL byte"
     if os.path.isabs(text) or text.startswith("~"):
         return "it is absolute"
-    parts = PurePosixPath(text.replace(os.sep, "/")).parts
-    if ".." in parts:
+    if ".." in PurePosixPath(text.replace(os.sep, "/")).parts:
         return "it climbs out with '..'"
     return None
 

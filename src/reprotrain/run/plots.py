@@ -21,9 +21,7 @@ SPLIT_COLOURS = {"train": TRAIN, "val": VAL, "test": TEST}
 
 def _f(v: Any) -> float:
     """None / non-numbers -> NaN, so matplotlib leaves a gap instead of failing."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return math.nan
-    return float(v)
+    return math.nan if isinstance(v, bool) or not isinstance(v, int | float) else float(v)
 
 
 def _png(fig: Figure) -> bytes:
@@ -226,34 +224,30 @@ def plot_sweep(title: str, panels: dict[str, list[Band]], cols: int, band_note: 
     width = max(6.0 * cols, 8.0)
     fig = Figure(figsize=(width, 4.0 * rows + 1.0), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    colours = [f"C{i}" for i in range(10)]
     handles: dict[str, Any] = {}
     for ax, metric in zip(axes, names, strict=False):
         pct = metric.endswith("_acc")
         k = 100.0 if pct else 1.0
         seen: list[float] = []
         for i, band in enumerate(panels[metric]):
-            colour = colours[i % len(colours)]
+            colour = f"C{i % 10}"  # matplotlib's ten default colours, in turn
             if len(band.runs) <= 10:
                 for run in band.runs:
                     ys = [k * _f(v) for v in run]
                     ax.plot(band.epochs[: len(ys)], ys, color=colour, alpha=0.3, lw=0.8)
                     seen += ys
             mean = [k * _f(v) for v in band.mean]
-            n_max = max(band.n) if band.n else 0
             (line,) = ax.plot(band.epochs, mean, color=colour, lw=2.2, marker="o", ms=4)
-            handles.setdefault(f"{band.label}  (n={n_max})", line)
+            handles.setdefault(f"{band.label}  (n={max(band.n, default=0)})", line)
             lo = [k * _f(v) for v in band.lo]
             hi = [k * _f(v) for v in band.hi]
             ax.fill_between(band.epochs, lo, hi, color=colour, alpha=0.18, lw=0)
             seen += mean + lo + hi
         if not pct:
             _maybe_log(ax, seen)
-        elif seen:
-            finite = [v for v in seen if math.isfinite(v)]
-            if finite:
-                pad = 0.1 * (max(finite) - min(finite)) or 1.0
-                ax.set_ylim(max(0.0, min(finite) - pad), min(100.0, max(finite) + pad))
+        elif finite := [v for v in seen if math.isfinite(v)]:
+            pad = 0.1 * (max(finite) - min(finite)) or 1.0
+            ax.set_ylim(max(0.0, min(finite) - pad), min(100.0, max(finite) + pad))
         ax.xaxis.get_major_locator().set_params(integer=True)
         _style(ax, "epoch", _ylabel(metric), metric.replace("_", " "))
     for ax in axes[len(names) :]:

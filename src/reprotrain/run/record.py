@@ -74,13 +74,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if e.filename is None:  # a failed write names no file: name the one being written
+        # a failed write names no file: name the one being written
+        if isinstance(e, OSError) and e.filename is None:
             raise OSError(e.errno, e.strerror or str(e), str(path)) from None
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
         raise
     fd = os.open(path.parent, os.O_RDONLY)  # the rename itself, durable
     try:
@@ -104,18 +102,17 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def to_strict_json(obj: Any, path: str = "") -> tuple[Any, list[str]]:
+def to_strict_json(obj: Any) -> tuple[Any, list[str]]:
     """A copy of ``obj`` with non-finite floats ``None``, and their paths (``metrics[3].loss``)."""
     bad: list[str] = []
-    return _walk(obj, path, bad), bad
+    return _walk(obj, "", bad), bad
 
 
 def _walk(obj: Any, path: str, bad: list[str]) -> Any:
     if isinstance(obj, bool | int | str) or obj is None:
         return obj
     if isinstance(obj, float | numbers.Real) and not isinstance(obj, numbers.Integral):
-        value = float(obj)
-        if math.isfinite(value):
+        if math.isfinite(value := float(obj)):
             return value
         bad.append(path or "$")
         return None
@@ -188,10 +185,10 @@ def parse_jsonl(text: str, label: str, *, torn_tail_ok: bool = False) -> list[di
     return rows
 
 
-def read_text(path: Path, label: str | None = None) -> str:
+def read_text(path: Path) -> str:
     """The file's text, or RecordError when it is missing, unreadable, or not UTF-8."""
     path = Path(path)
-    label = label or str(path)
+    label = str(path)
     if not path.exists():
         raise RecordError(f"{label}: no such file")
     if not path.is_file():

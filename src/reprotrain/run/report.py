@@ -5,6 +5,7 @@ how gaps show: docs/seeing-a-run.md. A missing or corrupt record is one ``error:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from dataclasses import dataclass
@@ -58,12 +59,9 @@ NOT_HYPERPARAMETERS = ("hydra.", "--", "resume=")
 def run_overrides(view: RunView) -> list[str] | None:
     """The run's overrides: ``.hydra/overrides.yaml``, else the command line run.json records
     without Hydra's settings; None when neither can be read."""
-    try:
-        overrides = read_overrides(view.run_dir)
-    except ReprotrainError:
-        overrides = None
-    if overrides is not None:
-        return overrides
+    with contextlib.suppress(ReprotrainError):
+        if (overrides := read_overrides(view.run_dir)) is not None:
+            return overrides
     command = view.record.get("command")
     if not isinstance(command, list) or "-m" not in command:
         return None
@@ -78,24 +76,19 @@ def overrides_text(overrides: list[str] | None) -> str:
 
 
 def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    return float(v)
+    return None if isinstance(v, bool) or not isinstance(v, int | float) else float(v)
 
 
 def step_series(view: RunView) -> tuple[list[int], list[Any], list[Any]]:
     """Per-step (global step, loss, lr) from the fingerprints; lr is [] when not recorded."""
-    steps: list[int] = []
-    losses: list[Any] = []
-    lrs: list[Any] = []
+    steps, losses, lrs = [], [], []
     have_lr = all(isinstance(fp.get("step_lrs"), list) for fp in view.fingerprints)
     for fp in view.fingerprints:
         step_losses = fp.get("step_losses")
         end = fp.get("global_step")
         if not isinstance(step_losses, list) or not isinstance(end, int):
             return [], [], []
-        first = end - len(step_losses) + 1
-        steps += range(first, end + 1)
+        steps += range(end - len(step_losses) + 1, end + 1)
         losses += step_losses
         if have_lr:
             lrs += list(fp["step_lrs"])[: len(step_losses)]
@@ -248,11 +241,7 @@ def render_markdown(view: RunView, png_name: str | None) -> str:
         out += [f"![{plotted} and learning rate]({png_name})", ""]
     else:
         out += ["_No epoch finished yet: nothing to plot._", ""]
-    out += [
-        "## Identity",
-        "",
-        *_table(["field", "value"], identity_rows(view)),
-    ]
+    out += ["## Identity", "", *_table(["field", "value"], identity_rows(view))]
     final = rec.get("final_metrics") or (view.metrics[-1] if view.metrics else {})
     out += ["", "## Final metrics", ""]
     if final:
@@ -284,8 +273,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path
         with warnings_shown():  # matplotlib names a metric name's characters raw
             atomic_write_bytes(png_path, plot_run(curves(view)))
     md_path = out_dir / REPORT_MD
-    text = render_markdown(view, png_path.name if png_path else None)
-    atomic_write_bytes(md_path, text.encode())
+    atomic_write_bytes(md_path, render_markdown(view, png_path.name if png_path else None).encode())
     return md_path, png_path
 
 

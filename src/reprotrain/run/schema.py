@@ -6,7 +6,7 @@ what a use needs on top (a replay: ``seeds.base``, ``repro.level``) is asked wit
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,11 +125,11 @@ REPLAY = ("seeds.base", "repro.level")
 _MISSING = object()
 
 
-def _get(record: dict, dotted: str) -> Any:
-    node: Any = record
-    for part in dotted.split("."):
+def lookup(node: Any, path: Iterable[str], missing: Any = _MISSING) -> Any:
+    """``node[path[0]][path[1]]...``, or ``missing`` where a key is absent (or not in a dict)."""
+    for part in path:
         if not isinstance(node, dict) or part not in node:
-            return _MISSING
+            return missing
         node = node[part]
     return node
 
@@ -154,10 +154,9 @@ def problems(record: Any, required: tuple[str, ...] = ()) -> list[str]:
         return [_wrong("the record", record, "an object")]
     found = []
     for key, form in FIELDS.items():
-        value = _get(record, key)
-        if value is not _MISSING and not form.ok(value):
+        if (value := lookup(record, key.split("."))) is not _MISSING and not form.ok(value):
             found.append(_wrong(key, value, form.what))
-    absent = [_absent(key) for key in required if _get(record, key) is _MISSING]
+    absent = [_absent(key) for key in required if lookup(record, key.split(".")) is _MISSING]
     return found + relations(record) + absent
 
 
@@ -177,8 +176,7 @@ def relations(record: dict) -> list[str]:
 
 def check(record: Any, label: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """``record`` when it is a run.json with the ``required`` keys; else a one-line RecordError."""
-    found = problems(record, required)
-    if found:
+    if found := problems(record, required):
         shown = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
         edited = any(not p.endswith("incomplete") for p in found)
         raise RecordError(f"{label}: {shown}" + (f"; {HINT}" if edited else ""))

@@ -282,11 +282,10 @@ class Callbacks:
                 )
         return ctx
 
-    def take_logged(self, row: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``row`` plus the values ``ctx.log`` collected under names it lacks; none held after."""
+    def take_logged(self) -> dict[str, Any]:
+        """The values ``ctx.log`` collected for the epoch's row; none held after."""
         taken, self.logged = self.logged, {}
-        row = dict(row or {})
-        return row | {name: value for name, value in taken.items() if name not in row}
+        return taken
 
     def take_steps(self, upto: int) -> dict[int, dict[str, float]]:
         """The values logged in ``on_train_batch_end`` at global steps up to ``upto``."""

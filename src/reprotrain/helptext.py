@@ -36,8 +36,7 @@ def config_groups(
     walk("")
     if "hydra" in options_of("", ObjectType.GROUP):
         for group in SHOWN_HYDRA_GROUPS:
-            options = options_of(group, ObjectType.CONFIG)
-            if options:
+            if options := options_of(group, ObjectType.CONFIG):
                 groups[group] = sorted(options)
     return groups
 

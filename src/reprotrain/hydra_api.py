@@ -29,10 +29,8 @@ def register_resolver(name: str, resolver: Callable[..., Any], use_cache: bool =
     """``${name:...}`` resolved by ``resolver``, once per process (idempotent)."""
     if OmegaConf.has_resolver(name):
         return
-    if _NEW_NAME:
-        OmegaConf.register_resolver(name, resolver, use_cache=use_cache)
-    else:
-        OmegaConf.register_new_resolver(name, resolver, use_cache=use_cache)
+    register = OmegaConf.register_resolver if _NEW_NAME else OmegaConf.register_new_resolver
+    register(name, resolver, use_cache=use_cache)
 
 
 def answer_mode(argv: list[str], mode: Any) -> None:

@@ -327,8 +327,7 @@ def check_schema_keys(groups: dict[str, DictConfig]) -> None:
 
     for group, node in groups.items():
         known = {f.name for f in fields(config.PROJECT_GROUPS[group])}
-        extra = sorted(set(node) - known)
-        if extra:
+        if extra := sorted(set(node) - known):
             raise ReprotrainError(
                 f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
             )
@@ -434,9 +433,9 @@ def resume_overrides(argv: list[str], resume: str | None, redacted: Redacted) ->
     from reprotrain.resume.guard import resume_before_hydra
 
     run_path = None if run_dir is None else Path(os.path.expanduser(run_dir))
-    if not resume_before_hydra(str(resume), run_path, redacted):
+    if not resume_before_hydra(str(resume), run_path, redacted) or "hydra.output_subdir" in values:
         return []
-    return [] if "hydra.output_subdir" in values else ["hydra.output_subdir=null"]
+    return ["hydra.output_subdir=null"]
 
 
 def claim_explicit_sweep_dir(argv: list[str]) -> None:

@@ -69,8 +69,7 @@ def check_study(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) 
             "hydra/sweeper=optuna has no search space: add +hparams_search=smoke_optuna, or "
             f"give a range on the command line, e.g. {EXAMPLE} or 'optimizer.lr=choice(0.01,0.1)'"
         )
-    level = next((k for k in searched if _searched(k)), None)
-    if level is not None:
+    if (level := next((k for k in searched if _searched(k)), None)) is not None:
         raise _level_searched(level)
 
 

@@ -88,9 +88,7 @@ def expand(overrides: list[str]) -> list[list[str]]:
     variants = [base]
     for i, (o, v) in enumerate(pairs):
         for value in v[1:]:
-            variant = list(base)
-            variant[i] = f"{o.get_key_element()}={value}"
-            variants.append(variant)
+            variants.append([*base[:i], f"{o.get_key_element()}={value}", *base[i + 1 :]])
     return variants
 
 
@@ -231,12 +229,8 @@ def declared_num_classes(cls, node) -> int | None:
     if "num_classes" in node:
         value = node["num_classes"]
     else:
-        import inspect
-
-        try:
-            param = inspect.signature(cls).parameters.get("num_classes")
-        except (TypeError, ValueError):
-            param = None
+        sig = components.signature(cls)
+        param = None if sig is None else sig.parameters.get("num_classes")
         if param is not None and param.default is not param.empty:
             value = param.default
         else:
@@ -247,12 +241,9 @@ def declared_num_classes(cls, node) -> int | None:
 def _override_values(argv: list[str]) -> dict[str, str]:
     """{key: value} of the plain ``key=value`` overrides (quoted values unquoted)."""
     args, _ = get_args_parser().parse_known_args(argv)
-    out = {}
-    for o in OverridesParser.create().parse_overrides(args.overrides):
-        if not o.is_sweep_override() and not o.is_delete():
-            value = o.value()
-            out[o.get_key_element()] = None if value is None else str(value)
-    return out
+    parsed = OverridesParser.create().parse_overrides(args.overrides)
+    plain = [o for o in parsed if not o.is_sweep_override() and not o.is_delete()]
+    return {o.get_key_element(): None if o.value() is None else str(o.value()) for o in plain}
 
 
 def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None:

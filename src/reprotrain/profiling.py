@@ -54,8 +54,7 @@ class Profiler:
         self._seen += 1
         self._prof.step()  # after warmup + steps calls the schedule saves: _ready runs
         if self.done:
-            self._prof.stop()
-            self._prof = None
+            self.stop()
 
     def stop(self) -> str | None:
         """End profiling (early, if the run had fewer steps); the table, or None."""

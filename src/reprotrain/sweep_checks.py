@@ -62,8 +62,7 @@ def check_study(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) 
                 f"hydra.sweeper.{key}={value}: give a positive whole number "
                 f"(hydra.sweeper.{key}={8 if key == 'n_trials' else 1})"
             )
-    params = sweeper.get("params") or {}
-    searched = [str(k) for k in params] + list(cli_sweeps)
+    searched = [str(k) for k in sweeper.get("params") or {}] + cli_sweeps
     if not searched:
         raise ReprotrainError(
             "hydra/sweeper=optuna has no search space: add +hparams_search=smoke_optuna, or "

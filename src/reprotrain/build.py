@@ -146,8 +146,7 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
     rng = {"rng_state": reduction.checkpoints_rank_state, "rank": reduction.rank}
     state = TrainerState(model, optimizer, scheduler, scaler, device, **rng)
     how = {"settings": run.settings.step, "train_seed": run.seeds.train, "user_step": user_step}
-    runner = StepRunner(state, task, forward=forward, reduction=reduction, **how)
-    return runner, schedule
+    return StepRunner(state, task, forward=forward, reduction=reduction, **how), schedule
 
 
 @dataclass(frozen=True)

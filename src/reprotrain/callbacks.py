@@ -266,8 +266,7 @@ class Callbacks:
         watched = self.lr_set_by is not None and hook != "on_end"  # after on_end: no step
         per_step = hook == BATCH_HOOK
         ctx.logged = self.step_logged.setdefault(ctx.global_step, {}) if per_step else self.logged
-        chosen = self.per_batch if per_step else self.callbacks
-        for name, callback in chosen.items():
+        for name, callback in (self.per_batch if per_step else self.callbacks).items():
             if hook in getattr(callback, "skips", ()):
                 continue
             before = _lrs(ctx.optimizer) if watched else None

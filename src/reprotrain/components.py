@@ -321,8 +321,7 @@ def build_step(node: DictConfig, model: Any) -> Any:
 
 def declared_metrics(node: DictConfig, loss_node: DictConfig | None) -> dict[str, str]:
     """``{name: "min" | "max"}`` the task logs: its class's ``metrics`` (else an instance's)."""
-    target = locate(str(node["_target_"]), "task")
-    metrics = getattr(target, "metrics", None)
+    metrics = getattr(locate(str(node["_target_"]), "task"), "metrics", None)
     if not isinstance(metrics, dict):
         metrics = getattr(build_task(node, loss_node), "metrics", None)
     if not isinstance(metrics, dict) or not metrics:

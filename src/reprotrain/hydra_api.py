@@ -13,8 +13,7 @@ from omegaconf import OmegaConf
 
 
 def _at_least(version: str, major: int, minor: int) -> bool:
-    parts = [int(p) for p in version.split(".")[:2] if p.isdigit()]
-    return tuple(parts) >= (major, minor)
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) >= (major, minor)
 
 
 #: ``version_base`` for ``hydra.main`` and ``initialize*``: 1.3's behaviour; 1.4 deprecates

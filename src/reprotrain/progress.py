@@ -152,8 +152,7 @@ class Phases:
 
     def __call__(self, name: str) -> None:
         """Announce phase ``name`` (one of ``names``)."""
-        number = self.names.index(name) + 1
-        self._emit(f"{self.what} [{number}/{len(self.names)}] {name}")
+        self._emit(f"{self.what} [{self.names.index(name) + 1}/{len(self.names)}] {name}")
 
 
 def _rank() -> int:

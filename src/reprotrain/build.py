@@ -74,12 +74,11 @@ def build(targets: Targets, run: Run) -> Parts:
     """Data, then model to callbacks under ``init``, then the saver under ``train``."""
     settings, record, dist = run.settings, run.record, run.dist
     collate = run.reduction.microbatch_collate(settings.pipeline.batch_size // run.microbatches)
-    layout = {"rank": dist.rank, "world_size": dist.world_size, "microbatch_collate": collate}
-    layout |= {"channels_last": settings.model.channels_last, "sampler": targets.sampler}
-    classes = targets.model.get("num_classes")
     dataset, pipeline = build_data(
-        targets.dataset, classes, settings.pipeline, run.seeds, run.device, **layout
-    )
+        targets.dataset, targets.model.get("num_classes"), settings.pipeline, run.seeds,
+        run.device, targets.sampler, rank=dist.rank, world_size=dist.world_size,
+        microbatch_collate=collate, channels_last=settings.model.channels_last,
+    )  # fmt: skip
     run.kind.record_data(record, dataset.fingerprint())
     check_samples(pipeline, run.level, record)
     seed_globals(run.seeds.init)
@@ -147,8 +146,7 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
     rng = {"rng_state": reduction.checkpoints_rank_state, "rank": reduction.rank}
     state = TrainerState(model, optimizer, scheduler, scaler, device, **rng)
     how = {"settings": run.settings.step, "train_seed": run.seeds.train, "user_step": user_step}
-    runner = StepRunner(state, task, forward=forward, reduction=reduction, **how)
-    return runner, schedule
+    return StepRunner(state, task, forward=forward, reduction=reduction, **how), schedule
 
 
 @dataclass(frozen=True)

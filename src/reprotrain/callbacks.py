@@ -266,8 +266,7 @@ class Callbacks:
         watched = self.lr_set_by is not None and hook != "on_end"  # after on_end: no step
         per_step = hook == BATCH_HOOK
         ctx.logged = self.step_logged.setdefault(ctx.global_step, {}) if per_step else self.logged
-        chosen = self.per_batch if per_step else self.callbacks
-        for name, callback in chosen.items():
+        for name, callback in (self.per_batch if per_step else self.callbacks).items():
             if hook in getattr(callback, "skips", ()):
                 continue
             before = _lrs(ctx.optimizer) if watched else None
@@ -282,11 +281,10 @@ class Callbacks:
                 )
         return ctx
 
-    def take_logged(self, row: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``row`` plus the values ``ctx.log`` collected under names it lacks; none held after."""
+    def take_logged(self) -> dict[str, Any]:
+        """The values ``ctx.log`` collected for the epoch's row; none held after."""
         taken, self.logged = self.logged, {}
-        row = dict(row or {})
-        return row | {name: value for name, value in taken.items() if name not in row}
+        return taken
 
     def take_steps(self, upto: int) -> dict[int, dict[str, float]]:
         """The values logged in ``on_train_batch_end`` at global steps up to ``upto``."""

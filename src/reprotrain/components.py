@@ -93,7 +93,7 @@ def _raised_at(e: BaseException) -> str | None:
     return f"{name if rel.startswith('..') else rel}:{line}"
 
 
-def _signature(target: Callable[..., Any]) -> inspect.Signature | None:
+def signature(target: Callable[..., Any]) -> inspect.Signature | None:
     try:
         return inspect.signature(target)
     except (TypeError, ValueError):  # builtins without a signature: accept anything
@@ -102,7 +102,7 @@ def _signature(target: Callable[..., Any]) -> inspect.Signature | None:
 
 def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
     """(parameter names, takes **kwargs, required names) of a callable."""
-    if (sig := _signature(target)) is None:
+    if (sig := signature(target)) is None:
         return [], True, []
     names, var_kw, required = [], False, []
     for p in sig.parameters.values():
@@ -118,7 +118,7 @@ def accepted(target: Callable[..., Any]) -> tuple[list[str], bool, list[str]]:
 def refuse_list_for_tensor(target: Callable[..., Any], node: Any, key: str, where: str) -> None:
     """A YAML list given to a parameter annotated as a tensor (``CrossEntropyLoss(weight=)``)
     is refused by name: the callable would fail only when built, after the run began."""
-    value, sig = node[key], _signature(target)
+    value, sig = node[key], signature(target)
     if not isinstance(value, ListConfig | list) or sig is None:
         return
     param = sig.parameters.get(key)
@@ -136,7 +136,7 @@ def refuse_list_for_tensor(target: Callable[..., Any], node: Any, key: str, wher
 
 def bound_names(target: Callable[..., Any], n_args: int, keys: list[str], where: str) -> set[str]:
     """The parameters a node's ``_args_`` and keys bind (nothing called), or one line why not."""
-    if (sig := _signature(target)) is None:
+    if (sig := signature(target)) is None:
         return set(keys)
     try:
         bound = sig.bind_partial(*[None] * n_args, **dict.fromkeys(keys))
@@ -172,12 +172,10 @@ def check_node(node: Any, where: str, supplied: tuple[str, ...] | None = None) -
             )
         refuse_list_for_tensor(target, node, key, where)
         check_node(node[key], f"{where}.{key}")
-    args = node.get("_args_") or []
-    bound = bound_names(target, len(args), keys, where)
+    bound = bound_names(target, len(node.get("_args_") or []), keys, where)
     if supplied is None and node.get("_partial_", False) is True:
         return  # the caller of the partial supplies the rest
-    missing = [n for n in required if n not in bound and n not in given]
-    if missing:
+    if missing := [n for n in required if n not in bound and n not in given]:
         raise ComponentError(
             f"{where}: {path} needs {', '.join(missing)}; add "
             f"{', '.join(f'{where}.{m}=<value>' for m in missing)}"
@@ -323,8 +321,7 @@ def build_step(node: DictConfig, model: Any) -> Any:
 
 def declared_metrics(node: DictConfig, loss_node: DictConfig | None) -> dict[str, str]:
     """``{name: "min" | "max"}`` the task logs: its class's ``metrics`` (else an instance's)."""
-    target = locate(str(node["_target_"]), "task")
-    metrics = getattr(target, "metrics", None)
+    metrics = getattr(locate(str(node["_target_"]), "task"), "metrics", None)
     if not isinstance(metrics, dict):
         metrics = getattr(build_task(node, loss_node), "metrics", None)
     if not isinstance(metrics, dict) or not metrics:

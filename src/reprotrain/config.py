@@ -193,9 +193,9 @@ def register_configs() -> None:
     launchers.register_resolvers()  # ${cores_per_job:} is the default thread count
     cs = ConfigStore.instance()
     conf.store_once(cs, "train_schema", TrainConfig)
+    # No logger group: typed through TrainConfig.logger: options are a mergeable list
     for group, node in PROJECT_GROUPS.items():
-        if group != "logger":  # typed through TrainConfig.logger: options are a mergeable list
-            conf.store_once(cs, f"{group}_schema", node, group)
+        conf.store_once(cs, f"{group}_schema", node, group)
 
 
 def _keys(text: str) -> tuple[str, ...]:
@@ -260,8 +260,7 @@ def validate(cfg: DictConfig | Any, world_size: int) -> None:
     check_callbacks(cfg.callbacks)
     check_extras(LoggerSettings.of(cfg.logger))
     for group in USER_GROUPS:
-        bad = _non_finite_leaves(cfg[group], group)
-        if bad:
+        if bad := _non_finite_leaves(cfg[group], group):
             raise ReprotrainError(f"{bad[0]} is not a finite number (nan/inf); give a real value")
 
 

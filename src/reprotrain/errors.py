@@ -3,8 +3,7 @@
 
 def one_line(text: object) -> str:
     """The text's non-blank lines, stripped, joined by ``; `` (empty when there is none)."""
-    parts = [p.strip() for p in str(text).strip().splitlines() if p.strip()]
-    return "; ".join(parts)
+    return "; ".join(p.strip() for p in str(text).strip().splitlines() if p.strip())
 
 
 class ReprotrainError(Exception):

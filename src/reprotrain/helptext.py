@@ -10,15 +10,13 @@ RESOLVER = "reprotrain_config_groups"
 SHOWN_HYDRA_GROUPS = ("hydra/launcher",)
 
 
-def config_groups(
-    loader: Any, config_name: str | None = None, overrides: list[str] | None = None
-) -> dict[str, list[str]]:
+def config_groups(loader: Any, config_name: str, overrides: list[str]) -> dict[str, list[str]]:
     """{group: [options]} from a Hydra ConfigLoader, nested groups and searchpath's too."""
     from hydra.core.object_type import ObjectType
 
     def options_of(group: str, only: Any) -> list[str]:
         return loader.get_group_options(
-            group, results_filter=only, config_name=config_name, overrides=list(overrides or [])
+            group, results_filter=only, config_name=config_name, overrides=list(overrides)
         )
 
     groups: dict[str, list[str]] = {}
@@ -36,8 +34,7 @@ def config_groups(
     walk("")
     if "hydra" in options_of("", ObjectType.GROUP):
         for group in SHOWN_HYDRA_GROUPS:
-            options = options_of(group, ObjectType.CONFIG)
-            if options:
+            if options := options_of(group, ObjectType.CONFIG):
                 groups[group] = sorted(options)
     return groups
 

@@ -13,8 +13,7 @@ from omegaconf import OmegaConf
 
 
 def _at_least(version: str, major: int, minor: int) -> bool:
-    parts = [int(p) for p in version.split(".")[:2] if p.isdigit()]
-    return tuple(parts) >= (major, minor)
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) >= (major, minor)
 
 
 #: ``version_base`` for ``hydra.main`` and ``initialize*``: 1.3's behaviour; 1.4 deprecates
@@ -29,10 +28,8 @@ def register_resolver(name: str, resolver: Callable[..., Any], use_cache: bool =
     """``${name:...}`` resolved by ``resolver``, once per process (idempotent)."""
     if OmegaConf.has_resolver(name):
         return
-    if _NEW_NAME:
-        OmegaConf.register_resolver(name, resolver, use_cache=use_cache)
-    else:
-        OmegaConf.register_new_resolver(name, resolver, use_cache=use_cache)
+    register = OmegaConf.register_resolver if _NEW_NAME else OmegaConf.register_new_resolver
+    register(name, resolver, use_cache=use_cache)
 
 
 def answer_mode(argv: list[str], mode: Any) -> None:

@@ -40,12 +40,10 @@ def _hydra_launcher() -> Any:
     return OmegaConf.select(HydraConfig.get(), "launcher", default=None)
 
 
-def parallel_jobs_on_this_node(cores: int | None = None) -> int:
+def parallel_jobs_on_this_node(cores: int) -> int:
     """Training processes sharing this node's cores: torchrun's local ranks, else joblib's
     ``n_jobs`` (-1 = all), else 1 (the affinity mask already reflects the share)."""
-    cores = available_cores() if cores is None else cores
-    local_world = os.environ.get("LOCAL_WORLD_SIZE")
-    if local_world:
+    if local_world := os.environ.get("LOCAL_WORLD_SIZE"):
         return max(1, int(local_world))
     launcher = _hydra_launcher()
     n_jobs = None if launcher is None else OmegaConf.select(launcher, "n_jobs", default=None)
@@ -110,14 +108,12 @@ def trainer_launcher(nproc: int = 1) -> list[str]:
 def run_forwarding_signals(cmd: list[str], env: dict[str, str]) -> int:
     """The trainer as a child, stop signals forwarded; its exit code as a shell's (128 + signal)."""
     proc = subprocess.Popen(cmd, env=env)
-    previous = {}
 
     def forward(signum, frame) -> None:
         if proc.poll() is None:
             proc.send_signal(signum)
 
-    for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, forward)
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     # Ctrl-C is delivered by the terminal to the whole process group: the trainer gets it
     # directly (a second copy from here would count as the "second SIGINT" that aborts).
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda s, f: None)
@@ -154,11 +150,10 @@ def die_with_parent() -> bool:
         return False
     import ctypes
 
-    parent = _PARENT_AT_START
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
         return False
-    if os.getppid() != parent:  # the agent died before we armed it
+    if os.getppid() != _PARENT_AT_START:  # the agent died before we armed it
         os.kill(os.getpid(), signal.SIGKILL)
     return True
 

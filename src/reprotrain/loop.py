@@ -124,12 +124,11 @@ class Trainer:
         state, steps, out = self.loop, self.pipeline.steps_per_epoch, self.out
         out.bar.start(state.epoch, steps, state.epoch_step)
         seen_before = state.progress.seen
-        batches = self.pipeline.epoch(state.epoch, state.epoch_step)
         self.runner.forward.train()
         flags = NonFiniteFlags(state.progress)
         every = self.guard.nonfinite_check_every
         t0 = time.perf_counter()
-        for step, batch in batches:
+        for step, batch in self.pipeline.epoch(state.epoch, state.epoch_step):
             flags.add(train_step(self.runner, step, batch))
             out.continuation.add(state.global_step, state.progress.step_losses[-1], batch)
             synced = None  # whether any rank saw a stop signal, at a sync point

@@ -38,10 +38,9 @@ def outcome_keys(rows: Iterable[Mapping[str, Any]]) -> set[str]:
 
 def sort_key(key: str) -> tuple[int, bool, bool, str]:
     """train, val, test, then best_test; in each split the loss first, then by name."""
-    best = key.startswith(BEST)
     split = split_of(key)
     rank = SPLITS.index(split) if split is not None else len(SPLITS)
-    return (rank, best, not key.endswith("_loss"), key)
+    return (rank, key.startswith(BEST), not key.endswith("_loss"), key)
 
 
 def direction(metric: str, monitor: str, monitor_mode: str) -> str:
@@ -53,9 +52,7 @@ def direction(metric: str, monitor: str, monitor_mode: str) -> str:
 
 def better(a: float, b: float, mode: str) -> bool:
     """Is ``a`` strictly better than ``b`` under ``mode``? A non-finite ``a`` never is."""
-    if not math.isfinite(a):
-        return False
-    return a > b if mode == "max" else a < b
+    return math.isfinite(a) and (a > b if mode == "max" else a < b)
 
 
 # Metrics in [0, 1] and ones never negative: a confidence interval is cut to this range.

@@ -88,9 +88,7 @@ def expand(overrides: list[str]) -> list[list[str]]:
     variants = [base]
     for i, (o, v) in enumerate(pairs):
         for value in v[1:]:
-            variant = list(base)
-            variant[i] = f"{o.get_key_element()}={value}"
-            variants.append(variant)
+            variants.append([*base[:i], f"{o.get_key_element()}={value}", *base[i + 1 :]])
     return variants
 
 
@@ -231,12 +229,8 @@ def declared_num_classes(cls, node) -> int | None:
     if "num_classes" in node:
         value = node["num_classes"]
     else:
-        import inspect
-
-        try:
-            param = inspect.signature(cls).parameters.get("num_classes")
-        except (TypeError, ValueError):
-            param = None
+        sig = components.signature(cls)
+        param = None if sig is None else sig.parameters.get("num_classes")
         if param is not None and param.default is not param.empty:
             value = param.default
         else:
@@ -247,12 +241,9 @@ def declared_num_classes(cls, node) -> int | None:
 def _override_values(argv: list[str]) -> dict[str, str]:
     """{key: value} of the plain ``key=value`` overrides (quoted values unquoted)."""
     args, _ = get_args_parser().parse_known_args(argv)
-    out = {}
-    for o in OverridesParser.create().parse_overrides(args.overrides):
-        if not o.is_sweep_override() and not o.is_delete():
-            value = o.value()
-            out[o.get_key_element()] = None if value is None else str(value)
-    return out
+    parsed = OverridesParser.create().parse_overrides(args.overrides)
+    plain = [o for o in parsed if not o.is_sweep_override() and not o.is_delete()]
+    return {o.get_key_element(): None if o.value() is None else str(o.value()) for o in plain}
 
 
 def explicit_run_dir_is_free(argv: list[str], resume: str | None = None) -> None:
@@ -327,8 +318,7 @@ def check_schema_keys(groups: dict[str, DictConfig]) -> None:
 
     for group, node in groups.items():
         known = {f.name for f in fields(config.PROJECT_GROUPS[group])}
-        extra = sorted(set(node) - known)
-        if extra:
+        if extra := sorted(set(node) - known):
             raise ReprotrainError(
                 f"unknown key {group}.{extra[0]}; {group} accepts: {', '.join(sorted(known))}"
             )
@@ -434,9 +424,9 @@ def resume_overrides(argv: list[str], resume: str | None, redacted: Redacted) ->
     from reprotrain.resume.guard import resume_before_hydra
 
     run_path = None if run_dir is None else Path(os.path.expanduser(run_dir))
-    if not resume_before_hydra(str(resume), run_path, redacted):
+    if not resume_before_hydra(str(resume), run_path, redacted) or "hydra.output_subdir" in values:
         return []
-    return [] if "hydra.output_subdir" in values else ["hydra.output_subdir=null"]
+    return ["hydra.output_subdir=null"]
 
 
 def claim_explicit_sweep_dir(argv: list[str]) -> None:

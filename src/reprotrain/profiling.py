@@ -21,17 +21,12 @@ TABLE_NAME = "top_ops.txt"
 
 class Profiler:
     def __init__(
-        self,
-        out_dir: Path,
-        steps: int,
-        device: torch.device | str = "cpu",
-        warmup: int = 1,
-        row_limit: int = 15,
+        self, out_dir: Path, steps: int, device: torch.device | str = "cpu", warmup: int = 1
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be >= 1")
         self.out_dir = Path(out_dir)
-        self.steps, self.warmup, self.row_limit = steps, warmup, row_limit
+        self.steps, self.warmup = steps, warmup
         self.cuda = torch.device(device).type == "cuda"
         self.trace_path = self.out_dir / TRACE_NAME
         self.table_path = self.out_dir / TABLE_NAME
@@ -59,8 +54,7 @@ class Profiler:
         self._seen += 1
         self._prof.step()  # after warmup + steps calls the schedule saves: _ready runs
         if self.done:
-            self._prof.stop()
-            self._prof = None
+            self.stop()
 
     def stop(self) -> str | None:
         """End profiling (early, if the run had fewer steps); the table, or None."""
@@ -87,7 +81,7 @@ class Profiler:
                 shutil.copyfileobj(src, dst)
             partial.replace(self.trace_path)
         self.table = top_ops_table(
-            prof.key_averages(), max(recorded, 1), self.cuda, self.row_limit, self.steps
+            prof.key_averages(), max(recorded, 1), self.cuda, planned=self.steps
         )
         self.table_path.write_text(self.table + "\n")
 

@@ -34,8 +34,7 @@ REDIRECTED = ("reprotrain", "")
 
 def _writes_to_console(handler: logging.Handler) -> bool:
     """What ``logging_redirect_tqdm`` replaces: a stream handler on sys.stdout/sys.stderr."""
-    streams = (sys.stdout, sys.stderr)
-    return isinstance(handler, logging.StreamHandler) and handler.stream in streams
+    return isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
 
 
 @contextlib.contextmanager
@@ -148,22 +147,12 @@ class Progress:
 class Phases:
     """Numbered phases of one operation, as lines (a child's bar would tear a bar of ours)."""
 
-    def __init__(
-        self,
-        what: str,
-        names: Sequence[str],
-        *,
-        stream: TextIO | None = None,
-        emit: Callable[[str], None] | None = None,
-    ) -> None:
-        self.what, self.names = what, list(names)
-        # None: the sys.stderr of the moment of each line
-        self._emit = emit or (lambda line: print(line, file=stream or sys.stderr, flush=True))
+    def __init__(self, what: str, names: Sequence[str], *, emit: Callable[[str], None]) -> None:
+        self.what, self.names, self._emit = what, list(names), emit
 
     def __call__(self, name: str) -> None:
         """Announce phase ``name`` (one of ``names``)."""
-        number = self.names.index(name) + 1
-        self._emit(f"{self.what} [{number}/{len(self.names)}] {name}")
+        self._emit(f"{self.what} [{self.names.index(name) + 1}/{len(self.names)}] {name}")
 
 
 def _rank() -> int:
@@ -188,8 +177,7 @@ class EpochBar:
         self._stream = stream if stream is not None else sys.stderr
         # One bar per job: torchrun's ranks share the terminal, and two bars would tear.
         self.enabled = bool(enabled) and on_terminal(self._stream) and _rank() == 0
-        self.every = every
-        self.epochs = epochs
+        self.every, self.epochs = every, epochs
         self._bar: _OpenBar | None = None
 
     @property

@@ -66,9 +66,6 @@ def warnings_shown() -> Iterator[None]:
         try:
             yield
         finally:
-            seen: set[tuple[str, str]] = set()
-            for w in caught:
-                key = (w.category.__name__, str(w.message))
-                if key not in seen:
-                    seen.add(key)
-                    say(f"warning: {key[0]}: {shown(key[1])}", file=sys.stderr)
+            seen = dict.fromkeys((w.category.__name__, str(w.message)) for w in caught)
+            for category, message in seen:  # each once, in the order first raised
+                say(f"warning: {category}: {shown(message)}", file=sys.stderr)

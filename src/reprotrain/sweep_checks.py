@@ -62,15 +62,13 @@ def check_study(sweeper: DictConfig, trainer: DictConfig, overrides: list[str]) 
                 f"hydra.sweeper.{key}={value}: give a positive whole number "
                 f"(hydra.sweeper.{key}={8 if key == 'n_trials' else 1})"
             )
-    params = sweeper.get("params") or {}
-    searched = [str(k) for k in params] + list(cli_sweeps)
+    searched = [str(k) for k in sweeper.get("params") or {}] + cli_sweeps
     if not searched:
         raise ReprotrainError(
             "hydra/sweeper=optuna has no search space: add +hparams_search=smoke_optuna, or "
             f"give a range on the command line, e.g. {EXAMPLE} or 'optimizer.lr=choice(0.01,0.1)'"
         )
-    level = next((k for k in searched if _searched(k)), None)
-    if level is not None:
+    if (level := next((k for k in searched if _searched(k)), None)) is not None:
         raise _level_searched(level)
 
 

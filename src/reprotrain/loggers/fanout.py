@@ -101,8 +101,7 @@ class Loggers:
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, Any]) -> None:
         """One metrics.jsonl row (train/val/test metrics, lr, timings) at the epoch's end."""
-        values = numeric(row, skip=("epoch", "global_step"))
-        self._call("log_epoch", epoch, global_step, values)
+        self._call("log_epoch", epoch, global_step, numeric(row, skip=("epoch", "global_step")))
 
     def log_final(self, metrics: dict[str, Any]) -> None:
         self._call("log_final", numeric(metrics, skip=()))

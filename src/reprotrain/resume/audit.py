@@ -258,8 +258,7 @@ class ResumeAudit:
 
     def unrestored(self) -> list[str]:
         """One line per difference from the checkpoint's digests (rank 0's, on every rank)."""
-        lines = self._compare() if self.dist.is_main else []
-        return self.dist.broadcast_object(lines)
+        return self.dist.broadcast_object(self._compare() if self.dist.is_main else [])
 
     def _compare(self) -> list[str]:
         if self.recorded is None:

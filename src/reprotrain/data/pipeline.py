@@ -136,7 +136,8 @@ class _Base:
         if self.n < spec.batch_size:
             size = f"trainer.batch_size={spec.batch_size}"
             raise ReprotrainError(f"{size} is larger than an epoch's samples ({self.n}); lower it")
-        self.eval_splits = {"val": splits.val, "test": splits.test}
+        evaluated = (("val", splits.val), ("test", splits.test))
+        self.eval_splits = {k: s for k, s in evaluated if s is not None}
 
     @property
     def steps_per_epoch(self) -> int:
@@ -150,7 +151,7 @@ class _Base:
         return 1 if self.overfit_batches else epoch
 
     def has_split(self, split: str) -> bool:
-        return self.eval_splits.get(split) is not None
+        return split in self.eval_splits
 
     def eval_steps(self, split: str) -> int:
         """How many batches :meth:`eval_batches` yields for ``split`` (its progress bar's total)."""
@@ -187,8 +188,7 @@ class DevicePipeline(_Base):
     def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
         super().__init__(splits, dataset, spec)
         self.train = to_device(splits.train.samples, self.device)
-        splits_ = self.eval_splits.items()
-        self.resident = {k: to_device(s.samples, self.device) for k, s in splits_ if s is not None}
+        self.resident = {k: to_device(s.samples, self.device) for k, s in self.eval_splits.items()}
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
         epoch, steps = self.data_epoch(epoch), self.steps_per_epoch
@@ -411,8 +411,7 @@ class LoaderPipeline(_Base):
         self.per_sample = not isinstance(splits.train, TensorSplit)
         self.collate = getattr(dataset, "collate", None) or stack_samples
         self.train_set = self._items(splits.train, train=True)
-        splits_ = self.eval_splits.items()
-        self.eval_sets = {k: self._items(s, train=False) for k, s in splits_ if s is not None}
+        self.eval_sets = {k: self._items(s, train=False) for k, s in self.eval_splits.items()}
 
     def _items(self, split: Any, train: bool) -> Dataset:
         if self.per_sample:

@@ -212,8 +212,10 @@ class DevicePipeline(_Base):
 class KeyBatch(list):
     """One collate call's keys ``[(epoch, index), ...]`` (``(epoch, index, r)``: a sample's
     ``r``-th repeat in the epoch, ``EpochOrder.keys``), its ``step`` and ``microbatch``
-    (when collated alone, else None), handed to ``keyed_items`` in any worker."""
+    (when collated alone, else None), handed to ``keyed_items`` in any worker; there, the
+    batch's samples with the same place and their first ``key``: its collate's seed."""
 
+    key: tuple = (None, 0)
     step: int | None = None
     microbatch: int | None = None
 
@@ -224,20 +226,11 @@ def key_batch(keys: list, step: int | None, microbatch: int | None = None) -> Ke
     return batch
 
 
-class KeyedSamples(list):
-    """One batch's samples with its first key and place (``KeyBatch``): its collate's seed."""
-
-    key: tuple = (None, 0)
-    step: int | None = None
-    microbatch: int | None = None
-
-
-def keyed_items(dataset: Dataset, keys: list[tuple[int | None, int]]) -> KeyedSamples:
+def keyed_items(dataset: Dataset, keys: list[tuple[int | None, int]]) -> KeyBatch:
     """``dataset.__getitems__``: the samples of ``keys``, with their first key and place."""
-    samples = KeyedSamples(dataset[k] for k in keys)
+    step, microbatch = getattr(keys, "step", None), getattr(keys, "microbatch", None)
+    samples = key_batch([dataset[k] for k in keys], step, microbatch)
     samples.key = keys[0] if keys else (None, 0)
-    samples.step = getattr(keys, "step", None)
-    samples.microbatch = getattr(keys, "microbatch", None)
     return samples
 
 
@@ -276,8 +269,7 @@ class SeededSamples(Dataset):
         seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i, *repeat)
         with Scoped(seed):
             if self.takes_rng:
-                rng = np.random.default_rng(seed)
-                return self.transform(self.base[i], self.train, rng=rng)
+                return self.transform(self.base[i], self.train, rng=np.random.default_rng(seed))
             return self.transform(self.base[i], self.train)
 
     __getitems__ = keyed_items

@@ -31,9 +31,8 @@ from reprotrain.loggers.shipped import SHIPPED
 from reprotrain.loggers.wandb_sink import resolve_wandb_mode
 
 __all__ = ["EXTRAS_INSTALL", "CallbackLog", "History", "Logger", "LoggerConfig", "LoggerRun"]
-__all__ += ["LoggerSettings"]
-__all__ += ["Loggers", "build_loggers", "check_extras", "resolve_wandb_mode", "resumed_history"]
-__all__ += ["run_params"]
+__all__ += ["LoggerSettings", "Loggers", "build_loggers", "check_extras", "resolve_wandb_mode"]
+__all__ += ["resumed_history", "run_params"]
 
 
 def build_loggers(

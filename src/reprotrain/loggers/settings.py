@@ -116,11 +116,8 @@ class LoggerSettings:
 
 def check_extras(settings: LoggerSettings) -> LoggerSettings:
     """``settings``, once every chosen backend's extra is importable (nothing imported)."""
-    missing = [
-        b
-        for b in settings.backends
-        if b in BACKENDS and any(module_absent(m) for m in settings.modules_for(b))
-    ]
+    shipped = [b for b in settings.backends if b in BACKENDS]
+    missing = [b for b in shipped if any(map(module_absent, settings.modules_for(b)))]
     if missing:
         extras = sorted({EXTRA_OF.get(b, b) for b in missing})
         raise ReprotrainError(

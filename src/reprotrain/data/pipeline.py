@@ -136,7 +136,8 @@ class _Base:
         if self.n < spec.batch_size:
             size = f"trainer.batch_size={spec.batch_size}"
             raise ReprotrainError(f"{size} is larger than an epoch's samples ({self.n}); lower it")
-        self.eval_splits = {"val": splits.val, "test": splits.test}
+        evaluated = (("val", splits.val), ("test", splits.test))
+        self.eval_splits = {k: s for k, s in evaluated if s is not None}
 
     @property
     def steps_per_epoch(self) -> int:
@@ -150,7 +151,7 @@ class _Base:
         return 1 if self.overfit_batches else epoch
 
     def has_split(self, split: str) -> bool:
-        return self.eval_splits.get(split) is not None
+        return split in self.eval_splits
 
     def eval_steps(self, split: str) -> int:
         """How many batches :meth:`eval_batches` yields for ``split`` (its progress bar's total)."""
@@ -187,8 +188,7 @@ class DevicePipeline(_Base):
     def __init__(self, splits: Splits, dataset: Any, spec: PipelineSpec) -> None:
         super().__init__(splits, dataset, spec)
         self.train = to_device(splits.train.samples, self.device)
-        splits_ = self.eval_splits.items()
-        self.resident = {k: to_device(s.samples, self.device) for k, s in splits_ if s is not None}
+        self.resident = {k: to_device(s.samples, self.device) for k, s in self.eval_splits.items()}
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
         epoch, steps = self.data_epoch(epoch), self.steps_per_epoch
@@ -212,8 +212,10 @@ class DevicePipeline(_Base):
 class KeyBatch(list):
     """One collate call's keys ``[(epoch, index), ...]`` (``(epoch, index, r)``: a sample's
     ``r``-th repeat in the epoch, ``EpochOrder.keys``), its ``step`` and ``microbatch``
-    (when collated alone, else None), handed to ``keyed_items`` in any worker."""
+    (when collated alone, else None), handed to ``keyed_items`` in any worker; there, the
+    batch's samples with the same place and their first ``key``: its collate's seed."""
 
+    key: tuple = (None, 0)
     step: int | None = None
     microbatch: int | None = None
 
@@ -224,20 +226,11 @@ def key_batch(keys: list, step: int | None, microbatch: int | None = None) -> Ke
     return batch
 
 
-class KeyedSamples(list):
-    """One batch's samples with its first key and place (``KeyBatch``): its collate's seed."""
-
-    key: tuple = (None, 0)
-    step: int | None = None
-    microbatch: int | None = None
-
-
-def keyed_items(dataset: Dataset, keys: list[tuple[int | None, int]]) -> KeyedSamples:
+def keyed_items(dataset: Dataset, keys: list[tuple[int | None, int]]) -> KeyBatch:
     """``dataset.__getitems__``: the samples of ``keys``, with their first key and place."""
-    samples = KeyedSamples(dataset[k] for k in keys)
+    step, microbatch = getattr(keys, "step", None), getattr(keys, "microbatch", None)
+    samples = key_batch([dataset[k] for k in keys], step, microbatch)
     samples.key = keys[0] if keys else (None, 0)
-    samples.step = getattr(keys, "step", None)
-    samples.microbatch = getattr(keys, "microbatch", None)
     return samples
 
 
@@ -276,8 +269,7 @@ class SeededSamples(Dataset):
         seed = stable_hash(self.augment_seed, "eval" if epoch is None else epoch, i, *repeat)
         with Scoped(seed):
             if self.takes_rng:
-                rng = np.random.default_rng(seed)
-                return self.transform(self.base[i], self.train, rng=rng)
+                return self.transform(self.base[i], self.train, rng=np.random.default_rng(seed))
             return self.transform(self.base[i], self.train)
 
     __getitems__ = keyed_items
@@ -411,8 +403,7 @@ class LoaderPipeline(_Base):
         self.per_sample = not isinstance(splits.train, TensorSplit)
         self.collate = getattr(dataset, "collate", None) or stack_samples
         self.train_set = self._items(splits.train, train=True)
-        splits_ = self.eval_splits.items()
-        self.eval_sets = {k: self._items(s, train=False) for k, s in splits_ if s is not None}
+        self.eval_sets = {k: self._items(s, train=False) for k, s in self.eval_splits.items()}
 
     def _items(self, split: Any, train: bool) -> Dataset:
         if self.per_sample:

@@ -143,8 +143,7 @@ def _attribute_digests(obj: Any, digest: Digester) -> dict[str, str]:
 def _changed(owners: dict[str, Any], before: dict[str, dict[str, str]], digest: Digester):
     out = []
     for name, obj in owners.items():
-        now = _attribute_digests(obj, digest)
-        for attr, value in now.items():
+        for attr, value in _attribute_digests(obj, digest).items():
             if before[name].get(attr) != value:
                 what = describe(instance_attributes(obj)[attr])
                 out.append(f"{name} attribute `{attr}` ({what}) changed while drawing")

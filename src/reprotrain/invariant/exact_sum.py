@@ -84,9 +84,9 @@ def _layout(signature: tuple[tuple[torch.Size, torch.dtype], ...]) -> Layout:
 
 def stacked(layout: Layout, parts: int, device: torch.device) -> list[torch.Tensor]:
     """Empty ``[parts, elements]`` buffers, one per group of ``layout``: row i holds part i."""
-    groups = enumerate(layout.groups)
     return [
-        torch.empty(parts, sum(layout.sizes(g)), dtype=d, device=device) for g, (d, _) in groups
+        torch.empty(parts, sum(layout.sizes(g)), dtype=d, device=device)
+        for g, (d, _) in enumerate(layout.groups)
     ]
 
 
@@ -168,8 +168,7 @@ def exact_sum_stacked(
 
 def _chunks(buffer: torch.Tensor) -> list[torch.Tensor]:
     """Row blocks of ``buffer`` whose float64 copies hold at most ``CHUNK`` elements."""
-    step = max(1, CHUNK // max(1, buffer.shape[1]))
-    return list(buffer.split(step))
+    return list(buffer.split(max(1, CHUNK // max(1, buffer.shape[1]))))
 
 
 def _add_rows(block: torch.Tensor, op) -> torch.Tensor:

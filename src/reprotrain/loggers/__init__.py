@@ -31,9 +31,8 @@ from reprotrain.loggers.shipped import SHIPPED
 from reprotrain.loggers.wandb_sink import resolve_wandb_mode
 
 __all__ = ["EXTRAS_INSTALL", "CallbackLog", "History", "Logger", "LoggerConfig", "LoggerRun"]
-__all__ += ["LoggerSettings"]
-__all__ += ["Loggers", "build_loggers", "check_extras", "resolve_wandb_mode", "resumed_history"]
-__all__ += ["run_params"]
+__all__ += ["LoggerSettings", "Loggers", "build_loggers", "check_extras", "resolve_wandb_mode"]
+__all__ += ["resumed_history", "run_params"]
 
 
 def build_loggers(
@@ -47,7 +46,7 @@ def build_loggers(
     """The loggers the ``logger`` node chooses, built and started (rank 0 only)."""
     settings = check_extras(LoggerSettings.of(node))
     if _rank() != 0:
-        return Loggers([], settings.log_every_steps, tuple(settings.backends))
+        return Loggers([], tuple(settings.backends))
     run_dir = Path(run_dir)
     params = run_params(run_dir, record)
     run = LoggerRun(run_dir, record, params, start_step, history, settings, report)
@@ -64,7 +63,7 @@ def build_loggers(
         raise
     if backends:
         log.info("logging to %s", ", ".join(b.describe() for b in backends))
-    return Loggers(backends, settings.log_every_steps, tuple(settings.backends))
+    return Loggers(backends, tuple(settings.backends))
 
 
 def _built(name: str, entry: Any) -> Logger:

@@ -78,11 +78,8 @@ class Logger:
 class Loggers:
     """Fan-out to the enabled backends; every call is RNG-neutral and failure-isolated."""
 
-    def __init__(
-        self, backends: list[Logger], log_every_steps: int = 0, configured: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, backends: list[Logger], configured: tuple[str, ...] = ()) -> None:
         self._backends = backends
-        self.log_every_steps = log_every_steps
         #: The backends the config chose, the same on every rank (only rank 0 has them).
         self.configured = tuple(configured) or tuple(b.name for b in backends)
 
@@ -104,8 +101,7 @@ class Loggers:
 
     def log_epoch(self, epoch: int, global_step: int, row: dict[str, Any]) -> None:
         """One metrics.jsonl row (train/val/test metrics, lr, timings) at the epoch's end."""
-        values = numeric(row, skip=("epoch", "global_step"))
-        self._call("log_epoch", epoch, global_step, values)
+        self._call("log_epoch", epoch, global_step, numeric(row, skip=("epoch", "global_step")))
 
     def log_final(self, metrics: dict[str, Any]) -> None:
         self._call("log_final", numeric(metrics, skip=()))

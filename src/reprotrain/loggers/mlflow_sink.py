@@ -193,8 +193,7 @@ class MLflowLogger(Logger):
         self._log([("epoch/epoch", float(epoch), global_step), *points])
 
     def log_final(self, metrics: dict[str, float | None]) -> None:
-        step = self.last_step
-        self._log([(f"final/{k}", v, step) for k, v in metrics.items() if v is not None])
+        self._log([(f"final/{k}", v, self.last_step) for k, v in metrics.items() if v is not None])
 
     def close(self, status: str) -> None:
         try:

@@ -93,12 +93,12 @@ def sweep_record_overrides(sweep_dir: Path) -> list[str] | None:
     return overrides + [f"{k}={v}" for k, v in params.items()]
 
 
-def swept_keys(sweep_dir: Path | None) -> set[str]:
+def swept_keys(sweep_dir: Path) -> set[str]:
     """The keys a sweep varies: value lists, ranges, search space (not where it logs)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, keys = OverridesParser.create(), set()
-    for text in (sweep_record_overrides(sweep_dir) if sweep_dir else None) or []:
+    for text in sweep_record_overrides(sweep_dir) or []:
         try:
             (override,) = parser.parse_overrides([text])
         except Exception:  # a form Hydra expands only against the config tree: not a key
@@ -106,10 +106,6 @@ def swept_keys(sweep_dir: Path | None) -> set[str]:
         if override.is_sweep_override() and _chosen(override.key_or_group):
             keys.add(override.key_or_group)
     return keys
-
-
-def is_seed(key: str) -> bool:
-    return key == "seed" or key.startswith("seed.")
 
 
 def run_name(run_dir: Path, record: dict[str, Any]) -> str:
@@ -141,7 +137,7 @@ def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
         key = override_key(text)
         value = flat.get(key, text.partition("=")[2])
         out[key] = value if isinstance(value, bool | int | float | str) else str(value)
-    out["group"] = " ".join(sorted(o for o in overrides if not is_seed(override_key(o))))
+    out["group"] = " ".join(sorted(o for o in overrides if override_key(o).split(".")[0] != "seed"))
     return out | ({"tags": ",".join(tags)} if (tags := flat.get("tags")) else {})
 
 

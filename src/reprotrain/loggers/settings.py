@@ -65,7 +65,6 @@ class LoggerSettings:
     """The ``logger`` node read once (:meth:`of`): what every logger is told."""
 
     chosen: tuple[tuple[str, Any], ...] = ()  # (name, True or its _target_ node), config order
-    log_every_steps: int = 50
     tensorboard_dir: str = "tensorboard"
     tensorboard_index: str = "tb"
     mlflow_uri: str = ""  # the store a run uses: the configured URI, else the project's
@@ -101,7 +100,7 @@ class LoggerSettings:
         uri = node.mlflow_tracking_uri or f"sqlite:///{(root or project_root()) / MLFLOW_DB}"
         texts = {k: str(getattr(node, k)) for k in TEXT_KEYS}
         on = tuple((str(name), entry) for name, entry in chosen.items() if entry)
-        return cls(on, int(node.log_every_steps), mlflow_uri=str(uri), **texts)
+        return cls(on, mlflow_uri=str(uri), **texts)
 
     @property
     def backends(self) -> list[str]:
@@ -117,11 +116,8 @@ class LoggerSettings:
 
 def check_extras(settings: LoggerSettings) -> LoggerSettings:
     """``settings``, once every chosen backend's extra is importable (nothing imported)."""
-    missing = [
-        b
-        for b in settings.backends
-        if b in BACKENDS and any(module_absent(m) for m in settings.modules_for(b))
-    ]
+    shipped = [b for b in settings.backends if b in BACKENDS]
+    missing = [b for b in shipped if any(map(module_absent, settings.modules_for(b)))]
     if missing:
         extras = sorted({EXTRA_OF.get(b, b) for b in missing})
         raise ReprotrainError(

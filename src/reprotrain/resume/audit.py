@@ -122,11 +122,8 @@ PROCESS_ADDRESS_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 
 def environment() -> dict[str, str]:
     """``os.environ`` by variable, less the loggers' own and torch.compile's address."""
-    return {
-        f"environment `{k}`": v
-        for k, v in os.environ.items()
-        if not k.startswith(LOGGER_ENV) and k != PROCESS_ADDRESS_ENV
-    }
+    kept = [k for k in os.environ if not k.startswith(LOGGER_ENV) and k != PROCESS_ADDRESS_ENV]
+    return {f"environment `{k}`": os.environ[k] for k in kept}
 
 
 def _user_module(module: types.ModuleType) -> bool:
@@ -258,8 +255,7 @@ class ResumeAudit:
 
     def unrestored(self) -> list[str]:
         """One line per difference from the checkpoint's digests (rank 0's, on every rank)."""
-        lines = self._compare() if self.dist.is_main else []
-        return self.dist.broadcast_object(lines)
+        return self.dist.broadcast_object(self._compare() if self.dist.is_main else [])
 
     def _compare(self) -> list[str]:
         if self.recorded is None:

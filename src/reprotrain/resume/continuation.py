@@ -219,11 +219,10 @@ class Continuation:
         if want is None or self.difference is not None:
             return
         self.compared += 1
-        step = line["global_step"]
         for what, prefix in (("batch", "digest "), ("loss", "")):
             if want.get(what) != line[what]:
                 was = f"{prefix}{want.get(what)} in the interrupted run, {line[what]} now"
-                self.difference = f"step {step}: the {what} differs ({was})"
+                self.difference = f"step {line['global_step']}: the {what} differs ({was})"
                 return
 
     def load(self, after: int) -> None:

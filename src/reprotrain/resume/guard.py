@@ -52,10 +52,15 @@ class AlreadyCompleted(ResumeError):
 
 
 def config_differences(recorded: dict, current: dict) -> list[str]:
+    return list(_config_changes(recorded, current))
+
+
+def _config_changes(recorded: dict, current: dict) -> dict[str, tuple[Any, Any]]:
+    """``{key: (recorded, current)}`` of each identity key that differs and may not."""
     a, b = flatten(recorded), flatten(current)
     allowed = (*MAY_DIFFER, "trainer.epochs")
     keys = [k for k in sorted(set(a) | set(b)) if is_identity(k) and k not in allowed]
-    return [k for k in keys if a.get(k) != b.get(k)]
+    return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
 
 
 def find_resume_point(resume: str | None, run_dir: Path, current: dict) -> ResumePoint | None:
@@ -177,11 +182,8 @@ def _refuse_fresh_start_over(run_dir: Path, record: dict | None) -> None:
 
 
 def _check_config(point: ResumePoint, current: dict) -> None:
-    recorded = point.state["config"]
-    diffs = config_differences(recorded, current)
-    if diffs:
-        a, b = flatten(recorded), flatten(current)
-        shown = ", ".join(f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in diffs)
+    if diffs := _config_changes(point.state["config"], current):
+        shown = ", ".join(f"{k} ({was!r} -> {now!r})" for k, (was, now) in diffs.items())
         differs = f"config differs from the recorded one in {shown}"
         if point.forked:  # docs/resume.md: a fork continues its parent's config
             fix = f"{FORK_KEEPS}; to train with another config, start a new run"

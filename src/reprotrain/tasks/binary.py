@@ -66,10 +66,9 @@ class BinaryClassification(Task):
         self, logit: torch.Tensor, y: torch.Tensor, loss: torch.Tensor, index: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Integer counts and slots (exact in any order) plus the loss sum."""
-        pred = (logit > 0).long()
         return {
             "loss": mean_sum(loss, len(y)),
-            "confusion": confusion_counts(pred, y, 2),
+            "confusion": confusion_counts((logit > 0).long(), y, 2),
             "slots": score_slots(logit, y, index, self.num_samples),
         }
 

@@ -85,10 +85,9 @@ def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
     pos = int(tps[-1])
     if pos == 0:
         return math.nan
-    steps = np.diff(np.r_[0, tps])
     terms = [
         int(d) * int(t) / ((int(t) + int(f)) * pos)
-        for d, t, f in zip(steps, tps, fps, strict=True)
+        for d, t, f in zip(np.diff(np.r_[0, tps]), tps, fps, strict=True)
         if d
     ]
     return math.fsum(terms)

@@ -128,7 +128,7 @@ def _fmt(x: float, metric: str) -> str:
     return f"{x * 100.0:.4g} pts" if metric.endswith("_acc") else f"{x * 1.0:.4g}"
 
 
-def conclusions(a: Sweep, b: Sweep, pairs: list[tuple[Group, Group]]) -> list[dict[str, Any]]:
+def conclusions(a: Sweep, pairs: list[tuple[Group, Group]]) -> list[dict[str, Any]]:
     """A's supported orderings of adjacent groups, checked against B."""
     if len(pairs) < 2:
         return []
@@ -196,7 +196,7 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
         ]
         verdicts.append(eq.verdict)
         groups.append({"a": ga.label, "b": gb.label, "margin_from": how, **eq.as_dict()})
-    found = conclusions(a, b, pairs)
+    found = conclusions(a, pairs)
     lines += [f"claim    {c['text']}" for c in found]
     lines += [f"note     {n}" for n in notes]
     if any(min(len(ga.values), len(gb.values)) < 2 for ga, gb in pairs):  # no spread to judge by

@@ -114,7 +114,6 @@ class Replay:
     checkpoint: Path | None
     start: int
     trace_dir: Path  # its log beside it: <trace_dir>.log
-    losses: dict[int, float] = field(default_factory=dict)
     mismatched: list[int] = field(default_factory=list)  # traced steps not matching the record
 
     @property
@@ -171,9 +170,8 @@ def run_replay(replay: Replay, steps: list[int], workdir: Path, digests: range =
         raise ReprotrainError(
             f"the replay of {replay.name} ({replay.run_dir}) failed (exit {rc}); see {replay.log}"
         )
-    replay.losses = fork_losses(fork)
-    recorded = step_losses(read_jsonl(replay.run_dir / FINGERPRINTS))
-    replay.mismatched = [s for s in [*digests, *steps] if replay.losses.get(s) != recorded.get(s)]
+    losses, recorded = fork_losses(fork), step_losses(read_jsonl(replay.run_dir / FINGERPRINTS))
+    replay.mismatched = [s for s in [*digests, *steps] if losses.get(s) != recorded.get(s)]
 
 
 def later_run(a: Path, b: Path) -> Path:

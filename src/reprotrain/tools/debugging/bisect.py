@@ -114,7 +114,6 @@ class Replay:
     checkpoint: Path | None
     start: int
     trace_dir: Path  # its log beside it: <trace_dir>.log
-    losses: dict[int, float] = field(default_factory=dict)
     mismatched: list[int] = field(default_factory=list)  # traced steps not matching the record
 
     @property
@@ -138,14 +137,13 @@ class Replay:
 
 def fork_losses(fork: Path) -> dict[int, float]:
     """{global step: loss} the fork computed, its last checkpoint's partial epoch included."""
-    losses = step_losses(read_jsonl(fork / FINGERPRINTS)) if (fork / FINGERPRINTS).is_file() else {}
+    rows = read_jsonl(fork / FINGERPRINTS) if (fork / FINGERPRINTS).is_file() else []
     ckpts = checkpoint.list_step_checkpoints(fork / CHECKPOINTS)
     if ckpts:
         loop = checkpoint.load(ckpts[-1])["loop"]
         partial = loop["progress"].get("step_losses") or []
-        first = loop["global_step"] - len(partial)
-        losses.update({first + i: v for i, v in enumerate(partial)})
-    return losses
+        rows.append({"global_step": loop["global_step"], "step_losses": partial})
+    return step_losses(rows)
 
 
 def run_replay(replay: Replay, steps: list[int], workdir: Path, digests: range = range(0)) -> None:
@@ -172,14 +170,12 @@ def run_replay(replay: Replay, steps: list[int], workdir: Path, digests: range =
         raise ReprotrainError(
             f"the replay of {replay.name} ({replay.run_dir}) failed (exit {rc}); see {replay.log}"
         )
-    replay.losses = fork_losses(fork)
-    recorded = step_losses(read_jsonl(replay.run_dir / FINGERPRINTS))
-    replay.mismatched = [s for s in [*digests, *steps] if replay.losses.get(s) != recorded.get(s)]
+    losses, recorded = fork_losses(fork), step_losses(read_jsonl(replay.run_dir / FINGERPRINTS))
+    replay.mismatched = [s for s in [*digests, *steps] if losses.get(s) != recorded.get(s)]
 
 
 def later_run(a: Path, b: Path) -> Path:
-    ra, rb = read_run_json(a), read_run_json(b)
-    ka, kb = str(ra.get("started_at") or ""), str(rb.get("started_at") or "")
+    ka, kb = (str(read_run_json(r).get("started_at") or "") for r in (a, b))
     return b if kb >= ka else a
 
 
@@ -330,19 +326,16 @@ def walk_back(
             later = f"their checkpoints at global step {upto} differ"
         same = f"steps {span} (from {where}) digest the same in both replays"
         return walk.stopped(f"{same}, yet {later}: {OUTSIDE_TRACE}")
-    traced = [
-        Replay(r.name, r.run_dir, r.checkpoint, origin, out_dir / f"{r.name}-{k}") for r in replays
-    ]
+    traced = [dataclasses.replace(r, trace_dir=out_dir / f"{r.name}-{k}") for r in replays]
     for r in traced:
         run_replay(r, [k], workdir)
     walk.finding = _first_finding(traced, [k])
     walk.lines.append(
         f"walk     from {where}: digested step(s) {span}, first differing step {k}; traced it"
     )
-    found = walk.finding
-    if found is None:
+    if walk.finding is None:
         walk.why_not = f"step {k} hashes the same in both traced replays: it did not recur"
-    elif found.kind == "output" and not found.inputs_identical:
+    elif walk.finding.kind == "output" and not walk.finding.inputs_identical:
         walk.why_not = (
             f"every step before {k} (from {where}) digests the same, yet its first differing "
             f"op had differing inputs: {OUTSIDE_TRACE}"
@@ -359,9 +352,7 @@ def _walk_back_origin(
         for r in (a, b)
     )
     upto = before
-    for c in sorted((set(ka) & set(kb)) - {None}, reverse=True):
-        if c > before:
-            continue
+    for c in sorted((c for c in set(ka) & set(kb) if c <= before), reverse=True):
         parts = state_differences(ka[c], kb[c])
         if not parts:
             return _within(c, upto, max_replay, walk, a), upto, (ka[c], kb[c])

@@ -20,8 +20,7 @@ FIX = "fix: rm -rf .venv && make install"
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser("reprotrain.tools.locks.env_check", __doc__)
     parser.add_argument("--root", type=Path, default=None, help="repo root (default: auto)")
-    args = parser.parse_args(argv)
-    root = args.root or default_root()
+    root = parser.parse_args(argv).root or default_root()
 
     drift = env_drift(root)
     if drift["status"] == "no-lock":

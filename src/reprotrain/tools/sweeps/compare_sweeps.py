@@ -128,7 +128,7 @@ def _fmt(x: float, metric: str) -> str:
     return f"{x * 100.0:.4g} pts" if metric.endswith("_acc") else f"{x * 1.0:.4g}"
 
 
-def conclusions(a: Sweep, b: Sweep, pairs: list[tuple[Group, Group]]) -> list[dict[str, Any]]:
+def conclusions(a: Sweep, pairs: list[tuple[Group, Group]]) -> list[dict[str, Any]]:
     """A's supported orderings of adjacent groups, checked against B."""
     if len(pairs) < 2:
         return []
@@ -179,7 +179,6 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
             + "; ".join(notes[:4])
         )
     lines, groups = [f"metric   {a.metric} (final value per seed; {a.mode} is better)"], []
-    verdicts = []
     for ga, gb in pairs:
         m, how = (margin, "MARGIN=") if margin is not None else default_margin(ga.values)
         ref, cand, pair = aligned(ga, gb)
@@ -194,11 +193,10 @@ def compare(a: Sweep, b: Sweep, margin: float | None) -> tuple[str, list[str], d
             f"B-A {_fmt(d.diff, a.metric)}, 90% CI {ci}{' (paired by seed)' if pair else ''}",
             f"         margin ±{_fmt(m, a.metric)} ({how})",
         ]
-        verdicts.append(eq.verdict)
         groups.append({"a": ga.label, "b": gb.label, "margin_from": how, **eq.as_dict()})
-    found = conclusions(a, b, pairs)
-    lines += [f"claim    {c['text']}" for c in found]
-    lines += [f"note     {n}" for n in notes]
+    verdicts = [g["verdict"] for g in groups]
+    found = conclusions(a, pairs)
+    lines += [f"claim    {c['text']}" for c in found] + [f"note     {n}" for n in notes]
     if any(min(len(ga.values), len(gb.values)) < 2 for ga, gb in pairs):  # no spread to judge by
         verdict = INCONCLUSIVE
     elif INCONSISTENT in verdicts or any(c["status"] == "does not hold" for c in found):

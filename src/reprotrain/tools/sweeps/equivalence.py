@@ -87,15 +87,11 @@ class Equivalence:
 
 
 def tost(
-    reference: list[float],
-    candidate: list[float],
-    margin: float,
-    alpha: float = ALPHA,
-    pair: bool = False,
+    reference: list[float], candidate: list[float], margin: float, pair: bool = False
 ) -> Equivalence:
-    """CONSISTENT when the (1 - 2 alpha) interval of the difference (paired when ``pair``: the
+    """CONSISTENT when the (1 - 2 ``ALPHA``) interval of the difference (paired when ``pair``: the
     sides share seeds; else Welch) lies inside ±``margin``, INCONSISTENT when wholly beyond."""
-    diff = (paired if pair else welch)(reference, candidate, 1 - 2 * alpha)
+    diff = (paired if pair else welch)(reference, candidate, 1 - 2 * ALPHA)
     if diff.ci is None:
         n = min(diff.n_reference, diff.n_candidate)
         return Equivalence(INCONCLUSIVE, margin, diff, f"too few seeds (n={n}; need 2 or more)")

@@ -122,10 +122,7 @@ def trial_value(job: Path, metric: str, mode: str) -> float | None:
 def best_trial(trials: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     """The first completed trial to reach the best value, or None."""
     done = [t for t in trials if t["status"] == "completed" and t["value"] is not None]
-    if not done:
-        return None
-    best_value = (max if mode == "max" else min)(t["value"] for t in done)
-    return next(t for t in done if t["value"] == best_value)
+    return (max if mode == "max" else min)(done, key=lambda t: t["value"]) if done else None
 
 
 def _trial(job: Path, sweep_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:

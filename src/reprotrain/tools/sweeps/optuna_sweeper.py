@@ -50,7 +50,6 @@ def distribution(override: Any) -> Any:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     value = override.value()
-    key = override.get_key_element()
     if isinstance(value, IntervalSweep):
         log_scale = "log" in value.tags
         if "int" in value.tags:
@@ -70,7 +69,7 @@ def distribution(override: Any) -> Any:
         if odd:
             raise StudyError(
                 f"{override.input_line}: Optuna's choices are numbers, booleans or text, not "
-                f"{odd[0]!r}; quote it as text ({key}=choice('...'))"
+                f"{odd[0]!r}; quote it as text ({override.get_key_element()}=choice('...'))"
             )
         return CategoricalDistribution(values)
     if override.is_sweep_override():
@@ -307,8 +306,7 @@ class StudyRunner:
 
     def _continue_trial(self, study: Any, trial: Any, fixed: list[str]) -> list:
         """A RUNNING trial of a killed study: told from its finished run, else resumed in place."""
-        overrides = self._overrides(fixed, trial.params)
-        run_dir = Path(self.job_dir(overrides, trial.number))
+        run_dir = Path(self.job_dir(self._overrides(fixed, trial.params), trial.number))
         ran = (run_dir / RUN_JSON).is_file()
         try:
             status = read_run_json(run_dir).get("status") if ran else None

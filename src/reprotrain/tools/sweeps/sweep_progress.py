@@ -60,11 +60,10 @@ def progress_line(sweep_dir: Path, done: int, total: int | None) -> str:
 
 def job_done(view: StudyView, emit: Callable[[str], None] | None = None) -> None:
     """``on_job_end``: one line with the sweep's runs done (a single run says nothing)."""
-    sweep_dir, mode = view.sweep_dir, view.mode
-    if sweep_dir is None or str(getattr(mode, "name", mode)) != "MULTIRUN":
+    if view.sweep_dir is None or str(getattr(view.mode, "name", view.mode)) != "MULTIRUN":
         return
-    total = sweep_total(Path(sweep_dir), view.sweeper)
-    line = progress_line(Path(sweep_dir), runs_done(Path(sweep_dir)), total)
+    sweep_dir = Path(view.sweep_dir)
+    line = progress_line(sweep_dir, runs_done(sweep_dir), sweep_total(sweep_dir, view.sweeper))
     if emit is None:
         print(line, file=sys.stderr, flush=True)
     else:

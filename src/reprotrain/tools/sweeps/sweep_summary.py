@@ -25,6 +25,7 @@ from reprotrain import metric_names
 from reprotrain.config import NON_IDENTITY_PREFIXES, is_identity
 from reprotrain.errors import ReprotrainError
 from reprotrain.loggers.mlflow_sink import end_sweep_run, start_sweep_run
+from reprotrain.loggers.params import is_seed, override_key
 from reprotrain.run.bounded import load_json
 from reprotrain.run.directory import sweep_jobs
 from reprotrain.run.readers import read_config, read_overrides
@@ -59,8 +60,6 @@ def describe(values: list[Any], value_range: tuple[float, float] | None = None) 
     out: dict[str, Any] = {"n": n, "n_nonfinite": len(values) - n - n_absent, "n_absent": n_absent}
     if n == 0:
         return {**out, "mean": None, "std": None, "min": None, "max": None, "ci95": None}
-    mean = statistics.fmean(finite)
-    std = statistics.stdev(finite) if n > 1 else 0.0
     ci = mean_ci(finite, 0.95)  # scipy's t: the same code as the statistical verdict
     clipped = False
     if ci is not None and value_range is not None:
@@ -69,8 +68,8 @@ def describe(values: list[Any], value_range: tuple[float, float] | None = None) 
         ci = (lo, hi)
     return {
         **out,
-        "mean": mean,
-        "std": std,
+        "mean": statistics.fmean(finite),
+        "std": statistics.stdev(finite) if n > 1 else 0.0,
         "min": min(finite),
         "max": max(finite),
         "ci95": list(ci) if ci is not None else None,
@@ -78,19 +77,10 @@ def describe(values: list[Any], value_range: tuple[float, float] | None = None) 
     }
 
 
-def override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def is_seed_override(override: str) -> bool:
-    key = override_key(override)
-    return key == "seed" or key.startswith("seed.")
-
-
 def changes_what_is_computed(override: str) -> bool:
     """Not a seed, and a key the config digest counts (``logger=...`` never splits a group)."""
     key = override_key(override)
-    if is_seed_override(override) or not is_identity(key):
+    if is_seed(key) or not is_identity(key):
         return False
     return not any(key == prefix.rstrip(".") for prefix in NON_IDENTITY_PREFIXES)
 
@@ -110,7 +100,7 @@ class Job:
 
     @property
     def seed_overrides(self) -> list[str]:
-        return [o for o in self.overrides or [] if is_seed_override(o)]
+        return [o for o in self.overrides or [] if is_seed(override_key(o))]
 
     @property
     def status(self) -> str:
@@ -502,8 +492,8 @@ class SweepSummaryCallback(Callback):
         start_sweep_run(config.get("logger"), sweep_dir, name, list(view.task))
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        view = StudyView.of(OmegaConf.select(config, "hydra"))
-        sweep_progress.job_done(view)  # "sweep <dir>: 3/8 runs done (38%)"
+        # "sweep <dir>: 3/8 runs done (38%)"
+        sweep_progress.job_done(StudyView.of(OmegaConf.select(config, "hydra")))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         optuna_study.record(StudyView.of(config.hydra, config.get("trainer"), config.get("seed")))

@@ -108,21 +108,21 @@ def create(name: str, dest: Path, src: Path = ROOT) -> Path:
                 continue  # deleted in the work tree, template-only, the template's record
             copy_file(source, dest / target_path(rel, old, name), rel, old, name)
         tests = (PROJECT_FILES / "test_room.py.in").read_text(encoding="utf-8")
-        written = {  # the README and the room's small tests/ (package renamed)
-            "README.md": readme(name, commit, location),
-            "tests/conftest.py": (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8"),
-            f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
-        }
-        for rel, text in written.items():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).write_text(text, encoding="utf-8")
         lic = src / "LICENSE"
         credit = (
             f"\n---\n{name} was created from the {tf.FRAMEWORK_PACKAGE} template; the "
             "template's code is used under the MIT license above.\n"
         )
         old_license = lic.read_text(encoding="utf-8") if lic.is_file() else "MIT License\n"
-        (dest / "LICENSE").write_text(old_license + credit, encoding="utf-8")
+        written = {  # the README, the room's small tests/ (package renamed), the credited LICENSE
+            "README.md": readme(name, commit, location),
+            "tests/conftest.py": (PROJECT_FILES / "conftest.py.in").read_text(encoding="utf-8"),
+            f"tests/test_{name}.py": rename_package(tests, tf.TEMPLATE_PACKAGE, name),
+            "LICENSE": old_license + credit,
+        }
+        for rel, text in written.items():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(text, encoding="utf-8")
         tf.write_record(
             dest, {"template": location, "commit": commit, "package": name, "template_package": old}
         )

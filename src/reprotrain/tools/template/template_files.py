@@ -87,8 +87,8 @@ def ships(rel: str, package: str) -> bool:
     return is_framework(rel, package) or (is_user_room(rel, package) and not _under(rel, WRITTEN))
 
 
-def framework_pathspecs(package: str) -> list[str]:
-    """The framework paths as git pathspecs (``package``: the checkout's user package)."""
+def framework_pathspecs() -> list[str]:
+    """The framework paths as git pathspecs."""
     return ["--", *FRAMEWORK, f":(exclude){TEMPLATE_NOTES}"]
 
 

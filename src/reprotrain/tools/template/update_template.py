@@ -71,7 +71,7 @@ def update(project: Path, template: str | None = None, ref: str = "HEAD") -> str
         )
     if old == new:
         return f"already up to date with {location} at {new[:12]}"
-    pathspecs = tf.framework_pathspecs(record.get("template_package", tf.TEMPLATE_PACKAGE))
+    pathspecs = tf.framework_pathspecs()
     patch = _ok(project, "diff", "--binary", "--full-index", "--no-renames", old, new, *pathspecs)
     changed = _ok(project, "diff", "--name-only", "--no-renames", old, new, *pathspecs).split()
     if patch:

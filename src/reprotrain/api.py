@@ -41,8 +41,25 @@ from reprotrain.tasks.classification import Classification
 from reprotrain.tasks.metrics import mean_sum
 
 __all__ = [
-    "Batch", "Callback", "Classification", "DataMissingError", "InMemoryImages", "InMemoryTensors",
-    "Logger", "ReprotrainError", "SampleData", "Splits", "Step", "StepContext", "StepOutput",
-    "Subset", "Task", "data_root", "download_and_verify", "files_fingerprint", "load_pickle",
-    "mean_sum", "val_indices",
-]  # fmt: skip
+    "Batch",
+    "Callback",
+    "Classification",
+    "DataMissingError",
+    "InMemoryImages",
+    "InMemoryTensors",
+    "Logger",
+    "ReprotrainError",
+    "SampleData",
+    "Splits",
+    "Step",
+    "StepContext",
+    "StepOutput",
+    "Subset",
+    "Task",
+    "data_root",
+    "download_and_verify",
+    "files_fingerprint",
+    "load_pickle",
+    "mean_sum",
+    "val_indices",
+]

@@ -108,6 +108,11 @@ def swept_keys(sweep_dir: Path) -> set[str]:
     return keys
 
 
+def is_seed(key: str) -> bool:
+    """Whether an override's key is a seed's (``seed`` or ``seed.<stream>``)."""
+    return key == "seed" or key.startswith("seed.")
+
+
 def run_name(run_dir: Path, record: dict[str, Any]) -> str:
     """A tracker's name for the run, told apart at a glance from any other: the experiment
     (``name``), a short id (a sweep job's: its sweep's and its number, shared by no other
@@ -137,7 +142,7 @@ def hparam_values(run_dir: Path) -> dict[str, bool | int | float | str]:
         key = override_key(text)
         value = flat.get(key, text.partition("=")[2])
         out[key] = value if isinstance(value, bool | int | float | str) else str(value)
-    out["group"] = " ".join(sorted(o for o in overrides if override_key(o).split(".")[0] != "seed"))
+    out["group"] = " ".join(sorted(o for o in overrides if not is_seed(override_key(o))))
     return out | ({"tags": ",".join(tags)} if (tags := flat.get("tags")) else {})
 
 

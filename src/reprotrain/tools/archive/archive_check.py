@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.hashing import file_sha256
 from reprotrain.run import schema as run_schema
 from reprotrain.run.readers import completion_problem, parse_jsonl, parse_record, parse_yaml_config
 from reprotrain.run.record import atomic_write_text
@@ -64,6 +65,15 @@ DEFAULT_LIMITS = Limits()
 def manifest_text(digests: dict[str, str]) -> str:
     """``sha256sum`` format, sorted by path: ``<sha256>  <path relative to the top dir>``."""
     return "".join(f"{digests[rel]}  {rel}\n" for rel in sorted(digests))
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """{path relative to ``root``: sha256} of every plain file under ``root`` (no links)."""
+    return {
+        p.relative_to(root).as_posix(): file_sha256(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 def parse_manifest(text: str) -> dict[str, str]:

@@ -33,8 +33,6 @@ from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
-REPORT = "reproduction.json"
-
 
 def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None:
     """A member's bytes, checked again against the verified manifest; None if absent."""

@@ -77,6 +77,20 @@ def check_dir_arg(flag: str, path: Path) -> None:
         raise UsageError(f"{flag} {path}: {parent}: {os.strerror(errno.ENOTDIR)}")
 
 
+def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str | None, list[str]]:
+    """(``flag v`` / ``flag=v`` anywhere, else ``default``; the other arguments)."""
+    value, rest = default, []
+    it = iter(args)
+    for arg in it:
+        if arg == flag:
+            value = next(it, "")
+        elif arg.startswith(f"{flag}="):
+            value = arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    return value, rest
+
+
 def stamped_dir(parent: Path) -> Path:
     """``<parent>/<date_time>-<pid>``, resolved: where one invocation writes."""
     return (Path(parent) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
@@ -118,9 +132,10 @@ def _raise_stopped(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def stopping(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
-    """Inside: each of ``signals`` raises :class:`Stopped`; the old handlers after."""
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in signals}
+def stopping(handler: Callable[[int, object], None] = _raise_stopped) -> Iterator[None]:
+    """Inside: each stop signal raises :class:`Stopped` (or calls ``handler``); the old
+    handlers after."""
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -30,6 +30,7 @@ from reprotrain.tools.archive.archive_check import (
     SIGNATURE,
     parse_manifest,
 )
+from reprotrain.tools.cli import pop_option
 
 if TYPE_CHECKING:
     from reprotrain.tools.reproduce.replay_plan import ReplayPlan
@@ -286,18 +287,9 @@ def add_arguments(parser) -> None:
 
 def pop_arguments(argv: list[str]) -> tuple[bool, Path | None, list[str]]:
     """(``--trust``, ``--trusted-signers`` file, the other arguments) for a foreign parser."""
-    trust, signers, rest = False, None, []
-    it = iter(argv)
-    for arg in it:
-        if arg == "--trust":
-            trust = True
-        elif arg == "--trusted-signers":
-            signers = Path(next(it, "")).expanduser()
-        elif arg.startswith("--trusted-signers="):
-            signers = Path(arg.partition("=")[2]).expanduser()
-        else:
-            rest.append(arg)
-    return trust, signers, rest
+    signers, rest = pop_option(argv, "--trusted-signers", None)
+    trusted = None if signers is None else Path(signers).expanduser()
+    return "--trust" in rest, trusted, [arg for arg in rest if arg != "--trust"]
 
 
 def paths_in(argv: list[str]) -> list[Path]:

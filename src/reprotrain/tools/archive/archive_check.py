@@ -244,11 +244,7 @@ def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> Checked
         h = hashlib.sha256()
         keep = rel in RECORD_FILES and files[rel].size <= RECORD_LIMIT_BYTES
         chunks = []
-        f = tar.extractfile(files[rel])
-        read = 0
-        for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-            budget.take(files[rel], read, len(chunk))
-            read += len(chunk)
+        for chunk in budget.stream(tar, files[rel]):
             h.update(chunk)
             if keep:
                 chunks.append(chunk)
@@ -377,11 +373,8 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            written = 0
-            with tar.extractfile(member) as src, open(target, "xb") as out:
-                for chunk in iter(lambda src=src: src.read(1 << 20), b""):
-                    budget.take(member, written, len(chunk))
-                    written += len(chunk)
+            with open(target, "xb") as out:
+                for chunk in budget.stream(tar, member):
                     out.write(chunk)
             os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
 

@@ -23,13 +23,7 @@ from typing import TYPE_CHECKING
 
 from reprotrain.errors import RecordError, SigningError, UntrustedArchive
 from reprotrain.shown import shown
-from reprotrain.tools.archive.archive_check import (
-    ARCHIVE_JSON,
-    MANIFEST,
-    MARKER,
-    SIGNATURE,
-    parse_manifest,
-)
+from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, MANIFEST, MARKER, SIGNATURE
 from reprotrain.tools.cli import pop_option
 
 if TYPE_CHECKING:
@@ -180,14 +174,14 @@ def this_checkouts_configs(runs: list[Path], sweeps: list[Path] = ()) -> str | N
 
 def signed(top: Path, runs: list[Path], trusted_signers: Path) -> str:
     """Rule (b): the signer's line when signature and listed files hold; else SigningError."""
-    from reprotrain.tools.archive import signing
+    from reprotrain.tools.archive import archive_check, signing
 
     manifest, sig = top / MANIFEST, top / SIGNATURE
     if not sig.is_file():
         raise SigningError(f"{top} is not signed ({sig.name} missing)")
     data = manifest.read_bytes()
     good = signing.verify_bytes(data, sig.read_bytes(), trusted_signers)
-    listed = parse_manifest(data.decode("utf-8"))
+    listed = archive_check.parse_manifest(data.decode("utf-8"))
     for run in runs:
         for name in ("run.json", "config.resolved.yaml"):
             rel = (run / name).relative_to(top).as_posix()

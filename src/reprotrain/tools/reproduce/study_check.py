@@ -33,9 +33,9 @@ _TRIAL = {"job": str, "params": dict, "status": str}  # and a number or None as 
 DAMAGED = "the study record was edited or damaged"
 
 
-def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | None:
+def archived_study(checked: CheckedArchive) -> dict[str, Any] | None:
     """The archive's study.json, checked for shape (ReproduceRefused), or None."""
-    data = read_member(checked, STUDY)
+    data = checked.member(STUDY)
     if data is None:
         return None
     label = checked.label(STUDY)

@@ -150,16 +150,6 @@ def describe_os_error(e: OSError) -> str:
     return f"{' -> '.join(paths)}: {what}" if paths else one_line(str(e) or what)
 
 
-def report(e: BaseException) -> int:
-    """Print the one ``error:`` line for a user error; return its exit code."""
-    if isinstance(e, ReprotrainError):
-        say(f"error: {one_line(str(e)) or type(e).__name__}", file=sys.stderr, flush=True)
-        return int(getattr(e, "exit_code", EXIT_USAGE))
-    assert isinstance(e, OSError)
-    say(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
-    return EXIT_USAGE
-
-
 def entry_point(main: Callable[..., int]) -> Callable[..., int]:
     """A tool's ``main`` under the module docstring's rules; ``SystemExit`` returned as an int."""
 
@@ -175,8 +165,12 @@ def entry_point(main: Callable[..., int]) -> Callable[..., int]:
             return EXIT_USAGE
         except BrokenPipeError:  # `... | head`: the reader left; nothing to report
             return 141
-        except (ReprotrainError, OSError) as e:
-            return report(e)
+        except ReprotrainError as e:  # a user error: its one ``error:`` line, its exit code
+            say(f"error: {one_line(str(e)) or type(e).__name__}", file=sys.stderr, flush=True)
+            return int(e.exit_code)
+        except OSError as e:
+            say(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr, flush=True)
             return 130

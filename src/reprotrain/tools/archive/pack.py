@@ -25,7 +25,6 @@ from reprotrain.run.mutex import pid_exists
 from reprotrain.run.record import CHECKPOINTS, atomic_write_text, now_iso
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, signing, snapshot
-from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, MANIFEST
 
 FORMAT_VERSION = 1
 #: Packing, in order, after the refusals (progress lines on stdout: ``archive [2/4] ...``).
@@ -108,7 +107,7 @@ def pack(job: Pack, fill: Callable[[Path], dict]) -> tuple[Path, dict]:
             PHASES("copy the records")
             meta = {"format": FORMAT_VERSION, "created_at": now_iso(), **fill(root)}
             text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
-            atomic_write_text(root / ARCHIVE_JSON, text)
+            atomic_write_text(root / archive_check.ARCHIVE_JSON, text)
             PHASES("seal and pack")
             files = seal(root, job.top, job.target, job.sign_key)
     except BaseException:
@@ -224,9 +223,9 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
 def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
     """``MANIFEST.sha256`` over ``root`` (signed given a key), packed atomically; its file count."""
     digests = archive_check.file_digests(root)
-    (root / MANIFEST).write_text(archive_check.manifest_text(digests))
+    (root / archive_check.MANIFEST).write_text(archive_check.manifest_text(digests))
     if sign_key is not None:
-        signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
+        signing.sign_file(root / archive_check.MANIFEST, Path(sign_key).expanduser())
     tmp = None
     try:
         # named like the staging dir, so the reaper and the next archive know whose it is

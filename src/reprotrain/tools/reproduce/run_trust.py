@@ -208,8 +208,7 @@ def decide(path: Path, trust: bool = False, trusted_signers: Path | None = None)
     notes = [f"(a) no: {problem}"]
     if trusted_signers is not None:
         try:
-            line = signed(_archive_top(folder), runs, Path(trusted_signers))
-            return Permit("b", line, _GATE)
+            return Permit("b", signed(_archive_top(folder), runs, Path(trusted_signers)), _GATE)
         except (SigningError, OSError, UnicodeDecodeError, ValueError) as e:
             notes.append(f"(b) no: {e}")
     if trust:

@@ -129,8 +129,7 @@ def differences(
     metric, mode = settings["metric"], settings["metric_mode"]
     replayed = {}
     for job, t in found.items():
-        record = Path(replay) / job / "run.json"
-        status = _status(record)
+        status = _status(Path(replay) / job / "run.json")
         value = optuna_study.trial_value(Path(replay) / job, metric, mode) if status else None
         replayed[job] = {**t, "status": status or "missing", "value": value}
     keys = ("status", *(("value",) if values else ()))

@@ -41,8 +41,7 @@ def config_problems(plan: ReplayPlan, source: Path, commit: str) -> list[str]:
 def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
     """Rule (a): (holds, why or why not)."""
     checked = plan.jobs[0].view
-    git = checked.record.get("git") or {}
-    commit = git.get("commit")
+    commit = (checked.record.get("git") or {}).get("commit")
     if not gitinfo.is_commit_id(commit):
         return False, "(a) no: the run recorded no git commit"
     if not snapshot.is_git_repo(repo):

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprotrain.errors import one_line
-from reprotrain.tools.cli import prog as cli_prog
-
-EXIT_USAGE = 2
+from reprotrain.tools import cli
 
 
 def refuse(message: object) -> int:
     """``error: <message>`` on stderr, one line; the usage exit code to return."""
     print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
-    return EXIT_USAGE
+    return cli.EXIT_USAGE
 
 
 #: The trainer's codes (reprotrain/train.py's docstring).
@@ -31,8 +29,6 @@ TRAIN_CODES = {
     75: "interrupted after a checkpoint (resume it)",
     130: "aborted by a second Ctrl-C",
 }
-VERDICT_CODES = {0: "identical", 1: "DIVERGED", 2: "error"}
-STATISTICAL_CODES = {0: "CONSISTENT", 1: "INCONSISTENT", 2: "error", 3: "INCONCLUSIVE"}
 
 
 @dataclass(frozen=True)
@@ -59,27 +55,13 @@ class Command:
             module, _, function = target.partition(":")
             target = getattr(importlib.import_module(f"reprotrain.{module}"), function)
         try:  # the exit code, also of a SystemExit (argparse, --help)
-            with cli_prog(f"reprotrain {self.name}"):
+            with cli.prog(f"reprotrain {self.name}"):
                 code = target(argv)
         except SystemExit as e:
             code = e.code
             if code is not None and not isinstance(code, int):
                 return refuse(code)
         return int(code or 0)
-
-
-def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str | None, list[str]]:
-    """(``flag v`` / ``flag=v`` anywhere, else ``default``; the other arguments)."""
-    value, rest = default, []
-    it = iter(args)
-    for arg in it:
-        if arg == flag:
-            value = next(it, "")
-        elif arg.startswith(f"{flag}="):
-            value = arg.partition("=")[2]
-        else:
-            rest.append(arg)
-    return value, rest
 
 
 def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
@@ -102,7 +84,7 @@ def run_trainer(hydra_args: list[str], nproc_text: str) -> int:
 
 def train(argv: list[str]) -> int:
     """``reprotrain train [--nproc N] [overrides...]``: ``--help`` is the trainer's."""
-    nproc, rest = pop_option(argv, "--nproc", "1")
+    nproc, rest = cli.pop_option(argv, "--nproc", "1")
     return run_trainer(rest, str(nproc))
 
 
@@ -117,8 +99,8 @@ def sweep_args(argv: Sequence[str]) -> tuple[str, list[str]]:
     ``seed.base=0,1,2`` (``make sweep``'s default); a search (``hydra/sweeper=optuna``,
     ``+hparams_search=...``, ``hydra.sweeper.params...``) or a ``seed.base`` override of
     your own gets no seed list added: a search would take the list for a parameter."""
-    nproc, rest = pop_option(argv, "--nproc", "1")
-    seeds, args = pop_option(rest, "--seeds", None)
+    nproc, rest = cli.pop_option(argv, "--nproc", "1")
+    seeds, args = cli.pop_option(rest, "--seeds", None)
     keys = [a.lstrip("+~").partition("=")[0] for a in args]
     own_seed = "seed.base" in keys
     search = any(k in SEARCH_KEYS or k.startswith("hydra.sweeper.params") for k in keys)
@@ -259,9 +241,10 @@ COMMANDS: dict[str, Command] = {
             {0: "REPRODUCED or CONSISTENT", 1: "DIVERGED or INCONSISTENT", 2: "refused",
              3: "NOT COMPARABLE or INCONCLUSIVE", 4: "the re-run failed"}),
         Command("bisect", "first divergent step, then the first divergent op and module",
-            "tools.debugging.bisect:main", dict(VERDICT_CODES)),
+            "tools.debugging.bisect:main", {0: "identical", 1: "DIVERGED", 2: "error"}),
         Command("compare", "statistical verdict between two sweeps",
-            "tools.sweeps.compare_sweeps:main", dict(STATISTICAL_CODES)),
+            "tools.sweeps.compare_sweeps:main",
+            {0: "CONSISTENT", 1: "INCONSISTENT", 2: "error", 3: "INCONCLUSIVE"}),
         Command("check-lock", "validate the hashed locks offline",
             "tools.locks.check_lock:main", {0: "ok", 1: "a problem"}),
         Command("env-check", "compare the installed environment with the locks",
@@ -378,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         return shell_completion(argv[1:])
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
-        code = 0 if argv else EXIT_USAGE
+        code = 0 if argv else cli.EXIT_USAGE
     elif argv[0] == "--version":
         from reprotrain import __version__
 

@@ -101,14 +101,22 @@ class Budget:
     def __init__(self, limits: Limits) -> None:
         self.limits, self.total = limits, 0
 
-    def take(self, m: tarfile.TarInfo, so_far: int, n: int) -> None:
-        self.total += n
-        if so_far + n > min(m.size, self.limits.max_member_bytes):
-            raise ArchiveLimitError(f"member {m.name!r} streams more bytes than its header says")
-        if self.total > self.limits.max_total_bytes:
-            raise ArchiveLimitError(
-                f"the archive streamed more than {human(self.limits.max_total_bytes)}"
-            )
+    def stream(self, tar: tarfile.TarFile, m: tarfile.TarInfo) -> Iterator[bytes]:
+        """``m``'s bytes in 1 MiB chunks, each counted before it is handed on."""
+        so_far = 0
+        with tar.extractfile(m) as f:
+            while chunk := f.read(1 << 20):
+                so_far += len(chunk)
+                self.total += len(chunk)
+                if so_far > min(m.size, self.limits.max_member_bytes):
+                    raise ArchiveLimitError(
+                        f"member {m.name!r} streams more bytes than its header says"
+                    )
+                if self.total > self.limits.max_total_bytes:
+                    raise ArchiveLimitError(
+                        f"the archive streamed more than {human(self.limits.max_total_bytes)}"
+                    )
+                yield chunk
 
 
 def clash(paths: dict[str, bool]) -> str | None:

@@ -77,6 +77,20 @@ def check_dir_arg(flag: str, path: Path) -> None:
         raise UsageError(f"{flag} {path}: {parent}: {os.strerror(errno.ENOTDIR)}")
 
 
+def pop_option(args: Sequence[str], flag: str, default: str | None) -> tuple[str | None, list[str]]:
+    """(``flag v`` / ``flag=v`` anywhere, else ``default``; the other arguments)."""
+    value, rest = default, []
+    it = iter(args)
+    for arg in it:
+        if arg == flag:
+            value = next(it, "")
+        elif arg.startswith(f"{flag}="):
+            value = arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    return value, rest
+
+
 def stamped_dir(parent: Path) -> Path:
     """``<parent>/<date_time>-<pid>``, resolved: where one invocation writes."""
     return (Path(parent) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}").resolve()
@@ -118,9 +132,10 @@ def _raise_stopped(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def stopping(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
-    """Inside: each of ``signals`` raises :class:`Stopped`; the old handlers after."""
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in signals}
+def stopping(handler: Callable[[int, object], None] = _raise_stopped) -> Iterator[None]:
+    """Inside: each stop signal raises :class:`Stopped` (or calls ``handler``); the old
+    handlers after."""
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -133,16 +148,6 @@ def describe_os_error(e: OSError) -> str:
     what = e.strerror or type(e).__name__
     paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
     return f"{' -> '.join(paths)}: {what}" if paths else one_line(str(e) or what)
-
-
-def report(e: BaseException) -> int:
-    """Print the one ``error:`` line for a user error; return its exit code."""
-    if isinstance(e, ReprotrainError):
-        say(f"error: {one_line(str(e)) or type(e).__name__}", file=sys.stderr, flush=True)
-        return int(getattr(e, "exit_code", EXIT_USAGE))
-    assert isinstance(e, OSError)
-    say(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
-    return EXIT_USAGE
 
 
 def entry_point(main: Callable[..., int]) -> Callable[..., int]:
@@ -160,8 +165,12 @@ def entry_point(main: Callable[..., int]) -> Callable[..., int]:
             return EXIT_USAGE
         except BrokenPipeError:  # `... | head`: the reader left; nothing to report
             return 141
-        except (ReprotrainError, OSError) as e:
-            return report(e)
+        except ReprotrainError as e:  # a user error: its one ``error:`` line, its exit code
+            say(f"error: {one_line(str(e)) or type(e).__name__}", file=sys.stderr, flush=True)
+            return int(e.exit_code)
+        except OSError as e:
+            say(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr, flush=True)
             return 130

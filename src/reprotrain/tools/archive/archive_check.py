@@ -23,23 +23,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from reprotrain import safetar
 from reprotrain.errors import RecordError, ReproduceRefused
+from reprotrain.hashing import file_sha256
 from reprotrain.run import schema as run_schema
 from reprotrain.run.readers import completion_problem, parse_jsonl, parse_record, parse_yaml_config
 from reprotrain.run.record import atomic_write_text
-from reprotrain.safetar import (
-    ArchiveLimitError,
-    Budget,
-    Limits,
-    check_sizes,
-    clash,
-    compression,
-    human,
-    open_stream,
-    open_tar,
-    read_members,
-    unsafe_reason,
-)
 from reprotrain.shown import shown
 
 MANIFEST = "MANIFEST.sha256"
@@ -58,12 +47,21 @@ RECORD_FILES = (
     ARCHIVE_JSON,
 )
 RECORD_LIMIT_BYTES = 64 << 20
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS = safetar.Limits()
 
 
 def manifest_text(digests: dict[str, str]) -> str:
     """``sha256sum`` format, sorted by path: ``<sha256>  <path relative to the top dir>``."""
     return "".join(f"{digests[rel]}  {rel}\n" for rel in sorted(digests))
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """{path relative to ``root``: sha256} of every plain file under ``root`` (no links)."""
+    return {
+        p.relative_to(root).as_posix(): file_sha256(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 def parse_manifest(text: str) -> dict[str, str]:
@@ -94,7 +92,7 @@ class CheckedArchive:
     config: DictConfig | None = None
     fingerprints: list[dict] = field(default_factory=list)
     metrics: list[dict] = field(default_factory=list)
-    limits: Limits = field(default_factory=Limits)
+    limits: safetar.Limits = field(default_factory=safetar.Limits)
 
     def label(self, rel: str) -> str:
         return f"{self.path.name}:{self.prefix + '/' if self.prefix else ''}{rel}"
@@ -107,6 +105,21 @@ class CheckedArchive:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise RecordError(f"{self.label(rel)}: not UTF-8 text (byte {e.start})") from None
+
+    def member(self, rel: str) -> bytes | None:
+        """A member's bytes, checked again against the verified manifest; None if absent."""
+        if rel not in self.manifest:
+            return None
+        member = self.members[rel]
+        if member.size > RECORD_LIMIT_BYTES:
+            raise ReproduceRefused(
+                f"{self.label(rel)}: {member.size} bytes, too large for a record"
+            )
+        with safetar.open_tar(self.path, self.limits) as tar:
+            data = tar.extractfile(tar.getmember(member.name)).read()
+        if hashlib.sha256(data).hexdigest() != self.manifest[rel]:
+            raise ReproduceRefused(f"manifest check failed: {self.label(rel)} changed on disk")
+        return data
 
     @property
     def diff(self) -> str:
@@ -122,11 +135,11 @@ class CheckedArchive:
         }
 
 
-def check_compression(archive: Path, limits: Limits = DEFAULT_LIMITS) -> None:
+def check_compression(archive: Path, limits: safetar.Limits = DEFAULT_LIMITS) -> None:
     """Read the stream to its end (checksum checked); refused past the limits as it inflates."""
-    method = compression(archive).replace("none", "tar")
+    method = safetar.compression(archive).replace("none", "tar")
     try:
-        with open_stream(archive, limits) as stream:
+        with safetar.open_stream(archive, limits) as stream:
             while stream.read(1 << 20):
                 pass
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:
@@ -144,7 +157,7 @@ def layout(members: list[tarfile.TarInfo]) -> tuple[str, dict[str, tarfile.TarIn
     if not members:
         raise ReproduceRefused("the archive is empty")
     for m in members:
-        why = unsafe_reason(m)
+        why = safetar.unsafe_reason(m)
         if why is not None:
             raise ReproduceRefused(f"unsafe member {m.name!r} ({why}); nothing extracted")
     manifests = [_parts(m.name) for m in members if _parts(m.name)[-1:] == (MANIFEST,)]
@@ -158,7 +171,7 @@ def layout(members: list[tarfile.TarInfo]) -> tuple[str, dict[str, tarfile.TarIn
         )
     prefix = shallow[0][:-1]
     kinds = {"/".join(_parts(m.name)): m.isdir() for m in members if _parts(m.name)}
-    both = clash(kinds)
+    both = safetar.clash(kinds)
     if both is not None:
         raise ReproduceRefused(
             f"member {both!r} is a file and also a directory of other members; nothing extracted"
@@ -190,7 +203,7 @@ def _top_name(archive: Path, prefix: str) -> str:
     return re.sub(r"[^\w.-]", "_", stem) or "archive"
 
 
-def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
+def verify(archive: Path, limits: safetar.Limits = DEFAULT_LIMITS) -> CheckedArchive:
     """Every member hashes to its manifest line, none missing or extra; writes nothing."""
     archive = Path(archive)
     if not archive.exists():
@@ -199,9 +212,9 @@ def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
         raise ReproduceRefused(f"{archive}: not a file (give the .tar.gz that make archive wrote)")
     try:
         check_compression(archive, limits)
-        with open_tar(archive, limits) as tar:
+        with safetar.open_tar(archive, limits) as tar:
             checked = _verify_open(archive, tar, limits)
-    except ArchiveLimitError as e:
+    except safetar.ArchiveLimitError as e:
         raise ReproduceRefused(str(e)) from None
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
         raise ReproduceRefused(f"{archive}: not a readable tar archive ({e})") from None
@@ -209,9 +222,9 @@ def verify(archive: Path, limits: Limits = DEFAULT_LIMITS) -> CheckedArchive:
     return checked
 
 
-def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> CheckedArchive:
-    headers = read_members(tar, limits)
-    check_sizes(headers, archive.stat().st_size, limits)
+def _verify_open(archive: Path, tar: tarfile.TarFile, limits: safetar.Limits) -> CheckedArchive:
+    headers = safetar.read_members(tar, limits)
+    safetar.check_sizes(headers, archive.stat().st_size, limits)
     prefix, members = layout(headers)
     files = {rel: m for rel, m in members.items() if m.isreg()}
     if MANIFEST not in files:
@@ -229,16 +242,12 @@ def _verify_open(archive: Path, tar: tarfile.TarFile, limits: Limits) -> Checked
         why = f"{where}{rel} is in {has} but not in {lacks}"
         raise ReproduceRefused(f"manifest check failed: {why}")
     kept: dict[str, bytes] = {}
-    budget = Budget(limits)
+    budget = safetar.Budget(limits)
     for rel in sorted(files):
         h = hashlib.sha256()
         keep = rel in RECORD_FILES and files[rel].size <= RECORD_LIMIT_BYTES
         chunks = []
-        f = tar.extractfile(files[rel])
-        read = 0
-        for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-            budget.take(files[rel], read, len(chunk))
-            read += len(chunk)
+        for chunk in budget.stream(tar, files[rel]):
             h.update(chunk)
             if keep:
                 chunks.append(chunk)
@@ -332,8 +341,8 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
     if need > free:
         _remove(dest, created)
         raise ReproduceRefused(
-            f"extracting needs {human(need)} but {dest} has {human(free)} free; nothing "
-            "extracted (free space, or give --extract-dir on a larger disk)"
+            f"extracting needs {safetar.human(need)} but {dest} has {safetar.human(free)} free; "
+            "nothing extracted (free space, or give --extract-dir on a larger disk)"
         )
     root = dest / checked.top_name
     try:
@@ -344,7 +353,7 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
         _remove(dest, created)
         if isinstance(e, tarfile.FilterError):
             raise ReproduceRefused(f"unsafe member ({e}); nothing extracted") from None
-        if isinstance(e, ArchiveLimitError):
+        if isinstance(e, safetar.ArchiveLimitError):
             raise ReproduceRefused(f"{e}; nothing extracted") from None
         if isinstance(e, OSError):
             where = e.filename or dest
@@ -356,9 +365,9 @@ def extract(checked: CheckedArchive, dest: Path) -> Path:
 
 
 def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
-    budget = Budget(checked.limits)
-    with open_tar(checked.path, checked.limits) as tar:
-        by_name = {m.name: m for m in read_members(tar, checked.limits)}
+    budget = safetar.Budget(checked.limits)
+    with safetar.open_tar(checked.path, checked.limits) as tar:
+        by_name = {m.name: m for m in safetar.read_members(tar, checked.limits)}
         for rel in sorted(checked.members):
             member = by_name[checked.members[rel].name]
             tarfile.data_filter(member, str(dest))
@@ -367,11 +376,8 @@ def _write_members(checked: CheckedArchive, dest: Path, root: Path) -> None:
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            written = 0
-            with tar.extractfile(member) as src, open(target, "xb") as out:
-                for chunk in iter(lambda src=src: src.read(1 << 20), b""):
-                    budget.take(member, written, len(chunk))
-                    written += len(chunk)
+            with open(target, "xb") as out:
+                for chunk in budget.stream(tar, member):
                     out.write(chunk)
             os.chmod(target, 0o755 if member.mode & 0o100 else 0o644)
 

@@ -4,7 +4,6 @@ environment, the staging folder, and the seal (manifest, signature, atomic tar).
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
@@ -24,8 +23,8 @@ from reprotrain.progress import Phases, say
 from reprotrain.repro import gitinfo
 from reprotrain.run.mutex import pid_exists
 from reprotrain.run.record import CHECKPOINTS, atomic_write_text, now_iso
-from reprotrain.tools.archive import signing, snapshot
-from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, MANIFEST, manifest_text
+from reprotrain.tools import cli
+from reprotrain.tools.archive import archive_check, signing, snapshot
 
 FORMAT_VERSION = 1
 #: Packing, in order, after the refusals (progress lines on stdout: ``archive [2/4] ...``).
@@ -95,7 +94,7 @@ def pack(job: Pack, fill: Callable[[Path], dict]) -> tuple[Path, dict]:
 
     Refused before any write: the archive exists, or the repo lacks the recorded commit. A
     refusal leaves nothing, not even the folders made for it."""
-    check_out_dir(job.out_dir)
+    cli.check_dir_arg("--out-dir", job.out_dir)
     if job.target.exists() and not job.force:
         raise ArchiveError(f"{job.target} exists; pass --force to overwrite it")
     if snapshot.is_git_repo(job.repo) and job.commit:
@@ -108,7 +107,7 @@ def pack(job: Pack, fill: Callable[[Path], dict]) -> tuple[Path, dict]:
             PHASES("copy the records")
             meta = {"format": FORMAT_VERSION, "created_at": now_iso(), **fill(root)}
             text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
-            atomic_write_text(root / ARCHIVE_JSON, text)
+            atomic_write_text(root / archive_check.ARCHIVE_JSON, text)
             PHASES("seal and pack")
             files = seal(root, job.top, job.target, job.sign_key)
     except BaseException:
@@ -149,15 +148,6 @@ def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uname = info.gname = ""
     info.mode = 0o755 if info.isdir() or info.mode & 0o100 else 0o644
     return info
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """A file where the output directory should be is named with its path and errno text."""
-    for parent in (out_dir, *out_dir.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise ArchiveError(f"--out-dir {out_dir}: {parent}: {os.strerror(errno.ENOTDIR)}")
-            return
 
 
 STAGING_PREFIX = ".archive-"
@@ -232,14 +222,10 @@ def staging_dir(out_dir: Path, target: Path) -> Iterator[Path]:
 
 def seal(root: Path, top: str, target: Path, sign_key: str | None) -> int:
     """``MANIFEST.sha256`` over ``root`` (signed given a key), packed atomically; its file count."""
-    digests = {
-        p.relative_to(root).as_posix(): file_sha256(p)
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }
-    (root / MANIFEST).write_text(manifest_text(digests))
+    digests = archive_check.file_digests(root)
+    (root / archive_check.MANIFEST).write_text(archive_check.manifest_text(digests))
     if sign_key is not None:
-        signing.sign_file(root / MANIFEST, Path(sign_key).expanduser())
+        signing.sign_file(root / archive_check.MANIFEST, Path(sign_key).expanduser())
     tmp = None
     try:
         # named like the staging dir, so the reaper and the next archive know whose it is

@@ -18,10 +18,6 @@ from pathlib import Path
 from reprotrain.errors import SnapshotError
 from reprotrain.repro import gitinfo
 
-#: What a snapshot holds, as git pathspecs / glob patterns relative to the repo root (one
-#: list, shared with the trainer's record of which untracked files an archive would miss).
-SNAPSHOT_PATHS = gitinfo.SNAPSHOT_PATHS
-
 
 @dataclass
 class Snapshot:
@@ -77,7 +73,9 @@ def from_git(repo: Path, commit: str, diff: str, dest: Path) -> Snapshot:
         with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
             tar.extractall(dest, filter="data")
     if diff.strip():
-        includes = [f"--include={q}" for p in SNAPSHOT_PATHS for q in (p, f"{p}/*")]
+        # What a snapshot holds, as git pathspecs / glob patterns relative to the repo root (one
+        # list, shared with the trainer's record of which untracked files an archive would miss).
+        includes = [f"--include={q}" for p in gitinfo.SNAPSHOT_PATHS for q in (p, f"{p}/*")]
         # dest must not be mistaken for a subfolder of some enclosing checkout (git apply
         # would then patch relative to that repo's root): stop git's repo discovery at dest.
         env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent)}

@@ -27,20 +27,8 @@ from reprotrain.shown import say, shown
 from reprotrain.tools import cli
 from reprotrain.tools.archive import archive_check, sweep_archive
 from reprotrain.tools.archive.archive_check import CheckedArchive
-from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, run_trust, study_check
+from reprotrain.tools.reproduce import replay_plan, reproduce_sweep, rerun, run_trust, study_check
 from reprotrain.tools.reproduce.replay_plan import NotReplayable
-from reprotrain.tools.reproduce.rerun import (
-    EXIT_DIVERGED,
-    EXIT_NOT_COMPARABLE,
-    EXIT_REPRODUCED,
-    EXIT_STOPPED,
-    PHASES,
-    Reproduction,
-    environment_differences,
-    extraction_dir,
-    rerun_env,
-    rerun_job,
-)
 from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 
 __all__ = ["CheckedArchive", "ReproduceRefused", "main", "reproduce"]
@@ -131,7 +119,7 @@ def reproduce(args) -> int:
             return _reproduce(args)
     except cli.Stopped as e:
         say(f"INTERRUPTED by {e.signal} before the re-run; nothing ran, temp dirs removed")
-        return EXIT_STOPPED
+        return rerun.EXIT_STOPPED
 
 
 def _reproduce(args) -> int:
@@ -143,11 +131,11 @@ def _reproduce(args) -> int:
     )  # fmt: skip
     if args.verify_only:
         checked = archive_check.verify(archive, limits)
-        with extraction_dir(args, "reprotrain-verify-") as dest:
+        with rerun.extraction_dir(args, "reprotrain-verify-") as dest:
             archive_check.extract(checked, dest)
             say(f"archive  {archive}: manifest verified, extracted to {dest}")
-        return EXIT_REPRODUCED
-    PHASES("verify the archive")
+        return rerun.EXIT_REPRODUCED
+    rerun.PHASES("verify the archive")
     checked = archive_check.verify(archive, limits)
     sweep = sweep_archive.is_sweep_archive(checked)  # a sweep: every run, one verdict
     if sweep:
@@ -155,19 +143,19 @@ def _reproduce(args) -> int:
             raise ReproduceRefused("--epochs is for one run; a sweep is replayed in full")
         jobs, epochs, until = reproduce_sweep.archived_jobs(checked), None, None
         # a malformed study record is refused before any run
-        study = study_check.archived_study(checked, reproduce_sweep.read_member)
+        study = study_check.archived_study(checked)
     else:
         checked = run_archive(args, archive, checked)
         jobs, (epochs, until) = [("", checked)], replay_span(args, checked)
-    PHASES("build the replay plan")
+    rerun.PHASES("build the replay plan")
     try:
         plan = replay_plan.build(jobs, until)
     except NotReplayable as e:
         say(f"NOT COMPARABLE: {e}")
-        return EXIT_NOT_COMPARABLE
-    PHASES("decide trust")  # on the whole plan, before anything of the archive is built
+        return rerun.EXIT_NOT_COMPARABLE
+    rerun.PHASES("decide trust")  # on the whole plan, before anything of the archive is built
     permit = run_trust.admit_plan(plan, Path(args.repo), args.trusted_signers, args.trust)
-    run = Reproduction(args, archive, plan, permit)
+    run = rerun.Reproduction(args, archive, plan, permit)
     say(f"trust    {permit.line()}")
     return reproduce_sweep.replay(run, study) if sweep else _replay(run, epochs)
 
@@ -203,7 +191,7 @@ def replay_span(args, checked: CheckedArchive) -> tuple[int | None, int | None]:
     return epochs, until
 
 
-def _replay(run: Reproduction, epochs: int | None) -> int:
+def _replay(run: rerun.Reproduction, epochs: int | None) -> int:
     """One archived run: re-run from its own source, then compared record by record."""
     (job,) = run.plan.jobs
     record, cfg, args = job.record, job.view.config, run.args
@@ -220,8 +208,8 @@ def _replay(run: Reproduction, epochs: int | None) -> int:
         source, archived, new_run = top / "source", top / "run", cli.stamped_dir(args.runs_dir)
         say(f"code     re-run uses the archived source ({source})")
         num_threads = OmegaConf.select(cfg, "repro.num_threads")
-        preview = _current_preview(record, num_threads, rerun_env(source, job))
-        blocking, info = environment_differences(record, preview)
+        preview = _current_preview(record, num_threads, rerun.rerun_env(source, job))
+        blocking, info = rerun.environment_differences(record, preview)
         base = comparability.container_differences(record, preview)  # a reason if bits differ
         for line in (
             blocking + info + base + ([] if blocking else ["matches the recorded environment"])
@@ -231,12 +219,12 @@ def _replay(run: Reproduction, epochs: int | None) -> int:
         if image:  # the image the run ran in, to reproduce it inside (docs/container.md)
             say(f"image    {image}")
         say(f"re-run   PYTHONPATH={source / 'src'} (cwd {source})")
-        done = rerun_job(run.trust, job, top, new_run, epochs)
+        done = rerun.rerun_job(run.trust, job, top, new_run, epochs)
         if isinstance(done, int):
             return done
         reasons = done.reasons + ([data_problem] if data_problem else [])
         reasons += [f"environment-derived value: {d}" for d in env_values]
-        PHASES("compare")
+        rerun.PHASES("compare")
         result = with_metrics(compare_runs(archived, new_run, epochs), archived, new_run, epochs)
         reasons += [] if result.identical else base  # another base: bits not promised
         shown_lines = [f"new run  {new_run}"]
@@ -286,11 +274,11 @@ def _verdict(result, reasons: list[str], tolerance: float, scope: str) -> tuple[
         bits = "bits match anyway" if result.identical else result.verdict()
         metrics = judged if lines else f"identical tolerance {tolerance}"
         detail = [f"  ({bits}); metrics {metrics} on train_/val_/test_ metrics", *lines]
-        return EXIT_NOT_COMPARABLE, "NOT COMPARABLE: " + "; ".join(reasons), detail
+        return rerun.EXIT_NOT_COMPARABLE, "NOT COMPARABLE: " + "; ".join(reasons), detail
     if result.identical:
-        return EXIT_REPRODUCED, f"REPRODUCED (bitwise): {scope} match the archived run", []
+        return rerun.EXIT_REPRODUCED, f"REPRODUCED (bitwise): {scope} match the archived run", []
     detail = [f"  metric differences ({judged}):", *(lines or ["  (none)"])]
-    return EXIT_DIVERGED, result.verdict(), detail
+    return rerun.EXIT_DIVERGED, result.verdict(), detail
 
 
 _byte_size = cli.argtype(safetar.parse_bytes, lambda v: v >= 1, "size (bytes, or with K/M/G/T)")

@@ -7,7 +7,6 @@ One replay plan, trusted or refused as a whole. Exit: 0 REPRODUCED, 1 DIVERGED (
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -16,7 +15,6 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from reprotrain import safetar
 from reprotrain.errors import ReproduceRefused, ReprotrainError
 from reprotrain.run import schema as run_schema
 from reprotrain.run.bounded import load_yaml
@@ -33,22 +31,6 @@ from reprotrain.tools.runs.run_diff import compare_runs, with_metrics
 from reprotrain.tools.sweeps import compare_sweeps
 from reprotrain.tools.sweeps.sweep_summary import find_jobs
 
-REPORT = "reproduction.json"
-
-
-def read_member(checked: archive_check.CheckedArchive, rel: str) -> bytes | None:
-    """A member's bytes, checked again against the verified manifest; None if absent."""
-    if rel not in checked.manifest:
-        return None
-    member = checked.members[rel]
-    if member.size > archive_check.RECORD_LIMIT_BYTES:
-        raise ReproduceRefused(f"{checked.label(rel)}: {member.size} bytes, too large for a record")
-    with safetar.open_tar(checked.path, checked.limits) as tar:
-        data = tar.extractfile(tar.getmember(member.name)).read()
-    if hashlib.sha256(data).hexdigest() != checked.manifest[rel]:
-        raise ReproduceRefused(f"manifest check failed: {checked.label(rel)} changed on disk")
-    return data
-
 
 def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, CheckedArchive]]:
     """(folder under sweep/, the archive as if it held only that run) per job, each checked."""
@@ -64,7 +46,7 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
         check_overrides(checked, f"{base}/.hydra/overrides.yaml")
         files = {}
         for name in ("run.json", "config.resolved.yaml", "fingerprints.jsonl", "git.diff"):
-            data = read_member(checked, f"{base}/{name}")
+            data = checked.member(f"{base}/{name}")
             if data is not None:
                 files[f"run/{name}"] = data
         if "run/run.json" not in files or "run/config.resolved.yaml" not in files:
@@ -81,7 +63,7 @@ def archived_jobs(checked: archive_check.CheckedArchive) -> list[tuple[str, Chec
 
 def check_overrides(checked: CheckedArchive, rel: str) -> None:
     """A job's ``.hydra/overrides.yaml`` (its group) must be a YAML list of strings."""
-    data = read_member(checked, rel)
+    data = checked.member(rel)
     if data is None:
         return
     where, damaged = checked.label(rel), "the record was edited or damaged"

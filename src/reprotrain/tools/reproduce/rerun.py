@@ -167,22 +167,16 @@ def extraction_dir(args, prefix: str) -> Iterator[Path]:
 class SignalForwarder:
     """Stop signals sent to ``make reproduce`` passed to the re-run (in its own session)."""
 
-    SIGNALS = cli.STOP_SIGNALS
-
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.received: str | None = None
-        self._previous: dict = {}
 
-    def __enter__(self) -> SignalForwarder:
+    @contextlib.contextmanager
+    def forwarding(self) -> Iterator[None]:
+        """Inside: each stop signal is noted and passed on (``cli.stopping``'s handlers)."""
         self.received = None
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        with cli.stopping(self._handle):
+            yield
 
     def _handle(self, signum: int, frame: object) -> None:
         self.received = self.received or signal.Signals(signum).name
@@ -251,7 +245,7 @@ class Reproduction:
     def extracted(self) -> Iterator[Path]:
         """The archive's top folder, extracted (removed after); stop signals reach the re-run."""
         PHASES("re-run")
-        with extraction_dir(self.args, "reprotrain-reproduce-") as extract, FORWARD:
+        with extraction_dir(self.args, "reprotrain-reproduce-") as extract, FORWARD.forwarding():
             yield archive_check.extract(self.plan.jobs[0].view, extract.resolve())
 
     def finish(self, run_dir: Path, report: dict, code: int, verdict: str, *lines: str) -> int:

@@ -23,13 +23,8 @@ from typing import TYPE_CHECKING
 
 from reprotrain.errors import RecordError, SigningError, UntrustedArchive
 from reprotrain.shown import shown
-from reprotrain.tools.archive.archive_check import (
-    ARCHIVE_JSON,
-    MANIFEST,
-    MARKER,
-    SIGNATURE,
-    parse_manifest,
-)
+from reprotrain.tools.archive.archive_check import ARCHIVE_JSON, MANIFEST, MARKER, SIGNATURE
+from reprotrain.tools.cli import pop_option
 
 if TYPE_CHECKING:
     from reprotrain.tools.reproduce.replay_plan import ReplayPlan
@@ -179,14 +174,14 @@ def this_checkouts_configs(runs: list[Path], sweeps: list[Path] = ()) -> str | N
 
 def signed(top: Path, runs: list[Path], trusted_signers: Path) -> str:
     """Rule (b): the signer's line when signature and listed files hold; else SigningError."""
-    from reprotrain.tools.archive import signing
+    from reprotrain.tools.archive import archive_check, signing
 
     manifest, sig = top / MANIFEST, top / SIGNATURE
     if not sig.is_file():
         raise SigningError(f"{top} is not signed ({sig.name} missing)")
     data = manifest.read_bytes()
     good = signing.verify_bytes(data, sig.read_bytes(), trusted_signers)
-    listed = parse_manifest(data.decode("utf-8"))
+    listed = archive_check.parse_manifest(data.decode("utf-8"))
     for run in runs:
         for name in ("run.json", "config.resolved.yaml"):
             rel = (run / name).relative_to(top).as_posix()
@@ -213,8 +208,7 @@ def decide(path: Path, trust: bool = False, trusted_signers: Path | None = None)
     notes = [f"(a) no: {problem}"]
     if trusted_signers is not None:
         try:
-            line = signed(_archive_top(folder), runs, Path(trusted_signers))
-            return Permit("b", line, _GATE)
+            return Permit("b", signed(_archive_top(folder), runs, Path(trusted_signers)), _GATE)
         except (SigningError, OSError, UnicodeDecodeError, ValueError) as e:
             notes.append(f"(b) no: {e}")
     if trust:
@@ -286,18 +280,9 @@ def add_arguments(parser) -> None:
 
 def pop_arguments(argv: list[str]) -> tuple[bool, Path | None, list[str]]:
     """(``--trust``, ``--trusted-signers`` file, the other arguments) for a foreign parser."""
-    trust, signers, rest = False, None, []
-    it = iter(argv)
-    for arg in it:
-        if arg == "--trust":
-            trust = True
-        elif arg == "--trusted-signers":
-            signers = Path(next(it, "")).expanduser()
-        elif arg.startswith("--trusted-signers="):
-            signers = Path(arg.partition("=")[2]).expanduser()
-        else:
-            rest.append(arg)
-    return trust, signers, rest
+    signers, rest = pop_option(argv, "--trusted-signers", None)
+    trusted = None if signers is None else Path(signers).expanduser()
+    return "--trust" in rest, trusted, [arg for arg in rest if arg != "--trust"]
 
 
 def paths_in(argv: list[str]) -> list[Path]:

@@ -33,9 +33,9 @@ _TRIAL = {"job": str, "params": dict, "status": str}  # and a number or None as 
 DAMAGED = "the study record was edited or damaged"
 
 
-def archived_study(checked: CheckedArchive, read_member) -> dict[str, Any] | None:
+def archived_study(checked: CheckedArchive) -> dict[str, Any] | None:
     """The archive's study.json, checked for shape (ReproduceRefused), or None."""
-    data = read_member(checked, STUDY)
+    data = checked.member(STUDY)
     if data is None:
         return None
     label = checked.label(STUDY)
@@ -129,8 +129,7 @@ def differences(
     metric, mode = settings["metric"], settings["metric_mode"]
     replayed = {}
     for job, t in found.items():
-        record = Path(replay) / job / "run.json"
-        status = _status(record)
+        status = _status(Path(replay) / job / "run.json")
         value = optuna_study.trial_value(Path(replay) / job, metric, mode) if status else None
         replayed[job] = {**t, "status": status or "missing", "value": value}
     keys = ("status", *(("value",) if values else ()))

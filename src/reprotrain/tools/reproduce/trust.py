@@ -13,19 +13,10 @@ import tempfile
 from pathlib import Path
 
 from reprotrain.errors import SnapshotError
-from reprotrain.hashing import file_sha256
 from reprotrain.repro import gitinfo
-from reprotrain.tools.archive import snapshot
+from reprotrain.tools.archive import archive_check, snapshot
 from reprotrain.tools.reproduce import config_trust
 from reprotrain.tools.reproduce.replay_plan import ReplayPlan
-
-
-def _file_digests(root: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            out[p.relative_to(root).as_posix()] = file_sha256(p)
-    return out
 
 
 def diff_paths(diff: str) -> list[str]:
@@ -50,8 +41,7 @@ def config_problems(plan: ReplayPlan, source: Path, commit: str) -> list[str]:
 def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
     """Rule (a): (holds, why or why not)."""
     checked = plan.jobs[0].view
-    git = checked.record.get("git") or {}
-    commit = git.get("commit")
+    commit = (checked.record.get("git") or {}).get("commit")
     if not gitinfo.is_commit_id(commit):
         return False, "(a) no: the run recorded no git commit"
     if not snapshot.is_git_repo(repo):
@@ -68,7 +58,7 @@ def same_code_here(plan: ReplayPlan, repo: Path) -> tuple[bool, str]:
             snapshot.from_git(repo, commit, "", Path(tmp) / "source")
         except SnapshotError as e:
             return False, f"(a) no: {e}"
-        here = _file_digests(Path(tmp) / "source")
+        here = archive_check.file_digests(Path(tmp) / "source")
         problems = config_problems(plan, Path(tmp) / "source", commit)
     there = checked.source_files
     if here != there:

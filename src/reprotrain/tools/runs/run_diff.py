@@ -12,15 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from reprotrain.quoting import flatten
-from reprotrain.run.readers import read_config
-from reprotrain.run.record import (
-    FINGERPRINTS,
-    METRICS,
-    RESOLVED_CONFIG,
-    RUN_JSON,
-    parse_json_object,
-    read_jsonl,
-)
+from reprotrain.run.readers import parse_json_object, read_config
+from reprotrain.run.record import FINGERPRINTS, METRICS, RESOLVED_CONFIG, RUN_JSON, read_jsonl
 from reprotrain.shown import shown
 
 TIMING_KEYS = ("seconds", "images_per_s")

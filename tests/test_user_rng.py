@@ -206,7 +206,7 @@ def test_a_steps_global_draws_depend_on_the_step_alone_and_do_not_leak(microbatc
 def test_evaluation_batches_draw_from_their_own_counters():
     s = _stepper()
     batches = [_batch(), _batch()]
-    kw = dict(prefix="val", device=torch.device("cpu"), key=(7, 2))
+    kw = dict(prefix="val", device=torch.device("cpu"), train_seed=7, global_step=2)
     first = evaluate(s.task, s.state.model, iter(batches), **kw)
     np.random.normal(size=5)
     assert evaluate(s.task, s.state.model, iter(batches), **kw) == first

@@ -143,10 +143,15 @@ def build_training(targets: Targets, run: Run, steps_per_epoch: int) -> tuple[St
         forward = torch.compile(forward, mode=opts.compile_mode)
     task = build_task(targets.task, targets.loss)
     user_step = build_step(targets.step, model)
-    rng = {"rng_state": reduction.checkpoints_rank_state, "rank": reduction.rank}
-    state = TrainerState(model, optimizer, scheduler, scaler, device, **rng)
-    how = {"settings": run.settings.step, "train_seed": run.seeds.train, "user_step": user_step}
-    return StepRunner(state, task, forward=forward, reduction=reduction, **how), schedule
+    state = TrainerState(
+        model, optimizer, scheduler, scaler, device,
+        rng_state=reduction.checkpoints_rank_state, rank=reduction.rank,
+    )  # fmt: skip
+    runner = StepRunner(
+        state, task, forward=forward, reduction=reduction, settings=run.settings.step,
+        train_seed=run.seeds.train, user_step=user_step,
+    )  # fmt: skip
+    return runner, schedule
 
 
 @dataclass(frozen=True)

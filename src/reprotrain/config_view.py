@@ -58,8 +58,9 @@ def config_lines(container: dict[str, Any], width: int = WIDTH) -> list[str]:
     for key, value in container.items():
         text = " ".join(_items(value)) or "{}"
         lead = f"  {shown(key):<{pad}}"
-        indent = {"initial_indent": lead, "subsequent_indent": " " * len(lead)}
-        lines += textwrap.wrap(text, width, **indent, **WHOLE_WORDS)
+        lines += textwrap.wrap(
+            text, width, initial_indent=lead, subsequent_indent=" " * len(lead), **WHOLE_WORDS
+        )
     return lines
 
 

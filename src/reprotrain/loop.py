@@ -420,9 +420,11 @@ def evaluate_split(
     if bar is not None and bar.enabled:
         batches = bar.evaluating(split, batches, pipeline.eval_steps(split))
     weights = getattr(runner.user_step, "evaluation_weights", None)
-    seen = {"amp": runner.amp, "key": (runner.train_seed, loop.global_step)}
     with weights(state.model) if weights is not None else contextlib.nullcontext():
-        return evaluate(runner.task, state.model, batches, prefix=split, device=loop.device, **seen)
+        return evaluate(
+            runner.task, state.model, batches, prefix=split, device=loop.device, amp=runner.amp,
+            train_seed=runner.train_seed, global_step=loop.global_step,
+        )  # fmt: skip
 
 
 def epoch_lr(step_lrs: list[float], optimizer: torch.optim.Optimizer) -> float:

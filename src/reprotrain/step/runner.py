@@ -221,12 +221,13 @@ def evaluate(
     prefix: str,
     device: torch.device,
     amp: tuple[bool, str] = (False, "float32"),
-    key: tuple[int, int] = (0, 0),
+    train_seed: int = 0,
+    global_step: int = 0,
 ) -> dict[str, float]:
     """``<prefix>_<name>`` for each metric the task computes over ``batches_`` (one read);
-    ``key``: (train seed, the weights' global step), the batches' RNG key."""
+    ``train_seed`` and ``global_step`` (the weights' step) key the batches' global RNGs."""
     model.eval()
-    totals, (train_seed, global_step) = MetricSums(device), key
+    totals = MetricSums(device)
     for i, batch in enumerate(batches_):
         ctx = StepContext(
             device, global_step=global_step, eval_batch=i, train_seed=train_seed, training=False

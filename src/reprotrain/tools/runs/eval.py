@@ -148,10 +148,13 @@ def evaluate_run(run_dir: Path, which: str = "last", overrides: list[str] | None
     task = build_task(cfg.task, cfg.get("loss"))
     weights, evaluated_with = evaluation_weights(cfg.get("step"), model, state, path)
     step = state["loop"]["global_step"]
-    on = {"prefix": "test", "device": device, "amp": float_math.autocast(precision)}
+    amp = float_math.autocast(precision)
     with weights:
         batches = pipeline.eval_batches("test")
-        metrics = evaluate(task, model, batches, key=(seeds.train, step), **on)
+        metrics = evaluate(
+            task, model, batches, prefix="test", device=device, amp=amp,
+            train_seed=seeds.train, global_step=step,
+        )  # fmt: skip
     result = {
         "checkpoint": str(path),
         "global_step": step,

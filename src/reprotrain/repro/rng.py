@@ -295,7 +295,8 @@ def for_rank(entry: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     """This rank's state from a checkpoint entry (per-rank or a single state)."""
     if "ranks" not in entry:
         return entry
-    if rank < len(ranks := entry["ranks"]):
+    ranks = entry["ranks"]
+    if rank < len(ranks):
         return ranks[rank]
     held = f"checkpoint holds RNG states for {len(ranks)} rank(s), none for rank {rank}"
     log.warning("%s (world size changed); rank 0's state is used", held)

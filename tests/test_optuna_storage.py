@@ -134,11 +134,15 @@ def yaml_best(sweep_dir: Path) -> dict:
 def test_one_sampler_for_the_whole_study_would_not_continue_the_same(tmp_path, monkeypatch):
     """Control: with the seeded sampler built once per process (its generator advancing with
     every proposal), the continued study proposes other trials than the uninterrupted one."""
-    made: dict[int, object] = {}
+    made: dict[int, tuple[object, object]] = {}
     real = impl.make_sampler
 
     def once_per_runner(sampler, number, space):
-        return made.setdefault(id(sampler), real(sampler, 0, space))
+        # The runner's sampler config is kept alive beside its sampler: a config collected
+        # after the first study could hand its id to the next runner's (a flaky pass).
+        if id(sampler) not in made:
+            made[id(sampler)] = (sampler, real(sampler, 0, space))
+        return made[id(sampler)][1]
 
     monkeypatch.setattr(impl, "make_sampler", once_per_runner)
     runner(tmp_path / "whole", FakeLauncher()).run(FIXED)

@@ -277,3 +277,15 @@ def test_the_readme_threat_model_names_every_variable_an_archive_may_set():
     named = {name for name in GPU_ENV_VARS if f"`{name}`" in row}
     assert named == set(GPU_ENV_VARS), set(GPU_ENV_VARS) - named
     assert "`repro.pythonhashseed`" in model and "resumes[].overrides" in model
+
+
+def test_a_resume_override_of_a_key_the_config_lacks_is_refused_and_a_null_value_is_not():
+    """The replay walks the resume history back from the final config: an override whose key
+    the config lacks cannot be undone (refused in one line); a key holding null is a value."""
+    config = {"trainer": {"epochs": 3, "limit": None}}
+    absent = [{"global_step": 1, "overrides": {"trainer.missing": {"from": 1, "to": 2}}}]
+    with pytest.raises(replay_plan.NotReplayable, match=r"trainer\.missing is not in the config"):
+        replay_plan.plan_replay(config, absent)
+    null = [{"global_step": 1, "overrides": {"trainer.limit": {"from": 4, "to": None}}}]
+    first = replay_plan.plan_replay(config, null)[0]
+    assert first.config["trainer"]["limit"] == 4

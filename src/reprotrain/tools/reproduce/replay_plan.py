@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from reprotrain import REPO_ROOT
 from reprotrain.quoting import hydra_override
 from reprotrain.repro import device as devices
+from reprotrain.run.schema import lookup
 from reprotrain.tools.archive.archive_check import CheckedArchive
 from reprotrain.tools.reproduce import replay_env
 
@@ -36,12 +37,7 @@ class Leg:
     changes: dict[str, Any] = field(default_factory=dict)  # vs the previous leg
 
 
-def _get(node: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(dotted)
-        node = node[part]
-    return node
+_ABSENT = object()  # a key the config lacks (None is a value it may hold)
 
 
 def _set(node: dict, dotted: str, value: Any) -> None:
@@ -75,10 +71,8 @@ def plan_replay(
     current = copy.deepcopy(final_config)
     for step, overrides in reversed(changing):
         for key, change in overrides.items():
-            try:
-                now = _get(current, key)
-            except KeyError:
-                raise NotReplayable(f"resume override {key} is not in the config") from None
+            if (now := lookup(current, key.split("."), _ABSENT)) is _ABSENT:
+                raise NotReplayable(f"resume override {key} is not in the config")
             if now != change["to"]:
                 raise NotReplayable(
                     f"resume at global step {step} set {key}={change['to']!r}, but the config "
